@@ -1,0 +1,298 @@
+/*
+ * mncl.h — the MNCL application API (C99, stable ABI).
+ *
+ * Contract, in short:
+ *  - Every function returns an mncl_status_t (except the few pure queries noted) and never lets
+ *    an exception, a signal or an abort() escape. On failure the calling thread's
+ *    mncl_last_error() names what was wrong ("mncl_allreduce: root 5 is out of range for a
+ *    communicator of size 4").
+ *  - Handles are opaque pointers. Structs that cross the boundary start with their size; callers
+ *    fill them with the *_INIT macro, and the library reads min(caller size, own size) bytes,
+ *    defaulting anything newer, so old callers keep working and new callers can run on an old
+ *    library as long as their extra fields are zero.
+ *  - Enumerators are never renumbered or removed; new ones are appended.
+ *  - Every blocking call is bounded by the communicator's timeout (config.timeout_ms, else
+ *    MNCL_TIMEOUT, else 300 s): a dead or silent peer yields MNCL_ERR_TIMEOUT or
+ *    MNCL_ERR_REMOTE naming the peer, never a hang.
+ *  - Collectives are issued by one thread per communicator at a time, in the same order on every
+ *    rank (as in MPI and NCCL). mncl_comm_abort() may be called from any thread at any time.
+ */
+#ifndef MNCL_MNCL_H
+#define MNCL_MNCL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define MNCL_API
+#elif defined(__GNUC__)
+#define MNCL_API __attribute__((visibility("default")))
+#else
+#define MNCL_API
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+ * Versions
+ * ------------------------------------------------------------------------------------------- */
+
+#define MNCL_VERSION_MAJOR 0
+#define MNCL_VERSION_MINOR 1
+#define MNCL_VERSION_PATCH 0
+/* Encoded as major * 10000 + minor * 100 + patch. */
+#define MNCL_VERSION_CODE(major, minor, patch) ((major) * 10000 + (minor) * 100 + (patch))
+#define MNCL_VERSION \
+  MNCL_VERSION_CODE(MNCL_VERSION_MAJOR, MNCL_VERSION_MINOR, MNCL_VERSION_PATCH)
+/* The ABI major: part of the SONAME (libmncl.so.1). Bumped only by an incompatible change. */
+#define MNCL_ABI_MAJOR 1
+
+/* ---------------------------------------------------------------------------------------------
+ * Status codes
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum mncl_status {
+  MNCL_OK = 0,
+  MNCL_ERR_INVALID_ARGUMENT = 1, /* a caller error: bad handle, pointer, enum, count, root... */
+  MNCL_ERR_NOT_SUPPORTED = 2,    /* valid, but this backend or build cannot do it */
+  MNCL_ERR_TIMEOUT = 3,          /* a blocking step did not finish within the timeout */
+  MNCL_ERR_REMOTE = 4,           /* a peer failed, disconnected or disagreed */
+  MNCL_ERR_ABORTED = 5,          /* the communicator was aborted (mncl_comm_abort) */
+  MNCL_ERR_PLUGIN = 6,           /* no usable plugin: missing, refused, wrong ABI, init failed */
+  MNCL_ERR_BOOTSTRAP = 7,        /* rendezvous failed: store unreachable, bad address */
+  MNCL_ERR_SYSTEM = 8,           /* an OS call failed (out of memory, sockets, files) */
+  MNCL_ERR_INTERNAL = 9,         /* a bug in MNCL or a plugin: please report it */
+  MNCL_IN_PROGRESS = 10          /* not an error: a non-blocking operation is still running */
+} mncl_status_t;
+
+/* ---------------------------------------------------------------------------------------------
+ * Data types and reduction operators
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum mncl_dtype {
+  MNCL_INT8 = 0,
+  MNCL_UINT8 = 1,
+  MNCL_INT32 = 2,
+  MNCL_UINT32 = 3,
+  MNCL_INT64 = 4,
+  MNCL_UINT64 = 5,
+  MNCL_FLOAT16 = 6,  /* IEEE 754 binary16 */
+  MNCL_BFLOAT16 = 7, /* bfloat16: the upper half of a binary32 */
+  MNCL_FLOAT32 = 8,
+  MNCL_FLOAT64 = 9
+} mncl_dtype_t;
+/* One past the last dtype of this header version (grows when dtypes are appended). */
+#define MNCL_NUM_DTYPES 10
+
+/*
+ * Reductions. Integer SUM and PROD wrap modulo 2^bits (two's complement); AVG is the SUM divided
+ * by the communicator size (integer division truncating toward zero for integer types).
+ * FLOAT16 and BFLOAT16 may be accumulated in float32 and rounded once at the end; results of
+ * floating-point reductions may differ in the last bits between backends (summation order).
+ */
+typedef enum mncl_op {
+  MNCL_SUM = 0,
+  MNCL_PROD = 1,
+  MNCL_MIN = 2,
+  MNCL_MAX = 3,
+  MNCL_AVG = 4
+} mncl_op_t;
+#define MNCL_NUM_OPS 5
+
+/* ---------------------------------------------------------------------------------------------
+ * Handles
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct mncl_comm *mncl_comm_t;       /* a communicator: a group of ranks */
+typedef struct mncl_request *mncl_request_t; /* one non-blocking operation in flight */
+
+/* ---------------------------------------------------------------------------------------------
+ * Communicator configuration
+ * ------------------------------------------------------------------------------------------- */
+
+#define MNCL_CONFIG_MAGIC 0x4d4e434cu /* "MNCL" */
+/* A value of -1 (or NULL) in a field means "take it from the environment, else the default". */
+#define MNCL_FROM_ENV (-1)
+
+typedef struct mncl_config {
+  size_t struct_size;     /* sizeof(mncl_config_t) as compiled by the caller */
+  uint32_t magic;         /* MNCL_CONFIG_MAGIC */
+  uint32_t version;       /* MNCL_VERSION the caller compiled against */
+  const char *backend;    /* "naive", "gloo", a path to a plugin .so, a comma list of
+                             fallbacks, or "auto"; NULL: MNCL_BACKEND, else "auto" */
+  int32_t rank;           /* this process's rank; -1: MNCL_RANK, RANK, OMPI_COMM_WORLD_RANK,
+                             PMI_RANK, SLURM_PROCID (first set wins), else 0 */
+  int32_t size;           /* number of ranks; -1: MNCL_SIZE, WORLD_SIZE, ..., else 1 */
+  const char *bootstrap;  /* "tcp://host:port" (rank 0 hosts the store there) or "file:///dir";
+                             NULL: MNCL_STORE, else MASTER_ADDR/MASTER_PORT; needed if size > 1 */
+  int64_t timeout_ms;     /* bound on every blocking step; -1: MNCL_TIMEOUT (seconds), else 300 s */
+  int32_t device;         /* accelerator ordinal; -1: MNCL_DEVICE, else the local rank */
+  int32_t reserved0;      /* must be zero */
+} mncl_config_t;
+
+#define MNCL_CONFIG_INIT                                                                \
+  {                                                                                     \
+    sizeof(mncl_config_t), MNCL_CONFIG_MAGIC, MNCL_VERSION, NULL, MNCL_FROM_ENV,        \
+        MNCL_FROM_ENV, NULL, MNCL_FROM_ENV, MNCL_FROM_ENV, 0                            \
+  }
+
+/* ---------------------------------------------------------------------------------------------
+ * Library queries
+ * ------------------------------------------------------------------------------------------- */
+
+/* The library's MNCL_VERSION (which may be newer than the header the caller compiled with). */
+MNCL_API int mncl_get_version(void);
+/* A static, human-readable name for a status ("MNCL_ERR_TIMEOUT: operation timed out"). */
+MNCL_API const char *mncl_status_string(mncl_status_t status);
+/* The message of the last failed call on this thread ("" if none). Valid until the next MNCL
+ * call on this thread. */
+MNCL_API const char *mncl_last_error(void);
+/* Element size in bytes, or 0 for an unknown dtype. */
+MNCL_API size_t mncl_dtype_size(mncl_dtype_t dtype);
+/* Static names ("float32", "sum"), or "unknown". */
+MNCL_API const char *mncl_dtype_name(mncl_dtype_t dtype);
+MNCL_API const char *mncl_op_name(mncl_op_t op);
+
+/* ---------------------------------------------------------------------------------------------
+ * Communicators
+ * ------------------------------------------------------------------------------------------- */
+
+/*
+ * Collective over all `size` ranks: rendezvous through the bootstrap store, agree on one backend
+ * (a disagreement fails on every rank, naming each rank's choice), and create it.
+ * `config` may be NULL (everything from the environment).
+ */
+MNCL_API mncl_status_t mncl_comm_create(const mncl_config_t *config, mncl_comm_t *comm);
+/* Collective: waits (bounded by the timeout) for in-flight operations, then frees everything. */
+MNCL_API mncl_status_t mncl_comm_destroy(mncl_comm_t comm);
+/* Local, any thread: every blocked or later operation on `comm` fails with MNCL_ERR_ABORTED.
+ * The handle stays valid until mncl_comm_destroy. Calling it twice is harmless. */
+MNCL_API mncl_status_t mncl_comm_abort(mncl_comm_t comm);
+/* Collective: ranks passing the same color form a new communicator, ordered by (key, old rank).
+ * color MNCL_SPLIT_NONE: this rank joins none and *newcomm is set to NULL. */
+#define MNCL_SPLIT_NONE (-1)
+MNCL_API mncl_status_t mncl_comm_split(mncl_comm_t comm, int color, int key,
+                                       mncl_comm_t *newcomm);
+MNCL_API mncl_status_t mncl_comm_rank(mncl_comm_t comm, int *rank);
+MNCL_API mncl_status_t mncl_comm_size(mncl_comm_t comm, int *size);
+/* The backend's name ("naive"); the string lives as long as the communicator. */
+MNCL_API mncl_status_t mncl_comm_backend(mncl_comm_t comm, const char **name);
+
+/* ---------------------------------------------------------------------------------------------
+ * Collectives
+ *
+ * Buffers are host memory unless the backend advertises device memory (CUDA pointers then).
+ * `stream` is optional (NULL): a cudaStream_t for CUDA memory; host-only backends ignore it.
+ * `count` is in elements. In-place forms (no extra copy) are selected by pointer equality:
+ *   allreduce:       sendbuf == recvbuf
+ *   reduce:          sendbuf == recvbuf at the root (recvbuf is ignored on other ranks)
+ *   scatter:         recvbuf == sendbuf + rank*count at the root (sendbuf ignored elsewhere)
+ *   gather:          sendbuf == recvbuf + rank*count at the root (recvbuf ignored elsewhere)
+ *   allgather:       sendbuf == recvbuf + rank*count
+ *   reduce_scatter:  recvbuf == sendbuf + rank*recvcount
+ *   alltoall:        sendbuf == recvbuf
+ * Any other overlap between send and receive buffers is MNCL_ERR_INVALID_ARGUMENT.
+ * ------------------------------------------------------------------------------------------- */
+
+/* recvbuf[i] = op over ranks of sendbuf[i], on every rank. */
+MNCL_API mncl_status_t mncl_allreduce(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
+                                      size_t count, mncl_dtype_t dtype, mncl_op_t op,
+                                      void *stream);
+/* Like allreduce, but the result only lands on `root`. */
+MNCL_API mncl_status_t mncl_reduce(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
+                                   size_t count, mncl_dtype_t dtype, mncl_op_t op, int root,
+                                   void *stream);
+/* buf on every rank = buf on root. */
+MNCL_API mncl_status_t mncl_bcast(mncl_comm_t comm, void *buf, size_t count, mncl_dtype_t dtype,
+                                  int root, void *stream);
+/* Rank r receives elements [r*count, (r+1)*count) of root's sendbuf (size*count elements). */
+MNCL_API mncl_status_t mncl_scatter(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
+                                    size_t count, mncl_dtype_t dtype, int root, void *stream);
+/* Root's recvbuf (size*count elements) holds rank r's sendbuf at [r*count, (r+1)*count). */
+MNCL_API mncl_status_t mncl_gather(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
+                                   size_t count, mncl_dtype_t dtype, int root, void *stream);
+/* Like gather, onto every rank. */
+MNCL_API mncl_status_t mncl_allgather(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
+                                      size_t count, mncl_dtype_t dtype, void *stream);
+/* sendbuf has size*recvcount elements; rank r receives the reduction of block r. */
+MNCL_API mncl_status_t mncl_reduce_scatter(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
+                                           size_t recvcount, mncl_dtype_t dtype, mncl_op_t op,
+                                           void *stream);
+/* Block j (count elements) of rank i's sendbuf lands in block i of rank j's recvbuf. */
+MNCL_API mncl_status_t mncl_alltoall(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
+                                     size_t count, mncl_dtype_t dtype, void *stream);
+MNCL_API mncl_status_t mncl_barrier(mncl_comm_t comm, void *stream);
+/* Point to point: messages between a pair of ranks match in issue order; peer != own rank. */
+MNCL_API mncl_status_t mncl_send(mncl_comm_t comm, const void *buf, size_t count,
+                                 mncl_dtype_t dtype, int peer, void *stream);
+MNCL_API mncl_status_t mncl_recv(mncl_comm_t comm, void *buf, size_t count, mncl_dtype_t dtype,
+                                 int peer, void *stream);
+/*
+ * Coalesced allreduce: nbufs independent allreduces of one dtype and op in one call
+ * (recvbufs[i] = op over ranks of sendbufs[i], counts[i] elements). Backends may pack them into
+ * one message (the "flat" communicator of ChainerMN); the result equals nbufs single calls.
+ */
+MNCL_API mncl_status_t mncl_allreduce_coalesced(mncl_comm_t comm, const void *const *sendbufs,
+                                                void *const *recvbufs, const size_t *counts,
+                                                size_t nbufs, mncl_dtype_t dtype, mncl_op_t op,
+                                                void *stream);
+
+/* ---------------------------------------------------------------------------------------------
+ * Non-blocking collectives
+ *
+ * Same arguments as above plus *request. Operations run in issue order, interleaved correctly
+ * with blocking calls on the same communicator. Buffers must stay untouched until completion.
+ * A request is completed and freed by mncl_wait, or by mncl_test when it reports done.
+ * ------------------------------------------------------------------------------------------- */
+
+MNCL_API mncl_status_t mncl_iallreduce(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
+                                       size_t count, mncl_dtype_t dtype, mncl_op_t op,
+                                       void *stream, mncl_request_t *request);
+MNCL_API mncl_status_t mncl_ireduce(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
+                                    size_t count, mncl_dtype_t dtype, mncl_op_t op, int root,
+                                    void *stream, mncl_request_t *request);
+MNCL_API mncl_status_t mncl_ibcast(mncl_comm_t comm, void *buf, size_t count,
+                                   mncl_dtype_t dtype, int root, void *stream,
+                                   mncl_request_t *request);
+MNCL_API mncl_status_t mncl_iscatter(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
+                                     size_t count, mncl_dtype_t dtype, int root, void *stream,
+                                     mncl_request_t *request);
+MNCL_API mncl_status_t mncl_igather(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
+                                    size_t count, mncl_dtype_t dtype, int root, void *stream,
+                                    mncl_request_t *request);
+MNCL_API mncl_status_t mncl_iallgather(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
+                                       size_t count, mncl_dtype_t dtype, void *stream,
+                                       mncl_request_t *request);
+MNCL_API mncl_status_t mncl_ireduce_scatter(mncl_comm_t comm, const void *sendbuf,
+                                            void *recvbuf, size_t recvcount, mncl_dtype_t dtype,
+                                            mncl_op_t op, void *stream,
+                                            mncl_request_t *request);
+MNCL_API mncl_status_t mncl_ialltoall(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
+                                      size_t count, mncl_dtype_t dtype, void *stream,
+                                      mncl_request_t *request);
+MNCL_API mncl_status_t mncl_ibarrier(mncl_comm_t comm, void *stream, mncl_request_t *request);
+MNCL_API mncl_status_t mncl_isend(mncl_comm_t comm, const void *buf, size_t count,
+                                  mncl_dtype_t dtype, int peer, void *stream,
+                                  mncl_request_t *request);
+MNCL_API mncl_status_t mncl_irecv(mncl_comm_t comm, void *buf, size_t count, mncl_dtype_t dtype,
+                                  int peer, void *stream, mncl_request_t *request);
+MNCL_API mncl_status_t mncl_iallreduce_coalesced(mncl_comm_t comm, const void *const *sendbufs,
+                                                 void *const *recvbufs, const size_t *counts,
+                                                 size_t nbufs, mncl_dtype_t dtype, mncl_op_t op,
+                                                 void *stream, mncl_request_t *request);
+
+/* *done = 1 when finished: the request is then freed and the operation's status returned.
+ * *done = 0: still running, MNCL_OK returned. */
+MNCL_API mncl_status_t mncl_test(mncl_request_t request, int *done);
+/* Waits up to timeout_ms (-1: until the operation ends, itself bounded by the communicator's
+ * timeout). Finished: frees the request and returns the operation's status. Not finished in
+ * time: returns MNCL_ERR_TIMEOUT and the request stays valid (wait again, or abort the comm). */
+MNCL_API mncl_status_t mncl_wait(mncl_request_t request, int64_t timeout_ms);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* MNCL_MNCL_H */

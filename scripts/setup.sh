@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what MNCL needs (Debian packages) when it is missing, then configures and builds
+# into ./build. Safe to run again: it only installs and rebuilds what changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libgloo-dev libhwloc-dev
+          libboost-dev libboost-filesystem-dev libgtest-dev libbenchmark-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}" >&2
+  sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+build_dir=${MNCL_BUILD_DIR:-build}
+cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE="${MNCL_BUILD_TYPE:-RelWithDebInfo}" \
+  ${MNCL_CMAKE_ARGS:-}
+cmake --build "$build_dir" -j"$(nproc)"

@@ -1,0 +1,477 @@
+// The C API of libmncl (mncl.h): handle checks, then a call into the core, with every C++
+// exception turned into a status and the thread's last-error message at this boundary.
+#include <mncl/mncl.h>
+
+#include <memory>
+#include <mutex>
+#include <new>
+#include <unordered_set>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "core/comm.h"
+#include "core/validate.h"
+
+// The opaque handles of mncl.h.
+struct mncl_comm {
+  std::unique_ptr<mncl::core::Comm> impl;
+};
+struct mncl_request {
+  std::shared_ptr<mncl::core::Operation> op;
+  mncl_comm *comm;
+};
+
+namespace {
+
+using mncl::Error;
+using mncl::format;
+
+// Live handles, so a stale or garbage handle is refused instead of dereferenced.
+std::mutex g_handles_mutex;
+std::unordered_set<const void *> g_comms;
+std::unordered_set<const void *> g_requests;
+
+bool is_live(const std::unordered_set<const void *> &set, const void *p) {
+  std::lock_guard<std::mutex> lock(g_handles_mutex);
+  return set.count(p) != 0;
+}
+void track(std::unordered_set<const void *> &set, const void *p) {
+  std::lock_guard<std::mutex> lock(g_handles_mutex);
+  set.insert(p);
+}
+void untrack(std::unordered_set<const void *> &set, const void *p) {
+  std::lock_guard<std::mutex> lock(g_handles_mutex);
+  set.erase(p);
+}
+
+mncl::core::Comm &comm_of(mncl_comm_t comm, const char *fn) {
+  MNCL_CHECK(comm != nullptr, MNCL_ERR_INVALID_ARGUMENT, "%s: comm is NULL", fn);
+  MNCL_CHECK(is_live(g_comms, comm), MNCL_ERR_INVALID_ARGUMENT,
+             "%s: comm %p is not a live communicator (destroyed, or never created)", fn,
+             static_cast<void *>(comm));
+  return *comm->impl;
+}
+
+template <typename T>
+void require_out(T *out, const char *fn, const char *name) {
+  MNCL_CHECK(out != nullptr, MNCL_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, name);
+}
+
+// Runs body; on failure records the message and returns the status. Nothing escapes.
+template <typename Body>
+mncl_status_t guard(Body &&body) noexcept {
+  try {
+    body();
+    return MNCL_OK;
+  } catch (const Error &e) {
+    mncl::set_last_error(e.what());
+    // The application receives the message; the log keeps it for MNCL_DEBUG=info runs.
+    MNCL_INFO("%s: %s", mncl::status_name(e.status()), e.what());
+    return e.status();
+  } catch (const std::bad_alloc &) {
+    mncl::set_last_error("out of memory");
+    return MNCL_ERR_SYSTEM;
+  } catch (const std::exception &e) {
+    mncl::set_last_error(format("internal error: %s", e.what()));
+    return MNCL_ERR_INTERNAL;
+  } catch (...) {
+    mncl::set_last_error("internal error: unknown exception");
+    return MNCL_ERR_INTERNAL;
+  }
+}
+
+mncl_coll_v1_t make_coll(int kind, const void *sendbuf, void *recvbuf, size_t count,
+                         mncl_dtype_t dtype, int op, int root, void *stream) {
+  mncl_coll_v1_t c{};
+  c.struct_size = sizeof c;
+  c.kind = kind;
+  c.dtype = dtype;
+  c.op = op;
+  c.root = root;
+  c.sendbuf = sendbuf;
+  c.recvbuf = recvbuf;
+  c.count = count;
+  c.stream = stream;
+  return c;
+}
+
+mncl_status_t run_blocking(mncl_comm_t comm, const mncl_coll_v1_t &coll) {
+  return guard([&] { comm_of(comm, mncl::core::coll_function_name(coll.kind)).run(coll); });
+}
+
+mncl_status_t run_nonblocking(mncl_comm_t comm, const mncl_coll_v1_t &coll,
+                              mncl_request_t *request) {
+  return guard([&] {
+    const char *fn = mncl::core::coll_function_name(coll.kind);
+    require_out(request, fn, "request");
+    *request = nullptr;
+    auto &c = comm_of(comm, fn);
+    auto handle = std::make_unique<mncl_request>();
+    handle->op = c.start(coll);
+    handle->comm = comm;
+    track(g_requests, handle.get());
+    *request = handle.release();
+  });
+}
+
+// Completes a finished request: frees it and returns the operation's status.
+mncl_status_t finish(mncl_request_t request) {
+  const auto op = request->op;
+  untrack(g_requests, request);
+  delete request;
+  if (op->status != MNCL_OK) {
+    mncl::set_last_error(op->error);
+    return op->status;
+  }
+  return MNCL_OK;
+}
+
+// Polls or waits for a request's operation. A request that outlived its communicator is
+// answered from its recorded result (destroy drains every operation first).
+bool await(mncl_request_t request, int64_t timeout_ms, const char *fn) {
+  {
+    std::lock_guard<std::mutex> lock(request->op->mutex);
+    if (request->op->finished) return true;
+  }
+  MNCL_CHECK(is_live(g_comms, request->comm), MNCL_ERR_INVALID_ARGUMENT,
+             "%s: the request's communicator was destroyed before it completed", fn);
+  return request->comm->impl->wait(*request->op, timeout_ms);
+}
+
+}  // namespace
+
+extern "C" {
+
+MNCL_API int mncl_get_version(void) { return MNCL_VERSION; }
+
+MNCL_API const char *mncl_status_string(mncl_status_t status) {
+  switch (status) {
+    case MNCL_OK: return "MNCL_OK: success";
+    case MNCL_ERR_INVALID_ARGUMENT: return "MNCL_ERR_INVALID_ARGUMENT: invalid argument";
+    case MNCL_ERR_NOT_SUPPORTED: return "MNCL_ERR_NOT_SUPPORTED: not supported by this backend";
+    case MNCL_ERR_TIMEOUT: return "MNCL_ERR_TIMEOUT: operation timed out";
+    case MNCL_ERR_REMOTE: return "MNCL_ERR_REMOTE: a peer failed or disconnected";
+    case MNCL_ERR_ABORTED: return "MNCL_ERR_ABORTED: communicator aborted";
+    case MNCL_ERR_PLUGIN: return "MNCL_ERR_PLUGIN: no usable backend plugin";
+    case MNCL_ERR_BOOTSTRAP: return "MNCL_ERR_BOOTSTRAP: rendezvous failed";
+    case MNCL_ERR_SYSTEM: return "MNCL_ERR_SYSTEM: system error";
+    case MNCL_ERR_INTERNAL: return "MNCL_ERR_INTERNAL: internal error";
+    case MNCL_IN_PROGRESS: return "MNCL_IN_PROGRESS: operation in progress";
+  }
+  return "MNCL_ERR_UNKNOWN: unknown status code";
+}
+
+MNCL_API const char *mncl_last_error(void) { return mncl::last_error(); }
+
+MNCL_API size_t mncl_dtype_size(mncl_dtype_t dtype) {
+  switch (dtype) {
+    case MNCL_INT8:
+    case MNCL_UINT8: return 1;
+    case MNCL_FLOAT16:
+    case MNCL_BFLOAT16: return 2;
+    case MNCL_INT32:
+    case MNCL_UINT32:
+    case MNCL_FLOAT32: return 4;
+    case MNCL_INT64:
+    case MNCL_UINT64:
+    case MNCL_FLOAT64: return 8;
+  }
+  return 0;
+}
+
+MNCL_API const char *mncl_dtype_name(mncl_dtype_t dtype) {
+  static const char *const names[MNCL_NUM_DTYPES] = {
+      "int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "bfloat16", "float32",
+      "float64"};
+  return dtype >= 0 && dtype < MNCL_NUM_DTYPES ? names[dtype] : "unknown";
+}
+
+MNCL_API const char *mncl_op_name(mncl_op_t op) {
+  static const char *const names[MNCL_NUM_OPS] = {"sum", "prod", "min", "max", "avg"};
+  return op >= 0 && op < MNCL_NUM_OPS ? names[op] : "unknown";
+}
+
+// --- communicators ---------------------------------------------------------------------------
+
+MNCL_API mncl_status_t mncl_comm_create(const mncl_config_t *config, mncl_comm_t *comm) {
+  return guard([&] {
+    require_out(comm, "mncl_comm_create", "comm");
+    *comm = nullptr;
+    auto handle = std::make_unique<mncl_comm>();
+    handle->impl = mncl::core::Comm::create(config);
+    track(g_comms, handle.get());
+    *comm = handle.release();
+  });
+}
+
+MNCL_API mncl_status_t mncl_comm_destroy(mncl_comm_t comm) {
+  return guard([&] {
+    auto &c = comm_of(comm, "mncl_comm_destroy");
+    untrack(g_comms, comm);
+    // The handle is freed whatever destroy() reports.
+    std::unique_ptr<mncl_comm> owner(comm);
+    c.destroy();
+  });
+}
+
+MNCL_API mncl_status_t mncl_comm_abort(mncl_comm_t comm) {
+  return guard([&] { comm_of(comm, "mncl_comm_abort").abort(); });
+}
+
+MNCL_API mncl_status_t mncl_comm_split(mncl_comm_t comm, int color, int key,
+                                       mncl_comm_t *newcomm) {
+  return guard([&] {
+    require_out(newcomm, "mncl_comm_split", "newcomm");
+    *newcomm = nullptr;
+    auto child = comm_of(comm, "mncl_comm_split").split(color, key);
+    if (!child) return;
+    auto handle = std::make_unique<mncl_comm>();
+    handle->impl = std::move(child);
+    track(g_comms, handle.get());
+    *newcomm = handle.release();
+  });
+}
+
+MNCL_API mncl_status_t mncl_comm_rank(mncl_comm_t comm, int *rank) {
+  return guard([&] {
+    require_out(rank, "mncl_comm_rank", "rank");
+    *rank = comm_of(comm, "mncl_comm_rank").rank();
+  });
+}
+
+MNCL_API mncl_status_t mncl_comm_size(mncl_comm_t comm, int *size) {
+  return guard([&] {
+    require_out(size, "mncl_comm_size", "size");
+    *size = comm_of(comm, "mncl_comm_size").size();
+  });
+}
+
+MNCL_API mncl_status_t mncl_comm_backend(mncl_comm_t comm, const char **name) {
+  return guard([&] {
+    require_out(name, "mncl_comm_backend", "name");
+    *name = comm_of(comm, "mncl_comm_backend").backend().c_str();
+  });
+}
+
+// --- blocking collectives --------------------------------------------------------------------
+
+MNCL_API mncl_status_t mncl_allreduce(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
+                                      size_t count, mncl_dtype_t dtype, mncl_op_t op,
+                                      void *stream) {
+  return run_blocking(
+      comm, make_coll(MNCL_COLL_ALLREDUCE, sendbuf, recvbuf, count, dtype, op, -1, stream));
+}
+
+MNCL_API mncl_status_t mncl_reduce(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
+                                   size_t count, mncl_dtype_t dtype, mncl_op_t op, int root,
+                                   void *stream) {
+  return run_blocking(
+      comm, make_coll(MNCL_COLL_REDUCE, sendbuf, recvbuf, count, dtype, op, root, stream));
+}
+
+MNCL_API mncl_status_t mncl_bcast(mncl_comm_t comm, void *buf, size_t count, mncl_dtype_t dtype,
+                                  int root, void *stream) {
+  return run_blocking(comm,
+                      make_coll(MNCL_COLL_BCAST, buf, buf, count, dtype, -1, root, stream));
+}
+
+MNCL_API mncl_status_t mncl_scatter(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
+                                    size_t count, mncl_dtype_t dtype, int root, void *stream) {
+  return run_blocking(
+      comm, make_coll(MNCL_COLL_SCATTER, sendbuf, recvbuf, count, dtype, -1, root, stream));
+}
+
+MNCL_API mncl_status_t mncl_gather(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
+                                   size_t count, mncl_dtype_t dtype, int root, void *stream) {
+  return run_blocking(
+      comm, make_coll(MNCL_COLL_GATHER, sendbuf, recvbuf, count, dtype, -1, root, stream));
+}
+
+MNCL_API mncl_status_t mncl_allgather(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
+                                      size_t count, mncl_dtype_t dtype, void *stream) {
+  return run_blocking(
+      comm, make_coll(MNCL_COLL_ALLGATHER, sendbuf, recvbuf, count, dtype, -1, -1, stream));
+}
+
+MNCL_API mncl_status_t mncl_reduce_scatter(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
+                                           size_t recvcount, mncl_dtype_t dtype, mncl_op_t op,
+                                           void *stream) {
+  return run_blocking(comm, make_coll(MNCL_COLL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount,
+                                      dtype, op, -1, stream));
+}
+
+MNCL_API mncl_status_t mncl_alltoall(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
+                                     size_t count, mncl_dtype_t dtype, void *stream) {
+  return run_blocking(
+      comm, make_coll(MNCL_COLL_ALLTOALL, sendbuf, recvbuf, count, dtype, -1, -1, stream));
+}
+
+MNCL_API mncl_status_t mncl_barrier(mncl_comm_t comm, void *stream) {
+  return run_blocking(comm,
+                      make_coll(MNCL_COLL_BARRIER, nullptr, nullptr, 0, MNCL_UINT8, -1, -1, stream));
+}
+
+MNCL_API mncl_status_t mncl_send(mncl_comm_t comm, const void *buf, size_t count,
+                                 mncl_dtype_t dtype, int peer, void *stream) {
+  return run_blocking(comm,
+                      make_coll(MNCL_COLL_SEND, buf, nullptr, count, dtype, -1, peer, stream));
+}
+
+MNCL_API mncl_status_t mncl_recv(mncl_comm_t comm, void *buf, size_t count, mncl_dtype_t dtype,
+                                 int peer, void *stream) {
+  return run_blocking(comm,
+                      make_coll(MNCL_COLL_RECV, nullptr, buf, count, dtype, -1, peer, stream));
+}
+
+static mncl_coll_v1_t make_coalesced(const void *const *sendbufs, void *const *recvbufs,
+                                     const size_t *counts, size_t nbufs, mncl_dtype_t dtype,
+                                     mncl_op_t op, void *stream) {
+  mncl_coll_v1_t c =
+      make_coll(MNCL_COLL_ALLREDUCE_COALESCED, nullptr, nullptr, 0, dtype, op, -1, stream);
+  c.nbufs = nbufs;
+  c.sendbufs = sendbufs;
+  c.recvbufs = recvbufs;
+  c.counts = counts;
+  return c;
+}
+
+MNCL_API mncl_status_t mncl_allreduce_coalesced(mncl_comm_t comm, const void *const *sendbufs,
+                                                void *const *recvbufs, const size_t *counts,
+                                                size_t nbufs, mncl_dtype_t dtype, mncl_op_t op,
+                                                void *stream) {
+  return run_blocking(comm,
+                      make_coalesced(sendbufs, recvbufs, counts, nbufs, dtype, op, stream));
+}
+
+// --- non-blocking collectives ----------------------------------------------------------------
+
+MNCL_API mncl_status_t mncl_iallreduce(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
+                                       size_t count, mncl_dtype_t dtype, mncl_op_t op,
+                                       void *stream, mncl_request_t *request) {
+  return run_nonblocking(
+      comm, make_coll(MNCL_COLL_ALLREDUCE, sendbuf, recvbuf, count, dtype, op, -1, stream),
+      request);
+}
+
+MNCL_API mncl_status_t mncl_ireduce(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
+                                    size_t count, mncl_dtype_t dtype, mncl_op_t op, int root,
+                                    void *stream, mncl_request_t *request) {
+  return run_nonblocking(
+      comm, make_coll(MNCL_COLL_REDUCE, sendbuf, recvbuf, count, dtype, op, root, stream),
+      request);
+}
+
+MNCL_API mncl_status_t mncl_ibcast(mncl_comm_t comm, void *buf, size_t count,
+                                   mncl_dtype_t dtype, int root, void *stream,
+                                   mncl_request_t *request) {
+  return run_nonblocking(comm, make_coll(MNCL_COLL_BCAST, buf, buf, count, dtype, -1, root, stream),
+                         request);
+}
+
+MNCL_API mncl_status_t mncl_iscatter(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
+                                     size_t count, mncl_dtype_t dtype, int root, void *stream,
+                                     mncl_request_t *request) {
+  return run_nonblocking(
+      comm, make_coll(MNCL_COLL_SCATTER, sendbuf, recvbuf, count, dtype, -1, root, stream),
+      request);
+}
+
+MNCL_API mncl_status_t mncl_igather(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
+                                    size_t count, mncl_dtype_t dtype, int root, void *stream,
+                                    mncl_request_t *request) {
+  return run_nonblocking(
+      comm, make_coll(MNCL_COLL_GATHER, sendbuf, recvbuf, count, dtype, -1, root, stream),
+      request);
+}
+
+MNCL_API mncl_status_t mncl_iallgather(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
+                                       size_t count, mncl_dtype_t dtype, void *stream,
+                                       mncl_request_t *request) {
+  return run_nonblocking(
+      comm, make_coll(MNCL_COLL_ALLGATHER, sendbuf, recvbuf, count, dtype, -1, -1, stream),
+      request);
+}
+
+MNCL_API mncl_status_t mncl_ireduce_scatter(mncl_comm_t comm, const void *sendbuf,
+                                            void *recvbuf, size_t recvcount, mncl_dtype_t dtype,
+                                            mncl_op_t op, void *stream,
+                                            mncl_request_t *request) {
+  return run_nonblocking(comm,
+                         make_coll(MNCL_COLL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype,
+                                   op, -1, stream),
+                         request);
+}
+
+MNCL_API mncl_status_t mncl_ialltoall(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
+                                      size_t count, mncl_dtype_t dtype, void *stream,
+                                      mncl_request_t *request) {
+  return run_nonblocking(
+      comm, make_coll(MNCL_COLL_ALLTOALL, sendbuf, recvbuf, count, dtype, -1, -1, stream),
+      request);
+}
+
+MNCL_API mncl_status_t mncl_ibarrier(mncl_comm_t comm, void *stream, mncl_request_t *request) {
+  return run_nonblocking(
+      comm, make_coll(MNCL_COLL_BARRIER, nullptr, nullptr, 0, MNCL_UINT8, -1, -1, stream),
+      request);
+}
+
+MNCL_API mncl_status_t mncl_isend(mncl_comm_t comm, const void *buf, size_t count,
+                                  mncl_dtype_t dtype, int peer, void *stream,
+                                  mncl_request_t *request) {
+  return run_nonblocking(
+      comm, make_coll(MNCL_COLL_SEND, buf, nullptr, count, dtype, -1, peer, stream), request);
+}
+
+MNCL_API mncl_status_t mncl_irecv(mncl_comm_t comm, void *buf, size_t count, mncl_dtype_t dtype,
+                                  int peer, void *stream, mncl_request_t *request) {
+  return run_nonblocking(
+      comm, make_coll(MNCL_COLL_RECV, nullptr, buf, count, dtype, -1, peer, stream), request);
+}
+
+MNCL_API mncl_status_t mncl_iallreduce_coalesced(mncl_comm_t comm, const void *const *sendbufs,
+                                                 void *const *recvbufs, const size_t *counts,
+                                                 size_t nbufs, mncl_dtype_t dtype, mncl_op_t op,
+                                                 void *stream, mncl_request_t *request) {
+  return run_nonblocking(
+      comm, make_coalesced(sendbufs, recvbufs, counts, nbufs, dtype, op, stream), request);
+}
+
+// --- completion ------------------------------------------------------------------------------
+
+MNCL_API mncl_status_t mncl_test(mncl_request_t request, int *done) {
+  bool finished = false;
+  const mncl_status_t status = guard([&] {
+    require_out(done, "mncl_test", "done");
+    *done = 0;
+    MNCL_CHECK(request != nullptr, MNCL_ERR_INVALID_ARGUMENT, "mncl_test: request is NULL");
+    MNCL_CHECK(is_live(g_requests, request), MNCL_ERR_INVALID_ARGUMENT,
+               "mncl_test: request %p is not pending (already completed, or never issued)",
+               static_cast<void *>(request));
+    finished = await(request, 0, "mncl_test");
+  });
+  if (status != MNCL_OK || !finished) return status;
+  *done = 1;
+  return finish(request);
+}
+
+MNCL_API mncl_status_t mncl_wait(mncl_request_t request, int64_t timeout_ms) {
+  bool finished = false;
+  const mncl_status_t status = guard([&] {
+    MNCL_CHECK(request != nullptr, MNCL_ERR_INVALID_ARGUMENT, "mncl_wait: request is NULL");
+    MNCL_CHECK(is_live(g_requests, request), MNCL_ERR_INVALID_ARGUMENT,
+               "mncl_wait: request %p is not pending (already completed, or never issued)",
+               static_cast<void *>(request));
+    MNCL_CHECK(timeout_ms >= -1, MNCL_ERR_INVALID_ARGUMENT,
+               "mncl_wait: timeout_ms %lld is negative (use -1 to wait until the operation ends)",
+               static_cast<long long>(timeout_ms));
+    finished = await(request, timeout_ms, "mncl_wait");
+    MNCL_CHECK(finished, MNCL_ERR_TIMEOUT,
+               "mncl_wait: the operation did not finish within %lld ms (the request stays valid)",
+               static_cast<long long>(timeout_ms));
+  });
+  if (status != MNCL_OK) return status;
+  return finish(request);
+}
+
+}  // extern "C"

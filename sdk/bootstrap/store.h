@@ -1,0 +1,58 @@
+// The bootstrap key-value store: how ranks find each other before any backend exists.
+//
+//   tcp://host:port  — TcpStore: rank 0 listens on host:port (that address only) and every rank,
+//                      rank 0 included, connects to it as a client.
+//   file:///dir      — FileStore: one file per key in a shared directory (NFS, Lustre, /tmp).
+//
+// All methods are thread-safe and throw mncl::Error on failure: MNCL_ERR_TIMEOUT (naming the
+// key(s) not found), MNCL_ERR_ABORTED (the abort flag was raised while waiting),
+// MNCL_ERR_REMOTE (connection to the store lost), MNCL_ERR_BOOTSTRAP (cannot reach or start it).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace mncl::bootstrap {
+
+using Bytes = std::vector<uint8_t>;
+
+struct WaitOptions {
+  std::chrono::milliseconds timeout{300000};
+  // When non-null and raised, a waiting call throws MNCL_ERR_ABORTED within ~50 ms.
+  const std::atomic<bool> *aborted = nullptr;
+};
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  virtual void set(const std::string &key, const void *data, size_t len) = 0;
+  // Waits for key; throws MNCL_ERR_TIMEOUT "store key 'k' not set within 3.0 s".
+  virtual Bytes get(const std::string &key, const WaitOptions &opts) = 0;
+  // Atomic add on a decimal integer value (absent = 0); returns the new value.
+  virtual int64_t add(const std::string &key, int64_t delta) = 0;
+  // Waits until every key exists. Returns the keys still missing at the deadline (empty on
+  // success) instead of throwing, so callers can name the ranks behind them; still throws on
+  // abort or a lost connection.
+  virtual std::vector<std::string> wait(const std::vector<std::string> &keys,
+                                        const WaitOptions &opts) = 0;
+  // Deletes key; returns whether it existed.
+  virtual bool erase(const std::string &key) = 0;
+  // "tcp://127.0.0.1:29500" or "file:///shared/dir", for messages.
+  virtual std::string describe() const = 0;
+};
+
+// Opens the store named by url for a rank of a job of `size` ranks. For tcp://, rank 0 starts
+// the server (bound to exactly that host's address) before connecting. Clients retry the
+// connection until opts.timeout; failing that, MNCL_ERR_BOOTSTRAP names the address and that
+// rank 0 never came up. Throws MNCL_ERR_INVALID_ARGUMENT for a malformed url.
+std::shared_ptr<Store> open_store(const std::string &url, int rank, int size,
+                                  const WaitOptions &opts);
+
+// A view of another store with every key prefixed ("w/" + key). Shares the underlying store.
+std::shared_ptr<Store> make_prefix_store(std::shared_ptr<Store> base, const std::string &prefix);
+
+}  // namespace mncl::bootstrap

@@ -1,0 +1,111 @@
+#include "common/env.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <mutex>
+#include <set>
+
+#include "common/error.h"
+#include "common/log.h"
+
+namespace mncl::env {
+
+const std::vector<Variable> &table() {
+  static const std::vector<Variable> variables = {
+      {"MNCL_BACKEND", "auto",
+       "Backend: a plugin name (naive, gloo, flat, nccl, shm), a path to a plugin .so, a comma "
+       "list tried in order, or auto (the highest probe score)."},
+      {"MNCL_PLUGIN_PATH", "",
+       "Colon-separated folders searched for libmncl-<name>.so before <libdir>/mncl/plugins."},
+      {"MNCL_STORE", "",
+       "Bootstrap store: tcp://host:port (rank 0 listens there) or file:///shared/dir. Default: "
+       "tcp://MASTER_ADDR:MASTER_PORT when those are set."},
+      {"MNCL_STORE_TOKEN", "",
+       "Shared secret every rank presents to the TCP store; connections without it are refused."},
+      {"MNCL_RANK", "", "This process's rank (else RANK, OMPI_COMM_WORLD_RANK, PMI_RANK, "
+                        "SLURM_PROCID)."},
+      {"MNCL_SIZE", "", "Number of ranks (else WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE, "
+                        "SLURM_NTASKS)."},
+      {"MNCL_LOCAL_RANK", "", "Rank among the ranks on this host (else LOCAL_RANK, "
+                              "OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID)."},
+      {"MNCL_LOCAL_SIZE", "", "Ranks on this host (else LOCAL_WORLD_SIZE, "
+                              "OMPI_COMM_WORLD_LOCAL_SIZE, SLURM_NTASKS_PER_NODE)."},
+      {"MNCL_TIMEOUT", "300",
+       "Seconds any blocking step may take (rendezvous, each collective) before it fails."},
+      {"MNCL_DEVICE", "", "Accelerator ordinal for this rank (default: the local rank)."},
+      {"MNCL_DEBUG", "warn", "Log level: none, error, warn, info or trace."},
+      {"MASTER_ADDR", "", "torchrun-style store host, used when MNCL_STORE is unset."},
+      {"MASTER_PORT", "", "torchrun-style store port, used when MNCL_STORE is unset."},
+      // Launchers' own variables, read when the MNCL_* ones are unset.
+      {"RANK", "", "torchrun: this process's rank."},
+      {"WORLD_SIZE", "", "torchrun: number of ranks."},
+      {"LOCAL_RANK", "", "torchrun: rank on this host."},
+      {"LOCAL_WORLD_SIZE", "", "torchrun: ranks on this host."},
+      {"OMPI_COMM_WORLD_RANK", "", "Open MPI (mpirun): this process's rank."},
+      {"OMPI_COMM_WORLD_SIZE", "", "Open MPI (mpirun): number of ranks."},
+      {"OMPI_COMM_WORLD_LOCAL_RANK", "", "Open MPI (mpirun): rank on this host."},
+      {"OMPI_COMM_WORLD_LOCAL_SIZE", "", "Open MPI (mpirun): ranks on this host."},
+      {"PMI_RANK", "", "PMI launchers (MPICH, srun --mpi=pmi2): this process's rank."},
+      {"PMI_SIZE", "", "PMI launchers: number of ranks."},
+      {"SLURM_PROCID", "", "Slurm (srun): this process's rank."},
+      {"SLURM_NTASKS", "", "Slurm (srun): number of ranks."},
+      {"SLURM_LOCALID", "", "Slurm (srun): rank on this host."},
+  };
+  return variables;
+}
+
+const Variable *find(const std::string &name) {
+  for (const auto &v : table()) {
+    if (name == v.name) return &v;
+  }
+  return nullptr;
+}
+
+const char *raw(const char *name) { return secure_getenv(name); }
+
+std::optional<std::string> get(const char *name) {
+  const char *value = raw(name);
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  static std::mutex mutex;
+  static std::set<std::string> logged;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (logged.insert(name).second) {
+      MNCL_INFO("%s set by environment to %s", name, value);
+      if (find(name) == nullptr) MNCL_WARN("%s is not a documented MNCL variable", name);
+    }
+  }
+  return std::string(value);
+}
+
+std::optional<int64_t> get_timeout_ms(const char *name) {
+  auto text = get(name);
+  if (!text) return std::nullopt;
+  errno = 0;
+  char *end = nullptr;
+  const double seconds = std::strtod(text->c_str(), &end);
+  MNCL_CHECK(errno == 0 && end != text->c_str() && *end == '\0' && std::isfinite(seconds),
+             MNCL_ERR_INVALID_ARGUMENT, "%s='%s' is not a number of seconds", name,
+             text->c_str());
+  MNCL_CHECK(seconds > 0 && seconds <= 7 * 24 * 3600.0, MNCL_ERR_INVALID_ARGUMENT,
+             "%s='%s' is out of range: give seconds > 0 and at most one week (604800)", name,
+             text->c_str());
+  return static_cast<int64_t>(std::ceil(seconds * 1000.0));
+}
+
+std::optional<int64_t> get_int(const char *name, int64_t lo, int64_t hi) {
+  auto text = get(name);
+  if (!text) return std::nullopt;
+  errno = 0;
+  char *end = nullptr;
+  const long long value = std::strtoll(text->c_str(), &end, 10);
+  MNCL_CHECK(errno == 0 && end != text->c_str() && *end == '\0', MNCL_ERR_INVALID_ARGUMENT,
+             "%s='%s' is not an integer", name, text->c_str());
+  MNCL_CHECK(value >= lo && value <= hi, MNCL_ERR_INVALID_ARGUMENT,
+             "%s=%lld is out of range [%lld, %lld]", name, value, static_cast<long long>(lo),
+             static_cast<long long>(hi));
+  return value;
+}
+
+}  // namespace mncl::env

@@ -1,0 +1,35 @@
+// Every environment variable MNCL reads is declared once, in the table in env.cpp, with its
+// default and documentation; mncl-info prints that table. Values are read with secure_getenv
+// (ignored in setuid programs) and logged once at info level when set.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mncl::env {
+
+struct Variable {
+  const char *name;
+  const char *default_value;  // as documented ("" = unset)
+  const char *doc;
+};
+
+// The table, in documentation order.
+const std::vector<Variable> &table();
+// The declaration of a variable, or nullptr if it is not in the table.
+const Variable *find(const std::string &name);
+
+// secure_getenv without logging or validation (for the logger itself).
+const char *raw(const char *name);
+// The value if set and non-empty; logs "NAME set by environment to VALUE" the first time.
+std::optional<std::string> get(const char *name);
+
+// Parsers that throw MNCL_ERR_INVALID_ARGUMENT naming the variable and the bad value.
+// Seconds as a decimal number (fractions allowed), > 0 and <= 1 week; returns milliseconds.
+std::optional<int64_t> get_timeout_ms(const char *name);
+// A decimal integer in [lo, hi].
+std::optional<int64_t> get_int(const char *name, int64_t lo, int64_t hi);
+
+}  // namespace mncl::env

@@ -1,0 +1,87 @@
+#include "common/log.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include "common/env.h"
+
+namespace mncl::log {
+
+namespace {
+std::atomic<int> g_level{-1};
+std::atomic<int> g_rank{-1};
+
+const char *level_name(int level) {
+  switch (level) {
+    case kError: return "ERROR";
+    case kWarn: return "WARN";
+    case kInfo: return "INFO";
+    case kTrace: return "TRACE";
+  }
+  return "?";
+}
+
+// Strips the build machine's source prefix so lines show "sdk/loader/x.cpp".
+const char *short_path(const char *file) {
+  for (const char *marker : {"/sdk/", "/plugins/", "/tests/", "/frontends/", "/bench/"}) {
+    if (const char *p = std::strstr(file, marker)) return p + 1;
+  }
+  return file;
+}
+}  // namespace
+
+int parse_level(const char *text) {
+  if (text == nullptr || *text == '\0') return kWarn;
+  const std::string v(text);
+  if (v == "none" || v == "0") return kNone;
+  if (v == "error" || v == "1") return kError;
+  if (v == "warn" || v == "2") return kWarn;
+  if (v == "info" || v == "3") return kInfo;
+  if (v == "trace" || v == "4") return kTrace;
+  return -1;
+}
+
+int level() {
+  int lvl = g_level.load(std::memory_order_relaxed);
+  if (lvl < 0) {
+    lvl = parse_level(env::raw("MNCL_DEBUG"));
+    if (lvl < 0) {
+      std::fprintf(stderr, "[mncl WARN] MNCL_DEBUG='%s' is not none|error|warn|info|trace; "
+                           "using warn\n", env::raw("MNCL_DEBUG"));
+      lvl = kWarn;
+    }
+    g_level.store(lvl, std::memory_order_relaxed);
+  }
+  return lvl;
+}
+
+void set_rank(int rank) { g_rank.store(rank, std::memory_order_relaxed); }
+
+void vwrite_tagged(int lvl, const char *tag, const char *file, int line, const char *fmt,
+                   va_list args) {
+  char message[2048];
+  std::vsnprintf(message, sizeof message, fmt, args);
+  char rank[16] = "";
+  if (int r = g_rank.load(std::memory_order_relaxed); r >= 0) {
+    std::snprintf(rank, sizeof rank, " r%d", r);
+  }
+  // One fprintf per line so concurrent ranks and threads do not interleave within a line.
+  std::fprintf(stderr, "[mncl %d%s %s %s:%d] %s%s%s\n", static_cast<int>(getpid()), rank,
+               level_name(lvl), short_path(file), line, tag ? tag : "", tag ? ": " : "",
+               message);
+}
+
+void write(int lvl, const char *file, int line, const char *fmt, ...) {
+  va_list args;
+  va_start(args, fmt);
+  vwrite_tagged(lvl, nullptr, file, line, fmt, args);
+  va_end(args);
+}
+
+}  // namespace mncl::log

@@ -1,0 +1,567 @@
+#include "core/comm.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "bootstrap/memory_store.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "core/selection.h"
+#include "core/validate.h"
+
+namespace mncl::core {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string hostname() {
+  char name[256] = "";
+  if (::gethostname(name, sizeof name - 1) != 0) return "unknown-host";
+  return name;
+}
+
+std::string bytes_to_string(const bootstrap::Bytes &b) { return std::string(b.begin(), b.end()); }
+
+// "1, 3 and 4" for messages.
+std::string list_ranks(const std::vector<int> &ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i > 0) out += (i + 1 == ranks.size()) ? " and " : ", ";
+    out += std::to_string(ranks[i]);
+  }
+  return out;
+}
+
+bootstrap::WaitOptions wait_options(int64_t timeout_ms, const std::atomic<bool> *aborted) {
+  bootstrap::WaitOptions opts;
+  opts.timeout = std::chrono::milliseconds(timeout_ms);
+  opts.aborted = aborted;
+  return opts;
+}
+
+// Sets "<prefix><rank>" on this rank and waits for every rank's key; returns every rank's
+// value. On timeout, names the ranks that never wrote theirs.
+std::vector<std::string> exchange(bootstrap::Store &store, const std::string &prefix, int rank,
+                                  int size, const std::string &value, int64_t timeout_ms,
+                                  const std::atomic<bool> *aborted, const char *what) {
+  store.set(prefix + std::to_string(rank), value.data(), value.size());
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back(prefix + std::to_string(r));
+  auto missing = store.wait(keys, wait_options(timeout_ms, aborted));
+  if (!missing.empty()) {
+    std::vector<int> ranks;
+    for (const auto &k : missing) ranks.push_back(std::stoi(k.substr(prefix.size())));
+    throw Error(MNCL_ERR_TIMEOUT,
+                format("%s: rank%s %s did not %s within %.1f s (store %s)", what,
+                       ranks.size() > 1 ? "s" : "", list_ranks(ranks).c_str(),
+                       std::strcmp(what, "mncl_comm_create") == 0 ? "join" : "respond",
+                       timeout_ms / 1000.0, store.describe().c_str()));
+  }
+  std::vector<std::string> values;
+  for (const auto &k : keys) {
+    values.push_back(bytes_to_string(store.get(k, wait_options(timeout_ms, aborted))));
+  }
+  return values;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Creation: rendezvous, backend agreement, plugin communicator.
+// ---------------------------------------------------------------------------------------------
+
+std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
+  const mncl_config_t config = read_user_config(user_config);
+  const LaunchSettings settings = resolve_launch_settings(config);
+
+  std::unique_ptr<Comm> comm(new Comm());
+  comm->rank_ = settings.rank;
+  comm->size_ = settings.size;
+  comm->timeout_ms_ = settings.timeout_ms;
+  comm->device_ = settings.device;
+  comm->id_ = "w";
+  log::set_rank(settings.rank);
+  MNCL_INFO("creating rank %d of %d, store %s, backend '%s', timeout %.1f s", settings.rank,
+            settings.size, settings.store_url.empty() ? "(in-process)" : settings.store_url.c_str(),
+            settings.backend_spec.c_str(), settings.timeout_ms / 1000.0);
+
+  const auto opts = wait_options(settings.timeout_ms, &comm->aborted_);
+  comm->job_store_ = settings.store_url.empty()
+                         ? bootstrap::make_memory_store()
+                         : bootstrap::open_store(settings.store_url, settings.rank,
+                                                 settings.size, opts);
+  if (settings.store_is_private_dir && settings.rank == 0) {
+    // The folder MNCL made up goes away with the last communicator of the job on rank 0.
+    auto inner = comm->job_store_;
+    const std::string dir = settings.store_url.substr(std::strlen("file://"));
+    comm->job_store_ = std::shared_ptr<bootstrap::Store>(
+        inner.get(), [inner, dir](bootstrap::Store *) mutable {
+          inner.reset();
+          std::error_code ignored;  // best effort: it only held this job's (deleted) keys
+          std::filesystem::remove_all(dir, ignored);
+        });
+  }
+  comm->comm_store_ = bootstrap::make_prefix_store(comm->job_store_, comm->id_ + "/");
+
+  // Every rank chooses locally, then publishes its choice (or its failure) so that every rank
+  // fails the same way, instead of some ranks waiting for others that gave up.
+  Selection selection;
+  std::string local_error;
+  try {
+    selection = select_backend(settings.backend_spec, probe_info(settings));
+    MNCL_INFO("backend %s chosen: %s", selection.plugin->name().c_str(), selection.why.c_str());
+  } catch (const Error &e) {
+    local_error = e.what();
+  }
+  const std::string host = hostname();
+  const std::string record =
+      (local_error.empty() ? "ok\n" + selection.plugin->name() : "error\n" + local_error) + "\n" +
+      host + "\n" + std::to_string(::getpid());
+  const auto records = exchange(*comm->comm_store_, "join/", settings.rank, settings.size,
+                                record, settings.timeout_ms, &comm->aborted_, "mncl_comm_create");
+
+  std::map<std::string, std::vector<int>> choices;  // backend -> ranks
+  std::vector<std::string> failures;
+  for (int r = 0; r < settings.size; ++r) {
+    std::istringstream in(records[r]);
+    std::string kind, what, rank_host, pid;
+    std::getline(in, kind);
+    std::getline(in, what);
+    if (kind == "error") {
+      // The message may span lines; the host and pid are the last two.
+      std::vector<std::string> lines{what};
+      for (std::string line; std::getline(in, line);) lines.push_back(line);
+      pid = lines.back();
+      lines.pop_back();
+      rank_host = lines.back();
+      lines.pop_back();
+      std::string message;
+      for (const auto &l : lines) message += (message.empty() ? "" : "\n") + l;
+      if (r != settings.rank) failures.push_back(format("rank %d: %s", r, message.c_str()));
+    } else {
+      std::getline(in, rank_host);
+      std::getline(in, pid);
+      choices[what].push_back(r);
+    }
+    comm->members_.push_back(Member{rank_host, std::atoi(pid.c_str())});
+  }
+  if (!local_error.empty()) {
+    throw Error(MNCL_ERR_PLUGIN, format("mncl_comm_create: %s", local_error.c_str()));
+  }
+  if (!failures.empty()) {
+    std::string all;
+    for (const auto &f : failures) all += "\n  " + f;
+    throw Error(MNCL_ERR_PLUGIN,
+                format("mncl_comm_create: other ranks could not choose a backend:%s",
+                       all.c_str()));
+  }
+  if (choices.size() > 1) {
+    std::string all;
+    for (const auto &[name, ranks] : choices) {
+      all += format("\n  %s: rank%s %s", name.c_str(), ranks.size() > 1 ? "s" : "",
+                    list_ranks(ranks).c_str());
+    }
+    throw Error(MNCL_ERR_PLUGIN,
+                format("mncl_comm_create: ranks disagree on the backend (set MNCL_BACKEND to the "
+                       "same value on every rank):%s",
+                       all.c_str()));
+  }
+
+  // Local rank and size: the launcher's word if it gave one, else grouping by host name.
+  std::set<std::string> hosts;
+  int same_host_before = 0, same_host = 0;
+  for (int r = 0; r < settings.size; ++r) {
+    hosts.insert(comm->members_[r].host);
+    if (comm->members_[r].host == host) {
+      ++same_host;
+      if (r < settings.rank) ++same_host_before;
+    }
+  }
+  comm->num_hosts_ = static_cast<int>(hosts.size());
+  comm->local_rank_ = settings.local_rank >= 0 ? settings.local_rank : same_host_before;
+  comm->local_size_ = settings.local_size >= 1 ? settings.local_size : same_host;
+  if (comm->device_ < 0) comm->device_ = comm->local_rank_;
+
+  comm->plugin_ = selection.plugin;
+  comm->table_ = &comm->plugin_->table();
+  comm->plugin_store_ = std::make_unique<StoreBridge>(
+      bootstrap::make_prefix_store(comm->job_store_, comm->id_ + "/p/"), &comm->aborted_);
+  comm->create_plugin_comm(comm->bootstrap_for_plugin(), nullptr, 0, 0);
+  MNCL_INFO("communicator %s ready: rank %d of %d on backend %s (%d host%s)", comm->id_.c_str(),
+            comm->rank_, comm->size_, comm->backend().c_str(), comm->num_hosts_,
+            comm->num_hosts_ > 1 ? "s" : "");
+  return comm;
+}
+
+mncl_bootstrap_v1_t Comm::bootstrap_for_plugin() const {
+  mncl_bootstrap_v1_t bs{};
+  bs.struct_size = sizeof bs;
+  bs.rank = rank_;
+  bs.size = size_;
+  bs.local_rank = local_rank_;
+  bs.local_size = local_size_;
+  bs.num_hosts = num_hosts_;
+  bs.device = device_;
+  bs.timeout_ms = timeout_ms_;
+  bs.comm_id = id_.c_str();
+  bs.store = plugin_store_->table();
+  return bs;
+}
+
+void Comm::create_plugin_comm(const mncl_bootstrap_v1_t &bs, void *parent_plugin_comm,
+                              int color, int key) {
+  set_last_error("");
+  const mncl_status_t status =
+      parent_plugin_comm && table_->comm_split
+          ? table_->comm_split(parent_plugin_comm, color, key, &bs, &plugin_comm_)
+          : table_->comm_create(&bs, &plugin_comm_);
+  if (status != MNCL_OK) {
+    plugin_comm_ = nullptr;
+    throw Error(status, format("backend '%s' failed to create communicator %s (rank %d of %d): "
+                               "%s",
+                               backend().c_str(), id_.c_str(), rank_, size_, last_error()));
+  }
+}
+
+Comm::~Comm() {
+  // Normally destroy() ran; this is the path for a creation that failed half-way.
+  if (!destroyed_.load()) {
+    try {
+      destroy();
+    } catch (const std::exception &e) {
+      MNCL_WARN("communicator %s: %s", id_.c_str(), e.what());
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Collectives
+// ---------------------------------------------------------------------------------------------
+
+void Comm::check_usable(const char *fn) const {
+  MNCL_CHECK(!destroyed_.load(), MNCL_ERR_INVALID_ARGUMENT, "%s: the communicator was destroyed",
+             fn);
+  MNCL_CHECK(!aborted_.load(), MNCL_ERR_ABORTED, "%s: the communicator was aborted", fn);
+}
+
+void Comm::validate_and_number(mncl_coll_v1_t &coll) {
+  check_usable(coll_function_name(coll.kind));
+  validate_collective(coll, rank_, size_, *table_);
+  coll.struct_size = sizeof coll;
+  coll.timeout_ms = timeout_ms_;
+  coll.seq = next_seq_;
+  // An emulated coalesced allreduce becomes nbufs allreduces, each with its own number.
+  const bool emulated = coll.kind == MNCL_COLL_ALLREDUCE_COALESCED &&
+                        !(table_->coll_mask & MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED));
+  next_seq_ += emulated ? std::max<size_t>(coll.nbufs, 1) : 1;
+}
+
+void Comm::execute_now(const mncl_coll_v1_t &coll) {
+  const char *fn = coll_function_name(coll.kind);
+  MNCL_CHECK(!aborted_.load(), MNCL_ERR_ABORTED, "%s #%llu: the communicator was aborted", fn,
+             static_cast<unsigned long long>(coll.seq));
+  auto call = [&](const mncl_coll_v1_t &c) {
+    set_last_error("");
+    const mncl_status_t status = table_->execute(plugin_comm_, &c);
+    if (status != MNCL_OK) {
+      throw Error(status, format("%s #%llu on %s (rank %d of %d): %s", fn,
+                                 static_cast<unsigned long long>(c.seq), backend().c_str(),
+                                 rank_, size_, last_error()));
+    }
+  };
+  if (coll.kind == MNCL_COLL_ALLREDUCE_COALESCED &&
+      !(table_->coll_mask & MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED))) {
+    for (size_t i = 0; i < coll.nbufs; ++i) {
+      mncl_coll_v1_t single = coll;
+      single.kind = MNCL_COLL_ALLREDUCE;
+      single.sendbuf = coll.sendbufs[i];
+      single.recvbuf = coll.recvbufs[i];
+      single.count = coll.counts[i];
+      single.nbufs = 0;
+      single.sendbufs = nullptr;
+      single.recvbufs = nullptr;
+      single.counts = nullptr;
+      single.seq = coll.seq + i;
+      call(single);
+    }
+    return;
+  }
+  call(coll);
+}
+
+void Comm::run(mncl_coll_v1_t coll) {
+  validate_and_number(coll);
+  const bool native = table_->caps & MNCL_CAP_NATIVE_ASYNC;
+  if (native || outstanding_.load() == 0) {
+    execute_now(coll);
+    return;
+  }
+  // Non-blocking operations are still queued: this one goes behind them, in issue order.
+  auto op = std::make_shared<Operation>();
+  op->coll = coll;
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    queue_.push_back(op);
+    ++outstanding_;
+  }
+  queue_cv_.notify_one();
+  wait(*op, -1);
+  if (op->status != MNCL_OK) throw Error(op->status, op->error);
+}
+
+std::shared_ptr<Operation> Comm::start(const mncl_coll_v1_t &coll_in) {
+  auto op = std::make_shared<Operation>();
+  op->coll = coll_in;
+  // The caller's arrays need not outlive the call: keep copies.
+  if (coll_in.kind == MNCL_COLL_ALLREDUCE_COALESCED && coll_in.nbufs > 0 && coll_in.sendbufs &&
+      coll_in.recvbufs && coll_in.counts) {
+    op->sendbufs.assign(coll_in.sendbufs, coll_in.sendbufs + coll_in.nbufs);
+    op->recvbufs.assign(coll_in.recvbufs, coll_in.recvbufs + coll_in.nbufs);
+    op->counts.assign(coll_in.counts, coll_in.counts + coll_in.nbufs);
+    op->coll.sendbufs = op->sendbufs.data();
+    op->coll.recvbufs = op->recvbufs.data();
+    op->coll.counts = op->counts.data();
+  }
+  validate_and_number(op->coll);
+
+  if (table_->caps & MNCL_CAP_NATIVE_ASYNC) {
+    set_last_error("");
+    const mncl_status_t status = table_->post(plugin_comm_, &op->coll, &op->native_handle);
+    if (status != MNCL_OK) {
+      throw Error(status, format("%s #%llu on %s: %s", coll_function_name(op->coll.kind),
+                                 static_cast<unsigned long long>(op->coll.seq),
+                                 backend().c_str(), last_error()));
+    }
+    return op;
+  }
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    if (!progress_.joinable()) progress_ = std::thread([this] { progress_loop(); });
+    queue_.push_back(op);
+    ++outstanding_;
+  }
+  queue_cv_.notify_one();
+  return op;
+}
+
+void Comm::progress_loop() {
+  for (;;) {
+    std::shared_ptr<Operation> op;
+    {
+      std::unique_lock<std::mutex> lock(queue_mutex_);
+      queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and everything issued has run
+      op = queue_.front();
+      queue_.pop_front();
+    }
+    mncl_status_t status = MNCL_OK;
+    std::string error;
+    try {
+      execute_now(op->coll);
+    } catch (const Error &e) {
+      status = e.status();
+      error = e.what();
+    } catch (const std::exception &e) {
+      status = MNCL_ERR_INTERNAL;
+      error = e.what();
+    }
+    {
+      std::lock_guard<std::mutex> lock(op->mutex);
+      op->status = status;
+      op->error = error;
+      op->finished = true;
+    }
+    --outstanding_;
+    op->finished_cv.notify_all();
+  }
+}
+
+bool Comm::test(Operation &op) { return wait(op, 0); }
+
+bool Comm::wait(Operation &op, int64_t timeout_ms) {
+  if (op.native_handle != nullptr) {
+    const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+    auto pause = std::chrono::microseconds(10);
+    for (;;) {
+      int32_t done = 0;
+      set_last_error("");
+      const mncl_status_t status = table_->test(plugin_comm_, op.native_handle, &done);
+      if (done || status != MNCL_OK) {
+        op.native_handle = nullptr;
+        op.finished = true;
+        op.status = status;
+        if (status != MNCL_OK) {
+          op.error = format("%s #%llu on %s: %s", coll_function_name(op.coll.kind),
+                            static_cast<unsigned long long>(op.coll.seq), backend().c_str(),
+                            last_error());
+        }
+        return true;
+      }
+      if (timeout_ms >= 0 && Clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(1000));
+    }
+  }
+  std::unique_lock<std::mutex> lock(op.mutex);
+  if (timeout_ms < 0) {
+    op.finished_cv.wait(lock, [&] { return op.finished; });
+    return true;
+  }
+  return op.finished_cv.wait_for(lock, std::chrono::milliseconds(timeout_ms),
+                                 [&] { return op.finished; });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Abort, split, destroy
+// ---------------------------------------------------------------------------------------------
+
+void Comm::abort() {
+  if (aborted_.exchange(true)) return;  // a second abort is harmless
+  MNCL_WARN("communicator %s aborted on rank %d", id_.c_str(), rank_);
+  if (plugin_comm_ != nullptr) {
+    if (table_->comm_abort(plugin_comm_) != MNCL_OK) {
+      MNCL_WARN("backend %s: comm_abort failed: %s", backend().c_str(), last_error());
+    }
+  }
+  queue_cv_.notify_all();
+}
+
+std::unique_ptr<Comm> Comm::split(int color, int key) {
+  check_usable("mncl_comm_split");
+  MNCL_CHECK(color >= 0 || color == MNCL_SPLIT_NONE, MNCL_ERR_INVALID_ARGUMENT,
+             "mncl_comm_split: color %d is negative (use MNCL_SPLIT_NONE to join no group)",
+             color);
+  // Splits are ordered with the collectives issued before them.
+  for (auto pause = std::chrono::microseconds(50); outstanding_.load() != 0;) {
+    std::this_thread::sleep_for(pause);
+  }
+  const uint64_t split_index = next_split_++;
+  const std::string prefix = format("split%llu/", static_cast<unsigned long long>(split_index));
+  const auto values = exchange(*comm_store_, prefix, rank_, size_,
+                               std::to_string(color) + " " + std::to_string(key), timeout_ms_,
+                               &aborted_, "mncl_comm_split");
+
+  struct Entry {
+    int color, key, parent_rank;
+  };
+  std::vector<Entry> group;
+  for (int r = 0; r < size_; ++r) {
+    Entry e{0, 0, r};
+    std::istringstream(values[r]) >> e.color >> e.key;
+    if (e.color == color) group.push_back(e);
+  }
+  if (color == MNCL_SPLIT_NONE) {
+    // Plugins that split natively (MPI) need every parent rank in the call.
+    if (table_->comm_split) {
+      void *none = nullptr;
+      table_->comm_split(plugin_comm_, MNCL_SPLIT_NONE, key, nullptr, &none);
+    }
+    return nullptr;
+  }
+  std::stable_sort(group.begin(), group.end(), [](const Entry &a, const Entry &b) {
+    return a.key != b.key ? a.key < b.key : a.parent_rank < b.parent_rank;
+  });
+
+  std::unique_ptr<Comm> child(new Comm());
+  child->size_ = static_cast<int>(group.size());
+  std::set<std::string> hosts;
+  int same_host_before = 0, same_host = 0;
+  const std::string &my_host = members_[rank_].host;
+  for (size_t i = 0; i < group.size(); ++i) {
+    const Member &m = members_[group[i].parent_rank];
+    if (group[i].parent_rank == rank_) child->rank_ = static_cast<int>(i);
+    child->members_.push_back(m);
+    hosts.insert(m.host);
+  }
+  for (size_t i = 0; i < group.size(); ++i) {
+    if (child->members_[i].host != my_host) continue;
+    ++same_host;
+    if (static_cast<int>(i) < child->rank_) ++same_host_before;
+  }
+  child->num_hosts_ = static_cast<int>(hosts.size());
+  child->local_rank_ = same_host_before;
+  child->local_size_ = same_host;
+  child->device_ = device_;
+  child->timeout_ms_ = timeout_ms_;
+  child->id_ = format("%s.s%llu.%d", id_.c_str(), static_cast<unsigned long long>(split_index),
+                      color);
+  child->job_store_ = job_store_;
+  child->comm_store_ = bootstrap::make_prefix_store(job_store_, child->id_ + "/");
+  child->plugin_ = plugin_;
+  child->table_ = table_;
+  child->plugin_store_ = std::make_unique<StoreBridge>(
+      bootstrap::make_prefix_store(job_store_, child->id_ + "/p/"), &child->aborted_);
+  child->create_plugin_comm(child->bootstrap_for_plugin(), plugin_comm_, color, key);
+  MNCL_INFO("split %s -> %s: rank %d of %d", id_.c_str(), child->id_.c_str(), child->rank_,
+            child->size_);
+  return child;
+}
+
+void Comm::destroy() {
+  if (destroyed_.exchange(true)) return;
+  // Let every issued operation finish (each is bounded by the timeout), then stop the thread.
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    stopping_ = true;
+  }
+  queue_cv_.notify_all();
+  if (progress_.joinable()) progress_.join();
+
+  std::string error;
+  mncl_status_t status = MNCL_OK;
+  if (plugin_comm_ != nullptr) {
+    set_last_error("");
+    status = table_->comm_destroy(plugin_comm_);
+    if (status != MNCL_OK) {
+      error = format("mncl_comm_destroy: backend '%s': %s", backend().c_str(), last_error());
+    }
+    plugin_comm_ = nullptr;
+  }
+  // Leave protocol: rank 0 removes the communicator's keys once every rank is done with them
+  // (and, on the job's rank 0, keeps the store server up until then).
+  if (comm_store_ && !aborted_.load()) {
+    try {
+      const std::string mine = "leave/" + std::to_string(rank_);
+      comm_store_->set(mine, "1", 1);
+      if (rank_ == 0) {
+        std::vector<std::string> leave, cleanup;
+        for (int r = 0; r < size_; ++r) {
+          leave.push_back("leave/" + std::to_string(r));
+          cleanup.push_back("join/" + std::to_string(r));
+          for (uint64_t s = 0; s < next_split_; ++s) {
+            cleanup.push_back(format("split%llu/%d", static_cast<unsigned long long>(s), r));
+          }
+        }
+        auto missing = comm_store_->wait(leave, wait_options(timeout_ms_, nullptr));
+        if (!missing.empty()) {
+          MNCL_WARN("mncl_comm_destroy(%s): %zu rank(s) did not destroy the communicator within "
+                    "%.1f s; the store shuts down without them",
+                    id_.c_str(), missing.size(), timeout_ms_ / 1000.0);
+        }
+        for (const auto &k : cleanup) comm_store_->erase(k);
+        for (const auto &k : leave) comm_store_->erase(k);
+      }
+    } catch (const Error &e) {
+      if (error.empty()) {
+        status = e.status();
+        error = format("mncl_comm_destroy: %s", e.what());
+      }
+    }
+  }
+  plugin_store_.reset();
+  comm_store_.reset();
+  job_store_.reset();
+  plugin_.reset();
+
+  if (!error.empty()) throw Error(status, error);
+}
+
+}  // namespace mncl::core

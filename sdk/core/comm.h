@@ -1,0 +1,107 @@
+// A communicator: one plugin communicator plus what the core adds around it — the bootstrap
+// store view, argument validation, sequence numbers, the issue-order progress thread for
+// non-blocking calls, abort, and the collective create / split / destroy protocols.
+#pragma once
+
+#include <mncl/mncl_plugin.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bootstrap/store.h"
+#include "core/launch_env.h"
+#include "core/store_bridge.h"
+#include "loader/plugin_loader.h"
+
+namespace mncl::core {
+
+// One non-blocking operation. Shared by the user's handle and the communicator's queue.
+struct Operation {
+  mncl_coll_v1_t coll{};
+  // Copies of the coalesced arrays, which the caller need not keep alive.
+  std::vector<const void *> sendbufs;
+  std::vector<void *> recvbufs;
+  std::vector<size_t> counts;
+
+  std::mutex mutex;
+  std::condition_variable finished_cv;
+  bool finished = false;
+  mncl_status_t status = MNCL_OK;
+  std::string error;
+  void *native_handle = nullptr;  // plugins with MNCL_CAP_NATIVE_ASYNC
+};
+
+class Comm {
+ public:
+  // Collective over all ranks of the job described by config (NULL: environment).
+  static std::unique_ptr<Comm> create(const mncl_config_t *config);
+  ~Comm();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string &backend() const { return plugin_->name(); }
+  const std::string &id() const { return id_; }
+
+  // Blocking collective, ordered after every non-blocking one already issued.
+  void run(mncl_coll_v1_t coll);
+  // Non-blocking collective; the returned operation completes in issue order.
+  std::shared_ptr<Operation> start(const mncl_coll_v1_t &coll);
+  // true when done (status/error filled). timeout_ms < 0: until the operation ends.
+  bool wait(Operation &op, int64_t timeout_ms);
+  bool test(Operation &op);
+
+  void abort();
+  bool aborted() const { return aborted_.load(); }
+  std::unique_ptr<Comm> split(int color, int key);
+  // Collective teardown; the object may be deleted afterwards whatever it throws.
+  void destroy();
+
+ private:
+  struct Member {  // what every rank published when joining
+    std::string host;
+    int pid = 0;
+  };
+
+  Comm() = default;
+  void validate_and_number(mncl_coll_v1_t &coll);
+  void execute_now(const mncl_coll_v1_t &coll);
+  void progress_loop();
+  void create_plugin_comm(const mncl_bootstrap_v1_t &bs, void *parent_plugin_comm, int color,
+                          int key);
+  mncl_bootstrap_v1_t bootstrap_for_plugin() const;
+  void check_usable(const char *fn) const;
+
+  int rank_ = 0, size_ = 1;
+  int local_rank_ = -1, local_size_ = -1, num_hosts_ = 1, device_ = -1;
+  int64_t timeout_ms_ = 300000;
+  std::string id_;  // unique in the job: "w", "w.s0c1", ...
+  std::vector<Member> members_;
+
+  std::shared_ptr<bootstrap::Store> job_store_;   // the job-wide store connection
+  std::shared_ptr<bootstrap::Store> comm_store_;  // "<id>/" view, used by the core
+  std::unique_ptr<StoreBridge> plugin_store_;     // "<id>/p/" view, handed to the plugin
+  std::shared_ptr<loader::Plugin> plugin_;
+  const mncl_plugin_v1_t *table_ = nullptr;
+  void *plugin_comm_ = nullptr;
+
+  std::atomic<bool> aborted_{false};
+  std::atomic<bool> destroyed_{false};
+  uint64_t next_seq_ = 0;     // sequence number of the next collective
+  uint64_t next_split_ = 0;   // splits made from this communicator
+
+  // Progress thread for non-blocking operations (started on first use).
+  std::mutex queue_mutex_;
+  std::condition_variable queue_cv_;
+  std::deque<std::shared_ptr<Operation>> queue_;
+  std::atomic<size_t> outstanding_{0};  // issued and not yet finished
+  bool stopping_ = false;
+  std::thread progress_;
+};
+
+}  // namespace mncl::core

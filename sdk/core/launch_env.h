@@ -1,0 +1,31 @@
+// Resolves a communicator's settings from the caller's mncl_config_t and the launcher's
+// environment (MNCL_*, torchrun, Open MPI, PMI, Slurm), validating everything up front.
+#pragma once
+
+#include <mncl/mncl.h>
+
+#include <cstdint>
+#include <string>
+
+namespace mncl::core {
+
+struct LaunchSettings {
+  std::string backend_spec;  // "auto", "naive", "/path/libmncl-x.so", "gloo,naive"
+  int rank = 0;
+  int size = 1;
+  int local_rank = -1;  // -1: derive from hostnames
+  int local_size = -1;
+  std::string store_url;  // empty: in-process store (only for size 1)
+  bool store_is_private_dir = false;  // a file store folder MNCL made up (removed at the end)
+  int64_t timeout_ms = 300000;
+  int device = -1;
+  bool launched_by_mpi = false;
+};
+
+// Copies min(caller size, own size) of a caller's config (NULL: all defaults) after checking
+// struct_size and magic; rejects a non-zero tail this library does not understand.
+mncl_config_t read_user_config(const mncl_config_t *user);
+// Applies the documented precedence: config field, then environment, then default.
+LaunchSettings resolve_launch_settings(const mncl_config_t &config);
+
+}  // namespace mncl::core

@@ -1,0 +1,116 @@
+#include "core/store_bridge.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+
+namespace mncl::core {
+
+namespace {
+
+StoreBridge &bridge(void *ctx) { return *static_cast<StoreBridge *>(ctx); }
+
+// Runs fn, turning a C++ exception into a status and the thread's last error: the table is
+// called from plugins, so nothing may propagate.
+template <typename Fn>
+mncl_status_t guarded(Fn &&fn) {
+  try {
+    fn();
+    return MNCL_OK;
+  } catch (const Error &e) {
+    set_last_error(e.what());
+    return e.status();
+  } catch (const std::bad_alloc &) {
+    set_last_error("out of memory in the bootstrap store");
+    return MNCL_ERR_SYSTEM;
+  } catch (const std::exception &e) {
+    set_last_error(std::string("bootstrap store: ") + e.what());
+    return MNCL_ERR_INTERNAL;
+  }
+}
+
+bootstrap::WaitOptions wait_options(StoreBridge &b, int64_t timeout_ms) {
+  bootstrap::WaitOptions opts;
+  opts.timeout = std::chrono::milliseconds(timeout_ms < 0 ? 0 : timeout_ms);
+  opts.aborted = b.aborted();
+  return opts;
+}
+
+mncl_status_t check_key(const char *key) {
+  if (key != nullptr && *key != '\0') return MNCL_OK;
+  set_last_error("bootstrap store: the key is NULL or empty");
+  return MNCL_ERR_INVALID_ARGUMENT;
+}
+
+mncl_status_t store_set(void *ctx, const char *key, const void *value, size_t len) {
+  if (auto s = check_key(key); s != MNCL_OK) return s;
+  return guarded([&] { bridge(ctx).store().set(key, value, len); });
+}
+
+mncl_status_t store_get(void *ctx, const char *key, void **value, size_t *len,
+                        int64_t timeout_ms) {
+  if (auto s = check_key(key); s != MNCL_OK) return s;
+  return guarded([&] {
+    auto &b = bridge(ctx);
+    MNCL_CHECK(!b.aborted()->load(), MNCL_ERR_ABORTED, "communicator aborted");
+    bootstrap::Bytes bytes = b.store().get(key, wait_options(b, timeout_ms));
+    // malloc(0) may return NULL: always allocate at least one byte.
+    void *copy = std::malloc(bytes.empty() ? 1 : bytes.size());
+    MNCL_CHECK(copy != nullptr, MNCL_ERR_SYSTEM, "out of memory for store value '%s' (%zu B)",
+               key, bytes.size());
+    if (!bytes.empty()) std::memcpy(copy, bytes.data(), bytes.size());
+    *value = copy;
+    *len = bytes.size();
+  });
+}
+
+void store_release(void *, void *value) { std::free(value); }
+
+mncl_status_t store_add(void *ctx, const char *key, int64_t delta, int64_t *result) {
+  if (auto s = check_key(key); s != MNCL_OK) return s;
+  return guarded([&] {
+    auto &b = bridge(ctx);
+    MNCL_CHECK(!b.aborted()->load(), MNCL_ERR_ABORTED, "communicator aborted");
+    const int64_t v = b.store().add(key, delta);
+    if (result) *result = v;
+  });
+}
+
+mncl_status_t store_wait(void *ctx, const char *const *keys, size_t nkeys, int64_t timeout_ms) {
+  return guarded([&] {
+    auto &b = bridge(ctx);
+    MNCL_CHECK(!b.aborted()->load(), MNCL_ERR_ABORTED, "communicator aborted");
+    std::vector<std::string> names;
+    for (size_t i = 0; i < nkeys; ++i) {
+      MNCL_CHECK(keys[i] && *keys[i], MNCL_ERR_INVALID_ARGUMENT, "store wait: key %zu is empty",
+                 i);
+      names.emplace_back(keys[i]);
+    }
+    auto missing = b.store().wait(names, wait_options(b, timeout_ms));
+    if (!missing.empty()) {
+      std::string list;
+      for (const auto &k : missing) list += (list.empty() ? "'" : ", '") + k + "'";
+      throw Error(MNCL_ERR_TIMEOUT, format("store keys not set within %.1f s: %s",
+                                           timeout_ms / 1000.0, list.c_str()));
+    }
+  });
+}
+
+mncl_status_t store_del(void *ctx, const char *key) {
+  if (auto s = check_key(key); s != MNCL_OK) return s;
+  return guarded([&] { bridge(ctx).store().erase(key); });
+}
+
+}  // namespace
+
+StoreBridge::StoreBridge(std::shared_ptr<bootstrap::Store> store,
+                         const std::atomic<bool> *aborted)
+    : store_(std::move(store)), aborted_(aborted) {
+  table_ = mncl_store_v1_t{sizeof(mncl_store_v1_t), this,      store_set, store_get,
+                           store_release,            store_add, store_wait, store_del};
+}
+
+}  // namespace mncl::core

@@ -1,0 +1,197 @@
+#include "core/validate.h"
+
+#include <cstdint>
+#include <limits>
+
+#include "common/error.h"
+
+namespace mncl::core {
+
+namespace {
+
+struct KindInfo {
+  const char *name;
+  bool reduces;  // takes an op
+  bool rooted;   // takes a root
+  bool p2p;      // takes a peer
+};
+
+const KindInfo kKinds[MNCL_NUM_COLL_KINDS_V1] = {
+    {"allreduce", true, false, false},      {"reduce", true, true, false},
+    {"bcast", false, true, false},          {"scatter", false, true, false},
+    {"gather", false, true, false},         {"allgather", false, false, false},
+    {"reduce_scatter", true, false, false}, {"alltoall", false, false, false},
+    {"barrier", false, false, false},       {"send", false, false, true},
+    {"recv", false, false, true},           {"allreduce_coalesced", true, false, false},
+};
+
+const char *kFunctionNames[MNCL_NUM_COLL_KINDS_V1] = {
+    "mncl_allreduce", "mncl_reduce",   "mncl_bcast",         "mncl_scatter",
+    "mncl_gather",    "mncl_allgather", "mncl_reduce_scatter", "mncl_alltoall",
+    "mncl_barrier",   "mncl_send",     "mncl_recv",          "mncl_allreduce_coalesced"};
+
+// Byte range [begin, end) of a buffer, for overlap checks.
+struct Range {
+  uintptr_t begin = 0, end = 0;
+  bool empty() const { return begin == end; }
+};
+Range range_of(const void *p, size_t bytes) {
+  const auto b = reinterpret_cast<uintptr_t>(p);
+  return {b, b + bytes};
+}
+bool overlap(Range a, Range b) { return !a.empty() && !b.empty() && a.begin < b.end && b.begin < a.end; }
+
+// count * factor * elem bytes, refusing overflow (and sizes no address space can hold).
+size_t checked_bytes(const char *fn, size_t count, size_t factor, size_t elem) {
+  const size_t limit = static_cast<size_t>(std::numeric_limits<intptr_t>::max());
+  MNCL_CHECK(factor == 0 || count <= limit / factor / elem, MNCL_ERR_INVALID_ARGUMENT,
+             "%s: count %zu x %zu x %zu-byte elements overflows the address space", fn, count,
+             factor, elem);
+  return count * factor * elem;
+}
+
+}  // namespace
+
+const char *coll_function_name(int kind) {
+  return kind >= 0 && kind < MNCL_NUM_COLL_KINDS_V1 ? kFunctionNames[kind] : "mncl_?";
+}
+const char *coll_kind_name(int kind) {
+  return kind >= 0 && kind < MNCL_NUM_COLL_KINDS_V1 ? kKinds[kind].name : "?";
+}
+
+void validate_collective(const mncl_coll_v1_t &c, int rank, int size,
+                         const mncl_plugin_v1_t &backend) {
+  const char *fn = coll_function_name(c.kind);
+  const KindInfo &kind = kKinds[c.kind];
+
+  const bool typed = c.kind != MNCL_COLL_BARRIER;
+  if (typed) {
+    MNCL_CHECK(c.dtype >= 0 && c.dtype < MNCL_NUM_DTYPES, MNCL_ERR_INVALID_ARGUMENT,
+               "%s: dtype %d is not an mncl_dtype_t (0..%d)", fn, c.dtype, MNCL_NUM_DTYPES - 1);
+  }
+  if (kind.reduces) {
+    MNCL_CHECK(c.op >= 0 && c.op < MNCL_NUM_OPS, MNCL_ERR_INVALID_ARGUMENT,
+               "%s: op %d is not an mncl_op_t (0..%d)", fn, c.op, MNCL_NUM_OPS - 1);
+  }
+  if (kind.rooted) {
+    MNCL_CHECK(c.root >= 0 && c.root < size, MNCL_ERR_INVALID_ARGUMENT,
+               "%s: root %d is out of range for a communicator of size %d", fn, c.root, size);
+  }
+  if (kind.p2p) {
+    MNCL_CHECK(c.root >= 0 && c.root < size, MNCL_ERR_INVALID_ARGUMENT,
+               "%s: peer %d is out of range for a communicator of size %d", fn, c.root, size);
+    MNCL_CHECK(c.root != rank, MNCL_ERR_INVALID_ARGUMENT,
+               "%s: peer %d is this rank itself; a blocking send or receive to oneself would "
+               "never complete",
+               fn, c.root);
+  }
+
+  // Capabilities of the backend (after the enums are known to be in range).
+  const bool emulated = c.kind == MNCL_COLL_ALLREDUCE_COALESCED;  // the core loops if needed
+  MNCL_CHECK(emulated || (backend.coll_mask & MNCL_COLL_BIT(c.kind)), MNCL_ERR_NOT_SUPPORTED,
+             "%s: backend '%s' does not implement %s", fn, backend.name, kind.name);
+  if (typed) {
+    MNCL_CHECK(backend.dtype_mask & (1u << c.dtype), MNCL_ERR_NOT_SUPPORTED,
+               "%s: backend '%s' does not support dtype %s", fn, backend.name,
+               mncl_dtype_name(static_cast<mncl_dtype_t>(c.dtype)));
+  }
+  if (kind.reduces) {
+    MNCL_CHECK(backend.op_mask & (1u << c.op), MNCL_ERR_NOT_SUPPORTED,
+               "%s: backend '%s' does not support op %s", fn, backend.name,
+               mncl_op_name(static_cast<mncl_op_t>(c.op)));
+  }
+  if (!typed) return;
+
+  const size_t elem = mncl_dtype_size(static_cast<mncl_dtype_t>(c.dtype));
+  const bool is_root = kind.rooted && rank == c.root;
+
+  if (c.kind == MNCL_COLL_ALLREDUCE_COALESCED) {
+    MNCL_CHECK(c.nbufs == 0 || (c.sendbufs && c.recvbufs && c.counts), MNCL_ERR_INVALID_ARGUMENT,
+               "%s: sendbufs, recvbufs or counts is NULL with nbufs = %zu", fn, c.nbufs);
+    for (size_t i = 0; i < c.nbufs; ++i) {
+      const size_t bytes = checked_bytes(fn, c.counts[i], 1, elem);
+      if (bytes == 0) continue;
+      MNCL_CHECK(c.sendbufs[i] && c.recvbufs[i], MNCL_ERR_INVALID_ARGUMENT,
+                 "%s: buffer %zu is NULL but counts[%zu] = %zu", fn, i, i, c.counts[i]);
+      const Range s = range_of(c.sendbufs[i], bytes), r = range_of(c.recvbufs[i], bytes);
+      MNCL_CHECK(s.begin == r.begin || !overlap(s, r), MNCL_ERR_INVALID_ARGUMENT,
+                 "%s: sendbufs[%zu] and recvbufs[%zu] overlap without being equal", fn, i, i);
+    }
+    return;
+  }
+
+  // Bytes of the send and receive buffers as this rank uses them; 0 = not used here.
+  size_t send_bytes = 0, recv_bytes = 0;
+  const size_t one = checked_bytes(fn, c.count, 1, elem);
+  const size_t all = checked_bytes(fn, c.count, static_cast<size_t>(size), elem);
+  // In-place: where the own block sits inside the bigger buffer, if the form has one.
+  const void *inplace_send = nullptr;  // sendbuf value that means "in place"
+  switch (c.kind) {
+    case MNCL_COLL_ALLREDUCE:
+      send_bytes = recv_bytes = one;
+      inplace_send = c.recvbuf;
+      break;
+    case MNCL_COLL_REDUCE:
+      send_bytes = one;
+      recv_bytes = is_root ? one : 0;
+      inplace_send = c.recvbuf;
+      break;
+    case MNCL_COLL_BCAST:
+      recv_bytes = one;
+      break;
+    case MNCL_COLL_SCATTER:
+      send_bytes = is_root ? all : 0;
+      recv_bytes = one;
+      if (is_root && c.sendbuf) {
+        // In place: recvbuf == sendbuf + rank*count.
+        if (static_cast<const char *>(c.sendbuf) + one * rank == c.recvbuf) recv_bytes = 0;
+      }
+      break;
+    case MNCL_COLL_GATHER:
+      send_bytes = one;
+      recv_bytes = is_root ? all : 0;
+      if (is_root && c.recvbuf) inplace_send = static_cast<const char *>(c.recvbuf) + one * rank;
+      break;
+    case MNCL_COLL_ALLGATHER:
+      send_bytes = one;
+      recv_bytes = all;
+      if (c.recvbuf) inplace_send = static_cast<const char *>(c.recvbuf) + one * rank;
+      break;
+    case MNCL_COLL_REDUCE_SCATTER:
+      send_bytes = all;
+      recv_bytes = one;
+      if (c.sendbuf && static_cast<const char *>(c.sendbuf) + one * rank == c.recvbuf) {
+        recv_bytes = 0;
+      }
+      break;
+    case MNCL_COLL_ALLTOALL:
+      send_bytes = recv_bytes = all;
+      inplace_send = c.recvbuf;
+      break;
+    case MNCL_COLL_SEND:
+      send_bytes = one;
+      break;
+    case MNCL_COLL_RECV:
+      recv_bytes = one;
+      break;
+    default:
+      break;
+  }
+  const bool in_place = inplace_send != nullptr && c.sendbuf == inplace_send;
+  if (in_place) send_bytes = 0;  // the send data lives inside recvbuf
+
+  MNCL_CHECK(send_bytes == 0 || c.sendbuf != nullptr, MNCL_ERR_INVALID_ARGUMENT,
+             "%s: sendbuf is NULL but %zu bytes are to be sent", fn, send_bytes);
+  MNCL_CHECK(recv_bytes == 0 || c.recvbuf != nullptr, MNCL_ERR_INVALID_ARGUMENT,
+             "%s: %s is NULL but %zu bytes are to be received", fn,
+             c.kind == MNCL_COLL_BCAST ? "buf" : "recvbuf", recv_bytes);
+  if (send_bytes && recv_bytes) {
+    MNCL_CHECK(!overlap(range_of(c.sendbuf, send_bytes), range_of(c.recvbuf, recv_bytes)),
+               MNCL_ERR_INVALID_ARGUMENT,
+               "%s: sendbuf and recvbuf overlap in a way that is not the in-place form (see "
+               "mncl.h)",
+               fn);
+  }
+}
+
+}  // namespace mncl::core

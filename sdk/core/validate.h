@@ -1,0 +1,20 @@
+// Argument validation for every collective, run before any plugin sees the call: enums,
+// counts whose byte size overflows, roots and peers, NULL buffers, and the in-place rules of
+// mncl.h (any other overlap of send and receive buffers is refused).
+#pragma once
+
+#include <mncl/mncl_plugin_v1.h>
+
+namespace mncl::core {
+
+// Name of the public function for a kind ("mncl_allreduce").
+const char *coll_function_name(int kind);
+// Short name for logs and messages ("allreduce").
+const char *coll_kind_name(int kind);
+
+// Throws mncl::Error(MNCL_ERR_INVALID_ARGUMENT or MNCL_ERR_NOT_SUPPORTED) naming the function
+// and what was wrong. `backend` supplies the capability masks.
+void validate_collective(const mncl_coll_v1_t &coll, int rank, int size,
+                         const mncl_plugin_v1_t &backend);
+
+}  // namespace mncl::core

@@ -1,0 +1,64 @@
+// Finding, loading and checking backend plugins (libmncl-<name>.so) with Boost.DLL.
+//
+// Search order: every folder of MNCL_PLUGIN_PATH (colon-separated), then <dir>/mncl/plugins and
+// <dir>/../lib/mncl/plugins where <dir> is the folder of the module holding this code
+// (libmncl.so, or a tool's executable), so the build tree and an install tree both work and
+// tests never see an installed plugin. The first file found for a name wins.
+//
+// Loading checks, in order, each refusal logged (warn) with the file and the reason:
+//   not a regular file / not an ELF file / ELF of the wrong class or machine /
+//   dlopen failed (dlerror text) / no mncl_plugin_vN symbol / only newer ABI versions than this
+//   core supports (naming both ranges) / bad magic, struct_size or abi_version in the table /
+//   missing mandatory functions / capability mismatch (no memory type, no collectives,
+//   name differing from the file name) / init() refused (status + message).
+#pragma once
+
+#include <mncl/mncl_plugin.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace mncl::loader {
+
+// A loaded, initialized plugin. Destroying the last reference calls finalize() and unloads.
+class Plugin {
+ public:
+  virtual ~Plugin() = default;
+  // The table adapted to the newest ABI this core knows (v1 today).
+  virtual const mncl_plugin_v1_t &table() const = 0;
+  virtual const std::string &path() const = 0;
+  virtual const std::string &name() const = 0;
+  // The ABI version the plugin was actually built for (before adaptation).
+  virtual uint32_t abi_version() const = 0;
+};
+
+// What mncl-info shows for each file found.
+struct PluginReport {
+  std::string path;
+  std::string name;           // from the file name, libmncl-<name>.so
+  bool loaded = false;        // passed every check and init()
+  std::string reason;         // why it was refused (empty when loaded)
+  std::string version;        // plugin's version string, when the table was readable
+  uint32_t abi_version = 0;   // 0 when unknown
+  uint64_t caps = 0;
+  uint32_t coll_mask = 0, dtype_mask = 0, op_mask = 0;
+  std::shared_ptr<Plugin> plugin;  // set when loaded (keeps it loaded)
+};
+
+// Folders searched, in order.
+std::vector<std::string> search_path();
+// Every libmncl-*.so in the search path (first per name), loaded and checked.
+std::vector<PluginReport> discover();
+// Loads one plugin by name ("naive": searched) or by path (contains '/'). Throws
+// mncl::Error(MNCL_ERR_PLUGIN) with the reason; for an unknown name the message lists the
+// available backends. Plugins already loaded by this process are shared.
+std::shared_ptr<Plugin> load(const std::string &name_or_path);
+// Names of the plugins in the search path that load (for error messages).
+std::vector<std::string> available_names();
+
+// The host services handed to plugin init() (logging tagged with the plugin name, set_error
+// into mncl_last_error, get_env through the env table).
+const mncl_host_v1_t *host_services();
+
+}  // namespace mncl::loader

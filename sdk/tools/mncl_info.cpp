@@ -1,0 +1,123 @@
+// mncl-info: what this installation of MNCL can do here — the plugins it finds (and why any
+// is refused), the backend it would choose now and why, and every environment variable with
+// its documentation and current value.
+#include <mncl/mncl_plugin.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "common/env.h"
+#include "common/error.h"
+#include "core/launch_env.h"
+#include "core/selection.h"
+#include "loader/plugin_loader.h"
+
+namespace {
+
+std::string caps_text(uint64_t caps) {
+  std::string out;
+  auto add = [&](uint64_t bit, const char *name) {
+    if (caps & bit) out += (out.empty() ? "" : ",") + std::string(name);
+  };
+  add(MNCL_CAP_HOST_MEMORY, "host");
+  add(MNCL_CAP_CUDA_MEMORY, "cuda");
+  add(MNCL_CAP_NATIVE_ASYNC, "async");
+  add(MNCL_CAP_STREAM_ORDERED, "stream");
+  return out.empty() ? "-" : out;
+}
+
+void print_usage() {
+  std::puts(
+      "usage: mncl-info [--plugins] [--env] [--help]\n"
+      "Lists the backend plugins MNCL finds (path, version, ABI, capabilities, probe score, or\n"
+      "why each was refused), the backend it would choose with the current environment, and\n"
+      "every MNCL environment variable. With no option, prints everything.");
+}
+
+void print_plugins(const mncl_probe_v1_t &info) {
+  std::printf("Plugin search path (first match per name wins):\n");
+  for (const auto &dir : mncl::loader::search_path()) std::printf("  %s\n", dir.c_str());
+  std::printf("\nPlugins:\n");
+  const auto reports = mncl::loader::discover();
+  if (reports.empty()) std::printf("  (none found)\n");
+  for (const auto &r : reports) {
+    if (!r.loaded) {
+      std::printf("  %-10s REFUSED  %s: %s\n", r.name.c_str(), r.path.c_str(), r.reason.c_str());
+      continue;
+    }
+    const auto probe = mncl::core::probe(*r.plugin, info);
+    std::printf("  %-10s loaded   %s\n             version %s, plugin ABI v%u, memory %s, "
+                "collectives 0x%03x, dtypes 0x%03x, ops 0x%02x\n",
+                r.name.c_str(), r.path.c_str(), r.version.c_str(), r.abi_version,
+                caps_text(r.caps).c_str(), r.coll_mask, r.dtype_mask, r.op_mask);
+    std::printf("             probe score %d%s%s\n", probe.score,
+                probe.reason.empty() ? "" : ": ", probe.reason.c_str());
+  }
+}
+
+void print_selection(const mncl::core::LaunchSettings &settings, const mncl_probe_v1_t &info) {
+  std::printf("\nBackend selection for this environment (MNCL_BACKEND=%s, %d rank%s):\n",
+              settings.backend_spec.c_str(), settings.size, settings.size == 1 ? "" : "s");
+  try {
+    const auto selection = mncl::core::select_backend(settings.backend_spec, info);
+    std::printf("  -> %s: %s\n", selection.plugin->name().c_str(), selection.why.c_str());
+  } catch (const mncl::Error &e) {
+    std::printf("  -> none: %s\n", e.what());
+  }
+}
+
+void print_env() {
+  std::printf("\nEnvironment variables:\n");
+  for (const auto &v : mncl::env::table()) {
+    const char *value = mncl::env::raw(v.name);
+    std::printf("  %-28s = %s\n", v.name,
+                value ? value
+                      : (std::string("(unset") +
+                         (*v.default_value ? std::string(", default ") + v.default_value : "") +
+                         ")")
+                            .c_str());
+    std::printf("      %s\n", v.doc);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  bool plugins = false, env = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--plugins")) {
+      plugins = true;
+    } else if (!std::strcmp(argv[i], "--env")) {
+      env = true;
+    } else if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
+      print_usage();
+      return 0;
+    } else {
+      std::fprintf(stderr, "mncl-info: unknown option '%s'\n", argv[i]);
+      print_usage();
+      return 2;
+    }
+  }
+  if (!plugins && !env) plugins = env = true;
+
+  std::printf("MNCL %d.%d.%d (libmncl ABI %d, plugin ABI v%u..v%u)\n\n", MNCL_VERSION_MAJOR,
+              MNCL_VERSION_MINOR, MNCL_VERSION_PATCH, MNCL_ABI_MAJOR, MNCL_PLUGIN_ABI_OLDEST,
+              MNCL_PLUGIN_ABI_CURRENT);
+  int status = 0;
+  if (plugins) {
+    try {
+      const auto config = mncl::core::read_user_config(nullptr);
+      const auto settings = mncl::core::resolve_launch_settings(config);
+      const auto info = mncl::core::probe_info(settings);
+      print_plugins(info);
+      print_selection(settings, info);
+    } catch (const mncl::Error &e) {
+      // A bad environment (MNCL_TIMEOUT=abc) is reported, and the rest still printed.
+      std::printf("\nConfiguration error: %s: %s\n", mncl::status_name(e.status()), e.what());
+      status = 1;
+    }
+  }
+  if (env) print_env();
+  return status;
+}
