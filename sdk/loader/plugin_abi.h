@@ -1,0 +1,57 @@
+// Private to the loader: the plugin-ABI versions this core understands and the adapters that
+// turn each exported table into the newest layout, so nothing past the loader sees old tables.
+//
+// Adding ABI v2: write plugin_v2_adapter.cpp (check the header, copy the v2 table), change
+// `Table` and kNewest to v2, make adapt_v1 fill a v2 table (new fields zeroed), and add one line
+// to kAdapters below.
+#pragma once
+
+#include <mncl/mncl_plugin.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace mncl::loader::abi {
+
+// The newest table: what Plugin::table() returns.
+using Table = mncl_plugin_v1_t;
+
+// Versions this core loads, and how far beyond them it looks to explain a refusal.
+inline constexpr uint32_t kOldest = MNCL_PLUGIN_ABI_OLDEST;
+inline constexpr uint32_t kNewest = MNCL_PLUGIN_ABI_CURRENT;
+inline constexpr uint32_t kMaxProbed = 16;
+
+// Fills *out from the table a plugin exports under the adapter's symbol. Returns "" on success,
+// else why the table is unusable. The rest of *out is zeroed.
+using AdaptFn = std::string (*)(const void *exported, Table *out);
+
+struct Adapter {
+  uint32_t version;
+  const char *symbol;
+  AdaptFn adapt;
+};
+
+std::string adapt_v1(const void *exported, Table *out);
+
+// Newest first: the loader takes the first symbol a plugin exports.
+inline constexpr Adapter kAdapters[] = {
+    {MNCL_PLUGIN_ABI_V1, MNCL_PLUGIN_V1_SYMBOL, &adapt_v1},
+};
+
+// Every table starts with these fields, whatever its version.
+struct TableHeader {
+  size_t struct_size;
+  uint32_t magic;
+  uint32_t abi_version;
+};
+
+// Checks magic, abi_version == version and struct_size >= min_size (the end of the last field
+// the adapter reads). Returns "" or the reason, naming the symbol.
+std::string check_header(const void *exported, uint32_t version, const char *symbol,
+                         const char *type_name, size_t min_size);
+
+// "mncl_plugin_v7"
+std::string symbol_for(uint32_t version);
+
+}  // namespace mncl::loader::abi

@@ -1,0 +1,362 @@
+// Finding, checking and sharing backend plugins (see plugin_loader.h for the contract).
+#include "loader/plugin_loader.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <boost/dll/runtime_symbol_info.hpp>
+#include <boost/dll/shared_library.hpp>
+#include <boost/filesystem.hpp>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include "common/env.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "loader/elf_check.h"
+#include "loader/plugin_abi.h"
+
+#ifndef MNCL_PLUGIN_SUBDIR
+#define MNCL_PLUGIN_SUBDIR "mncl/plugins"
+#endif
+
+namespace mncl::loader {
+
+namespace {
+
+namespace fs = boost::filesystem;
+
+constexpr char kPrefix[] = "libmncl-";
+constexpr char kSuffix[] = ".so";
+
+// "naive" for ".../libmncl-naive.so"; "" when the file name does not follow that pattern.
+std::string name_from_file(const std::string &path) {
+  const std::string file = fs::path(path).filename().string();
+  const size_t p = sizeof kPrefix - 1, s = sizeof kSuffix - 1;
+  if (file.size() <= p + s || file.compare(0, p, kPrefix) != 0 ||
+      file.compare(file.size() - s, s, kSuffix) != 0) {
+    return {};
+  }
+  return file.substr(p, file.size() - p - s);
+}
+
+std::string join(const std::vector<std::string> &items, const char *sep) {
+  std::string out;
+  for (const auto &item : items) out += (out.empty() ? "" : sep) + item;
+  return out;
+}
+
+class LoadedPlugin final : public Plugin {
+ public:
+  LoadedPlugin(boost::dll::shared_library lib, const abi::Table &table, std::string path,
+               uint32_t abi_version)
+      : lib_(std::move(lib)),
+        table_(table),
+        path_(std::move(path)),
+        name_(table.name),
+        abi_version_(abi_version) {}
+  // Runs under the registry lock (see release()), so finalize never overlaps another init.
+  ~LoadedPlugin() override {
+    if (table_.finalize != nullptr) table_.finalize();
+    MNCL_INFO("unloaded plugin %s (%s)", name_.c_str(), path_.c_str());
+  }  // lib_ unloads after this body, once the plugin's code is no longer needed
+
+  const mncl_plugin_v1_t &table() const override { return table_; }
+  const std::string &path() const override { return path_; }
+  const std::string &name() const override { return name_; }
+  uint32_t abi_version() const override { return abi_version_; }
+
+ private:
+  boost::dll::shared_library lib_;
+  abi::Table table_;
+  std::string path_, name_;
+  uint32_t abi_version_;
+};
+
+// Plugins loaded by this process, by canonical path. An entry whose weak_ptr has expired but is
+// still present is being finalized: a new load of that file waits for it to go, so init() and
+// finalize() of one file never interleave. Leaked on purpose: plugins held by other statics may
+// be released during exit, after this file's statics would be destroyed.
+struct Registry {
+  std::mutex mutex;
+  std::condition_variable unloaded;
+  std::map<std::string, std::weak_ptr<Plugin>> plugins;
+};
+Registry &registry() {
+  static auto *r = new Registry;
+  return *r;
+}
+
+// Deleter of the shared_ptr handed out: finalize + unload under the lock, then let waiters in.
+void release(const std::string &key, LoadedPlugin *plugin) {
+  Registry &reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  delete plugin;
+  reg.plugins.erase(key);
+  reg.unloaded.notify_all();
+}
+
+// Mandatory entry points, capabilities and name. Returns "" or the reason.
+std::string validate(const abi::Table &t, const std::string &file_name) {
+  const std::pair<bool, const char *> required[] = {{t.init != nullptr, "init"},
+                                                    {t.probe != nullptr, "probe"},
+                                                    {t.comm_create != nullptr, "comm_create"},
+                                                    {t.comm_destroy != nullptr, "comm_destroy"},
+                                                    {t.comm_abort != nullptr, "comm_abort"},
+                                                    {t.execute != nullptr, "execute"}};
+  std::vector<std::string> missing;
+  for (const auto &[present, fn] : required) {
+    if (!present) missing.push_back(fn);
+  }
+  if (!missing.empty()) return "missing mandatory functions: " + join(missing, ", ");
+
+  const bool async = (t.caps & MNCL_CAP_NATIVE_ASYNC) != 0;
+  if (async && (t.post == nullptr || t.test == nullptr)) {
+    return "advertises MNCL_CAP_NATIVE_ASYNC but post or test is NULL";
+  }
+  if (!async && (t.post != nullptr || t.test != nullptr)) {
+    return "sets post/test without advertising MNCL_CAP_NATIVE_ASYNC";
+  }
+
+  if ((t.caps & (MNCL_CAP_HOST_MEMORY | MNCL_CAP_CUDA_MEMORY)) == 0) {
+    return "capability mismatch: no memory type (neither MNCL_CAP_HOST_MEMORY nor "
+           "MNCL_CAP_CUDA_MEMORY)";
+  }
+  constexpr uint32_t kKnownColls = (1u << MNCL_NUM_COLL_KINDS_V1) - 1u;
+  constexpr uint32_t kKnownDtypes = (1u << MNCL_NUM_DTYPES) - 1u;
+  constexpr uint32_t kKnownOps = (1u << MNCL_NUM_OPS) - 1u;
+  if ((t.coll_mask & kKnownColls) == 0) {
+    return format("capability mismatch: coll_mask 0x%x has no collective this core knows",
+                  t.coll_mask);
+  }
+  if ((t.dtype_mask & kKnownDtypes) == 0) {
+    return format("capability mismatch: dtype_mask 0x%x has no data type this core knows",
+                  t.dtype_mask);
+  }
+  if ((t.op_mask & kKnownOps) == 0) {
+    return format("capability mismatch: op_mask 0x%x has no reduction this core knows", t.op_mask);
+  }
+
+  if (t.name == nullptr || *t.name == '\0') return "the table has no name";
+  // MNCL_BACKEND=<name> and mncl-info rely on file and table agreeing.
+  if (!file_name.empty() && file_name != t.name) {
+    return format("table name '%s' differs from the file name '%s' (%s%s%s)", t.name,
+                  file_name.c_str(), kPrefix, file_name.c_str(), kSuffix);
+  }
+  return {};
+}
+
+// Which symbol to use, or why there is none: the newest version this core knows wins; failing
+// that, versions out of range are named so the user knows to upgrade one side.
+const abi::Adapter *find_adapter(const boost::dll::shared_library &lib, std::string *reason) {
+  for (const abi::Adapter &adapter : abi::kAdapters) {
+    if (lib.has(adapter.symbol)) return &adapter;
+  }
+  std::vector<std::string> offered;
+  for (uint32_t v = 1; v <= abi::kMaxProbed; ++v) {
+    if ((v < abi::kOldest || v > abi::kNewest) && lib.has(abi::symbol_for(v))) {
+      offered.push_back(format("v%u", v));
+    }
+  }
+  if (!offered.empty()) {
+    *reason = format("offers plugin ABI %s only; this core supports v%u..v%u",
+                     join(offered, ", ").c_str(), abi::kOldest, abi::kNewest);
+  } else {
+    *reason = format(
+        "no %s..%s symbol exported: not an MNCL plugin, or built with hidden "
+        "visibility for its table",
+        abi::symbol_for(1).c_str(), abi::symbol_for(abi::kMaxProbed).c_str());
+  }
+  return nullptr;
+}
+
+// Loads, checks and initializes one file, or finds it already loaded. Never throws for a bad
+// plugin: the report says why. Must not be called with the registry lock held.
+PluginReport try_load(const std::string &path) {
+  PluginReport report;
+  report.path = path;
+  report.name = name_from_file(path);
+  auto refuse = [&report](std::string reason) {
+    MNCL_WARN("skipping plugin %s: %s", report.path.c_str(), reason.c_str());
+    report.reason = std::move(reason);
+    return report;
+  };
+  auto fill_from = [&report](const Plugin &plugin) {
+    const abi::Table &t = plugin.table();
+    report.loaded = true;
+    report.name = plugin.name();
+    report.abi_version = plugin.abi_version();
+    report.version = t.version ? t.version : "";
+    report.caps = t.caps;
+    report.coll_mask = t.coll_mask;
+    report.dtype_mask = t.dtype_mask;
+    report.op_mask = t.op_mask;
+  };
+
+  boost::system::error_code ec;
+  const fs::path canonical = fs::canonical(path, ec);
+  const std::string key = ec ? path : canonical.string();
+
+  Registry &reg = registry();
+  std::unique_lock<std::mutex> lock(reg.mutex);
+  for (;;) {
+    auto it = reg.plugins.find(key);
+    if (it == reg.plugins.end()) break;
+    if (auto shared = it->second.lock()) {
+      report.plugin = std::move(shared);
+      fill_from(*report.plugin);
+      return report;
+    }
+    reg.unloaded.wait(lock);  // its last user is finalizing it right now
+  }
+
+  if (std::string reason = check_elf(path); !reason.empty()) return refuse(reason);
+
+  boost::dll::shared_library lib;
+  boost::dll::fs::error_code dll_ec;  // std:: or boost:: flavour, as Boost.DLL is configured
+  lib.load(path, dll_ec, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
+  if (dll_ec || !lib.is_loaded()) {
+    const char *why = dlerror();  // Boost.DLL leaves it set after a failed dlopen
+    return refuse(std::string("dlopen failed: ") + (why ? why : dll_ec.message().c_str()));
+  }
+
+  std::string reason;
+  const abi::Adapter *adapter = find_adapter(lib, &reason);
+  if (adapter == nullptr) return refuse(reason);
+  report.abi_version = adapter->version;
+  const void *exported = dlsym(lib.native(), adapter->symbol);
+  if (exported == nullptr) return refuse(format("%s resolves to NULL", adapter->symbol));
+
+  abi::Table table;
+  if (reason = adapter->adapt(exported, &table); !reason.empty()) return refuse(reason);
+  report.version = table.version ? table.version : "";
+  report.caps = table.caps;
+  report.coll_mask = table.coll_mask;
+  report.dtype_mask = table.dtype_mask;
+  report.op_mask = table.op_mask;
+  if (reason = validate(table, report.name); !reason.empty()) return refuse(reason);
+  if (report.name.empty()) report.name = table.name;
+
+  // init() reports through the thread's last error; keep the caller's message intact.
+  const std::string saved_error = last_error();
+  set_last_error("");
+  const mncl_status_t status = table.init(host_services());
+  const std::string message = last_error();
+  set_last_error(saved_error);
+  if (status != MNCL_OK) {
+    return refuse(
+        format("init() refused with %s: %s", status_name(status),
+               message.empty() ? "(no message set with host->set_error)" : message.c_str()));
+  }
+
+  auto *raw = new LoadedPlugin(std::move(lib), table, path, adapter->version);
+  std::shared_ptr<Plugin> plugin(raw, [key, raw](Plugin *) { release(key, raw); });
+  reg.plugins[key] = plugin;
+  MNCL_INFO("loaded plugin %s %s (ABI v%u) from %s", raw->name().c_str(), report.version.c_str(),
+            adapter->version, path.c_str());
+  report.plugin = std::move(plugin);
+  fill_from(*report.plugin);
+  return report;
+}
+
+bool is_file_entry(const fs::path &p) {
+  boost::system::error_code ec;
+  return fs::exists(fs::symlink_status(p, ec));
+}
+
+}  // namespace
+
+std::vector<std::string> search_path() {
+  std::vector<std::string> dirs;
+  auto add = [&dirs](const fs::path &dir) {
+    boost::system::error_code ec;
+    const fs::path abs = dir.is_absolute() ? dir : fs::current_path(ec) / dir;
+    const std::string d = abs.lexically_normal().string();
+    if (std::find(dirs.begin(), dirs.end(), d) == dirs.end()) dirs.push_back(d);
+  };
+  if (auto env_path = env::get("MNCL_PLUGIN_PATH")) {
+    size_t start = 0;
+    while (start <= env_path->size()) {
+      size_t end = env_path->find(':', start);
+      if (end == std::string::npos) end = env_path->size();
+      if (end > start) add(env_path->substr(start, end - start));
+      start = end + 1;
+    }
+  }
+  // The module holding this code: libmncl.so, or an executable linking the static core.
+  boost::dll::fs::error_code ec;
+  const boost::dll::fs::path self = boost::dll::this_line_location(ec);
+  if (!ec) {
+    const fs::path dir = fs::path(self.string()).parent_path();
+    add(dir / MNCL_PLUGIN_SUBDIR);
+    add(dir / ".." / "lib" / MNCL_PLUGIN_SUBDIR);
+  } else {
+    MNCL_WARN("cannot locate the MNCL module (%s); only MNCL_PLUGIN_PATH is searched",
+              ec.message().c_str());
+  }
+  return dirs;
+}
+
+std::vector<PluginReport> discover() {
+  std::vector<PluginReport> reports;
+  std::set<std::string> seen;
+  for (const std::string &dir : search_path()) {
+    boost::system::error_code ec;
+    std::vector<std::string> files;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string path = it->path().string();
+      if (!name_from_file(path).empty()) files.push_back(path);
+    }
+    std::sort(files.begin(), files.end());  // readdir order is arbitrary
+    for (const std::string &path : files) {
+      const std::string name = name_from_file(path);
+      if (!seen.insert(name).second) {
+        MNCL_INFO("ignoring plugin %s: '%s' was found earlier in the search path", path.c_str(),
+                  name.c_str());
+        continue;
+      }
+      reports.push_back(try_load(path));
+    }
+  }
+  return reports;
+}
+
+std::vector<std::string> available_names() {
+  std::vector<std::string> names;
+  for (const PluginReport &r : discover()) {
+    if (r.loaded) names.push_back(r.name);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::shared_ptr<Plugin> load(const std::string &name_or_path) {
+  if (name_or_path.find('/') != std::string::npos) {
+    PluginReport r = try_load(name_or_path);
+    if (!r.loaded) {
+      throw Error(MNCL_ERR_PLUGIN,
+                  format("cannot load plugin %s: %s", name_or_path.c_str(), r.reason.c_str()));
+    }
+    return r.plugin;
+  }
+  const std::vector<std::string> dirs = search_path();
+  for (const std::string &dir : dirs) {
+    const fs::path candidate = fs::path(dir) / (kPrefix + name_or_path + kSuffix);
+    if (name_or_path.empty() || !is_file_entry(candidate)) continue;
+    PluginReport r = try_load(candidate.string());
+    if (!r.loaded) {
+      throw Error(MNCL_ERR_PLUGIN,
+                  format("backend '%s' (%s) cannot be used: %s", name_or_path.c_str(),
+                         candidate.string().c_str(), r.reason.c_str()));
+    }
+    return r.plugin;
+  }
+  const std::vector<std::string> names = available_names();
+  throw Error(MNCL_ERR_PLUGIN,
+              format("unknown backend '%s'; available: %s (searched %s)", name_or_path.c_str(),
+                     names.empty() ? "none" : join(names, ", ").c_str(), join(dirs, ":").c_str()));
+}
+
+}  // namespace mncl::loader

@@ -1,0 +1,245 @@
+/*
+ * mock_plugin.c — ONE source built into many test plugins (see CMakeLists.txt), each variant
+ * selected by compile definitions, Vulkan-loader style:
+ *
+ *   MOCK_NAME="mock"        file name part (libmncl-<MOCK_NAME>.so); also the table name unless
+ *   MOCK_TABLE_NAME="x"     overrides it (name-mismatch variant)
+ *   MOCK_EXPORT_V1=0        do not export mncl_plugin_v1          (default 1)
+ *   MOCK_EXPORT_V2=1        export the hypothetical mncl_plugin_v2 (default 0)
+ *   MOCK_MAGIC, MOCK_ABI_VERSION                     header fields of the v1 table
+ *   MOCK_SMALL_TABLE=1      struct_size ends before execute (a truncated v1 table)
+ *   MOCK_PADDED_TABLE=1     struct_size larger than the v1 table the core knows
+ *   MOCK_CAPS, MOCK_COLL_MASK                        capabilities
+ *   MOCK_INIT_FAILS=1       init() refuses with a message
+ *   MOCK_NO_EXECUTE=1       execute is NULL
+ *   MOCK_POST_ONLY=1        post without test
+ *   MOCK_NOOP=1             every collective returns MNCL_OK at once, any size (dispatch cost)
+ *
+ * The default variant serves single-rank jobs: every collective is a local copy.
+ * If MNCL_MOCK_EVENTS names a file, init and finalize append "<name> init"/"<name> finalize"
+ * lines to it, so tests can count loads without the plugin exporting anything but its table.
+ */
+#include <mncl/mncl_plugin.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mncl_plugin_v2_test.h"
+
+#ifndef MOCK_NAME
+#error "MOCK_NAME must be defined"
+#endif
+#ifndef MOCK_TABLE_NAME
+#define MOCK_TABLE_NAME MOCK_NAME
+#endif
+#ifndef MOCK_EXPORT_V1
+#define MOCK_EXPORT_V1 1
+#endif
+#ifndef MOCK_EXPORT_V2
+#define MOCK_EXPORT_V2 0
+#endif
+#ifndef MOCK_MAGIC
+#define MOCK_MAGIC MNCL_PLUGIN_MAGIC
+#endif
+#ifndef MOCK_ABI_VERSION
+#define MOCK_ABI_VERSION MNCL_PLUGIN_ABI_V1
+#endif
+#if defined(MOCK_SMALL_TABLE) && MOCK_SMALL_TABLE
+#define MOCK_STRUCT_SIZE offsetof(mncl_plugin_v1_t, execute)
+#elif defined(MOCK_PADDED_TABLE) && MOCK_PADDED_TABLE
+#define MOCK_STRUCT_SIZE (sizeof(mncl_plugin_v1_t) + 64)
+#else
+#define MOCK_STRUCT_SIZE sizeof(mncl_plugin_v1_t)
+#endif
+#ifndef MOCK_CAPS
+#define MOCK_CAPS MNCL_CAP_HOST_MEMORY
+#endif
+#ifndef MOCK_COLL_MASK
+#define MOCK_COLL_MASK \
+  (MNCL_COLL_MASK_ALL_V1 & ~(MNCL_COLL_BIT(MNCL_COLL_SEND) | MNCL_COLL_BIT(MNCL_COLL_RECV)))
+#endif
+
+static const mncl_host_v1_t *g_host;
+
+static void record(const char *event) {
+  const char *path = getenv("MNCL_MOCK_EVENTS");
+  if (path == NULL || *path == '\0') return;
+  FILE *f = fopen(path, "a");
+  if (f == NULL) return;
+  fprintf(f, "%s %s\n", MOCK_NAME, event);
+  fclose(f);
+}
+
+static mncl_status_t mock_init(const mncl_host_v1_t *host) {
+  g_host = host;
+  record("init");
+#if defined(MOCK_INIT_FAILS) && MOCK_INIT_FAILS
+  host->set_error("mock driver missing (built with MOCK_INIT_FAILS)");
+  return MNCL_ERR_NOT_SUPPORTED;
+#else
+  if (host->log_level >= MNCL_LOG_INFO) {
+    host->log(MNCL_LOG_INFO, __FILE__, __LINE__, "initialized (MNCL_TIMEOUT=%s)",
+              host->get_env("MNCL_TIMEOUT") ? host->get_env("MNCL_TIMEOUT") : "unset");
+  }
+  return MNCL_OK;
+#endif
+}
+
+static void mock_finalize(void) {
+  record("finalize");
+  g_host = NULL;
+}
+
+static mncl_status_t mock_probe(const mncl_probe_v1_t *info, int32_t *score, char *reason,
+                                size_t reason_len) {
+#if defined(MOCK_NOOP) && MOCK_NOOP
+  (void)info;
+  *score = 1;
+  snprintf(reason, reason_len, "noop: completes every collective without moving data");
+#else
+  *score = info->size == 1 ? 10 : 0;
+  snprintf(reason, reason_len, "%s",
+           info->size == 1 ? "single rank: local copies" : "mock serves single-rank jobs only");
+#endif
+  return MNCL_OK;
+}
+
+typedef struct mock_comm {
+  int32_t size;
+  volatile int aborted;
+} mock_comm_t;
+
+static mncl_status_t mock_comm_create(const mncl_bootstrap_v1_t *bs, void **comm) {
+#if !(defined(MOCK_NOOP) && MOCK_NOOP)
+  if (bs->size != 1) {
+    g_host->set_error("mock: communicator of size %d requested; only size 1 is supported",
+                      (int)bs->size);
+    return MNCL_ERR_NOT_SUPPORTED;
+  }
+#endif
+  mock_comm_t *c = (mock_comm_t *)calloc(1, sizeof *c);
+  if (c == NULL) return MNCL_ERR_SYSTEM;
+  c->size = bs->size;
+  *comm = c;
+  return MNCL_OK;
+}
+
+static mncl_status_t mock_comm_destroy(void *comm) {
+  free(comm);
+  return MNCL_OK;
+}
+
+static mncl_status_t mock_comm_abort(void *comm) {
+  ((mock_comm_t *)comm)->aborted = 1;
+  return MNCL_OK;
+}
+
+#if !(defined(MOCK_NO_EXECUTE) && MOCK_NO_EXECUTE)
+#if !(defined(MOCK_NOOP) && MOCK_NOOP)
+static size_t dtype_size(int32_t dtype) {
+  switch (dtype) {
+    case MNCL_INT8:
+    case MNCL_UINT8:
+      return 1;
+    case MNCL_FLOAT16:
+    case MNCL_BFLOAT16:
+      return 2;
+    case MNCL_INT32:
+    case MNCL_UINT32:
+    case MNCL_FLOAT32:
+      return 4;
+    case MNCL_INT64:
+    case MNCL_UINT64:
+    case MNCL_FLOAT64:
+      return 8;
+  }
+  return 0;
+}
+
+static void copy(void *dst, const void *src, size_t bytes) {
+  if (dst != src && bytes > 0) memmove(dst, src, bytes);
+}
+#endif
+
+static mncl_status_t mock_execute(void *comm, const mncl_coll_v1_t *coll) {
+#if defined(MOCK_NOOP) && MOCK_NOOP
+  (void)comm;
+  (void)coll;
+  return MNCL_OK;
+#else
+  if (((mock_comm_t *)comm)->aborted) return MNCL_ERR_ABORTED;
+  const size_t elem = dtype_size(coll->dtype);
+  size_t i;
+  /* With one rank every collective reduces to "my contribution is the result". */
+  switch (coll->kind) {
+    case MNCL_COLL_BARRIER:
+      return MNCL_OK;
+    case MNCL_COLL_BCAST:
+      return MNCL_OK;
+    case MNCL_COLL_ALLREDUCE_COALESCED:
+      for (i = 0; i < coll->nbufs; ++i) {
+        copy(coll->recvbufs[i], coll->sendbufs[i], coll->counts[i] * elem);
+      }
+      return MNCL_OK;
+    case MNCL_COLL_ALLREDUCE:
+    case MNCL_COLL_REDUCE:
+    case MNCL_COLL_SCATTER:
+    case MNCL_COLL_GATHER:
+    case MNCL_COLL_ALLGATHER:
+    case MNCL_COLL_REDUCE_SCATTER:
+    case MNCL_COLL_ALLTOALL:
+      copy(coll->recvbuf, coll->sendbuf, coll->count * elem);
+      return MNCL_OK;
+  }
+  g_host->set_error("mock: collective kind %d not supported", (int)coll->kind);
+  return MNCL_ERR_NOT_SUPPORTED;
+#endif
+}
+#define MOCK_EXECUTE mock_execute
+#else
+#define MOCK_EXECUTE NULL
+#endif
+
+#if defined(MOCK_POST_ONLY) && MOCK_POST_ONLY
+static mncl_status_t mock_post(void *comm, const mncl_coll_v1_t *coll, void **handle) {
+  (void)handle;
+  return mock_execute(comm, coll);
+}
+#define MOCK_POST mock_post
+#else
+#define MOCK_POST NULL
+#endif
+
+#define MOCK_TABLE_FIELDS                                                                        \
+  .name = MOCK_TABLE_NAME, .version = "0.0.1-test (" MOCK_NAME ")", .caps = (MOCK_CAPS),         \
+  .coll_mask = (MOCK_COLL_MASK), .dtype_mask = (1u << MNCL_NUM_DTYPES) - 1u,                     \
+  .op_mask = (1u << MNCL_NUM_OPS) - 1u, .init = mock_init, .finalize = mock_finalize,            \
+  .probe = mock_probe, .comm_create = mock_comm_create, .comm_destroy = mock_comm_destroy,       \
+  .comm_abort = mock_comm_abort, .comm_split = NULL, .execute = MOCK_EXECUTE, .post = MOCK_POST, \
+  .test = NULL
+
+#if MOCK_EXPORT_V1
+MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = {.struct_size = (MOCK_STRUCT_SIZE),
+                                                            .magic = (MOCK_MAGIC),
+                                                            .abi_version = (MOCK_ABI_VERSION),
+                                                            MOCK_TABLE_FIELDS};
+#endif
+
+#if MOCK_EXPORT_V2
+MNCL_PLUGIN_EXPORT const mncl_plugin_v2_test_t mncl_plugin_v2 = {
+    .struct_size = sizeof(mncl_plugin_v2_test_t),
+    .magic = MNCL_PLUGIN_MAGIC,
+    .abi_version = MNCL_PLUGIN_ABI_V2_TEST,
+    MOCK_TABLE_FIELDS,
+    .comm_shrink = NULL,
+    .caps2 = 0};
+#endif
+
+#if !MOCK_EXPORT_V1 && !MOCK_EXPORT_V2
+/* A complete table under a name the loader does not look for (a typo'd export). */
+MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_table = {
+    .struct_size = sizeof(mncl_plugin_v1_t),
+    .magic = MNCL_PLUGIN_MAGIC,
+    .abi_version = MNCL_PLUGIN_ABI_V1,
+    MOCK_TABLE_FIELDS};
+#endif
