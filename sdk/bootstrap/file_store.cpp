@@ -1,0 +1,232 @@
+#include "bootstrap/file_store.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <thread>
+
+#include "bootstrap/net.h"
+#include "bootstrap/store_util.h"
+#include "common/error.h"
+#include "common/log.h"
+
+namespace mncl::bootstrap {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr milliseconds kFirstPoll{1};
+constexpr milliseconds kMaxPoll{20};
+// Well under NAME_MAX (255) with room for the hash suffix.
+constexpr size_t kMaxNameBytes = 200;
+// Temp and lock files start with '.', key files with "k_": they can never collide.
+constexpr const char *kLockName = ".lock";
+
+std::string system_error(const char *what, const std::string &path) {
+  return format("file store: %s '%s': %s", what, path.c_str(), net::error_text(errno).c_str());
+}
+
+// A name unique across hosts, processes and threads sharing the directory.
+std::string temp_name() {
+  static std::atomic<uint64_t> counter{0};
+  char host[256] = "host";
+  gethostname(host, sizeof host - 1);
+  return format(".tmp.%s.%d.%llu", host, static_cast<int>(getpid()),
+                static_cast<unsigned long long>(counter.fetch_add(1)));
+}
+
+void write_all(int fd, const void *data, size_t size, const std::string &path) {
+  const auto *at = static_cast<const uint8_t *>(data);
+  while (size > 0) {
+    const ssize_t n = ::write(fd, at, size);
+    if (n < 0 && errno == EINTR) continue;
+    MNCL_CHECK(n > 0, MNCL_ERR_SYSTEM, "%s", system_error("cannot write", path).c_str());
+    at += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+// Reads the whole file; false if it does not exist.
+bool read_file(const std::string &path, Bytes &out) {
+  net::UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) {
+    if (errno == ENOENT) return false;
+    throw Error(MNCL_ERR_SYSTEM, system_error("cannot open", path));
+  }
+  struct stat info {};
+  MNCL_CHECK(fstat(fd.get(), &info) == 0, MNCL_ERR_SYSTEM, "%s",
+             system_error("cannot stat", path).c_str());
+  // A key file is never modified in place (only replaced), so its size is final.
+  out.resize(static_cast<size_t>(info.st_size));
+  size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t n = ::read(fd.get(), out.data() + done, out.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    MNCL_CHECK(n >= 0, MNCL_ERR_SYSTEM, "%s", system_error("cannot read", path).c_str());
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
+  }
+  out.resize(done);
+  return true;
+}
+
+bool file_exists(const std::string &path) {
+  struct stat info {};
+  if (stat(path.c_str(), &info) == 0) return true;
+  MNCL_CHECK(errno == ENOENT, MNCL_ERR_SYSTEM, "%s", system_error("cannot stat", path).c_str());
+  return false;
+}
+
+void make_directories(const std::string &dir) {
+  for (size_t slash = dir.find('/', 1);; slash = dir.find('/', slash + 1)) {
+    const std::string prefix = dir.substr(0, slash);
+    if (mkdir(prefix.c_str(), 0777) != 0 && errno != EEXIST) {
+      throw Error(MNCL_ERR_BOOTSTRAP, system_error("cannot create the directory", prefix));
+    }
+    if (slash == std::string::npos) break;
+  }
+  struct stat info {};
+  MNCL_CHECK(stat(dir.c_str(), &info) == 0 && S_ISDIR(info.st_mode), MNCL_ERR_BOOTSTRAP,
+             "file store: '%s' is not a directory", dir.c_str());
+  MNCL_CHECK(access(dir.c_str(), R_OK | W_OK | X_OK) == 0, MNCL_ERR_BOOTSTRAP, "%s",
+             system_error("cannot use the directory", dir).c_str());
+}
+
+// Sleeps for the next poll interval (doubling up to kMaxPoll) but never past the deadline.
+void back_off(milliseconds &interval, Clock::time_point deadline) {
+  const auto left = deadline - Clock::now();
+  std::this_thread::sleep_for(std::min<Clock::duration>(interval, std::max(left, {})));
+  interval = std::min(interval * 2, kMaxPoll);
+}
+
+}  // namespace
+
+std::string key_file_name(const std::string &key) {
+  static const char kHex[] = "0123456789ABCDEF";
+  std::string name = "k_";
+  for (const char ch : key) {
+    const auto byte = static_cast<unsigned char>(ch);
+    if (std::isalnum(byte) || ch == '.' || ch == '_' || ch == '-') {
+      name += ch;
+    } else {
+      name += '%';
+      name += kHex[byte >> 4];
+      name += kHex[byte & 15];
+    }
+  }
+  if (name.size() <= kMaxNameBytes) return name;
+  // FNV-1a over the whole key tells apart long keys that share the kept prefix.
+  uint64_t hash = 14695981039346656037ull;
+  for (const char ch : key) hash = (hash ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
+  name.resize(kMaxNameBytes - 17);
+  return name + format("~%016llx", static_cast<unsigned long long>(hash));
+}
+
+FileStore::FileStore(std::string dir) : dir_(std::move(dir)) {
+  while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
+  MNCL_CHECK(!dir_.empty() && dir_.front() == '/', MNCL_ERR_INVALID_ARGUMENT,
+             "file store: '%s' is not an absolute directory", dir_.c_str());
+  make_directories(dir_);
+  MNCL_INFO("using the file store at %s", describe().c_str());
+}
+
+std::string FileStore::path_of(const std::string &key) const {
+  return dir_ + "/" + key_file_name(key);
+}
+
+void FileStore::set(const std::string &key, const void *data, size_t len) {
+  const std::string temp = dir_ + "/" + temp_name();
+  const std::string path = path_of(key);
+  net::UniqueFd fd(open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+  MNCL_CHECK(fd, MNCL_ERR_SYSTEM, "%s", system_error("cannot create", temp).c_str());
+  try {
+    write_all(fd.get(), data, len, temp);
+    // close() is where NFS reports write errors.
+    MNCL_CHECK(::close(fd.release()) == 0, MNCL_ERR_SYSTEM, "%s",
+               system_error("cannot write", temp).c_str());
+    // rename() is atomic: readers see the old file, no file, or the whole new one.
+    MNCL_CHECK(rename(temp.c_str(), path.c_str()) == 0, MNCL_ERR_SYSTEM, "%s",
+               system_error("cannot rename a temp file to", path).c_str());
+  } catch (...) {
+    unlink(temp.c_str());
+    throw;
+  }
+}
+
+Bytes FileStore::get(const std::string &key, const WaitOptions &opts) {
+  const auto deadline = Clock::now() + opts.timeout;
+  const std::string path = path_of(key);
+  auto interval = kFirstPoll;
+  Bytes value;
+  for (;;) {
+    throw_if_aborted(opts, "waiting for store key '" + key + "'");
+    const bool last_try = Clock::now() >= deadline;
+    if (read_file(path, value)) return value;
+    MNCL_CHECK(!last_try, MNCL_ERR_TIMEOUT, "store key '%s' not set within %.1f s", key.c_str(),
+               seconds(opts.timeout));
+    back_off(interval, deadline);
+  }
+}
+
+int64_t FileStore::add(const std::string &key, int64_t delta) {
+  const std::string lock_path = dir_ + "/" + kLockName;
+  // Each call opens its own descriptor, so flock() excludes other threads as well as processes.
+  net::UniqueFd lock(open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  MNCL_CHECK(lock, MNCL_ERR_SYSTEM, "%s", system_error("cannot open", lock_path).c_str());
+  while (flock(lock.get(), LOCK_EX) != 0) {
+    MNCL_CHECK(errno == EINTR, MNCL_ERR_SYSTEM, "%s",
+               system_error("cannot lock", lock_path).c_str());
+  }
+  int64_t value = 0;
+  Bytes current;
+  if (read_file(path_of(key), current)) {
+    const char *begin = reinterpret_cast<const char *>(current.data());
+    const char *end = begin + current.size();
+    const auto [stop, error] = std::from_chars(begin, end, value);
+    MNCL_CHECK(!current.empty() && error == std::errc() && stop == end, MNCL_ERR_INVALID_ARGUMENT,
+               "store key '%s' holds a %zu-byte value that is not a decimal integer, so it "
+               "cannot be added to",
+               key.c_str(), current.size());
+  }
+  MNCL_CHECK(!__builtin_add_overflow(value, delta, &value), MNCL_ERR_INVALID_ARGUMENT,
+             "adding %lld to store key '%s' overflows int64", static_cast<long long>(delta),
+             key.c_str());
+  const std::string text = std::to_string(value);
+  set(key, text.data(), text.size());
+  return value;  // the lock is released when its descriptor closes
+}
+
+std::vector<std::string> FileStore::wait(const std::vector<std::string> &keys,
+                                         const WaitOptions &opts) {
+  const auto deadline = Clock::now() + opts.timeout;
+  auto interval = kFirstPoll;
+  std::vector<std::string> missing = keys;
+  while (!missing.empty()) {
+    throw_if_aborted(opts, "waiting for store key '" + missing.front() + "'");
+    const bool last_try = Clock::now() >= deadline;
+    missing.erase(std::remove_if(missing.begin(), missing.end(),
+                                 [&](const std::string &key) { return file_exists(path_of(key)); }),
+                  missing.end());
+    if (missing.empty() || last_try) break;
+    back_off(interval, deadline);
+  }
+  return missing;
+}
+
+bool FileStore::erase(const std::string &key) {
+  const std::string path = path_of(key);
+  if (unlink(path.c_str()) == 0) return true;
+  MNCL_CHECK(errno == ENOENT, MNCL_ERR_SYSTEM, "%s", system_error("cannot delete", path).c_str());
+  return false;
+}
+
+}  // namespace mncl::bootstrap

@@ -1,0 +1,298 @@
+// The TCP store's client: one connection, one request at a time under a mutex. Waiting calls
+// ask the server for short slices (kClientWaitSliceMs), releasing the mutex in between, so they
+// notice an abort or their deadline promptly and let other threads' requests through.
+#include "bootstrap/tcp_store.h"
+
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "bootstrap/store_util.h"
+#include "bootstrap/wire.h"
+#include "common/error.h"
+#include "common/log.h"
+
+namespace mncl::bootstrap {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// How long one waiting request may park on the server. Bounds how late an abort is noticed.
+constexpr uint32_t kClientWaitSliceMs = 50;
+// The largest reply other than a value that a client accepts (a WAIT's list of missing keys).
+constexpr size_t kMaxControlReply = 256 << 20;
+
+uint32_t slice_ms(Clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
+  return static_cast<uint32_t>(std::clamp<int64_t>(left, 0, kClientWaitSliceMs));
+}
+
+// True if fd is connected to itself: connecting to a free local port in the ephemeral range
+// can pick that same port as the source ("TCP simultaneous open").
+bool is_self_connection(int fd) {
+  sockaddr_storage local{}, peer{};
+  socklen_t local_length = sizeof local, peer_length = sizeof peer;
+  if (getsockname(fd, reinterpret_cast<sockaddr *>(&local), &local_length) != 0 ||
+      getpeername(fd, reinterpret_cast<sockaddr *>(&peer), &peer_length) != 0) {
+    return false;
+  }
+  return local_length == peer_length && std::memcmp(&local, &peer, local_length) == 0;
+}
+
+}  // namespace
+
+struct TcpStore::Reply {
+  wire::Op op = wire::Op::kOk;
+  Bytes value;                 // kValue: received straight into here
+  std::vector<uint8_t> frame;  // other replies: the whole frame, which message points into
+  wire::Message message;
+};
+
+TcpStore::TcpStore(const std::string &host, uint16_t port, const std::string &token,
+                   const WaitOptions &opts, std::shared_ptr<TcpStoreServer> server)
+    : server_(std::move(server)),
+      url_(net::tcp_url(host, port)),
+      io_timeout_(std::max(opts.timeout, milliseconds(1000))) {
+  connect_with_retry(host, port, opts);
+  handshake(token);
+  MNCL_INFO("connected to the store at %s", url_.c_str());
+}
+
+TcpStore::~TcpStore() = default;
+
+void TcpStore::connect_with_retry(const std::string &host, uint16_t port, const WaitOptions &opts) {
+  const auto deadline = Clock::now() + opts.timeout;
+  auto backoff = milliseconds(10);
+  std::string last_error = "none";
+  for (;;) {
+    throw_if_aborted(opts, "connecting to the store at " + url_);
+    for (const auto &endpoint : net::resolve(host, port, last_error)) {
+      const auto *address = reinterpret_cast<const sockaddr *>(&endpoint.address);
+      net::UniqueFd fd(socket(endpoint.family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+      if (!fd) {
+        last_error = net::error_text(errno);
+        continue;
+      }
+      int error = connect(fd.get(), address, endpoint.length) == 0 ? 0 : errno;
+      if (error == EINPROGRESS) {
+        // Bounded per attempt so a silent address does not use up the whole timeout.
+        const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+        pollfd p{fd.get(), POLLOUT, 0};
+        const int wait_ms = static_cast<int>(std::clamp<int64_t>(left.count(), 1, 1000));
+        if (poll(&p, 1, wait_ms) <= 0) {
+          error = ETIMEDOUT;
+        } else {
+          socklen_t length = sizeof error;
+          getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &error, &length);
+        }
+      }
+      if (error == 0 && is_self_connection(fd.get())) error = ECONNREFUSED;
+      if (error == 0) {
+        net::set_nodelay(fd.get());
+        socket_ = std::move(fd);
+        return;
+      }
+      last_error = net::to_string(address, endpoint.length) + ": " + net::error_text(error);
+    }
+    const auto now = Clock::now();
+    MNCL_CHECK(now < deadline, MNCL_ERR_BOOTSTRAP,
+               "cannot reach the store at %s within %.1f s: rank 0 (which hosts it) has not "
+               "started it or the address is wrong (last error: %s)",
+               url_.c_str(), seconds(opts.timeout), last_error.c_str());
+    std::this_thread::sleep_for(std::min<Clock::duration>(backoff, deadline - now));
+    backoff = std::min(backoff * 2, milliseconds(200));
+  }
+}
+
+void TcpStore::handshake(const std::string &token) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Reply reply;
+  try {
+    reply = call(wire::encode_hello(token));
+  } catch (const Error &e) {
+    throw Error(MNCL_ERR_BOOTSTRAP,
+                format("the store at %s closed the connection during the handshake: %s",
+                       url_.c_str(), e.what()));
+  }
+  if (reply.op == wire::Op::kOk) return;
+  socket_.reset();
+  MNCL_CHECK(!(reply.op == wire::Op::kRefused && reply.message.text == "token"), MNCL_ERR_BOOTSTRAP,
+             "the store at %s refused this rank's token (MNCL_STORE_TOKEN differs)", url_.c_str());
+  throw Error(
+      MNCL_ERR_BOOTSTRAP,
+      format("the store at %s refused this client: %s %.*s", url_.c_str(), wire::op_name(reply.op),
+             static_cast<int>(reply.message.text.size()), reply.message.text.data()));
+}
+
+TcpStore::Reply TcpStore::call(const std::vector<uint8_t> &head, const void *value,
+                               size_t value_size) {
+  if (!broken_.empty()) throw Error(MNCL_ERR_REMOTE, broken_);
+  // One sendmsg for the head and the value: no copy of the value, no extra segment.
+  iovec parts[2] = {{const_cast<uint8_t *>(head.data()), head.size()},
+                    {const_cast<void *>(value), value_size}};
+  size_t total = head.size() + value_size;
+  iovec *next = parts;
+  int count = value_size > 0 ? 2 : 1;
+  while (total > 0) {
+    msghdr message{};
+    message.msg_iov = next;
+    message.msg_iovlen = count;
+    const ssize_t n = sendmsg(socket_.get(), &message, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) fail_connection(net::error_text(errno));
+      pollfd p{socket_.get(), POLLOUT, 0};
+      const int ready = poll(&p, 1, static_cast<int>(io_timeout_.count()));
+      if (ready == 0)
+        fail_connection(format("no progress sending for %.1f s", seconds(io_timeout_)));
+      continue;
+    }
+    total -= static_cast<size_t>(n);
+    for (size_t done = static_cast<size_t>(n); done > 0 && count > 0;) {
+      const size_t step = std::min(done, next->iov_len);
+      next->iov_base = static_cast<uint8_t *>(next->iov_base) + step;
+      next->iov_len -= step;
+      done -= step;
+      if (next->iov_len == 0) {
+        ++next;
+        --count;
+      }
+    }
+  }
+
+  Reply reply;
+  uint8_t header[wire::kHeaderBytes];
+  receive_all(header, sizeof header);
+  const auto parsed = wire::parse_frame(header, sizeof header);
+  if (parsed.status == wire::ParseStatus::kInvalid) {
+    fail_connection("invalid reply: " + parsed.error);
+  }
+  reply.op = static_cast<wire::Op>(header[4]);
+  if (wire::is_request(reply.op)) {
+    fail_connection(format("invalid reply: a %s request", wire::op_name(reply.op)));
+  }
+  // The parser has checked the length (at most kMaxFrameBytes) and the opcode.
+  const size_t body_size = parsed.frame_size - sizeof header;
+  if (reply.op == wire::Op::kValue) {
+    reply.value.resize(body_size);
+    receive_all(reply.value.data(), body_size);
+    return reply;
+  }
+  if (body_size > kMaxControlReply) {
+    fail_connection(format("invalid reply: a %zu-byte %s", body_size, wire::op_name(reply.op)));
+  }
+  reply.frame.resize(parsed.frame_size);
+  std::memcpy(reply.frame.data(), header, sizeof header);
+  receive_all(reply.frame.data() + sizeof header, body_size);
+  auto full = wire::parse_frame(reply.frame.data(), reply.frame.size());
+  if (full.status != wire::ParseStatus::kComplete) fail_connection("invalid reply: " + full.error);
+  reply.message = std::move(full.message);
+  return reply;
+}
+
+void TcpStore::receive_all(void *data, size_t size) {
+  auto *at = static_cast<uint8_t *>(data);
+  while (size > 0) {
+    const ssize_t n = recv(socket_.get(), at, size, MSG_DONTWAIT);
+    if (n > 0) {
+      at += n;
+      size -= static_cast<size_t>(n);
+    } else if (n == 0) {
+      fail_connection("the server closed the connection");
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      pollfd p{socket_.get(), POLLIN, 0};
+      if (poll(&p, 1, static_cast<int>(io_timeout_.count())) == 0) {
+        fail_connection(format("no answer for %.1f s", seconds(io_timeout_)));
+      }
+    } else if (errno != EINTR) {
+      fail_connection(net::error_text(errno));
+    }
+  }
+}
+
+void TcpStore::fail_connection(const std::string &why) {
+  // A request cut in the middle leaves the stream out of step: the connection is unusable.
+  broken_ = format(
+      "lost the connection to the store at %s (%s); rank 0, which hosts it, may "
+      "have exited or failed",
+      url_.c_str(), why.c_str());
+  socket_.reset();
+  throw Error(MNCL_ERR_REMOTE, broken_);
+}
+
+[[noreturn]] static void unexpected_reply(const std::string &url, const char *request,
+                                          wire::Op op) {
+  throw Error(MNCL_ERR_REMOTE, format("the store at %s answered %s with %s", url.c_str(), request,
+                                      wire::op_name(op)));
+}
+
+void TcpStore::set(const std::string &key, const void *data, size_t len) {
+  const auto head = wire::encode_set_head(key, len);
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto reply = call(head, data, len);
+  if (reply.op != wire::Op::kOk) unexpected_reply(url_, "SET", reply.op);
+}
+
+Bytes TcpStore::get(const std::string &key, const WaitOptions &opts) {
+  const auto deadline = Clock::now() + opts.timeout;
+  for (;;) {
+    throw_if_aborted(opts, "waiting for store key '" + key + "'");
+    const bool last_try = Clock::now() >= deadline;
+    Reply reply;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      reply = call(wire::encode_get(key, slice_ms(deadline)));
+    }
+    if (reply.op == wire::Op::kValue) return std::move(reply.value);
+    if (reply.op != wire::Op::kNotYet) unexpected_reply(url_, "GET", reply.op);
+    MNCL_CHECK(!last_try, MNCL_ERR_TIMEOUT, "store key '%s' not set within %.1f s", key.c_str(),
+               seconds(opts.timeout));
+  }
+}
+
+int64_t TcpStore::add(const std::string &key, int64_t delta) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto reply = call(wire::encode_add(key, delta));
+  if (reply.op == wire::Op::kInteger) return reply.message.integer;
+  if (reply.op == wire::Op::kFailed) {
+    throw Error(MNCL_ERR_INVALID_ARGUMENT, std::string(reply.message.text));
+  }
+  unexpected_reply(url_, "ADD", reply.op);
+}
+
+std::vector<std::string> TcpStore::wait(const std::vector<std::string> &keys,
+                                        const WaitOptions &opts) {
+  const auto deadline = Clock::now() + opts.timeout;
+  std::vector<std::string> missing = keys;
+  while (!missing.empty()) {
+    throw_if_aborted(opts, "waiting for store key '" + missing.front() + "'");
+    const bool last_try = Clock::now() >= deadline;
+    Reply reply;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      reply = call(wire::encode_wait(missing, slice_ms(deadline)));
+    }
+    if (reply.op != wire::Op::kMissing) unexpected_reply(url_, "WAIT", reply.op);
+    // Only what is still missing is asked for next time.
+    missing.assign(reply.message.keys.begin(), reply.message.keys.end());
+    if (last_try) break;
+  }
+  return missing;
+}
+
+bool TcpStore::erase(const std::string &key) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto reply = call(wire::encode_erase(key));
+  if (reply.op != wire::Op::kBool) unexpected_reply(url_, "ERASE", reply.op);
+  return reply.message.flag;
+}
+
+}  // namespace mncl::bootstrap

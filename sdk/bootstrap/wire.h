@@ -1,0 +1,98 @@
+// The TCP store's wire protocol. Every message, in both directions, is one frame:
+//
+//   u32 length (big-endian) of what follows | u8 opcode | body (length - 1 bytes)
+//
+// Integers are big-endian. A "string" is a u32 length followed by its bytes. The last field of
+// some bodies is "rest": everything up to the end of the frame, so a large value needs no length
+// of its own and can be sent straight from (and received straight into) the caller's memory.
+//
+// A connection starts with HELLO (protocol version and MNCL_STORE_TOKEN); the server answers OK
+// or REFUSED and then serves one request at a time, each answered by exactly one reply.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace mncl::bootstrap::wire {
+
+constexpr uint32_t kProtocolVersion = 1;
+// u32 length + u8 opcode.
+constexpr size_t kHeaderBytes = 5;
+// The largest length field accepted. Larger lengths are rejected before anything is allocated.
+constexpr size_t kMaxFrameBytes = size_t{1} << 30;
+// The server answers a waiting GET or WAIT after at most this long ("not yet"), so the client
+// can check its abort flag and deadline and ask again.
+constexpr uint32_t kMaxWaitSliceMs = 100;
+
+enum class Op : uint8_t {
+  // Requests, client to server.
+  kHello = 1,  // u32 version | token (rest)
+  kSet = 2,    // string key | value (rest)
+  kGet = 3,    // u32 wait_ms | key (rest)
+  kAdd = 4,    // i64 delta | key (rest)
+  kWait = 5,   // u32 wait_ms | u32 count | count x string key
+  kErase = 6,  // key (rest)
+  // Replies, server to client.
+  kOk = 64,       // (empty): HELLO accepted, SET done
+  kValue = 65,    // value (rest): GET found the key
+  kNotYet = 66,   // (empty): GET's wait slice ran out
+  kInteger = 67,  // i64: ADD's new value
+  kMissing = 68,  // u32 count | count x string key: WAIT's keys still missing (none: all set)
+  kBool = 69,     // u8 0 or 1: ERASE, whether the key existed
+  kRefused = 70,  // reason (rest): HELLO refused ("token" or a version mismatch)
+  kFailed = 71,   // message (rest): a valid request that failed (ADD on a non-integer value)
+};
+
+bool is_request(Op op);
+const char *op_name(Op op);
+
+// One decoded frame. Every view points into the buffer given to parse_frame.
+struct Message {
+  Op op = Op::kOk;
+  uint32_t version = 0;  // kHello
+  uint32_t wait_ms = 0;  // kGet, kWait
+  int64_t integer = 0;   // kAdd (delta), kInteger
+  bool flag = false;     // kBool
+  // kHello: token; kSet/kGet/kAdd/kErase: key; kRefused/kFailed: text.
+  std::string_view text;
+  std::vector<std::string_view> keys;  // kWait, kMissing
+  std::string_view value;              // kSet, kValue
+};
+
+enum class ParseStatus { kComplete, kNeedMore, kInvalid };
+
+struct ParseResult {
+  ParseStatus status = ParseStatus::kNeedMore;
+  // kComplete: bytes the frame took. kNeedMore: the whole frame's size once the length is
+  // known, else 0.
+  size_t frame_size = 0;
+  Message message;    // kComplete only
+  std::string error;  // kInvalid only: what was wrong
+};
+
+// Decodes the frame at the start of data[0, size). Pure: no I/O, no allocation beyond the
+// result's key list, never reads past size. Safe on any input (a fuzzing target).
+ParseResult parse_frame(const uint8_t *data, size_t size);
+
+// Encoders. Each returns the complete frame, except the *_head ones, which return the frame
+// without its trailing value of value_size bytes (sent separately from the caller's memory).
+// Throw MNCL_ERR_INVALID_ARGUMENT if the frame would exceed kMaxFrameBytes.
+std::vector<uint8_t> encode_hello(std::string_view token);
+std::vector<uint8_t> encode_set_head(std::string_view key, size_t value_size);
+std::vector<uint8_t> encode_get(std::string_view key, uint32_t wait_ms);
+std::vector<uint8_t> encode_add(std::string_view key, int64_t delta);
+std::vector<uint8_t> encode_wait(const std::vector<std::string> &keys, uint32_t wait_ms);
+std::vector<uint8_t> encode_erase(std::string_view key);
+std::vector<uint8_t> encode_ok();
+std::vector<uint8_t> encode_value_head(size_t value_size);
+std::vector<uint8_t> encode_not_yet();
+std::vector<uint8_t> encode_integer(int64_t value);
+std::vector<uint8_t> encode_missing(const std::vector<std::string_view> &keys);
+std::vector<uint8_t> encode_bool(bool value);
+std::vector<uint8_t> encode_refused(std::string_view reason);
+std::vector<uint8_t> encode_failed(std::string_view message);
+
+}  // namespace mncl::bootstrap::wire

@@ -1,0 +1,676 @@
+// Tests of the bootstrap store (sdk/bootstrap): the behaviour every store shares, run against
+// both the TCP and the file store, then what is specific to each, then the wire parser.
+#include "bootstrap/store.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bootstrap/file_store.h"
+#include "bootstrap/net.h"
+#include "bootstrap/tcp_store.h"
+#include "bootstrap/wire.h"
+#include "common/error.h"
+
+namespace mncl::bootstrap {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+// Generous bounds for "returns promptly": the machine running the tests may be busy.
+constexpr auto kPromptly = seconds(2);
+
+WaitOptions wait_for(milliseconds timeout, const std::atomic<bool> *aborted = nullptr) {
+  WaitOptions opts;
+  opts.timeout = timeout;
+  opts.aborted = aborted;
+  return opts;
+}
+
+std::string text_of(const Bytes &bytes) {
+  return std::string(bytes.begin(), bytes.end());
+}
+
+void set_text(Store &store, const std::string &key, const std::string &value) {
+  store.set(key, value.data(), value.size());
+}
+
+// Runs f, expecting mncl::Error with status; returns its message.
+template <typename F>
+std::string error_of(F &&f, mncl_status_t status) {
+  try {
+    f();
+  } catch (const Error &e) {
+    EXPECT_EQ(status_name(e.status()), std::string(status_name(status))) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "expected an mncl::Error " << status_name(status);
+  return "";
+}
+
+// A port nothing listens on right now (bound to 0, then released).
+uint16_t free_port() {
+  net::UniqueFd fd(socket(AF_INET, SOCK_STREAM, 0));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(bind(fd.get(), reinterpret_cast<sockaddr *>(&address), sizeof address), 0);
+  socklen_t length = sizeof address;
+  getsockname(fd.get(), reinterpret_cast<sockaddr *>(&address), &length);
+  return ntohs(address.sin_port);
+}
+
+// Connects a plain socket, waiting at most 2 s; returns the errno (0: connected).
+int try_connect(const sockaddr *address, socklen_t length, net::UniqueFd *out = nullptr) {
+  net::UniqueFd fd(socket(address->sa_family, SOCK_STREAM | SOCK_NONBLOCK, 0));
+  int error = connect(fd.get(), address, length) == 0 ? 0 : errno;
+  if (error == EINPROGRESS) {
+    pollfd p{fd.get(), POLLOUT, 0};
+    if (poll(&p, 1, 2000) <= 0) return ETIMEDOUT;
+    socklen_t size = sizeof error;
+    getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &error, &size);
+  }
+  if (error == 0 && out != nullptr) {
+    net::set_nonblocking(fd.get(), false);
+    *out = std::move(fd);
+  }
+  return error;
+}
+
+// Forks n processes running body(i) and expects each to exit 0.
+void run_in_children(int n, const std::function<void(int)> &body) {
+  std::vector<pid_t> children;
+  for (int i = 0; i < n; ++i) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      int code = 0;
+      try {
+        body(i);
+      } catch (const std::exception &e) {
+        fprintf(stderr, "child %d: %s\n", i, e.what());
+        code = 1;
+      }
+      _exit(code);
+    }
+    children.push_back(pid);
+  }
+  for (const pid_t pid : children) {
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+  }
+}
+
+std::string make_temp_dir() {
+  std::string pattern = (std::filesystem::temp_directory_path() / "mncl-store-XXXXXX").string();
+  EXPECT_NE(mkdtemp(pattern.data()), nullptr);
+  return pattern;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Behaviour every store shares, for tcp and file.
+// ---------------------------------------------------------------------------------------------
+
+class StoreTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == "tcp") {
+      url_ = "tcp://127.0.0.1:" + std::to_string(free_port());
+    } else {
+      dir_ = make_temp_dir();
+      url_ = "file://" + dir_;
+    }
+    store_ = open_rank(0);
+  }
+  void TearDown() override {
+    store_.reset();
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+  // Another rank's view of the same store (for tcp, another client connection).
+  std::shared_ptr<Store> open_rank(int rank) {
+    return open_store(url_, rank, kRanks, wait_for(seconds(20)));
+  }
+
+  static constexpr int kRanks = 8;
+  std::string url_;
+  std::string dir_;
+  std::shared_ptr<Store> store_;  // rank 0: for tcp, it hosts the server
+};
+
+TEST_P(StoreTest, SetGetRoundtripIncludingEmptyAndLargeValues) {
+  auto other = open_rank(1);
+  set_text(*store_, "small", "hello");
+  store_->set("empty", nullptr, 0);
+  Bytes large(8 << 20);
+  for (size_t i = 0; i < large.size(); ++i) large[i] = static_cast<uint8_t>(i * 131 + (i >> 13));
+  store_->set("large", large.data(), large.size());
+
+  EXPECT_EQ(text_of(other->get("small", wait_for(seconds(5)))), "hello");
+  EXPECT_TRUE(other->get("empty", wait_for(seconds(5))).empty());
+  EXPECT_EQ(other->get("large", wait_for(seconds(5))), large);
+  // Overwrite replaces.
+  set_text(*other, "small", "again");
+  EXPECT_EQ(text_of(store_->get("small", wait_for(seconds(5)))), "again");
+}
+
+TEST_P(StoreTest, KeysMayHoldAnyBytes) {
+  const std::string key = std::string("a/b c%..\n\x01", 11) + std::string(300, 'x');
+  set_text(*store_, key, "v");
+  EXPECT_EQ(text_of(open_rank(1)->get(key, wait_for(seconds(5)))), "v");
+  EXPECT_EQ(store_->wait({key, key + "y"}, wait_for(milliseconds(0))),
+            std::vector<std::string>{key + "y"});
+}
+
+TEST_P(StoreTest, GetWaitsForALaterSetFromAnotherThread) {
+  auto other = open_rank(1);
+  std::thread setter([&] {
+    std::this_thread::sleep_for(milliseconds(150));
+    set_text(*other, "late", "here");
+  });
+  EXPECT_EQ(text_of(store_->get("late", wait_for(seconds(20)))), "here");
+  setter.join();
+}
+
+TEST_P(StoreTest, GetTimeoutNamesTheKey) {
+  const auto start = Clock::now();
+  const auto message =
+      error_of([&] { store_->get("w/join/2", wait_for(milliseconds(300))); }, MNCL_ERR_TIMEOUT);
+  EXPECT_NE(message.find("store key 'w/join/2' not set within 0.3 s"), std::string::npos)
+      << message;
+  EXPECT_LT(Clock::now() - start, kPromptly);
+  // A zero timeout is a single check.
+  error_of([&] { store_->get("absent", wait_for(milliseconds(0))); }, MNCL_ERR_TIMEOUT);
+}
+
+TEST_P(StoreTest, WaitReturnsExactlyTheMissingKeys) {
+  set_text(*store_, "a", "1");
+  set_text(*store_, "c", "3");
+  EXPECT_EQ(store_->wait({"a", "b", "c", "d"}, wait_for(milliseconds(200))),
+            (std::vector<std::string>{"b", "d"}));
+  EXPECT_TRUE(store_->wait({"a", "c"}, wait_for(milliseconds(0))).empty());
+  EXPECT_TRUE(store_->wait({}, wait_for(milliseconds(0))).empty());
+
+  auto other = open_rank(1);
+  std::thread setter([&] {
+    std::this_thread::sleep_for(milliseconds(100));
+    set_text(*other, "b", "2");
+    std::this_thread::sleep_for(milliseconds(100));
+    set_text(*other, "d", "4");
+  });
+  EXPECT_TRUE(store_->wait({"a", "b", "c", "d"}, wait_for(seconds(20))).empty());
+  setter.join();
+}
+
+TEST_P(StoreTest, AddIsAtomicAcrossThreads) {
+  constexpr int kThreads = 6;
+  constexpr int kAdds = 100;
+  std::vector<std::shared_ptr<Store>> clients = {store_,       store_,       open_rank(1),
+                                                 open_rank(2), open_rank(3), store_};
+  std::vector<std::vector<int64_t>> seen(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kAdds; ++i) seen[t].push_back(clients[t]->add("counter", 1));
+    });
+  }
+  for (auto &thread : threads) thread.join();
+  std::set<int64_t> all;
+  for (const auto &values : seen) all.insert(values.begin(), values.end());
+  // Every add saw a distinct value: none was lost or duplicated.
+  EXPECT_EQ(all.size(), size_t{kThreads * kAdds});
+  EXPECT_EQ(store_->add("counter", 0), kThreads * kAdds);
+  EXPECT_EQ(store_->add("counter", -5), kThreads * kAdds - 5);
+  EXPECT_EQ(text_of(store_->get("counter", wait_for(seconds(1)))),
+            std::to_string(kThreads * kAdds - 5));
+}
+
+TEST_P(StoreTest, AddIsAtomicAcrossProcesses) {
+  constexpr int kProcesses = 4;
+  constexpr int kAdds = 50;
+  const std::string url = url_;
+  run_in_children(kProcesses, [&](int i) {
+    auto store = open_store(url, i + 1, kRanks, wait_for(seconds(20)));
+    for (int n = 0; n < kAdds; ++n) store->add("counter", 1);
+  });
+  EXPECT_EQ(store_->add("counter", 0), kProcesses * kAdds);
+}
+
+TEST_P(StoreTest, AddRefusesANonIntegerValue) {
+  set_text(*store_, "text", "abc");
+  const auto message = error_of([&] { store_->add("text", 1); }, MNCL_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(message.find("'text'"), std::string::npos) << message;
+  EXPECT_EQ(store_->add("fresh", 7), 7);  // absent counts as 0
+}
+
+TEST_P(StoreTest, EraseRemovesAndReportsWhetherTheKeyExisted) {
+  set_text(*store_, "k", "v");
+  EXPECT_TRUE(store_->erase("k"));
+  EXPECT_FALSE(store_->erase("k"));
+  error_of([&] { store_->get("k", wait_for(milliseconds(50))); }, MNCL_ERR_TIMEOUT);
+  EXPECT_EQ(store_->wait({"k"}, wait_for(milliseconds(0))), std::vector<std::string>{"k"});
+}
+
+TEST_P(StoreTest, PrefixStoresAreIsolated) {
+  auto a = make_prefix_store(store_, "a/");
+  auto b = make_prefix_store(open_rank(1), "b/");
+  set_text(*a, "k", "from a");
+  EXPECT_EQ(text_of(store_->get("a/k", wait_for(seconds(1)))), "from a");
+  const auto message =
+      error_of([&] { b->get("k", wait_for(milliseconds(100))); }, MNCL_ERR_TIMEOUT);
+  EXPECT_NE(message.find("'b/k'"), std::string::npos) << message;
+  EXPECT_EQ(a->wait({"k", "x"}, wait_for(milliseconds(50))), std::vector<std::string>{"x"});
+  EXPECT_EQ(a->add("n", 2), 2);
+  EXPECT_EQ(b->add("n", 5), 5);
+  EXPECT_FALSE(b->erase("k"));
+  EXPECT_TRUE(a->erase("k"));
+  EXPECT_EQ(a->describe(), store_->describe());
+}
+
+TEST_P(StoreTest, AbortInterruptsWaitingCalls) {
+  std::atomic<bool> aborted{false};
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(milliseconds(200));
+    aborted = true;
+  });
+  const auto start = Clock::now();
+  error_of([&] { store_->get("never", wait_for(seconds(60), &aborted)); }, MNCL_ERR_ABORTED);
+  EXPECT_LT(Clock::now() - start, kPromptly);
+  aborter.join();
+  // Already aborted: wait() throws too, rather than returning the missing keys.
+  error_of([&] { store_->wait({"never"}, wait_for(seconds(60), &aborted)); }, MNCL_ERR_ABORTED);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, StoreTest, ::testing::Values("tcp", "file"),
+                         [](const auto &info) { return info.param; });
+
+// ---------------------------------------------------------------------------------------------
+// open_store urls.
+// ---------------------------------------------------------------------------------------------
+
+TEST(OpenStore, MalformedUrlsAreInvalidArguments) {
+  for (const std::string url :
+       {"", "tcp://", "tcp://host", "tcp://host:", "tcp://host:0", "tcp://host:65536",
+        "tcp://host:12a", "tcp://:29500", "tcp://::1:29500", "tcp://[::1]29500", "tcp://[::1:29500",
+        "file://relative/dir", "file://", "http://host:80", "host:29500"}) {
+    const auto message = error_of([&] { open_store(url, 0, 1, wait_for(milliseconds(100))); },
+                                  MNCL_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(message.find("'" + url + "'"), std::string::npos) << message;
+    EXPECT_NE(message.find("tcp://host:port"), std::string::npos) << message;
+  }
+}
+
+TEST(OpenStore, RankMustBeInRange) {
+  error_of([] { open_store("file:///tmp/x", 2, 2, wait_for(milliseconds(10))); },
+           MNCL_ERR_INVALID_ARGUMENT);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The TCP store.
+// ---------------------------------------------------------------------------------------------
+
+TEST(TcpStore, ClientWithoutServerTimesOutNamingRankZero) {
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(free_port());
+  const auto start = Clock::now();
+  const auto message =
+      error_of([&] { open_store(url, 1, 2, wait_for(milliseconds(300))); }, MNCL_ERR_BOOTSTRAP);
+  EXPECT_NE(message.find("cannot reach the store at " + url + " within 0.3 s"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("rank 0"), std::string::npos) << message;
+  EXPECT_LT(Clock::now() - start, kPromptly);
+}
+
+TEST(TcpStore, ClientsRetryUntilTheServerStarts) {
+  const uint16_t port = free_port();
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(port);
+  std::shared_ptr<Store> client;
+  std::thread late_rank([&] { client = open_store(url, 1, 2, wait_for(seconds(20))); });
+  std::this_thread::sleep_for(milliseconds(300));
+  auto host = open_store(url, 0, 2, wait_for(seconds(20)));
+  late_rank.join();
+  set_text(*client, "k", "v");
+  EXPECT_EQ(text_of(host->get("k", wait_for(seconds(5)))), "v");
+}
+
+TEST(TcpStore, BindFailureNamesTheAddress) {
+  TcpStoreServer first("127.0.0.1", 0, "");
+  const auto message =
+      error_of([&] { TcpStoreServer second("127.0.0.1", first.port(), ""); }, MNCL_ERR_BOOTSTRAP);
+  EXPECT_NE(message.find("127.0.0.1:" + std::to_string(first.port())), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("Address already in use"), std::string::npos) << message;
+}
+
+TEST(TcpStore, WrongOrMissingTokenIsRefused) {
+  auto server = std::make_shared<TcpStoreServer>("127.0.0.1", 0, "s3cret");
+  for (const std::string token : {"wrong", "", "s3cret-and-more", "s3cre"}) {
+    const auto message =
+        error_of([&] { TcpStore("127.0.0.1", server->port(), token, wait_for(seconds(5))); },
+                 MNCL_ERR_BOOTSTRAP);
+    EXPECT_NE(message.find("refused this rank's token (MNCL_STORE_TOKEN differs)"),
+              std::string::npos)
+        << message;
+  }
+  TcpStore good("127.0.0.1", server->port(), "s3cret", wait_for(seconds(5)));
+  set_text(good, "k", "v");
+  EXPECT_EQ(text_of(good.get("k", wait_for(seconds(1)))), "v");
+}
+
+TEST(TcpStore, TokenComesFromTheEnvironment) {
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(free_port());
+  setenv("MNCL_STORE_TOKEN", "one", 1);
+  auto host = open_store(url, 0, 2, wait_for(seconds(5)));
+  setenv("MNCL_STORE_TOKEN", "two", 1);
+  error_of([&] { open_store(url, 1, 2, wait_for(seconds(5))); }, MNCL_ERR_BOOTSTRAP);
+  unsetenv("MNCL_STORE_TOKEN");
+  error_of([&] { open_store(url, 1, 2, wait_for(seconds(5))); }, MNCL_ERR_BOOTSTRAP);
+  setenv("MNCL_STORE_TOKEN", "one", 1);
+  EXPECT_NO_THROW(open_store(url, 1, 2, wait_for(seconds(5))));
+  unsetenv("MNCL_STORE_TOKEN");
+}
+
+// Another address of this machine than 127.0.0.1, or none.
+std::optional<sockaddr_in> other_local_ipv4() {
+  ifaddrs *list = nullptr;
+  std::optional<sockaddr_in> found;
+  if (getifaddrs(&list) == 0) {
+    for (ifaddrs *i = list; i != nullptr && !found; i = i->ifa_next) {
+      if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+      const auto *address = reinterpret_cast<const sockaddr_in *>(i->ifa_addr);
+      if (address->sin_addr.s_addr != htonl(INADDR_LOOPBACK)) found = *address;
+    }
+    freeifaddrs(list);
+  }
+  if (found) return found;
+  // Linux routes all of 127/8 to the loopback device: 127.0.0.2 is local but not 127.0.0.1.
+  sockaddr_in alias{};
+  alias.sin_family = AF_INET;
+  alias.sin_addr.s_addr = htonl(0x7f000002);
+  net::UniqueFd probe(socket(AF_INET, SOCK_STREAM, 0));
+  if (bind(probe.get(), reinterpret_cast<sockaddr *>(&alias), sizeof alias) == 0) return alias;
+  return std::nullopt;
+}
+
+TEST(TcpStore, ServerOnLoopbackIsNotReachableOnAnotherAddress) {
+  auto other = other_local_ipv4();
+  if (!other) GTEST_SKIP() << "this machine has no IPv4 address besides 127.0.0.1";
+  TcpStoreServer server("127.0.0.1", 0, "");
+  other->sin_port = htons(server.port());
+  char name[INET_ADDRSTRLEN];
+  inet_ntop(AF_INET, &other->sin_addr, name, sizeof name);
+  EXPECT_NE(try_connect(reinterpret_cast<sockaddr *>(&*other), sizeof *other), 0)
+      << "the store bound to 127.0.0.1 answered on " << name;
+  // ... while it is reachable where it was asked to listen.
+  sockaddr_in loopback{};
+  loopback.sin_family = AF_INET;
+  loopback.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  loopback.sin_port = htons(server.port());
+  EXPECT_EQ(try_connect(reinterpret_cast<sockaddr *>(&loopback), sizeof loopback), 0);
+}
+
+TEST(TcpStore, Ipv6Loopback) {
+  {
+    net::UniqueFd probe(socket(AF_INET6, SOCK_STREAM, 0));
+    sockaddr_in6 address{};
+    address.sin6_family = AF_INET6;
+    address.sin6_addr = in6addr_loopback;
+    if (!probe || bind(probe.get(), reinterpret_cast<sockaddr *>(&address), sizeof address) != 0) {
+      GTEST_SKIP() << "this machine has no IPv6 loopback (::1)";
+    }
+  }
+  TcpStoreServer server("::1", 0, "");
+  const std::string url = "tcp://[::1]:" + std::to_string(server.port());
+  auto store = open_store(url, 1, 2, wait_for(seconds(5)));
+  EXPECT_EQ(store->describe(), url);
+  set_text(*store, "k", "v6");
+  EXPECT_EQ(text_of(store->get("k", wait_for(seconds(1)))), "v6");
+}
+
+TEST(TcpStore, LostServerIsARemoteErrorNamingTheStore) {
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(free_port());
+  auto host = open_store(url, 0, 2, wait_for(seconds(5)));
+  auto client = open_store(url, 1, 2, wait_for(seconds(5)));
+  set_text(*client, "k", "v");
+  host.reset();  // rank 0 leaves: its server stops
+  const auto message = error_of([&] { client->get("k2", wait_for(seconds(5))); }, MNCL_ERR_REMOTE);
+  EXPECT_NE(message.find(url), std::string::npos) << message;
+  // And it stays lost.
+  error_of([&] { client->add("k", 1); }, MNCL_ERR_REMOTE);
+}
+
+TEST(TcpStore, GarbageClosesOnlyThatConnection) {
+  TcpStoreServer server("127.0.0.1", 0, "");
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(server.port());
+  const std::vector<std::vector<uint8_t>> garbage = {
+      {0xff, 0xff, 0xff, 0xff, 1},           // length over the limit
+      {0, 0, 0, 1, 0x99},                    // unknown opcode
+      {0, 0, 0, 0},                          // empty frame
+      {'G', 'E', 'T', ' ', '/', '\r', '\n'}  // someone else's protocol
+  };
+  for (const auto &bytes : garbage) {
+    net::UniqueFd fd;
+    ASSERT_EQ(try_connect(reinterpret_cast<sockaddr *>(&address), sizeof address, &fd), 0);
+    ASSERT_EQ(send(fd.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL), ssize_t(bytes.size()));
+    char buffer[16];
+    pollfd p{fd.get(), POLLIN, 0};
+    ASSERT_EQ(poll(&p, 1, 5000), 1) << "the server did not close the connection";
+    EXPECT_LE(recv(fd.get(), buffer, sizeof buffer, 0), 0);
+  }
+  // A request before HELLO is refused the same way, a truncated HELLO just waits.
+  {
+    net::UniqueFd fd;
+    ASSERT_EQ(try_connect(reinterpret_cast<sockaddr *>(&address), sizeof address, &fd), 0);
+    const auto frame = wire::encode_get("k", 0);
+    ASSERT_EQ(send(fd.get(), frame.data(), frame.size(), MSG_NOSIGNAL), ssize_t(frame.size()));
+    char buffer[16];
+    EXPECT_LE(recv(fd.get(), buffer, sizeof buffer, 0), 0);
+  }
+  TcpStore client("127.0.0.1", server.port(), "", wait_for(seconds(5)));
+  set_text(client, "still", "serving");
+  EXPECT_EQ(text_of(client.get("still", wait_for(seconds(1)))), "serving");
+}
+
+TEST(TcpStore, ValuesOfHundredsOfMegabytes) {
+  TcpStoreServer server("127.0.0.1", 0, "");
+  TcpStore writer("127.0.0.1", server.port(), "", wait_for(seconds(20)));
+  TcpStore reader("127.0.0.1", server.port(), "", wait_for(seconds(20)));
+  Bytes value(300u << 20);
+  for (size_t i = 0; i < value.size(); i += 4096) value[i] = static_cast<uint8_t>(i >> 12);
+  value.back() = 0x5a;
+  std::thread set_later([&] { writer.set("big", value.data(), value.size()); });
+  const Bytes received = reader.get("big", wait_for(seconds(60)));
+  set_later.join();
+  EXPECT_TRUE(received == value);
+}
+
+TEST(TcpStore, ThreadsShareOneClient) {
+  TcpStoreServer server("127.0.0.1", 0, "");
+  TcpStore client("127.0.0.1", server.port(), "", wait_for(seconds(5)));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      const std::string mine = "t" + std::to_string(t);
+      const std::string next = "t" + std::to_string((t + 1) % 4);
+      set_text(client, mine, mine);
+      // Each waits for a key another thread sets, through the same connection.
+      EXPECT_EQ(text_of(client.get(next, wait_for(seconds(20)))), next);
+    });
+  }
+  for (auto &thread : threads) thread.join();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The file store.
+// ---------------------------------------------------------------------------------------------
+
+TEST(FileStore, CreatesMissingDirectories) {
+  const std::string root = make_temp_dir();
+  const std::string dir = root + "/a/b/c";
+  auto store = open_store("file://" + dir + "/", 0, 1, wait_for(seconds(1)));
+  EXPECT_EQ(store->describe(), "file://" + dir);
+  set_text(*store, "k", "v");
+  EXPECT_TRUE(std::filesystem::is_directory(dir));
+  std::filesystem::remove_all(root);
+}
+
+TEST(FileStore, KeyFileNamesAreSafe) {
+  EXPECT_EQ(key_file_name("w/join/2"), "k_w%2Fjoin%2F2");
+  EXPECT_EQ(key_file_name(""), "k_");
+  EXPECT_EQ(key_file_name(".."), "k_..");
+  const std::string long_a = std::string(500, 'a') + "1";
+  const std::string long_b = std::string(500, 'a') + "2";
+  EXPECT_LE(key_file_name(long_a).size(), 200u);
+  EXPECT_NE(key_file_name(long_a), key_file_name(long_b));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The wire protocol's parser.
+// ---------------------------------------------------------------------------------------------
+
+wire::ParseResult parse(const std::vector<uint8_t> &bytes) {
+  return wire::parse_frame(bytes.data(), bytes.size());
+}
+
+TEST(Wire, OversizeLengthIsRejectedBeforeTheBodyArrives) {
+  // 1 GiB + 1: just over the limit.
+  auto result = parse({0x40, 0x00, 0x00, 0x01});
+  EXPECT_EQ(result.status, wire::ParseStatus::kInvalid);
+  EXPECT_NE(result.error.find("length"), std::string::npos);
+  EXPECT_EQ(parse({0xff, 0xff, 0xff, 0xff, 2}).status, wire::ParseStatus::kInvalid);
+  EXPECT_EQ(parse({0, 0, 0, 0}).status, wire::ParseStatus::kInvalid);
+  // Exactly 1 GiB is allowed: more bytes are needed, and no allocation happened.
+  result = parse({0x40, 0x00, 0x00, 0x00, 2});
+  EXPECT_EQ(result.status, wire::ParseStatus::kNeedMore);
+  EXPECT_EQ(result.frame_size, wire::kMaxFrameBytes + 4);
+}
+
+TEST(Wire, TruncatedFramesNeedMore) {
+  auto frame = wire::encode_set_head("key", 5);
+  for (const char ch : std::string("value")) frame.push_back(static_cast<uint8_t>(ch));
+  for (size_t size = 0; size < frame.size(); ++size) {
+    const auto result = wire::parse_frame(frame.data(), size);
+    EXPECT_EQ(result.status, wire::ParseStatus::kNeedMore) << "at " << size << " bytes";
+    EXPECT_EQ(result.frame_size, size >= 4 ? frame.size() : 0u);
+  }
+  const auto result = parse(frame);
+  ASSERT_EQ(result.status, wire::ParseStatus::kComplete);
+  EXPECT_EQ(result.frame_size, frame.size());
+  EXPECT_EQ(result.message.op, wire::Op::kSet);
+  EXPECT_EQ(result.message.text, "key");
+  EXPECT_EQ(result.message.value, "value");
+}
+
+TEST(Wire, GarbageOpcodeIsRejected) {
+  for (const uint8_t op : {0, 7, 63, 72, 255}) {
+    const auto result = parse({0, 0, 0, 1, op});
+    EXPECT_EQ(result.status, wire::ParseStatus::kInvalid) << int(op);
+    EXPECT_NE(result.error.find("opcode"), std::string::npos);
+  }
+}
+
+TEST(Wire, MalformedBodiesAreRejected) {
+  // INTEGER with 3 of its 8 bytes.
+  EXPECT_EQ(parse({0, 0, 0, 4, 67, 1, 2, 3}).status, wire::ParseStatus::kInvalid);
+  // BOOL that is neither 0 nor 1.
+  EXPECT_EQ(parse({0, 0, 0, 2, 69, 2}).status, wire::ParseStatus::kInvalid);
+  // OK with a body it should not have.
+  EXPECT_EQ(parse({0, 0, 0, 2, 64, 0}).status, wire::ParseStatus::kInvalid);
+  // WAIT announcing 2^32-1 keys in a 9-byte body.
+  EXPECT_EQ(parse({0, 0, 0, 9, 5, 0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff}).status,
+            wire::ParseStatus::kInvalid);
+  // SET whose key length runs past the frame.
+  EXPECT_EQ(parse({0, 0, 0, 6, 2, 0, 0, 0, 9, 'k'}).status, wire::ParseStatus::kInvalid);
+}
+
+TEST(Wire, EncodersRoundTrip) {
+  // The parsed message points into the frame, so each frame is kept alive while it is checked.
+  const std::vector<std::string> keys = {"a", "", "w/join/2"};
+  const auto wait = wire::encode_wait(keys, 42);
+  auto result = parse(wait);
+  ASSERT_EQ(result.status, wire::ParseStatus::kComplete);
+  EXPECT_EQ(result.message.op, wire::Op::kWait);
+  EXPECT_EQ(result.message.wait_ms, 42u);
+  ASSERT_EQ(result.message.keys.size(), 3u);
+  EXPECT_EQ(result.message.keys[2], "w/join/2");
+
+  const auto add = wire::encode_add("n", -7);
+  result = parse(add);
+  ASSERT_EQ(result.status, wire::ParseStatus::kComplete);
+  EXPECT_EQ(result.message.integer, -7);
+  EXPECT_EQ(result.message.text, "n");
+
+  const auto hello = wire::encode_hello("tok");
+  result = parse(hello);
+  ASSERT_EQ(result.status, wire::ParseStatus::kComplete);
+  EXPECT_EQ(result.message.version, wire::kProtocolVersion);
+  EXPECT_EQ(result.message.text, "tok");
+
+  const auto missing = wire::encode_missing({"x"});
+  result = parse(missing);
+  ASSERT_EQ(result.status, wire::ParseStatus::kComplete);
+  EXPECT_EQ(result.message.keys, std::vector<std::string_view>{"x"});
+
+  const auto flag = wire::encode_bool(true);
+  result = parse(flag);
+  ASSERT_EQ(result.status, wire::ParseStatus::kComplete);
+  EXPECT_TRUE(result.message.flag);
+
+  // Two frames back to back: the first is parsed, its size says where the second starts.
+  auto two = wire::encode_ok();
+  const auto second = wire::encode_erase("k");
+  two.insert(two.end(), second.begin(), second.end());
+  result = parse(two);
+  ASSERT_EQ(result.status, wire::ParseStatus::kComplete);
+  EXPECT_EQ(result.frame_size, 5u);
+  result = wire::parse_frame(two.data() + 5, two.size() - 5);
+  ASSERT_EQ(result.status, wire::ParseStatus::kComplete);
+  EXPECT_EQ(result.message.op, wire::Op::kErase);
+  EXPECT_EQ(result.message.text, "k");
+}
+
+TEST(Wire, EncodersRefuseOversizeValues) {
+  error_of([] { wire::encode_set_head("k", wire::kMaxFrameBytes); }, MNCL_ERR_INVALID_ARGUMENT);
+}
+
+TEST(Wire, RandomBytesNeverCrashTheParser) {
+  std::mt19937 random(1234);
+  std::vector<uint8_t> bytes;
+  for (int round = 0; round < 20000; ++round) {
+    bytes.resize(random() % 40);
+    for (auto &byte : bytes) byte = static_cast<uint8_t>(random());
+    // Plausible lengths, so bodies get decoded and not just rejected by the length check.
+    if (bytes.size() >= 4) {
+      bytes[0] = bytes[1] = bytes[2] = 0;
+      bytes[3] = static_cast<uint8_t>(bytes.size() - 4 + (random() % 3));
+    }
+    const auto result = wire::parse_frame(bytes.data(), bytes.size());
+    if (result.status == wire::ParseStatus::kComplete) {
+      EXPECT_LE(result.frame_size, bytes.size());
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mncl::bootstrap
