@@ -166,7 +166,10 @@ typedef struct mncl_coll_v1 {
   void *const *recvbufs;
   const size_t *counts;
   void *stream;       /* caller's stream or NULL */
-  uint64_t seq;       /* 0, 1, 2... per communicator, identical on every rank for the same call */
+  /* Collectives: 0, 1, 2... per communicator, counting collectives only (not send/recv), so the
+   * same call has the same seq on every rank. SEND/RECV: 0, 1, 2... per (communicator, peer,
+   * direction), so a send and the receive that matches it carry the same seq. */
+  uint64_t seq;
   int64_t timeout_ms; /* bound for this operation */
 } mncl_coll_v1_t;
 

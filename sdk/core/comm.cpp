@@ -257,6 +257,14 @@ void Comm::validate_and_number(mncl_coll_v1_t &coll) {
   validate_collective(coll, rank_, size_, *table_);
   coll.struct_size = sizeof coll;
   coll.timeout_ms = timeout_ms_;
+  if (coll.kind == MNCL_COLL_SEND || coll.kind == MNCL_COLL_RECV) {
+    // Point to point is not collective: number it per peer and direction, so the matching
+    // send and receive agree and idle ranks' collective numbers stay in step.
+    auto &counters = coll.kind == MNCL_COLL_SEND ? next_send_seq_ : next_recv_seq_;
+    if (counters.empty()) counters.assign(static_cast<size_t>(size_), 0);
+    coll.seq = counters[static_cast<size_t>(coll.root)]++;
+    return;
+  }
   coll.seq = next_seq_;
   // An emulated coalesced allreduce becomes nbufs allreduces, each with its own number.
   const bool emulated = coll.kind == MNCL_COLL_ALLREDUCE_COALESCED &&

@@ -1,0 +1,123 @@
+// Plugin kit: living with the host services (mncl_host_v1_t) and the no-exception ABI.
+//
+//   MNCL_KIT_LOG(host, MNCL_LOG_INFO, "naive: comm of %d ranks", n);   // checks the level first
+//   return kit::report(host, MNCL_ERR_TIMEOUT, "naive recv #%llu: ...", ...); // set_error+status
+//   throw kit::Error(MNCL_ERR_REMOTE, kit::format("rank %d sent %zu bytes", r, n));
+//   return kit::guard(host, "naive execute", [&] { ...; return MNCL_OK; });  // at the ABI edge
+//   kit::copy_cstr(reason, reason_len, "no InfiniBand device");        // into caller buffers
+#pragma once
+
+#include <mncl/mncl_plugin.h>
+
+#include <cstdarg>
+#include <cstddef>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <new>
+#include <stdexcept>
+#include <string>
+
+namespace mncl::kit {
+
+// printf into a std::string.
+inline std::string vformat(const char *fmt, va_list args) {
+  va_list copy;
+  va_copy(copy, args);
+  const int n = std::vsnprintf(nullptr, 0, fmt, copy);
+  va_end(copy);
+  if (n <= 0) return std::string();
+  std::string out(static_cast<size_t>(n) + 1, '\0');
+  std::vsnprintf(&out[0], out.size(), fmt, args);
+  out.resize(static_cast<size_t>(n));
+  return out;
+}
+
+__attribute__((format(printf, 1, 2))) inline std::string format(const char *fmt, ...) {
+  va_list args;
+  va_start(args, fmt);
+  std::string out = vformat(fmt, args);
+  va_end(args);
+  return out;
+}
+
+// A failure inside a plugin: thrown by plugin code, turned into set_error + status by guard().
+// Without a message it means "the host already holds the message" (a store callback set it),
+// and guard() returns the status without overwriting that message.
+class Error : public std::runtime_error {
+ public:
+  Error(mncl_status_t status, const std::string &message)
+      : std::runtime_error(message), status_(status), has_message_(true) {}
+  explicit Error(mncl_status_t status)
+      : std::runtime_error("(message set by the host)"), status_(status), has_message_(false) {}
+  mncl_status_t status() const { return status_; }
+  bool has_message() const { return has_message_; }
+
+ private:
+  mncl_status_t status_;
+  bool has_message_;
+};
+
+// True if the host table has every v1 field (a newer core passes a larger struct).
+inline bool host_is_usable(const mncl_host_v1_t *host) {
+  return host != nullptr && host->struct_size >= sizeof(mncl_host_v1_t) &&
+         host->set_error != nullptr && host->log != nullptr;
+}
+
+// Sets the calling thread's error message through the host and returns `status`, so error
+// paths read `return report(host, MNCL_ERR_..., "...", ...);`. Safe with a null host.
+__attribute__((format(printf, 3, 4))) inline mncl_status_t report(const mncl_host_v1_t *host,
+                                                                  mncl_status_t status,
+                                                                  const char *fmt, ...) {
+  if (host != nullptr && host->set_error != nullptr) {
+    va_list args;
+    va_start(args, fmt);
+    const std::string message = vformat(fmt, args);
+    va_end(args);
+    host->set_error("%s", message.c_str());  // never pass text as a format string
+  }
+  return status;
+}
+
+// Copies src into a caller's buffer of dst_len bytes, truncating, always NUL-terminated
+// (probe's `reason`). Does nothing if dst is null or dst_len is 0.
+inline void copy_cstr(char *dst, size_t dst_len, const char *src) {
+  if (dst == nullptr || dst_len == 0) return;
+  if (src == nullptr) src = "";
+  size_t n = std::strlen(src);
+  if (n >= dst_len) n = dst_len - 1;
+  std::memcpy(dst, src, n);
+  dst[n] = '\0';
+}
+
+// Runs f (returning mncl_status_t) and guarantees that no exception crosses the ABI:
+// kit::Error becomes its status and message, std::bad_alloc MNCL_ERR_SYSTEM ("out of memory"
+// is a system failure in mncl.h), anything else MNCL_ERR_INTERNAL with its what() text.
+// `where` prefixes the message ("naive execute").
+template <typename F>
+mncl_status_t guard(const mncl_host_v1_t *host, const char *where, F &&f) noexcept {
+  try {
+    return f();
+  } catch (const Error &e) {
+    if (!e.has_message()) return e.status();
+    return report(host, e.status(), "%s", e.what());
+  } catch (const std::bad_alloc &) {
+    return report(host, MNCL_ERR_SYSTEM, "%s: out of memory", where);
+  } catch (const std::exception &e) {
+    return report(host, MNCL_ERR_INTERNAL, "%s: internal error: %s", where, e.what());
+  } catch (...) {
+    return report(host, MNCL_ERR_INTERNAL, "%s: internal error: unknown exception", where);
+  }
+}
+
+}  // namespace mncl::kit
+
+// Logs through the host if `level` is enabled; the arguments are not evaluated otherwise.
+#define MNCL_KIT_LOG(host, level, ...)                                                   \
+  do {                                                                                   \
+    const mncl_host_v1_t *mncl_kit_host_ = (host);                                       \
+    if (mncl_kit_host_ != nullptr && mncl_kit_host_->log != nullptr &&                   \
+        static_cast<int32_t>(level) <= mncl_kit_host_->log_level) {                      \
+      mncl_kit_host_->log(static_cast<int32_t>(level), __FILE__, __LINE__, __VA_ARGS__); \
+    }                                                                                    \
+  } while (0)

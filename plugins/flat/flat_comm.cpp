@@ -1,0 +1,527 @@
+#include "flat/flat_comm.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <string>
+
+#include "common/dtype.h"
+#include "common/host.h"
+#include "common/reduce.h"
+#include "flat/mpi_runtime.h"
+
+namespace mncl::flat {
+
+namespace kit = mncl::kit;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// MPI counts are ints: element-wise operations are cut into chunks of at most this many.
+constexpr size_t kMaxChunk = INT_MAX;
+// The one tag of MNCL point-to-point messages: MPI keeps messages between a pair in order per
+// (communicator, tag), which is exactly MNCL's matching rule.
+constexpr int kTag = 0;
+
+const char *kind_name(int32_t kind) {
+  static const char *const names[MNCL_NUM_COLL_KINDS_V1] = {
+      "allreduce",      "reduce",   "bcast",   "scatter", "gather", "allgather",
+      "reduce_scatter", "alltoall", "barrier", "send",    "recv",   "allreduce_coalesced"};
+  return kind >= 0 && kind < MNCL_NUM_COLL_KINDS_V1 ? names[kind] : "?";
+}
+
+bool reduces(int32_t kind) {
+  return kind == MNCL_COLL_ALLREDUCE || kind == MNCL_COLL_REDUCE ||
+         kind == MNCL_COLL_REDUCE_SCATTER || kind == MNCL_COLL_ALLREDUCE_COALESCED;
+}
+
+// "allreduce #12 (float32 x 1021, sum)" for messages.
+std::string describe(const mncl_coll_v1_t &c) {
+  std::string s = kit::format("%s #%llu", kind_name(c.kind), static_cast<unsigned long long>(c.seq));
+  if (c.kind == MNCL_COLL_BARRIER) return s;
+  if (c.kind == MNCL_COLL_ALLREDUCE_COALESCED) {
+    s += kit::format(" (%zu buffers of %s", c.nbufs, kit::dtype_name(c.dtype));
+  } else {
+    s += kit::format(" (%s x %zu", kit::dtype_name(c.dtype), c.count);
+  }
+  if (reduces(c.kind)) s += kit::format(", %s", kit::op_name(c.op));
+  if (c.kind == MNCL_COLL_SEND || c.kind == MNCL_COLL_RECV) s += kit::format(", peer %d", c.root);
+  return s + ")";
+}
+
+// p + elems elements; MPI_IN_PLACE and NULL (count 0, or a non-root's ignored buffer) stay.
+template <typename P> P shift(P p, size_t elems, size_t esize) {
+  if (p == nullptr || p == MPI_IN_PLACE) return p;
+  using Byte = std::conditional_t<std::is_const_v<std::remove_pointer_t<P>>, const char, char>;
+  return static_cast<P>(static_cast<Byte *>(p) + elems * esize);
+}
+
+// Calls f(first element, n) over chunks of at most kMaxChunk elements; once for count 0, so
+// that every rank still takes part in the (empty) operation.
+template <typename F> void for_chunks(size_t count, F &&f) {
+  size_t first = 0;
+  do {
+    const size_t n = std::min(count - first, kMaxChunk);
+    f(first, static_cast<int>(n));
+    first += n;
+  } while (first < count);
+}
+
+// Counts of operations whose blocks cannot be cut (per-rank blocks of rooted / all-to-all
+// kinds) must fit in an int.
+int whole_count(const mncl_coll_v1_t &c) {
+  if (c.count > kMaxChunk) {
+    throw kit::Error(MNCL_ERR_NOT_SUPPORTED,
+                     kit::format("flat %s: %zu elements per rank exceed MPI's int count limit "
+                                 "(%d); split the operation",
+                                 describe(c).c_str(), c.count, INT_MAX));
+  }
+  return static_cast<int>(c.count);
+}
+
+// Counts the calls in progress, so comm_destroy can tell that another thread is still inside
+// MPI on this communicator.
+class BusyScope {
+ public:
+  explicit BusyScope(std::atomic<int> &busy) : busy_(busy) { ++busy_; }
+  ~BusyScope() { --busy_; }
+  BusyScope(const BusyScope &) = delete;
+  BusyScope &operator=(const BusyScope &) = delete;
+
+ private:
+  std::atomic<int> &busy_;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Creation, split, destruction
+// ---------------------------------------------------------------------------------------------
+
+Comm::Comm(MPI_Comm comm, const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host,
+           const Options &options)
+    : comm_(comm), rank_(bs.rank), size_(bs.size), host_(host), options_(options) {}
+
+Comm *Comm::create(const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host,
+                   const Options &options) {
+  // Checked before MPI_Init: a process started without a launcher would come up as a
+  // singleton of size 1 and never meet its peers.
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (bs.size > 1 && !initialized && !launched_by_mpi_launcher()) {
+    throw kit::Error(MNCL_ERR_PLUGIN, "flat comm_create: " + not_launched_message(bs.size));
+  }
+  ensure_mpi(host);
+  MpiLock lock;
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rc;
+  if (bs.size == 1) {
+    rc = MPI_Comm_dup(MPI_COMM_SELF, &comm);  // local: no other process takes part
+  } else {
+    int world = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    if (world != bs.size) {
+      throw kit::Error(MNCL_ERR_PLUGIN,
+                       kit::format("flat comm_create: MNCL has %d ranks but MPI_COMM_WORLD has "
+                                   "%d processes; flat needs one MNCL rank per MPI process (check "
+                                   "MNCL_SIZE and the -np given to mpirun)",
+                                   bs.size, world));
+    }
+    // Key = MNCL rank: MPI orders the new communicator by it, so both numberings agree.
+    rc = MPI_Comm_split(MPI_COMM_WORLD, 0, bs.rank, &comm);
+  }
+  if (rc != MPI_SUCCESS) {
+    throw kit::Error(mpi_error_status(rc),
+                     kit::format("flat comm_create: %s failed: %s",
+                                 bs.size == 1 ? "MPI_Comm_dup" : "MPI_Comm_split",
+                                 mpi_error_text(rc).c_str()));
+  }
+  return adopt(comm, bs, host, options);
+}
+
+Comm *Comm::adopt(MPI_Comm comm, const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host,
+                  const Options &options) {
+  int rank = -1, size = -1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  if (rank != bs.rank || size != bs.size) {
+    MPI_Comm_free(&comm);
+    throw kit::Error(MNCL_ERR_INTERNAL,
+                     kit::format("flat: the MPI communicator for '%s' puts this process at rank "
+                                 "%d of %d, but MNCL at rank %d of %d",
+                                 bs.comm_id ? bs.comm_id : "?", rank, size, bs.rank, bs.size));
+  }
+  // Failures become statuses with MPI's message instead of aborting the job.
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  const std::string name = std::string("mncl-flat:") + (bs.comm_id ? bs.comm_id : "?");
+  MPI_Comm_set_name(comm, name.c_str());  // shows up in MPI tools and error messages
+  return new Comm(comm, bs, host, options);
+}
+
+Comm *Comm::split(int32_t color, const mncl_bootstrap_v1_t *bs) {
+  BusyScope busy(busy_);
+  check_usable(nullptr, "comm_split");
+  if (color != MNCL_SPLIT_NONE && bs == nullptr) {
+    throw kit::Error(MNCL_ERR_INVALID_ARGUMENT, "flat comm_split: no bootstrap for color " +
+                                                    std::to_string(color));
+  }
+  MpiLock lock;
+  MPI_Comm comm = MPI_COMM_NULL;
+  // Key = the rank the core assigned in the new communicator (it sorted by key, then old
+  // rank, as MPI would), so MPI and MNCL agree by construction.
+  const int rc = MPI_Comm_split(comm_, color == MNCL_SPLIT_NONE ? MPI_UNDEFINED : color,
+                                bs != nullptr ? bs->rank : 0, &comm);
+  if (rc != MPI_SUCCESS) {
+    throw kit::Error(mpi_error_status(rc), kit::format("flat comm_split: MPI_Comm_split failed: %s",
+                                                       mpi_error_text(rc).c_str()));
+  }
+  if (color == MNCL_SPLIT_NONE) return nullptr;
+  return adopt(comm, *bs, host_, options_);
+}
+
+Comm::~Comm() {
+  if (mpi_finalized()) return;  // MPI released everything already
+  MpiLock lock;
+  size_t leaked = 0;
+  for (auto &r : orphans_) {
+    int done = 0;
+    MPI_Testall(static_cast<int>(r->mpi.size()), r->mpi.data(), &done, MPI_STATUSES_IGNORE);
+    // MPI may still write into these buffers: leaking them is the only safe choice.
+    if (!done) {
+      r.release();
+      ++leaked;
+    }
+  }
+  if (leaked > 0) {
+    MNCL_KIT_LOG(host_, MNCL_LOG_WARN,
+                 "flat: %zu abandoned operation(s) still in MPI at comm_destroy; their buffers "
+                 "are leaked",
+                 leaked);
+  }
+  MPI_Comm_free(&comm_);  // pending operations still complete, as MPI specifies
+}
+
+// ---------------------------------------------------------------------------------------------
+// Collectives
+// ---------------------------------------------------------------------------------------------
+
+void Comm::check_usable(const mncl_coll_v1_t *c, const char *what) const {
+  const std::string op = c != nullptr ? describe(*c) : std::string(what);
+  if (aborted_.load()) {
+    throw kit::Error(MNCL_ERR_ABORTED, kit::format("flat %s: the communicator was aborted",
+                                                   op.c_str()));
+  }
+  if (broken_.load()) {
+    throw kit::Error(MNCL_ERR_REMOTE,
+                     kit::format("flat %s: an earlier operation on this communicator timed out "
+                                 "or was aborted inside MPI, which cannot cancel it; destroy the "
+                                 "communicator",
+                                 op.c_str()));
+  }
+}
+
+void Comm::check(int rc, const char *call, const mncl_coll_v1_t &c) const {
+  if (rc == MPI_SUCCESS) return;
+  throw kit::Error(mpi_error_status(rc),
+                   kit::format("flat %s: %s failed on rank %d of %d: %s", describe(c).c_str(),
+                               call, rank_, size_, mpi_error_text(rc).c_str()));
+}
+
+void Comm::execute(const mncl_coll_v1_t &c) {
+  BusyScope busy(busy_);
+  check_usable(&c, nullptr);
+  if (options_.bounded) {
+    // Non-blocking underneath, polled here: the timeout and abort can then end the wait.
+    std::unique_ptr<Request> r = post(c);
+    try {
+      while (!test(*r)) {
+      }
+    } catch (...) {
+      retire(std::move(r));
+      throw;
+    }
+    return;
+  }
+  Request r;
+  r.kind = c.kind;
+  r.dtype = c.dtype;
+  r.op = c.op;
+  r.seq = c.seq;
+  {
+    MpiLock lock;
+    issue(c, r, false);
+  }
+  finish(r, nullptr);
+}
+
+std::unique_ptr<Request> Comm::post(const mncl_coll_v1_t &c) {
+  BusyScope busy(busy_);
+  check_usable(&c, nullptr);
+  auto r = std::make_unique<Request>();
+  r->kind = c.kind;
+  r->dtype = c.dtype;
+  r->op = c.op;
+  r->seq = c.seq;
+  r->deadline = Clock::now() + std::chrono::milliseconds(c.timeout_ms > 0 ? c.timeout_ms : 300000);
+  try {
+    MpiLock lock;
+    issue(c, *r, true);
+  } catch (...) {
+    retire(std::move(r));  // chunks already started stay with MPI
+    throw;
+  }
+  return r;
+}
+
+bool Comm::test(Request &r) {
+  BusyScope busy(busy_);
+  const auto what = [&r] {
+    return kit::format("%s #%llu", kind_name(r.kind), static_cast<unsigned long long>(r.seq));
+  };
+  if (aborted_.load()) {
+    broken_.store(true);
+    throw kit::Error(MNCL_ERR_ABORTED,
+                     kit::format("flat %s: the communicator was aborted while the operation was "
+                                 "in flight",
+                                 what().c_str()));
+  }
+  int done = 0;
+  std::vector<MPI_Status> statuses(r.mpi.size());
+  int rc;
+  {
+    MpiLock lock;
+    rc = MPI_Testall(static_cast<int>(r.mpi.size()), r.mpi.data(), &done, statuses.data());
+  }
+  if (rc != MPI_SUCCESS) {
+    int code = rc;
+    if (rc == MPI_ERR_IN_STATUS) {  // the first request that failed says why
+      for (const MPI_Status &s : statuses) {
+        if (s.MPI_ERROR != MPI_SUCCESS && s.MPI_ERROR != MPI_ERR_PENDING) {
+          code = s.MPI_ERROR;
+          break;
+        }
+      }
+    }
+    throw kit::Error(mpi_error_status(code),
+                     kit::format("flat %s: MPI_Testall failed on rank %d of %d: %s",
+                                 what().c_str(), rank_, size_, mpi_error_text(code).c_str()));
+  }
+  if (!done) {
+    if (Clock::now() < r.deadline) return false;
+    broken_.store(true);
+    throw kit::Error(MNCL_ERR_TIMEOUT,
+                     kit::format("flat %s: not complete after the communicator's timeout on rank "
+                                 "%d of %d (a peer is missing or stuck); MPI cannot cancel it, so "
+                                 "destroy the communicator",
+                                 what().c_str(), rank_, size_));
+  }
+  finish(r, statuses.data());
+  return true;
+}
+
+void Comm::retire(std::unique_ptr<Request> r) {
+  if (r == nullptr || r->mpi.empty() || mpi_finalized()) return;
+  MpiLock lock;
+  int done = 0;
+  MPI_Testall(static_cast<int>(r->mpi.size()), r->mpi.data(), &done, MPI_STATUSES_IGNORE);
+  if (!done) orphans_.push_back(std::move(r));
+}
+
+void Comm::finish(const Request &r, const MPI_Status *statuses) {
+  if (statuses != nullptr) {
+    for (size_t i = 0; i < r.expected.size(); ++i) {
+      int got = 0;
+      MPI_Get_count(&statuses[i], mpi_datatype(r.dtype), &got);
+      if (got != r.expected[i]) {
+        throw kit::Error(MNCL_ERR_REMOTE,
+                         kit::format("flat recv #%llu: received %d elements, expected %d (the "
+                                     "sender's count differs)",
+                                     static_cast<unsigned long long>(r.seq), got,
+                                     r.expected[i]));
+      }
+    }
+  }
+  if (r.avg_buf != nullptr) kit::finish_avg(r.avg_buf, r.avg_count, r.dtype, size_);
+  for (const Request::Copy &copy : r.copy_out) {
+    if (copy.bytes > 0 && copy.dst != copy.src) std::memcpy(copy.dst, copy.src, copy.bytes);
+  }
+}
+
+void Comm::issue(const mncl_coll_v1_t &c, Request &r, bool nonblocking) {
+  const MPI_Datatype type = mpi_datatype(c.dtype);
+  const size_t esize = kit::dtype_size(c.dtype);
+  const MPI_Op op = reduces(c.kind) ? mpi_op(c.dtype, c.op) : MPI_OP_NULL;
+  const bool avg = reduces(c.kind) && c.op == MNCL_AVG;
+  const bool is_root = c.root == rank_;
+  const size_t block = c.count * esize;  // bytes of one rank's block
+  const char *send = static_cast<const char *>(c.sendbuf);
+  char *recv = static_cast<char *>(c.recvbuf);
+  // The request slot of the next non-blocking call.
+  auto next = [&r] {
+    r.mpi.push_back(MPI_REQUEST_NULL);
+    return &r.mpi.back();
+  };
+
+  switch (c.kind) {
+    case MNCL_COLL_ALLREDUCE_COALESCED:
+      if (c.nbufs != 1) break;  // packed below; a single buffer is a plain allreduce
+      send = static_cast<const char *>(c.sendbufs[0]);
+      recv = static_cast<char *>(c.recvbufs[0]);
+      [[fallthrough]];
+    case MNCL_COLL_ALLREDUCE: {
+      const size_t count = c.kind == MNCL_COLL_ALLREDUCE ? c.count : c.counts[0];
+      const void *s = send == recv ? MPI_IN_PLACE : send;
+      for_chunks(count, [&](size_t first, int n) {
+        const void *cs = shift(s, first, esize);
+        void *cr = shift(recv, first, esize);
+        check(nonblocking ? MPI_Iallreduce(cs, cr, n, type, op, comm_, next())
+                          : MPI_Allreduce(cs, cr, n, type, op, comm_),
+              "MPI_Allreduce", c);
+      });
+      if (avg) {
+        r.avg_buf = recv;
+        r.avg_count = count;
+      }
+      return;
+    }
+    case MNCL_COLL_REDUCE: {
+      const void *s = is_root && send == recv ? MPI_IN_PLACE : send;
+      char *rb = is_root ? recv : nullptr;  // ignored elsewhere, possibly NULL
+      for_chunks(c.count, [&](size_t first, int n) {
+        const void *cs = shift(s, first, esize);
+        void *cr = shift(rb, first, esize);
+        check(nonblocking ? MPI_Ireduce(cs, cr, n, type, op, c.root, comm_, next())
+                          : MPI_Reduce(cs, cr, n, type, op, c.root, comm_),
+              "MPI_Reduce", c);
+      });
+      if (avg && is_root) {
+        r.avg_buf = recv;
+        r.avg_count = c.count;
+      }
+      return;
+    }
+    case MNCL_COLL_BCAST:
+      for_chunks(c.count, [&](size_t first, int n) {
+        void *b = shift(recv, first, esize);
+        check(nonblocking ? MPI_Ibcast(b, n, type, c.root, comm_, next())
+                          : MPI_Bcast(b, n, type, c.root, comm_),
+              "MPI_Bcast", c);
+      });
+      return;
+    case MNCL_COLL_SCATTER: {
+      const int n = whole_count(c);
+      void *rb = is_root && send + block * rank_ == recv ? MPI_IN_PLACE : recv;
+      check(nonblocking ? MPI_Iscatter(send, n, type, rb, n, type, c.root, comm_, next())
+                        : MPI_Scatter(send, n, type, rb, n, type, c.root, comm_),
+            "MPI_Scatter", c);
+      return;
+    }
+    case MNCL_COLL_GATHER: {
+      const int n = whole_count(c);
+      const void *s = is_root && recv + block * rank_ == send ? MPI_IN_PLACE : send;
+      check(nonblocking ? MPI_Igather(s, n, type, recv, n, type, c.root, comm_, next())
+                        : MPI_Gather(s, n, type, recv, n, type, c.root, comm_),
+            "MPI_Gather", c);
+      return;
+    }
+    case MNCL_COLL_ALLGATHER: {
+      const int n = whole_count(c);
+      const void *s = recv + block * rank_ == send ? MPI_IN_PLACE : send;
+      check(nonblocking ? MPI_Iallgather(s, n, type, recv, n, type, comm_, next())
+                        : MPI_Allgather(s, n, type, recv, n, type, comm_),
+            "MPI_Allgather", c);
+      return;
+    }
+    case MNCL_COLL_REDUCE_SCATTER: {
+      const int n = whole_count(c);
+      // MPI's in-place form reads the input from recvbuf and leaves the result at its start;
+      // MNCL's keeps the result in the rank's own block. Reduce into scratch, then copy there.
+      char *out = recv;
+      if (send + block * rank_ == recv) {
+        std::vector<unsigned char> &scratch = nonblocking ? r.owned : pack_;
+        if (scratch.size() < block) scratch.resize(block);
+        out = reinterpret_cast<char *>(scratch.data());
+        r.copy_out.push_back({recv, out, block});
+      }
+      check(nonblocking ? MPI_Ireduce_scatter_block(send, out, n, type, op, comm_, next())
+                        : MPI_Reduce_scatter_block(send, out, n, type, op, comm_),
+            "MPI_Reduce_scatter_block", c);
+      if (avg) {
+        r.avg_buf = out;
+        r.avg_count = c.count;
+      }
+      return;
+    }
+    case MNCL_COLL_ALLTOALL: {
+      const int n = whole_count(c);
+      const void *s = send == recv ? MPI_IN_PLACE : send;
+      check(nonblocking ? MPI_Ialltoall(s, n, type, recv, n, type, comm_, next())
+                        : MPI_Alltoall(s, n, type, recv, n, type, comm_),
+            "MPI_Alltoall", c);
+      return;
+    }
+    case MNCL_COLL_BARRIER:
+      check(nonblocking ? MPI_Ibarrier(comm_, next()) : MPI_Barrier(comm_), "MPI_Barrier", c);
+      return;
+    case MNCL_COLL_SEND:
+      for_chunks(c.count, [&](size_t first, int n) {
+        const void *b = shift(send, first, esize);
+        check(nonblocking ? MPI_Isend(b, n, type, c.root, kTag, comm_, next())
+                          : MPI_Send(b, n, type, c.root, kTag, comm_),
+              "MPI_Send", c);
+      });
+      return;
+    case MNCL_COLL_RECV:
+      for_chunks(c.count, [&](size_t first, int n) {
+        void *b = shift(recv, first, esize);
+        if (nonblocking) {
+          check(MPI_Irecv(b, n, type, c.root, kTag, comm_, next()), "MPI_Irecv", c);
+          r.expected.push_back(n);
+          return;
+        }
+        MPI_Status status;
+        check(MPI_Recv(b, n, type, c.root, kTag, comm_, &status), "MPI_Recv", c);
+        int got = 0;
+        MPI_Get_count(&status, type, &got);
+        if (got != n) {
+          throw kit::Error(MNCL_ERR_REMOTE,
+                           kit::format("flat %s: received %d elements from rank %d, expected %d "
+                                       "(the sender's count differs)",
+                                       describe(c).c_str(), got, c.root, n));
+        }
+      });
+      return;
+    default:
+      throw kit::Error(MNCL_ERR_NOT_SUPPORTED,
+                       kit::format("flat: collective kind %d is not implemented", c.kind));
+  }
+
+  // ALLREDUCE_COALESCED of several buffers: pack them into one, one MPI_Allreduce in place,
+  // divide for AVG once over the whole pack, and copy each part back out.
+  size_t total = 0;
+  for (size_t i = 0; i < c.nbufs; ++i) total += c.counts[i];
+  std::vector<unsigned char> &pack = nonblocking ? r.owned : pack_;
+  if (pack.size() < total * esize) pack.resize(total * esize);
+  char *packed = reinterpret_cast<char *>(pack.data());
+  r.copy_out.reserve(c.nbufs);
+  size_t offset = 0;
+  for (size_t i = 0; i < c.nbufs; ++i) {
+    const size_t bytes = c.counts[i] * esize;
+    if (bytes > 0) std::memcpy(packed + offset, c.sendbufs[i], bytes);
+    r.copy_out.push_back({c.recvbufs[i], packed + offset, bytes});
+    offset += bytes;
+  }
+  for_chunks(total, [&](size_t first, int n) {
+    void *b = shift(packed, first, esize);
+    check(nonblocking ? MPI_Iallreduce(MPI_IN_PLACE, b, n, type, op, comm_, next())
+                      : MPI_Allreduce(MPI_IN_PLACE, b, n, type, op, comm_),
+          "MPI_Allreduce", c);
+  });
+  if (avg) {
+    r.avg_buf = packed;
+    r.avg_count = total;
+  }
+}
+
+}  // namespace mncl::flat

@@ -1,0 +1,106 @@
+// A flat communicator: one MPI communicator over all ranks, split from MPI_COMM_WORLD (or from
+// its parent) with MNCL's rank as the key, so MPI rank == MNCL rank. Every collective is one
+// MPI call (several only beyond MPI's int count), blocking or non-blocking; many small
+// allreduces (ALLREDUCE_COALESCED) are packed into one buffer and one MPI_Allreduce, the
+// "flat" communicator of ChainerMN.
+//
+// Limits, all MPI's:
+//  - MPI has no timeout and no way to interrupt a blocking call: a blocking collective waits
+//    for its peers as long as MPI does, and comm_abort only fails the calls that come after it.
+//    Non-blocking operations are bounded: test() fails one with MNCL_ERR_TIMEOUT after the
+//    communicator's timeout, or MNCL_ERR_ABORTED after an abort. With bounded = true
+//    (MNCL_FLAT_BOUNDED=1) blocking calls run as non-blocking ones polled to completion, so
+//    they are bounded too, at the price of MPI's (slower) non-blocking algorithms.
+//  - MPI cannot cancel a collective: a timed-out or aborted one keeps its buffers in use; the
+//    communicator then refuses further work and should be destroyed.
+#pragma once
+
+#include <mncl/mncl_plugin.h>
+#include <mpi.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace mncl::flat {
+
+// Options read once at init (environment), shared by every communicator.
+struct Options {
+  bool bounded = false;  // MNCL_FLAT_BOUNDED=1: blocking calls polled, timeout and abort apply
+};
+
+// One operation: its MPI requests (none once a blocking call has returned) and what remains
+// to do when they complete, in order: divide for AVG, copy results out, check received sizes.
+struct Request {
+  struct Copy {
+    void *dst;
+    const void *src;
+    size_t bytes;
+  };
+  int32_t kind = 0;
+  int32_t dtype = 0;
+  int32_t op = 0;
+  uint64_t seq = 0;
+  std::vector<MPI_Request> mpi;     // outstanding requests (non-blocking)
+  std::vector<int> expected;        // RECV: elements expected per request
+  std::vector<unsigned char> owned;  // non-blocking: the packed / scratch buffer
+  void *avg_buf = nullptr;           // AVG: divide avg_count elements here by the size
+  size_t avg_count = 0;
+  std::vector<Copy> copy_out;  // packed / scratch result -> the caller's buffers
+  std::chrono::steady_clock::time_point deadline;
+};
+
+class Comm {
+ public:
+  // Collective over all ranks of the job (comm_create). Throws kit::Error.
+  static Comm *create(const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host,
+                      const Options &options);
+  // Collective over every rank of this communicator (comm_split): the new communicator, or
+  // nullptr for color MNCL_SPLIT_NONE (bs == nullptr). Throws kit::Error.
+  Comm *split(int32_t color, const mncl_bootstrap_v1_t *bs);
+  // Frees the MPI communicator (if MPI is still alive) and any finished orphaned requests.
+  ~Comm();
+
+  // Runs c to completion. Throws kit::Error.
+  void execute(const mncl_coll_v1_t &c);
+  // Starts c; the request is completed by test(). Throws kit::Error.
+  std::unique_ptr<Request> post(const mncl_coll_v1_t &c);
+  // true when r has completed (results in place). Throws kit::Error on failure, timeout or
+  // abort; the caller then hands r to retire().
+  bool test(Request &r);
+  // Takes a failed request: freed if MPI is done with it, else kept (buffers and all) until
+  // MPI finishes it or the communicator goes away.
+  void retire(std::unique_ptr<Request> r);
+
+  // Any thread: later calls fail with MNCL_ERR_ABORTED; a blocking MPI call in progress is
+  // not interrupted (MPI cannot), but bounded calls and test() notice it.
+  void abort() { aborted_.store(true); }
+  // Calls in progress (another thread may be blocked inside MPI on this communicator).
+  int busy() const { return busy_.load(); }
+
+ private:
+  Comm(MPI_Comm comm, const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host,
+       const Options &options);
+  static Comm *adopt(MPI_Comm comm, const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host,
+                     const Options &options);
+  void check_usable(const mncl_coll_v1_t *c, const char *what) const;
+  // The MPI call(s) of c: blocking ones (r.mpi stays empty) or non-blocking ones into r.mpi.
+  void issue(const mncl_coll_v1_t &c, Request &r, bool nonblocking);
+  // After the MPI side completed: AVG, copies, checks (statuses: RECV only).
+  void finish(const Request &r, const MPI_Status *statuses);
+  void check(int rc, const char *call, const mncl_coll_v1_t &c) const;
+
+  MPI_Comm comm_;
+  int rank_, size_;
+  const mncl_host_v1_t *host_;
+  Options options_;
+  std::atomic<bool> aborted_{false};
+  std::atomic<bool> broken_{false};  // an operation timed out or was abandoned
+  std::atomic<int> busy_{0};
+  std::vector<unsigned char> pack_;  // blocking coalesced / scratch buffer, reused
+  std::vector<std::unique_ptr<Request>> orphans_;  // abandoned, still owned by MPI
+};
+
+}  // namespace mncl::flat

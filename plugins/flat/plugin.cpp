@@ -1,0 +1,180 @@
+// libmncl-flat.so: collectives over MPI (Open MPI) for CPU clusters — one flat MPI
+// communicator over all processes, many small allreduces packed into one (ChainerMN's "flat").
+//
+// Environment (read once at init through the core, which logs it):
+//   MNCL_FLAT_BOUNDED  0 (default): blocking calls are MPI's blocking collectives, the fastest,
+//                      but MPI has no timeout and cannot be interrupted by mncl_comm_abort.
+//                      1: blocking calls run on MPI's non-blocking collectives, polled, so the
+//                      communicator's timeout and mncl_comm_abort end them (slower, mostly for
+//                      small messages).
+#include <mncl/mncl_plugin.h>
+
+#include <cstring>
+#include <memory>
+
+#include "common/dtype.h"
+#include "common/host.h"
+#include "flat/flat_comm.h"
+#include "flat/mpi_runtime.h"
+
+namespace {
+
+using mncl::flat::Comm;
+using mncl::flat::Request;
+namespace kit = mncl::kit;
+namespace flat = mncl::flat;
+
+const mncl_host_v1_t *g_host = nullptr;
+flat::Options g_options;
+
+// CUDA buffers only when Open MPI says it handles them. The core reads the capabilities when
+// it loads the plugin, before init(), and Open MPI answers only once MPI is initialized: so
+// this is asked at load time and is true only if the application initialized a CUDA-aware MPI
+// before MNCL loaded flat.
+uint64_t capabilities_at_load() {
+  uint64_t caps = MNCL_CAP_HOST_MEMORY | MNCL_CAP_NATIVE_ASYNC;
+  if (flat::mpi_cuda_aware_now()) caps |= MNCL_CAP_CUDA_MEMORY;
+  return caps;
+}
+
+mncl_status_t flat_init(const mncl_host_v1_t *host) {
+  if (!kit::host_is_usable(host)) return MNCL_ERR_PLUGIN;
+  g_host = host;
+  g_options = flat::Options{};
+  if (const char *bounded = host->get_env ? host->get_env("MNCL_FLAT_BOUNDED") : nullptr) {
+    if (std::strcmp(bounded, "0") != 0 && std::strcmp(bounded, "1") != 0) {
+      return kit::report(host, MNCL_ERR_INVALID_ARGUMENT,
+                         "MNCL_FLAT_BOUNDED='%s' is neither 0 nor 1", bounded);
+    }
+    g_options.bounded = bounded[0] == '1';
+  }
+  int major = 0, minor = 0;
+  MPI_Get_version(&major, &minor);  // callable before MPI_Init
+  MNCL_KIT_LOG(host, MNCL_LOG_INFO, "flat 0.1.0 on MPI %d.%d%s", major, minor,
+               g_options.bounded ? ", bounded blocking calls (MNCL_FLAT_BOUNDED=1)" : "");
+  // MPI itself is initialized by the first comm_create: auto-selection loads every plugin,
+  // and a job that picks another backend must not pay for (or be broken by) MPI_Init.
+  return MNCL_OK;
+}
+
+// MPI stays initialized: it cannot be initialized again in this process, and a later
+// communicator may load flat again. flat finalizes it at exit (see mpi_runtime.h).
+void flat_finalize(void) { g_host = nullptr; }
+
+mncl_status_t flat_probe(const mncl_probe_v1_t *info, int32_t *score, char *reason,
+                         size_t reason_len) {
+  if (info->launched_by_mpi == 1) {
+    *score = 80;  // the launcher set MPI up: MPI's tuned collectives beat the store-based ones
+    kit::copy_cstr(reason, reason_len, "");
+  } else if (info->size <= 1) {
+    // A single process works as an MPI singleton; usable when asked for, never chosen by auto
+    // over a backend that needs no MPI_Init.
+    *score = 1;
+    kit::copy_cstr(reason, reason_len, "single process, not launched by mpirun: MPI singleton");
+  } else {
+    *score = 0;
+    kit::copy_cstr(reason, reason_len, flat::not_launched_message(info->size).c_str());
+  }
+  return MNCL_OK;
+}
+
+mncl_status_t flat_comm_create(const mncl_bootstrap_v1_t *bs, void **comm) {
+  return kit::guard(g_host, "flat comm_create", [&] {
+    if (bs == nullptr || bs->struct_size < sizeof(mncl_bootstrap_v1_t) || bs->size < 1 ||
+        bs->rank < 0 || bs->rank >= bs->size) {
+      return kit::report(g_host, MNCL_ERR_INVALID_ARGUMENT,
+                         "flat comm_create: invalid bootstrap descriptor");
+    }
+    // The store is not needed: MPI's launcher already wired the processes together.
+    *comm = Comm::create(*bs, g_host, g_options);
+    MNCL_KIT_LOG(g_host, MNCL_LOG_INFO, "flat: comm '%s' rank %d of %d created",
+                 bs->comm_id ? bs->comm_id : "?", bs->rank, bs->size);
+    return MNCL_OK;
+  });
+}
+
+mncl_status_t flat_comm_destroy(void *comm) {
+  auto *c = static_cast<Comm *>(comm);
+  if (c->busy() > 0) {
+    // Another thread is still blocked inside MPI on it (after an abort): freeing it under
+    // that thread would crash, so it is left to the process's end.
+    MNCL_KIT_LOG(g_host, MNCL_LOG_WARN,
+                 "flat: comm_destroy while another thread is blocked in MPI on it; the MPI "
+                 "communicator is leaked");
+    return MNCL_OK;
+  }
+  delete c;
+  return MNCL_OK;
+}
+
+mncl_status_t flat_comm_abort(void *comm) {
+  static_cast<Comm *>(comm)->abort();
+  return MNCL_OK;
+}
+
+mncl_status_t flat_comm_split(void *comm, int32_t color, int32_t key,
+                              const mncl_bootstrap_v1_t *bs, void **newcomm) {
+  (void)key;  // the core already ordered the ranks by key; bs->rank carries the result
+  *newcomm = nullptr;
+  return kit::guard(g_host, "flat comm_split", [&] {
+    *newcomm = static_cast<Comm *>(comm)->split(color, bs);
+    return MNCL_OK;
+  });
+}
+
+mncl_status_t flat_execute(void *comm, const mncl_coll_v1_t *coll) {
+  return kit::guard(g_host, "flat execute", [&] {
+    static_cast<Comm *>(comm)->execute(*coll);
+    return MNCL_OK;
+  });
+}
+
+mncl_status_t flat_post(void *comm, const mncl_coll_v1_t *coll, void **handle) {
+  *handle = nullptr;
+  return kit::guard(g_host, "flat post", [&] {
+    *handle = static_cast<Comm *>(comm)->post(*coll).release();
+    return MNCL_OK;
+  });
+}
+
+mncl_status_t flat_test(void *comm, void *handle, int32_t *done) {
+  auto *c = static_cast<Comm *>(comm);
+  std::unique_ptr<Request> request(static_cast<Request *>(handle));
+  *done = 0;
+  const mncl_status_t status = kit::guard(g_host, "flat test", [&] {
+    if (c->test(*request)) *done = 1;
+    return MNCL_OK;
+  });
+  if (status != MNCL_OK) {
+    *done = 1;  // the handle is released with the failure, as the ABI asks
+    c->retire(std::move(request));
+    return status;
+  }
+  if (!*done) request.release();  // still running: the core keeps the handle
+  return MNCL_OK;
+}
+
+}  // namespace
+
+MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = {
+    sizeof(mncl_plugin_v1_t),  // struct_size
+    MNCL_PLUGIN_MAGIC,         // magic
+    MNCL_PLUGIN_ABI_V1,        // abi_version
+    "flat",                    // name
+    "0.1.0",                   // version
+    capabilities_at_load(),    // caps: host (+ CUDA if MPI says so), native non-blocking
+    MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED),  // coll_mask
+    kit::kAllDtypesMask,       // dtype_mask
+    kit::kAllOpsMask,          // op_mask
+    0,                         // reserved0
+    flat_init,                 // init
+    flat_finalize,             // finalize
+    flat_probe,                // probe
+    flat_comm_create,          // comm_create
+    flat_comm_destroy,         // comm_destroy
+    flat_comm_abort,           // comm_abort
+    flat_comm_split,           // comm_split: MPI_Comm_split, called on every parent rank
+    flat_execute,              // execute
+    flat_post,                 // post: MPI's non-blocking collectives
+    flat_test,                 // test
+};

@@ -1,0 +1,691 @@
+#include "gloo/gloo_comm.h"
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/allreduce_halving_doubling.h>
+#include <gloo/allreduce_ring_chunked.h>
+#include <gloo/alltoall.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/gather.h>
+#include <gloo/reduce.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/scatter.h>
+#include <gloo/types.h>
+
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <exception>
+#include <thread>
+#include <type_traits>
+
+#include "common/dtype.h"
+#include "common/half.h"
+#include "common/host.h"
+#include "common/reduce.h"
+#include "gloo/gloo_store.h"
+
+namespace mncl::gloo_plugin {
+
+namespace {
+
+using std::chrono::milliseconds;
+
+// Slot prefixes of our own transfers; Gloo's collectives use 0x01..0x08 (gloo/types.h).
+constexpr uint8_t kReduceScatterSlotPrefix = 0x40;
+constexpr uint8_t kP2PSlotPrefix = 0x41;
+// Tag of the barrier that ends comm_create; coll->seq never gets there in practice.
+constexpr uint32_t kCreateBarrierTag = 0xffffffffu;
+constexpr int64_t kFallbackTimeoutMs = 300000;
+
+const char *kind_name(int32_t kind) {
+  switch (kind) {
+    case MNCL_COLL_ALLREDUCE: return "allreduce";
+    case MNCL_COLL_REDUCE: return "reduce";
+    case MNCL_COLL_BCAST: return "bcast";
+    case MNCL_COLL_SCATTER: return "scatter";
+    case MNCL_COLL_GATHER: return "gather";
+    case MNCL_COLL_ALLGATHER: return "allgather";
+    case MNCL_COLL_REDUCE_SCATTER: return "reduce_scatter";
+    case MNCL_COLL_ALLTOALL: return "alltoall";
+    case MNCL_COLL_BARRIER: return "barrier";
+    case MNCL_COLL_SEND: return "send";
+    case MNCL_COLL_RECV: return "recv";
+    case MNCL_COLL_ALLREDUCE_COALESCED: return "allreduce_coalesced";
+    default: return "unknown";
+  }
+}
+
+// Calls f(T{}) with the unsigned integer type of `size` bytes: Gloo's typed setters only use
+// sizeof(T), so data of any dtype travels as unsigned words of its width.
+template <typename F> void with_word(size_t size, F &&f) {
+  switch (size) {
+    case 1: f(uint8_t{}); break;
+    case 2: f(uint16_t{}); break;
+    case 4: f(uint32_t{}); break;
+    default: f(uint64_t{}); break;
+  }
+}
+
+bool is_half(int32_t dtype) { return dtype == MNCL_FLOAT16 || dtype == MNCL_BFLOAT16; }
+
+void widen_any(float *dst, const void *src, size_t n, int32_t dtype) {
+  if (dtype == MNCL_FLOAT16) {
+    kit::widen(dst, static_cast<const kit::float16 *>(src), n);
+  } else {
+    kit::widen(dst, static_cast<const kit::bfloat16 *>(src), n);
+  }
+}
+
+void narrow_any(void *dst, const float *src, size_t n, int32_t dtype) {
+  if (dtype == MNCL_FLOAT16) {
+    kit::narrow(static_cast<kit::float16 *>(dst), src, n);
+  } else {
+    kit::narrow(static_cast<kit::bfloat16 *>(dst), src, n);
+  }
+}
+
+// Gloo's new-style reduce function: c = a op b over n elements (c may alias a or b).
+// All MNCL ops are commutative, so aliasing b is folded the other way round.
+gloo::AllreduceOptions::Func reduce_fn(int32_t dtype, int32_t mop) {
+  const size_t es = kit::dtype_size(dtype);
+  return [dtype, mop, es](void *c, const void *a, const void *b, size_t n) {
+    if (c == a) {
+      kit::reduce_into(c, b, n, dtype, mop);
+    } else if (c == b) {
+      kit::reduce_into(c, a, n, dtype, mop);
+    } else {
+      std::memcpy(c, a, n * es);
+      kit::reduce_into(c, b, n, dtype, mop);
+    }
+  };
+}
+
+// The classic (templated) algorithms take a ReductionFunction<T> holding a plain function.
+template <typename T, int32_t D, int32_t O> void classic_reduce(T *x, const T *y, size_t n) {
+  kit::reduce_into(x, y, n, D, O);
+}
+
+template <typename T, int32_t D> const gloo::ReductionFunction<T> *classic_fn_for(int32_t op) {
+  static const gloo::ReductionFunction<T> sum(gloo::CUSTOM, &classic_reduce<T, D, MNCL_SUM>);
+  static const gloo::ReductionFunction<T> prod(gloo::CUSTOM, &classic_reduce<T, D, MNCL_PROD>);
+  static const gloo::ReductionFunction<T> min(gloo::CUSTOM, &classic_reduce<T, D, MNCL_MIN>);
+  static const gloo::ReductionFunction<T> max(gloo::CUSTOM, &classic_reduce<T, D, MNCL_MAX>);
+  switch (op) {
+    case MNCL_PROD: return &prod;
+    case MNCL_MIN: return &min;
+    case MNCL_MAX: return &max;
+    default: return &sum;  // SUM, and AVG (a SUM then a division)
+  }
+}
+
+template <typename T> const gloo::ReductionFunction<T> *classic_fn(int32_t dtype, int32_t op) {
+  // Only dtypes as wide as T can reach here; the others are not even instantiated.
+#define MNCL_GLOO_CASE(D)                                                               \
+  case D:                                                                               \
+    if constexpr (kit::dtype_size(D) == sizeof(T)) return classic_fn_for<T, D>(op);     \
+    break;
+  switch (dtype) {
+    MNCL_GLOO_CASE(MNCL_INT8)
+    MNCL_GLOO_CASE(MNCL_UINT8)
+    MNCL_GLOO_CASE(MNCL_INT32)
+    MNCL_GLOO_CASE(MNCL_UINT32)
+    MNCL_GLOO_CASE(MNCL_INT64)
+    MNCL_GLOO_CASE(MNCL_UINT64)
+    MNCL_GLOO_CASE(MNCL_FLOAT16)
+    MNCL_GLOO_CASE(MNCL_BFLOAT16)
+    MNCL_GLOO_CASE(MNCL_FLOAT32)
+    MNCL_GLOO_CASE(MNCL_FLOAT64)
+    default: break;
+  }
+#undef MNCL_GLOO_CASE
+  throw kit::Error(MNCL_ERR_INTERNAL, "gloo: no reduction for this dtype width");
+}
+
+}  // namespace
+
+bool parse_algo(const char *text, Algo *algo) {
+  const std::string s = text == nullptr ? "" : text;
+  if (s.empty() || s == "auto") {
+    *algo = Algo::kAuto;
+  } else if (s == "ring") {
+    *algo = Algo::kRing;
+  } else if (s == "ring_chunked") {
+    *algo = Algo::kRingChunked;
+  } else if (s == "halving_doubling") {
+    *algo = Algo::kHalvingDoubling;
+  } else if (s == "bcube") {
+    *algo = Algo::kBcube;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+const char *algo_name(Algo algo) {
+  switch (algo) {
+    case Algo::kRing: return "ring";
+    case Algo::kRingChunked: return "ring_chunked";
+    case Algo::kHalvingDoubling: return "halving_doubling";
+    case Algo::kBcube: return "bcube";
+    default: return "auto";
+  }
+}
+
+struct Comm::Op {
+  std::string desc;  // "gloo allreduce #12 (1024 x float32, sum)"
+  uint32_t tag;
+  milliseconds timeout;
+  int64_t timeout_ms;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Creation, destruction, abort
+// ---------------------------------------------------------------------------------------------
+
+Comm::Comm(const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host, const Settings &settings)
+    : host_(host),
+      rank_(bs.rank),
+      size_(bs.size),
+      default_timeout_ms_(bs.timeout_ms > 0 ? bs.timeout_ms : kFallbackTimeoutMs),
+      settings_(settings),
+      comm_id_(bs.comm_id != nullptr ? bs.comm_id : "?"),
+      registry_(std::make_shared<AbortRegistry>()),
+      sent_(static_cast<size_t>(bs.size), 0),
+      received_(static_cast<size_t>(bs.size), 0) {
+  if (size_ == 1) return;  // nothing to connect: every collective is a local copy
+  device_ = create_device(settings_.transport, registry_);
+  const std::string where = kit::format("gloo comm_create ('%s', rank %d of %d, %s)",
+                                        comm_id_.c_str(), rank_, size_, device_->str().c_str());
+  try {
+    auto context = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
+    context->setTimeout(milliseconds(default_timeout_ms_));
+    StoreAdapter store(bs.store, default_timeout_ms_);
+    context->connectFullMesh(store, device_);
+    context_ = context;
+    // A connected pair does not prove the peer has read our address yet (the kernel accepts
+    // before the peer's accept()); once everyone is past this barrier, all have.
+    gloo::BarrierOptions barrier(context_);
+    barrier.setTag(kCreateBarrierTag);
+    barrier.setTimeout(milliseconds(default_timeout_ms_));
+    gloo::barrier(barrier);
+    store.delete_created();
+  } catch (const kit::Error &) {
+    throw;  // the store callback set the message
+  } catch (const gloo::IoException &e) {
+    const bool timeout = std::strstr(e.what(), "imeout") || std::strstr(e.what(), "imed out");
+    throw kit::Error(timeout ? MNCL_ERR_TIMEOUT : MNCL_ERR_BOOTSTRAP,
+                     kit::format("%s: connecting to the peers failed: %s", where.c_str(),
+                                 e.what()));
+  } catch (const std::bad_alloc &) {
+    throw;
+  } catch (const std::exception &e) {
+    throw kit::Error(MNCL_ERR_BOOTSTRAP,
+                     kit::format("%s: rendezvous failed: %s", where.c_str(), e.what()));
+  }
+  MNCL_KIT_LOG(host_, MNCL_LOG_INFO, "gloo: comm '%s' rank %d of %d connected over %s, algo %s",
+               comm_id_.c_str(), rank_, size_, device_->str().c_str(),
+               algo_name(settings_.algo));
+}
+
+Comm::~Comm() {
+  context_.reset();  // closes the pairs before their device goes
+  device_.reset();
+}
+
+void Comm::abort() {
+  aborted_.store(true);
+  if (!context_) return;
+  registry_->poison("the MNCL communicator was aborted (mncl_comm_abort)");
+  // The poison wakes every pending transfer; a wait on a half-read message or a queued send
+  // is not reached by it, so keep knocking until the blocked call has left Gloo.
+  const auto deadline = std::chrono::steady_clock::now() + milliseconds(default_timeout_ms_);
+  while (in_flight_.load() && std::chrono::steady_clock::now() < deadline) {
+    registry_->abort_waits();
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dispatch and error mapping
+// ---------------------------------------------------------------------------------------------
+
+void Comm::execute(const mncl_coll_v1_t &c) {
+  Op op;
+  op.timeout_ms = c.timeout_ms > 0 ? c.timeout_ms : default_timeout_ms_;
+  op.timeout = milliseconds(op.timeout_ms);
+  op.tag = static_cast<uint32_t>(c.seq);
+  const bool reduction = c.kind == MNCL_COLL_ALLREDUCE || c.kind == MNCL_COLL_REDUCE ||
+                         c.kind == MNCL_COLL_REDUCE_SCATTER ||
+                         c.kind == MNCL_COLL_ALLREDUCE_COALESCED;
+  op.desc = kit::format("gloo %s #%llu", kind_name(c.kind),
+                        static_cast<unsigned long long>(c.seq));
+  if (c.kind != MNCL_COLL_BARRIER) {
+    op.desc += kit::format(" (%zu x %s", c.count, kit::dtype_name(c.dtype));
+    if (reduction) op.desc += kit::format(", %s", kit::op_name(c.op));
+    if (c.kind == MNCL_COLL_SEND || c.kind == MNCL_COLL_RECV) {
+      op.desc += kit::format(", peer %d", c.root);
+    } else if (c.root >= 0) {
+      op.desc += kit::format(", root %d", c.root);
+    }
+    op.desc += ")";
+  }
+
+  // Published before the abort check, so an abort racing with the start still waits for us.
+  in_flight_.store(true);
+  struct Clear {
+    std::atomic<bool> &flag;
+    ~Clear() { flag.store(false); }
+  } clear{in_flight_};
+  if (aborted_.load()) {
+    throw kit::Error(MNCL_ERR_ABORTED, op.desc + ": the communicator was aborted");
+  }
+  if (!broken_.empty()) {
+    throw kit::Error(MNCL_ERR_REMOTE,
+                     op.desc + ": the communicator is unusable after an earlier failure: " +
+                         broken_);
+  }
+  if (size_ == 1) {
+    run_single_rank(c);
+    return;
+  }
+
+  mncl_status_t status = MNCL_ERR_INTERNAL;
+  std::string what;
+  try {
+    run(op, c);
+    return;
+  } catch (const kit::Error &e) {
+    if (aborted_.load()) throw kit::Error(MNCL_ERR_ABORTED, op.desc + ": aborted");
+    if (!e.has_message()) throw;
+    status = e.status();
+    what = e.what();
+  } catch (const std::bad_alloc &) {
+    throw;
+  } catch (const gloo::IoException &e) {
+    const bool timeout = std::strstr(e.what(), "imed out") || std::strstr(e.what(), "imeout");
+    status = timeout ? MNCL_ERR_TIMEOUT : MNCL_ERR_REMOTE;
+    what = kit::format("%s: %s: %s", op.desc.c_str(),
+                       timeout ? "timed out" : "a peer failed or disconnected", e.what());
+  } catch (const std::exception &e) {
+    // GLOO_ENFORCE failures land here; after an abort they are its side effects.
+    status = MNCL_ERR_INTERNAL;
+    what = kit::format("%s: gloo error: %s", op.desc.c_str(), e.what());
+  }
+  if (aborted_.load()) {
+    throw kit::Error(MNCL_ERR_ABORTED, op.desc + ": the communicator was aborted");
+  }
+  // Gloo's state is undefined after a failed op: make the peers fail fast, refuse more work.
+  broken_ = what;
+  registry_->poison("a peer's MNCL operation failed: " + what);
+  throw kit::Error(status, what);
+}
+
+void Comm::run(Op &op, const mncl_coll_v1_t &c) {
+  switch (c.kind) {
+    case MNCL_COLL_ALLREDUCE:
+      if (c.count > 0) allreduce(op, c.sendbuf, c.recvbuf, c.count, c.dtype, c.op);
+      return;
+    case MNCL_COLL_ALLREDUCE_COALESCED: allreduce_coalesced(op, c); return;
+    case MNCL_COLL_REDUCE: reduce(op, c); return;
+    case MNCL_COLL_BCAST: bcast(op, c); return;
+    case MNCL_COLL_SCATTER: scatter(op, c); return;
+    case MNCL_COLL_GATHER: gather(op, c); return;
+    case MNCL_COLL_ALLGATHER: allgather(op, c); return;
+    case MNCL_COLL_REDUCE_SCATTER: reduce_scatter(op, c); return;
+    case MNCL_COLL_ALLTOALL: alltoall(op, c); return;
+    case MNCL_COLL_BARRIER: barrier(op); return;
+    case MNCL_COLL_SEND: send(op, c); return;
+    case MNCL_COLL_RECV: recv(op, c); return;
+    default:
+      throw kit::Error(MNCL_ERR_NOT_SUPPORTED,
+                       kit::format("%s: collective kind %d is not supported by gloo",
+                                   op.desc.c_str(), c.kind));
+  }
+}
+
+// One rank: every collective is the identity (AVG divides by 1), so only copies remain.
+void Comm::run_single_rank(const mncl_coll_v1_t &c) {
+  const size_t bytes = c.count * kit::dtype_size(c.dtype);
+  auto copy = [](void *dst, const void *src, size_t n) {
+    if (n > 0 && dst != src) std::memmove(dst, src, n);
+  };
+  switch (c.kind) {
+    case MNCL_COLL_ALLREDUCE:
+    case MNCL_COLL_REDUCE:
+    case MNCL_COLL_SCATTER:
+    case MNCL_COLL_GATHER:
+    case MNCL_COLL_ALLGATHER:
+    case MNCL_COLL_REDUCE_SCATTER:
+    case MNCL_COLL_ALLTOALL: copy(c.recvbuf, c.sendbuf, bytes); return;
+    case MNCL_COLL_ALLREDUCE_COALESCED:
+      for (size_t i = 0; i < c.nbufs; ++i) {
+        copy(c.recvbufs[i], c.sendbufs[i], c.counts[i] * kit::dtype_size(c.dtype));
+      }
+      return;
+    case MNCL_COLL_BCAST:
+    case MNCL_COLL_BARRIER: return;
+    default:
+      throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
+                       kit::format("gloo %s: no peer exists in a communicator of one rank",
+                                   kind_name(c.kind)));
+  }
+}
+
+void Comm::wait_recv(Op &op, gloo::transport::UnboundBuffer &buf, int peer) {
+  if (!buf.waitRecv(op.timeout)) {
+    throw kit::Error(MNCL_ERR_ABORTED,
+                     kit::format("%s: aborted while receiving from rank %d", op.desc.c_str(),
+                                 peer));
+  }
+}
+
+void Comm::wait_send(Op &op, gloo::transport::UnboundBuffer &buf, int peer) {
+  if (!buf.waitSend(op.timeout)) {
+    throw kit::Error(MNCL_ERR_ABORTED,
+                     kit::format("%s: aborted while sending to rank %d", op.desc.c_str(), peer));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reductions
+// ---------------------------------------------------------------------------------------------
+
+void Comm::allreduce(Op &op, const void *in, void *out, size_t count, int32_t dtype,
+                     int32_t mop) {
+  const int32_t fold = mop == MNCL_AVG ? MNCL_SUM : mop;
+  if (is_half(dtype)) {
+    std::vector<float> wide(count);
+    widen_any(wide.data(), in, count, dtype);
+    allreduce_plain(op, wide.data(), wide.data(), count, MNCL_FLOAT32, fold);
+    if (mop == MNCL_AVG) {
+      const float d = static_cast<float>(size_);
+      for (auto &x : wide) x /= d;
+    }
+    narrow_any(out, wide.data(), count, dtype);
+    return;
+  }
+  allreduce_plain(op, in, out, count, dtype, fold);
+  if (mop == MNCL_AVG) kit::finish_avg(out, count, dtype, size_);
+}
+
+void Comm::allreduce_plain(Op &op, const void *in, void *out, size_t count, int32_t dtype,
+                           int32_t mop) {
+  const size_t es = kit::dtype_size(dtype);
+  const size_t bytes = count * es;
+  Algo algo = settings_.algo;
+  if (algo == Algo::kAuto) {
+    const bool pow2 = (size_ & (size_ - 1)) == 0;
+    algo = (bytes <= kSmallAllreduceBytes && size_ > 2 && pow2) ? Algo::kBcube : Algo::kRing;
+  }
+  // The classic algorithms count elements in an int.
+  if ((algo == Algo::kRingChunked || algo == Algo::kHalvingDoubling) && count > INT_MAX) {
+    algo = Algo::kRing;
+  }
+
+  if (algo == Algo::kRing || algo == Algo::kBcube) {
+    gloo::AllreduceOptions opts(context_);
+    opts.setAlgorithm(algo == Algo::kBcube ? gloo::AllreduceOptions::Algorithm::BCUBE
+                                           : gloo::AllreduceOptions::Algorithm::RING);
+    with_word(es, [&](auto word) {
+      using T = decltype(word);
+      if (in != out) opts.setInput(const_cast<T *>(static_cast<const T *>(in)), count);
+      opts.setOutput(static_cast<T *>(out), count);
+    });
+    opts.setReduceFunction(reduce_fn(dtype, mop));
+    opts.setTag(op.tag);
+    opts.setTimeout(op.timeout);
+    gloo::allreduce(opts);
+    return;
+  }
+
+  // Classic algorithms: in place on the output, timeouts from the context (the comm default).
+  if (in != out) std::memcpy(out, in, bytes);
+  with_word(es, [&](auto word) {
+    using T = decltype(word);
+    const std::vector<T *> ptrs{static_cast<T *>(out)};
+    const gloo::ReductionFunction<T> *fn = classic_fn<T>(dtype, mop);
+    if (algo == Algo::kRingChunked) {
+      gloo::AllreduceRingChunked<T> a(context_, ptrs, static_cast<int>(count), fn);
+      a.run();
+    } else {
+      gloo::AllreduceHalvingDoubling<T> a(context_, ptrs, static_cast<int>(count), fn);
+      a.run();
+    }
+  });
+}
+
+void Comm::allreduce_coalesced(Op &op, const mncl_coll_v1_t &c) {
+  const size_t es = kit::dtype_size(c.dtype);
+  size_t total = 0;
+  for (size_t i = 0; i < c.nbufs; ++i) total += c.counts[i];
+  if (total == 0) return;
+  // One message instead of nbufs: the "flat" packing (small buffers are latency bound).
+  std::vector<unsigned char> packed(total * es);
+  size_t off = 0;
+  for (size_t i = 0; i < c.nbufs; ++i) {
+    if (c.counts[i] > 0) std::memcpy(packed.data() + off, c.sendbufs[i], c.counts[i] * es);
+    off += c.counts[i] * es;
+  }
+  allreduce(op, packed.data(), packed.data(), total, c.dtype, c.op);
+  off = 0;
+  for (size_t i = 0; i < c.nbufs; ++i) {
+    if (c.counts[i] > 0) std::memcpy(c.recvbufs[i], packed.data() + off, c.counts[i] * es);
+    off += c.counts[i] * es;
+  }
+}
+
+void Comm::reduce(Op &op, const mncl_coll_v1_t &c) {
+  if (c.count == 0) return;
+  const bool root = rank_ == c.root;
+  const int32_t fold = c.op == MNCL_AVG ? MNCL_SUM : c.op;
+  int32_t dtype = c.dtype;
+  const void *in = c.sendbuf;
+  void *out = root ? c.recvbuf : nullptr;
+  std::vector<float> wide;
+  std::vector<unsigned char> scratch;
+  if (is_half(c.dtype)) {
+    wide.resize(c.count);
+    widen_any(wide.data(), c.sendbuf, c.count, c.dtype);
+    in = out = wide.data();
+    dtype = MNCL_FLOAT32;
+  } else if (!root) {
+    // Gloo's ring reduce uses the output as working space on every rank.
+    scratch.resize(c.count * kit::dtype_size(dtype));
+    out = scratch.data();
+  }
+  gloo::ReduceOptions opts(context_);
+  with_word(kit::dtype_size(dtype), [&](auto word) {
+    using T = decltype(word);
+    if (in != out) opts.setInput(const_cast<T *>(static_cast<const T *>(in)), c.count);
+    opts.setOutput(static_cast<T *>(out), c.count);
+  });
+  opts.setRoot(c.root);
+  opts.setReduceFunction(reduce_fn(dtype, fold));
+  opts.setTag(op.tag);
+  opts.setTimeout(op.timeout);
+  gloo::reduce(opts);
+  if (!root) return;
+  if (is_half(c.dtype)) {
+    if (c.op == MNCL_AVG) {
+      const float d = static_cast<float>(size_);
+      for (auto &x : wide) x /= d;
+    }
+    narrow_any(c.recvbuf, wide.data(), c.count, c.dtype);
+  } else if (c.op == MNCL_AVG) {
+    kit::finish_avg(c.recvbuf, c.count, c.dtype, size_);
+  }
+}
+
+void Comm::reduce_scatter(Op &op, const mncl_coll_v1_t &c) {
+  if (c.count == 0) return;
+  const size_t n = c.count * static_cast<size_t>(size_);
+  const int32_t fold = c.op == MNCL_AVG ? MNCL_SUM : c.op;
+  if (is_half(c.dtype)) {
+    std::vector<float> acc(n);
+    widen_any(acc.data(), c.sendbuf, n, c.dtype);
+    reduce_scatter_ring(op, acc.data(), c.count, MNCL_FLOAT32, fold);
+    float *mine = acc.data() + static_cast<size_t>(rank_) * c.count;
+    if (c.op == MNCL_AVG) {
+      for (size_t i = 0; i < c.count; ++i) mine[i] /= static_cast<float>(size_);
+    }
+    narrow_any(c.recvbuf, mine, c.count, c.dtype);
+    return;
+  }
+  const size_t es = kit::dtype_size(c.dtype);
+  // The ring folds into a copy: sendbuf is const, and recvbuf may be inside it (in place).
+  std::vector<unsigned char> acc(n * es);
+  std::memcpy(acc.data(), c.sendbuf, acc.size());
+  reduce_scatter_ring(op, acc.data(), c.count, c.dtype, fold);
+  std::memcpy(c.recvbuf, acc.data() + static_cast<size_t>(rank_) * c.count * es, c.count * es);
+  if (c.op == MNCL_AVG) kit::finish_avg(c.recvbuf, c.count, c.dtype, size_);
+}
+
+// Ring reduce-scatter over `size` blocks of block_count elements held in acc. Step s sends
+// block (rank-s-1) to the right and folds block (rank-s-2) from the left into acc; after
+// size-1 steps block `rank` holds the reduction over all ranks.
+void Comm::reduce_scatter_ring(Op &op, void *acc, size_t block_count, int32_t dtype,
+                               int32_t mop) {
+  const size_t es = kit::dtype_size(dtype);
+  const size_t block = block_count * es;
+  const int right = (rank_ + 1) % size_;
+  const int left = (rank_ + size_ - 1) % size_;
+  const uint64_t slot = gloo::Slot::build(kReduceScatterSlotPrefix, op.tag);
+  std::vector<unsigned char> tmp(block);
+  auto acc_buf = context_->createUnboundBuffer(acc, block * static_cast<size_t>(size_));
+  auto tmp_buf = context_->createUnboundBuffer(tmp.data(), block);
+  auto *bytes = static_cast<unsigned char *>(acc);
+  auto block_of = [&](int k) { return static_cast<size_t>(((k % size_) + size_) % size_); };
+  for (int s = 0; s < size_ - 1; ++s) {
+    const size_t send_block = block_of(rank_ - s - 1);
+    const size_t recv_block = block_of(rank_ - s - 2);
+    tmp_buf->recv(left, slot, 0, block);
+    acc_buf->send(right, slot, send_block * block, block);
+    wait_recv(op, *tmp_buf, left);
+    kit::reduce_into(bytes + recv_block * block, tmp.data(), block_count, dtype, mop);
+    wait_send(op, *acc_buf, right);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Data movement (as bytes)
+// ---------------------------------------------------------------------------------------------
+
+void Comm::bcast(Op &op, const mncl_coll_v1_t &c) {
+  const size_t bytes = c.count * kit::dtype_size(c.dtype);
+  if (bytes == 0) return;
+  gloo::BroadcastOptions opts(context_);
+  opts.setOutput(static_cast<uint8_t *>(c.recvbuf), bytes);
+  opts.setRoot(c.root);
+  opts.setTag(op.tag);
+  opts.setTimeout(op.timeout);
+  gloo::broadcast(opts);
+}
+
+void Comm::scatter(Op &op, const mncl_coll_v1_t &c) {
+  const size_t bytes = c.count * kit::dtype_size(c.dtype);
+  if (bytes == 0) return;
+  gloo::ScatterOptions opts(context_);
+  auto *out = static_cast<uint8_t *>(c.recvbuf);
+  std::vector<uint8_t> scratch;
+  if (rank_ == c.root) {
+    std::vector<uint8_t *> ins(static_cast<size_t>(size_));
+    auto *base = static_cast<uint8_t *>(const_cast<void *>(c.sendbuf));
+    for (int r = 0; r < size_; ++r) ins[static_cast<size_t>(r)] = base + r * bytes;
+    opts.setInputs(ins, bytes);
+    // In place: the root's block is already where it belongs; avoid a self-memcpy.
+    if (out == ins[static_cast<size_t>(rank_)]) {
+      scratch.resize(bytes);
+      out = scratch.data();
+    }
+  }
+  opts.setOutput(out, bytes);
+  opts.setRoot(c.root);
+  opts.setTag(op.tag);
+  opts.setTimeout(op.timeout);
+  gloo::scatter(opts);
+}
+
+void Comm::gather(Op &op, const mncl_coll_v1_t &c) {
+  const size_t bytes = c.count * kit::dtype_size(c.dtype);
+  if (bytes == 0) return;
+  gloo::GatherOptions opts(context_);
+  auto *in = static_cast<uint8_t *>(const_cast<void *>(c.sendbuf));
+  std::vector<uint8_t> scratch;
+  if (rank_ == c.root) {
+    auto *out = static_cast<uint8_t *>(c.recvbuf);
+    if (in == out + rank_ * bytes) {  // in place: Gloo would memcpy the block onto itself
+      scratch.assign(in, in + bytes);
+      in = scratch.data();
+    }
+    opts.setOutput(out, bytes * static_cast<size_t>(size_));
+  }
+  opts.setInput(in, bytes);
+  opts.setRoot(c.root);
+  opts.setTag(op.tag);
+  opts.setTimeout(op.timeout);
+  gloo::gather(opts);
+}
+
+void Comm::allgather(Op &op, const mncl_coll_v1_t &c) {
+  const size_t bytes = c.count * kit::dtype_size(c.dtype);
+  if (bytes == 0) return;
+  gloo::AllgatherOptions opts(context_);
+  auto *out = static_cast<uint8_t *>(c.recvbuf);
+  auto *in = static_cast<uint8_t *>(const_cast<void *>(c.sendbuf));
+  if (in != out + rank_ * bytes) opts.setInput(in, bytes);  // no input: in place
+  opts.setOutput(out, bytes * static_cast<size_t>(size_));
+  opts.setTag(op.tag);
+  opts.setTimeout(op.timeout);
+  gloo::allgather(opts);
+}
+
+void Comm::alltoall(Op &op, const mncl_coll_v1_t &c) {
+  const size_t total = c.count * kit::dtype_size(c.dtype) * static_cast<size_t>(size_);
+  if (total == 0) return;
+  auto *in = static_cast<uint8_t *>(const_cast<void *>(c.sendbuf));
+  std::vector<uint8_t> scratch;
+  if (in == c.recvbuf) {  // in place: Gloo reads and writes different buffers
+    scratch.assign(in, in + total);
+    in = scratch.data();
+  }
+  gloo::AlltoallOptions opts(context_);
+  opts.setInput(in, total);
+  opts.setOutput(static_cast<uint8_t *>(c.recvbuf), total);
+  opts.setTag(op.tag);
+  opts.setTimeout(op.timeout);
+  gloo::alltoall(opts);
+}
+
+void Comm::barrier(Op &op) {
+  gloo::BarrierOptions opts(context_);
+  opts.setTag(op.tag);
+  opts.setTimeout(op.timeout);
+  gloo::barrier(opts);
+}
+
+// Zero-byte messages are skipped on both sides, so they need no message number.
+void Comm::send(Op &op, const mncl_coll_v1_t &c) {
+  const size_t bytes = c.count * kit::dtype_size(c.dtype);
+  if (bytes == 0) return;
+  const int peer = c.root;
+  const uint64_t slot = gloo::Slot::build(kP2PSlotPrefix, sent_[static_cast<size_t>(peer)]++);
+  auto buf = context_->createUnboundBuffer(const_cast<void *>(c.sendbuf), bytes);
+  buf->send(peer, slot);
+  wait_send(op, *buf, peer);
+}
+
+void Comm::recv(Op &op, const mncl_coll_v1_t &c) {
+  const size_t bytes = c.count * kit::dtype_size(c.dtype);
+  if (bytes == 0) return;
+  const int peer = c.root;
+  const uint64_t slot =
+      gloo::Slot::build(kP2PSlotPrefix, received_[static_cast<size_t>(peer)]++);
+  auto buf = context_->createUnboundBuffer(c.recvbuf, bytes);
+  buf->recv(peer, slot);
+  wait_recv(op, *buf, peer);
+}
+
+}  // namespace mncl::gloo_plugin

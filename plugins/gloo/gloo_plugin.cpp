@@ -1,0 +1,135 @@
+// libmncl-gloo.so: CPU collectives over Gloo (TCP, or InfiniBand verbs when asked for).
+//
+// The ABI edge: each entry point turns exceptions (Gloo's included) into a status with
+// kit::guard; the communicator (gloo_comm.h) does the work. Environment variables, read through
+// the host at comm_create so the core logs them:
+//   MNCL_GLOO_TRANSPORT  tcp (default) | ibverbs
+//   MNCL_GLOO_IFACE      network interface to bind (default: this host's name; 127.0.0.1 when
+//                        every rank is on this host)
+//   MNCL_GLOO_IB_DEVICE  InfiniBand device for ibverbs (default: the first one)
+//   MNCL_GLOO_ALGO       auto (default) | ring | ring_chunked | halving_doubling | bcube
+#include <gloo/config.h>
+
+#include <mncl/mncl_plugin.h>
+
+#include <new>
+#include <string>
+
+#include "common/dtype.h"
+#include "common/host.h"
+#include "gloo/gloo_comm.h"
+
+namespace {
+
+using mncl::gloo_plugin::Comm;
+using mncl::gloo_plugin::Settings;
+namespace kit = mncl::kit;
+
+#define MNCL_GLOO_STR2(x) #x
+#define MNCL_GLOO_STR(x) MNCL_GLOO_STR2(x)
+#define MNCL_GLOO_VERSION_STRING                                                   \
+  "0.1.0 (gloo " MNCL_GLOO_STR(GLOO_VERSION_MAJOR) "." MNCL_GLOO_STR(              \
+      GLOO_VERSION_MINOR) "." MNCL_GLOO_STR(GLOO_VERSION_PATCH) ")"
+
+const mncl_host_v1_t *g_host = nullptr;
+
+std::string env(const char *name) {
+  const char *value = g_host->get_env != nullptr ? g_host->get_env(name) : nullptr;
+  return value != nullptr ? std::string(value) : std::string();  // copy: valid until next call
+}
+
+mncl_status_t gloo_init(const mncl_host_v1_t *host) {
+  if (!kit::host_is_usable(host)) return MNCL_ERR_PLUGIN;
+  g_host = host;
+  MNCL_KIT_LOG(g_host, MNCL_LOG_INFO, "gloo %s: CPU collectives over Gloo",
+               MNCL_GLOO_VERSION_STRING);
+  return MNCL_OK;
+}
+
+void gloo_finalize(void) { g_host = nullptr; }
+
+// Host memory, any job shape: preferred over naive (10), below device-native backends.
+mncl_status_t gloo_probe(const mncl_probe_v1_t *info, int32_t *score, char *reason,
+                         size_t reason_len) {
+  if (env("MNCL_GLOO_TRANSPORT") == "ibverbs" && info != nullptr && info->has_infiniband == 0) {
+    *score = 0;
+    kit::copy_cstr(reason, reason_len,
+                   "MNCL_GLOO_TRANSPORT=ibverbs but this host has no InfiniBand/RoCE device");
+    return MNCL_OK;
+  }
+  *score = 50;
+  kit::copy_cstr(reason, reason_len, "");
+  return MNCL_OK;
+}
+
+mncl_status_t gloo_comm_create(const mncl_bootstrap_v1_t *bs, void **comm) {
+  return kit::guard(g_host, "gloo comm_create", [&] {
+    if (bs == nullptr || bs->struct_size < sizeof(mncl_bootstrap_v1_t) || bs->store == nullptr ||
+        bs->store->struct_size < sizeof(mncl_store_v1_t) || bs->size < 1 || bs->rank < 0 ||
+        bs->rank >= bs->size) {
+      return kit::report(g_host, MNCL_ERR_INVALID_ARGUMENT,
+                         "gloo comm_create: invalid bootstrap descriptor");
+    }
+    Settings settings;
+    const std::string transport = env("MNCL_GLOO_TRANSPORT");
+    if (!transport.empty()) settings.transport.kind = transport;
+    settings.transport.iface = env("MNCL_GLOO_IFACE");
+    settings.transport.ib_device = env("MNCL_GLOO_IB_DEVICE");
+    settings.transport.loopback = bs->num_hosts == 1;
+    const std::string algo = env("MNCL_GLOO_ALGO");
+    if (!mncl::gloo_plugin::parse_algo(algo.c_str(), &settings.algo)) {
+      return kit::report(g_host, MNCL_ERR_INVALID_ARGUMENT,
+                         "gloo comm_create: MNCL_GLOO_ALGO='%s' is not an algorithm (expected "
+                         "auto, ring, ring_chunked, halving_doubling or bcube)",
+                         algo.c_str());
+    }
+    *comm = new Comm(*bs, g_host, settings);
+    return MNCL_OK;
+  });
+}
+
+mncl_status_t gloo_comm_destroy(void *comm) {
+  return kit::guard(g_host, "gloo comm_destroy", [&] {
+    delete static_cast<Comm *>(comm);
+    return MNCL_OK;
+  });
+}
+
+mncl_status_t gloo_comm_abort(void *comm) {
+  return kit::guard(g_host, "gloo comm_abort", [&] {
+    static_cast<Comm *>(comm)->abort();
+    return MNCL_OK;
+  });
+}
+
+mncl_status_t gloo_execute(void *comm, const mncl_coll_v1_t *coll) {
+  return kit::guard(g_host, "gloo execute", [&] {
+    static_cast<Comm *>(comm)->execute(*coll);
+    return MNCL_OK;
+  });
+}
+
+}  // namespace
+
+MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = {
+    sizeof(mncl_plugin_v1_t),  // struct_size
+    MNCL_PLUGIN_MAGIC,         // magic
+    MNCL_PLUGIN_ABI_V1,        // abi_version
+    "gloo",                    // name
+    MNCL_GLOO_VERSION_STRING,  // version
+    MNCL_CAP_HOST_MEMORY,      // caps: host buffers only (the core stages device memory)
+    MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED),  // coll_mask
+    kit::kAllDtypesMask,       // dtype_mask
+    kit::kAllOpsMask,          // op_mask
+    0,                         // reserved0
+    gloo_init,                 // init
+    gloo_finalize,             // finalize
+    gloo_probe,                // probe
+    gloo_comm_create,          // comm_create
+    gloo_comm_destroy,         // comm_destroy
+    gloo_comm_abort,           // comm_abort
+    nullptr,                   // comm_split: the core's split + comm_create on a new bootstrap
+    gloo_execute,              // execute
+    nullptr,                   // post: no native async
+    nullptr,                   // test
+};

@@ -1,0 +1,171 @@
+#include "gloo/gloo_transport.h"
+
+#include <gloo/common/error.h>
+#include <gloo/transport/ibverbs/device.h>
+#include <gloo/transport/tcp/attr.h>
+#include <gloo/transport/tcp/context.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/tcp/unbound_buffer.h>
+#include <unistd.h>
+
+#include <exception>
+#include <utility>
+
+#include "common/host.h"
+
+namespace mncl::gloo_plugin {
+
+namespace tcp = gloo::transport::tcp;
+
+void AbortRegistry::add(tcp::UnboundBuffer *buf) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  live_.insert(buf);
+}
+
+void AbortRegistry::remove(tcp::UnboundBuffer *buf) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  live_.erase(buf);
+}
+
+void AbortRegistry::abort_waits() {
+  // Holding the lock keeps every buffer alive meanwhile: its destructor deregisters first.
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto *buf : live_) {
+    buf->abortWaitRecv();
+    buf->abortWaitSend();
+  }
+}
+
+void AbortRegistry::set_poison(std::function<void(const std::string &)> fn) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  poison_ = std::move(fn);
+}
+
+void AbortRegistry::poison(const std::string &msg) {
+  std::function<void(const std::string &)> fn;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    fn = poison_;
+  }
+  if (fn) fn(msg);  // outside our lock: it takes pair and buffer locks
+}
+
+namespace {
+
+// An unbound buffer that is listed in the registry for as long as it lives.
+class TrackedBuffer : public tcp::UnboundBuffer {
+ public:
+  TrackedBuffer(const std::shared_ptr<tcp::Context> &context, void *ptr, size_t size,
+                std::shared_ptr<AbortRegistry> registry)
+      : tcp::UnboundBuffer(context, ptr, size), registry_(std::move(registry)) {
+    registry_->add(this);
+  }
+  ~TrackedBuffer() override { registry_->remove(this); }
+
+ private:
+  std::shared_ptr<AbortRegistry> registry_;
+};
+
+class TrackingContext : public tcp::Context {
+ public:
+  TrackingContext(std::shared_ptr<tcp::Device> device, int rank, int size,
+                  std::shared_ptr<AbortRegistry> registry)
+      : tcp::Context(std::move(device), rank, size), registry_(std::move(registry)) {}
+
+  std::unique_ptr<gloo::transport::UnboundBuffer> createUnboundBuffer(void *ptr,
+                                                                      size_t size) override {
+    return std::make_unique<TrackedBuffer>(shared_from_this(), ptr, size, registry_);
+  }
+
+  // Gloo's own reaction to a timeout: every pair gets the exception and is closed.
+  void poison(const std::string &msg) { signalException(msg); }
+
+ private:
+  std::shared_ptr<AbortRegistry> registry_;
+};
+
+class TrackingDevice : public tcp::Device {
+ public:
+  TrackingDevice(const tcp::attr &attr, std::shared_ptr<AbortRegistry> registry)
+      : tcp::Device(attr), registry_(std::move(registry)) {}
+
+  std::shared_ptr<gloo::transport::Context> createContext(int rank, int size) override {
+    auto context = std::make_shared<TrackingContext>(
+        std::static_pointer_cast<tcp::Device>(shared_from_this()), rank, size, registry_);
+    // Weak: the context owns the device, the registry must not own the context.
+    std::weak_ptr<TrackingContext> weak = context;
+    registry_->set_poison([weak](const std::string &msg) {
+      if (auto c = weak.lock()) c->poison(msg);
+    });
+    return context;
+  }
+
+ private:
+  std::shared_ptr<AbortRegistry> registry_;
+};
+
+std::string this_hostname() {
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) != 0) return "localhost";
+  return name;
+}
+
+}  // namespace
+
+std::shared_ptr<gloo::transport::Device> create_device(
+    const TransportSettings &settings, const std::shared_ptr<AbortRegistry> &registry) {
+  if (settings.kind == "ibverbs") {
+    gloo::transport::ibverbs::attr attr;
+    attr.name = settings.ib_device;
+    attr.port = 1;
+    attr.index = 0;
+    std::vector<std::string> names;
+    try {
+      names = gloo::transport::ibverbs::getDeviceNames();
+    } catch (const std::exception &) {
+      names.clear();
+    }
+    if (names.empty()) {
+      throw kit::Error(MNCL_ERR_NOT_SUPPORTED,
+                       "gloo: MNCL_GLOO_TRANSPORT=ibverbs, but no InfiniBand/RoCE device was "
+                       "found (no /sys/class/infiniband entry usable by libibverbs); unset it "
+                       "to use TCP");
+    }
+    try {
+      return gloo::transport::ibverbs::CreateDevice(attr);
+    } catch (const std::exception &e) {
+      throw kit::Error(MNCL_ERR_NOT_SUPPORTED,
+                       kit::format("gloo: MNCL_GLOO_TRANSPORT=ibverbs: cannot open device '%s' "
+                                   "(MNCL_GLOO_IB_DEVICE): %s",
+                                   attr.name.empty() ? names[0].c_str() : attr.name.c_str(),
+                                   e.what()));
+    }
+  }
+  if (settings.kind != "tcp") {
+    throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
+                     kit::format("gloo: MNCL_GLOO_TRANSPORT='%s' is not a transport "
+                                 "(expected tcp or ibverbs)",
+                                 settings.kind.c_str()));
+  }
+  tcp::attr attr;
+  const char *what = "";
+  if (!settings.iface.empty()) {
+    attr.iface = settings.iface;
+    what = "network interface (MNCL_GLOO_IFACE)";
+  } else if (settings.loopback) {
+    attr.hostname = "127.0.0.1";  // a single host: no need to trust name resolution
+    what = "loopback address";
+  } else {
+    attr.hostname = this_hostname();
+    what = "host name (set MNCL_GLOO_IFACE to choose an interface)";
+  }
+  try {
+    return std::make_shared<TrackingDevice>(tcp::CreateDeviceAttr(attr), registry);
+  } catch (const std::exception &e) {
+    const std::string &name = attr.iface.empty() ? attr.hostname : attr.iface;
+    throw kit::Error(MNCL_ERR_SYSTEM, kit::format("gloo: cannot bind to %s '%s': %s", what,
+                                                  name.c_str(), e.what()));
+  }
+}
+
+}  // namespace mncl::gloo_plugin

@@ -1,0 +1,66 @@
+// Gloo transport devices for the plugin, and the hooks that make a blocked operation abortable.
+//
+// Abort (mncl_comm_abort from another thread) has to wake a thread that sits inside a Gloo
+// collective, waiting on a condition variable of some transport::UnboundBuffer — often a
+// temporary one the collective allocated itself. Gloo offers two public levers, neither enough
+// alone:
+//   - tcp::Context::signalException(msg) (protected; what Gloo itself calls on a timeout) sets
+//     an IoException on every pair, wakes every *pending* buffer of every pair and closes the
+//     sockets, so peers see the connection drop and fail fast too. A buffer whose transfer is
+//     already half-read, or a send queued in the pair's tx queue, is not woken by it.
+//   - UnboundBuffer::abortWaitRecv/abortWaitSend make the current wait return false, but only
+//     on buffers one can reach.
+// So the TCP device here is a thin subclass whose contexts hand out tracked unbound buffers
+// (every buffer Gloo creates, internal ones included, is registered while alive). Abort first
+// poisons the context, then keeps aborting the waits of all live buffers until the operation
+// has left Gloo: any wait returns at once, and the next send/recv in the collective throws the
+// poisoned pair's exception. Everything used is public or protected API of libgloo.
+#pragma once
+
+#include <gloo/transport/device.h>
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_set>
+
+namespace gloo::transport::tcp {
+class UnboundBuffer;
+}
+
+namespace mncl::gloo_plugin {
+
+// Live unbound buffers of one communicator, and a handle on its transport context.
+class AbortRegistry {
+ public:
+  void add(gloo::transport::tcp::UnboundBuffer *buf);
+  void remove(gloo::transport::tcp::UnboundBuffer *buf);
+  // Makes the current (and any racing) waitRecv/waitSend on every live buffer return false.
+  void abort_waits();
+  // Sets an IoException with `msg` on every pair of the context and closes its sockets.
+  void poison(const std::string &msg);
+
+  // Set by the device when the communicator's transport context is created.
+  void set_poison(std::function<void(const std::string &)> fn);
+
+ private:
+  std::mutex mutex_;
+  std::unordered_set<gloo::transport::tcp::UnboundBuffer *> live_;
+  std::function<void(const std::string &)> poison_;
+};
+
+struct TransportSettings {
+  std::string kind = "tcp";  // "tcp" or "ibverbs" (MNCL_GLOO_TRANSPORT)
+  std::string iface;         // MNCL_GLOO_IFACE
+  std::string ib_device;     // MNCL_GLOO_IB_DEVICE ("" = first device)
+  bool loopback = false;     // every rank on this host: bind 127.0.0.1
+};
+
+// Creates the device, throwing kit::Error with a message naming the variable at fault.
+// `registry` is filled for TCP; for ibverbs it stays empty (abort then waits for the op's
+// timeout, see the README note in gloo_comm.h).
+std::shared_ptr<gloo::transport::Device> create_device(
+    const TransportSettings &settings, const std::shared_ptr<AbortRegistry> &registry);
+
+}  // namespace mncl::gloo_plugin

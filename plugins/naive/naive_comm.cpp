@@ -1,0 +1,437 @@
+#include "naive/naive_comm.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/dtype.h"
+#include "common/host.h"
+#include "common/reduce.h"
+
+namespace mncl::naive {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+const char *kind_name(int32_t kind) {
+  switch (kind) {
+    case MNCL_COLL_ALLREDUCE:
+      return "allreduce";
+    case MNCL_COLL_REDUCE:
+      return "reduce";
+    case MNCL_COLL_BCAST:
+      return "bcast";
+    case MNCL_COLL_SCATTER:
+      return "scatter";
+    case MNCL_COLL_GATHER:
+      return "gather";
+    case MNCL_COLL_ALLGATHER:
+      return "allgather";
+    case MNCL_COLL_REDUCE_SCATTER:
+      return "reduce_scatter";
+    case MNCL_COLL_ALLTOALL:
+      return "alltoall";
+    case MNCL_COLL_BARRIER:
+      return "barrier";
+    case MNCL_COLL_SEND:
+      return "send";
+    case MNCL_COLL_RECV:
+      return "recv";
+    case MNCL_COLL_ALLREDUCE_COALESCED:
+      return "allreduce_coalesced";
+    default:
+      return "unknown collective";
+  }
+}
+
+bool is_reduction(int32_t kind) {
+  return kind == MNCL_COLL_ALLREDUCE || kind == MNCL_COLL_REDUCE ||
+         kind == MNCL_COLL_REDUCE_SCATTER || kind == MNCL_COLL_ALLREDUCE_COALESCED;
+}
+
+// Block i of a buffer of equal blocks.
+const unsigned char *block(const void *buf, size_t i, size_t len) {
+  return static_cast<const unsigned char *>(buf) + i * len;
+}
+unsigned char *block(void *buf, size_t i, size_t len) {
+  return static_cast<unsigned char *>(buf) + i * len;
+}
+
+// In-place forms hand us the same pointer as source and destination: nothing to copy then.
+void copy_block(void *dst, const void *src, size_t len) {
+  if (dst != src && len > 0) std::memcpy(dst, src, len);
+}
+
+std::string rank_list(const std::vector<int> &ranks) {
+  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i > 0) out += ", ";
+    out += std::to_string(ranks[i]);
+  }
+  return out;
+}
+
+}  // namespace
+
+// The collective in progress: what error messages name, and its deadline.
+struct Comm::Op {
+  const char *name;  // "allreduce"
+  std::string noun;  // what other ranks owe us, for messages: "contribution", "message #3"
+  uint64_t seq;      // the core's number, for messages
+  uint64_t key_id;   // <k>, the collective's number in store keys
+  int64_t timeout_ms;
+  Clock::time_point deadline;
+
+  std::string key(const std::string &suffix) const { return std::to_string(key_id) + "/" + suffix; }
+  std::string where() const {
+    return kit::format("naive %s #%llu", name, static_cast<unsigned long long>(seq));
+  }
+  int64_t remaining_ms() const {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    return std::max<int64_t>(0, left.count());
+  }
+};
+
+Comm::Comm(const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host)
+    : host_(host),
+      store_(bs.store),
+      rank_(bs.rank),
+      size_(bs.size),
+      default_timeout_ms_(bs.timeout_ms > 0 ? bs.timeout_ms : 300000),
+      sent_(static_cast<size_t>(bs.size), 0),
+      received_(static_cast<size_t>(bs.size), 0) {}
+
+void Comm::execute(const mncl_coll_v1_t &c) {
+  const bool p2p = c.kind == MNCL_COLL_SEND || c.kind == MNCL_COLL_RECV;
+  Op op{kind_name(c.kind),
+        "contribution",
+        c.seq,
+        p2p ? 0 : next_collective_++,
+        c.timeout_ms > 0 ? c.timeout_ms : default_timeout_ms_,
+        Clock::time_point()};
+  op.deadline = Clock::now() + std::chrono::milliseconds(op.timeout_ms);
+  if (aborted_.load()) {
+    throw kit::Error(MNCL_ERR_ABORTED, op.where() + ": the communicator was aborted");
+  }
+  // The core validated the descriptor; these checks only keep a bad caller from corrupting
+  // memory when the plugin is driven directly (as its unit test does).
+  if (c.kind != MNCL_COLL_BARRIER && kit::dtype_size(c.dtype) == 0) {
+    throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
+                     kit::format("%s: unknown dtype %d", op.where().c_str(), c.dtype));
+  }
+  if (is_reduction(c.kind) && (c.op < MNCL_SUM || c.op > MNCL_AVG)) {
+    throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
+                     kit::format("%s: unknown op %d", op.where().c_str(), c.op));
+  }
+  MNCL_KIT_LOG(host_, MNCL_LOG_TRACE, "%s: rank %d/%d %s %s count %zu root %d", op.where().c_str(),
+               rank_, size_, kit::dtype_name(c.dtype),
+               is_reduction(c.kind) ? kit::op_name(c.op) : "-", c.count, c.root);
+
+  switch (c.kind) {
+    case MNCL_COLL_ALLREDUCE:
+      return allreduce(op, c);
+    case MNCL_COLL_REDUCE:
+      return reduce(op, c);
+    case MNCL_COLL_BCAST:
+      return bcast(op, c);
+    case MNCL_COLL_SCATTER:
+      return scatter(op, c);
+    case MNCL_COLL_GATHER:
+      return gather(op, c);
+    case MNCL_COLL_ALLGATHER:
+      return allgather(op, c);
+    case MNCL_COLL_REDUCE_SCATTER:
+      return reduce_scatter(op, c);
+    case MNCL_COLL_ALLTOALL:
+      return alltoall(op, c);
+    case MNCL_COLL_BARRIER:
+      return barrier(op);
+    case MNCL_COLL_SEND:
+      return send(op, c);
+    case MNCL_COLL_RECV:
+      return recv(op, c);
+    case MNCL_COLL_ALLREDUCE_COALESCED:
+      return allreduce_coalesced(op, c);
+    default:
+      throw kit::Error(MNCL_ERR_NOT_SUPPORTED,
+                       kit::format("naive: collective kind %d is not supported", c.kind));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Data-movement patterns
+// ---------------------------------------------------------------------------------------------
+
+// Everyone publishes `mine` under <k>/r<rank> and calls use(src, data) for every rank's
+// contribution in rank order (its own without a round trip).
+template <typename Use>
+void Comm::exchange_shared(Op &op, const void *mine, size_t len, Use use) {
+  auto key_of = [&](int src) { return op.key("r" + std::to_string(src)); };
+  if (size_ > 1) store_.set(key_of(rank_), mine, len);
+  read_in_rank_order(op, mine, len, key_of, /*delete_after=*/false, use);
+  if (size_ == 1) return;
+  std::vector<std::string> keys;
+  for (int r = 0; r < size_; ++r) keys.push_back(key_of(r));
+  done_reading(op, size_, keys);  // every rank reads the others' keys
+}
+
+// Calls use(src, data) for src = 0 .. size-1: `mine` for this rank, otherwise the `len` bytes
+// stored under key_of(src). delete_after: the key has no other reader, delete it once read.
+template <typename KeyOf, typename Use>
+void Comm::read_in_rank_order(Op &op, const void *mine, size_t len, KeyOf key_of, bool delete_after,
+                              Use use) {
+  for (int src = 0; src < size_; ++src) {
+    if (src == rank_) {
+      use(src, mine);
+      continue;
+    }
+    const std::string key = key_of(src);
+    Value value;
+    const mncl_status_t st = store_.get(key, op.remaining_ms(), &value);
+    if (st != MNCL_OK) {
+      // Name every rank still missing, not only the first one, to point at the culprit(s).
+      std::vector<int> missing{src};
+      for (int later = src + 1; st == MNCL_ERR_TIMEOUT && later < size_; ++later) {
+        if (later != rank_ && store_.exists(key_of(later)) != MNCL_OK) missing.push_back(later);
+      }
+      throw_missing(op, st, missing);
+    }
+    check_length(op, src, value, len);
+    use(src, value.data());
+    if (delete_after) store_.del(key);
+  }
+}
+
+// The `len` bytes that rank src stored under key (not deleted: the caller decides).
+Value Comm::read_one(Op &op, int src, const std::string &key, size_t len) {
+  Value value;
+  const mncl_status_t st = store_.get(key, op.remaining_ms(), &value);
+  if (st != MNCL_OK) throw_missing(op, st, {src});
+  check_length(op, src, value, len);
+  return value;
+}
+
+// Called by each of the `readers` ranks once it has read all of `keys`: the last one to get
+// here deletes them, and the counter, so nothing outlives the op. One add per rank.
+void Comm::done_reading(Op &op, int readers, const std::vector<std::string> &keys) {
+  if (readers == 1) {  // the only reader needs no counter
+    for (const std::string &k : keys) store_.del(k);
+    return;
+  }
+  const std::string counter = op.key("n");
+  if (store_.add(counter, 1) == readers) {
+    for (const std::string &k : keys) store_.del(k);
+    store_.del(counter);
+  }
+}
+
+// A size mismatch means the ranks disagree on count or dtype: say so rather than overrun.
+void Comm::check_length(const Op &op, int src, const Value &value, size_t len) const {
+  if (value.size() == len) return;
+  throw kit::Error(MNCL_ERR_REMOTE,
+                   kit::format("%s: rank %d sent %zu bytes where rank %d expects %zu (do count "
+                               "and dtype agree on every rank?)",
+                               op.where().c_str(), src, value.size(), rank_, len));
+}
+
+void Comm::throw_missing(Op &op, mncl_status_t st, std::vector<int> missing) {
+  if (st == MNCL_ERR_ABORTED) {
+    throw kit::Error(MNCL_ERR_ABORTED,
+                     kit::format("%s: communicator aborted while waiting for the %s of %s",
+                                 op.where().c_str(), op.noun.c_str(), rank_list(missing).c_str()));
+  }
+  throw kit::Error(
+      MNCL_ERR_TIMEOUT,
+      kit::format("%s: no %s from %s within %.1f s", op.where().c_str(), op.noun.c_str(),
+                  rank_list(missing).c_str(), static_cast<double>(op.timeout_ms) / 1000.0));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Collectives. A zero-byte collective moves nothing (every rank sees the same count), so it
+// returns at once; send/recv of zero elements still exchange a message to keep pairs in order.
+// ---------------------------------------------------------------------------------------------
+
+void Comm::allreduce(Op &op, const mncl_coll_v1_t &c) {
+  const size_t len = c.count * kit::dtype_size(c.dtype);
+  if (len == 0) return;
+  kit::Accumulator acc(c.dtype, c.op, c.count);
+  exchange_shared(op, c.sendbuf, len, [&](int, const void *data) { acc.add(data); });
+  acc.finish(c.recvbuf, size_);  // in place is fine: the accumulator is a separate buffer
+}
+
+// One allreduce over all buffers packed end to end: one exchange instead of nbufs.
+void Comm::allreduce_coalesced(Op &op, const mncl_coll_v1_t &c) {
+  const size_t esize = kit::dtype_size(c.dtype);
+  size_t total = 0;
+  for (size_t i = 0; i < c.nbufs; ++i) total += c.counts[i];
+  if (total == 0) return;
+  std::vector<unsigned char> packed(total * esize);
+  for (size_t i = 0, off = 0; i < c.nbufs; off += c.counts[i] * esize, ++i) {
+    copy_block(packed.data() + off, c.sendbufs[i], c.counts[i] * esize);
+  }
+  kit::Accumulator acc(c.dtype, c.op, total);
+  exchange_shared(op, packed.data(), packed.size(), [&](int, const void *data) { acc.add(data); });
+  acc.finish(packed.data(), size_);  // our own input is consumed by now: reuse its buffer
+  for (size_t i = 0, off = 0; i < c.nbufs; off += c.counts[i] * esize, ++i) {
+    copy_block(c.recvbufs[i], packed.data() + off, c.counts[i] * esize);
+  }
+}
+
+void Comm::reduce(Op &op, const mncl_coll_v1_t &c) {
+  const size_t len = c.count * kit::dtype_size(c.dtype);
+  if (len == 0) return;
+  auto key_of = [&](int src) { return op.key(kit::format("%d>%d", src, c.root)); };
+  if (rank_ != c.root) {
+    store_.set(key_of(rank_), c.sendbuf, len);
+    return;
+  }
+  kit::Accumulator acc(c.dtype, c.op, c.count);
+  read_in_rank_order(op, c.sendbuf, len, key_of, /*delete_after=*/true,
+                     [&](int, const void *data) { acc.add(data); });
+  acc.finish(c.recvbuf, size_);
+}
+
+void Comm::bcast(Op &op, const mncl_coll_v1_t &c) {
+  const size_t len = c.count * kit::dtype_size(c.dtype);
+  if (len == 0 || size_ == 1) return;
+  op.noun = "data";
+  const std::string key = op.key("r" + std::to_string(c.root));
+  if (rank_ == c.root) {
+    store_.set(key, c.recvbuf, len);  // BCAST uses recvbuf only
+    return;
+  }
+  Value value = read_one(op, c.root, key, len);
+  std::memcpy(c.recvbuf, value.data(), len);
+  done_reading(op, size_ - 1, {key});
+}
+
+void Comm::scatter(Op &op, const mncl_coll_v1_t &c) {
+  const size_t len = c.count * kit::dtype_size(c.dtype);
+  if (len == 0) return;
+  op.noun = "data";
+  auto key_of = [&](int dst) { return op.key(kit::format("%d>%d", c.root, dst)); };
+  if (rank_ == c.root) {
+    for (int dst = 0; dst < size_; ++dst) {
+      if (dst != rank_) store_.set(key_of(dst), block(c.sendbuf, dst, len), len);
+    }
+    copy_block(c.recvbuf, block(c.sendbuf, rank_, len), len);
+    return;
+  }
+  const std::string key = key_of(rank_);
+  Value value = read_one(op, c.root, key, len);
+  std::memcpy(c.recvbuf, value.data(), len);
+  store_.del(key);
+}
+
+void Comm::gather(Op &op, const mncl_coll_v1_t &c) {
+  const size_t len = c.count * kit::dtype_size(c.dtype);
+  if (len == 0) return;
+  auto key_of = [&](int src) { return op.key(kit::format("%d>%d", src, c.root)); };
+  if (rank_ != c.root) {
+    store_.set(key_of(rank_), c.sendbuf, len);
+    return;
+  }
+  read_in_rank_order(
+      op, c.sendbuf, len, key_of, /*delete_after=*/true,
+      [&](int src, const void *data) { copy_block(block(c.recvbuf, src, len), data, len); });
+}
+
+void Comm::allgather(Op &op, const mncl_coll_v1_t &c) {
+  const size_t len = c.count * kit::dtype_size(c.dtype);
+  if (len == 0) return;
+  exchange_shared(op, c.sendbuf, len, [&](int src, const void *data) {
+    copy_block(block(c.recvbuf, src, len), data, len);
+  });
+}
+
+void Comm::reduce_scatter(Op &op, const mncl_coll_v1_t &c) {
+  const size_t len = c.count * kit::dtype_size(c.dtype);  // count is the per-rank recvcount
+  if (len == 0) return;
+  auto key_of = [&](int src, int dst) { return op.key(kit::format("%d>%d", src, dst)); };
+  for (int dst = 0; dst < size_; ++dst) {
+    if (dst != rank_) store_.set(key_of(rank_, dst), block(c.sendbuf, dst, len), len);
+  }
+  kit::Accumulator acc(c.dtype, c.op, c.count);
+  read_in_rank_order(
+      op, block(c.sendbuf, rank_, len), len, [&](int src) { return key_of(src, rank_); },
+      /*delete_after=*/true, [&](int, const void *data) { acc.add(data); });
+  acc.finish(c.recvbuf, size_);
+}
+
+void Comm::alltoall(Op &op, const mncl_coll_v1_t &c) {
+  const size_t len = c.count * kit::dtype_size(c.dtype);
+  if (len == 0) return;
+  auto key_of = [&](int src, int dst) { return op.key(kit::format("%d>%d", src, dst)); };
+  // Everything goes out before anything comes in, which is what makes in place safe.
+  for (int dst = 0; dst < size_; ++dst) {
+    if (dst != rank_) store_.set(key_of(rank_, dst), block(c.sendbuf, dst, len), len);
+  }
+  read_in_rank_order(
+      op, block(c.sendbuf, rank_, len), len, [&](int src) { return key_of(src, rank_); },
+      /*delete_after=*/true,
+      [&](int src, const void *data) { copy_block(block(c.recvbuf, src, len), data, len); });
+}
+
+// Arrive: add 1 to <k>/n; the rank that makes it `size` opens <k>/go. Leave: add 1 again;
+// the rank that makes it 2*size knows everyone has seen go and deletes both keys.
+void Comm::barrier(Op &op) {
+  if (size_ == 1) return;
+  const std::string counter = op.key("n");
+  const std::string go = op.key("go");
+  if (store_.add(counter, 1) == size_) {
+    store_.set(go, "1", 1);
+  } else {
+    Value value;
+    const mncl_status_t st = store_.get(go, op.remaining_ms(), &value);
+    if (st == MNCL_ERR_ABORTED) {
+      throw kit::Error(MNCL_ERR_ABORTED,
+                       op.where() + ": communicator aborted while waiting for the other ranks");
+    }
+    if (st != MNCL_OK) {
+      // The counter cannot say who is missing, only how many arrived.
+      const int64_t arrived = store_.add(counter, 0);
+      throw kit::Error(MNCL_ERR_TIMEOUT,
+                       kit::format("%s: only %lld of %d ranks arrived within %.1f s",
+                                   op.where().c_str(), static_cast<long long>(arrived), size_,
+                                   static_cast<double>(op.timeout_ms) / 1000.0));
+    }
+  }
+  if (store_.add(counter, 1) == 2 * static_cast<int64_t>(size_)) {
+    store_.del(go);
+    store_.del(counter);
+  }
+}
+
+void Comm::send(Op &op, const mncl_coll_v1_t &c) {
+  const int peer = c.root;
+  if (peer < 0 || peer >= size_ || peer == rank_) {
+    throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
+                     kit::format("%s: bad peer %d", op.where().c_str(), peer));
+  }
+  const size_t len = c.count * kit::dtype_size(c.dtype);
+  const uint64_t k = sent_[static_cast<size_t>(peer)];
+  static const char kEmpty = 0;  // a valid pointer for an empty message
+  store_.set(kit::format("p%d>%d/%llu", rank_, peer, static_cast<unsigned long long>(k)),
+             len > 0 ? c.sendbuf : &kEmpty, len);
+  ++sent_[static_cast<size_t>(peer)];
+}
+
+void Comm::recv(Op &op, const mncl_coll_v1_t &c) {
+  const int peer = c.root;
+  if (peer < 0 || peer >= size_ || peer == rank_) {
+    throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
+                     kit::format("%s: bad peer %d", op.where().c_str(), peer));
+  }
+  const size_t len = c.count * kit::dtype_size(c.dtype);
+  const uint64_t k = received_[static_cast<size_t>(peer)];
+  op.noun = kit::format("message #%llu", static_cast<unsigned long long>(k));
+  const std::string key =
+      kit::format("p%d>%d/%llu", peer, rank_, static_cast<unsigned long long>(k));
+  Value value = read_one(op, peer, key, len);
+  if (len > 0) std::memcpy(c.recvbuf, value.data(), len);
+  store_.del(key);
+  ++received_[static_cast<size_t>(peer)];
+}
+
+}  // namespace mncl::naive

@@ -1,0 +1,96 @@
+// The naive backend's communicator: every collective implemented on the bootstrap store alone.
+//
+// It is the reference ("oracle") backend, so it chooses the obviously correct algorithm every
+// time: contributions go into the store, every rank reads what it needs and combines it in rank
+// order. Reductions are therefore bit-identical on every rank and across runs; fp16/bf16 are
+// summed in float32 in rank order and rounded once.
+//
+// Store keys (the core prefixes them with the communicator's namespace):
+//   <k>/r<src>        rank src's contribution, read by every other rank   (allreduce, allgather,
+//                     allreduce_coalesced; bcast uses <k>/r<root>)
+//   <k>/<src>><dst>   a block from src for dst only         (reduce, gather, scatter, alltoall,
+//                     reduce_scatter)
+//   <k>/n             counter of ranks done reading the shared keys of collective <k>; barrier
+//   <k>/go            barrier release
+//   p<src>><dst>/<m>  the m-th send from src to dst (m counts per ordered pair, from 0)
+// <k> numbers this communicator's collectives (SEND/RECV excluded) from 0. Collectives are issued
+// in the same order on every rank (mncl.h), so <k> agrees everywhere and ops never collide. It is
+// counted here rather than taken from mncl_coll_v1_t.seq because seq also advances on SEND/RECV,
+// which only two ranks see; error messages still quote seq, as the core's own messages do.
+//
+// Cleanup (nothing may stay in the store once every reader has its data):
+//   - a key with one reader (<src>><dst>, p2p) is deleted by that reader right after reading;
+//   - keys with several readers: each reader increments <k>/n once it has read all it needs;
+//     the one that brings it to the number of readers deletes the keys and the counter;
+//   - barrier: the counter goes to 2*size (arrive, then leave); whoever reaches 2*size deletes.
+// After a failure (timeout, abort) the keys of that op may remain: the communicator is unusable
+// then anyway. A send never matched by a recv also stays, as in MPI.
+#pragma once
+
+#include <mncl/mncl_plugin.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "naive/store_client.h"
+
+namespace mncl::naive {
+
+class Comm {
+ public:
+  Comm(const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host);
+
+  // Runs one collective to completion. Throws kit::Error (status + message) on failure.
+  void execute(const mncl_coll_v1_t &coll);
+  // Any thread: makes later calls fail. A call blocked in the store is woken by the core, whose
+  // store callbacks return MNCL_ERR_ABORTED once the communicator is aborted.
+  void abort() { aborted_.store(true); }
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+ private:
+  struct Op;  // the collective being run: name, numbers, deadline (naive_comm.cpp)
+
+  // One implementation per collective kind.
+  void allreduce(Op &op, const mncl_coll_v1_t &c);
+  void allreduce_coalesced(Op &op, const mncl_coll_v1_t &c);
+  void reduce(Op &op, const mncl_coll_v1_t &c);
+  void bcast(Op &op, const mncl_coll_v1_t &c);
+  void scatter(Op &op, const mncl_coll_v1_t &c);
+  void gather(Op &op, const mncl_coll_v1_t &c);
+  void allgather(Op &op, const mncl_coll_v1_t &c);
+  void reduce_scatter(Op &op, const mncl_coll_v1_t &c);
+  void alltoall(Op &op, const mncl_coll_v1_t &c);
+  void barrier(Op &op);
+  void send(Op &op, const mncl_coll_v1_t &c);
+  void recv(Op &op, const mncl_coll_v1_t &c);
+
+  // The data-movement patterns the collectives are built from.
+  template <typename Use>
+  void exchange_shared(Op &op, const void *mine, size_t len, Use use);
+  template <typename KeyOf, typename Use>
+  void read_in_rank_order(Op &op, const void *mine, size_t len, KeyOf key_of, bool delete_after,
+                          Use use);
+  Value read_one(Op &op, int src, const std::string &key, size_t len);
+  void done_reading(Op &op, int readers, const std::vector<std::string> &keys);
+  void check_length(const Op &op, int src, const Value &value, size_t len) const;
+  [[noreturn]] void throw_missing(Op &op, mncl_status_t st, std::vector<int> missing);
+
+  const mncl_host_v1_t *host_;
+  StoreClient store_;
+  int rank_;
+  int size_;
+  int64_t default_timeout_ms_;
+  std::atomic<bool> aborted_{false};
+  uint64_t next_collective_ = 0;  // <k> of the next collective (see the key scheme above)
+  // Point-to-point message numbers per peer, so messages between a pair match in issue order.
+  std::vector<uint64_t> sent_;
+  std::vector<uint64_t> received_;
+};
+
+}  // namespace mncl::naive

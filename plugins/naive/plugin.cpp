@@ -1,0 +1,107 @@
+// libmncl-naive.so: the reference backend, and the template for writing a plugin.
+//
+// A plugin is this file plus its algorithms: a handful of extern "C"-compatible functions with
+// the signatures of mncl_plugin_v1_t, and the one exported table at the bottom. Each function
+// turns C++ exceptions into a status with kit::guard, because nothing may be thrown across the
+// ABI. Build with mncl_add_plugin(<name> SOURCES ...), which hides every other symbol.
+#include <mncl/mncl_plugin.h>
+
+#include <cstdint>
+
+#include "common/dtype.h"
+#include "common/host.h"
+#include "naive/naive_comm.h"
+
+namespace {
+
+using mncl::naive::Comm;
+namespace kit = mncl::kit;
+
+// The host services from init(); init/finalize are serialized, communicators come after init.
+const mncl_host_v1_t *g_host = nullptr;
+
+mncl_status_t naive_init(const mncl_host_v1_t *host) {
+  if (!kit::host_is_usable(host)) return MNCL_ERR_PLUGIN;  // cannot even report why
+  g_host = host;
+  MNCL_KIT_LOG(g_host, MNCL_LOG_INFO, "naive 0.1.0: reference backend over the bootstrap store");
+  return MNCL_OK;
+}
+
+void naive_finalize(void) {
+  g_host = nullptr;
+}
+
+// Always usable (it needs nothing but the store), but slow: every other backend should win.
+mncl_status_t naive_probe(const mncl_probe_v1_t *info, int32_t *score, char *reason,
+                          size_t reason_len) {
+  (void)info;
+  *score = 10;
+  kit::copy_cstr(reason, reason_len, "");
+  return MNCL_OK;
+}
+
+mncl_status_t naive_comm_create(const mncl_bootstrap_v1_t *bs, void **comm) {
+  return kit::guard(g_host, "naive comm_create", [&] {
+    // Defensive: the core checks these, but a bad table here would crash on first use.
+    if (bs == nullptr || bs->struct_size < sizeof(mncl_bootstrap_v1_t) || bs->store == nullptr ||
+        bs->store->struct_size < sizeof(mncl_store_v1_t) || bs->size < 1 || bs->rank < 0 ||
+        bs->rank >= bs->size) {
+      return kit::report(g_host, MNCL_ERR_INVALID_ARGUMENT,
+                         "naive comm_create: invalid bootstrap descriptor");
+    }
+    // No rendezvous needed: the core has already brought the ranks together, and the store
+    // is all this backend ever talks through.
+    *comm = new Comm(*bs, g_host);
+    MNCL_KIT_LOG(g_host, MNCL_LOG_INFO, "naive: comm '%s' rank %d of %d created",
+                 bs->comm_id ? bs->comm_id : "?", bs->rank, bs->size);
+    return MNCL_OK;
+  });
+}
+
+// Local: each op's keys are deleted by its last reader, so there is nothing left to clean up.
+mncl_status_t naive_comm_destroy(void *comm) {
+  delete static_cast<Comm *>(comm);
+  return MNCL_OK;
+}
+
+mncl_status_t naive_comm_abort(void *comm) {
+  static_cast<Comm *>(comm)->abort();
+  return MNCL_OK;
+}
+
+mncl_status_t naive_execute(void *comm, const mncl_coll_v1_t *coll) {
+  return kit::guard(g_host, "naive execute", [&] {
+    static_cast<Comm *>(comm)->execute(*coll);
+    return MNCL_OK;
+  });
+}
+
+// Every kind, the coalesced allreduce included (one packed exchange instead of a loop).
+constexpr uint32_t kCollMask = MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED);
+
+}  // namespace
+
+// The one exported symbol. Positional initializers (C++17 has no designated ones): keep the
+// field comments in sync with mncl_plugin_v1.h.
+MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = {
+    sizeof(mncl_plugin_v1_t),  // struct_size
+    MNCL_PLUGIN_MAGIC,         // magic
+    MNCL_PLUGIN_ABI_V1,        // abi_version
+    "naive",                   // name
+    "0.1.0",                   // version
+    MNCL_CAP_HOST_MEMORY,      // caps: host buffers, blocking execute only
+    kCollMask,                 // coll_mask
+    kit::kAllDtypesMask,       // dtype_mask
+    kit::kAllOpsMask,          // op_mask
+    0,                         // reserved0
+    naive_init,                // init
+    naive_finalize,            // finalize
+    naive_probe,               // probe
+    naive_comm_create,         // comm_create
+    naive_comm_destroy,        // comm_destroy
+    naive_comm_abort,          // comm_abort
+    nullptr,                   // comm_split: the core's split + comm_create is all we need
+    naive_execute,             // execute
+    nullptr,                   // post: no native async (no MNCL_CAP_NATIVE_ASYNC)
+    nullptr,                   // test
+};
