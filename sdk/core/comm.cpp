@@ -195,6 +195,7 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
   comm->plugin_store_ = std::make_unique<StoreBridge>(
       bootstrap::make_prefix_store(comm->job_store_, comm->id_ + "/p/"), &comm->aborted_);
   comm->create_plugin_comm(comm->bootstrap_for_plugin(), nullptr, 0, 0);
+  comm->created_ = true;
   MNCL_INFO("communicator %s ready: rank %d of %d on backend %s (%d host%s)", comm->id_.c_str(),
             comm->rank_, comm->size_, comm->backend().c_str(), comm->num_hosts_,
             comm->num_hosts_ > 1 ? "s" : "");
@@ -433,7 +434,7 @@ bool Comm::wait(Operation &op, int64_t timeout_ms) {
 
 void Comm::abort() {
   if (aborted_.exchange(true)) return;  // a second abort is harmless
-  MNCL_WARN("communicator %s aborted on rank %d", id_.c_str(), rank_);
+  MNCL_INFO("communicator %s aborted on rank %d", id_.c_str(), rank_);
   if (plugin_comm_ != nullptr) {
     if (table_->comm_abort(plugin_comm_) != MNCL_OK) {
       MNCL_WARN("backend %s: comm_abort failed: %s", backend().c_str(), last_error());
@@ -508,6 +509,7 @@ std::unique_ptr<Comm> Comm::split(int color, int key) {
   child->plugin_store_ = std::make_unique<StoreBridge>(
       bootstrap::make_prefix_store(job_store_, child->id_ + "/p/"), &child->aborted_);
   child->create_plugin_comm(child->bootstrap_for_plugin(), plugin_comm_, color, key);
+  child->created_ = true;
   MNCL_INFO("split %s -> %s: rank %d of %d", id_.c_str(), child->id_.c_str(), child->rank_,
             child->size_);
   return child;
@@ -535,7 +537,7 @@ void Comm::destroy() {
   }
   // Leave protocol: rank 0 removes the communicator's keys once every rank is done with them
   // (and, on the job's rank 0, keeps the store server up until then).
-  if (comm_store_ && !aborted_.load()) {
+  if (comm_store_ && created_ && !aborted_.load()) {
     try {
       const std::string mine = "leave/" + std::to_string(rank_);
       comm_store_->set(mine, "1", 1);

@@ -92,6 +92,7 @@ class Comm {
 
   std::atomic<bool> aborted_{false};
   std::atomic<bool> destroyed_{false};
+  bool created_ = false;  // false while create/split is still failing: no leave protocol then
   uint64_t next_seq_ = 0;     // sequence number of the next collective
   std::vector<uint64_t> next_send_seq_, next_recv_seq_;  // per peer, for send/recv
   uint64_t next_split_ = 0;   // splits made from this communicator

@@ -1,0 +1,1520 @@
+// The MNCL conformance suite: an SPMD GoogleTest binary. Every rank runs the same tests in the
+// same order on one world communicator created from the environment, so the binary runs
+// unchanged under mncl-run (any backend) or mpirun:
+//
+//   mncl-run -n 4 --backend naive -- conformance_test [--gtest_filter=...]
+//
+// Only the public C API is used. Data are small integers, so every backend must produce
+// bit-exact results whatever its summation order, and buffers are compared with memcmp.
+// Rank 0 prints the usual gtest output; other ranks print only their failures and a summary
+// (MNCL_CONFORMANCE_ALL_OUTPUT=1 gives every rank the full output).
+#include <gtest/gtest.h>
+#include <mncl/mncl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+mncl_comm_t g_comm = nullptr;
+int g_rank = 0;
+int g_size = 1;
+
+constexpr mncl_dtype_t kDtypes[] = {MNCL_INT8,    MNCL_UINT8,  MNCL_INT32,   MNCL_UINT32,
+                                    MNCL_INT64,   MNCL_UINT64, MNCL_FLOAT16, MNCL_BFLOAT16,
+                                    MNCL_FLOAT32, MNCL_FLOAT64};
+constexpr mncl_op_t kOps[] = {MNCL_SUM, MNCL_PROD, MNCL_MIN, MNCL_MAX, MNCL_AVG};
+// Count 0, 1 and a prime (no power-of-two or block-size alignment for algorithms to rely on).
+constexpr size_t kCounts[] = {0, 1, 1021};
+// The multi-MiB case (6 MB of float32), run on a few dtype/op pairs per collective only: the
+// naive backend moves everything through the bootstrap store.
+constexpr size_t kLarge = 1500007;
+
+// ---------------------------------------------------------------------------------------------
+// Failure handling
+// ---------------------------------------------------------------------------------------------
+
+// A collective that failed on this rank may have succeeded on others; every later collective
+// would then pair up wrongly and wait for the timeout. So an unexpected error ends this rank
+// at once (the launcher then stops the others) instead of timing out test after test.
+[[noreturn]] void die_desynchronized(const char *call, mncl_status_t st) {
+  const char *test = "";
+  if (auto *info = ::testing::UnitTest::GetInstance()->current_test_info()) test = info->name();
+  std::fprintf(stderr,
+               "rank %d: FATAL in %s: %s returned %s: %s\n"
+               "rank %d: stopping: later collectives could no longer match across ranks\n",
+               g_rank, test, call, mncl_status_string(st), mncl_last_error(), g_rank);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(1);  // no static destructors while backend threads may still run
+}
+
+#define MNCL_CALL(call)                                 \
+  do {                                                  \
+    mncl_status_t st_ = (call);                         \
+    if (st_ != MNCL_OK) die_desynchronized(#call, st_); \
+  } while (0)
+
+// A call expected to fail locally with `status` and a message.
+#define EXPECT_MNCL_ERROR(status, call)                                          \
+  do {                                                                           \
+    mncl_status_t st_ = (call);                                                  \
+    EXPECT_EQ(st_, (status)) << #call << ": " << mncl_status_string(st_);        \
+    EXPECT_STRNE(mncl_last_error(), "") << #call << " failed without a message"; \
+  } while (0)
+
+// ---------------------------------------------------------------------------------------------
+// Data types
+// ---------------------------------------------------------------------------------------------
+
+bool is_float(mncl_dtype_t dt) {
+  return dt >= MNCL_FLOAT16;
+}
+bool is_signed(mncl_dtype_t dt) {
+  return is_float(dt) || dt == MNCL_INT8 || dt == MNCL_INT32 || dt == MNCL_INT64;
+}
+size_t elem_size(mncl_dtype_t dt) {
+  static const size_t sizes[] = {1, 1, 4, 4, 8, 8, 2, 2, 4, 8};
+  return sizes[dt];
+}
+const char *dtype_str(mncl_dtype_t dt) {
+  static const char *names[] = {"int8",   "uint8",   "int32",    "uint32",  "int64",
+                                "uint64", "float16", "bfloat16", "float32", "float64"};
+  return names[dt];
+}
+const char *op_str(mncl_op_t op) {
+  static const char *names[] = {"sum", "prod", "min", "max", "avg"};
+  return names[op];
+}
+
+// binary32 -> binary16, round to nearest even (our values are small integers: exact).
+uint16_t float_to_half(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t fexp = (x >> 23) & 0xffu;
+  uint32_t mant = x & 0x7fffffu;
+  if (fexp == 0xff) return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u : 0));
+  const int exp = static_cast<int>(fexp) - 127 + 15;
+  if (exp >= 31) return static_cast<uint16_t>(sign | 0x7c00u);
+  if (exp <= 0) {  // subnormal half (or zero)
+    if (exp < -10) return static_cast<uint16_t>(sign);
+    mant |= 0x800000u;
+    const int shift = 14 - exp;
+    uint32_t h = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1u))) ++h;
+    return static_cast<uint16_t>(sign | h);
+  }
+  uint32_t h = sign | (static_cast<uint32_t>(exp) << 10) | (mant >> 13);
+  const uint32_t rem = mant & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // a carry rounds up the exponent
+  return static_cast<uint16_t>(h);
+}
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  float f;
+  if (exp == 0) {
+    f = std::ldexp(static_cast<float>(mant), -24);
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    x |= sign;
+    std::memcpy(&f, &x, 4);
+    return f;
+  }
+  uint32_t x = sign | (exp == 31 ? 0x7f800000u | (mant << 13) : ((exp + 112) << 23) | (mant << 13));
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+
+uint16_t float_to_bf16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+float bf16_to_float(uint16_t b) {
+  const uint32_t x = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+
+// Stores logical value v as one element. Integers wrap modulo 2^bits, as MNCL's do.
+void encode(mncl_dtype_t dt, int64_t v, void *p) {
+  switch (dt) {
+    case MNCL_INT8:
+      *static_cast<int8_t *>(p) = static_cast<int8_t>(v);
+      break;
+    case MNCL_UINT8:
+      *static_cast<uint8_t *>(p) = static_cast<uint8_t>(v);
+      break;
+    case MNCL_INT32: {
+      int32_t x = static_cast<int32_t>(v);
+      std::memcpy(p, &x, 4);
+      break;
+    }
+    case MNCL_UINT32: {
+      uint32_t x = static_cast<uint32_t>(v);
+      std::memcpy(p, &x, 4);
+      break;
+    }
+    case MNCL_INT64:
+      std::memcpy(p, &v, 8);
+      break;
+    case MNCL_UINT64: {
+      uint64_t x = static_cast<uint64_t>(v);
+      std::memcpy(p, &x, 8);
+      break;
+    }
+    case MNCL_FLOAT16: {
+      uint16_t x = float_to_half(static_cast<float>(v));
+      std::memcpy(p, &x, 2);
+      break;
+    }
+    case MNCL_BFLOAT16: {
+      uint16_t x = float_to_bf16(static_cast<float>(v));
+      std::memcpy(p, &x, 2);
+      break;
+    }
+    case MNCL_FLOAT32: {
+      float x = static_cast<float>(v);
+      std::memcpy(p, &x, 4);
+      break;
+    }
+    case MNCL_FLOAT64: {
+      double x = static_cast<double>(v);
+      std::memcpy(p, &x, 8);
+      break;
+    }
+  }
+}
+
+// An element as text, for failure messages.
+std::string element_str(mncl_dtype_t dt, const void *p) {
+  std::ostringstream s;
+  switch (dt) {
+    case MNCL_INT8:
+      s << static_cast<int>(*static_cast<const int8_t *>(p));
+      break;
+    case MNCL_UINT8:
+      s << static_cast<int>(*static_cast<const uint8_t *>(p));
+      break;
+    case MNCL_INT32: {
+      int32_t x;
+      std::memcpy(&x, p, 4);
+      s << x;
+      break;
+    }
+    case MNCL_UINT32: {
+      uint32_t x;
+      std::memcpy(&x, p, 4);
+      s << x;
+      break;
+    }
+    case MNCL_INT64: {
+      int64_t x;
+      std::memcpy(&x, p, 8);
+      s << x;
+      break;
+    }
+    case MNCL_UINT64: {
+      uint64_t x;
+      std::memcpy(&x, p, 8);
+      s << x;
+      break;
+    }
+    case MNCL_FLOAT16: {
+      uint16_t x;
+      std::memcpy(&x, p, 2);
+      s << half_to_float(x);
+      break;
+    }
+    case MNCL_BFLOAT16: {
+      uint16_t x;
+      std::memcpy(&x, p, 2);
+      s << bf16_to_float(x);
+      break;
+    }
+    case MNCL_FLOAT32: {
+      float x;
+      std::memcpy(&x, p, 4);
+      s << x;
+      break;
+    }
+    case MNCL_FLOAT64: {
+      double x;
+      std::memcpy(&x, p, 8);
+      s << x;
+      break;
+    }
+  }
+  return s.str();
+}
+
+// A typed host buffer. At least one element is allocated so that count 0 still passes real,
+// distinct pointers (and in-place pointer equality stays meaningful).
+class Buf {
+ public:
+  Buf(mncl_dtype_t dt, size_t count)
+      : dt_(dt), count_(count), bytes_(std::max<size_t>(count, 1) * elem_size(dt), 0xA5) {}
+  mncl_dtype_t dtype() const { return dt_; }
+  size_t count() const { return count_; }
+  void *data() { return bytes_.data(); }
+  const void *data() const { return bytes_.data(); }
+  void *at(size_t i) { return bytes_.data() + i * elem_size(dt_); }
+  const void *at(size_t i) const { return bytes_.data() + i * elem_size(dt_); }
+  void set(size_t i, int64_t v) { encode(dt_, v, at(i)); }
+  // Element i of `src` copied into element j of this buffer.
+  void copy_from(size_t j, const Buf &src, size_t i, size_t n) {
+    if (n) std::memcpy(at(j), src.at(i), n * elem_size(dt_));
+  }
+
+ private:
+  mncl_dtype_t dt_;
+  size_t count_;
+  std::vector<uint8_t> bytes_;
+};
+
+// Compares elements [0, n) of got with want (both of want's dtype); names up to 5 mismatches.
+void expect_same(const Buf &got, size_t got_offset, const Buf &want, size_t want_offset, size_t n,
+                 const std::string &what) {
+  const size_t es = elem_size(want.dtype());
+  if (n == 0 || std::memcmp(got.at(got_offset), want.at(want_offset), n * es) == 0) return;
+  std::ostringstream msg;
+  msg << "rank " << g_rank << "/" << g_size << ": " << what << ": wrong data;";
+  size_t shown = 0, wrong = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (std::memcmp(got.at(got_offset + i), want.at(want_offset + i), es) == 0) continue;
+    ++wrong;
+    if (shown++ < 5) {
+      msg << " [" << i << "] got " << element_str(want.dtype(), got.at(got_offset + i)) << " want "
+          << element_str(want.dtype(), want.at(want_offset + i)) << ";";
+    }
+  }
+  msg << " " << wrong << " of " << n << " elements differ";
+  ADD_FAILURE() << msg.str();
+}
+void expect_same(const Buf &got, const Buf &want, const std::string &what) {
+  EXPECT_EQ(got.count(), want.count()) << what;
+  expect_same(got, 0, want, 0, std::min(got.count(), want.count()), what);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Deterministic data, per (rank, index, seed)
+// ---------------------------------------------------------------------------------------------
+
+uint64_t mix(uint64_t x) {  // splitmix64
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+uint64_t hash3(int rank, size_t i, int seed) {
+  return mix(mix(mix(static_cast<uint64_t>(seed)) ^ static_cast<uint64_t>(rank)) ^ i);
+}
+
+// Payload for data-movement collectives: distinct-looking values exact in every dtype
+// (|v| <= 125 fits int8; every integer up to 256 is exact in bfloat16).
+int64_t pattern(mncl_dtype_t dt, int rank, size_t i, int seed) {
+  const int64_t h = static_cast<int64_t>(hash3(rank, i, seed) % 251);
+  return is_signed(dt) ? h - 125 : h;
+}
+
+// Inputs of reductions, chosen per op so that every partial result is exact in every dtype
+// (fp16: integers up to 2048, bf16: up to 256), whatever the order of accumulation:
+//  SUM:  -4..4 (0..8 unsigned); |sum| <= 4*size.
+//  PROD: mostly 1, sometimes 2 (or -1 if signed); the product is +-2^k with small k.
+//  MIN/MAX: -125..125; for unsigned dtypes the negative ones wrap to values with the top bit
+//           set, which catches a backend comparing unsigned data as signed.
+//  AVG:  integers: like SUM, so truncation toward zero of negative sums is exercised.
+//        floats: size * (-2..2), so the sum is a multiple of size and the average exact.
+int64_t reduce_input(mncl_dtype_t dt, mncl_op_t op, int rank, size_t i, int seed) {
+  const uint64_t h = hash3(rank, i, seed);
+  switch (op) {
+    case MNCL_PROD: {
+      const uint64_t k = h % 8;
+      if (k == 0) return 2;
+      if (k == 1 && is_signed(dt)) return -1;
+      return 1;
+    }
+    case MNCL_MIN:
+    case MNCL_MAX: {
+      const int64_t v = static_cast<int64_t>(h % 251) - 125;
+      if (v >= 0 || is_signed(dt) || dt == MNCL_UINT64) return v;  // uint64: compared as such
+      return v + (int64_t{1} << (8 * elem_size(dt)));              // wrap into the unsigned range
+    }
+    case MNCL_AVG:
+      if (is_float(dt)) return static_cast<int64_t>(g_size) * (static_cast<int64_t>(h % 5) - 2);
+      [[fallthrough]];
+    case MNCL_SUM:
+    default:
+      return is_signed(dt) ? static_cast<int64_t>(h % 9) - 4 : static_cast<int64_t>(h % 9);
+  }
+}
+
+bool less_than(mncl_dtype_t dt, int64_t a, int64_t b) {
+  if (dt == MNCL_UINT64) return static_cast<uint64_t>(a) < static_cast<uint64_t>(b);
+  return a < b;
+}
+
+// op over ranks 0..size-1 of input(r), as the logical (unwrapped) value.
+int64_t fold(mncl_dtype_t dt, mncl_op_t op, int size, const std::function<int64_t(int)> &input) {
+  int64_t acc = input(0);
+  for (int r = 1; r < size; ++r) {
+    const int64_t v = input(r);
+    switch (op) {
+      case MNCL_SUM:
+      case MNCL_AVG:
+        acc += v;
+        break;
+      case MNCL_PROD:
+        acc *= v;
+        break;
+      case MNCL_MIN:
+        acc = less_than(dt, v, acc) ? v : acc;
+        break;
+      case MNCL_MAX:
+        acc = less_than(dt, acc, v) ? v : acc;
+        break;
+    }
+  }
+  // C++ division truncates toward zero, as MNCL's integer AVG; exact for our float data.
+  if (op == MNCL_AVG) acc /= size;
+  return acc;
+}
+
+// The reduce_input values of `rank` for elements [0, count) with seed.
+Buf reduce_data(mncl_dtype_t dt, mncl_op_t op, int rank, size_t count, int seed) {
+  Buf b(dt, count);
+  for (size_t i = 0; i < count; ++i) b.set(i, reduce_input(dt, op, rank, i, seed));
+  return b;
+}
+// The reduction over all ranks of elements [first, first + count) of reduce_data.
+Buf reduce_expected(mncl_dtype_t dt, mncl_op_t op, size_t first, size_t count, int seed) {
+  Buf b(dt, count);
+  for (size_t i = 0; i < count; ++i) {
+    b.set(i, fold(dt, op, g_size, [&](int r) { return reduce_input(dt, op, r, first + i, seed); }));
+  }
+  return b;
+}
+Buf pattern_data(mncl_dtype_t dt, int rank, size_t count, int seed) {
+  Buf b(dt, count);
+  for (size_t i = 0; i < count; ++i) b.set(i, pattern(dt, rank, i, seed));
+  return b;
+}
+
+// Distinct roots: first, middle, last.
+std::vector<int> roots() {
+  std::set<int> s = {0, g_size / 2, g_size - 1};
+  return {s.begin(), s.end()};
+}
+
+std::string describe(const char *coll, mncl_dtype_t dt, size_t count, const char *extra = "") {
+  std::ostringstream s;
+  s << coll << " " << dtype_str(dt) << " count " << count << extra;
+  return s.str();
+}
+std::string where(int root, bool in_place) {
+  return std::string(" root ") + std::to_string(root) + (in_place ? " in-place" : " out-of-place");
+}
+
+// ---------------------------------------------------------------------------------------------
+// One check per collective form; the parameterised tests and the large cases share them.
+// ---------------------------------------------------------------------------------------------
+
+void check_allreduce(mncl_dtype_t dt, mncl_op_t op, size_t count, bool in_place, int seed) {
+  const std::string what =
+      describe("allreduce", dt, count, in_place ? " in-place" : "") + " " + op_str(op);
+  const Buf send = reduce_data(dt, op, g_rank, count, seed);
+  const Buf want = reduce_expected(dt, op, 0, count, seed);
+  if (in_place) {
+    Buf buf = send;
+    MNCL_CALL(mncl_allreduce(g_comm, buf.data(), buf.data(), count, dt, op, nullptr));
+    expect_same(buf, want, what);
+  } else {
+    Buf recv(dt, count);
+    const Buf send_copy = send;
+    MNCL_CALL(mncl_allreduce(g_comm, send.data(), recv.data(), count, dt, op, nullptr));
+    expect_same(recv, want, what);
+    expect_same(send, send_copy, what + " (sendbuf must stay unchanged)");
+  }
+}
+
+// Non-roots pass a separate recvbuf that must stay untouched (out-of-place form) or NULL
+// (in-place form): mncl.h says recvbuf is ignored there.
+void check_reduce(mncl_dtype_t dt, mncl_op_t op, size_t count, int root, bool in_place, int seed) {
+  const std::string what =
+      describe("reduce", dt, count, where(root, in_place).c_str()) + " " + op_str(op);
+  const Buf send = reduce_data(dt, op, g_rank, count, seed);
+  const bool is_root = g_rank == root;
+  if (is_root && in_place) {
+    Buf buf = send;
+    MNCL_CALL(mncl_reduce(g_comm, buf.data(), buf.data(), count, dt, op, root, nullptr));
+    expect_same(buf, reduce_expected(dt, op, 0, count, seed), what);
+    return;
+  }
+  Buf recv(dt, count);
+  const Buf untouched = recv;
+  void *recvbuf = (!is_root && in_place) ? nullptr : recv.data();
+  MNCL_CALL(mncl_reduce(g_comm, send.data(), recvbuf, count, dt, op, root, nullptr));
+  if (is_root) {
+    expect_same(recv, reduce_expected(dt, op, 0, count, seed), what);
+  } else {
+    expect_same(recv, untouched, what + " (a non-root's recvbuf must stay untouched)");
+  }
+  expect_same(send, reduce_data(dt, op, g_rank, count, seed),
+              what + " (sendbuf must stay unchanged)");
+}
+
+void check_bcast(mncl_dtype_t dt, size_t count, int root, int seed) {
+  const std::string what = describe("bcast", dt, count, where(root, true).c_str());
+  const Buf want = pattern_data(dt, root, count, seed);
+  Buf buf = g_rank == root ? want : Buf(dt, count);
+  MNCL_CALL(mncl_bcast(g_comm, buf.data(), count, dt, root, nullptr));
+  expect_same(buf, want, what);
+}
+
+// Root's sendbuf holds pattern(root, j) for j in [0, size*count).
+void check_scatter(mncl_dtype_t dt, size_t count, int root, bool in_place, int seed) {
+  const std::string what = describe("scatter", dt, count, where(root, in_place).c_str());
+  const size_t total = count * static_cast<size_t>(g_size);
+  const Buf all = pattern_data(dt, root, total, seed);
+  Buf want(dt, count);
+  want.copy_from(0, all, static_cast<size_t>(g_rank) * count, count);
+  if (g_rank == root) {
+    Buf send = all;
+    if (in_place) {
+      MNCL_CALL(mncl_scatter(g_comm, send.data(), send.at(static_cast<size_t>(g_rank) * count),
+                             count, dt, root, nullptr));
+      expect_same(send, all, what + " (root's sendbuf, own block in place)");
+    } else {
+      Buf recv(dt, count);
+      MNCL_CALL(mncl_scatter(g_comm, send.data(), recv.data(), count, dt, root, nullptr));
+      expect_same(recv, want, what);
+      expect_same(send, all, what + " (sendbuf must stay unchanged)");
+    }
+  } else {
+    Buf recv(dt, count);
+    MNCL_CALL(mncl_scatter(g_comm, nullptr, recv.data(), count, dt, root, nullptr));
+    expect_same(recv, want, what);
+  }
+}
+
+// Rank r sends pattern(r, i); root's block r must hold it.
+void check_gather(mncl_dtype_t dt, size_t count, int root, bool in_place, int seed) {
+  const std::string what = describe("gather", dt, count, where(root, in_place).c_str());
+  const size_t total = count * static_cast<size_t>(g_size);
+  const Buf mine = pattern_data(dt, g_rank, count, seed);
+  if (g_rank == root) {
+    Buf want(dt, total);
+    for (int r = 0; r < g_size; ++r)
+      want.copy_from(static_cast<size_t>(r) * count, pattern_data(dt, r, count, seed), 0, count);
+    Buf recv(dt, total);
+    if (in_place) {
+      recv.copy_from(static_cast<size_t>(g_rank) * count, mine, 0, count);
+      MNCL_CALL(mncl_gather(g_comm, recv.at(static_cast<size_t>(g_rank) * count), recv.data(),
+                            count, dt, root, nullptr));
+    } else {
+      MNCL_CALL(mncl_gather(g_comm, mine.data(), recv.data(), count, dt, root, nullptr));
+    }
+    expect_same(recv, want, what);
+  } else {
+    Buf recv(dt, total);
+    const Buf untouched = recv;
+    MNCL_CALL(mncl_gather(g_comm, mine.data(), in_place ? nullptr : recv.data(), count, dt, root,
+                          nullptr));
+    expect_same(recv, untouched, what + " (a non-root's recvbuf must stay untouched)");
+  }
+  expect_same(mine, pattern_data(dt, g_rank, count, seed), what + " (sendbuf must stay unchanged)");
+}
+
+void check_allgather(mncl_dtype_t dt, size_t count, bool in_place, int seed) {
+  const std::string what = describe("allgather", dt, count, in_place ? " in-place" : "");
+  const size_t total = count * static_cast<size_t>(g_size);
+  Buf want(dt, total);
+  for (int r = 0; r < g_size; ++r)
+    want.copy_from(static_cast<size_t>(r) * count, pattern_data(dt, r, count, seed), 0, count);
+  const Buf mine = pattern_data(dt, g_rank, count, seed);
+  Buf recv(dt, total);
+  if (in_place) {
+    recv.copy_from(static_cast<size_t>(g_rank) * count, mine, 0, count);
+    MNCL_CALL(mncl_allgather(g_comm, recv.at(static_cast<size_t>(g_rank) * count), recv.data(),
+                             count, dt, nullptr));
+  } else {
+    MNCL_CALL(mncl_allgather(g_comm, mine.data(), recv.data(), count, dt, nullptr));
+  }
+  expect_same(recv, want, what);
+}
+
+// Rank r's sendbuf holds reduce_input(r, j) for j in [0, size*count); rank r receives the
+// reduction of block r.
+void check_reduce_scatter(mncl_dtype_t dt, mncl_op_t op, size_t count, bool in_place, int seed) {
+  const std::string what =
+      describe("reduce_scatter", dt, count, in_place ? " in-place" : "") + " " + op_str(op);
+  const size_t total = count * static_cast<size_t>(g_size);
+  const Buf send = reduce_data(dt, op, g_rank, total, seed);
+  const Buf want = reduce_expected(dt, op, static_cast<size_t>(g_rank) * count, count, seed);
+  if (in_place) {
+    Buf buf = send;
+    MNCL_CALL(mncl_reduce_scatter(g_comm, buf.data(), buf.at(static_cast<size_t>(g_rank) * count),
+                                  count, dt, op, nullptr));
+    expect_same(buf, static_cast<size_t>(g_rank) * count, want, 0, count, what);
+  } else {
+    Buf recv(dt, count);
+    MNCL_CALL(mncl_reduce_scatter(g_comm, send.data(), recv.data(), count, dt, op, nullptr));
+    expect_same(recv, want, what);
+    expect_same(send, reduce_data(dt, op, g_rank, total, seed),
+                what + " (sendbuf must stay unchanged)");
+  }
+}
+
+// Block j of rank i's sendbuf is pattern(i, j*count + k); it lands in block i of rank j.
+void check_alltoall(mncl_dtype_t dt, size_t count, bool in_place, int seed) {
+  const std::string what = describe("alltoall", dt, count, in_place ? " in-place" : "");
+  const size_t total = count * static_cast<size_t>(g_size);
+  const Buf send = pattern_data(dt, g_rank, total, seed);
+  Buf want(dt, total);
+  for (int i = 0; i < g_size; ++i) {
+    const Buf theirs = pattern_data(dt, i, total, seed);
+    want.copy_from(static_cast<size_t>(i) * count, theirs, static_cast<size_t>(g_rank) * count,
+                   count);
+  }
+  if (in_place) {
+    Buf buf = send;
+    MNCL_CALL(mncl_alltoall(g_comm, buf.data(), buf.data(), count, dt, nullptr));
+    expect_same(buf, want, what);
+  } else {
+    Buf recv(dt, count * static_cast<size_t>(g_size));
+    MNCL_CALL(mncl_alltoall(g_comm, send.data(), recv.data(), count, dt, nullptr));
+    expect_same(recv, want, what);
+  }
+}
+
+// Ring: rank r sends pattern(r) to r+1 and receives pattern(r-1) from r-1. Even ranks send
+// first and odd ranks receive first, so it also works where a blocking send waits for the
+// receiver (and for odd sizes: the chain unwinds from the odd rank that receives first).
+void check_ring(mncl_dtype_t dt, size_t count, int seed) {
+  const std::string what = describe("send/recv ring", dt, count);
+  const int next = (g_rank + 1) % g_size, prev = (g_rank + g_size - 1) % g_size;
+  const Buf mine = pattern_data(dt, g_rank, count, seed);
+  Buf got(dt, count);
+  if (g_rank % 2 == 0) {
+    MNCL_CALL(mncl_send(g_comm, mine.data(), count, dt, next, nullptr));
+    MNCL_CALL(mncl_recv(g_comm, got.data(), count, dt, prev, nullptr));
+  } else {
+    MNCL_CALL(mncl_recv(g_comm, got.data(), count, dt, prev, nullptr));
+    MNCL_CALL(mncl_send(g_comm, mine.data(), count, dt, next, nullptr));
+  }
+  expect_same(got, pattern_data(dt, prev, count, seed), what);
+}
+
+// Pairs (0,1), (2,3)...: several messages of different sizes each way must match in issue
+// order. The lower rank sends all first; the higher one receives all first.
+void check_pairwise(mncl_dtype_t dt, int seed) {
+  const int partner = g_rank ^ 1;
+  if (partner >= g_size) return;  // the odd one out of an odd size
+  const size_t counts[] = {1, 1021, 0, 7};
+  auto send_all = [&] {
+    for (size_t m = 0; m < 4; ++m) {
+      const Buf msg = pattern_data(dt, g_rank, counts[m], seed + static_cast<int>(m));
+      MNCL_CALL(mncl_send(g_comm, msg.data(), counts[m], dt, partner, nullptr));
+    }
+  };
+  auto recv_all = [&] {
+    for (size_t m = 0; m < 4; ++m) {
+      Buf got(dt, counts[m]);
+      MNCL_CALL(mncl_recv(g_comm, got.data(), counts[m], dt, partner, nullptr));
+      expect_same(got, pattern_data(dt, partner, counts[m], seed + static_cast<int>(m)),
+                  describe("send/recv pairwise", dt, counts[m]) + " message " + std::to_string(m));
+    }
+  };
+  if (g_rank < partner) {
+    send_all();
+    recv_all();
+  } else {
+    recv_all();
+    send_all();
+  }
+}
+
+// nbufs allreduces in one call; in_place_mask selects which buffers are in place.
+void check_coalesced(mncl_dtype_t dt, mncl_op_t op, const std::vector<size_t> &counts,
+                     unsigned in_place_mask, int seed) {
+  std::vector<Buf> send, recv, want;
+  std::vector<const void *> sendbufs;
+  std::vector<void *> recvbufs;
+  for (size_t b = 0; b < counts.size(); ++b) {
+    send.push_back(reduce_data(dt, op, g_rank, counts[b], seed + static_cast<int>(b)));
+    recv.emplace_back(dt, counts[b]);
+    want.push_back(reduce_expected(dt, op, 0, counts[b], seed + static_cast<int>(b)));
+  }
+  for (size_t b = 0; b < counts.size(); ++b) {
+    const bool in_place = (in_place_mask >> b) & 1u;
+    if (in_place) recv[b] = send[b];
+    sendbufs.push_back(in_place ? recv[b].data() : send[b].data());
+    recvbufs.push_back(recv[b].data());
+  }
+  MNCL_CALL(mncl_allreduce_coalesced(g_comm, sendbufs.data(), recvbufs.data(), counts.data(),
+                                     counts.size(), dt, op, nullptr));
+  for (size_t b = 0; b < counts.size(); ++b) {
+    expect_same(recv[b], want[b],
+                describe("allreduce_coalesced", dt, counts[b]) + " " + op_str(op) + " buffer " +
+                    std::to_string(b) + (((in_place_mask >> b) & 1u) ? " in-place" : ""));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Environment and output
+// ---------------------------------------------------------------------------------------------
+
+class WorldEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    const mncl_status_t st = mncl_comm_create(nullptr, &g_comm);
+    ASSERT_EQ(st, MNCL_OK) << "mncl_comm_create: " << mncl_status_string(st) << ": "
+                           << mncl_last_error();
+    ASSERT_EQ(mncl_comm_rank(g_comm, &g_rank), MNCL_OK);
+    ASSERT_EQ(mncl_comm_size(g_comm, &g_size), MNCL_OK);
+  }
+  void TearDown() override {
+    if (!g_comm) return;
+    const mncl_status_t st = mncl_comm_destroy(g_comm);
+    EXPECT_EQ(st, MNCL_OK) << "mncl_comm_destroy: " << mncl_last_error();
+    g_comm = nullptr;
+  }
+};
+
+// Output of ranks other than 0: failures (with the rank) and a one-line summary.
+// The current test is remembered here: UnitTest::current_test_info() would deadlock inside
+// OnTestPartResult, which gtest calls with its own mutex held.
+class FailurePrinter : public ::testing::EmptyTestEventListener {
+  const ::testing::TestInfo *test_ = nullptr;
+  void OnTestStart(const ::testing::TestInfo &info) override { test_ = &info; }
+  void OnTestEnd(const ::testing::TestInfo &) override { test_ = nullptr; }
+  void OnTestPartResult(const ::testing::TestPartResult &r) override {
+    if (!r.failed()) return;
+    std::printf("[  FAILED  ] rank %d: %s%s%s\n%s:%d: %s\n", g_rank,
+                test_ ? test_->test_suite_name() : "(global)", test_ ? "." : "",
+                test_ ? test_->name() : "", r.file_name() ? r.file_name() : "?", r.line_number(),
+                r.message());
+    std::fflush(stdout);
+  }
+  void OnTestProgramEnd(const ::testing::UnitTest &u) override {
+    std::printf("rank %d: %s: %d tests ran, %d passed, %d failed%s (%.1f s)\n", g_rank,
+                u.Passed() ? "PASS" : "FAIL", u.test_to_run_count(), u.successful_test_count(),
+                u.failed_test_count(),
+                u.ad_hoc_test_result().Failed() ? ", global set-up or tear-down failed" : "",
+                static_cast<double>(u.elapsed_time()) / 1000.0);
+    std::fflush(stdout);
+  }
+};
+
+// Every test runs on a live world communicator.
+class Conformance : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_NE(g_comm, nullptr) << "no world communicator"; }
+};
+
+using DtypeOp = std::tuple<mncl_dtype_t, mncl_op_t>;
+class ReductionTest : public Conformance, public ::testing::WithParamInterface<DtypeOp> {
+ protected:
+  mncl_dtype_t dt() const { return std::get<0>(GetParam()); }
+  mncl_op_t op() const { return std::get<1>(GetParam()); }
+};
+class DtypeTest : public Conformance, public ::testing::WithParamInterface<mncl_dtype_t> {
+ protected:
+  mncl_dtype_t dt() const { return GetParam(); }
+};
+
+std::string dtype_op_name(const ::testing::TestParamInfo<DtypeOp> &p) {
+  return std::string(dtype_str(std::get<0>(p.param))) + "_" + op_str(std::get<1>(p.param));
+}
+std::string dtype_name(const ::testing::TestParamInfo<mncl_dtype_t> &p) {
+  return dtype_str(p.param);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Library and communicator queries
+// ---------------------------------------------------------------------------------------------
+
+TEST(Library, VersionAndNames) {
+  const int v = mncl_get_version();
+  EXPECT_GE(v, MNCL_VERSION);
+  EXPECT_EQ(v / 10000, MNCL_VERSION_MAJOR) << "a library of another major version";
+  for (mncl_dtype_t dt : kDtypes) {
+    EXPECT_EQ(mncl_dtype_size(dt), elem_size(dt)) << dtype_str(dt);
+    EXPECT_STRNE(mncl_dtype_name(dt), "unknown");
+    EXPECT_STRNE(mncl_dtype_name(dt), "");
+  }
+  EXPECT_STREQ(mncl_dtype_name(MNCL_FLOAT32), "float32");
+  EXPECT_STREQ(mncl_op_name(MNCL_SUM), "sum");
+  EXPECT_EQ(mncl_dtype_size(static_cast<mncl_dtype_t>(MNCL_NUM_DTYPES)), 0u);
+  EXPECT_STREQ(mncl_dtype_name(static_cast<mncl_dtype_t>(MNCL_NUM_DTYPES)), "unknown");
+  EXPECT_STREQ(mncl_op_name(static_cast<mncl_op_t>(MNCL_NUM_OPS)), "unknown");
+  std::set<std::string> names;
+  for (mncl_op_t op : kOps) names.insert(mncl_op_name(op));
+  EXPECT_EQ(names.size(), static_cast<size_t>(MNCL_NUM_OPS)) << "op names must be distinct";
+  for (int s = MNCL_OK; s <= MNCL_IN_PROGRESS; ++s) {
+    const char *str = mncl_status_string(static_cast<mncl_status_t>(s));
+    ASSERT_NE(str, nullptr);
+    EXPECT_STRNE(str, "") << "status " << s;
+  }
+  EXPECT_NE(mncl_status_string(static_cast<mncl_status_t>(9999)), nullptr);
+}
+
+TEST_F(Conformance, CommQueries) {
+  int rank = -1, size = -1;
+  ASSERT_EQ(mncl_comm_rank(g_comm, &rank), MNCL_OK);
+  ASSERT_EQ(mncl_comm_size(g_comm, &size), MNCL_OK);
+  EXPECT_GE(size, 1);
+  EXPECT_GE(rank, 0);
+  EXPECT_LT(rank, size);
+  if (const char *r = std::getenv("MNCL_RANK")) {
+    EXPECT_EQ(rank, std::atoi(r));
+  }
+  if (const char *s = std::getenv("MNCL_SIZE")) {
+    EXPECT_EQ(size, std::atoi(s));
+  }
+  const char *backend = nullptr;
+  ASSERT_EQ(mncl_comm_backend(g_comm, &backend), MNCL_OK);
+  ASSERT_NE(backend, nullptr);
+  EXPECT_STRNE(backend, "");
+  // A plain backend name must be the one chosen (not for "auto", lists or paths).
+  const char *want = std::getenv("MNCL_BACKEND");
+  if (want && *want && std::strcmp(want, "auto") != 0 && !std::strpbrk(want, ",/")) {
+    EXPECT_STREQ(backend, want);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Collectives: every dtype (x every op for reductions) x counts x roots x in-place forms
+// ---------------------------------------------------------------------------------------------
+
+using Allreduce = ReductionTest;
+TEST_P(Allreduce, CountsAndForms) {
+  for (size_t count : kCounts)
+    for (bool in_place : {false, true}) check_allreduce(dt(), op(), count, in_place, 1);
+}
+
+using Reduce = ReductionTest;
+TEST_P(Reduce, CountsRootsAndForms) {
+  check_reduce(dt(), op(), 0, 0, false, 2);
+  for (size_t count : {size_t{1}, size_t{1021}})
+    for (int root : roots())
+      for (bool in_place : {false, true}) check_reduce(dt(), op(), count, root, in_place, 2);
+}
+
+using ReduceScatter = ReductionTest;
+TEST_P(ReduceScatter, CountsAndForms) {
+  for (size_t count : kCounts)
+    for (bool in_place : {false, true}) check_reduce_scatter(dt(), op(), count, in_place, 3);
+}
+
+using AllreduceCoalesced = ReductionTest;
+TEST_P(AllreduceCoalesced, BuffersAndForms) {
+  const std::vector<size_t> counts = {1, 0, 1021, 7};
+  check_coalesced(dt(), op(), counts, 0u, 4);    // all out of place
+  check_coalesced(dt(), op(), counts, 0xfu, 5);  // all in place
+  check_coalesced(dt(), op(), counts, 0x5u, 6);  // mixed
+  check_coalesced(dt(), op(), {}, 0u, 7);        // nothing to do
+}
+
+INSTANTIATE_TEST_SUITE_P(All, Allreduce,
+                         ::testing::Combine(::testing::ValuesIn(kDtypes),
+                                            ::testing::ValuesIn(kOps)),
+                         dtype_op_name);
+INSTANTIATE_TEST_SUITE_P(All, Reduce,
+                         ::testing::Combine(::testing::ValuesIn(kDtypes),
+                                            ::testing::ValuesIn(kOps)),
+                         dtype_op_name);
+INSTANTIATE_TEST_SUITE_P(All, ReduceScatter,
+                         ::testing::Combine(::testing::ValuesIn(kDtypes),
+                                            ::testing::ValuesIn(kOps)),
+                         dtype_op_name);
+INSTANTIATE_TEST_SUITE_P(All, AllreduceCoalesced,
+                         ::testing::Combine(::testing::ValuesIn(kDtypes),
+                                            ::testing::ValuesIn(kOps)),
+                         dtype_op_name);
+
+using Bcast = DtypeTest;
+TEST_P(Bcast, CountsAndRoots) {
+  for (size_t count : kCounts)
+    for (int root : roots()) check_bcast(dt(), count, root, 10);
+}
+
+using Scatter = DtypeTest;
+TEST_P(Scatter, CountsRootsAndForms) {
+  for (size_t count : kCounts)
+    for (int root : roots())
+      for (bool in_place : {false, true}) check_scatter(dt(), count, root, in_place, 11);
+}
+
+using Gather = DtypeTest;
+TEST_P(Gather, CountsRootsAndForms) {
+  for (size_t count : kCounts)
+    for (int root : roots())
+      for (bool in_place : {false, true}) check_gather(dt(), count, root, in_place, 12);
+}
+
+using Allgather = DtypeTest;
+TEST_P(Allgather, CountsAndForms) {
+  for (size_t count : kCounts)
+    for (bool in_place : {false, true}) check_allgather(dt(), count, in_place, 13);
+}
+
+using Alltoall = DtypeTest;
+TEST_P(Alltoall, CountsAndForms) {
+  for (size_t count : kCounts)
+    for (bool in_place : {false, true}) check_alltoall(dt(), count, in_place, 14);
+}
+
+using SendRecv = DtypeTest;
+TEST_P(SendRecv, RingAndPairwise) {
+  if (g_size == 1) GTEST_SKIP() << "point to point needs two ranks";
+  for (size_t count : kCounts) check_ring(dt(), count, 15);
+  // At odd sizes one rank would sit the pairwise exchange out; that case has its own test at
+  // the very end (PointToPointLast), so a failure there cannot derail the tests after it.
+  if (g_size % 2 == 0) check_pairwise(dt(), 16);
+}
+
+INSTANTIATE_TEST_SUITE_P(All, Bcast, ::testing::ValuesIn(kDtypes), dtype_name);
+INSTANTIATE_TEST_SUITE_P(All, Scatter, ::testing::ValuesIn(kDtypes), dtype_name);
+INSTANTIATE_TEST_SUITE_P(All, Gather, ::testing::ValuesIn(kDtypes), dtype_name);
+INSTANTIATE_TEST_SUITE_P(All, Allgather, ::testing::ValuesIn(kDtypes), dtype_name);
+INSTANTIATE_TEST_SUITE_P(All, Alltoall, ::testing::ValuesIn(kDtypes), dtype_name);
+INSTANTIATE_TEST_SUITE_P(All, SendRecv, ::testing::ValuesIn(kDtypes), dtype_name);
+
+TEST_F(Conformance, BarrierRepeated) {
+  for (int i = 0; i < 5; ++i) MNCL_CALL(mncl_barrier(g_comm, nullptr));
+}
+
+// A barrier must not return before the last rank entered it. Rank 0 arrives 400 ms late; the
+// others must wait for it. The 100 ms bound leaves 300 ms for scheduling noise between the two
+// barriers, so this is no tight timing.
+TEST_F(Conformance, BarrierWaitsForLateRank) {
+  if (g_size == 1) GTEST_SKIP() << "needs two ranks";
+  MNCL_CALL(mncl_barrier(g_comm, nullptr));
+  if (g_rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  const auto t0 = std::chrono::steady_clock::now();
+  MNCL_CALL(mncl_barrier(g_comm, nullptr));
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  if (g_rank != 0) {
+    EXPECT_GE(waited, std::chrono::milliseconds(100));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The ChainerMN acceptance case: x = arange(n) + rank; allreduce-sum gives
+// arange(n) * size + size * (size - 1) / 2.
+// ---------------------------------------------------------------------------------------------
+
+template <typename T>
+void chainermn_case(mncl_dtype_t dt, size_t n) {
+  std::vector<T> x(n), y(n, T(-1));
+  for (size_t i = 0; i < n; ++i) x[i] = static_cast<T>(i) + static_cast<T>(g_rank);
+  MNCL_CALL(mncl_allreduce(g_comm, x.data(), y.data(), n, dt, MNCL_SUM, nullptr));
+  size_t wrong = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const T want =
+        static_cast<T>(i) * static_cast<T>(g_size) + static_cast<T>(g_size * (g_size - 1) / 2);
+    if (y[i] != want && wrong++ < 5)
+      ADD_FAILURE() << "rank " << g_rank << " " << dtype_str(dt) << " n=" << n << " [" << i
+                    << "] got " << y[i] << " want " << want;
+  }
+  EXPECT_EQ(wrong, 0u) << dtype_str(dt) << " n=" << n;
+  // In place, as ChainerMN does for gradients.
+  for (size_t i = 0; i < n; ++i) x[i] = static_cast<T>(i) + static_cast<T>(g_rank);
+  MNCL_CALL(mncl_allreduce(g_comm, x.data(), x.data(), n, dt, MNCL_SUM, nullptr));
+  EXPECT_TRUE(x == y) << dtype_str(dt) << " n=" << n << " in-place differs from out-of-place";
+}
+
+class ChainerMN : public Conformance {};
+TEST_F(ChainerMN, AllreduceSumArange) {
+  for (size_t n : {size_t{1}, size_t{10}, size_t{1021}, size_t{65536}}) {
+    chainermn_case<float>(MNCL_FLOAT32, n);  // exact: every value is an integer below 2^24
+    chainermn_case<int64_t>(MNCL_INT64, n);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Non-blocking collectives
+// ---------------------------------------------------------------------------------------------
+
+// Completes a request with mncl_wait or by polling mncl_test; either must free it.
+void complete(mncl_request_t req, bool by_test, const char *what) {
+  if (!by_test) {
+    MNCL_CALL(mncl_wait(req, -1));
+    return;
+  }
+  int done = 0;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+  while (!done) {
+    const mncl_status_t st = mncl_test(req, &done);
+    if (st != MNCL_OK) die_desynchronized(what, st);
+    if (!done) {
+      if (std::chrono::steady_clock::now() > give_up) die_desynchronized(what, MNCL_ERR_TIMEOUT);
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+}
+
+// Each non-blocking form, per dtype, completed alternately by wait and by test. The op varies
+// with the dtype so all ops are exercised across the suite.
+using NonBlocking = DtypeTest;
+TEST_P(NonBlocking, EachCollective) {
+  const mncl_dtype_t d = dt();
+  const mncl_op_t op = kOps[static_cast<int>(d) % MNCL_NUM_OPS];
+  const bool by_test = static_cast<int>(d) % 2 == 1;
+  const size_t n = 1021;
+  const int root = g_size - 1;
+  const size_t total = n * static_cast<size_t>(g_size);
+  mncl_request_t req = nullptr;
+
+  {  // iallreduce
+    const Buf send = reduce_data(d, op, g_rank, n, 20);
+    Buf recv(d, n);
+    MNCL_CALL(mncl_iallreduce(g_comm, send.data(), recv.data(), n, d, op, nullptr, &req));
+    complete(req, by_test, "mncl_iallreduce");
+    expect_same(recv, reduce_expected(d, op, 0, n, 20), std::string("iallreduce ") + op_str(op));
+  }
+  {  // ireduce
+    Buf buf = reduce_data(d, op, g_rank, n, 21);
+    MNCL_CALL(mncl_ireduce(g_comm, buf.data(), g_rank == root ? buf.data() : nullptr, n, d, op,
+                           root, nullptr, &req));
+    complete(req, by_test, "mncl_ireduce");
+    if (g_rank == root)
+      expect_same(buf, reduce_expected(d, op, 0, n, 21),
+                  std::string("ireduce in-place ") + op_str(op));
+  }
+  {  // ibcast
+    const Buf want = pattern_data(d, root, n, 22);
+    Buf buf = g_rank == root ? want : Buf(d, n);
+    MNCL_CALL(mncl_ibcast(g_comm, buf.data(), n, d, root, nullptr, &req));
+    complete(req, by_test, "mncl_ibcast");
+    expect_same(buf, want, "ibcast");
+  }
+  {  // iscatter
+    const Buf all = pattern_data(d, 0, total, 23);
+    Buf recv(d, n);
+    MNCL_CALL(mncl_iscatter(g_comm, g_rank == 0 ? all.data() : nullptr, recv.data(), n, d, 0,
+                            nullptr, &req));
+    complete(req, by_test, "mncl_iscatter");
+    expect_same(recv, 0, all, static_cast<size_t>(g_rank) * n, n, "iscatter");
+  }
+  {  // igather
+    const Buf mine = pattern_data(d, g_rank, n, 24);
+    Buf recv(d, total);
+    MNCL_CALL(mncl_igather(g_comm, mine.data(), recv.data(), n, d, root, nullptr, &req));
+    complete(req, by_test, "mncl_igather");
+    if (g_rank == root) {
+      for (int r = 0; r < g_size; ++r)
+        expect_same(recv, static_cast<size_t>(r) * n, pattern_data(d, r, n, 24), 0, n,
+                    "igather block " + std::to_string(r));
+    }
+  }
+  {  // iallgather
+    const Buf mine = pattern_data(d, g_rank, n, 25);
+    Buf recv(d, total);
+    MNCL_CALL(mncl_iallgather(g_comm, mine.data(), recv.data(), n, d, nullptr, &req));
+    complete(req, by_test, "mncl_iallgather");
+    for (int r = 0; r < g_size; ++r)
+      expect_same(recv, static_cast<size_t>(r) * n, pattern_data(d, r, n, 25), 0, n,
+                  "iallgather block " + std::to_string(r));
+  }
+  {  // ireduce_scatter
+    const Buf send = reduce_data(d, op, g_rank, total, 26);
+    Buf recv(d, n);
+    MNCL_CALL(mncl_ireduce_scatter(g_comm, send.data(), recv.data(), n, d, op, nullptr, &req));
+    complete(req, by_test, "mncl_ireduce_scatter");
+    expect_same(recv, reduce_expected(d, op, static_cast<size_t>(g_rank) * n, n, 26),
+                std::string("ireduce_scatter ") + op_str(op));
+  }
+  {  // ialltoall (in place)
+    Buf buf = pattern_data(d, g_rank, total, 27);
+    MNCL_CALL(mncl_ialltoall(g_comm, buf.data(), buf.data(), n, d, nullptr, &req));
+    complete(req, by_test, "mncl_ialltoall");
+    for (int i = 0; i < g_size; ++i)
+      expect_same(buf, static_cast<size_t>(i) * n, pattern_data(d, i, total, 27),
+                  static_cast<size_t>(g_rank) * n, n, "ialltoall block " + std::to_string(i));
+  }
+  {  // ibarrier
+    MNCL_CALL(mncl_ibarrier(g_comm, nullptr, &req));
+    complete(req, by_test, "mncl_ibarrier");
+  }
+  {  // iallreduce_coalesced
+    const size_t counts[] = {n, 3};
+    const Buf s0 = reduce_data(d, op, g_rank, counts[0], 28),
+              s1 = reduce_data(d, op, g_rank, counts[1], 29);
+    Buf r0(d, counts[0]), r1(d, counts[1]);
+    const void *sendbufs[] = {s0.data(), s1.data()};
+    void *recvbufs[] = {r0.data(), r1.data()};
+    MNCL_CALL(
+        mncl_iallreduce_coalesced(g_comm, sendbufs, recvbufs, counts, 2, d, op, nullptr, &req));
+    complete(req, by_test, "mncl_iallreduce_coalesced");
+    expect_same(r0, reduce_expected(d, op, 0, counts[0], 28), "iallreduce_coalesced buffer 0");
+    expect_same(r1, reduce_expected(d, op, 0, counts[1], 29), "iallreduce_coalesced buffer 1");
+  }
+  if (g_size > 1) {  // isend / irecv around the ring, even ranks sending first
+    const int next = (g_rank + 1) % g_size, prev = (g_rank + g_size - 1) % g_size;
+    const Buf mine = pattern_data(d, g_rank, n, 30);
+    Buf got(d, n);
+    mncl_request_t sreq = nullptr, rreq = nullptr;
+    if (g_rank % 2 == 0) {
+      MNCL_CALL(mncl_isend(g_comm, mine.data(), n, d, next, nullptr, &sreq));
+      MNCL_CALL(mncl_irecv(g_comm, got.data(), n, d, prev, nullptr, &rreq));
+    } else {
+      MNCL_CALL(mncl_irecv(g_comm, got.data(), n, d, prev, nullptr, &rreq));
+      MNCL_CALL(mncl_isend(g_comm, mine.data(), n, d, next, nullptr, &sreq));
+    }
+    complete(rreq, by_test, "mncl_irecv");
+    complete(sreq, by_test, "mncl_isend");
+    expect_same(got, pattern_data(d, prev, n, 30), "isend/irecv ring");
+  }
+}
+INSTANTIATE_TEST_SUITE_P(All, NonBlocking, ::testing::ValuesIn(kDtypes), dtype_name);
+
+// Many operations outstanding at once, a blocking collective issued behind them (which must
+// run after them), then completion in reverse issue order, partly by mncl_test.
+TEST_F(Conformance, NonBlockingManyOutstandingThenBlocking) {
+  const size_t n = 1021;
+  const size_t total = n * static_cast<size_t>(g_size);
+  const int last = g_size - 1, mid = g_size / 2;
+  std::vector<mncl_request_t> reqs;
+  auto issue = [&](mncl_status_t st, const char *what) {
+    if (st != MNCL_OK) die_desynchronized(what, st);
+  };
+  mncl_request_t r = nullptr;
+
+  const Buf ar_send = reduce_data(MNCL_FLOAT32, MNCL_SUM, g_rank, n, 40);
+  Buf ar_recv(MNCL_FLOAT32, n);
+  issue(mncl_iallreduce(g_comm, ar_send.data(), ar_recv.data(), n, MNCL_FLOAT32, MNCL_SUM, nullptr,
+                        &r),
+        "iallreduce");
+  reqs.push_back(r);
+
+  const Buf bc_want = pattern_data(MNCL_INT64, last, n, 41);
+  Buf bc = g_rank == last ? bc_want : Buf(MNCL_INT64, n);
+  issue(mncl_ibcast(g_comm, bc.data(), n, MNCL_INT64, last, nullptr, &r), "ibcast");
+  reqs.push_back(r);
+
+  const Buf ag_mine = pattern_data(MNCL_UINT8, g_rank, n, 42);
+  Buf ag(MNCL_UINT8, total);
+  issue(mncl_iallgather(g_comm, ag_mine.data(), ag.data(), n, MNCL_UINT8, nullptr, &r),
+        "iallgather");
+  reqs.push_back(r);
+
+  Buf rs = reduce_data(MNCL_BFLOAT16, MNCL_MAX, g_rank, total, 43);  // in place
+  issue(mncl_ireduce_scatter(g_comm, rs.data(), rs.at(static_cast<size_t>(g_rank) * n), n,
+                             MNCL_BFLOAT16, MNCL_MAX, nullptr, &r),
+        "ireduce_scatter");
+  reqs.push_back(r);
+
+  const Buf a2a_send = pattern_data(MNCL_INT32, g_rank, total, 44);
+  Buf a2a(MNCL_INT32, total);
+  issue(mncl_ialltoall(g_comm, a2a_send.data(), a2a.data(), n, MNCL_INT32, nullptr, &r),
+        "ialltoall");
+  reqs.push_back(r);
+
+  issue(mncl_ibarrier(g_comm, nullptr, &r), "ibarrier");
+  reqs.push_back(r);
+
+  const Buf red_send = reduce_data(MNCL_INT8, MNCL_PROD, g_rank, n, 45);
+  Buf red(MNCL_INT8, n);
+  issue(
+      mncl_ireduce(g_comm, red_send.data(), red.data(), n, MNCL_INT8, MNCL_PROD, mid, nullptr, &r),
+      "ireduce");
+  reqs.push_back(r);
+
+  const Buf gat_mine = pattern_data(MNCL_FLOAT16, g_rank, n, 46);
+  Buf gat(MNCL_FLOAT16, total);
+  issue(mncl_igather(g_comm, gat_mine.data(), gat.data(), n, MNCL_FLOAT16, 0, nullptr, &r),
+        "igather");
+  reqs.push_back(r);
+
+  const Buf sc_all = pattern_data(MNCL_UINT64, mid, total, 47);
+  Buf sc(MNCL_UINT64, n);
+  issue(mncl_iscatter(g_comm, sc_all.data(), sc.data(), n, MNCL_UINT64, mid, nullptr, &r),
+        "iscatter");
+  reqs.push_back(r);
+
+  const int next = (g_rank + 1) % g_size, prev = (g_rank + g_size - 1) % g_size;
+  const Buf p2p_mine = pattern_data(MNCL_FLOAT64, g_rank, n, 48);
+  Buf p2p(MNCL_FLOAT64, n);
+  if (g_size > 1) {
+    mncl_request_t s = nullptr, q = nullptr;
+    if (g_rank % 2 == 0) {
+      issue(mncl_isend(g_comm, p2p_mine.data(), n, MNCL_FLOAT64, next, nullptr, &s), "isend");
+      issue(mncl_irecv(g_comm, p2p.data(), n, MNCL_FLOAT64, prev, nullptr, &q), "irecv");
+    } else {
+      issue(mncl_irecv(g_comm, p2p.data(), n, MNCL_FLOAT64, prev, nullptr, &q), "irecv");
+      issue(mncl_isend(g_comm, p2p_mine.data(), n, MNCL_FLOAT64, next, nullptr, &s), "isend");
+    }
+    reqs.push_back(s);
+    reqs.push_back(q);
+  }
+
+  // The blocking call is ordered after all of the above.
+  Buf blocking = reduce_data(MNCL_INT32, MNCL_MIN, g_rank, n, 49);
+  MNCL_CALL(
+      mncl_allreduce(g_comm, blocking.data(), blocking.data(), n, MNCL_INT32, MNCL_MIN, nullptr));
+  expect_same(blocking, reduce_expected(MNCL_INT32, MNCL_MIN, 0, n, 49),
+              "blocking allreduce behind non-blocking ones");
+
+  // A zero timeout either finds the operation done (and frees it) or leaves it valid.
+  mncl_request_t first = reqs.back();
+  reqs.pop_back();
+  const mncl_status_t st = mncl_wait(first, 0);
+  if (st == MNCL_ERR_TIMEOUT) {
+    MNCL_CALL(mncl_wait(first, -1));
+  } else {
+    EXPECT_EQ(st, MNCL_OK) << mncl_last_error();
+  }
+  for (size_t i = reqs.size(); i-- > 0;) complete(reqs[i], i % 2 == 0, "outstanding request");
+
+  expect_same(ar_recv, reduce_expected(MNCL_FLOAT32, MNCL_SUM, 0, n, 40), "iallreduce");
+  expect_same(bc, bc_want, "ibcast");
+  for (int q = 0; q < g_size; ++q) {
+    expect_same(ag, static_cast<size_t>(q) * n, pattern_data(MNCL_UINT8, q, n, 42), 0, n,
+                "iallgather");
+    expect_same(a2a, static_cast<size_t>(q) * n, pattern_data(MNCL_INT32, q, total, 44),
+                static_cast<size_t>(g_rank) * n, n, "ialltoall");
+    if (g_rank == 0)
+      expect_same(gat, static_cast<size_t>(q) * n, pattern_data(MNCL_FLOAT16, q, n, 46), 0, n,
+                  "igather");
+  }
+  expect_same(rs, static_cast<size_t>(g_rank) * n,
+              reduce_expected(MNCL_BFLOAT16, MNCL_MAX, static_cast<size_t>(g_rank) * n, n, 43), 0,
+              n, "ireduce_scatter in-place");
+  if (g_rank == mid) expect_same(red, reduce_expected(MNCL_INT8, MNCL_PROD, 0, n, 45), "ireduce");
+  expect_same(sc, 0, sc_all, static_cast<size_t>(g_rank) * n, n, "iscatter");
+  if (g_size > 1) expect_same(p2p, pattern_data(MNCL_FLOAT64, prev, n, 48), "isend/irecv");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Split
+// ---------------------------------------------------------------------------------------------
+
+// Even and odd ranks form two communicators; key = size - rank reverses the order.
+TEST_F(Conformance, SplitEvenOddReversed) {
+  const int color = g_rank % 2;
+  std::vector<int> members;  // old ranks of my color, in new-rank order
+  for (int r = g_size - 1; r >= 0; --r)
+    if (r % 2 == color) members.push_back(r);
+  const int want_rank =
+      static_cast<int>(std::find(members.begin(), members.end(), g_rank) - members.begin());
+
+  mncl_comm_t sub = nullptr;
+  MNCL_CALL(mncl_comm_split(g_comm, color, g_size - g_rank, &sub));
+  ASSERT_NE(sub, nullptr);
+  int rank = -1, size = -1;
+  EXPECT_EQ(mncl_comm_rank(sub, &rank), MNCL_OK);
+  EXPECT_EQ(mncl_comm_size(sub, &size), MNCL_OK);
+  EXPECT_EQ(size, static_cast<int>(members.size()));
+  EXPECT_EQ(rank, want_rank);
+  const char *backend = nullptr, *parent_backend = nullptr;
+  EXPECT_EQ(mncl_comm_backend(sub, &backend), MNCL_OK);
+  EXPECT_EQ(mncl_comm_backend(g_comm, &parent_backend), MNCL_OK);
+  if (backend && parent_backend) {
+    EXPECT_STREQ(backend, parent_backend);
+  }
+
+  // Collectives on the sub-communicator: the sum of the old ranks, and a bcast from new rank 0
+  // (the highest old rank of the color).
+  int64_t value = g_rank, sum = -1;
+  MNCL_CALL(mncl_allreduce(sub, &value, &sum, 1, MNCL_INT64, MNCL_SUM, nullptr));
+  int64_t want_sum = 0;
+  for (int r : members) want_sum += r;
+  EXPECT_EQ(sum, want_sum);
+  int32_t from_root = g_rank;
+  MNCL_CALL(mncl_bcast(sub, &from_root, 1, MNCL_INT32, 0, nullptr));
+  EXPECT_EQ(from_root, members.front());
+  check_allgather(MNCL_FLOAT32, 0, false, 50);  // the parent still works in between
+  int32_t gathered[64] = {0};
+  if (members.size() <= 64) {
+    int32_t mine = g_rank;
+    MNCL_CALL(mncl_allgather(sub, &mine, gathered, 1, MNCL_INT32, nullptr));
+    for (size_t i = 0; i < members.size(); ++i) EXPECT_EQ(gathered[i], members[i]) << "slot " << i;
+  }
+  MNCL_CALL(mncl_comm_destroy(sub));
+  MNCL_CALL(mncl_barrier(g_comm, nullptr));
+}
+
+// Rank 0 opts out with MNCL_SPLIT_NONE (gets NULL); the others form a communicator.
+TEST_F(Conformance, SplitNoneAndSameColor) {
+  mncl_comm_t sub = reinterpret_cast<mncl_comm_t>(&g_rank);  // must be overwritten
+  MNCL_CALL(mncl_comm_split(g_comm, g_rank == 0 ? MNCL_SPLIT_NONE : 3, 0, &sub));
+  if (g_rank == 0) {
+    EXPECT_EQ(sub, nullptr) << "MNCL_SPLIT_NONE must give NULL";
+  } else {
+    ASSERT_NE(sub, nullptr);
+    int rank = -1, size = -1;
+    EXPECT_EQ(mncl_comm_rank(sub, &rank), MNCL_OK);
+    EXPECT_EQ(mncl_comm_size(sub, &size), MNCL_OK);
+    EXPECT_EQ(rank, g_rank - 1);
+    EXPECT_EQ(size, g_size - 1);
+    float v = 1.0f, total = 0;
+    MNCL_CALL(mncl_allreduce(sub, &v, &total, 1, MNCL_FLOAT32, MNCL_SUM, nullptr));
+    EXPECT_EQ(total, static_cast<float>(g_size - 1));
+    MNCL_CALL(mncl_comm_destroy(sub));
+  }
+  // Same color and key everywhere: a duplicate of the world, in the same order.
+  mncl_comm_t dup = nullptr;
+  MNCL_CALL(mncl_comm_split(g_comm, 0, 0, &dup));
+  ASSERT_NE(dup, nullptr);
+  int rank = -1, size = -1;
+  EXPECT_EQ(mncl_comm_rank(dup, &rank), MNCL_OK);
+  EXPECT_EQ(mncl_comm_size(dup, &size), MNCL_OK);
+  EXPECT_EQ(rank, g_rank);
+  EXPECT_EQ(size, g_size);
+  // Interleave operations on the duplicate and the world: they must not mix.
+  int32_t a = g_rank + 1, b = 0;
+  MNCL_CALL(mncl_allreduce(dup, &a, &b, 1, MNCL_INT32, MNCL_MAX, nullptr));
+  EXPECT_EQ(b, g_size);
+  check_allreduce(MNCL_INT32, MNCL_SUM, 1021, false, 51);
+  MNCL_CALL(mncl_allreduce(dup, &a, &b, 1, MNCL_INT32, MNCL_MIN, nullptr));
+  EXPECT_EQ(b, 1);
+  MNCL_CALL(mncl_comm_destroy(dup));
+}
+
+// Abort is local and sticky: every later operation on the communicator fails with
+// MNCL_ERR_ABORTED, a second abort is harmless, and the parent communicator is unaffected.
+TEST_F(Conformance, AbortSubCommunicator) {
+  mncl_comm_t dup = nullptr;
+  MNCL_CALL(mncl_comm_split(g_comm, 0, 0, &dup));
+  ASSERT_NE(dup, nullptr);
+  int32_t v = 1, out = 0;
+  MNCL_CALL(mncl_allreduce(dup, &v, &out, 1, MNCL_INT32, MNCL_SUM, nullptr));
+  EXPECT_EQ(out, g_size);
+  EXPECT_EQ(mncl_comm_abort(dup), MNCL_OK) << mncl_last_error();
+  EXPECT_EQ(mncl_comm_abort(dup), MNCL_OK) << mncl_last_error();
+  EXPECT_MNCL_ERROR(MNCL_ERR_ABORTED,
+                    mncl_allreduce(dup, &v, &out, 1, MNCL_INT32, MNCL_SUM, nullptr));
+  EXPECT_MNCL_ERROR(MNCL_ERR_ABORTED, mncl_barrier(dup, nullptr));
+  // A non-blocking call fails either at once or when completed.
+  mncl_request_t req = nullptr;
+  mncl_status_t st = mncl_iallreduce(dup, &v, &out, 1, MNCL_INT32, MNCL_SUM, nullptr, &req);
+  if (st == MNCL_OK) st = mncl_wait(req, -1);
+  EXPECT_EQ(st, MNCL_ERR_ABORTED) << mncl_last_error();
+  int rank = -1;
+  EXPECT_EQ(mncl_comm_rank(dup, &rank), MNCL_OK) << "the handle stays valid after an abort";
+  EXPECT_EQ(rank, g_rank);
+  const auto t0 = std::chrono::steady_clock::now();
+  st = mncl_comm_destroy(dup);
+  EXPECT_TRUE(st == MNCL_OK || st == MNCL_ERR_ABORTED)
+      << "mncl_comm_destroy of an aborted communicator: " << mncl_status_string(st) << ": "
+      << mncl_last_error();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5))
+      << "destroying an aborted communicator should not wait for its peers";
+  check_allreduce(MNCL_FLOAT64, MNCL_MAX, 33, true, 62);  // the world is unaffected
+}
+
+// ---------------------------------------------------------------------------------------------
+// Error paths: local argument errors fail on every rank with the documented status and a
+// message, and leave the communicator usable.
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(Conformance, ErrorsRootOutOfRange) {
+  Buf a(MNCL_FLOAT32, 4), b(MNCL_FLOAT32, 4 * static_cast<size_t>(g_size));
+  for (int root : {g_size, -1, g_size + 7}) {
+    EXPECT_MNCL_ERROR(
+        MNCL_ERR_INVALID_ARGUMENT,
+        mncl_reduce(g_comm, a.data(), b.data(), 4, MNCL_FLOAT32, MNCL_SUM, root, nullptr));
+    EXPECT_NE(std::strstr(mncl_last_error(), "root"), nullptr) << mncl_last_error();
+    EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT,
+                      mncl_bcast(g_comm, a.data(), 4, MNCL_FLOAT32, root, nullptr));
+    EXPECT_NE(std::strstr(mncl_last_error(), "root"), nullptr) << mncl_last_error();
+    EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT,
+                      mncl_scatter(g_comm, b.data(), a.data(), 4, MNCL_FLOAT32, root, nullptr));
+    EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT,
+                      mncl_gather(g_comm, a.data(), b.data(), 4, MNCL_FLOAT32, root, nullptr));
+    mncl_request_t req = nullptr;
+    EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT,
+                      mncl_ibcast(g_comm, a.data(), 4, MNCL_FLOAT32, root, nullptr, &req));
+  }
+  check_allreduce(MNCL_FLOAT32, MNCL_SUM, 7, false, 60);  // still usable
+}
+
+TEST_F(Conformance, ErrorsBadArguments) {
+  Buf a(MNCL_INT32, 8), b(MNCL_INT32, 8 * static_cast<size_t>(g_size));
+  const auto bad_dtype = static_cast<mncl_dtype_t>(MNCL_NUM_DTYPES + 3);
+  const auto bad_op = static_cast<mncl_op_t>(77);
+  EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT,
+                    mncl_allreduce(nullptr, a.data(), b.data(), 8, MNCL_INT32, MNCL_SUM, nullptr));
+  EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT,
+                    mncl_allreduce(g_comm, a.data(), b.data(), 8, bad_dtype, MNCL_SUM, nullptr));
+  EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT,
+                    mncl_allreduce(g_comm, a.data(), b.data(), 8, MNCL_INT32, bad_op, nullptr));
+  EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT,
+                    mncl_allreduce(g_comm, nullptr, b.data(), 8, MNCL_INT32, MNCL_SUM, nullptr));
+  EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT,
+                    mncl_allreduce(g_comm, a.data(), nullptr, 8, MNCL_INT32, MNCL_SUM, nullptr));
+  // Overlap that is not the in-place form.
+  EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT,
+                    mncl_allreduce(g_comm, a.data(), a.at(1), 4, MNCL_INT32, MNCL_SUM, nullptr));
+  EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT,
+                    mncl_bcast(g_comm, nullptr, 8, MNCL_INT32, 0, nullptr));
+  EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT, mncl_barrier(nullptr, nullptr));
+  // Point to point: to oneself or out of range.
+  EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT,
+                    mncl_send(g_comm, a.data(), 8, MNCL_INT32, g_rank, nullptr));
+  EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT,
+                    mncl_recv(g_comm, a.data(), 8, MNCL_INT32, g_size, nullptr));
+  EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT,
+                    mncl_send(g_comm, a.data(), 8, MNCL_INT32, -1, nullptr));
+  // Non-blocking forms need somewhere to put the request; requests must be real.
+  EXPECT_MNCL_ERROR(
+      MNCL_ERR_INVALID_ARGUMENT,
+      mncl_iallreduce(g_comm, a.data(), b.data(), 8, MNCL_INT32, MNCL_SUM, nullptr, nullptr));
+  EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT, mncl_ibarrier(g_comm, nullptr, nullptr));
+  int done = 0;
+  EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT, mncl_test(nullptr, &done));
+  EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT, mncl_wait(nullptr, -1));
+  // Coalesced: a NULL buffer with a non-zero count.
+  const void *sendbufs[] = {a.data(), nullptr};
+  void *recvbufs[] = {b.data(), b.at(4)};
+  const size_t counts[] = {4, 4};
+  EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT,
+                    mncl_allreduce_coalesced(g_comm, sendbufs, recvbufs, counts, 2, MNCL_INT32,
+                                             MNCL_SUM, nullptr));
+  // Queries.
+  int v = 0;
+  const char *name = nullptr;
+  EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT, mncl_comm_rank(g_comm, nullptr));
+  EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT, mncl_comm_rank(nullptr, &v));
+  EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT, mncl_comm_size(nullptr, &v));
+  EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT, mncl_comm_backend(g_comm, nullptr));
+  EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT, mncl_comm_backend(nullptr, &name));
+  mncl_comm_t sub = nullptr;
+  EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT, mncl_comm_split(nullptr, 0, 0, &sub));
+  // Count 0 with NULL buffers is a valid no-op.
+  EXPECT_EQ(mncl_allreduce(g_comm, nullptr, nullptr, 0, MNCL_INT32, MNCL_SUM, nullptr), MNCL_OK)
+      << mncl_last_error();
+  check_allreduce(MNCL_INT32, MNCL_SUM, 9, true, 61);  // still usable
+}
+
+// A malformed config is refused before any rendezvous, on every rank.
+TEST_F(Conformance, ErrorsBadConfig) {
+  mncl_comm_t c = nullptr;
+  mncl_config_t cfg = MNCL_CONFIG_INIT;
+  cfg.magic = 0x12345678u;
+  EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT, mncl_comm_create(&cfg, &c));
+  EXPECT_EQ(c, nullptr);
+  mncl_config_t cfg2 = MNCL_CONFIG_INIT;
+  EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT, mncl_comm_create(&cfg2, nullptr));
+  EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT, mncl_comm_destroy(nullptr));
+  MNCL_CALL(mncl_barrier(g_comm, nullptr));
+}
+
+// Integer SUM wraps modulo 2^bits (a documented guarantee): 100 per rank in int8 / uint8.
+TEST_F(Conformance, IntegerSumWraps) {
+  int8_t s8 = 100, r8 = 0;
+  uint8_t su8 = 200, ru8 = 0;
+  MNCL_CALL(mncl_allreduce(g_comm, &s8, &r8, 1, MNCL_INT8, MNCL_SUM, nullptr));
+  MNCL_CALL(mncl_allreduce(g_comm, &su8, &ru8, 1, MNCL_UINT8, MNCL_SUM, nullptr));
+  EXPECT_EQ(r8, static_cast<int8_t>(static_cast<uint8_t>(100 * g_size)));
+  EXPECT_EQ(ru8, static_cast<uint8_t>(200 * g_size));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Multi-MiB counts, on a few dtype/op pairs per collective (filter out with -Large.*).
+// ---------------------------------------------------------------------------------------------
+
+size_t large_block() {
+  return kLarge / static_cast<size_t>(g_size);
+}  // per-rank block
+
+class Large : public Conformance {};
+
+TEST_F(Large, Allreduce) {
+  check_allreduce(MNCL_FLOAT32, MNCL_SUM, kLarge, false, 70);
+  check_allreduce(MNCL_BFLOAT16, MNCL_AVG, kLarge, true, 71);
+}
+TEST_F(Large, Reduce) {
+  check_reduce(MNCL_INT32, MNCL_MAX, kLarge, g_size - 1, false, 72);
+}
+TEST_F(Large, Bcast) {
+  check_bcast(MNCL_FLOAT32, kLarge, g_size / 2, 73);
+}
+TEST_F(Large, ScatterGather) {
+  check_scatter(MNCL_FLOAT32, large_block(), 0, false, 74);
+  check_gather(MNCL_INT64, large_block() / 2, g_size - 1, true, 75);
+}
+TEST_F(Large, Allgather) {
+  check_allgather(MNCL_FLOAT32, large_block(), true, 76);
+}
+TEST_F(Large, ReduceScatter) {
+  check_reduce_scatter(MNCL_FLOAT16, MNCL_SUM, large_block(), false, 77);
+}
+TEST_F(Large, Alltoall) {
+  check_alltoall(MNCL_UINT32, large_block(), false, 78);
+}
+TEST_F(Large, SendRecv) {
+  if (g_size == 1) GTEST_SKIP() << "point to point needs two ranks";
+  check_ring(MNCL_FLOAT32, kLarge, 79);
+}
+TEST_F(Large, AllreduceCoalesced) {
+  check_coalesced(MNCL_FLOAT32, MNCL_SUM, {kLarge / 2, 1, kLarge / 2}, 0x1u, 80);
+}
+TEST_F(Large, IAllreduce) {
+  const Buf send = reduce_data(MNCL_INT64, MNCL_PROD, g_rank, kLarge / 2, 81);
+  Buf recv(MNCL_INT64, kLarge / 2);
+  mncl_request_t req = nullptr;
+  MNCL_CALL(mncl_iallreduce(g_comm, send.data(), recv.data(), kLarge / 2, MNCL_INT64, MNCL_PROD,
+                            nullptr, &req));
+  complete(req, true, "mncl_iallreduce");
+  expect_same(recv, reduce_expected(MNCL_INT64, MNCL_PROD, 0, kLarge / 2, 81),
+              "iallreduce int64 prod");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Point to point with idle ranks. Runs last (parameterised suites register after plain tests,
+// in file order): point-to-point traffic differs between ranks, and a library that numbered it
+// together with the collectives would leave the ranks disagreeing about every later collective.
+// ---------------------------------------------------------------------------------------------
+
+class PointToPointLast : public Conformance, public ::testing::WithParamInterface<int> {};
+TEST_P(PointToPointLast, IdleRanksThenCollectives) {
+  if (g_size == 1) GTEST_SKIP() << "point to point needs two ranks";
+  // Only ranks 0 and 1 talk (and at odd sizes the pairs of check_pairwise leave one rank out).
+  if (g_rank < 2) check_pairwise(MNCL_INT32, 90);
+  check_pairwise(MNCL_FLOAT32, 91);
+  // Every rank then runs the same collectives: they must still match up.
+  check_allreduce(MNCL_INT64, MNCL_SUM, 1021, false, 92);
+  check_bcast(MNCL_UINT8, 17, g_size - 1, 93);
+  MNCL_CALL(mncl_barrier(g_comm, nullptr));
+}
+INSTANTIATE_TEST_SUITE_P(Last, PointToPointLast, ::testing::Values(0));
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  ::testing::AddGlobalTestEnvironment(new WorldEnvironment);  // gtest owns it
+  // The communicator (and so the rank) exists only once the tests start; which rank prints the
+  // full output is decided from the launcher's variables, in the order mncl.h reads them.
+  const char *rank_env = nullptr;
+  for (const char *var : {"MNCL_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"})
+    if (!rank_env) rank_env = std::getenv(var);
+  const char *all = std::getenv("MNCL_CONFORMANCE_ALL_OUTPUT");
+  if (rank_env) g_rank = std::atoi(rank_env);  // for messages, should the communicator fail
+  if (g_rank != 0 && !(all && std::strcmp(all, "1") == 0)) {
+    auto &listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new FailurePrinter);
+  }
+  return RUN_ALL_TESTS();
+}

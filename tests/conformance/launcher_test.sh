@@ -1,0 +1,88 @@
+#!/bin/sh
+# Behaviour of mncl-run itself, with plain shell commands as ranks (no MNCL involved):
+# environment, tagged output, exit-status propagation, killing the rest, timeout, file store.
+#   launcher_test.sh /path/to/mncl-run
+set -u
+RUN=${1:?usage: launcher_test.sh MNCL_RUN}
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/mncl-run-test-XXXXXX")
+trap 'rm -rf "$TMP"' EXIT
+failures=0
+
+fail() {
+  echo "FAIL: $*"
+  failures=$((failures + 1))
+}
+# expect_rc WANT GOT WHAT
+expect_rc() {
+  if [ "$2" -ne "$1" ]; then fail "$3: exit status $2, want $1"; else echo "ok: $3"; fi
+}
+now() { date +%s; }
+
+# 1. Every rank sees its own rank, the size, and one store address; output is tagged.
+"$RUN" -n 3 --tag-output -- sh -c \
+  'echo "env $MNCL_RANK $MNCL_SIZE $MNCL_LOCAL_RANK $MNCL_LOCAL_SIZE $MNCL_STORE"' \
+  >"$TMP/out" 2>&1
+expect_rc 0 $? "three ranks exiting 0"
+for r in 0 1 2; do
+  grep -q "^\[r$r\] env $r 3 $r 3 tcp://127.0.0.1:[0-9][0-9]*$" "$TMP/out" ||
+    fail "rank $r: missing or wrong tagged line in: $(cat "$TMP/out")"
+done
+[ "$(sed 's/.* //' "$TMP/out" | sort -u | wc -l)" -eq 1 ] || fail "ranks saw different stores"
+
+# 2. --backend sets MNCL_BACKEND; without it the caller's value is inherited.
+out=$(MNCL_BACKEND=inherited "$RUN" -n 1 -- sh -c 'echo $MNCL_BACKEND')
+[ "$out" = inherited ] || fail "MNCL_BACKEND not inherited: '$out'"
+out=$(MNCL_BACKEND=inherited "$RUN" -n 1 --backend naive -- sh -c 'echo $MNCL_BACKEND')
+[ "$out" = naive ] || fail "--backend not applied: '$out'"
+
+# 3. A failing rank: its status is the launcher's, the others are killed after the grace.
+start=$(now)
+"$RUN" -n 3 --grace 1 -- sh -c '[ "$MNCL_RANK" = 1 ] && exit 3; sleep 60' 2>"$TMP/err"
+rc=$?
+expect_rc 3 $rc "rank 1 exits 3"
+grep -q "rank 1 .*exited with status 3" "$TMP/err" || fail "no report of rank 1: $(cat "$TMP/err")"
+[ $(($(now) - start)) -lt 20 ] || fail "the other ranks were not killed in time"
+
+# 4. A rank killed by a signal: 128 + signal.
+"$RUN" -n 2 -- sh -c '[ "$MNCL_RANK" = 0 ] && kill -9 $$; exit 0' 2>"$TMP/err"
+expect_rc 137 $? "rank 0 killed by SIGKILL"
+grep -q "rank 0 .*killed by signal 9" "$TMP/err" || fail "no signal report: $(cat "$TMP/err")"
+
+# 5. The global timeout: exit 124, naming the ranks still running.
+start=$(now)
+"$RUN" -n 2 --timeout 1 -- sh -c '[ "$MNCL_RANK" = 1 ] && exit 0; sleep 60' 2>"$TMP/err"
+expect_rc 124 $? "timeout"
+grep -q "timeout.*still running: 0$" "$TMP/err" || fail "timeout report: $(cat "$TMP/err")"
+[ $(($(now) - start)) -lt 20 ] || fail "timeout did not kill the ranks in time"
+
+# 6. A file store: a fresh directory, removed afterwards.
+dir=$("$RUN" -n 2 --store file -- sh -c \
+  'd=${MNCL_STORE#file://}; [ -d "$d" ] && touch "$d/rank$MNCL_RANK" && echo "$d"' | sort -u)
+expect_rc 0 $? "file store"
+[ -n "$dir" ] && [ "$(echo "$dir" | wc -l)" -eq 1 ] || fail "file store directories: '$dir'"
+[ -e "$dir" ] && fail "file store directory $dir was not removed"
+
+# 7. SIGTERM to the launcher reaches the ranks.
+# The ranks say when their trap is set, so the signal never arrives before it.
+"$RUN" -n 2 -- sh -c "trap 'exit 7' TERM; touch '$TMP/ready'\$MNCL_RANK; sleep 60 & wait" &
+pid=$!
+for _ in $(seq 100); do
+  [ -e "$TMP/ready0" ] && [ -e "$TMP/ready1" ] && break
+  sleep 0.1
+done
+kill -TERM $pid
+wait $pid
+expect_rc 7 $? "SIGTERM forwarded"
+
+# 8. Usage errors and a program that does not exist.
+"$RUN" -- true 2>/dev/null
+expect_rc 2 $? "missing -n"
+"$RUN" -n 2 -- /nonexistent/program 2>/dev/null
+expect_rc 127 $? "missing program"
+"$RUN" --help | grep -q "Usage: mncl-run" || fail "--help"
+
+if [ $failures -ne 0 ]; then
+  echo "$failures launcher check(s) failed"
+  exit 1
+fi
+echo "all launcher checks passed"
