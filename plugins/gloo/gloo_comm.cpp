@@ -42,34 +42,58 @@ constexpr int64_t kFallbackTimeoutMs = 300000;
 
 const char *kind_name(int32_t kind) {
   switch (kind) {
-    case MNCL_COLL_ALLREDUCE: return "allreduce";
-    case MNCL_COLL_REDUCE: return "reduce";
-    case MNCL_COLL_BCAST: return "bcast";
-    case MNCL_COLL_SCATTER: return "scatter";
-    case MNCL_COLL_GATHER: return "gather";
-    case MNCL_COLL_ALLGATHER: return "allgather";
-    case MNCL_COLL_REDUCE_SCATTER: return "reduce_scatter";
-    case MNCL_COLL_ALLTOALL: return "alltoall";
-    case MNCL_COLL_BARRIER: return "barrier";
-    case MNCL_COLL_SEND: return "send";
-    case MNCL_COLL_RECV: return "recv";
-    case MNCL_COLL_ALLREDUCE_COALESCED: return "allreduce_coalesced";
-    default: return "unknown";
+    case MNCL_COLL_ALLREDUCE:
+      return "allreduce";
+    case MNCL_COLL_REDUCE:
+      return "reduce";
+    case MNCL_COLL_BCAST:
+      return "bcast";
+    case MNCL_COLL_SCATTER:
+      return "scatter";
+    case MNCL_COLL_GATHER:
+      return "gather";
+    case MNCL_COLL_ALLGATHER:
+      return "allgather";
+    case MNCL_COLL_REDUCE_SCATTER:
+      return "reduce_scatter";
+    case MNCL_COLL_ALLTOALL:
+      return "alltoall";
+    case MNCL_COLL_BARRIER:
+      return "barrier";
+    case MNCL_COLL_SEND:
+      return "send";
+    case MNCL_COLL_RECV:
+      return "recv";
+    case MNCL_COLL_ALLREDUCE_COALESCED:
+      return "allreduce_coalesced";
+    default:
+      return "unknown";
   }
 }
 
 // Calls f(T{}) with the unsigned integer type of `size` bytes: Gloo's typed setters only use
 // sizeof(T), so data of any dtype travels as unsigned words of its width.
-template <typename F> void with_word(size_t size, F &&f) {
+template <typename F>
+void with_word(size_t size, F &&f) {
   switch (size) {
-    case 1: f(uint8_t{}); break;
-    case 2: f(uint16_t{}); break;
-    case 4: f(uint32_t{}); break;
-    default: f(uint64_t{}); break;
+    case 1:
+      f(uint8_t{});
+      break;
+    case 2:
+      f(uint16_t{});
+      break;
+    case 4:
+      f(uint32_t{});
+      break;
+    default:
+      f(uint64_t{});
+      break;
   }
 }
 
-bool is_half(int32_t dtype) { return dtype == MNCL_FLOAT16 || dtype == MNCL_BFLOAT16; }
+bool is_half(int32_t dtype) {
+  return dtype == MNCL_FLOAT16 || dtype == MNCL_BFLOAT16;
+}
 
 void widen_any(float *dst, const void *src, size_t n, int32_t dtype) {
   if (dtype == MNCL_FLOAT16) {
@@ -104,28 +128,35 @@ gloo::AllreduceOptions::Func reduce_fn(int32_t dtype, int32_t mop) {
 }
 
 // The classic (templated) algorithms take a ReductionFunction<T> holding a plain function.
-template <typename T, int32_t D, int32_t O> void classic_reduce(T *x, const T *y, size_t n) {
+template <typename T, int32_t D, int32_t O>
+void classic_reduce(T *x, const T *y, size_t n) {
   kit::reduce_into(x, y, n, D, O);
 }
 
-template <typename T, int32_t D> const gloo::ReductionFunction<T> *classic_fn_for(int32_t op) {
+template <typename T, int32_t D>
+const gloo::ReductionFunction<T> *classic_fn_for(int32_t op) {
   static const gloo::ReductionFunction<T> sum(gloo::CUSTOM, &classic_reduce<T, D, MNCL_SUM>);
   static const gloo::ReductionFunction<T> prod(gloo::CUSTOM, &classic_reduce<T, D, MNCL_PROD>);
   static const gloo::ReductionFunction<T> min(gloo::CUSTOM, &classic_reduce<T, D, MNCL_MIN>);
   static const gloo::ReductionFunction<T> max(gloo::CUSTOM, &classic_reduce<T, D, MNCL_MAX>);
   switch (op) {
-    case MNCL_PROD: return &prod;
-    case MNCL_MIN: return &min;
-    case MNCL_MAX: return &max;
-    default: return &sum;  // SUM, and AVG (a SUM then a division)
+    case MNCL_PROD:
+      return &prod;
+    case MNCL_MIN:
+      return &min;
+    case MNCL_MAX:
+      return &max;
+    default:
+      return &sum;  // SUM, and AVG (a SUM then a division)
   }
 }
 
-template <typename T> const gloo::ReductionFunction<T> *classic_fn(int32_t dtype, int32_t op) {
+template <typename T>
+const gloo::ReductionFunction<T> *classic_fn(int32_t dtype, int32_t op) {
   // Only dtypes as wide as T can reach here; the others are not even instantiated.
-#define MNCL_GLOO_CASE(D)                                                               \
-  case D:                                                                               \
-    if constexpr (kit::dtype_size(D) == sizeof(T)) return classic_fn_for<T, D>(op);     \
+#define MNCL_GLOO_CASE(D)                                                           \
+  case D:                                                                           \
+    if constexpr (kit::dtype_size(D) == sizeof(T)) return classic_fn_for<T, D>(op); \
     break;
   switch (dtype) {
     MNCL_GLOO_CASE(MNCL_INT8)
@@ -138,7 +169,8 @@ template <typename T> const gloo::ReductionFunction<T> *classic_fn(int32_t dtype
     MNCL_GLOO_CASE(MNCL_BFLOAT16)
     MNCL_GLOO_CASE(MNCL_FLOAT32)
     MNCL_GLOO_CASE(MNCL_FLOAT64)
-    default: break;
+    default:
+      break;
   }
 #undef MNCL_GLOO_CASE
   throw kit::Error(MNCL_ERR_INTERNAL, "gloo: no reduction for this dtype width");
@@ -166,11 +198,16 @@ bool parse_algo(const char *text, Algo *algo) {
 
 const char *algo_name(Algo algo) {
   switch (algo) {
-    case Algo::kRing: return "ring";
-    case Algo::kRingChunked: return "ring_chunked";
-    case Algo::kHalvingDoubling: return "halving_doubling";
-    case Algo::kBcube: return "bcube";
-    default: return "auto";
+    case Algo::kRing:
+      return "ring";
+    case Algo::kRingChunked:
+      return "ring_chunked";
+    case Algo::kHalvingDoubling:
+      return "halving_doubling";
+    case Algo::kBcube:
+      return "bcube";
+    default:
+      return "auto";
   }
 }
 
@@ -216,9 +253,9 @@ Comm::Comm(const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host, const Sett
     throw;  // the store callback set the message
   } catch (const gloo::IoException &e) {
     const bool timeout = std::strstr(e.what(), "imeout") || std::strstr(e.what(), "imed out");
-    throw kit::Error(timeout ? MNCL_ERR_TIMEOUT : MNCL_ERR_BOOTSTRAP,
-                     kit::format("%s: connecting to the peers failed: %s", where.c_str(),
-                                 e.what()));
+    throw kit::Error(
+        timeout ? MNCL_ERR_TIMEOUT : MNCL_ERR_BOOTSTRAP,
+        kit::format("%s: connecting to the peers failed: %s", where.c_str(), e.what()));
   } catch (const std::bad_alloc &) {
     throw;
   } catch (const std::exception &e) {
@@ -226,8 +263,7 @@ Comm::Comm(const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host, const Sett
                      kit::format("%s: rendezvous failed: %s", where.c_str(), e.what()));
   }
   MNCL_KIT_LOG(host_, MNCL_LOG_INFO, "gloo: comm '%s' rank %d of %d connected over %s, algo %s",
-               comm_id_.c_str(), rank_, size_, device_->str().c_str(),
-               algo_name(settings_.algo));
+               comm_id_.c_str(), rank_, size_, device_->str().c_str(), algo_name(settings_.algo));
 }
 
 Comm::~Comm() {
@@ -260,8 +296,7 @@ void Comm::execute(const mncl_coll_v1_t &c) {
   const bool reduction = c.kind == MNCL_COLL_ALLREDUCE || c.kind == MNCL_COLL_REDUCE ||
                          c.kind == MNCL_COLL_REDUCE_SCATTER ||
                          c.kind == MNCL_COLL_ALLREDUCE_COALESCED;
-  op.desc = kit::format("gloo %s #%llu", kind_name(c.kind),
-                        static_cast<unsigned long long>(c.seq));
+  op.desc = kit::format("gloo %s #%llu", kind_name(c.kind), static_cast<unsigned long long>(c.seq));
   if (c.kind != MNCL_COLL_BARRIER) {
     op.desc += kit::format(" (%zu x %s", c.count, kit::dtype_name(c.dtype));
     if (reduction) op.desc += kit::format(", %s", kit::op_name(c.op));
@@ -283,9 +318,9 @@ void Comm::execute(const mncl_coll_v1_t &c) {
     throw kit::Error(MNCL_ERR_ABORTED, op.desc + ": the communicator was aborted");
   }
   if (!broken_.empty()) {
-    throw kit::Error(MNCL_ERR_REMOTE,
-                     op.desc + ": the communicator is unusable after an earlier failure: " +
-                         broken_);
+    throw kit::Error(
+        MNCL_ERR_REMOTE,
+        op.desc + ": the communicator is unusable after an earlier failure: " + broken_);
   }
   if (size_ == 1) {
     run_single_rank(c);
@@ -308,7 +343,8 @@ void Comm::execute(const mncl_coll_v1_t &c) {
     const bool timeout = std::strstr(e.what(), "imed out") || std::strstr(e.what(), "imeout");
     status = timeout ? MNCL_ERR_TIMEOUT : MNCL_ERR_REMOTE;
     what = kit::format("%s: %s: %s", op.desc.c_str(),
-                       timeout ? "timed out" : "a peer failed or disconnected", e.what());
+                       timeout ? "no progress within the timeout" : "connection to a peer lost",
+                       e.what());
   } catch (const std::exception &e) {
     // GLOO_ENFORCE failures land here; after an abort they are its side effects.
     status = MNCL_ERR_INTERNAL;
@@ -328,21 +364,43 @@ void Comm::run(Op &op, const mncl_coll_v1_t &c) {
     case MNCL_COLL_ALLREDUCE:
       if (c.count > 0) allreduce(op, c.sendbuf, c.recvbuf, c.count, c.dtype, c.op);
       return;
-    case MNCL_COLL_ALLREDUCE_COALESCED: allreduce_coalesced(op, c); return;
-    case MNCL_COLL_REDUCE: reduce(op, c); return;
-    case MNCL_COLL_BCAST: bcast(op, c); return;
-    case MNCL_COLL_SCATTER: scatter(op, c); return;
-    case MNCL_COLL_GATHER: gather(op, c); return;
-    case MNCL_COLL_ALLGATHER: allgather(op, c); return;
-    case MNCL_COLL_REDUCE_SCATTER: reduce_scatter(op, c); return;
-    case MNCL_COLL_ALLTOALL: alltoall(op, c); return;
-    case MNCL_COLL_BARRIER: barrier(op); return;
-    case MNCL_COLL_SEND: send(op, c); return;
-    case MNCL_COLL_RECV: recv(op, c); return;
+    case MNCL_COLL_ALLREDUCE_COALESCED:
+      allreduce_coalesced(op, c);
+      return;
+    case MNCL_COLL_REDUCE:
+      reduce(op, c);
+      return;
+    case MNCL_COLL_BCAST:
+      bcast(op, c);
+      return;
+    case MNCL_COLL_SCATTER:
+      scatter(op, c);
+      return;
+    case MNCL_COLL_GATHER:
+      gather(op, c);
+      return;
+    case MNCL_COLL_ALLGATHER:
+      allgather(op, c);
+      return;
+    case MNCL_COLL_REDUCE_SCATTER:
+      reduce_scatter(op, c);
+      return;
+    case MNCL_COLL_ALLTOALL:
+      alltoall(op, c);
+      return;
+    case MNCL_COLL_BARRIER:
+      barrier(op);
+      return;
+    case MNCL_COLL_SEND:
+      send(op, c);
+      return;
+    case MNCL_COLL_RECV:
+      recv(op, c);
+      return;
     default:
-      throw kit::Error(MNCL_ERR_NOT_SUPPORTED,
-                       kit::format("%s: collective kind %d is not supported by gloo",
-                                   op.desc.c_str(), c.kind));
+      throw kit::Error(
+          MNCL_ERR_NOT_SUPPORTED,
+          kit::format("%s: collective kind %d is not supported by gloo", op.desc.c_str(), c.kind));
   }
 }
 
@@ -359,26 +417,28 @@ void Comm::run_single_rank(const mncl_coll_v1_t &c) {
     case MNCL_COLL_GATHER:
     case MNCL_COLL_ALLGATHER:
     case MNCL_COLL_REDUCE_SCATTER:
-    case MNCL_COLL_ALLTOALL: copy(c.recvbuf, c.sendbuf, bytes); return;
+    case MNCL_COLL_ALLTOALL:
+      copy(c.recvbuf, c.sendbuf, bytes);
+      return;
     case MNCL_COLL_ALLREDUCE_COALESCED:
       for (size_t i = 0; i < c.nbufs; ++i) {
         copy(c.recvbufs[i], c.sendbufs[i], c.counts[i] * kit::dtype_size(c.dtype));
       }
       return;
     case MNCL_COLL_BCAST:
-    case MNCL_COLL_BARRIER: return;
+    case MNCL_COLL_BARRIER:
+      return;
     default:
-      throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
-                       kit::format("gloo %s: no peer exists in a communicator of one rank",
-                                   kind_name(c.kind)));
+      throw kit::Error(
+          MNCL_ERR_INVALID_ARGUMENT,
+          kit::format("gloo %s: no peer exists in a communicator of one rank", kind_name(c.kind)));
   }
 }
 
 void Comm::wait_recv(Op &op, gloo::transport::UnboundBuffer &buf, int peer) {
   if (!buf.waitRecv(op.timeout)) {
-    throw kit::Error(MNCL_ERR_ABORTED,
-                     kit::format("%s: aborted while receiving from rank %d", op.desc.c_str(),
-                                 peer));
+    throw kit::Error(MNCL_ERR_ABORTED, kit::format("%s: aborted while receiving from rank %d",
+                                                   op.desc.c_str(), peer));
   }
 }
 
@@ -393,8 +453,7 @@ void Comm::wait_send(Op &op, gloo::transport::UnboundBuffer &buf, int peer) {
 // Reductions
 // ---------------------------------------------------------------------------------------------
 
-void Comm::allreduce(Op &op, const void *in, void *out, size_t count, int32_t dtype,
-                     int32_t mop) {
+void Comm::allreduce(Op &op, const void *in, void *out, size_t count, int32_t dtype, int32_t mop) {
   const int32_t fold = mop == MNCL_AVG ? MNCL_SUM : mop;
   if (is_half(dtype)) {
     std::vector<float> wide(count);
@@ -546,8 +605,7 @@ void Comm::reduce_scatter(Op &op, const mncl_coll_v1_t &c) {
 // Ring reduce-scatter over `size` blocks of block_count elements held in acc. Step s sends
 // block (rank-s-1) to the right and folds block (rank-s-2) from the left into acc; after
 // size-1 steps block `rank` holds the reduction over all ranks.
-void Comm::reduce_scatter_ring(Op &op, void *acc, size_t block_count, int32_t dtype,
-                               int32_t mop) {
+void Comm::reduce_scatter_ring(Op &op, void *acc, size_t block_count, int32_t dtype, int32_t mop) {
   const size_t es = kit::dtype_size(dtype);
   const size_t block = block_count * es;
   const int right = (rank_ + 1) % size_;
@@ -681,8 +739,7 @@ void Comm::recv(Op &op, const mncl_coll_v1_t &c) {
   const size_t bytes = c.count * kit::dtype_size(c.dtype);
   if (bytes == 0) return;
   const int peer = c.root;
-  const uint64_t slot =
-      gloo::Slot::build(kP2PSlotPrefix, received_[static_cast<size_t>(peer)]++);
+  const uint64_t slot = gloo::Slot::build(kP2PSlotPrefix, received_[static_cast<size_t>(peer)]++);
   auto buf = context_->createUnboundBuffer(c.recvbuf, bytes);
   buf->recv(peer, slot);
   wait_recv(op, *buf, peer);

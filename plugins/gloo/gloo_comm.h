@@ -28,7 +28,6 @@
 
 #include <gloo/context.h>
 #include <gloo/transport/device.h>
-
 #include <mncl/mncl_plugin.h>
 
 #include <atomic>
@@ -76,8 +75,7 @@ class Comm {
   void run_single_rank(const mncl_coll_v1_t &c);
 
   void allreduce(Op &op, const void *in, void *out, size_t count, int32_t dtype, int32_t mop);
-  void allreduce_plain(Op &op, const void *in, void *out, size_t count, int32_t dtype,
-                       int32_t mop);
+  void allreduce_plain(Op &op, const void *in, void *out, size_t count, int32_t dtype, int32_t mop);
   void allreduce_coalesced(Op &op, const mncl_coll_v1_t &c);
   void reduce(Op &op, const mncl_coll_v1_t &c);
   void bcast(Op &op, const mncl_coll_v1_t &c);

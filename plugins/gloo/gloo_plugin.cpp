@@ -9,7 +9,6 @@
 //   MNCL_GLOO_IB_DEVICE  InfiniBand device for ibverbs (default: the first one)
 //   MNCL_GLOO_ALGO       auto (default) | ring | ring_chunked | halving_doubling | bcube
 #include <gloo/config.h>
-
 #include <mncl/mncl_plugin.h>
 
 #include <new>
@@ -27,8 +26,8 @@ namespace kit = mncl::kit;
 
 #define MNCL_GLOO_STR2(x) #x
 #define MNCL_GLOO_STR(x) MNCL_GLOO_STR2(x)
-#define MNCL_GLOO_VERSION_STRING                                                   \
-  "0.1.0 (gloo " MNCL_GLOO_STR(GLOO_VERSION_MAJOR) "." MNCL_GLOO_STR(              \
+#define MNCL_GLOO_VERSION_STRING                                      \
+  "0.1.0 (gloo " MNCL_GLOO_STR(GLOO_VERSION_MAJOR) "." MNCL_GLOO_STR( \
       GLOO_VERSION_MINOR) "." MNCL_GLOO_STR(GLOO_VERSION_PATCH) ")"
 
 const mncl_host_v1_t *g_host = nullptr;
@@ -46,7 +45,9 @@ mncl_status_t gloo_init(const mncl_host_v1_t *host) {
   return MNCL_OK;
 }
 
-void gloo_finalize(void) { g_host = nullptr; }
+void gloo_finalize(void) {
+  g_host = nullptr;
+}
 
 // Host memory, any job shape: preferred over naive (10), below device-native backends.
 mncl_status_t gloo_probe(const mncl_probe_v1_t *info, int32_t *score, char *reason,
@@ -119,17 +120,17 @@ MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = {
     MNCL_GLOO_VERSION_STRING,  // version
     MNCL_CAP_HOST_MEMORY,      // caps: host buffers only (the core stages device memory)
     MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED),  // coll_mask
-    kit::kAllDtypesMask,       // dtype_mask
-    kit::kAllOpsMask,          // op_mask
-    0,                         // reserved0
-    gloo_init,                 // init
-    gloo_finalize,             // finalize
-    gloo_probe,                // probe
-    gloo_comm_create,          // comm_create
-    gloo_comm_destroy,         // comm_destroy
-    gloo_comm_abort,           // comm_abort
-    nullptr,                   // comm_split: the core's split + comm_create on a new bootstrap
-    gloo_execute,              // execute
-    nullptr,                   // post: no native async
-    nullptr,                   // test
+    kit::kAllDtypesMask,                                                   // dtype_mask
+    kit::kAllOpsMask,                                                      // op_mask
+    0,                                                                     // reserved0
+    gloo_init,                                                             // init
+    gloo_finalize,                                                         // finalize
+    gloo_probe,                                                            // probe
+    gloo_comm_create,                                                      // comm_create
+    gloo_comm_destroy,                                                     // comm_destroy
+    gloo_comm_abort,                                                       // comm_abort
+    nullptr,       // comm_split: the core's split + comm_create on a new bootstrap
+    gloo_execute,  // execute
+    nullptr,       // post: no native async
+    nullptr,       // test
 };

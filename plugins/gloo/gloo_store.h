@@ -6,7 +6,6 @@
 #pragma once
 
 #include <gloo/rendezvous/store.h>
-
 #include <mncl/mncl_plugin.h>
 
 #include <chrono>

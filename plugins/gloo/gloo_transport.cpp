@@ -134,11 +134,11 @@ std::shared_ptr<gloo::transport::Device> create_device(
     try {
       return gloo::transport::ibverbs::CreateDevice(attr);
     } catch (const std::exception &e) {
-      throw kit::Error(MNCL_ERR_NOT_SUPPORTED,
-                       kit::format("gloo: MNCL_GLOO_TRANSPORT=ibverbs: cannot open device '%s' "
-                                   "(MNCL_GLOO_IB_DEVICE): %s",
-                                   attr.name.empty() ? names[0].c_str() : attr.name.c_str(),
-                                   e.what()));
+      throw kit::Error(
+          MNCL_ERR_NOT_SUPPORTED,
+          kit::format("gloo: MNCL_GLOO_TRANSPORT=ibverbs: cannot open device '%s' "
+                      "(MNCL_GLOO_IB_DEVICE): %s",
+                      attr.name.empty() ? names[0].c_str() : attr.name.c_str(), e.what()));
     }
   }
   if (settings.kind != "tcp") {
@@ -163,8 +163,8 @@ std::shared_ptr<gloo::transport::Device> create_device(
     return std::make_shared<TrackingDevice>(tcp::CreateDeviceAttr(attr), registry);
   } catch (const std::exception &e) {
     const std::string &name = attr.iface.empty() ? attr.hostname : attr.iface;
-    throw kit::Error(MNCL_ERR_SYSTEM, kit::format("gloo: cannot bind to %s '%s': %s", what,
-                                                  name.c_str(), e.what()));
+    throw kit::Error(MNCL_ERR_SYSTEM,
+                     kit::format("gloo: cannot bind to %s '%s': %s", what, name.c_str(), e.what()));
   }
 }
 

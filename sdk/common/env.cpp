@@ -35,6 +35,14 @@ const std::vector<Variable> &table() {
        "Seconds any blocking step may take (rendezvous, each collective) before it fails."},
       {"MNCL_DEVICE", "", "Accelerator ordinal for this rank (default: the local rank)."},
       {"MNCL_DEBUG", "warn", "Log level: none, error, warn, info or trace."},
+      // Backend-specific settings (read by the plugins through the host's get_env).
+      {"MNCL_GLOO_TRANSPORT", "tcp", "gloo: transport, tcp or ibverbs."},
+      {"MNCL_GLOO_IFACE", "",
+       "gloo: network interface to bind (default: the host name's address; loopback on one "
+       "host)."},
+      {"MNCL_GLOO_IB_DEVICE", "", "gloo: InfiniBand device for ibverbs (default: the first)."},
+      {"MNCL_GLOO_ALGO", "auto",
+       "gloo: allreduce algorithm, auto, ring, ring_chunked, halving_doubling or bcube."},
       {"MASTER_ADDR", "", "torchrun-style store host, used when MNCL_STORE is unset."},
       {"MASTER_PORT", "", "torchrun-style store port, used when MNCL_STORE is unset."},
       // Launchers' own variables, read when the MNCL_* ones are unset.

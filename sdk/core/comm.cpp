@@ -51,7 +51,8 @@ bootstrap::WaitOptions wait_options(int64_t timeout_ms, const std::atomic<bool> 
 // value. On timeout, names the ranks that never wrote theirs.
 std::vector<std::string> exchange(bootstrap::Store &store, const std::string &prefix, int rank,
                                   int size, const std::string &value, int64_t timeout_ms,
-                                  const std::atomic<bool> *aborted, const char *what) {
+                                  const std::atomic<bool> *aborted, const char *what,
+                                  std::vector<int> *missing_ranks = nullptr) {
   store.set(prefix + std::to_string(rank), value.data(), value.size());
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back(prefix + std::to_string(r));
@@ -59,6 +60,7 @@ std::vector<std::string> exchange(bootstrap::Store &store, const std::string &pr
   if (!missing.empty()) {
     std::vector<int> ranks;
     for (const auto &k : missing) ranks.push_back(std::stoi(k.substr(prefix.size())));
+    if (missing_ranks) *missing_ranks = ranks;
     throw Error(MNCL_ERR_TIMEOUT,
                 format("%s: rank%s %s did not %s within %.1f s (store %s)", what,
                        ranks.size() > 1 ? "s" : "", list_ranks(ranks).c_str(),
@@ -125,8 +127,16 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
   const std::string record =
       (local_error.empty() ? "ok\n" + selection.plugin->name() : "error\n" + local_error) + "\n" +
       host + "\n" + std::to_string(::getpid());
-  const auto records = exchange(*comm->comm_store_, "join/", settings.rank, settings.size,
-                                record, settings.timeout_ms, &comm->aborted_, "mncl_comm_create");
+  std::vector<std::string> records;
+  std::vector<int> absent;
+  try {
+    records = exchange(*comm->comm_store_, "join/", settings.rank, settings.size, record,
+                       settings.timeout_ms, &comm->aborted_, "mncl_comm_create", &absent);
+  } catch (const Error &e) {
+    if (e.status() == MNCL_ERR_TIMEOUT) comm->leave_after_failed_join(absent);
+    throw;
+  }
+  comm->joined_ = true;
 
   std::map<std::string, std::vector<int>> choices;  // backend -> ranks
   std::vector<std::string> failures;
@@ -195,11 +205,28 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
   comm->plugin_store_ = std::make_unique<StoreBridge>(
       bootstrap::make_prefix_store(comm->job_store_, comm->id_ + "/p/"), &comm->aborted_);
   comm->create_plugin_comm(comm->bootstrap_for_plugin(), nullptr, 0, 0);
-  comm->created_ = true;
   MNCL_INFO("communicator %s ready: rank %d of %d on backend %s (%d host%s)", comm->id_.c_str(),
             comm->rank_, comm->size_, comm->backend().c_str(), comm->num_hosts_,
             comm->num_hosts_ > 1 ? "s" : "");
   return comm;
+}
+
+void Comm::leave_after_failed_join(const std::vector<int> &absent) {
+  // The ranks that did join time out too, each at its own deadline: the store host waits for
+  // them to see their own timeout before taking the store down under them.
+  try {
+    comm_store_->set("leave/" + std::to_string(rank_), "1", 1);
+    if (rank_ != 0) return;
+    std::vector<std::string> present;
+    for (int r = 0; r < size_; ++r) {
+      if (std::find(absent.begin(), absent.end(), r) == absent.end()) {
+        present.push_back("leave/" + std::to_string(r));
+      }
+    }
+    comm_store_->wait(present, wait_options(timeout_ms_, nullptr));
+  } catch (const Error &e) {
+    MNCL_INFO("mncl_comm_create: cleaning up after the failed join: %s", e.what());
+  }
 }
 
 mncl_bootstrap_v1_t Comm::bootstrap_for_plugin() const {
@@ -508,8 +535,8 @@ std::unique_ptr<Comm> Comm::split(int color, int key) {
   child->table_ = table_;
   child->plugin_store_ = std::make_unique<StoreBridge>(
       bootstrap::make_prefix_store(job_store_, child->id_ + "/p/"), &child->aborted_);
+  child->joined_ = true;  // every member took part in the exchange above
   child->create_plugin_comm(child->bootstrap_for_plugin(), plugin_comm_, color, key);
-  child->created_ = true;
   MNCL_INFO("split %s -> %s: rank %d of %d", id_.c_str(), child->id_.c_str(), child->rank_,
             child->size_);
   return child;
@@ -537,7 +564,7 @@ void Comm::destroy() {
   }
   // Leave protocol: rank 0 removes the communicator's keys once every rank is done with them
   // (and, on the job's rank 0, keeps the store server up until then).
-  if (comm_store_ && created_ && !aborted_.load()) {
+  if (comm_store_ && joined_ && !aborted_.load()) {
     try {
       const std::string mine = "leave/" + std::to_string(rank_);
       comm_store_->set(mine, "1", 1);

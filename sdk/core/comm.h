@@ -75,6 +75,7 @@ class Comm {
   void create_plugin_comm(const mncl_bootstrap_v1_t &bs, void *parent_plugin_comm, int color,
                           int key);
   mncl_bootstrap_v1_t bootstrap_for_plugin() const;
+  void leave_after_failed_join(const std::vector<int> &absent);
   void check_usable(const char *fn) const;
 
   int rank_ = 0, size_ = 1;
@@ -92,7 +93,9 @@ class Comm {
 
   std::atomic<bool> aborted_{false};
   std::atomic<bool> destroyed_{false};
-  bool created_ = false;  // false while create/split is still failing: no leave protocol then
+  // Set once every rank has joined: from then on rank 0 keeps the store up at destroy until all
+  // ranks have left (even when creation fails later); before it, nobody waits for anybody.
+  bool joined_ = false;
   uint64_t next_seq_ = 0;     // sequence number of the next collective
   std::vector<uint64_t> next_send_seq_, next_recv_seq_;  // per peer, for send/recv
   uint64_t next_split_ = 0;   // splits made from this communicator

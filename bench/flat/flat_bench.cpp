@@ -1,0 +1,226 @@
+// flat_bench: what the flat backend costs on top of MPI, measured in the same run.
+//
+//   mpirun -np 4 flat_bench [--quick] [--max-bytes N] [--rounds R]
+//
+// Part 1: float32 sum allreduce of 8 B .. 64 MiB, MNCL (backend flat) against MPI_Allreduce on
+// a duplicate of MPI_COMM_WORLD, on the very same buffers. The two alternate in blocks of
+// iterations (MPI, MNCL, MPI, MNCL...) so drift and noise hit both alike; each block is timed
+// by its slowest rank; the table gives the median block per call.
+// Part 2: 100 small buffers allreduced with one mncl_allreduce_coalesced against 100
+// mncl_allreduce calls (and the same two shapes in raw MPI, for reference).
+//
+// The application initializes MPI here (as an MPI program using MNCL would); flat then uses
+// it as it finds it.
+#include <mncl/mncl.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace {
+
+int g_rank = 0, g_size = 1;
+
+#define CHECK_MNCL(call)                                                                         \
+  do {                                                                                           \
+    const mncl_status_t st_ = (call);                                                            \
+    if (st_ != MNCL_OK) {                                                                        \
+      std::fprintf(stderr, "rank %d: %s: %s: %s\n", g_rank, #call, mncl_status_string(st_),      \
+                   mncl_last_error());                                                           \
+      MPI_Abort(MPI_COMM_WORLD, 2);                                                              \
+    }                                                                                            \
+  } while (0)
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Seconds per call of `iters` calls of f, as seen by the slowest rank.
+double time_block(int iters, const std::function<void()> &f) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  const double t0 = now_s();
+  for (int i = 0; i < iters; ++i) f();
+  double local = (now_s() - t0) / iters, slowest = 0;
+  MPI_Allreduce(&local, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return slowest;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Median seconds per call of a and b, alternating a, b, a, b... for `rounds` rounds.
+std::pair<double, double> compare(int rounds, int iters, const std::function<void()> &a,
+                                  const std::function<void()> &b) {
+  a();  // warm up both paths (connections, algorithm selection, page faults)
+  b();
+  std::vector<double> ta, tb;
+  for (int r = 0; r < rounds; ++r) {
+    // Alternate which goes first, so neither always follows the other.
+    if (r % 2 == 0) {
+      ta.push_back(time_block(iters, a));
+      tb.push_back(time_block(iters, b));
+    } else {
+      tb.push_back(time_block(iters, b));
+      ta.push_back(time_block(iters, a));
+    }
+  }
+  return {median(ta), median(tb)};
+}
+
+std::string human(size_t bytes) {
+  char buf[32];
+  if (bytes >= (1u << 20)) {
+    std::snprintf(buf, sizeof buf, "%zu MiB", bytes >> 20);
+  } else if (bytes >= 1024) {
+    std::snprintf(buf, sizeof buf, "%zu KiB", bytes >> 10);
+  } else {
+    std::snprintf(buf, sizeof buf, "%zu B", bytes);
+  }
+  return buf;
+}
+
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  bool quick = false;
+  size_t max_bytes = size_t{64} << 20;
+  int rounds = 15;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--quick") {
+      quick = true;
+      rounds = 5;
+    } else if (arg == "--max-bytes" && i + 1 < argc) {
+      max_bytes = std::strtoull(argv[++i], nullptr, 10);
+    } else if (arg == "--rounds" && i + 1 < argc) {
+      rounds = std::max(1, std::atoi(argv[++i]));
+    } else {
+      std::fprintf(stderr, "usage: mpirun -np N %s [--quick] [--max-bytes N] [--rounds R]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+  MPI_Comm raw;
+  MPI_Comm_dup(MPI_COMM_WORLD, &raw);
+
+  mncl_config_t config = MNCL_CONFIG_INIT;
+  config.backend = "flat";
+  mncl_comm_t comm = nullptr;
+  CHECK_MNCL(mncl_comm_create(&config, &comm));
+  const char *backend = "?";
+  CHECK_MNCL(mncl_comm_backend(comm, &backend));
+
+  if (g_rank == 0) {
+    std::printf("flat_bench: %d ranks, backend %s, median of %d alternating rounds, time per "
+                "call of the slowest rank\n\n",
+                g_size, backend, rounds);
+    std::printf("Allreduce, float32 sum, out of place, same buffers\n");
+    std::printf("%10s %8s %12s %12s %10s %8s\n", "bytes", "iters", "MPI us", "MNCL us",
+                "diff us", "ratio");
+  }
+
+  // Part 1: sizes 8 B, 64 B, ... 64 MiB (x8 steps, plus 1 MiB and 2 MiB around the 1 MiB line).
+  std::vector<size_t> sizes = {8,         64,        512,       4096,     32768,    262144,
+                               1u << 20, 2u << 20,  4u << 20, 16u << 20, 64u << 20};
+  sizes.erase(std::remove_if(sizes.begin(), sizes.end(), [&](size_t b) { return b > max_bytes; }),
+              sizes.end());
+  std::vector<float> send(max_bytes / sizeof(float) + 1), recv(send.size());
+  for (size_t i = 0; i < send.size(); ++i) send[i] = static_cast<float>((i + g_rank) % 7);
+  for (size_t bytes : sizes) {
+    const size_t count = bytes / sizeof(float);
+    // About 40 MB of allreduce traffic per block, between 2 and 2000 calls.
+    int iters = static_cast<int>(std::clamp<size_t>((size_t{40} << 20) / bytes, 2, 2000));
+    if (quick) iters = std::max(1, iters / 4);
+    const auto [t_mpi, t_mncl] = compare(
+        rounds, iters,
+        [&] { MPI_Allreduce(send.data(), recv.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, raw); },
+        [&] { CHECK_MNCL(mncl_allreduce(comm, send.data(), recv.data(), count, MNCL_FLOAT32, MNCL_SUM, nullptr)); });
+    if (g_rank == 0) {
+      std::printf("%10s %8d %12.2f %12.2f %+10.2f %8.3f\n", human(bytes).c_str(), iters,
+                  t_mpi * 1e6, t_mncl * 1e6, (t_mncl - t_mpi) * 1e6, t_mncl / t_mpi);
+      std::fflush(stdout);
+    }
+  }
+
+  // Part 2: 100 small buffers (16 B .. 8 KiB, about 400 KiB in all).
+  const size_t nbufs = 100;
+  std::vector<size_t> counts(nbufs);
+  std::vector<std::vector<float>> bs(nbufs), br(nbufs);
+  std::vector<const void *> sendbufs(nbufs);
+  std::vector<void *> recvbufs(nbufs);
+  size_t total = 0;
+  for (size_t b = 0; b < nbufs; ++b) {
+    counts[b] = 4 + mix(b) % 2045;
+    total += counts[b];
+    bs[b].assign(counts[b], static_cast<float>(g_rank + 1));
+    br[b].assign(counts[b], 0.0f);
+    sendbufs[b] = bs[b].data();
+    recvbufs[b] = br[b].data();
+  }
+  std::vector<float> packed(total);
+  const int iters = quick ? 10 : 40;
+  const auto [t_coalesced, t_single] = compare(
+      rounds, iters,
+      [&] { CHECK_MNCL(mncl_allreduce_coalesced(comm, sendbufs.data(), recvbufs.data(), counts.data(), nbufs, MNCL_FLOAT32, MNCL_SUM, nullptr)); },
+      [&] {
+        for (size_t b = 0; b < nbufs; ++b)
+          CHECK_MNCL(mncl_allreduce(comm, bs[b].data(), br[b].data(), counts[b], MNCL_FLOAT32, MNCL_SUM, nullptr));
+      });
+  const auto [t_mpi_packed, t_mpi_single] = compare(
+      rounds, iters,
+      [&] {  // what flat does, by hand
+        size_t off = 0;
+        for (size_t b = 0; b < nbufs; ++b) {
+          std::memcpy(packed.data() + off, bs[b].data(), counts[b] * sizeof(float));
+          off += counts[b];
+        }
+        MPI_Allreduce(MPI_IN_PLACE, packed.data(), static_cast<int>(total), MPI_FLOAT, MPI_SUM, raw);
+        off = 0;
+        for (size_t b = 0; b < nbufs; ++b) {
+          std::memcpy(br[b].data(), packed.data() + off, counts[b] * sizeof(float));
+          off += counts[b];
+        }
+      },
+      [&] {
+        for (size_t b = 0; b < nbufs; ++b)
+          MPI_Allreduce(bs[b].data(), br[b].data(), static_cast<int>(counts[b]), MPI_FLOAT, MPI_SUM, raw);
+      });
+  if (g_rank == 0) {
+    std::printf("\n%zu buffers of float32 (%zu .. %zu elements, %s in all), sum\n", nbufs,
+                *std::min_element(counts.begin(), counts.end()),
+                *std::max_element(counts.begin(), counts.end()),
+                human(total * sizeof(float)).c_str());
+    std::printf("  MNCL coalesced (1 call)     %10.1f us\n", t_coalesced * 1e6);
+    std::printf("  MNCL per buffer (100 calls) %10.1f us   coalesced is %.2fx faster\n",
+                t_single * 1e6, t_single / t_coalesced);
+    std::printf("  MPI packed by hand          %10.1f us\n", t_mpi_packed * 1e6);
+    std::printf("  MPI per buffer (100 calls)  %10.1f us\n", t_mpi_single * 1e6);
+  }
+
+  CHECK_MNCL(mncl_comm_destroy(comm));
+  MPI_Comm_free(&raw);
+  MPI_Finalize();
+  return 0;
+}

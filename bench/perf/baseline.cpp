@@ -1,0 +1,61 @@
+#include "baseline.h"
+
+namespace mncl::perf {
+
+std::vector<std::string> available_baselines() {
+  std::vector<std::string> names;
+#ifdef MNCL_PERF_HAVE_MPI
+  names.push_back("mpi");
+#endif
+#ifdef MNCL_PERF_HAVE_GLOO
+  names.push_back("gloo");
+#endif
+  return names;
+}
+
+void baseline_process_init(int *argc, char ***argv) {
+#ifdef MNCL_PERF_HAVE_MPI
+  mpi_process_init(argc, argv);
+#else
+  (void)argc;
+  (void)argv;
+#endif
+}
+
+void baseline_process_finalize() {
+#ifdef MNCL_PERF_HAVE_MPI
+  mpi_process_finalize();
+#endif
+}
+
+std::unique_ptr<Baseline> make_baseline(const std::string &which, const std::string &backend,
+                                        mncl_comm_t comm, std::string *why) {
+  std::string lib = which;
+  if (which == "auto") {
+    if (backend == "flat") {
+      lib = "mpi";
+    } else if (backend == "gloo") {
+      lib = "gloo";
+    } else {
+      *why = "no raw library under the " + backend + " backend";
+      return nullptr;
+    }
+  }
+  if (lib == "none") {
+    *why = "--baseline none";
+    return nullptr;
+  }
+#ifdef MNCL_PERF_HAVE_MPI
+  if (lib == "mpi") return make_mpi_baseline(comm, why);
+#endif
+#ifdef MNCL_PERF_HAVE_GLOO
+  if (lib == "gloo") return make_gloo_baseline(comm, why);
+#endif
+  (void)comm;
+  *why = "this mncl-perf was built without " + lib +
+         " (install its development package and "
+         "reconfigure)";
+  return nullptr;
+}
+
+}  // namespace mncl::perf

@@ -1,0 +1,257 @@
+// The raw Gloo baseline: Gloo's own collectives on a Gloo context of the same ranks, on the same
+// buffers. The context is rendezvoused through a gloo::rendezvous::FileStore in a temporary
+// directory that rank 0 creates and names to the others through MNCL (so: ranks on one host,
+// or a shared /tmp). Allreduce uses the algorithm the gloo plugin picks by default (bcube up to
+// 64 KiB on a power-of-two size above 2, ring otherwise; MNCL_GLOO_ALGO=ring|bcube forces one),
+// so the ratio measures MNCL, not an algorithm choice.
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/gather.h>
+#include <gloo/math.h>
+#include <gloo/reduce.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/scatter.h>
+#include <gloo/transport/tcp/device.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "baseline.h"
+#include "util.h"
+
+namespace mncl::perf {
+
+namespace {
+
+using Func = gloo::AllreduceOptions::Func;
+
+template <typename T>
+Func func_for(mncl_op_t op) {
+  using Fn = void (*)(void *, const void *, const void *, size_t);
+  switch (op) {
+    case MNCL_SUM:
+      return static_cast<Fn>(&gloo::sum<T>);
+    case MNCL_PROD:
+      return static_cast<Fn>(&gloo::product<T>);
+    case MNCL_MIN:
+      return static_cast<Fn>(&gloo::min<T>);
+    case MNCL_MAX:
+      return static_cast<Fn>(&gloo::max<T>);
+    case MNCL_AVG:
+      break;  // Gloo has no average
+  }
+  return nullptr;
+}
+
+Func reduce_func(mncl_dtype_t d, mncl_op_t op) {
+  switch (d) {
+    case MNCL_INT8:
+      return func_for<int8_t>(op);
+    case MNCL_UINT8:
+      return func_for<uint8_t>(op);
+    case MNCL_INT32:
+      return func_for<int32_t>(op);
+    case MNCL_UINT32:
+      return func_for<uint32_t>(op);
+    case MNCL_INT64:
+      return func_for<int64_t>(op);
+    case MNCL_UINT64:
+      return func_for<uint64_t>(op);
+    case MNCL_FLOAT32:
+      return func_for<float>(op);
+    case MNCL_FLOAT64:
+      return func_for<double>(op);
+    default:
+      return nullptr;  // 16-bit floats: Gloo's float16 only, no bfloat16
+  }
+}
+
+class GlooBaseline : public Baseline {
+ public:
+  explicit GlooBaseline(std::shared_ptr<gloo::Context> ctx) : ctx_(std::move(ctx)) {
+    const char *algo = std::getenv("MNCL_GLOO_ALGO");
+    forced_ = algo ? algo : "";
+  }
+  const char *name() const override { return "gloo"; }
+
+  bool supports(const Call &c) const override {
+    if (c.count == 0) return false;  // Gloo divides by the count in places
+    switch (c.kind) {
+      case CollKind::kAllreduce:
+      case CollKind::kReduce:
+        return static_cast<bool>(reduce_func(c.dtype, c.op));
+      case CollKind::kBcast:
+      case CollKind::kScatter:
+      case CollKind::kGather:
+      case CollKind::kAllgather:
+      case CollKind::kAlltoall:
+        return true;
+      default:
+        return false;  // reduce_scatter and send/recv have no one-call Gloo equivalent
+    }
+  }
+
+  void run(const Call &c) override {
+    // Gloo derives the element count it hands the reduction function from the pointer type:
+    // pass words of the dtype's size.
+    switch (mncl_dtype_size(c.dtype)) {
+      case 1:
+        return run_typed<uint8_t>(c);
+      case 2:
+        return run_typed<uint16_t>(c);
+      case 4:
+        return run_typed<uint32_t>(c);
+      default:
+        return run_typed<uint64_t>(c);
+    }
+  }
+
+  template <typename W>
+  void run_typed(const Call &c) {
+    const size_t count = c.count, n = static_cast<size_t>(c.nranks);
+    W *send = static_cast<W *>(const_cast<void *>(c.sendbuf));
+    W *recv = static_cast<W *>(c.recvbuf);
+    switch (c.kind) {
+      case CollKind::kAllreduce: {
+        gloo::AllreduceOptions o(ctx_);
+        o.setAlgorithm(use_bcube(count * sizeof(W)) ? gloo::AllreduceOptions::Algorithm::BCUBE
+                                                    : gloo::AllreduceOptions::Algorithm::RING);
+        if (!c.inplace) o.setInput(send, count);
+        o.setOutput(recv, count);
+        o.setReduceFunction(reduce_func(c.dtype, c.op));
+        o.setTag(tag_++);
+        gloo::allreduce(o);
+        break;
+      }
+      case CollKind::kReduce: {
+        gloo::ReduceOptions o(ctx_);
+        if (!c.inplace) o.setInput(send, count);
+        o.setOutput(recv, count);
+        o.setRoot(c.root);
+        o.setReduceFunction(reduce_func(c.dtype, c.op));
+        o.setTag(tag_++);
+        gloo::reduce(o);
+        break;
+      }
+      case CollKind::kBcast: {
+        gloo::BroadcastOptions o(ctx_);
+        o.setOutput(recv, count);
+        o.setRoot(c.root);
+        o.setTag(tag_++);
+        gloo::broadcast(o);
+        break;
+      }
+      case CollKind::kScatter: {
+        gloo::ScatterOptions o(ctx_);
+        if (c.rank == c.root) {
+          std::vector<W *> ins;
+          for (size_t q = 0; q < n; ++q) ins.push_back(send + q * count);
+          o.setInputs(ins, count);
+        }
+        o.setOutput(recv, count);
+        o.setRoot(c.root);
+        o.setTag(tag_++);
+        gloo::scatter(o);
+        break;
+      }
+      case CollKind::kGather: {
+        gloo::GatherOptions o(ctx_);
+        o.setInput(send, count);
+        if (c.rank == c.root) o.setOutput(recv, count * n);
+        o.setRoot(c.root);
+        o.setTag(tag_++);
+        gloo::gather(o);
+        break;
+      }
+      case CollKind::kAllgather: {
+        gloo::AllgatherOptions o(ctx_);
+        if (!c.inplace) o.setInput(send, count);
+        o.setOutput(recv, count * n);
+        o.setTag(tag_++);
+        gloo::allgather(o);
+        break;
+      }
+      case CollKind::kAlltoall: {
+        gloo::AlltoallOptions o(ctx_);
+        o.setInput(send, count * n);
+        o.setOutput(recv, count * n);
+        o.setTag(tag_++);
+        gloo::alltoall(o);
+        break;
+      }
+      default:
+        throw std::runtime_error("raw gloo: unsupported collective");
+    }
+  }
+
+  void barrier() override {
+    gloo::BarrierOptions o(ctx_);
+    o.setTag(tag_++);
+    gloo::barrier(o);
+  }
+
+ private:
+  bool use_bcube(size_t bytes) const {
+    if (forced_ == "bcube") return true;
+    if (!forced_.empty() && forced_ != "auto") return false;
+    const int n = ctx_->size;
+    return bytes <= 64 * 1024 && n > 2 && (n & (n - 1)) == 0;
+  }
+
+  std::shared_ptr<gloo::Context> ctx_;
+  std::string forced_;
+  uint32_t tag_ = 1;
+};
+
+}  // namespace
+
+std::unique_ptr<Baseline> make_gloo_baseline(mncl_comm_t comm, std::string *why) {
+  int rank = 0, size = 1;
+  must(mncl_comm_rank(comm, &rank), "mncl_comm_rank");
+  must(mncl_comm_size(comm, &size), "mncl_comm_size");
+  char dir[256] = {};
+  if (rank == 0) {
+    std::snprintf(dir, sizeof dir, "/tmp/mncl-perf-gloo-XXXXXX");
+    if (mkdtemp(dir) == nullptr) dir[0] = '\0';
+  }
+  must(mncl_bcast(comm, dir, sizeof dir, MNCL_UINT8, 0, nullptr), "mncl_bcast (gloo store)");
+  if (dir[0] == '\0') {
+    *why = "raw gloo: cannot create a rendezvous directory in /tmp";
+    return nullptr;
+  }
+  std::shared_ptr<gloo::rendezvous::Context> ctx;
+  std::string error;
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = "127.0.0.1";  // local ranks: the file store already assumes one host
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+    gloo::rendezvous::FileStore store(dir);
+    ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    ctx->setTimeout(std::chrono::seconds(60));
+    ctx->connectFullMesh(store, device);
+  } catch (const std::exception &e) {
+    error = e.what();
+  }
+  // Everyone is connected (or failed) before rank 0 removes the store's files.
+  int64_t failed = allreduce_sum(comm, error.empty() ? 0 : 1);
+  if (rank == 0) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  if (failed > 0) {
+    *why = "raw gloo: rendezvous failed" + (error.empty() ? "" : ": " + error);
+    return nullptr;
+  }
+  return std::make_unique<GlooBaseline>(ctx);
+}
+
+}  // namespace mncl::perf

@@ -1,0 +1,188 @@
+// The raw MPI baseline: the same calls as MNCL's, through MPI_COMM_WORLD's duplicate, on the
+// same buffers. Only usable when the job was launched by mpirun (MPI then owns the ranks).
+// The C API only: the C++ bindings add nothing here and warn under -Wextra.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+#include "baseline.h"
+
+namespace mncl::perf {
+
+namespace {
+
+bool g_we_initialized = false;
+
+bool launched_by_mpi() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
+}
+
+MPI_Datatype mpi_type(mncl_dtype_t d, bool reduces) {
+  switch (d) {
+    case MNCL_INT8:
+      return MPI_INT8_T;
+    case MNCL_UINT8:
+      return MPI_UINT8_T;
+    case MNCL_INT32:
+      return MPI_INT32_T;
+    case MNCL_UINT32:
+      return MPI_UINT32_T;
+    case MNCL_INT64:
+      return MPI_INT64_T;
+    case MNCL_UINT64:
+      return MPI_UINT64_T;
+    case MNCL_FLOAT32:
+      return MPI_FLOAT;
+    case MNCL_FLOAT64:
+      return MPI_DOUBLE;
+    // MPI has no 16-bit float reductions; moving them as opaque 16-bit words is fair.
+    case MNCL_FLOAT16:
+    case MNCL_BFLOAT16:
+      return reduces ? MPI_DATATYPE_NULL : MPI_UINT16_T;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+MPI_Op mpi_op(mncl_op_t op) {
+  switch (op) {
+    case MNCL_SUM:
+      return MPI_SUM;
+    case MNCL_PROD:
+      return MPI_PROD;
+    case MNCL_MIN:
+      return MPI_MIN;
+    case MNCL_MAX:
+      return MPI_MAX;
+    case MNCL_AVG:
+      return MPI_OP_NULL;  // MPI has no average
+  }
+  return MPI_OP_NULL;
+}
+
+void ok(int rc, const char *what) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  throw std::runtime_error(std::string(what) + ": " + std::string(msg, len));
+}
+
+class MpiBaseline : public Baseline {
+ public:
+  explicit MpiBaseline(MPI_Comm comm) : comm_(comm) {}
+  ~MpiBaseline() override { MPI_Comm_free(&comm_); }
+  const char *name() const override { return "mpi"; }
+
+  bool supports(const Call &c) const override {
+    const bool reduces = spec_of(c.kind).reduces;
+    if (mpi_type(c.dtype, reduces) == MPI_DATATYPE_NULL) return false;
+    return !reduces || mpi_op(c.op) != MPI_OP_NULL;
+  }
+
+  void run(const Call &c) override {
+    const bool reduces = spec_of(c.kind).reduces;
+    const MPI_Datatype t = mpi_type(c.dtype, reduces);
+    const MPI_Op op = reduces ? mpi_op(c.op) : MPI_OP_NULL;
+    const int n = static_cast<int>(c.count);
+    void *send = const_cast<void *>(c.sendbuf);
+    const bool root = c.rank == c.root;
+    switch (c.kind) {
+      case CollKind::kAllreduce:
+        ok(MPI_Allreduce(c.inplace ? MPI_IN_PLACE : send, c.recvbuf, n, t, op, comm_),
+           "MPI_Allreduce");
+        break;
+      case CollKind::kReduce:
+        ok(MPI_Reduce(root && c.inplace ? MPI_IN_PLACE : send, c.recvbuf, n, t, op, c.root, comm_),
+           "MPI_Reduce");
+        break;
+      case CollKind::kBcast:
+        ok(MPI_Bcast(c.recvbuf, n, t, c.root, comm_), "MPI_Bcast");
+        break;
+      case CollKind::kScatter:
+        ok(MPI_Scatter(send, n, t, root && c.inplace ? MPI_IN_PLACE : c.recvbuf, n, t, c.root,
+                       comm_),
+           "MPI_Scatter");
+        break;
+      case CollKind::kGather:
+        ok(MPI_Gather(root && c.inplace ? MPI_IN_PLACE : send, n, t, c.recvbuf, n, t, c.root,
+                      comm_),
+           "MPI_Gather");
+        break;
+      case CollKind::kAllgather:
+        ok(MPI_Allgather(c.inplace ? MPI_IN_PLACE : send, n, t, c.recvbuf, n, t, comm_),
+           "MPI_Allgather");
+        break;
+      case CollKind::kReduceScatter:
+        // MPI's in-place form reads the whole input from recvbuf and leaves block 0 there:
+        // the same data movement as MNCL's (result in the rank's own block).
+        ok(c.inplace ? MPI_Reduce_scatter_block(MPI_IN_PLACE, send, n, t, op, comm_)
+                     : MPI_Reduce_scatter_block(send, c.recvbuf, n, t, op, comm_),
+           "MPI_Reduce_scatter_block");
+        break;
+      case CollKind::kAlltoall:
+        ok(MPI_Alltoall(c.inplace ? MPI_IN_PLACE : send, n, t, c.recvbuf, n, t, comm_),
+           "MPI_Alltoall");
+        break;
+      case CollKind::kSendrecv: {
+        if (c.nranks == 1) break;
+        const int next = (c.rank + 1) % c.nranks, prev = (c.rank + c.nranks - 1) % c.nranks;
+        ok(MPI_Sendrecv(send, n, t, next, 0, c.recvbuf, n, t, prev, 0, comm_, MPI_STATUS_IGNORE),
+           "MPI_Sendrecv");
+        break;
+      }
+    }
+  }
+
+  void barrier() override { ok(MPI_Barrier(comm_), "MPI_Barrier"); }
+
+ private:
+  MPI_Comm comm_;
+};
+
+}  // namespace
+
+bool mpi_process_init(int *argc, char ***argv) {
+  if (!launched_by_mpi()) return false;
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (inited) return true;
+  // MULTIPLE: the flat plugin, loaded later into this process, may call MPI from the core's
+  // worker thread; raw MPI then runs under the same thread level as MNCL-flat.
+  int provided = 0;
+  if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) return false;
+  g_we_initialized = true;
+  return true;
+}
+
+void mpi_process_finalize() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (g_we_initialized && !finalized) MPI_Finalize();
+}
+
+std::unique_ptr<Baseline> make_mpi_baseline(mncl_comm_t comm, std::string *why) {
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (!inited) {
+    *why = "raw MPI needs the job to be launched by mpirun";
+    return nullptr;
+  }
+  int mpi_rank = 0, mpi_size = 0, rank = 0, size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &mpi_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &mpi_size);
+  mncl_comm_rank(comm, &rank);
+  mncl_comm_size(comm, &size);
+  if (mpi_rank != rank || mpi_size != size) {
+    *why = "MPI_COMM_WORLD does not match the MNCL communicator";
+    return nullptr;
+  }
+  MPI_Comm dup;
+  MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+  return std::make_unique<MpiBaseline>(dup);
+}
+
+}  // namespace mncl::perf

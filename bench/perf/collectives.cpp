@@ -1,0 +1,187 @@
+#include "collectives.h"
+
+#include <algorithm>
+#include <cstdint>
+
+namespace mncl::perf {
+
+const std::vector<CollSpec> &all_collectives() {
+  static const std::vector<CollSpec> specs = {
+      {CollKind::kAllreduce, "allreduce", true, false, true},
+      {CollKind::kBcast, "bcast", false, true, false},  // one buffer: always in place
+      {CollKind::kReduce, "reduce", true, true, true},
+      {CollKind::kScatter, "scatter", false, true, true},
+      {CollKind::kGather, "gather", false, true, true},
+      {CollKind::kAllgather, "allgather", false, false, true},
+      {CollKind::kReduceScatter, "reduce_scatter", true, false, true},
+      {CollKind::kAlltoall, "alltoall", false, false, true},
+      // In place would send and receive through one buffer at once, which mncl.h forbids.
+      {CollKind::kSendrecv, "sendrecv", false, false, false},
+  };
+  return specs;
+}
+
+const CollSpec &spec_of(CollKind kind) {
+  for (const auto &s : all_collectives())
+    if (s.kind == kind) return s;
+  return all_collectives().front();  // unreachable: every kind is in the table
+}
+
+bool coll_from_name(const std::string &name, CollKind *kind) {
+  for (const auto &s : all_collectives()) {
+    if (name == s.name) {
+      *kind = s.kind;
+      return true;
+    }
+  }
+  if (name == "broadcast") return *kind = CollKind::kBcast, true;
+  if (name == "reducescatter") return *kind = CollKind::kReduceScatter, true;
+  return false;
+}
+
+double busbw_factor(CollKind kind, int nranks) {
+  const double n = nranks;
+  switch (kind) {
+    case CollKind::kAllreduce:
+      return 2 * (n - 1) / n;
+    case CollKind::kReduceScatter:
+    case CollKind::kAllgather:
+    case CollKind::kAlltoall:
+    // nccl-tests (scatter.cu, gather.cu) also uses (n-1)/n: the root's own block never moves.
+    case CollKind::kScatter:
+    case CollKind::kGather:
+      return (n - 1) / n;
+    case CollKind::kBcast:
+    case CollKind::kReduce:
+    case CollKind::kSendrecv:
+      return 1;
+  }
+  return 1;
+}
+
+double traffic_factor(CollKind kind, int nranks) {
+  const double n = nranks;
+  switch (kind) {
+    case CollKind::kAllreduce:  // every rank reads its input and writes its output
+    case CollKind::kAlltoall:
+    case CollKind::kSendrecv:
+      return 2 * n;
+    case CollKind::kAllgather:      // n blocks read once, n full outputs written
+    case CollKind::kReduceScatter:  // n full inputs read, n blocks written
+    case CollKind::kReduce:         // n inputs read, one output written
+      return n + 1;
+    case CollKind::kBcast:  // the root's buffer read once, n-1 copies written
+      return n;
+    case CollKind::kScatter:  // the root's buffer read once, every block written once
+    case CollKind::kGather:
+      return 2;
+  }
+  return 2 * n;
+}
+
+Layout layout_for(CollKind kind, size_t bytes, size_t elem_size, int nranks) {
+  Layout l;
+  const size_t count = bytes / elem_size;
+  const size_t n = static_cast<size_t>(nranks);
+  switch (kind) {
+    case CollKind::kAllreduce:
+    case CollKind::kReduce:
+    case CollKind::kBcast:
+    case CollKind::kSendrecv:
+      l.count = count;
+      l.send_elems = l.recv_elems = count;
+      break;
+    case CollKind::kScatter:
+    case CollKind::kReduceScatter:
+      l.count = count / n;
+      l.send_elems = l.count * n;
+      l.recv_elems = l.count;
+      break;
+    case CollKind::kGather:
+    case CollKind::kAllgather:
+      l.count = count / n;
+      l.send_elems = l.count;
+      l.recv_elems = l.count * n;
+      break;
+    case CollKind::kAlltoall:
+      l.count = count / n;
+      l.send_elems = l.recv_elems = l.count * n;
+      break;
+  }
+  l.bytes = std::max(l.send_elems, l.recv_elems) * elem_size;
+  return l;
+}
+
+Call make_call(CollKind kind, const Layout &l, bool inplace, void *send, void *recv,
+               size_t elem_size, mncl_dtype_t dtype, mncl_op_t op, int root, int rank, int nranks) {
+  Call c{kind, send, recv, l.count, dtype, op, root, rank, nranks, inplace};
+  if (!inplace) return c;
+  auto at = [&](void *base, size_t elems) {
+    return static_cast<void *>(static_cast<char *>(base) + elems * elem_size);
+  };
+  const size_t block = static_cast<size_t>(rank) * l.count;
+  switch (kind) {
+    case CollKind::kAllreduce:
+    case CollKind::kReduce:
+    case CollKind::kAlltoall:
+    case CollKind::kBcast:
+      c.sendbuf = recv;
+      break;
+    case CollKind::kScatter:
+      // The root's block already sits in its send buffer; other ranks have no send buffer.
+      c.recvbuf = rank == root ? at(send, block) : recv;
+      break;
+    case CollKind::kReduceScatter:
+      c.recvbuf = at(send, block);
+      break;
+    case CollKind::kGather:
+      c.sendbuf = rank == root ? at(recv, block) : send;
+      break;
+    case CollKind::kAllgather:
+      c.sendbuf = at(recv, block);
+      break;
+    case CollKind::kSendrecv:
+      break;
+  }
+  return c;
+}
+
+mncl_status_t run_mncl(mncl_comm_t comm, const Call &c) {
+  switch (c.kind) {
+    case CollKind::kAllreduce:
+      return mncl_allreduce(comm, c.sendbuf, c.recvbuf, c.count, c.dtype, c.op, nullptr);
+    case CollKind::kReduce:
+      return mncl_reduce(comm, c.sendbuf, c.recvbuf, c.count, c.dtype, c.op, c.root, nullptr);
+    case CollKind::kBcast:
+      return mncl_bcast(comm, c.recvbuf, c.count, c.dtype, c.root, nullptr);
+    case CollKind::kScatter:
+      return mncl_scatter(comm, c.sendbuf, c.recvbuf, c.count, c.dtype, c.root, nullptr);
+    case CollKind::kGather:
+      return mncl_gather(comm, c.sendbuf, c.recvbuf, c.count, c.dtype, c.root, nullptr);
+    case CollKind::kAllgather:
+      return mncl_allgather(comm, c.sendbuf, c.recvbuf, c.count, c.dtype, nullptr);
+    case CollKind::kReduceScatter:
+      return mncl_reduce_scatter(comm, c.sendbuf, c.recvbuf, c.count, c.dtype, c.op, nullptr);
+    case CollKind::kAlltoall:
+      return mncl_alltoall(comm, c.sendbuf, c.recvbuf, c.count, c.dtype, nullptr);
+    case CollKind::kSendrecv: {
+      if (c.nranks == 1) return MNCL_OK;  // no peer: MNCL forbids sending to oneself
+      // A ring shift with blocking calls, even ranks sending first: correct whether a backend
+      // sends eagerly or waits for the receiver, and whatever the ring's parity. (Posting an
+      // irecv before an isend is not enough: a backend may run requests one at a time.)
+      const int next = (c.rank + 1) % c.nranks, prev = (c.rank + c.nranks - 1) % c.nranks;
+      mncl_status_t st;
+      if (c.rank % 2 == 0) {
+        st = mncl_send(comm, c.sendbuf, c.count, c.dtype, next, nullptr);
+        if (st == MNCL_OK) st = mncl_recv(comm, c.recvbuf, c.count, c.dtype, prev, nullptr);
+      } else {
+        st = mncl_recv(comm, c.recvbuf, c.count, c.dtype, prev, nullptr);
+        if (st == MNCL_OK) st = mncl_send(comm, c.sendbuf, c.count, c.dtype, next, nullptr);
+      }
+      return st;
+    }
+  }
+  return MNCL_ERR_INVALID_ARGUMENT;
+}
+
+}  // namespace mncl::perf

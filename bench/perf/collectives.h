@@ -1,0 +1,76 @@
+// The collectives mncl-perf measures: names, nccl-tests size conventions, bandwidth factors,
+// buffer layouts (out-of-place and in-place) and the MNCL call for each.
+#pragma once
+
+#include <mncl/mncl.h>
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace mncl::perf {
+
+enum class CollKind {
+  kAllreduce,
+  kReduce,
+  kBcast,
+  kScatter,
+  kGather,
+  kAllgather,
+  kReduceScatter,
+  kAlltoall,
+  kSendrecv,
+};
+
+struct CollSpec {
+  CollKind kind;
+  const char *name;  // as on the command line and in the outputs
+  bool reduces;      // takes an operator
+  bool rooted;       // takes a root
+  bool has_inplace;  // an in-place form distinct from out-of-place exists
+};
+
+const std::vector<CollSpec> &all_collectives();
+const CollSpec &spec_of(CollKind kind);
+// Accepts the names above plus "broadcast", "reducescatter", "all" handled by the caller.
+bool coll_from_name(const std::string &name, CollKind *kind);
+
+// busbw = algbw * factor (the nccl-tests factors, see bench/perf/README.md).
+double busbw_factor(CollKind kind, int nranks);
+// Lower bound on the memory traffic (bytes read + written, all ranks together) of one call,
+// in units of the reported size: the intra-node limit is algbw <= B_mem / traffic_factor.
+double traffic_factor(CollKind kind, int nranks);
+
+// Buffer sizes for one reported size, in elements, following nccl-tests: `size` is the
+// largest per-rank buffer in bytes, `count` the element count passed to the call.
+struct Layout {
+  size_t count = 0;       // the `count` argument of the call (per-rank block for the /n kinds)
+  size_t send_elems = 0;  // elements of the send buffer on a rank that sends everything
+  size_t recv_elems = 0;  // elements of the receive buffer on a rank that receives everything
+  size_t bytes = 0;       // the reported size
+};
+Layout layout_for(CollKind kind, size_t bytes, size_t elem_size, int nranks);
+
+// One call's arguments, with in-place pointers already resolved.
+struct Call {
+  CollKind kind;
+  const void *sendbuf;
+  void *recvbuf;
+  size_t count;
+  mncl_dtype_t dtype;
+  mncl_op_t op;
+  int root;
+  int rank;
+  int nranks;
+  bool inplace;
+};
+
+// Points sendbuf/recvbuf into the two allocations for the given placement (see mncl.h for the
+// in-place forms). `send`/`recv` each hold at least max(send_elems, recv_elems) elements.
+Call make_call(CollKind kind, const Layout &l, bool inplace, void *send, void *recv,
+               size_t elem_size, mncl_dtype_t dtype, mncl_op_t op, int root, int rank, int nranks);
+
+// Runs one call through MNCL. Returns the status; the message is in mncl_last_error().
+mncl_status_t run_mncl(mncl_comm_t comm, const Call &c);
+
+}  // namespace mncl::perf

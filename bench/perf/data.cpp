@@ -1,0 +1,213 @@
+#include "data.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "common/half.h"
+
+namespace mncl::perf {
+
+namespace {
+
+constexpr double kSentinel = 77;  // outside every input range, and no result equals it
+
+bool is_unsigned(mncl_dtype_t d) {
+  return d == MNCL_UINT8 || d == MNCL_UINT32 || d == MNCL_UINT64;
+}
+bool is_float(mncl_dtype_t d) {
+  return d == MNCL_FLOAT16 || d == MNCL_BFLOAT16 || d == MNCL_FLOAT32 || d == MNCL_FLOAT64;
+}
+
+// Integer results wrap like the target type (two's complement), as mncl.h specifies.
+template <typename T>
+void put_int(void *base, size_t i, double v) {
+  static_cast<T *>(base)[i] = static_cast<T>(static_cast<uint64_t>(static_cast<int64_t>(v)));
+}
+
+void put(mncl_dtype_t d, void *base, size_t i, double v) {
+  switch (d) {
+    case MNCL_INT8:
+      return put_int<int8_t>(base, i, v);
+    case MNCL_UINT8:
+      return put_int<uint8_t>(base, i, v);
+    case MNCL_INT32:
+      return put_int<int32_t>(base, i, v);
+    case MNCL_UINT32:
+      return put_int<uint32_t>(base, i, v);
+    case MNCL_INT64:
+      return put_int<int64_t>(base, i, v);
+    case MNCL_UINT64:
+      return put_int<uint64_t>(base, i, v);
+    case MNCL_FLOAT16:
+      static_cast<uint16_t *>(base)[i] = kit::float_to_float16_bits(static_cast<float>(v));
+      return;
+    case MNCL_BFLOAT16:
+      static_cast<uint16_t *>(base)[i] = kit::float_to_bfloat16_bits(static_cast<float>(v));
+      return;
+    case MNCL_FLOAT32:
+      static_cast<float *>(base)[i] = static_cast<float>(v);
+      return;
+    case MNCL_FLOAT64:
+      static_cast<double *>(base)[i] = v;
+      return;
+  }
+}
+
+double get(mncl_dtype_t d, const void *base, size_t i) {
+  switch (d) {
+    case MNCL_INT8:
+      return static_cast<const int8_t *>(base)[i];
+    case MNCL_UINT8:
+      return static_cast<const uint8_t *>(base)[i];
+    case MNCL_INT32:
+      return static_cast<const int32_t *>(base)[i];
+    case MNCL_UINT32:
+      return static_cast<const uint32_t *>(base)[i];
+    case MNCL_INT64:
+      return static_cast<double>(static_cast<const int64_t *>(base)[i]);
+    case MNCL_UINT64:
+      return static_cast<double>(static_cast<const uint64_t *>(base)[i]);
+    case MNCL_FLOAT16:
+      return kit::float16_bits_to_float(static_cast<const uint16_t *>(base)[i]);
+    case MNCL_BFLOAT16:
+      return kit::bfloat16_bits_to_float(static_cast<const uint16_t *>(base)[i]);
+    case MNCL_FLOAT32:
+      return static_cast<const float *>(base)[i];
+    case MNCL_FLOAT64:
+      return static_cast<const double *>(base)[i];
+  }
+  return 0;
+}
+
+// What storing v in the dtype and reading it back gives (wrapping, rounding).
+double roundtrip(mncl_dtype_t d, double v) {
+  unsigned char tmp[8];
+  put(d, tmp, 0, v);
+  return get(d, tmp, 0);
+}
+
+// op over all ranks of element `index` of their inputs, as the dtype would hold it.
+double reduced_value(const Call &c, size_t index, int round) {
+  double acc = input_value(c.dtype, c.op, 0, index, round);
+  for (int q = 1; q < c.nranks; ++q) {
+    const double v = input_value(c.dtype, c.op, q, index, round);
+    switch (c.op) {
+      case MNCL_SUM:
+      case MNCL_AVG:
+        acc += v;
+        break;
+      case MNCL_PROD:
+        acc *= v;
+        break;
+      case MNCL_MIN:
+        acc = std::min(acc, v);
+        break;
+      case MNCL_MAX:
+        acc = std::max(acc, v);
+        break;
+    }
+  }
+  if (c.op == MNCL_AVG) {
+    acc = is_float(c.dtype) ? acc / c.nranks : std::trunc(acc / c.nranks);
+  }
+  return roundtrip(c.dtype, acc);
+}
+
+// Floating-point AVG is rounded once by the backend; everything else must be exact.
+double tolerance(const Call &c) {
+  if (!is_float(c.dtype) || !spec_of(c.kind).reduces) return 0;
+  switch (c.dtype) {
+    case MNCL_FLOAT16:
+      return 2e-3;
+    case MNCL_BFLOAT16:
+      return 1.6e-2;
+    case MNCL_FLOAT32:
+      return 1e-6;
+    default:
+      return 1e-12;
+  }
+}
+
+}  // namespace
+
+double input_value(mncl_dtype_t dtype, mncl_op_t op, int rank, size_t index, int round) {
+  const size_t mix = static_cast<size_t>(rank) * 7 + index * 13 + static_cast<size_t>(round) * 3;
+  if (op == MNCL_PROD) return 1 + static_cast<double>(mix % 2);
+  const double v = static_cast<double>(mix % 11);
+  return is_unsigned(dtype) ? v : v - 5;
+}
+
+void fill_for_check(const Call &c, const Layout &l, void *send, void *recv, int round) {
+  const size_t big = std::max(l.send_elems, l.recv_elems);
+  for (size_t i = 0; i < big; ++i) put(c.dtype, recv, i, kSentinel);
+  if (c.kind == CollKind::kBcast) {
+    if (c.rank == c.root)
+      for (size_t i = 0; i < l.count; ++i)
+        put(c.dtype, c.recvbuf, i, input_value(c.dtype, c.op, c.rank, i, round));
+    return;
+  }
+  // The send pointer may lie inside recv (in place): write the inputs after the sentinel.
+  (void)send;
+  size_t n_send = l.send_elems;
+  if (c.kind == CollKind::kScatter && c.rank != c.root) n_send = 0;
+  void *dst = const_cast<void *>(c.sendbuf);
+  for (size_t i = 0; i < n_send; ++i)
+    put(c.dtype, dst, i, input_value(c.dtype, c.op, c.rank, i, round));
+}
+
+int64_t count_wrong(const Call &c, const Layout &l, int round) {
+  const size_t n = static_cast<size_t>(c.nranks), r = static_cast<size_t>(c.rank);
+  const double tol = tolerance(c);
+  const mncl_dtype_t d = c.dtype;
+  int64_t wrong = 0;
+  auto check = [&](size_t i, double expected) {
+    const double got = get(d, c.recvbuf, i);
+    const bool ok = tol == 0
+                        ? got == expected
+                        : std::fabs(got - expected) <= tol * std::max(1.0, std::fabs(expected));
+    if (!ok) ++wrong;
+  };
+  auto in = [&](size_t rank, size_t index) {
+    return roundtrip(d, input_value(d, c.op, static_cast<int>(rank), index, round));
+  };
+  const size_t per = l.count;
+  switch (c.kind) {
+    case CollKind::kAllreduce:
+      for (size_t i = 0; i < l.count; ++i) check(i, reduced_value(c, i, round));
+      break;
+    case CollKind::kReduce:
+      if (c.rank == c.root)
+        for (size_t i = 0; i < l.count; ++i) check(i, reduced_value(c, i, round));
+      break;
+    case CollKind::kBcast:
+      for (size_t i = 0; i < l.count; ++i) check(i, in(c.root, i));
+      break;
+    case CollKind::kScatter:
+      for (size_t i = 0; i < per; ++i) check(i, in(c.root, r * per + i));
+      break;
+    case CollKind::kGather:
+      if (c.rank == c.root)
+        for (size_t q = 0; q < n; ++q)
+          for (size_t i = 0; i < per; ++i) check(q * per + i, in(q, i));
+      break;
+    case CollKind::kAllgather:
+      for (size_t q = 0; q < n; ++q)
+        for (size_t i = 0; i < per; ++i) check(q * per + i, in(q, i));
+      break;
+    case CollKind::kReduceScatter:
+      for (size_t i = 0; i < per; ++i) check(i, reduced_value(c, r * per + i, round));
+      break;
+    case CollKind::kAlltoall:
+      for (size_t q = 0; q < n; ++q)
+        for (size_t i = 0; i < per; ++i) check(q * per + i, in(q, r * per + i));
+      break;
+    case CollKind::kSendrecv:
+      if (n > 1)
+        for (size_t i = 0; i < l.count; ++i) check(i, in((r + n - 1) % n, i));
+      break;
+  }
+  return wrong;
+}
+
+}  // namespace mncl::perf

@@ -1,0 +1,248 @@
+#include "cuda/staging.h"
+
+#include <algorithm>
+#include <mutex>
+#include <vector>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "cuda/driver.h"
+
+namespace mncl::cuda {
+
+namespace {
+
+size_t dtype_bytes(int32_t dtype) {
+  switch (dtype) {
+    case MNCL_INT8:
+    case MNCL_UINT8: return 1;
+    case MNCL_FLOAT16:
+    case MNCL_BFLOAT16: return 2;
+    case MNCL_INT32:
+    case MNCL_UINT32:
+    case MNCL_FLOAT32: return 4;
+    default: return 8;  // validated: the 64-bit types
+  }
+}
+
+// Which pointer of a descriptor a buffer is: 0 sendbuf, 1 recvbuf, and for the coalesced
+// allreduce 2 + 2i sendbufs[i], 3 + 2i recvbufs[i].
+constexpr size_t kSend = 0, kRecv = 1;
+
+// Calls f(index, ptr, bytes, in, out) for every buffer this rank reads (in) or writes (out) in
+// c, with the extents of mncl.h. Buffers the call ignores on this rank (a non-root's recvbuf in
+// reduce...) are not visited, so they are passed through untouched.
+template <typename F>
+void for_each_buffer(const mncl_coll_v1_t &c, int rank, int size, F &&f) {
+  const size_t es = dtype_bytes(c.dtype), n = c.count * es, all = n * static_cast<size_t>(size);
+  const bool root = rank == c.root;
+  switch (c.kind) {
+    case MNCL_COLL_ALLREDUCE:
+      f(kSend, c.sendbuf, n, true, false);
+      f(kRecv, c.recvbuf, n, false, true);
+      break;
+    case MNCL_COLL_REDUCE:
+      f(kSend, c.sendbuf, n, true, false);
+      if (root) f(kRecv, c.recvbuf, n, false, true);
+      break;
+    case MNCL_COLL_BCAST:  // one buffer, named twice: read at the root, written elsewhere
+      f(kSend, c.sendbuf, n, false, false);
+      f(kRecv, c.recvbuf, n, root, !root);
+      break;
+    case MNCL_COLL_SCATTER:
+      if (root) f(kSend, c.sendbuf, all, true, false);
+      f(kRecv, c.recvbuf, n, false, true);
+      break;
+    case MNCL_COLL_GATHER:
+      f(kSend, c.sendbuf, n, true, false);
+      if (root) f(kRecv, c.recvbuf, all, false, true);
+      break;
+    case MNCL_COLL_ALLGATHER:
+      f(kSend, c.sendbuf, n, true, false);
+      f(kRecv, c.recvbuf, all, false, true);
+      break;
+    case MNCL_COLL_REDUCE_SCATTER:
+      f(kSend, c.sendbuf, all, true, false);
+      f(kRecv, c.recvbuf, n, false, true);
+      break;
+    case MNCL_COLL_ALLTOALL:
+      f(kSend, c.sendbuf, all, true, false);
+      f(kRecv, c.recvbuf, all, false, true);
+      break;
+    case MNCL_COLL_SEND:
+      f(kSend, c.sendbuf, n, true, false);
+      break;
+    case MNCL_COLL_RECV:
+      f(kRecv, c.recvbuf, n, false, true);
+      break;
+    case MNCL_COLL_ALLREDUCE_COALESCED:
+      for (size_t i = 0; i < c.nbufs; ++i) {
+        f(2 + 2 * i, c.sendbufs[i], c.counts[i] * es, true, false);
+        f(3 + 2 * i, c.recvbufs[i], c.counts[i] * es, false, true);
+      }
+      break;
+    default:  // barrier: no buffers
+      break;
+  }
+}
+
+// One device buffer to stage, and where its stand-in lives in the pinned buffer.
+struct Slot {
+  size_t index;
+  const char *dev;
+  size_t bytes;
+  bool in, out;
+  size_t offset = 0;
+};
+
+// The host descriptor handed to the backend, with its own coalesced arrays.
+struct HostColl {
+  mncl_coll_v1_t coll;
+  std::vector<const void *> sendbufs;
+  std::vector<void *> recvbufs;
+
+  explicit HostColl(const mncl_coll_v1_t &c) : coll(c) {
+    if (c.kind == MNCL_COLL_ALLREDUCE_COALESCED && c.nbufs > 0) {
+      sendbufs.assign(c.sendbufs, c.sendbufs + c.nbufs);
+      recvbufs.assign(c.recvbufs, c.recvbufs + c.nbufs);
+      coll.sendbufs = sendbufs.data();
+      coll.recvbufs = recvbufs.data();
+    }
+  }
+  void set(size_t index, void *host) {
+    if (index == kSend) {
+      coll.sendbuf = host;
+    } else if (index == kRecv) {
+      coll.recvbuf = host;
+    } else if (index % 2 == 0) {
+      sendbufs[(index - 2) / 2] = host;
+    } else {
+      recvbufs[(index - 3) / 2] = host;
+    }
+  }
+};
+
+constexpr size_t kAlign = 256;  // each region starts on its own cache lines
+size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+}  // namespace
+
+bool is_device_pointer(const void *ptr) { return Driver::get().classify(ptr).device; }
+
+Staging::Staging(int rank, int size, std::string backend)
+    : rank_(rank), size_(size), backend_(std::move(backend)) {}
+
+Staging::~Staging() {
+  if (pinned_ == nullptr) return;
+  try {
+    Driver &driver = Driver::get();
+    Driver::Scope scope(driver, static_cast<CUcontext>(pinned_context_), pinned_ordinal_);
+    driver.host_free(pinned_);
+  } catch (const std::exception &e) {
+    MNCL_WARN("CUDA staging: could not free %zu bytes of pinned memory: %s", capacity_, e.what());
+  }
+}
+
+bool Staging::needed(const mncl_coll_v1_t &coll) const {
+  Driver &driver = Driver::get();
+  bool device = false;
+  for_each_buffer(coll, rank_, size_, [&](size_t, const void *ptr, size_t bytes, bool, bool) {
+    if (!device && bytes > 0) device = driver.classify(ptr).device;
+  });
+  return device;
+}
+
+void Staging::reserve(size_t bytes, void *context, int ordinal) {
+  if (bytes <= capacity_) return;
+  Driver &driver = Driver::get();
+  // Grow by half again at least, so a slowly growing size does not reallocate every call.
+  const size_t want = align_up(std::max(bytes, capacity_ + capacity_ / 2), size_t{1} << 16);
+  if (pinned_ != nullptr) driver.host_free(pinned_);
+  pinned_ = nullptr;
+  capacity_ = 0;
+  pinned_ = driver.host_alloc(want);
+  capacity_ = want;
+  pinned_context_ = context;
+  pinned_ordinal_ = ordinal;
+  MNCL_TRACE("CUDA staging: %zu bytes of pinned host memory for backend %s", want,
+             backend_.c_str());
+}
+
+void Staging::run(const mncl_coll_v1_t &coll, const HostRun &host_run) {
+  Driver &driver = Driver::get();
+  std::vector<Slot> slots;
+  PointerInfo first;
+  for_each_buffer(coll, rank_, size_,
+                  [&](size_t index, const void *ptr, size_t bytes, bool in, bool out) {
+                    if (bytes == 0) return;
+                    const PointerInfo info = driver.classify(ptr);
+                    if (!info.device) return;
+                    if (!first.device) first = info;
+                    slots.push_back(Slot{index, static_cast<const char *>(ptr), bytes, in, out});
+                  });
+  if (slots.empty()) {
+    host_run(coll);
+    return;
+  }
+  static std::once_flag logged;
+  std::call_once(logged, [&] {
+    MNCL_WARN("backend %s does not take CUDA memory: device buffers are staged through pinned "
+              "host memory on the caller's stream (slower than a CUDA-aware backend such as "
+              "nccl)",
+              backend_.c_str());
+  });
+
+  // Overlapping buffers (the in-place forms) become one region, so that the backend sees the
+  // same aliasing between its host pointers as the caller made between the device ones.
+  std::sort(slots.begin(), slots.end(),
+            [](const Slot &a, const Slot &b) { return a.dev < b.dev; });
+  size_t total = 0;
+  const char *region_dev = nullptr, *region_end = nullptr;
+  size_t region_offset = 0;
+  for (Slot &s : slots) {
+    if (region_dev == nullptr || s.dev >= region_end) {  // starts a new region
+      total = align_up(total, kAlign);
+      region_dev = s.dev;
+      region_end = s.dev;
+      region_offset = total;
+    }
+    s.offset = region_offset + static_cast<size_t>(s.dev - region_dev);
+    if (s.dev + s.bytes > region_end) {
+      total += static_cast<size_t>(s.dev + s.bytes - region_end);
+      region_end = s.dev + s.bytes;
+    }
+  }
+
+  HostColl host(coll);
+  void *stream = coll.stream;
+  {
+    Driver::Scope scope(driver, first.context, first.ordinal);
+    reserve(total, first.context, first.ordinal);
+    char *pinned = static_cast<char *>(pinned_);
+    bool copied = false;
+    for (const Slot &s : slots) {
+      host.set(s.index, pinned + s.offset);
+      if (s.in) {
+        driver.copy_d2h_async(pinned + s.offset, s.dev, s.bytes, stream);
+        copied = true;
+      }
+    }
+    // The host collective reads the copies: they must have landed.
+    if (copied) driver.synchronize(stream);
+  }
+  host_run(host.coll);
+  {
+    Driver::Scope scope(driver, first.context, first.ordinal);
+    char *pinned = static_cast<char *>(pinned_);
+    bool copied = false;
+    for (const Slot &s : slots) {
+      if (!s.out) continue;
+      driver.copy_h2d_async(const_cast<char *>(s.dev), pinned + s.offset, s.bytes, stream);
+      copied = true;
+    }
+    // The result is in device memory when the call returns, and the pinned buffer is free.
+    if (copied) driver.synchronize(stream);
+  }
+}
+
+}  // namespace mncl::cuda

@@ -1,0 +1,69 @@
+// CUDA buffers through host-only backends (naive, gloo, flat without CUDA-aware MPI): the
+// core's "non_cuda_aware" path, as in ChainerMN.
+//
+// For one collective whose buffers include device (or managed) memory, Staging::run
+//   1. copies every device input into pinned host memory, asynchronously on the caller's
+//      stream (coll.stream, NULL = the legacy default stream), so the copy sees every kernel
+//      the caller queued before the call, then synchronizes that stream;
+//   2. runs the host collective on a copy of the descriptor whose device pointers are replaced
+//      by their pinned stand-ins (in-place forms stay in place: overlapping buffers share one
+//      stand-in, at the same offsets);
+//   3. copies every device output back on the same stream and synchronizes it again, so the
+//      call returns with the result in device memory, like any blocking host collective, and
+//      the pinned buffer is free for the next call.
+// The pinned buffer belongs to the Staging object (one per communicator, whose calls are
+// serialized), grows to the largest collective seen and is freed with it. The first staged
+// collective in the process logs a warning that staging is in use.
+//
+// Device pointers are recognized at run time through the CUDA driver the application has
+// loaded (cuda/driver.h); libmncl does not link CUDA, and a process that never loads CUDA pays
+// one cheap check per buffer.
+#pragma once
+
+#include <mncl/mncl_plugin_v1.h>
+
+#include <cstddef>
+#include <functional>
+#include <string>
+
+namespace mncl::cuda {
+
+// True if ptr is CUDA device or managed memory (false for host and pinned host memory, and
+// whenever CUDA is not loaded and initialized in this process).
+bool is_device_pointer(const void *ptr);
+
+class Staging {
+ public:
+  // The rank and size of the communicator (buffer extents depend on them) and the backend's
+  // name (for the log line).
+  Staging(int rank, int size, std::string backend);
+  ~Staging();
+  Staging(const Staging &) = delete;
+  Staging &operator=(const Staging &) = delete;
+
+  // True if a buffer that this rank reads or writes in coll is device memory, so the
+  // collective must go through run(). Cheap when CUDA is absent; coll must be validated.
+  bool needed(const mncl_coll_v1_t &coll) const;
+
+  // Runs coll through host_run with device buffers staged as described above. host_run gets a
+  // descriptor with host pointers only (stream unchanged) and reports failure by throwing; its
+  // exception propagates unchanged. CUDA failures throw mncl::Error(MNCL_ERR_SYSTEM).
+  using HostRun = std::function<void(const mncl_coll_v1_t &)>;
+  void run(const mncl_coll_v1_t &coll, const HostRun &host_run);
+
+  // Bytes of pinned host memory held (for tests).
+  size_t pinned_bytes() const { return capacity_; }
+
+ private:
+  void reserve(size_t bytes, void *context, int ordinal);
+
+  int rank_;
+  int size_;
+  std::string backend_;
+  void *pinned_ = nullptr;   // cuMemHostAlloc'ed, portable
+  size_t capacity_ = 0;
+  void *pinned_context_ = nullptr;  // the context it was allocated under
+  int pinned_ordinal_ = -1;
+};
+
+}  // namespace mncl::cuda

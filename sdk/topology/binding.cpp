@@ -1,0 +1,113 @@
+#include "topology/binding.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+
+namespace mncl::topology {
+
+namespace {
+
+// Items [first, last) of n given to `rank` of `ranks` in contiguous blocks; at least one item,
+// so with more ranks than items neighbouring ranks share one.
+std::pair<int, int> block(int rank, int ranks, int n) {
+  const int first = static_cast<int>(static_cast<long long>(rank) * n / ranks);
+  const int last = static_cast<int>(static_cast<long long>(rank + 1) * n / ranks);
+  return {first, std::max(last, first + 1)};
+}
+
+std::string range_text(const std::vector<int> &ids) {
+  return CpuSet(ids).to_string();
+}
+
+Binding unbound(const std::string &reason) { return Binding{CpuSet(), reason}; }
+
+Binding spread_over_numa(const Summary &t, const BindRequest &r, const std::string &prefix) {
+  std::vector<const NumaNode *> nodes;
+  for (const auto &n : t.numa_nodes) {
+    if (!n.cpus.empty()) nodes.push_back(&n);
+  }
+  if (nodes.empty()) return unbound(prefix + "no NUMA node with CPUs is known: not bound");
+  const auto [first, last] = block(r.local_rank, r.local_size, static_cast<int>(nodes.size()));
+  CpuSet cpus;
+  std::vector<int> ids;
+  for (int i = first; i < last; ++i) {
+    cpus = cpus | nodes[i]->cpus;
+    ids.push_back(nodes[i]->os_index);
+  }
+  const std::string where =
+      format("%s%s %s (CPUs %s)", prefix.c_str(), ids.size() == 1 ? "NUMA node" : "NUMA nodes",
+             range_text(ids).c_str(), cpus.to_string().c_str());
+  if (cpus == t.all_cpus) return unbound(where + ", the whole machine: not bound");
+  return Binding{cpus, where};
+}
+
+Binding spread_over_cores(const Summary &t, const BindRequest &r, const std::string &prefix) {
+  if (t.cores.empty()) return unbound(prefix + "no cores are known: not bound");
+  const int n = t.num_cores();
+  const auto [first, last] = block(r.local_rank, r.local_size, n);
+  CpuSet cpus;
+  for (int i = first; i < last; ++i) cpus = cpus | t.cores[i].pus;
+  const std::string shared = r.local_size > n ? ", shared: more ranks than cores" : "";
+  return Binding{cpus, format("%s%s %d-%d of %d (CPUs %s%s)", prefix.c_str(),
+                              last - first == 1 ? "core" : "cores", first, last - 1, n,
+                              cpus.to_string().c_str(), shared.c_str())};
+}
+
+}  // namespace
+
+const char *bind_mode_name(BindMode mode) {
+  switch (mode) {
+    case BindMode::kNone: return "none";
+    case BindMode::kNuma: return "numa";
+    case BindMode::kCore: return "core";
+    case BindMode::kAuto: return "auto";
+  }
+  return "?";
+}
+
+BindMode parse_bind_mode(const std::string &text) {
+  for (BindMode mode : {BindMode::kNone, BindMode::kNuma, BindMode::kCore, BindMode::kAuto}) {
+    if (text == bind_mode_name(mode)) return mode;
+  }
+  MNCL_CHECK(text.empty(), MNCL_ERR_INVALID_ARGUMENT,
+             "MNCL_BIND='%s' is not none, numa, core or auto", text.c_str());
+  return BindMode::kAuto;
+}
+
+Binding compute_binding(const Summary &t, const BindRequest &r) {
+  const std::string mode = format("MNCL_BIND=%s: ", bind_mode_name(r.mode));
+  if (r.mode == BindMode::kNone) return unbound(mode + "not bound");
+  if (r.ranks_in_process > 1) {
+    return unbound(mode + format("%d ranks share this process: not bound", r.ranks_in_process));
+  }
+  if (r.local_rank < 0 || r.local_size < 1 || r.local_rank >= r.local_size) {
+    return unbound(mode + "local rank unknown: not bound");
+  }
+  std::string prefix = mode + format("local rank %d of %d: ", r.local_rank, r.local_size);
+  if (r.mode == BindMode::kNuma) return spread_over_numa(t, r, prefix);
+  if (r.mode == BindMode::kCore) return spread_over_cores(t, r, prefix);
+
+  // auto: the launcher's binding wins; it knows the whole job's placement.
+  if (!r.current.empty() && r.current != t.all_cpus && t.all_cpus.includes(r.current)) {
+    return unbound(mode + format("already bound to CPUs %s (by the launcher?): left alone",
+                                 r.current.to_string().c_str()));
+  }
+  if (r.gpu >= 0) {
+    const Gpu *gpu = t.gpu(r.gpu);
+    if (gpu != nullptr && !gpu->locality.cpus.empty() && gpu->locality.cpus != t.all_cpus &&
+        t.all_cpus.includes(gpu->locality.cpus)) {
+      const std::string numa =
+          gpu->locality.numa >= 0 ? format(", NUMA node %d", gpu->locality.numa) : "";
+      return Binding{gpu->locality.cpus,
+                     format("%snear GPU %d (%s%s): CPUs %s", prefix.c_str(), gpu->ordinal,
+                            gpu->pci_bus_id.c_str(), numa.c_str(),
+                            gpu->locality.cpus.to_string().c_str())};
+    }
+    prefix += gpu == nullptr ? format("GPU %d not in the topology, ", r.gpu)
+                             : format("GPU %d is near every CPU, ", r.gpu);
+  }
+  return spread_over_numa(t, r, prefix);
+}
+
+}  // namespace mncl::topology
