@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libgloo-dev libhwloc-dev
-          libboost-dev libboost-filesystem-dev libgtest-dev libbenchmark-dev)
+          libboost-dev libboost-filesystem-dev libgtest-dev libbenchmark-dev
+          dataset-fashion-mnist gzip)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -21,4 +22,7 @@ fi
 build_dir=${MNCL_BUILD_DIR:-build}
 cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE="${MNCL_BUILD_TYPE:-RelWithDebInfo}" \
   ${MNCL_CMAKE_ARGS:-}
-cmake --build "$build_dir" -j"$(nproc)"
+# MNCL_BUILD_TARGETS narrows the build (the sweep needs no tests); default: everything.
+targets=()
+for t in ${MNCL_BUILD_TARGETS:-}; do targets+=(--target "$t"); done
+cmake --build "$build_dir" -j"$(nproc)" "${targets[@]}"

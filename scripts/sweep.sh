@@ -17,7 +17,9 @@ if ! dpkg-query -W -f='${Status}' python3-matplotlib 2>/dev/null | grep -q "inst
       $sudo apt-get install -y -q --no-install-recommends python3-matplotlib; } >&2 ||
     echo "sweep: could not install python3-matplotlib: the results will have no PNG" >&2
 fi
-bash scripts/setup.sh
+# Only what the sweep runs: libmncl, the plugins and the tools (the tests come with test.sh).
+MNCL_BUILD_TARGETS=${MNCL_BUILD_TARGETS:-"mncl mncl-plugins mncl-run mncl-info mncl-perf"} \
+  bash scripts/setup.sh
 
 build_dir=${MNCL_BUILD_DIR:-build}
 out=${MNCL_SWEEP_OUT:-$build_dir/sweep}

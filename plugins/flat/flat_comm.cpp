@@ -8,6 +8,7 @@
 #include "common/dtype.h"
 #include "common/host.h"
 #include "common/reduce.h"
+#include "flat/cuda_guard.h"
 #include "flat/mpi_runtime.h"
 
 namespace mncl::flat {
@@ -38,7 +39,8 @@ bool reduces(int32_t kind) {
 
 // "allreduce #12 (float32 x 1021, sum)" for messages.
 std::string describe(const mncl_coll_v1_t &c) {
-  std::string s = kit::format("%s #%llu", kind_name(c.kind), static_cast<unsigned long long>(c.seq));
+  std::string s =
+      kit::format("%s #%llu", kind_name(c.kind), static_cast<unsigned long long>(c.seq));
   if (c.kind == MNCL_COLL_BARRIER) return s;
   if (c.kind == MNCL_COLL_ALLREDUCE_COALESCED) {
     s += kit::format(" (%zu buffers of %s", c.nbufs, kit::dtype_name(c.dtype));
@@ -51,7 +53,8 @@ std::string describe(const mncl_coll_v1_t &c) {
 }
 
 // p + elems elements; MPI_IN_PLACE and NULL (count 0, or a non-root's ignored buffer) stay.
-template <typename P> P shift(P p, size_t elems, size_t esize) {
+template <typename P>
+P shift(P p, size_t elems, size_t esize) {
   if (p == nullptr || p == MPI_IN_PLACE) return p;
   using Byte = std::conditional_t<std::is_const_v<std::remove_pointer_t<P>>, const char, char>;
   return static_cast<P>(static_cast<Byte *>(p) + elems * esize);
@@ -59,7 +62,8 @@ template <typename P> P shift(P p, size_t elems, size_t esize) {
 
 // Calls f(first element, n) over chunks of at most kMaxChunk elements; once for count 0, so
 // that every rank still takes part in the (empty) operation.
-template <typename F> void for_chunks(size_t count, F &&f) {
+template <typename F>
+void for_chunks(size_t count, F &&f) {
   size_t first = 0;
   do {
     const size_t n = std::min(count - first, kMaxChunk);
@@ -132,10 +136,10 @@ Comm *Comm::create(const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host,
     rc = MPI_Comm_split(MPI_COMM_WORLD, 0, bs.rank, &comm);
   }
   if (rc != MPI_SUCCESS) {
-    throw kit::Error(mpi_error_status(rc),
-                     kit::format("flat comm_create: %s failed: %s",
-                                 bs.size == 1 ? "MPI_Comm_dup" : "MPI_Comm_split",
-                                 mpi_error_text(rc).c_str()));
+    throw kit::Error(
+        mpi_error_status(rc),
+        kit::format("flat comm_create: %s failed: %s",
+                    bs.size == 1 ? "MPI_Comm_dup" : "MPI_Comm_split", mpi_error_text(rc).c_str()));
   }
   return adopt(comm, bs, host, options);
 }
@@ -163,8 +167,8 @@ Comm *Comm::split(int32_t color, const mncl_bootstrap_v1_t *bs) {
   BusyScope busy(busy_);
   check_usable(nullptr, "comm_split");
   if (color != MNCL_SPLIT_NONE && bs == nullptr) {
-    throw kit::Error(MNCL_ERR_INVALID_ARGUMENT, "flat comm_split: no bootstrap for color " +
-                                                    std::to_string(color));
+    throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
+                     "flat comm_split: no bootstrap for color " + std::to_string(color));
   }
   MpiLock lock;
   MPI_Comm comm = MPI_COMM_NULL;
@@ -195,7 +199,7 @@ Comm::~Comm() {
   }
   if (leaked > 0) {
     MNCL_KIT_LOG(host_, MNCL_LOG_WARN,
-                 "flat: %zu abandoned operation(s) still in MPI at comm_destroy; their buffers "
+                 "%zu abandoned operation(s) still in MPI at comm_destroy; their buffers "
                  "are leaked",
                  leaked);
   }
@@ -207,10 +211,11 @@ Comm::~Comm() {
 // ---------------------------------------------------------------------------------------------
 
 void Comm::check_usable(const mncl_coll_v1_t *c, const char *what) const {
+  if (!aborted_.load() && !broken_.load()) return;  // the hot path: no message to format
   const std::string op = c != nullptr ? describe(*c) : std::string(what);
   if (aborted_.load()) {
-    throw kit::Error(MNCL_ERR_ABORTED, kit::format("flat %s: the communicator was aborted",
-                                                   op.c_str()));
+    throw kit::Error(MNCL_ERR_ABORTED,
+                     kit::format("flat %s: the communicator was aborted", op.c_str()));
   }
   if (broken_.load()) {
     throw kit::Error(MNCL_ERR_REMOTE,
@@ -221,16 +226,46 @@ void Comm::check_usable(const mncl_coll_v1_t *c, const char *what) const {
   }
 }
 
+void Comm::prepare_device_buffers(const mncl_coll_v1_t &c) const {
+  if (!cuda::synchronize(c.stream)) {
+    throw kit::Error(MNCL_ERR_SYSTEM, kit::format("flat %s: cuStreamSynchronize on the caller's "
+                                                  "stream failed",
+                                                  describe(c).c_str()));
+  }
+  // Forms whose last step runs on the host: AVG's division, the coalesced pack, the copy of
+  // an in-place reduce_scatter result.
+  const bool packs = c.kind == MNCL_COLL_ALLREDUCE_COALESCED && c.nbufs > 1;
+  const bool copies =
+      c.kind == MNCL_COLL_REDUCE_SCATTER &&
+      static_cast<const char *>(c.sendbuf) + c.count * kit::dtype_size(c.dtype) * rank_ ==
+          c.recvbuf;
+  if (!(reduces(c.kind) && c.op == MNCL_AVG) && !packs && !copies) return;
+  bool device = cuda::is_device_pointer(c.sendbuf) || cuda::is_device_pointer(c.recvbuf);
+  for (size_t i = 0; !device && c.kind == MNCL_COLL_ALLREDUCE_COALESCED && i < c.nbufs; ++i) {
+    device = cuda::is_device_pointer(c.sendbufs[i]) || cuda::is_device_pointer(c.recvbufs[i]);
+  }
+  if (device) {
+    throw kit::Error(MNCL_ERR_NOT_SUPPORTED,
+                     kit::format("flat %s: %s on CUDA memory is not supported (flat would finish "
+                                 "it on the host); use host buffers, or SUM and scale",
+                                 describe(c).c_str(),
+                                 packs    ? "a coalesced allreduce of several buffers"
+                                 : copies ? "an in-place reduce_scatter"
+                                          : "AVG"));
+  }
+}
+
 void Comm::check(int rc, const char *call, const mncl_coll_v1_t &c) const {
   if (rc == MPI_SUCCESS) return;
   throw kit::Error(mpi_error_status(rc),
-                   kit::format("flat %s: %s failed on rank %d of %d: %s", describe(c).c_str(),
-                               call, rank_, size_, mpi_error_text(rc).c_str()));
+                   kit::format("flat %s: %s failed on rank %d of %d: %s", describe(c).c_str(), call,
+                               rank_, size_, mpi_error_text(rc).c_str()));
 }
 
 void Comm::execute(const mncl_coll_v1_t &c) {
   BusyScope busy(busy_);
   check_usable(&c, nullptr);
+  if (options_.cuda) prepare_device_buffers(c);
   if (options_.bounded) {
     // Non-blocking underneath, polled here: the timeout and abort can then end the wait.
     std::unique_ptr<Request> r = post(c);
@@ -258,6 +293,7 @@ void Comm::execute(const mncl_coll_v1_t &c) {
 std::unique_ptr<Request> Comm::post(const mncl_coll_v1_t &c) {
   BusyScope busy(busy_);
   check_usable(&c, nullptr);
+  if (options_.cuda) prepare_device_buffers(c);
   auto r = std::make_unique<Request>();
   r->kind = c.kind;
   r->dtype = c.dtype;
@@ -304,8 +340,8 @@ bool Comm::test(Request &r) {
       }
     }
     throw kit::Error(mpi_error_status(code),
-                     kit::format("flat %s: MPI_Testall failed on rank %d of %d: %s",
-                                 what().c_str(), rank_, size_, mpi_error_text(code).c_str()));
+                     kit::format("flat %s: MPI_Testall failed on rank %d of %d: %s", what().c_str(),
+                                 rank_, size_, mpi_error_text(code).c_str()));
   }
   if (!done) {
     if (Clock::now() < r.deadline) return false;
@@ -337,8 +373,7 @@ void Comm::finish(const Request &r, const MPI_Status *statuses) {
         throw kit::Error(MNCL_ERR_REMOTE,
                          kit::format("flat recv #%llu: received %d elements, expected %d (the "
                                      "sender's count differs)",
-                                     static_cast<unsigned long long>(r.seq), got,
-                                     r.expected[i]));
+                                     static_cast<unsigned long long>(r.seq), got, r.expected[i]));
       }
     }
   }

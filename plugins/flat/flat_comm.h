@@ -29,6 +29,7 @@ namespace mncl::flat {
 // Options read once at init (environment), shared by every communicator.
 struct Options {
   bool bounded = false;  // MNCL_FLAT_BOUNDED=1: blocking calls polled, timeout and abort apply
+  bool cuda = false;     // MNCL_CAP_CUDA_MEMORY advertised: buffers may be device pointers
 };
 
 // One operation: its MPI requests (none once a blocking call has returned) and what remains
@@ -43,8 +44,8 @@ struct Request {
   int32_t dtype = 0;
   int32_t op = 0;
   uint64_t seq = 0;
-  std::vector<MPI_Request> mpi;     // outstanding requests (non-blocking)
-  std::vector<int> expected;        // RECV: elements expected per request
+  std::vector<MPI_Request> mpi;      // outstanding requests (non-blocking)
+  std::vector<int> expected;         // RECV: elements expected per request
   std::vector<unsigned char> owned;  // non-blocking: the packed / scratch buffer
   void *avg_buf = nullptr;           // AVG: divide avg_count elements here by the size
   size_t avg_count = 0;
@@ -86,6 +87,8 @@ class Comm {
   static Comm *adopt(MPI_Comm comm, const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host,
                      const Options &options);
   void check_usable(const mncl_coll_v1_t *c, const char *what) const;
+  // With CUDA buffers: syncs the caller's stream, refuses forms flat finishes on the host.
+  void prepare_device_buffers(const mncl_coll_v1_t &c) const;
   // The MPI call(s) of c: blocking ones (r.mpi stays empty) or non-blocking ones into r.mpi.
   void issue(const mncl_coll_v1_t &c, Request &r, bool nonblocking);
   // After the MPI side completed: AVG, copies, checks (statuses: RECV only).
@@ -99,7 +102,7 @@ class Comm {
   std::atomic<bool> aborted_{false};
   std::atomic<bool> broken_{false};  // an operation timed out or was abandoned
   std::atomic<int> busy_{0};
-  std::vector<unsigned char> pack_;  // blocking coalesced / scratch buffer, reused
+  std::vector<unsigned char> pack_;                // blocking coalesced / scratch buffer, reused
   std::vector<std::unique_ptr<Request>> orphans_;  // abandoned, still owned by MPI
 };
 

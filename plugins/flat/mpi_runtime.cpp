@@ -19,7 +19,7 @@ namespace {
 // Set once under g_init_mutex; read without it afterwards (MPI cannot go back to uninitialized
 // except through MPI_Finalize, which mpi_finalized() checks).
 std::mutex g_init_mutex;
-bool g_ready = false;          // ensure_mpi succeeded once
+bool g_ready = false;           // ensure_mpi succeeded once
 bool g_we_initialized = false;  // flat called MPI_Init_thread, so flat finalizes
 int g_thread_level = MPI_THREAD_SINGLE;
 std::mutex g_mpi_mutex;  // see MpiLock
@@ -34,7 +34,8 @@ void half_reduce(void *in, void *inout, int *len, MPI_Datatype *) {
   kit::reduce_into(inout, in, static_cast<size_t>(*len), Dtype, Op);
 }
 
-template <int32_t Dtype> void create_half_ops(MPI_Op *ops) {
+template <int32_t Dtype>
+void create_half_ops(MPI_Op *ops) {
   MPI_Op_create(&half_reduce<Dtype, MNCL_SUM>, 1, &ops[MNCL_SUM]);
   MPI_Op_create(&half_reduce<Dtype, MNCL_PROD>, 1, &ops[MNCL_PROD]);
   MPI_Op_create(&half_reduce<Dtype, MNCL_MIN>, 1, &ops[MNCL_MIN]);
@@ -43,11 +44,16 @@ template <int32_t Dtype> void create_half_ops(MPI_Op *ops) {
 
 const char *thread_level_name(int level) {
   switch (level) {
-    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
-    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
-    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
-    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
-    default: return "an unknown thread level";
+    case MPI_THREAD_SINGLE:
+      return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED:
+      return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED:
+      return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE:
+      return "MPI_THREAD_MULTIPLE";
+    default:
+      return "an unknown thread level";
   }
 }
 
@@ -103,7 +109,7 @@ void ensure_mpi(const mncl_host_v1_t *host) {
   }
   if (initialized) {
     MPI_Query_thread(&g_thread_level);
-    MNCL_KIT_LOG(host, MNCL_LOG_INFO, "flat: using MPI initialized by the application (%s)",
+    MNCL_KIT_LOG(host, MNCL_LOG_INFO, "using MPI initialized by the application (%s)",
                  thread_level_name(g_thread_level));
   } else {
     // MULTIPLE when the library offers it: MNCL may be called from several threads (one per
@@ -115,12 +121,12 @@ void ensure_mpi(const mncl_host_v1_t *host) {
     }
     g_we_initialized = true;
     std::atexit(finalize_at_exit);
-    MNCL_KIT_LOG(host, MNCL_LOG_INFO, "flat: initialized MPI (%s); it is finalized at exit",
+    MNCL_KIT_LOG(host, MNCL_LOG_INFO, "initialized MPI (%s); it is finalized at exit",
                  thread_level_name(g_thread_level));
   }
   if (g_thread_level < MPI_THREAD_SERIALIZED) {
     MNCL_KIT_LOG(host, MNCL_LOG_WARN,
-                 "flat: MPI was initialized with %s; call MNCL from the thread that initialized "
+                 "MPI was initialized with %s; call MNCL from the thread that initialized "
                  "MPI only, or initialize MPI with MPI_THREAD_MULTIPLE",
                  thread_level_name(g_thread_level));
   }
@@ -137,7 +143,9 @@ void ensure_mpi(const mncl_host_v1_t *host) {
   g_ready = true;
 }
 
-int mpi_thread_level() { return g_thread_level; }
+int mpi_thread_level() {
+  return g_thread_level;
+}
 
 MpiLock::MpiLock() : locked_(g_thread_level < MPI_THREAD_MULTIPLE) {
   if (locked_) g_mpi_mutex.lock();
@@ -154,17 +162,28 @@ bool mpi_finalized() {
 
 MPI_Datatype mpi_datatype(int32_t dtype) {
   switch (dtype) {
-    case MNCL_INT8: return MPI_INT8_T;
-    case MNCL_UINT8: return MPI_UINT8_T;
-    case MNCL_INT32: return MPI_INT32_T;
-    case MNCL_UINT32: return MPI_UINT32_T;
-    case MNCL_INT64: return MPI_INT64_T;
-    case MNCL_UINT64: return MPI_UINT64_T;
-    case MNCL_FLOAT16: return g_half_types[0];
-    case MNCL_BFLOAT16: return g_half_types[1];
-    case MNCL_FLOAT32: return MPI_FLOAT;
-    case MNCL_FLOAT64: return MPI_DOUBLE;
-    default: return MPI_DATATYPE_NULL;
+    case MNCL_INT8:
+      return MPI_INT8_T;
+    case MNCL_UINT8:
+      return MPI_UINT8_T;
+    case MNCL_INT32:
+      return MPI_INT32_T;
+    case MNCL_UINT32:
+      return MPI_UINT32_T;
+    case MNCL_INT64:
+      return MPI_INT64_T;
+    case MNCL_UINT64:
+      return MPI_UINT64_T;
+    case MNCL_FLOAT16:
+      return g_half_types[0];
+    case MNCL_BFLOAT16:
+      return g_half_types[1];
+    case MNCL_FLOAT32:
+      return MPI_FLOAT;
+    case MNCL_FLOAT64:
+      return MPI_DOUBLE;
+    default:
+      return MPI_DATATYPE_NULL;
   }
 }
 
@@ -194,7 +213,8 @@ mncl_status_t mpi_error_status(int rc) {
   int cls = MPI_ERR_UNKNOWN;
   MPI_Error_class(rc, &cls);
   switch (cls) {
-    case MPI_ERR_NO_MEM: return MNCL_ERR_SYSTEM;
+    case MPI_ERR_NO_MEM:
+      return MNCL_ERR_SYSTEM;
     case MPI_ERR_BUFFER:
     case MPI_ERR_COUNT:
     case MPI_ERR_TYPE:
@@ -204,8 +224,10 @@ mncl_status_t mpi_error_status(int rc) {
     case MPI_ERR_ROOT:
     case MPI_ERR_OP:
     case MPI_ERR_ARG:
-    case MPI_ERR_INTERN: return MNCL_ERR_INTERNAL;
-    default: return MNCL_ERR_REMOTE;  // truncation, a lost peer, a transport failure
+    case MPI_ERR_INTERN:
+      return MNCL_ERR_INTERNAL;
+    default:
+      return MNCL_ERR_REMOTE;  // truncation, a lost peer, a transport failure
   }
 }
 

@@ -36,11 +36,18 @@ uint64_t capabilities_at_load() {
   if (flat::mpi_cuda_aware_now()) caps |= MNCL_CAP_CUDA_MEMORY;
   return caps;
 }
+// Every kind, the coalesced allreduce included (packed into one MPI_Allreduce).
+constexpr uint32_t kCollectives =
+    MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED);
+
+// Computed when the library is loaded (before the table below, which copies it).
+const uint64_t g_caps = capabilities_at_load();
 
 mncl_status_t flat_init(const mncl_host_v1_t *host) {
   if (!kit::host_is_usable(host)) return MNCL_ERR_PLUGIN;
   g_host = host;
   g_options = flat::Options{};
+  g_options.cuda = (g_caps & MNCL_CAP_CUDA_MEMORY) != 0;
   if (const char *bounded = host->get_env ? host->get_env("MNCL_FLAT_BOUNDED") : nullptr) {
     if (std::strcmp(bounded, "0") != 0 && std::strcmp(bounded, "1") != 0) {
       return kit::report(host, MNCL_ERR_INVALID_ARGUMENT,
@@ -59,7 +66,9 @@ mncl_status_t flat_init(const mncl_host_v1_t *host) {
 
 // MPI stays initialized: it cannot be initialized again in this process, and a later
 // communicator may load flat again. flat finalizes it at exit (see mpi_runtime.h).
-void flat_finalize(void) { g_host = nullptr; }
+void flat_finalize(void) {
+  g_host = nullptr;
+}
 
 mncl_status_t flat_probe(const mncl_probe_v1_t *info, int32_t *score, char *reason,
                          size_t reason_len) {
@@ -87,7 +96,7 @@ mncl_status_t flat_comm_create(const mncl_bootstrap_v1_t *bs, void **comm) {
     }
     // The store is not needed: MPI's launcher already wired the processes together.
     *comm = Comm::create(*bs, g_host, g_options);
-    MNCL_KIT_LOG(g_host, MNCL_LOG_INFO, "flat: comm '%s' rank %d of %d created",
+    MNCL_KIT_LOG(g_host, MNCL_LOG_INFO, "comm '%s' rank %d of %d created",
                  bs->comm_id ? bs->comm_id : "?", bs->rank, bs->size);
     return MNCL_OK;
   });
@@ -99,7 +108,7 @@ mncl_status_t flat_comm_destroy(void *comm) {
     // Another thread is still blocked inside MPI on it (after an abort): freeing it under
     // that thread would crash, so it is left to the process's end.
     MNCL_KIT_LOG(g_host, MNCL_LOG_WARN,
-                 "flat: comm_destroy while another thread is blocked in MPI on it; the MPI "
+                 "comm_destroy while another thread is blocked in MPI on it; the MPI "
                  "communicator is leaked");
     return MNCL_OK;
   }
@@ -112,8 +121,8 @@ mncl_status_t flat_comm_abort(void *comm) {
   return MNCL_OK;
 }
 
-mncl_status_t flat_comm_split(void *comm, int32_t color, int32_t key,
-                              const mncl_bootstrap_v1_t *bs, void **newcomm) {
+mncl_status_t flat_comm_split(void *comm, int32_t color, int32_t key, const mncl_bootstrap_v1_t *bs,
+                              void **newcomm) {
   (void)key;  // the core already ordered the ranks by key; bs->rank carries the result
   *newcomm = nullptr;
   return kit::guard(g_host, "flat comm_split", [&] {
@@ -162,8 +171,8 @@ MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = {
     MNCL_PLUGIN_ABI_V1,        // abi_version
     "flat",                    // name
     "0.1.0",                   // version
-    capabilities_at_load(),    // caps: host (+ CUDA if MPI says so), native non-blocking
-    MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED),  // coll_mask
+    g_caps,                    // caps: host (+ CUDA if MPI says so), native non-blocking
+    kCollectives,              // coll_mask
     kit::kAllDtypesMask,       // dtype_mask
     kit::kAllOpsMask,          // op_mask
     0,                         // reserved0

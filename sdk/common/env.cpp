@@ -35,6 +35,10 @@ const std::vector<Variable> &table() {
        "Seconds any blocking step may take (rendezvous, each collective) before it fails."},
       {"MNCL_DEVICE", "", "Accelerator ordinal for this rank (default: the local rank)."},
       {"MNCL_DEBUG", "warn", "Log level: none, error, warn, info or trace."},
+      {"MNCL_CUDA_LIBRARY", "libcuda.so.1",
+       "CUDA driver library whose presence in the process tells that buffers may be CUDA memory "
+       "(staged through pinned host memory for host-only backends); never loaded by MNCL "
+       "itself. 'none' turns the CUDA memory path off."},
       // Backend-specific settings (read by the plugins through the host's get_env).
       {"MNCL_GLOO_TRANSPORT", "tcp", "gloo: transport, tcp or ibverbs."},
       {"MNCL_GLOO_IFACE", "",
@@ -43,6 +47,10 @@ const std::vector<Variable> &table() {
       {"MNCL_GLOO_IB_DEVICE", "", "gloo: InfiniBand device for ibverbs (default: the first)."},
       {"MNCL_GLOO_ALGO", "auto",
        "gloo: allreduce algorithm, auto, ring, ring_chunked, halving_doubling or bcube."},
+      {"MNCL_FLAT_BOUNDED", "0",
+       "flat: 1 runs blocking calls on MPI's non-blocking collectives, polled, so MNCL_TIMEOUT "
+       "and mncl_comm_abort apply (slower); 0 uses MPI's blocking collectives, which cannot "
+       "time out."},
       {"MASTER_ADDR", "", "torchrun-style store host, used when MNCL_STORE is unset."},
       {"MASTER_PORT", "", "torchrun-style store port, used when MNCL_STORE is unset."},
       // Launchers' own variables, read when the MNCL_* ones are unset.

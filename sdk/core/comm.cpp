@@ -300,6 +300,12 @@ void Comm::validate_and_number(mncl_coll_v1_t &coll) {
   next_seq_ += emulated ? std::max<size_t>(coll.nbufs, 1) : 1;
 }
 
+bool Comm::needs_staging(const mncl_coll_v1_t &coll) {
+  if (table_->caps & MNCL_CAP_CUDA_MEMORY) return false;
+  if (!staging_) staging_ = std::make_unique<cuda::Staging>(rank_, size_, backend());
+  return staging_->needed(coll);
+}
+
 void Comm::execute_now(const mncl_coll_v1_t &coll) {
   const char *fn = coll_function_name(coll.kind);
   MNCL_CHECK(!aborted_.load(), MNCL_ERR_ABORTED, "%s #%llu: the communicator was aborted", fn,
@@ -326,11 +332,11 @@ void Comm::execute_now(const mncl_coll_v1_t &coll) {
       single.recvbufs = nullptr;
       single.counts = nullptr;
       single.seq = coll.seq + i;
-      call(single);
+      needs_staging(single) ? staging_->run(single, call) : call(single);
     }
     return;
   }
-  call(coll);
+  needs_staging(coll) ? staging_->run(coll, call) : call(coll);
 }
 
 void Comm::run(mncl_coll_v1_t coll) {
@@ -369,6 +375,11 @@ std::shared_ptr<Operation> Comm::start(const mncl_coll_v1_t &coll_in) {
   validate_and_number(op->coll);
 
   if (table_->caps & MNCL_CAP_NATIVE_ASYNC) {
+    if (needs_staging(op->coll)) {  // staging blocks: run it now, which keeps issue order
+      execute_now(op->coll);
+      op->finished = true;
+      return op;
+    }
     set_last_error("");
     const mncl_status_t status = table_->post(plugin_comm_, &op->coll, &op->native_handle);
     if (status != MNCL_OK) {

@@ -17,6 +17,7 @@
 #include "bootstrap/store.h"
 #include "core/launch_env.h"
 #include "core/store_bridge.h"
+#include "cuda/staging.h"
 #include "loader/plugin_loader.h"
 
 namespace mncl::core {
@@ -71,6 +72,8 @@ class Comm {
   Comm() = default;
   void validate_and_number(mncl_coll_v1_t &coll);
   void execute_now(const mncl_coll_v1_t &coll);
+  // Host-only backend and a CUDA buffer in coll: it goes through cuda::Staging.
+  bool needs_staging(const mncl_coll_v1_t &coll);
   void progress_loop();
   void create_plugin_comm(const mncl_bootstrap_v1_t &bs, void *parent_plugin_comm, int color,
                           int key);
@@ -107,6 +110,7 @@ class Comm {
   std::atomic<size_t> outstanding_{0};  // issued and not yet finished
   bool stopping_ = false;
   std::thread progress_;
+  std::unique_ptr<cuda::Staging> staging_;  // made on first use; calls are serialized
 };
 
 }  // namespace mncl::core

@@ -106,9 +106,10 @@ bool Driver::loaded() {
   handle_ = handle;
   int version = 0;
   api->driver_get_version(&version);
-  MNCL_INFO("CUDA driver found in this process (%s, CUDA %d.%d): CUDA buffers passed to "
-            "host-only backends will be staged through pinned host memory",
-            library_.c_str(), version / 1000, version % 1000 / 10);
+  MNCL_INFO(
+      "CUDA driver found in this process (%s, CUDA %d.%d): CUDA buffers passed to "
+      "host-only backends will be staged through pinned host memory",
+      library_.c_str(), version / 1000, version % 1000 / 10);
   api_.store(api, std::memory_order_release);
   return true;
 }
@@ -117,8 +118,7 @@ PointerInfo Driver::classify(const void *ptr) {
   PointerInfo info;
   if (ptr == nullptr || !loaded()) return info;
   const Api *api = api_.load(std::memory_order_acquire);
-  CUpointer_attribute attrs[] = {kAttrMemoryType, kAttrIsManaged, kAttrDeviceOrdinal,
-                                 kAttrContext};
+  CUpointer_attribute attrs[] = {kAttrMemoryType, kAttrIsManaged, kAttrDeviceOrdinal, kAttrContext};
   unsigned memory_type = 0, is_managed = 0;  // unsigned: the driver may write a 1-byte bool
   int ordinal = -1;
   CUcontext context = nullptr;
@@ -130,8 +130,8 @@ PointerInfo Driver::classify(const void *ptr) {
     return info;
   }
   info.managed = is_managed != 0;
-  info.device = info.managed || memory_type == kMemoryTypeDevice ||
-                memory_type == kMemoryTypeUnified;
+  info.device =
+      info.managed || memory_type == kMemoryTypeDevice || memory_type == kMemoryTypeUnified;
   info.ordinal = ordinal;
   info.context = context;
   return info;

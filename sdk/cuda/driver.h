@@ -14,8 +14,8 @@
 // provides (the pointer's own context, or its device's primary context — the runtime's).
 #pragma once
 
-#include <cstddef>
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <mutex>

@@ -15,13 +15,17 @@ namespace {
 size_t dtype_bytes(int32_t dtype) {
   switch (dtype) {
     case MNCL_INT8:
-    case MNCL_UINT8: return 1;
+    case MNCL_UINT8:
+      return 1;
     case MNCL_FLOAT16:
-    case MNCL_BFLOAT16: return 2;
+    case MNCL_BFLOAT16:
+      return 2;
     case MNCL_INT32:
     case MNCL_UINT32:
-    case MNCL_FLOAT32: return 4;
-    default: return 8;  // validated: the 64-bit types
+    case MNCL_FLOAT32:
+      return 4;
+    default:
+      return 8;  // validated: the 64-bit types
   }
 }
 
@@ -123,11 +127,15 @@ struct HostColl {
 };
 
 constexpr size_t kAlign = 256;  // each region starts on its own cache lines
-size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+size_t align_up(size_t n, size_t a) {
+  return (n + a - 1) / a * a;
+}
 
 }  // namespace
 
-bool is_device_pointer(const void *ptr) { return Driver::get().classify(ptr).device; }
+bool is_device_pointer(const void *ptr) {
+  return Driver::get().classify(ptr).device;
+}
 
 Staging::Staging(int rank, int size, std::string backend)
     : rank_(rank), size_(size), backend_(std::move(backend)) {}
@@ -186,16 +194,16 @@ void Staging::run(const mncl_coll_v1_t &coll, const HostRun &host_run) {
   }
   static std::once_flag logged;
   std::call_once(logged, [&] {
-    MNCL_WARN("backend %s does not take CUDA memory: device buffers are staged through pinned "
-              "host memory on the caller's stream (slower than a CUDA-aware backend such as "
-              "nccl)",
-              backend_.c_str());
+    MNCL_WARN(
+        "backend %s does not take CUDA memory: device buffers are staged through pinned "
+        "host memory on the caller's stream (slower than a CUDA-aware backend such as "
+        "nccl)",
+        backend_.c_str());
   });
 
   // Overlapping buffers (the in-place forms) become one region, so that the backend sees the
   // same aliasing between its host pointers as the caller made between the device ones.
-  std::sort(slots.begin(), slots.end(),
-            [](const Slot &a, const Slot &b) { return a.dev < b.dev; });
+  std::sort(slots.begin(), slots.end(), [](const Slot &a, const Slot &b) { return a.dev < b.dev; });
   size_t total = 0;
   const char *region_dev = nullptr, *region_end = nullptr;
   size_t region_offset = 0;

@@ -60,7 +60,7 @@ class Staging {
   int rank_;
   int size_;
   std::string backend_;
-  void *pinned_ = nullptr;   // cuMemHostAlloc'ed, portable
+  void *pinned_ = nullptr;  // cuMemHostAlloc'ed, portable
   size_t capacity_ = 0;
   void *pinned_context_ = nullptr;  // the context it was allocated under
   int pinned_ordinal_ = -1;

@@ -1,0 +1,210 @@
+// Fashion-MNIST for the examples: the IDX files of the Debian package dataset-fashion-mnist
+// (/usr/share/datasets/fashion-mnist/*-idx?-ubyte.gz), plus the options and batching that the
+// data-parallel and model-parallel examples share.
+#ifndef MNCL_EXAMPLES_FASHION_MNIST_HPP
+#define MNCL_EXAMPLES_FASHION_MNIST_HPP
+
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "mncl/frontends.hpp"
+
+namespace fashion_mnist {
+
+constexpr int kPixels = 28 * 28;
+constexpr int kClasses = 10;
+constexpr const char *kDefaultDir = "/usr/share/datasets/fashion-mnist";
+// The examples exit with this status when the data are not installed (ctest: skipped).
+constexpr int kExitNoData = 77;
+
+// One image and its label: trivially copyable, so scatter_dataset sends it as raw bytes.
+struct Sample {
+  std::array<uint8_t, kPixels> pixels;
+  int32_t label;
+};
+
+// The whole file, gunzipped when its name ends in ".gz" (through the gzip tool, so the
+// examples need no zlib headers).
+inline std::vector<uint8_t> read_file(const std::string &path) {
+  const bool gzipped = path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0;
+  std::FILE *f = gzipped ? ::popen(("gzip -dc '" + path + "' 2>/dev/null").c_str(), "r")
+                         : std::fopen(path.c_str(), "rb");
+  if (!f) throw std::runtime_error("cannot open " + path);
+  std::vector<uint8_t> bytes;
+  std::array<uint8_t, 1 << 16> block;
+  std::size_t n;
+  while ((n = std::fread(block.data(), 1, block.size(), f)) > 0) {
+    bytes.insert(bytes.end(), block.data(), block.data() + n);
+  }
+  const int status = gzipped ? ::pclose(f) : std::fclose(f);
+  if (status != 0 || bytes.empty()) throw std::runtime_error("cannot read " + path);
+  return bytes;
+}
+
+inline uint32_t big_endian(const std::vector<uint8_t> &bytes, std::size_t offset) {
+  return uint32_t{bytes[offset]} << 24 | uint32_t{bytes[offset + 1]} << 16 |
+         uint32_t{bytes[offset + 2]} << 8 | uint32_t{bytes[offset + 3]};
+}
+
+// Reads "<dir>/<split>-images-idx3-ubyte[.gz]" and the matching labels; split is "train" or
+// "t10k". limit > 0 keeps only the first `limit` samples.
+inline std::vector<Sample> load(const std::string &dir, const std::string &split,
+                                std::size_t limit = 0) {
+  auto find = [&](const std::string &stem) {
+    const std::string plain = dir + "/" + stem;
+    if (std::FILE *f = std::fopen(plain.c_str(), "rb")) {
+      std::fclose(f);
+      return plain;
+    }
+    return plain + ".gz";
+  };
+  const auto images = read_file(find(split + "-images-idx3-ubyte"));
+  const auto labels = read_file(find(split + "-labels-idx1-ubyte"));
+  if (images.size() < 16 || big_endian(images, 0) != 0x803 || big_endian(images, 8) != 28 ||
+      big_endian(images, 12) != 28) {
+    throw std::runtime_error(split + " images: not a 28x28 IDX image file");
+  }
+  if (labels.size() < 8 || big_endian(labels, 0) != 0x801) {
+    throw std::runtime_error(split + " labels: not an IDX label file");
+  }
+  std::size_t count = big_endian(images, 4);
+  if (count != big_endian(labels, 4) || images.size() != 16 + count * kPixels ||
+      labels.size() != 8 + count) {
+    throw std::runtime_error(split + ": image and label files disagree or are truncated");
+  }
+  if (limit > 0 && limit < count) count = limit;
+  std::vector<Sample> samples(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    std::memcpy(samples[i].pixels.data(), images.data() + 16 + i * kPixels, kPixels);
+    samples[i].label = labels[8 + i];
+    if (samples[i].label >= kClasses) throw std::runtime_error(split + ": label out of range");
+  }
+  return samples;
+}
+
+// A batch as the network's input {n, 784} in [0, 1], and its labels.
+inline void make_batch(const Sample *const *samples, std::size_t n, mncl::Tensor &x,
+                       std::vector<int32_t> &labels) {
+  x = mncl::Tensor({static_cast<int64_t>(n), kPixels});
+  labels.resize(n);
+  constexpr float kScale = 1.0f / 255.0f;
+  for (std::size_t b = 0; b < n; ++b) {
+    const auto &pixels = samples[b]->pixels;
+    float *row = x.data.data() + b * kPixels;
+    for (int p = 0; p < kPixels; ++p) row[p] = static_cast<float>(pixels[p]) * kScale;
+    labels[b] = samples[b]->label;
+  }
+}
+
+// Command-line options shared by both examples.
+struct Options {
+  int epochs = 5;
+  int batch_size = 128;  // global: split over the ranks in data parallelism
+  int hidden = 256;
+  float lr = 1e-3f;
+  std::string lr_schedule = "cosine";  // or "constant"
+  std::string optimizer = "adam";      // or "sgd" (momentum 0.9)
+  uint64_t seed = 1;
+  std::string data_dir = kDefaultDir;
+  std::size_t train_limit = 0;  // 0: all 60000
+  std::size_t test_limit = 0;   // 0: all 10000
+  std::string grad_dtype = "float32";
+  bool double_buffering = false;
+  std::size_t fusion_bytes = std::size_t{4} << 20;
+  std::string checkpoint_dir;  // empty: no checkpoints
+  double min_accuracy = 0;     // exit 1 if the final test accuracy is lower
+};
+
+inline const char *kUsage =
+    "options:\n"
+    "  --epochs N            training epochs (5)\n"
+    "  --batch-size N        global batch size, split over the ranks (128)\n"
+    "  --hidden N            hidden units of the 784-N-10 MLP (256)\n"
+    "  --lr X                learning rate (0.001)\n"
+    "  --lr-schedule S       cosine (decays to 0 over the run) or constant (cosine)\n"
+    "  --optimizer adam|sgd  Adam, or SGD with momentum 0.9 (adam)\n"
+    "  --seed N              initialisation and shuffling seed (1)\n"
+    "  --data-dir DIR        IDX files (/usr/share/datasets/fashion-mnist)\n"
+    "  --train-limit N       use only the first N training images (all)\n"
+    "  --test-limit N        use only the first N test images (all)\n"
+    "  --grad-dtype T        float32|float16|bfloat16 gradient exchange (float32)\n"
+    "  --double-buffering    overlap the gradient exchange with the next step\n"
+    "  --fusion-bytes N      fusion buffer size in bytes (4194304)\n"
+    "  --checkpoint-dir DIR  save every epoch there, and resume from it\n"
+    "  --min-accuracy X      exit 1 if the final test accuracy is below X (0..1)\n";
+
+inline Options parse_options(int argc, char **argv) {
+  Options o;
+  // Option -> what to do with its value ("" for the flag without one).
+  const std::map<std::string, std::function<void(const std::string &)>> setters{
+      {"--epochs", [&](const std::string &v) { o.epochs = std::stoi(v); }},
+      {"--batch-size", [&](const std::string &v) { o.batch_size = std::stoi(v); }},
+      {"--hidden", [&](const std::string &v) { o.hidden = std::stoi(v); }},
+      {"--lr", [&](const std::string &v) { o.lr = std::stof(v); }},
+      {"--lr-schedule", [&](const std::string &v) { o.lr_schedule = v; }},
+      {"--optimizer", [&](const std::string &v) { o.optimizer = v; }},
+      {"--seed", [&](const std::string &v) { o.seed = std::stoull(v); }},
+      {"--data-dir", [&](const std::string &v) { o.data_dir = v; }},
+      {"--train-limit", [&](const std::string &v) { o.train_limit = std::stoull(v); }},
+      {"--test-limit", [&](const std::string &v) { o.test_limit = std::stoull(v); }},
+      {"--grad-dtype", [&](const std::string &v) { o.grad_dtype = v; }},
+      {"--fusion-bytes", [&](const std::string &v) { o.fusion_bytes = std::stoull(v); }},
+      {"--checkpoint-dir", [&](const std::string &v) { o.checkpoint_dir = v; }},
+      {"--min-accuracy", [&](const std::string &v) { o.min_accuracy = std::stod(v); }},
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    }
+    if (arg == "--double-buffering") {
+      o.double_buffering = true;
+      continue;
+    }
+    const auto setter = setters.find(arg);
+    if (setter == setters.end()) {
+      throw std::invalid_argument("unknown option " + arg + "\n" + kUsage);
+    }
+    if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value");
+    setter->second(argv[++i]);
+  }
+  if (o.epochs < 0 || o.batch_size <= 0 || o.hidden <= 0) {
+    throw std::invalid_argument("epochs, batch size and hidden units must be positive");
+  }
+  if (o.lr_schedule != "cosine" && o.lr_schedule != "constant") {
+    throw std::invalid_argument("--lr-schedule must be cosine or constant");
+  }
+  if (o.optimizer != "adam" && o.optimizer != "sgd") {
+    throw std::invalid_argument("--optimizer must be adam or sgd");
+  }
+  return o;
+}
+
+// The learning rate for step `step` of `total`: a cosine decay ends the run on small steps, so
+// the final accuracy does not depend on where the last noisy step happened to land.
+inline float learning_rate(const Options &o, std::size_t step, std::size_t total) {
+  if (o.lr_schedule == "constant" || total == 0) return o.lr;
+  const double progress = static_cast<double>(step) / static_cast<double>(total);
+  return static_cast<float>(o.lr * 0.5 * (1.0 + std::cos(3.141592653589793 * progress)));
+}
+
+using Clock = std::chrono::steady_clock;
+inline double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+}  // namespace fashion_mnist
+
+#endif  // MNCL_EXAMPLES_FASHION_MNIST_HPP

@@ -1,0 +1,218 @@
+// Data-parallel training of a 784-H-10 MLP on Fashion-MNIST, ChainerMN style:
+//
+//   mncl-run -n 4 -- mnist_mlp [--epochs 5] [--batch-size 128] [--checkpoint-dir DIR] ...
+//
+// Rank 0 reads the data and scatter_dataset hands every rank its shard; the multi-node
+// optimizer broadcasts the initial model and averages gradients; the evaluator averages the
+// test metrics over the ranks' test shards; the checkpointer saves every epoch and resumes.
+// The global batch is split over the ranks, so runs with any number of ranks follow the same
+// optimisation path up to the order of the samples.
+#include <cstdio>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "fashion_mnist.hpp"
+#include "mncl/frontends.hpp"
+
+namespace {
+
+using fashion_mnist::Options;
+using fashion_mnist::Sample;
+
+// Test loss and accuracy of `model` on a batch of contiguous samples.
+mncl::Metrics evaluate_batch(mncl::Link &model, const Sample *samples, std::size_t n) {
+  std::vector<const Sample *> pointers(n);
+  for (std::size_t i = 0; i < n; ++i) pointers[i] = samples + i;
+  mncl::Tensor x;
+  std::vector<int32_t> labels;
+  fashion_mnist::make_batch(pointers.data(), n, x, labels);
+  mncl::SoftmaxCrossEntropy loss_fn;
+  const double loss = loss_fn.forward(model.forward(x), labels);
+  return {{"loss", loss}, {"accuracy", static_cast<double>(loss_fn.correct()) / n}};
+}
+
+template <class Optimizer>
+int train(mncl::Communicator &comm, const Options &o, Optimizer inner) {
+  const bool is_root = comm.rank() == 0;
+  // Only rank 0 reads the files; everyone learns whether that worked.
+  std::vector<Sample> train_set, test_set;
+  std::string error;
+  if (is_root) {
+    try {
+      train_set = fashion_mnist::load(o.data_dir, "train", o.train_limit);
+      test_set = fashion_mnist::load(o.data_dir, "t10k", o.test_limit);
+    } catch (const std::exception &e) {
+      error = e.what();
+    }
+  }
+  comm.bcast_obj(error);
+  if (!error.empty()) {
+    if (is_root) {
+      std::fprintf(stderr,
+                   "mnist_mlp: %s\n(install the Debian package dataset-fashion-mnist, or pass "
+                   "--data-dir)\n",
+                   error.c_str());
+    }
+    return fashion_mnist::kExitNoData;
+  }
+  if (o.batch_size % comm.size() != 0) {
+    if (is_root) {
+      std::fprintf(stderr, "mnist_mlp: the batch size %d does not split over %d ranks\n",
+                   o.batch_size, comm.size());
+    }
+    return 2;
+  }
+
+  // Training shards of equal length (every rank runs the same number of steps); test shards
+  // disjoint, so every test image is counted once.
+  mncl::ScatterOptions train_scatter;
+  train_scatter.shuffle = true;
+  train_scatter.seed = o.seed;
+  const auto train_shard = mncl::scatter_dataset(train_set, comm, train_scatter);
+  mncl::ScatterOptions test_scatter;
+  test_scatter.force_equal_length = false;
+  const auto test_shard = mncl::scatter_dataset(test_set, comm, test_scatter);
+  train_set = {};
+  test_set = {};
+
+  mncl::Sequential model;
+  model.emplace<mncl::Dense>(fashion_mnist::kPixels, o.hidden, o.seed, false)
+      .emplace<mncl::ReLU>()
+      .emplace<mncl::Dense>(o.hidden, fashion_mnist::kClasses, o.seed + 1);
+  const auto params = model.parameters();
+  const auto values = mncl::value_spans(params);
+  const auto grads = mncl::grad_spans(params);
+
+  mncl::MultiNodeOptimizerOptions exchange;
+  exchange.double_buffering = o.double_buffering;
+  exchange.fusion_buffer_bytes = o.fusion_bytes;
+  if (o.grad_dtype == "float16") {
+    exchange.grad_dtype = mncl::GradDtype::kFloat16;
+  } else if (o.grad_dtype == "bfloat16") {
+    exchange.grad_dtype = mncl::GradDtype::kBFloat16;
+  } else if (o.grad_dtype != "float32") {
+    throw std::invalid_argument("--grad-dtype must be float32, float16 or bfloat16");
+  }
+  mncl::MultiNodeOptimizer<Optimizer> optimizer(std::move(inner), comm, exchange);
+  mncl::Evaluator evaluator(comm);
+
+  // A snapshot: the epoch, the parameters and the optimizer (its state and step count).
+  int first_epoch = 1;
+  std::unique_ptr<mncl::Checkpointer> checkpointer;
+  if (!o.checkpoint_dir.empty()) {
+    checkpointer = std::make_unique<mncl::Checkpointer>(comm, o.checkpoint_dir, "mnist_mlp");
+    const auto resumed = checkpointer->resume_with([&](mncl::Span<const uint8_t> bytes) {
+      mncl::InArchive ar(bytes);
+      std::vector<std::vector<float>> saved_values;
+      ar >> saved_values >> optimizer;
+      mncl::restore_values(params, saved_values);
+    });
+    if (resumed) {
+      first_epoch = static_cast<int>(*resumed) + 1;
+      if (is_root) std::printf("resumed from the snapshot of epoch %d\n", first_epoch - 1);
+    }
+  }
+
+  const std::size_t local_batch = static_cast<std::size_t>(o.batch_size / comm.size());
+  const std::size_t steps = train_shard.size() / local_batch;
+  if (is_root) {
+    std::printf(
+        "mnist_mlp: %d rank(s) on backend %s; MLP 784-%d-10; %s lr %g (%s); global batch %d (%zu "
+        "per rank); %zu steps/epoch; train shard %zu, test shard %zu; grads %s%s\n",
+        comm.size(), comm.backend().c_str(), o.hidden, o.optimizer.c_str(), o.lr,
+        o.lr_schedule.c_str(), o.batch_size, local_batch, steps, train_shard.size(),
+        test_shard.size(), o.grad_dtype.c_str(), o.double_buffering ? ", double buffering" : "");
+    std::fflush(stdout);
+  }
+
+  mncl::Tensor x;
+  std::vector<int32_t> labels;
+  std::vector<const Sample *> batch(local_batch);
+  mncl::SoftmaxCrossEntropy loss_fn;
+  mncl::Metrics test_metrics{{"accuracy", 0.0}};
+  double total_seconds = 0;
+  for (int epoch = first_epoch; epoch <= o.epochs; ++epoch) {
+    const auto start = fashion_mnist::Clock::now();
+    // Each rank reshuffles its own shard every epoch.
+    const auto order = mncl::permutation(train_shard.size(),
+                                         o.seed * 1000003u + static_cast<uint64_t>(epoch) * 7919u +
+                                             static_cast<uint64_t>(comm.rank()));
+    double loss_sum = 0;
+    std::size_t correct = 0, seen = 0;
+    for (std::size_t step = 0; step < steps; ++step) {
+      for (std::size_t b = 0; b < local_batch; ++b) {
+        batch[b] = &train_shard[order[step * local_batch + b]];
+      }
+      optimizer.actual_optimizer().options().lr =
+          fashion_mnist::learning_rate(o, static_cast<std::size_t>(epoch - 1) * steps + step,
+                                       static_cast<std::size_t>(o.epochs) * steps);
+      fashion_mnist::make_batch(batch.data(), local_batch, x, labels);
+      const float loss = loss_fn.forward(model.forward(x), labels);
+      model.backward(loss_fn.backward());
+      optimizer.update(values, grads);
+      loss_sum += static_cast<double>(loss) * local_batch;
+      correct += loss_fn.correct();
+      seen += local_batch;
+    }
+    const double train_seconds = fashion_mnist::seconds_since(start);
+    const auto train_metrics = evaluator.average(
+        {{"loss", loss_sum / seen}, {"accuracy", static_cast<double>(correct) / seen}}, seen);
+    test_metrics = evaluator.evaluate(test_shard, 500, [&](const Sample *s, std::size_t n) {
+      return evaluate_batch(model, s, n);
+    });
+    const double epoch_seconds = fashion_mnist::seconds_since(start);
+    total_seconds += epoch_seconds;
+    if (is_root) {
+      std::printf(
+          "epoch %d  train loss %.4f acc %.4f  test loss %.4f acc %.4f  time %.2f s (train "
+          "%.2f s)\n",
+          epoch, train_metrics.at("loss"), train_metrics.at("accuracy"), test_metrics.at("loss"),
+          test_metrics.at("accuracy"), epoch_seconds, train_seconds);
+      std::fflush(stdout);
+    }
+    if (checkpointer) {
+      optimizer.synchronize();  // a double-buffered exchange must land before it is saved
+      mncl::OutArchive ar;
+      ar << mncl::snapshot_values(params) << optimizer;
+      checkpointer->save_bytes(static_cast<uint64_t>(epoch), ar.bytes());
+    }
+  }
+  const double accuracy = test_metrics.at("accuracy");
+  if (is_root) {
+    std::printf("final test accuracy %.4f after %d epochs, %.2f s\n", accuracy, o.epochs,
+                total_seconds);
+  }
+  if (accuracy < o.min_accuracy) {
+    if (is_root) std::fprintf(stderr, "mnist_mlp: below --min-accuracy %g\n", o.min_accuracy);
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  Options options;
+  try {
+    options = fashion_mnist::parse_options(argc, argv);
+  } catch (const std::exception &e) {
+    std::fprintf(stderr, "mnist_mlp: %s\n", e.what());
+    return 2;
+  }
+  try {
+    mncl::Communicator comm;
+    int status;
+    if (options.optimizer == "adam") {
+      status = train(comm, options, mncl::Adam({options.lr}));
+    } else {
+      status = train(comm, options, mncl::Sgd({options.lr, 0.9f, 0.0f}));
+    }
+    comm.destroy();
+    return status;
+  } catch (const std::exception &e) {
+    std::fprintf(stderr, "mnist_mlp: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,181 @@
+// Model-parallel training of the same 784-H-10 MLP on Fashion-MNIST, split over two ranks with
+// MultiNodeChainList:
+//
+//   mncl-run -n 2 -- mnist_mlp_model_parallel [--epochs 5] [--batch-size 128] ...
+//
+// Rank 0 holds Dense(784, H) + ReLU and sends the activations to rank 1; rank 1 holds
+// Dense(H, 10) and the loss, and sends the activations' gradients back. Each rank steps its own
+// parameters (nothing to average: no parameter lives on two ranks). Rank 0 reads the data and
+// gives rank 1 the labels; both walk the batches in the same (seeded) order.
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "fashion_mnist.hpp"
+#include "mncl/frontends.hpp"
+
+namespace {
+
+using fashion_mnist::Options;
+using fashion_mnist::Sample;
+
+std::vector<int32_t> labels_of(const std::vector<Sample> &samples) {
+  std::vector<int32_t> labels;
+  for (const auto &s : samples) labels.push_back(s.label);
+  return labels;
+}
+
+template <class Optimizer>
+int train(mncl::Communicator &comm, const Options &o, Optimizer optimizer) {
+  const bool first_half = comm.rank() == 0;
+  std::vector<Sample> train_set, test_set;
+  std::string error;
+  if (comm.size() != 2) {
+    error = "needs exactly 2 ranks (mncl-run -n 2), not " + std::to_string(comm.size());
+  } else if (first_half) {
+    try {
+      train_set = fashion_mnist::load(o.data_dir, "train", o.train_limit);
+      test_set = fashion_mnist::load(o.data_dir, "t10k", o.test_limit);
+    } catch (const std::exception &e) {
+      error = e.what();
+    }
+  }
+  if (comm.size() == 2) comm.bcast_obj(error);
+  if (!error.empty()) {
+    if (first_half) std::fprintf(stderr, "mnist_mlp_model_parallel: %s\n", error.c_str());
+    return comm.size() == 2 ? fashion_mnist::kExitNoData : 2;
+  }
+  // Rank 1 needs only the labels.
+  std::vector<int32_t> train_labels = labels_of(train_set), test_labels = labels_of(test_set);
+  comm.bcast_obj(train_labels);
+  comm.bcast_obj(test_labels);
+
+  mncl::MultiNodeChainList chain(comm);
+  std::shared_ptr<mncl::Link> stage;
+  if (first_half) {
+    auto layers = std::make_shared<mncl::Sequential>();
+    layers->emplace<mncl::Dense>(fashion_mnist::kPixels, o.hidden, o.seed, false)
+        .emplace<mncl::ReLU>();
+    stage = layers;
+    chain.add_link(stage, std::nullopt, 1);
+  } else {
+    stage = std::make_shared<mncl::Dense>(o.hidden, fashion_mnist::kClasses, o.seed + 1);
+    chain.add_link(stage, 0, std::nullopt);
+  }
+  const auto params = chain.parameters();
+  const auto values = mncl::value_spans(params);
+  const auto grads = mncl::grad_spans(params);
+
+  const std::size_t batch_size = static_cast<std::size_t>(o.batch_size);
+  const std::size_t steps = train_labels.size() / batch_size;
+  if (first_half) {
+    std::printf(
+        "mnist_mlp_model_parallel: 784-%d (rank 0) | %d-10 (rank 1); backend %s; %s lr "
+        "%g; batch %zu; %zu steps/epoch\n",
+        o.hidden, o.hidden, comm.backend().c_str(), o.optimizer.c_str(), o.lr, batch_size, steps);
+    std::fflush(stdout);
+  }
+  mncl::Tensor x;
+  std::vector<int32_t> batch_labels;
+  std::vector<const Sample *> batch(batch_size);
+  mncl::SoftmaxCrossEntropy loss_fn;
+  // Forward (and, when training, backward) one batch; rank 1 returns the loss and hits.
+  auto run_batch = [&](const std::vector<Sample> &samples, const std::vector<int32_t> &labels,
+                       const std::vector<std::size_t> &indices, bool training) {
+    const std::size_t n = indices.size();
+    if (first_half) {
+      batch.resize(n);
+      for (std::size_t b = 0; b < n; ++b) batch[b] = &samples[indices[b]];
+      fashion_mnist::make_batch(batch.data(), n, x, batch_labels);
+    }
+    const mncl::Tensor logits = chain.forward(x);
+    std::pair<double, std::size_t> result{0.0, 0};
+    mncl::Tensor grad;
+    if (!first_half) {
+      batch_labels.resize(n);
+      for (std::size_t b = 0; b < n; ++b) batch_labels[b] = labels[indices[b]];
+      result.first = loss_fn.forward(logits, batch_labels);
+      result.second = loss_fn.correct();
+      grad = loss_fn.backward();
+    }
+    if (training) {
+      chain.backward(grad);
+      optimizer.update(values, grads);
+    }
+    return result;
+  };
+
+  double accuracy = 0, total_seconds = 0;
+  for (int epoch = 1; epoch <= o.epochs; ++epoch) {
+    const auto start = fashion_mnist::Clock::now();
+    const auto order = mncl::permutation(train_labels.size(), o.seed * 1000003u + epoch);
+    double loss_sum = 0;
+    std::size_t correct = 0;
+    for (std::size_t step = 0; step < steps; ++step) {
+      optimizer.options().lr =
+          fashion_mnist::learning_rate(o, static_cast<std::size_t>(epoch - 1) * steps + step,
+                                       static_cast<std::size_t>(o.epochs) * steps);
+      const std::vector<std::size_t> indices(order.begin() + step * batch_size,
+                                             order.begin() + (step + 1) * batch_size);
+      const auto [loss, hits] = run_batch(train_set, train_labels, indices, true);
+      loss_sum += loss * batch_size;
+      correct += hits;
+    }
+    double test_loss = 0;
+    std::size_t test_correct = 0;
+    for (std::size_t begin = 0; begin < test_labels.size(); begin += 500) {
+      std::vector<std::size_t> indices;
+      for (std::size_t i = begin; i < std::min(begin + 500, test_labels.size()); ++i) {
+        indices.push_back(i);
+      }
+      const auto [loss, hits] = run_batch(test_set, test_labels, indices, false);
+      test_loss += loss * indices.size();
+      test_correct += hits;
+    }
+    const double seconds = fashion_mnist::seconds_since(start);
+    total_seconds += seconds;
+    // The metrics live on rank 1; rank 0 prints them.
+    std::vector<double> metrics{
+        loss_sum / (steps * batch_size), static_cast<double>(correct) / (steps * batch_size),
+        test_loss / test_labels.size(), static_cast<double>(test_correct) / test_labels.size()};
+    comm.bcast(metrics, 1);
+    accuracy = metrics[3];
+    if (first_half) {
+      std::printf("epoch %d  train loss %.4f acc %.4f  test loss %.4f acc %.4f  time %.2f s\n",
+                  epoch, metrics[0], metrics[1], metrics[2], metrics[3], seconds);
+      std::fflush(stdout);
+    }
+  }
+  if (first_half) {
+    std::printf("final test accuracy %.4f after %d epochs, %.2f s\n", accuracy, o.epochs,
+                total_seconds);
+  }
+  return accuracy < o.min_accuracy ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  Options options;
+  try {
+    options = fashion_mnist::parse_options(argc, argv);
+  } catch (const std::exception &e) {
+    std::fprintf(stderr, "mnist_mlp_model_parallel: %s\n", e.what());
+    return 2;
+  }
+  try {
+    mncl::Communicator comm;
+    int status;
+    if (options.optimizer == "adam") {
+      status = train(comm, options, mncl::Adam({options.lr}));
+    } else {
+      status = train(comm, options, mncl::Sgd({options.lr, 0.9f, 0.0f}));
+    }
+    comm.destroy();
+    return status;
+  } catch (const std::exception &e) {
+    std::fprintf(stderr, "mnist_mlp_model_parallel: %s\n", e.what());
+    return 1;
+  }
+}

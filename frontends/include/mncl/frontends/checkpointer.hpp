@@ -1,0 +1,88 @@
+// Per-rank checkpoints that survive a rank dying mid-write (ChainerMN's multi-node
+// checkpointer).
+//
+//   mncl::Checkpointer ckpt(comm, "/ckpt", "mlp");
+//   if (auto it = ckpt.resume(state)) start = *it + 1;   // collective
+//   ...; ckpt.save(iteration, state);                     // local, every rank
+//
+// Each rank writes `<directory>/<name>.<rank>.<iteration>` atomically (a temporary file,
+// fsync, rename, fsync of the directory) with a header holding a magic, the rank, the world
+// size, the iteration, the payload length and CRC-32s of header and payload. After a save, the
+// rank keeps only its `keep` newest snapshots.
+//
+// resume() lists and verifies this rank's snapshots (a partial, truncated or corrupt file is
+// skipped with a message, never loaded), then the ranks agree on the newest iteration every
+// one of them holds intact, load it, and confirm with an allreduce-min that every rank loaded
+// it (else they try the next older one). Snapshots newer than the agreed one belonged to an
+// abandoned run and are deleted, as are temporaries left by a writer that died. The state type
+// follows the serialization concept.
+#ifndef MNCL_FRONTENDS_CHECKPOINTER_HPP
+#define MNCL_FRONTENDS_CHECKPOINTER_HPP
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "mncl/frontends/communicator.hpp"
+#include "mncl/frontends/serialize.hpp"
+
+namespace mncl {
+
+struct CheckpointerOptions {
+  std::size_t keep = 2;  // snapshots each rank keeps (at least 1; 2 survives a crash mid-save)
+  bool sync = true;      // fsync files and the directory (off only for tests on tmpfs)
+  bool verbose = true;   // report skipped snapshots on stderr
+};
+
+// CRC-32 (IEEE 802.3, the one zlib and PNG use).
+uint32_t crc32(const void *data, std::size_t size, uint32_t crc = 0);
+
+class Checkpointer {
+ public:
+  // Creates `directory` if needed. `name` may not contain '/'. `comm` must outlive this object.
+  Checkpointer(Communicator &comm, std::string directory, std::string name,
+               CheckpointerOptions options = {});
+
+  // Local: writes this rank's snapshot of `state` for `iteration`, then prunes old ones.
+  template <class State>
+  void save(uint64_t iteration, const State &state) {
+    save_bytes(iteration, to_bytes(state));
+  }
+  // Collective: loads the newest snapshot that every rank holds intact into `state` and returns
+  // its iteration, or returns nullopt (state untouched) when there is none. If a snapshot that
+  // verified fails to deserialize, state may be partly overwritten before an older one loads.
+  template <class State>
+  std::optional<uint64_t> resume(State &state) {
+    return resume_with([&state](Span<const uint8_t> payload) { from_bytes(payload, state); });
+  }
+
+  void save_bytes(uint64_t iteration, Span<const uint8_t> payload);
+  // Collective: like resume(), handing the payload to `load` (which throws if it cannot use it).
+  std::optional<uint64_t> resume_with(const std::function<void(Span<const uint8_t>)> &load);
+
+  // This rank's snapshots that verify, oldest first.
+  std::vector<uint64_t> local_iterations() const;
+  // The payload of this rank's snapshot, or nullopt with the reason in *why.
+  std::optional<std::vector<uint8_t>> read_snapshot(uint64_t iteration,
+                                                    std::string *why = nullptr) const;
+  std::string path(uint64_t iteration) const;
+  const std::string &directory() const noexcept { return directory_; }
+
+ private:
+  // Iterations of this rank's snapshot files, verified or not (and its temporaries' paths).
+  std::vector<uint64_t> listed_iterations(std::vector<std::string> *temporaries = nullptr) const;
+  // After resume: snapshots newer than the resumed one, and temporaries of dead writers.
+  void remove_leftovers(std::optional<uint64_t> resumed) const;
+  void remove_snapshot(uint64_t iteration) const;
+  void prune(uint64_t newest_kept) const;
+
+  Communicator *comm_;
+  std::string directory_, name_;
+  CheckpointerOptions options_;
+};
+
+}  // namespace mncl
+
+#endif  // MNCL_FRONTENDS_CHECKPOINTER_HPP

@@ -1,0 +1,542 @@
+// mncl::Communicator: an RAII owner of an mncl_comm_t with typed collectives over any contiguous
+// buffer (Span, std::vector, std::array...) and object collectives for serializable types.
+//
+//   mncl::Communicator comm;                       // from MNCL_RANK/MNCL_SIZE/MNCL_STORE...
+//   std::vector<float> grads = ...;
+//   comm.allreduce(grads, mncl::ReduceOp::kAvg);   // in place
+//   auto names = comm.gather_obj(std::string("rank ") + std::to_string(comm.rank()));
+//
+// Every failure throws an mncl::Error subclass (see error.hpp). As with the C API, collectives
+// must be issued in the same order on every rank; a size mismatch detected here throws on the
+// rank that made it, before anything is sent.
+#ifndef MNCL_FRONTENDS_COMMUNICATOR_HPP
+#define MNCL_FRONTENDS_COMMUNICATOR_HPP
+
+#include <mncl/mncl.h>
+
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "mncl/frontends/dtype.hpp"
+#include "mncl/frontends/error.hpp"
+#include "mncl/frontends/serialize.hpp"
+#include "mncl/frontends/span.hpp"
+
+namespace mncl {
+
+enum class ReduceOp : int {
+  kSum = MNCL_SUM,
+  kProd = MNCL_PROD,
+  kMin = MNCL_MIN,
+  kMax = MNCL_MAX,
+  kAvg = MNCL_AVG,
+};
+
+// Objects are sent in messages of at most this many bytes unless configured otherwise.
+inline constexpr std::size_t kDefaultMaxMessageBytes = std::size_t{16} << 20;
+
+struct CommunicatorOptions {
+  std::string backend;  // "naive", "gloo", a plugin path, a comma list, "auto"; "": MNCL_BACKEND
+  int rank = MNCL_FROM_ENV;
+  int size = MNCL_FROM_ENV;
+  std::string bootstrap;  // "tcp://host:port" or "file:///dir"; "": MNCL_STORE
+  int64_t timeout_ms = MNCL_FROM_ENV;
+  int device = MNCL_FROM_ENV;
+  // The largest single message bcast_obj, gather_obj, send_obj... send; bigger objects go in
+  // chunks. Bounds the backend's per-message memory (the naive one stages messages whole).
+  std::size_t max_message_bytes = kDefaultMaxMessageBytes;
+};
+
+// One non-blocking operation in flight. The operation's buffers must stay untouched until
+// wait() or a test() that returns true. The destructor waits (bounded by the communicator's
+// timeout) so buffers are never freed under a running operation.
+class Request {
+ public:
+  Request() noexcept = default;
+  // keep_alive owns whatever the operation reads after the call returned (pointer arrays).
+  explicit Request(mncl_request_t request, std::shared_ptr<const void> keep_alive = nullptr)
+      : request_(request), keep_alive_(std::move(keep_alive)) {}
+  Request(Request &&other) noexcept { *this = std::move(other); }
+  Request &operator=(Request &&other) noexcept {
+    if (this != &other) {
+      finish_quietly();
+      request_ = std::exchange(other.request_, nullptr);
+      keep_alive_ = std::move(other.keep_alive_);
+    }
+    return *this;
+  }
+  Request(const Request &) = delete;
+  Request &operator=(const Request &) = delete;
+  ~Request() { finish_quietly(); }
+
+  // True while the operation has not been completed by wait() or test().
+  bool pending() const noexcept { return request_ != nullptr; }
+
+  // Blocks until the operation ends (bounded by the communicator's timeout); throws its error.
+  void wait() {
+    if (!request_) return;
+    const mncl_status_t status = mncl_wait(std::exchange(request_, nullptr), -1);
+    keep_alive_.reset();
+    check(status, "mncl_wait");
+  }
+  // True once the operation has ended (successfully; a failure throws).
+  bool test() {
+    if (!request_) return true;
+    int done = 0;
+    const mncl_status_t status = mncl_test(request_, &done);
+    if (done || status != MNCL_OK) {
+      request_ = nullptr;  // freed by mncl_test when done
+      keep_alive_.reset();
+    }
+    check(status, "mncl_test");
+    return done != 0;
+  }
+
+ private:
+  void finish_quietly() noexcept {
+    if (request_) (void)mncl_wait(std::exchange(request_, nullptr), -1);
+    keep_alive_.reset();
+  }
+
+  mncl_request_t request_ = nullptr;
+  std::shared_ptr<const void> keep_alive_;
+};
+
+class Communicator {
+ public:
+  // Collective over every rank of the job: creates the communicator (see mncl_comm_create).
+  explicit Communicator(const CommunicatorOptions &options = {}) {
+    if (options.max_message_bytes == 0) {
+      throw InvalidArgument("Communicator: max_message_bytes must be positive");
+    }
+    mncl_config_t config = MNCL_CONFIG_INIT;
+    config.backend = options.backend.empty() ? nullptr : options.backend.c_str();
+    config.rank = options.rank;
+    config.size = options.size;
+    config.bootstrap = options.bootstrap.empty() ? nullptr : options.bootstrap.c_str();
+    config.timeout_ms = options.timeout_ms;
+    config.device = options.device;
+    check(mncl_comm_create(&config, &comm_), "mncl_comm_create");
+    max_message_bytes_ = options.max_message_bytes;
+    query_rank_and_size();
+  }
+
+  // Takes ownership of a handle created through the C API (nullptr gives an empty object).
+  static Communicator adopt(mncl_comm_t handle, std::size_t max_message_bytes) {
+    return Communicator(handle, max_message_bytes);
+  }
+
+  Communicator(Communicator &&other) noexcept { *this = std::move(other); }
+  Communicator &operator=(Communicator &&other) noexcept {
+    if (this != &other) {
+      release();
+      comm_ = std::exchange(other.comm_, nullptr);
+      rank_ = other.rank_;
+      size_ = other.size_;
+      max_message_bytes_ = other.max_message_bytes_;
+    }
+    return *this;
+  }
+  Communicator(const Communicator &) = delete;
+  Communicator &operator=(const Communicator &) = delete;
+  ~Communicator() { release(); }
+
+  // False after a move, or for a split() with color MNCL_SPLIT_NONE.
+  bool valid() const noexcept { return comm_ != nullptr; }
+  explicit operator bool() const noexcept { return valid(); }
+  mncl_comm_t handle() const noexcept { return comm_; }
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  std::string backend() const {
+    const char *name = nullptr;
+    check(mncl_comm_backend(comm_, &name), "mncl_comm_backend");
+    return name ? name : "";
+  }
+  std::size_t max_message_bytes() const noexcept { return max_message_bytes_; }
+  void set_max_message_bytes(std::size_t bytes) {
+    if (bytes == 0) throw InvalidArgument("set_max_message_bytes: must be positive");
+    max_message_bytes_ = bytes;
+  }
+
+  // Collective: the ranks passing one color form a new communicator, ordered by (key, rank).
+  // MNCL_SPLIT_NONE gives an empty (invalid) Communicator.
+  Communicator split(int color, int key = 0) {
+    mncl_comm_t child = nullptr;
+    check(mncl_comm_split(comm_, color, key, &child), "mncl_comm_split");
+    return Communicator(child, max_message_bytes_);
+  }
+  // Local, any thread: every blocked or later operation fails with AbortedError.
+  void abort() noexcept {
+    if (comm_) (void)mncl_comm_abort(comm_);
+  }
+  // Collective: frees the communicator now and reports a failure (the destructor cannot).
+  void destroy() {
+    if (!comm_) return;
+    check(mncl_comm_destroy(std::exchange(comm_, nullptr)), "mncl_comm_destroy");
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // Typed collectives. Buffers are Spans or contiguous containers; the dtype follows the type.
+  // ------------------------------------------------------------------------------------------
+
+  template <class Buffer, class = detail::EnableIfBuffer<Buffer>>
+  void allreduce(Buffer &&inout, ReduceOp op = ReduceOp::kSum) {
+    auto buf = as_span(inout);
+    check(mncl_allreduce(comm_, buf.data(), buf.data(), buf.size(), dtype<decltype(buf)>(),
+                         c_op(op), nullptr),
+          "mncl_allreduce");
+  }
+  template <class Send, class Recv, class = detail::EnableIfBuffer<Send>,
+            class = detail::EnableIfBuffer<Recv>>
+  void allreduce(const Send &send, Recv &&recv, ReduceOp op = ReduceOp::kSum) {
+    auto [s, r] = typed_pair(send, recv);
+    require(s.size() == r.size(), "allreduce", "send and receive buffers differ in size");
+    check(mncl_allreduce(comm_, s.data(), r.data(), s.size(), dtype<decltype(r)>(), c_op(op),
+                         nullptr),
+          "mncl_allreduce");
+  }
+  // One value reduced over the ranks.
+  template <class T>
+  T allreduce_value(T value, ReduceOp op = ReduceOp::kSum) {
+    check(mncl_allreduce(comm_, &value, &value, 1, dtype_of<T>(), c_op(op), nullptr),
+          "mncl_allreduce");
+    return value;
+  }
+  // The result lands in recv on `root` only (recv is ignored elsewhere).
+  template <class Send, class Recv, class = detail::EnableIfBuffer<Send>,
+            class = detail::EnableIfBuffer<Recv>>
+  void reduce(const Send &send, Recv &&recv, int root, ReduceOp op = ReduceOp::kSum) {
+    auto [s, r] = typed_pair(send, recv);
+    require(rank_ != root || r.size() == s.size(), "reduce",
+            "the root's receive buffer differs in size from the send buffer");
+    check(mncl_reduce(comm_, s.data(), r.data(), s.size(), dtype<decltype(r)>(), c_op(op), root,
+                      nullptr),
+          "mncl_reduce");
+  }
+  template <class Buffer, class = detail::EnableIfBuffer<Buffer>>
+  void bcast(Buffer &&buffer, int root) {
+    auto buf = as_span(buffer);
+    check(mncl_bcast(comm_, buf.data(), buf.size(), dtype<decltype(buf)>(), root, nullptr),
+          "mncl_bcast");
+  }
+  // Rank r gets block r of the root's send buffer (size() * recv.size() elements).
+  template <class Send, class Recv, class = detail::EnableIfBuffer<Send>,
+            class = detail::EnableIfBuffer<Recv>>
+  void scatter(const Send &send, Recv &&recv, int root) {
+    auto [s, r] = typed_pair(send, recv);
+    require(rank_ != root || s.size() == r.size() * size_, "scatter",
+            "the root's send buffer must hold size() * recv.size() elements");
+    check(mncl_scatter(comm_, s.data(), r.data(), r.size(), dtype<decltype(r)>(), root, nullptr),
+          "mncl_scatter");
+  }
+  // The root's receive buffer (size() * send.size() elements) gets every rank's send buffer.
+  template <class Send, class Recv, class = detail::EnableIfBuffer<Send>,
+            class = detail::EnableIfBuffer<Recv>>
+  void gather(const Send &send, Recv &&recv, int root) {
+    auto [s, r] = typed_pair(send, recv);
+    require(rank_ != root || r.size() == s.size() * size_, "gather",
+            "the root's receive buffer must hold size() * send.size() elements");
+    check(mncl_gather(comm_, s.data(), r.data(), s.size(), dtype<decltype(r)>(), root, nullptr),
+          "mncl_gather");
+  }
+  template <class Send, class Recv, class = detail::EnableIfBuffer<Send>,
+            class = detail::EnableIfBuffer<Recv>>
+  void allgather(const Send &send, Recv &&recv) {
+    auto [s, r] = typed_pair(send, recv);
+    require(r.size() == s.size() * size_, "allgather",
+            "the receive buffer must hold size() * send.size() elements");
+    check(mncl_allgather(comm_, s.data(), r.data(), s.size(), dtype<decltype(r)>(), nullptr),
+          "mncl_allgather");
+  }
+  // Every rank's buffer, concatenated in rank order.
+  template <class Send, class = detail::EnableIfBuffer<Send>>
+  auto allgather(const Send &send) {
+    auto s = as_const_span(send);
+    std::vector<typename decltype(s)::value_type> all(s.size() * size_);
+    allgather(s, all);
+    return all;
+  }
+  // send holds size() * recv.size() elements; rank r gets the reduction of block r.
+  template <class Send, class Recv, class = detail::EnableIfBuffer<Send>,
+            class = detail::EnableIfBuffer<Recv>>
+  void reduce_scatter(const Send &send, Recv &&recv, ReduceOp op = ReduceOp::kSum) {
+    auto [s, r] = typed_pair(send, recv);
+    require(s.size() == r.size() * size_, "reduce_scatter",
+            "the send buffer must hold size() * recv.size() elements");
+    check(mncl_reduce_scatter(comm_, s.data(), r.data(), r.size(), dtype<decltype(r)>(), c_op(op),
+                              nullptr),
+          "mncl_reduce_scatter");
+  }
+  // Both buffers hold size() blocks; block j of rank i lands in block i of rank j.
+  template <class Send, class Recv, class = detail::EnableIfBuffer<Send>,
+            class = detail::EnableIfBuffer<Recv>>
+  void alltoall(const Send &send, Recv &&recv) {
+    auto [s, r] = typed_pair(send, recv);
+    require(s.size() == r.size() && s.size() % size_ == 0, "alltoall",
+            "the buffers must be equal in size and hold size() equal blocks");
+    check(mncl_alltoall(comm_, s.data(), r.data(), s.size() / size_, dtype<decltype(r)>(), nullptr),
+          "mncl_alltoall");
+  }
+  void barrier() { check(mncl_barrier(comm_, nullptr), "mncl_barrier"); }
+  template <class Buffer, class = detail::EnableIfBuffer<Buffer>>
+  void send(const Buffer &buffer, int peer) {
+    auto buf = as_const_span(buffer);
+    check(mncl_send(comm_, buf.data(), buf.size(), dtype<decltype(buf)>(), peer, nullptr),
+          "mncl_send");
+  }
+  template <class Buffer, class = detail::EnableIfBuffer<Buffer>>
+  void recv(Buffer &&buffer, int peer) {
+    auto buf = as_span(buffer);
+    check(mncl_recv(comm_, buf.data(), buf.size(), dtype<decltype(buf)>(), peer, nullptr),
+          "mncl_recv");
+  }
+  // Several in-place allreduces of one type in one call (the backend may fuse them).
+  template <class T>
+  void allreduce_coalesced(const std::vector<Span<T>> &buffers, ReduceOp op = ReduceOp::kSum) {
+    auto arrays = coalesced_arrays(buffers);
+    check(mncl_allreduce_coalesced(comm_, arrays->sendbufs.data(), arrays->recvbufs.data(),
+                                   arrays->counts.data(), buffers.size(), dtype_of<T>(), c_op(op),
+                                   nullptr),
+          "mncl_allreduce_coalesced");
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // Non-blocking forms: same rules, plus the buffers stay untouched until the Request ends.
+  // ------------------------------------------------------------------------------------------
+
+  template <class Buffer, class = detail::EnableIfBuffer<Buffer>>
+  Request iallreduce(Buffer &&inout, ReduceOp op = ReduceOp::kSum) {
+    auto buf = as_span(inout);
+    mncl_request_t request = nullptr;
+    check(mncl_iallreduce(comm_, buf.data(), buf.data(), buf.size(), dtype<decltype(buf)>(),
+                          c_op(op), nullptr, &request),
+          "mncl_iallreduce");
+    return Request(request);
+  }
+  template <class Buffer, class = detail::EnableIfBuffer<Buffer>>
+  Request ibcast(Buffer &&buffer, int root) {
+    auto buf = as_span(buffer);
+    mncl_request_t request = nullptr;
+    check(
+        mncl_ibcast(comm_, buf.data(), buf.size(), dtype<decltype(buf)>(), root, nullptr, &request),
+        "mncl_ibcast");
+    return Request(request);
+  }
+  template <class Buffer, class = detail::EnableIfBuffer<Buffer>>
+  Request isend(const Buffer &buffer, int peer) {
+    auto buf = as_const_span(buffer);
+    mncl_request_t request = nullptr;
+    check(
+        mncl_isend(comm_, buf.data(), buf.size(), dtype<decltype(buf)>(), peer, nullptr, &request),
+        "mncl_isend");
+    return Request(request);
+  }
+  template <class Buffer, class = detail::EnableIfBuffer<Buffer>>
+  Request irecv(Buffer &&buffer, int peer) {
+    auto buf = as_span(buffer);
+    mncl_request_t request = nullptr;
+    check(
+        mncl_irecv(comm_, buf.data(), buf.size(), dtype<decltype(buf)>(), peer, nullptr, &request),
+        "mncl_irecv");
+    return Request(request);
+  }
+  Request ibarrier() {
+    mncl_request_t request = nullptr;
+    check(mncl_ibarrier(comm_, nullptr, &request), "mncl_ibarrier");
+    return Request(request);
+  }
+  template <class T>
+  Request iallreduce_coalesced(const std::vector<Span<T>> &buffers, ReduceOp op = ReduceOp::kSum) {
+    auto arrays = coalesced_arrays(buffers);
+    mncl_request_t request = nullptr;
+    check(mncl_iallreduce_coalesced(comm_, arrays->sendbufs.data(), arrays->recvbufs.data(),
+                                    arrays->counts.data(), buffers.size(), dtype_of<T>(), c_op(op),
+                                    nullptr, &request),
+          "mncl_iallreduce_coalesced");
+    return Request(request, std::move(arrays));  // the library may read the arrays later
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // Bytes and objects, in messages of at most max_message_bytes().
+  // ------------------------------------------------------------------------------------------
+
+  // The root's bytes onto every rank (others' contents are replaced).
+  void bcast_bytes(std::vector<uint8_t> &bytes, int root) {
+    uint64_t length = bytes.size();
+    bcast(Span<uint64_t>(&length, 1), root);
+    if (rank_ != root) bytes.resize(checked_length(length, "bcast_bytes"));
+    for_each_chunk(bytes.size(), [&](std::size_t offset, std::size_t count) {
+      bcast(Span<uint8_t>(bytes.data() + offset, count), root);
+    });
+  }
+  void send_bytes(Span<const uint8_t> bytes, int peer) {
+    const uint64_t length = bytes.size();
+    send(Span<const uint64_t>(&length, 1), peer);
+    for_each_chunk(bytes.size(), [&](std::size_t offset, std::size_t count) {
+      send(bytes.subspan(offset, count), peer);
+    });
+  }
+  std::vector<uint8_t> recv_bytes(int peer) {
+    uint64_t length = 0;
+    recv(Span<uint64_t>(&length, 1), peer);
+    std::vector<uint8_t> bytes(checked_length(length, "recv_bytes"));
+    for_each_chunk(bytes.size(), [&](std::size_t offset, std::size_t count) {
+      recv(Span<uint8_t>(bytes.data() + offset, count), peer);
+    });
+    return bytes;
+  }
+
+  template <class T>
+  void bcast_obj(T &obj, int root = 0) {
+    std::vector<uint8_t> bytes;
+    if (rank_ == root) bytes = to_bytes(obj);
+    bcast_bytes(bytes, root);
+    if (rank_ != root) from_bytes(Span<const uint8_t>(bytes), obj);
+  }
+  template <class T>
+  void send_obj(const T &obj, int peer) {
+    const auto bytes = to_bytes(obj);
+    send_bytes(bytes, peer);
+  }
+  template <class T>
+  T recv_obj(int peer) {
+    const auto bytes = recv_bytes(peer);
+    return from_bytes<T>(bytes);
+  }
+  // Every rank's object on `root`, in rank order; an empty vector elsewhere.
+  template <class T>
+  std::vector<T> gather_obj(const T &obj, int root = 0) {
+    std::vector<T> all;
+    if (rank_ != root) {
+      send_obj(obj, root);
+      return all;
+    }
+    all.reserve(size_);
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == root) {
+        all.push_back(obj);
+      } else {
+        all.push_back(recv_obj<T>(peer));
+      }
+    }
+    return all;
+  }
+  template <class T>
+  std::vector<T> allgather_obj(const T &obj) {
+    auto all = gather_obj(obj, 0);
+    bcast_obj(all, 0);
+    return all;
+  }
+  // Rank r gets objs[r] of the root (objs is ignored elsewhere); only each rank's part is sent.
+  template <class T>
+  T scatter_obj(const std::vector<T> &objs, int root = 0) {
+    if (rank_ != root) return recv_obj<T>(root);
+    require(objs.size() == static_cast<std::size_t>(size_), "scatter_obj",
+            "the root must pass one object per rank");
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer != root) send_obj(objs[peer], peer);
+    }
+    return objs[root];
+  }
+  // combine(...combine(combine(obj_0, obj_1), obj_2)..., obj_{size-1}) on every rank: the fold
+  // runs once, on rank 0, in rank order, so every rank gets the identical result.
+  template <class T, class Combine = std::plus<>>
+  T allreduce_obj(const T &obj, Combine combine = {}) {
+    const auto all = gather_obj(obj, 0);
+    T result{};
+    if (rank_ == 0) {
+      result = all.front();
+      for (std::size_t i = 1; i < all.size(); ++i) result = combine(result, all[i]);
+    }
+    bcast_obj(result, 0);
+    return result;
+  }
+
+ private:
+  Communicator(mncl_comm_t handle, std::size_t max_message_bytes)
+      : comm_(handle), max_message_bytes_(max_message_bytes) {
+    if (comm_) query_rank_and_size();
+  }
+
+  void query_rank_and_size() {
+    check(mncl_comm_rank(comm_, &rank_), "mncl_comm_rank");
+    check(mncl_comm_size(comm_, &size_), "mncl_comm_size");
+  }
+
+  void release() noexcept {
+    if (!comm_) return;
+    // Unwinding from an error: the peers may never reach the collective destroy, so do not
+    // wait the full timeout for them.
+    if (std::uncaught_exceptions() > 0) (void)mncl_comm_abort(comm_);
+    (void)mncl_comm_destroy(std::exchange(comm_, nullptr));
+  }
+
+  template <class SpanType>
+  static constexpr mncl_dtype_t dtype() {
+    return dtype_of<typename SpanType::value_type>();
+  }
+  static mncl_op_t c_op(ReduceOp op) { return static_cast<mncl_op_t>(op); }
+
+  template <class Send, class Recv>
+  static auto typed_pair(const Send &send, Recv &recv) {
+    auto s = as_const_span(send);
+    auto r = as_span(recv);
+    static_assert(
+        std::is_same_v<typename decltype(s)::value_type, typename decltype(r)::value_type>,
+        "send and receive buffers must have the same element type");
+    static_assert(!std::is_const_v<typename decltype(r)::element_type>,
+                  "the receive buffer must be writable");
+    return std::make_pair(s, r);
+  }
+
+  static void require(bool ok, const char *what, const char *message) {
+    if (!ok) throw InvalidArgument(std::string(what) + ": " + message);
+  }
+
+  std::size_t checked_length(uint64_t length, const char *what) const {
+    if (length > static_cast<uint64_t>(SIZE_MAX / 2)) {
+      throw RemoteError(std::string(what) + ": a peer announced an impossible length of " +
+                        std::to_string(length) + " bytes");
+    }
+    return static_cast<std::size_t>(length);
+  }
+
+  template <class Fn>
+  void for_each_chunk(std::size_t total, Fn &&fn) const {
+    for (std::size_t offset = 0; offset < total; offset += max_message_bytes_) {
+      fn(offset, std::min(max_message_bytes_, total - offset));
+    }
+  }
+
+  struct CoalescedArrays {
+    std::vector<const void *> sendbufs;
+    std::vector<void *> recvbufs;
+    std::vector<std::size_t> counts;
+  };
+  template <class T>
+  static std::shared_ptr<CoalescedArrays> coalesced_arrays(const std::vector<Span<T>> &buffers) {
+    static_assert(!std::is_const_v<T>, "coalesced allreduce works in place: use Span<T>");
+    auto arrays = std::make_shared<CoalescedArrays>();
+    for (const auto &buffer : buffers) {
+      arrays->sendbufs.push_back(buffer.data());
+      arrays->recvbufs.push_back(buffer.data());
+      arrays->counts.push_back(buffer.size());
+    }
+    return arrays;
+  }
+
+  mncl_comm_t comm_ = nullptr;
+  int rank_ = 0;
+  int size_ = 0;
+  std::size_t max_message_bytes_ = kDefaultMaxMessageBytes;
+};
+
+}  // namespace mncl
+
+#endif  // MNCL_FRONTENDS_COMMUNICATOR_HPP

@@ -1,0 +1,96 @@
+// Multi-node evaluation (ChainerMN's create_multi_node_evaluator): every rank evaluates its own
+// shard, and the metrics are averaged over the ranks weighted by how many samples each one saw,
+// so the result equals a single-process evaluation of all shards together.
+//
+//   mncl::Evaluator evaluator(comm);
+//   auto metrics = evaluator.evaluate(test_shard, 256, [&](const Sample *batch, std::size_t n) {
+//     ...; return mncl::Metrics{{"loss", mean_loss}, {"accuracy", mean_accuracy}};
+//   });
+#ifndef MNCL_FRONTENDS_EVALUATOR_HPP
+#define MNCL_FRONTENDS_EVALUATOR_HPP
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "mncl/frontends/communicator.hpp"
+
+namespace mncl {
+
+// Metric name -> value (a mean over some samples).
+using Metrics = std::map<std::string, double>;
+
+class Evaluator {
+ public:
+  // `comm` must outlive the evaluator.
+  explicit Evaluator(Communicator &comm) : comm_(&comm) {}
+
+  // Collective: the sample-weighted mean over ranks of each rank's means. Ranks with samples
+  // must pass the same metric names (a mismatch throws InvalidArgument on every rank); a rank
+  // without samples may pass no metrics. With no samples anywhere the result is empty.
+  Metrics average(const Metrics &local_means, uint64_t local_samples) {
+    const bool reports = !local_means.empty();
+    const uint64_t hash = names_hash(local_means);
+    // min(hash), max(hash) (as min of ~hash) and the first reporting rank, in one allreduce.
+    constexpr uint64_t kNeutral = std::numeric_limits<uint64_t>::max();
+    std::vector<uint64_t> agree{reports ? hash : kNeutral, reports ? ~hash : kNeutral,
+                                static_cast<uint64_t>(reports ? comm_->rank() : comm_->size())};
+    comm_->allreduce(agree, ReduceOp::kMin);
+    if (agree[2] == static_cast<uint64_t>(comm_->size())) return {};
+    if (agree[0] != ~agree[1]) {
+      throw InvalidArgument("Evaluator::average: the ranks report different metric names");
+    }
+    // Ranks that report nothing learn the names from the first one that does.
+    std::vector<std::string> names;
+    for (const auto &entry : local_means) names.push_back(entry.first);
+    comm_->bcast_obj(names, static_cast<int>(agree[2]));
+
+    std::vector<double> sums{static_cast<double>(local_samples)};
+    for (const auto &name : names) {
+      sums.push_back(reports ? local_means.at(name) * static_cast<double>(local_samples) : 0.0);
+    }
+    comm_->allreduce(sums, ReduceOp::kSum);
+    Metrics global;
+    for (std::size_t k = 0; k < names.size(); ++k) {
+      global[names[k]] =
+          sums[0] > 0 ? sums[k + 1] / sums[0] : std::numeric_limits<double>::quiet_NaN();
+    }
+    return global;
+  }
+
+  // Collective: runs `evaluate_batch(const Sample *first, std::size_t count) -> Metrics` (means
+  // over that batch) over `shard` in batches of `batch_size`, and averages over everything.
+  template <class Sample, class EvaluateBatch>
+  Metrics evaluate(const std::vector<Sample> &shard, std::size_t batch_size,
+                   EvaluateBatch &&evaluate_batch) {
+    if (batch_size == 0) throw InvalidArgument("Evaluator::evaluate: batch_size must be positive");
+    Metrics sums;
+    for (std::size_t begin = 0; begin < shard.size(); begin += batch_size) {
+      const std::size_t count = std::min(batch_size, shard.size() - begin);
+      const Metrics batch = evaluate_batch(shard.data() + begin, count);
+      for (const auto &[name, value] : batch) sums[name] += value * static_cast<double>(count);
+    }
+    for (auto &entry : sums) entry.second /= static_cast<double>(shard.size());  // never empty
+    return average(sums, shard.size());
+  }
+
+ private:
+  // FNV-1a over the sorted names: equal on every rank iff the names are (with high probability).
+  static uint64_t names_hash(const Metrics &metrics) {
+    uint64_t hash = 0xcbf29ce484222325ull;
+    for (const auto &entry : metrics) {
+      for (unsigned char c : entry.first + '\0') hash = (hash ^ c) * 0x100000001b3ull;
+    }
+    return hash;
+  }
+
+  Communicator *comm_;
+};
+
+}  // namespace mncl
+
+#endif  // MNCL_FRONTENDS_EVALUATOR_HPP

@@ -1,0 +1,315 @@
+#include "mncl/frontends/checkpointer.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <set>
+
+namespace mncl {
+
+namespace {
+
+constexpr char kMagic[8] = {'M', 'N', 'C', 'L', 'C', 'K', 'P', 'T'};
+constexpr uint32_t kFormatVersion = 1;
+// magic 8 | version 4 | rank 4 | size 4 | reserved 4 | iteration 8 | payload length 8 |
+// payload crc 4 | header crc 4 (over the 44 bytes before it)
+constexpr std::size_t kHeaderBytes = 48;
+constexpr std::size_t kHeaderCrcOffset = 44;
+
+template <class T>
+void put(uint8_t *out, std::size_t offset, T value) {
+  std::memcpy(out + offset, &value, sizeof value);
+}
+template <class T>
+T get(const uint8_t *in, std::size_t offset) {
+  T value;
+  std::memcpy(&value, in + offset, sizeof value);
+  return value;
+}
+
+std::string errno_text() {
+  return std::strerror(errno);
+}
+
+[[noreturn]] void fail(const std::string &what) {
+  throw CheckpointError("checkpointer: " + what);
+}
+
+void write_all(int fd, const uint8_t *data, std::size_t size, const std::string &path) {
+  while (size > 0) {
+    const ssize_t n = ::write(fd, data, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail("writing " + path + ": " + errno_text());
+    }
+    data += n;
+    size -= static_cast<std::size_t>(n);
+  }
+}
+
+void make_directories(const std::string &directory) {
+  std::string prefix;
+  std::size_t pos = 0;
+  while (pos != std::string::npos) {
+    pos = directory.find('/', pos + 1);
+    prefix = directory.substr(0, pos);
+    if (prefix.empty()) continue;
+    if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+      fail("creating " + prefix + ": " + errno_text());
+    }
+  }
+}
+
+void sync_directory(const std::string &directory) {
+  const int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) fail("opening " + directory + ": " + errno_text());
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) fail("syncing " + directory + ": " + errno_text());
+}
+
+// "123" -> 123; anything else (empty, signs, letters, overflow) -> nullopt.
+std::optional<uint64_t> parse_iteration(const std::string &text) {
+  if (text.empty() || text.size() > 19) return std::nullopt;
+  uint64_t value = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+    value = value * 10 + static_cast<uint64_t>(c - '0');
+  }
+  return value;
+}
+
+}  // namespace
+
+uint32_t crc32(const void *data, std::size_t size, uint32_t crc) {
+  static const std::array<uint32_t, 256> table = [] {
+    std::array<uint32_t, 256> t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1u) ? 0xedb88320u ^ (c >> 1) : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  const auto *bytes = static_cast<const uint8_t *>(data);
+  crc = ~crc;
+  for (std::size_t i = 0; i < size; ++i) crc = table[(crc ^ bytes[i]) & 0xffu] ^ (crc >> 8);
+  return ~crc;
+}
+
+Checkpointer::Checkpointer(Communicator &comm, std::string directory, std::string name,
+                           CheckpointerOptions options)
+    : comm_(&comm), directory_(std::move(directory)), name_(std::move(name)), options_(options) {
+  if (name_.empty() || name_.find('/') != std::string::npos) {
+    throw InvalidArgument("Checkpointer: the name '" + name_ + "' must be non-empty without '/'");
+  }
+  if (options_.keep == 0) throw InvalidArgument("Checkpointer: keep must be at least 1");
+  if (directory_.empty()) directory_ = ".";
+  make_directories(directory_);
+}
+
+std::string Checkpointer::path(uint64_t iteration) const {
+  return directory_ + "/" + name_ + "." + std::to_string(comm_->rank()) + "." +
+         std::to_string(iteration);
+}
+
+void Checkpointer::save_bytes(uint64_t iteration, Span<const uint8_t> payload) {
+  std::array<uint8_t, kHeaderBytes> header{};
+  std::memcpy(header.data(), kMagic, sizeof kMagic);
+  put<uint32_t>(header.data(), 8, kFormatVersion);
+  put<uint32_t>(header.data(), 12, static_cast<uint32_t>(comm_->rank()));
+  put<uint32_t>(header.data(), 16, static_cast<uint32_t>(comm_->size()));
+  put<uint64_t>(header.data(), 24, iteration);
+  put<uint64_t>(header.data(), 32, payload.size());
+  put<uint32_t>(header.data(), 40, crc32(payload.data(), payload.size()));
+  put<uint32_t>(header.data(), kHeaderCrcOffset, crc32(header.data(), kHeaderCrcOffset));
+
+  // Written under a temporary name and renamed: a reader sees the old file or the whole new one.
+  const std::string final_path = path(iteration);
+  const std::string temp_path = final_path + ".tmp";
+  const int fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail("creating " + temp_path + ": " + errno_text());
+  try {
+    write_all(fd, header.data(), header.size(), temp_path);
+    write_all(fd, payload.data(), payload.size(), temp_path);
+    if (options_.sync && ::fsync(fd) != 0) fail("syncing " + temp_path + ": " + errno_text());
+  } catch (...) {
+    ::close(fd);
+    ::unlink(temp_path.c_str());
+    throw;
+  }
+  if (::close(fd) != 0) {
+    ::unlink(temp_path.c_str());
+    fail("closing " + temp_path + ": " + errno_text());
+  }
+  if (::rename(temp_path.c_str(), final_path.c_str()) != 0) {
+    ::unlink(temp_path.c_str());
+    fail("renaming " + temp_path + " to " + final_path + ": " + errno_text());
+  }
+  if (options_.sync) sync_directory(directory_);
+  prune(iteration);
+}
+
+std::vector<uint64_t> Checkpointer::listed_iterations(std::vector<std::string> *temporaries) const {
+  std::vector<uint64_t> iterations;
+  DIR *dir = ::opendir(directory_.c_str());
+  if (!dir) return iterations;
+  const std::string prefix = name_ + "." + std::to_string(comm_->rank()) + ".";
+  const std::string temp_suffix = ".tmp";
+  while (const dirent *entry = ::readdir(dir)) {
+    const std::string file = entry->d_name;
+    if (file.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string rest = file.substr(prefix.size());
+    if (auto iteration = parse_iteration(rest)) {
+      iterations.push_back(*iteration);
+    } else if (temporaries && rest.size() > temp_suffix.size() &&
+               rest.compare(rest.size() - temp_suffix.size(), temp_suffix.size(), temp_suffix) ==
+                   0 &&
+               parse_iteration(rest.substr(0, rest.size() - temp_suffix.size()))) {
+      temporaries->push_back(directory_ + "/" + file);
+    }
+  }
+  ::closedir(dir);
+  std::sort(iterations.begin(), iterations.end());
+  return iterations;
+}
+
+std::optional<std::vector<uint8_t>> Checkpointer::read_snapshot(uint64_t iteration,
+                                                                std::string *why) const {
+  auto reject = [why](const std::string &reason) -> std::optional<std::vector<uint8_t>> {
+    if (why) *why = reason;
+    return std::nullopt;
+  };
+  const std::string file = path(iteration);
+  std::FILE *f = std::fopen(file.c_str(), "rb");
+  if (!f) return reject("cannot open: " + errno_text());
+  std::vector<uint8_t> bytes;
+  std::array<uint8_t, 1 << 16> block;
+  std::size_t n;
+  while ((n = std::fread(block.data(), 1, block.size(), f)) > 0) {
+    bytes.insert(bytes.end(), block.data(), block.data() + n);
+  }
+  const bool read_error = std::ferror(f) != 0;
+  std::fclose(f);
+  if (read_error) return reject("read error");
+  if (bytes.size() < kHeaderBytes) {
+    return reject("truncated: " + std::to_string(bytes.size()) + " bytes, no complete header");
+  }
+  const uint8_t *h = bytes.data();
+  if (std::memcmp(h, kMagic, sizeof kMagic) != 0) return reject("not an MNCL checkpoint");
+  if (get<uint32_t>(h, kHeaderCrcOffset) != crc32(h, kHeaderCrcOffset)) {
+    return reject("header checksum mismatch");
+  }
+  if (get<uint32_t>(h, 8) != kFormatVersion) {
+    return reject("format version " + std::to_string(get<uint32_t>(h, 8)));
+  }
+  if (get<uint32_t>(h, 12) != static_cast<uint32_t>(comm_->rank()) ||
+      get<uint64_t>(h, 24) != iteration) {
+    return reject("header names rank " + std::to_string(get<uint32_t>(h, 12)) + " iteration " +
+                  std::to_string(get<uint64_t>(h, 24)));
+  }
+  if (get<uint32_t>(h, 16) != static_cast<uint32_t>(comm_->size())) {
+    return reject("written by a job of " + std::to_string(get<uint32_t>(h, 16)) + " ranks");
+  }
+  const uint64_t length = get<uint64_t>(h, 32);
+  if (length != bytes.size() - kHeaderBytes) {
+    return reject("payload is " + std::to_string(bytes.size() - kHeaderBytes) +
+                  " bytes, header says " + std::to_string(length));
+  }
+  if (get<uint32_t>(h, 40) != crc32(h + kHeaderBytes, length)) {
+    return reject("payload checksum mismatch");
+  }
+  bytes.erase(bytes.begin(), bytes.begin() + kHeaderBytes);
+  return bytes;
+}
+
+std::vector<uint64_t> Checkpointer::local_iterations() const {
+  std::vector<uint64_t> valid;
+  for (uint64_t iteration : listed_iterations()) {
+    std::string why;
+    if (read_snapshot(iteration, &why)) {
+      valid.push_back(iteration);
+    } else if (options_.verbose) {
+      std::fprintf(stderr, "mncl checkpointer: rank %d: skipping %s: %s\n", comm_->rank(),
+                   path(iteration).c_str(), why.c_str());
+    }
+  }
+  return valid;
+}
+
+std::optional<uint64_t> Checkpointer::resume_with(
+    const std::function<void(Span<const uint8_t>)> &load) {
+  // Iterations every rank holds intact, newest first.
+  const auto everyone = comm_->allgather_obj(local_iterations());
+  std::set<uint64_t> common(everyone.front().begin(), everyone.front().end());
+  for (const auto &mine : everyone) {
+    std::set<uint64_t> kept;
+    for (uint64_t iteration : mine) {
+      if (common.count(iteration)) kept.insert(iteration);
+    }
+    common.swap(kept);
+  }
+  for (auto it = common.rbegin(); it != common.rend(); ++it) {
+    int32_t loaded = 0;
+    std::string why;
+    try {
+      if (auto payload = read_snapshot(*it, &why)) {
+        load(Span<const uint8_t>(*payload));
+        loaded = 1;
+      }
+    } catch (const std::exception &e) {
+      why = e.what();
+    }
+    if (!loaded && options_.verbose) {
+      std::fprintf(stderr, "mncl checkpointer: rank %d: cannot load %s: %s\n", comm_->rank(),
+                   path(*it).c_str(), why.c_str());
+    }
+    // Every rank must have loaded the same iteration, or none may use it.
+    if (comm_->allreduce_value(loaded, ReduceOp::kMin) == 1) {
+      remove_leftovers(*it);
+      return *it;
+    }
+  }
+  remove_leftovers(std::nullopt);
+  return std::nullopt;
+}
+
+void Checkpointer::remove_leftovers(std::optional<uint64_t> resumed) const {
+  std::vector<std::string> temporaries;
+  for (uint64_t iteration : listed_iterations(&temporaries)) {
+    // Newer than what everyone resumed from: a run that did not finish them on every rank.
+    if (resumed && iteration > *resumed) remove_snapshot(iteration);
+  }
+  // Half-written files of a writer that died (only this rank ever writes its files).
+  for (const auto &file : temporaries) ::unlink(file.c_str());
+}
+
+void Checkpointer::remove_snapshot(uint64_t iteration) const {
+  const std::string file = path(iteration);
+  if (::unlink(file.c_str()) != 0 && errno != ENOENT) {
+    fail("removing " + file + ": " + errno_text());
+  }
+}
+
+void Checkpointer::prune(uint64_t newest_kept) const {
+  std::vector<uint64_t> kept;
+  for (uint64_t iteration : listed_iterations()) {
+    if (iteration > newest_kept) {
+      remove_snapshot(iteration);  // an abandoned future: it must never win a resume
+    } else {
+      kept.push_back(iteration);
+    }
+  }
+  // listed_iterations() is sorted: the oldest are in front.
+  for (std::size_t i = 0; i + options_.keep < kept.size(); ++i) remove_snapshot(kept[i]);
+}
+
+}  // namespace mncl

@@ -1,0 +1,611 @@
+#include "nccl/nccl_comm.h"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+
+#include "common/dtype.h"
+#include "common/host.h"
+#include "nccl/buffers.h"
+
+namespace mncl::nccl {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using kit::format;
+
+ncclDataType_t nccl_dtype(int32_t dtype) {
+  switch (dtype) {
+    case MNCL_INT8:
+      return ncclInt8;
+    case MNCL_UINT8:
+      return ncclUint8;
+    case MNCL_INT32:
+      return ncclInt32;
+    case MNCL_UINT32:
+      return ncclUint32;
+    case MNCL_INT64:
+      return ncclInt64;
+    case MNCL_UINT64:
+      return ncclUint64;
+    case MNCL_FLOAT16:
+      return ncclFloat16;
+    case MNCL_BFLOAT16:
+      return ncclBfloat16;
+    case MNCL_FLOAT32:
+      return ncclFloat32;
+    default:
+      return ncclFloat64;
+  }
+}
+
+// MNCL_AVG is NCCL's ncclAvg: integer sums divided with truncation, as mncl.h defines it.
+ncclRedOp_t nccl_op(int32_t op) {
+  switch (op) {
+    case MNCL_PROD:
+      return ncclProd;
+    case MNCL_MIN:
+      return ncclMin;
+    case MNCL_MAX:
+      return ncclMax;
+    case MNCL_AVG:
+      return ncclAvg;
+    default:
+      return ncclSum;
+  }
+}
+
+mncl_status_t status_of(ncclResult_t r) {
+  switch (r) {
+    case ncclInvalidArgument:
+    case ncclInvalidUsage:
+      return MNCL_ERR_INVALID_ARGUMENT;
+    case ncclRemoteError:
+    case ncclSystemError:
+      return MNCL_ERR_REMOTE;  // a peer or the network went away
+    case ncclUnhandledCudaError:
+      return MNCL_ERR_SYSTEM;
+    default:
+      return MNCL_ERR_INTERNAL;
+  }
+}
+
+void cuda_check(cudaError_t e, const char *call) {
+  if (e != cudaSuccess) {
+    throw kit::Error(MNCL_ERR_SYSTEM, format("nccl: %s failed: %s (%s)", call, cudaGetErrorName(e),
+                                             cudaGetErrorString(e)));
+  }
+}
+
+// Makes the communicator's GPU current for the call and restores the caller's afterwards.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ != device) cuda_check(cudaSetDevice(device), "cudaSetDevice");
+    device_ = device;
+  }
+  ~DeviceGuard() {
+    if (previous_ >= 0 && previous_ != device_) cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = -1, device_ = -1;
+};
+
+bool is_device_memory(const void *ptr) {
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-less error so later calls do not report it
+    return false;
+  }
+  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+}
+
+}  // namespace
+
+Pending::~Pending() {
+  if (event != nullptr) cudaEventDestroy(event);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Creation and teardown
+// ---------------------------------------------------------------------------------------------
+
+Comm::Comm(const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host)
+    : host_(host),
+      rank_(bs.rank),
+      size_(bs.size),
+      device_(bs.device < 0 ? 0 : bs.device),
+      timeout_ms_(bs.timeout_ms) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    throw kit::Error(MNCL_ERR_PLUGIN,
+                     format("nccl: no CUDA device (cudaGetDeviceCount: %s)",
+                            e == cudaSuccess ? "0 devices" : cudaGetErrorString(e)));
+  }
+  if (device_ >= count) {
+    throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
+                     format("nccl: rank %d was given CUDA device %d but this host has %d; set "
+                            "MNCL_DEVICE (or config.device), or start at most %d ranks per host",
+                            rank_, device_, count, count));
+  }
+  DeviceGuard guard(device_);
+
+  // The unique id: made by rank 0, read by the others from the store; the last reader
+  // deletes it (and its counter).
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof id);
+  const mncl_store_v1_t &store = *bs.store;
+  if (rank_ == 0) {
+    check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    if (size_ > 1) {
+      if (mncl_status_t st = store.set(store.ctx, "id", &id, sizeof id)) throw kit::Error(st);
+    }
+  } else {
+    void *value = nullptr;
+    size_t len = 0;
+    if (mncl_status_t st = store.get(store.ctx, "id", &value, &len, timeout_ms_)) {
+      throw kit::Error(st);
+    }
+    const bool ok = len == sizeof id;
+    if (ok) std::memcpy(&id, value, sizeof id);
+    store.release(store.ctx, value);
+    if (!ok) {
+      throw kit::Error(
+          MNCL_ERR_REMOTE,
+          format("nccl: rank 0 published a %zu-byte NCCL id (expected %zu)", len, sizeof id));
+    }
+    int64_t readers = 0;
+    if (mncl_status_t st = store.add(store.ctx, "id/n", 1, &readers)) throw kit::Error(st);
+    if (readers == size_ - 1) {
+      store.del(store.ctx, "id");
+      store.del(store.ctx, "id/n");
+    }
+  }
+
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // every call returns at once; completion is polled with a deadline
+  config.commName = bs.comm_id;
+  try {
+    const ncclResult_t r = ncclCommInitRankConfig(&comm_, size_, id, rank_, &config);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      throw kit::Error(status_of(r),
+                       format("nccl: ncclCommInitRankConfig failed: %s", ncclGetErrorString(r)));
+    }
+    wait_ready("ncclCommInitRankConfig", timeout_ms_);
+    cuda_check(cudaMalloc(&barrier_buf_, sizeof(float)), "cudaMalloc");
+    cuda_check(cudaMemset(barrier_buf_, 0, sizeof(float)), "cudaMemset");
+  } catch (...) {
+    if (comm_ != nullptr && !nccl_aborted_.exchange(true)) ncclCommAbort(comm_);
+    if (barrier_buf_ != nullptr) cudaFree(barrier_buf_);
+    throw;
+  }
+  watchdog_ = std::thread([this] { watchdog_loop(); });
+  MNCL_KIT_LOG(host_, MNCL_LOG_INFO, "nccl: comm '%s' rank %d of %d on CUDA device %d",
+               bs.comm_id ? bs.comm_id : "?", rank_, size_, device_);
+}
+
+Comm::~Comm() {
+  {
+    std::lock_guard<std::mutex> lock(pending_mutex_);
+    stopping_ = true;
+  }
+  stop_cv_.notify_all();
+  if (watchdog_.joinable()) watchdog_.join();
+  try {
+    DeviceGuard guard(device_);
+    if (!failed_.load()) {
+      // Let what is in flight finish (each wait is bounded), then leave NCCL cleanly.
+      std::vector<std::shared_ptr<Pending>> left;
+      {
+        std::lock_guard<std::mutex> lock(pending_mutex_);
+        left.swap(pending_);
+      }
+      for (const auto &op : left) wait(*op);
+      check(ncclCommFinalize(comm_), "ncclCommFinalize");
+      wait_ready("ncclCommFinalize", timeout_ms_);
+      ncclCommDestroy(comm_);
+      nccl_aborted_.store(true);  // gone: nothing may touch it any more
+    }
+  } catch (const std::exception &e) {
+    MNCL_KIT_LOG(host_, MNCL_LOG_WARN, "nccl: rank %d: clean shutdown failed (%s); aborting", rank_,
+                 e.what());
+  }
+  if (!nccl_aborted_.exchange(true)) ncclCommAbort(comm_);
+  if (barrier_buf_ != nullptr) cudaFree(barrier_buf_);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Failure handling
+// ---------------------------------------------------------------------------------------------
+
+void Comm::fail(mncl_status_t status, const std::string &message) {
+  {
+    std::lock_guard<std::mutex> lock(failure_mutex_);
+    if (!failed_.load()) {
+      failure_status_ = status;
+      failure_ = message;
+      failed_.store(true);
+      MNCL_KIT_LOG(host_, MNCL_LOG_ERROR, "nccl: rank %d: %s; aborting the NCCL communicator",
+                   rank_, message.c_str());
+    }
+  }
+  if (!nccl_aborted_.exchange(true)) {
+    // Ends kernels waiting for a dead peer; nothing else runs on the comm meanwhile.
+    std::unique_lock<std::shared_mutex> lock(comm_lock_);
+    ncclCommAbort(comm_);
+  }
+}
+
+void Comm::check_usable(const char *what) {
+  if (!failed_.load()) return;
+  std::lock_guard<std::mutex> lock(failure_mutex_);
+  throw kit::Error(failure_status_, format("nccl %s: %s", what, failure_.c_str()));
+}
+
+void Comm::check(ncclResult_t result, const char *what) {
+  if (result == ncclSuccess) return;
+  if (result == ncclInProgress) {
+    wait_ready(what, timeout_ms_);
+    return;
+  }
+  std::string detail;
+  if (comm_ != nullptr && !nccl_aborted_.load()) {
+    std::shared_lock<std::shared_mutex> lock(comm_lock_);
+    if (!nccl_aborted_.load()) detail = ncclGetLastError(comm_);
+  }
+  const std::string message = format("%s failed: %s%s%s", what, ncclGetErrorString(result),
+                                     detail.empty() ? "" : ": ", detail.c_str());
+  const mncl_status_t status = status_of(result);
+  // A local usage error leaves the comm usable; anything else means the ranks may disagree.
+  if (status != MNCL_ERR_INVALID_ARGUMENT && comm_ != nullptr) fail(status, message);
+  throw kit::Error(status, "nccl: " + message);
+}
+
+void Comm::wait_ready(const char *what, int64_t timeout_ms) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  auto pause = std::chrono::microseconds(5);
+  for (;;) {
+    check_usable(what);
+    ncclResult_t state = ncclSuccess;
+    {
+      std::shared_lock<std::shared_mutex> lock(comm_lock_);
+      if (nccl_aborted_.load())
+        state = ncclInternalError;
+      else
+        ncclCommGetAsyncError(comm_, &state);
+    }
+    if (state == ncclSuccess) return;
+    if (state != ncclInProgress) {
+      check_usable(what);  // aborted meanwhile: report that
+      fail(status_of(state),
+           format("%s: asynchronous NCCL error: %s", what, ncclGetErrorString(state)));
+      check_usable(what);
+    }
+    if (Clock::now() >= deadline) {
+      fail(MNCL_ERR_TIMEOUT, format("%s did not complete within %.1f s (a peer may have failed)",
+                                    what, timeout_ms / 1000.0));
+      check_usable(what);
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+  }
+}
+
+void Comm::abort() {
+  fail(MNCL_ERR_ABORTED, "the communicator was aborted (mncl_comm_abort)");
+}
+
+void Comm::watchdog_loop() {
+  cudaSetDevice(device_);  // event queries need the comm's device current on this thread
+  for (;;) {
+    std::string overdue;
+    {
+      std::unique_lock<std::mutex> lock(pending_mutex_);
+      stop_cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return stopping_; });
+      if (stopping_) return;
+      const auto now = Clock::now();
+      auto done = [&](const std::shared_ptr<Pending> &op) {
+        const cudaError_t q = cudaEventQuery(op->event);
+        if (q == cudaErrorNotReady) {
+          if (overdue.empty() && now - op->start > std::chrono::milliseconds(op->timeout_ms)) {
+            overdue = format(
+                "%s #%llu did not complete on the GPU within %.1f s (a peer may "
+                "have failed)",
+                op->what, static_cast<unsigned long long>(op->seq), op->timeout_ms / 1000.0);
+          }
+          return false;
+        }
+        return true;  // finished (or failed: the async error check below reports it)
+      };
+      pending_.erase(std::remove_if(pending_.begin(), pending_.end(), done), pending_.end());
+    }
+    if (!overdue.empty()) fail(MNCL_ERR_TIMEOUT, overdue);
+    if (failed_.load()) continue;
+    ncclResult_t state = ncclSuccess;
+    {
+      std::shared_lock<std::shared_mutex> lock(comm_lock_);
+      if (!nccl_aborted_.load()) ncclCommGetAsyncError(comm_, &state);
+    }
+    if (state != ncclSuccess && state != ncclInProgress) {
+      fail(status_of(state), format("asynchronous NCCL error: %s", ncclGetErrorString(state)));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Collectives
+// ---------------------------------------------------------------------------------------------
+
+void Comm::execute(const mncl_coll_v1_t &coll) {
+  bool must_wait = false;
+  auto op = enqueue(coll, &must_wait);
+  if (op && must_wait) wait(*op);
+}
+
+std::shared_ptr<Pending> Comm::post(const mncl_coll_v1_t &coll) {
+  bool must_wait = false;
+  return enqueue(coll, &must_wait);  // a host-buffer op has completed already
+}
+
+bool Comm::test(const Pending &op) {
+  DeviceGuard guard(device_);
+  const cudaError_t q = cudaEventQuery(op.event);
+  if (q == cudaSuccess) return true;
+  check_usable(op.what);
+  if (q != cudaErrorNotReady) cuda_check(q, "cudaEventQuery");
+  if (Clock::now() - op.start > std::chrono::milliseconds(op.timeout_ms)) {
+    fail(MNCL_ERR_TIMEOUT,
+         format("%s #%llu did not complete within %.1f s (a peer may have "
+                "failed)",
+                op.what, static_cast<unsigned long long>(op.seq), op.timeout_ms / 1000.0));
+    check_usable(op.what);
+  }
+  return false;
+}
+
+void Comm::wait(const Pending &op) {
+  auto pause = std::chrono::microseconds(2);
+  while (!test(op)) {
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(500));
+  }
+}
+
+std::shared_ptr<Pending> Comm::enqueue(const mncl_coll_v1_t &coll, bool *must_wait) {
+  static const char *const kNames[MNCL_NUM_COLL_KINDS_V1] = {
+      "allreduce",      "reduce",   "bcast",   "scatter", "gather", "allgather",
+      "reduce_scatter", "alltoall", "barrier", "send",    "recv",   "allreduce_coalesced"};
+  const char *what = coll.kind >= 0 && coll.kind < MNCL_NUM_COLL_KINDS_V1 ? kNames[coll.kind] : "?";
+  check_usable(what);
+  DeviceGuard guard(device_);
+  auto stream = static_cast<cudaStream_t>(coll.stream);
+
+  // Host buffers go through device scratch memory, allocated and freed in stream order.
+  std::vector<Slot> host_slots;
+  for_each_buffer(
+      coll, rank_, size_, [&](size_t index, const void *ptr, size_t bytes, bool in, bool out) {
+        if (bytes > 0 && !is_device_memory(ptr)) {
+          host_slots.push_back(Slot{index, static_cast<const char *>(ptr), bytes, in, out});
+        }
+      });
+  CollCopy dev(coll);
+  struct ScratchFree {  // stream-ordered, so it is safe even while the kernel still runs
+    char *p;
+    cudaStream_t s;
+    ~ScratchFree() {
+      if (p != nullptr) cudaFreeAsync(p, s);
+    }
+  } scratch{nullptr, stream};
+  if (!host_slots.empty()) {
+    const size_t total = plan_regions(host_slots);
+    cuda_check(cudaMallocAsync(reinterpret_cast<void **>(&scratch.p), total, stream),
+               "cudaMallocAsync");
+    for (const Slot &s : host_slots) {
+      dev.set(s.index, scratch.p + s.offset);
+      if (s.in) {
+        cuda_check(
+            cudaMemcpyAsync(scratch.p + s.offset, s.ptr, s.bytes, cudaMemcpyHostToDevice, stream),
+            "cudaMemcpyAsync");
+      }
+    }
+  }
+
+  // Every launch is one NCCL group: inside it calls only record, and the single ncclGroupEnd
+  // is where a non-blocking comm may answer ncclInProgress.
+  ncclResult_t r;
+  auto free_temps = [&] {  // in stream order, after the kernels ncclGroupEnd enqueued
+    for (void *t : inplace_temps_) cudaFreeAsync(t, stream);
+    inplace_temps_.clear();
+  };
+  {
+    std::shared_lock<std::shared_mutex> lock(comm_lock_);
+    check_usable(what);
+    r = ncclGroupStart();
+    if (r == ncclSuccess) {
+      try {
+        launch(dev.coll, stream);
+      } catch (...) {
+        ncclGroupEnd();
+        free_temps();
+        throw;
+      }
+      r = ncclGroupEnd();
+    }
+  }
+  free_temps();
+  check(r, what);
+
+  auto op = std::make_shared<Pending>();
+  cuda_check(cudaEventCreateWithFlags(&op->event, cudaEventDisableTiming), "cudaEventCreate");
+  cuda_check(cudaEventRecord(op->event, stream), "cudaEventRecord");
+  op->start = Clock::now();
+  op->timeout_ms = coll.timeout_ms > 0 ? coll.timeout_ms : timeout_ms_;
+  op->seq = coll.seq;
+  op->what = what;
+  {
+    std::lock_guard<std::mutex> lock(pending_mutex_);
+    // Ops on a stream finish in order: drop the finished ones at the front now and then, so
+    // the watchdog's list stays short even at millions of calls per second.
+    if (pending_.size() >= 64) {
+      size_t finished = 0;
+      while (finished < pending_.size() &&
+             cudaEventQuery(pending_[finished]->event) == cudaSuccess) {
+        ++finished;
+      }
+      pending_.erase(pending_.begin(), pending_.begin() + static_cast<ptrdiff_t>(finished));
+    }
+    pending_.push_back(op);
+  }
+  *must_wait = coll.kind == MNCL_COLL_BARRIER;
+  if (!host_slots.empty()) {
+    // The host sees the result when the call returns, as with a host backend.
+    wait(*op);
+    for (const Slot &s : host_slots) {
+      if (!s.out) continue;
+      cuda_check(cudaMemcpyAsync(const_cast<char *>(s.ptr), scratch.p + s.offset, s.bytes,
+                                 cudaMemcpyDeviceToHost, stream),
+                 "cudaMemcpyAsync");
+    }
+    cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  }
+  return op;
+}
+
+void Comm::launch(const mncl_coll_v1_t &c, cudaStream_t stream) {
+  const ncclDataType_t dt = nccl_dtype(c.dtype);
+  const ncclRedOp_t op = nccl_op(c.op);
+  auto call = [&](ncclResult_t r, const char *name) {
+    if (r != ncclSuccess && r != ncclInProgress) {
+      throw kit::Error(status_of(r), format("nccl: %s failed: %s", name, ncclGetErrorString(r)));
+    }
+  };
+  // Count 0 is a no-op on every rank (counts agree across ranks), so NCCL never sees it.
+  switch (c.kind) {
+    case MNCL_COLL_ALLREDUCE:
+      if (c.count > 0) {
+        call(ncclAllReduce(c.sendbuf, c.recvbuf, c.count, dt, op, comm_, stream), "ncclAllReduce");
+      }
+      break;
+    case MNCL_COLL_REDUCE:
+      if (c.count > 0) {
+        call(ncclReduce(c.sendbuf, c.recvbuf, c.count, dt, op, c.root, comm_, stream),
+             "ncclReduce");
+      }
+      break;
+    case MNCL_COLL_BCAST:
+      if (c.count > 0) {
+        call(ncclBroadcast(c.recvbuf, c.recvbuf, c.count, dt, c.root, comm_, stream),
+             "ncclBroadcast");
+      }
+      break;
+    case MNCL_COLL_ALLGATHER:
+      if (c.count > 0) {
+        call(ncclAllGather(c.sendbuf, c.recvbuf, c.count, dt, comm_, stream), "ncclAllGather");
+      }
+      break;
+    case MNCL_COLL_REDUCE_SCATTER:
+      if (c.count > 0) {
+        call(ncclReduceScatter(c.sendbuf, c.recvbuf, c.count, dt, op, comm_, stream),
+             "ncclReduceScatter");
+      }
+      break;
+    case MNCL_COLL_SCATTER:
+    case MNCL_COLL_GATHER:
+    case MNCL_COLL_ALLTOALL:
+      if (c.count > 0) grouped_exchange(c, stream);
+      break;
+    case MNCL_COLL_BARRIER:
+      call(ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclFloat32, ncclSum, comm_, stream),
+           "ncclAllReduce (barrier)");
+      break;
+    case MNCL_COLL_SEND:
+      if (c.count > 0) call(ncclSend(c.sendbuf, c.count, dt, c.root, comm_, stream), "ncclSend");
+      break;
+    case MNCL_COLL_RECV:
+      if (c.count > 0) call(ncclRecv(c.recvbuf, c.count, dt, c.root, comm_, stream), "ncclRecv");
+      break;
+    case MNCL_COLL_ALLREDUCE_COALESCED:
+      for (size_t i = 0; i < c.nbufs; ++i) {
+        if (c.counts[i] == 0) continue;
+        call(ncclAllReduce(c.sendbufs[i], c.recvbufs[i], c.counts[i], dt, op, comm_, stream),
+             "ncclAllReduce (coalesced)");
+      }
+      break;
+    default:
+      throw kit::Error(MNCL_ERR_NOT_SUPPORTED, format("nccl: unknown collective kind %d", c.kind));
+  }
+}
+
+// scatter, gather and alltoall as point-to-point inside the caller's group; the rank's own
+// block is a device-to-device copy (none when in place).
+void Comm::grouped_exchange(const mncl_coll_v1_t &c, cudaStream_t stream) {
+  const ncclDataType_t dt = nccl_dtype(c.dtype);
+  const size_t block = c.count * kit::dtype_size(c.dtype);
+  const char *send = static_cast<const char *>(c.sendbuf);
+  char *recv = static_cast<char *>(c.recvbuf);
+  auto call = [&](ncclResult_t r, const char *name) {
+    if (r != ncclSuccess && r != ncclInProgress) {
+      throw kit::Error(status_of(r), format("nccl: %s failed: %s", name, ncclGetErrorString(r)));
+    }
+  };
+  auto self_copy = [&](char *dst, const char *src) {
+    if (dst != src) {
+      cuda_check(cudaMemcpyAsync(dst, src, block, cudaMemcpyDeviceToDevice, stream),
+                 "cudaMemcpyAsync");
+    }
+  };
+  const size_t me = static_cast<size_t>(rank_);
+  if (c.kind == MNCL_COLL_SCATTER) {
+    if (rank_ == c.root) {
+      for (int p = 0; p < size_; ++p) {
+        if (p == rank_) {
+          self_copy(recv, send + me * block);
+        } else {
+          call(ncclSend(send + static_cast<size_t>(p) * block, c.count, dt, p, comm_, stream),
+               "ncclSend (scatter)");
+        }
+      }
+    } else {
+      call(ncclRecv(recv, c.count, dt, c.root, comm_, stream), "ncclRecv (scatter)");
+    }
+  } else if (c.kind == MNCL_COLL_GATHER) {
+    if (rank_ == c.root) {
+      for (int p = 0; p < size_; ++p) {
+        if (p == rank_) {
+          self_copy(recv + me * block, send);
+        } else {
+          call(ncclRecv(recv + static_cast<size_t>(p) * block, c.count, dt, p, comm_, stream),
+               "ncclRecv (gather)");
+        }
+      }
+    } else {
+      call(ncclSend(send, c.count, dt, c.root, comm_, stream), "ncclSend (gather)");
+    }
+  } else {  // alltoall; in place, the blocks to send are copied aside first
+    if (send == recv && size_ > 1) {
+      void *copy = nullptr;
+      cuda_check(cudaMallocAsync(&copy, block * static_cast<size_t>(size_), stream),
+                 "cudaMallocAsync");
+      cuda_check(cudaMemcpyAsync(copy, send, block * static_cast<size_t>(size_),
+                                 cudaMemcpyDeviceToDevice, stream),
+                 "cudaMemcpyAsync");
+      send = static_cast<const char *>(copy);
+      inplace_temps_.push_back(copy);  // enqueue() frees it after ncclGroupEnd
+    }
+    for (int p = 0; p < size_; ++p) {
+      const size_t off = static_cast<size_t>(p) * block;
+      if (p == rank_) {
+        self_copy(recv + off, send + off);
+        continue;
+      }
+      call(ncclSend(send + off, c.count, dt, p, comm_, stream), "ncclSend (alltoall)");
+      call(ncclRecv(recv + off, c.count, dt, p, comm_, stream), "ncclRecv (alltoall)");
+    }
+  }
+}
+
+}  // namespace mncl::nccl

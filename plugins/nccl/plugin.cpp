@@ -1,0 +1,153 @@
+// libmncl-nccl.so: collectives on NVIDIA GPUs through NCCL, one rank per GPU.
+//
+// Links libcudart and libnccl (a plugin may; libmncl may not): on a machine without them the
+// loader refuses this file with the dynamic linker's message, and without a GPU the plugin
+// loads, reports its capabilities and refuses in probe with "no CUDA device".
+#include <cuda_runtime_api.h>
+#include <mncl/mncl_plugin.h>
+#include <nccl.h>
+
+#include <memory>
+
+#include "common/dtype.h"
+#include "common/host.h"
+#include "nccl/nccl_comm.h"
+
+#define MNCL_NCCL_STR2(x) #x
+#define MNCL_NCCL_STR(x) MNCL_NCCL_STR2(x)
+
+namespace {
+
+using mncl::nccl::Comm;
+using mncl::nccl::Pending;
+namespace kit = mncl::kit;
+
+const mncl_host_v1_t *g_host = nullptr;
+
+mncl_status_t nccl_init(const mncl_host_v1_t *host) {
+  if (!kit::host_is_usable(host)) return MNCL_ERR_PLUGIN;
+  g_host = host;
+  // Nothing here needs a GPU: without one the plugin still loads and says why in probe.
+  int nccl_version = 0, runtime_version = 0;
+  ncclGetVersion(&nccl_version);
+  cudaRuntimeGetVersion(&runtime_version);
+  MNCL_KIT_LOG(g_host, MNCL_LOG_INFO, "nccl 0.1.0: NCCL %d.%d.%d, CUDA runtime %d.%d",
+               nccl_version / 10000, nccl_version / 100 % 100, nccl_version % 100,
+               runtime_version / 1000, runtime_version % 1000 / 10);
+  return MNCL_OK;
+}
+
+void nccl_finalize(void) {
+  g_host = nullptr;
+}
+
+// 0 without a GPU or with more ranks on this host than GPUs (NCCL takes one GPU per rank);
+// otherwise 90: above the host backends, which stage CUDA buffers through host memory.
+mncl_status_t nccl_probe(const mncl_probe_v1_t *info, int32_t *score, char *reason,
+                         size_t reason_len) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    *score = 0;
+    kit::copy_cstr(reason, reason_len,
+                   kit::format("no CUDA device (cudaGetDeviceCount: %s)",
+                               e == cudaSuccess ? "0 devices" : cudaGetErrorString(e))
+                       .c_str());
+    return MNCL_OK;
+  }
+  if (info != nullptr && info->local_size > count) {
+    *score = 0;
+    kit::copy_cstr(reason, reason_len,
+                   kit::format("%d ranks on this host but only %d CUDA device%s (NCCL needs one "
+                               "GPU per rank; gloo and naive stage CUDA buffers instead)",
+                               info->local_size, count, count == 1 ? "" : "s")
+                       .c_str());
+    return MNCL_OK;
+  }
+  *score = 90;
+  kit::copy_cstr(reason, reason_len,
+                 kit::format("%d CUDA device%s", count, count == 1 ? "" : "s").c_str());
+  return MNCL_OK;
+}
+
+mncl_status_t nccl_comm_create(const mncl_bootstrap_v1_t *bs, void **comm) {
+  return kit::guard(g_host, "nccl comm_create", [&] {
+    if (bs == nullptr || bs->struct_size < sizeof(mncl_bootstrap_v1_t) || bs->store == nullptr ||
+        bs->store->struct_size < sizeof(mncl_store_v1_t) || bs->size < 1 || bs->rank < 0 ||
+        bs->rank >= bs->size) {
+      return kit::report(g_host, MNCL_ERR_INVALID_ARGUMENT,
+                         "nccl comm_create: invalid bootstrap descriptor");
+    }
+    *comm = new Comm(*bs, g_host);
+    return MNCL_OK;
+  });
+}
+
+mncl_status_t nccl_comm_destroy(void *comm) {
+  delete static_cast<Comm *>(comm);  // never throws: falls back to ncclCommAbort
+  return MNCL_OK;
+}
+
+mncl_status_t nccl_comm_abort(void *comm) {
+  return kit::guard(g_host, "nccl comm_abort", [&] {
+    static_cast<Comm *>(comm)->abort();
+    return MNCL_OK;
+  });
+}
+
+mncl_status_t nccl_execute(void *comm, const mncl_coll_v1_t *coll) {
+  return kit::guard(g_host, "nccl execute", [&] {
+    static_cast<Comm *>(comm)->execute(*coll);
+    return MNCL_OK;
+  });
+}
+
+// The handle is a heap-held shared_ptr: the watchdog holds the same operation.
+mncl_status_t nccl_post(void *comm, const mncl_coll_v1_t *coll, void **handle) {
+  return kit::guard(g_host, "nccl post", [&] {
+    *handle = new std::shared_ptr<Pending>(static_cast<Comm *>(comm)->post(*coll));
+    return MNCL_OK;
+  });
+}
+
+mncl_status_t nccl_test(void *comm, void *handle, int32_t *done) {
+  auto *op = static_cast<std::shared_ptr<Pending> *>(handle);
+  const mncl_status_t status = kit::guard(g_host, "nccl test", [&] {
+    *done = static_cast<Comm *>(comm)->test(**op) ? 1 : 0;
+    return MNCL_OK;
+  });
+  if (status != MNCL_OK) *done = 1;  // a failed operation is finished too
+  if (*done) delete op;
+  return status;
+}
+
+constexpr uint32_t kCollMask = MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED);
+
+}  // namespace
+
+MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = {
+    sizeof(mncl_plugin_v1_t),  // struct_size
+    MNCL_PLUGIN_MAGIC,         // magic
+    MNCL_PLUGIN_ABI_V1,        // abi_version
+    "nccl",                    // name
+    "0.1.0 (NCCL " MNCL_NCCL_STR(NCCL_MAJOR) "." MNCL_NCCL_STR(NCCL_MINOR) "." MNCL_NCCL_STR(
+        NCCL_PATCH) ")",  // version: the NCCL it was built against
+    // caps: device pointers as they are, host buffers through device scratch memory,
+    // enqueued on the caller's stream, post/test on CUDA events
+    MNCL_CAP_CUDA_MEMORY | MNCL_CAP_HOST_MEMORY | MNCL_CAP_STREAM_ORDERED | MNCL_CAP_NATIVE_ASYNC,
+    kCollMask,            // coll_mask: every kind, the coalesced allreduce as one NCCL group
+    kit::kAllDtypesMask,  // dtype_mask: all ten are NCCL types
+    kit::kAllOpsMask,     // op_mask: avg is ncclAvg
+    0,                    // reserved0
+    nccl_init,            // init
+    nccl_finalize,        // finalize
+    nccl_probe,           // probe
+    nccl_comm_create,     // comm_create
+    nccl_comm_destroy,    // comm_destroy
+    nccl_comm_abort,      // comm_abort
+    nullptr,              // comm_split: the core's split + comm_create (a fresh NCCL id)
+    nccl_execute,         // execute
+    nccl_post,            // post
+    nccl_test,            // test
+};

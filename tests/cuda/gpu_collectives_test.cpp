@@ -1,0 +1,269 @@
+// Collectives on real CUDA buffers over the public API, for a machine with NVIDIA GPUs (run by
+// tests/gpu/run.sh, and by ctest, where it skips without a GPU). SPMD under mncl-run:
+//   MNCL_BACKEND=nccl  mncl-run -n <GPUs> -- gpu_collectives_test     (one GPU per rank)
+//   MNCL_BACKEND=naive mncl-run -n 3 -- gpu_collectives_test          (staging, GPUs shared)
+// Each rank uses GPU local_rank % count. Data are small integers: results are exact.
+// MNCL_GPU_TEST_DEAD_PEER=1 runs only the failure test: rank 1 leaves after creation and
+// rank 0's allreduce must fail within MNCL_TIMEOUT instead of hanging.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+#include <mncl/mncl.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+mncl_comm_t g_comm = nullptr;
+int g_rank = 0, g_size = 1;
+
+#define CUDA_OK(call)                                                                   \
+  do {                                                                                  \
+    cudaError_t e_ = (call);                                                            \
+    if (e_ != cudaSuccess) {                                                            \
+      std::fprintf(stderr, "rank %d: %s: %s\n", g_rank, #call, cudaGetErrorString(e_)); \
+      std::_Exit(1);                                                                    \
+    }                                                                                   \
+  } while (0)
+#define MNCL_OK_OR_DIE(call)                                                                \
+  do {                                                                                      \
+    mncl_status_t st_ = (call);                                                             \
+    if (st_ != MNCL_OK) {                                                                   \
+      std::fprintf(stderr, "rank %d: %s: %s: %s\n", g_rank, #call, mncl_status_string(st_), \
+                   mncl_last_error());                                                      \
+      std::_Exit(1);                                                                        \
+    }                                                                                       \
+  } while (0)
+
+template <typename T>
+class Dev {
+ public:
+  explicit Dev(size_t n) : n_(n) {
+    CUDA_OK(cudaMalloc(reinterpret_cast<void **>(&p_), std::max<size_t>(n, 1) * sizeof(T)));
+  }
+  explicit Dev(const std::vector<T> &v) : Dev(v.size()) { set(v); }
+  ~Dev() { cudaFree(p_); }
+  void set(const std::vector<T> &v) {
+    CUDA_OK(cudaMemcpy(p_, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  std::vector<T> get() const {
+    CUDA_OK(cudaDeviceSynchronize());  // stream-ordered backends return before the GPU is done
+    std::vector<T> v(n_);
+    CUDA_OK(cudaMemcpy(v.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+    return v;
+  }
+  T *ptr() const { return p_; }
+
+ private:
+  size_t n_;
+  T *p_ = nullptr;
+};
+
+int64_t value(int rank, size_t i) {
+  return (rank + 1) * 10 + static_cast<int64_t>(i % 50);
+}
+template <typename T>
+std::vector<T> values(int rank, size_t n, size_t first = 0) {
+  std::vector<T> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<T>(value(rank, first + i));
+  return v;
+}
+int64_t sum_over_ranks(size_t i) {
+  int64_t s = 0;
+  for (int r = 0; r < g_size; ++r) s += value(r, i);
+  return s;
+}
+
+bool dead_peer_mode() {
+  return std::getenv("MNCL_GPU_TEST_DEAD_PEER") != nullptr;
+}
+
+TEST(Gpu, AllreduceEveryOp) {
+  if (dead_peer_mode()) GTEST_SKIP();
+  const size_t n = 100003;
+  for (mncl_op_t op : {MNCL_SUM, MNCL_PROD, MNCL_MIN, MNCL_MAX, MNCL_AVG}) {
+    Dev<int32_t> send(values<int32_t>(g_rank, n)), recv(n);
+    if (op == MNCL_PROD) send.set(std::vector<int32_t>(n, g_rank % 2 ? -1 : 1));
+    MNCL_OK_OR_DIE(mncl_allreduce(g_comm, send.ptr(), recv.ptr(), n, MNCL_INT32, op, nullptr));
+    const auto r = recv.get();
+    for (size_t i = 0; i < n; ++i) {
+      int64_t want = sum_over_ranks(i);
+      if (op == MNCL_PROD) want = (g_size / 2) % 2 ? -1 : 1;
+      if (op == MNCL_MIN) want = value(0, i);
+      if (op == MNCL_MAX) want = value(g_size - 1, i);
+      if (op == MNCL_AVG) want = sum_over_ranks(i) / g_size;
+      ASSERT_EQ(r[i], want) << "op " << op << " i " << i;
+    }
+  }
+}
+
+TEST(Gpu, FloatDtypesAndStreamOrder) {
+  if (dead_peer_mode()) GTEST_SKIP();
+  const size_t n = 4099;
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreate(&stream));
+  Dev<float> f(n);
+  // Written on the stream right before the allreduce: the collective must see it.
+  CUDA_OK(cudaMemcpyAsync(f.ptr(), values<float>(g_rank, n).data(), n * sizeof(float),
+                          cudaMemcpyHostToDevice, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));  // the vector above was a temporary
+  MNCL_OK_OR_DIE(mncl_allreduce(g_comm, f.ptr(), f.ptr(), n, MNCL_FLOAT32, MNCL_SUM, stream));
+  std::vector<float> out(n);
+  CUDA_OK(cudaMemcpyAsync(out.data(), f.ptr(), n * sizeof(float), cudaMemcpyDeviceToHost, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(out[i], static_cast<float>(sum_over_ranks(i)));
+  Dev<double> d(values<double>(g_rank, n));
+  MNCL_OK_OR_DIE(mncl_allreduce(g_comm, d.ptr(), d.ptr(), n, MNCL_FLOAT64, MNCL_MAX, nullptr));
+  EXPECT_EQ(d.get(), values<double>(g_size - 1, n));
+  CUDA_OK(cudaStreamDestroy(stream));
+}
+
+TEST(Gpu, RootedAndDataMovement) {
+  if (dead_peer_mode()) GTEST_SKIP();
+  const size_t n = 1021;
+  const int root = g_size - 1;
+  std::vector<int64_t> all;
+  for (int r = 0; r < g_size; ++r) {
+    auto v = values<int64_t>(r, n);
+    all.insert(all.end(), v.begin(), v.end());
+  }
+  Dev<int64_t> b(g_rank == root ? values<int64_t>(root, n) : std::vector<int64_t>(n, -1));
+  MNCL_OK_OR_DIE(mncl_bcast(g_comm, b.ptr(), n, MNCL_INT64, root, nullptr));
+  EXPECT_EQ(b.get(), values<int64_t>(root, n));
+
+  Dev<int64_t> rs(values<int64_t>(g_rank, n)), rr(n);
+  MNCL_OK_OR_DIE(mncl_reduce(g_comm, rs.ptr(), rr.ptr(), n, MNCL_INT64, MNCL_SUM, root, nullptr));
+  if (g_rank == root) {
+    const auto v = rr.get();
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(v[i], sum_over_ranks(i));
+  }
+
+  Dev<int64_t> ss(g_rank == root ? all : std::vector<int64_t>(1)), sr(n);
+  MNCL_OK_OR_DIE(mncl_scatter(g_comm, ss.ptr(), sr.ptr(), n, MNCL_INT64, root, nullptr));
+  EXPECT_EQ(sr.get(), values<int64_t>(g_rank, n));
+
+  Dev<int64_t> gs(values<int64_t>(g_rank, n)), gr(n * g_size);
+  MNCL_OK_OR_DIE(mncl_gather(g_comm, gs.ptr(), gr.ptr(), n, MNCL_INT64, root, nullptr));
+  if (g_rank == root) {
+    EXPECT_EQ(gr.get(), all);
+  }
+
+  Dev<int64_t> ag(n * g_size);
+  MNCL_OK_OR_DIE(mncl_allgather(g_comm, gs.ptr(), ag.ptr(), n, MNCL_INT64, nullptr));
+  EXPECT_EQ(ag.get(), all);
+
+  Dev<int64_t> rsc(values<int64_t>(g_rank, n * g_size)), rso(n);
+  MNCL_OK_OR_DIE(
+      mncl_reduce_scatter(g_comm, rsc.ptr(), rso.ptr(), n, MNCL_INT64, MNCL_SUM, nullptr));
+  const auto rsv = rso.get();
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(rsv[i], sum_over_ranks(g_rank * n + i));
+
+  std::vector<int64_t> a2a(n * g_size);
+  for (int j = 0; j < g_size; ++j) {
+    for (size_t i = 0; i < n; ++i) a2a[j * n + i] = 100000 * g_rank + 100 * j + (i % 100);
+  }
+  for (bool in_place : {false, true}) {
+    Dev<int64_t> at(a2a), ao(n * g_size);
+    int64_t *out = in_place ? at.ptr() : ao.ptr();
+    MNCL_OK_OR_DIE(mncl_alltoall(g_comm, at.ptr(), out, n, MNCL_INT64, nullptr));
+    const auto got = in_place ? at.get() : ao.get();
+    for (int i = 0; i < g_size; ++i) {
+      for (size_t k = 0; k < n; ++k) {
+        ASSERT_EQ(got[i * n + k], 100000 * i + 100 * g_rank + static_cast<int64_t>(k % 100))
+            << (in_place ? "in place" : "out of place");
+      }
+    }
+  }
+}
+
+TEST(Gpu, PointToPointCoalescedBarrierNonBlocking) {
+  if (dead_peer_mode()) GTEST_SKIP();
+  const size_t n = 65537;
+  if (g_size > 1) {
+    const int next = (g_rank + 1) % g_size, prev = (g_rank + g_size - 1) % g_size;
+    Dev<int32_t> out(values<int32_t>(g_rank, n)), in(n);
+    // Even ranks send first: on one stream NCCL runs a recv and a later send in order, so an
+    // all-receive-first ring would wait forever.
+    mncl_request_t rs = nullptr, rr = nullptr;
+    if (g_rank % 2 == 0) {
+      MNCL_OK_OR_DIE(mncl_isend(g_comm, out.ptr(), n, MNCL_INT32, next, nullptr, &rs));
+      MNCL_OK_OR_DIE(mncl_irecv(g_comm, in.ptr(), n, MNCL_INT32, prev, nullptr, &rr));
+    } else {
+      MNCL_OK_OR_DIE(mncl_irecv(g_comm, in.ptr(), n, MNCL_INT32, prev, nullptr, &rr));
+      MNCL_OK_OR_DIE(mncl_isend(g_comm, out.ptr(), n, MNCL_INT32, next, nullptr, &rs));
+    }
+    MNCL_OK_OR_DIE(mncl_wait(rs, -1));
+    MNCL_OK_OR_DIE(mncl_wait(rr, -1));
+    EXPECT_EQ(in.get(), values<int32_t>(prev, n));
+  }
+  Dev<int32_t> a(values<int32_t>(g_rank, 10)), b(values<int32_t>(g_rank, 20));
+  const void *sends[] = {a.ptr(), b.ptr()};
+  void *recvs[] = {a.ptr(), b.ptr()};
+  const size_t counts[] = {10, 20};
+  MNCL_OK_OR_DIE(
+      mncl_allreduce_coalesced(g_comm, sends, recvs, counts, 2, MNCL_INT32, MNCL_SUM, nullptr));
+  const auto av = a.get(), bv = b.get();
+  for (size_t i = 0; i < 10; ++i) ASSERT_EQ(av[i], sum_over_ranks(i));
+  for (size_t i = 0; i < 20; ++i) ASSERT_EQ(bv[i], sum_over_ranks(i));
+  MNCL_OK_OR_DIE(mncl_barrier(g_comm, nullptr));
+
+  Dev<int32_t> x(values<int32_t>(g_rank, n));
+  mncl_request_t r = nullptr;
+  MNCL_OK_OR_DIE(mncl_iallreduce(g_comm, x.ptr(), x.ptr(), n, MNCL_INT32, MNCL_SUM, nullptr, &r));
+  MNCL_OK_OR_DIE(mncl_wait(r, -1));  // synchronizes: the host may read now
+  std::vector<int32_t> host(n);
+  CUDA_OK(cudaMemcpy(host.data(), x.ptr(), n * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(host[i], sum_over_ranks(i));
+}
+
+TEST(Gpu, DeadPeerIsAnErrorNotAHang) {
+  if (!dead_peer_mode()) GTEST_SKIP() << "set MNCL_GPU_TEST_DEAD_PEER=1 (tests/gpu/run.sh)";
+  if (g_size < 2) GTEST_SKIP() << "needs 2 ranks";
+  if (g_rank == 1) std::_Exit(0);  // leaves without a word
+  if (g_rank != 0) return;
+  Dev<float> x(1 << 20);
+  const auto start = std::chrono::steady_clock::now();
+  mncl_request_t r = nullptr;
+  mncl_status_t st =
+      mncl_iallreduce(g_comm, x.ptr(), x.ptr(), 1 << 20, MNCL_FLOAT32, MNCL_SUM, nullptr, &r);
+  if (st == MNCL_OK) st = mncl_wait(r, -1);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(st, MNCL_OK);
+  std::printf("dead peer: %s after %.1f s: %s\n", mncl_status_string(st), s, mncl_last_error());
+  std::fflush(stdout);
+  std::_Exit(st != MNCL_OK ? 0 : 1);  // the comm is broken: no collective destroy
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    // ctest marks this skipped (SKIP_REGULAR_EXPRESSION); every rank decides alike.
+    std::printf("[  SKIPPED ] no CUDA device (cudaGetDeviceCount: %s)\n",
+                e == cudaSuccess ? "0 devices" : cudaGetErrorString(e));
+    return 0;
+  }
+  const char *local = std::getenv("MNCL_LOCAL_RANK");
+  CUDA_OK(cudaSetDevice((local ? std::atoi(local) : 0) % count));
+  MNCL_OK_OR_DIE(mncl_comm_create(nullptr, &g_comm));
+  MNCL_OK_OR_DIE(mncl_comm_rank(g_comm, &g_rank));
+  MNCL_OK_OR_DIE(mncl_comm_size(g_comm, &g_size));
+  const char *backend = "";
+  mncl_comm_backend(g_comm, &backend);
+  if (g_rank == 0) std::printf("backend %s, %d ranks, %d GPUs\n", backend, g_size, count);
+  if (g_rank != 0) {
+    auto &listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  const int failed = RUN_ALL_TESTS();
+  MNCL_OK_OR_DIE(mncl_comm_destroy(g_comm));
+  if (failed) std::fprintf(stderr, "rank %d: FAILED\n", g_rank);
+  return failed;
+}

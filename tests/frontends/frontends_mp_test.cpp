@@ -1,0 +1,623 @@
+// Multi-process tests of the frontends: an SPMD GoogleTest binary run under mncl-run at several
+// world sizes (every rank runs every test, in the same order, on one world communicator):
+//
+//   mncl-run -n 3 --backend naive -- frontends_mp_test [--gtest_filter=...]
+//
+// Rank 0 prints the usual output; other ranks print only their failures and a summary.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "mncl/frontends.hpp"
+
+namespace {
+
+using mncl::Span;
+
+mncl::Communicator *g_comm = nullptr;
+int g_rank = 0;
+
+class World : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    comm_ = std::make_unique<mncl::Communicator>();
+    g_comm = comm_.get();
+    g_rank = g_comm->rank();
+  }
+  void TearDown() override {
+    g_comm = nullptr;
+    comm_->destroy();
+    comm_.reset();
+  }
+
+ private:
+  std::unique_ptr<mncl::Communicator> comm_;
+};
+
+class FailurePrinter : public ::testing::EmptyTestEventListener {
+  void OnTestPartResult(const ::testing::TestPartResult &r) override {
+    if (!r.failed()) return;
+    const auto *info = ::testing::UnitTest::GetInstance()->current_test_info();
+    std::printf("[  FAILED  ] rank %d: %s.%s\n%s:%d: %s\n", g_rank,
+                info ? info->test_suite_name() : "", info ? info->name() : "",
+                r.file_name() ? r.file_name() : "?", r.line_number(), r.message());
+    std::fflush(stdout);
+  }
+  void OnTestProgramEnd(const ::testing::UnitTest &u) override {
+    std::printf("rank %d: %d tests, %d passed, %d failed\n", g_rank, u.test_to_run_count(),
+                u.successful_test_count(), u.failed_test_count());
+    std::fflush(stdout);
+  }
+};
+
+class Frontends : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_NE(g_comm, nullptr); }
+  mncl::Communicator &comm() { return *g_comm; }
+  int rank() const { return g_comm->rank(); }
+  int size() const { return g_comm->size(); }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Communicator
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(Frontends, TypedCollectives) {
+  std::vector<int64_t> values{rank(), 10 * rank(), 1};
+  comm().allreduce(values);
+  const int64_t ranks_sum = int64_t{size()} * (size() - 1) / 2;
+  EXPECT_EQ(values, (std::vector<int64_t>{ranks_sum, 10 * ranks_sum, size()}));
+
+  EXPECT_EQ(comm().allreduce_value(rank(), mncl::ReduceOp::kMax), size() - 1);
+  EXPECT_DOUBLE_EQ(comm().allreduce_value(double(rank()), mncl::ReduceOp::kMin), 0.0);
+
+  std::vector<float> bcast_buf(5, float(rank()));
+  comm().bcast(bcast_buf, size() - 1);
+  EXPECT_EQ(bcast_buf, std::vector<float>(5, float(size() - 1)));
+
+  const std::vector<int32_t> mine{rank(), -rank()};
+  const auto everyone = comm().allgather(mine);
+  ASSERT_EQ(everyone.size(), 2u * size());
+  for (int r = 0; r < size(); ++r) EXPECT_EQ(everyone[2 * r], r);
+
+  std::vector<int32_t> gathered(rank() == 0 ? 2 * size() : 0);
+  comm().gather(mine, gathered, 0);
+  if (rank() == 0) {
+    EXPECT_EQ(gathered, everyone);
+  }
+
+  std::vector<uint32_t> blocks(size());
+  std::iota(blocks.begin(), blocks.end(), 0u);
+  std::vector<uint32_t> reduced(1);
+  comm().reduce_scatter(blocks, reduced);
+  EXPECT_EQ(reduced[0], uint32_t(rank()) * size());
+
+  std::vector<int32_t> sum(rank() == 1 % size() ? 2 : 0);
+  comm().reduce(mine, sum, 1 % size());
+  if (rank() == 1 % size()) {
+    EXPECT_EQ(sum[0], int32_t(ranks_sum));
+  }
+  comm().barrier();
+}
+
+TEST_F(Frontends, LocalSizeMismatchThrowsBeforeSending) {
+  std::vector<float> send(4), recv(3);
+  EXPECT_THROW(comm().allreduce(send, recv), mncl::InvalidArgument);
+  std::vector<float> too_small(1);
+  EXPECT_THROW(comm().allgather(send, too_small), mncl::InvalidArgument);
+}
+
+TEST_F(Frontends, LibraryErrorsBecomeExceptions) {
+  std::vector<int32_t> buf(3);
+  try {
+    comm().bcast(buf, size());  // a root that does not exist, on every rank
+    FAIL() << "bcast to root " << size() << " succeeded";
+  } catch (const mncl::InvalidArgument &e) {
+    EXPECT_EQ(e.status(), MNCL_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(e.what()).find("mncl_bcast"), std::string::npos) << e.what();
+  }
+  comm().barrier();  // still usable
+}
+
+TEST_F(Frontends, NonBlockingRequests) {
+  std::vector<double> a(1000, rank() + 0.5);
+  mncl::Request request = comm().iallreduce(a);
+  EXPECT_TRUE(request.pending());
+  request.wait();
+  EXPECT_FALSE(request.pending());
+  EXPECT_DOUBLE_EQ(a[999], size() * (size() - 1) / 2.0 + 0.5 * size());
+  std::vector<float> x(3, 1.0f), y(7, 2.0f);
+  std::vector<Span<float>> bufs{Span<float>(x), Span<float>(y)};
+  mncl::Request coalesced = comm().iallreduce_coalesced(bufs);
+  while (!coalesced.test()) {
+  }
+  EXPECT_EQ(x, std::vector<float>(3, float(size())));
+  EXPECT_EQ(y, std::vector<float>(7, 2.0f * size()));
+}
+
+TEST_F(Frontends, Split) {
+  mncl::Communicator half = comm().split(rank() % 2, -rank());  // reversed order inside
+  ASSERT_TRUE(half.valid());
+  const int expected_size = (size() + 1 - rank() % 2) / 2;
+  EXPECT_EQ(half.size(), expected_size);
+  EXPECT_EQ(half.allreduce_value(1), expected_size);
+  EXPECT_EQ(half.rank(), expected_size - 1 - rank() / 2);
+  mncl::Communicator none = comm().split(rank() == 0 ? 0 : MNCL_SPLIT_NONE);
+  EXPECT_EQ(none.valid(), rank() == 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Objects, in chunks
+// ---------------------------------------------------------------------------------------------
+
+struct Message {
+  std::string text;
+  std::vector<double> numbers;
+  void save(mncl::OutArchive &ar) const { ar << text << numbers; }
+  void load(mncl::InArchive &ar) { ar >> text >> numbers; }
+};
+
+TEST_F(Frontends, ObjectCollectivesInSmallChunks) {
+  const std::size_t saved = comm().max_message_bytes();
+  comm().set_max_message_bytes(7);  // every object takes many messages
+  Message m{"from " + std::to_string(rank()), std::vector<double>(rank() + 3, rank())};
+  Message b = m;
+  comm().bcast_obj(b, size() - 1);
+  EXPECT_EQ(b.text, "from " + std::to_string(size() - 1));
+  EXPECT_EQ(b.numbers.size(), std::size_t(size() + 2));
+
+  const auto all = comm().gather_obj(m, 0);
+  if (rank() == 0) {
+    ASSERT_EQ(all.size(), std::size_t(size()));
+    for (int r = 0; r < size(); ++r) EXPECT_EQ(all[r].text, "from " + std::to_string(r));
+  } else {
+    EXPECT_TRUE(all.empty());
+  }
+  const auto names = comm().allgather_obj(m.text);
+  ASSERT_EQ(names.size(), std::size_t(size()));
+  EXPECT_EQ(names.back(), "from " + std::to_string(size() - 1));
+
+  const std::string joined = comm().allreduce_obj(std::to_string(rank()));
+  std::string expected;
+  for (int r = 0; r < size(); ++r) expected += std::to_string(r);
+  EXPECT_EQ(joined, expected);  // std::plus on strings, folded in rank order
+
+  std::vector<std::vector<int>> parts;
+  if (rank() == 0) {
+    for (int r = 0; r < size(); ++r) parts.push_back(std::vector<int>(r, r));
+  }
+  EXPECT_EQ(comm().scatter_obj(parts, 0), std::vector<int>(rank(), rank()));
+
+  if (size() > 1) {  // a ring of point-to-point objects
+    const int next = (rank() + 1) % size(), prev = (rank() + size() - 1) % size();
+    if (rank() % 2 == 0) {
+      comm().send_obj(m, next);
+      EXPECT_EQ(comm().recv_obj<Message>(prev).text, "from " + std::to_string(prev));
+    } else {
+      const Message got = comm().recv_obj<Message>(prev);
+      comm().send_obj(m, next);
+      EXPECT_EQ(got.text, "from " + std::to_string(prev));
+    }
+  }
+  comm().set_max_message_bytes(saved);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Multi-node optimizer
+// ---------------------------------------------------------------------------------------------
+
+// Records the gradients it is asked to apply, and applies p -= g.
+struct RecordingOptimizer {
+  std::vector<std::vector<std::vector<float>>> seen;
+  void update(const mncl::ParamSpans &params, const mncl::GradSpans &grads) {
+    std::vector<std::vector<float>> copy;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      copy.emplace_back(grads[i].begin(), grads[i].end());
+      for (std::size_t j = 0; j < params[i].size(); ++j) params[i][j] -= grads[i][j];
+    }
+    seen.push_back(std::move(copy));
+  }
+};
+
+struct Model {
+  std::vector<std::vector<float>> values, grads;
+  explicit Model(const std::vector<std::size_t> &sizes, float fill) {
+    for (std::size_t n : sizes) {
+      values.emplace_back(n, fill);
+      grads.emplace_back(n, 0.0f);
+    }
+  }
+  mncl::ParamSpans params() {
+    mncl::ParamSpans spans;
+    for (auto &v : values) spans.emplace_back(v);
+    return spans;
+  }
+  mncl::GradSpans grad_spans() {
+    mncl::GradSpans spans;
+    for (auto &g : grads) spans.emplace_back(g.data(), g.size());
+    return spans;
+  }
+};
+
+struct OptimizerCase {
+  mncl::GradDtype dtype;
+  std::size_t fusion_bytes;
+  const char *name;
+};
+
+class MultiNodeOptimizerTest : public Frontends,
+                               public ::testing::WithParamInterface<OptimizerCase> {};
+
+TEST_P(MultiNodeOptimizerTest, FirstUpdateBroadcastsThenGradientsAverage) {
+  const std::vector<std::size_t> sizes{1, 1021, 5, 0, 300};
+  Model model(sizes, 100.0f + rank());  // every rank starts elsewhere
+  mncl::MultiNodeOptimizerOptions options;
+  options.grad_dtype = GetParam().dtype;
+  options.fusion_buffer_bytes = GetParam().fusion_bytes;
+  mncl::MultiNodeOptimizer<RecordingOptimizer> opt(RecordingOptimizer{}, comm(), options);
+
+  for (auto &g : model.grads) std::fill(g.begin(), g.end(), 1e6f);  // must be ignored
+  opt.update(model.params(), model.grad_spans());
+  EXPECT_TRUE(opt.actual_optimizer().seen.empty()) << "the first update stepped";
+  for (const auto &v : model.values) {
+    for (float x : v) ASSERT_EQ(x, 100.0f) << "parameters not broadcast from rank 0";
+  }
+
+  // Gradients rank, rank+1, rank+2 (cycling over the parameters) average to
+  // (size-1)/2 + {0, 1, 2}.
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    std::fill(model.grads[i].begin(), model.grads[i].end(), float(rank() + int(i % 3)));
+  }
+  opt.update(model.params(), model.grad_spans());
+  ASSERT_EQ(opt.actual_optimizer().seen.size(), 1u);
+  const auto &averaged = opt.actual_optimizer().seen[0];
+  const double tolerance = GetParam().dtype == mncl::GradDtype::kFloat32 ? 1e-6 : 2e-2;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    ASSERT_EQ(averaged[i].size(), sizes[i]);
+    const double expected = (size() - 1) / 2.0 + double(i % 3);
+    for (float g : averaged[i]) ASSERT_NEAR(g, expected, tolerance * (1 + expected)) << i;
+  }
+  // And every rank stepped identically.
+  const auto checksum = std::accumulate(model.values[2].begin(), model.values[2].end(), 0.0);
+  EXPECT_EQ(comm().allreduce_value(checksum, mncl::ReduceOp::kMax),
+            comm().allreduce_value(checksum, mncl::ReduceOp::kMin));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Dtypes, MultiNodeOptimizerTest,
+    ::testing::Values(OptimizerCase{mncl::GradDtype::kFloat32, 4 << 20, "f32_one_buffer"},
+                      OptimizerCase{mncl::GradDtype::kFloat32, 64, "f32_64_byte_buffers"},
+                      OptimizerCase{mncl::GradDtype::kFloat32, 0, "f32_per_parameter"},
+                      OptimizerCase{mncl::GradDtype::kFloat16, 100, "f16"},
+                      OptimizerCase{mncl::GradDtype::kBFloat16, 4 << 20, "bf16"}),
+    [](const auto &info) { return std::string(info.param.name); });
+
+TEST_F(Frontends, DoubleBufferingLagsExactlyOneStep) {
+  Model model({4, 9}, 0.0f);
+  mncl::MultiNodeOptimizerOptions options;
+  options.double_buffering = true;
+  options.fusion_buffer_bytes = 16;
+  mncl::MultiNodeOptimizer<RecordingOptimizer> opt(RecordingOptimizer{}, comm(), options);
+  const double mean_rank = (size() - 1) / 2.0;
+  for (int step = 0; step < 6; ++step) {
+    for (auto &g : model.grads) std::fill(g.begin(), g.end(), float(10 * step + rank()));
+    opt.update(model.params(), model.grad_spans());
+    const auto &seen = opt.actual_optimizer().seen;
+    // Update 0 broadcasts, update 1 only starts an exchange, update k >= 2 applies the
+    // average of update k-1's gradients.
+    ASSERT_EQ(seen.size(), std::size_t(std::max(0, step - 1))) << "step " << step;
+    if (step >= 2) {
+      for (const auto &g : seen.back()) {
+        for (float x : g) ASSERT_DOUBLE_EQ(x, 10.0 * (step - 1) + mean_rank) << "step " << step;
+      }
+    }
+  }
+  // synchronize() completes the last exchange without changing what the next step applies.
+  opt.synchronize();
+  EXPECT_DOUBLE_EQ(opt.averaged_grads()[1][0], 50.0 + mean_rank);
+}
+
+TEST_F(Frontends, ZeroFillForMissingGradients) {
+  Model model({3, 2}, 1.0f);
+  mncl::MultiNodeOptimizer<RecordingOptimizer> opt(RecordingOptimizer{}, comm());
+  opt.update(model.params(), model.grad_spans());
+  // Parameter 1 has a gradient on rank 0 only.
+  std::fill(model.grads[0].begin(), model.grads[0].end(), 1.0f);
+  std::fill(model.grads[1].begin(), model.grads[1].end(), float(size()));
+  mncl::GradSpans grads = model.grad_spans();
+  if (rank() != 0) grads[1] = Span<const float>();
+  opt.update(model.params(), grads);
+  EXPECT_FLOAT_EQ(opt.actual_optimizer().seen.at(0)[1][0], 1.0f);  // size / size
+  EXPECT_FLOAT_EQ(model.values[1][1], 0.0f);                       // stepped on every rank alike
+
+  mncl::MultiNodeOptimizerOptions strict;
+  strict.zero_fill = false;
+  mncl::MultiNodeOptimizer<RecordingOptimizer> no_fill(RecordingOptimizer{}, comm(), strict);
+  grads[1] = Span<const float>();
+  EXPECT_THROW(no_fill.update(model.params(), grads), mncl::InvalidArgument);  // local check
+}
+
+TEST_F(Frontends, MultiNodeSgdAndAdamKeepRanksInStep) {
+  for (int which = 0; which < 2; ++which) {
+    Model model({10, 3}, float(rank()));
+    auto run = [&](auto &opt) {
+      for (int step = 0; step < 4; ++step) {
+        for (auto &g : model.grads) {
+          for (std::size_t j = 0; j < g.size(); ++j) g[j] = float(rank() + j + step);
+        }
+        opt.update(model.params(), model.grad_spans());
+      }
+    };
+    if (which == 0) {
+      auto opt = mncl::make_multi_node_optimizer(mncl::Sgd({0.1f, 0.9f, 0.0f}), comm());
+      run(opt);
+    } else {
+      auto opt = mncl::make_multi_node_optimizer(mncl::Adam({0.01f}), comm());
+      run(opt);
+    }
+    const double local = model.values[0][7] + model.values[1][2];
+    EXPECT_EQ(comm().allreduce_value(local, mncl::ReduceOp::kMax),
+              comm().allreduce_value(local, mncl::ReduceOp::kMin));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Datasets
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(Frontends, ScatterIndexTenSamples) {
+  const auto equal = mncl::scatter_index(rank() == 0 ? 10 : 0, comm());  // the root's n counts
+  const auto disjoint = mncl::scatter_index(10, comm(), 0, false);
+  if (size() == 3) {
+    const mncl::ShardRange equal_expected[] = {{0, 4}, {3, 7}, {6, 10}};
+    const mncl::ShardRange disjoint_expected[] = {{0, 3}, {3, 6}, {6, 10}};
+    EXPECT_EQ(equal, equal_expected[rank()]);
+    EXPECT_EQ(disjoint, disjoint_expected[rank()]);
+  }
+  EXPECT_EQ(equal.size(), std::size_t((10 + size() - 1) / size()));
+  EXPECT_EQ(comm().allreduce_value(uint64_t(disjoint.size())), 10u);
+}
+
+TEST_F(Frontends, ScatterDatasetSendsEachRankItsShard) {
+  std::vector<std::string> dataset;
+  if (rank() == 0) {
+    for (int i = 0; i < 10; ++i) dataset.push_back("sample" + std::to_string(i));
+  }
+  const auto shard = mncl::scatter_dataset(dataset, comm());
+  const auto range = mncl::shard_range(10, size(), rank());
+  ASSERT_EQ(shard.size(), range.size());
+  for (std::size_t i = 0; i < shard.size(); ++i) {
+    EXPECT_EQ(shard[i], "sample" + std::to_string(range.begin + i));
+  }
+
+  // Shuffled and disjoint: together the shards hold every sample exactly once.
+  mncl::ScatterOptions options;
+  options.shuffle = true;
+  options.seed = 1234;
+  options.force_equal_length = false;
+  options.root = size() - 1;
+  std::vector<int> numbers;
+  if (rank() == size() - 1) {
+    numbers.resize(101);
+    std::iota(numbers.begin(), numbers.end(), 0);
+  }
+  const auto mine = mncl::scatter_dataset(numbers, comm(), options);
+  EXPECT_EQ(mine.size(), mncl::shard_range(101, size(), rank(), false).size());
+  auto all = comm().allgather_obj(mine);
+  std::vector<int> together;
+  for (const auto &part : all) together.insert(together.end(), part.begin(), part.end());
+  EXPECT_NE(together.front() * 1000 + together[1], 1);  // shuffled (0, 1 first is unlikely)
+  std::sort(together.begin(), together.end());
+  std::vector<int> expected(101);
+  std::iota(expected.begin(), expected.end(), 0);
+  EXPECT_EQ(together, expected);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Evaluator
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(Frontends, EvaluatorWeightsBySampleCount) {
+  mncl::Evaluator evaluator(comm());
+  // Rank r saw r + 1 samples with mean accuracy r.
+  const auto global = evaluator.average({{"accuracy", double(rank())}, {"loss", 1.0}}, rank() + 1);
+  double weighted = 0, count = 0;
+  for (int r = 0; r < size(); ++r) weighted += double(r) * (r + 1), count += r + 1;
+  EXPECT_DOUBLE_EQ(global.at("accuracy"), weighted / count);
+  EXPECT_DOUBLE_EQ(global.at("loss"), 1.0);
+
+  // A rank without samples may report nothing; batch means are weighted by batch sizes.
+  std::vector<int> shard(rank() == 0 ? 0 : 5 + rank(), rank());
+  const auto metrics = evaluator.evaluate(shard, 4, [](const int *batch, std::size_t n) {
+    return mncl::Metrics{{"value", double(std::accumulate(batch, batch + n, 0)) / double(n)}};
+  });
+  if (size() > 1) {
+    double sum = 0, samples = 0;
+    for (int r = 1; r < size(); ++r) sum += double(r) * (5 + r), samples += 5 + r;
+    EXPECT_DOUBLE_EQ(metrics.at("value"), sum / samples);
+  } else {
+    EXPECT_TRUE(metrics.empty());
+  }
+
+  if (size() > 1) {  // names that differ between ranks fail on every rank alike
+    EXPECT_THROW(evaluator.average({{rank() == 0 ? "a" : "b", 1.0}}, 1), mncl::InvalidArgument);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checkpointer (the kill-a-rank scenario runs as its own test: checkpoint_resume_test.sh)
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(Frontends, CheckpointerAgreesOnTheNewestCommonIteration) {
+  std::string dir = "/tmp/mncl-ckpt-mp-XXXXXX";
+  if (rank() == 0) {
+    ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  }
+  comm().bcast_obj(dir);
+  mncl::Checkpointer ckpt(comm(), dir, "state", {3, false, false});
+  for (uint64_t it = 1; it <= 4; ++it) {
+    // The last rank "dies" before saving 4; rank 0's 3 is corrupt.
+    if (it == 4 && rank() == size() - 1) break;
+    ckpt.save(it, std::vector<int>{rank(), int(it)});
+  }
+  if (rank() == 0) {
+    std::FILE *f = std::fopen(ckpt.path(3).c_str(), "r+b");
+    ASSERT_NE(f, nullptr);
+    std::fseek(f, -1, SEEK_END);
+    std::fputc('!', f);
+    std::fclose(f);
+  }
+  comm().barrier();
+  std::vector<int> state;
+  const auto resumed = ckpt.resume(state);
+  // size 1: rank 0 is also the last rank (3 corrupt, 4 never saved) -> 2.
+  ASSERT_TRUE(resumed.has_value());
+  EXPECT_EQ(*resumed, 2u);
+  EXPECT_EQ(state, (std::vector<int>{rank(), 2}));
+  comm().barrier();
+  if (rank() == 0) std::system(("rm -rf '" + dir + "'").c_str());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Model parallelism
+// ---------------------------------------------------------------------------------------------
+
+// The five links of a small MLP, built identically on every rank from fixed seeds.
+std::vector<std::shared_ptr<mncl::Link>> mlp_links() {
+  return {std::make_shared<mncl::Dense>(6, 16, 11), std::make_shared<mncl::ReLU>(),
+          std::make_shared<mncl::Dense>(16, 12, 12), std::make_shared<mncl::ReLU>(),
+          std::make_shared<mncl::Dense>(12, 4, 13)};
+}
+
+mncl::Tensor test_input() {
+  mncl::Tensor x({5, 6});
+  for (std::size_t k = 0; k < x.data.size(); ++k) x.data[k] = std::sin(0.7f * float(k)) + 0.1f;
+  return x;
+}
+const std::vector<int32_t> kLabels{0, 3, 1, 2, 3};
+
+struct Reference {
+  mncl::Tensor logits, grad_x;
+  float loss = 0;
+  std::vector<std::vector<float>> param_grads;  // per link, its parameters' gradients
+};
+
+Reference run_reference() {
+  auto links = mlp_links();
+  mncl::Sequential mlp(links);
+  Reference ref;
+  ref.logits = mlp.forward(test_input());
+  mncl::SoftmaxCrossEntropy loss;
+  ref.loss = loss.forward(ref.logits, kLabels);
+  ref.grad_x = mlp.backward(loss.backward());
+  for (auto &link : links) {
+    std::vector<float> all;
+    for (auto *p : link->parameters()) all.insert(all.end(), p->grad.begin(), p->grad.end());
+    ref.param_grads.push_back(all);
+  }
+  return ref;
+}
+
+void expect_near(const std::vector<float> &a, const std::vector<float> &b, const char *what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (std::size_t k = 0; k < a.size(); ++k) EXPECT_NEAR(a[k], b[k], 1e-5f) << what << " " << k;
+}
+
+// Stage s of `stages` runs links [first[s], first[s+1]) on rank s, in a pipeline.
+TEST_F(Frontends, ModelParallelPipelineMatchesOneRank) {
+  const Reference ref = run_reference();
+  const int stages = std::min(size(), 3);
+  const std::vector<std::vector<int>> stage_links[] = {
+      {}, {{0, 1, 2, 3, 4}}, {{0, 1, 2, 3}, {4}}, {{0, 1}, {2, 3}, {4}}};
+  if (rank() >= stages) return;  // idle ranks
+  auto links = mlp_links();
+  std::vector<int> mine = stage_links[stages][rank()];
+  auto stage = std::make_shared<mncl::Sequential>();
+  for (int k : mine) stage->add(links[k]);
+  mncl::MultiNodeChainList chain(comm());
+  chain.add_link(stage, rank() > 0 ? std::optional<int>(rank() - 1) : std::nullopt,
+                 rank() + 1 < stages ? std::optional<int>(rank() + 1) : std::nullopt);
+
+  const mncl::Tensor y = chain.forward(rank() == 0 ? test_input() : mncl::Tensor());
+  mncl::Tensor grad_y;
+  if (rank() == stages - 1) {
+    expect_near(y.data, ref.logits.data, "logits");
+    mncl::SoftmaxCrossEntropy loss;
+    EXPECT_NEAR(loss.forward(y, kLabels), ref.loss, 1e-6f);
+    grad_y = loss.backward();
+  } else {
+    EXPECT_TRUE(y.empty());
+  }
+  const mncl::Tensor grad_x = chain.backward(grad_y);
+  if (rank() == 0) {
+    expect_near(grad_x.data, ref.grad_x.data, "input gradient");
+  }
+  for (int k : mine) {
+    std::vector<float> all;
+    for (auto *p : links[k]->parameters()) all.insert(all.end(), p->grad.begin(), p->grad.end());
+    expect_near(all, ref.param_grads[k], "parameter gradient");
+  }
+}
+
+// ChainerMN's "there and back" placement: rank 0 holds the first and last links, rank 1 the
+// middle, so rank 0 has two links with different peers.
+TEST_F(Frontends, ModelParallelThereAndBackMatchesOneRank) {
+  if (size() < 2) GTEST_SKIP() << "needs two ranks";
+  const Reference ref = run_reference();
+  if (rank() > 1) return;
+  auto links = mlp_links();
+  mncl::MultiNodeChainList chain(comm());
+  if (rank() == 0) {
+    chain.add_link(std::make_shared<mncl::Sequential>(
+                       std::vector<std::shared_ptr<mncl::Link>>{links[0], links[1]}),
+                   std::nullopt, 1);
+    chain.add_link(links[4], 1, std::nullopt);
+  } else {
+    chain.add_link(std::make_shared<mncl::Sequential>(
+                       std::vector<std::shared_ptr<mncl::Link>>{links[2], links[3]}),
+                   0, 0);
+  }
+  const mncl::Tensor y = chain.forward(rank() == 0 ? test_input() : mncl::Tensor());
+  mncl::Tensor grad_y;
+  if (rank() == 0) {
+    expect_near(y.data, ref.logits.data, "logits");
+    mncl::SoftmaxCrossEntropy loss;
+    loss.forward(y, kLabels);
+    grad_y = loss.backward();
+  }
+  const mncl::Tensor grad_x = chain.backward(grad_y);
+  if (rank() == 0) {
+    expect_near(grad_x.data, ref.grad_x.data, "input gradient");
+  }
+  for (int k : rank() == 0 ? std::vector<int>{0, 4} : std::vector<int>{2}) {
+    std::vector<float> all;
+    for (auto *p : links[k]->parameters()) all.insert(all.end(), p->grad.begin(), p->grad.end());
+    expect_near(all, ref.param_grads[k], "parameter gradient");
+  }
+  EXPECT_THROW(chain.add_link(links[1], rank(), std::nullopt), mncl::InvalidArgument);
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  ::testing::AddGlobalTestEnvironment(new World);
+  const char *rank_env = std::getenv("MNCL_RANK");
+  if (!rank_env) rank_env = std::getenv("OMPI_COMM_WORLD_RANK");  // under mpirun
+  if (!rank_env) rank_env = std::getenv("PMI_RANK");
+  if (rank_env && std::atoi(rank_env) != 0) {
+    auto &listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new FailurePrinter);
+  }
+  return RUN_ALL_TESTS();
+}

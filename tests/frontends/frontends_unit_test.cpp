@@ -1,0 +1,431 @@
+// Single-process tests of the frontends: serialization, 16-bit floats, shard arithmetic, the
+// optimizers' math, the layers' gradients (against finite differences), and the checkpoint file
+// format (on a one-rank communicator).
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "mncl/frontends.hpp"
+
+namespace {
+
+using mncl::Span;
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------------------------
+
+TEST(Errors, StatusesMapToTheirClasses) {
+  auto thrown_status = [](mncl_status_t status) {
+    try {
+      mncl::throw_status(status, "mncl_test_call");
+    } catch (const mncl::Error &e) {
+      EXPECT_NE(std::string(e.what()).find("mncl_test_call"), std::string::npos) << e.what();
+      return e.status();
+    }
+    return MNCL_OK;
+  };
+  EXPECT_THROW(mncl::throw_status(MNCL_ERR_TIMEOUT, "x"), mncl::TimeoutError);
+  EXPECT_THROW(mncl::throw_status(MNCL_ERR_REMOTE, "x"), mncl::RemoteError);
+  EXPECT_THROW(mncl::throw_status(MNCL_ERR_INVALID_ARGUMENT, "x"), mncl::InvalidArgument);
+  EXPECT_THROW(mncl::throw_status(MNCL_ERR_ABORTED, "x"), mncl::AbortedError);
+  EXPECT_THROW(mncl::throw_status(MNCL_ERR_PLUGIN, "x"), mncl::PluginError);
+  for (mncl_status_t status : {MNCL_ERR_INVALID_ARGUMENT, MNCL_ERR_NOT_SUPPORTED, MNCL_ERR_TIMEOUT,
+                               MNCL_ERR_REMOTE, MNCL_ERR_ABORTED, MNCL_ERR_PLUGIN,
+                               MNCL_ERR_BOOTSTRAP, MNCL_ERR_SYSTEM, MNCL_ERR_INTERNAL}) {
+    EXPECT_EQ(thrown_status(status), status);
+  }
+  EXPECT_NO_THROW(mncl::check(MNCL_OK, "x"));
+  EXPECT_THROW(mncl::check(MNCL_IN_PROGRESS, "x"), mncl::InternalError);
+}
+
+TEST(Errors, CApiFailureCarriesTheLibraryMessage) {
+  mncl_config_t config = MNCL_CONFIG_INIT;
+  config.magic = 0;  // rejected before anything is created
+  mncl_comm_t comm = nullptr;
+  try {
+    mncl::check(mncl_comm_create(&config, &comm), "mncl_comm_create");
+    FAIL() << "a config without its magic was accepted";
+  } catch (const mncl::InvalidArgument &e) {
+    EXPECT_NE(std::string(e.what()).find("mncl_comm_create: "), std::string::npos);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Serialization
+// ---------------------------------------------------------------------------------------------
+
+struct Point {  // trivially copyable: bytes as they are
+  int32_t x, y;
+  bool operator==(const Point &o) const { return x == o.x && y == o.y; }
+};
+
+struct Record {  // a user type with its own format
+  std::string name;
+  std::vector<Point> points;
+  std::map<std::string, double> scores;
+  void save(mncl::OutArchive &ar) const { ar << name << points << scores; }
+  void load(mncl::InArchive &ar) { ar >> name >> points >> scores; }
+  bool operator==(const Record &o) const {
+    return name == o.name && points == o.points && scores == o.scores;
+  }
+};
+
+template <class T>
+T round_trip(const T &value) {
+  return mncl::from_bytes<T>(mncl::to_bytes(value));
+}
+
+TEST(Serialize, RoundTrips) {
+  EXPECT_EQ(round_trip(42), 42);
+  EXPECT_EQ(round_trip(2.5), 2.5);
+  EXPECT_EQ(round_trip(std::string()), "");
+  EXPECT_EQ(round_trip(std::string("héllo\0x", 8)), std::string("héllo\0x", 8));
+  EXPECT_EQ(round_trip(std::vector<float>{1, 2, 3}), (std::vector<float>{1, 2, 3}));
+  EXPECT_EQ(round_trip(std::vector<bool>{true, false, true}), (std::vector<bool>{1, 0, 1}));
+  EXPECT_EQ(round_trip(std::vector<std::string>{"a", "", "ccc"}),
+            (std::vector<std::string>{"a", "", "ccc"}));
+  EXPECT_EQ(round_trip(std::pair<int, std::string>{7, "seven"}),
+            (std::pair<int, std::string>{7, "seven"}));
+  EXPECT_EQ(round_trip(std::array<std::string, 2>{"x", "y"}),
+            (std::array<std::string, 2>{"x", "y"}));
+  const Record record{"r", {{1, 2}, {3, 4}}, {{"acc", 0.5}, {"loss", 1.25}}};
+  EXPECT_EQ(round_trip(record), record);
+  EXPECT_EQ(round_trip(std::vector<Record>{record, Record{}}),
+            (std::vector<Record>{record, Record{}}));
+  static_assert(mncl::is_serializable<Record>());
+  static_assert(mncl::is_serializable<std::vector<std::map<int, Point>>>());
+  static_assert(!mncl::is_serializable<int *>());
+  static_assert(!mncl::is_serializable<std::vector<std::vector<int *>>>());
+}
+
+TEST(Serialize, BadInputThrowsInsteadOfReadingPastTheEnd) {
+  auto bytes = mncl::to_bytes(std::vector<std::string>{"alpha", "beta"});
+  for (std::size_t cut = 0; cut < bytes.size(); ++cut) {
+    EXPECT_THROW(mncl::from_bytes<std::vector<std::string>>(Span<const uint8_t>(bytes.data(), cut)),
+                 mncl::SerializationError)
+        << "cut at " << cut;
+  }
+  bytes.push_back(0);
+  EXPECT_THROW(mncl::from_bytes<std::vector<std::string>>(bytes), mncl::SerializationError);
+  // A length prefix claiming far more than is there: no huge allocation, an error.
+  const std::vector<uint8_t> absurd = mncl::to_bytes(uint64_t{1} << 60);
+  EXPECT_THROW(mncl::from_bytes<std::vector<double>>(absurd), mncl::SerializationError);
+  EXPECT_THROW(mncl::from_bytes<std::string>(absurd), mncl::SerializationError);
+  EXPECT_THROW(mncl::from_bytes<std::vector<std::string>>(absurd), mncl::SerializationError);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 16-bit floats
+// ---------------------------------------------------------------------------------------------
+
+TEST(Dtype, Float16KnownValues) {
+  EXPECT_EQ(mncl::to_float16(0.0f).bits, 0x0000);
+  EXPECT_EQ(mncl::to_float16(-0.0f).bits, 0x8000);
+  EXPECT_EQ(mncl::to_float16(1.0f).bits, 0x3c00);
+  EXPECT_EQ(mncl::to_float16(-2.0f).bits, 0xc000);
+  EXPECT_EQ(mncl::to_float16(65504.0f).bits, 0x7bff);
+  EXPECT_EQ(mncl::to_float16(65519.0f).bits, 0x7bff);  // rounds down
+  EXPECT_EQ(mncl::to_float16(65520.0f).bits, 0x7c00);  // rounds to infinity
+  EXPECT_EQ(mncl::to_float16(std::numeric_limits<float>::infinity()).bits, 0x7c00);
+  EXPECT_EQ(mncl::to_float16(std::ldexp(1.0f, -24)).bits, 0x0001);  // smallest subnormal
+  EXPECT_EQ(mncl::to_float16(std::ldexp(1.0f, -25)).bits, 0x0000);  // tie to even: zero
+  EXPECT_EQ(mncl::to_float16(std::ldexp(3.0f, -26)).bits, 0x0001);  // above the tie
+  EXPECT_EQ(mncl::to_float16(std::ldexp(1.0f, -14)).bits, 0x0400);  // smallest normal
+  // Ties to even between 1 and the next half (1 + 2^-10).
+  EXPECT_EQ(mncl::to_float16(1.0f + std::ldexp(1.0f, -11)).bits, 0x3c00);
+  EXPECT_EQ(mncl::to_float16(1.0f + 3 * std::ldexp(1.0f, -11)).bits, 0x3c02);
+  EXPECT_TRUE(std::isnan(mncl::to_float(mncl::to_float16(std::nanf("")))));
+}
+
+TEST(Dtype, Float16RoundTripsEveryHalf) {
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    const mncl::Float16 half{static_cast<uint16_t>(bits)};
+    const float f = mncl::to_float(half);
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(mncl::to_float16(f).bits, bits) << "half bits " << bits;
+  }
+}
+
+TEST(Dtype, BFloat16) {
+  EXPECT_EQ(mncl::to_bfloat16(1.0f).bits, 0x3f80);
+  EXPECT_EQ(mncl::to_float(mncl::BFloat16{0x4049}), 3.140625f);
+  EXPECT_EQ(mncl::to_bfloat16(1.0f + std::ldexp(1.0f, -8)).bits, 0x3f80);  // tie to even
+  EXPECT_EQ(mncl::to_bfloat16(1.0f + 3 * std::ldexp(1.0f, -8)).bits, 0x3f82);
+  EXPECT_TRUE(std::isnan(mncl::to_float(mncl::to_bfloat16(std::nanf("")))));
+  static_assert(mncl::dtype_of<mncl::BFloat16>() == MNCL_BFLOAT16);
+  static_assert(mncl::dtype_of<int64_t>() == MNCL_INT64);
+  static_assert(mncl::dtype_of<const uint8_t>() == MNCL_UINT8);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Spans
+// ---------------------------------------------------------------------------------------------
+
+TEST(Span, ViewsContainersWithoutCopying) {
+  std::vector<float> v{1, 2, 3};
+  Span<float> s(v);
+  Span<const float> c = s;
+  EXPECT_EQ(c.data(), v.data());
+  EXPECT_EQ(c.size(), 3u);
+  EXPECT_EQ(s.subspan(1).size(), 2u);
+  EXPECT_EQ(s.subspan(5, 1).size(), 0u);
+  int array[4] = {};
+  EXPECT_EQ(Span<int>(array).size(), 4u);
+  static_assert(!std::is_constructible_v<Span<float>, const std::vector<float> &>);
+  static_assert(!std::is_constructible_v<Span<float>, std::vector<double> &>);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shards
+// ---------------------------------------------------------------------------------------------
+
+TEST(ScatterIndex, TenSamplesThreeRanks) {
+  using R = mncl::ShardRange;
+  // Equal lengths of ceil(10/3) = 4: shards overlap (samples 3 and 6 appear twice).
+  EXPECT_EQ(mncl::shard_range(10, 3, 0, true), (R{0, 4}));
+  EXPECT_EQ(mncl::shard_range(10, 3, 1, true), (R{3, 7}));
+  EXPECT_EQ(mncl::shard_range(10, 3, 2, true), (R{6, 10}));
+  // Disjoint, lengths differing by at most one.
+  EXPECT_EQ(mncl::shard_range(10, 3, 0, false), (R{0, 3}));
+  EXPECT_EQ(mncl::shard_range(10, 3, 1, false), (R{3, 6}));
+  EXPECT_EQ(mncl::shard_range(10, 3, 2, false), (R{6, 10}));
+  EXPECT_THROW(mncl::shard_range(10, 3, 3), mncl::InvalidArgument);
+}
+
+TEST(ScatterIndex, PropertiesForManySizes) {
+  for (std::size_t n = 0; n <= 60; ++n) {
+    for (int size = 1; size <= 9; ++size) {
+      std::size_t covered = 0;
+      std::size_t shortest = n, longest = 0;
+      for (int rank = 0; rank < size; ++rank) {
+        const auto equal = mncl::shard_range(n, size, rank, true);
+        EXPECT_EQ(equal.size(), (n + size - 1) / size) << n << "/" << size;
+        EXPECT_LE(equal.end, n);
+        const auto disjoint = mncl::shard_range(n, size, rank, false);
+        EXPECT_EQ(disjoint.begin, covered) << n << "/" << size << " rank " << rank;
+        EXPECT_EQ(disjoint.begin, equal.begin);
+        covered = disjoint.end;
+        shortest = std::min(shortest, disjoint.size());
+        longest = std::max(longest, disjoint.size());
+      }
+      EXPECT_EQ(covered, n);
+      EXPECT_LE(longest - std::min(shortest, longest), 1u);
+    }
+  }
+}
+
+TEST(ScatterIndex, PermutationIsReproducible) {
+  const auto a = mncl::permutation(1000, 7);
+  EXPECT_EQ(a, mncl::permutation(1000, 7));
+  EXPECT_NE(a, mncl::permutation(1000, 8));
+  auto sorted = a;
+  std::sort(sorted.begin(), sorted.end());
+  for (std::size_t i = 0; i < sorted.size(); ++i) ASSERT_EQ(sorted[i], i);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Optimizers
+// ---------------------------------------------------------------------------------------------
+
+TEST(Optimizers, SgdWithMomentum) {
+  std::vector<float> p{1.0f, -1.0f};
+  const std::vector<float> g{0.5f, -0.25f};
+  mncl::Sgd sgd({0.1f, 0.9f, 0.0f});
+  sgd.update({Span<float>(p)}, {Span<const float>(g)});
+  EXPECT_FLOAT_EQ(p[0], 1.0f - 0.05f);
+  sgd.update({Span<float>(p)}, {Span<const float>(g)});
+  // v2 = 0.9 * (-0.05) - 0.05 = -0.095
+  EXPECT_FLOAT_EQ(p[0], 0.95f - 0.095f);
+  EXPECT_FLOAT_EQ(p[1], -1.0f + 0.025f + 0.0475f);
+  std::vector<float> other(3);
+  const std::vector<float> other_g(3);
+  EXPECT_THROW(sgd.update({Span<float>(other)}, {Span<const float>(other_g)}),
+               mncl::InvalidArgument);
+}
+
+TEST(Optimizers, AdamFirstStepMovesByLr) {
+  // With bias correction the first Adam step is lr * sign(g) (up to eps).
+  std::vector<float> p{0.0f, 0.0f, 0.0f};
+  const std::vector<float> g{3.0f, -0.001f, 0.0f};
+  mncl::Adam adam({0.01f});
+  adam.update({Span<float>(p)}, {Span<const float>(g)});
+  EXPECT_NEAR(p[0], -0.01f, 1e-6);
+  EXPECT_NEAR(p[1], 0.01f, 1e-5);
+  EXPECT_EQ(p[2], 0.0f);
+  EXPECT_EQ(adam.steps(), 1u);
+  // State survives a round trip.
+  mncl::Adam restored({0.01f});
+  mncl::from_bytes(mncl::to_bytes(adam), restored);
+  std::vector<float> p2 = p;
+  adam.update({Span<float>(p)}, {Span<const float>(g)});
+  restored.update({Span<float>(p2)}, {Span<const float>(g)});
+  EXPECT_EQ(p, p2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Layers: analytic gradients against central differences (in double-checked float).
+// ---------------------------------------------------------------------------------------------
+
+mncl::Tensor random_tensor(std::vector<int64_t> shape, uint32_t seed) {
+  mncl::Tensor t(std::move(shape));
+  uint32_t state = seed;
+  for (float &v : t.data) {
+    state = state * 1664525u + 1013904223u;
+    v = static_cast<float>(state >> 8) / static_cast<float>(1u << 24) * 2.0f - 1.0f;
+  }
+  return t;
+}
+
+TEST(Links, DenseReluSoftmaxGradientsMatchFiniteDifferences) {
+  mncl::Sequential mlp;
+  mlp.emplace<mncl::Dense>(5, 7, 1).emplace<mncl::ReLU>().emplace<mncl::Dense>(7, 3, 2);
+  const mncl::Tensor x = random_tensor({4, 5}, 3);
+  const std::vector<int32_t> labels{0, 2, 1, 2};
+  mncl::SoftmaxCrossEntropy loss_fn;
+  auto loss_at = [&](const mncl::Tensor &input) {
+    mncl::SoftmaxCrossEntropy f;
+    return static_cast<double>(f.forward(mlp.forward(input), labels));
+  };
+  loss_fn.forward(mlp.forward(x), labels);
+  const mncl::Tensor grad_x = mlp.backward(loss_fn.backward());
+  // Copy the analytic gradients before probing (forward/backward overwrite caches).
+  std::vector<std::vector<float>> grads;
+  for (auto *p : mlp.parameters()) grads.push_back(p->grad);
+
+  const float h = 1e-2f;
+  auto params = mlp.parameters();
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    for (std::size_t j = 0; j < params[k]->value.size(); ++j) {
+      float &w = params[k]->value[j];
+      const float saved = w;
+      w = saved + h;
+      const double up = loss_at(x);
+      w = saved - h;
+      const double down = loss_at(x);
+      w = saved;
+      EXPECT_NEAR(grads[k][j], (up - down) / (2 * h), 2e-3) << "parameter " << k << "[" << j << "]";
+    }
+  }
+  for (std::size_t j = 0; j < x.data.size(); ++j) {
+    mncl::Tensor probe = x;
+    probe.data[j] += h;
+    const double up = loss_at(probe);
+    probe.data[j] -= 2 * h;
+    const double down = loss_at(probe);
+    EXPECT_NEAR(grad_x.data[j], (up - down) / (2 * h), 2e-3) << "input " << j;
+  }
+}
+
+TEST(Links, SoftmaxCrossEntropyValuesAndAccuracy) {
+  mncl::SoftmaxCrossEntropy f;
+  const mncl::Tensor logits({2, 3}, {0.0f, 0.0f, 0.0f, 10.0f, 0.0f, 0.0f});
+  const std::vector<int32_t> labels{1, 0};
+  const float loss = f.forward(logits, labels);
+  const double expected = (std::log(3.0) + std::log(1.0 + 2.0 * std::exp(-10.0))) / 2.0;
+  EXPECT_NEAR(loss, expected, 1e-6);
+  EXPECT_EQ(f.correct(), 1u);  // row 0 is a three-way tie: argmax 0 != 1
+  const std::vector<int32_t> bad{1, 3};
+  EXPECT_THROW(f.forward(logits, bad), mncl::InvalidArgument);
+}
+
+TEST(Links, DenseRejectsWrongShapes) {
+  mncl::Dense dense(4, 2, 0);
+  EXPECT_THROW(dense.forward(mncl::Tensor({3, 5})), mncl::InvalidArgument);
+  EXPECT_THROW(dense.backward(mncl::Tensor({3, 2})), mncl::InvalidArgument);  // no forward yet
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoint files, on a one-rank communicator
+// ---------------------------------------------------------------------------------------------
+
+class CheckpointFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char pattern[] = "/tmp/mncl-ckpt-unit-XXXXXX";
+    ASSERT_NE(mkdtemp(pattern), nullptr);
+    dir_ = pattern;
+    mncl::CommunicatorOptions options;
+    options.rank = 0;
+    options.size = 1;
+    comm_ = std::make_unique<mncl::Communicator>(options);
+  }
+  void TearDown() override {
+    comm_.reset();
+    std::system(("rm -rf '" + dir_ + "'").c_str());
+  }
+  static void corrupt_byte(const std::string &path, long offset) {
+    std::FILE *f = std::fopen(path.c_str(), "r+b");
+    ASSERT_NE(f, nullptr);
+    std::fseek(f, offset, offset < 0 ? SEEK_END : SEEK_SET);
+    const int c = std::fgetc(f);
+    std::fseek(f, offset, offset < 0 ? SEEK_END : SEEK_SET);
+    std::fputc(c ^ 0x5a, f);
+    std::fclose(f);
+  }
+  std::string dir_;
+  std::unique_ptr<mncl::Communicator> comm_;
+  mncl::CheckpointerOptions quiet_{2, false, false};
+};
+
+TEST_F(CheckpointFiles, SaveResumeAndPrune) {
+  mncl::Checkpointer ckpt(*comm_, dir_ + "/nested/dir", "model", quiet_);
+  std::vector<std::string> state;
+  EXPECT_FALSE(ckpt.resume(state).has_value());
+  for (uint64_t it = 1; it <= 5; ++it)
+    ckpt.save(it, std::vector<std::string>{"it", std::to_string(it)});
+  EXPECT_EQ(ckpt.local_iterations(), (std::vector<uint64_t>{4, 5}));  // keep = 2
+  EXPECT_EQ(ckpt.path(5), dir_ + "/nested/dir/model.0.5");
+  EXPECT_EQ(ckpt.resume(state), std::optional<uint64_t>(5));
+  EXPECT_EQ(state, (std::vector<std::string>{"it", "5"}));
+}
+
+TEST_F(CheckpointFiles, CorruptAndPartialFilesAreSkipped) {
+  mncl::Checkpointer ckpt(*comm_, dir_, "m", {4, false, false});
+  for (uint64_t it = 1; it <= 4; ++it) ckpt.save(it, std::vector<float>(100, float(it)));
+  corrupt_byte(ckpt.path(4), -1);  // payload bit flip
+  corrupt_byte(ckpt.path(3), 20);  // header bit flip
+  {                                // 2: truncated (a crash before the data reached the disk)
+    const auto bytes = ckpt.read_snapshot(2);
+    ASSERT_TRUE(bytes.has_value());
+    ASSERT_EQ(truncate(ckpt.path(2).c_str(), 60), 0);
+  }
+  std::ofstream(ckpt.path(9) + ".tmp") << "half-written";  // a temporary is never a snapshot
+  std::ofstream(dir_ + "/m.0.7") << "not a checkpoint at all";
+  std::string why;
+  EXPECT_FALSE(ckpt.read_snapshot(4, &why).has_value());
+  EXPECT_NE(why.find("checksum"), std::string::npos) << why;
+  EXPECT_FALSE(ckpt.read_snapshot(2, &why).has_value());
+  EXPECT_NE(why.find("payload"), std::string::npos) << why;
+  EXPECT_EQ(ckpt.local_iterations(), (std::vector<uint64_t>{1}));
+  std::vector<float> state;
+  EXPECT_EQ(ckpt.resume(state), std::optional<uint64_t>(1));
+  EXPECT_EQ(state, std::vector<float>(100, 1.0f));
+  // Resuming at 1 deletes the abandoned newer files.
+  EXPECT_EQ(access(ckpt.path(7).c_str(), F_OK), -1);
+}
+
+TEST_F(CheckpointFiles, SnapshotThatDoesNotDeserializeFallsBack) {
+  mncl::Checkpointer ckpt(*comm_, dir_, "m", {3, false, false});
+  ckpt.save(1, std::vector<float>{1.0f});
+  ckpt.save(2, std::string("a different type"));
+  std::vector<float> state;
+  EXPECT_EQ(ckpt.resume(state), std::optional<uint64_t>(1));
+  EXPECT_EQ(state, std::vector<float>{1.0f});
+}
+
+TEST(Crc32, KnownValue) {
+  EXPECT_EQ(mncl::crc32("123456789", 9), 0xcbf43926u);
+  EXPECT_EQ(mncl::crc32("", 0), 0u);
+}
+
+}  // namespace
