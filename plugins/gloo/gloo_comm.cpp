@@ -36,6 +36,7 @@ using std::chrono::milliseconds;
 // Slot prefixes of our own transfers; Gloo's collectives use 0x01..0x08 (gloo/types.h).
 constexpr uint8_t kReduceScatterSlotPrefix = 0x40;
 constexpr uint8_t kP2PSlotPrefix = 0x41;
+constexpr uint8_t kShutdownSlotPrefix = 0x42;
 // Tag of the barrier that ends comm_create; coll->seq never gets there in practice.
 constexpr uint32_t kCreateBarrierTag = 0xffffffffu;
 constexpr int64_t kFallbackTimeoutMs = 300000;
@@ -267,8 +268,41 @@ Comm::Comm(const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host, const Sett
 }
 
 Comm::~Comm() {
+  if (!aborted_.load()) {
+    try {
+      quiesce();
+    } catch (const std::exception &e) {
+      MNCL_KIT_LOG(host_, MNCL_LOG_WARN, "gloo: comm '%s' rank %d: closing without the final "
+                   "exchange: %s", comm_id_.c_str(), rank_, e.what());
+    }
+  }
   context_.reset();  // closes the pairs before their device goes
   device_.reset();
+}
+
+// Some Gloo algorithms (ring_chunked) return before their last send has left this process, and
+// closing the pairs then would cut it off. Every rank sends a token to every peer and waits
+// for all tokens in and out: TCP keeps each pair's bytes in order, so every earlier message has
+// been delivered when the peer's token arrives, and every peer has its token before we close.
+void Comm::quiesce() {
+  if (size_ == 1 || !context_) return;
+  const auto timeout = milliseconds(default_timeout_ms_);
+  char token = 1;
+  std::vector<char> tokens(static_cast<size_t>(size_));
+  auto out = context_->createUnboundBuffer(&token, 1);
+  auto in = context_->createUnboundBuffer(tokens.data(), tokens.size());
+  const uint64_t slot = gloo::Slot::build(kShutdownSlotPrefix, 0);
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    in->recv(peer, slot, static_cast<size_t>(peer), 1);
+    out->send(peer, slot);
+  }
+  for (int i = 1; i < size_; ++i) {
+    if (!in->waitRecv(timeout)) throw kit::Error(MNCL_ERR_ABORTED, "aborted while closing");
+  }
+  for (int i = 1; i < size_; ++i) {
+    if (!out->waitSend(timeout)) throw kit::Error(MNCL_ERR_ABORTED, "aborted while closing");
+  }
 }
 
 void Comm::abort() {

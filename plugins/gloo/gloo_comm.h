@@ -89,6 +89,7 @@ class Comm {
   void send(Op &op, const mncl_coll_v1_t &c);
   void recv(Op &op, const mncl_coll_v1_t &c);
 
+  void quiesce();
   void wait_recv(Op &op, gloo::transport::UnboundBuffer &buf, int peer);
   void wait_send(Op &op, gloo::transport::UnboundBuffer &buf, int peer);
 

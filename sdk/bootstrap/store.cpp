@@ -87,6 +87,7 @@ class PrefixStore final : public Store {
   }
   bool erase(const std::string &key) override { return base_->erase(prefix_ + key); }
   std::string describe() const override { return base_->describe(); }
+  void stop_accepting() override { base_->stop_accepting(); }
 
  private:
   std::shared_ptr<Store> base_;

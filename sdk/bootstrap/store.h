@@ -43,6 +43,9 @@ class Store {
   virtual bool erase(const std::string &key) = 0;
   // "tcp://127.0.0.1:29500" or "file:///shared/dir", for messages.
   virtual std::string describe() const = 0;
+  // On the rank hosting a TCP store: accept no new connections (existing ones keep working).
+  // Called when that rank starts tearing the job's store down. A no-op for other stores.
+  virtual void stop_accepting() {}
 };
 
 // Opens the store named by url for a rank of a job of `size` ranks. For tcp://, rank 0 starts

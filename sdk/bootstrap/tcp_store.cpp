@@ -61,8 +61,22 @@ TcpStore::TcpStore(const std::string &host, uint16_t port, const std::string &to
     : server_(std::move(server)),
       url_(net::tcp_url(host, port)),
       io_timeout_(std::max(opts.timeout, milliseconds(1000))) {
-  connect_with_retry(host, port, opts);
-  handshake(token);
+  const auto deadline = Clock::now() + opts.timeout;
+  for (auto backoff = milliseconds(10);; backoff = std::min(backoff * 2, milliseconds(200))) {
+    WaitOptions left = opts;
+    left.timeout = std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(
+                                                 deadline - Clock::now()));
+    connect_with_retry(host, port, left);
+    if (handshake(token)) break;
+    // A server that is shutting down (the previous communicator on this address) resets the
+    // connections still in its backlog: retry until the next server answers.
+    MNCL_CHECK(Clock::now() < deadline, MNCL_ERR_BOOTSTRAP,
+               "the store at %s kept closing the connection during the handshake for %.1f s",
+               url_.c_str(), seconds(opts.timeout));
+    socket_.reset();
+    broken_.clear();
+    std::this_thread::sleep_for(backoff);
+  }
   MNCL_INFO("connected to the store at %s", url_.c_str());
 }
 
@@ -112,17 +126,17 @@ void TcpStore::connect_with_retry(const std::string &host, uint16_t port, const 
   }
 }
 
-void TcpStore::handshake(const std::string &token) {
+bool TcpStore::handshake(const std::string &token) {
   std::lock_guard<std::mutex> lock(mutex_);
   Reply reply;
   try {
     reply = call(wire::encode_hello(token));
   } catch (const Error &e) {
-    throw Error(MNCL_ERR_BOOTSTRAP,
-                format("the store at %s closed the connection during the handshake: %s",
-                       url_.c_str(), e.what()));
+    MNCL_INFO("the store at %s closed the connection during the handshake: %s", url_.c_str(),
+              e.what());
+    return false;
   }
-  if (reply.op == wire::Op::kOk) return;
+  if (reply.op == wire::Op::kOk) return true;
   socket_.reset();
   MNCL_CHECK(!(reply.op == wire::Op::kRefused && reply.message.text == "token"), MNCL_ERR_BOOTSTRAP,
              "the store at %s refused this rank's token (MNCL_STORE_TOKEN differs)", url_.c_str());

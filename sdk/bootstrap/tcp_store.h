@@ -28,6 +28,10 @@ class TcpStoreServer {
   TcpStoreServer &operator=(const TcpStoreServer &) = delete;
 
   uint16_t port() const;
+  // Closes the listening sockets; connected clients keep being served. Used when the job's
+  // last communicator on rank 0 is being destroyed, so that a rank that already re-creates one
+  // on the same address waits for the next server instead of joining this dying one.
+  void stop_accepting();
 
  private:
   struct Impl;
@@ -52,6 +56,9 @@ class TcpStore final : public Store {
                                 const WaitOptions &opts) override;
   bool erase(const std::string &key) override;
   std::string describe() const override { return url_; }
+  void stop_accepting() override {
+    if (server_) server_->stop_accepting();
+  }
 
  private:
   struct Reply;
@@ -61,7 +68,8 @@ class TcpStore final : public Store {
   void receive_all(void *data, size_t size);
   [[noreturn]] void fail_connection(const std::string &why);
   void connect_with_retry(const std::string &host, uint16_t port, const WaitOptions &opts);
-  void handshake(const std::string &token);
+  // false if the connection was lost before an answer (retryable); throws if refused.
+  bool handshake(const std::string &token);
 
   // Declared first so it is destroyed last: rank 0's own client disconnects before its server.
   std::shared_ptr<TcpStoreServer> server_;

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <cstring>
 #include <deque>
@@ -140,7 +141,9 @@ struct TcpStoreServer::Impl {
   std::string token;
   uint16_t port = 0;
   std::vector<net::UniqueFd> listeners;
-  net::UniqueFd wakeup;  // an eventfd: written once by the destructor to stop the loop
+  net::UniqueFd wakeup;  // an eventfd written to wake the loop: to stop, or to stop accepting
+  std::atomic<bool> stopping{false};
+  std::atomic<bool> refuse_new{false};
   std::unordered_map<std::string, Value> data;
   std::vector<std::unique_ptr<Connection>> connections;
   // Connections whose wait ended: their buffered requests are served at the end of the loop.
@@ -148,6 +151,7 @@ struct TcpStoreServer::Impl {
   std::thread thread;
 
   void bind_all(const std::string &host, uint16_t requested_port);
+  void wake(const char *why);
   void run();
   void loop_once(std::vector<pollfd> &fds);
   void accept_all(int listener);
@@ -179,12 +183,22 @@ TcpStoreServer::TcpStoreServer(const std::string &host, uint16_t port, std::stri
 }
 
 TcpStoreServer::~TcpStoreServer() {
+  impl_->stopping = true;
+  impl_->wake("stop it");
+  impl_->thread.join();
+}
+
+void TcpStoreServer::stop_accepting() {
+  if (impl_->refuse_new.exchange(true)) return;
+  impl_->wake("close its listening sockets");
+}
+
+void TcpStoreServer::Impl::wake(const char *why) {
   const uint64_t one = 1;
-  if (write(impl_->wakeup.get(), &one, sizeof one) != sizeof one) {
-    MNCL_ERROR("cannot wake the store server at %s to stop it: %s", impl_->url.c_str(),
+  if (write(wakeup.get(), &one, sizeof one) != sizeof one) {
+    MNCL_ERROR("cannot wake the store server at %s to %s: %s", url.c_str(), why,
                net::error_text(errno).c_str());
   }
-  impl_->thread.join();
 }
 
 uint16_t TcpStoreServer::port() const {
@@ -248,6 +262,11 @@ void TcpStoreServer::Impl::run() {
   std::vector<pollfd> fds;
   for (;;) {
     try {
+      if (refuse_new.load() && !listeners.empty()) {
+        // New clients now get "connection refused" and retry until the next server is up.
+        listeners.clear();
+        MNCL_INFO("store server at %s: no longer accepting connections", url.c_str());
+      }
       fds.clear();
       fds.push_back({wakeup.get(), POLLIN, 0});
       for (const auto &listener : listeners) fds.push_back({listener.get(), POLLIN, 0});
@@ -263,7 +282,15 @@ void TcpStoreServer::Impl::run() {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
         continue;
       }
-      if (ready > 0 && fds[0].revents != 0) break;
+      if (ready > 0 && fds[0].revents != 0) {
+        uint64_t count = 0;
+        if (read(wakeup.get(), &count, sizeof count) < 0 && errno != EAGAIN) {
+          MNCL_ERROR("store server at %s: eventfd read: %s", url.c_str(),
+                     net::error_text(errno).c_str());
+        }
+        if (stopping.load()) break;
+        continue;  // only asked to stop accepting: the top of the loop does that
+      }
       if (ready > 0) loop_once(fds);
       expire_waiters(Clock::now());
       // Serving a resumed connection may resume others (it may set what they wait for).

@@ -89,7 +89,19 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
   comm->size_ = settings.size;
   comm->timeout_ms_ = settings.timeout_ms;
   comm->device_ = settings.device;
-  comm->id_ = "w";
+  // A process may create several world communicators on one store in turn (re-creation after
+  // a failure, test suites): each generation gets its own key namespace, the same on every
+  // rank since every rank creates them in the same order.
+  {
+    static std::mutex mutex;
+    static std::map<std::string, int> generations;
+    std::lock_guard<std::mutex> lock(mutex);
+    const int generation = generations[settings.store_url]++;
+    comm->id_ = generation == 0 ? "w" : format("w%d", generation);
+  }
+  comm->job_ = std::make_shared<Job>();
+  comm->job_->tcp_store = settings.store_url.rfind("tcp://", 0) == 0;
+  comm->job_->hosts_tcp_store = comm->job_->tcp_store && settings.rank == 0;
   log::set_rank(settings.rank);
   MNCL_INFO("creating rank %d of %d, store %s, backend '%s', timeout %.1f s", settings.rank,
             settings.size, settings.store_url.empty() ? "(in-process)" : settings.store_url.c_str(),
@@ -226,6 +238,18 @@ void Comm::leave_after_failed_join(const std::vector<int> &absent) {
     comm_store_->wait(present, wait_options(timeout_ms_, nullptr));
   } catch (const Error &e) {
     MNCL_INFO("mncl_comm_create: cleaning up after the failed join: %s", e.what());
+  }
+}
+
+void Comm::leave_job() {
+  // Wait until the store's host has stopped accepting connections, so that re-creating a
+  // communicator on the same address reaches the next server, not the one about to go.
+  try {
+    job_store_->get("job/closing", wait_options(timeout_ms_, nullptr));
+  } catch (const Error &e) {
+    // The host already shut the store down (REMOTE): just as good. A timeout: it is gone or
+    // stuck, and a later create will say so.
+    if (e.status() != MNCL_ERR_REMOTE) MNCL_INFO("mncl_comm_destroy: %s", e.what());
   }
 }
 
@@ -541,6 +565,8 @@ std::unique_ptr<Comm> Comm::split(int color, int key) {
   child->id_ = format("%s.s%llu.%d", id_.c_str(), static_cast<unsigned long long>(split_index),
                       color);
   child->job_store_ = job_store_;
+  child->job_ = job_;
+  ++job_->live;
   child->comm_store_ = bootstrap::make_prefix_store(job_store_, child->id_ + "/");
   child->plugin_ = plugin_;
   child->table_ = table_;
@@ -577,6 +603,13 @@ void Comm::destroy() {
   // (and, on the job's rank 0, keeps the store server up until then).
   if (comm_store_ && joined_ && !aborted_.load()) {
     try {
+      const bool last_of_job = job_ && --job_->live == 0;
+      if (last_of_job && job_->hosts_tcp_store) {
+        // New clients must now wait for the next server (a communicator re-created on this
+        // address) instead of joining this one, which goes away with this call.
+        job_store_->stop_accepting();
+        job_store_->set("job/closing", "1", 1);
+      }
       const std::string mine = "leave/" + std::to_string(rank_);
       comm_store_->set(mine, "1", 1);
       if (rank_ == 0) {
@@ -597,6 +630,7 @@ void Comm::destroy() {
         for (const auto &k : cleanup) comm_store_->erase(k);
         for (const auto &k : leave) comm_store_->erase(k);
       }
+      if (last_of_job && job_->tcp_store && !job_->hosts_tcp_store) leave_job();
     } catch (const Error &e) {
       if (error.empty()) {
         status = e.status();

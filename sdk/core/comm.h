@@ -79,6 +79,7 @@ class Comm {
                           int key);
   mncl_bootstrap_v1_t bootstrap_for_plugin() const;
   void leave_after_failed_join(const std::vector<int> &absent);
+  void leave_job();
   void check_usable(const char *fn) const;
 
   int rank_ = 0, size_ = 1;
@@ -88,6 +89,13 @@ class Comm {
   std::vector<Member> members_;
 
   std::shared_ptr<bootstrap::Store> job_store_;   // the job-wide store connection
+  // What the communicators of one job in this process share besides the store.
+  struct Job {
+    std::atomic<int> live{1};   // communicators alive on job_store_
+    bool hosts_tcp_store = false;   // world rank 0 of a tcp:// store: this process serves it
+    bool tcp_store = false;
+  };
+  std::shared_ptr<Job> job_;
   std::shared_ptr<bootstrap::Store> comm_store_;  // "<id>/" view, used by the core
   std::unique_ptr<StoreBridge> plugin_store_;     // "<id>/p/" view, handed to the plugin
   std::shared_ptr<loader::Plugin> plugin_;

@@ -47,8 +47,8 @@ std::string choices_text(const std::vector<RankChoice> &ranks) {
 }  // namespace
 
 std::string serialize(const RankChoice &c) {
-  std::string out = std::string(kMagic) + "\n" + c.backend + "\n" + (c.forced ? "1" : "0") +
-                    "\n" + c.how + "\n";
+  std::string out =
+      std::string(kMagic) + "\n" + c.backend + "\n" + (c.forced ? "1" : "0") + "\n" + c.how + "\n";
   for (const auto &name : c.ranked) out += name + "\n";
   return out;
 }
@@ -86,9 +86,10 @@ Agreement agree(const std::vector<RankChoice> &ranks) {
   const bool any_forced =
       std::any_of(ranks.begin(), ranks.end(), [](const RankChoice &c) { return c.forced; });
   if (any_forced) {
-    a.error = "ranks disagree on the backend (set MNCL_BACKEND, or MNCL_BACKEND_HOST/_CUDA, to "
-              "the same value on every rank):" +
-              choices_text(ranks);
+    a.error =
+        "ranks disagree on the backend (set MNCL_BACKEND, or MNCL_BACKEND_HOST/_CUDA, to "
+        "the same value on every rank):" +
+        choices_text(ranks);
     return a;
   }
   // Every rank chose by the rules, on different machines: the best backend they all can use.
@@ -122,8 +123,7 @@ Agreement agree(const std::vector<RankChoice> &ranks) {
       for (const auto &n : ranks[r].ranked) list += (list.empty() ? "" : ",") + n;
       lists += format("\n  rank %zu: %s", r, list.empty() ? "(nothing usable)" : list.c_str());
     }
-    a.error = "no backend is usable on every rank (usable backends per rank, best first):" +
-              lists;
+    a.error = "no backend is usable on every rank (usable backends per rank, best first):" + lists;
     return a;
   }
   a.backend = best;

@@ -28,9 +28,9 @@ std::string plural(int n, const char *what) {
 }
 
 std::string job_text(const JobFacts &f) {
-  std::string hosts = single_host(f)     ? "one host"
-                      : f.num_hosts > 0  ? plural(f.num_hosts, "host")
-                                         : "an unknown number of hosts";
+  std::string hosts = single_host(f)    ? "one host"
+                      : f.num_hosts > 0 ? plural(f.num_hosts, "host")
+                                        : "an unknown number of hosts";
   return format("%s memory, %s on %s%s", memory_name(f.memory), plural(f.size, "rank").c_str(),
                 hosts.c_str(), f.launched_by_mpi ? ", launched by MPI" : "");
 }
@@ -103,8 +103,8 @@ std::string rule_reason(Rule rule, const Candidate &c, const Summary &t, const J
                     : one                  ? "one host: gloo over TCP loopback"
                                            : "no InfiniBand: gloo over TCP");
     case Rule::kBestScore:
-      return format("%s has the highest probe score (%d) of the remaining plugins",
-                    c.name.c_str(), c.score);
+      return format("%s has the highest probe score (%d) of the remaining plugins", c.name.c_str(),
+                    c.score);
     case Rule::kNaive:
       return "nothing else is usable: naive (the store-based reference backend, slow)";
     default:
@@ -134,15 +134,24 @@ bool single_host(const JobFacts &f) {
 
 const char *rule_name(Rule rule) {
   switch (rule) {
-    case Rule::kOverride: return "override";
-    case Rule::kCudaNccl: return "cuda-nccl";
-    case Rule::kCudaCapable: return "cuda-capable";
-    case Rule::kSingleHostShm: return "single-host-shm";
-    case Rule::kMpiFlat: return "mpi-flat";
-    case Rule::kGloo: return "gloo";
-    case Rule::kBestScore: return "best-score";
-    case Rule::kNaive: return "naive-last";
-    case Rule::kNone: return "none";
+    case Rule::kOverride:
+      return "override";
+    case Rule::kCudaNccl:
+      return "cuda-nccl";
+    case Rule::kCudaCapable:
+      return "cuda-capable";
+    case Rule::kSingleHostShm:
+      return "single-host-shm";
+    case Rule::kMpiFlat:
+      return "mpi-flat";
+    case Rule::kGloo:
+      return "gloo";
+    case Rule::kBestScore:
+      return "best-score";
+    case Rule::kNaive:
+      return "naive-last";
+    case Rule::kNone:
+      return "none";
   }
   return "?";
 }
@@ -175,8 +184,8 @@ Decision decide_backend(const Summary &topology, const JobFacts &facts,
     d.backend = d.ranked.front();
     d.rule = Rule::kOverride;
     d.transport = d.backend == "gloo" ? transport : "";
-    d.reason = format("%s=%s: %s%s", var, override_list.c_str(), d.backend.c_str(),
-                      refused.c_str());
+    d.reason =
+        format("%s=%s: %s%s", var, override_list.c_str(), d.backend.c_str(), refused.c_str());
     return d;
   }
 
@@ -215,11 +224,11 @@ Decision decide_backend(const Summary &topology, const JobFacts &facts,
   for (const auto &[name, name_tier] : preferred_names(facts)) {
     if (name_tier >= best_tier) break;
     const std::string why = unusable_because(find(candidates, name), facts.memory);
-    if (!why.empty()) passed += format("%s%s %s", passed.empty() ? "" : "; ", name.c_str(),
-                                       why.c_str());
+    if (!why.empty())
+      passed += format("%s%s %s", passed.empty() ? "" : "; ", name.c_str(), why.c_str());
   }
   d.reason = job_text(facts) + " -> " + d.reason;
-  if (!passed.empty()) d.reason += " (passed over: " + passed + ")";
+  if (!passed.empty()) d.reason += "; passed over: " + passed;
   return d;
 }
 

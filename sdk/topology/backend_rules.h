@@ -77,7 +77,7 @@ const char *rule_name(Rule rule);
 struct Decision {
   std::string backend;  // "" when nothing is usable (reason says why)
   Rule rule = Rule::kNone;
-  std::string reason;   // one line for the log and mncl-info
+  std::string reason;  // one line for the log and mncl-info
   // gloo's transport these facts call for: "ibverbs" or "tcp"; "" for other backends.
   std::string transport;
   // Every usable candidate, most preferred first (backend is ranked[0]): what a rank publishes

@@ -20,7 +20,9 @@ std::string range_text(const std::vector<int> &ids) {
   return CpuSet(ids).to_string();
 }
 
-Binding unbound(const std::string &reason) { return Binding{CpuSet(), reason}; }
+Binding unbound(const std::string &reason) {
+  return Binding{CpuSet(), reason};
+}
 
 Binding spread_over_numa(const Summary &t, const BindRequest &r, const std::string &prefix) {
   std::vector<const NumaNode *> nodes;
@@ -49,8 +51,9 @@ Binding spread_over_cores(const Summary &t, const BindRequest &r, const std::str
   CpuSet cpus;
   for (int i = first; i < last; ++i) cpus = cpus | t.cores[i].pus;
   const std::string shared = r.local_size > n ? ", shared: more ranks than cores" : "";
-  return Binding{cpus, format("%s%s %d-%d of %d (CPUs %s%s)", prefix.c_str(),
-                              last - first == 1 ? "core" : "cores", first, last - 1, n,
+  const std::string which =
+      last - first == 1 ? format("core %d", first) : format("cores %d-%d", first, last - 1);
+  return Binding{cpus, format("%s%s of %d (CPUs %s%s)", prefix.c_str(), which.c_str(), n,
                               cpus.to_string().c_str(), shared.c_str())};
 }
 
@@ -58,10 +61,14 @@ Binding spread_over_cores(const Summary &t, const BindRequest &r, const std::str
 
 const char *bind_mode_name(BindMode mode) {
   switch (mode) {
-    case BindMode::kNone: return "none";
-    case BindMode::kNuma: return "numa";
-    case BindMode::kCore: return "core";
-    case BindMode::kAuto: return "auto";
+    case BindMode::kNone:
+      return "none";
+    case BindMode::kNuma:
+      return "numa";
+    case BindMode::kCore:
+      return "core";
+    case BindMode::kAuto:
+      return "auto";
   }
   return "?";
 }
@@ -99,10 +106,9 @@ Binding compute_binding(const Summary &t, const BindRequest &r) {
         t.all_cpus.includes(gpu->locality.cpus)) {
       const std::string numa =
           gpu->locality.numa >= 0 ? format(", NUMA node %d", gpu->locality.numa) : "";
-      return Binding{gpu->locality.cpus,
-                     format("%snear GPU %d (%s%s): CPUs %s", prefix.c_str(), gpu->ordinal,
-                            gpu->pci_bus_id.c_str(), numa.c_str(),
-                            gpu->locality.cpus.to_string().c_str())};
+      return Binding{gpu->locality.cpus, format("%snear GPU %d (%s%s): CPUs %s", prefix.c_str(),
+                                                gpu->ordinal, gpu->pci_bus_id.c_str(), numa.c_str(),
+                                                gpu->locality.cpus.to_string().c_str())};
     }
     prefix += gpu == nullptr ? format("GPU %d not in the topology, ", r.gpu)
                              : format("GPU %d is near every CPU, ", r.gpu);

@@ -32,8 +32,8 @@ struct BindRequest {
   BindMode mode = BindMode::kAuto;
   int local_rank = -1;  // -1: unknown
   int local_size = -1;
-  int gpu = -1;         // CUDA ordinal this rank drives; -1: none (host-memory job)
-  CpuSet current;       // the process's binding now; empty: unknown
+  int gpu = -1;              // CUDA ordinal this rank drives; -1: none (host-memory job)
+  CpuSet current;            // the process's binding now; empty: unknown
   int ranks_in_process = 1;  // ranks of the communicator living in this very process
 };
 

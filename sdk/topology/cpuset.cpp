@@ -47,7 +47,9 @@ std::string CpuSet::to_string() const {
   return out;
 }
 
-bool CpuSet::contains(int pu) const { return std::binary_search(pus_.begin(), pus_.end(), pu); }
+bool CpuSet::contains(int pu) const {
+  return std::binary_search(pus_.begin(), pus_.end(), pu);
+}
 
 bool CpuSet::includes(const CpuSet &other) const {
   return std::includes(pus_.begin(), pus_.end(), other.pus_.begin(), other.pus_.end());

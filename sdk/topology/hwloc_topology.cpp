@@ -205,8 +205,8 @@ Summary summarize(hwloc_topology_t topo, const std::string &source) {
   if (s.packages > 0) {
     s.cpu_model = info(hwloc_get_obj_by_type(topo, HWLOC_OBJ_PACKAGE, 0), "CPUModel");
   }
-  for (hwloc_obj_t n = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_NUMANODE, nullptr);
-       n != nullptr; n = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_NUMANODE, n)) {
+  for (hwloc_obj_t n = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_NUMANODE, nullptr); n != nullptr;
+       n = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_NUMANODE, n)) {
     NumaNode node;
     node.os_index = static_cast<int>(n->os_index);
     node.memory_bytes = n->attr ? n->attr->numanode.local_memory : 0;
@@ -256,10 +256,9 @@ std::unique_ptr<Topology> Topology::load_this_machine() {
              "hwloc could not read this machine's topology: %s", std::strerror(errno));
   // hwloc itself honours HWLOC_XMLFILE; say so, or the summary would pass for this machine.
   const auto xml = env::get("HWLOC_XMLFILE");
-  const std::string source =
-      xml && hwloc_topology_is_thissystem(handle->topo) != 1
-          ? "XML file " + *xml + " (HWLOC_XMLFILE)"
-          : "this machine";
+  const std::string source = xml && hwloc_topology_is_thissystem(handle->topo) != 1
+                                 ? "XML file " + *xml + " (HWLOC_XMLFILE)"
+                                 : "this machine";
   return std::unique_ptr<Topology>(new Topology(std::move(handle), source));
 }
 
@@ -328,8 +327,8 @@ Binding bind_this_process(const Topology *machine, BindRequest request) {
     request.current = machine->current_binding();
     first = compute_binding(machine->summary(), request);
     if (!first.cpus.empty() && !machine->summary().is_this_system) {
-      first.reason += format(" [not applied: the topology is %s]",
-                             machine->summary().source.c_str());
+      first.reason +=
+          format(" [not applied: the topology is %s]", machine->summary().source.c_str());
       first.cpus = CpuSet();
     }
     if (!first.cpus.empty()) {

@@ -30,14 +30,14 @@ std::string joined(const std::vector<std::string> &items) {
 std::string one_line(const Summary &s) {
   size_t verbs = 0;
   for (const auto &nic : s.nics) verbs += nic.kind != NicKind::kEthernet;
-  return format("%s: %s, %s, %s, %s, %s, %s",
-                s.hostname.empty() ? "(unknown host)" : s.hostname.c_str(),
-                count(s.packages, "package").c_str(), count(s.numa_nodes.size(), "NUMA node").c_str(),
-                count(s.cores.size(), "core").c_str(), count(s.all_cpus.size(), "PU").c_str(),
-                s.gpus.empty() ? "no NVIDIA GPU" : count(s.gpus.size(), "NVIDIA GPU").c_str(),
-                s.has_infiniband()   ? count(verbs, "InfiniBand/RoCE device").c_str()
-                : verbs > 0          ? "InfiniBand/RoCE ports down"
-                                     : "no InfiniBand");
+  return format(
+      "%s: %s, %s, %s, %s, %s, %s", s.hostname.empty() ? "(unknown host)" : s.hostname.c_str(),
+      count(s.packages, "package").c_str(), count(s.numa_nodes.size(), "NUMA node").c_str(),
+      count(s.cores.size(), "core").c_str(), count(s.all_cpus.size(), "PU").c_str(),
+      s.gpus.empty() ? "no NVIDIA GPU" : count(s.gpus.size(), "NVIDIA GPU").c_str(),
+      s.has_infiniband() ? count(verbs, "InfiniBand/RoCE device").c_str()
+      : verbs > 0        ? "InfiniBand/RoCE ports down"
+                         : "no InfiniBand");
 }
 
 std::string describe(const Summary &s) {

@@ -4,9 +4,12 @@ namespace mncl::topology {
 
 const char *nic_kind_name(NicKind kind) {
   switch (kind) {
-    case NicKind::kInfiniBand: return "InfiniBand";
-    case NicKind::kRoCE: return "RoCE";
-    case NicKind::kEthernet: return "Ethernet";
+    case NicKind::kInfiniBand:
+      return "InfiniBand";
+    case NicKind::kRoCE:
+      return "RoCE";
+    case NicKind::kEthernet:
+      return "Ethernet";
   }
   return "?";
 }

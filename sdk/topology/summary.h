@@ -32,10 +32,10 @@ struct Locality {
 };
 
 struct Gpu {
-  int ordinal = -1;         // CUDA ordinal: from hwloc's cudaN device if present, else PCI order
-  std::string pci_bus_id;   // "0000:07:00.0", the form nvidia-smi and NCCL print
-  uint16_t device_id = 0;   // PCI device id (vendor is always 0x10de)
-  std::string model;        // "NVIDIA A100-SXM4-80GB" when hwloc knows it, else ""
+  int ordinal = -1;        // CUDA ordinal: from hwloc's cudaN device if present, else PCI order
+  std::string pci_bus_id;  // "0000:07:00.0", the form nvidia-smi and NCCL print
+  uint16_t device_id = 0;  // PCI device id (vendor is always 0x10de)
+  std::string model;       // "NVIDIA A100-SXM4-80GB" when hwloc knows it, else ""
   std::vector<std::string> os_devices;  // "cuda0", "nvml0", "card1"... as hwloc named them
   Locality locality;
 };
@@ -50,19 +50,19 @@ enum class NicKind {
 const char *nic_kind_name(NicKind kind);
 
 struct Nic {
-  std::string name;         // OpenFabrics device ("mlx5_0") or network interface ("eth0")
+  std::string name;  // OpenFabrics device ("mlx5_0") or network interface ("eth0")
   NicKind kind = NicKind::kEthernet;
-  std::string pci_bus_id;   // "" when not behind a PCI device hwloc saw
+  std::string pci_bus_id;            // "" when not behind a PCI device hwloc saw
   std::vector<std::string> netdevs;  // network interfaces of the same device ("ib0")
-  bool port_active = true;  // OpenFabrics: some port ACTIVE (or state unknown)
+  bool port_active = true;           // OpenFabrics: some port ACTIVE (or state unknown)
   Locality locality;
 };
 
 struct Summary {
-  std::string source;       // "this machine" or "XML file <path>"
+  std::string source;           // "this machine" or "XML file <path>"
   bool is_this_system = false;  // false for an XML topology: never bind from it
-  std::string hostname;     // host identity, the key ranks are grouped by
-  std::string cpu_model;    // first package's CPUModel ("AMD EPYC 7742 64-Core Processor")
+  std::string hostname;         // host identity, the key ranks are grouped by
+  std::string cpu_model;        // first package's CPUModel ("AMD EPYC 7742 64-Core Processor")
   int packages = 0;
   std::vector<NumaNode> numa_nodes;  // by os_index
   std::vector<Core> cores;           // in hwloc's logical order (package, then NUMA node)

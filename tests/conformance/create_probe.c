@@ -3,7 +3,7 @@
  * outcome; the driver of the launch tests (wrong backend, missing rank, store kinds).
  *
  *   create_probe [--setenv NAME=VALUE]... [--expect STATUS] [--contains TEXT]...
- *                [--max-seconds S] [--allreduce]
+ *                [--max-seconds S] [--allreduce] [--repeat N]
  *
  * --setenv     applied before mncl_comm_create (e.g. to claim a larger MNCL_SIZE than the
  *              launcher started)
@@ -12,6 +12,7 @@
  * --contains   mncl_last_error() must contain TEXT; "a|b" accepts either alternative
  * --max-seconds  mncl_comm_create must return within S seconds of wall-clock time
  * --allreduce  after a successful create, allreduce-sum (rank + 1) and check the result
+ * --repeat     create (and check, and destroy) the communicator N times in this process
  *
  * Prints one line per rank and exits 0 if every expectation held, 1 otherwise, 2 on usage.
  */
@@ -62,7 +63,7 @@ static double now_seconds(void) {
 }
 
 int main(int argc, char **argv) {
-  int expect = MNCL_OK, do_allreduce = 0, ok = 1, i, ncontains = 0;
+  int expect = MNCL_OK, do_allreduce = 0, ok = 1, i, ncontains = 0, repeat = 1, round;
   const char *contains[16];
   double max_seconds = 0, t0, elapsed;
   const char *rank_env = getenv("MNCL_RANK");
@@ -99,58 +100,64 @@ int main(int argc, char **argv) {
       contains[ncontains++] = v;
     } else if (strcmp(a, "--max-seconds") == 0) {
       max_seconds = atof(v);
+    } else if (strcmp(a, "--repeat") == 0) {
+      repeat = atoi(v);
     } else {
       fprintf(stderr, "create_probe: unknown option '%s'\n", a);
       return 2;
     }
   }
 
-  t0 = now_seconds();
-  st = mncl_comm_create(NULL, &comm);
-  elapsed = now_seconds() - t0;
-  /* Copied at once: the message is only valid until the next MNCL call. */
-  snprintf(message, sizeof(message), "%s", st == MNCL_OK ? "" : mncl_last_error());
-  printf("create_probe rank %s: mncl_comm_create returned %s (%d) after %.2f s: %s\n", rank,
-         status_name((int)st), (int)st, elapsed, message);
+  for (round = 0; round < repeat && ok; ++round) {
+    t0 = now_seconds();
+    st = mncl_comm_create(NULL, &comm);
+    elapsed = now_seconds() - t0;
+    /* Copied at once: the message is only valid until the next MNCL call. */
+    snprintf(message, sizeof(message), "%s", st == MNCL_OK ? "" : mncl_last_error());
+    printf("create_probe rank %s: mncl_comm_create returned %s (%d) after %.2f s: %s\n", rank,
+           status_name((int)st), (int)st, elapsed, message);
 
-  if ((int)st != expect) {
-    printf("create_probe rank %s: FAIL: expected %s (%d)\n", rank, status_name(expect), expect);
-    ok = 0;
-  }
-  for (i = 0; i < ncontains; ++i) {
-    if (!contains_any(message, contains[i])) {
-      printf("create_probe rank %s: FAIL: the message does not contain '%s'\n", rank, contains[i]);
+    if ((int)st != expect) {
+      printf("create_probe rank %s: FAIL: expected %s (%d)\n", rank, status_name(expect), expect);
       ok = 0;
     }
-  }
-  if (st != MNCL_OK && message[0] == '\0') {
-    printf("create_probe rank %s: FAIL: an error without a message\n", rank);
-    ok = 0;
-  }
-  if (max_seconds > 0 && elapsed > max_seconds) {
-    printf("create_probe rank %s: FAIL: took %.2f s, more than %.2f s\n", rank, elapsed,
-           max_seconds);
-    ok = 0;
-  }
-  if (st == MNCL_OK) {
-    if (do_allreduce) {
-      int r = -1, n = -1;
-      int64_t v, sum = -1;
-      mncl_comm_rank(comm, &r);
-      mncl_comm_size(comm, &n);
-      v = r + 1;
-      st = mncl_allreduce(comm, &v, &sum, 1, MNCL_INT64, MNCL_SUM, NULL);
-      if (st != MNCL_OK || sum != (int64_t)n * (n + 1) / 2) {
-        printf("create_probe rank %s: FAIL: allreduce returned %s, sum %lld, want %lld: %s\n", rank,
-               status_name((int)st), (long long)sum, (long long)n * (n + 1) / 2, mncl_last_error());
+    for (i = 0; i < ncontains; ++i) {
+      if (!contains_any(message, contains[i])) {
+        printf("create_probe rank %s: FAIL: the message does not contain '%s'\n", rank,
+               contains[i]);
         ok = 0;
       }
     }
-    st = mncl_comm_destroy(comm);
-    if (st != MNCL_OK) {
-      printf("create_probe rank %s: FAIL: mncl_comm_destroy returned %s: %s\n", rank,
-             status_name((int)st), mncl_last_error());
+    if (st != MNCL_OK && message[0] == '\0') {
+      printf("create_probe rank %s: FAIL: an error without a message\n", rank);
       ok = 0;
+    }
+    if (max_seconds > 0 && elapsed > max_seconds) {
+      printf("create_probe rank %s: FAIL: took %.2f s, more than %.2f s\n", rank, elapsed,
+             max_seconds);
+      ok = 0;
+    }
+    if (st == MNCL_OK) {
+      if (do_allreduce) {
+        int r = -1, n = -1;
+        int64_t v, sum = -1;
+        mncl_comm_rank(comm, &r);
+        mncl_comm_size(comm, &n);
+        v = r + 1;
+        st = mncl_allreduce(comm, &v, &sum, 1, MNCL_INT64, MNCL_SUM, NULL);
+        if (st != MNCL_OK || sum != (int64_t)n * (n + 1) / 2) {
+          printf("create_probe rank %s: FAIL: allreduce returned %s, sum %lld, want %lld: %s\n",
+                 rank, status_name((int)st), (long long)sum, (long long)n * (n + 1) / 2,
+                 mncl_last_error());
+          ok = 0;
+        }
+      }
+      st = mncl_comm_destroy(comm);
+      if (st != MNCL_OK) {
+        printf("create_probe rank %s: FAIL: mncl_comm_destroy returned %s: %s\n", rank,
+               status_name((int)st), mncl_last_error());
+        ok = 0;
+      }
     }
   }
   printf("create_probe rank %s: %s\n", rank, ok ? "PASS" : "FAIL");
