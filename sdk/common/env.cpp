@@ -15,7 +15,24 @@ const std::vector<Variable> &table() {
   static const std::vector<Variable> variables = {
       {"MNCL_BACKEND", "auto",
        "Backend: a plugin name (naive, gloo, flat, nccl, shm), a path to a plugin .so, a comma "
-       "list tried in order, or auto (the highest probe score)."},
+       "list tried in order, or auto (the topology rules: mncl-info --topology shows them)."},
+      {"MNCL_BACKEND_HOST", "",
+       "With MNCL_BACKEND=auto: the backend (or comma list, tried in order) for communicators "
+       "whose buffers are in host memory, replacing the topology rules; nothing usable in it "
+       "is an error."},
+      {"MNCL_BACKEND_CUDA", "",
+       "With MNCL_BACKEND=auto: the backend (or comma list) for communicators whose buffers are "
+       "CUDA device memory, replacing the topology rules."},
+      {"MNCL_MEMORY", "auto",
+       "Where the communicator's buffers live, for the backend rules: host, cuda, or auto "
+       "(cuda when this host has an NVIDIA GPU)."},
+      {"MNCL_BIND", "auto",
+       "Process binding: none, numa (spread the host's ranks over NUMA nodes), core (over "
+       "cores), or auto (near the rank's GPU, else spread over NUMA nodes; a binding set by "
+       "the launcher is kept)."},
+      {"HWLOC_XMLFILE", "",
+       "Read by hwloc: take the machine's topology from this XML file (lstopo file.xml) "
+       "instead of the live machine; MNCL then chooses as on that machine but never binds."},
       {"MNCL_PLUGIN_PATH", "",
        "Colon-separated folders searched for libmncl-<name>.so before <libdir>/mncl/plugins."},
       {"MNCL_STORE", "",
@@ -67,6 +84,11 @@ const std::vector<Variable> &table() {
       {"SLURM_PROCID", "", "Slurm (srun): this process's rank."},
       {"SLURM_NTASKS", "", "Slurm (srun): number of ranks."},
       {"SLURM_LOCALID", "", "Slurm (srun): rank on this host."},
+      // Reliability aids (tests/fault).
+      {"MNCL_DEBUG_CHECKS", "0",
+       "1: before each collective, every rank compares a fingerprint of its call (kind, count, "
+       "dtype, op, root, sequence number) with the other ranks' through the store, so "
+       "mismatched calls fail on every rank naming both (a few store round trips per call)."},
   };
   return variables;
 }

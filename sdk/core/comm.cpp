@@ -13,8 +13,11 @@
 #include "bootstrap/memory_store.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "core/debug_checks.h"
 #include "core/selection.h"
 #include "core/validate.h"
+#include "topology/agreement.h"
+#include "topology/hwloc_topology.h"
 
 namespace mncl::core {
 
@@ -89,6 +92,7 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
   comm->size_ = settings.size;
   comm->timeout_ms_ = settings.timeout_ms;
   comm->device_ = settings.device;
+  comm->debug_checks_ = debug_checks_enabled();
   // A process may create several world communicators on one store in turn (re-creation after
   // a failure, test suites): each generation gets its own key namespace, the same on every
   // rank since every rank creates them in the same order.
@@ -125,55 +129,68 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
   }
   comm->comm_store_ = bootstrap::make_prefix_store(comm->job_store_, comm->id_ + "/");
 
-  // Every rank chooses locally, then publishes its choice (or its failure) so that every rank
-  // fails the same way, instead of some ranks waiting for others that gave up.
-  Selection selection;
-  std::string local_error;
-  try {
-    selection = select_backend(settings.backend_spec, probe_info(settings));
-    MNCL_INFO("backend %s chosen: %s", selection.plugin->name().c_str(), selection.why.c_str());
-  } catch (const Error &e) {
-    local_error = e.what();
-  }
+  // Round 1, joining: every rank's host and pid. Grouping by host gives the local rank and
+  // size (when the launcher did not) and the number of hosts, which the backend rules need.
   const std::string host = hostname();
-  const std::string record =
-      (local_error.empty() ? "ok\n" + selection.plugin->name() : "error\n" + local_error) + "\n" +
-      host + "\n" + std::to_string(::getpid());
-  std::vector<std::string> records;
+  std::vector<std::string> joins;
   std::vector<int> absent;
   try {
-    records = exchange(*comm->comm_store_, "join/", settings.rank, settings.size, record,
-                       settings.timeout_ms, &comm->aborted_, "mncl_comm_create", &absent);
+    joins = exchange(*comm->comm_store_, "join/", settings.rank, settings.size,
+                     host + "\n" + std::to_string(::getpid()), settings.timeout_ms,
+                     &comm->aborted_, "mncl_comm_create", &absent);
   } catch (const Error &e) {
     if (e.status() == MNCL_ERR_TIMEOUT) comm->leave_after_failed_join(absent);
     throw;
   }
   comm->joined_ = true;
+  for (const auto &join : joins) {
+    const size_t newline = join.find('\n');
+    comm->members_.push_back(
+        Member{join.substr(0, newline),
+               newline == std::string::npos ? 0 : std::atoi(join.c_str() + newline + 1)});
+  }
+  std::set<std::string> hosts;
+  int same_host_before = 0, same_host = 0, same_process = 0;
+  for (int r = 0; r < settings.size; ++r) {
+    hosts.insert(comm->members_[r].host);
+    if (comm->members_[r].host == host) {
+      ++same_host;
+      if (r < settings.rank) ++same_host_before;
+      if (comm->members_[r].pid == ::getpid()) ++same_process;
+    }
+  }
+  comm->num_hosts_ = static_cast<int>(hosts.size());
+  comm->local_rank_ = settings.local_rank >= 0 ? settings.local_rank : same_host_before;
+  comm->local_size_ = settings.local_size >= 1 ? settings.local_size : same_host;
+  if (comm->device_ < 0) comm->device_ = comm->local_rank_;
 
-  std::map<std::string, std::vector<int>> choices;  // backend -> ranks
+  // Round 2, the backend: every rank chooses from the same job facts and publishes its choice
+  // (or its failure); every rank runs the same agreement over all of them (agreement.h), so
+  // that all end the same way instead of some waiting for others that gave up.
+  Selection selection;
+  std::string local_error;
+  try {
+    selection = select_backend(settings,
+                               probe_info(settings, comm->local_size_, comm->num_hosts_));
+    MNCL_INFO("backend %s chosen: %s", selection.plugin->name().c_str(), selection.why.c_str());
+  } catch (const Error &e) {
+    local_error = e.what();
+  }
+  const std::string record = local_error.empty()
+                                 ? "ok\n" + topology::serialize(selection.choice)
+                                 : "error\n" + local_error;
+  const auto records =
+      exchange(*comm->comm_store_, "choice/", settings.rank, settings.size, record,
+               settings.timeout_ms, &comm->aborted_, "mncl_comm_create (backend choice)");
+  std::vector<topology::RankChoice> choices;
   std::vector<std::string> failures;
   for (int r = 0; r < settings.size; ++r) {
-    std::istringstream in(records[r]);
-    std::string kind, what, rank_host, pid;
-    std::getline(in, kind);
-    std::getline(in, what);
-    if (kind == "error") {
-      // The message may span lines; the host and pid are the last two.
-      std::vector<std::string> lines{what};
-      for (std::string line; std::getline(in, line);) lines.push_back(line);
-      pid = lines.back();
-      lines.pop_back();
-      rank_host = lines.back();
-      lines.pop_back();
-      std::string message;
-      for (const auto &l : lines) message += (message.empty() ? "" : "\n") + l;
-      if (r != settings.rank) failures.push_back(format("rank %d: %s", r, message.c_str()));
+    const std::string &rec = records[r];
+    if (rec.compare(0, 6, "error\n") == 0) {
+      if (r != settings.rank) failures.push_back(format("rank %d: %s", r, rec.c_str() + 6));
     } else {
-      std::getline(in, rank_host);
-      std::getline(in, pid);
-      choices[what].push_back(r);
+      choices.push_back(topology::parse_choice(rec.substr(3)));
     }
-    comm->members_.push_back(Member{rank_host, std::atoi(pid.c_str())});
   }
   if (!local_error.empty()) {
     throw Error(MNCL_ERR_PLUGIN, format("mncl_comm_create: %s", local_error.c_str()));
@@ -185,37 +202,29 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
                 format("mncl_comm_create: other ranks could not choose a backend:%s",
                        all.c_str()));
   }
-  if (choices.size() > 1) {
-    std::string all;
-    for (const auto &[name, ranks] : choices) {
-      all += format("\n  %s: rank%s %s", name.c_str(), ranks.size() > 1 ? "s" : "",
-                    list_ranks(ranks).c_str());
-    }
-    throw Error(MNCL_ERR_PLUGIN,
-                format("mncl_comm_create: ranks disagree on the backend (set MNCL_BACKEND to the "
-                       "same value on every rank):%s",
-                       all.c_str()));
+  const topology::Agreement agreement = topology::agree(choices);
+  if (!agreement.error.empty()) {
+    throw Error(MNCL_ERR_PLUGIN, "mncl_comm_create: " + agreement.error);
+  }
+  if (agreement.backend != selection.plugin->name()) {
+    MNCL_INFO("backend %s instead of %s: %s", agreement.backend.c_str(),
+              selection.plugin->name().c_str(), agreement.why.c_str());
+    selection.plugin = loader::load(agreement.backend);  // in this rank's usable list
   }
 
-  // Local rank and size: the launcher's word if it gave one, else grouping by host name.
-  std::set<std::string> hosts;
-  int same_host_before = 0, same_host = 0;
-  for (int r = 0; r < settings.size; ++r) {
-    hosts.insert(comm->members_[r].host);
-    if (comm->members_[r].host == host) {
-      ++same_host;
-      if (r < settings.rank) ++same_host_before;
-    }
-  }
-  comm->num_hosts_ = static_cast<int>(hosts.size());
-  comm->local_rank_ = settings.local_rank >= 0 ? settings.local_rank : same_host_before;
-  comm->local_size_ = settings.local_size >= 1 ? settings.local_size : same_host;
-  if (comm->device_ < 0) comm->device_ = comm->local_rank_;
+  // One placement per process: the first communicator's (MNCL_BIND, logged at info level).
+  topology::BindRequest placement;
+  placement.mode = topology::parse_bind_mode(settings.bind);
+  placement.local_rank = comm->local_rank_;
+  placement.local_size = comm->local_size_;
+  placement.gpu = selection.memory == topology::MemoryType::kCuda ? comm->device_ : -1;
+  placement.ranks_in_process = same_process;
+  topology::bind_this_process(topology::this_machine(), placement);
 
   comm->plugin_ = selection.plugin;
   comm->table_ = &comm->plugin_->table();
   comm->plugin_store_ = std::make_unique<StoreBridge>(
-      bootstrap::make_prefix_store(comm->job_store_, comm->id_ + "/p/"), &comm->aborted_);
+      bootstrap::make_prefix_store(comm->job_store_, comm->id_ + "/p/"), &comm->plugin_stop_);
   comm->create_plugin_comm(comm->bootstrap_for_plugin(), nullptr, 0, 0);
   MNCL_INFO("communicator %s ready: rank %d of %d on backend %s (%d host%s)", comm->id_.c_str(),
             comm->rank_, comm->size_, comm->backend().c_str(), comm->num_hosts_,
@@ -302,6 +311,10 @@ void Comm::check_usable(const char *fn) const {
   MNCL_CHECK(!destroyed_.load(), MNCL_ERR_INVALID_ARGUMENT, "%s: the communicator was destroyed",
              fn);
   MNCL_CHECK(!aborted_.load(), MNCL_ERR_ABORTED, "%s: the communicator was aborted", fn);
+  MNCL_CHECK(!plugin_aborted_.load(), MNCL_ERR_ABORTED,
+             "%s: the communicator is unusable: the watchdog aborted it after an operation "
+             "outlived its timeout",
+             fn);
 }
 
 void Comm::validate_and_number(mncl_coll_v1_t &coll) {
@@ -334,14 +347,43 @@ void Comm::execute_now(const mncl_coll_v1_t &coll) {
   const char *fn = coll_function_name(coll.kind);
   MNCL_CHECK(!aborted_.load(), MNCL_ERR_ABORTED, "%s #%llu: the communicator was aborted", fn,
              static_cast<unsigned long long>(coll.seq));
+  if (debug_checks_) {
+    check_fingerprints(*comm_store_, coll, rank_, size_, timeout_ms_, &aborted_);
+  }
+  if (!watchdog_) {
+    // Calls on one communicator are serialized (caller or progress thread), so no race here.
+    watchdog_ = std::make_unique<Watchdog>(history_, timeout_ms_, [this](
+                                                                     const OpHistory::Record &r) {
+      {
+        std::lock_guard<std::mutex> lock(watchdog_mutex_);
+        watchdog_report_ = format(
+            "%s #%llu on %s (rank %d of %d): no result from the backend within the timeout of "
+            "%.1f s (+%.1f s grace); the watchdog aborted the backend's communicator",
+            coll_function_name(r.kind), static_cast<unsigned long long>(r.seq),
+            backend().c_str(), rank_, size_, timeout_ms_ / 1000.0,
+            Watchdog::grace_ms(timeout_ms_) / 1000.0);
+      }
+      abort_plugin();
+    });
+  }
   auto call = [&](const mncl_coll_v1_t &c) {
     set_last_error("");
+    const size_t token = history_.begin(c);
     const mncl_status_t status = table_->execute(plugin_comm_, &c);
-    if (status != MNCL_OK) {
-      throw Error(status, format("%s #%llu on %s (rank %d of %d): %s", fn,
-                                 static_cast<unsigned long long>(c.seq), backend().c_str(),
-                                 rank_, size_, last_error()));
+    history_.end(token, status == MNCL_OK);
+    if (status == MNCL_OK) return;
+    std::string report;
+    {
+      std::lock_guard<std::mutex> lock(watchdog_mutex_);
+      report = watchdog_report_;
     }
+    if (!report.empty() && !aborted_.load()) {
+      throw Error(MNCL_ERR_TIMEOUT, report + diagnosis(c, MNCL_ERR_TIMEOUT));
+    }
+    throw Error(status, format("%s #%llu on %s (rank %d of %d): %s", fn,
+                               static_cast<unsigned long long>(c.seq), backend().c_str(), rank_,
+                               size_, last_error()) +
+                            diagnosis(c, status));
   };
   if (coll.kind == MNCL_COLL_ALLREDUCE_COALESCED &&
       !(table_->coll_mask & MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED))) {
@@ -403,6 +445,9 @@ std::shared_ptr<Operation> Comm::start(const mncl_coll_v1_t &coll_in) {
       execute_now(op->coll);
       op->finished = true;
       return op;
+    }
+    if (debug_checks_) {
+      check_fingerprints(*comm_store_, op->coll, rank_, size_, timeout_ms_, &aborted_);
     }
     set_last_error("");
     const mncl_status_t status = table_->post(plugin_comm_, &op->coll, &op->native_handle);
@@ -497,12 +542,27 @@ bool Comm::wait(Operation &op, int64_t timeout_ms) {
 void Comm::abort() {
   if (aborted_.exchange(true)) return;  // a second abort is harmless
   MNCL_INFO("communicator %s aborted on rank %d", id_.c_str(), rank_);
+  abort_plugin();
+  queue_cv_.notify_all();
+}
+
+void Comm::abort_plugin() {
+  plugin_stop_.store(true);  // wakes the plugin's store waits
+  if (plugin_aborted_.exchange(true)) return;
   if (plugin_comm_ != nullptr) {
     if (table_->comm_abort(plugin_comm_) != MNCL_OK) {
       MNCL_WARN("backend %s: comm_abort failed: %s", backend().c_str(), last_error());
     }
   }
-  queue_cv_.notify_all();
+}
+
+std::string Comm::diagnosis(const mncl_coll_v1_t &coll, mncl_status_t status) {
+  // Only failures that point at other ranks are worth a store exchange; not p2p (two ranks).
+  if ((status != MNCL_ERR_TIMEOUT && status != MNCL_ERR_REMOTE) || aborted_.load() ||
+      coll.kind == MNCL_COLL_SEND || coll.kind == MNCL_COLL_RECV) {
+    return "";
+  }
+  return diagnose_failure(*comm_store_, coll, rank_, size_, timeout_ms_, history_);
 }
 
 std::unique_ptr<Comm> Comm::split(int color, int key) {
@@ -571,7 +631,8 @@ std::unique_ptr<Comm> Comm::split(int color, int key) {
   child->plugin_ = plugin_;
   child->table_ = table_;
   child->plugin_store_ = std::make_unique<StoreBridge>(
-      bootstrap::make_prefix_store(job_store_, child->id_ + "/p/"), &child->aborted_);
+      bootstrap::make_prefix_store(job_store_, child->id_ + "/p/"), &child->plugin_stop_);
+  child->debug_checks_ = debug_checks_;
   child->joined_ = true;  // every member took part in the exchange above
   child->create_plugin_comm(child->bootstrap_for_plugin(), plugin_comm_, color, key);
   MNCL_INFO("split %s -> %s: rank %d of %d", id_.c_str(), child->id_.c_str(), child->rank_,
@@ -588,6 +649,7 @@ void Comm::destroy() {
   }
   queue_cv_.notify_all();
   if (progress_.joinable()) progress_.join();
+  watchdog_.reset();  // before the plugin communicator it may abort goes away
 
   std::string error;
   mncl_status_t status = MNCL_OK;
@@ -617,6 +679,8 @@ void Comm::destroy() {
         for (int r = 0; r < size_; ++r) {
           leave.push_back("leave/" + std::to_string(r));
           cleanup.push_back("join/" + std::to_string(r));
+          cleanup.push_back(diag_key(r));
+          cleanup.push_back("choice/" + std::to_string(r));
           for (uint64_t s = 0; s < next_split_; ++s) {
             cleanup.push_back(format("split%llu/%d", static_cast<unsigned long long>(s), r));
           }

@@ -17,6 +17,7 @@
 #include "bootstrap/store.h"
 #include "core/launch_env.h"
 #include "core/store_bridge.h"
+#include "core/watchdog.h"
 #include "cuda/staging.h"
 #include "loader/plugin_loader.h"
 
@@ -81,6 +82,10 @@ class Comm {
   void leave_after_failed_join(const std::vector<int> &absent);
   void leave_job();
   void check_usable(const char *fn) const;
+  // Aborts the plugin communicator once (user abort or watchdog).
+  void abort_plugin();
+  // Text appended to a failed collective's message: missing ranks, last ops per rank.
+  std::string diagnosis(const mncl_coll_v1_t &coll, mncl_status_t status);
 
   int rank_ = 0, size_ = 1;
   int local_rank_ = -1, local_size_ = -1, num_hosts_ = 1, device_ = -1;
@@ -104,6 +109,14 @@ class Comm {
 
   std::atomic<bool> aborted_{false};
   std::atomic<bool> destroyed_{false};
+  // Raised by abort() and by the watchdog: wakes the plugin's store waits (StoreBridge).
+  std::atomic<bool> plugin_stop_{false};
+  std::atomic<bool> plugin_aborted_{false};  // comm_abort called (once)
+  bool debug_checks_ = false;                // MNCL_DEBUG_CHECKS=1
+  OpHistory history_;                        // last operations, for the watchdog and messages
+  std::unique_ptr<Watchdog> watchdog_;       // started by the first operation
+  std::mutex watchdog_mutex_;
+  std::string watchdog_report_;              // set when the watchdog fired (under the mutex)
   // Set once every rank has joined: from then on rank 0 keeps the store up at destroy until all
   // ranks have left (even when creation fails later); before it, nobody waits for anybody.
   bool joined_ = false;

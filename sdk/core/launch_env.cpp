@@ -8,6 +8,7 @@
 #include "common/env.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "topology/binding.h"
 
 namespace mncl::core {
 
@@ -60,7 +61,16 @@ LaunchSettings resolve_launch_settings(const mncl_config_t &config) {
   LaunchSettings s;
 
   s.backend_spec = config.backend ? config.backend : env::get("MNCL_BACKEND").value_or("auto");
+  if (config.backend) s.backend_origin = "config.backend";
   MNCL_CHECK(!s.backend_spec.empty(), MNCL_ERR_INVALID_ARGUMENT, "the backend name is empty");
+  s.backend_host = env::get("MNCL_BACKEND_HOST").value_or("");
+  s.backend_cuda = env::get("MNCL_BACKEND_CUDA").value_or("");
+  s.memory = env::get("MNCL_MEMORY").value_or("auto");
+  MNCL_CHECK(s.memory == "auto" || s.memory == "host" || s.memory == "cuda",
+             MNCL_ERR_INVALID_ARGUMENT, "MNCL_MEMORY='%s' is not auto, host or cuda",
+             s.memory.c_str());
+  s.bind = env::get("MNCL_BIND").value_or("auto");
+  topology::parse_bind_mode(s.bind);  // throws, naming MNCL_BIND and the bad value
 
   s.launched_by_mpi = env::raw("OMPI_COMM_WORLD_SIZE") || env::raw("PMI_SIZE") ||
                       env::raw("PMIX_RANK");

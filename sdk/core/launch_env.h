@@ -11,6 +11,12 @@ namespace mncl::core {
 
 struct LaunchSettings {
   std::string backend_spec;  // "auto", "naive", "/path/libmncl-x.so", "gloo,naive"
+  std::string backend_origin = "MNCL_BACKEND";  // or "config.backend" (for messages)
+  // With backend_spec "auto": the user's list for one memory type, replacing the rules.
+  std::string backend_host;     // MNCL_BACKEND_HOST
+  std::string backend_cuda;     // MNCL_BACKEND_CUDA
+  std::string memory = "auto";  // MNCL_MEMORY: auto, host or cuda (validated)
+  std::string bind = "auto";    // MNCL_BIND: none, numa, core or auto (validated)
   int rank = 0;
   int size = 1;
   int local_rank = -1;  // -1: derive from hostnames

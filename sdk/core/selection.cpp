@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "topology/hwloc_topology.h"
 
 namespace mncl::core {
 
@@ -29,16 +30,32 @@ bool path_exists(const char *path) {
   return ::stat(path, &st) == 0;
 }
 
+// An empty summary stands in for a machine hwloc could not read: the rules then go by the
+// job's facts alone (no GPU, no InfiniBand known).
+const topology::Summary &machine_summary() {
+  static const topology::Summary unknown;
+  const topology::Topology *machine = topology::this_machine();
+  return machine ? machine->summary() : unknown;
+}
+
 }  // namespace
 
-mncl_probe_v1_t probe_info(const LaunchSettings &settings) {
+mncl_probe_v1_t probe_info(const LaunchSettings &settings, int local_size, int num_hosts) {
   mncl_probe_v1_t info{};
   info.struct_size = sizeof info;
   info.size = settings.size;
-  info.local_size = settings.local_size;
-  info.num_hosts = -1;  // known only after the rendezvous
-  info.num_gpus = -1;   // the topology issue fills these from hwloc
-  info.has_infiniband = path_exists("/sys/class/infiniband") ? 1 : 0;
+  info.local_size = local_size >= 1            ? local_size
+                    : settings.local_size >= 1 ? settings.local_size
+                    : settings.size == 1       ? 1
+                                               : -1;
+  info.num_hosts = num_hosts >= 1 ? num_hosts : settings.size == 1 ? 1 : -1;
+  if (const topology::Topology *machine = topology::this_machine()) {
+    info.num_gpus = machine->summary().num_gpus();
+    info.has_infiniband = machine->summary().has_infiniband() ? 1 : 0;
+  } else {
+    info.num_gpus = -1;
+    info.has_infiniband = path_exists("/sys/class/infiniband") ? 1 : 0;
+  }
   info.launched_by_mpi = settings.launched_by_mpi ? 1 : 0;
   return info;
 }
@@ -46,6 +63,7 @@ mncl_probe_v1_t probe_info(const LaunchSettings &settings) {
 ProbeResult probe(const loader::Plugin &plugin, const mncl_probe_v1_t &info) {
   ProbeResult result;
   result.name = plugin.name();
+  result.caps = plugin.table().caps;
   char reason[512] = "";
   int32_t score = 0;
   const mncl_status_t status = plugin.table().probe(&info, &score, reason, sizeof reason);
@@ -59,30 +77,46 @@ ProbeResult probe(const loader::Plugin &plugin, const mncl_probe_v1_t &info) {
   return result;
 }
 
-Selection select_backend(const std::string &spec, const mncl_probe_v1_t &info) {
+Selection select_backend(const LaunchSettings &settings, const mncl_probe_v1_t &info) {
+  const std::string &spec = settings.backend_spec;
+  const topology::Summary &machine = machine_summary();
   Selection selection;
+  selection.memory = topology::resolve_memory(settings.memory, machine);
   std::string failures;
   for (const std::string &candidate : split_list(spec)) {
     if (candidate == "auto") {
-      const loader::PluginReport *best = nullptr;
-      ProbeResult best_probe;
-      auto reports = loader::discover();
-      for (const auto &report : reports) {
+      std::vector<std::shared_ptr<loader::Plugin>> loaded;
+      std::vector<topology::Candidate> candidates;
+      for (const auto &report : loader::discover()) {
         if (!report.loaded) continue;
         ProbeResult p = probe(*report.plugin, info);
         selection.probed.push_back(p);
-        if (p.score > best_probe.score) {
-          best = &report;
-          best_probe = p;
-        }
+        loaded.push_back(report.plugin);
+        candidates.push_back({p.name, p.caps, p.score, p.reason});
       }
-      if (best != nullptr) {
-        selection.plugin = best->plugin;
-        selection.why = format("auto: highest probe score (%d) among %zu usable plugins",
-                               best_probe.score, selection.probed.size());
+      topology::JobFacts facts;
+      facts.size = info.size;
+      facts.local_size = info.local_size;
+      facts.num_hosts = info.num_hosts;
+      facts.launched_by_mpi = info.launched_by_mpi == 1;
+      facts.memory = selection.memory;
+      const topology::Overrides overrides{settings.backend_host, settings.backend_cuda};
+      const auto decision = topology::decide_backend(machine, facts, candidates, overrides);
+      if (!decision.backend.empty()) {
+        for (const auto &plugin : loaded) {
+          if (plugin->name() == decision.backend) selection.plugin = plugin;
+        }
+        const bool forced = decision.rule == topology::Rule::kOverride;
+        selection.why = "auto: " + decision.reason;
+        const bool cuda = selection.memory == topology::MemoryType::kCuda;
+        selection.choice = {decision.backend, forced,
+                            !forced ? std::string("auto")
+                            : cuda  ? "MNCL_BACKEND_CUDA=" + settings.backend_cuda
+                                    : "MNCL_BACKEND_HOST=" + settings.backend_host,
+                            decision.ranked};
         return selection;
       }
-      failures += "\n  auto: no plugin found in the search path is usable here";
+      failures += "\n  auto: " + decision.reason;
       continue;
     }
     try {
@@ -92,6 +126,8 @@ Selection select_backend(const std::string &spec, const mncl_probe_v1_t &info) {
       if (p.score > 0) {
         selection.plugin = plugin;
         selection.why = format("requested '%s' (probe score %d)", candidate.c_str(), p.score);
+        selection.choice = {plugin->name(), true, settings.backend_origin + "=" + spec,
+                            {plugin->name()}};
         return selection;
       }
       failures += format("\n  %s: unusable here: %s", candidate.c_str(), p.reason.c_str());

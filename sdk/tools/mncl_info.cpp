@@ -1,6 +1,6 @@
 // mncl-info: what this installation of MNCL can do here — the plugins it finds (and why any
-// is refused), the backend it would choose now and why, and every environment variable with
-// its documentation and current value.
+// is refused), the backend it would choose now and why, the machine's topology and the process
+// binding it implies, and every environment variable with its documentation and current value.
 #include <mncl/mncl_plugin.h>
 
 #include <cstdio>
@@ -12,6 +12,9 @@
 #include "core/launch_env.h"
 #include "core/selection.h"
 #include "loader/plugin_loader.h"
+#include "topology/binding.h"
+#include "topology/hwloc_topology.h"
+#include "topology/report.h"
 
 namespace {
 
@@ -29,10 +32,12 @@ std::string caps_text(uint64_t caps) {
 
 void print_usage() {
   std::puts(
-      "usage: mncl-info [--plugins] [--env] [--help]\n"
+      "usage: mncl-info [--plugins] [--topology] [--env] [--help]\n"
       "Lists the backend plugins MNCL finds (path, version, ABI, capabilities, probe score, or\n"
-      "why each was refused), the backend it would choose with the current environment, and\n"
-      "every MNCL environment variable. With no option, prints everything.");
+      "why each was refused), the backend it would choose with the current environment, the\n"
+      "machine's topology (hwloc; HWLOC_XMLFILE=file.xml shows another machine's) with the\n"
+      "choice and process binding it implies, and every MNCL environment variable. With no\n"
+      "option, prints everything.");
 }
 
 void print_plugins(const mncl_probe_v1_t &info) {
@@ -60,10 +65,60 @@ void print_selection(const mncl::core::LaunchSettings &settings, const mncl_prob
   std::printf("\nBackend selection for this environment (MNCL_BACKEND=%s, %d rank%s):\n",
               settings.backend_spec.c_str(), settings.size, settings.size == 1 ? "" : "s");
   try {
-    const auto selection = mncl::core::select_backend(settings.backend_spec, info);
+    const auto selection = mncl::core::select_backend(settings, info);
     std::printf("  -> %s: %s\n", selection.plugin->name().c_str(), selection.why.c_str());
   } catch (const mncl::Error &e) {
     std::printf("  -> none: %s\n", e.what());
+  }
+}
+
+// The summary, each plugin's probe with this host's facts, the decision and why, and the
+// binding this process would get as local rank 0 (or the launcher's local rank).
+void print_topology(const mncl::core::LaunchSettings &settings, const mncl_probe_v1_t &info) {
+  namespace topo = mncl::topology;
+  std::printf("\nTopology (hwloc):\n");
+  const topo::Topology *machine = topo::this_machine();
+  if (machine == nullptr) {
+    std::printf("  (hwloc could not read this machine; see the warning above)\n");
+  } else {
+    std::printf("%s", topo::describe(machine->summary()).c_str());
+  }
+  const std::string local = info.local_size >= 1 ? std::to_string(info.local_size) : "?";
+  const std::string hosts = info.num_hosts == 1  ? "1 host"
+                            : info.num_hosts > 1 ? std::to_string(info.num_hosts) + " hosts"
+                                                 : "hosts unknown before the rendezvous";
+  std::printf("\n  Probes (%d rank%s, %s on this host, %s, %s):\n", info.size,
+              info.size == 1 ? "" : "s", local.c_str(), hosts.c_str(),
+              info.launched_by_mpi ? "launched by MPI" : "not launched by MPI");
+  for (const auto &r : mncl::loader::discover()) {
+    if (!r.loaded) continue;
+    const auto p = mncl::core::probe(*r.plugin, info);
+    std::printf("    %-10s score %3d%s%s\n", p.name.c_str(), p.score, p.reason.empty() ? "" : "  ",
+                p.reason.c_str());
+  }
+  try {
+    const auto selection = mncl::core::select_backend(settings, info);
+    std::printf("\n  Decision (MNCL_BACKEND=%s, %s memory): %s\n    why: %s\n",
+                settings.backend_spec.c_str(), topo::memory_name(selection.memory),
+                selection.plugin->name().c_str(), selection.why.c_str());
+    std::string ranked;
+    for (const auto &name : selection.choice.ranked) ranked += (ranked.empty() ? "" : ", ") + name;
+    std::printf("    usable, best first: %s\n", ranked.c_str());
+    topo::BindRequest request;
+    request.mode = topo::parse_bind_mode(settings.bind);
+    request.local_rank = settings.local_rank >= 0 ? settings.local_rank : 0;
+    request.local_size = info.local_size >= 1 ? info.local_size : 1;
+    request.gpu = selection.memory == topo::MemoryType::kCuda
+                      ? (settings.device >= 0 ? settings.device : request.local_rank)
+                      : -1;
+    if (machine != nullptr) {
+      request.current = machine->current_binding();
+      std::printf("\n  Process binding: %s\n",
+                  topo::compute_binding(machine->summary(), request).reason.c_str());
+    }
+  } catch (const mncl::Error &e) {
+    std::printf("\n  Decision (MNCL_BACKEND=%s): none: %s\n", settings.backend_spec.c_str(),
+                e.what());
   }
 }
 
@@ -84,10 +139,12 @@ void print_env() {
 }  // namespace
 
 int main(int argc, char **argv) {
-  bool plugins = false, env = false;
+  bool plugins = false, env = false, topology = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--plugins")) {
       plugins = true;
+    } else if (!std::strcmp(argv[i], "--topology")) {
+      topology = true;
     } else if (!std::strcmp(argv[i], "--env")) {
       env = true;
     } else if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
@@ -99,19 +156,22 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
-  if (!plugins && !env) plugins = env = true;
+  if (!plugins && !env && !topology) plugins = env = topology = true;
 
   std::printf("MNCL %d.%d.%d (libmncl ABI %d, plugin ABI v%u..v%u)\n\n", MNCL_VERSION_MAJOR,
               MNCL_VERSION_MINOR, MNCL_VERSION_PATCH, MNCL_ABI_MAJOR, MNCL_PLUGIN_ABI_OLDEST,
               MNCL_PLUGIN_ABI_CURRENT);
   int status = 0;
-  if (plugins) {
+  if (plugins || topology) {
     try {
       const auto config = mncl::core::read_user_config(nullptr);
       const auto settings = mncl::core::resolve_launch_settings(config);
       const auto info = mncl::core::probe_info(settings);
-      print_plugins(info);
-      print_selection(settings, info);
+      if (plugins) {
+        print_plugins(info);
+        print_selection(settings, info);
+      }
+      if (topology) print_topology(settings, info);
     } catch (const mncl::Error &e) {
       // A bad environment (MNCL_TIMEOUT=abc) is reported, and the rest still printed.
       std::printf("\nConfiguration error: %s: %s\n", mncl::status_name(e.status()), e.what());

@@ -1,0 +1,32 @@
+// MNCL_DEBUG_CHECKS=1: before each collective, every rank publishes a fingerprint of its call
+// (kind, count, dtype, op, root, sequence number) in the communicator's store namespace and
+// compares it with everyone else's, so mismatched calls (allreduce on one rank, bcast on
+// another; different counts, dtypes or roots) fail on every rank with both fingerprints named,
+// instead of hanging or producing garbage. Costs a few store round trips per collective: a
+// debugging aid, off by default.
+#pragma once
+
+#include <mncl/mncl_plugin_v1.h>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "bootstrap/store.h"
+
+namespace mncl::core {
+
+// Whether MNCL_DEBUG_CHECKS asks for the checks (throws MNCL_ERR_INVALID_ARGUMENT on a
+// malformed value).
+bool debug_checks_enabled();
+
+// "allreduce(count 20, float32, sum) #3"
+std::string fingerprint(const mncl_coll_v1_t &coll);
+
+// Exchanges fingerprints for coll (not for send/recv, which are not collective) and throws
+// MNCL_ERR_REMOTE naming this rank's and the first differing rank's fingerprint; a rank that
+// never calls fails as MNCL_ERR_TIMEOUT naming it. Keys are removed by the last reader.
+void check_fingerprints(bootstrap::Store &store, const mncl_coll_v1_t &coll, int rank, int size,
+                        int64_t timeout_ms, const std::atomic<bool> *aborted);
+
+}  // namespace mncl::core

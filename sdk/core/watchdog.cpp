@@ -1,0 +1,197 @@
+#include "core/watchdog.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "core/validate.h"
+
+namespace mncl::core {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+size_t bytes_of(const mncl_coll_v1_t &c) {
+  const size_t elem = mncl_dtype_size(static_cast<mncl_dtype_t>(c.dtype));
+  if (c.kind == MNCL_COLL_BARRIER) return 0;
+  if (c.kind != MNCL_COLL_ALLREDUCE_COALESCED) return c.count * elem;
+  size_t total = 0;
+  for (size_t i = 0; c.counts && i < c.nbufs; ++i) total += c.counts[i] * elem;
+  return total;
+}
+
+const char *state_name(OpHistory::State s) {
+  switch (s) {
+    case OpHistory::State::kRunning: return "running";
+    case OpHistory::State::kDone: return "done";
+    case OpHistory::State::kFailed: return "failed";
+  }
+  return "?";
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// OpHistory
+// ---------------------------------------------------------------------------------------------
+
+size_t OpHistory::begin(const mncl_coll_v1_t &coll) {
+  Record r;
+  r.seq = coll.seq;
+  r.kind = coll.kind;
+  r.bytes = bytes_of(coll);
+  r.start = Clock::now();
+  std::lock_guard<std::mutex> lock(mutex_);
+  const size_t token = next_++;
+  if (ring_.size() < kOps) {
+    ring_.push_back(r);
+  } else {
+    ring_[token % kOps] = r;
+  }
+  return token;
+}
+
+void OpHistory::end(size_t token, bool ok) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (token + kOps < next_) return;  // overwritten meanwhile (not with one thread per comm)
+  Record &r = ring_[token % kOps];
+  r.state = ok ? State::kDone : State::kFailed;
+  r.seconds = seconds_since(r.start);
+}
+
+bool OpHistory::running(Record *out) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (next_ == 0) return false;
+  const Record &r = ring_[(next_ - 1) % kOps];
+  if (r.state != State::kRunning) return false;
+  *out = r;
+  return true;
+}
+
+std::string OpHistory::dump(size_t max) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::string out;
+  for (size_t i = 0; i < std::min({max, next_, kOps}); ++i) {
+    const Record &r = ring_[(next_ - 1 - i) % kOps];
+    const double s = r.state == State::kRunning ? seconds_since(r.start) : r.seconds;
+    out += format("%s%s #%llu %zu B %s %.3f s", i ? "; " : "", coll_kind_name(r.kind),
+                  static_cast<unsigned long long>(r.seq), r.bytes, state_name(r.state), s);
+  }
+  return out.empty() ? "no operations yet" : out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Watchdog
+// ---------------------------------------------------------------------------------------------
+
+Watchdog::Watchdog(const OpHistory &history, int64_t timeout_ms,
+                   std::function<void(const OpHistory::Record &)> on_expired)
+    : history_(history), timeout_ms_(timeout_ms), on_expired_(std::move(on_expired)) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+Watchdog::~Watchdog() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+int64_t Watchdog::grace_ms(int64_t timeout_ms) {
+  // Plugins report their own timeouts (better messages); the watchdog only catches hangs.
+  return std::clamp<int64_t>(timeout_ms / 10, 100, 1000);
+}
+
+void Watchdog::loop() {
+  // Polling at a fraction of the timeout keeps the hot path free of notifications.
+  const auto tick = std::chrono::milliseconds(std::clamp<int64_t>(timeout_ms_ / 16, 10, 500));
+  const auto limit = std::chrono::milliseconds(timeout_ms_ + grace_ms(timeout_ms_));
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stopping_) {
+    cv_.wait_for(lock, tick, [&] { return stopping_; });
+    if (stopping_) break;
+    OpHistory::Record r;
+    if (!history_.running(&r) || Clock::now() - r.start < limit) continue;
+    fired_.store(true);
+    lock.unlock();
+    MNCL_WARN("watchdog: %s #%llu has run %.1f s, past its timeout of %.1f s; aborting the "
+              "backend's communicator. Last operations: %s",
+              coll_kind_name(r.kind), static_cast<unsigned long long>(r.seq),
+              seconds_since(r.start), timeout_ms_ / 1000.0, history_.dump().c_str());
+    try {
+      on_expired_(r);
+    } catch (const std::exception &e) {
+      MNCL_WARN("watchdog: %s", e.what());
+    }
+    return;  // the communicator is unusable now: nothing more to watch
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Diagnosis
+// ---------------------------------------------------------------------------------------------
+
+std::string diag_key(int rank) { return "diag/" + std::to_string(rank); }
+
+std::string diagnose_failure(bootstrap::Store &store, const mncl_coll_v1_t &coll, int rank,
+                             int size, int64_t timeout_ms, const OpHistory &history) {
+  if (size <= 1) return "";
+  try {
+    // "<seq>\n<dump>": the operation this rank failed in, and its last operations.
+    const std::string mine = std::to_string(coll.seq) + "\n" + history.dump(4);
+    store.set(diag_key(rank), mine.data(), mine.size());
+    std::vector<std::string> keys;
+    for (int r = 0; r < size; ++r) keys.push_back(diag_key(r));
+    bootstrap::WaitOptions opts;
+    // Every rank that is still alive fails at about the same time; the grace only bounds how
+    // long we wait for the ones that are not.
+    opts.timeout = std::chrono::milliseconds(std::clamp<int64_t>(timeout_ms / 4, 50, 500));
+    const auto absent = store.wait(keys, opts);
+    std::vector<int> missing;
+    std::string per_rank;
+    for (int r = 0; r < size; ++r) {
+      if (std::find(absent.begin(), absent.end(), keys[r]) != absent.end()) {
+        missing.push_back(r);
+        continue;
+      }
+      bootstrap::WaitOptions now;
+      now.timeout = std::chrono::milliseconds(0);
+      const auto bytes = store.get(keys[r], now);
+      const std::string text(bytes.begin(), bytes.end());
+      const auto nl = text.find('\n');
+      const uint64_t seq = std::strtoull(text.substr(0, nl).c_str(), nullptr, 10);
+      if (seq < coll.seq) {
+        missing.push_back(r);  // a report from an earlier failure: it has not got here
+        continue;
+      }
+      per_rank += format("\n  rank %d: %s", r,
+                         nl == std::string::npos ? "" : text.substr(nl + 1).c_str());
+    }
+    std::string out;
+    if (!missing.empty()) {
+      out += format("; missing: rank%s", missing.size() > 1 ? "s" : "");
+      for (size_t i = 0; i < missing.size(); ++i) {
+        out += format("%s%d", i ? ", " : " ", missing[i]);
+      }
+      out += format(" (no sign of reaching %s #%llu)", coll_kind_name(coll.kind),
+                    static_cast<unsigned long long>(coll.seq));
+    }
+    out += "; last operations per rank:" + per_rank;
+    for (int r : missing) out += format("\n  rank %d: (no report)", r);
+    return out;
+  } catch (const std::exception &e) {
+    MNCL_INFO("diagnosis after %s #%llu failed: %s", coll_kind_name(coll.kind),
+              static_cast<unsigned long long>(coll.seq), e.what());
+    return "";
+  }
+}
+
+}  // namespace mncl::core

@@ -1,0 +1,93 @@
+// What the core knows about a communicator's operations when one goes wrong.
+//
+//   OpHistory  the last kOps collectives of one communicator on this rank (kind, sequence
+//              number, bytes, state, duration): recorded on every call, dumped into messages.
+//   Watchdog   one thread per communicator, started with its first operation. It enforces the
+//              operation's timeout itself for plugins that do not (a plugin blocked past
+//              timeout + grace): it logs the dump and calls `on_expired`, which aborts the
+//              plugin communicator so the blocked call returns MNCL_ERR_TIMEOUT.
+//   diagnose   after a collective failed with a timeout or a remote error: every failing rank
+//              publishes its state and history under "diag/<rank>", waits a short grace for
+//              the others, and names the ranks that never reached the operation, with each
+//              rank's last operations. Nothing is exchanged while operations succeed.
+#pragma once
+
+#include <mncl/mncl_plugin_v1.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bootstrap/store.h"
+
+namespace mncl::core {
+
+class OpHistory {
+ public:
+  enum class State { kRunning, kDone, kFailed };
+  struct Record {
+    uint64_t seq = 0;
+    int kind = 0;
+    size_t bytes = 0;
+    State state = State::kRunning;
+    std::chrono::steady_clock::time_point start;
+    double seconds = 0;  // duration once finished
+  };
+  static constexpr size_t kOps = 16;
+
+  // Returns a token for end(). Cheap: one uncontended lock, no allocation after the first kOps.
+  size_t begin(const mncl_coll_v1_t &coll);
+  void end(size_t token, bool ok);
+  // The running operation, if any (the watchdog's view).
+  bool running(Record *out) const;
+  // "allreduce #7 4096 B running 3.2 s; allreduce #6 4096 B done 0.001 s; ..." newest first,
+  // at most `max` entries.
+  std::string dump(size_t max = 6) const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<Record> ring_;
+  size_t next_ = 0;  // total begun; ring_[(next_-1) % kOps] is the newest
+};
+
+class Watchdog {
+ public:
+  // on_expired(record) runs on the watchdog thread when an operation has run past
+  // timeout_ms + grace; it is called at most once per communicator.
+  Watchdog(const OpHistory &history, int64_t timeout_ms,
+           std::function<void(const OpHistory::Record &)> on_expired);
+  ~Watchdog();
+  Watchdog(const Watchdog &) = delete;
+  Watchdog &operator=(const Watchdog &) = delete;
+
+  // How long past the timeout the watchdog waits for the plugin to report it itself.
+  static int64_t grace_ms(int64_t timeout_ms);
+  bool fired() const { return fired_.load(); }
+
+ private:
+  void loop();
+
+  const OpHistory &history_;
+  const int64_t timeout_ms_;
+  std::function<void(const OpHistory::Record &)> on_expired_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::atomic<bool> fired_{false};
+  std::thread thread_;
+};
+
+// The diagnosis after collective `coll` failed on this rank (see the top of this file). Returns
+// text to append to the error message ("" when the store cannot be reached). Never throws.
+std::string diagnose_failure(bootstrap::Store &store, const mncl_coll_v1_t &coll, int rank,
+                             int size, int64_t timeout_ms, const OpHistory &history);
+// Keys diagnose_failure may leave behind, for the leave protocol's cleanup.
+std::string diag_key(int rank);
+
+}  // namespace mncl::core

@@ -1,0 +1,739 @@
+// Topology-aware backend choice and process binding, driven by the hwloc XML topologies of
+// this folder: each machine must yield the documented backend and binding (backend_rules.h,
+// binding.h), and the ranks' agreement must follow agreement.h.
+#include <gtest/gtest.h>
+#include <mncl/mncl_plugin.h>
+#include <sched.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "topology/agreement.h"
+#include "topology/backend_rules.h"
+#include "topology/binding.h"
+#include "topology/cpuset.h"
+#include "topology/hwloc_topology.h"
+#include "topology/report.h"
+
+namespace topo = mncl::topology;
+using topo::BindMode;
+using topo::Candidate;
+using topo::CpuSet;
+using topo::JobFacts;
+using topo::MemoryType;
+using topo::Rule;
+
+namespace {
+
+std::string xml(const char *name) {
+  return std::string(MNCL_TOPOLOGY_DIR) + "/" + name;
+}
+
+// Each XML file is parsed once for the whole suite.
+const topo::Summary &machine(const char *name) {
+  static std::map<std::string, std::unique_ptr<topo::Topology>> loaded;
+  auto &slot = loaded[name];
+  if (!slot) slot = topo::Topology::load_xml(xml(name));
+  return slot->summary();
+}
+const topo::Summary &dgx() {
+  return machine("dgx_a100.xml");
+}
+const topo::Summary &cpu2() {
+  return machine("cpu_2socket_ib.xml");
+}
+const topo::Summary &laptop() {
+  return machine("laptop.xml");
+}
+const topo::Summary &workstation() {
+  return machine("gpu_workstation.xml");
+}
+const topo::Summary &ib_down() {
+  return machine("ib_down.xml");
+}
+
+constexpr uint64_t kHost = MNCL_CAP_HOST_MEMORY;
+constexpr uint64_t kCuda = MNCL_CAP_CUDA_MEMORY;
+
+// What the real plugins' probes answer (plugins/*/plugin.cpp), for a job under MPI or not.
+std::vector<Candidate> installed(bool mpi, std::vector<std::string> names = {"nccl", "flat", "gloo",
+                                                                             "naive"}) {
+  std::vector<Candidate> out;
+  for (const auto &n : names) {
+    if (n == "nccl") out.push_back({"nccl", kCuda, 100, ""});
+    if (n == "flat") {
+      out.push_back(mpi ? Candidate{"flat", kHost, 80, ""}
+                        : Candidate{"flat", kHost, 0, "not launched by mpirun"});
+    }
+    if (n == "gloo") out.push_back({"gloo", kHost, 50, ""});
+    if (n == "shm") out.push_back({"shm", kHost, 60, ""});
+    if (n == "naive") out.push_back({"naive", kHost, 10, ""});
+  }
+  return out;
+}
+
+JobFacts job(int size, int hosts, bool mpi, MemoryType memory) {
+  JobFacts f;
+  f.size = size;
+  f.num_hosts = hosts;
+  f.local_size = size / hosts;
+  f.launched_by_mpi = mpi;
+  f.memory = memory;
+  return f;
+}
+
+topo::Decision decide(const topo::Summary &t, const JobFacts &f, const std::vector<Candidate> &c,
+                      topo::Overrides o = {}) {
+  return topo::decide_backend(t, f, c, o);
+}
+
+topo::Binding bind(const topo::Summary &t, BindMode mode, int local_rank, int local_size,
+                   int gpu = -1, CpuSet current = {}) {
+  topo::BindRequest r;
+  r.mode = mode;
+  r.local_rank = local_rank;
+  r.local_size = local_size;
+  r.gpu = gpu;
+  r.current = current;
+  return topo::compute_binding(t, r);
+}
+
+bool contains(const std::string &text, const std::string &part) {
+  return text.find(part) != std::string::npos;
+}
+#define EXPECT_CONTAINS(text, part) \
+  EXPECT_TRUE(contains((text), (part))) << "expected '" << (part) << "' in: " << (text)
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// CpuSet
+// ---------------------------------------------------------------------------------------------
+
+TEST(CpuSet, FormatsRangesLikeTaskset) {
+  EXPECT_EQ(CpuSet({3, 0, 1, 2, 8, 10, 11, 1}).to_string(), "0-3,8,10-11");
+  EXPECT_EQ(CpuSet().to_string(), "");
+  EXPECT_EQ(CpuSet({5}).to_string(), "5");
+  EXPECT_EQ(CpuSet::parse("0-3,8,10-11"), CpuSet({0, 1, 2, 3, 8, 10, 11}));
+  EXPECT_EQ(CpuSet::parse(""), CpuSet());
+  EXPECT_THROW(CpuSet::parse("3-1"), std::invalid_argument);
+  EXPECT_THROW(CpuSet::parse("1;2"), std::invalid_argument);
+  EXPECT_THROW(CpuSet::parse("x"), std::invalid_argument);
+}
+
+TEST(CpuSet, SetOperations) {
+  const CpuSet a = CpuSet::parse("0-7"), b = CpuSet::parse("4-5"), c = CpuSet::parse("8-9");
+  EXPECT_TRUE(a.includes(b));
+  EXPECT_FALSE(b.includes(a));
+  EXPECT_TRUE(a.intersects(b));
+  EXPECT_FALSE(a.intersects(c));
+  EXPECT_EQ((a | c).to_string(), "0-9");
+  EXPECT_TRUE(a.contains(7));
+  EXPECT_FALSE(a.contains(8));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading topologies
+// ---------------------------------------------------------------------------------------------
+
+TEST(Load, DgxA100) {
+  const auto &t = dgx();
+  EXPECT_EQ(t.hostname, "dgx-a100-01");
+  EXPECT_FALSE(t.is_this_system);
+  EXPECT_CONTAINS(t.source, "dgx_a100.xml");
+  EXPECT_EQ(t.cpu_model, "AMD EPYC 7742 64-Core Processor");
+  EXPECT_EQ(t.packages, 2);
+  ASSERT_EQ(t.numa_nodes.size(), 8u);
+  EXPECT_EQ(t.num_cores(), 128);
+  EXPECT_EQ(t.num_pus(), 256);
+  EXPECT_EQ(t.numa_nodes[3].cpus.to_string(), "48-63,176-191");
+  EXPECT_EQ(t.numa_nodes[3].memory_bytes, 128ull << 30);
+  EXPECT_EQ(t.cores[0].pus.to_string(), "0,128");
+  EXPECT_EQ(t.cores[127].package, 1);
+  EXPECT_EQ(t.cores[127].numa, 7);
+  // 8 GPUs; the 6 NVSwitches are NVIDIA devices too, but not GPUs.
+  ASSERT_EQ(t.num_gpus(), 8);
+  const int want_numa[8] = {3, 3, 1, 1, 7, 7, 5, 5};
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(t.gpus[i].ordinal, i);
+    EXPECT_EQ(t.gpus[i].locality.numa, want_numa[i]) << "GPU " << i;
+    EXPECT_EQ(t.gpus[i].locality.cpus, t.numa_nodes[want_numa[i]].cpus) << "GPU " << i;
+    EXPECT_EQ(t.gpus[i].model, "NVIDIA A100-SXM4-80GB");
+    EXPECT_EQ(t.gpus[i].device_id, 0x20b0);
+  }
+  EXPECT_EQ(t.gpus[0].pci_bus_id, "0000:07:00.0");
+  EXPECT_EQ(t.gpus[7].pci_bus_id, "0000:bd:00.0");
+  EXPECT_EQ(t.gpu(3)->pci_bus_id, "0000:4e:00.0");
+  EXPECT_EQ(t.gpu(8), nullptr);
+  // 8 InfiniBand HCAs, 2 RoCE storage NICs, 1 plain Ethernet port.
+  int ib = 0, roce = 0, eth = 0;
+  for (const auto &nic : t.nics) {
+    ib += nic.kind == topo::NicKind::kInfiniBand;
+    roce += nic.kind == topo::NicKind::kRoCE;
+    eth += nic.kind == topo::NicKind::kEthernet;
+  }
+  EXPECT_EQ(ib, 8);
+  EXPECT_EQ(roce, 2);
+  EXPECT_EQ(eth, 1);
+  EXPECT_TRUE(t.has_infiniband());
+  const topo::Nic *mlx5_0 = nullptr;
+  for (const auto &nic : t.nics) {
+    if (nic.name == "mlx5_0") mlx5_0 = &nic;
+  }
+  ASSERT_NE(mlx5_0, nullptr);
+  EXPECT_EQ(mlx5_0->pci_bus_id, "0000:0c:00.0");
+  EXPECT_EQ(mlx5_0->locality.numa, 3);  // next to GPU 0 and 1
+  EXPECT_TRUE(mlx5_0->port_active);
+  EXPECT_EQ(mlx5_0->netdevs, std::vector<std::string>{"ibp12s0"});
+}
+
+TEST(Load, TwoSocketCpuNodeWithInfiniBand) {
+  const auto &t = cpu2();
+  EXPECT_EQ(t.hostname, "cpu-node-17");
+  EXPECT_EQ(t.packages, 2);
+  ASSERT_EQ(t.numa_nodes.size(), 2u);
+  EXPECT_EQ(t.num_cores(), 32);
+  EXPECT_EQ(t.num_pus(), 64);
+  EXPECT_EQ(t.numa_nodes[1].cpus.to_string(), "16-31,48-63");
+  EXPECT_EQ(t.num_gpus(), 0);
+  ASSERT_EQ(t.nics.size(), 2u);
+  EXPECT_EQ(t.nics[0].name, "mlx5_0");
+  EXPECT_EQ(t.nics[0].kind, topo::NicKind::kInfiniBand);
+  EXPECT_EQ(t.nics[0].locality.numa, 0);
+  EXPECT_EQ(t.nics[1].name, "eno1");
+  EXPECT_EQ(t.nics[1].kind, topo::NicKind::kEthernet);
+  EXPECT_EQ(t.nics[1].locality.numa, 1);
+  EXPECT_TRUE(t.has_infiniband());
+}
+
+TEST(Load, LaptopHasNoAcceleratorAndNoInfiniBand) {
+  const auto &t = laptop();
+  EXPECT_EQ(t.packages, 1);
+  EXPECT_EQ(t.numa_nodes.size(), 1u);
+  EXPECT_EQ(t.num_cores(), 4);
+  EXPECT_EQ(t.num_pus(), 8);
+  EXPECT_EQ(t.num_gpus(), 0);  // the Intel iGPU is not an NVIDIA GPU
+  ASSERT_EQ(t.nics.size(), 1u);
+  EXPECT_EQ(t.nics[0].name, "wlp0s20f3");
+  EXPECT_FALSE(t.has_infiniband());
+}
+
+TEST(Load, GpusWithoutCudaDevicesAreNumberedInPciOrder) {
+  const auto &t = workstation();
+  ASSERT_EQ(t.num_gpus(), 2);  // the GPU's audio function is not a GPU
+  EXPECT_EQ(t.gpus[0].pci_bus_id, "0000:0b:00.0");
+  EXPECT_EQ(t.gpus[1].pci_bus_id, "0000:2d:00.0");
+  EXPECT_EQ(t.gpus[1].ordinal, 1);
+  EXPECT_EQ(t.gpus[0].os_devices, std::vector<std::string>{"card0"});
+  EXPECT_EQ(t.gpus[0].locality.cpus, t.all_cpus);
+}
+
+TEST(Load, InfiniBandWithEveryPortDownIsNotUsable) {
+  const auto &t = ib_down();
+  ASSERT_EQ(t.nics.size(), 1u);
+  EXPECT_FALSE(t.nics[0].port_active);
+  EXPECT_FALSE(t.has_infiniband());
+}
+
+TEST(Load, MissingOrBadFilesAreErrorsNamingTheFile) {
+  try {
+    topo::Topology::load_xml("/nonexistent/topo.xml");
+    FAIL() << "no error";
+  } catch (const mncl::Error &e) {
+    EXPECT_EQ(e.status(), MNCL_ERR_SYSTEM);
+    EXPECT_CONTAINS(e.what(), "/nonexistent/topo.xml");
+  }
+  try {
+    topo::Topology::load_xml(xml("make_topologies.py"));
+    FAIL() << "no error";
+  } catch (const mncl::Error &e) {
+    EXPECT_CONTAINS(e.what(), "make_topologies.py");
+  }
+}
+
+TEST(Load, ThisMachine) {
+  const auto t = topo::Topology::load_this_machine();
+  const auto &s = t->summary();
+  EXPECT_TRUE(s.is_this_system);
+  EXPECT_EQ(s.source, "this machine");
+  EXPECT_GE(s.num_cores(), 1);
+  EXPECT_GE(s.num_pus(), s.num_cores());
+  EXPECT_GE(s.numa_nodes.size(), 1u);
+  EXPECT_FALSE(s.hostname.empty());
+  EXPECT_LE(s.num_pus(), sysconf(_SC_NPROCESSORS_ONLN));
+}
+
+TEST(Load, HwlocXmlFileReplacesThisMachine) {
+  ASSERT_EQ(setenv("HWLOC_XMLFILE", xml("cpu_2socket_ib.xml").c_str(), 1), 0);
+  std::unique_ptr<topo::Topology> t;
+  try {
+    t = topo::Topology::load_this_machine();
+  } catch (...) {
+    unsetenv("HWLOC_XMLFILE");
+    throw;
+  }
+  unsetenv("HWLOC_XMLFILE");
+  EXPECT_EQ(t->summary().hostname, "cpu-node-17");
+  EXPECT_FALSE(t->summary().is_this_system);
+  EXPECT_CONTAINS(t->summary().source, "HWLOC_XMLFILE");
+  EXPECT_TRUE(t->current_binding().empty());  // not this machine: nothing to ask
+  EXPECT_THROW(t->bind(CpuSet({0})), mncl::Error);
+}
+
+TEST(Load, BindingOnThisMachineRestrictsAffinity) {
+  // In a child, so the test process keeps its CPUs.
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    int code = 0;
+    try {
+      const auto t = topo::Topology::load_this_machine();
+      const int pu = t->summary().all_cpus.pus().back();
+      t->bind(CpuSet({pu}));
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      if (sched_getaffinity(0, sizeof set, &set) != 0)
+        code = 2;
+      else if (CPU_COUNT(&set) != 1 || !CPU_ISSET(pu, &set))
+        code = 3;
+      else if (t->current_binding() != CpuSet({pu}))
+        code = 4;
+    } catch (...) {
+      code = 5;
+    }
+    _exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The backend rules, one test per rule and machine
+// ---------------------------------------------------------------------------------------------
+
+TEST(Memory, AutoMeansCudaOnNvidiaHosts) {
+  EXPECT_EQ(topo::resolve_memory("auto", dgx()), MemoryType::kCuda);
+  EXPECT_EQ(topo::resolve_memory("", workstation()), MemoryType::kCuda);
+  EXPECT_EQ(topo::resolve_memory("auto", cpu2()), MemoryType::kHost);
+  EXPECT_EQ(topo::resolve_memory("auto", laptop()), MemoryType::kHost);  // Intel iGPU only
+  EXPECT_EQ(topo::resolve_memory("host", dgx()), MemoryType::kHost);
+  EXPECT_EQ(topo::resolve_memory("cuda", laptop()), MemoryType::kCuda);
+  try {
+    topo::resolve_memory("gpu", dgx());
+    FAIL() << "no error";
+  } catch (const mncl::Error &e) {
+    EXPECT_EQ(e.status(), MNCL_ERR_INVALID_ARGUMENT);
+    EXPECT_CONTAINS(e.what(), "MNCL_MEMORY='gpu'");
+  }
+}
+
+TEST(Rules, SingleHostFacts) {
+  EXPECT_TRUE(topo::single_host(job(1, 1, false, MemoryType::kHost)));
+  JobFacts f;
+  f.size = 4;
+  EXPECT_FALSE(topo::single_host(f));  // nothing known: not assumed
+  f.local_size = 4;
+  EXPECT_TRUE(topo::single_host(f));  // the launcher says all 4 are here
+  f.num_hosts = 2;
+  EXPECT_FALSE(topo::single_host(f));
+  f.size = 1;
+  EXPECT_TRUE(topo::single_host(f));
+}
+
+TEST(Rules, DgxCudaMemoryChoosesNccl) {
+  for (bool mpi : {false, true}) {
+    const auto d = decide(dgx(), job(16, 2, mpi, MemoryType::kCuda), installed(mpi));
+    EXPECT_EQ(d.backend, "nccl");
+    EXPECT_EQ(d.rule, Rule::kCudaNccl);
+    EXPECT_CONTAINS(d.reason, "8 NVIDIA GPUs: nccl");
+    EXPECT_EQ(d.transport, "");
+    EXPECT_EQ(d.ranked.front(), "nccl");
+    EXPECT_EQ(d.ranked.back(), "naive");
+  }
+}
+
+TEST(Rules, SingleHostGpuJobChoosesNcclToo) {
+  const auto d = decide(workstation(), job(2, 1, false, MemoryType::kCuda),
+                        installed(false, {"nccl", "gloo", "shm", "naive"}));
+  EXPECT_EQ(d.backend, "nccl");
+  EXPECT_EQ(d.ranked, (std::vector<std::string>{"nccl", "shm", "gloo", "naive"}));
+}
+
+TEST(Rules, CudaMemoryWithoutNcclPrefersACudaCapablePlugin) {
+  auto c = installed(true, {"flat", "gloo", "naive"});
+  c[0].caps |= kCuda;  // CUDA-aware MPI
+  const auto d = decide(dgx(), job(16, 2, true, MemoryType::kCuda), c);
+  EXPECT_EQ(d.backend, "flat");
+  EXPECT_EQ(d.rule, Rule::kCudaCapable);
+  EXPECT_CONTAINS(d.reason, "flat handles CUDA buffers");
+  EXPECT_CONTAINS(d.reason, "passed over: nccl not installed");
+}
+
+TEST(Rules, CudaMemoryWithNothingCudaCapableStagesThroughHost) {
+  const auto d = decide(dgx(), job(16, 2, false, MemoryType::kCuda),
+                        installed(false, {"flat", "gloo", "naive"}));
+  EXPECT_EQ(d.backend, "gloo");
+  EXPECT_EQ(d.rule, Rule::kGloo);
+  EXPECT_EQ(d.transport, "ibverbs");
+  EXPECT_CONTAINS(d.reason, "staged through host memory");
+  EXPECT_CONTAINS(d.reason, "nccl not installed");
+}
+
+TEST(Rules, NcclProbeRefusalIsReported) {
+  auto c = installed(false);
+  c[0].score = 0;
+  c[0].reason = "no CUDA driver";
+  const auto d = decide(dgx(), job(16, 2, false, MemoryType::kCuda), c);
+  EXPECT_EQ(d.backend, "gloo");
+  EXPECT_CONTAINS(d.reason, "nccl unusable: no CUDA driver");
+  EXPECT_EQ(d.ranked, (std::vector<std::string>{"gloo", "naive"}));
+}
+
+TEST(Rules, HostMemoryAcrossInfiniBandHostsUnderMpiChoosesFlat) {
+  const auto d = decide(cpu2(), job(64, 4, true, MemoryType::kHost), installed(true));
+  EXPECT_EQ(d.backend, "flat");
+  EXPECT_EQ(d.rule, Rule::kMpiFlat);
+  EXPECT_CONTAINS(d.reason, "host memory, 64 ranks on 4 hosts, launched by MPI");
+  EXPECT_CONTAINS(d.reason, "MPI drives the InfiniBand fabric");
+  // nccl handles no host memory: never a candidate for host buffers.
+  EXPECT_EQ(d.ranked, (std::vector<std::string>{"flat", "gloo", "naive"}));
+}
+
+TEST(Rules, HostMemoryAcrossInfiniBandHostsWithoutMpiChoosesGlooOverIbverbs) {
+  const auto d = decide(cpu2(), job(64, 4, false, MemoryType::kHost), installed(false));
+  EXPECT_EQ(d.backend, "gloo");
+  EXPECT_EQ(d.rule, Rule::kGloo);
+  EXPECT_EQ(d.transport, "ibverbs");
+  EXPECT_CONTAINS(d.reason, "not launched by MPI, InfiniBand between hosts: gloo over ibverbs");
+}
+
+TEST(Rules, DgxWithHostMemoryUnderMpiChoosesFlat) {
+  const auto d = decide(dgx(), job(16, 2, true, MemoryType::kHost), installed(true));
+  EXPECT_EQ(d.backend, "flat");
+  EXPECT_CONTAINS(d.reason, "InfiniBand fabric");
+}
+
+TEST(Rules, HostMemoryOverTcpUnderMpiChoosesFlat) {
+  const auto d = decide(laptop(), job(8, 2, true, MemoryType::kHost), installed(true));
+  EXPECT_EQ(d.backend, "flat");
+  EXPECT_CONTAINS(d.reason, "MPI drives the network (TCP, no InfiniBand)");
+}
+
+TEST(Rules, HostMemoryOverTcpWithoutMpiChoosesGlooOverTcp) {
+  const auto d = decide(laptop(), job(8, 2, false, MemoryType::kHost), installed(false));
+  EXPECT_EQ(d.backend, "gloo");
+  EXPECT_EQ(d.transport, "tcp");
+  EXPECT_CONTAINS(d.reason, "no InfiniBand: gloo over TCP");
+  // A down InfiniBand port is no InfiniBand.
+  const auto down = decide(ib_down(), job(8, 2, false, MemoryType::kHost), installed(false));
+  EXPECT_EQ(down.transport, "tcp");
+}
+
+TEST(Rules, MpiWithFlatUnusableFallsBackToGlooAndSaysWhy) {
+  auto c = installed(true);
+  c[1].score = 0;
+  c[1].reason = "MPI_Init failed";
+  const auto d = decide(cpu2(), job(64, 4, true, MemoryType::kHost), c);
+  EXPECT_EQ(d.backend, "gloo");
+  EXPECT_CONTAINS(d.reason, "passed over: flat unusable: MPI_Init failed");
+}
+
+TEST(Rules, SingleHostPrefersShmWhenInstalled) {
+  const auto all = std::vector<std::string>{"nccl", "flat", "gloo", "shm", "naive"};
+  for (bool mpi : {false, true}) {
+    const auto d = decide(laptop(), job(4, 1, mpi, MemoryType::kHost), installed(mpi, all));
+    EXPECT_EQ(d.backend, "shm");
+    EXPECT_EQ(d.rule, Rule::kSingleHostShm);
+  }
+  // Known to be one host from the launcher's local size, before the rendezvous.
+  JobFacts f;
+  f.size = 4;
+  f.local_size = 4;
+  EXPECT_EQ(decide(laptop(), f, installed(false, all)).backend, "shm");
+  // Across hosts shm is no use: ordered after gloo by its score, before naive.
+  const auto d = decide(laptop(), job(8, 2, false, MemoryType::kHost), installed(false, all));
+  EXPECT_EQ(d.backend, "gloo");
+  EXPECT_EQ(d.ranked, (std::vector<std::string>{"gloo", "shm", "naive"}));
+}
+
+TEST(Rules, SingleHostWithoutShmFollowsTheOtherRules) {
+  const auto plain = decide(laptop(), job(4, 1, false, MemoryType::kHost), installed(false));
+  EXPECT_EQ(plain.backend, "gloo");
+  EXPECT_EQ(plain.transport, "tcp");
+  EXPECT_CONTAINS(plain.reason, "gloo over TCP loopback");
+  EXPECT_CONTAINS(plain.reason, "shm not installed");
+  // One host with InfiniBand: still loopback, verbs buy nothing there.
+  EXPECT_EQ(decide(cpu2(), job(4, 1, false, MemoryType::kHost), installed(false)).transport, "tcp");
+  const auto mpi = decide(laptop(), job(4, 1, true, MemoryType::kHost), installed(true));
+  EXPECT_EQ(mpi.backend, "flat");
+}
+
+TEST(Rules, NaiveOnlyWhenNothingElseLoads) {
+  const auto d = decide(laptop(), job(2, 1, false, MemoryType::kHost), installed(false, {"naive"}));
+  EXPECT_EQ(d.backend, "naive");
+  EXPECT_EQ(d.rule, Rule::kNaive);
+  EXPECT_CONTAINS(d.reason, "nothing else is usable");
+  EXPECT_CONTAINS(d.reason, "gloo not installed");
+  // Even a CUDA job on a GPU node ends there when nothing else loads.
+  EXPECT_EQ(decide(dgx(), job(8, 1, false, MemoryType::kCuda), installed(false, {"naive"})).backend,
+            "naive");
+}
+
+TEST(Rules, UnnamedPluginsAreOrderedByProbeScore) {
+  std::vector<Candidate> c = {{"naive", kHost, 10, ""},
+                              {"mock", kHost, 5, ""},
+                              {"other", kHost, 30, ""},
+                              {"alpha", kHost, 30, ""}};
+  const auto d = decide(laptop(), job(2, 2, false, MemoryType::kHost), c);
+  EXPECT_EQ(d.backend, "alpha");  // ties broken by name, identically on every rank
+  EXPECT_EQ(d.rule, Rule::kBestScore);
+  EXPECT_EQ(d.ranked, (std::vector<std::string>{"alpha", "other", "mock", "naive"}));
+}
+
+TEST(Rules, NothingUsableSaysWhyForEachPlugin) {
+  std::vector<Candidate> c = {{"flat", kHost, 0, "not launched by mpirun"},
+                              {"nccl", kCuda, 100, ""}};
+  const auto d = decide(laptop(), job(2, 2, false, MemoryType::kHost), c);
+  EXPECT_EQ(d.backend, "");
+  EXPECT_EQ(d.rule, Rule::kNone);
+  EXPECT_CONTAINS(d.reason, "flat unusable: not launched by mpirun");
+  EXPECT_CONTAINS(d.reason, "nccl does not handle host memory");
+  EXPECT_CONTAINS(decide(laptop(), job(2, 2, false, MemoryType::kHost), {}).reason, "none loaded");
+}
+
+TEST(Rules, PerMemoryOverridesReplaceTheRules) {
+  topo::Overrides o;
+  o.host = "flat,gloo";
+  // flat unusable without MPI: the next in the user's list, with the reason.
+  const auto d = decide(cpu2(), job(8, 2, false, MemoryType::kHost), installed(false), o);
+  EXPECT_EQ(d.backend, "gloo");
+  EXPECT_EQ(d.rule, Rule::kOverride);
+  EXPECT_EQ(d.transport, "ibverbs");
+  EXPECT_CONTAINS(d.reason, "MNCL_BACKEND_HOST=flat,gloo: gloo; flat unusable");
+  EXPECT_EQ(d.ranked, std::vector<std::string>{"gloo"});
+  // The host override does not touch CUDA jobs, and the CUDA one not host jobs.
+  EXPECT_EQ(decide(dgx(), job(8, 1, false, MemoryType::kCuda), installed(false), o).backend,
+            "nccl");
+  o.cuda = "gloo";
+  EXPECT_EQ(decide(dgx(), job(8, 1, false, MemoryType::kCuda), installed(false), o).backend,
+            "gloo");
+  // Nothing usable in an override is an error, never a silent fallback to the rules.
+  o.host = "shm";
+  const auto none = decide(laptop(), job(2, 1, false, MemoryType::kHost), installed(false), o);
+  EXPECT_EQ(none.backend, "");
+  EXPECT_CONTAINS(none.reason, "MNCL_BACKEND_HOST=shm: nothing in it is usable here");
+  EXPECT_CONTAINS(none.reason, "shm not installed");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Process binding
+// ---------------------------------------------------------------------------------------------
+
+TEST(Binding, ParsesModes) {
+  EXPECT_EQ(topo::parse_bind_mode("none"), BindMode::kNone);
+  EXPECT_EQ(topo::parse_bind_mode("numa"), BindMode::kNuma);
+  EXPECT_EQ(topo::parse_bind_mode("core"), BindMode::kCore);
+  EXPECT_EQ(topo::parse_bind_mode("auto"), BindMode::kAuto);
+  EXPECT_EQ(topo::parse_bind_mode(""), BindMode::kAuto);
+  try {
+    topo::parse_bind_mode("socket");
+    FAIL() << "no error";
+  } catch (const mncl::Error &e) {
+    EXPECT_EQ(e.status(), MNCL_ERR_INVALID_ARGUMENT);
+    EXPECT_CONTAINS(e.what(), "MNCL_BIND='socket'");
+  }
+}
+
+TEST(Binding, DgxAutoBindsEachRankNearItsGpu) {
+  const auto &t = dgx();
+  for (int r = 0; r < 8; ++r) {
+    const auto b = bind(t, BindMode::kAuto, r, 8, r);
+    EXPECT_EQ(b.cpus, t.gpus[r].locality.cpus) << b.reason;
+    EXPECT_CONTAINS(b.reason, "near GPU " + std::to_string(r));
+  }
+  const auto b0 = bind(t, BindMode::kAuto, 0, 8, 0);
+  EXPECT_EQ(b0.cpus.to_string(), "48-63,176-191");  // GPU 0 is on NUMA node 3, not 0
+  EXPECT_CONTAINS(b0.reason, "GPU 0 (0000:07:00.0, NUMA node 3)");
+  // A GPU the topology does not have: spread over NUMA nodes instead.
+  EXPECT_EQ(bind(t, BindMode::kAuto, 1, 8, 42).cpus, t.numa_nodes[1].cpus);
+}
+
+TEST(Binding, DgxHostJobSpreadsOverNumaNodes) {
+  const auto &t = dgx();
+  for (int r = 0; r < 8; ++r) {
+    EXPECT_EQ(bind(t, BindMode::kAuto, r, 8).cpus, t.numa_nodes[r].cpus);
+    EXPECT_EQ(bind(t, BindMode::kNuma, r, 8, r).cpus, t.numa_nodes[r].cpus);  // numa ignores GPUs
+  }
+  // 2 ranks: a package's 4 nodes each; 16 ranks: 2 per node.
+  const auto half = bind(t, BindMode::kNuma, 1, 2);
+  EXPECT_EQ(half.cpus.to_string(), "64-127,192-255");
+  EXPECT_CONTAINS(half.reason, "NUMA nodes 4-7");
+  EXPECT_EQ(bind(t, BindMode::kNuma, 15, 16).cpus, t.numa_nodes[7].cpus);
+  EXPECT_EQ(bind(t, BindMode::kNuma, 14, 16).cpus, t.numa_nodes[7].cpus);
+  EXPECT_EQ(bind(t, BindMode::kNuma, 13, 16).cpus, t.numa_nodes[6].cpus);
+}
+
+TEST(Binding, DgxCoreModeGivesBlocksOfWholeCores) {
+  const auto &t = dgx();
+  const auto b = bind(t, BindMode::kCore, 0, 8);
+  EXPECT_EQ(b.cpus.to_string(), "0-15,128-143");  // 16 cores with both hyperthreads
+  EXPECT_CONTAINS(b.reason, "cores 0-15 of 128");
+  EXPECT_EQ(bind(t, BindMode::kCore, 7, 8).cpus.to_string(), "112-127,240-255");
+}
+
+TEST(Binding, TwoSocketNodeSpreadsRanksOverSockets) {
+  const auto &t = cpu2();
+  EXPECT_EQ(bind(t, BindMode::kAuto, 0, 2).cpus.to_string(), "0-15,32-47");
+  EXPECT_EQ(bind(t, BindMode::kAuto, 1, 2).cpus.to_string(), "16-31,48-63");
+  EXPECT_EQ(bind(t, BindMode::kAuto, 1, 4).cpus, t.numa_nodes[0].cpus);
+  EXPECT_EQ(bind(t, BindMode::kAuto, 2, 4).cpus, t.numa_nodes[1].cpus);
+  // One rank per host: its share is the whole machine, so it is left alone.
+  const auto one = bind(t, BindMode::kAuto, 0, 1);
+  EXPECT_TRUE(one.cpus.empty());
+  EXPECT_CONTAINS(one.reason, "the whole machine: not bound");
+}
+
+TEST(Binding, LaptopAutoDoesNotBindButCoreModeDoes) {
+  const auto &t = laptop();
+  const auto a = bind(t, BindMode::kAuto, 1, 4);
+  EXPECT_TRUE(a.cpus.empty());
+  EXPECT_CONTAINS(a.reason, "NUMA node 0");
+  EXPECT_CONTAINS(a.reason, "not bound");
+  EXPECT_EQ(bind(t, BindMode::kCore, 1, 4).cpus.to_string(), "1,5");  // core 1 and its sibling
+  EXPECT_EQ(bind(t, BindMode::kCore, 1, 2).cpus.to_string(), "2-3,6-7");
+  const auto shared = bind(t, BindMode::kCore, 7, 8);
+  EXPECT_EQ(shared.cpus.to_string(), "3,7");
+  EXPECT_CONTAINS(shared.reason, "more ranks than cores");
+}
+
+TEST(Binding, GpuAttachedToTheWholeMachineGivesNoPreference) {
+  const auto b = bind(workstation(), BindMode::kAuto, 0, 2, 0);
+  EXPECT_TRUE(b.cpus.empty());
+  EXPECT_CONTAINS(b.reason, "not bound");
+}
+
+TEST(Binding, NoneUnknownRankAndLauncherBindingLeaveTheProcessAlone) {
+  const auto &t = cpu2();
+  EXPECT_TRUE(bind(t, BindMode::kNone, 0, 2).cpus.empty());
+  const auto unknown = bind(t, BindMode::kNuma, -1, -1);
+  EXPECT_TRUE(unknown.cpus.empty());
+  EXPECT_CONTAINS(unknown.reason, "local rank unknown");
+  // mpirun --bind-to core put us on CPUs 0-3: auto keeps that, an explicit mode does not.
+  const auto kept = bind(t, BindMode::kAuto, 1, 2, -1, CpuSet::parse("0-3"));
+  EXPECT_TRUE(kept.cpus.empty());
+  EXPECT_CONTAINS(kept.reason, "already bound to CPUs 0-3");
+  EXPECT_EQ(bind(t, BindMode::kNuma, 1, 2, -1, CpuSet::parse("0-3")).cpus, t.numa_nodes[1].cpus);
+  // Ranks that are threads of one process: no placement suits them all.
+  topo::BindRequest threads;
+  threads.mode = BindMode::kCore;
+  threads.local_rank = 0;
+  threads.local_size = 4;
+  threads.ranks_in_process = 4;
+  const auto shared = topo::compute_binding(t, threads);
+  EXPECT_TRUE(shared.cpus.empty());
+  EXPECT_CONTAINS(shared.reason, "4 ranks share this process");
+  // Bound to everything is not bound.
+  EXPECT_EQ(bind(t, BindMode::kAuto, 1, 2, -1, t.all_cpus).cpus, t.numa_nodes[1].cpus);
+}
+
+TEST(Binding, NeverAppliedFromAForeignTopology) {
+  const auto t = topo::Topology::load_xml(xml("cpu_2socket_ib.xml"));
+  topo::BindRequest r;
+  r.local_rank = 0;
+  r.local_size = 2;
+  // bind_this_process acts once per process: this is the only test that calls it.
+  const auto b = topo::bind_this_process(t.get(), r);
+  EXPECT_TRUE(b.cpus.empty());
+  EXPECT_CONTAINS(b.reason, "not applied");
+  EXPECT_EQ(topo::bind_this_process(nullptr, r).reason, b.reason);  // the first outcome stays
+}
+
+// ---------------------------------------------------------------------------------------------
+// Agreement across ranks
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+topo::RankChoice auto_choice(std::vector<std::string> ranked) {
+  return topo::RankChoice{ranked.front(), false, "auto", ranked};
+}
+topo::RankChoice forced(const std::string &backend, const std::string &how) {
+  return topo::RankChoice{backend, true, how, {backend}};
+}
+}  // namespace
+
+TEST(Agreement, RecordsRoundTrip) {
+  const auto c = auto_choice({"nccl", "gloo", "naive"});
+  const auto back = topo::parse_choice(topo::serialize(c));
+  EXPECT_EQ(back.backend, "nccl");
+  EXPECT_FALSE(back.forced);
+  EXPECT_EQ(back.how, "auto");
+  EXPECT_EQ(back.ranked, c.ranked);
+  const auto f = topo::parse_choice(topo::serialize(forced("naive", "MNCL_BACKEND=naive")));
+  EXPECT_TRUE(f.forced);
+  EXPECT_EQ(f.how, "MNCL_BACKEND=naive");
+  EXPECT_THROW(topo::parse_choice("ok\ngloo\n"), mncl::Error);
+}
+
+TEST(Agreement, UnanimousChoiceStands) {
+  const auto a = topo::agree({auto_choice({"gloo", "naive"}), auto_choice({"gloo", "naive"})});
+  EXPECT_EQ(a.backend, "gloo");
+  EXPECT_TRUE(a.error.empty());
+}
+
+TEST(Agreement, ForcedChoiceOnOneRankFailsEveryRankNamingEachChoice) {
+  const auto a = topo::agree({auto_choice({"gloo", "naive"}), forced("naive", "MNCL_BACKEND=naive"),
+                              auto_choice({"gloo", "naive"}), auto_choice({"gloo", "naive"})});
+  EXPECT_EQ(a.backend, "");
+  EXPECT_CONTAINS(a.error, "ranks disagree on the backend");
+  EXPECT_CONTAINS(a.error, "gloo (auto): ranks 0, 2 and 3");
+  EXPECT_CONTAINS(a.error, "naive (MNCL_BACKEND=naive): rank 1");
+  // Same with a per-memory override on one rank.
+  const auto b =
+      topo::agree({auto_choice({"flat", "gloo"}), forced("gloo", "MNCL_BACKEND_HOST=gloo")});
+  EXPECT_CONTAINS(b.error, "gloo (MNCL_BACKEND_HOST=gloo): rank 1");
+  EXPECT_CONTAINS(b.error, "flat (auto): rank 0");
+}
+
+TEST(Agreement, RanksOnDifferentMachinesPickTheBestCommonBackend) {
+  // Ranks 0-2 on GPU nodes, rank 3 on a CPU node: nccl is not usable there.
+  const auto a =
+      topo::agree({auto_choice({"nccl", "gloo", "naive"}), auto_choice({"nccl", "gloo", "naive"}),
+                   auto_choice({"nccl", "gloo", "naive"}), auto_choice({"gloo", "naive"})});
+  EXPECT_EQ(a.backend, "gloo");
+  EXPECT_CONTAINS(a.why, "nccl (auto): ranks 0-2");
+  // The worst rank's view decides, then the sum: b (positions 1,1) beats a (0,2).
+  const auto b = topo::agree({auto_choice({"a", "b", "c"}), auto_choice({"c", "b", "a"})});
+  EXPECT_EQ(b.backend, "b");
+  const auto none = topo::agree({auto_choice({"nccl"}), auto_choice({"gloo"})});
+  EXPECT_EQ(none.backend, "");
+  EXPECT_CONTAINS(none.error, "no backend is usable on every rank");
+  EXPECT_CONTAINS(none.error, "rank 1: gloo");
+}
+
+// ---------------------------------------------------------------------------------------------
+// What mncl-info --topology prints
+// ---------------------------------------------------------------------------------------------
+
+TEST(Report, DescribesEachMachine) {
+  const std::string l = topo::describe(laptop());
+  EXPECT_CONTAINS(l, "1 package, 4 cores, 8 PUs (CPUs 0-7)");
+  EXPECT_CONTAINS(l, "none (no NVIDIA GPU)");
+  EXPECT_CONTAINS(l, "InfiniBand   no");
+  const std::string d = topo::describe(dgx());
+  EXPECT_CONTAINS(d, "GPUs         8 NVIDIA");
+  EXPECT_CONTAINS(d, "GPU 0       0000:07:00.0  NVIDIA A100-SXM4-80GB [10de:20b0]  NUMA node 3");
+  EXPECT_CONTAINS(d, "mlx5_0      InfiniBand (active)  0000:0c:00.0  NUMA node 3");
+  EXPECT_CONTAINS(d, "mlx5_8      RoCE (active)");
+  EXPECT_CONTAINS(topo::one_line(cpu2()),
+                  "cpu-node-17: 2 packages, 2 NUMA nodes, 32 cores, 64 PUs, no NVIDIA GPU, "
+                  "1 InfiniBand/RoCE device");
+  EXPECT_CONTAINS(topo::one_line(ib_down()), "InfiniBand/RoCE ports down");
+}
