@@ -13,11 +13,13 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/scatter.h>
 #include <gloo/types.h>
+#include <signal.h>
 
 #include <chrono>
 #include <climits>
 #include <cstring>
 #include <exception>
+#include <mutex>
 #include <thread>
 #include <type_traits>
 
@@ -40,6 +42,21 @@ constexpr uint8_t kShutdownSlotPrefix = 0x42;
 // Tag of the barrier that ends comm_create; coll->seq never gets there in practice.
 constexpr uint32_t kCreateBarrierTag = 0xffffffffu;
 constexpr int64_t kFallbackTimeoutMs = 300000;
+
+// Gloo writes to its sockets without MSG_NOSIGNAL, so a peer that dies mid-transfer would kill
+// this whole process with SIGPIPE instead of failing the collective. Ignore the signal unless
+// the application installed its own handler (then EPIPE still reaches Gloo as an error).
+void ignore_sigpipe_once(const mncl_host_v1_t *host) {
+  static std::once_flag once;
+  std::call_once(once, [host] {
+    struct sigaction current {};
+    if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+      signal(SIGPIPE, SIG_IGN);
+      MNCL_KIT_LOG(host, MNCL_LOG_INFO,
+                   "gloo: SIGPIPE is now ignored, so a lost peer is an error, not a crash");
+    }
+  });
+}
 
 const char *kind_name(int32_t kind) {
   switch (kind) {
@@ -234,6 +251,7 @@ Comm::Comm(const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host, const Sett
       sent_(static_cast<size_t>(bs.size), 0),
       received_(static_cast<size_t>(bs.size), 0) {
   if (size_ == 1) return;  // nothing to connect: every collective is a local copy
+  ignore_sigpipe_once(host_);
   device_ = create_device(settings_.transport, registry_);
   const std::string where = kit::format("gloo comm_create ('%s', rank %d of %d, %s)",
                                         comm_id_.c_str(), rank_, size_, device_->str().c_str());
@@ -272,8 +290,10 @@ Comm::~Comm() {
     try {
       quiesce();
     } catch (const std::exception &e) {
-      MNCL_KIT_LOG(host_, MNCL_LOG_WARN, "gloo: comm '%s' rank %d: closing without the final "
-                   "exchange: %s", comm_id_.c_str(), rank_, e.what());
+      MNCL_KIT_LOG(host_, MNCL_LOG_WARN,
+                   "gloo: comm '%s' rank %d: closing without the final "
+                   "exchange: %s",
+                   comm_id_.c_str(), rank_, e.what());
     }
   }
   context_.reset();  // closes the pairs before their device goes
