@@ -124,6 +124,11 @@ struct Options {
   std::size_t fusion_bytes = std::size_t{4} << 20;
   std::string checkpoint_dir;  // empty: no checkpoints
   double min_accuracy = 0;     // exit 1 if the final test accuracy is lower
+  int loader_threads = 2;      // background batch assemblers (0: in the training thread)
+  std::size_t prefetch = 4;    // batches assembled ahead
+  int allreduce_every = 1;     // micro-batches per gradient exchange
+  int per_rank_batch = 0;      // > 0: weak scaling, the global batch is this times the ranks
+  int model_parallel = 2;      // hybrid example: pipeline stages per replica
 };
 
 inline const char *kUsage =
@@ -142,7 +147,12 @@ inline const char *kUsage =
     "  --double-buffering    overlap the gradient exchange with the next step\n"
     "  --fusion-bytes N      fusion buffer size in bytes (4194304)\n"
     "  --checkpoint-dir DIR  save every epoch there, and resume from it\n"
-    "  --min-accuracy X      exit 1 if the final test accuracy is below X (0..1)\n";
+    "  --min-accuracy X      exit 1 if the final test accuracy is below X (0..1)\n"
+    "  --loader-threads N    background threads assembling batches (2; 0: none)\n"
+    "  --prefetch N          batches assembled ahead of training (4)\n"
+    "  --allreduce-every K   split each rank's batch into K micro-batches, one exchange (1)\n"
+    "  --per-rank-batch N    weak scaling: global batch = N x ranks (overrides --batch-size)\n"
+    "  --model-parallel M    hybrid example: pipeline stages per replica (2)\n";
 
 inline Options parse_options(int argc, char **argv) {
   Options o;
@@ -162,6 +172,11 @@ inline Options parse_options(int argc, char **argv) {
       {"--fusion-bytes", [&](const std::string &v) { o.fusion_bytes = std::stoull(v); }},
       {"--checkpoint-dir", [&](const std::string &v) { o.checkpoint_dir = v; }},
       {"--min-accuracy", [&](const std::string &v) { o.min_accuracy = std::stod(v); }},
+      {"--loader-threads", [&](const std::string &v) { o.loader_threads = std::stoi(v); }},
+      {"--prefetch", [&](const std::string &v) { o.prefetch = std::stoull(v); }},
+      {"--allreduce-every", [&](const std::string &v) { o.allreduce_every = std::stoi(v); }},
+      {"--per-rank-batch", [&](const std::string &v) { o.per_rank_batch = std::stoi(v); }},
+      {"--model-parallel", [&](const std::string &v) { o.model_parallel = std::stoi(v); }},
   };
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -183,6 +198,12 @@ inline Options parse_options(int argc, char **argv) {
   if (o.epochs < 0 || o.batch_size <= 0 || o.hidden <= 0) {
     throw std::invalid_argument("epochs, batch size and hidden units must be positive");
   }
+  if (o.loader_threads < 0 || o.allreduce_every < 1 || o.per_rank_batch < 0 ||
+      o.model_parallel < 1) {
+    throw std::invalid_argument(
+        "--loader-threads >= 0, --allreduce-every >= 1, --per-rank-batch >= 0 and "
+        "--model-parallel >= 1 please");
+  }
   if (o.lr_schedule != "cosine" && o.lr_schedule != "constant") {
     throw std::invalid_argument("--lr-schedule must be cosine or constant");
   }
@@ -198,6 +219,15 @@ inline float learning_rate(const Options &o, std::size_t step, std::size_t total
   if (o.lr_schedule == "constant" || total == 0) return o.lr;
   const double progress = static_cast<double>(step) / static_cast<double>(total);
   return static_cast<float>(o.lr * 0.5 * (1.0 + std::cos(3.141592653589793 * progress)));
+}
+
+// A training batch as the prefetching loader hands it over.
+struct Batch {
+  mncl::Tensor x;
+  std::vector<int32_t> labels;
+};
+inline void assemble(const Sample *const *samples, std::size_t n, Batch &out) {
+  make_batch(samples, n, out.x, out.labels);
 }
 
 using Clock = std::chrono::steady_clock;

@@ -6,7 +6,10 @@
 // optimizer broadcasts the initial model and averages gradients; the evaluator averages the
 // test metrics over the ranks' test shards; the checkpointer saves every epoch and resumes.
 // The global batch is split over the ranks, so runs with any number of ranks follow the same
-// optimisation path up to the order of the samples.
+// optimisation path up to the order of the samples (--per-rank-batch instead keeps the work per
+// rank fixed: weak scaling). A PrefetchLoader assembles each rank's batches on background
+// threads; --allreduce-every K exchanges gradients once per K micro-batches. Every epoch
+// reports samples/s and the share of training time spent waiting on communication and data.
 #include <cstdio>
 #include <memory>
 #include <stdexcept>
@@ -15,6 +18,7 @@
 
 #include "fashion_mnist.hpp"
 #include "mncl/frontends.hpp"
+#include "mncl/frontends/prefetch_loader.hpp"
 
 namespace {
 
@@ -57,10 +61,12 @@ int train(mncl::Communicator &comm, const Options &o, Optimizer inner) {
     }
     return fashion_mnist::kExitNoData;
   }
-  if (o.batch_size % comm.size() != 0) {
+  const int global_batch = o.per_rank_batch > 0 ? o.per_rank_batch * comm.size() : o.batch_size;
+  if (global_batch % (comm.size() * o.allreduce_every) != 0) {
     if (is_root) {
-      std::fprintf(stderr, "mnist_mlp: the batch size %d does not split over %d ranks\n",
-                   o.batch_size, comm.size());
+      std::fprintf(stderr,
+                   "mnist_mlp: the batch size %d does not split over %d ranks x %d micro-batches\n",
+                   global_batch, comm.size(), o.allreduce_every);
     }
     return 2;
   }
@@ -88,6 +94,7 @@ int train(mncl::Communicator &comm, const Options &o, Optimizer inner) {
   mncl::MultiNodeOptimizerOptions exchange;
   exchange.double_buffering = o.double_buffering;
   exchange.fusion_buffer_bytes = o.fusion_bytes;
+  exchange.allreduce_every = o.allreduce_every;
   if (o.grad_dtype == "float16") {
     exchange.grad_dtype = mncl::GradDtype::kFloat16;
   } else if (o.grad_dtype == "bfloat16") {
@@ -115,48 +122,65 @@ int train(mncl::Communicator &comm, const Options &o, Optimizer inner) {
     }
   }
 
-  const std::size_t local_batch = static_cast<std::size_t>(o.batch_size / comm.size());
-  const std::size_t steps = train_shard.size() / local_batch;
+  const std::size_t local_batch = static_cast<std::size_t>(global_batch / comm.size());
+  const std::size_t micro_batch = local_batch / static_cast<std::size_t>(o.allreduce_every);
+  // Each rank reshuffles its own shard every epoch (seeded per rank, so reproducible).
+  mncl::PrefetchOptions loading;
+  loading.batch_size = micro_batch;
+  loading.threads = o.loader_threads;
+  loading.depth = o.prefetch;
+  loading.seed = o.seed * 1000003u + static_cast<uint64_t>(comm.rank());
+  mncl::PrefetchLoader<Sample, fashion_mnist::Batch> loader(train_shard, loading,
+                                                            fashion_mnist::assemble);
+  const std::size_t steps =
+      loader.batches_per_epoch() / static_cast<std::size_t>(o.allreduce_every);
+  std::size_t grad_bytes = 0;
+  for (const auto &v : values) grad_bytes += v.size() * sizeof(float);
   if (is_root) {
     std::printf(
         "mnist_mlp: %d rank(s) on backend %s; MLP 784-%d-10; %s lr %g (%s); global batch %d (%zu "
-        "per rank); %zu steps/epoch; train shard %zu, test shard %zu; grads %s%s\n",
+        "per rank, %d micro-batch(es) of %zu); %zu steps/epoch; train shard %zu, test shard %zu; "
+        "grads %s (%zu bytes)%s; loader %d thread(s), prefetch %zu\n",
         comm.size(), comm.backend().c_str(), o.hidden, o.optimizer.c_str(), o.lr,
-        o.lr_schedule.c_str(), o.batch_size, local_batch, steps, train_shard.size(),
-        test_shard.size(), o.grad_dtype.c_str(), o.double_buffering ? ", double buffering" : "");
+        o.lr_schedule.c_str(), global_batch, local_batch, o.allreduce_every, micro_batch, steps,
+        train_shard.size(), test_shard.size(), o.grad_dtype.c_str(), grad_bytes,
+        o.double_buffering ? ", double buffering" : "", o.loader_threads, o.prefetch);
     std::fflush(stdout);
   }
 
-  mncl::Tensor x;
-  std::vector<int32_t> labels;
-  std::vector<const Sample *> batch(local_batch);
   mncl::SoftmaxCrossEntropy loss_fn;
   mncl::Metrics test_metrics{{"accuracy", 0.0}};
   double total_seconds = 0;
   for (int epoch = first_epoch; epoch <= o.epochs; ++epoch) {
     const auto start = fashion_mnist::Clock::now();
-    // Each rank reshuffles its own shard every epoch.
-    const auto order = mncl::permutation(train_shard.size(),
-                                         o.seed * 1000003u + static_cast<uint64_t>(epoch) * 7919u +
-                                             static_cast<uint64_t>(comm.rank()));
+    loader.start_epoch(static_cast<uint64_t>(epoch));
+    loader.reset_wait_seconds();
+    optimizer.reset_stats();
     double loss_sum = 0;
     std::size_t correct = 0, seen = 0;
     for (std::size_t step = 0; step < steps; ++step) {
-      for (std::size_t b = 0; b < local_batch; ++b) {
-        batch[b] = &train_shard[order[step * local_batch + b]];
-      }
       optimizer.actual_optimizer().options().lr =
           fashion_mnist::learning_rate(o, static_cast<std::size_t>(epoch - 1) * steps + step,
                                        static_cast<std::size_t>(o.epochs) * steps);
-      fashion_mnist::make_batch(batch.data(), local_batch, x, labels);
-      const float loss = loss_fn.forward(model.forward(x), labels);
-      model.backward(loss_fn.backward());
-      optimizer.update(values, grads);
-      loss_sum += static_cast<double>(loss) * local_batch;
-      correct += loss_fn.correct();
-      seen += local_batch;
+      for (int micro = 0; micro < o.allreduce_every; ++micro) {
+        const auto batch = loader.next();
+        const float loss = loss_fn.forward(model.forward(batch->x), batch->labels);
+        model.backward(loss_fn.backward());
+        optimizer.update(values, grads);  // exchanges and steps on the last micro-batch
+        loss_sum += static_cast<double>(loss) * micro_batch;
+        correct += loss_fn.correct();
+        seen += micro_batch;
+      }
     }
     const double train_seconds = fashion_mnist::seconds_since(start);
+    // Throughput from the slowest rank; wait shares averaged over the ranks.
+    std::vector<double> timing{train_seconds, optimizer.stats().wait_seconds,
+                               loader.wait_seconds()};
+    std::vector<double> slowest = timing;
+    comm.allreduce(slowest, mncl::ReduceOp::kMax);
+    comm.allreduce(timing, mncl::ReduceOp::kSum);
+    const double samples_per_s = static_cast<double>(steps) * global_batch / slowest[0];
+    const double comm_share = timing[1] / timing[0], data_share = timing[2] / timing[0];
     const auto train_metrics = evaluator.average(
         {{"loss", loss_sum / seen}, {"accuracy", static_cast<double>(correct) / seen}}, seen);
     test_metrics = evaluator.evaluate(test_shard, 500, [&](const Sample *s, std::size_t n) {
@@ -167,9 +191,18 @@ int train(mncl::Communicator &comm, const Options &o, Optimizer inner) {
     if (is_root) {
       std::printf(
           "epoch %d  train loss %.4f acc %.4f  test loss %.4f acc %.4f  time %.2f s (train "
-          "%.2f s)\n",
+          "%.2f s, %.0f samples/s, comm wait %.1f %%, data wait %.1f %%)\n",
           epoch, train_metrics.at("loss"), train_metrics.at("accuracy"), test_metrics.at("loss"),
-          test_metrics.at("accuracy"), epoch_seconds, train_seconds);
+          test_metrics.at("accuracy"), epoch_seconds, slowest[0], samples_per_s, 100 * comm_share,
+          100 * data_share);
+      // One machine-readable line per epoch for weak_scaling.sh.
+      std::printf(
+          "perf epoch=%d ranks=%d backend=%s double_buffering=%d steps=%zu "
+          "samples_per_s=%.1f step_ms=%.4f comm_wait_ms=%.4f data_wait_ms=%.4f "
+          "grad_bytes=%zu\n",
+          epoch, comm.size(), comm.backend().c_str(), o.double_buffering ? 1 : 0, steps,
+          samples_per_s, 1e3 * slowest[0] / steps, 1e3 * timing[1] / comm.size() / steps,
+          1e3 * timing[2] / comm.size() / steps, grad_bytes);
       std::fflush(stdout);
     }
     if (checkpointer) {

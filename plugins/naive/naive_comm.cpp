@@ -71,6 +71,47 @@ std::string rank_list(const std::vector<int> &ranks) {
   return out;
 }
 
+bool is_rooted(int32_t kind) {
+  return kind == MNCL_COLL_REDUCE || kind == MNCL_COLL_BCAST || kind == MNCL_COLL_SCATTER ||
+         kind == MNCL_COLL_GATHER;
+}
+
+// What every stored value starts with: the call that stored it (see naive_comm.h).
+struct Header {
+  uint32_t magic;
+  int32_t kind, dtype, op, root;  // op and root are -1 where the kind has none
+  uint32_t reserved;
+  uint64_t count;  // elements (all buffers together for the coalesced allreduce)
+
+  bool operator==(const Header &o) const {
+    return magic == o.magic && kind == o.kind && dtype == o.dtype && op == o.op &&
+           root == o.root && count == o.count;
+  }
+  std::string describe() const {
+    std::string out = kit::format("%s(%llu x %s", kind_name(kind),
+                                  static_cast<unsigned long long>(count), kit::dtype_name(dtype));
+    if (op >= 0) out += kit::format(", %s", kit::op_name(op));
+    if (root >= 0) out += kit::format(", root %d", root);
+    return out + ")";
+  }
+};
+constexpr uint32_t kHeaderMagic = 0x4e564831u;  // "NVH1"
+
+Header header_of(const mncl_coll_v1_t &c) {
+  Header h{kHeaderMagic, c.kind, c.dtype, is_reduction(c.kind) ? c.op : -1,
+           is_rooted(c.kind) ? c.root : -1, 0, c.count};
+  if (c.kind == MNCL_COLL_ALLREDUCE_COALESCED) {
+    h.count = 0;
+    for (size_t i = 0; i < c.nbufs; ++i) h.count += c.counts[i];
+  }
+  if (c.kind == MNCL_COLL_RECV) h.kind = MNCL_COLL_SEND;  // a receive matches a send
+  return h;
+}
+
+const void *payload(const Value &v) {
+  return static_cast<const unsigned char *>(v.data()) + sizeof(Header);
+}
+
 }  // namespace
 
 // The collective in progress: what error messages name, and its deadline.
@@ -81,6 +122,7 @@ struct Comm::Op {
   uint64_t key_id;   // <k>, the collective's number in store keys
   int64_t timeout_ms;
   Clock::time_point deadline;
+  Header header;  // what this rank's call stores, and expects to read
 
   std::string key(const std::string &suffix) const { return std::to_string(key_id) + "/" + suffix; }
   std::string where() const {
@@ -109,7 +151,8 @@ void Comm::execute(const mncl_coll_v1_t &c) {
         c.seq,
         p2p ? 0 : next_collective_++,
         c.timeout_ms > 0 ? c.timeout_ms : default_timeout_ms_,
-        Clock::time_point()};
+        Clock::time_point(),
+        Header{}};
   op.deadline = Clock::now() + std::chrono::milliseconds(op.timeout_ms);
   if (aborted_.load()) {
     throw kit::Error(MNCL_ERR_ABORTED, op.where() + ": the communicator was aborted");
@@ -124,6 +167,7 @@ void Comm::execute(const mncl_coll_v1_t &c) {
     throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
                      kit::format("%s: unknown op %d", op.where().c_str(), c.op));
   }
+  op.header = header_of(c);
   MNCL_KIT_LOG(host_, MNCL_LOG_TRACE, "%s: rank %d/%d %s %s count %zu root %d", op.where().c_str(),
                rank_, size_, kit::dtype_name(c.dtype),
                is_reduction(c.kind) ? kit::op_name(c.op) : "-", c.count, c.root);
@@ -168,7 +212,7 @@ void Comm::execute(const mncl_coll_v1_t &c) {
 template <typename Use>
 void Comm::exchange_shared(Op &op, const void *mine, size_t len, Use use) {
   auto key_of = [&](int src) { return op.key("r" + std::to_string(src)); };
-  if (size_ > 1) store_.set(key_of(rank_), mine, len);
+  if (size_ > 1) put(op, key_of(rank_), mine, len);
   read_in_rank_order(op, mine, len, key_of, /*delete_after=*/false, use);
   if (size_ == 1) return;
   std::vector<std::string> keys;
@@ -198,7 +242,7 @@ void Comm::read_in_rank_order(Op &op, const void *mine, size_t len, KeyOf key_of
       throw_missing(op, st, missing);
     }
     check_length(op, src, value, len);
-    use(src, value.data());
+    use(src, payload(value));
     if (delete_after) store_.del(key);
   }
 }
@@ -226,13 +270,42 @@ void Comm::done_reading(Op &op, int readers, const std::vector<std::string> &key
   }
 }
 
-// A size mismatch means the ranks disagree on count or dtype: say so rather than overrun.
+void Comm::put(const Op &op, const std::string &key, const void *data, size_t len) {
+  std::vector<unsigned char> framed(sizeof(Header) + len);
+  std::memcpy(framed.data(), &op.header, sizeof(Header));
+  if (len > 0) std::memcpy(framed.data() + sizeof(Header), data, len);
+  store_.set(key, framed.data(), framed.size());
+}
+
+// A header or size mismatch means the ranks disagree on the call: say so rather than combine
+// bytes of another meaning, or overrun.
 void Comm::check_length(const Op &op, int src, const Value &value, size_t len) const {
-  if (value.size() == len) return;
+  Header theirs{};
+  if (value.size() >= sizeof(Header)) std::memcpy(&theirs, value.data(), sizeof(Header));
+  if (value.size() < sizeof(Header) || theirs.magic != kHeaderMagic) {
+    throw kit::Error(MNCL_ERR_REMOTE,
+                     kit::format("%s: rank %d stored %zu bytes that are not a naive "
+                                 "contribution (another backend or version on that rank?)",
+                                 op.where().c_str(), src, value.size()));
+  }
+  if (!(theirs == op.header)) {
+    const size_t sent = value.size() - sizeof(Header);
+    throw kit::Error(
+        MNCL_ERR_REMOTE,
+        kit::format("%s: mismatched collective calls: rank %d called %s where rank %d calls %s%s",
+                    op.where().c_str(), src, theirs.describe().c_str(), rank_,
+                    op.header.describe().c_str(),
+                    sent == len ? ""
+                                : kit::format(" (rank %d sent %zu bytes where rank %d expects %zu)",
+                                              src, sent, rank_, len)
+                                      .c_str()));
+  }
+  if (value.size() == sizeof(Header) + len) return;
   throw kit::Error(MNCL_ERR_REMOTE,
                    kit::format("%s: rank %d sent %zu bytes where rank %d expects %zu (do count "
                                "and dtype agree on every rank?)",
-                               op.where().c_str(), src, value.size(), rank_, len));
+                               op.where().c_str(), src, value.size() - sizeof(Header), rank_,
+                               len));
 }
 
 void Comm::throw_missing(Op &op, mncl_status_t st, std::vector<int> missing) {
@@ -283,7 +356,7 @@ void Comm::reduce(Op &op, const mncl_coll_v1_t &c) {
   if (len == 0) return;
   auto key_of = [&](int src) { return op.key(kit::format("%d>%d", src, c.root)); };
   if (rank_ != c.root) {
-    store_.set(key_of(rank_), c.sendbuf, len);
+    put(op, key_of(rank_), c.sendbuf, len);
     return;
   }
   kit::Accumulator acc(c.dtype, c.op, c.count);
@@ -298,11 +371,11 @@ void Comm::bcast(Op &op, const mncl_coll_v1_t &c) {
   op.noun = "data";
   const std::string key = op.key("r" + std::to_string(c.root));
   if (rank_ == c.root) {
-    store_.set(key, c.recvbuf, len);  // BCAST uses recvbuf only
+    put(op, key, c.recvbuf, len);  // BCAST uses recvbuf only
     return;
   }
   Value value = read_one(op, c.root, key, len);
-  std::memcpy(c.recvbuf, value.data(), len);
+  std::memcpy(c.recvbuf, payload(value), len);
   done_reading(op, size_ - 1, {key});
 }
 
@@ -313,14 +386,14 @@ void Comm::scatter(Op &op, const mncl_coll_v1_t &c) {
   auto key_of = [&](int dst) { return op.key(kit::format("%d>%d", c.root, dst)); };
   if (rank_ == c.root) {
     for (int dst = 0; dst < size_; ++dst) {
-      if (dst != rank_) store_.set(key_of(dst), block(c.sendbuf, dst, len), len);
+      if (dst != rank_) put(op, key_of(dst), block(c.sendbuf, dst, len), len);
     }
     copy_block(c.recvbuf, block(c.sendbuf, rank_, len), len);
     return;
   }
   const std::string key = key_of(rank_);
   Value value = read_one(op, c.root, key, len);
-  std::memcpy(c.recvbuf, value.data(), len);
+  std::memcpy(c.recvbuf, payload(value), len);
   store_.del(key);
 }
 
@@ -329,7 +402,7 @@ void Comm::gather(Op &op, const mncl_coll_v1_t &c) {
   if (len == 0) return;
   auto key_of = [&](int src) { return op.key(kit::format("%d>%d", src, c.root)); };
   if (rank_ != c.root) {
-    store_.set(key_of(rank_), c.sendbuf, len);
+    put(op, key_of(rank_), c.sendbuf, len);
     return;
   }
   read_in_rank_order(
@@ -350,7 +423,7 @@ void Comm::reduce_scatter(Op &op, const mncl_coll_v1_t &c) {
   if (len == 0) return;
   auto key_of = [&](int src, int dst) { return op.key(kit::format("%d>%d", src, dst)); };
   for (int dst = 0; dst < size_; ++dst) {
-    if (dst != rank_) store_.set(key_of(rank_, dst), block(c.sendbuf, dst, len), len);
+    if (dst != rank_) put(op, key_of(rank_, dst), block(c.sendbuf, dst, len), len);
   }
   kit::Accumulator acc(c.dtype, c.op, c.count);
   read_in_rank_order(
@@ -365,7 +438,7 @@ void Comm::alltoall(Op &op, const mncl_coll_v1_t &c) {
   auto key_of = [&](int src, int dst) { return op.key(kit::format("%d>%d", src, dst)); };
   // Everything goes out before anything comes in, which is what makes in place safe.
   for (int dst = 0; dst < size_; ++dst) {
-    if (dst != rank_) store_.set(key_of(rank_, dst), block(c.sendbuf, dst, len), len);
+    if (dst != rank_) put(op, key_of(rank_, dst), block(c.sendbuf, dst, len), len);
   }
   read_in_rank_order(
       op, block(c.sendbuf, rank_, len), len, [&](int src) { return key_of(src, rank_); },
@@ -411,9 +484,8 @@ void Comm::send(Op &op, const mncl_coll_v1_t &c) {
   }
   const size_t len = c.count * kit::dtype_size(c.dtype);
   const uint64_t k = sent_[static_cast<size_t>(peer)];
-  static const char kEmpty = 0;  // a valid pointer for an empty message
-  store_.set(kit::format("p%d>%d/%llu", rank_, peer, static_cast<unsigned long long>(k)),
-             len > 0 ? c.sendbuf : &kEmpty, len);
+  put(op, kit::format("p%d>%d/%llu", rank_, peer, static_cast<unsigned long long>(k)),
+      c.sendbuf, len);
   ++sent_[static_cast<size_t>(peer)];
 }
 
@@ -429,7 +501,7 @@ void Comm::recv(Op &op, const mncl_coll_v1_t &c) {
   const std::string key =
       kit::format("p%d>%d/%llu", peer, rank_, static_cast<unsigned long long>(k));
   Value value = read_one(op, peer, key, len);
-  if (len > 0) std::memcpy(c.recvbuf, value.data(), len);
+  if (len > 0) std::memcpy(c.recvbuf, payload(value), len);
   store_.del(key);
   ++received_[static_cast<size_t>(peer)];
 }

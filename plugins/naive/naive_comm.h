@@ -23,6 +23,10 @@
 //   - keys with several readers: each reader increments <k>/n once it has read all it needs;
 //     the one that brings it to the number of readers deletes the keys and the counter;
 //   - barrier: the counter goes to 2*size (arrive, then leave); whoever reaches 2*size deletes.
+// Every stored value starts with a small header describing the call that stored it (kind, dtype,
+// op, root, count): a reader whose own call differs (mismatched collectives on different ranks)
+// fails with MNCL_ERR_REMOTE naming both, instead of combining bytes of another meaning.
+//
 // After a failure (timeout, abort) the keys of that op may remain: the communicator is unusable
 // then anyway. A send never matched by a recv also stays, as in MPI.
 #pragma once
@@ -77,6 +81,8 @@ class Comm {
   void read_in_rank_order(Op &op, const void *mine, size_t len, KeyOf key_of, bool delete_after,
                           Use use);
   Value read_one(Op &op, int src, const std::string &key, size_t len);
+  // Stores header + data under key.
+  void put(const Op &op, const std::string &key, const void *data, size_t len);
   void done_reading(Op &op, int readers, const std::vector<std::string> &keys);
   void check_length(const Op &op, int src, const Value &value, size_t len) const;
   [[noreturn]] void throw_missing(Op &op, mncl_status_t st, std::vector<int> missing);

@@ -562,7 +562,33 @@ std::string Comm::diagnosis(const mncl_coll_v1_t &coll, mncl_status_t status) {
       coll.kind == MNCL_COLL_SEND || coll.kind == MNCL_COLL_RECV) {
     return "";
   }
-  return diagnose_failure(*comm_store_, coll, rank_, size_, timeout_ms_, history_);
+  // On a helper thread, bounded: when the store itself is unreachable (a cut link), a store
+  // call only fails after the full timeout, and the error must not wait for that.
+  struct Result {
+    std::mutex mutex;
+    std::condition_variable cv;
+    bool done = false;
+    std::string text;
+  };
+  auto result = std::make_shared<Result>();
+  std::thread([result, store = comm_store_, coll, rank = rank_, size = size_,
+               timeout = timeout_ms_, dump = history_.dump(4),
+               hosts = job_ && job_->hosts_tcp_store] {
+    std::string text = diagnose_failure(*store, coll, rank, size, timeout, dump, hosts);
+    std::lock_guard<std::mutex> lock(result->mutex);
+    result->text = std::move(text);
+    result->done = true;
+    result->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(result->mutex);
+  // One grace for the wait plus a little for reading; three on the store's host (it lingers).
+  const bool host = job_ && job_->hosts_tcp_store;
+  const int64_t grace = diagnosis_grace_ms(timeout_ms_);
+  const auto limit = std::chrono::milliseconds(host ? 3 * grace + 100 : grace + 200);
+  if (!result->cv.wait_for(lock, limit, [&] { return result->done; })) {
+    return "; (no diagnosis: the store did not answer in time)";
+  }
+  return result->text;
 }
 
 std::unique_ptr<Comm> Comm::split(int color, int key) {
@@ -680,6 +706,7 @@ void Comm::destroy() {
           leave.push_back("leave/" + std::to_string(r));
           cleanup.push_back("join/" + std::to_string(r));
           cleanup.push_back(diag_key(r));
+          if (r == 0) cleanup.push_back(diag_read_key());
           cleanup.push_back("choice/" + std::to_string(r));
           for (uint64_t s = 0; s < next_split_; ++s) {
             cleanup.push_back(format("split%llu/%d", static_cast<unsigned long long>(s), r));

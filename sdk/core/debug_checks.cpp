@@ -1,5 +1,7 @@
 #include "core/debug_checks.h"
 
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "common/env.h"
@@ -21,7 +23,9 @@ bool rooted(int kind) {
 
 }  // namespace
 
-bool debug_checks_enabled() { return env::get_int("MNCL_DEBUG_CHECKS", 0, 1).value_or(0) == 1; }
+bool debug_checks_enabled() {
+  return env::get_int("MNCL_DEBUG_CHECKS", 0, 1).value_or(0) == 1;
+}
 
 std::string fingerprint(const mncl_coll_v1_t &c) {
   std::string args;
@@ -69,17 +73,38 @@ void check_fingerprints(bootstrap::Store &store, const mncl_coll_v1_t &coll, int
     const auto bytes = store.get(keys[r], opts);
     const std::string theirs(bytes.begin(), bytes.end());
     if (theirs != mine) {
-      mismatch = format("%s: MNCL_DEBUG_CHECKS: collective mismatch: rank %d calls %s but rank "
-                        "%d calls %s",
-                        fn, rank, mine.c_str(), r, theirs.c_str());
+      mismatch = format(
+          "%s: MNCL_DEBUG_CHECKS: collective mismatch: rank %d calls %s but rank "
+          "%d calls %s",
+          fn, rank, mine.c_str(), r, theirs.c_str());
     }
   }
-  // The last of the size readers removes the keys (it counts itself in after reading).
-  if (store.add(prefix + "n", 1) == size) {
-    for (const auto &k : keys) store.erase(k);
-    store.erase(prefix + "n");
+  auto cleanup = [&] {
+    // The last of the size readers removes the keys (it counts itself in after reading).
+    int64_t n = store.add(prefix + "n", 1);
+    if (n == size) {
+      for (const auto &k : keys) store.erase(k);
+      store.erase(prefix + "n");
+    }
+    if (mismatch.empty()) return;
+    // Before failing, let every rank read the fingerprints: the rank hosting the TCP store may
+    // exit right after its error. The counter reaches size, or vanishes (0) once the last
+    // reader has removed it.
+    const auto deadline = std::chrono::steady_clock::now() + opts.timeout;
+    while (n > 0 && n < size && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      n = store.add(prefix + "n", 0);
+    }
+    if (n == 0) store.erase(prefix + "n");  // the add above re-created it
+  };
+  if (mismatch.empty()) return cleanup();
+  try {
+    cleanup();
+  } catch (const Error &) {
+    // Everyone has read by now, and the store's host may already be gone: the mismatch is
+    // what this rank has to report.
   }
-  if (!mismatch.empty()) throw Error(MNCL_ERR_REMOTE, mismatch);
+  throw Error(MNCL_ERR_REMOTE, mismatch);
 }
 
 }  // namespace mncl::core

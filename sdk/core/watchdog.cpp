@@ -28,9 +28,12 @@ size_t bytes_of(const mncl_coll_v1_t &c) {
 
 const char *state_name(OpHistory::State s) {
   switch (s) {
-    case OpHistory::State::kRunning: return "running";
-    case OpHistory::State::kDone: return "done";
-    case OpHistory::State::kFailed: return "failed";
+    case OpHistory::State::kRunning:
+      return "running";
+    case OpHistory::State::kDone:
+      return "done";
+    case OpHistory::State::kFailed:
+      return "failed";
   }
   return "?";
 }
@@ -122,10 +125,11 @@ void Watchdog::loop() {
     if (!history_.running(&r) || Clock::now() - r.start < limit) continue;
     fired_.store(true);
     lock.unlock();
-    MNCL_WARN("watchdog: %s #%llu has run %.1f s, past its timeout of %.1f s; aborting the "
-              "backend's communicator. Last operations: %s",
-              coll_kind_name(r.kind), static_cast<unsigned long long>(r.seq),
-              seconds_since(r.start), timeout_ms_ / 1000.0, history_.dump().c_str());
+    MNCL_WARN(
+        "watchdog: %s #%llu has run %.1f s, past its timeout of %.1f s; aborting the "
+        "backend's communicator. Last operations: %s",
+        coll_kind_name(r.kind), static_cast<unsigned long long>(r.seq), seconds_since(r.start),
+        timeout_ms_ / 1000.0, history_.dump().c_str());
     try {
       on_expired_(r);
     } catch (const std::exception &e) {
@@ -139,23 +143,33 @@ void Watchdog::loop() {
 // Diagnosis
 // ---------------------------------------------------------------------------------------------
 
-std::string diag_key(int rank) { return "diag/" + std::to_string(rank); }
+std::string diag_key(int rank) {
+  return "diag/" + std::to_string(rank);
+}
+int64_t diagnosis_grace_ms(int64_t timeout_ms) {
+  return std::clamp<int64_t>(timeout_ms / 15, 50, 200);
+}
+std::string diag_read_key() {
+  return "diag/read";
+}
 
 std::string diagnose_failure(bootstrap::Store &store, const mncl_coll_v1_t &coll, int rank,
-                             int size, int64_t timeout_ms, const OpHistory &history) {
+                             int size, int64_t timeout_ms, const std::string &history,
+                             bool hosts_store) {
   if (size <= 1) return "";
   try {
     // "<seq>\n<dump>": the operation this rank failed in, and its last operations.
-    const std::string mine = std::to_string(coll.seq) + "\n" + history.dump(4);
+    const std::string mine = std::to_string(coll.seq) + "\n" + history;
     store.set(diag_key(rank), mine.data(), mine.size());
     std::vector<std::string> keys;
     for (int r = 0; r < size; ++r) keys.push_back(diag_key(r));
     bootstrap::WaitOptions opts;
     // Every rank that is still alive fails at about the same time; the grace only bounds how
     // long we wait for the ones that are not.
-    opts.timeout = std::chrono::milliseconds(std::clamp<int64_t>(timeout_ms / 4, 50, 500));
+    opts.timeout = std::chrono::milliseconds(diagnosis_grace_ms(timeout_ms));
     const auto absent = store.wait(keys, opts);
     std::vector<int> missing;
+    std::vector<std::pair<int, uint64_t>> behind;  // (rank, the earlier op it failed in)
     std::string per_rank;
     for (int r = 0; r < size; ++r) {
       if (std::find(absent.begin(), absent.end(), keys[r]) != absent.end()) {
@@ -168,12 +182,27 @@ std::string diagnose_failure(bootstrap::Store &store, const mncl_coll_v1_t &coll
       const std::string text(bytes.begin(), bytes.end());
       const auto nl = text.find('\n');
       const uint64_t seq = std::strtoull(text.substr(0, nl).c_str(), nullptr, 10);
-      if (seq < coll.seq) {
-        missing.push_back(r);  // a report from an earlier failure: it has not got here
-        continue;
+      if (seq < coll.seq) behind.emplace_back(r, seq);  // stuck in an earlier operation
+      per_rank +=
+          format("\n  rank %d: %s", r, nl == std::string::npos ? "" : text.substr(nl + 1).c_str());
+    }
+    // Nobody leaves before every reporter has read the reports: the rank hosting the TCP
+    // store typically exits right after its error, taking the store with it.
+    // The host also waits for reports that arrive after its own grace (ranks whose timers
+    // started later), at least one more grace and at most two.
+    const auto start = Clock::now();
+    int64_t reporters = size - static_cast<int64_t>(absent.size());
+    for (int64_t n = store.add(diag_read_key(), 1);; n = store.add(diag_read_key(), 0)) {
+      const auto waited = Clock::now() - start;
+      if (hosts_store) {
+        bootstrap::WaitOptions now;
+        now.timeout = std::chrono::milliseconds(0);
+        reporters = size - static_cast<int64_t>(store.wait(keys, now).size());
+        if ((n >= reporters && waited >= opts.timeout) || waited >= 2 * opts.timeout) break;
+      } else if (n >= reporters || waited >= opts.timeout) {
+        break;
       }
-      per_rank += format("\n  rank %d: %s", r,
-                         nl == std::string::npos ? "" : text.substr(nl + 1).c_str());
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     std::string out;
     if (!missing.empty()) {
@@ -181,8 +210,12 @@ std::string diagnose_failure(bootstrap::Store &store, const mncl_coll_v1_t &coll
       for (size_t i = 0; i < missing.size(); ++i) {
         out += format("%s%d", i ? ", " : " ", missing[i]);
       }
-      out += format(" (no sign of reaching %s #%llu)", coll_kind_name(coll.kind),
-                    static_cast<unsigned long long>(coll.seq));
+      out += format(" (no report of reaching %s #%llu: stopped, dead or elsewhere)",
+                    coll_kind_name(coll.kind), static_cast<unsigned long long>(coll.seq));
+    }
+    for (const auto &[r, seq] : behind) {
+      out += format("; rank %d failed in an earlier operation, #%llu", r,
+                    static_cast<unsigned long long>(seq));
     }
     out += "; last operations per rank:" + per_rank;
     for (int r : missing) out += format("\n  rank %d: (no report)", r);

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +19,8 @@
 #include <vector>
 
 #include "mncl/frontends.hpp"
+#include "mncl/frontends/hybrid.hpp"
+#include "mncl/frontends/prefetch_loader.hpp"
 
 namespace {
 
@@ -604,6 +607,210 @@ TEST_F(Frontends, ModelParallelThereAndBackMatchesOneRank) {
     expect_near(all, ref.param_grads[k], "parameter gradient");
   }
   EXPECT_THROW(chain.add_link(links[1], rank(), std::nullopt), mncl::InvalidArgument);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Frontends, part 2: communication frequency, the prefetching loader on a shard, hybrid groups
+// ---------------------------------------------------------------------------------------------
+
+// allreduce_every = k over k micro-batches steps exactly like k = 1 over their mean gradient
+// (one k-times larger batch), with 1/k of the exchanges (equal up to float rounding: one path
+// divides the sums by k * size, the other averages means).
+TEST_F(Frontends, AllreduceEveryMatchesOneLargerBatch) {
+  const int k = 3;
+  for (bool double_buffering : {false, true}) {
+    Model micro({7, 300}, 1.0f), large({7, 300}, 1.0f);
+    mncl::MultiNodeOptimizerOptions every_k;
+    every_k.allreduce_every = k;
+    every_k.double_buffering = double_buffering;
+    every_k.fusion_buffer_bytes = 512;
+    mncl::MultiNodeOptimizerOptions every_1 = every_k;
+    every_1.allreduce_every = 1;
+    mncl::MultiNodeOptimizer<RecordingOptimizer> opt_k(RecordingOptimizer{}, comm(), every_k);
+    mncl::MultiNodeOptimizer<RecordingOptimizer> opt_1(RecordingOptimizer{}, comm(), every_1);
+    opt_k.update(micro.params(), micro.grad_spans());  // broadcasts
+    opt_1.update(large.params(), large.grad_spans());
+    for (int step = 0; step < 4; ++step) {
+      for (auto &g : large.grads) std::fill(g.begin(), g.end(), 0.0f);
+      for (int m = 0; m < k; ++m) {
+        for (std::size_t i = 0; i < micro.grads.size(); ++i) {
+          for (std::size_t j = 0; j < micro.grads[i].size(); ++j) {
+            micro.grads[i][j] = float(3 * (rank() + 1) * (m + 1) + int(j % 5) + step);
+            large.grads[i][j] += micro.grads[i][j] / k;  // the mean over the larger batch
+          }
+        }
+        const bool stepped = opt_k.update(micro.params(), micro.grad_spans());
+        EXPECT_EQ(stepped, m == k - 1 && (!double_buffering || step > 0)) << step << " " << m;
+        EXPECT_EQ(opt_k.pending_micro_batches(), (m + 1) % k);
+      }
+      opt_1.update(large.params(), large.grad_spans());
+      for (std::size_t i = 0; i < micro.values.size(); ++i) {
+        for (std::size_t j = 0; j < micro.values[i].size(); ++j) {
+          const float expected = large.values[i][j];
+          ASSERT_NEAR(micro.values[i][j], expected, 1e-4 * (1 + std::abs(expected)))
+              << "step " << step << (double_buffering ? ", double buffering" : "");
+        }
+      }
+    }
+    EXPECT_EQ(opt_k.actual_optimizer().seen.size(), opt_1.actual_optimizer().seen.size());
+    EXPECT_EQ(opt_k.stats().exchanges, 4u);
+    EXPECT_EQ(opt_k.stats().bytes, 4u * 307 * sizeof(float));
+  }
+  mncl::MultiNodeOptimizerOptions bad;
+  bad.allreduce_every = 0;
+  EXPECT_THROW(mncl::MultiNodeOptimizer<RecordingOptimizer>(RecordingOptimizer{}, comm(), bad),
+               mncl::InvalidArgument);
+}
+
+// The same with a real MLP and Adam: k micro-batches of b samples against batches of k * b.
+TEST_F(Frontends, AllreduceEveryTrainsLikeTheLargerBatchMlp) {
+  const int k = 4, micro_batch = 3, features = 6, classes = 3;
+  auto build = [&] {
+    auto mlp = std::make_shared<mncl::Sequential>();
+    mlp->emplace<mncl::Dense>(features, 5, 11)
+        .emplace<mncl::ReLU>()
+        .emplace<mncl::Dense>(5, classes, 12);
+    return mlp;
+  };
+  auto data = [&](int step, int first, int count) {  // rank- and step-dependent inputs
+    mncl::Tensor x({count, features});
+    std::vector<int32_t> labels(count);
+    for (int b = 0; b < count; ++b) {
+      for (int f = 0; f < features; ++f) {
+        x.at(b, f) = std::sin(0.7f * (first + b) + 0.3f * f + step + 1.3f * rank());
+      }
+      labels[b] = (first + b + rank()) % classes;
+    }
+    return std::make_pair(x, labels);
+  };
+  auto micro = build(), large = build();
+  const auto pm = micro->parameters(), pl = large->parameters();
+  mncl::MultiNodeOptimizerOptions every_k;
+  every_k.allreduce_every = k;
+  mncl::MultiNodeOptimizer<mncl::Adam> opt_k(mncl::Adam({0.01f}), comm(), every_k);
+  mncl::MultiNodeOptimizer<mncl::Adam> opt_1(mncl::Adam({0.01f}), comm());
+  opt_k.update(mncl::value_spans(pm), mncl::grad_spans(pm));
+  opt_1.update(mncl::value_spans(pl), mncl::grad_spans(pl));
+  mncl::SoftmaxCrossEntropy loss;
+  for (int step = 0; step < 5; ++step) {
+    for (int m = 0; m < k; ++m) {
+      const auto [x, labels] = data(step, m * micro_batch, micro_batch);
+      loss.forward(micro->forward(x), labels);
+      micro->backward(loss.backward());
+      opt_k.update(mncl::value_spans(pm), mncl::grad_spans(pm));
+    }
+    const auto [x, labels] = data(step, 0, k * micro_batch);
+    loss.forward(large->forward(x), labels);
+    large->backward(loss.backward());
+    opt_1.update(mncl::value_spans(pl), mncl::grad_spans(pl));
+  }
+  for (std::size_t i = 0; i < pm.size(); ++i) {
+    for (std::size_t j = 0; j < pm[i]->value.size(); ++j) {
+      ASSERT_NEAR(pm[i]->value[j], pl[i]->value[j], 1e-5f) << pm[i]->name << " " << j;
+    }
+  }
+}
+
+// Each rank's loader walks its own (disjoint) shard: per epoch, every sample of the shard once,
+// so over the ranks every sample of the dataset exactly once; the order repeats with the seed.
+TEST_F(Frontends, PrefetchLoaderCoversTheShardOncePerEpoch) {
+  std::vector<int> dataset;
+  if (rank() == 0) {
+    dataset.resize(997);
+    std::iota(dataset.begin(), dataset.end(), 0);
+  }
+  mncl::ScatterOptions scatter;
+  scatter.shuffle = true;
+  scatter.seed = 5;
+  scatter.force_equal_length = false;
+  const auto shard = mncl::scatter_dataset(dataset, comm(), scatter);
+  mncl::PrefetchOptions options;
+  options.batch_size = 10;
+  options.threads = 2;
+  options.depth = 3;
+  options.seed = 100 + rank();
+  options.drop_last = false;
+  using Loader = mncl::PrefetchLoader<int, std::vector<int>>;
+  auto copy = [](const int *const *s, std::size_t n, std::vector<int> &out) {
+    for (std::size_t i = 0; i < n; ++i) out.push_back(*s[i]);
+  };
+  Loader loader(shard, options, copy);
+  std::vector<int> first_epoch;
+  for (uint64_t epoch = 1; epoch <= 2; ++epoch) {
+    loader.start_epoch(epoch);
+    std::vector<int> mine;
+    while (auto batch = loader.next()) mine.insert(mine.end(), batch->begin(), batch->end());
+    if (epoch == 1) first_epoch = mine;
+    std::vector<int> sorted_mine = mine, sorted_shard = shard;
+    std::sort(sorted_mine.begin(), sorted_mine.end());
+    std::sort(sorted_shard.begin(), sorted_shard.end());
+    ASSERT_EQ(sorted_mine, sorted_shard) << "epoch " << epoch;
+    auto all = comm().allgather_obj(mine);
+    std::vector<int> together;
+    for (const auto &part : all) together.insert(together.end(), part.begin(), part.end());
+    std::sort(together.begin(), together.end());
+    std::vector<int> expected(997);
+    std::iota(expected.begin(), expected.end(), 0);
+    EXPECT_EQ(together, expected) << "epoch " << epoch;
+  }
+  Loader again(shard, options, copy);
+  again.start_epoch(1);
+  std::vector<int> replay;
+  while (auto batch = again.next()) replay.insert(replay.end(), batch->begin(), batch->end());
+  EXPECT_EQ(replay, first_epoch);
+}
+
+// Hybrid groups for every model-parallel size that divides the world: membership, and an
+// optimizer on the data-parallel group averages only the same stage of every replica.
+TEST_F(Frontends, HybridSplitGroupsAndAveragesWithinDataParallelGroups) {
+  for (int stages = 1; stages <= size(); ++stages) {
+    if (size() % stages != 0) continue;
+    auto groups = mncl::split_hybrid(comm(), stages);
+    const auto &c = groups.coords;
+    ASSERT_EQ(c.stages, stages);
+    ASSERT_EQ(c.replicas, size() / stages);
+    EXPECT_EQ(rank(), c.replica * stages + c.stage);
+    EXPECT_EQ(groups.data_parallel.size(), c.replicas);
+    EXPECT_EQ(groups.data_parallel.rank(), c.replica);
+    EXPECT_EQ(groups.model_parallel.size(), stages);
+    EXPECT_EQ(groups.model_parallel.rank(), c.stage);
+    // Who is in my groups, as the groups themselves see it.
+    EXPECT_EQ(groups.data_parallel.allgather(std::vector<int>{rank()}),
+              mncl::data_parallel_members(c));
+    EXPECT_EQ(groups.model_parallel.allgather(std::vector<int>{rank()}),
+              mncl::model_parallel_members(c));
+
+    // Gradient = world rank: averages over {stage, stage + M, ...} only.
+    Model model({3, 4}, float(rank()));
+    mncl::MultiNodeOptimizer<RecordingOptimizer> opt(RecordingOptimizer{}, groups.data_parallel);
+    opt.update(model.params(), model.grad_spans());
+    // The broadcast came from replica 0 of my stage (world rank == stage).
+    EXPECT_EQ(model.values[0][0], float(c.stage));
+    for (auto &g : model.grads) std::fill(g.begin(), g.end(), float(rank()));
+    opt.update(model.params(), model.grad_spans());
+    double expected = 0;
+    for (int r : mncl::data_parallel_members(c)) expected += r;
+    expected /= c.replicas;
+    for (const auto &g : opt.actual_optimizer().seen.at(0)) {
+      for (float x : g) ASSERT_DOUBLE_EQ(x, expected) << stages << " stages";
+    }
+    // Activations flow along the pipeline of my replica only.
+    if (stages > 1) {
+      auto &mp = groups.model_parallel;
+      const int next = (mp.rank() + 1) % stages, prev = (mp.rank() + stages - 1) % stages;
+      std::vector<int> got(1);
+      if (mp.rank() % 2 == 0) {  // operations run in order: pair sends with receives
+        mp.send(std::vector<int>{rank()}, next);
+        mp.recv(got, prev);
+      } else {
+        mp.recv(got, prev);
+        mp.send(std::vector<int>{rank()}, next);
+      }
+      EXPECT_EQ(got[0], c.replica * stages + (c.stage + stages - 1) % stages);
+    }
+    groups.model_parallel.destroy();
+    groups.data_parallel.destroy();
+  }
 }
 
 }  // namespace

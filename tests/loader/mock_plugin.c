@@ -14,6 +14,9 @@
  *   MOCK_NO_EXECUTE=1       execute is NULL
  *   MOCK_POST_ONLY=1        post without test
  *   MOCK_NOOP=1             every collective returns MNCL_OK at once, any size (dispatch cost)
+ *   MOCK_HANG=1             any size; every collective but barrier blocks until comm_abort
+ *                           (then MNCL_ERR_ABORTED): a plugin that ignores its timeout, for the
+ *                           core's watchdog (tests/fault)
  *
  * The default variant serves single-rank jobs: every collective is a local copy.
  * If MNCL_MOCK_EVENTS names a file, init and finalize append "<name> init"/"<name> finalize"
@@ -21,6 +24,7 @@
  */
 #include <mncl/mncl_plugin.h>
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -92,7 +96,11 @@ static void mock_finalize(void) {
 
 static mncl_status_t mock_probe(const mncl_probe_v1_t *info, int32_t *score, char *reason,
                                 size_t reason_len) {
-#if defined(MOCK_NOOP) && MOCK_NOOP
+#if defined(MOCK_HANG) && MOCK_HANG
+  (void)info;
+  *score = 1;
+  snprintf(reason, reason_len, "hang: blocks in every collective until aborted");
+#elif defined(MOCK_NOOP) && MOCK_NOOP
   (void)info;
   *score = 1;
   snprintf(reason, reason_len, "noop: completes every collective without moving data");
@@ -110,7 +118,7 @@ typedef struct mock_comm {
 } mock_comm_t;
 
 static mncl_status_t mock_comm_create(const mncl_bootstrap_v1_t *bs, void **comm) {
-#if !(defined(MOCK_NOOP) && MOCK_NOOP)
+#if !(defined(MOCK_NOOP) && MOCK_NOOP) && !(defined(MOCK_HANG) && MOCK_HANG)
   if (bs->size != 1) {
     g_host->set_error("mock: communicator of size %d requested; only size 1 is supported",
                       (int)bs->size);
@@ -130,7 +138,11 @@ static mncl_status_t mock_comm_destroy(void *comm) {
 }
 
 static mncl_status_t mock_comm_abort(void *comm) {
+#if defined(MOCK_HANG) && MOCK_HANG
+  __atomic_store_n(&((mock_comm_t *)comm)->aborted, 1, __ATOMIC_SEQ_CST);
+#else
   ((mock_comm_t *)comm)->aborted = 1;
+#endif
   return MNCL_OK;
 }
 
@@ -167,6 +179,19 @@ static mncl_status_t mock_execute(void *comm, const mncl_coll_v1_t *coll) {
   (void)coll;
   return MNCL_OK;
 #else
+#if defined(MOCK_HANG) && MOCK_HANG
+  /* Blocks (polling, as a plugin stuck on a dead peer would) until comm_abort; barrier passes
+   * so that the job can line up before the hang. */
+  if (coll->kind != MNCL_COLL_BARRIER) {
+    const struct timespec pause = {0, 5 * 1000 * 1000};
+    while (!__atomic_load_n(&((mock_comm_t *)comm)->aborted, __ATOMIC_SEQ_CST)) {
+      nanosleep(&pause, NULL);
+    }
+    g_host->set_error("hang: aborted while blocked in collective #%llu",
+                      (unsigned long long)coll->seq);
+    return MNCL_ERR_ABORTED;
+  }
+#endif
   if (((mock_comm_t *)comm)->aborted) return MNCL_ERR_ABORTED;
   const size_t elem = dtype_size(coll->dtype);
   size_t i;

@@ -10,9 +10,11 @@
 #include "mncl/frontends/dtype.hpp"
 #include "mncl/frontends/error.hpp"
 #include "mncl/frontends/evaluator.hpp"
+#include "mncl/frontends/hybrid.hpp"
 #include "mncl/frontends/links.hpp"
 #include "mncl/frontends/multi_node_optimizer.hpp"
 #include "mncl/frontends/optimizer.hpp"
+#include "mncl/frontends/prefetch_loader.hpp"
 #include "mncl/frontends/serialize.hpp"
 #include "mncl/frontends/span.hpp"
 

@@ -19,10 +19,18 @@
 //  - zero_fill: a parameter may have no gradient on some ranks (pass an empty grad span); it
 //    then contributes zeros, and every rank still steps it with the average. With zero_fill off
 //    a missing gradient is an error (the ranks' buffers would no longer line up).
+//  - allreduce_every = k (communication frequency): update() is called once per micro-batch;
+//    k consecutive calls accumulate their gradients locally, and the k-th exchanges their mean
+//    once and steps — the same step as one k-times larger batch (gradients being per-batch
+//    means), for 1/k of the communication. Only that call returns true. Double buffering then
+//    overlaps each exchange with the next k micro-batches.
+//  - stats() counts exchanges, bytes sent per rank's buffer and the seconds update() spent
+//    blocked on communication (the allreduce, or waiting for the one in flight).
 #ifndef MNCL_FRONTENDS_MULTI_NODE_OPTIMIZER_HPP
 #define MNCL_FRONTENDS_MULTI_NODE_OPTIMIZER_HPP
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -44,6 +52,14 @@ struct MultiNodeOptimizerOptions {
   bool double_buffering = false;
   bool zero_fill = true;
   int root = 0;  // whose parameters the first update broadcasts
+  // Micro-batches whose gradients are accumulated per exchange and step (>= 1).
+  int allreduce_every = 1;
+};
+
+struct ExchangeStats {
+  uint64_t exchanges = 0;   // gradient allreduces started
+  uint64_t bytes = 0;       // their buffer bytes (in grad_dtype) on this rank
+  double wait_seconds = 0;  // time update()/synchronize() spent blocked on them
 };
 
 template <class Optimizer>
@@ -53,30 +69,48 @@ class MultiNodeOptimizer {
 
   // `comm` must outlive the optimizer.
   MultiNodeOptimizer(Optimizer optimizer, Communicator &comm, Options options = {})
-      : optimizer_(std::move(optimizer)), comm_(&comm), options_(options) {}
+      : optimizer_(std::move(optimizer)), comm_(&comm), options_(options) {
+    if (options_.allreduce_every < 1) {
+      throw InvalidArgument("MultiNodeOptimizer: allreduce_every must be >= 1, not " +
+                            std::to_string(options_.allreduce_every));
+    }
+  }
   MultiNodeOptimizer(const MultiNodeOptimizer &) = delete;
   MultiNodeOptimizer &operator=(const MultiNodeOptimizer &) = delete;
 
   // Collective. params and grads pair up by index; an empty grad span means "no gradient on this
-  // rank" (see zero_fill). The parameter list must keep its shape across updates.
-  void update(const ParamSpans &params, const GradSpans &grads) {
+  // rank" (see zero_fill). The parameter list must keep its shape across updates. Returns
+  // whether the parameters were stepped (false for the broadcast, for micro-batches that only
+  // accumulate, and for the first double-buffered exchange).
+  bool update(const ParamSpans &params, const GradSpans &grads) {
     check_arguments(params, grads);
     if (updates_ == 0) {
       broadcast_params(params);
       ++updates_;
-      return;
+      return false;
     }
     prepare_layout(params);
+    ++updates_;
+    const GradSpans *to_send = &grads;
+    if (options_.allreduce_every > 1) {
+      accumulate(grads);
+      if (++accumulated_ < options_.allreduce_every) return false;
+      accumulated_ = 0;
+      to_send = &accumulated_spans_;
+    }
+    bool stepped = true;
     if (options_.double_buffering) {
-      finish_exchange();  // the previous update's gradients, averaged
-      start_exchange(grads);
-      if (have_averaged_) optimizer_.update(params, averaged_spans_);
+      finish_exchange();  // the previous exchange's gradients, averaged
+      start_exchange(*to_send);
+      stepped = have_averaged_;
+      if (stepped) optimizer_.update(params, averaged_spans_);
     } else {
-      start_exchange(grads);
+      start_exchange(*to_send);
       finish_exchange();
       optimizer_.update(params, averaged_spans_);
     }
-    ++updates_;
+    if (options_.allreduce_every > 1) clear_accumulator();
+    return stepped;
   }
 
   // Double buffering: completes the exchange in flight (before a checkpoint, or to read the
@@ -88,6 +122,11 @@ class MultiNodeOptimizer {
   Optimizer &actual_optimizer() noexcept { return optimizer_; }
   // Calls to update() so far, the broadcast included.
   uint64_t updates() const noexcept { return updates_; }
+  // Micro-batches accumulated towards the next exchange (allreduce_every > 1).
+  int pending_micro_batches() const noexcept { return accumulated_; }
+  const Options &options() const noexcept { return options_; }
+  const ExchangeStats &stats() const noexcept { return stats_; }
+  void reset_stats() noexcept { stats_ = ExchangeStats{}; }
 
   void save(OutArchive &ar) const {
     if (in_flight_) {
@@ -96,11 +135,20 @@ class MultiNodeOptimizer {
     }
     ar << updates_ << have_averaged_ << averaged_;
     if constexpr (is_serializable<Optimizer>()) ar << optimizer_;
+    // Only with accumulation, so snapshots with allreduce_every = 1 keep their old format.
+    if (options_.allreduce_every > 1) ar << accumulated_ << accumulator_;
   }
   void load(InArchive &ar) {
     finish_exchange();
     ar >> updates_ >> have_averaged_ >> averaged_;
     if constexpr (is_serializable<Optimizer>()) ar >> optimizer_;
+    if (options_.allreduce_every > 1) {
+      ar >> accumulated_ >> accumulator_;
+      if (accumulated_ < 0 || accumulated_ >= options_.allreduce_every ||
+          (!accumulator_.empty() && accumulator_.size() != averaged_.size())) {
+        throw SerializationError("MultiNodeOptimizer::load: inconsistent accumulation state");
+      }
+    }
     layout_ready_ = false;  // rebuilt (and checked against averaged_) on the next update
   }
 
@@ -178,6 +226,13 @@ class MultiNodeOptimizer {
         buckets_.emplace_back(offset, std::min(per_bucket, total - offset));
       }
     }
+    if (options_.allreduce_every > 1) {
+      if (accumulator_.size() != total) accumulator_.assign(total, 0.0f);  // (a load may fill it)
+      accumulated_spans_.clear();
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        accumulated_spans_.emplace_back(accumulator_.data() + offsets_[i], sizes_[i]);
+      }
+    }
     switch (options_.grad_dtype) {
       case GradDtype::kFloat32:
         if (options_.double_buffering) comm_f32_.assign(total, 0.0f);
@@ -192,9 +247,26 @@ class MultiNodeOptimizer {
     layout_ready_ = true;
   }
 
+  // Sums a micro-batch's gradients into the accumulator (missing ones add nothing).
+  void accumulate(const GradSpans &grads) {
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      if (grads[i].empty()) continue;
+      float *sum = accumulator_.data() + offsets_[i];
+      const float *g = grads[i].data();
+      for (std::size_t j = 0; j < sizes_[i]; ++j) sum[j] += g[j];
+    }
+  }
+  void clear_accumulator() { std::fill(accumulator_.begin(), accumulator_.end(), 0.0f); }
+
+  // The divisor that turns the exchanged sums into means: ranks x accumulated micro-batches.
+  float inverse_count() const {
+    return 1.0f /
+           (static_cast<float>(comm_->size()) * static_cast<float>(options_.allreduce_every));
+  }
+
   // Packs the gradients and starts (double buffering) or runs the coalesced allreduce.
   void start_exchange(const GradSpans &grads) {
-    const float inv_size = 1.0f / static_cast<float>(comm_->size());
+    const float inv_size = inverse_count();
     switch (options_.grad_dtype) {
       case GradDtype::kFloat32: {
         // Summed as they are and divided once on unpacking: exact for small integers.
@@ -213,14 +285,19 @@ class MultiNodeOptimizer {
         break;
     }
     in_flight_ = true;
+    ++stats_.exchanges;
+    stats_.bytes += averaged_.size() * (options_.grad_dtype == GradDtype::kFloat32 ? 4 : 2);
   }
 
   // Waits for the exchange (if any) and leaves the averages in averaged_.
   void finish_exchange() {
     if (!in_flight_) return;
     in_flight_ = false;
+    const auto begin = std::chrono::steady_clock::now();
     request_.wait();
-    const float inv_size = 1.0f / static_cast<float>(comm_->size());
+    stats_.wait_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    const float inv_size = inverse_count();
     switch (options_.grad_dtype) {
       case GradDtype::kFloat32: {
         const float *sums = options_.double_buffering ? comm_f32_.data() : averaged_.data();
@@ -258,7 +335,10 @@ class MultiNodeOptimizer {
     if (options_.double_buffering) {
       request_ = comm_->iallreduce_coalesced(spans, ReduceOp::kSum);
     } else {
+      const auto begin = std::chrono::steady_clock::now();
       comm_->allreduce_coalesced(spans, ReduceOp::kSum);
+      stats_.wait_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
     }
   }
 
@@ -278,6 +358,11 @@ class MultiNodeOptimizer {
   std::vector<Float16> comm_f16_;
   std::vector<BFloat16> comm_bf16_;
   bool in_flight_ = false;
+  // allreduce_every > 1: the running sum of this round's micro-batch gradients.
+  std::vector<float> accumulator_;
+  GradSpans accumulated_spans_;
+  int accumulated_ = 0;
+  ExchangeStats stats_;
   Request request_;  // last: destroyed first, so its buffers outlive a wait in its destructor
 };
 

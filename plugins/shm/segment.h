@@ -1,0 +1,119 @@
+// The communicator's shared-memory segment: what lives where, and mapping it.
+//
+//   [Header: 4 KiB]  magic, geometry chosen by rank 0, abort and dead-peer words
+//   [RankCtl x n]    per rank: its post counter (a Flag) and pid, one 128-byte line each
+//   [Channel x n*n]  point-to-point (src, dst): sent/acked flags and two slot headers
+//   [p2p data]       n*n channels x 2 slots x p2p_slot bytes
+//   [staging]        n ranks x 2 halves x chunk bytes: what each rank publishes per round
+//                    (in the two-phase allreduce also its reduced slice)
+//
+// Every region starts on a 4 KiB boundary; staging strides carry a small skew so the n
+// same-offset slices a reduction reads do not all fall into one cache set.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "shm/sync.h"
+
+namespace mncl::shm {
+
+constexpr uint32_t kMagic = 0x4d48534du;  // "MSHM"
+constexpr uint32_t kVersion = 1;
+
+struct Header {
+  uint32_t magic;
+  uint32_t version;
+  int32_t size;
+  uint32_t reserved;
+  uint64_t chunk;     // staging bytes per rank per half (one pipeline round)
+  uint64_t small;     // allreduce/reduce: single-phase up to this many bytes
+  uint64_t p2p_slot;  // bytes per point-to-point slot
+  uint64_t nt_bytes;  // copy-outs of messages at least this large use non-temporal stores
+  uint64_t total_bytes;
+  // rank+1 of the first rank that called comm_abort, 0 if none. A futex is never waited on
+  // here: aborting wakes every Flag instead.
+  std::atomic<uint32_t> abort_word;
+  // rank+1 of the first peer found dead, and rank+1 of who found it.
+  std::atomic<uint32_t> dead_word;
+  std::atomic<uint32_t> dead_seen_by;
+};
+
+struct alignas(128) RankCtl {
+  Flag posts;                // collective progress: bumped once per phase of every collective
+  std::atomic<int32_t> pid;  // for liveness checks; 0 until the rank has mapped the segment
+};
+
+struct alignas(64) SlotHeader {
+  uint64_t message_bytes;  // the whole message, to catch a send/recv size disagreement
+  uint64_t chunk_bytes;    // payload in this slot
+};
+
+struct alignas(128) Channel {
+  alignas(64) Flag sent;   // chunks the sender has filled (bumped by src)
+  alignas(64) Flag acked;  // chunks the receiver has emptied (bumped by dst)
+  SlotHeader slot[2];
+};
+
+// Byte offsets of every region for a given geometry; identical on every rank.
+struct Layout {
+  int n = 0;
+  size_t chunk = 0, p2p_slot = 0;
+  size_t ctl = 0, channels = 0, p2p = 0, staging = 0, staging_stride = 0, total = 0;
+
+  Layout() = default;
+  Layout(int nranks, size_t chunk_bytes, size_t p2p_slot_bytes);
+};
+
+// A mapped segment (unmapped on destruction). The name is unlinked by rank 0 as soon as every
+// rank has mapped it; the mapping lives on until the last process unmaps or exits.
+class Segment {
+ public:
+  Segment() = default;
+  Segment(const Segment &) = delete;
+  Segment &operator=(const Segment &) = delete;
+  ~Segment();
+
+  // Rank 0: creates a fresh, uniquely named segment of layout.total bytes with its pages
+  // reserved (a full /dev/shm fails here, not with SIGBUS later). Throws kit::Error.
+  void create(const Layout &layout);
+  // Other ranks: maps the segment rank 0 created, after checking its size. Throws kit::Error.
+  void attach(const std::string &name, const Layout &layout);
+  // Removes the name (idempotent; the mapping stays valid).
+  void unlink();
+
+  const std::string &name() const { return name_; }
+  unsigned char *base() const { return base_; }
+  Header &header() const { return *reinterpret_cast<Header *>(base_); }
+  RankCtl &ctl(int r) const { return reinterpret_cast<RankCtl *>(base_ + layout_.ctl)[r]; }
+  Channel &channel(int src, int dst) const {
+    return reinterpret_cast<Channel *>(base_ + layout_.channels)[src * layout_.n + dst];
+  }
+  unsigned char *p2p_slot(int src, int dst, int slot) const {
+    return base_ + layout_.p2p +
+           (static_cast<size_t>(src * layout_.n + dst) * 2 + static_cast<size_t>(slot)) *
+               layout_.p2p_slot;
+  }
+  unsigned char *staging(int r, int half) const {
+    return base_ + layout_.staging + static_cast<size_t>(r) * layout_.staging_stride +
+           static_cast<size_t>(half) * layout_.chunk;
+  }
+  const Layout &layout() const { return layout_; }
+
+ private:
+  void map(int fd);
+
+  Layout layout_;
+  std::string name_;
+  bool linked_ = false;
+  unsigned char *base_ = nullptr;
+};
+
+// The name prefix of every segment in /dev/shm (tests check none is left behind).
+constexpr const char *kNamePrefix = "mncl-shm-";
+
+// "boot id|hostname": ranks that share it share the host (and its /dev/shm).
+std::string host_identity();
+
+}  // namespace mncl::shm

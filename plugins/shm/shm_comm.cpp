@@ -1,0 +1,815 @@
+#include "shm/shm_comm.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+#include <sstream>
+
+#include "common/dtype.h"
+#include "common/host.h"
+#include "shm/fold.h"
+
+namespace mncl::shm {
+
+using Clock = std::chrono::steady_clock;
+namespace kit = mncl::kit;
+
+namespace {
+
+const char *kind_name(int32_t kind) {
+  switch (kind) {
+    case MNCL_COLL_ALLREDUCE:
+      return "allreduce";
+    case MNCL_COLL_REDUCE:
+      return "reduce";
+    case MNCL_COLL_BCAST:
+      return "bcast";
+    case MNCL_COLL_SCATTER:
+      return "scatter";
+    case MNCL_COLL_GATHER:
+      return "gather";
+    case MNCL_COLL_ALLGATHER:
+      return "allgather";
+    case MNCL_COLL_REDUCE_SCATTER:
+      return "reduce_scatter";
+    case MNCL_COLL_ALLTOALL:
+      return "alltoall";
+    case MNCL_COLL_BARRIER:
+      return "barrier";
+    case MNCL_COLL_SEND:
+      return "send";
+    case MNCL_COLL_RECV:
+      return "recv";
+    case MNCL_COLL_ALLREDUCE_COALESCED:
+      return "allreduce_coalesced";
+    default:
+      return "unknown collective";
+  }
+}
+
+const unsigned char *bytes_at(const void *p, size_t off) {
+  return static_cast<const unsigned char *>(p) + off;
+}
+unsigned char *bytes_at(void *p, size_t off) {
+  return static_cast<unsigned char *>(p) + off;
+}
+
+// In-place forms pass the same pointer as source and destination: nothing to copy then.
+void copy_block(void *dst, const void *src, size_t len) {
+  if (dst != src && len > 0) std::memcpy(dst, src, len);
+}
+
+std::string rank_list(const std::vector<int> &ranks) {
+  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
+  return out;
+}
+
+int online_cpus() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  const long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+// The store through its C table; failures keep the message the core's callback set.
+struct Store {
+  const mncl_store_v1_t *s;
+  void set(const std::string &key, const std::string &value) const {
+    check(s->set(s->ctx, key.c_str(), value.data(), value.size()));
+  }
+  std::string get(const std::string &key, int64_t timeout_ms) const {
+    void *data = nullptr;
+    size_t len = 0;
+    check(s->get(s->ctx, key.c_str(), &data, &len, timeout_ms));
+    std::string out(static_cast<const char *>(data), len);
+    s->release(s->ctx, data);
+    return out;
+  }
+  bool exists(const std::string &key) const {
+    const char *keys[] = {key.c_str()};
+    return s->wait(s->ctx, keys, 1, 0) == MNCL_OK;
+  }
+  int64_t add(const std::string &key, int64_t delta) const {
+    int64_t result = 0;
+    check(s->add(s->ctx, key.c_str(), delta, &result));
+    return result;
+  }
+  void del(const std::string &key) const { s->del(s->ctx, key.c_str()); }
+  static void check(mncl_status_t st) {
+    if (st != MNCL_OK) throw kit::Error(st);
+  }
+};
+
+std::vector<std::string> split_lines(const std::string &s) {
+  std::vector<std::string> out;
+  std::istringstream in(s);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+}  // namespace
+
+struct Comm::Op {
+  const char *name;
+  uint64_t seq;
+  int64_t timeout_ms;
+  Clock::time_point deadline;
+  uint32_t base;  // posts_ when the op started, for messages ("step 3")
+  std::string where() const {
+    return kit::format("shm %s #%llu", name, static_cast<unsigned long long>(seq));
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Creation: rank 0 creates and publishes the segment, everyone maps it, rank 0 unlinks it.
+// Store keys (the core prefixes them per communicator), all deleted before create returns
+// except shm/go, deleted by the last of its n-1 readers:
+//   shm/seg   rank 0 -> all   "name\nhost id\nchunk\nsmall\np2p slot\nnt bytes" or "ERR\n..."
+//   shm/r<k>  rank k -> 0     "ok\nhost id" once mapped, "host\nhost id" or "ERR\nmessage"
+//   shm/go    rank 0 -> all   "ok" or "ERR\n<status>\nmessage"
+// ---------------------------------------------------------------------------------------------
+
+Comm::Comm(const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host, const Options &options)
+    : host_(host),
+      rank_(bs.rank),
+      size_(bs.size),
+      default_timeout_ms_(bs.timeout_ms > 0 ? bs.timeout_ms : 300000),
+      sent_chunks_(static_cast<size_t>(bs.size), 0),
+      recv_chunks_(static_cast<size_t>(bs.size), 0),
+      sent_msgs_(static_cast<size_t>(bs.size), 0),
+      recv_msgs_(static_cast<size_t>(bs.size), 0) {
+  create_segment(bs, options);
+  hdr_ = &seg_.header();
+  chunk_ = hdr_->chunk;
+  small_ = hdr_->small;
+  p2p_slot_ = hdr_->p2p_slot;
+  nt_bytes_ = hdr_->nt_bytes;
+  // Oversubscribed (more ranks than CPUs): the peer we wait for needs our CPU, so barely spin,
+  // hand the CPU over for a short while (a small collective's peers arrive within a few
+  // context switches), then sleep: a longer yield loop keeps competing with the very rank we
+  // wait for. Otherwise spin ~tens of microseconds first.
+  const bool oversubscribed = size_ > online_cpus();
+  spin_ = options.spin >= 0 ? options.spin : (oversubscribed ? 16 : 20000);
+  yield_for_ = std::chrono::microseconds(options.yield_us >= 0 ? options.yield_us
+                                                               : (oversubscribed ? 30 : 10));
+  MNCL_KIT_LOG(host_, MNCL_LOG_INFO,
+               "shm: rank %d/%d mapped %s (%zu bytes; chunk %zu, single-phase up to %zu, %s)",
+               rank_, size_, seg_.name().c_str(), seg_.layout().total, chunk_, small_,
+               oversubscribed ? "oversubscribed: short spin" : "spin then sleep");
+}
+
+void Comm::create_segment(const mncl_bootstrap_v1_t &bs, const Options &options) {
+  const Store store{bs.store};
+  const int64_t timeout = default_timeout_ms_;
+  const std::string me = host_identity();
+  const int n = size_;
+
+  if (rank_ == 0) {
+    const Layout layout(n, options.chunk, options.p2p_slot);
+    try {
+      seg_.create(layout);
+    } catch (const kit::Error &e) {
+      if (n > 1) store.set("shm/seg", std::string("ERR\n") + e.what());
+      throw;
+    }
+    Header &h = seg_.header();  // fallocate'd pages are zero: the atomics start at 0
+    h.magic = kMagic;
+    h.version = kVersion;
+    h.size = n;
+    h.chunk = options.chunk;
+    h.small = options.small;
+    h.p2p_slot = options.p2p_slot;
+    h.nt_bytes = options.nt_bytes;
+    h.total_bytes = layout.total;
+    seg_.ctl(0).pid.store(static_cast<int32_t>(getpid()));
+    if (n == 1) {
+      seg_.unlink();
+      return;
+    }
+    store.set("shm/seg",
+              kit::format("%s\n%s\n%zu\n%zu\n%zu\n%zu", seg_.name().c_str(), me.c_str(),
+                          options.chunk, options.small, options.p2p_slot, options.nt_bytes));
+    // Wait for every rank to map it (or to refuse), then remove the name at once: from here
+    // on no crash can leave it behind in /dev/shm.
+    std::vector<std::string> keys;
+    std::vector<const char *> key_ptrs;
+    for (int k = 1; k < n; ++k) keys.push_back(kit::format("shm/r%d", k));
+    for (const std::string &k : keys) key_ptrs.push_back(k.c_str());
+    const mncl_status_t st =
+        bs.store->wait(bs.store->ctx, key_ptrs.data(), key_ptrs.size(), timeout);
+    seg_.unlink();
+    if (st != MNCL_OK) {
+      std::vector<int> missing;
+      for (int k = 1; k < n; ++k) {
+        if (!store.exists(keys[static_cast<size_t>(k - 1)])) missing.push_back(k);
+      }
+      const std::string msg =
+          kit::format("shm comm_create: %s did not map the segment within %.1f s",
+                      rank_list(missing).c_str(), static_cast<double>(timeout) / 1000.0);
+      store.set("shm/go",
+                kit::format("ERR\n%d\n%s", static_cast<int>(MNCL_ERR_TIMEOUT), msg.c_str()));
+      store.del("shm/seg");
+      throw kit::Error(st == MNCL_ERR_ABORTED ? st : MNCL_ERR_TIMEOUT, msg);
+    }
+    std::set<std::string> hosts{me};
+    std::string errors;
+    std::vector<int> elsewhere;
+    for (int k = 1; k < n; ++k) {
+      const std::vector<std::string> reply = split_lines(store.get(keys[size_t(k - 1)], timeout));
+      store.del(keys[static_cast<size_t>(k - 1)]);
+      const std::string kind = reply.empty() ? "ERR" : reply[0];
+      if (kind == "ok" || kind == "host") {
+        if (reply.size() > 1) hosts.insert(reply[1]);
+        if (kind == "host") elsewhere.push_back(k);
+      } else {
+        errors += kit::format("%srank %d: %s", errors.empty() ? "" : "; ", k,
+                              reply.size() > 1 ? reply[1].c_str() : "failed");
+      }
+    }
+    store.del("shm/seg");
+    std::string go = "ok";
+    mncl_status_t status = MNCL_OK;
+    std::string msg;
+    if (!elsewhere.empty()) {
+      status = MNCL_ERR_NOT_SUPPORTED;
+      msg = kit::format(
+          "shm comm_create: ranks span %zu hosts (%s not on rank 0's host '%s'); "
+          "the shm backend needs every rank on one host",
+          hosts.size(), rank_list(elsewhere).c_str(), me.substr(me.find('|') + 1).c_str());
+    } else if (!errors.empty()) {
+      status = MNCL_ERR_SYSTEM;
+      msg = "shm comm_create: " + errors;
+    }
+    if (status != MNCL_OK) go = kit::format("ERR\n%d\n%s", static_cast<int>(status), msg.c_str());
+    store.set("shm/go", go);
+    if (status != MNCL_OK) throw kit::Error(status, msg);
+    return;
+  }
+
+  // Other ranks.
+  const std::vector<std::string> seg = split_lines(store.get("shm/seg", timeout));
+  std::string reply;
+  std::string local_error;
+  mncl_status_t local_status = MNCL_OK;
+  if (seg.empty() || seg[0] == "ERR") {
+    throw kit::Error(MNCL_ERR_REMOTE, "shm comm_create: rank 0 could not create the segment: " +
+                                          (seg.size() > 1 ? seg[1] : std::string("unknown error")));
+  }
+  if (seg.size() < 6) throw kit::Error(MNCL_ERR_INTERNAL, "shm comm_create: malformed shm/seg");
+  const size_t chunk = std::stoull(seg[2]), p2p_slot = std::stoull(seg[4]);
+  if (seg[1] != me) {
+    reply = "host\n" + me;
+  } else {
+    try {
+      seg_.attach(seg[0], Layout(n, chunk, p2p_slot));
+      Header &h = seg_.header();
+      if (h.magic != kMagic || h.version != kVersion || h.size != n) {
+        throw kit::Error(
+            MNCL_ERR_INTERNAL,
+            kit::format("shm: segment %s has magic %08x version %u size %d, expected "
+                        "%08x %u %d",
+                        seg[0].c_str(), h.magic, h.version, h.size, kMagic, kVersion, n));
+      }
+      seg_.ctl(rank_).pid.store(static_cast<int32_t>(getpid()));
+      reply = "ok\n" + me;
+    } catch (const kit::Error &e) {
+      local_status = e.status();
+      local_error = e.what();
+      reply = "ERR\n" + local_error;
+    }
+  }
+  store.set(kit::format("shm/r%d", rank_), reply);
+  const std::vector<std::string> go = split_lines(store.get("shm/go", timeout));
+  if (store.add("shm/gone", 1) == n - 1) {
+    store.del("shm/go");
+    store.del("shm/gone");
+  }
+  if (!go.empty() && go[0] == "ok") return;
+  if (go.size() >= 3) {
+    const auto st = static_cast<mncl_status_t>(std::stoi(go[1]));
+    // Our own failure is the more precise message.
+    if (local_status != MNCL_OK) throw kit::Error(local_status, local_error);
+    throw kit::Error(st, go[2]);
+  }
+  throw kit::Error(MNCL_ERR_INTERNAL, "shm comm_create: malformed shm/go");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Progress, waiting and failures
+// ---------------------------------------------------------------------------------------------
+
+void Comm::post_progress() {
+  ++posts_;
+  post(seg_.ctl(rank_).posts, posts_);
+}
+
+void Comm::wake_everyone() {
+  for (int r = 0; r < size_; ++r) wake_all(seg_.ctl(r).posts);
+  for (int s = 0; s < size_; ++s) {
+    for (int d = 0; d < size_; ++d) {
+      wake_all(seg_.channel(s, d).sent);
+      wake_all(seg_.channel(s, d).acked);
+    }
+  }
+}
+
+void Comm::abort() {
+  aborted_.store(true);
+  if (hdr_ == nullptr) return;
+  uint32_t expected = 0;
+  hdr_->abort_word.compare_exchange_strong(expected, static_cast<uint32_t>(rank_ + 1));
+  wake_everyone();
+}
+
+void Comm::fail(Op &op, mncl_status_t st, const std::string &msg) {
+  (void)op;
+  if (st != MNCL_ERR_ABORTED) broken_ = msg;
+  throw kit::Error(st, msg);
+}
+
+void Comm::check_failed(Op &op) {
+  if (aborted_.load(std::memory_order_relaxed)) {
+    throw kit::Error(MNCL_ERR_ABORTED, op.where() + ": the communicator was aborted");
+  }
+  const uint32_t a = hdr_->abort_word.load(std::memory_order_acquire);
+  if (a != 0) {
+    fail(op, MNCL_ERR_ABORTED,
+         kit::format("%s: the communicator was aborted by rank %u", op.where().c_str(), a - 1));
+  }
+  const uint32_t d = hdr_->dead_word.load(std::memory_order_acquire);
+  if (d != 0) {
+    const uint32_t by = hdr_->dead_seen_by.load();
+    fail(op, MNCL_ERR_REMOTE,
+         kit::format("%s: rank %u (pid %d) died (detected by rank %u)", op.where().c_str(), d - 1,
+                     static_cast<int>(seg_.ctl(static_cast<int>(d - 1)).pid.load()),
+                     by > 0 ? by - 1 : 0));
+  }
+}
+
+// Returns when f.value >= target; throws on abort, a dead peer, or the op's deadline (the
+// caller's message for a timeout is built from `what`).
+void Comm::wait_flag(Op &op, Flag &f, uint32_t target, int peer, const char *what) {
+  if (reached(f.value.load(std::memory_order_acquire), target)) return;
+  for (int i = 0; i < spin_; ++i) {
+    cpu_relax();
+    if (reached(f.value.load(std::memory_order_acquire), target)) return;
+  }
+  if (yield_for_.count() > 0) {
+    const auto until = Clock::now() + yield_for_;
+    do {
+      sched_yield();
+      if (reached(f.value.load(std::memory_order_acquire), target)) return;
+    } while (Clock::now() < until);
+  }
+  auto next_liveness = Clock::now() + std::chrono::milliseconds(50);
+  for (;;) {
+    check_failed(op);
+    const auto now = Clock::now();
+    if (now >= op.deadline) {
+      // Name every rank that has not got there when the waited-for value is a posts counter.
+      std::vector<int> missing;
+      bool collective = false;
+      for (int r = 0; r < size_; ++r) {
+        if (&f == &seg_.ctl(r).posts) collective = true;
+      }
+      if (collective) {
+        for (int r = 0; r < size_; ++r) {
+          if (r != rank_ && !reached(seg_.ctl(r).posts.value.load(), target)) missing.push_back(r);
+        }
+      }
+      if (missing.empty()) missing.push_back(peer);
+      std::string detail;
+      for (int r : missing) {
+        if (!collective) break;
+        detail += kit::format("; rank %d (pid %d) is at step %d", r,
+                              static_cast<int>(seg_.ctl(r).pid.load()),
+                              static_cast<int32_t>(seg_.ctl(r).posts.value.load() - op.base));
+      }
+      fail(op, MNCL_ERR_TIMEOUT,
+           kit::format("%s: no %s from %s within %.1f s (waiting for step %d%s; alive but not "
+                       "progressing: stopped, hung, or in a different call?)",
+                       op.where().c_str(), what, rank_list(missing).c_str(),
+                       static_cast<double>(op.timeout_ms) / 1000.0,
+                       static_cast<int32_t>(target - op.base), detail.c_str()));
+    }
+    if (now >= next_liveness) {
+      const pid_t pid = seg_.ctl(peer).pid.load();
+      if (pid_is_dead(pid)) {
+        uint32_t expected = 0;
+        if (hdr_->dead_word.compare_exchange_strong(expected, static_cast<uint32_t>(peer + 1))) {
+          hdr_->dead_seen_by.store(static_cast<uint32_t>(rank_ + 1));
+        }
+        wake_everyone();  // every other rank stops waiting too
+        fail(op, MNCL_ERR_REMOTE,
+             kit::format("%s: rank %d (pid %d) died during the operation", op.where().c_str(), peer,
+                         static_cast<int>(pid)));
+      }
+      next_liveness = now + std::chrono::milliseconds(100);
+    }
+    const uint32_t seen = f.value.load(std::memory_order_acquire);
+    if (reached(seen, target)) return;
+    const int64_t left_ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(op.deadline - now).count();
+    futex_sleep(f, seen, std::min<int64_t>(left_ns, 20000000));  // 20 ms slices
+    if (reached(f.value.load(std::memory_order_acquire), target)) return;
+  }
+}
+
+void Comm::wait_rank(Op &op, int peer, uint32_t target) {
+  if (peer != rank_) wait_flag(op, seg_.ctl(peer).posts, target, peer, "progress");
+}
+
+void Comm::wait_all(Op &op, uint32_t target) {
+  for (int p = 0; p < size_; ++p) {
+    if (p != rank_) wait_flag(op, seg_.ctl(p).posts, target, p, "progress");
+  }
+  if (reached(target, known_all_)) known_all_ = target;
+}
+
+void Comm::before_writing_half(Op &op, int half) {
+  if (!reached(known_all_, need_[half])) wait_all(op, need_[half]);
+}
+
+template <typename Stage, typename Consume>
+void Comm::round(Op &op, bool stages, Who waits, int root, Stage stage, Consume consume) {
+  const int h = static_cast<int>(rounds_++ & 1);
+  if (stages) {
+    before_writing_half(op, h);
+    stage(seg_.staging(rank_, h));
+  }
+  post_progress();
+  need_[h] = posts_ + 1;  // readers read between this post and their next one
+  if (waits == Who::kAll) {
+    wait_all(op, posts_);
+  } else if (waits == Who::kRoot) {
+    wait_rank(op, root, posts_);
+  }
+  consume(h);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dispatch
+// ---------------------------------------------------------------------------------------------
+
+void Comm::execute(const mncl_coll_v1_t &c) {
+  const int64_t timeout_ms = c.timeout_ms > 0 ? c.timeout_ms : default_timeout_ms_;
+  Op op{kind_name(c.kind), c.seq, timeout_ms, Clock::now() + std::chrono::milliseconds(timeout_ms),
+        posts_};
+  check_failed(op);
+  if (!broken_.empty()) {
+    throw kit::Error(
+        MNCL_ERR_REMOTE,
+        op.where() + ": the communicator is unusable after an earlier failure: " + broken_);
+  }
+  if (c.kind != MNCL_COLL_BARRIER && kit::dtype_size(c.dtype) == 0) {
+    throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
+                     kit::format("%s: unknown dtype %d", op.where().c_str(), c.dtype));
+  }
+  MNCL_KIT_LOG(host_, MNCL_LOG_TRACE, "%s: rank %d/%d %s count %zu root %d", op.where().c_str(),
+               rank_, size_, kit::dtype_name(c.dtype), c.count, c.root);
+  switch (c.kind) {
+    case MNCL_COLL_ALLREDUCE:
+      return allreduce(op, c.sendbuf, c.recvbuf, c.count, c.dtype, c.op, -1);
+    case MNCL_COLL_REDUCE:
+      return allreduce(op, c.sendbuf, c.recvbuf, c.count, c.dtype, c.op, c.root);
+    case MNCL_COLL_BCAST:
+      return bcast(op, c);
+    case MNCL_COLL_SCATTER:
+      return scatter(op, c);
+    case MNCL_COLL_GATHER:
+      return gather(op, c);
+    case MNCL_COLL_ALLGATHER:
+      return allgather(op, c);
+    case MNCL_COLL_REDUCE_SCATTER:
+      return reduce_scatter(op, c);
+    case MNCL_COLL_ALLTOALL:
+      return alltoall(op, c);
+    case MNCL_COLL_BARRIER:
+      return barrier(op);
+    case MNCL_COLL_SEND:
+      return send(op, c);
+    case MNCL_COLL_RECV:
+      return recv(op, c);
+    case MNCL_COLL_ALLREDUCE_COALESCED:
+      return allreduce_coalesced(op, c);
+    default:
+      throw kit::Error(MNCL_ERR_NOT_SUPPORTED,
+                       kit::format("shm: collective kind %d is not supported", c.kind));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Collectives. Zero bytes: every rank sees the same count, so all return without a post.
+// ---------------------------------------------------------------------------------------------
+
+// root < 0: allreduce; otherwise reduce to root (recv is only touched there).
+void Comm::allreduce(Op &op, const void *send, void *recv, size_t count, int32_t dtype, int32_t o,
+                     int root) {
+  const size_t es = kit::dtype_size(dtype);
+  const size_t bytes = count * es;
+  if (bytes == 0) return;
+  const bool out_here = root < 0 || root == rank_;
+  const void *srcs[256];
+  std::vector<const void *> many;
+  const void **src = srcs;
+  if (size_ > 256) {
+    many.resize(static_cast<size_t>(size_));
+    src = many.data();
+  }
+
+  if (bytes <= small_) {
+    // Single phase: publish, one post, fold everything in rank order.
+    round(
+        op, true, out_here ? Who::kAll : Who::kNone, root,
+        [&](unsigned char *st) { std::memcpy(st, send, bytes); },
+        [&](int h) {
+          if (!out_here) return;
+          for (int p = 0; p < size_; ++p) src[p] = seg_.staging(p, h);
+          fold(recv, src, size_, count, dtype, o);
+        });
+    return;
+  }
+
+  // Reduce-scatter + allgather, one chunk per round. Rank r owns slice r of each chunk: it
+  // stages only the other n-1 slices (nobody else reads its slice r), folds slice r from its
+  // own input and the others' staging, and leaves the reduced slice in its own staging half
+  // at slice r, where everyone copies it from after the second post.
+  const size_t per_round = chunk_ / es;
+  const size_t align = std::max<size_t>(1, 64 / es);  // slices start on cache lines
+  const bool stream = bytes >= nt_bytes_;
+  auto copy_out = [&](void *dst, const void *from, size_t len) {
+    if (stream) {
+      stream_copy(dst, from, len);
+    } else {
+      std::memcpy(dst, from, len);
+    }
+  };
+  const size_t n = static_cast<size_t>(size_);
+  for (size_t off = 0; off < count; off += per_round) {
+    const size_t m = std::min(per_round, count - off);
+    const size_t slice = ((m + n - 1) / n + align - 1) / align * align;
+    auto lo_of = [&](size_t r) { return std::min(m, r * slice); };
+    auto hi_of = [&](size_t r) { return std::min(m, (r + 1) * slice); };
+    const size_t me = static_cast<size_t>(rank_);
+    const size_t lo = lo_of(me), hi = hi_of(me);
+    const unsigned char *in = bytes_at(send, off * es);
+    const int h = static_cast<int>(rounds_++ & 1);
+    unsigned char *mine = seg_.staging(rank_, h);
+    before_writing_half(op, h);
+    if (lo > 0) std::memcpy(mine, in, lo * es);
+    if (m > hi) std::memcpy(mine + hi * es, in + hi * es, (m - hi) * es);
+    post_progress();
+    wait_all(op, posts_);
+    if (hi > lo) {
+      for (size_t p = 0; p < n; ++p) {
+        src[p] = p == me ? in + lo * es : seg_.staging(static_cast<int>(p), h) + lo * es;
+      }
+      fold(mine + lo * es, src, size_, hi - lo, dtype, o);
+    }
+    post_progress();
+    need_[h] = posts_ + 1;  // peers read slice r of this half until their next post
+    if (out_here) {
+      wait_all(op, posts_);
+      unsigned char *out = bytes_at(recv, off * es);
+      for (size_t p = 0; p < n; ++p) {
+        const size_t plo = lo_of(p), phi = hi_of(p);
+        if (phi > plo) {
+          copy_out(out + plo * es, seg_.staging(static_cast<int>(p), h) + plo * es,
+                   (phi - plo) * es);
+        }
+      }
+    }
+  }
+}
+
+// One packed allreduce: the result equals nbufs separate calls (element-wise ops).
+void Comm::allreduce_coalesced(Op &op, const mncl_coll_v1_t &c) {
+  const size_t es = kit::dtype_size(c.dtype);
+  size_t total = 0;
+  for (size_t i = 0; i < c.nbufs; ++i) total += c.counts[i];
+  if (total == 0) return;
+  scratch_.resize(total * es);
+  for (size_t i = 0, off = 0; i < c.nbufs; off += c.counts[i] * es, ++i) {
+    copy_block(scratch_.data() + off, c.sendbufs[i], c.counts[i] * es);
+  }
+  allreduce(op, scratch_.data(), scratch_.data(), total, c.dtype, c.op, -1);
+  for (size_t i = 0, off = 0; i < c.nbufs; off += c.counts[i] * es, ++i) {
+    copy_block(c.recvbufs[i], scratch_.data() + off, c.counts[i] * es);
+  }
+}
+
+void Comm::bcast(Op &op, const mncl_coll_v1_t &c) {
+  const size_t bytes = c.count * kit::dtype_size(c.dtype);
+  if (bytes == 0 || size_ == 1) return;
+  const bool root = rank_ == c.root;
+  for (size_t off = 0; off < bytes; off += chunk_) {
+    const size_t m = std::min(chunk_, bytes - off);
+    round(
+        op, root, root ? Who::kNone : Who::kRoot, c.root,
+        [&](unsigned char *st) { std::memcpy(st, bytes_at(c.recvbuf, off), m); },
+        [&](int h) {
+          if (!root) std::memcpy(bytes_at(c.recvbuf, off), seg_.staging(c.root, h), m);
+        });
+  }
+}
+
+void Comm::scatter(Op &op, const mncl_coll_v1_t &c) {
+  const size_t es = kit::dtype_size(c.dtype);
+  const size_t bytes = c.count * es;
+  if (bytes == 0) return;
+  const bool root = rank_ == c.root;
+  const size_t per_round = chunk_ / (static_cast<size_t>(size_) * es);  // per block
+  const size_t sub = per_round * es;  // bytes of one block's part in the staging half
+  for (size_t off = 0; off < c.count; off += per_round) {
+    const size_t m = std::min(per_round, c.count - off);
+    round(
+        op, root, root ? Who::kNone : Who::kRoot, c.root,
+        [&](unsigned char *st) {
+          for (int d = 0; d < size_; ++d) {
+            if (d == rank_) continue;
+            std::memcpy(st + static_cast<size_t>(d) * sub,
+                        bytes_at(c.sendbuf, (static_cast<size_t>(d) * c.count + off) * es), m * es);
+          }
+        },
+        [&](int h) {
+          if (!root) {
+            std::memcpy(bytes_at(c.recvbuf, off * es),
+                        seg_.staging(c.root, h) + static_cast<size_t>(rank_) * sub, m * es);
+          }
+        });
+  }
+  if (root) copy_block(c.recvbuf, bytes_at(c.sendbuf, static_cast<size_t>(rank_) * bytes), bytes);
+}
+
+void Comm::gather(Op &op, const mncl_coll_v1_t &c) {
+  const size_t es = kit::dtype_size(c.dtype);
+  const size_t bytes = c.count * es;
+  if (bytes == 0) return;
+  const bool root = rank_ == c.root;
+  if (root) copy_block(bytes_at(c.recvbuf, static_cast<size_t>(rank_) * bytes), c.sendbuf, bytes);
+  for (size_t off = 0; off < bytes; off += chunk_) {
+    const size_t m = std::min(chunk_, bytes - off);
+    round(
+        op, !root, root ? Who::kAll : Who::kNone, c.root,
+        [&](unsigned char *st) { std::memcpy(st, bytes_at(c.sendbuf, off), m); },
+        [&](int h) {
+          if (!root) return;
+          for (int p = 0; p < size_; ++p) {
+            if (p == rank_) continue;
+            std::memcpy(bytes_at(c.recvbuf, static_cast<size_t>(p) * bytes + off),
+                        seg_.staging(p, h), m);
+          }
+        });
+  }
+}
+
+void Comm::allgather(Op &op, const mncl_coll_v1_t &c) {
+  const size_t bytes = c.count * kit::dtype_size(c.dtype);
+  if (bytes == 0) return;
+  copy_block(bytes_at(c.recvbuf, static_cast<size_t>(rank_) * bytes), c.sendbuf, bytes);
+  for (size_t off = 0; off < bytes; off += chunk_) {
+    const size_t m = std::min(chunk_, bytes - off);
+    round(
+        op, true, Who::kAll, -1,
+        [&](unsigned char *st) { std::memcpy(st, bytes_at(c.sendbuf, off), m); },
+        [&](int h) {
+          for (int p = 0; p < size_; ++p) {
+            if (p == rank_) continue;
+            std::memcpy(bytes_at(c.recvbuf, static_cast<size_t>(p) * bytes + off),
+                        seg_.staging(p, h), m);
+          }
+        });
+  }
+}
+
+void Comm::reduce_scatter(Op &op, const mncl_coll_v1_t &c) {
+  const size_t es = kit::dtype_size(c.dtype);
+  if (c.count == 0) return;
+  const size_t per_round = chunk_ / (static_cast<size_t>(size_) * es);
+  const size_t sub = per_round * es;
+  std::vector<const void *> src(static_cast<size_t>(size_));
+  for (size_t off = 0; off < c.count; off += per_round) {
+    const size_t m = std::min(per_round, c.count - off);
+    round(
+        op, true, Who::kAll, -1,
+        [&](unsigned char *st) {
+          // Our own block too: in place, the output overlaps it, so fold from the copy.
+          for (int d = 0; d < size_; ++d) {
+            std::memcpy(st + static_cast<size_t>(d) * sub,
+                        bytes_at(c.sendbuf, (static_cast<size_t>(d) * c.count + off) * es), m * es);
+          }
+        },
+        [&](int h) {
+          for (int p = 0; p < size_; ++p) {
+            src[static_cast<size_t>(p)] = seg_.staging(p, h) + static_cast<size_t>(rank_) * sub;
+          }
+          fold(bytes_at(c.recvbuf, off * es), src.data(), size_, m, c.dtype, c.op);
+        });
+  }
+}
+
+void Comm::alltoall(Op &op, const mncl_coll_v1_t &c) {
+  const size_t es = kit::dtype_size(c.dtype);
+  const size_t bytes = c.count * es;
+  if (bytes == 0) return;
+  const size_t me = static_cast<size_t>(rank_);
+  copy_block(bytes_at(c.recvbuf, me * bytes), bytes_at(c.sendbuf, me * bytes), bytes);
+  const size_t per_round = chunk_ / (static_cast<size_t>(size_) * es);
+  const size_t sub = per_round * es;
+  for (size_t off = 0; off < c.count; off += per_round) {
+    const size_t m = std::min(per_round, c.count - off);
+    // In place is safe: round j stages chunk j of every block before anything overwrites it.
+    round(
+        op, true, Who::kAll, -1,
+        [&](unsigned char *st) {
+          for (int d = 0; d < size_; ++d) {
+            if (d == rank_) continue;
+            std::memcpy(st + static_cast<size_t>(d) * sub,
+                        bytes_at(c.sendbuf, (static_cast<size_t>(d) * c.count + off) * es), m * es);
+          }
+        },
+        [&](int h) {
+          for (int p = 0; p < size_; ++p) {
+            if (p == rank_) continue;
+            std::memcpy(bytes_at(c.recvbuf, (static_cast<size_t>(p) * c.count + off) * es),
+                        seg_.staging(p, h) + me * sub, m * es);
+          }
+        });
+  }
+}
+
+void Comm::barrier(Op &op) {
+  if (size_ == 1) return;
+  round(
+      op, false, Who::kAll, -1, [](unsigned char *) {}, [](int) {});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Point to point: channel (src, dst) has two slots; chunk k of the pair goes to slot k % 2.
+// The sender may fill chunk k once the receiver has emptied chunk k-2 (acked >= k-1).
+// ---------------------------------------------------------------------------------------------
+
+void Comm::send(Op &op, const mncl_coll_v1_t &c) {
+  const int peer = c.root;
+  if (peer < 0 || peer >= size_ || peer == rank_) {
+    throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
+                     kit::format("%s: bad peer %d", op.where().c_str(), peer));
+  }
+  const size_t bytes = c.count * kit::dtype_size(c.dtype);
+  Channel &ch = seg_.channel(rank_, peer);
+  const size_t chunks = bytes == 0 ? 1 : (bytes + p2p_slot_ - 1) / p2p_slot_;
+  const std::string what =
+      kit::format("room for message #%llu", static_cast<unsigned long long>(sent_msgs_[peer]));
+  for (size_t i = 0; i < chunks; ++i) {
+    const uint32_t k = sent_chunks_[static_cast<size_t>(peer)];
+    const int slot = static_cast<int>(k & 1u);
+    if (k >= 2) wait_flag(op, ch.acked, k - 1, peer, what.c_str());
+    const size_t len = std::min(p2p_slot_, bytes - i * p2p_slot_);
+    if (len > 0)
+      std::memcpy(seg_.p2p_slot(rank_, peer, slot), bytes_at(c.sendbuf, i * p2p_slot_), len);
+    ch.slot[slot].message_bytes = bytes;
+    ch.slot[slot].chunk_bytes = len;
+    post(ch.sent, k + 1);
+    sent_chunks_[static_cast<size_t>(peer)] = k + 1;
+  }
+  ++sent_msgs_[static_cast<size_t>(peer)];
+}
+
+void Comm::recv(Op &op, const mncl_coll_v1_t &c) {
+  const int peer = c.root;
+  if (peer < 0 || peer >= size_ || peer == rank_) {
+    throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
+                     kit::format("%s: bad peer %d", op.where().c_str(), peer));
+  }
+  const size_t bytes = c.count * kit::dtype_size(c.dtype);
+  Channel &ch = seg_.channel(peer, rank_);
+  const size_t chunks = bytes == 0 ? 1 : (bytes + p2p_slot_ - 1) / p2p_slot_;
+  const std::string what =
+      kit::format("message #%llu", static_cast<unsigned long long>(recv_msgs_[peer]));
+  for (size_t i = 0; i < chunks; ++i) {
+    const uint32_t k = recv_chunks_[static_cast<size_t>(peer)];
+    const int slot = static_cast<int>(k & 1u);
+    wait_flag(op, ch.sent, k + 1, peer, what.c_str());
+    const SlotHeader hdr = ch.slot[slot];
+    if (hdr.message_bytes != bytes) {
+      fail(op, MNCL_ERR_REMOTE,
+           kit::format("%s: rank %d sent %llu bytes where rank %d expects %zu (do count and dtype "
+                       "agree?)",
+                       op.where().c_str(), peer, static_cast<unsigned long long>(hdr.message_bytes),
+                       rank_, bytes));
+    }
+    if (hdr.chunk_bytes > 0) {
+      std::memcpy(bytes_at(c.recvbuf, i * p2p_slot_), seg_.p2p_slot(peer, rank_, slot),
+                  hdr.chunk_bytes);
+    }
+    post(ch.acked, k + 1);
+    recv_chunks_[static_cast<size_t>(peer)] = k + 1;
+  }
+  ++recv_msgs_[static_cast<size_t>(peer)];
+}
+
+}  // namespace mncl::shm

@@ -1,0 +1,136 @@
+// The shm backend's communicator: every collective through one shared-memory segment.
+//
+// Progress protocol. Each rank owns one counter in the segment (RankCtl::posts) and bumps it
+// once per phase of every collective; every rank runs the same phases for the same call, so
+// "rank p has posted v times" means the same point of the same collective everywhere. A
+// collective is a sequence of rounds; in round j each rank
+//   1. copies its part of chunk j into its staging half h (halves alternate round by round),
+//   2. posts,
+//   3. waits for the ranks whose staging it needs to have posted as often,
+//   4. reads their staging (a fold in rank order, or plain copies) into its output,
+// and in the two-phase allreduce/reduce also
+//   5. posts again (its reduced slice is now in its own staging half),
+//   6. waits for every rank's slice and copies the whole reduced chunk out.
+// Reuse of a staging half is safe once every reader has posted again after reading it; since
+// readers read between two of their own posts, the writer waits for "posts >= v+1" (need_[h])
+// before overwriting, and skips the wait when an earlier wait already proved it. Every wait is
+// for a value the waiter itself has already posted, so the slowest rank is never blocked and
+// the protocol cannot deadlock; a rooted collective (bcast, scatter) lets its root run at most
+// two rounds ahead.
+//
+// Algorithms:
+//   allreduce, reduce  <= small bytes: single phase, every rank (reduce: the root) folds all
+//                      n inputs in rank order: one post, one wait.
+//                      larger: pipelined reduce-scatter + allgather in chunk-sized rounds;
+//                      rank r stages the n-1 slices others reduce, folds slice r (rank order,
+//                      its own part read straight from its input) into slice r of its own
+//                      staging, then everyone copies the chunk out (non-temporal stores for big
+//                      messages). The working set (2 x n chunks) stays in the LLC, so memory
+//                      sees each input read once and each output written once.
+//   reduce_scatter     rounds of n sub-blocks; rank r folds block r in rank order.
+//   allgather, gather, bcast, scatter, alltoall: rounds of staged copies.
+//   allreduce_coalesced: packed into one buffer, one allreduce, unpacked.
+//   barrier            one post, wait for all.
+//   send/recv          a two-slot channel per ordered pair: a message of up to 2 slots is
+//                      buffered (the sender returns), a larger one streams slot by slot.
+// Float reductions fold in rank order 0..n-1 in every algorithm, so results equal naive's.
+//
+// Failure handling: every wait is bounded by the op's deadline; while sleeping, the waited-on
+// peer's pid is checked, a dead one is recorded in the segment (every rank then fails with
+// MNCL_ERR_REMOTE naming it), and comm_abort sets the segment's abort word and wakes every
+// futex so every rank's wait ends with MNCL_ERR_ABORTED. After a failure the communicator
+// refuses further operations (counters no longer agree).
+#pragma once
+
+#include <mncl/mncl_plugin.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shm/segment.h"
+
+namespace mncl::shm {
+
+// Tunables (MNCL_SHM_*), read at init; rank 0's values are written to the segment and used by
+// every rank, since all ranks must pick the same algorithm.
+struct Options {
+  size_t chunk = 1u << 20;   // MNCL_SHM_CHUNK: bytes per rank per round (staging half)
+  size_t small = 64u << 10;  // MNCL_SHM_SMALL: single-phase allreduce/reduce up to this size
+  size_t p2p_slot = 32u << 10;
+  size_t nt_bytes = 4u << 20;  // MNCL_SHM_NT_BYTES: stream the copy-out from this size on
+  int spin = -1;               // MNCL_SHM_SPIN: pause-loop iterations before yielding (-1: by load)
+  int yield_us = -1;  // MNCL_SHM_YIELD_US: sched_yield() this long before sleeping (-1: by load)
+};
+
+class Comm {
+ public:
+  Comm(const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host, const Options &options);
+
+  void execute(const mncl_coll_v1_t &coll);  // throws kit::Error
+  void abort();                              // any thread
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+ private:
+  struct Op;
+  enum class Who { kAll, kRoot, kNone };
+
+  void create_segment(const mncl_bootstrap_v1_t &bs, const Options &options);
+
+  // Collectives.
+  void allreduce(Op &op, const void *send, void *recv, size_t count, int32_t dtype, int32_t o,
+                 int root);
+  void allreduce_coalesced(Op &op, const mncl_coll_v1_t &c);
+  void bcast(Op &op, const mncl_coll_v1_t &c);
+  void scatter(Op &op, const mncl_coll_v1_t &c);
+  void gather(Op &op, const mncl_coll_v1_t &c);
+  void allgather(Op &op, const mncl_coll_v1_t &c);
+  void reduce_scatter(Op &op, const mncl_coll_v1_t &c);
+  void alltoall(Op &op, const mncl_coll_v1_t &c);
+  void barrier(Op &op);
+  void send(Op &op, const mncl_coll_v1_t &c);
+  void recv(Op &op, const mncl_coll_v1_t &c);
+
+  // One single-phase round: stage (if `stages`) into my staging half, post, wait for `waits`
+  // (root = `root`), then consume(half). Returns nothing; the caller loops over rounds.
+  template <typename Stage, typename Consume>
+  void round(Op &op, bool stages, Who waits, int root, Stage stage, Consume consume);
+
+  // Progress primitives.
+  void post_progress();
+  void wait_all(Op &op, uint32_t target);             // every peer's posts >= target
+  void wait_rank(Op &op, int peer, uint32_t target);  // one peer's posts >= target
+  void before_writing_half(Op &op, int half);         // staging reuse hazard
+  void wait_flag(Op &op, Flag &f, uint32_t target, int peer, const char *what);
+  void check_failed(Op &op);  // abort / dead-peer words, local state
+  [[noreturn]] void fail(Op &op, mncl_status_t st, const std::string &msg);
+  void wake_everyone();
+
+  const mncl_host_v1_t *host_;
+  int rank_;
+  int size_;
+  int64_t default_timeout_ms_;
+  Segment seg_;
+  Header *hdr_ = nullptr;
+  size_t chunk_ = 0, small_ = 0, p2p_slot_ = 0, nt_bytes_ = 0;
+  int spin_ = 0;
+  std::chrono::nanoseconds yield_for_{0};
+
+  std::atomic<bool> aborted_{false};
+  std::string broken_;  // set after a failure: later operations fail with it
+
+  uint32_t posts_ = 0;      // my counter (mirrors ctl(rank_).posts.value)
+  uint32_t known_all_ = 0;  // every peer is known to have posted at least this often
+  uint64_t rounds_ = 0;     // rounds run so far: picks the staging half
+  uint32_t need_[2] = {0, 0};
+  std::vector<uint32_t> sent_chunks_, recv_chunks_;  // p2p chunks per peer
+  std::vector<uint64_t> sent_msgs_, recv_msgs_;      // p2p messages per peer (messages)
+  std::vector<unsigned char> scratch_;               // coalesced packing
+};
+
+}  // namespace mncl::shm

@@ -1,0 +1,130 @@
+"""Finding and describing libmncl.so.1 for ctypes: the one place that knows the C signatures."""
+
+import ctypes
+import os
+
+from .errors import error_for
+
+SONAME = "libmncl.so.1"
+ABI_MAJOR = 1  # the SONAME's number; mncl.h's MNCL_ABI_MAJOR
+
+
+def _candidates():
+    """Where libmncl may be, most explicit first."""
+    env = os.environ.get("MNCL_LIBRARY")
+    if env:
+        yield os.path.join(env, SONAME) if os.path.isdir(env) else env
+    here = os.path.dirname(os.path.abspath(__file__))
+    for rel in (
+        ".",  # bundled next to the package
+        "../../..",  # <prefix>/lib/pythonX.Y/site-packages/mncl -> <prefix>/lib
+        "../../../../lib",  # <prefix>/local/lib/pythonX.Y/dist-packages/mncl
+        "../../build/lib",  # a source checkout: python/mncl -> build/lib
+    ):
+        path = os.path.normpath(os.path.join(here, rel, SONAME))
+        if os.path.exists(path):
+            yield path
+    yield SONAME  # the dynamic loader's search: LD_LIBRARY_PATH, ldconfig
+
+
+def _load():
+    errors = []
+    for path in _candidates():
+        try:
+            return ctypes.CDLL(path), path
+        except OSError as e:
+            errors.append(f"{path}: {e}")
+            if path == os.environ.get("MNCL_LIBRARY"):
+                break  # an explicit choice that fails is not silently replaced
+    raise ImportError(
+        "mncl: cannot load libmncl (set MNCL_LIBRARY to its path); tried:\n  "
+        + "\n  ".join(errors)
+    )
+
+
+lib, library_path = _load()
+
+c_status = ctypes.c_int  # mncl_status_t (an enum: int-sized)
+c_handle = ctypes.c_void_p  # mncl_comm_t, mncl_request_t
+c_size_p = ctypes.POINTER(ctypes.c_size_t)
+c_voidp_p = ctypes.POINTER(ctypes.c_void_p)
+
+
+class Config(ctypes.Structure):
+    """mncl_config_t as this package knows it. struct_size = sizeof(Config) is the handshake:
+    an older libmncl accepts it as long as the fields it does not know are zero."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("magic", ctypes.c_uint32),
+        ("version", ctypes.c_uint32),
+        ("backend", ctypes.c_char_p),
+        ("rank", ctypes.c_int32),
+        ("size", ctypes.c_int32),
+        ("bootstrap", ctypes.c_char_p),
+        ("timeout_ms", ctypes.c_int64),
+        ("device", ctypes.c_int32),
+        ("reserved0", ctypes.c_int32),
+    ]
+
+
+CONFIG_MAGIC = 0x4D4E434C
+HEADER_VERSION = 100  # MNCL_VERSION of the mncl.h this file mirrors (0.1.0)
+FROM_ENV = -1
+
+_I = ctypes.c_int
+_P = ctypes.c_void_p
+_N = ctypes.c_size_t
+# name: (restype, argtypes); every function in mncl.h.
+_SIGNATURES = {
+    "mncl_get_version": (_I, []),
+    "mncl_status_string": (ctypes.c_char_p, [c_status]),
+    "mncl_last_error": (ctypes.c_char_p, []),
+    "mncl_dtype_size": (_N, [_I]),
+    "mncl_dtype_name": (ctypes.c_char_p, [_I]),
+    "mncl_op_name": (ctypes.c_char_p, [_I]),
+    "mncl_comm_create": (c_status, [ctypes.POINTER(Config), ctypes.POINTER(c_handle)]),
+    "mncl_comm_destroy": (c_status, [c_handle]),
+    "mncl_comm_abort": (c_status, [c_handle]),
+    "mncl_comm_split": (c_status, [c_handle, _I, _I, ctypes.POINTER(c_handle)]),
+    "mncl_comm_rank": (c_status, [c_handle, ctypes.POINTER(_I)]),
+    "mncl_comm_size": (c_status, [c_handle, ctypes.POINTER(_I)]),
+    "mncl_comm_backend": (c_status, [c_handle, ctypes.POINTER(ctypes.c_char_p)]),
+    "mncl_allreduce": (c_status, [c_handle, _P, _P, _N, _I, _I, _P]),
+    "mncl_reduce": (c_status, [c_handle, _P, _P, _N, _I, _I, _I, _P]),
+    "mncl_bcast": (c_status, [c_handle, _P, _N, _I, _I, _P]),
+    "mncl_scatter": (c_status, [c_handle, _P, _P, _N, _I, _I, _P]),
+    "mncl_gather": (c_status, [c_handle, _P, _P, _N, _I, _I, _P]),
+    "mncl_allgather": (c_status, [c_handle, _P, _P, _N, _I, _P]),
+    "mncl_reduce_scatter": (c_status, [c_handle, _P, _P, _N, _I, _I, _P]),
+    "mncl_alltoall": (c_status, [c_handle, _P, _P, _N, _I, _P]),
+    "mncl_barrier": (c_status, [c_handle, _P]),
+    "mncl_send": (c_status, [c_handle, _P, _N, _I, _I, _P]),
+    "mncl_recv": (c_status, [c_handle, _P, _N, _I, _I, _P]),
+    "mncl_allreduce_coalesced": (
+        c_status, [c_handle, c_voidp_p, c_voidp_p, c_size_p, _N, _I, _I, _P]),
+    "mncl_iallreduce": (c_status, [c_handle, _P, _P, _N, _I, _I, _P, ctypes.POINTER(c_handle)]),
+    "mncl_ibcast": (c_status, [c_handle, _P, _N, _I, _I, _P, ctypes.POINTER(c_handle)]),
+    "mncl_iallgather": (c_status, [c_handle, _P, _P, _N, _I, _P, ctypes.POINTER(c_handle)]),
+    "mncl_ibarrier": (c_status, [c_handle, _P, ctypes.POINTER(c_handle)]),
+    "mncl_test": (c_status, [c_handle, ctypes.POINTER(_I)]),
+    "mncl_wait": (c_status, [c_handle, ctypes.c_int64]),
+}
+for _name, (_res, _args) in _SIGNATURES.items():
+    _fn = getattr(lib, _name)
+    _fn.restype = _res
+    _fn.argtypes = _args
+
+
+def version():
+    """The library's MNCL_VERSION as (major, minor, patch)."""
+    v = lib.mncl_get_version()
+    return (v // 10000, v // 100 % 100, v % 100)
+
+
+def check(status):
+    """Raises the MnclError subclass for a failed status (mncl_last_error() as the message)."""
+    if status != 0:
+        message = (lib.mncl_last_error() or b"").decode(errors="replace")
+        name = (lib.mncl_status_string(status) or b"").decode(errors="replace").split(":")[0]
+        raise error_for(status, message, name)

@@ -1,0 +1,944 @@
+// fault_test: multi-process fault scenarios (tests/fault/README.md). One binary is both the
+// driver, which starts the ranks (fork/exec of itself), injects the fault and judges, and the
+// worker (--worker), which runs one rank. Every run prints one line
+//
+//   <name> <backend> PASS|FAIL|SKIP <figure>
+//
+// and exits 0 on PASS or SKIP. Ranks report to the driver through a pipe, one line each
+// ("ready <rank>" / "result <rank> <status> <monotonic ns> <extra>"); long error messages go to
+// files in the run's folder. CLOCK_MONOTONIC is system-wide, so the driver can subtract the
+// instant it injected the fault from the instant a rank's call returned.
+//
+//   fault_test killed|stalled|late|mismatch|abort|recovery|watchdog|store_bind|store_token
+//              [--backend B] [--ranks N] [--timeout S] [--runs N] [--debug-checks 0|1]
+//              [--case allreduce_vs_bcast|count|dtype|root] [--netns NS0,NS1 --hosts A0,A1]
+#include <fcntl.h>
+#include <mncl/mncl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Shared helpers
+// ---------------------------------------------------------------------------------------------
+
+int64_t now_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+}
+double seconds(int64_t ns) {
+  return static_cast<double>(ns) / 1e9;
+}
+
+const char *status_name(int s) {
+  static const char *const names[] = {"OK",     "INVALID_ARGUMENT", "NOT_SUPPORTED", "TIMEOUT",
+                                      "REMOTE", "ABORTED",          "PLUGIN",        "BOOTSTRAP",
+                                      "SYSTEM", "INTERNAL",         "IN_PROGRESS"};
+  return s >= 0 && s <= 10 ? names[s] : "UNKNOWN";
+}
+int status_of(const std::string &name) {
+  for (int s = 0; s <= 10; ++s) {
+    if (name == status_name(s)) return s;
+  }
+  return -1;
+}
+
+std::string env_or(const char *name, const std::string &fallback) {
+  const char *v = std::getenv(name);
+  return v && *v ? v : fallback;
+}
+int env_int(const char *name, int fallback) {
+  const char *v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+
+std::string read_file(const std::string &path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = -1;
+  if (bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+std::string fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
+std::string fmt(const char *f, ...) {
+  char buf[4096];
+  va_list ap;
+  va_start(ap, f);
+  std::vsnprintf(buf, sizeof buf, f, ap);
+  va_end(ap);
+  return buf;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Worker side
+// ---------------------------------------------------------------------------------------------
+
+struct Worker {
+  int rank = -1, size = 0, fd = -1;
+  std::string dir, scenario;
+
+  void line(const std::string &text) {
+    const std::string l = text + "\n";
+    if (fd >= 0 && write(fd, l.data(), l.size()) != static_cast<ssize_t>(l.size())) _exit(9);
+  }
+  void ready() { line(fmt("ready %d", rank)); }
+  // Reports a call's outcome: status, the instant it returned, extra words; the message goes
+  // to <dir>/msg.<rank>.
+  void result(mncl_status_t st, int64_t t, const std::string &extra = "-",
+              const char *message = nullptr) {
+    if (message) std::ofstream(dir + "/msg." + std::to_string(rank)) << message;
+    line(fmt("result %d %s %lld %s", rank, status_name(st), static_cast<long long>(t),
+             extra.c_str()));
+  }
+};
+
+int fail_create(Worker &w, mncl_status_t st) {
+  std::fprintf(stderr, "rank %d: mncl_comm_create: %s: %s\n", w.rank, status_name(st),
+               mncl_last_error());
+  w.result(st, now_ns(), "create-failed", mncl_last_error());
+  return 3;
+}
+
+// Allreduce in a loop until it fails; "ready" after 10 calls. For killed/stalled/recovery.
+mncl_status_t loop_until_failure(Worker &w, mncl_comm_t comm, int64_t *t_fail) {
+  std::vector<float> send(1024, 1.0f), recv(send.size());
+  for (long it = 0;; ++it) {
+    const mncl_status_t st = mncl_allreduce(comm, send.data(), recv.data(), send.size(),
+                                            MNCL_FLOAT32, MNCL_SUM, nullptr);
+    if (st != MNCL_OK) {
+      *t_fail = now_ns();
+      return st;
+    }
+    if (it == 10) w.ready();
+  }
+}
+
+int worker_killed(Worker &w) {
+  mncl_comm_t comm = nullptr;
+  if (auto st = mncl_comm_create(nullptr, &comm); st != MNCL_OK) return fail_create(w, st);
+  int64_t t = 0;
+  const mncl_status_t st = loop_until_failure(w, comm, &t);
+  w.result(st, t, "-", mncl_last_error());
+  return 0;  // no destroy: the driver measures the failing call itself
+}
+
+int worker_recovery(Worker &w) {
+  mncl_comm_t comm = nullptr;
+  if (auto st = mncl_comm_create(nullptr, &comm); st != MNCL_OK) return fail_create(w, st);
+  int64_t t_fail = 0;
+  const mncl_status_t st = loop_until_failure(w, comm, &t_fail);
+  const std::string first_error = mncl_last_error();
+  // The documented way out: abort (no leave protocol with a dead peer), destroy, re-create.
+  mncl_comm_abort(comm);
+  mncl_comm_destroy(comm);
+  mncl_config_t cfg = MNCL_CONFIG_INIT;
+  const std::string store = env_or("FAULT_STORE2", "");
+  cfg.bootstrap = store.c_str();
+  cfg.rank = w.rank;
+  cfg.size = w.size - 1;  // the victim is the last rank
+  mncl_comm_t again = nullptr;
+  mncl_status_t st2 = mncl_comm_create(&cfg, &again);
+  std::string extra = "-";
+  if (st2 == MNCL_OK) {
+    std::vector<int32_t> send(257, w.rank + 1), recv(send.size(), -1);
+    st2 =
+        mncl_allreduce(again, send.data(), recv.data(), send.size(), MNCL_INT32, MNCL_SUM, nullptr);
+    const int32_t expect = (w.size - 1) * w.size / 2;
+    const bool correct = st2 == MNCL_OK && std::all_of(recv.begin(), recv.end(),
+                                                       [&](int32_t v) { return v == expect; });
+    extra = fmt("%s %s %lld", status_name(st), correct ? "correct" : "wrong",
+                static_cast<long long>(t_fail));
+    mncl_comm_destroy(again);
+  }
+  w.result(st2, now_ns(), extra, (first_error + "\n" + mncl_last_error()).c_str());
+  return 0;
+}
+
+int worker_late(Worker &w) {
+  mncl_comm_t comm = nullptr;
+  if (auto st = mncl_comm_create(nullptr, &comm); st != MNCL_OK) return fail_create(w, st);
+  const int runs = env_int("FAULT_RUNS", 5);
+  int failures = 0, wrong = 0;
+  std::string first_error;
+  std::vector<int64_t> send(100), recv(100);
+  for (int i = 0; i < runs; ++i) {
+    // Rank i % size arrives one second after the others.
+    if (i % w.size == w.rank) std::this_thread::sleep_for(std::chrono::seconds(1));
+    for (size_t k = 0; k < send.size(); ++k) send[k] = (w.rank + 1) * static_cast<int64_t>(k + i);
+    const mncl_status_t st =
+        mncl_allreduce(comm, send.data(), recv.data(), send.size(), MNCL_INT64, MNCL_SUM, nullptr);
+    if (st != MNCL_OK) {
+      ++failures;
+      if (first_error.empty()) first_error = mncl_last_error();
+      break;  // the communicator is unusable after a failure
+    }
+    const int64_t factor = static_cast<int64_t>(w.size) * (w.size + 1) / 2;
+    for (size_t k = 0; k < send.size(); ++k) {
+      if (recv[k] != factor * static_cast<int64_t>(k + i)) {
+        ++wrong;
+        break;
+      }
+    }
+  }
+  if (failures == 0) mncl_comm_destroy(comm);
+  w.result(failures ? MNCL_ERR_TIMEOUT : MNCL_OK, now_ns(), fmt("%d %d", failures, wrong),
+           first_error.c_str());
+  return 0;
+}
+
+// One mismatched call: odd ranks make variant B of the case, even ranks variant A.
+int worker_mismatch(Worker &w) {
+  mncl_comm_t comm = nullptr;
+  if (auto st = mncl_comm_create(nullptr, &comm); st != MNCL_OK) return fail_create(w, st);
+  const std::string which = env_or("FAULT_CASE", "count");
+  const bool b = w.rank % 2 == 1;
+  size_t count = 20;
+  mncl_dtype_t dtype = MNCL_FLOAT32;
+  int root = 0;
+  bool bcast = false;
+  if (which == "allreduce_vs_bcast") bcast = b;
+  if (which == "count") count = b ? 10 : 20;
+  if (which == "dtype") dtype = b ? MNCL_INT32 : MNCL_FLOAT32;
+  if (which == "root") {
+    bcast = true;
+    root = w.rank < w.size / 2 ? 0 : 1;  // ranks 0, 1 say 0; the upper half says 1
+  }
+  // Rank r contributes (r + 1) * (i + 1); results are judged against this rank's own call.
+  std::vector<float> fs(count), fr(count, -1);
+  std::vector<int32_t> is(count), ir(count, -1);
+  for (size_t i = 0; i < count; ++i) {
+    fs[i] = static_cast<float>((w.rank + 1) * (i + 1));
+    is[i] = static_cast<int32_t>((w.rank + 1) * (i + 1));
+  }
+  const bool f = dtype == MNCL_FLOAT32;
+  if (mncl_barrier(comm, nullptr) != MNCL_OK) return fail_create(w, MNCL_ERR_INTERNAL);
+  const int64_t t0 = now_ns();
+  mncl_status_t st;
+  if (bcast) {
+    st = f ? mncl_bcast(comm, fs.data(), count, dtype, root, nullptr)
+           : mncl_bcast(comm, is.data(), count, dtype, root, nullptr);
+  } else {
+    st = f ? mncl_allreduce(comm, fs.data(), fr.data(), count, dtype, MNCL_SUM, nullptr)
+           : mncl_allreduce(comm, is.data(), ir.data(), count, dtype, MNCL_SUM, nullptr);
+  }
+  const int64_t t1 = now_ns();
+  bool correct = true;
+  if (st == MNCL_OK) {
+    for (size_t i = 0; i < count; ++i) {
+      const double expect = bcast ? static_cast<double>((root + 1) * (i + 1))
+                                  : static_cast<double>(w.size * (w.size + 1) / 2 * (i + 1));
+      const double got = bcast ? (f ? fs[i] : is[i]) : (f ? fr[i] : ir[i]);
+      if (got != expect) correct = false;
+    }
+  }
+  w.result(st, t1, fmt("%lld %s", static_cast<long long>(t1 - t0), correct ? "correct" : "wrong"),
+           mncl_last_error());
+  // A failed communicator is abandoned (abort + destroy skips the leave protocol).
+  if (st != MNCL_OK) mncl_comm_abort(comm);
+  mncl_comm_destroy(comm);
+  return 0;
+}
+
+// Rank 0 blocks in an allreduce nobody else joins; another thread aborts it.
+int worker_abort(Worker &w) {
+  mncl_comm_t comm = nullptr;
+  if (auto st = mncl_comm_create(nullptr, &comm); st != MNCL_OK) return fail_create(w, st);
+  if (w.rank != 0) {
+    // Stay alive (and connected) while rank 0 is blocked, then leave without a collective.
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    w.result(MNCL_OK, now_ns());
+    mncl_comm_abort(comm);
+    mncl_comm_destroy(comm);
+    return 0;
+  }
+  int64_t t_abort = 0;
+  mncl_status_t first = MNCL_ERR_INTERNAL, second = MNCL_ERR_INTERNAL;
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    t_abort = now_ns();
+    first = mncl_comm_abort(comm);
+    second = mncl_comm_abort(comm);  // harmless
+  });
+  std::vector<float> buf(1000, 1.0f);
+  const mncl_status_t st =
+      mncl_allreduce(comm, buf.data(), buf.data(), buf.size(), MNCL_FLOAT32, MNCL_SUM, nullptr);
+  const int64_t t = now_ns();
+  const std::string message = mncl_last_error();
+  aborter.join();
+  // A later call fails fast too, and destroy still works.
+  const mncl_status_t later = mncl_barrier(comm, nullptr);
+  const mncl_status_t destroyed = mncl_comm_destroy(comm);
+  w.result(st, t,
+           fmt("%lld %s %s %s %s", static_cast<long long>(t_abort), status_name(first),
+               status_name(second), status_name(later), status_name(destroyed)),
+           message.c_str());
+  return 0;
+}
+
+// Every rank calls into a plugin that never returns (the "hang" mock).
+int worker_watchdog(Worker &w) {
+  mncl_comm_t comm = nullptr;
+  if (auto st = mncl_comm_create(nullptr, &comm); st != MNCL_OK) return fail_create(w, st);
+  mncl_barrier(comm, nullptr);
+  std::vector<float> buf(1024, 1.0f);
+  const int64_t t0 = now_ns();
+  const mncl_status_t st =
+      mncl_allreduce(comm, buf.data(), buf.data(), buf.size(), MNCL_FLOAT32, MNCL_SUM, nullptr);
+  const int64_t t1 = now_ns();
+  w.result(st, t1, fmt("%lld", static_cast<long long>(t1 - t0)), mncl_last_error());
+  mncl_comm_destroy(comm);
+  return 0;
+}
+
+// Creates a communicator and reports; the driver inspects the listening sockets meanwhile.
+int worker_store(Worker &w) {
+  mncl_comm_t comm = nullptr;
+  const int64_t t0 = now_ns();
+  const mncl_status_t st = mncl_comm_create(nullptr, &comm);
+  const int64_t t1 = now_ns();
+  if (st == MNCL_OK) w.ready();
+  w.result(st, t1, fmt("%lld", static_cast<long long>(t1 - t0)), mncl_last_error());
+  if (st == MNCL_OK) {
+    // Hold the store up until the driver has looked at it.
+    std::this_thread::sleep_for(std::chrono::milliseconds(env_int("FAULT_HOLD_MS", 0)));
+    mncl_comm_destroy(comm);
+  }
+  return 0;
+}
+
+int worker_main() {
+  Worker w;
+  w.rank = env_int("MNCL_RANK", -1);
+  w.size = env_int("MNCL_SIZE", 0);
+  w.fd = env_int("FAULT_RESULT_FD", -1);
+  w.dir = env_or("FAULT_DIR", "/tmp");
+  w.scenario = env_or("FAULT_SCENARIO", "");
+  if (w.scenario == "killed" || w.scenario == "stalled" || w.scenario == "link_cut") {
+    return worker_killed(w);
+  }
+  if (w.scenario == "recovery") return worker_recovery(w);
+  if (w.scenario == "late") return worker_late(w);
+  if (w.scenario == "mismatch") return worker_mismatch(w);
+  if (w.scenario == "abort") return worker_abort(w);
+  if (w.scenario == "watchdog") return worker_watchdog(w);
+  if (w.scenario == "store_bind" || w.scenario == "store_token") return worker_store(w);
+  std::fprintf(stderr, "worker: unknown scenario '%s'\n", w.scenario.c_str());
+  return 2;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Driver side
+// ---------------------------------------------------------------------------------------------
+
+struct Options {
+  std::string scenario, backend = "naive", which = "count";
+  int ranks = 4, timeout_s = 3, runs = 1, debug_checks = 0;
+  bool known_issue = false;               // a documented limitation: report XFAIL instead of FAIL
+  std::vector<std::string> netns, hosts;  // multi-host runs: rank r in netns[r % n]
+  std::string cut;                        // shell command that cuts the link (link_cut)
+};
+
+struct Event {
+  std::string kind;  // ready | result
+  int rank = -1;
+  int status = -1;
+  int64_t t = 0;
+  std::vector<std::string> extra;
+};
+
+class Job {
+ public:
+  Job(const Options &o, int ranks, std::map<std::string, std::string> env,
+      std::function<void(int, std::map<std::string, std::string> &)> per_rank = nullptr)
+      : ranks_(ranks) {
+    char tmpl[] = "/tmp/mncl-fault-XXXXXX";
+    if (!mkdtemp(tmpl)) {
+      std::perror("mkdtemp");
+      std::exit(1);
+    }
+    dir_ = tmpl;
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) {
+      std::perror("pipe");
+      std::exit(1);
+    }
+    read_fd_ = fds[0];
+    std::string host0 = o.hosts.empty() ? "127.0.0.1" : o.hosts[0];
+    if (env.find("MNCL_STORE") == env.end()) {
+      env["MNCL_STORE"] = fmt("tcp://%s:%d", host0.c_str(), free_port());
+    }
+    env["MNCL_TIMEOUT"] = std::to_string(o.timeout_s);
+    env["MNCL_SIZE"] = std::to_string(ranks);
+    env["FAULT_SCENARIO"] = o.scenario;
+    env["FAULT_DIR"] = dir_;
+    if (env.count("MNCL_BACKEND") == 0) env["MNCL_BACKEND"] = o.backend;
+    if (o.debug_checks) env["MNCL_DEBUG_CHECKS"] = "1";
+    if (o.backend == "flat") env["MNCL_FLAT_BOUNDED"] = "1";
+    store_ = env["MNCL_STORE"];
+    for (int r = 0; r < ranks; ++r) {
+      auto e = env;
+      e["MNCL_RANK"] = std::to_string(r);
+      const int nhosts = o.netns.empty() ? 1 : static_cast<int>(o.netns.size());
+      e["MNCL_LOCAL_RANK"] = std::to_string(r / nhosts);
+      e["MNCL_LOCAL_SIZE"] = std::to_string((ranks - r % nhosts + nhosts - 1) / nhosts);
+      if (!o.netns.empty()) e["MNCL_GLOO_IFACE"] = "veth-" + o.netns[r % nhosts];
+      if (per_rank) per_rank(r, e);
+      const pid_t pid = fork();
+      if (pid < 0) {
+        std::perror("fork");
+        std::exit(1);
+      }
+      if (pid == 0) {
+        const int wfd = dup(fds[1]);  // without O_CLOEXEC
+        for (const auto &[k, v] : e) setenv(k.c_str(), v.c_str(), 1);
+        setenv("FAULT_RESULT_FD", std::to_string(wfd).c_str(), 1);
+        std::vector<std::string> args = {self(), "--worker"};
+        if (!o.netns.empty()) {
+          // A namespace is a host: its own network, and its own host name (UTS namespace).
+          const std::string &ns = o.netns[r % nhosts];
+          args = {"ip",   "netns",   "exec",
+                  ns,     "unshare", "--uts",
+                  "sh",   "-c",      "hostname \"mncl-$1\" && exec \"$0\" --worker",
+                  self(), ns};
+        }
+        std::vector<char *> argv;
+        for (auto &a : args) argv.push_back(a.data());
+        argv.push_back(nullptr);
+        execvp(argv[0], argv.data());
+        std::perror("execvp");
+        _exit(127);
+      }
+      pids_.push_back(pid);
+    }
+    close(fds[1]);
+  }
+  ~Job() {
+    for (pid_t p : pids_) {
+      kill(p, SIGCONT);
+      kill(p, SIGKILL);
+    }
+    for (pid_t p : pids_) waitpid(p, nullptr, 0);
+    close(read_fd_);
+    std::filesystem::remove_all(dir_);
+  }
+
+  static std::string self() {
+    char buf[4096];
+    const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+    return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "/proc/self/exe";
+  }
+
+  // Reads events until `done` says so or the deadline passes; returns false on timeout/EOF.
+  bool read_until(double timeout_s, const std::function<bool()> &done) {
+    const int64_t deadline = now_ns() + static_cast<int64_t>(timeout_s * 1e9);
+    while (!done()) {
+      const int64_t left_ms = (deadline - now_ns()) / 1000000;
+      if (left_ms <= 0) return false;
+      pollfd p{read_fd_, POLLIN, 0};
+      if (poll(&p, 1, static_cast<int>(std::min<int64_t>(left_ms, 100))) <= 0) continue;
+      char buf[4096];
+      const ssize_t n = read(read_fd_, buf, sizeof buf);
+      if (n <= 0) return done();
+      pending_.append(buf, static_cast<size_t>(n));
+      for (size_t nl; (nl = pending_.find('\n')) != std::string::npos;) {
+        std::istringstream in(pending_.substr(0, nl));
+        pending_.erase(0, nl + 1);
+        Event e;
+        in >> e.kind >> e.rank;
+        if (e.kind == "result") {
+          std::string st;
+          long long t = 0;
+          in >> st >> t;
+          e.status = status_of(st);
+          e.t = t;
+          for (std::string word; in >> word;) e.extra.push_back(word);
+          results_[e.rank] = e;
+        } else {
+          ready_.insert_or_assign(e.rank, e);
+        }
+      }
+    }
+    return true;
+  }
+  bool all_ready(double timeout_s) {
+    return read_until(timeout_s, [&] { return static_cast<int>(ready_.size()) == ranks_; });
+  }
+  bool results_from(const std::vector<int> &ranks, double timeout_s) {
+    return read_until(timeout_s, [&] {
+      for (int r : ranks) {
+        if (!results_.count(r)) return false;
+      }
+      return true;
+    });
+  }
+  std::string message(int rank) const { return read_file(dir_ + "/msg." + std::to_string(rank)); }
+  pid_t pid(int rank) const { return pids_[static_cast<size_t>(rank)]; }
+  const std::map<int, Event> &results() const { return results_; }
+  const std::string &store() const { return store_; }
+
+ private:
+  int ranks_;
+  std::string dir_, store_, pending_;
+  int read_fd_ = -1;
+  std::vector<pid_t> pids_;
+  std::map<int, Event> ready_, results_;
+};
+
+int report(const std::string &name, const Options &o, bool ok, const std::string &figure) {
+  const char *result = ok ? "PASS" : o.known_issue ? "XFAIL" : "FAIL";
+  // A plugin given by path is named by its file: ".../libmncl-hang.so" -> "hang".
+  std::string backend = o.backend.substr(o.backend.rfind('/') + 1);
+  if (backend.rfind("libmncl-", 0) == 0) backend = backend.substr(8, backend.rfind(".so") - 8);
+  std::printf("%s %s %s %s\n", name.c_str(), backend.c_str(), result, figure.c_str());
+  std::fflush(stdout);
+  return ok || o.known_issue ? 0 : 1;
+}
+std::string test_name(const Options &o, const std::string &what) {
+  return fmt("fault.%s.np%d", what.c_str(), o.ranks);
+}
+
+std::vector<int> survivors(int ranks, int victim) {
+  std::vector<int> out;
+  for (int r = 0; r < ranks; ++r) {
+    if (r != victim) out.push_back(r);
+  }
+  return out;
+}
+
+// (1) kill -9 and (2) SIGSTOP one rank in an allreduce loop; (10) or cut the link between the
+// network namespaces the ranks run in (every rank must fail then).
+int drive_killed(const Options &o, bool stop) {
+  const bool cut = !o.cut.empty();
+  const std::string name = test_name(o, cut ? "link_cut" : stop ? "stalled_rank" : "killed_rank");
+  Job job(o, o.ranks, {});
+  if (!job.all_ready(60)) {
+    return report(name, o, false, "the ranks did not reach their allreduce loop");
+  }
+  const int victim = cut ? -1 : o.ranks - 1;
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const int64_t t_fault = now_ns();
+  if (cut) {
+    if (std::system(o.cut.c_str()) != 0) return report(name, o, false, "cannot cut: " + o.cut);
+  } else {
+    kill(job.pid(victim), stop ? SIGSTOP : SIGKILL);
+  }
+  const auto others = survivors(o.ranks, victim);
+  const double bound = o.timeout_s + 1.0;
+  job.results_from(others, bound + 10);
+  std::vector<double> latencies;
+  int erroring = 0;
+  bool ok = true;
+  std::string problems;
+  for (int r : others) {
+    auto it = job.results().find(r);
+    if (it == job.results().end()) {
+      ok = false;
+      problems += fmt(" rank %d never returned;", r);
+      continue;
+    }
+    const Event &e = it->second;
+    const double lat = seconds(e.t - t_fault);
+    latencies.push_back(lat);
+    const bool expected = e.status == MNCL_ERR_REMOTE || e.status == MNCL_ERR_TIMEOUT;
+    if (expected) ++erroring;
+    if (!expected || lat > bound) {
+      ok = false;
+      problems += fmt(" rank %d: %s after %.2f s;", r, status_name(e.status), lat);
+    }
+    if (stop) {
+      // The message must name the operation with its number and the missing rank.
+      const std::string m = job.message(r);
+      const bool names_op = m.find("mncl_allreduce #") != std::string::npos;
+      const bool names_rank = m.find(fmt("missing: rank %d", victim)) != std::string::npos ||
+                              m.find(fmt(", %d (no report", victim)) != std::string::npos;
+      if (!names_op || !names_rank) {
+        ok = false;
+        problems += fmt(" rank %d's message lacks the %s: %s;", r,
+                        names_op ? "missing rank" : "operation", m.c_str());
+      }
+    }
+  }
+  if (!problems.empty()) std::fprintf(stderr, "%s:%s\n", name.c_str(), problems.c_str());
+  if (stop && !others.empty() && job.results().count(others[0])) {
+    std::fprintf(stderr, "%s: rank %d's message: %s\n", name.c_str(), others[0],
+                 job.message(others[0]).c_str());
+  }
+  const double mx = latencies.empty() ? 0 : *std::max_element(latencies.begin(), latencies.end());
+  return report(name, o, ok,
+                fmt("detection max %.2f s median %.2f s (bound %.1f s); survivors erroring "
+                    "%d/%zu",
+                    mx, median(latencies), bound, erroring, others.size()));
+}
+
+// (3) one rank 1 s late in every call, 3 s timeout: no false timeouts.
+int drive_late(const Options &o) {
+  const std::string name = test_name(o, "late_rank");
+  Job job(o, o.ranks, {{"FAULT_RUNS", std::to_string(o.runs)}});
+  std::vector<int> all = survivors(o.ranks, -1);
+  job.results_from(all, o.runs * (1.5 + o.timeout_s) + 60);
+  int false_timeouts = 0, wrong = 0, missing = 0;
+  for (int r : all) {
+    auto it = job.results().find(r);
+    if (it == job.results().end()) {
+      ++missing;
+      continue;
+    }
+    if (it->second.status != MNCL_OK) {
+      ++false_timeouts;
+      std::fprintf(stderr, "%s: rank %d: %s\n", name.c_str(), r, job.message(r).c_str());
+    }
+    if (it->second.extra.size() >= 2) wrong += std::atoi(it->second.extra[1].c_str());
+  }
+  return report(name, o, false_timeouts == 0 && wrong == 0 && missing == 0,
+                fmt("%d runs (a rank 1 s late, timeout %d s): %d false timeouts, %d wrong "
+                    "results%s",
+                    o.runs, o.timeout_s, false_timeouts, wrong,
+                    missing ? fmt(", %d ranks never reported", missing).c_str() : ""));
+}
+
+// (4) mismatched collectives, with or without MNCL_DEBUG_CHECKS.
+int drive_mismatch(const Options &o) {
+  const std::string name =
+      test_name(o, fmt("mismatch.%s%s", o.which.c_str(), o.debug_checks ? ".checks" : ""));
+  // What each side's fingerprint shows, so that the message can be checked for both.
+  std::map<std::string, std::pair<std::string, std::string>> names = {
+      {"allreduce_vs_bcast", {"allreduce(", "bcast("}},
+      {"count", {"count 20", "count 10"}},
+      {"dtype", {"float32", "int32"}},
+      {"root", {"root 0", "root 1"}}};
+  int wrong = 0, errors = 0, oks = 0, slow = 0, unnamed = 0, lost = 0;
+  double max_fail_s = 0;
+  std::map<std::string, int> statuses;
+  for (int run = 0; run < o.runs; ++run) {
+    Job job(o, o.ranks, {{"FAULT_CASE", o.which}});
+    std::vector<int> all = survivors(o.ranks, -1);
+    job.results_from(all, 2 * o.timeout_s + 30);
+    for (int r : all) {
+      auto it = job.results().find(r);
+      if (it == job.results().end()) {
+        ++lost;
+        continue;
+      }
+      const Event &e = it->second;
+      ++statuses[status_name(e.status)];
+      const double took = e.extra.empty() ? 0 : std::atof(e.extra[0].c_str()) / 1e9;
+      if (e.status == MNCL_OK) {
+        if (e.extra.size() >= 2 && e.extra[1] == "wrong") {
+          ++wrong;
+        } else {
+          ++oks;
+        }
+        continue;
+      }
+      ++errors;
+      max_fail_s = std::max(max_fail_s, took);
+      if (o.debug_checks) {
+        const std::string m = job.message(r);
+        if (took > 1.0) ++slow;
+        const auto &[a, b] = names[o.which];
+        if (m.find(a) == std::string::npos || m.find(b) == std::string::npos ||
+            m.find("mismatch") == std::string::npos) {
+          ++unnamed;
+          std::fprintf(stderr, "%s: rank %d's message does not name both calls: %s\n", name.c_str(),
+                       r, m.c_str());
+        }
+      }
+    }
+  }
+  std::string st;
+  for (const auto &[k, v] : statuses) st += fmt("%s%s %d", st.empty() ? "" : ", ", k.c_str(), v);
+  if (o.debug_checks) {
+    const bool ok = oks == 0 && wrong == 0 && slow == 0 && unnamed == 0 && lost == 0;
+    return report(name, o, ok,
+                  fmt("%d runs: %d/%d rank-calls failed, slowest %.3f s (bound 1 s), %d messages "
+                      "without both fingerprints [%s]",
+                      o.runs, errors, o.runs * o.ranks, max_fail_s, unnamed, st.c_str()));
+  }
+  return report(name, o, wrong == 0 && lost == 0,
+                fmt("%d runs: %d wrong results, %d errors/timeouts, %d correct-under-own-call, "
+                    "%d rank processes died without a result [%s]",
+                    o.runs, wrong, errors, oks, lost, st.c_str()));
+}
+
+// (5) abort from another thread.
+int drive_abort(const Options &o) {
+  const std::string name = test_name(o, "abort");
+  Job job(o, o.ranks, {});
+  job.results_from({0}, 30);
+  auto it = job.results().find(0);
+  if (it == job.results().end()) return report(name, o, false, "rank 0 never returned");
+  const Event &e = it->second;
+  const double lat = e.extra.size() >= 1 ? seconds(e.t - std::atoll(e.extra[0].c_str())) : -1;
+  const auto word = [&](size_t i) { return e.extra.size() > i ? e.extra[i] : std::string("?"); };
+  const bool ok = e.status == MNCL_ERR_ABORTED && lat >= 0 && lat <= 1.0 && word(1) == "OK" &&
+                  word(2) == "OK" && word(3) == "ABORTED" && word(4) == "OK";
+  if (!ok) std::fprintf(stderr, "%s: rank 0: %s\n", name.c_str(), job.message(0).c_str());
+  return report(name, o, ok,
+                fmt("blocked call returned %s %.3f s after mncl_comm_abort (bound 1 s); second "
+                    "abort %s; next call %s; destroy %s",
+                    status_name(e.status), lat, word(2).c_str(), word(3).c_str(), word(4).c_str()));
+}
+
+// (6) recovery: a rank dies, the others re-create a smaller communicator on a new store.
+int drive_recovery(const Options &o) {
+  const std::string name = test_name(o, "recovery");
+  const std::string store2 = fmt("tcp://127.0.0.1:%d", free_port());
+  Job job(o, o.ranks, {{"FAULT_STORE2", store2}});
+  if (!job.all_ready(60)) return report(name, o, false, "the ranks did not reach their loop");
+  const int victim = o.ranks - 1;
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const int64_t t_kill = now_ns();
+  kill(job.pid(victim), SIGKILL);
+  const auto others = survivors(o.ranks, victim);
+  job.results_from(others, 3.0 * o.timeout_s + 30);
+  bool ok = true;
+  std::vector<double> recover, total;
+  for (int r : others) {
+    auto it = job.results().find(r);
+    if (it == job.results().end()) {
+      ok = false;
+      continue;
+    }
+    const Event &e = it->second;
+    const bool correct = e.status == MNCL_OK && e.extra.size() >= 3 && e.extra[1] == "correct";
+    if (!correct) {
+      ok = false;
+      std::fprintf(stderr, "%s: rank %d: %s %s\n", name.c_str(), r, status_name(e.status),
+                   job.message(r).c_str());
+      continue;
+    }
+    recover.push_back(seconds(e.t - std::atoll(e.extra[2].c_str())));
+    total.push_back(seconds(e.t - t_kill));
+  }
+  const auto mx = [](const std::vector<double> &v) {
+    return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end());
+  };
+  return report(name, o, ok && static_cast<int>(recover.size()) == o.ranks - 1,
+                fmt("recovery (error -> abort, destroy, re-create size %d on a new store, "
+                    "correct allreduce) max %.3f s; kill -> recovered max %.2f s; %zu/%zu "
+                    "survivors recovered",
+                    o.ranks - 1, mx(recover), mx(total), recover.size(), others.size()));
+}
+
+// (7) watchdog: a plugin that never returns.
+int drive_watchdog(const Options &o) {
+  const std::string name = test_name(o, "watchdog");
+  Job job(o, o.ranks, {});
+  std::vector<int> all = survivors(o.ranks, -1);
+  job.results_from(all, o.timeout_s + 30);
+  bool ok = true;
+  double mx = 0;
+  int with_dump = 0;
+  for (int r : all) {
+    auto it = job.results().find(r);
+    if (it == job.results().end()) {
+      ok = false;
+      continue;
+    }
+    const Event &e = it->second;
+    const double took = e.extra.empty() ? 99 : std::atof(e.extra[0].c_str()) / 1e9;
+    mx = std::max(mx, took);
+    const std::string m = job.message(r);
+    // The dump: every rank's last operations with number, bytes and state.
+    bool dump = m.find("watchdog") != std::string::npos;
+    for (int q = 0; q < o.ranks; ++q) {
+      dump = dump && m.find(fmt("rank %d: allreduce #1 4096 B", q)) != std::string::npos;
+    }
+    dump = dump && m.find("barrier #0 0 B done") != std::string::npos;
+    if (dump) ++with_dump;
+    if (e.status != MNCL_ERR_TIMEOUT || took > o.timeout_s + 1.0 || !dump) {
+      ok = false;
+      std::fprintf(stderr, "%s: rank %d: %s after %.2f s: %s\n", name.c_str(), r,
+                   status_name(e.status), took, m.c_str());
+    }
+  }
+  if (job.results().count(0)) {
+    std::fprintf(stderr, "%s: rank 0's message: %s\n", name.c_str(), job.message(0).c_str());
+  }
+  return report(name, o, ok,
+                fmt("blocked allreduce returned TIMEOUT after max %.2f s (timeout %d s); %d/%d "
+                    "ranks got the per-rank dump of last operations",
+                    mx, o.timeout_s, with_dump, o.ranks));
+}
+
+// (9) the TCP store listens on the requested address only; a wrong or missing token is refused.
+std::vector<std::string> listeners(int port) {
+  std::vector<std::string> out;
+  for (const char *file : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(file);
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      std::istringstream ls(line);
+      std::string sl, local, remote, state;
+      ls >> sl >> local >> remote >> state;
+      const auto colon = local.rfind(':');
+      if (state != "0A" || colon == std::string::npos) continue;  // 0A: LISTEN
+      if (std::stoi(local.substr(colon + 1), nullptr, 16) != port) continue;
+      out.push_back(local.substr(0, colon));
+    }
+  }
+  return out;
+}
+
+int drive_store_bind(const Options &o) {
+  Options one = o;
+  one.backend = "naive";
+  const std::string name = "fault.store_bind";
+  const int port = free_port();
+  Job job(one, 1, {{"MNCL_STORE", fmt("tcp://127.0.0.1:%d", port)}, {"FAULT_HOLD_MS", "1500"}});
+  if (!job.all_ready(30)) return report(name, one, false, "the communicator was not created");
+  const auto addrs = listeners(port);
+  std::string list;
+  bool ok = !addrs.empty();
+  for (const auto &a : addrs) {
+    list += (list.empty() ? "" : ",") + a;
+    if (a != "0100007F") ok = false;  // 127.0.0.1 in /proc/net/tcp's byte order
+  }
+  return report(name, one, ok,
+                fmt("listeners on port %d: %s (wildcard listeners: %d)", port,
+                    list.empty() ? "none" : list.c_str(),
+                    static_cast<int>(std::count_if(addrs.begin(), addrs.end(), [](auto &a) {
+                      return a.find_first_not_of('0') == std::string::npos;
+                    }))));
+}
+
+int drive_store_token(const Options &o) {
+  Options two = o;
+  two.backend = "naive";
+  two.timeout_s = 3;
+  const std::string name = "fault.store_token";
+  int refused = 0;
+  std::string detail;
+  for (const char *bad : {"wrong", ""}) {
+    Job job(two, 2, {}, [&](int r, std::map<std::string, std::string> &e) {
+      e["MNCL_STORE_TOKEN"] = r == 0 ? "s3cret" : bad;
+    });
+    job.results_from({0, 1}, 30);
+    auto it = job.results().find(1);
+    const std::string m = job.message(1);
+    const bool ok = it != job.results().end() && it->second.status == MNCL_ERR_BOOTSTRAP &&
+                    m.find("token") != std::string::npos;
+    if (ok) ++refused;
+    detail += fmt("%s%s token: %s", detail.empty() ? "" : "; ", *bad ? "wrong" : "missing",
+                  it == job.results().end() ? "no result" : status_name(it->second.status));
+    if (!ok) std::fprintf(stderr, "%s: rank 1: %s\n", name.c_str(), m.c_str());
+  }
+  // And the right token gets in.
+  Job good(two, 2, {{"MNCL_STORE_TOKEN", "s3cret"}});
+  good.results_from({0, 1}, 30);
+  const bool admitted = good.results().count(1) && good.results().at(1).status == MNCL_OK;
+  detail += fmt("; right token: %s", admitted ? "admitted" : "FAILED");
+  return report(name, two, refused == 2 && admitted,
+                fmt("%d/2 bad tokens refused (%s)", refused, detail.c_str()));
+}
+
+std::vector<std::string> split_list(const std::string &s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  if (argc >= 2 && std::strcmp(argv[1], "--worker") == 0) return worker_main();
+  signal(SIGPIPE, SIG_IGN);
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--backend")
+      o.backend = next();
+    else if (a == "--ranks")
+      o.ranks = std::atoi(next().c_str());
+    else if (a == "--timeout")
+      o.timeout_s = std::atoi(next().c_str());
+    else if (a == "--runs")
+      o.runs = std::atoi(next().c_str());
+    else if (a == "--case")
+      o.which = next();
+    else if (a == "--debug-checks")
+      o.debug_checks = std::atoi(next().c_str());
+    else if (a == "--known-issue")
+      o.known_issue = true;
+    else if (a == "--netns")
+      o.netns = split_list(next());
+    else if (a == "--hosts")
+      o.hosts = split_list(next());
+    else if (a == "--cut")
+      o.cut = next();
+    else if (a[0] != '-' && o.scenario.empty())
+      o.scenario = a;
+    else {
+      std::fprintf(stderr, "usage: see the top of fault_test.cpp\n");
+      return 2;
+    }
+  }
+  if (o.scenario == "killed" || o.scenario == "link_cut") return drive_killed(o, false);
+  if (o.scenario == "stalled") return drive_killed(o, true);
+  if (o.scenario == "late") return drive_late(o);
+  if (o.scenario == "mismatch") return drive_mismatch(o);
+  if (o.scenario == "abort") return drive_abort(o);
+  if (o.scenario == "recovery") return drive_recovery(o);
+  if (o.scenario == "watchdog") return drive_watchdog(o);
+  if (o.scenario == "store_bind") return drive_store_bind(o);
+  if (o.scenario == "store_token") return drive_store_token(o);
+  std::fprintf(stderr, "unknown scenario '%s'\n", o.scenario.c_str());
+  return 2;
+}

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Installs the build tree into a temporary prefix (cmake --install <build> --prefix <tmp>),
+# checks the layout, then builds a consumer project against the INSTALLED tree with
+# find_package(mncl CONFIG) and with pkg-config, and runs each as one rank on the installed
+# naive plugin, which the installed libmncl must find next to itself (<libdir>/mncl/plugins).
+#
+# Usage: check_install.sh <build dir> <work dir> <consumer source dir> <C compiler> <C++ compiler>
+set -euo pipefail
+build=$1 work=$2 src=$3 cc=$4 cxx=$5
+prefix=$work/prefix
+rm -rf "$work"
+mkdir -p "$work"
+
+cmake --install "$build" --prefix "$prefix" >"$work/install.log"
+echo "installed into $prefix ($(wc -l <"$work/install.log") lines of install log)"
+
+status=0
+expect_file() {
+  for f in "$@"; do
+    if [ -e "$prefix/$f" ]; then echo "  ok   $f"; else echo "  MISSING $f" >&2; status=1; fi
+  done
+}
+expect_file include/mncl/mncl.h include/mncl/mncl_plugin.h include/mncl/mncl_plugin_v1.h \
+  include/mncl/frontends/communicator.hpp lib/libmncl.so lib/libmncl.so.1 \
+  lib/mncl/plugins/libmncl-naive.so lib/libmncl_frontends.a bin/mncl-info bin/mncl-run \
+  bin/mncl-perf lib/cmake/mncl/mnclConfig.cmake lib/cmake/mncl/mnclConfigVersion.cmake \
+  lib/cmake/mncl/mnclTargets.cmake lib/pkgconfig/mncl.pc
+# Nothing from the tests (mock plugins, test programs) is installed.
+if find "$prefix" -name '*mock*' -o -name '*_test' | grep .; then
+  echo "  test files were installed" >&2
+  status=1
+fi
+[ $status -eq 0 ] || exit 1
+
+# The installed tree must not lean on the build tree: no plugin path, no library path.
+unset MNCL_PLUGIN_PATH LD_LIBRARY_PATH
+export MNCL_BACKEND=naive
+
+echo "--- installed mncl-info finds the installed plugins"
+"$prefix/bin/mncl-info" --plugins 2>&1 | tee "$work/info.txt"
+grep -Eq "naive +loaded" "$work/info.txt" || { echo "mncl-info: naive not loaded" >&2; exit 1; }
+grep -q "$prefix/lib/mncl/plugins" "$work/info.txt" ||
+  { echo "mncl-info: the installed plugin folder is not listed" >&2; exit 1; }
+
+echo "--- find_package(mncl CONFIG)"
+cmake -S "$src" -B "$work/cmake-build" -DCMAKE_PREFIX_PATH="$prefix" \
+  -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=Release \
+  >"$work/cmake-configure.log" || { cat "$work/cmake-configure.log"; exit 1; }
+grep "found mncl" "$work/cmake-configure.log"
+cmake --build "$work/cmake-build" >"$work/cmake-build.log" 2>&1 ||
+  { cat "$work/cmake-build.log"; exit 1; }
+"$work/cmake-build/consumer_c"
+"$work/cmake-build/consumer_cxx"
+
+echo "--- pkg-config mncl"
+export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
+flags=$(pkg-config --cflags --libs mncl)
+echo "pkg-config --cflags --libs mncl: $flags (version $(pkg-config --modversion mncl))"
+libdir=$(pkg-config --variable=libdir mncl)
+"$cc" -std=c99 -Wall -Wextra -Werror -o "$work/consumer_pc" "$src/consumer.c" $flags \
+  -Wl,-rpath,"$libdir"
+"$work/consumer_pc"
+echo "--- the same program without an rpath, through LD_LIBRARY_PATH"
+"$cc" -std=c99 -o "$work/consumer_pc_norpath" "$src/consumer.c" $flags
+LD_LIBRARY_PATH=$libdir "$work/consumer_pc_norpath"
+echo "OK: the installed tree works with find_package and with pkg-config"

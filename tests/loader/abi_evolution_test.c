@@ -1,0 +1,145 @@
+/*
+ * abi_evolution_test.c — ABI evolution through the PUBLIC API only (mncl.h + libmncl), as an
+ * application built against an older or newer header would see it:
+ *
+ *   plugins: a v1 plugin loads through the core's v1 adapter and runs a collective; a plugin
+ *   exporting v1 and the hypothetical v2 (mncl_plugin_v2_test.h) is served as v1; a plugin that
+ *   only offers v2 is refused with MNCL_ERR_PLUGIN and a message naming the file and both
+ *   version ranges.
+ *
+ *   config struct-size handshake: an older caller's smaller mncl_config_t (only the first
+ *   fields) gets defaults for the rest; a newer caller's larger one is accepted when its unknown
+ *   tail is zero and refused with MNCL_ERR_NOT_SUPPORTED when not; a bad magic or an impossible
+ *   size is MNCL_ERR_INVALID_ARGUMENT.
+ *
+ * Single rank; MNCL_PLUGIN_PATH points at the mock plugins (ctest).
+ */
+#include <mncl/mncl.h>
+#include <stdio.h>
+#include <string.h>
+
+static int g_failures = 0;
+
+#define EXPECT(cond, ...)                                             \
+  do {                                                                \
+    if (!(cond)) {                                                    \
+      fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+      fprintf(stderr, __VA_ARGS__);                                   \
+      fputc('\n', stderr);                                            \
+      ++g_failures;                                                   \
+    }                                                                 \
+  } while (0)
+
+/* Creates a communicator from `config`, expects `want`; on success checks the backend name and
+ * runs a single-rank allreduce, then destroys it. Returns the last error text (copied). */
+static const char *create_expect(const void *config, mncl_status_t want, const char *backend,
+                                 const char *what) {
+  static char message[1024];
+  mncl_comm_t comm = NULL;
+  const mncl_status_t st = mncl_comm_create((const mncl_config_t *)config, &comm);
+  snprintf(message, sizeof message, "%s", st == MNCL_OK ? "" : mncl_last_error());
+  EXPECT(st == want, "%s: got %s (%s), expected %s", what, mncl_status_string(st), message,
+         mncl_status_string(want));
+  if (st == MNCL_OK) {
+    const char *name = NULL;
+    int64_t x[3] = {1, 2, 3}, y[3] = {0, 0, 0};
+    EXPECT(mncl_comm_backend(comm, &name) == MNCL_OK && strcmp(name, backend) == 0,
+           "%s: backend '%s', expected '%s'", what, name ? name : "(null)", backend);
+    EXPECT(mncl_allreduce(comm, x, y, 3, MNCL_INT64, MNCL_SUM, NULL) == MNCL_OK && y[0] == 1 &&
+               y[1] == 2 && y[2] == 3,
+           "%s: allreduce: %s", what, mncl_last_error());
+    EXPECT(mncl_comm_destroy(comm) == MNCL_OK, "%s: destroy: %s", what, mncl_last_error());
+    printf("ok   %-58s backend %s\n", what, backend);
+  } else {
+    printf("ok   %-58s %s: %s\n", what, mncl_status_string(st), message);
+  }
+  return message;
+}
+
+static mncl_config_t config_for(const char *backend) {
+  mncl_config_t c = MNCL_CONFIG_INIT;
+  c.backend = backend;
+  c.size = 1;
+  c.rank = 0;
+  return c;
+}
+
+/* What an older header's mncl_config_t could have been: the first fields only. */
+typedef struct old_config {
+  size_t struct_size;
+  uint32_t magic;
+  uint32_t version;
+  const char *backend;
+  int32_t rank;
+  int32_t size;
+} old_config_t;
+
+/* What a newer header's mncl_config_t could be: every current field, then appended ones. */
+typedef struct new_config {
+  mncl_config_t current;
+  int64_t future_option;
+  const char *future_name;
+} new_config_t;
+
+int main(void) {
+  const char *msg;
+
+  /* --- plugin ABI versions ------------------------------------------------------------------ */
+  {
+    mncl_config_t c = config_for("mock");
+    create_expect(&c, MNCL_OK, "mock", "v1 plugin loads through the v1 adapter");
+  }
+  {
+    mncl_config_t c = config_for("v1v2");
+    create_expect(&c, MNCL_OK, "v1v2", "v1+v2 plugin is served as v1");
+  }
+  {
+    mncl_config_t c = config_for("v2only");
+    msg = create_expect(&c, MNCL_ERR_PLUGIN, "", "v2-only plugin is refused");
+    EXPECT(strstr(msg, "libmncl-v2only.so") != NULL, "the message names the file: %s", msg);
+    EXPECT(strstr(msg, "offers plugin ABI v2 only") != NULL, "the plugin's range: %s", msg);
+    EXPECT(strstr(msg, "this core supports v1..v1") != NULL, "the core's range: %s", msg);
+  }
+
+  /* --- config struct-size handshake ---------------------------------------------------------- */
+  {
+    old_config_t c;
+    memset(&c, 0, sizeof c);
+    c.struct_size = sizeof c;
+    c.magic = MNCL_CONFIG_MAGIC;
+    c.version = MNCL_VERSION_CODE(0, 0, 1);
+    c.backend = "mock";
+    c.rank = 0;
+    c.size = 1;
+    create_expect(&c, MNCL_OK, "mock", "older caller's smaller config (first fields)");
+  }
+  {
+    new_config_t c;
+    memset(&c, 0, sizeof c);
+    c.current = config_for("mock");
+    c.current.struct_size = sizeof c;
+    c.current.version = MNCL_VERSION_CODE(MNCL_VERSION_MAJOR, MNCL_VERSION_MINOR + 1, 0);
+    create_expect(&c, MNCL_OK, "mock", "newer caller's larger config, zero tail");
+    c.future_option = 42;
+    msg = create_expect(&c, MNCL_ERR_NOT_SUPPORTED, "", "newer caller's larger config, set tail");
+    EXPECT(strstr(msg, "unknown to this library") != NULL, "names the problem: %s", msg);
+  }
+  {
+    mncl_config_t c = config_for("mock");
+    c.magic = 0x12345678u;
+    msg = create_expect(&c, MNCL_ERR_INVALID_ARGUMENT, "", "bad magic");
+    EXPECT(strstr(msg, "MNCL_CONFIG_MAGIC") != NULL, "names the magic: %s", msg);
+  }
+  {
+    mncl_config_t c = config_for("mock");
+    c.struct_size = sizeof(size_t);
+    create_expect(&c, MNCL_ERR_INVALID_ARGUMENT, "", "struct_size smaller than any config");
+  }
+
+  if (g_failures != 0) {
+    fprintf(stderr, "%d check(s) failed\n", g_failures);
+    return 1;
+  }
+  printf("all ABI evolution checks passed\n");
+  return 0;
+}

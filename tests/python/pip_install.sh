@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs python/ with pip into a folder, offline, as a user would (`pip install ./python`):
+# no build isolation (Debian's setuptools builds it), no dependencies fetched (Debian's numpy).
+# The source is copied first so the build leaves nothing in the source tree.
+# Usage: pip_install.sh <python> <python/ source folder> <work folder>
+set -eu
+py=$1 src=$2 work=$3
+if ! "$py" -c 'import numpy' 2>/dev/null; then
+  echo "SKIPPED: numpy is not installed for $py (Debian: python3-numpy)"
+  exit 77
+fi
+if ! "$py" -m pip --version >/dev/null 2>&1 || ! "$py" -c 'import setuptools' 2>/dev/null; then
+  echo "SKIPPED: pip or setuptools missing for $py (Debian: python3-pip python3-setuptools)"
+  exit 77
+fi
+rm -rf "$work/src" "$work/site"
+mkdir -p "$work"
+cp -r "$src" "$work/src"
+rm -rf "$work/src/build" "$work/src"/*.egg-info
+PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore "$py" -m pip install --no-build-isolation --no-deps --no-index \
+  --no-cache-dir --target "$work/site" "$work/src"
+PYTHONPATH=$work/site "$py" -c 'import mncl; print("installed", mncl.__file__, "->", mncl.library_path)'
+# Without MNCL_LIBRARY the package falls back to the dynamic loader's search.
+if [ -n "${MNCL_LIBRARY:-}" ]; then
+  env -u MNCL_LIBRARY LD_LIBRARY_PATH="$(dirname "$MNCL_LIBRARY")" PYTHONPATH="$work/site" "$py" -c \
+    'import mncl; assert mncl.library_path == "libmncl.so.1", mncl.library_path; print("found through LD_LIBRARY_PATH: libmncl", mncl.version())'
+fi
