@@ -39,7 +39,7 @@ using std::chrono::milliseconds;
 constexpr uint8_t kReduceScatterSlotPrefix = 0x40;
 constexpr uint8_t kP2PSlotPrefix = 0x41;
 constexpr uint8_t kShutdownSlotPrefix = 0x42;
-// Tag of the barrier that ends comm_create; coll->seq never gets there in practice.
+// Tag of the barrier that ends comm_create (done before any collective's tag is used).
 constexpr uint32_t kCreateBarrierTag = 0xffffffffu;
 constexpr int64_t kFallbackTimeoutMs = 300000;
 
@@ -107,6 +107,54 @@ void with_word(size_t size, F &&f) {
       f(uint64_t{});
       break;
   }
+}
+
+bool is_rooted(int32_t kind) {
+  return kind == MNCL_COLL_REDUCE || kind == MNCL_COLL_BCAST || kind == MNCL_COLL_SCATTER ||
+         kind == MNCL_COLL_GATHER;
+}
+
+bool is_reduction(int32_t kind) {
+  return kind == MNCL_COLL_ALLREDUCE || kind == MNCL_COLL_REDUCE ||
+         kind == MNCL_COLL_REDUCE_SCATTER || kind == MNCL_COLL_ALLREDUCE_COALESCED;
+}
+
+// 32-bit digest of what every rank must agree on for one call (issue 9). It is xor-ed into
+// every Gloo tag and slot, so ranks that disagree on the call address different slots and
+// never exchange bytes: they time out instead of folding another dtype, using another root's
+// data, or tripping Gloo's size check in its I/O thread (std::terminate). XOR with the
+// sequence number keeps the tags of consecutive calls with the same digest distinct. Two
+// different calls share a digest with probability 2^-32: the only way left to a wrong result.
+uint32_t call_digest(int32_t kind, int32_t dtype, int32_t op, int32_t root, uint64_t count) {
+  uint64_t h = 0x9e3779b97f4a7c15ull;
+  auto mix = [&h](uint64_t v) {
+    h = (h ^ v) * 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+  };
+  mix(static_cast<uint32_t>(kind) | static_cast<uint64_t>(static_cast<uint32_t>(dtype)) << 32);
+  mix(static_cast<uint32_t>(op) | static_cast<uint64_t>(static_cast<uint32_t>(root)) << 32);
+  mix(count);
+  h *= 0xc4ceb9fe1a85ec53ull;
+  return static_cast<uint32_t>(h ^ (h >> 32));
+}
+
+// The tag of collective c: its digest (op only for reductions, root only for rooted kinds,
+// as in naive's header) mixed with the low 32 bits of seq, identical on every rank.
+uint32_t collective_tag(const mncl_coll_v1_t &c) {
+  uint64_t count = c.count;
+  if (c.kind == MNCL_COLL_ALLREDUCE_COALESCED) {
+    count = 0;
+    for (size_t i = 0; i < c.nbufs; ++i) count += c.counts[i];
+  }
+  return static_cast<uint32_t>(c.seq) ^ call_digest(c.kind, c.dtype,
+                                                    is_reduction(c.kind) ? c.op : -1,
+                                                    is_rooted(c.kind) ? c.root : -1, count);
+}
+
+// Point-to-point: the per-pair message number mixed with count and dtype, so a receive that
+// disagrees with the matching send on either times out instead of receiving other bytes.
+uint32_t p2p_tag(uint32_t number, const mncl_coll_v1_t &c) {
+  return number ^ call_digest(MNCL_COLL_SEND, c.dtype, -1, -1, c.count);
 }
 
 bool is_half(int32_t dtype) {
@@ -346,10 +394,8 @@ void Comm::execute(const mncl_coll_v1_t &c) {
   Op op;
   op.timeout_ms = c.timeout_ms > 0 ? c.timeout_ms : default_timeout_ms_;
   op.timeout = milliseconds(op.timeout_ms);
-  op.tag = static_cast<uint32_t>(c.seq);
-  const bool reduction = c.kind == MNCL_COLL_ALLREDUCE || c.kind == MNCL_COLL_REDUCE ||
-                         c.kind == MNCL_COLL_REDUCE_SCATTER ||
-                         c.kind == MNCL_COLL_ALLREDUCE_COALESCED;
+  op.tag = collective_tag(c);
+  const bool reduction = is_reduction(c.kind);
   op.desc = kit::format("gloo %s #%llu", kind_name(c.kind), static_cast<unsigned long long>(c.seq));
   if (c.kind != MNCL_COLL_BARRIER) {
     op.desc += kit::format(" (%zu x %s", c.count, kit::dtype_name(c.dtype));
@@ -396,8 +442,11 @@ void Comm::execute(const mncl_coll_v1_t &c) {
   } catch (const gloo::IoException &e) {
     const bool timeout = std::strstr(e.what(), "imed out") || std::strstr(e.what(), "imeout");
     status = timeout ? MNCL_ERR_TIMEOUT : MNCL_ERR_REMOTE;
+    // Tags carry the call's digest: a peer in a different call shows up as a timeout.
     what = kit::format("%s: %s: %s", op.desc.c_str(),
-                       timeout ? "no progress within the timeout" : "connection to a peer lost",
+                       timeout ? "no progress within the timeout (a peer stalled, or made a "
+                                 "different call: kind, count, dtype, op and root must agree)"
+                               : "connection to a peer lost",
                        e.what());
   } catch (const std::exception &e) {
     // GLOO_ENFORCE failures land here; after an abort they are its side effects.
@@ -555,6 +604,11 @@ void Comm::allreduce_plain(Op &op, const void *in, void *out, size_t count, int3
   }
 
   // Classic algorithms: in place on the output, timeouts from the context (the comm default).
+  // LIMITATION: they take no tag (their slots come from context->nextSlot(), a plain counter),
+  // so the call digest cannot be mixed in: ranks that disagree on count or dtype can exchange
+  // mismatched buffers here, with wrong results or Gloo's size check terminating the process.
+  // Only reached through MNCL_GLOO_ALGO=ring_chunked|halving_doubling; auto, ring and bcube
+  // are tagged. MNCL_DEBUG_CHECKS=1 catches mismatches before they get here.
   if (in != out) std::memcpy(out, in, bytes);
   with_word(es, [&](auto word) {
     using T = decltype(word);
@@ -783,7 +837,8 @@ void Comm::send(Op &op, const mncl_coll_v1_t &c) {
   const size_t bytes = c.count * kit::dtype_size(c.dtype);
   if (bytes == 0) return;
   const int peer = c.root;
-  const uint64_t slot = gloo::Slot::build(kP2PSlotPrefix, sent_[static_cast<size_t>(peer)]++);
+  const uint64_t slot =
+      gloo::Slot::build(kP2PSlotPrefix, p2p_tag(sent_[static_cast<size_t>(peer)]++, c));
   auto buf = context_->createUnboundBuffer(const_cast<void *>(c.sendbuf), bytes);
   buf->send(peer, slot);
   wait_send(op, *buf, peer);
@@ -793,7 +848,8 @@ void Comm::recv(Op &op, const mncl_coll_v1_t &c) {
   const size_t bytes = c.count * kit::dtype_size(c.dtype);
   if (bytes == 0) return;
   const int peer = c.root;
-  const uint64_t slot = gloo::Slot::build(kP2PSlotPrefix, received_[static_cast<size_t>(peer)]++);
+  const uint64_t slot =
+      gloo::Slot::build(kP2PSlotPrefix, p2p_tag(received_[static_cast<size_t>(peer)]++, c));
   auto buf = context_->createUnboundBuffer(c.recvbuf, bytes);
   buf->recv(peer, slot);
   wait_recv(op, *buf, peer);

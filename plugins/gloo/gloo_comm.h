@@ -8,11 +8,15 @@
 //   bcast, scatter, gather, allgather, alltoall, barrier   the gloo function of that name
 //   reduce_scatter  a ring over unbound buffers (Gloo has no general one): size-1 steps, each
 //                   sending one block to rank+1 and folding the block from rank-1
-//   send / recv     unbound buffers, slot = (per-ordered-pair message number), so messages
-//                   between two ranks match in issue order
+//   send / recv     unbound buffers, slot = (per-ordered-pair message number ^ digest of
+//                   count and dtype), so messages between two ranks match in issue order
 //   allreduce_coalesced  packed into one buffer, one allreduce, unpacked
-// Collective tags are the low 32 bits of coll->seq (identical on every rank); p2p and the
-// reduce_scatter ring use slot prefixes Gloo's own collectives do not (0x41, 0x40).
+// Collective tags are the low 32 bits of coll->seq xor a 32-bit digest of the call (kind,
+// dtype, op, count, root), identical on every rank that makes the same call: ranks that make
+// mismatched calls never match each other's messages and time out (MNCL_ERR_TIMEOUT naming
+// the op) instead of exchanging wrong-sized or wrong-typed data (except the untagged classic
+// algorithms, see allreduce_plain). p2p and the reduce_scatter ring use slot prefixes Gloo's
+// own collectives do not (0x41, 0x40).
 //
 // Dtypes and ops: reductions use the plugin kit (kit::reduce_into) as Gloo's reduce function,
 // so every dtype and op has the semantics of mncl.h (wrapping integers, NaN-propagating

@@ -20,7 +20,7 @@
 namespace mncl::shm {
 
 constexpr uint32_t kMagic = 0x4d48534du;  // "MSHM"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;          // 2: call stamps (RankCtl::call), mismatch word
 
 struct Header {
   uint32_t magic;
@@ -38,16 +38,34 @@ struct Header {
   // rank+1 of the first peer found dead, and rank+1 of who found it.
   std::atomic<uint32_t> dead_word;
   std::atomic<uint32_t> dead_seen_by;
+  // rank+1 of the first rank that found mismatched collective calls, 0 if none: the others
+  // then fail at once instead of waiting for their timeout.
+  std::atomic<uint32_t> mismatch_word;
 };
+
+// The collective a rank is in, published before the first post of every collective that
+// posts, so that a rank reading a peer's staging (or waiting on its posts) can first check
+// that the peer makes the same call (issue 9). A seqlock: `head` is kStampWriting while the
+// other words change. head = first post of the call (32 bits) | kind << 32 | dtype << 40.
+struct CallStamp {
+  std::atomic<uint64_t> head;
+  std::atomic<uint64_t> op_root;  // op (or -1) in the low 32 bits, root (or -1) in the high
+  std::atomic<uint64_t> count;
+  std::atomic<uint64_t> seq;
+};
+constexpr uint64_t kStampWriting = ~0ull;
 
 struct alignas(128) RankCtl {
   Flag posts;                // collective progress: bumped once per phase of every collective
   std::atomic<int32_t> pid;  // for liveness checks; 0 until the rank has mapped the segment
+  CallStamp call;            // same line as posts: the reader has just loaded it anyway
 };
 
 struct alignas(64) SlotHeader {
   uint64_t message_bytes;  // the whole message, to catch a send/recv size disagreement
   uint64_t chunk_bytes;    // payload in this slot
+  uint64_t count;          // the send's count and dtype, which the receive must match
+  int64_t dtype;
 };
 
 struct alignas(128) Channel {

@@ -104,6 +104,25 @@ struct Store {
   }
 };
 
+bool is_rooted(int32_t kind) {
+  return kind == MNCL_COLL_REDUCE || kind == MNCL_COLL_BCAST || kind == MNCL_COLL_SCATTER ||
+         kind == MNCL_COLL_GATHER;
+}
+
+bool is_reduction(int32_t kind) {
+  return kind == MNCL_COLL_ALLREDUCE || kind == MNCL_COLL_REDUCE ||
+         kind == MNCL_COLL_REDUCE_SCATTER || kind == MNCL_COLL_ALLREDUCE_COALESCED;
+}
+
+// "allreduce(20 x float32, sum)", "bcast(20 x int32, root 1)": naive's format for a call.
+std::string describe_call(int32_t kind, int32_t dtype, int32_t op, int32_t root, uint64_t count) {
+  std::string out = kit::format("%s(%llu x %s", kind_name(kind),
+                                static_cast<unsigned long long>(count), kit::dtype_name(dtype));
+  if (op >= 0) out += kit::format(", %s", kit::op_name(op));
+  if (root >= 0) out += kit::format(", root %d", root);
+  return out + ")";
+}
+
 std::vector<std::string> split_lines(const std::string &s) {
   std::vector<std::string> out;
   std::istringstream in(s);
@@ -119,6 +138,8 @@ struct Comm::Op {
   int64_t timeout_ms;
   Clock::time_point deadline;
   uint32_t base;  // posts_ when the op started, for messages ("step 3")
+  // The call's stamp words (CallStamp), minus the first post, which publish_call adds.
+  uint64_t head = 0, op_root = 0, count = 0;
   std::string where() const {
     return kit::format("shm %s #%llu", name, static_cast<unsigned long long>(seq));
   }
@@ -340,6 +361,12 @@ void Comm::check_failed(Op &op) {
     fail(op, MNCL_ERR_ABORTED,
          kit::format("%s: the communicator was aborted by rank %u", op.where().c_str(), a - 1));
   }
+  const uint32_t m = hdr_->mismatch_word.load(std::memory_order_acquire);
+  if (m != 0) {
+    fail(op, MNCL_ERR_REMOTE,
+         kit::format("%s: rank %u found mismatched collective calls (its error names both)",
+                     op.where().c_str(), m - 1));
+  }
   const uint32_t d = hdr_->dead_word.load(std::memory_order_acquire);
   if (d != 0) {
     const uint32_t by = hdr_->dead_seen_by.load();
@@ -419,6 +446,72 @@ void Comm::wait_flag(Op &op, Flag &f, uint32_t target, int peer, const char *wha
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Mismatched calls (issue 9): each rank stamps its call before the call's first post; at its
+// first wait in a call, a rank compares the stamps of the ranks it waited for with its own.
+// Matched calls start at the same post number on every rank, so a peer that has posted that
+// far has stamped this call or a later one; a stamp that started earlier means the peer is in
+// a different (longer) call, one with the same start but other fields a different call.
+// ---------------------------------------------------------------------------------------------
+
+void Comm::publish_call(const Op &op) {
+  CallStamp &s = seg_.ctl(rank_).call;
+  s.head.store(kStampWriting, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  s.op_root.store(op.op_root, std::memory_order_relaxed);
+  s.count.store(op.count, std::memory_order_relaxed);
+  s.seq.store(op.seq, std::memory_order_relaxed);
+  s.head.store(op.head | (op.base + 1u), std::memory_order_release);  // the post publishes it
+}
+
+void Comm::check_peer_call(Op &op, int peer) {
+  const CallStamp &s = seg_.ctl(peer).call;
+  const uint64_t head = s.head.load(std::memory_order_acquire);
+  const uint64_t op_root = s.op_root.load(std::memory_order_relaxed);
+  const uint64_t count = s.count.load(std::memory_order_relaxed);
+  const uint64_t seq = s.seq.load(std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  // Being rewritten: the peer is past this call already, nothing left to check.
+  if (head == kStampWriting || s.head.load(std::memory_order_relaxed) != head) return;
+  const uint32_t first = static_cast<uint32_t>(head), mine = op.base + 1u;
+  if (first != mine && reached(first, mine)) return;  // a later call: it got past this one
+  const uint64_t my_head = op.head | mine;
+  if (head == my_head && op_root == op.op_root && count == op.count && seq == op.seq) return;
+  auto describe = [](uint64_t h, uint64_t o_r, uint64_t n) {
+    const auto narrow = [](uint64_t b) { return b == 0xff ? -1 : static_cast<int32_t>(b); };
+    return describe_call(narrow(h >> 32 & 0xff), narrow(h >> 40 & 0xff),
+                         static_cast<int32_t>(o_r & 0xffffffffu), static_cast<int32_t>(o_r >> 32),
+                         n);
+  };
+  std::string theirs = describe(head, op_root, count),
+              ours = describe(my_head, op.op_root, op.count);
+  if (seq != op.seq || theirs == ours) {
+    theirs += kit::format(" #%llu", static_cast<unsigned long long>(seq));
+    ours += kit::format(" #%llu", static_cast<unsigned long long>(op.seq));
+  }
+  fail_mismatch(op, kit::format("%s: mismatched collective calls: rank %d called %s where rank %d "
+                                "calls %s",
+                                op.where().c_str(), peer, theirs.c_str(), rank_, ours.c_str()));
+}
+
+void Comm::check_calls(Op &op, Who waited, int root) {
+  if (waited == Who::kAll) {
+    for (int p = 0; p < size_; ++p) {
+      if (p != rank_) check_peer_call(op, p);
+    }
+  } else if (waited == Who::kRoot && root != rank_) {
+    check_peer_call(op, root);
+  }
+}
+
+// Marks the segment so that every rank's next wait fails at once, then fails this call.
+void Comm::fail_mismatch(Op &op, const std::string &msg) {
+  uint32_t expected = 0;
+  hdr_->mismatch_word.compare_exchange_strong(expected, static_cast<uint32_t>(rank_ + 1));
+  wake_everyone();
+  fail(op, MNCL_ERR_REMOTE, msg);
+}
+
 void Comm::wait_rank(Op &op, int peer, uint32_t target) {
   if (peer != rank_) wait_flag(op, seg_.ctl(peer).posts, target, peer, "progress");
 }
@@ -441,6 +534,8 @@ void Comm::round(Op &op, bool stages, Who waits, int root, Stage stage, Consume 
     before_writing_half(op, h);
     stage(seg_.staging(rank_, h));
   }
+  const bool first = posts_ == op.base;
+  if (first) publish_call(op);
   post_progress();
   need_[h] = posts_ + 1;  // readers read between this post and their next one
   if (waits == Who::kAll) {
@@ -448,6 +543,7 @@ void Comm::round(Op &op, bool stages, Who waits, int root, Stage stage, Consume 
   } else if (waits == Who::kRoot) {
     wait_rank(op, root, posts_);
   }
+  if (first) check_calls(op, waits, root);  // before reading anything of theirs
   consume(h);
 }
 
@@ -459,6 +555,18 @@ void Comm::execute(const mncl_coll_v1_t &c) {
   const int64_t timeout_ms = c.timeout_ms > 0 ? c.timeout_ms : default_timeout_ms_;
   Op op{kind_name(c.kind), c.seq, timeout_ms, Clock::now() + std::chrono::milliseconds(timeout_ms),
         posts_};
+  {
+    const int32_t o = is_reduction(c.kind) ? c.op : -1, r = is_rooted(c.kind) ? c.root : -1;
+    const int32_t dtype = c.kind == MNCL_COLL_BARRIER ? -1 : c.dtype;
+    op.count = c.kind == MNCL_COLL_BARRIER ? 0 : c.count;
+    if (c.kind == MNCL_COLL_ALLREDUCE_COALESCED) {
+      op.count = 0;
+      for (size_t i = 0; i < c.nbufs; ++i) op.count += c.counts[i];
+    }
+    op.head = static_cast<uint64_t>(c.kind & 0xff) << 32 | static_cast<uint64_t>(dtype & 0xff)
+                                                               << 40;
+    op.op_root = static_cast<uint32_t>(o) | static_cast<uint64_t>(static_cast<uint32_t>(r)) << 32;
+  }
   check_failed(op);
   if (!broken_.empty()) {
     throw kit::Error(
@@ -562,8 +670,10 @@ void Comm::allreduce(Op &op, const void *send, void *recv, size_t count, int32_t
     before_writing_half(op, h);
     if (lo > 0) std::memcpy(mine, in, lo * es);
     if (m > hi) std::memcpy(mine + hi * es, in + hi * es, (m - hi) * es);
+    if (off == 0) publish_call(op);
     post_progress();
     wait_all(op, posts_);
+    if (off == 0) check_calls(op, Who::kAll, -1);
     if (hi > lo) {
       for (size_t p = 0; p < n; ++p) {
         src[p] = p == me ? in + lo * es : seg_.staging(static_cast<int>(p), h) + lo * es;
@@ -773,6 +883,8 @@ void Comm::send(Op &op, const mncl_coll_v1_t &c) {
       std::memcpy(seg_.p2p_slot(rank_, peer, slot), bytes_at(c.sendbuf, i * p2p_slot_), len);
     ch.slot[slot].message_bytes = bytes;
     ch.slot[slot].chunk_bytes = len;
+    ch.slot[slot].count = c.count;
+    ch.slot[slot].dtype = c.dtype;
     post(ch.sent, k + 1);
     sent_chunks_[static_cast<size_t>(peer)] = k + 1;
   }
@@ -795,12 +907,15 @@ void Comm::recv(Op &op, const mncl_coll_v1_t &c) {
     const int slot = static_cast<int>(k & 1u);
     wait_flag(op, ch.sent, k + 1, peer, what.c_str());
     const SlotHeader hdr = ch.slot[slot];
-    if (hdr.message_bytes != bytes) {
-      fail(op, MNCL_ERR_REMOTE,
-           kit::format("%s: rank %d sent %llu bytes where rank %d expects %zu (do count and dtype "
-                       "agree?)",
-                       op.where().c_str(), peer, static_cast<unsigned long long>(hdr.message_bytes),
-                       rank_, bytes));
+    if (hdr.message_bytes != bytes || hdr.count != c.count || hdr.dtype != c.dtype) {
+      const int32_t dt = static_cast<int32_t>(hdr.dtype);
+      fail_mismatch(
+          op, kit::format("%s: mismatched point-to-point calls: rank %d called send(%llu x %s) "
+                          "where rank %d calls recv(%zu x %s) (%llu bytes sent, %zu expected)",
+                          op.where().c_str(), peer, static_cast<unsigned long long>(hdr.count),
+                          kit::dtype_size(dt) ? kit::dtype_name(dt) : "?", rank_, c.count,
+                          kit::dtype_name(c.dtype),
+                          static_cast<unsigned long long>(hdr.message_bytes), bytes));
     }
     if (hdr.chunk_bytes > 0) {
       std::memcpy(bytes_at(c.recvbuf, i * p2p_slot_), seg_.p2p_slot(peer, rank_, slot),

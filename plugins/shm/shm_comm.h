@@ -40,6 +40,14 @@
 // MNCL_ERR_REMOTE naming it), and comm_abort sets the segment's abort word and wakes every
 // futex so every rank's wait ends with MNCL_ERR_ABORTED. After a failure the communicator
 // refuses further operations (counters no longer agree).
+//
+// Mismatched calls (issue 9, without MNCL_DEBUG_CHECKS): before the first post of a call each
+// rank stamps (kind, dtype, op, count, root, seq) into its RankCtl line; right after its first
+// wait in the call, before reading any peer's staging, a rank compares the stamps of the ranks
+// it waited for with its own and fails with MNCL_ERR_REMOTE naming both calls, setting the
+// segment's mismatch word so the other ranks fail at their next wait. A rank that waits for no
+// one in a call (bcast/scatter root, reduce/gather non-root) reads nothing of the others, so
+// its result cannot be wrong; send/recv compare count and dtype in the slot header.
 #pragma once
 
 #include <mncl/mncl_plugin.h>
@@ -109,6 +117,11 @@ class Comm {
   void wait_flag(Op &op, Flag &f, uint32_t target, int peer, const char *what);
   void check_failed(Op &op);  // abort / dead-peer words, local state
   [[noreturn]] void fail(Op &op, mncl_status_t st, const std::string &msg);
+  // Mismatched calls (issue 9): stamp this call; compare the peers waited for with it.
+  void publish_call(const Op &op);
+  void check_calls(Op &op, Who waited, int root);
+  void check_peer_call(Op &op, int peer);
+  [[noreturn]] void fail_mismatch(Op &op, const std::string &msg);
   void wake_everyone();
 
   const mncl_host_v1_t *host_;
