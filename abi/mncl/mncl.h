@@ -43,9 +43,8 @@ extern "C" {
 #define MNCL_VERSION_MINOR 1
 #define MNCL_VERSION_PATCH 0
 /* Encoded as major * 10000 + minor * 100 + patch. */
-#define MNCL_VERSION_CODE(major, minor, patch) ((major) * 10000 + (minor) * 100 + (patch))
-#define MNCL_VERSION \
-  MNCL_VERSION_CODE(MNCL_VERSION_MAJOR, MNCL_VERSION_MINOR, MNCL_VERSION_PATCH)
+#define MNCL_VERSION_CODE(major, minor, patch) ((major)*10000 + (minor)*100 + (patch))
+#define MNCL_VERSION MNCL_VERSION_CODE(MNCL_VERSION_MAJOR, MNCL_VERSION_MINOR, MNCL_VERSION_PATCH)
 /* The ABI major: part of the SONAME (libmncl.so.1). Bumped only by an incompatible change. */
 #define MNCL_ABI_MAJOR 1
 
@@ -117,25 +116,25 @@ typedef struct mncl_request *mncl_request_t; /* one non-blocking operation in fl
 #define MNCL_FROM_ENV (-1)
 
 typedef struct mncl_config {
-  size_t struct_size;     /* sizeof(mncl_config_t) as compiled by the caller */
-  uint32_t magic;         /* MNCL_CONFIG_MAGIC */
-  uint32_t version;       /* MNCL_VERSION the caller compiled against */
-  const char *backend;    /* "naive", "gloo", a path to a plugin .so, a comma list of
-                             fallbacks, or "auto"; NULL: MNCL_BACKEND, else "auto" */
-  int32_t rank;           /* this process's rank; -1: MNCL_RANK, RANK, OMPI_COMM_WORLD_RANK,
-                             PMI_RANK, SLURM_PROCID (first set wins), else 0 */
-  int32_t size;           /* number of ranks; -1: MNCL_SIZE, WORLD_SIZE, ..., else 1 */
-  const char *bootstrap;  /* "tcp://host:port" (rank 0 hosts the store there) or "file:///dir";
-                             NULL: MNCL_STORE, else MASTER_ADDR/MASTER_PORT; needed if size > 1 */
-  int64_t timeout_ms;     /* bound on every blocking step; -1: MNCL_TIMEOUT (seconds), else 300 s */
-  int32_t device;         /* accelerator ordinal; -1: MNCL_DEVICE, else the local rank */
-  int32_t reserved0;      /* must be zero */
+  size_t struct_size;    /* sizeof(mncl_config_t) as compiled by the caller */
+  uint32_t magic;        /* MNCL_CONFIG_MAGIC */
+  uint32_t version;      /* MNCL_VERSION the caller compiled against */
+  const char *backend;   /* "naive", "gloo", a path to a plugin .so, a comma list of
+                            fallbacks, or "auto"; NULL: MNCL_BACKEND, else "auto" */
+  int32_t rank;          /* this process's rank; -1: MNCL_RANK, RANK, OMPI_COMM_WORLD_RANK,
+                            PMI_RANK, SLURM_PROCID (first set wins), else 0 */
+  int32_t size;          /* number of ranks; -1: MNCL_SIZE, WORLD_SIZE, ..., else 1 */
+  const char *bootstrap; /* "tcp://host:port" (rank 0 hosts the store there) or "file:///dir";
+                            NULL: MNCL_STORE, else MASTER_ADDR/MASTER_PORT; needed if size > 1 */
+  int64_t timeout_ms;    /* bound on every blocking step; -1: MNCL_TIMEOUT (seconds), else 300 s */
+  int32_t device;        /* accelerator ordinal; -1: MNCL_DEVICE, else the local rank */
+  int32_t reserved0;     /* must be zero */
 } mncl_config_t;
 
-#define MNCL_CONFIG_INIT                                                                \
-  {                                                                                     \
-    sizeof(mncl_config_t), MNCL_CONFIG_MAGIC, MNCL_VERSION, NULL, MNCL_FROM_ENV,        \
-        MNCL_FROM_ENV, NULL, MNCL_FROM_ENV, MNCL_FROM_ENV, 0                            \
+#define MNCL_CONFIG_INIT                                                                        \
+  {                                                                                             \
+    sizeof(mncl_config_t), MNCL_CONFIG_MAGIC, MNCL_VERSION, NULL, MNCL_FROM_ENV, MNCL_FROM_ENV, \
+        NULL, MNCL_FROM_ENV, MNCL_FROM_ENV, 0                                                   \
   }
 
 /* ---------------------------------------------------------------------------------------------
@@ -173,8 +172,7 @@ MNCL_API mncl_status_t mncl_comm_abort(mncl_comm_t comm);
 /* Collective: ranks passing the same color form a new communicator, ordered by (key, old rank).
  * color MNCL_SPLIT_NONE: this rank joins none and *newcomm is set to NULL. */
 #define MNCL_SPLIT_NONE (-1)
-MNCL_API mncl_status_t mncl_comm_split(mncl_comm_t comm, int color, int key,
-                                       mncl_comm_t *newcomm);
+MNCL_API mncl_status_t mncl_comm_split(mncl_comm_t comm, int color, int key, mncl_comm_t *newcomm);
 MNCL_API mncl_status_t mncl_comm_rank(mncl_comm_t comm, int *rank);
 MNCL_API mncl_status_t mncl_comm_size(mncl_comm_t comm, int *size);
 /* The backend's name ("naive"); the string lives as long as the communicator. */
@@ -198,8 +196,7 @@ MNCL_API mncl_status_t mncl_comm_backend(mncl_comm_t comm, const char **name);
 
 /* recvbuf[i] = op over ranks of sendbuf[i], on every rank. */
 MNCL_API mncl_status_t mncl_allreduce(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
-                                      size_t count, mncl_dtype_t dtype, mncl_op_t op,
-                                      void *stream);
+                                      size_t count, mncl_dtype_t dtype, mncl_op_t op, void *stream);
 /* Like allreduce, but the result only lands on `root`. */
 MNCL_API mncl_status_t mncl_reduce(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
                                    size_t count, mncl_dtype_t dtype, mncl_op_t op, int root,
@@ -248,14 +245,13 @@ MNCL_API mncl_status_t mncl_allreduce_coalesced(mncl_comm_t comm, const void *co
  * ------------------------------------------------------------------------------------------- */
 
 MNCL_API mncl_status_t mncl_iallreduce(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
-                                       size_t count, mncl_dtype_t dtype, mncl_op_t op,
-                                       void *stream, mncl_request_t *request);
+                                       size_t count, mncl_dtype_t dtype, mncl_op_t op, void *stream,
+                                       mncl_request_t *request);
 MNCL_API mncl_status_t mncl_ireduce(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
                                     size_t count, mncl_dtype_t dtype, mncl_op_t op, int root,
                                     void *stream, mncl_request_t *request);
-MNCL_API mncl_status_t mncl_ibcast(mncl_comm_t comm, void *buf, size_t count,
-                                   mncl_dtype_t dtype, int root, void *stream,
-                                   mncl_request_t *request);
+MNCL_API mncl_status_t mncl_ibcast(mncl_comm_t comm, void *buf, size_t count, mncl_dtype_t dtype,
+                                   int root, void *stream, mncl_request_t *request);
 MNCL_API mncl_status_t mncl_iscatter(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
                                      size_t count, mncl_dtype_t dtype, int root, void *stream,
                                      mncl_request_t *request);
@@ -265,10 +261,9 @@ MNCL_API mncl_status_t mncl_igather(mncl_comm_t comm, const void *sendbuf, void 
 MNCL_API mncl_status_t mncl_iallgather(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
                                        size_t count, mncl_dtype_t dtype, void *stream,
                                        mncl_request_t *request);
-MNCL_API mncl_status_t mncl_ireduce_scatter(mncl_comm_t comm, const void *sendbuf,
-                                            void *recvbuf, size_t recvcount, mncl_dtype_t dtype,
-                                            mncl_op_t op, void *stream,
-                                            mncl_request_t *request);
+MNCL_API mncl_status_t mncl_ireduce_scatter(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
+                                            size_t recvcount, mncl_dtype_t dtype, mncl_op_t op,
+                                            void *stream, mncl_request_t *request);
 MNCL_API mncl_status_t mncl_ialltoall(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
                                       size_t count, mncl_dtype_t dtype, void *stream,
                                       mncl_request_t *request);

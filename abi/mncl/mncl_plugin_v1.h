@@ -49,9 +49,9 @@ typedef enum mncl_log_level_v1 {
 } mncl_log_level_v1_t;
 
 typedef struct mncl_host_v1 {
-  size_t struct_size;  /* sizeof(mncl_host_v1_t) as compiled by the core */
-  int32_t version;     /* the core's MNCL_VERSION */
-  int32_t log_level;   /* messages above this level are dropped; test it before formatting */
+  size_t struct_size; /* sizeof(mncl_host_v1_t) as compiled by the core */
+  int32_t version;    /* the core's MNCL_VERSION */
+  int32_t log_level;  /* messages above this level are dropped; test it before formatting */
   /* printf-style logging into the core's log, tagged with the plugin's name. */
   void (*log)(int32_t level, const char *file, int32_t line, const char *fmt, ...);
   /* Sets the calling thread's error message, returned to the application with the status. */
@@ -74,8 +74,7 @@ typedef struct mncl_store_v1 {
   mncl_status_t (*set)(void *ctx, const char *key, const void *value, size_t len);
   /* Waits up to timeout_ms for key, then returns a copy in *value (release with release()).
    * MNCL_ERR_TIMEOUT with a message naming the key if it never appears. */
-  mncl_status_t (*get)(void *ctx, const char *key, void **value, size_t *len,
-                       int64_t timeout_ms);
+  mncl_status_t (*get)(void *ctx, const char *key, void **value, size_t *len, int64_t timeout_ms);
   void (*release)(void *ctx, void *value);
   /* Atomically adds delta to the integer stored at key (absent: 0); *result = the new value. */
   mncl_status_t (*add)(void *ctx, const char *key, int64_t delta, int64_t *result);
@@ -90,8 +89,8 @@ typedef struct mncl_store_v1 {
  * ------------------------------------------------------------------------------------------- */
 
 typedef struct mncl_bootstrap_v1 {
-  size_t struct_size;           /* sizeof(mncl_bootstrap_v1_t) */
-  int32_t rank;                 /* 0 <= rank < size */
+  size_t struct_size; /* sizeof(mncl_bootstrap_v1_t) */
+  int32_t rank;       /* 0 <= rank < size */
   int32_t size;
   int32_t local_rank;           /* rank among the ranks on this host (-1 unknown) */
   int32_t local_size;           /* ranks on this host (-1 unknown) */
@@ -120,9 +119,9 @@ typedef struct mncl_probe_v1 {
  * Capabilities (mncl_plugin_v1_t.caps)
  * ------------------------------------------------------------------------------------------- */
 
-#define MNCL_CAP_HOST_MEMORY (1ull << 0)  /* buffers in host memory */
-#define MNCL_CAP_CUDA_MEMORY (1ull << 1)  /* CUDA device pointers, passed through unchanged */
-#define MNCL_CAP_NATIVE_ASYNC (1ull << 2) /* post/test implemented */
+#define MNCL_CAP_HOST_MEMORY (1ull << 0)    /* buffers in host memory */
+#define MNCL_CAP_CUDA_MEMORY (1ull << 1)    /* CUDA device pointers, passed through unchanged */
+#define MNCL_CAP_NATIVE_ASYNC (1ull << 2)   /* post/test implemented */
 #define MNCL_CAP_STREAM_ORDERED (1ull << 3) /* execute() enqueues on the stream and returns */
 
 /* ---------------------------------------------------------------------------------------------
@@ -165,7 +164,7 @@ typedef struct mncl_coll_v1 {
   const void *const *sendbufs;
   void *const *recvbufs;
   const size_t *counts;
-  void *stream;       /* caller's stream or NULL */
+  void *stream; /* caller's stream or NULL */
   /* Collectives: 0, 1, 2... per communicator, counting collectives only (not send/recv), so the
    * same call has the same seq on every rank. SEND/RECV: 0, 1, 2... per (communicator, peer,
    * direction), so a send and the receive that matches it carry the same seq. */
@@ -206,8 +205,8 @@ typedef struct mncl_plugin_v1 {
    * on the members with a new bootstrap). When present it is called on every rank of the
    * parent, like MPI_Comm_split: bs describes the new communicator, or is NULL on a rank that
    * passed color MNCL_SPLIT_NONE, which must then set *newcomm = NULL. */
-  mncl_status_t (*comm_split)(void *comm, int32_t color, int32_t key,
-                              const mncl_bootstrap_v1_t *bs, void **newcomm);
+  mncl_status_t (*comm_split)(void *comm, int32_t color, int32_t key, const mncl_bootstrap_v1_t *bs,
+                              void **newcomm);
 
   /* Runs one collective to completion (or, with MNCL_CAP_STREAM_ORDERED, until it is enqueued
    * on coll->stream). */

@@ -84,8 +84,8 @@ struct Header {
   uint64_t count;  // elements (all buffers together for the coalesced allreduce)
 
   bool operator==(const Header &o) const {
-    return magic == o.magic && kind == o.kind && dtype == o.dtype && op == o.op &&
-           root == o.root && count == o.count;
+    return magic == o.magic && kind == o.kind && dtype == o.dtype && op == o.op && root == o.root &&
+           count == o.count;
   }
   std::string describe() const {
     std::string out = kit::format("%s(%llu x %s", kind_name(kind),
@@ -98,8 +98,13 @@ struct Header {
 constexpr uint32_t kHeaderMagic = 0x4e564831u;  // "NVH1"
 
 Header header_of(const mncl_coll_v1_t &c) {
-  Header h{kHeaderMagic, c.kind, c.dtype, is_reduction(c.kind) ? c.op : -1,
-           is_rooted(c.kind) ? c.root : -1, 0, c.count};
+  Header h{kHeaderMagic,
+           c.kind,
+           c.dtype,
+           is_reduction(c.kind) ? c.op : -1,
+           is_rooted(c.kind) ? c.root : -1,
+           0,
+           c.count};
   if (c.kind == MNCL_COLL_ALLREDUCE_COALESCED) {
     h.count = 0;
     for (size_t i = 0; i < c.nbufs; ++i) h.count += c.counts[i];
@@ -304,8 +309,7 @@ void Comm::check_length(const Op &op, int src, const Value &value, size_t len) c
   throw kit::Error(MNCL_ERR_REMOTE,
                    kit::format("%s: rank %d sent %zu bytes where rank %d expects %zu (do count "
                                "and dtype agree on every rank?)",
-                               op.where().c_str(), src, value.size() - sizeof(Header), rank_,
-                               len));
+                               op.where().c_str(), src, value.size() - sizeof(Header), rank_, len));
 }
 
 void Comm::throw_missing(Op &op, mncl_status_t st, std::vector<int> missing) {
@@ -484,8 +488,8 @@ void Comm::send(Op &op, const mncl_coll_v1_t &c) {
   }
   const size_t len = c.count * kit::dtype_size(c.dtype);
   const uint64_t k = sent_[static_cast<size_t>(peer)];
-  put(op, kit::format("p%d>%d/%llu", rank_, peer, static_cast<unsigned long long>(k)),
-      c.sendbuf, len);
+  put(op, kit::format("p%d>%d/%llu", rank_, peer, static_cast<unsigned long long>(k)), c.sendbuf,
+      len);
   ++sent_[static_cast<size_t>(peer)];
 }
 

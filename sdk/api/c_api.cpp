@@ -142,47 +142,66 @@ bool await(mncl_request_t request, int64_t timeout_ms, const char *fn) {
 
 extern "C" {
 
-MNCL_API int mncl_get_version(void) { return MNCL_VERSION; }
+MNCL_API int mncl_get_version(void) {
+  return MNCL_VERSION;
+}
 
 MNCL_API const char *mncl_status_string(mncl_status_t status) {
   switch (status) {
-    case MNCL_OK: return "MNCL_OK: success";
-    case MNCL_ERR_INVALID_ARGUMENT: return "MNCL_ERR_INVALID_ARGUMENT: invalid argument";
-    case MNCL_ERR_NOT_SUPPORTED: return "MNCL_ERR_NOT_SUPPORTED: not supported by this backend";
-    case MNCL_ERR_TIMEOUT: return "MNCL_ERR_TIMEOUT: operation timed out";
-    case MNCL_ERR_REMOTE: return "MNCL_ERR_REMOTE: a peer failed or disconnected";
-    case MNCL_ERR_ABORTED: return "MNCL_ERR_ABORTED: communicator aborted";
-    case MNCL_ERR_PLUGIN: return "MNCL_ERR_PLUGIN: no usable backend plugin";
-    case MNCL_ERR_BOOTSTRAP: return "MNCL_ERR_BOOTSTRAP: rendezvous failed";
-    case MNCL_ERR_SYSTEM: return "MNCL_ERR_SYSTEM: system error";
-    case MNCL_ERR_INTERNAL: return "MNCL_ERR_INTERNAL: internal error";
-    case MNCL_IN_PROGRESS: return "MNCL_IN_PROGRESS: operation in progress";
+    case MNCL_OK:
+      return "MNCL_OK: success";
+    case MNCL_ERR_INVALID_ARGUMENT:
+      return "MNCL_ERR_INVALID_ARGUMENT: invalid argument";
+    case MNCL_ERR_NOT_SUPPORTED:
+      return "MNCL_ERR_NOT_SUPPORTED: not supported by this backend";
+    case MNCL_ERR_TIMEOUT:
+      return "MNCL_ERR_TIMEOUT: operation timed out";
+    case MNCL_ERR_REMOTE:
+      return "MNCL_ERR_REMOTE: a peer failed or disconnected";
+    case MNCL_ERR_ABORTED:
+      return "MNCL_ERR_ABORTED: communicator aborted";
+    case MNCL_ERR_PLUGIN:
+      return "MNCL_ERR_PLUGIN: no usable backend plugin";
+    case MNCL_ERR_BOOTSTRAP:
+      return "MNCL_ERR_BOOTSTRAP: rendezvous failed";
+    case MNCL_ERR_SYSTEM:
+      return "MNCL_ERR_SYSTEM: system error";
+    case MNCL_ERR_INTERNAL:
+      return "MNCL_ERR_INTERNAL: internal error";
+    case MNCL_IN_PROGRESS:
+      return "MNCL_IN_PROGRESS: operation in progress";
   }
   return "MNCL_ERR_UNKNOWN: unknown status code";
 }
 
-MNCL_API const char *mncl_last_error(void) { return mncl::last_error(); }
+MNCL_API const char *mncl_last_error(void) {
+  return mncl::last_error();
+}
 
 MNCL_API size_t mncl_dtype_size(mncl_dtype_t dtype) {
   switch (dtype) {
     case MNCL_INT8:
-    case MNCL_UINT8: return 1;
+    case MNCL_UINT8:
+      return 1;
     case MNCL_FLOAT16:
-    case MNCL_BFLOAT16: return 2;
+    case MNCL_BFLOAT16:
+      return 2;
     case MNCL_INT32:
     case MNCL_UINT32:
-    case MNCL_FLOAT32: return 4;
+    case MNCL_FLOAT32:
+      return 4;
     case MNCL_INT64:
     case MNCL_UINT64:
-    case MNCL_FLOAT64: return 8;
+    case MNCL_FLOAT64:
+      return 8;
   }
   return 0;
 }
 
 MNCL_API const char *mncl_dtype_name(mncl_dtype_t dtype) {
-  static const char *const names[MNCL_NUM_DTYPES] = {
-      "int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "bfloat16", "float32",
-      "float64"};
+  static const char *const names[MNCL_NUM_DTYPES] = {"int8",    "uint8",  "int32",   "uint32",
+                                                     "int64",   "uint64", "float16", "bfloat16",
+                                                     "float32", "float64"};
   return dtype >= 0 && dtype < MNCL_NUM_DTYPES ? names[dtype] : "unknown";
 }
 
@@ -218,8 +237,7 @@ MNCL_API mncl_status_t mncl_comm_abort(mncl_comm_t comm) {
   return guard([&] { comm_of(comm, "mncl_comm_abort").abort(); });
 }
 
-MNCL_API mncl_status_t mncl_comm_split(mncl_comm_t comm, int color, int key,
-                                       mncl_comm_t *newcomm) {
+MNCL_API mncl_status_t mncl_comm_split(mncl_comm_t comm, int color, int key, mncl_comm_t *newcomm) {
   return guard([&] {
     require_out(newcomm, "mncl_comm_split", "newcomm");
     *newcomm = nullptr;
@@ -271,8 +289,7 @@ MNCL_API mncl_status_t mncl_reduce(mncl_comm_t comm, const void *sendbuf, void *
 
 MNCL_API mncl_status_t mncl_bcast(mncl_comm_t comm, void *buf, size_t count, mncl_dtype_t dtype,
                                   int root, void *stream) {
-  return run_blocking(comm,
-                      make_coll(MNCL_COLL_BCAST, buf, buf, count, dtype, -1, root, stream));
+  return run_blocking(comm, make_coll(MNCL_COLL_BCAST, buf, buf, count, dtype, -1, root, stream));
 }
 
 MNCL_API mncl_status_t mncl_scatter(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
@@ -296,8 +313,8 @@ MNCL_API mncl_status_t mncl_allgather(mncl_comm_t comm, const void *sendbuf, voi
 MNCL_API mncl_status_t mncl_reduce_scatter(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
                                            size_t recvcount, mncl_dtype_t dtype, mncl_op_t op,
                                            void *stream) {
-  return run_blocking(comm, make_coll(MNCL_COLL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount,
-                                      dtype, op, -1, stream));
+  return run_blocking(comm, make_coll(MNCL_COLL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype,
+                                      op, -1, stream));
 }
 
 MNCL_API mncl_status_t mncl_alltoall(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
@@ -307,8 +324,8 @@ MNCL_API mncl_status_t mncl_alltoall(mncl_comm_t comm, const void *sendbuf, void
 }
 
 MNCL_API mncl_status_t mncl_barrier(mncl_comm_t comm, void *stream) {
-  return run_blocking(comm,
-                      make_coll(MNCL_COLL_BARRIER, nullptr, nullptr, 0, MNCL_UINT8, -1, -1, stream));
+  return run_blocking(
+      comm, make_coll(MNCL_COLL_BARRIER, nullptr, nullptr, 0, MNCL_UINT8, -1, -1, stream));
 }
 
 MNCL_API mncl_status_t mncl_send(mncl_comm_t comm, const void *buf, size_t count,
@@ -339,15 +356,14 @@ MNCL_API mncl_status_t mncl_allreduce_coalesced(mncl_comm_t comm, const void *co
                                                 void *const *recvbufs, const size_t *counts,
                                                 size_t nbufs, mncl_dtype_t dtype, mncl_op_t op,
                                                 void *stream) {
-  return run_blocking(comm,
-                      make_coalesced(sendbufs, recvbufs, counts, nbufs, dtype, op, stream));
+  return run_blocking(comm, make_coalesced(sendbufs, recvbufs, counts, nbufs, dtype, op, stream));
 }
 
 // --- non-blocking collectives ----------------------------------------------------------------
 
 MNCL_API mncl_status_t mncl_iallreduce(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
-                                       size_t count, mncl_dtype_t dtype, mncl_op_t op,
-                                       void *stream, mncl_request_t *request) {
+                                       size_t count, mncl_dtype_t dtype, mncl_op_t op, void *stream,
+                                       mncl_request_t *request) {
   return run_nonblocking(
       comm, make_coll(MNCL_COLL_ALLREDUCE, sendbuf, recvbuf, count, dtype, op, -1, stream),
       request);
@@ -357,13 +373,11 @@ MNCL_API mncl_status_t mncl_ireduce(mncl_comm_t comm, const void *sendbuf, void 
                                     size_t count, mncl_dtype_t dtype, mncl_op_t op, int root,
                                     void *stream, mncl_request_t *request) {
   return run_nonblocking(
-      comm, make_coll(MNCL_COLL_REDUCE, sendbuf, recvbuf, count, dtype, op, root, stream),
-      request);
+      comm, make_coll(MNCL_COLL_REDUCE, sendbuf, recvbuf, count, dtype, op, root, stream), request);
 }
 
-MNCL_API mncl_status_t mncl_ibcast(mncl_comm_t comm, void *buf, size_t count,
-                                   mncl_dtype_t dtype, int root, void *stream,
-                                   mncl_request_t *request) {
+MNCL_API mncl_status_t mncl_ibcast(mncl_comm_t comm, void *buf, size_t count, mncl_dtype_t dtype,
+                                   int root, void *stream, mncl_request_t *request) {
   return run_nonblocking(comm, make_coll(MNCL_COLL_BCAST, buf, buf, count, dtype, -1, root, stream),
                          request);
 }
@@ -380,8 +394,7 @@ MNCL_API mncl_status_t mncl_igather(mncl_comm_t comm, const void *sendbuf, void 
                                     size_t count, mncl_dtype_t dtype, int root, void *stream,
                                     mncl_request_t *request) {
   return run_nonblocking(
-      comm, make_coll(MNCL_COLL_GATHER, sendbuf, recvbuf, count, dtype, -1, root, stream),
-      request);
+      comm, make_coll(MNCL_COLL_GATHER, sendbuf, recvbuf, count, dtype, -1, root, stream), request);
 }
 
 MNCL_API mncl_status_t mncl_iallgather(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
@@ -392,28 +405,24 @@ MNCL_API mncl_status_t mncl_iallgather(mncl_comm_t comm, const void *sendbuf, vo
       request);
 }
 
-MNCL_API mncl_status_t mncl_ireduce_scatter(mncl_comm_t comm, const void *sendbuf,
-                                            void *recvbuf, size_t recvcount, mncl_dtype_t dtype,
-                                            mncl_op_t op, void *stream,
-                                            mncl_request_t *request) {
-  return run_nonblocking(comm,
-                         make_coll(MNCL_COLL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype,
-                                   op, -1, stream),
-                         request);
+MNCL_API mncl_status_t mncl_ireduce_scatter(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
+                                            size_t recvcount, mncl_dtype_t dtype, mncl_op_t op,
+                                            void *stream, mncl_request_t *request) {
+  return run_nonblocking(
+      comm, make_coll(MNCL_COLL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, -1, stream),
+      request);
 }
 
 MNCL_API mncl_status_t mncl_ialltoall(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
                                       size_t count, mncl_dtype_t dtype, void *stream,
                                       mncl_request_t *request) {
   return run_nonblocking(
-      comm, make_coll(MNCL_COLL_ALLTOALL, sendbuf, recvbuf, count, dtype, -1, -1, stream),
-      request);
+      comm, make_coll(MNCL_COLL_ALLTOALL, sendbuf, recvbuf, count, dtype, -1, -1, stream), request);
 }
 
 MNCL_API mncl_status_t mncl_ibarrier(mncl_comm_t comm, void *stream, mncl_request_t *request) {
   return run_nonblocking(
-      comm, make_coll(MNCL_COLL_BARRIER, nullptr, nullptr, 0, MNCL_UINT8, -1, -1, stream),
-      request);
+      comm, make_coll(MNCL_COLL_BARRIER, nullptr, nullptr, 0, MNCL_UINT8, -1, -1, stream), request);
 }
 
 MNCL_API mncl_status_t mncl_isend(mncl_comm_t comm, const void *buf, size_t count,
@@ -433,8 +442,8 @@ MNCL_API mncl_status_t mncl_iallreduce_coalesced(mncl_comm_t comm, const void *c
                                                  void *const *recvbufs, const size_t *counts,
                                                  size_t nbufs, mncl_dtype_t dtype, mncl_op_t op,
                                                  void *stream, mncl_request_t *request) {
-  return run_nonblocking(
-      comm, make_coalesced(sendbufs, recvbufs, counts, nbufs, dtype, op, stream), request);
+  return run_nonblocking(comm, make_coalesced(sendbufs, recvbufs, counts, nbufs, dtype, op, stream),
+                         request);
 }
 
 // --- completion ------------------------------------------------------------------------------

@@ -64,8 +64,8 @@ TcpStore::TcpStore(const std::string &host, uint16_t port, const std::string &to
   const auto deadline = Clock::now() + opts.timeout;
   for (auto backoff = milliseconds(10);; backoff = std::min(backoff * 2, milliseconds(200))) {
     WaitOptions left = opts;
-    left.timeout = std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(
-                                                 deadline - Clock::now()));
+    left.timeout = std::max(milliseconds(1),
+                            std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
     connect_with_retry(host, port, left);
     if (handshake(token)) break;
     // A server that is shutting down (the previous communicator on this address) resets the

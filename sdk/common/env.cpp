@@ -40,14 +40,18 @@ const std::vector<Variable> &table() {
        "tcp://MASTER_ADDR:MASTER_PORT when those are set."},
       {"MNCL_STORE_TOKEN", "",
        "Shared secret every rank presents to the TCP store; connections without it are refused."},
-      {"MNCL_RANK", "", "This process's rank (else RANK, OMPI_COMM_WORLD_RANK, PMI_RANK, "
-                        "SLURM_PROCID)."},
-      {"MNCL_SIZE", "", "Number of ranks (else WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE, "
-                        "SLURM_NTASKS)."},
-      {"MNCL_LOCAL_RANK", "", "Rank among the ranks on this host (else LOCAL_RANK, "
-                              "OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID)."},
-      {"MNCL_LOCAL_SIZE", "", "Ranks on this host (else LOCAL_WORLD_SIZE, "
-                              "OMPI_COMM_WORLD_LOCAL_SIZE, SLURM_NTASKS_PER_NODE)."},
+      {"MNCL_RANK", "",
+       "This process's rank (else RANK, OMPI_COMM_WORLD_RANK, PMI_RANK, "
+       "SLURM_PROCID)."},
+      {"MNCL_SIZE", "",
+       "Number of ranks (else WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE, "
+       "SLURM_NTASKS)."},
+      {"MNCL_LOCAL_RANK", "",
+       "Rank among the ranks on this host (else LOCAL_RANK, "
+       "OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID)."},
+      {"MNCL_LOCAL_SIZE", "",
+       "Ranks on this host (else LOCAL_WORLD_SIZE, "
+       "OMPI_COMM_WORLD_LOCAL_SIZE, SLURM_NTASKS_PER_NODE)."},
       {"MNCL_TIMEOUT", "300",
        "Seconds any blocking step may take (rendezvous, each collective) before it fails."},
       {"MNCL_DEVICE", "", "Accelerator ordinal for this rank (default: the local rank)."},
@@ -100,7 +104,9 @@ const Variable *find(const std::string &name) {
   return nullptr;
 }
 
-const char *raw(const char *name) { return secure_getenv(name); }
+const char *raw(const char *name) {
+  return secure_getenv(name);
+}
 
 std::optional<std::string> get(const char *name) {
   const char *value = raw(name);
@@ -124,8 +130,7 @@ std::optional<int64_t> get_timeout_ms(const char *name) {
   char *end = nullptr;
   const double seconds = std::strtod(text->c_str(), &end);
   MNCL_CHECK(errno == 0 && end != text->c_str() && *end == '\0' && std::isfinite(seconds),
-             MNCL_ERR_INVALID_ARGUMENT, "%s='%s' is not a number of seconds", name,
-             text->c_str());
+             MNCL_ERR_INVALID_ARGUMENT, "%s='%s' is not a number of seconds", name, text->c_str());
   MNCL_CHECK(seconds > 0 && seconds <= 7 * 24 * 3600.0, MNCL_ERR_INVALID_ARGUMENT,
              "%s='%s' is out of range: give seconds > 0 and at most one week (604800)", name,
              text->c_str());

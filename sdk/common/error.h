@@ -33,7 +33,7 @@ std::string format(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 }  // namespace mncl
 
 // Throws mncl::Error(status, printf-formatted message) unless cond holds.
-#define MNCL_CHECK(cond, status, ...)                   \
-  do {                                                  \
+#define MNCL_CHECK(cond, status, ...)                                        \
+  do {                                                                       \
     if (!(cond)) throw ::mncl::Error((status), ::mncl::format(__VA_ARGS__)); \
   } while (0)

@@ -19,10 +19,14 @@ std::atomic<int> g_rank{-1};
 
 const char *level_name(int level) {
   switch (level) {
-    case kError: return "ERROR";
-    case kWarn: return "WARN";
-    case kInfo: return "INFO";
-    case kTrace: return "TRACE";
+    case kError:
+      return "ERROR";
+    case kWarn:
+      return "WARN";
+    case kInfo:
+      return "INFO";
+    case kTrace:
+      return "TRACE";
   }
   return "?";
 }
@@ -52,8 +56,10 @@ int level() {
   if (lvl < 0) {
     lvl = parse_level(env::raw("MNCL_DEBUG"));
     if (lvl < 0) {
-      std::fprintf(stderr, "[mncl WARN] MNCL_DEBUG='%s' is not none|error|warn|info|trace; "
-                           "using warn\n", env::raw("MNCL_DEBUG"));
+      std::fprintf(stderr,
+                   "[mncl WARN] MNCL_DEBUG='%s' is not none|error|warn|info|trace; "
+                   "using warn\n",
+                   env::raw("MNCL_DEBUG"));
       lvl = kWarn;
     }
     g_level.store(lvl, std::memory_order_relaxed);
@@ -61,7 +67,9 @@ int level() {
   return lvl;
 }
 
-void set_rank(int rank) { g_rank.store(rank, std::memory_order_relaxed); }
+void set_rank(int rank) {
+  g_rank.store(rank, std::memory_order_relaxed);
+}
 
 void vwrite_tagged(int lvl, const char *tag, const char *file, int line, const char *fmt,
                    va_list args) {
@@ -73,8 +81,7 @@ void vwrite_tagged(int lvl, const char *tag, const char *file, int line, const c
   }
   // One fprintf per line so concurrent ranks and threads do not interleave within a line.
   std::fprintf(stderr, "[mncl %d%s %s %s:%d] %s%s%s\n", static_cast<int>(getpid()), rank,
-               level_name(lvl), short_path(file), line, tag ? tag : "", tag ? ": " : "",
-               message);
+               level_name(lvl), short_path(file), line, tag ? tag : "", tag ? ": " : "", message);
 }
 
 void write(int lvl, const char *file, int line, const char *fmt, ...) {

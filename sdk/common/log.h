@@ -9,8 +9,13 @@
 
 namespace mncl::log {
 
-enum Level : int { kNone = MNCL_LOG_NONE, kError = MNCL_LOG_ERROR, kWarn = MNCL_LOG_WARN,
-                   kInfo = MNCL_LOG_INFO, kTrace = MNCL_LOG_TRACE };
+enum Level : int {
+  kNone = MNCL_LOG_NONE,
+  kError = MNCL_LOG_ERROR,
+  kWarn = MNCL_LOG_WARN,
+  kInfo = MNCL_LOG_INFO,
+  kTrace = MNCL_LOG_TRACE
+};
 
 // Current threshold (reads MNCL_DEBUG once, lazily).
 int level();
@@ -25,8 +30,8 @@ void vwrite_tagged(int level, const char *tag, const char *file, int line, const
 
 }  // namespace mncl::log
 
-#define MNCL_LOG(lvl, ...)                                                       \
-  do {                                                                           \
+#define MNCL_LOG(lvl, ...)                                                                         \
+  do {                                                                                             \
     if ((lvl) <= ::mncl::log::level()) ::mncl::log::write((lvl), __FILE__, __LINE__, __VA_ARGS__); \
   } while (0)
 #define MNCL_ERROR(...) MNCL_LOG(::mncl::log::kError, __VA_ARGS__)

@@ -31,7 +31,9 @@ std::string hostname() {
   return name;
 }
 
-std::string bytes_to_string(const bootstrap::Bytes &b) { return std::string(b.begin(), b.end()); }
+std::string bytes_to_string(const bootstrap::Bytes &b) {
+  return std::string(b.begin(), b.end());
+}
 
 // "1, 3 and 4" for messages.
 std::string list_ranks(const std::vector<int> &ranks) {
@@ -112,16 +114,16 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
             settings.backend_spec.c_str(), settings.timeout_ms / 1000.0);
 
   const auto opts = wait_options(settings.timeout_ms, &comm->aborted_);
-  comm->job_store_ = settings.store_url.empty()
-                         ? bootstrap::make_memory_store()
-                         : bootstrap::open_store(settings.store_url, settings.rank,
-                                                 settings.size, opts);
+  comm->job_store_ =
+      settings.store_url.empty()
+          ? bootstrap::make_memory_store()
+          : bootstrap::open_store(settings.store_url, settings.rank, settings.size, opts);
   if (settings.store_is_private_dir && settings.rank == 0) {
     // The folder MNCL made up goes away with the last communicator of the job on rank 0.
     auto inner = comm->job_store_;
     const std::string dir = settings.store_url.substr(std::strlen("file://"));
-    comm->job_store_ = std::shared_ptr<bootstrap::Store>(
-        inner.get(), [inner, dir](bootstrap::Store *) mutable {
+    comm->job_store_ =
+        std::shared_ptr<bootstrap::Store>(inner.get(), [inner, dir](bootstrap::Store *) mutable {
           inner.reset();
           std::error_code ignored;  // best effort: it only held this job's (deleted) keys
           std::filesystem::remove_all(dir, ignored);
@@ -136,8 +138,8 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
   std::vector<int> absent;
   try {
     joins = exchange(*comm->comm_store_, "join/", settings.rank, settings.size,
-                     host + "\n" + std::to_string(::getpid()), settings.timeout_ms,
-                     &comm->aborted_, "mncl_comm_create", &absent);
+                     host + "\n" + std::to_string(::getpid()), settings.timeout_ms, &comm->aborted_,
+                     "mncl_comm_create", &absent);
   } catch (const Error &e) {
     if (e.status() == MNCL_ERR_TIMEOUT) comm->leave_after_failed_join(absent);
     throw;
@@ -170,15 +172,13 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
   Selection selection;
   std::string local_error;
   try {
-    selection = select_backend(settings,
-                               probe_info(settings, comm->local_size_, comm->num_hosts_));
+    selection = select_backend(settings, probe_info(settings, comm->local_size_, comm->num_hosts_));
     MNCL_INFO("backend %s chosen: %s", selection.plugin->name().c_str(), selection.why.c_str());
   } catch (const Error &e) {
     local_error = e.what();
   }
-  const std::string record = local_error.empty()
-                                 ? "ok\n" + topology::serialize(selection.choice)
-                                 : "error\n" + local_error;
+  const std::string record = local_error.empty() ? "ok\n" + topology::serialize(selection.choice)
+                                                 : "error\n" + local_error;
   const auto records =
       exchange(*comm->comm_store_, "choice/", settings.rank, settings.size, record,
                settings.timeout_ms, &comm->aborted_, "mncl_comm_create (backend choice)");
@@ -199,8 +199,7 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
     std::string all;
     for (const auto &f : failures) all += "\n  " + f;
     throw Error(MNCL_ERR_PLUGIN,
-                format("mncl_comm_create: other ranks could not choose a backend:%s",
-                       all.c_str()));
+                format("mncl_comm_create: other ranks could not choose a backend:%s", all.c_str()));
   }
   const topology::Agreement agreement = topology::agree(choices);
   if (!agreement.error.empty()) {
@@ -277,8 +276,8 @@ mncl_bootstrap_v1_t Comm::bootstrap_for_plugin() const {
   return bs;
 }
 
-void Comm::create_plugin_comm(const mncl_bootstrap_v1_t &bs, void *parent_plugin_comm,
-                              int color, int key) {
+void Comm::create_plugin_comm(const mncl_bootstrap_v1_t &bs, void *parent_plugin_comm, int color,
+                              int key) {
   set_last_error("");
   const mncl_status_t status =
       parent_plugin_comm && table_->comm_split
@@ -352,19 +351,19 @@ void Comm::execute_now(const mncl_coll_v1_t &coll) {
   }
   if (!watchdog_) {
     // Calls on one communicator are serialized (caller or progress thread), so no race here.
-    watchdog_ = std::make_unique<Watchdog>(history_, timeout_ms_, [this](
-                                                                     const OpHistory::Record &r) {
-      {
-        std::lock_guard<std::mutex> lock(watchdog_mutex_);
-        watchdog_report_ = format(
-            "%s #%llu on %s (rank %d of %d): no result from the backend within the timeout of "
-            "%.1f s (+%.1f s grace); the watchdog aborted the backend's communicator",
-            coll_function_name(r.kind), static_cast<unsigned long long>(r.seq),
-            backend().c_str(), rank_, size_, timeout_ms_ / 1000.0,
-            Watchdog::grace_ms(timeout_ms_) / 1000.0);
-      }
-      abort_plugin();
-    });
+    watchdog_ =
+        std::make_unique<Watchdog>(history_, timeout_ms_, [this](const OpHistory::Record &r) {
+          {
+            std::lock_guard<std::mutex> lock(watchdog_mutex_);
+            watchdog_report_ = format(
+                "%s #%llu on %s (rank %d of %d): no result from the backend within the timeout of "
+                "%.1f s (+%.1f s grace); the watchdog aborted the backend's communicator",
+                coll_function_name(r.kind), static_cast<unsigned long long>(r.seq),
+                backend().c_str(), rank_, size_, timeout_ms_ / 1000.0,
+                Watchdog::grace_ms(timeout_ms_) / 1000.0);
+          }
+          abort_plugin();
+        });
   }
   auto call = [&](const mncl_coll_v1_t &c) {
     set_last_error("");
@@ -453,8 +452,8 @@ std::shared_ptr<Operation> Comm::start(const mncl_coll_v1_t &coll_in) {
     const mncl_status_t status = table_->post(plugin_comm_, &op->coll, &op->native_handle);
     if (status != MNCL_OK) {
       throw Error(status, format("%s #%llu on %s: %s", coll_function_name(op->coll.kind),
-                                 static_cast<unsigned long long>(op->coll.seq),
-                                 backend().c_str(), last_error()));
+                                 static_cast<unsigned long long>(op->coll.seq), backend().c_str(),
+                                 last_error()));
     }
     return op;
   }
@@ -500,7 +499,9 @@ void Comm::progress_loop() {
   }
 }
 
-bool Comm::test(Operation &op) { return wait(op, 0); }
+bool Comm::test(Operation &op) {
+  return wait(op, 0);
+}
 
 bool Comm::wait(Operation &op, int64_t timeout_ms) {
   if (op.native_handle != nullptr) {
@@ -515,9 +516,9 @@ bool Comm::wait(Operation &op, int64_t timeout_ms) {
         op.finished = true;
         op.status = status;
         if (status != MNCL_OK) {
-          op.error = format("%s #%llu on %s: %s", coll_function_name(op.coll.kind),
-                            static_cast<unsigned long long>(op.coll.seq), backend().c_str(),
-                            last_error());
+          op.error =
+              format("%s #%llu on %s: %s", coll_function_name(op.coll.kind),
+                     static_cast<unsigned long long>(op.coll.seq), backend().c_str(), last_error());
         }
         return true;
       }
@@ -571,9 +572,8 @@ std::string Comm::diagnosis(const mncl_coll_v1_t &coll, mncl_status_t status) {
     std::string text;
   };
   auto result = std::make_shared<Result>();
-  std::thread([result, store = comm_store_, coll, rank = rank_, size = size_,
-               timeout = timeout_ms_, dump = history_.dump(4),
-               hosts = job_ && job_->hosts_tcp_store] {
+  std::thread([result, store = comm_store_, coll, rank = rank_, size = size_, timeout = timeout_ms_,
+               dump = history_.dump(4), hosts = job_ && job_->hosts_tcp_store] {
     std::string text = diagnose_failure(*store, coll, rank, size, timeout, dump, hosts);
     std::lock_guard<std::mutex> lock(result->mutex);
     result->text = std::move(text);
@@ -594,8 +594,7 @@ std::string Comm::diagnosis(const mncl_coll_v1_t &coll, mncl_status_t status) {
 std::unique_ptr<Comm> Comm::split(int color, int key) {
   check_usable("mncl_comm_split");
   MNCL_CHECK(color >= 0 || color == MNCL_SPLIT_NONE, MNCL_ERR_INVALID_ARGUMENT,
-             "mncl_comm_split: color %d is negative (use MNCL_SPLIT_NONE to join no group)",
-             color);
+             "mncl_comm_split: color %d is negative (use MNCL_SPLIT_NONE to join no group)", color);
   // Splits are ordered with the collectives issued before them.
   for (auto pause = std::chrono::microseconds(50); outstanding_.load() != 0;) {
     std::this_thread::sleep_for(pause);
@@ -648,8 +647,8 @@ std::unique_ptr<Comm> Comm::split(int color, int key) {
   child->local_size_ = same_host;
   child->device_ = device_;
   child->timeout_ms_ = timeout_ms_;
-  child->id_ = format("%s.s%llu.%d", id_.c_str(), static_cast<unsigned long long>(split_index),
-                      color);
+  child->id_ =
+      format("%s.s%llu.%d", id_.c_str(), static_cast<unsigned long long>(split_index), color);
   child->job_store_ = job_store_;
   child->job_ = job_;
   ++job_->live;
@@ -714,9 +713,10 @@ void Comm::destroy() {
         }
         auto missing = comm_store_->wait(leave, wait_options(timeout_ms_, nullptr));
         if (!missing.empty()) {
-          MNCL_WARN("mncl_comm_destroy(%s): %zu rank(s) did not destroy the communicator within "
-                    "%.1f s; the store shuts down without them",
-                    id_.c_str(), missing.size(), timeout_ms_ / 1000.0);
+          MNCL_WARN(
+              "mncl_comm_destroy(%s): %zu rank(s) did not destroy the communicator within "
+              "%.1f s; the store shuts down without them",
+              id_.c_str(), missing.size(), timeout_ms_ / 1000.0);
         }
         for (const auto &k : cleanup) comm_store_->erase(k);
         for (const auto &k : leave) comm_store_->erase(k);

@@ -93,11 +93,11 @@ class Comm {
   std::string id_;  // unique in the job: "w", "w.s0c1", ...
   std::vector<Member> members_;
 
-  std::shared_ptr<bootstrap::Store> job_store_;   // the job-wide store connection
+  std::shared_ptr<bootstrap::Store> job_store_;  // the job-wide store connection
   // What the communicators of one job in this process share besides the store.
   struct Job {
-    std::atomic<int> live{1};   // communicators alive on job_store_
-    bool hosts_tcp_store = false;   // world rank 0 of a tcp:// store: this process serves it
+    std::atomic<int> live{1};      // communicators alive on job_store_
+    bool hosts_tcp_store = false;  // world rank 0 of a tcp:// store: this process serves it
     bool tcp_store = false;
   };
   std::shared_ptr<Job> job_;
@@ -116,13 +116,13 @@ class Comm {
   OpHistory history_;                        // last operations, for the watchdog and messages
   std::unique_ptr<Watchdog> watchdog_;       // started by the first operation
   std::mutex watchdog_mutex_;
-  std::string watchdog_report_;              // set when the watchdog fired (under the mutex)
+  std::string watchdog_report_;  // set when the watchdog fired (under the mutex)
   // Set once every rank has joined: from then on rank 0 keeps the store up at destroy until all
   // ranks have left (even when creation fails later); before it, nobody waits for anybody.
   bool joined_ = false;
-  uint64_t next_seq_ = 0;     // sequence number of the next collective
+  uint64_t next_seq_ = 0;                                // sequence number of the next collective
   std::vector<uint64_t> next_send_seq_, next_recv_seq_;  // per peer, for send/recv
-  uint64_t next_split_ = 0;   // splits made from this communicator
+  uint64_t next_split_ = 0;                              // splits made from this communicator
 
   // Progress thread for non-blocking operations (started on first use).
   std::mutex queue_mutex_;

@@ -72,8 +72,8 @@ LaunchSettings resolve_launch_settings(const mncl_config_t &config) {
   s.bind = env::get("MNCL_BIND").value_or("auto");
   topology::parse_bind_mode(s.bind);  // throws, naming MNCL_BIND and the bad value
 
-  s.launched_by_mpi = env::raw("OMPI_COMM_WORLD_SIZE") || env::raw("PMI_SIZE") ||
-                      env::raw("PMIX_RANK");
+  s.launched_by_mpi =
+      env::raw("OMPI_COMM_WORLD_SIZE") || env::raw("PMI_SIZE") || env::raw("PMIX_RANK");
 
   // Size first, so the rank can be range-checked against it.
   if (config.size != MNCL_FROM_ENV) {
@@ -99,12 +99,11 @@ LaunchSettings resolve_launch_settings(const mncl_config_t &config) {
              s.rank, s.size);
 
   s.local_rank = static_cast<int>(
-      first_int({"MNCL_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"},
-                0, kMaxRanks)
+      first_int({"MNCL_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"}, 0,
+                kMaxRanks)
           .value_or(-1));
   s.local_size = static_cast<int>(
-      first_int({"MNCL_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"}, 1,
-                kMaxRanks)
+      first_int({"MNCL_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"}, 1, kMaxRanks)
           .value_or(-1));
 
   if (config.bootstrap != nullptr) {
@@ -114,8 +113,8 @@ LaunchSettings resolve_launch_settings(const mncl_config_t &config) {
   } else {
     auto addr = env::get("MASTER_ADDR");
     auto port = env::get_int("MASTER_PORT", 1, 65535);
-    if (addr && port) s.store_url = format("tcp://%s:%lld", addr->c_str(),
-                                           static_cast<long long>(*port));
+    if (addr && port)
+      s.store_url = format("tcp://%s:%lld", addr->c_str(), static_cast<long long>(*port));
   }
   // Under mpirun on a single host, no address is needed: a file store in /tmp named after the
   // Open MPI job id is private to this job and visible to all of its ranks.

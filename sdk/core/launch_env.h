@@ -21,7 +21,7 @@ struct LaunchSettings {
   int size = 1;
   int local_rank = -1;  // -1: derive from hostnames
   int local_size = -1;
-  std::string store_url;  // empty: in-process store (only for size 1)
+  std::string store_url;              // empty: in-process store (only for size 1)
   bool store_is_private_dir = false;  // a file store folder MNCL made up (removed at the end)
   int64_t timeout_ms = 300000;
   int device = -1;

@@ -126,8 +126,8 @@ Selection select_backend(const LaunchSettings &settings, const mncl_probe_v1_t &
       if (p.score > 0) {
         selection.plugin = plugin;
         selection.why = format("requested '%s' (probe score %d)", candidate.c_str(), p.score);
-        selection.choice = {plugin->name(), true, settings.backend_origin + "=" + spec,
-                            {plugin->name()}};
+        selection.choice = {
+            plugin->name(), true, settings.backend_origin + "=" + spec, {plugin->name()}};
         return selection;
       }
       failures += format("\n  %s: unusable here: %s", candidate.c_str(), p.reason.c_str());

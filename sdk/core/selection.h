@@ -20,15 +20,15 @@ namespace mncl::core {
 
 struct ProbeResult {
   std::string name;
-  uint64_t caps = 0;     // the plugin's MNCL_CAP_* (for the memory-type rules)
-  int32_t score = 0;     // 0: unusable
-  std::string reason;    // the plugin's reason, or why it could not be probed
+  uint64_t caps = 0;   // the plugin's MNCL_CAP_* (for the memory-type rules)
+  int32_t score = 0;   // 0: unusable
+  std::string reason;  // the plugin's reason, or why it could not be probed
 };
 
 struct Selection {
   std::shared_ptr<loader::Plugin> plugin;
-  std::string why;                   // "MNCL_BACKEND=naive" / "auto: host memory, ... -> gloo"
-  std::vector<ProbeResult> probed;   // every candidate considered, in order
+  std::string why;                  // "MNCL_BACKEND=naive" / "auto: host memory, ... -> gloo"
+  std::vector<ProbeResult> probed;  // every candidate considered, in order
   topology::MemoryType memory = topology::MemoryType::kHost;  // the buffers' memory (rules)
   // What this rank publishes for the agreement: its choice, whether the user forced it, and
   // (auto) every usable backend best first.
@@ -37,8 +37,7 @@ struct Selection {
 
 // Facts about this job and machine handed to each plugin's probe. local_size and num_hosts
 // are known after the rendezvous; before it (mncl-info) they come from the launcher or are -1.
-mncl_probe_v1_t probe_info(const LaunchSettings &settings, int local_size = -1,
-                           int num_hosts = -1);
+mncl_probe_v1_t probe_info(const LaunchSettings &settings, int local_size = -1, int num_hosts = -1);
 // Probes one loaded plugin (a throwing or misbehaving probe counts as unusable).
 ProbeResult probe(const loader::Plugin &plugin, const mncl_probe_v1_t &info);
 // Throws mncl::Error(MNCL_ERR_PLUGIN) explaining each candidate when none is usable, and

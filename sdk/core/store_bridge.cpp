@@ -11,7 +11,9 @@ namespace mncl::core {
 
 namespace {
 
-StoreBridge &bridge(void *ctx) { return *static_cast<StoreBridge *>(ctx); }
+StoreBridge &bridge(void *ctx) {
+  return *static_cast<StoreBridge *>(ctx);
+}
 
 // Runs fn, turning a C++ exception into a status and the thread's last error: the table is
 // called from plugins, so nothing may propagate.
@@ -50,8 +52,7 @@ mncl_status_t store_set(void *ctx, const char *key, const void *value, size_t le
   return guarded([&] { bridge(ctx).store().set(key, value, len); });
 }
 
-mncl_status_t store_get(void *ctx, const char *key, void **value, size_t *len,
-                        int64_t timeout_ms) {
+mncl_status_t store_get(void *ctx, const char *key, void **value, size_t *len, int64_t timeout_ms) {
   if (auto s = check_key(key); s != MNCL_OK) return s;
   return guarded([&] {
     auto &b = bridge(ctx);
@@ -59,15 +60,17 @@ mncl_status_t store_get(void *ctx, const char *key, void **value, size_t *len,
     bootstrap::Bytes bytes = b.store().get(key, wait_options(b, timeout_ms));
     // malloc(0) may return NULL: always allocate at least one byte.
     void *copy = std::malloc(bytes.empty() ? 1 : bytes.size());
-    MNCL_CHECK(copy != nullptr, MNCL_ERR_SYSTEM, "out of memory for store value '%s' (%zu B)",
-               key, bytes.size());
+    MNCL_CHECK(copy != nullptr, MNCL_ERR_SYSTEM, "out of memory for store value '%s' (%zu B)", key,
+               bytes.size());
     if (!bytes.empty()) std::memcpy(copy, bytes.data(), bytes.size());
     *value = copy;
     *len = bytes.size();
   });
 }
 
-void store_release(void *, void *value) { std::free(value); }
+void store_release(void *, void *value) {
+  std::free(value);
+}
 
 mncl_status_t store_add(void *ctx, const char *key, int64_t delta, int64_t *result) {
   if (auto s = check_key(key); s != MNCL_OK) return s;
@@ -85,8 +88,7 @@ mncl_status_t store_wait(void *ctx, const char *const *keys, size_t nkeys, int64
     MNCL_CHECK(!b.aborted()->load(), MNCL_ERR_ABORTED, "communicator aborted");
     std::vector<std::string> names;
     for (size_t i = 0; i < nkeys; ++i) {
-      MNCL_CHECK(keys[i] && *keys[i], MNCL_ERR_INVALID_ARGUMENT, "store wait: key %zu is empty",
-                 i);
+      MNCL_CHECK(keys[i] && *keys[i], MNCL_ERR_INVALID_ARGUMENT, "store wait: key %zu is empty", i);
       names.emplace_back(keys[i]);
     }
     auto missing = b.store().wait(names, wait_options(b, timeout_ms));
@@ -106,11 +108,10 @@ mncl_status_t store_del(void *ctx, const char *key) {
 
 }  // namespace
 
-StoreBridge::StoreBridge(std::shared_ptr<bootstrap::Store> store,
-                         const std::atomic<bool> *aborted)
+StoreBridge::StoreBridge(std::shared_ptr<bootstrap::Store> store, const std::atomic<bool> *aborted)
     : store_(std::move(store)), aborted_(aborted) {
-  table_ = mncl_store_v1_t{sizeof(mncl_store_v1_t), this,      store_set, store_get,
-                           store_release,            store_add, store_wait, store_del};
+  table_ = mncl_store_v1_t{sizeof(mncl_store_v1_t), this,      store_set,  store_get,
+                           store_release,           store_add, store_wait, store_del};
 }
 
 }  // namespace mncl::core

@@ -26,9 +26,9 @@ const KindInfo kKinds[MNCL_NUM_COLL_KINDS_V1] = {
 };
 
 const char *kFunctionNames[MNCL_NUM_COLL_KINDS_V1] = {
-    "mncl_allreduce", "mncl_reduce",   "mncl_bcast",         "mncl_scatter",
+    "mncl_allreduce", "mncl_reduce",    "mncl_bcast",          "mncl_scatter",
     "mncl_gather",    "mncl_allgather", "mncl_reduce_scatter", "mncl_alltoall",
-    "mncl_barrier",   "mncl_send",     "mncl_recv",          "mncl_allreduce_coalesced"};
+    "mncl_barrier",   "mncl_send",      "mncl_recv",           "mncl_allreduce_coalesced"};
 
 // Byte range [begin, end) of a buffer, for overlap checks.
 struct Range {
@@ -39,7 +39,9 @@ Range range_of(const void *p, size_t bytes) {
   const auto b = reinterpret_cast<uintptr_t>(p);
   return {b, b + bytes};
 }
-bool overlap(Range a, Range b) { return !a.empty() && !b.empty() && a.begin < b.end && b.begin < a.end; }
+bool overlap(Range a, Range b) {
+  return !a.empty() && !b.empty() && a.begin < b.end && b.begin < a.end;
+}
 
 // count * factor * elem bytes, refusing overflow (and sizes no address space can hold).
 size_t checked_bytes(const char *fn, size_t count, size_t factor, size_t elem) {

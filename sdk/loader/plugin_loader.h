@@ -36,11 +36,11 @@ class Plugin {
 // What mncl-info shows for each file found.
 struct PluginReport {
   std::string path;
-  std::string name;           // from the file name, libmncl-<name>.so
-  bool loaded = false;        // passed every check and init()
-  std::string reason;         // why it was refused (empty when loaded)
-  std::string version;        // plugin's version string, when the table was readable
-  uint32_t abi_version = 0;   // 0 when unknown
+  std::string name;          // from the file name, libmncl-<name>.so
+  bool loaded = false;       // passed every check and init()
+  std::string reason;        // why it was refused (empty when loaded)
+  std::string version;       // plugin's version string, when the table was readable
+  uint32_t abi_version = 0;  // 0 when unknown
   uint64_t caps = 0;
   uint32_t coll_mask = 0, dtype_mask = 0, op_mask = 0;
   std::shared_ptr<Plugin> plugin;  // set when loaded (keeps it loaded)

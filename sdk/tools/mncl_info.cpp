@@ -52,12 +52,13 @@ void print_plugins(const mncl_probe_v1_t &info) {
       continue;
     }
     const auto probe = mncl::core::probe(*r.plugin, info);
-    std::printf("  %-10s loaded   %s\n             version %s, plugin ABI v%u, memory %s, "
-                "collectives 0x%03x, dtypes 0x%03x, ops 0x%02x\n",
-                r.name.c_str(), r.path.c_str(), r.version.c_str(), r.abi_version,
-                caps_text(r.caps).c_str(), r.coll_mask, r.dtype_mask, r.op_mask);
-    std::printf("             probe score %d%s%s\n", probe.score,
-                probe.reason.empty() ? "" : ": ", probe.reason.c_str());
+    std::printf(
+        "  %-10s loaded   %s\n             version %s, plugin ABI v%u, memory %s, "
+        "collectives 0x%03x, dtypes 0x%03x, ops 0x%02x\n",
+        r.name.c_str(), r.path.c_str(), r.version.c_str(), r.abi_version, caps_text(r.caps).c_str(),
+        r.coll_mask, r.dtype_mask, r.op_mask);
+    std::printf("             probe score %d%s%s\n", probe.score, probe.reason.empty() ? "" : ": ",
+                probe.reason.c_str());
   }
 }
 
@@ -127,11 +128,11 @@ void print_env() {
   for (const auto &v : mncl::env::table()) {
     const char *value = mncl::env::raw(v.name);
     std::printf("  %-28s = %s\n", v.name,
-                value ? value
-                      : (std::string("(unset") +
-                         (*v.default_value ? std::string(", default ") + v.default_value : "") +
-                         ")")
-                            .c_str());
+                value
+                    ? value
+                    : (std::string("(unset") +
+                       (*v.default_value ? std::string(", default ") + v.default_value : "") + ")")
+                          .c_str());
     std::printf("      %s\n", v.doc);
   }
 }

@@ -40,13 +40,15 @@ void check(const char *name, mncl_status_t expect, const std::function<mncl_stat
 }
 
 // mncl_comm_create with one environment variable set to a bad value.
-void check_env(const char *var, const char *value, mncl_status_t expect = MNCL_ERR_INVALID_ARGUMENT) {
+void check_env(const char *var, const char *value,
+               mncl_status_t expect = MNCL_ERR_INVALID_ARGUMENT) {
   const char *old = std::getenv(var);
   const std::string saved = old ? old : "";
   setenv(var, value, 1);
   const std::string name = std::string("mncl_comm_create with ") + var + "='" + value + "'";
   mncl_comm_t c = nullptr;
-  check(name.c_str(), expect, [&] { return mncl_comm_create(nullptr, &c); }, var);
+  check(
+      name.c_str(), expect, [&] { return mncl_comm_create(nullptr, &c); }, var);
   if (c) mncl_comm_destroy(c);
   if (old) {
     setenv(var, saved.c_str(), 1);
@@ -59,7 +61,8 @@ void check_env(const char *var, const char *value, mncl_status_t expect = MNCL_E
 
 int main() {
   // A single-rank job with the in-process store, whatever the launcher set.
-  for (const char *v : {"MNCL_RANK", "MNCL_STORE", "MNCL_LOCAL_RANK", "MNCL_LOCAL_SIZE"}) unsetenv(v);
+  for (const char *v : {"MNCL_RANK", "MNCL_STORE", "MNCL_LOCAL_RANK", "MNCL_LOCAL_SIZE"})
+    unsetenv(v);
   setenv("MNCL_SIZE", "1", 1);
   setenv("MNCL_BACKEND", "naive", 1);
   mncl_comm_t comm = nullptr;
@@ -80,77 +83,188 @@ int main() {
   mncl_request_t req = nullptr;
 
   // --- handles ---------------------------------------------------------------------------------
-  check("allreduce NULL comm", I, [&] { return mncl_allreduce(nullptr, a, b, 4, MNCL_FLOAT32, MNCL_SUM, nullptr); }, "comm");
-  check("allreduce garbage comm", I, [&] { return mncl_allreduce(garbage, a, b, 4, MNCL_FLOAT32, MNCL_SUM, nullptr); }, "not a live");
+  check(
+      "allreduce NULL comm", I,
+      [&] { return mncl_allreduce(nullptr, a, b, 4, MNCL_FLOAT32, MNCL_SUM, nullptr); }, "comm");
+  check(
+      "allreduce garbage comm", I,
+      [&] { return mncl_allreduce(garbage, a, b, 4, MNCL_FLOAT32, MNCL_SUM, nullptr); },
+      "not a live");
   check("barrier NULL comm", I, [&] { return mncl_barrier(nullptr, nullptr); });
-  check("bcast garbage comm", I, [&] { return mncl_bcast(garbage, a, 4, MNCL_FLOAT32, 0, nullptr); });
+  check("bcast garbage comm", I,
+        [&] { return mncl_bcast(garbage, a, 4, MNCL_FLOAT32, 0, nullptr); });
   check("comm_destroy NULL", I, [&] { return mncl_comm_destroy(nullptr); });
   check("comm_destroy garbage", I, [&] { return mncl_comm_destroy(garbage); });
   check("comm_abort NULL", I, [&] { return mncl_comm_abort(nullptr); });
   check("comm_abort garbage", I, [&] { return mncl_comm_abort(garbage); });
-  check("comm_rank NULL out", I, [&] { return mncl_comm_rank(comm, nullptr); }, "rank");
-  check("comm_size NULL out", I, [&] { return mncl_comm_size(comm, nullptr); }, "size");
+  check(
+      "comm_rank NULL out", I, [&] { return mncl_comm_rank(comm, nullptr); }, "rank");
+  check(
+      "comm_size NULL out", I, [&] { return mncl_comm_size(comm, nullptr); }, "size");
   check("comm_backend NULL out", I, [&] { return mncl_comm_backend(comm, nullptr); });
-  check("comm_rank garbage comm", I, [&] { int r; return mncl_comm_rank(garbage, &r); });
+  check("comm_rank garbage comm", I, [&] {
+    int r;
+    return mncl_comm_rank(garbage, &r);
+  });
   check("comm_split NULL out", I, [&] { return mncl_comm_split(comm, 0, 0, nullptr); });
-  check("comm_split negative color", I, [&] { mncl_comm_t n; return mncl_comm_split(comm, -7, 0, &n); }, "color");
+  check(
+      "comm_split negative color", I,
+      [&] {
+        mncl_comm_t n;
+        return mncl_comm_split(comm, -7, 0, &n);
+      },
+      "color");
   check("comm_create NULL out", I, [&] { return mncl_comm_create(nullptr, nullptr); });
-  check("wait NULL request", I, [&] { return mncl_wait(nullptr, -1); }, "request");
-  check("wait garbage request", I, [&] { return mncl_wait(bad_request, -1); }, "not pending");
-  check("test NULL request", I, [&] { int d; return mncl_test(nullptr, &d); });
-  check("test NULL done", I, [&] { return mncl_test(bad_request, nullptr); }, "done");
-  check("iallreduce NULL request out", I, [&] { return mncl_iallreduce(comm, a, b, 4, MNCL_FLOAT32, MNCL_SUM, nullptr, nullptr); }, "request");
+  check(
+      "wait NULL request", I, [&] { return mncl_wait(nullptr, -1); }, "request");
+  check(
+      "wait garbage request", I, [&] { return mncl_wait(bad_request, -1); }, "not pending");
+  check("test NULL request", I, [&] {
+    int d;
+    return mncl_test(nullptr, &d);
+  });
+  check(
+      "test NULL done", I, [&] { return mncl_test(bad_request, nullptr); }, "done");
+  check(
+      "iallreduce NULL request out", I,
+      [&] { return mncl_iallreduce(comm, a, b, 4, MNCL_FLOAT32, MNCL_SUM, nullptr, nullptr); },
+      "request");
 
   // --- buffers, enums, roots, peers, counts -----------------------------------------------------
-  check("allreduce NULL sendbuf", I, [&] { return mncl_allreduce(comm, nullptr, b, 4, MNCL_FLOAT32, MNCL_SUM, nullptr); }, "sendbuf");
-  check("allreduce NULL recvbuf", I, [&] { return mncl_allreduce(comm, a, nullptr, 4, MNCL_FLOAT32, MNCL_SUM, nullptr); }, "recvbuf");
-  check("bcast NULL buf", I, [&] { return mncl_bcast(comm, nullptr, 4, MNCL_FLOAT32, 0, nullptr); });
-  check("reduce NULL recvbuf at root", I, [&] { return mncl_reduce(comm, a, nullptr, 4, MNCL_FLOAT32, MNCL_SUM, 0, nullptr); });
-  check("gather NULL sendbuf", I, [&] { return mncl_gather(comm, nullptr, b, 4, MNCL_FLOAT32, 0, nullptr); });
-  check("scatter NULL recvbuf", I, [&] { return mncl_scatter(comm, a, nullptr, 4, MNCL_FLOAT32, 0, nullptr); });
-  check("allgather NULL recvbuf", I, [&] { return mncl_allgather(comm, a, nullptr, 4, MNCL_FLOAT32, nullptr); });
-  check("alltoall NULL sendbuf", I, [&] { return mncl_alltoall(comm, nullptr, b, 4, MNCL_FLOAT32, nullptr); });
-  check("reduce_scatter NULL recvbuf", I, [&] { return mncl_reduce_scatter(comm, a, nullptr, 4, MNCL_FLOAT32, MNCL_SUM, nullptr); });
-  check("allreduce overlapping buffers", I, [&] { return mncl_allreduce(comm, a, a + 1, 4, MNCL_FLOAT32, MNCL_SUM, nullptr); }, "overlap");
-  check("allreduce dtype 99", I, [&] { return mncl_allreduce(comm, a, b, 4, bad_dtype, MNCL_SUM, nullptr); }, "dtype");
-  check("allreduce dtype -1", I, [&] { return mncl_allreduce(comm, a, b, 4, neg_dtype, MNCL_SUM, nullptr); }, "dtype");
-  check("bcast dtype 99", I, [&] { return mncl_bcast(comm, a, 4, bad_dtype, 0, nullptr); }, "dtype");
-  check("allreduce op 42", I, [&] { return mncl_allreduce(comm, a, b, 4, MNCL_FLOAT32, bad_op, nullptr); }, "op");
-  check("reduce op -3", I, [&] { return mncl_reduce(comm, a, b, 4, MNCL_FLOAT32, static_cast<mncl_op_t>(-3), 0, nullptr); }, "op");
-  check("reduce_scatter op 42", I, [&] { return mncl_reduce_scatter(comm, a, b, 4, MNCL_FLOAT32, bad_op, nullptr); }, "op");
-  check("bcast root 1 of 1", I, [&] { return mncl_bcast(comm, a, 4, MNCL_FLOAT32, 1, nullptr); }, "root");
-  check("bcast root -1", I, [&] { return mncl_bcast(comm, a, 4, MNCL_FLOAT32, -1, nullptr); }, "root");
-  check("reduce root 5", I, [&] { return mncl_reduce(comm, a, b, 4, MNCL_FLOAT32, MNCL_SUM, 5, nullptr); }, "root");
-  check("gather root INT32_MAX", I, [&] { return mncl_gather(comm, a, b, 4, MNCL_FLOAT32, INT32_MAX, nullptr); }, "root");
-  check("scatter root INT32_MIN", I, [&] { return mncl_scatter(comm, a, b, 4, MNCL_FLOAT32, INT32_MIN, nullptr); }, "root");
-  check("send peer 3 of 1", I, [&] { return mncl_send(comm, a, 4, MNCL_FLOAT32, 3, nullptr); }, "peer");
-  check("send peer -1", I, [&] { return mncl_send(comm, a, 4, MNCL_FLOAT32, -1, nullptr); }, "peer");
-  check("recv from self", I, [&] { return mncl_recv(comm, b, 4, MNCL_FLOAT32, 0, nullptr); }, "peer");
-  check("allreduce count SIZE_MAX", I, [&] { return mncl_allreduce(comm, a, b, huge, MNCL_FLOAT32, MNCL_SUM, nullptr); }, "overflow");
-  check("allreduce count SIZE_MAX/2+1 x 8 B", I, [&] { return mncl_allreduce(comm, a, b, half, MNCL_FLOAT64, MNCL_SUM, nullptr); }, "overflow");
-  check("allgather count SIZE_MAX/2 x 4 B", I, [&] { return mncl_allgather(comm, a, b, huge / 2, MNCL_INT32, nullptr); }, "overflow");
-  check("bcast count SIZE_MAX", I, [&] { return mncl_bcast(comm, a, huge, MNCL_UINT8, 0, nullptr); }, "overflow");
-  check("alltoall count SIZE_MAX/2", I, [&] { return mncl_alltoall(comm, a, b, huge / 2, MNCL_INT64, nullptr); }, "overflow");
+  check(
+      "allreduce NULL sendbuf", I,
+      [&] { return mncl_allreduce(comm, nullptr, b, 4, MNCL_FLOAT32, MNCL_SUM, nullptr); },
+      "sendbuf");
+  check(
+      "allreduce NULL recvbuf", I,
+      [&] { return mncl_allreduce(comm, a, nullptr, 4, MNCL_FLOAT32, MNCL_SUM, nullptr); },
+      "recvbuf");
+  check("bcast NULL buf", I,
+        [&] { return mncl_bcast(comm, nullptr, 4, MNCL_FLOAT32, 0, nullptr); });
+  check("reduce NULL recvbuf at root", I,
+        [&] { return mncl_reduce(comm, a, nullptr, 4, MNCL_FLOAT32, MNCL_SUM, 0, nullptr); });
+  check("gather NULL sendbuf", I,
+        [&] { return mncl_gather(comm, nullptr, b, 4, MNCL_FLOAT32, 0, nullptr); });
+  check("scatter NULL recvbuf", I,
+        [&] { return mncl_scatter(comm, a, nullptr, 4, MNCL_FLOAT32, 0, nullptr); });
+  check("allgather NULL recvbuf", I,
+        [&] { return mncl_allgather(comm, a, nullptr, 4, MNCL_FLOAT32, nullptr); });
+  check("alltoall NULL sendbuf", I,
+        [&] { return mncl_alltoall(comm, nullptr, b, 4, MNCL_FLOAT32, nullptr); });
+  check("reduce_scatter NULL recvbuf", I,
+        [&] { return mncl_reduce_scatter(comm, a, nullptr, 4, MNCL_FLOAT32, MNCL_SUM, nullptr); });
+  check(
+      "allreduce overlapping buffers", I,
+      [&] { return mncl_allreduce(comm, a, a + 1, 4, MNCL_FLOAT32, MNCL_SUM, nullptr); },
+      "overlap");
+  check(
+      "allreduce dtype 99", I,
+      [&] { return mncl_allreduce(comm, a, b, 4, bad_dtype, MNCL_SUM, nullptr); }, "dtype");
+  check(
+      "allreduce dtype -1", I,
+      [&] { return mncl_allreduce(comm, a, b, 4, neg_dtype, MNCL_SUM, nullptr); }, "dtype");
+  check(
+      "bcast dtype 99", I, [&] { return mncl_bcast(comm, a, 4, bad_dtype, 0, nullptr); }, "dtype");
+  check(
+      "allreduce op 42", I,
+      [&] { return mncl_allreduce(comm, a, b, 4, MNCL_FLOAT32, bad_op, nullptr); }, "op");
+  check(
+      "reduce op -3", I,
+      [&] {
+        return mncl_reduce(comm, a, b, 4, MNCL_FLOAT32, static_cast<mncl_op_t>(-3), 0, nullptr);
+      },
+      "op");
+  check(
+      "reduce_scatter op 42", I,
+      [&] { return mncl_reduce_scatter(comm, a, b, 4, MNCL_FLOAT32, bad_op, nullptr); }, "op");
+  check(
+      "bcast root 1 of 1", I, [&] { return mncl_bcast(comm, a, 4, MNCL_FLOAT32, 1, nullptr); },
+      "root");
+  check(
+      "bcast root -1", I, [&] { return mncl_bcast(comm, a, 4, MNCL_FLOAT32, -1, nullptr); },
+      "root");
+  check(
+      "reduce root 5", I,
+      [&] { return mncl_reduce(comm, a, b, 4, MNCL_FLOAT32, MNCL_SUM, 5, nullptr); }, "root");
+  check(
+      "gather root INT32_MAX", I,
+      [&] { return mncl_gather(comm, a, b, 4, MNCL_FLOAT32, INT32_MAX, nullptr); }, "root");
+  check(
+      "scatter root INT32_MIN", I,
+      [&] { return mncl_scatter(comm, a, b, 4, MNCL_FLOAT32, INT32_MIN, nullptr); }, "root");
+  check(
+      "send peer 3 of 1", I, [&] { return mncl_send(comm, a, 4, MNCL_FLOAT32, 3, nullptr); },
+      "peer");
+  check(
+      "send peer -1", I, [&] { return mncl_send(comm, a, 4, MNCL_FLOAT32, -1, nullptr); }, "peer");
+  check(
+      "recv from self", I, [&] { return mncl_recv(comm, b, 4, MNCL_FLOAT32, 0, nullptr); }, "peer");
+  check(
+      "allreduce count SIZE_MAX", I,
+      [&] { return mncl_allreduce(comm, a, b, huge, MNCL_FLOAT32, MNCL_SUM, nullptr); },
+      "overflow");
+  check(
+      "allreduce count SIZE_MAX/2+1 x 8 B", I,
+      [&] { return mncl_allreduce(comm, a, b, half, MNCL_FLOAT64, MNCL_SUM, nullptr); },
+      "overflow");
+  check(
+      "allgather count SIZE_MAX/2 x 4 B", I,
+      [&] { return mncl_allgather(comm, a, b, huge / 2, MNCL_INT32, nullptr); }, "overflow");
+  check(
+      "bcast count SIZE_MAX", I, [&] { return mncl_bcast(comm, a, huge, MNCL_UINT8, 0, nullptr); },
+      "overflow");
+  check(
+      "alltoall count SIZE_MAX/2", I,
+      [&] { return mncl_alltoall(comm, a, b, huge / 2, MNCL_INT64, nullptr); }, "overflow");
   {
     const void *sends[2] = {a, nullptr};
     void *recvs[2] = {b, nullptr};
     const size_t counts[2] = {4, 4};
     const size_t huge_counts[2] = {4, huge};
-    check("coalesced NULL arrays", I, [&] { return mncl_allreduce_coalesced(comm, nullptr, recvs, counts, 2, MNCL_FLOAT32, MNCL_SUM, nullptr); });
-    check("coalesced NULL buffer with count", I, [&] { return mncl_allreduce_coalesced(comm, sends, recvs, counts, 2, MNCL_FLOAT32, MNCL_SUM, nullptr); }, "NULL");
-    check("coalesced overflowing count", I, [&] { return mncl_allreduce_coalesced(comm, sends, recvs, huge_counts, 2, MNCL_FLOAT32, MNCL_SUM, nullptr); }, "overflow");
-    check("coalesced dtype 99", I, [&] { return mncl_allreduce_coalesced(comm, sends, recvs, counts, 1, bad_dtype, MNCL_SUM, nullptr); }, "dtype");
+    check("coalesced NULL arrays", I, [&] {
+      return mncl_allreduce_coalesced(comm, nullptr, recvs, counts, 2, MNCL_FLOAT32, MNCL_SUM,
+                                      nullptr);
+    });
+    check(
+        "coalesced NULL buffer with count", I,
+        [&] {
+          return mncl_allreduce_coalesced(comm, sends, recvs, counts, 2, MNCL_FLOAT32, MNCL_SUM,
+                                          nullptr);
+        },
+        "NULL");
+    check(
+        "coalesced overflowing count", I,
+        [&] {
+          return mncl_allreduce_coalesced(comm, sends, recvs, huge_counts, 2, MNCL_FLOAT32,
+                                          MNCL_SUM, nullptr);
+        },
+        "overflow");
+    check(
+        "coalesced dtype 99", I,
+        [&] {
+          return mncl_allreduce_coalesced(comm, sends, recvs, counts, 1, bad_dtype, MNCL_SUM,
+                                          nullptr);
+        },
+        "dtype");
   }
-  check("iallreduce dtype 99", I, [&] { return mncl_iallreduce(comm, a, b, 4, bad_dtype, MNCL_SUM, nullptr, &req); }, "dtype");
-  check("ibcast root 9", I, [&] { return mncl_ibcast(comm, a, 4, MNCL_FLOAT32, 9, nullptr, &req); }, "root");
-  check("isend peer 1 of 1", I, [&] { return mncl_isend(comm, a, 4, MNCL_FLOAT32, 1, nullptr, &req); }, "peer");
+  check(
+      "iallreduce dtype 99", I,
+      [&] { return mncl_iallreduce(comm, a, b, 4, bad_dtype, MNCL_SUM, nullptr, &req); }, "dtype");
+  check(
+      "ibcast root 9", I, [&] { return mncl_ibcast(comm, a, 4, MNCL_FLOAT32, 9, nullptr, &req); },
+      "root");
+  check(
+      "isend peer 1 of 1", I,
+      [&] { return mncl_isend(comm, a, 4, MNCL_FLOAT32, 1, nullptr, &req); }, "peer");
   {
     // A valid request, waited with a bad timeout, then completed properly.
     mncl_request_t r = nullptr;
     if (mncl_iallreduce(comm, a, b, 4, MNCL_FLOAT32, MNCL_SUM, nullptr, &r) == MNCL_OK) {
-      check("wait timeout -5", I, [&] { return mncl_wait(r, -5); }, "timeout");
+      check(
+          "wait timeout -5", I, [&] { return mncl_wait(r, -5); }, "timeout");
       mncl_wait(r, -1);
-      check("wait on a completed request", I, [&] { return mncl_wait(r, -1); }, "not pending");
+      check(
+          "wait on a completed request", I, [&] { return mncl_wait(r, -1); }, "not pending");
     }
   }
 
@@ -159,24 +273,54 @@ int main() {
     mncl_config_t cfg = MNCL_CONFIG_INIT;
     mutate(cfg);
     mncl_comm_t c = nullptr;
-    check(name, expect, [&] { return mncl_comm_create(&cfg, &c); }, needle);
+    check(
+        name, expect, [&] { return mncl_comm_create(&cfg, &c); }, needle);
     if (c) mncl_comm_destroy(c);
   };
-  with_config("config struct_size 0", I, [](mncl_config_t &c) { c.struct_size = 0; }, "struct_size");
-  with_config("config struct_size 7", I, [](mncl_config_t &c) { c.struct_size = 7; }, "struct_size");
-  with_config("config struct_size 1 GiB", I, [](mncl_config_t &c) { c.struct_size = size_t{1} << 30; }, "struct_size");
-  with_config("config wrong magic", I, [](mncl_config_t &c) { c.magic = 0xdeadbeef; }, "magic");
-  with_config("config reserved0 set", I, [](mncl_config_t &c) { c.reserved0 = 1; }, "reserved0");
-  with_config("config size 0", I, [](mncl_config_t &c) { c.size = 0; }, "size");
-  with_config("config size -5", I, [](mncl_config_t &c) { c.size = -5; }, "size");
-  with_config("config rank 3 of 1", I, [](mncl_config_t &c) { c.rank = 3; c.size = 1; }, "rank");
-  with_config("config rank -2", I, [](mncl_config_t &c) { c.rank = -2; }, "rank");
-  with_config("config timeout 0", I, [](mncl_config_t &c) { c.timeout_ms = 0; }, "timeout");
-  with_config("config timeout -7", I, [](mncl_config_t &c) { c.timeout_ms = -7; }, "timeout");
-  with_config("config device -3", I, [](mncl_config_t &c) { c.device = -3; }, "device");
-  with_config("config empty backend", I, [](mncl_config_t &c) { c.backend = ""; }, "backend");
-  with_config("config bogus bootstrap", I, [](mncl_config_t &c) { c.size = 2; c.rank = 1; c.bootstrap = "carrier-pigeon://x"; c.timeout_ms = 1000; }, "carrier-pigeon");
-  with_config("config unknown backend", MNCL_ERR_PLUGIN, [](mncl_config_t &c) { c.backend = "no-such-backend"; }, "no-such-backend");
+  with_config(
+      "config struct_size 0", I, [](mncl_config_t &c) { c.struct_size = 0; }, "struct_size");
+  with_config(
+      "config struct_size 7", I, [](mncl_config_t &c) { c.struct_size = 7; }, "struct_size");
+  with_config(
+      "config struct_size 1 GiB", I, [](mncl_config_t &c) { c.struct_size = size_t{1} << 30; },
+      "struct_size");
+  with_config(
+      "config wrong magic", I, [](mncl_config_t &c) { c.magic = 0xdeadbeef; }, "magic");
+  with_config(
+      "config reserved0 set", I, [](mncl_config_t &c) { c.reserved0 = 1; }, "reserved0");
+  with_config(
+      "config size 0", I, [](mncl_config_t &c) { c.size = 0; }, "size");
+  with_config(
+      "config size -5", I, [](mncl_config_t &c) { c.size = -5; }, "size");
+  with_config(
+      "config rank 3 of 1", I,
+      [](mncl_config_t &c) {
+        c.rank = 3;
+        c.size = 1;
+      },
+      "rank");
+  with_config(
+      "config rank -2", I, [](mncl_config_t &c) { c.rank = -2; }, "rank");
+  with_config(
+      "config timeout 0", I, [](mncl_config_t &c) { c.timeout_ms = 0; }, "timeout");
+  with_config(
+      "config timeout -7", I, [](mncl_config_t &c) { c.timeout_ms = -7; }, "timeout");
+  with_config(
+      "config device -3", I, [](mncl_config_t &c) { c.device = -3; }, "device");
+  with_config(
+      "config empty backend", I, [](mncl_config_t &c) { c.backend = ""; }, "backend");
+  with_config(
+      "config bogus bootstrap", I,
+      [](mncl_config_t &c) {
+        c.size = 2;
+        c.rank = 1;
+        c.bootstrap = "carrier-pigeon://x";
+        c.timeout_ms = 1000;
+      },
+      "carrier-pigeon");
+  with_config(
+      "config unknown backend", MNCL_ERR_PLUGIN,
+      [](mncl_config_t &c) { c.backend = "no-such-backend"; }, "no-such-backend");
 
   // --- malformed environment values ------------------------------------------------------------
   check_env("MNCL_TIMEOUT", "abc");
@@ -201,8 +345,12 @@ int main() {
   mncl_comm_t doomed = nullptr;
   if (mncl_comm_create(nullptr, &doomed) == MNCL_OK) {
     mncl_comm_destroy(doomed);
-    check("allreduce on a destroyed comm", I, [&] { return mncl_allreduce(doomed, a, b, 4, MNCL_FLOAT32, MNCL_SUM, nullptr); }, "not a live");
-    check("destroy twice", I, [&] { return mncl_comm_destroy(doomed); }, "not a live");
+    check(
+        "allreduce on a destroyed comm", I,
+        [&] { return mncl_allreduce(doomed, a, b, 4, MNCL_FLOAT32, MNCL_SUM, nullptr); },
+        "not a live");
+    check(
+        "destroy twice", I, [&] { return mncl_comm_destroy(doomed); }, "not a live");
   }
 
   // The communicator is still fine after all of that.
@@ -210,9 +358,10 @@ int main() {
   mncl_comm_destroy(comm);
 
   const bool ok = g.accepted == 0 && g.wrong_status == 0 && g.no_message == 0 && healthy;
-  std::printf("fault.bad_input naive %s accepted bad inputs %d of %d; wrong status %d; without a "
-              "message naming the problem %d; communicator usable afterwards: %s\n",
-              ok ? "PASS" : "FAIL", g.accepted, g.cases, g.wrong_status, g.no_message,
-              healthy ? "yes" : "no");
+  std::printf(
+      "fault.bad_input naive %s accepted bad inputs %d of %d; wrong status %d; without a "
+      "message naming the problem %d; communicator usable afterwards: %s\n",
+      ok ? "PASS" : "FAIL", g.accepted, g.cases, g.wrong_status, g.no_message,
+      healthy ? "yes" : "no");
   return ok ? 0 : 1;
 }

@@ -24,9 +24,9 @@
  */
 #include <mncl/mncl_plugin.h>
 #include <stdio.h>
-#include <time.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "mncl_plugin_v2_test.h"
 
