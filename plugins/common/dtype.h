@@ -9,6 +9,7 @@
 #pragma once
 
 #include <mncl/mncl.h>
+#include <mncl/mncl_plugin_v1.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -145,5 +146,37 @@ constexpr const char *op_name(int32_t op) {
 // than MNCL_NUM_DTYPES so that a dtype appended to mncl.h is not advertised before the kit has it.
 inline constexpr uint32_t kAllDtypesMask = (1u << (MNCL_FLOAT64 + 1)) - 1u;
 inline constexpr uint32_t kAllOpsMask = (1u << (MNCL_AVG + 1)) - 1u;
+
+// Name of a collective kind for messages ("allreduce"); plugins share this one table.
+inline const char *kind_name(int32_t kind) {
+  switch (kind) {
+    case MNCL_COLL_ALLREDUCE:
+      return "allreduce";
+    case MNCL_COLL_REDUCE:
+      return "reduce";
+    case MNCL_COLL_BCAST:
+      return "bcast";
+    case MNCL_COLL_SCATTER:
+      return "scatter";
+    case MNCL_COLL_GATHER:
+      return "gather";
+    case MNCL_COLL_ALLGATHER:
+      return "allgather";
+    case MNCL_COLL_REDUCE_SCATTER:
+      return "reduce_scatter";
+    case MNCL_COLL_ALLTOALL:
+      return "alltoall";
+    case MNCL_COLL_BARRIER:
+      return "barrier";
+    case MNCL_COLL_SEND:
+      return "send";
+    case MNCL_COLL_RECV:
+      return "recv";
+    case MNCL_COLL_ALLREDUCE_COALESCED:
+      return "allreduce_coalesced";
+    default:
+      return "unknown collective";
+  }
+}
 
 }  // namespace mncl::kit

@@ -13,36 +13,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-const char *kind_name(int32_t kind) {
-  switch (kind) {
-    case MNCL_COLL_ALLREDUCE:
-      return "allreduce";
-    case MNCL_COLL_REDUCE:
-      return "reduce";
-    case MNCL_COLL_BCAST:
-      return "bcast";
-    case MNCL_COLL_SCATTER:
-      return "scatter";
-    case MNCL_COLL_GATHER:
-      return "gather";
-    case MNCL_COLL_ALLGATHER:
-      return "allgather";
-    case MNCL_COLL_REDUCE_SCATTER:
-      return "reduce_scatter";
-    case MNCL_COLL_ALLTOALL:
-      return "alltoall";
-    case MNCL_COLL_BARRIER:
-      return "barrier";
-    case MNCL_COLL_SEND:
-      return "send";
-    case MNCL_COLL_RECV:
-      return "recv";
-    case MNCL_COLL_ALLREDUCE_COALESCED:
-      return "allreduce_coalesced";
-    default:
-      return "unknown collective";
-  }
-}
+using mncl::kit::kind_name;
 
 bool is_reduction(int32_t kind) {
   return kind == MNCL_COLL_ALLREDUCE || kind == MNCL_COLL_REDUCE ||
