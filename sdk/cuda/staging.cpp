@@ -4,6 +4,7 @@
 #include <mutex>
 #include <vector>
 
+#include "common/buffers.h"  // the plugin kit's, shared with the nccl plugin
 #include "common/error.h"
 #include "common/log.h"
 #include "cuda/driver.h"
@@ -12,83 +13,9 @@ namespace mncl::cuda {
 
 namespace {
 
-size_t dtype_bytes(int32_t dtype) {
-  switch (dtype) {
-    case MNCL_INT8:
-    case MNCL_UINT8:
-      return 1;
-    case MNCL_FLOAT16:
-    case MNCL_BFLOAT16:
-      return 2;
-    case MNCL_INT32:
-    case MNCL_UINT32:
-    case MNCL_FLOAT32:
-      return 4;
-    default:
-      return 8;  // validated: the 64-bit types
-  }
-}
-
-// Which pointer of a descriptor a buffer is: 0 sendbuf, 1 recvbuf, and for the coalesced
-// allreduce 2 + 2i sendbufs[i], 3 + 2i recvbufs[i].
-constexpr size_t kSend = 0, kRecv = 1;
-
-// Calls f(index, ptr, bytes, in, out) for every buffer this rank reads (in) or writes (out) in
-// c, with the extents of mncl.h. Buffers the call ignores on this rank (a non-root's recvbuf in
-// reduce...) are not visited, so they are passed through untouched.
-template <typename F>
-void for_each_buffer(const mncl_coll_v1_t &c, int rank, int size, F &&f) {
-  const size_t es = dtype_bytes(c.dtype), n = c.count * es, all = n * static_cast<size_t>(size);
-  const bool root = rank == c.root;
-  switch (c.kind) {
-    case MNCL_COLL_ALLREDUCE:
-      f(kSend, c.sendbuf, n, true, false);
-      f(kRecv, c.recvbuf, n, false, true);
-      break;
-    case MNCL_COLL_REDUCE:
-      f(kSend, c.sendbuf, n, true, false);
-      if (root) f(kRecv, c.recvbuf, n, false, true);
-      break;
-    case MNCL_COLL_BCAST:  // one buffer, named twice: read at the root, written elsewhere
-      f(kSend, c.sendbuf, n, false, false);
-      f(kRecv, c.recvbuf, n, root, !root);
-      break;
-    case MNCL_COLL_SCATTER:
-      if (root) f(kSend, c.sendbuf, all, true, false);
-      f(kRecv, c.recvbuf, n, false, true);
-      break;
-    case MNCL_COLL_GATHER:
-      f(kSend, c.sendbuf, n, true, false);
-      if (root) f(kRecv, c.recvbuf, all, false, true);
-      break;
-    case MNCL_COLL_ALLGATHER:
-      f(kSend, c.sendbuf, n, true, false);
-      f(kRecv, c.recvbuf, all, false, true);
-      break;
-    case MNCL_COLL_REDUCE_SCATTER:
-      f(kSend, c.sendbuf, all, true, false);
-      f(kRecv, c.recvbuf, n, false, true);
-      break;
-    case MNCL_COLL_ALLTOALL:
-      f(kSend, c.sendbuf, all, true, false);
-      f(kRecv, c.recvbuf, all, false, true);
-      break;
-    case MNCL_COLL_SEND:
-      f(kSend, c.sendbuf, n, true, false);
-      break;
-    case MNCL_COLL_RECV:
-      f(kRecv, c.recvbuf, n, false, true);
-      break;
-    case MNCL_COLL_ALLREDUCE_COALESCED:
-      for (size_t i = 0; i < c.nbufs; ++i) {
-        f(2 + 2 * i, c.sendbufs[i], c.counts[i] * es, true, false);
-        f(3 + 2 * i, c.recvbufs[i], c.counts[i] * es, false, true);
-      }
-      break;
-    default:  // barrier: no buffers
-      break;
-  }
-}
+using kit::for_each_buffer;
+using kit::kRecv;
+using kit::kSend;
 
 // One device buffer to stage, and where its stand-in lives in the pinned buffer.
 struct Slot {
