@@ -182,6 +182,9 @@ int worker_recovery(Worker &w) {
   cfg.bootstrap = store.c_str();
   cfg.rank = w.rank;
   cfg.size = w.size - 1;  // the victim is the last rank
+  // Survivors notice the death up to one timeout apart (a closed connection at once, a silent
+  // peer only at the timeout), so the new rendezvous must allow for that skew.
+  cfg.timeout_ms = 4 * 1000 * static_cast<int64_t>(env_int("MNCL_TIMEOUT", 3));
   mncl_comm_t again = nullptr;
   mncl_status_t st2 = mncl_comm_create(&cfg, &again);
   std::string extra = "-";
