@@ -32,7 +32,9 @@ std::unique_ptr<Baseline> make_baseline(const std::string &which, const std::str
                                         mncl_comm_t comm, std::string *why) {
   std::string lib = which;
   if (which == "auto") {
-    if (backend == "flat") {
+    // shm competes with Open MPI's own shared-memory path on one host, so MPI is its yardstick
+    // too (available when the run was launched by mpirun, as the sweep does when it can).
+    if (backend == "flat" || backend == "shm") {
       lib = "mpi";
     } else if (backend == "gloo") {
       lib = "gloo";

@@ -194,7 +194,9 @@ int run_sweep(const Options &o, int argc, char **argv) {
   for (size_t bi = 0; bi < o.backends.size(); ++bi) {
     BackendRun r;
     r.backend = o.backends[bi];
-    const bool via_mpi = r.backend == "flat";
+    // flat needs mpirun; shm goes through it too when it is installed, so that its table has
+    // the raw MPI_Allreduce column (Open MPI's shared-memory path) from the same run.
+    const bool via_mpi = r.backend == "flat" || (r.backend == "shm" && !mpirun.empty());
     r.launcher = via_mpi ? "mpirun" : "mncl-run";
     if (find_plugin(bin_dir, r.backend).empty())
       r.skipped = "libmncl-" + r.backend + ".so is not built or not in MNCL_PLUGIN_PATH";

@@ -25,13 +25,19 @@ MemBandwidth measure_membw(mncl_comm_t comm, int nranks, size_t bytes) {
       else
         std::memcpy(a.get(), b.get(), half);
     }
-    std::vector<double> elapsed = {now_s() - t0};
-    allreduce_doubles(comm, elapsed, MNCL_MAX);  // the slowest rank bounds the aggregate
+    const double t1 = now_s();
+    // The aggregate is all ranks' bytes over the span from the first start to the last end, on
+    // the host-wide monotonic clock. Dividing by each rank's own time instead would count ranks
+    // that did not overlap (more ranks than cores, or a late release from the barrier) as if
+    // they had copied side by side.
+    std::vector<double> span = {-t0, t1};
+    allreduce_doubles(comm, span, MNCL_MAX);
+    const double wall = span[0] + span[1];
     const double moved = 2.0 * static_cast<double>(half) * kPasses;  // read + write
-    const double total = moved * nranks / elapsed[0];
+    const double total = moved * nranks / wall;
     if (total > best.bytes_per_s) {
       best.bytes_per_s = total;
-      best.per_rank_bytes_per_s = moved / elapsed[0];
+      best.per_rank_bytes_per_s = moved / (t1 - t0);
     }
   }
   return best;

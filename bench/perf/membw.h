@@ -1,7 +1,8 @@
 // The memory-bandwidth ceiling, measured in the same run as the collectives: every rank copies a
 // buffer far larger than the caches at the same time, and the machine's copy bandwidth B_mem is
-// the bytes read + written by all ranks together over the slowest rank's time (the STREAM "Copy"
-// convention, which counts both the read and the write).
+// the bytes read + written by all ranks together over the wall-clock span from the first rank's
+// start to the last rank's end (the STREAM "Copy" convention, which counts both the read and the
+// write).
 //
 // A collective's algbw can then be at most B_mem / traffic_factor (collectives.h): for an
 // allreduce every rank must at least read its input and write its output, 2 * ranks * size

@@ -40,7 +40,8 @@ MNCL options:
   --backend NAME            backend of this run (default: MNCL_BACKEND, else auto)
   --baseline auto|none|mpi|gloo
                             raw library timed on the same buffers right after MNCL, at every
-                            size (auto: mpi under flat, gloo under gloo; mpi needs mpirun)
+                            size (auto: mpi under flat and shm, gloo under gloo; mpi needs
+                            mpirun)
   -J, --json FILE           write the results as JSON
   --csv FILE                write the results as CSV
   --size-budget-ms MS       cap warm-up + timed iterations of a size at about MS milliseconds
