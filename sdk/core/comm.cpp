@@ -472,30 +472,63 @@ void Comm::progress_loop() {
     std::shared_ptr<Operation> op;
     {
       std::unique_lock<std::mutex> lock(queue_mutex_);
-      queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      queue_cv_.wait(lock, [&] { return !running_ && (stopping_ || !queue_.empty()); });
       if (queue_.empty()) return;  // stopping, and everything issued has run
       op = queue_.front();
       queue_.pop_front();
+      running_ = true;
     }
-    mncl_status_t status = MNCL_OK;
-    std::string error;
-    try {
-      execute_now(op->coll);
-    } catch (const Error &e) {
-      status = e.status();
-      error = e.what();
-    } catch (const std::exception &e) {
-      status = MNCL_ERR_INTERNAL;
-      error = e.what();
-    }
+    complete(*op);
     {
-      std::lock_guard<std::mutex> lock(op->mutex);
-      op->status = status;
-      op->error = error;
-      op->finished = true;
+      std::lock_guard<std::mutex> lock(queue_mutex_);
+      running_ = false;
     }
-    --outstanding_;
-    op->finished_cv.notify_all();
+    queue_cv_.notify_all();
+  }
+}
+
+void Comm::complete(Operation &op) {
+  mncl_status_t status = MNCL_OK;
+  std::string error;
+  try {
+    execute_now(op.coll);
+  } catch (const Error &e) {
+    status = e.status();
+    error = e.what();
+  } catch (const std::exception &e) {
+    status = MNCL_ERR_INTERNAL;
+    error = e.what();
+  }
+  {
+    std::lock_guard<std::mutex> lock(op.mutex);
+    op.status = status;
+    op.error = error;
+    op.finished = true;
+  }
+  --outstanding_;
+  op.finished_cv.notify_all();
+}
+
+bool Comm::run_queued_until(const Operation &target) {
+  for (;;) {
+    std::shared_ptr<Operation> next;
+    {
+      std::lock_guard<std::mutex> lock(queue_mutex_);
+      if (running_) return false;
+      const bool queued = std::any_of(queue_.begin(), queue_.end(),
+                                      [&](const auto &op) { return op.get() == &target; });
+      if (!queued) return false;
+      next = queue_.front();
+      queue_.pop_front();
+      running_ = true;
+    }
+    complete(*next);
+    {
+      std::lock_guard<std::mutex> lock(queue_mutex_);
+      running_ = false;
+    }
+    queue_cv_.notify_all();  // the progress thread may go on with what is left
+    if (next.get() == &target) return true;
   }
 }
 
@@ -527,6 +560,8 @@ bool Comm::wait(Operation &op, int64_t timeout_ms) {
       pause = std::min(pause * 2, std::chrono::microseconds(1000));
     }
   }
+  // Only an unbounded wait may run operations here: each one may take up to the timeout.
+  if (timeout_ms < 0) run_queued_until(op);
   std::unique_lock<std::mutex> lock(op.mutex);
   if (timeout_ms < 0) {
     op.finished_cv.wait(lock, [&] { return op.finished; });
