@@ -1,6 +1,8 @@
 """MNCL, the Multi-Node Communication Library, for Python: ctypes over libmncl.so.1, NumPy
-arrays in and out. See Communicator."""
+arrays in and out. See Communicator (and its non-blocking Request), and to_bfloat16_bits /
+from_bfloat16_bits for bfloat16 data without the ml_dtypes package."""
 
+from ._dtypes import from_bfloat16_bits, to_bfloat16_bits
 from ._lib import library_path, version
 from .comm import Communicator, Request
 from .errors import (
@@ -21,6 +23,8 @@ __all__ = [
     "Request",
     "library_path",
     "version",
+    "to_bfloat16_bits",
+    "from_bfloat16_bits",
     "MnclError",
     "InvalidArgumentError",
     "NotSupportedError",

@@ -75,6 +75,7 @@ FROM_ENV = -1
 _I = ctypes.c_int
 _P = ctypes.c_void_p
 _N = ctypes.c_size_t
+_R = ctypes.POINTER(c_handle)  # mncl_request_t *
 # name: (restype, argtypes); every function in mncl.h.
 _SIGNATURES = {
     "mncl_get_version": (_I, []),
@@ -103,10 +104,19 @@ _SIGNATURES = {
     "mncl_recv": (c_status, [c_handle, _P, _N, _I, _I, _P]),
     "mncl_allreduce_coalesced": (
         c_status, [c_handle, c_voidp_p, c_voidp_p, c_size_p, _N, _I, _I, _P]),
-    "mncl_iallreduce": (c_status, [c_handle, _P, _P, _N, _I, _I, _P, ctypes.POINTER(c_handle)]),
-    "mncl_ibcast": (c_status, [c_handle, _P, _N, _I, _I, _P, ctypes.POINTER(c_handle)]),
-    "mncl_iallgather": (c_status, [c_handle, _P, _P, _N, _I, _P, ctypes.POINTER(c_handle)]),
-    "mncl_ibarrier": (c_status, [c_handle, _P, ctypes.POINTER(c_handle)]),
+    "mncl_iallreduce": (c_status, [c_handle, _P, _P, _N, _I, _I, _P, _R]),
+    "mncl_ireduce": (c_status, [c_handle, _P, _P, _N, _I, _I, _I, _P, _R]),
+    "mncl_ibcast": (c_status, [c_handle, _P, _N, _I, _I, _P, _R]),
+    "mncl_iscatter": (c_status, [c_handle, _P, _P, _N, _I, _I, _P, _R]),
+    "mncl_igather": (c_status, [c_handle, _P, _P, _N, _I, _I, _P, _R]),
+    "mncl_iallgather": (c_status, [c_handle, _P, _P, _N, _I, _P, _R]),
+    "mncl_ireduce_scatter": (c_status, [c_handle, _P, _P, _N, _I, _I, _P, _R]),
+    "mncl_ialltoall": (c_status, [c_handle, _P, _P, _N, _I, _P, _R]),
+    "mncl_ibarrier": (c_status, [c_handle, _P, _R]),
+    "mncl_isend": (c_status, [c_handle, _P, _N, _I, _I, _P, _R]),
+    "mncl_irecv": (c_status, [c_handle, _P, _N, _I, _I, _P, _R]),
+    "mncl_iallreduce_coalesced": (
+        c_status, [c_handle, c_voidp_p, c_voidp_p, c_size_p, _N, _I, _I, _P, _R]),
     "mncl_test": (c_status, [c_handle, ctypes.POINTER(_I)]),
     "mncl_wait": (c_status, [c_handle, ctypes.c_int64]),
 }

@@ -1,9 +1,15 @@
 """Communicator: the MNCL collectives on NumPy arrays.
 
 Buffers are C-contiguous NumPy arrays in native byte order; their dtype picks the MNCL dtype
-(int8, uint8, int32, uint32, int64, uint64, float16, float32, float64). Inputs that are not
+(int8, uint8, int32, uint32, int64, uint64, float16, float32, float64, and bfloat16 as an
+`ml_dtypes.bfloat16` array). Every collective also takes a keyword-only `dtype`, an MNCL dtype
+name, for arrays holding another dtype's raw bits: ``dtype="bfloat16"`` on a uint16 array of
+bfloat16 bit patterns, which is how bfloat16 travels without ml_dtypes. Inputs that are not
 arrays (lists, scalars) are converted; outputs are allocated when not given and returned.
 Passing the same array as input and output selects the in-place form.
+
+Each collective has a non-blocking twin named with an `i` in front (iallreduce, ...): it takes
+the same arguments and returns a Request whose wait() returns what the blocking call returns.
 """
 
 import ctypes
@@ -11,30 +17,16 @@ import ctypes
 import numpy as np
 
 from . import _lib
+from ._dtypes import dtype_code
 from ._lib import check, lib
 
-_DTYPES = {
-    np.dtype(np.int8): 0,
-    np.dtype(np.uint8): 1,
-    np.dtype(np.int32): 2,
-    np.dtype(np.uint32): 3,
-    np.dtype(np.int64): 4,
-    np.dtype(np.uint64): 5,
-    np.dtype(np.float16): 6,
-    np.dtype(np.float32): 8,
-    np.dtype(np.float64): 9,
-}
 _OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "avg": 4}
+_ERR_TIMEOUT = 3  # MNCL_ERR_TIMEOUT
 
-
-def _dtype_code(arr):
-    code = _DTYPES.get(arr.dtype) if arr.dtype.isnative else None
-    if code is None:
-        raise TypeError(
-            f"mncl: unsupported array dtype {arr.dtype} (use a native-order int8, uint8, int32, "
-            "uint32, int64, uint64, float16, float32 or float64 array)"
-        )
-    return code
+# Requests not completed yet. Holding them here keeps their arrays alive until the operation
+# has finished even when the caller drops the Request; a request never waited for or tested to
+# completion stays here (with its arrays) for the life of the process.
+_IN_FLIGHT = set()
 
 
 def _op_code(op):
@@ -44,26 +36,33 @@ def _op_code(op):
         raise ValueError(f"mncl: unknown reduction '{op}' (one of {', '.join(_OPS)})") from None
 
 
-def _input(buf):
-    """A C-contiguous array for reading (converted if needed)."""
+def _input(buf, dtype):
+    """A C-contiguous array for reading (converted if needed) and its MNCL dtype."""
     arr = np.ascontiguousarray(buf)
-    _dtype_code(arr)
-    return arr
+    return arr, dtype_code(arr, dtype)
 
 
-def _output(buf, name):
-    """An array the library writes into: must already be C-contiguous and writeable."""
+def _output(buf, name, dtype):
+    """An array the library writes into (it must already be C-contiguous and writeable) and its
+    MNCL dtype."""
     if not isinstance(buf, np.ndarray):
         raise TypeError(f"mncl: {name} must be a numpy.ndarray, not {type(buf).__name__}")
     if not buf.flags.c_contiguous or not buf.flags.writeable:
         raise ValueError(f"mncl: {name} must be C-contiguous and writeable")
-    _dtype_code(buf)
-    return buf
+    return buf, dtype_code(buf, dtype)
 
 
-def _same_dtype(a, b, what):
-    if a.dtype != b.dtype:
-        raise TypeError(f"mncl: {what}: dtypes differ ({a.dtype} and {b.dtype})")
+def _matching_output(recvbuf, send, code, dtype, want, what, shape=None):
+    """recvbuf checked against the input (same MNCL dtype, `want` elements), or, when None, a
+    new array of the input's dtype and `shape` (default: the input's)."""
+    if recvbuf is None:
+        return np.empty(send.shape if shape is None else shape, send.dtype)
+    recv, recv_code = _output(recvbuf, "recvbuf", dtype)
+    if recv_code != code:
+        raise TypeError(f"mncl: {what}: dtypes differ ({send.dtype} and {recv.dtype})")
+    if recv.size != want:
+        raise ValueError(f"mncl: {what}: the output has {recv.size} elements, expected {want}")
+    return recv
 
 
 def _ptr(arr):
@@ -71,36 +70,73 @@ def _ptr(arr):
 
 
 class Request:
-    """A non-blocking operation in flight. Keeps its arrays alive until completed."""
+    """A non-blocking operation in flight (mncl_request_t), from a Communicator's i* methods.
+
+    The arrays it reads and writes are kept alive until it completes, even if the Request itself
+    is dropped; they must not be modified (nor the output read) before then. A request completes
+    in wait(), or in the test() call that returns True; a failed operation raises its MnclError
+    there, and again on any later wait().
+    """
 
     def __init__(self, handle, result, keep):
         self._handle = handle
         self._result = result
         self._keep = keep
+        self._error = None
+        _IN_FLIGHT.add(self)
+
+    def __repr__(self):
+        state = "pending" if self._handle is not None else "failed" if self._error else "done"
+        return f"<mncl.Request {state}>"
 
     @property
     def done(self):
+        """True once completed (by wait(), or by a test() that returned True)."""
         return self._handle is None
 
+    def _complete(self, status):
+        """The C request is freed: drop it and the arrays, keep the outcome."""
+        self._handle, self._keep = None, None
+        _IN_FLIGHT.discard(self)
+        try:
+            check(status)
+        except Exception as e:
+            self._error = e
+            raise
+
     def test(self):
-        """True when finished (the result is then in place; errors are raised)."""
+        """True when finished (the result is then in place; a failure is raised). Never
+        blocks."""
         if self._handle is None:
             return True
         flag = ctypes.c_int(0)
-        check(lib.mncl_test(self._handle, ctypes.byref(flag)))
+        status = lib.mncl_test(self._handle, ctypes.byref(flag))
         if flag.value:
-            self._handle, self._keep = None, None
-        return bool(flag.value)
+            self._complete(status)
+            return True
+        check(status)
+        return False
 
     def wait(self, timeout=None):
-        """Waits (seconds; None: bounded by the communicator's timeout) and returns the result
-        array. A wait that times out raises mncl.TimeoutError and the request stays valid."""
+        """Waits for completion and returns the result (the blocking call's return value).
+
+        timeout: seconds, or None to wait until the operation ends (itself bounded by the
+        communicator's timeout). A wait that runs out of time raises mncl.TimeoutError and the
+        request stays pending: wait again, or test().
+        """
         if self._handle is not None:
+            if timeout is not None and timeout < 0:
+                raise ValueError(f"mncl: wait: negative timeout {timeout}")
             ms = -1 if timeout is None else int(timeout * 1000)
             status = lib.mncl_wait(self._handle, ms)
-            if status != 3:  # anything but MNCL_ERR_TIMEOUT completes and frees the request
-                self._handle, self._keep = None, None
-            check(status)
+            if status == _ERR_TIMEOUT and ms >= 0:
+                # The wait ran out of time; the request stays valid. (An operation that itself
+                # fails with a timeout just then reads the same; the next wait() then reports
+                # the request as no longer pending.)
+                check(status)
+            self._complete(status)
+        elif self._error is not None:
+            raise self._error
         return self._result
 
 
@@ -139,7 +175,8 @@ class Communicator:
     # --- lifetime --------------------------------------------------------------------------
 
     def close(self):
-        """Collective: waits for operations in flight, then frees the communicator."""
+        """Collective: waits for operations in flight, then frees the communicator. Their
+        requests stay valid: wait() on them returns the recorded outcome."""
         if self._handle is not None:
             handle, self._handle = self._handle, None
             check(lib.mncl_comm_destroy(handle))
@@ -171,166 +208,242 @@ class Communicator:
                                   ctypes.byref(handle)))
         return Communicator(_handle=handle) if handle.value else None
 
+    # --- running a prepared call -----------------------------------------------------------
+    #
+    # Each collective's arguments are prepared once, as (C arguments between the communicator
+    # and the stream, the result to return, the objects the C call reads or writes), then run
+    # blocking or started as a Request.
+
+    def _run(self, fn, call):
+        args, result, _ = call
+        check(fn(self._live(), *args, None))
+        return result
+
+    def _start(self, fn, call):
+        args, result, keep = call
+        handle = _lib.c_handle()
+        check(fn(self._live(), *args, None, ctypes.byref(handle)))
+        return Request(handle, result, keep)
+
     # --- collectives -----------------------------------------------------------------------
 
-    def allreduce(self, sendbuf, recvbuf=None, op="sum"):
+    def _allreduce_call(self, sendbuf, recvbuf, op, dtype, what):
+        send, code = _input(sendbuf, dtype)
+        recv = _matching_output(recvbuf, send, code, dtype, send.size, what)
+        return (_ptr(send), _ptr(recv), send.size, code, _op_code(op)), recv, (send, recv)
+
+    def allreduce(self, sendbuf, recvbuf=None, op="sum", *, dtype=None):
         """Element-wise reduction over ranks, on every rank. Returns recvbuf."""
-        send = _input(sendbuf)
-        recv = np.empty_like(send) if recvbuf is None else _output(recvbuf, "recvbuf")
-        self._check_sizes(send, recv, send.size, "allreduce")
-        check(lib.mncl_allreduce(self._live(), _ptr(send), _ptr(recv), send.size,
-                                 _dtype_code(send), _op_code(op), None))
-        return recv
+        return self._run(lib.mncl_allreduce,
+                         self._allreduce_call(sendbuf, recvbuf, op, dtype, "allreduce"))
 
-    def iallreduce(self, sendbuf, recvbuf=None, op="sum"):
+    def iallreduce(self, sendbuf, recvbuf=None, op="sum", *, dtype=None):
         """Non-blocking allreduce: a Request whose wait() returns recvbuf."""
-        send = _input(sendbuf)
-        recv = np.empty_like(send) if recvbuf is None else _output(recvbuf, "recvbuf")
-        self._check_sizes(send, recv, send.size, "iallreduce")
-        req = _lib.c_handle()
-        check(lib.mncl_iallreduce(self._live(), _ptr(send), _ptr(recv), send.size,
-                                  _dtype_code(send), _op_code(op), None, ctypes.byref(req)))
-        return Request(req, recv, (send, recv))
+        return self._start(lib.mncl_iallreduce,
+                           self._allreduce_call(sendbuf, recvbuf, op, dtype, "iallreduce"))
 
-    def reduce(self, sendbuf, recvbuf=None, op="sum", root=0):
-        """Reduction onto root: returns recvbuf there, None elsewhere."""
-        send = _input(sendbuf)
+    def _reduce_call(self, sendbuf, recvbuf, op, root, dtype, what):
+        send, code = _input(sendbuf, dtype)
         recv = None
         if self.rank == root:
-            recv = np.empty_like(send) if recvbuf is None else _output(recvbuf, "recvbuf")
-            self._check_sizes(send, recv, send.size, "reduce")
-        check(lib.mncl_reduce(self._live(), _ptr(send), _ptr(recv), send.size, _dtype_code(send),
-                              _op_code(op), root, None))
-        return recv
+            recv = _matching_output(recvbuf, send, code, dtype, send.size, what)
+        args = (_ptr(send), _ptr(recv), send.size, code, _op_code(op), root)
+        return args, recv, (send, recv)
 
-    def bcast(self, buf, root=0):
+    def reduce(self, sendbuf, recvbuf=None, op="sum", root=0, *, dtype=None):
+        """Reduction onto root: returns recvbuf there, None elsewhere."""
+        return self._run(lib.mncl_reduce,
+                         self._reduce_call(sendbuf, recvbuf, op, root, dtype, "reduce"))
+
+    def ireduce(self, sendbuf, recvbuf=None, op="sum", root=0, *, dtype=None):
+        """Non-blocking reduce: a Request whose wait() returns recvbuf on root, None
+        elsewhere."""
+        return self._start(lib.mncl_ireduce,
+                           self._reduce_call(sendbuf, recvbuf, op, root, dtype, "ireduce"))
+
+    def _bcast_call(self, buf, root, dtype):
+        arr, code = _output(buf, "buf", dtype)
+        return (_ptr(arr), arr.size, code, root), arr, (arr,)
+
+    def bcast(self, buf, root=0, *, dtype=None):
         """In place: buf on every rank becomes root's buf. Returns buf."""
-        arr = _output(buf, "buf")
-        check(lib.mncl_bcast(self._live(), _ptr(arr), arr.size, _dtype_code(arr), root, None))
-        return arr
+        return self._run(lib.mncl_bcast, self._bcast_call(buf, root, dtype))
 
-    def ibcast(self, buf, root=0):
-        arr = _output(buf, "buf")
-        req = _lib.c_handle()
-        check(lib.mncl_ibcast(self._live(), _ptr(arr), arr.size, _dtype_code(arr), root, None,
-                              ctypes.byref(req)))
-        return Request(req, arr, (arr,))
+    def ibcast(self, buf, root=0, *, dtype=None):
+        """Non-blocking bcast: a Request whose wait() returns buf."""
+        return self._start(lib.mncl_ibcast, self._bcast_call(buf, root, dtype))
 
-    def allgather(self, sendbuf, recvbuf=None):
+    def _allgather_call(self, sendbuf, recvbuf, dtype, what):
+        send, code = _input(sendbuf, dtype)
+        recv = _matching_output(recvbuf, send, code, dtype, send.size * self.size, what,
+                                shape=(self.size,) + send.shape)
+        return (_ptr(send), _ptr(recv), send.size, code), recv, (send, recv)
+
+    def allgather(self, sendbuf, recvbuf=None, *, dtype=None):
         """Every rank's sendbuf, stacked: shape (size,) + sendbuf.shape."""
-        send = _input(sendbuf)
-        recv = (np.empty((self.size,) + send.shape, send.dtype) if recvbuf is None
-                else _output(recvbuf, "recvbuf"))
-        self._check_sizes(send, recv, send.size * self.size, "allgather")
-        check(lib.mncl_allgather(self._live(), _ptr(send), _ptr(recv), send.size,
-                                 _dtype_code(send), None))
-        return recv
+        return self._run(lib.mncl_allgather,
+                         self._allgather_call(sendbuf, recvbuf, dtype, "allgather"))
 
-    def iallgather(self, sendbuf, recvbuf=None):
-        send = _input(sendbuf)
-        recv = (np.empty((self.size,) + send.shape, send.dtype) if recvbuf is None
-                else _output(recvbuf, "recvbuf"))
-        self._check_sizes(send, recv, send.size * self.size, "iallgather")
-        req = _lib.c_handle()
-        check(lib.mncl_iallgather(self._live(), _ptr(send), _ptr(recv), send.size,
-                                  _dtype_code(send), None, ctypes.byref(req)))
-        return Request(req, recv, (send, recv))
+    def iallgather(self, sendbuf, recvbuf=None, *, dtype=None):
+        """Non-blocking allgather: a Request whose wait() returns recvbuf."""
+        return self._start(lib.mncl_iallgather,
+                           self._allgather_call(sendbuf, recvbuf, dtype, "iallgather"))
 
-    def gather(self, sendbuf, recvbuf=None, root=0):
+    def _gather_call(self, sendbuf, recvbuf, root, dtype, what):
+        send, code = _input(sendbuf, dtype)
+        recv = None
+        if self.rank == root:
+            recv = _matching_output(recvbuf, send, code, dtype, send.size * self.size, what,
+                                    shape=(self.size,) + send.shape)
+        return (_ptr(send), _ptr(recv), send.size, code, root), recv, (send, recv)
+
+    def gather(self, sendbuf, recvbuf=None, root=0, *, dtype=None):
         """Every rank's sendbuf onto root, stacked: shape (size,) + sendbuf.shape there; None
         elsewhere."""
-        send = _input(sendbuf)
-        recv = None
-        if self.rank == root:
-            recv = (np.empty((self.size,) + send.shape, send.dtype) if recvbuf is None
-                    else _output(recvbuf, "recvbuf"))
-            self._check_sizes(send, recv, send.size * self.size, "gather")
-        check(lib.mncl_gather(self._live(), _ptr(send), _ptr(recv), send.size, _dtype_code(send),
-                              root, None))
-        return recv
+        return self._run(lib.mncl_gather,
+                         self._gather_call(sendbuf, recvbuf, root, dtype, "gather"))
 
-    def scatter(self, sendbuf, recvbuf, root=0):
-        """Block r (recvbuf.size elements) of root's sendbuf lands in rank r's recvbuf.
-        sendbuf is only read on root (pass None elsewhere). Returns recvbuf."""
-        recv = _output(recvbuf, "recvbuf")
+    def igather(self, sendbuf, recvbuf=None, root=0, *, dtype=None):
+        """Non-blocking gather: a Request whose wait() returns recvbuf on root, None
+        elsewhere."""
+        return self._start(lib.mncl_igather,
+                           self._gather_call(sendbuf, recvbuf, root, dtype, "igather"))
+
+    def _scatter_call(self, sendbuf, recvbuf, root, dtype, what):
+        recv, code = _output(recvbuf, "recvbuf", dtype)
         send = None
         if self.rank == root:
-            send = _input(sendbuf)
-            self._check_sizes(recv, send, recv.size * self.size, "scatter")
-        check(lib.mncl_scatter(self._live(), _ptr(send), _ptr(recv), recv.size, _dtype_code(recv),
-                               root, None))
-        return recv
+            send, send_code = _input(sendbuf, dtype)
+            if send_code != code:
+                raise TypeError(f"mncl: {what}: dtypes differ ({send.dtype} and {recv.dtype})")
+            if send.size != recv.size * self.size:
+                raise ValueError(f"mncl: {what}: the input has {send.size} elements, expected "
+                                 f"{recv.size * self.size}")
+        return (_ptr(send), _ptr(recv), recv.size, code, root), recv, (send, recv)
 
-    def reduce_scatter(self, sendbuf, recvbuf=None, op="sum"):
-        """sendbuf holds size blocks; rank r receives the reduction of block r. The default
-        recvbuf has shape sendbuf.shape[1:] when sendbuf.shape[0] == size, else is flat."""
-        send = _input(sendbuf)
+    def scatter(self, sendbuf, recvbuf, root=0, *, dtype=None):
+        """Block r (recvbuf.size elements) of root's sendbuf lands in rank r's recvbuf.
+        sendbuf is only read on root (pass None elsewhere). Returns recvbuf."""
+        return self._run(lib.mncl_scatter,
+                         self._scatter_call(sendbuf, recvbuf, root, dtype, "scatter"))
+
+    def iscatter(self, sendbuf, recvbuf, root=0, *, dtype=None):
+        """Non-blocking scatter: a Request whose wait() returns recvbuf."""
+        return self._start(lib.mncl_iscatter,
+                           self._scatter_call(sendbuf, recvbuf, root, dtype, "iscatter"))
+
+    def _reduce_scatter_call(self, sendbuf, recvbuf, op, dtype, what):
+        send, code = _input(sendbuf, dtype)
         if send.size % self.size:
-            raise ValueError(f"mncl: reduce_scatter: {send.size} elements do not split into "
+            raise ValueError(f"mncl: {what}: {send.size} elements do not split into "
                              f"{self.size} blocks")
         count = send.size // self.size
-        if recvbuf is None:
-            shape = send.shape[1:] if send.ndim > 1 and send.shape[0] == self.size else (count,)
-            recv = np.empty(shape, send.dtype)
-        else:
-            recv = _output(recvbuf, "recvbuf")
-        self._check_sizes(send, recv, count, "reduce_scatter")
-        check(lib.mncl_reduce_scatter(self._live(), _ptr(send), _ptr(recv), count,
-                                      _dtype_code(send), _op_code(op), None))
-        return recv
+        shape = send.shape[1:] if send.ndim > 1 and send.shape[0] == self.size else (count,)
+        recv = _matching_output(recvbuf, send, code, dtype, count, what, shape=shape)
+        return (_ptr(send), _ptr(recv), count, code, _op_code(op)), recv, (send, recv)
 
-    def alltoall(self, sendbuf, recvbuf=None):
-        """Block j of rank i's sendbuf lands in block i of rank j's recvbuf (size blocks)."""
-        send = _input(sendbuf)
+    def reduce_scatter(self, sendbuf, recvbuf=None, op="sum", *, dtype=None):
+        """sendbuf holds size blocks; rank r receives the reduction of block r. The default
+        recvbuf has shape sendbuf.shape[1:] when sendbuf.shape[0] == size, else is flat."""
+        return self._run(lib.mncl_reduce_scatter,
+                         self._reduce_scatter_call(sendbuf, recvbuf, op, dtype,
+                                                   "reduce_scatter"))
+
+    def ireduce_scatter(self, sendbuf, recvbuf=None, op="sum", *, dtype=None):
+        """Non-blocking reduce_scatter: a Request whose wait() returns recvbuf."""
+        return self._start(lib.mncl_ireduce_scatter,
+                           self._reduce_scatter_call(sendbuf, recvbuf, op, dtype,
+                                                     "ireduce_scatter"))
+
+    def _alltoall_call(self, sendbuf, recvbuf, dtype, what):
+        send, code = _input(sendbuf, dtype)
         if send.size % self.size:
-            raise ValueError(f"mncl: alltoall: {send.size} elements do not split into "
+            raise ValueError(f"mncl: {what}: {send.size} elements do not split into "
                              f"{self.size} blocks")
-        recv = np.empty_like(send) if recvbuf is None else _output(recvbuf, "recvbuf")
-        self._check_sizes(send, recv, send.size, "alltoall")
-        check(lib.mncl_alltoall(self._live(), _ptr(send), _ptr(recv), send.size // self.size,
-                                _dtype_code(send), None))
-        return recv
+        recv = _matching_output(recvbuf, send, code, dtype, send.size, what)
+        args = (_ptr(send), _ptr(recv), send.size // self.size, code)
+        return args, recv, (send, recv)
+
+    def alltoall(self, sendbuf, recvbuf=None, *, dtype=None):
+        """Block j of rank i's sendbuf lands in block i of rank j's recvbuf (size blocks)."""
+        return self._run(lib.mncl_alltoall,
+                         self._alltoall_call(sendbuf, recvbuf, dtype, "alltoall"))
+
+    def ialltoall(self, sendbuf, recvbuf=None, *, dtype=None):
+        """Non-blocking alltoall: a Request whose wait() returns recvbuf."""
+        return self._start(lib.mncl_ialltoall,
+                           self._alltoall_call(sendbuf, recvbuf, dtype, "ialltoall"))
 
     def barrier(self):
-        check(lib.mncl_barrier(self._live(), None))
+        """Returns once every rank has entered the barrier."""
+        self._run(lib.mncl_barrier, ((), None, ()))
 
     def ibarrier(self):
-        req = _lib.c_handle()
-        check(lib.mncl_ibarrier(self._live(), None, ctypes.byref(req)))
-        return Request(req, None, ())
+        """Non-blocking barrier: a Request whose wait() returns None once every rank has
+        entered it."""
+        return self._start(lib.mncl_ibarrier, ((), None, ()))
 
-    def send(self, buf, peer):
-        arr = _input(buf)
-        check(lib.mncl_send(self._live(), _ptr(arr), arr.size, _dtype_code(arr), peer, None))
-
-    def recv(self, buf, peer):
-        """Receives into buf (its size and dtype must match the send). Returns buf."""
-        arr = _output(buf, "buf")
-        check(lib.mncl_recv(self._live(), _ptr(arr), arr.size, _dtype_code(arr), peer, None))
-        return arr
-
-    def allreduce_coalesced(self, sendbufs, recvbufs=None, op="sum"):
-        """Several allreduces of one dtype in one call (backends may pack them). Returns the
-        list of results."""
-        sends = [_input(b) for b in sendbufs]
-        recvs = ([np.empty_like(s) for s in sends] if recvbufs is None
-                 else [_output(b, "recvbufs[i]") for b in recvbufs])
-        if len(recvs) != len(sends):
-            raise ValueError("mncl: allreduce_coalesced: as many recvbufs as sendbufs")
-        for s, r in zip(sends, recvs):
-            self._check_sizes(s, r, s.size, "allreduce_coalesced")
-            _same_dtype(s, sends[0], "allreduce_coalesced")
-        n = len(sends)
-        send_ptrs = (ctypes.c_void_p * n)(*[s.ctypes.data for s in sends])
-        recv_ptrs = (ctypes.c_void_p * n)(*[r.ctypes.data for r in recvs])
-        counts = (ctypes.c_size_t * n)(*[s.size for s in sends])
-        code = _dtype_code(sends[0]) if n else 0
-        check(lib.mncl_allreduce_coalesced(self._live(), send_ptrs, recv_ptrs, counts, n, code,
-                                           _op_code(op), None))
-        return recvs
+    # --- point to point --------------------------------------------------------------------
 
     @staticmethod
-    def _check_sizes(send, recv, want, what):
-        _same_dtype(send, recv, what)
-        if recv.size != want:
-            raise ValueError(f"mncl: {what}: the output has {recv.size} elements, expected {want}")
+    def _send_call(buf, peer, dtype):
+        arr, code = _input(buf, dtype)
+        return (_ptr(arr), arr.size, code, peer), None, (arr,)
+
+    @staticmethod
+    def _recv_call(buf, peer, dtype):
+        arr, code = _output(buf, "buf", dtype)
+        return (_ptr(arr), arr.size, code, peer), arr, (arr,)
+
+    def send(self, buf, peer, *, dtype=None):
+        """Sends buf to peer (not this rank). Messages between a pair of ranks match their
+        receives in issue order."""
+        self._run(lib.mncl_send, self._send_call(buf, peer, dtype))
+
+    def isend(self, buf, peer, *, dtype=None):
+        """Non-blocking send: a Request whose wait() returns None once buf may be reused."""
+        return self._start(lib.mncl_isend, self._send_call(buf, peer, dtype))
+
+    def recv(self, buf, peer, *, dtype=None):
+        """Receives into buf (its size and dtype must match the send). Returns buf."""
+        return self._run(lib.mncl_recv, self._recv_call(buf, peer, dtype))
+
+    def irecv(self, buf, peer, *, dtype=None):
+        """Non-blocking recv: a Request whose wait() returns buf."""
+        return self._start(lib.mncl_irecv, self._recv_call(buf, peer, dtype))
+
+    # --- coalesced -------------------------------------------------------------------------
+
+    @staticmethod
+    def _coalesced_call(sendbufs, recvbufs, op, dtype, what):
+        sends = [_input(b, dtype) for b in sendbufs]
+        if recvbufs is not None and len(recvbufs) != len(sends):
+            raise ValueError(f"mncl: {what}: as many recvbufs as sendbufs")
+        code = sends[0][1] if sends else 0  # no buffers: nothing moves, any dtype will do
+        recvs = []
+        for i, (send, send_code) in enumerate(sends):
+            if send_code != code:
+                raise TypeError(f"mncl: {what}: dtypes differ ({sends[0][0].dtype} and "
+                                f"{send.dtype})")
+            recvs.append(_matching_output(None if recvbufs is None else recvbufs[i], send,
+                                          code, dtype, send.size, what))
+        n = len(sends)
+        send_ptrs = (ctypes.c_void_p * n)(*[s.ctypes.data for s, _ in sends])
+        recv_ptrs = (ctypes.c_void_p * n)(*[r.ctypes.data for r in recvs])
+        counts = (ctypes.c_size_t * n)(*[s.size for s, _ in sends])
+        args = (send_ptrs, recv_ptrs, counts, n, code, _op_code(op))
+        return args, recvs, (sends, recvs, send_ptrs, recv_ptrs, counts)
+
+    def allreduce_coalesced(self, sendbufs, recvbufs=None, op="sum", *, dtype=None):
+        """Several allreduces of one dtype in one call (backends may pack them). Returns the
+        list of results."""
+        return self._run(lib.mncl_allreduce_coalesced,
+                         self._coalesced_call(sendbufs, recvbufs, op, dtype,
+                                              "allreduce_coalesced"))
+
+    def iallreduce_coalesced(self, sendbufs, recvbufs=None, op="sum", *, dtype=None):
+        """Non-blocking allreduce_coalesced: a Request whose wait() returns the list of
+        results."""
+        return self._start(lib.mncl_iallreduce_coalesced,
+                           self._coalesced_call(sendbufs, recvbufs, op, dtype,
+                                                "iallreduce_coalesced"))

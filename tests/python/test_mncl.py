@@ -1,11 +1,16 @@
-"""The mncl Python package at any size (run under mncl-run -n N): every collective on NumPy
-arrays with exact integer checks and float tolerances, in-place forms, non-blocking requests,
+"""The mncl Python package at any size (run under mncl-run -n N): every collective, blocking
+and non-blocking, on NumPy arrays with exact integer checks and float tolerances, in-place forms,
+requests (wait, test, timed waits, failures, arrays kept alive), bfloat16 as raw uint16 bits,
 split, point to point, and failures raised as the right exceptions with the library's message.
-Exits 77 (ctest: skipped) when NumPy is missing."""
+Exits 77 (ctest: skipped) when NumPy is missing; ml_dtypes arrays are test_ml_dtypes.py's."""
 
+import gc
+import os
+import re
 import shutil
 import sys
 import tempfile
+import weakref
 
 try:
     import numpy as np
@@ -98,16 +103,181 @@ expect(np.array_equal(a2a, want), "alltoall")
 co = comm.allreduce_coalesced([np.ones(3, np.float32) * r, np.arange(5, dtype=np.float32)])
 expect(np.all(co[0] == n * (n - 1) / 2) and np.array_equal(co[1], np.arange(5) * n), "coalesced")
 
-# non-blocking
+# bfloat16 as raw bits: uint16 arrays of bf16 bit patterns with dtype="bfloat16" (no ml_dtypes).
+# The conversion helpers first, against known bit patterns (round to nearest, ties to even).
+BF16 = {0.0: 0x0000, 1.0: 0x3F80, 2.0: 0x4000, 3.0: 0x4040, 4.0: 0x4080, 6.0: 0x40C0,
+        10.0: 0x4120, -1.0: 0xBF80, 0.5: 0x3F00, 256.0: 0x4380, 257.0: 0x4380, 259.0: 0x4382,
+        1.00390625: 0x3F80, 1.01171875: 0x3F82, np.inf: 0x7F80, -np.inf: 0xFF80}
+got = mncl.to_bfloat16_bits(np.array(list(BF16), np.float32))
+expect(got.dtype == np.uint16 and got.tolist() == list(BF16.values()),
+       f"to_bfloat16_bits: {[hex(v) for v in got.tolist()]}")
+nan_bits = mncl.to_bfloat16_bits([np.nan, -np.nan])
+expect(np.all(np.isnan(mncl.from_bfloat16_bits(nan_bits))), "to_bfloat16_bits keeps NaN")
+expect(mncl.to_bfloat16_bits(3.0).shape == () and mncl.to_bfloat16_bits(3.0) == 0x4040,
+       "to_bfloat16_bits of a scalar")
+exact = np.array([0.0, 1.0, 3.0, 10.0, -1.0, 0.5, 256.0, 258.0], np.float32)
+back = mncl.from_bfloat16_bits(mncl.to_bfloat16_bits(exact))
+expect(back.dtype == np.float32 and np.array_equal(back, exact), "bfloat16 round trip")
+expect_raises(TypeError, lambda: mncl.from_bfloat16_bits(np.zeros(2, np.int32)),
+              "from_bfloat16_bits of int32", "uint16")
+
+# Sums of small integers are exact in bfloat16 (at most 8 significant bits), so every rank must
+# get exactly the bit pattern of the integer sum.
+tri = n * (n + 1) // 2  # 1 + 2 + ... + n
+if n <= 4:  # literal bit patterns in (1.0 ... 4.0), literal bit patterns out (1, 3, 6, 10)
+    y = comm.allreduce(np.full(3, BF16[float(r + 1)], np.uint16), dtype="bfloat16")
+    expect(y.dtype == np.uint16 and np.all(y == BF16[float(tri)]),
+           f"bf16 1+..+{n}: {hex(int(y[0]))}, expected {hex(BF16[float(tri)])}")
+for count in (1, 7, 300):
+    base = np.arange(count) % 7
+    x = mncl.to_bfloat16_bits(base + r)
+    want = mncl.to_bfloat16_bits(base * n + n * (n - 1) // 2)
+    expect(np.array_equal(comm.allreduce(x, dtype="bfloat16"), want), f"bf16 allreduce x{count}")
+    comm.allreduce(x, x, dtype="bfloat16")
+    expect(np.array_equal(x, want), f"in-place bf16 allreduce x{count}")
+x = mncl.to_bfloat16_bits(np.full(2, r + 1))
+fact = int(np.prod(np.arange(1, n + 1)))
+for op, want in (("prod", fact), ("min", 1), ("max", n)):
+    got = comm.allreduce(x, op=op, dtype="bfloat16")
+    expect(np.all(got == mncl.to_bfloat16_bits(want)), f"bf16 allreduce {op}")
+got = comm.allreduce(mncl.to_bfloat16_bits(np.full(2, 2 * (r + 1))), op="avg", dtype="bfloat16")
+expect(np.all(got == mncl.to_bfloat16_bits(n + 1)), "bf16 allreduce avg")
+got = comm.iallreduce(mncl.to_bfloat16_bits([r, -r, 0.5]), dtype="bfloat16").wait()
+expect(np.array_equal(mncl.from_bfloat16_bits(got), [n * (n - 1) / 2, -n * (n - 1) / 2, n / 2]),
+       "bf16 iallreduce")
+got = comm.ireduce(mncl.to_bfloat16_bits([r + 1]), root=n - 1, dtype="bfloat16").wait()
+if r == n - 1:
+    expect(got.tolist() == [mncl.to_bfloat16_bits(tri)], "bf16 ireduce at the root")
+else:
+    expect(got is None, "bf16 ireduce off the root")
+got = comm.reduce_scatter(mncl.to_bfloat16_bits(np.arange(2 * n) + r), dtype="bfloat16")
+want = mncl.to_bfloat16_bits(np.arange(2 * r, 2 * r + 2) * n + n * (n - 1) // 2)
+expect(np.array_equal(got, want), "bf16 reduce_scatter")
+co = comm.iallreduce_coalesced([mncl.to_bfloat16_bits([r]), mncl.to_bfloat16_bits([1, 2])],
+                               dtype="bfloat16").wait()
+expect(co[0][0] == mncl.to_bfloat16_bits(n * (n - 1) // 2)
+       and np.array_equal(co[1], mncl.to_bfloat16_bits([n, 2 * n])), "bf16 coalesced")
+# Data movement does not look at the bits: NaN payloads and odd patterns arrive untouched.
+odd = np.array([0x7FC1, 0xFFFF, 0x0001, 0x8000 + r], np.uint16)
+got = comm.iallgather(odd, dtype="bfloat16").wait()
+expect(np.array_equal(got[:, :3], np.tile(odd[:3], (n, 1))) and
+       np.array_equal(got[:, 3], 0x8000 + np.arange(n)), "bf16 allgather of raw bits")
+b = odd.copy() if r == 0 else np.zeros(4, np.uint16)
+comm.bcast(b, dtype="bfloat16")
+expect(np.array_equal(b, [0x7FC1, 0xFFFF, 0x0001, 0x8000]), "bf16 bcast of raw bits")
+# The override names any MNCL dtype whose raw bits the unsigned array holds: float16 too.
+h = comm.allreduce(np.full(2, np.float16(r + 1)).view(np.uint16), dtype="float16")
+expect(np.all(h.view(np.float16) == tri), "float16 allreduce as raw uint16 bits")
+# and an array that already has the named dtype is fine
+expect(np.all(comm.allreduce(np.ones(2, np.float32), dtype="float32") == n), "dtype= its own")
+expect_raises(TypeError, lambda: comm.allreduce(np.zeros(2, np.uint16)), "uint16 without dtype",
+              "dtype='bfloat16'")
+expect_raises(TypeError, lambda: comm.allreduce(np.zeros(2, np.int32), dtype="bfloat16"),
+              "int32 as bfloat16", "cannot be passed as bfloat16")
+expect_raises(TypeError, lambda: comm.allreduce(np.zeros(2, np.uint32), dtype="bfloat16"),
+              "uint32 as bfloat16", "uint16")
+expect_raises(ValueError, lambda: comm.allreduce(np.zeros(2, np.uint16), dtype="float128"),
+              "unknown dtype name", "unknown dtype")
+expect_raises(TypeError, lambda: comm.allreduce(np.zeros(2, np.uint16), np.zeros(2, np.float16),
+                                                dtype="bfloat16"),
+              "bf16 bits into a float16 output", "cannot be passed as bfloat16")
+
+# The bindings cover the whole C API: a signature for every function of mncl.h, and an i* method
+# for every non-blocking collective.
+header = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../abi/mncl/mncl.h")
+with open(header) as f:
+    c_functions = set(re.findall(r"MNCL_API\s[^;(]*?\b(mncl_\w+)\s*\(", f.read()))
+expect(len(c_functions) > 30, f"parsed {len(c_functions)} functions from {header}")
+missing = c_functions - set(mncl._lib._SIGNATURES)
+expect(not missing, f"mncl.h functions without a ctypes signature: {sorted(missing)}")
+nonblocking = {name[len("mncl_"):] for name in c_functions
+               if name.startswith("mncl_i") and name != "mncl_init"}
+missing = {name for name in nonblocking if not callable(getattr(comm, name, None))}
+expect(not missing, f"non-blocking collectives without a Communicator method: {sorted(missing)}")
+
+# non-blocking: each against the exact values of its blocking twin
 req = comm.iallreduce(np.full(16, r, dtype=np.int64))
 bar = comm.ibarrier()
 out = req.wait()
-bar.wait()
+expect(bar.wait() is None, "ibarrier's wait returns None")
 expect(req.done and np.all(out == n * (n - 1) // 2), "iallreduce + wait")
 req = comm.iallgather(np.array([r], np.int64))
 while not req.test():
     pass
 expect(np.array_equal(req.wait().ravel(), np.arange(n)), "iallgather + test")
+
+for root in range(n):
+    req = comm.ireduce(np.arange(5, dtype=np.int32) + r, op="sum", root=root)
+    got = req.wait()
+    if r == root:
+        expect(np.array_equal(got, np.arange(5) * n + n * (n - 1) // 2), f"ireduce root {root}")
+    else:
+        expect(got is None, f"ireduce returns None off the root ({root})")
+    mx = np.empty(3, np.float64) if r == root else None
+    got = comm.ireduce(np.array([r, -r, 2.5 * r]), mx, op="max", root=root).wait()
+    if r == root:
+        expect(got is mx and np.array_equal(mx, [n - 1, 0, 2.5 * (n - 1)]),
+               f"ireduce max into recvbuf, root {root}")
+
+    b = np.arange(6, dtype=np.int64) * (r + 1) if r == root else np.zeros(6, np.int64)
+    got = comm.ibcast(b, root=root).wait()
+    expect(got is b and np.array_equal(b, np.arange(6) * (root + 1)), f"ibcast root {root}")
+
+    send = np.arange(3 * n, dtype=np.uint32).reshape(n, 3) * 7 if r == root else None
+    recv = np.empty(3, np.uint32)
+    got = comm.iscatter(send, recv, root=root).wait()
+    expect(got is recv and np.array_equal(recv, np.arange(3 * r, 3 * r + 3) * 7),
+           f"iscatter root {root}")
+
+    got = comm.igather(np.array([r, r * r], np.int8), root=root).wait()
+    if r == root:
+        want = np.array([[k, k * k] for k in range(n)], np.int8)
+        expect(got.shape == (n, 2) and np.array_equal(got, want), f"igather root {root}")
+    else:
+        expect(got is None, f"igather returns None off the root ({root})")
+
+rs = comm.ireduce_scatter(np.arange(n * 4, dtype=np.int64).reshape(n, 4) + r).wait()
+expect(rs.shape == (4,) and np.array_equal(rs, (np.arange(4) + 4 * r) * n + n * (n - 1) // 2),
+       "ireduce_scatter")
+rs = comm.ireduce_scatter(np.arange(n * 2, dtype=np.int32) * (r + 1), np.empty(2, np.int32),
+                          op="min").wait()
+expect(np.array_equal(rs, np.arange(2 * r, 2 * r + 2)), "ireduce_scatter min into recvbuf")
+
+a2a = comm.ialltoall(np.arange(n * 2, dtype=np.int32) + 100 * r).wait()
+want = np.array([100 * j + 2 * r + k for j in range(n) for k in range(2)])
+expect(np.array_equal(a2a, want), "ialltoall")
+
+req = comm.iallreduce_coalesced([np.full(3, r, np.int32), np.arange(5, dtype=np.int32) * r],
+                                op="sum")
+co = req.wait()
+expect(len(co) == 2 and np.all(co[0] == n * (n - 1) // 2)
+       and np.array_equal(co[1], np.arange(5) * (n * (n - 1) // 2)), "iallreduce_coalesced")
+outs = [np.empty(2, np.float64), np.empty(1, np.float64)]
+co = comm.iallreduce_coalesced([np.full(2, r + 1.0), np.array([r + 1.0])], outs,
+                               op="max").wait()
+expect(co[0] is outs[0] and np.all(outs[0] == n) and np.all(outs[1] == n),
+       "iallreduce_coalesced max into recvbufs")
+expect(comm.iallreduce_coalesced([]).wait() == [], "iallreduce_coalesced of no buffers")
+
+# Several requests in flight at once, waited for out of order: they run in issue order.
+acc = np.zeros(4, np.int64)
+reqs = [comm.iallreduce(np.full(4, r + k, np.int64)) for k in range(3)]
+reqs.append(comm.iallreduce(acc, acc))  # in place
+for k, req in reversed(list(enumerate(reqs[:3]))):
+    expect(np.all(req.wait() == n * (n - 1) // 2 + n * k), f"request {k} of 3 in flight")
+expect(reqs[3].wait() is acc and np.all(acc == 0), "in-place iallreduce among others")
+
+# A dropped Request keeps its arrays alive until the operation has run: the input below is
+# referenced by nothing but the request in flight, and the blocking barrier runs behind it.
+dropped_in = np.full(1000, r + 1, np.int64)
+alive = weakref.ref(dropped_in)
+dropped_out = np.empty(1000, np.int64)
+comm.iallreduce(dropped_in, dropped_out)
+del dropped_in
+gc.collect()
+expect(alive() is not None, "the input of a dropped request is kept alive")
+comm.barrier()
+expect(np.all(dropped_out == n * (n + 1) // 2), "a dropped request still completes")
 
 # point to point: a ring
 if n > 1:
@@ -120,6 +290,34 @@ if n > 1:
         comm.recv(token, prv)
         comm.send(np.full(4, r, np.int32), nxt)
     expect(np.all(token == prv), "send/recv ring")
+
+    # The same ring non-blocking. Operations on a communicator run in issue order, so (as with
+    # blocking calls) the even ranks send first and the odd ones receive first.
+    payload = np.arange(5, dtype=np.float32) + 10 * r
+    inbox = np.full(5, -1, np.float32)
+    if r % 2 == 0:
+        reqs = [comm.isend(payload, nxt), comm.irecv(inbox, prv)]
+    else:
+        reqs = [comm.irecv(inbox, prv), comm.isend(payload, nxt)]
+    results = [q.wait() for q in reqs]
+    expect(results[r % 2] is None and results[1 - r % 2] is inbox, "isend/irecv results")
+    expect(np.array_equal(inbox, np.arange(5) + 10 * prv), "isend/irecv ring")
+
+    # A request that cannot finish: a timed wait leaves it pending; the abort then fails it,
+    # and each later wait raises again. On a communicator of its own (every rank aborts it).
+    side = comm.split(0)
+    req = side.irecv(np.empty(2, np.int32), nxt)  # nobody sends on `side`
+    expect_raises(mncl.TimeoutError, lambda: req.wait(timeout=0.05), "timed wait",
+                  "did not finish")
+    expect(not req.done and not req.test(), "a timed-out request stays pending")
+    expect_raises(ValueError, lambda: req.wait(timeout=-1), "negative wait timeout", "negative")
+    side.abort()
+    expect_raises(mncl.AbortedError, req.wait, "wait on an aborted operation", "abort")
+    expect(req.done and req.test(), "a failed request is done")
+    expect_raises(mncl.AbortedError, req.wait, "a failed request raises again", "abort")
+    expect_raises(mncl.AbortedError, lambda: side.isend(np.zeros(1, np.int32), nxt),
+                  "isend on an aborted communicator", "aborted")
+    side.close()
 
 # split by parity, reversed order
 sub = comm.split(r % 2, key=-r)
