@@ -1,9 +1,11 @@
 // Fashion-MNIST for the examples: the IDX files of the Debian package dataset-fashion-mnist
-// (/usr/share/datasets/fashion-mnist/*-idx?-ubyte.gz), plus the options and batching that the
-// data-parallel and model-parallel examples share.
+// (/usr/share/datasets/fashion-mnist/*-idx?-ubyte.gz), plus what the data-parallel,
+// model-parallel and hybrid examples share: options, batching, loading, the learning-rate
+// schedule, the two-stage model, the epoch report and main().
 #ifndef MNCL_EXAMPLES_FASHION_MNIST_HPP
 #define MNCL_EXAMPLES_FASHION_MNIST_HPP
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -14,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -220,6 +223,24 @@ inline float learning_rate(const Options &o, std::size_t step, std::size_t total
   const double progress = static_cast<double>(step) / static_cast<double>(total);
   return static_cast<float>(o.lr * 0.5 * (1.0 + std::cos(3.141592653589793 * progress)));
 }
+// The same for step `step` (from 0) of epoch `epoch` (from 1), with `steps` steps per epoch.
+inline float learning_rate_at(const Options &o, int epoch, std::size_t step, std::size_t steps) {
+  return learning_rate(o, static_cast<std::size_t>(epoch - 1) * steps + step,
+                       static_cast<std::size_t>(o.epochs) * steps);
+}
+
+// Both splits, limited as the options say. Returns what went wrong, or "": only rank 0 reads,
+// then broadcasts this so that every rank stops together.
+inline std::string load_sets(const Options &o, std::vector<Sample> &train_set,
+                             std::vector<Sample> &test_set) {
+  try {
+    train_set = load(o.data_dir, "train", o.train_limit);
+    test_set = load(o.data_dir, "t10k", o.test_limit);
+  } catch (const std::exception &e) {
+    return e.what();
+  }
+  return "";
+}
 
 // A training batch as the prefetching loader hands it over.
 struct Batch {
@@ -233,6 +254,84 @@ inline void assemble(const Sample *const *samples, std::size_t n, Batch &out) {
 using Clock = std::chrono::steady_clock;
 inline double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// The gradient exchange options that every example takes from the command line.
+inline mncl::MultiNodeOptimizerOptions exchange_options(const Options &o) {
+  mncl::MultiNodeOptimizerOptions exchange;
+  exchange.double_buffering = o.double_buffering;
+  exchange.fusion_buffer_bytes = o.fusion_bytes;
+  return exchange;
+}
+
+// Test sets are evaluated in batches of this many samples.
+constexpr std::size_t kTestBatch = 500;
+// Calls f(begin, n) for the test batches [begin, begin + n) of `total` samples, in order.
+template <class F>
+void for_each_test_batch(std::size_t total, F &&f) {
+  for (std::size_t begin = 0; begin < total; begin += kTestBatch) {
+    f(begin, std::min(kTestBatch, total - begin));
+  }
+}
+
+// The 784-H-10 MLP of the two-stage examples, cut after the ReLU: stage 0 (Dense(784, H) +
+// ReLU) sends its activations to rank 1 of the chain's group, stage 1 (Dense(H, 10)) takes them
+// from rank 0. The seeds are those of the data-parallel model, so all start from the same one.
+inline void add_mlp_stage(mncl::MultiNodeChainList &chain, const Options &o, bool first_stage) {
+  if (first_stage) {
+    auto layers = std::make_shared<mncl::Sequential>();
+    layers->emplace<mncl::Dense>(kPixels, o.hidden, o.seed, false).emplace<mncl::ReLU>();
+    chain.add_link(layers, std::nullopt, 1);
+  } else {
+    chain.add_link(std::make_shared<mncl::Dense>(o.hidden, kClasses, o.seed + 1), 0, std::nullopt);
+  }
+}
+
+// The two-stage examples' epoch report: stage 1 (rank 1 of `pipeline`) holds `metrics`, {train
+// loss, train accuracy, test loss, test accuracy}, and sends them to stage 0; `print` says
+// whether this rank prints them. Returns the test accuracy.
+inline double report_epoch(mncl::Communicator &pipeline, std::vector<double> &metrics, int epoch,
+                           double seconds, bool print) {
+  pipeline.bcast(metrics, 1);
+  if (print) {
+    std::printf("epoch %d  train loss %.4f acc %.4f  test loss %.4f acc %.4f  time %.2f s\n", epoch,
+                metrics[0], metrics[1], metrics[2], metrics[3], seconds);
+    std::fflush(stdout);
+  }
+  return metrics[3];
+}
+
+// The last line of every example (check_accuracy.sh reads it).
+inline void print_final(double accuracy, int epochs, double seconds) {
+  std::printf("final test accuracy %.4f after %d epochs, %.2f s\n", accuracy, epochs, seconds);
+}
+
+// The examples' main(): parses the options, then runs train(comm, options, optimizer) on the
+// world communicator with the optimizer they name (Adam, or SGD with momentum 0.9). Returns
+// train's status, 2 for bad options, 1 for an exception; `name` prefixes the messages.
+template <class Train>
+int main_with(int argc, char **argv, const char *name, Train &&train) {
+  Options options;
+  try {
+    options = parse_options(argc, argv);
+  } catch (const std::exception &e) {
+    std::fprintf(stderr, "%s: %s\n", name, e.what());
+    return 2;
+  }
+  try {
+    mncl::Communicator comm;
+    int status;
+    if (options.optimizer == "adam") {
+      status = train(comm, options, mncl::Adam({options.lr}));
+    } else {
+      status = train(comm, options, mncl::Sgd({options.lr, 0.9f, 0.0f}));
+    }
+    comm.destroy();
+    return status;
+  } catch (const std::exception &e) {
+    std::fprintf(stderr, "%s: %s\n", name, e.what());
+    return 1;
+  }
 }
 
 }  // namespace fashion_mnist

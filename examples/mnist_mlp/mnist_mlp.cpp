@@ -43,14 +43,7 @@ int train(mncl::Communicator &comm, const Options &o, Optimizer inner) {
   // Only rank 0 reads the files; everyone learns whether that worked.
   std::vector<Sample> train_set, test_set;
   std::string error;
-  if (is_root) {
-    try {
-      train_set = fashion_mnist::load(o.data_dir, "train", o.train_limit);
-      test_set = fashion_mnist::load(o.data_dir, "t10k", o.test_limit);
-    } catch (const std::exception &e) {
-      error = e.what();
-    }
-  }
+  if (is_root) error = fashion_mnist::load_sets(o, train_set, test_set);
   comm.bcast_obj(error);
   if (!error.empty()) {
     if (is_root) {
@@ -91,9 +84,7 @@ int train(mncl::Communicator &comm, const Options &o, Optimizer inner) {
   const auto values = mncl::value_spans(params);
   const auto grads = mncl::grad_spans(params);
 
-  mncl::MultiNodeOptimizerOptions exchange;
-  exchange.double_buffering = o.double_buffering;
-  exchange.fusion_buffer_bytes = o.fusion_bytes;
+  mncl::MultiNodeOptimizerOptions exchange = fashion_mnist::exchange_options(o);
   exchange.allreduce_every = o.allreduce_every;
   if (o.grad_dtype == "float16") {
     exchange.grad_dtype = mncl::GradDtype::kFloat16;
@@ -160,8 +151,7 @@ int train(mncl::Communicator &comm, const Options &o, Optimizer inner) {
     std::size_t correct = 0, seen = 0;
     for (std::size_t step = 0; step < steps; ++step) {
       optimizer.actual_optimizer().options().lr =
-          fashion_mnist::learning_rate(o, static_cast<std::size_t>(epoch - 1) * steps + step,
-                                       static_cast<std::size_t>(o.epochs) * steps);
+          fashion_mnist::learning_rate_at(o, epoch, step, steps);
       for (int micro = 0; micro < o.allreduce_every; ++micro) {
         const auto batch = loader.next();
         const float loss = loss_fn.forward(model.forward(batch->x), batch->labels);
@@ -183,9 +173,9 @@ int train(mncl::Communicator &comm, const Options &o, Optimizer inner) {
     const double comm_share = timing[1] / timing[0], data_share = timing[2] / timing[0];
     const auto train_metrics = evaluator.average(
         {{"loss", loss_sum / seen}, {"accuracy", static_cast<double>(correct) / seen}}, seen);
-    test_metrics = evaluator.evaluate(test_shard, 500, [&](const Sample *s, std::size_t n) {
-      return evaluate_batch(model, s, n);
-    });
+    test_metrics = evaluator.evaluate(
+        test_shard, fashion_mnist::kTestBatch,
+        [&](const Sample *s, std::size_t n) { return evaluate_batch(model, s, n); });
     const double epoch_seconds = fashion_mnist::seconds_since(start);
     total_seconds += epoch_seconds;
     if (is_root) {
@@ -213,10 +203,7 @@ int train(mncl::Communicator &comm, const Options &o, Optimizer inner) {
     }
   }
   const double accuracy = test_metrics.at("accuracy");
-  if (is_root) {
-    std::printf("final test accuracy %.4f after %d epochs, %.2f s\n", accuracy, o.epochs,
-                total_seconds);
-  }
+  if (is_root) fashion_mnist::print_final(accuracy, o.epochs, total_seconds);
   if (accuracy < o.min_accuracy) {
     if (is_root) std::fprintf(stderr, "mnist_mlp: below --min-accuracy %g\n", o.min_accuracy);
     return 1;
@@ -227,25 +214,9 @@ int train(mncl::Communicator &comm, const Options &o, Optimizer inner) {
 }  // namespace
 
 int main(int argc, char **argv) {
-  Options options;
-  try {
-    options = fashion_mnist::parse_options(argc, argv);
-  } catch (const std::exception &e) {
-    std::fprintf(stderr, "mnist_mlp: %s\n", e.what());
-    return 2;
-  }
-  try {
-    mncl::Communicator comm;
-    int status;
-    if (options.optimizer == "adam") {
-      status = train(comm, options, mncl::Adam({options.lr}));
-    } else {
-      status = train(comm, options, mncl::Sgd({options.lr, 0.9f, 0.0f}));
-    }
-    comm.destroy();
-    return status;
-  } catch (const std::exception &e) {
-    std::fprintf(stderr, "mnist_mlp: %s\n", e.what());
-    return 1;
-  }
+  // A generic lambda: train is a template over the optimizer that main_with picks.
+  return fashion_mnist::main_with(argc, argv, "mnist_mlp",
+                                  [](mncl::Communicator &comm, const Options &o, auto optimizer) {
+                                    return train(comm, o, std::move(optimizer));
+                                  });
 }

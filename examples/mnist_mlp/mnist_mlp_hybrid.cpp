@@ -11,8 +11,8 @@
 // images (scatter_dataset over stage 0's data-parallel group) and sends its labels to stage 1;
 // both stages walk the shard with PrefetchLoaders of the same seed, hence in the same order.
 #include <cstdio>
-#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fashion_mnist.hpp"
@@ -38,14 +38,7 @@ int train(mncl::Communicator &world, const Options &o, Optimizer inner) {
   }
   std::string error;
   std::vector<Sample> train_set, test_set;
-  if (is_root) {
-    try {
-      train_set = fashion_mnist::load(o.data_dir, "train", o.train_limit);
-      test_set = fashion_mnist::load(o.data_dir, "t10k", o.test_limit);
-    } catch (const std::exception &e) {
-      error = e.what();
-    }
-  }
+  if (is_root) error = fashion_mnist::load_sets(o, train_set, test_set);
   world.bcast_obj(error);
   if (!error.empty()) {
     if (is_root) std::fprintf(stderr, "mnist_mlp_hybrid: %s\n", error.c_str());
@@ -80,23 +73,13 @@ int train(mncl::Communicator &world, const Options &o, Optimizer inner) {
   test_set = {};
 
   mncl::MultiNodeChainList chain(groups.model_parallel);
-  if (first_stage) {
-    auto layers = std::make_shared<mncl::Sequential>();
-    layers->emplace<mncl::Dense>(fashion_mnist::kPixels, o.hidden, o.seed, false)
-        .emplace<mncl::ReLU>();
-    chain.add_link(layers, std::nullopt, 1);
-  } else {
-    chain.add_link(std::make_shared<mncl::Dense>(o.hidden, fashion_mnist::kClasses, o.seed + 1), 0,
-                   std::nullopt);
-  }
+  fashion_mnist::add_mlp_stage(chain, o, first_stage);
   const auto params = chain.parameters();
   const auto values = mncl::value_spans(params);
   const auto grads = mncl::grad_spans(params);
-  mncl::MultiNodeOptimizerOptions exchange;
-  exchange.double_buffering = o.double_buffering;
-  exchange.fusion_buffer_bytes = o.fusion_bytes;
   // Averages this stage's gradients over the replicas only.
-  mncl::MultiNodeOptimizer<Optimizer> optimizer(std::move(inner), groups.data_parallel, exchange);
+  mncl::MultiNodeOptimizer<Optimizer> optimizer(std::move(inner), groups.data_parallel,
+                                                fashion_mnist::exchange_options(o));
 
   // Same seed on both stages of a replica: the same batch order over the same shard.
   const std::size_t local_batch = static_cast<std::size_t>(o.batch_size / where.replicas);
@@ -136,8 +119,7 @@ int train(mncl::Communicator &world, const Options &o, Optimizer inner) {
     std::size_t correct = 0;
     for (std::size_t step = 0; step < steps; ++step) {
       optimizer.actual_optimizer().options().lr =
-          fashion_mnist::learning_rate(o, static_cast<std::size_t>(epoch - 1) * steps + step,
-                                       static_cast<std::size_t>(o.epochs) * steps);
+          fashion_mnist::learning_rate_at(o, epoch, step, steps);
       mncl::Tensor grad;
       if (first_stage) {
         chain.forward(image_loader.next()->x);
@@ -150,12 +132,11 @@ int train(mncl::Communicator &world, const Options &o, Optimizer inner) {
       chain.backward(grad);
       optimizer.update(values, grads);
     }
-    // Test: stage 0 streams its test shard through the pipeline in batches of 500.
+    // Test: stage 0 streams its test shard through the pipeline.
     double test_loss = 0;
     std::size_t test_correct = 0;
     std::vector<const Sample *> pointers;
-    for (std::size_t begin = 0; begin < test_labels.size(); begin += 500) {
-      const std::size_t n = std::min<std::size_t>(500, test_labels.size() - begin);
+    fashion_mnist::for_each_test_batch(test_labels.size(), [&](std::size_t begin, std::size_t n) {
       mncl::Tensor x;
       if (first_stage) {
         pointers.resize(n);
@@ -170,7 +151,7 @@ int train(mncl::Communicator &world, const Options &o, Optimizer inner) {
         test_loss += loss_fn.forward(logits, labels) * n;
         test_correct += loss_fn.correct();
       }
-    }
+    });
     const double seconds = fashion_mnist::seconds_since(start);
     total_seconds += seconds;
     // Stage 1 averages over the replicas, then tells its stage 0; world rank 0 prints.
@@ -185,18 +166,9 @@ int train(mncl::Communicator &world, const Options &o, Optimizer inner) {
                             test_labels.size());
       metrics = {train.at("loss"), train.at("accuracy"), test.at("loss"), test.at("accuracy")};
     }
-    groups.model_parallel.bcast(metrics, 1);
-    accuracy = metrics[3];
-    if (is_root) {
-      std::printf("epoch %d  train loss %.4f acc %.4f  test loss %.4f acc %.4f  time %.2f s\n",
-                  epoch, metrics[0], metrics[1], metrics[2], metrics[3], seconds);
-      std::fflush(stdout);
-    }
+    accuracy = fashion_mnist::report_epoch(groups.model_parallel, metrics, epoch, seconds, is_root);
   }
-  if (is_root) {
-    std::printf("final test accuracy %.4f after %d epochs, %.2f s\n", accuracy, o.epochs,
-                total_seconds);
-  }
+  if (is_root) fashion_mnist::print_final(accuracy, o.epochs, total_seconds);
   optimizer.synchronize();
   groups.model_parallel.destroy();
   groups.data_parallel.destroy();
@@ -206,25 +178,9 @@ int train(mncl::Communicator &world, const Options &o, Optimizer inner) {
 }  // namespace
 
 int main(int argc, char **argv) {
-  Options options;
-  try {
-    options = fashion_mnist::parse_options(argc, argv);
-  } catch (const std::exception &e) {
-    std::fprintf(stderr, "mnist_mlp_hybrid: %s\n", e.what());
-    return 2;
-  }
-  try {
-    mncl::Communicator comm;
-    int status;
-    if (options.optimizer == "adam") {
-      status = train(comm, options, mncl::Adam({options.lr}));
-    } else {
-      status = train(comm, options, mncl::Sgd({options.lr, 0.9f, 0.0f}));
-    }
-    comm.destroy();
-    return status;
-  } catch (const std::exception &e) {
-    std::fprintf(stderr, "mnist_mlp_hybrid: %s\n", e.what());
-    return 1;
-  }
+  // A generic lambda: train is a template over the optimizer that main_with picks.
+  return fashion_mnist::main_with(argc, argv, "mnist_mlp_hybrid",
+                                  [](mncl::Communicator &comm, const Options &o, auto optimizer) {
+                                    return train(comm, o, std::move(optimizer));
+                                  });
 }

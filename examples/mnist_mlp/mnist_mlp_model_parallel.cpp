@@ -8,8 +8,9 @@
 // parameters (nothing to average: no parameter lives on two ranks). Rank 0 reads the data and
 // gives rank 1 the labels; both walk the batches in the same (seeded) order.
 #include <cstdio>
-#include <stdexcept>
+#include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fashion_mnist.hpp"
@@ -34,12 +35,7 @@ int train(mncl::Communicator &comm, const Options &o, Optimizer optimizer) {
   if (comm.size() != 2) {
     error = "needs exactly 2 ranks (mncl-run -n 2), not " + std::to_string(comm.size());
   } else if (first_half) {
-    try {
-      train_set = fashion_mnist::load(o.data_dir, "train", o.train_limit);
-      test_set = fashion_mnist::load(o.data_dir, "t10k", o.test_limit);
-    } catch (const std::exception &e) {
-      error = e.what();
-    }
+    error = fashion_mnist::load_sets(o, train_set, test_set);
   }
   if (comm.size() == 2) comm.bcast_obj(error);
   if (!error.empty()) {
@@ -52,17 +48,7 @@ int train(mncl::Communicator &comm, const Options &o, Optimizer optimizer) {
   comm.bcast_obj(test_labels);
 
   mncl::MultiNodeChainList chain(comm);
-  std::shared_ptr<mncl::Link> stage;
-  if (first_half) {
-    auto layers = std::make_shared<mncl::Sequential>();
-    layers->emplace<mncl::Dense>(fashion_mnist::kPixels, o.hidden, o.seed, false)
-        .emplace<mncl::ReLU>();
-    stage = layers;
-    chain.add_link(stage, std::nullopt, 1);
-  } else {
-    stage = std::make_shared<mncl::Dense>(o.hidden, fashion_mnist::kClasses, o.seed + 1);
-    chain.add_link(stage, 0, std::nullopt);
-  }
+  fashion_mnist::add_mlp_stage(chain, o, first_half);
   const auto params = chain.parameters();
   const auto values = mncl::value_spans(params);
   const auto grads = mncl::grad_spans(params);
@@ -113,9 +99,7 @@ int train(mncl::Communicator &comm, const Options &o, Optimizer optimizer) {
     double loss_sum = 0;
     std::size_t correct = 0;
     for (std::size_t step = 0; step < steps; ++step) {
-      optimizer.options().lr =
-          fashion_mnist::learning_rate(o, static_cast<std::size_t>(epoch - 1) * steps + step,
-                                       static_cast<std::size_t>(o.epochs) * steps);
+      optimizer.options().lr = fashion_mnist::learning_rate_at(o, epoch, step, steps);
       const std::vector<std::size_t> indices(order.begin() + step * batch_size,
                                              order.begin() + (step + 1) * batch_size);
       const auto [loss, hits] = run_batch(train_set, train_labels, indices, true);
@@ -124,58 +108,31 @@ int train(mncl::Communicator &comm, const Options &o, Optimizer optimizer) {
     }
     double test_loss = 0;
     std::size_t test_correct = 0;
-    for (std::size_t begin = 0; begin < test_labels.size(); begin += 500) {
-      std::vector<std::size_t> indices;
-      for (std::size_t i = begin; i < std::min(begin + 500, test_labels.size()); ++i) {
-        indices.push_back(i);
-      }
+    fashion_mnist::for_each_test_batch(test_labels.size(), [&](std::size_t begin, std::size_t n) {
+      std::vector<std::size_t> indices(n);
+      std::iota(indices.begin(), indices.end(), begin);
       const auto [loss, hits] = run_batch(test_set, test_labels, indices, false);
-      test_loss += loss * indices.size();
+      test_loss += loss * n;
       test_correct += hits;
-    }
+    });
     const double seconds = fashion_mnist::seconds_since(start);
     total_seconds += seconds;
     // The metrics live on rank 1; rank 0 prints them.
     std::vector<double> metrics{
         loss_sum / (steps * batch_size), static_cast<double>(correct) / (steps * batch_size),
         test_loss / test_labels.size(), static_cast<double>(test_correct) / test_labels.size()};
-    comm.bcast(metrics, 1);
-    accuracy = metrics[3];
-    if (first_half) {
-      std::printf("epoch %d  train loss %.4f acc %.4f  test loss %.4f acc %.4f  time %.2f s\n",
-                  epoch, metrics[0], metrics[1], metrics[2], metrics[3], seconds);
-      std::fflush(stdout);
-    }
+    accuracy = fashion_mnist::report_epoch(comm, metrics, epoch, seconds, first_half);
   }
-  if (first_half) {
-    std::printf("final test accuracy %.4f after %d epochs, %.2f s\n", accuracy, o.epochs,
-                total_seconds);
-  }
+  if (first_half) fashion_mnist::print_final(accuracy, o.epochs, total_seconds);
   return accuracy < o.min_accuracy ? 1 : 0;
 }
 
 }  // namespace
 
 int main(int argc, char **argv) {
-  Options options;
-  try {
-    options = fashion_mnist::parse_options(argc, argv);
-  } catch (const std::exception &e) {
-    std::fprintf(stderr, "mnist_mlp_model_parallel: %s\n", e.what());
-    return 2;
-  }
-  try {
-    mncl::Communicator comm;
-    int status;
-    if (options.optimizer == "adam") {
-      status = train(comm, options, mncl::Adam({options.lr}));
-    } else {
-      status = train(comm, options, mncl::Sgd({options.lr, 0.9f, 0.0f}));
-    }
-    comm.destroy();
-    return status;
-  } catch (const std::exception &e) {
-    std::fprintf(stderr, "mnist_mlp_model_parallel: %s\n", e.what());
-    return 1;
-  }
+  // A generic lambda: train is a template over the optimizer that main_with picks.
+  return fashion_mnist::main_with(argc, argv, "mnist_mlp_model_parallel",
+                                  [](mncl::Communicator &comm, const Options &o, auto optimizer) {
+                                    return train(comm, o, std::move(optimizer));
+                                  });
 }

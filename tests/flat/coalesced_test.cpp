@@ -9,14 +9,19 @@
 //   mncl-run -n 3 --backend naive -- coalesced_test
 #include <mncl/mncl.h>
 
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
-#include <string>
 #include <vector>
 
+#include "mncl_test_data.h"
+
 namespace {
+
+// The element codec and the reduction data are the conformance suite's.
+using mncl_testing::encode;
+using mncl_testing::mix;
 
 int g_rank = 0, g_size = 1;
 int g_failures = 0;
@@ -30,126 +35,6 @@ int g_failures = 0;
       std::exit(2); /* the ranks can no longer match their calls: stop */                          \
     }                                                                                              \
   } while (0)
-
-uint64_t mix(uint64_t x) {  // splitmix64
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-bool is_float(mncl_dtype_t dt) {
-  return dt >= MNCL_FLOAT16;
-}
-bool is_signed(mncl_dtype_t dt) {
-  return is_float(dt) || dt == MNCL_INT8 || dt == MNCL_INT32 || dt == MNCL_INT64;
-}
-
-// Input of `rank` at element i of buffer b: values whose reduction is exact in every dtype
-// (fp16 and bf16 included) whatever the order of accumulation.
-int64_t input(mncl_dtype_t dt, mncl_op_t op, int rank, size_t b, size_t i) {
-  const uint64_t h = mix(mix(b * 7919 + static_cast<uint64_t>(rank)) ^ i);
-  switch (op) {
-    case MNCL_PROD:
-      return h % 8 == 0 ? 2 : (h % 8 == 1 && is_signed(dt) ? -1 : 1);
-    case MNCL_MIN:
-    case MNCL_MAX:
-      return is_signed(dt) ? static_cast<int64_t>(h % 251) - 125 : h % 251;
-    case MNCL_AVG:
-      if (is_float(dt)) return g_size * (static_cast<int64_t>(h % 5) - 2);  // exact average
-      [[fallthrough]];
-    default:
-      return is_signed(dt) ? static_cast<int64_t>(h % 9) - 4 : h % 9;
-  }
-}
-
-int64_t reduce(mncl_op_t op, size_t b, size_t i, mncl_dtype_t dt) {
-  int64_t acc = input(dt, op, 0, b, i);
-  for (int r = 1; r < g_size; ++r) {
-    const int64_t v = input(dt, op, r, b, i);
-    switch (op) {
-      case MNCL_SUM:
-      case MNCL_AVG:
-        acc += v;
-        break;
-      case MNCL_PROD:
-        acc *= v;
-        break;
-      case MNCL_MIN:
-        acc = v < acc ? v : acc;
-        break;
-      case MNCL_MAX:
-        acc = v > acc ? v : acc;
-        break;
-    }
-  }
-  return op == MNCL_AVG ? acc / g_size : acc;  // truncation toward zero, as MNCL specifies
-}
-
-uint16_t to_half(float f) {  // exact for the small integers used here
-  if (f == 0.0f) return std::signbit(f) ? 0x8000u : 0;
-  const uint16_t sign = f < 0 ? 0x8000u : 0;
-  int e = 0;
-  const float m = std::frexp(std::fabs(f), &e);  // f = m * 2^e, m in [0.5, 1)
-  return static_cast<uint16_t>(sign | ((e + 14) << 10) |
-                               (static_cast<uint32_t>(m * 2048.0f) & 0x3ffu));
-}
-
-void encode(mncl_dtype_t dt, int64_t v, unsigned char *p) {
-  switch (dt) {
-    case MNCL_INT8: {
-      int8_t x = static_cast<int8_t>(v);
-      std::memcpy(p, &x, 1);
-      break;
-    }
-    case MNCL_UINT8: {
-      uint8_t x = static_cast<uint8_t>(v);
-      std::memcpy(p, &x, 1);
-      break;
-    }
-    case MNCL_INT32: {
-      int32_t x = static_cast<int32_t>(v);
-      std::memcpy(p, &x, 4);
-      break;
-    }
-    case MNCL_UINT32: {
-      uint32_t x = static_cast<uint32_t>(v);
-      std::memcpy(p, &x, 4);
-      break;
-    }
-    case MNCL_INT64:
-      std::memcpy(p, &v, 8);
-      break;
-    case MNCL_UINT64: {
-      uint64_t x = static_cast<uint64_t>(v);
-      std::memcpy(p, &x, 8);
-      break;
-    }
-    case MNCL_FLOAT16: {
-      uint16_t x = to_half(static_cast<float>(v));
-      std::memcpy(p, &x, 2);
-      break;
-    }
-    case MNCL_BFLOAT16: {  // integers below 256 are exact: the upper half of the float
-      const float f = static_cast<float>(v);
-      uint32_t u;
-      std::memcpy(&u, &f, 4);
-      const uint16_t x = static_cast<uint16_t>(u >> 16);
-      std::memcpy(p, &x, 2);
-      break;
-    }
-    case MNCL_FLOAT32: {
-      float x = static_cast<float>(v);
-      std::memcpy(p, &x, 4);
-      break;
-    }
-    case MNCL_FLOAT64: {
-      double x = static_cast<double>(v);
-      std::memcpy(p, &x, 8);
-      break;
-    }
-  }
-}
 
 // 100 sizes: empty, tiny, odd, primes and a few larger ones, in no order.
 std::vector<size_t> assorted_counts() {
@@ -172,9 +57,10 @@ void check_case(mncl_comm_t comm, mncl_dtype_t dt, mncl_op_t op, bool nonblockin
     const size_t bytes = counts[b] * es + 1;
     send[b].assign(bytes, 0);
     want[b].assign(bytes, 0);
+    const int seed = static_cast<int>(b);  // each buffer holds other values
     for (size_t i = 0; i < counts[b]; ++i) {
-      encode(dt, input(dt, op, g_rank, b, i), &send[b][i * es]);
-      encode(dt, reduce(op, b, i, dt), &want[b][i * es]);
+      encode(dt, mncl_testing::reduce_input(dt, op, g_rank, g_size, i, seed), &send[b][i * es]);
+      encode(dt, mncl_testing::reduce_output(dt, op, g_size, i, seed), &want[b][i * es]);
     }
     coalesced[b] = send[b];
     single[b].assign(bytes, 0xA5);
