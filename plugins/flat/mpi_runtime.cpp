@@ -120,6 +120,10 @@ void ensure_mpi(const mncl_host_v1_t *host) {
                        kit::format("flat: MPI_Init_thread failed: %s", mpi_error_text(rc).c_str()));
     }
     g_we_initialized = true;
+    // Open MPI 4.1 reports a failed non-blocking collective (MPI_Testall: the polled and
+    // mncl_i* paths) on MPI_COMM_WORLD, not on flat's communicator: left fatal, it kills the
+    // rank and mpirun the job. An application that initialized MPI keeps its own handler.
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     std::atexit(finalize_at_exit);
     MNCL_KIT_LOG(host, MNCL_LOG_INFO, "initialized MPI (%s); it is finalized at exit",
                  thread_level_name(g_thread_level));

@@ -5,19 +5,25 @@
 //   <name> <backend> PASS|FAIL|SKIP <figure>
 //
 // and exits 0 on PASS or SKIP. Ranks report to the driver through a pipe, one line each
-// ("ready <rank>" / "result <rank> <status> <monotonic ns> <extra>"); long error messages go to
-// files in the run's folder. CLOCK_MONOTONIC is system-wide, so the driver can subtract the
-// instant it injected the fault from the instant a rank's call returned.
+// ("ready <rank> <pid>" / "result <rank> <status> <monotonic ns> <extra>"); long error messages
+// go to files in the run's folder. CLOCK_MONOTONIC is system-wide, so the driver can subtract
+// the instant it injected the fault from the instant a rank's call returned.
+//
+// With --launcher mpirun (the flat backend) the driver starts one `mpirun -np N` instead, which
+// starts the ranks; they take their rank from mpirun's environment and report through a FIFO
+// in the run's folder (mpirun passes no descriptors on), and mpirun's exit ends the wait.
 //
 //   fault_test killed|stalled|late|mismatch|abort|recovery|watchdog|store_bind|store_token
 //              [--backend B] [--ranks N] [--timeout S] [--runs N] [--debug-checks 0|1]
 //              [--case allreduce_vs_bcast|count|dtype|root] [--netns NS0,NS1 --hosts A0,A1]
+//              [--launcher fork|mpirun] [--mpirun PATH] [--mpirun-arg ARG]... [--expect-job-end]
 #include <fcntl.h>
 #include <mncl/mncl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -127,7 +133,8 @@ struct Worker {
     const std::string l = text + "\n";
     if (fd >= 0 && write(fd, l.data(), l.size()) != static_cast<ssize_t>(l.size())) _exit(9);
   }
-  void ready() { line(fmt("ready %d", rank)); }
+  // The pid: under mpirun the driver learns its victim's process only from this line.
+  void ready() { line(fmt("ready %d %d", rank, static_cast<int>(getpid()))); }
   // Reports a call's outcome: status, the instant it returned, extra words; the message goes
   // to <dir>/msg.<rank>.
   void result(mncl_status_t st, int64_t t, const std::string &extra = "-",
@@ -357,9 +364,13 @@ int worker_store(Worker &w) {
 
 int worker_main() {
   Worker w;
-  w.rank = env_int("MNCL_RANK", -1);
-  w.size = env_int("MNCL_SIZE", 0);
+  // Under mpirun every rank gets the same environment: the rank is mpirun's.
+  w.rank = env_int("MNCL_RANK", env_int("OMPI_COMM_WORLD_RANK", -1));
+  w.size = env_int("MNCL_SIZE", env_int("OMPI_COMM_WORLD_SIZE", 0));
   w.fd = env_int("FAULT_RESULT_FD", -1);
+  if (const std::string fifo = env_or("FAULT_RESULT_FIFO", ""); w.fd < 0 && !fifo.empty()) {
+    w.fd = open(fifo.c_str(), O_WRONLY | O_CLOEXEC);  // the driver holds the read end open
+  }
   w.dir = env_or("FAULT_DIR", "/tmp");
   w.scenario = env_or("FAULT_SCENARIO", "");
   if (w.scenario == "killed" || w.scenario == "stalled" || w.scenario == "link_cut") {
@@ -385,6 +396,10 @@ struct Options {
   bool known_issue = false;               // a documented limitation: report XFAIL instead of FAIL
   std::vector<std::string> netns, hosts;  // multi-host runs: rank r in netns[r % n]
   std::string cut;                        // shell command that cuts the link (link_cut)
+  std::string launcher = "fork";          // mpirun: one mpirun starts the ranks (flat)
+  std::string mpirun = "mpirun";
+  std::vector<std::string> mpirun_args;  // e.g. --enable-recovery
+  bool expect_job_end = false;           // killed: mpirun ends the job (its default); judge that
 };
 
 struct Event {
@@ -406,12 +421,25 @@ class Job {
       std::exit(1);
     }
     dir_ = tmpl;
-    int fds[2];
-    if (pipe2(fds, O_CLOEXEC) != 0) {
-      std::perror("pipe");
-      std::exit(1);
+    int fds[2] = {-1, -1};
+    if (o.launcher == "mpirun") {
+      const std::string fifo = dir_ + "/events";
+      if (mkfifo(fifo.c_str(), 0600) != 0) {
+        std::perror("mkfifo");
+        std::exit(1);
+      }
+      read_fd_ = open(fifo.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+      // A writer of our own: the FIFO never reads as EOF while ranks come and go (mpirun's
+      // exit ends the wait instead).
+      keep_fd_ = open(fifo.c_str(), O_WRONLY | O_CLOEXEC);
+      env["FAULT_RESULT_FIFO"] = fifo;
+    } else {
+      if (pipe2(fds, O_CLOEXEC) != 0) {
+        std::perror("pipe");
+        std::exit(1);
+      }
+      read_fd_ = fds[0];
     }
-    read_fd_ = fds[0];
     std::string host0 = o.hosts.empty() ? "127.0.0.1" : o.hosts[0];
     if (env.find("MNCL_STORE") == env.end()) {
       env["MNCL_STORE"] = fmt("tcp://%s:%d", host0.c_str(), free_port());
@@ -422,8 +450,19 @@ class Job {
     env["FAULT_DIR"] = dir_;
     if (env.count("MNCL_BACKEND") == 0) env["MNCL_BACKEND"] = o.backend;
     if (o.debug_checks) env["MNCL_DEBUG_CHECKS"] = "1";
-    if (o.backend == "flat") env["MNCL_FLAT_BOUNDED"] = "1";
+    // flat's blocking calls are bounded only when polled (unless the caller says otherwise).
+    if (o.backend == "flat") env["MNCL_FLAT_BOUNDED"] = env_or("MNCL_FLAT_BOUNDED", "1");
     store_ = env["MNCL_STORE"];
+    if (o.launcher == "mpirun") {
+      // The ranks inherit mpirun's environment (all on this host); MNCL_RANK stays unset, so
+      // each takes OMPI_COMM_WORLD_RANK. --oversubscribe: CI has fewer cores than ranks.
+      std::vector<std::string> args = {o.mpirun,          "-np",       std::to_string(ranks),
+                                       "--oversubscribe", "--bind-to", "none"};
+      args.insert(args.end(), o.mpirun_args.begin(), o.mpirun_args.end());
+      args.insert(args.end(), {self(), "--worker"});
+      launcher_ = spawn(args, env, -1);
+      return;
+    }
     for (int r = 0; r < ranks; ++r) {
       auto e = env;
       e["MNCL_RANK"] = std::to_string(r);
@@ -432,32 +471,16 @@ class Job {
       e["MNCL_LOCAL_SIZE"] = std::to_string((ranks - r % nhosts + nhosts - 1) / nhosts);
       if (!o.netns.empty()) e["MNCL_GLOO_IFACE"] = "veth-" + o.netns[r % nhosts];
       if (per_rank) per_rank(r, e);
-      const pid_t pid = fork();
-      if (pid < 0) {
-        std::perror("fork");
-        std::exit(1);
+      std::vector<std::string> args = {self(), "--worker"};
+      if (!o.netns.empty()) {
+        // A namespace is a host: its own network, and its own host name (UTS namespace).
+        const std::string &ns = o.netns[r % nhosts];
+        args = {"ip",   "netns",   "exec",
+                ns,     "unshare", "--uts",
+                "sh",   "-c",      "hostname \"mncl-$1\" && exec \"$0\" --worker",
+                self(), ns};
       }
-      if (pid == 0) {
-        const int wfd = dup(fds[1]);  // without O_CLOEXEC
-        for (const auto &[k, v] : e) setenv(k.c_str(), v.c_str(), 1);
-        setenv("FAULT_RESULT_FD", std::to_string(wfd).c_str(), 1);
-        std::vector<std::string> args = {self(), "--worker"};
-        if (!o.netns.empty()) {
-          // A namespace is a host: its own network, and its own host name (UTS namespace).
-          const std::string &ns = o.netns[r % nhosts];
-          args = {"ip",   "netns",   "exec",
-                  ns,     "unshare", "--uts",
-                  "sh",   "-c",      "hostname \"mncl-$1\" && exec \"$0\" --worker",
-                  self(), ns};
-        }
-        std::vector<char *> argv;
-        for (auto &a : args) argv.push_back(a.data());
-        argv.push_back(nullptr);
-        execvp(argv[0], argv.data());
-        std::perror("execvp");
-        _exit(127);
-      }
-      pids_.push_back(pid);
+      pids_.push_back(spawn(args, e, fds[1]));
     }
     close(fds[1]);
   }
@@ -467,7 +490,9 @@ class Job {
       kill(p, SIGKILL);
     }
     for (pid_t p : pids_) waitpid(p, nullptr, 0);
+    if (launcher_ > 0) stop_mpirun();
     close(read_fd_);
+    if (keep_fd_ >= 0) close(keep_fd_);
     std::filesystem::remove_all(dir_);
   }
 
@@ -477,35 +502,23 @@ class Job {
     return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "/proc/self/exe";
   }
 
-  // Reads events until `done` says so or the deadline passes; returns false on timeout/EOF.
+  // Reads events until `done` says so or the deadline passes; returns false on timeout/EOF (or
+  // once mpirun has exited).
   bool read_until(double timeout_s, const std::function<bool()> &done) {
     const int64_t deadline = now_ns() + static_cast<int64_t>(timeout_s * 1e9);
     while (!done()) {
       const int64_t left_ms = (deadline - now_ns()) / 1000000;
       if (left_ms <= 0) return false;
       pollfd p{read_fd_, POLLIN, 0};
-      if (poll(&p, 1, static_cast<int>(std::min<int64_t>(left_ms, 100))) <= 0) continue;
-      char buf[4096];
-      const ssize_t n = read(read_fd_, buf, sizeof buf);
-      if (n <= 0) return done();
-      pending_.append(buf, static_cast<size_t>(n));
-      for (size_t nl; (nl = pending_.find('\n')) != std::string::npos;) {
-        std::istringstream in(pending_.substr(0, nl));
-        pending_.erase(0, nl + 1);
-        Event e;
-        in >> e.kind >> e.rank;
-        if (e.kind == "result") {
-          std::string st;
-          long long t = 0;
-          in >> st >> t;
-          e.status = status_of(st);
-          e.t = t;
-          for (std::string word; in >> word;) e.extra.push_back(word);
-          results_[e.rank] = e;
-        } else {
-          ready_.insert_or_assign(e.rank, e);
-        }
+      const bool ended = launcher_ended();  // before the read: its ranks' last lines count
+      if (poll(&p, 1, static_cast<int>(std::min<int64_t>(left_ms, 100))) > 0) {
+        char buf[4096];
+        const ssize_t n = read(read_fd_, buf, sizeof buf);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return done();
+        if (n > 0) parse(buf, static_cast<size_t>(n));
+        continue;  // drain before judging by mpirun's exit
       }
+      if (ended) return done();
     }
     return true;
   }
@@ -521,15 +534,114 @@ class Job {
     });
   }
   std::string message(int rank) const { return read_file(dir_ + "/msg." + std::to_string(rank)); }
-  pid_t pid(int rank) const { return pids_[static_cast<size_t>(rank)]; }
+  // Under mpirun: the pid the rank reported with "ready" (-1 before that).
+  pid_t pid(int rank) const {
+    if (launcher_ <= 0) return pids_[static_cast<size_t>(rank)];
+    auto it = ready_.find(rank);
+    return it == ready_.end() || it->second.extra.empty() ? -1
+                                                          : std::atoi(it->second.extra[0].c_str());
+  }
+  // Signals a rank's process (false if its pid is unknown: never kill(-1, ...)).
+  bool signal(int rank, int sig) const {
+    const pid_t p = pid(rank);
+    return p > 0 && kill(p, sig) == 0;
+  }
   const std::map<int, Event> &results() const { return results_; }
   const std::string &store() const { return store_; }
+  // mpirun only: the instant mpirun was seen to have exited (0 while it runs), its wait status.
+  int64_t launcher_exit_ns() {
+    launcher_ended();
+    return launcher_exit_ns_;
+  }
+  int launcher_status() const { return launcher_status_; }
 
  private:
+  // fork + exec of args with env; pipe_fd (>= 0) becomes the child's FAULT_RESULT_FD.
+  static pid_t spawn(std::vector<std::string> args, const std::map<std::string, std::string> &env,
+                     int pipe_fd) {
+    const pid_t pid = fork();
+    if (pid < 0) {
+      std::perror("fork");
+      std::exit(1);
+    }
+    if (pid > 0) return pid;
+    if (pipe_fd >= 0) {
+      const int wfd = dup(pipe_fd);  // without O_CLOEXEC
+      setenv("FAULT_RESULT_FD", std::to_string(wfd).c_str(), 1);
+    } else {
+      const int null = open("/dev/null", O_RDONLY);  // mpirun would forward our stdin to rank 0
+      if (null >= 0) dup2(null, 0);
+    }
+    for (const auto &[k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+    std::vector<char *> argv;
+    for (auto &a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execvp(argv[0], argv.data());
+    std::perror("execvp");
+    _exit(127);
+  }
+
+  void parse(const char *buf, size_t n) {
+    pending_.append(buf, n);
+    for (size_t nl; (nl = pending_.find('\n')) != std::string::npos;) {
+      std::istringstream in(pending_.substr(0, nl));
+      pending_.erase(0, nl + 1);
+      Event e;
+      in >> e.kind >> e.rank;
+      if (e.kind == "result") {
+        std::string st;
+        long long t = 0;
+        in >> st >> t;
+        e.status = status_of(st);
+        e.t = t;
+      }
+      for (std::string word; in >> word;) e.extra.push_back(word);
+      (e.kind == "result" ? results_ : ready_).insert_or_assign(e.rank, e);
+    }
+  }
+
+  bool launcher_ended() {
+    if (launcher_ <= 0 || launcher_exit_ns_ != 0) return launcher_exit_ns_ != 0;
+    if (waitpid(launcher_, &launcher_status_, WNOHANG) == launcher_) launcher_exit_ns_ = now_ns();
+    return launcher_exit_ns_ != 0;
+  }
+  // A reported pid that is still one of our ranks (not reused since).
+  bool is_our_rank(pid_t p) const {
+    char buf[4096];
+    const ssize_t n =
+        readlink(fmt("/proc/%d/exe", static_cast<int>(p)).c_str(), buf, sizeof buf - 1);
+    return p > 0 && n > 0 && std::string(buf, static_cast<size_t>(n)) == self();
+  }
+  // mpirun ends its job on SIGTERM (and SIGKILLs what does not go); a stopped rank must run
+  // again to die of SIGTERM. Ranks it leaves behind are killed by their reported pids.
+  void stop_mpirun() {
+    for (int r = 0; r < ranks_; ++r) {
+      if (is_our_rank(pid(r))) kill(pid(r), SIGCONT);
+    }
+    const auto wait_for = [&](double s) {
+      for (int64_t end = now_ns() + static_cast<int64_t>(s * 1e9); now_ns() < end;) {
+        if (launcher_ended()) return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      return launcher_ended();
+    };
+    if (!launcher_ended()) kill(launcher_, SIGTERM);
+    if (!wait_for(10)) {
+      kill(launcher_, SIGKILL);
+      waitpid(launcher_, &launcher_status_, 0);
+    }
+    for (int r = 0; r < ranks_; ++r) {
+      if (is_our_rank(pid(r))) kill(pid(r), SIGKILL);
+    }
+  }
+
   int ranks_;
   std::string dir_, store_, pending_;
-  int read_fd_ = -1;
+  int read_fd_ = -1, keep_fd_ = -1;
   std::vector<pid_t> pids_;
+  pid_t launcher_ = -1;  // mpirun
+  int64_t launcher_exit_ns_ = 0;
+  int launcher_status_ = 0;
   std::map<int, Event> ready_, results_;
 };
 
@@ -558,7 +670,10 @@ std::vector<int> survivors(int ranks, int victim) {
 // network namespaces the ranks run in (every rank must fail then).
 int drive_killed(const Options &o, bool stop) {
   const bool cut = !o.cut.empty();
-  const std::string name = test_name(o, cut ? "link_cut" : stop ? "stalled_rank" : "killed_rank");
+  const std::string name = test_name(o, cut                ? "link_cut"
+                                        : stop             ? "stalled_rank"
+                                        : o.expect_job_end ? "killed_rank.default_mpirun"
+                                                           : "killed_rank");
   Job job(o, o.ranks, {});
   if (!job.all_ready(60)) {
     return report(name, o, false, "the ranks did not reach their allreduce loop");
@@ -568,12 +683,30 @@ int drive_killed(const Options &o, bool stop) {
   const int64_t t_fault = now_ns();
   if (cut) {
     if (std::system(o.cut.c_str()) != 0) return report(name, o, false, "cannot cut: " + o.cut);
-  } else {
-    kill(job.pid(victim), stop ? SIGSTOP : SIGKILL);
+  } else if (!job.signal(victim, stop ? SIGSTOP : SIGKILL)) {
+    return report(name, o, false, fmt("cannot signal rank %d", victim));
   }
   const auto others = survivors(o.ranks, victim);
   const double bound = o.timeout_s + 1.0;
   job.results_from(others, bound + 10);
+  const int64_t t_end = job.launcher_exit_ns();  // mpirun only: it ended the job
+  if (o.expect_job_end) {
+    // mpirun's default: a rank's death ends the whole job. Judged: it ends, and in time.
+    const double after = t_end ? seconds(t_end - t_fault) : -1;
+    const int st = job.launcher_status();
+    return report(name, o, t_end && after <= bound,
+                  t_end ? fmt("mpirun ended the whole job %.2f s after the kill (bound %.1f s, "
+                              "mpirun exit %d); %zu/%zu survivors returned before it",
+                              after, bound, WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st),
+                              job.results().size(), others.size())
+                        : fmt("the job still runs %.1f s after the kill", bound + 10));
+  }
+  if (t_end && job.results().size() < others.size()) {
+    std::fprintf(stderr,
+                 "%s: mpirun ended the job %.2f s after the fault (its default on a rank's "
+                 "death; --mpirun-arg --enable-recovery keeps the survivors running)\n",
+                 name.c_str(), seconds(t_end - t_fault));
+  }
   std::vector<double> latencies;
   int erroring = 0;
   bool ok = true;
@@ -737,7 +870,7 @@ int drive_recovery(const Options &o) {
   const int victim = o.ranks - 1;
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   const int64_t t_kill = now_ns();
-  kill(job.pid(victim), SIGKILL);
+  if (!job.signal(victim, SIGKILL)) return report(name, o, false, "cannot kill the victim");
   const auto others = survivors(o.ranks, victim);
   job.results_from(others, 3.0 * o.timeout_s + 30);
   bool ok = true;
@@ -926,6 +1059,14 @@ int main(int argc, char **argv) {
       o.hosts = split_list(next());
     else if (a == "--cut")
       o.cut = next();
+    else if (a == "--launcher")
+      o.launcher = next();
+    else if (a == "--mpirun")
+      o.mpirun = next();
+    else if (a == "--mpirun-arg")
+      o.mpirun_args.push_back(next());
+    else if (a == "--expect-job-end")
+      o.expect_job_end = true;
     else if (a[0] != '-' && o.scenario.empty())
       o.scenario = a;
     else {
