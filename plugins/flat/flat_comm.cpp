@@ -302,6 +302,7 @@ std::unique_ptr<Request> Comm::post(const mncl_coll_v1_t &c) {
   r->deadline = Clock::now() + std::chrono::milliseconds(c.timeout_ms > 0 ? c.timeout_ms : 300000);
   try {
     MpiLock lock;
+    if (options_.bounded) post_fingerprint(c, *r);
     issue(c, *r, true);
   } catch (...) {
     retire(std::move(r));  // chunks already started stay with MPI
@@ -323,6 +324,14 @@ bool Comm::test(Request &r) {
                                  what().c_str()));
   }
   int done = 0;
+  if (r.fingerprinted && !r.fingerprint_checked) {
+    {
+      MpiLock lock;
+      MPI_Test(&r.mpi[0], &done, MPI_STATUS_IGNORE);
+    }
+    if (done) check_fingerprint(r);  // before the data are trusted, and before they hang
+    done = 0;
+  }
   std::vector<MPI_Status> statuses(r.mpi.size());
   int rc;
   {
@@ -354,6 +363,79 @@ bool Comm::test(Request &r) {
   }
   finish(r, statuses.data());
   return true;
+}
+
+void Comm::post_fingerprint(const mncl_coll_v1_t &c, Request &r) {
+  if (c.kind == MNCL_COLL_SEND || c.kind == MNCL_COLL_RECV) return;  // MPI matches p2p sizes
+  const bool rooted = c.kind == MNCL_COLL_REDUCE || c.kind == MNCL_COLL_BCAST ||
+                      c.kind == MNCL_COLL_SCATTER || c.kind == MNCL_COLL_GATHER;
+  const bool barrier = c.kind == MNCL_COLL_BARRIER;
+  uint64_t count = barrier ? 0 : c.count;
+  if (c.kind == MNCL_COLL_ALLREDUCE_COALESCED) {
+    count = 0;
+    for (size_t i = 0; i < c.nbufs; ++i) count += c.counts[i];
+  }
+  const auto field = [](int32_t v) { return static_cast<uint64_t>(static_cast<uint32_t>(v)); };
+  const uint64_t fields[Request::kFields] = {field(c.kind),
+                                             field(barrier ? -1 : c.dtype),
+                                             field(reduces(c.kind) ? c.op : -1),
+                                             field(rooted ? c.root : -1),
+                                             count,
+                                             c.kind == MNCL_COLL_ALLREDUCE_COALESCED ? c.nbufs : 0,
+                                             c.seq};
+  for (int i = 0; i < Request::kFields; ++i) {
+    r.fingerprint_in[i] = fields[i];
+    r.fingerprint_in[Request::kFields + i] = ~fields[i];  // max of the complement: the minimum
+  }
+  r.mpi.push_back(MPI_REQUEST_NULL);
+  check(MPI_Iallreduce(r.fingerprint_in, r.fingerprint_out, 2 * Request::kFields, MPI_UINT64_T,
+                       MPI_MAX, comm_, &r.mpi.back()),
+        "MPI_Iallreduce (call fingerprint)", c);
+  r.fingerprinted = true;
+}
+
+void Comm::check_fingerprint(Request &r) {
+  r.fingerprint_checked = true;
+  std::string differences;
+  const char *const names[Request::kFields] = {"kind",    "dtype",          "op", "root", "count",
+                                               "buffers", "sequence number"};
+  for (int i = 0; i < Request::kFields; ++i) {
+    const uint64_t hi = r.fingerprint_out[i], lo = ~r.fingerprint_out[Request::kFields + i];
+    if (hi == lo) continue;
+    const auto as_int = [](uint64_t v) { return static_cast<int32_t>(static_cast<uint32_t>(v)); };
+    std::string a, b;
+    switch (i) {
+      case 0:
+        a = kind_name(as_int(lo));
+        b = kind_name(as_int(hi));
+        break;
+      case 1:
+        a = kit::dtype_name(as_int(lo));
+        b = kit::dtype_name(as_int(hi));
+        break;
+      case 2:
+        a = kit::op_name(as_int(lo));
+        b = kit::op_name(as_int(hi));
+        break;
+      case 3:
+        a = std::to_string(as_int(lo));
+        b = std::to_string(as_int(hi));
+        break;
+      default:
+        a = std::to_string(lo);
+        b = std::to_string(hi);
+    }
+    differences += kit::format("%s%s %s vs %s", differences.empty() ? "" : ", ", names[i],
+                               a.c_str(), b.c_str());
+  }
+  if (differences.empty()) return;
+  // The data operation was issued against mismatched peers: MPI may never finish it.
+  broken_.store(true);
+  throw kit::Error(
+      MNCL_ERR_REMOTE,
+      kit::format("flat %s #%llu: mismatched collective calls across the ranks (%s); "
+                  "the result buffers are undefined and the communicator unusable",
+                  kind_name(r.kind), static_cast<unsigned long long>(r.seq), differences.c_str()));
 }
 
 void Comm::retire(std::unique_ptr<Request> r) {

@@ -28,8 +28,10 @@ namespace mncl::flat {
 
 // Options read once at init (environment), shared by every communicator.
 struct Options {
-  bool bounded = false;  // MNCL_FLAT_BOUNDED=1: blocking calls polled, timeout and abort apply
-  bool cuda = false;     // MNCL_CAP_CUDA_MEMORY advertised: buffers may be device pointers
+  // MNCL_FLAT_BOUNDED=1: blocking calls polled, timeout and abort apply, and every collective
+  // carries a fingerprint of the call, so mismatched calls fail instead of giving wrong results.
+  bool bounded = false;
+  bool cuda = false;  // MNCL_CAP_CUDA_MEMORY advertised: buffers may be device pointers
 };
 
 // One operation: its MPI requests (none once a blocking call has returned) and what remains
@@ -51,6 +53,12 @@ struct Request {
   size_t avg_count = 0;
   std::vector<Copy> copy_out;  // packed / scratch result -> the caller's buffers
   std::chrono::steady_clock::time_point deadline;
+  // Bounded mode: the call's fingerprint, exchanged by an MPI_Iallreduce (MPI_MAX of each field
+  // and of its complement) posted just before the data, as r.mpi[0]. Equal maxima and minima
+  // on every field mean every rank made the same call.
+  static constexpr int kFields = 7;  // kind, dtype, op, root, count, nbufs, seq
+  bool fingerprinted = false, fingerprint_checked = false;
+  uint64_t fingerprint_in[2 * kFields] = {}, fingerprint_out[2 * kFields] = {};
 };
 
 class Comm {
@@ -94,6 +102,10 @@ class Comm {
   // After the MPI side completed: AVG, copies, checks (statuses: RECV only).
   void finish(const Request &r, const MPI_Status *statuses);
   void check(int rc, const char *call, const mncl_coll_v1_t &c) const;
+  // Bounded mode: posts r's fingerprint exchange (collectives only). Under the MPI lock.
+  void post_fingerprint(const mncl_coll_v1_t &c, Request &r);
+  // Once the exchange is done: throws MNCL_ERR_REMOTE naming the fields the ranks disagree on.
+  void check_fingerprint(Request &r);
 
   MPI_Comm comm_;
   int rank_, size_;

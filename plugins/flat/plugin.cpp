@@ -5,8 +5,9 @@
 //   MNCL_FLAT_BOUNDED  0 (default): blocking calls are MPI's blocking collectives, the fastest,
 //                      but MPI has no timeout and cannot be interrupted by mncl_comm_abort.
 //                      1: blocking calls run on MPI's non-blocking collectives, polled, so the
-//                      communicator's timeout and mncl_comm_abort end them (slower, mostly for
-//                      small messages).
+//                      communicator's timeout and mncl_comm_abort end them, and every
+//                      collective exchanges a fingerprint of the call next to its data, so
+//                      mismatched calls fail (slower, mostly for small messages).
 #include <mncl/mncl_plugin.h>
 
 #include <cstring>

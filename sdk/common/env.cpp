@@ -70,8 +70,9 @@ const std::vector<Variable> &table() {
        "gloo: allreduce algorithm, auto, ring, ring_chunked, halving_doubling or bcube."},
       {"MNCL_FLAT_BOUNDED", "0",
        "flat: 1 runs blocking calls on MPI's non-blocking collectives, polled, so MNCL_TIMEOUT "
-       "and mncl_comm_abort apply (slower); 0 uses MPI's blocking collectives, which cannot "
-       "time out."},
+       "and mncl_comm_abort apply, and checks a fingerprint of every collective across the "
+       "ranks, so mismatched calls fail (slower); 0 uses MPI's blocking collectives, which "
+       "cannot time out."},
       {"MASTER_ADDR", "", "torchrun-style store host, used when MNCL_STORE is unset."},
       {"MASTER_PORT", "", "torchrun-style store port, used when MNCL_STORE is unset."},
       // Launchers' own variables, read when the MNCL_* ones are unset.
