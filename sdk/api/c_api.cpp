@@ -2,6 +2,7 @@
 // exception turned into a status and the thread's last-error message at this boundary.
 #include <mncl/mncl.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -39,14 +40,30 @@ void track(std::unordered_set<const void *> &set, const void *p) {
   std::lock_guard<std::mutex> lock(g_handles_mutex);
   set.insert(p);
 }
+// Bumped whenever a handle dies: a thread's cached "this comm is live" answer holds while the
+// count is unchanged, so the hot path skips the lock and the hash lookup.
+std::atomic<uint64_t> g_deaths{0};
+thread_local const void *t_live_comm = nullptr;
+thread_local uint64_t t_live_deaths = 0;
+
 void untrack(std::unordered_set<const void *> &set, const void *p) {
   std::lock_guard<std::mutex> lock(g_handles_mutex);
   set.erase(p);
+  g_deaths.fetch_add(1, std::memory_order_release);
+}
+
+bool comm_is_live(const void *comm) {
+  const uint64_t deaths = g_deaths.load(std::memory_order_acquire);
+  if (comm == t_live_comm && deaths == t_live_deaths) return true;
+  if (!is_live(g_comms, comm)) return false;
+  t_live_comm = comm;
+  t_live_deaths = deaths;
+  return true;
 }
 
 mncl::core::Comm &comm_of(mncl_comm_t comm, const char *fn) {
   MNCL_CHECK(comm != nullptr, MNCL_ERR_INVALID_ARGUMENT, "%s: comm is NULL", fn);
-  MNCL_CHECK(is_live(g_comms, comm), MNCL_ERR_INVALID_ARGUMENT,
+  MNCL_CHECK(comm_is_live(comm), MNCL_ERR_INVALID_ARGUMENT,
              "%s: comm %p is not a live communicator (destroyed, or never created)", fn,
              static_cast<void *>(comm));
   return *comm->impl;

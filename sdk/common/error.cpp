@@ -10,6 +10,7 @@ thread_local std::string t_last_error;
 }
 
 void set_last_error(const std::string &message) {
+  if (message.empty() && t_last_error.empty()) return;  // the hot path clears before each call
   t_last_error = message;
 }
 const char *last_error() {

@@ -38,6 +38,11 @@ const char *state_name(OpHistory::State s) {
   return "?";
 }
 
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -45,43 +50,50 @@ const char *state_name(OpHistory::State s) {
 // ---------------------------------------------------------------------------------------------
 
 size_t OpHistory::begin(const mncl_coll_v1_t &coll) {
-  Record r;
-  r.seq = coll.seq;
-  r.kind = coll.kind;
-  r.bytes = bytes_of(coll);
-  r.start = Clock::now();
-  std::lock_guard<std::mutex> lock(mutex_);
-  const size_t token = next_++;
-  if (ring_.size() < kOps) {
-    ring_.push_back(r);
-  } else {
-    ring_[token % kOps] = r;
-  }
+  const size_t token = next_.load(std::memory_order_relaxed);
+  Slot &s = ring_[token % kOps];
+  s.state.store(State::kRunning, std::memory_order_relaxed);
+  s.seq.store(coll.seq, std::memory_order_relaxed);
+  s.kind.store(coll.kind, std::memory_order_relaxed);
+  s.bytes.store(bytes_of(coll), std::memory_order_relaxed);
+  s.start_ns.store(now_ns(), std::memory_order_relaxed);
+  next_.store(token + 1, std::memory_order_release);  // publishes the slot
   return token;
 }
 
 void OpHistory::end(size_t token, bool ok) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (token + kOps < next_) return;  // overwritten meanwhile (not with one thread per comm)
-  Record &r = ring_[token % kOps];
-  r.state = ok ? State::kDone : State::kFailed;
-  r.seconds = seconds_since(r.start);
+  Slot &s = ring_[token % kOps];
+  s.elapsed_ns.store(now_ns() - s.start_ns.load(std::memory_order_relaxed),
+                     std::memory_order_relaxed);
+  s.state.store(ok ? State::kDone : State::kFailed, std::memory_order_release);
+}
+
+OpHistory::Record OpHistory::read(const Slot &slot) const {
+  Record r;
+  r.state = slot.state.load(std::memory_order_acquire);
+  r.seq = slot.seq.load(std::memory_order_relaxed);
+  r.kind = slot.kind.load(std::memory_order_relaxed);
+  r.bytes = slot.bytes.load(std::memory_order_relaxed);
+  r.start = Clock::time_point(std::chrono::duration_cast<Clock::duration>(
+      std::chrono::nanoseconds(slot.start_ns.load(std::memory_order_relaxed))));
+  r.seconds = static_cast<double>(slot.elapsed_ns.load(std::memory_order_relaxed)) / 1e9;
+  return r;
 }
 
 bool OpHistory::running(Record *out) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (next_ == 0) return false;
-  const Record &r = ring_[(next_ - 1) % kOps];
+  const size_t n = next_.load(std::memory_order_acquire);
+  if (n == 0) return false;
+  const Record r = read(ring_[(n - 1) % kOps]);
   if (r.state != State::kRunning) return false;
   *out = r;
   return true;
 }
 
 std::string OpHistory::dump(size_t max) const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  const size_t n = next_.load(std::memory_order_acquire);
   std::string out;
-  for (size_t i = 0; i < std::min({max, next_, kOps}); ++i) {
-    const Record &r = ring_[(next_ - 1 - i) % kOps];
+  for (size_t i = 0; i < std::min({max, n, kOps}); ++i) {
+    const Record r = read(ring_[(n - 1 - i) % kOps]);
     const double s = r.state == State::kRunning ? seconds_since(r.start) : r.seconds;
     out += format("%s%s #%llu %zu B %s %.3f s", i ? "; " : "", coll_kind_name(r.kind),
                   static_cast<unsigned long long>(r.seq), r.bytes, state_name(r.state), s);

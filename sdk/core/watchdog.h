@@ -14,6 +14,7 @@
 
 #include <mncl/mncl_plugin_v1.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -41,7 +42,9 @@ class OpHistory {
   };
   static constexpr size_t kOps = 16;
 
-  // Returns a token for end(). Cheap: one uncontended lock, no allocation after the first kOps.
+  // begin/end run on every call: they only store atomics (no lock, no allocation). One writer
+  // at a time (a communicator's operations are serialized); readers (the watchdog, dumps) may
+  // see a slot mid-rewrite after kOps newer operations, which only blurs that old entry.
   size_t begin(const mncl_coll_v1_t &coll);
   void end(size_t token, bool ok);
   // The running operation, if any (the watchdog's view).
@@ -51,9 +54,18 @@ class OpHistory {
   std::string dump(size_t max = 6) const;
 
  private:
-  mutable std::mutex mutex_;
-  std::vector<Record> ring_;
-  size_t next_ = 0;  // total begun; ring_[(next_-1) % kOps] is the newest
+  struct Slot {
+    std::atomic<uint64_t> seq{0};
+    std::atomic<int> kind{0};
+    std::atomic<size_t> bytes{0};
+    std::atomic<State> state{State::kRunning};
+    std::atomic<int64_t> start_ns{0};    // steady_clock
+    std::atomic<int64_t> elapsed_ns{0};  // once finished
+  };
+  Record read(const Slot &slot) const;
+
+  std::array<Slot, kOps> ring_;
+  std::atomic<size_t> next_{0};  // total begun; ring_[(next_-1) % kOps] is the newest
 };
 
 class Watchdog {

@@ -64,14 +64,14 @@ Driver::Driver() {
 bool Driver::loaded() {
   if (api_.load(std::memory_order_acquire) != nullptr) return true;
   if (disabled_) return false;
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (api_.load(std::memory_order_relaxed) != nullptr) return true;
   // Nothing new loaded since the last look: the driver is still absent. This keeps the check
-  // at a lock and one callback for processes that never use CUDA.
+  // at one callback for processes that never use CUDA.
   unsigned long long adds = 0;
   dl_iterate_phdr(read_adds, &adds);
-  if (adds == seen_adds_) return false;
-  seen_adds_ = adds;
+  if (adds == seen_adds_.load(std::memory_order_acquire)) return false;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (api_.load(std::memory_order_relaxed) != nullptr) return true;
+  seen_adds_.store(adds, std::memory_order_release);
   // Only ever a library the application (or its CUDA runtime) has loaded: never load CUDA here.
   void *handle = dlopen(library_.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
   if (handle == nullptr) return false;

@@ -75,17 +75,22 @@ class Driver {
   void copy_h2d_async(void *dst, const void *src, size_t bytes, void *stream);
   void synchronize(void *stream);
 
+  // Finds the library if the process has loaded it since the last look; false: no buffer can
+  // be CUDA memory yet.
+  bool loaded();
+
  private:
   Driver();
-  bool loaded();  // finds the library if the process has loaded it since the last look
   void check(CUresult result, const char *call) const;
   CUcontext primary_context(int ordinal);
 
   std::mutex mutex_;
   std::string library_;
   void *handle_ = nullptr;
-  unsigned long long seen_adds_ = ~0ull;  // dl_iterate_phdr's load counter at the last look
-  bool disabled_ = false;                 // MNCL_CUDA_LIBRARY=none
+  // dl_iterate_phdr's load counter at the last look; atomic so the "nothing new" answer needs
+  // no lock (it is asked once per collective).
+  std::atomic<unsigned long long> seen_adds_{~0ull};
+  bool disabled_ = false;  // MNCL_CUDA_LIBRARY=none
 
   struct Api;  // the entry points, resolved once the library is found
   std::atomic<const Api *> api_{nullptr};

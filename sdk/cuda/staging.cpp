@@ -80,6 +80,7 @@ Staging::~Staging() {
 
 bool Staging::needed(const mncl_coll_v1_t &coll) const {
   Driver &driver = Driver::get();
+  if (!driver.loaded()) return false;  // one look per call, not one per buffer
   bool device = false;
   for_each_buffer(coll, rank_, size_, [&](size_t, const void *ptr, size_t bytes, bool, bool) {
     if (!device && bytes > 0) device = driver.classify(ptr).device;
