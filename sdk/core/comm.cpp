@@ -478,13 +478,17 @@ void Comm::progress_loop() {
       queue_.pop_front();
       running_ = true;
     }
-    complete(*op);
-    {
-      std::lock_guard<std::mutex> lock(queue_mutex_);
-      running_ = false;
-    }
-    queue_cv_.notify_all();
+    complete_claimed(*op);
   }
+}
+
+void Comm::complete_claimed(Operation &op) {
+  complete(op);
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    running_ = false;
+  }
+  queue_cv_.notify_all();  // the progress thread (or a waiter) may go on with what is left
 }
 
 void Comm::complete(Operation &op) {
@@ -522,12 +526,7 @@ bool Comm::run_queued_until(const Operation &target) {
       queue_.pop_front();
       running_ = true;
     }
-    complete(*next);
-    {
-      std::lock_guard<std::mutex> lock(queue_mutex_);
-      running_ = false;
-    }
-    queue_cv_.notify_all();  // the progress thread may go on with what is left
+    complete_claimed(*next);
     if (next.get() == &target) return true;
   }
 }

@@ -78,6 +78,8 @@ class Comm {
   void progress_loop();
   // Runs a queued operation on the calling thread and publishes its result.
   void complete(Operation &op);
+  // complete() for an operation taken off the queue with running_ set; clears it after.
+  void complete_claimed(Operation &op);
   // A waiter about to block runs the queue itself, in issue order, up to its own operation,
   // when no other thread is running one: it saves the two thread hand-offs (tens of
   // microseconds on a busy machine). False when it could not (its op is not queued, or another
