@@ -18,16 +18,11 @@ except ImportError as e:
     sys.exit(77)
 
 import mncl
+from checks import Checks
 
 bf16 = np.dtype(ml_dtypes.bfloat16)
-failures = 0
-
-
-def expect(cond, what):
-    global failures
-    if not cond:
-        failures += 1
-        print(f"FAIL rank {comm.rank}: {what}", file=sys.stderr, flush=True)
+checks = Checks()
+expect = checks.expect
 
 
 def bits(arr):
@@ -36,6 +31,7 @@ def bits(arr):
 
 comm = mncl.Communicator()
 r, n = comm.rank, comm.size
+checks.rank = r
 if r == 0:
     print(f"ml_dtypes {ml_dtypes.__version__}, numpy {np.__version__}; backend {comm.backend}, "
           f"{n} ranks", flush=True)
@@ -96,7 +92,4 @@ co = comm.iallreduce_coalesced([np.ones(3, bf16), np.full(1, r, bf16)]).wait()
 expect(np.all(co[0].astype(np.float32) == n) and co[1][0] == n * (n - 1) // 2, "bf16 coalesced")
 
 comm.close()
-if failures:
-    print(f"rank {r}: {failures} failure(s)", file=sys.stderr)
-    sys.exit(1)
-print(f"rank {r}: all ml_dtypes bfloat16 checks passed", flush=True)
+checks.finish("all ml_dtypes bfloat16 checks passed")

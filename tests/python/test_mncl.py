@@ -20,31 +20,15 @@ except ImportError:
 
 import mncl
 
-failures = 0
+from checks import Checks
 
-
-def expect(cond, what):
-    global failures
-    if not cond:
-        failures += 1
-        print(f"FAIL rank {comm.rank}: {what}", file=sys.stderr, flush=True)
-
-
-def expect_raises(exc, fn, what, contains=""):
-    try:
-        fn()
-    except exc as e:
-        expect(contains in str(e), f"{what}: message {str(e)!r} lacks {contains!r}")
-        return e
-    except Exception as e:  # noqa: BLE001
-        expect(False, f"{what}: raised {type(e).__name__}({e}), expected {exc.__name__}")
-        return None
-    expect(False, f"{what}: nothing raised, expected {exc.__name__}")
-    return None
+checks = Checks()
+expect, expect_raises = checks.expect, checks.expect_raises
 
 
 comm = mncl.Communicator()
 r, n = comm.rank, comm.size
+checks.rank = r
 if r == 0:
     print(f"mncl {mncl.version()} from {mncl.library_path}; package {mncl.__file__}; "
           f"backend {comm.backend}, {n} ranks", flush=True)
@@ -353,7 +337,4 @@ shutil.rmtree(store, ignore_errors=True)
 comm.barrier()
 comm.close()
 expect_raises(ValueError, comm.barrier, "closed communicator", "closed")
-if failures:
-    print(f"rank {r}: {failures} failure(s)", file=sys.stderr)
-    sys.exit(1)
-print(f"rank {r}: all mncl Python checks passed", flush=True)
+checks.finish("all mncl Python checks passed")

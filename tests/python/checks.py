@@ -1,0 +1,34 @@
+"""What the tests/python scripts share: expectations counted per rank, and the exit status."""
+
+import sys
+
+
+class Checks:
+    """expect()/expect_raises() record failures and keep going; finish() exits 1 if any."""
+
+    def __init__(self):
+        self.failures = 0
+        self.rank = "?"  # set once the communicator exists
+
+    def expect(self, cond, what):
+        if not cond:
+            self.failures += 1
+            print(f"FAIL rank {self.rank}: {what}", file=sys.stderr, flush=True)
+
+    def expect_raises(self, exc, fn, what, contains=""):
+        try:
+            fn()
+        except exc as e:
+            self.expect(contains in str(e), f"{what}: message {str(e)!r} lacks {contains!r}")
+            return e
+        except Exception as e:  # noqa: BLE001
+            self.expect(False, f"{what}: raised {type(e).__name__}({e}), expected {exc.__name__}")
+            return None
+        self.expect(False, f"{what}: nothing raised, expected {exc.__name__}")
+        return None
+
+    def finish(self, passed_message):
+        if self.failures:
+            print(f"rank {self.rank}: {self.failures} failure(s)", file=sys.stderr)
+            sys.exit(1)
+        print(f"rank {self.rank}: {passed_message}", flush=True)
