@@ -25,3 +25,16 @@ if [ -n "${MNCL_LIBRARY:-}" ]; then
   env -u MNCL_LIBRARY LD_LIBRARY_PATH="$(dirname "$MNCL_LIBRARY")" PYTHONPATH="$work/site" "$py" -c \
     'import mncl; assert mncl.library_path == "libmncl.so.1", mncl.library_path; print("found through LD_LIBRARY_PATH: libmncl", mncl.version())'
 fi
+# Optional: ml_dtypes for test_ml_dtypes.py, from PyPI when it is reachable (never required:
+# without it those tests skip with the reason). 0.4.1 is the last release that imports with
+# Debian 12's numpy 1.24.
+if ! "$py" -c 'import ml_dtypes' 2>/dev/null; then
+  if PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore timeout 90 "$py" -m pip install \
+      --no-deps --no-cache-dir --only-binary=:all: --timeout 20 --retries 1 -q \
+      --target "$work/site" "ml_dtypes==0.4.1" >/dev/null 2>&1 &&
+    PYTHONPATH=$work/site "$py" -c 'import ml_dtypes' 2>/dev/null; then
+    echo "installed ml_dtypes 0.4.1 (PyPI) for the ml_dtypes tests"
+  else
+    echo "note: ml_dtypes could not be installed from PyPI; the ml_dtypes tests will skip"
+  fi
+fi
