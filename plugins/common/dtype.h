@@ -147,6 +147,16 @@ constexpr const char *op_name(int32_t op) {
 inline constexpr uint32_t kAllDtypesMask = (1u << (MNCL_FLOAT64 + 1)) - 1u;
 inline constexpr uint32_t kAllOpsMask = (1u << (MNCL_AVG + 1)) - 1u;
 
+// Kinds with a root (reduce, bcast, scatter, gather) and kinds that reduce.
+inline bool is_rooted(int32_t kind) {
+  return kind == MNCL_COLL_REDUCE || kind == MNCL_COLL_BCAST || kind == MNCL_COLL_SCATTER ||
+         kind == MNCL_COLL_GATHER;
+}
+inline bool is_reduction(int32_t kind) {
+  return kind == MNCL_COLL_ALLREDUCE || kind == MNCL_COLL_REDUCE ||
+         kind == MNCL_COLL_REDUCE_SCATTER || kind == MNCL_COLL_ALLREDUCE_COALESCED;
+}
+
 // Name of a collective kind for messages ("allreduce"); plugins share this one table.
 inline const char *kind_name(int32_t kind) {
   switch (kind) {

@@ -110,6 +110,30 @@ mncl_status_t guard(const mncl_host_v1_t *host, const char *where, F &&f) noexce
   }
 }
 
+// The checks every comm_create makes on the core's bootstrap descriptor: the core checks it
+// already, but a bad table here would crash on first use. MNCL_OK, or the reported error.
+// `needs_store` is false for backends that bootstrap elsewhere (flat: MPI).
+inline mncl_status_t check_bootstrap(const mncl_host_v1_t *host, const mncl_bootstrap_v1_t *bs,
+                                     const char *where, bool needs_store = true) {
+  const bool store_ok = !needs_store || (bs != nullptr && bs->store != nullptr &&
+                                         bs->store->struct_size >= sizeof(mncl_store_v1_t));
+  if (bs == nullptr || bs->struct_size < sizeof(mncl_bootstrap_v1_t) || !store_ok || bs->size < 1 ||
+      bs->rank < 0 || bs->rank >= bs->size) {
+    return report(host, MNCL_ERR_INVALID_ARGUMENT, "%s: invalid bootstrap descriptor", where);
+  }
+  return MNCL_OK;
+}
+
+// The plugin table's execute entry for a backend whose Comm has execute(const mncl_coll_v1_t&).
+template <typename Comm>
+mncl_status_t execute_on(const mncl_host_v1_t *host, const char *where, void *comm,
+                         const mncl_coll_v1_t *coll) noexcept {
+  return guard(host, where, [&] {
+    static_cast<Comm *>(comm)->execute(*coll);
+    return MNCL_OK;
+  });
+}
+
 }  // namespace mncl::kit
 
 // Logs through the host if `level` is enabled; the arguments are not evaluated otherwise.

@@ -32,11 +32,6 @@ const char *kind_name(int32_t kind) {
   return kind >= 0 && kind < MNCL_NUM_COLL_KINDS_V1 ? names[kind] : "?";
 }
 
-bool reduces(int32_t kind) {
-  return kind == MNCL_COLL_ALLREDUCE || kind == MNCL_COLL_REDUCE ||
-         kind == MNCL_COLL_REDUCE_SCATTER || kind == MNCL_COLL_ALLREDUCE_COALESCED;
-}
-
 // "allreduce #12 (float32 x 1021, sum)" for messages.
 std::string describe(const mncl_coll_v1_t &c) {
   std::string s =
@@ -47,7 +42,7 @@ std::string describe(const mncl_coll_v1_t &c) {
   } else {
     s += kit::format(" (%s x %zu", kit::dtype_name(c.dtype), c.count);
   }
-  if (reduces(c.kind)) s += kit::format(", %s", kit::op_name(c.op));
+  if (kit::is_reduction(c.kind)) s += kit::format(", %s", kit::op_name(c.op));
   if (c.kind == MNCL_COLL_SEND || c.kind == MNCL_COLL_RECV) s += kit::format(", peer %d", c.root);
   return s + ")";
 }
@@ -239,7 +234,7 @@ void Comm::prepare_device_buffers(const mncl_coll_v1_t &c) const {
       c.kind == MNCL_COLL_REDUCE_SCATTER &&
       static_cast<const char *>(c.sendbuf) + c.count * kit::dtype_size(c.dtype) * rank_ ==
           c.recvbuf;
-  if (!(reduces(c.kind) && c.op == MNCL_AVG) && !packs && !copies) return;
+  if (!(kit::is_reduction(c.kind) && c.op == MNCL_AVG) && !packs && !copies) return;
   bool device = cuda::is_device_pointer(c.sendbuf) || cuda::is_device_pointer(c.recvbuf);
   for (size_t i = 0; !device && c.kind == MNCL_COLL_ALLREDUCE_COALESCED && i < c.nbufs; ++i) {
     device = cuda::is_device_pointer(c.sendbufs[i]) || cuda::is_device_pointer(c.recvbufs[i]);
@@ -367,8 +362,7 @@ bool Comm::test(Request &r) {
 
 void Comm::post_fingerprint(const mncl_coll_v1_t &c, Request &r) {
   if (c.kind == MNCL_COLL_SEND || c.kind == MNCL_COLL_RECV) return;  // MPI matches p2p sizes
-  const bool rooted = c.kind == MNCL_COLL_REDUCE || c.kind == MNCL_COLL_BCAST ||
-                      c.kind == MNCL_COLL_SCATTER || c.kind == MNCL_COLL_GATHER;
+  const bool rooted = kit::is_rooted(c.kind);
   const bool barrier = c.kind == MNCL_COLL_BARRIER;
   uint64_t count = barrier ? 0 : c.count;
   if (c.kind == MNCL_COLL_ALLREDUCE_COALESCED) {
@@ -378,7 +372,7 @@ void Comm::post_fingerprint(const mncl_coll_v1_t &c, Request &r) {
   const auto field = [](int32_t v) { return static_cast<uint64_t>(static_cast<uint32_t>(v)); };
   const uint64_t fields[Request::kFields] = {field(c.kind),
                                              field(barrier ? -1 : c.dtype),
-                                             field(reduces(c.kind) ? c.op : -1),
+                                             field(kit::is_reduction(c.kind) ? c.op : -1),
                                              field(rooted ? c.root : -1),
                                              count,
                                              c.kind == MNCL_COLL_ALLREDUCE_COALESCED ? c.nbufs : 0,
@@ -468,8 +462,8 @@ void Comm::finish(const Request &r, const MPI_Status *statuses) {
 void Comm::issue(const mncl_coll_v1_t &c, Request &r, bool nonblocking) {
   const MPI_Datatype type = mpi_datatype(c.dtype);
   const size_t esize = kit::dtype_size(c.dtype);
-  const MPI_Op op = reduces(c.kind) ? mpi_op(c.dtype, c.op) : MPI_OP_NULL;
-  const bool avg = reduces(c.kind) && c.op == MNCL_AVG;
+  const MPI_Op op = kit::is_reduction(c.kind) ? mpi_op(c.dtype, c.op) : MPI_OP_NULL;
+  const bool avg = kit::is_reduction(c.kind) && c.op == MNCL_AVG;
   const bool is_root = c.root == rank_;
   const size_t block = c.count * esize;  // bytes of one rank's block
   const char *send = static_cast<const char *>(c.sendbuf);

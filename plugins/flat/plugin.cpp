@@ -90,10 +90,9 @@ mncl_status_t flat_probe(const mncl_probe_v1_t *info, int32_t *score, char *reas
 
 mncl_status_t flat_comm_create(const mncl_bootstrap_v1_t *bs, void **comm) {
   return kit::guard(g_host, "flat comm_create", [&] {
-    if (bs == nullptr || bs->struct_size < sizeof(mncl_bootstrap_v1_t) || bs->size < 1 ||
-        bs->rank < 0 || bs->rank >= bs->size) {
-      return kit::report(g_host, MNCL_ERR_INVALID_ARGUMENT,
-                         "flat comm_create: invalid bootstrap descriptor");
+    if (const mncl_status_t st = kit::check_bootstrap(g_host, bs, "flat comm_create", false);
+        st != MNCL_OK) {
+      return st;
     }
     // The store is not needed: MPI's launcher already wired the processes together.
     *comm = Comm::create(*bs, g_host, g_options);
@@ -133,10 +132,7 @@ mncl_status_t flat_comm_split(void *comm, int32_t color, int32_t key, const mncl
 }
 
 mncl_status_t flat_execute(void *comm, const mncl_coll_v1_t *coll) {
-  return kit::guard(g_host, "flat execute", [&] {
-    static_cast<Comm *>(comm)->execute(*coll);
-    return MNCL_OK;
-  });
+  return kit::execute_on<Comm>(g_host, "flat execute", comm, coll);
 }
 
 mncl_status_t flat_post(void *comm, const mncl_coll_v1_t *coll, void **handle) {

@@ -80,15 +80,8 @@ void with_word(size_t size, F &&f) {
   }
 }
 
-bool is_rooted(int32_t kind) {
-  return kind == MNCL_COLL_REDUCE || kind == MNCL_COLL_BCAST || kind == MNCL_COLL_SCATTER ||
-         kind == MNCL_COLL_GATHER;
-}
-
-bool is_reduction(int32_t kind) {
-  return kind == MNCL_COLL_ALLREDUCE || kind == MNCL_COLL_REDUCE ||
-         kind == MNCL_COLL_REDUCE_SCATTER || kind == MNCL_COLL_ALLREDUCE_COALESCED;
-}
+using mncl::kit::is_reduction;
+using mncl::kit::is_rooted;
 
 // 32-bit digest of what every rank must agree on for one call (issue 9). It is xor-ed into
 // every Gloo tag and slot, so ranks that disagree on the call address different slots and

@@ -65,11 +65,9 @@ mncl_status_t gloo_probe(const mncl_probe_v1_t *info, int32_t *score, char *reas
 
 mncl_status_t gloo_comm_create(const mncl_bootstrap_v1_t *bs, void **comm) {
   return kit::guard(g_host, "gloo comm_create", [&] {
-    if (bs == nullptr || bs->struct_size < sizeof(mncl_bootstrap_v1_t) || bs->store == nullptr ||
-        bs->store->struct_size < sizeof(mncl_store_v1_t) || bs->size < 1 || bs->rank < 0 ||
-        bs->rank >= bs->size) {
-      return kit::report(g_host, MNCL_ERR_INVALID_ARGUMENT,
-                         "gloo comm_create: invalid bootstrap descriptor");
+    if (const mncl_status_t st = kit::check_bootstrap(g_host, bs, "gloo comm_create");
+        st != MNCL_OK) {
+      return st;
     }
     Settings settings;
     const std::string transport = env("MNCL_GLOO_TRANSPORT");
@@ -104,10 +102,7 @@ mncl_status_t gloo_comm_abort(void *comm) {
 }
 
 mncl_status_t gloo_execute(void *comm, const mncl_coll_v1_t *coll) {
-  return kit::guard(g_host, "gloo execute", [&] {
-    static_cast<Comm *>(comm)->execute(*coll);
-    return MNCL_OK;
-  });
+  return kit::execute_on<Comm>(g_host, "gloo execute", comm, coll);
 }
 
 }  // namespace

@@ -13,12 +13,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+using mncl::kit::is_reduction;
+using mncl::kit::is_rooted;
 using mncl::kit::kind_name;
-
-bool is_reduction(int32_t kind) {
-  return kind == MNCL_COLL_ALLREDUCE || kind == MNCL_COLL_REDUCE ||
-         kind == MNCL_COLL_REDUCE_SCATTER || kind == MNCL_COLL_ALLREDUCE_COALESCED;
-}
 
 // Block i of a buffer of equal blocks.
 const unsigned char *block(const void *buf, size_t i, size_t len) {
@@ -40,11 +37,6 @@ std::string rank_list(const std::vector<int> &ranks) {
     out += std::to_string(ranks[i]);
   }
   return out;
-}
-
-bool is_rooted(int32_t kind) {
-  return kind == MNCL_COLL_REDUCE || kind == MNCL_COLL_BCAST || kind == MNCL_COLL_SCATTER ||
-         kind == MNCL_COLL_GATHER;
 }
 
 // What every stored value starts with: the call that stored it (see naive_comm.h).

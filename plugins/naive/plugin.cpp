@@ -42,12 +42,9 @@ mncl_status_t naive_probe(const mncl_probe_v1_t *info, int32_t *score, char *rea
 
 mncl_status_t naive_comm_create(const mncl_bootstrap_v1_t *bs, void **comm) {
   return kit::guard(g_host, "naive comm_create", [&] {
-    // Defensive: the core checks these, but a bad table here would crash on first use.
-    if (bs == nullptr || bs->struct_size < sizeof(mncl_bootstrap_v1_t) || bs->store == nullptr ||
-        bs->store->struct_size < sizeof(mncl_store_v1_t) || bs->size < 1 || bs->rank < 0 ||
-        bs->rank >= bs->size) {
-      return kit::report(g_host, MNCL_ERR_INVALID_ARGUMENT,
-                         "naive comm_create: invalid bootstrap descriptor");
+    if (const mncl_status_t st = kit::check_bootstrap(g_host, bs, "naive comm_create");
+        st != MNCL_OK) {
+      return st;
     }
     // No rendezvous needed: the core has already brought the ranks together, and the store
     // is all this backend ever talks through.
@@ -70,10 +67,7 @@ mncl_status_t naive_comm_abort(void *comm) {
 }
 
 mncl_status_t naive_execute(void *comm, const mncl_coll_v1_t *coll) {
-  return kit::guard(g_host, "naive execute", [&] {
-    static_cast<Comm *>(comm)->execute(*coll);
-    return MNCL_OK;
-  });
+  return kit::execute_on<Comm>(g_host, "naive execute", comm, coll);
 }
 
 // Every kind, the coalesced allreduce included (one packed exchange instead of a loop).

@@ -73,11 +73,9 @@ mncl_status_t nccl_probe(const mncl_probe_v1_t *info, int32_t *score, char *reas
 
 mncl_status_t nccl_comm_create(const mncl_bootstrap_v1_t *bs, void **comm) {
   return kit::guard(g_host, "nccl comm_create", [&] {
-    if (bs == nullptr || bs->struct_size < sizeof(mncl_bootstrap_v1_t) || bs->store == nullptr ||
-        bs->store->struct_size < sizeof(mncl_store_v1_t) || bs->size < 1 || bs->rank < 0 ||
-        bs->rank >= bs->size) {
-      return kit::report(g_host, MNCL_ERR_INVALID_ARGUMENT,
-                         "nccl comm_create: invalid bootstrap descriptor");
+    if (const mncl_status_t st = kit::check_bootstrap(g_host, bs, "nccl comm_create");
+        st != MNCL_OK) {
+      return st;
     }
     *comm = new Comm(*bs, g_host);
     return MNCL_OK;
@@ -97,10 +95,7 @@ mncl_status_t nccl_comm_abort(void *comm) {
 }
 
 mncl_status_t nccl_execute(void *comm, const mncl_coll_v1_t *coll) {
-  return kit::guard(g_host, "nccl execute", [&] {
-    static_cast<Comm *>(comm)->execute(*coll);
-    return MNCL_OK;
-  });
+  return kit::execute_on<Comm>(g_host, "nccl execute", comm, coll);
 }
 
 // The handle is a heap-held shared_ptr: the watchdog holds the same operation.

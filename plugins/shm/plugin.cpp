@@ -120,11 +120,9 @@ mncl_status_t shm_probe(const mncl_probe_v1_t *info, int32_t *score, char *reaso
 
 mncl_status_t shm_comm_create(const mncl_bootstrap_v1_t *bs, void **comm) {
   return kit::guard(g_host, "shm comm_create", [&] {
-    if (bs == nullptr || bs->struct_size < sizeof(mncl_bootstrap_v1_t) || bs->store == nullptr ||
-        bs->store->struct_size < sizeof(mncl_store_v1_t) || bs->size < 1 || bs->rank < 0 ||
-        bs->rank >= bs->size) {
-      return kit::report(g_host, MNCL_ERR_INVALID_ARGUMENT,
-                         "shm comm_create: invalid bootstrap descriptor");
+    if (const mncl_status_t st = kit::check_bootstrap(g_host, bs, "shm comm_create");
+        st != MNCL_OK) {
+      return st;
     }
     *comm = new Comm(*bs, g_host, g_options);
     MNCL_KIT_LOG(g_host, MNCL_LOG_INFO, "shm: comm '%s' rank %d of %d created",
@@ -145,10 +143,7 @@ mncl_status_t shm_comm_abort(void *comm) {
 }
 
 mncl_status_t shm_execute(void *comm, const mncl_coll_v1_t *coll) {
-  return kit::guard(g_host, "shm execute", [&] {
-    static_cast<Comm *>(comm)->execute(*coll);
-    return MNCL_OK;
-  });
+  return kit::execute_on<Comm>(g_host, "shm execute", comm, coll);
 }
 
 constexpr uint32_t kCollMask = MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED);

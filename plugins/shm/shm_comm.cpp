@@ -75,15 +75,8 @@ struct Store {
   }
 };
 
-bool is_rooted(int32_t kind) {
-  return kind == MNCL_COLL_REDUCE || kind == MNCL_COLL_BCAST || kind == MNCL_COLL_SCATTER ||
-         kind == MNCL_COLL_GATHER;
-}
-
-bool is_reduction(int32_t kind) {
-  return kind == MNCL_COLL_ALLREDUCE || kind == MNCL_COLL_REDUCE ||
-         kind == MNCL_COLL_REDUCE_SCATTER || kind == MNCL_COLL_ALLREDUCE_COALESCED;
-}
+using mncl::kit::is_reduction;
+using mncl::kit::is_rooted;
 
 // "allreduce(20 x float32, sum)", "bcast(20 x int32, root 1)": naive's format for a call.
 std::string describe_call(int32_t kind, int32_t dtype, int32_t op, int32_t root, uint64_t count) {
