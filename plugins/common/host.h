@@ -18,6 +18,16 @@
 #include <stdexcept>
 #include <string>
 
+// Logs through the host if `level` is enabled; the arguments are not evaluated otherwise.
+#define MNCL_KIT_LOG(host, level, ...)                                                   \
+  do {                                                                                   \
+    const mncl_host_v1_t *mncl_kit_host_ = (host);                                       \
+    if (mncl_kit_host_ != nullptr && mncl_kit_host_->log != nullptr &&                   \
+        static_cast<int32_t>(level) <= mncl_kit_host_->log_level) {                      \
+      mncl_kit_host_->log(static_cast<int32_t>(level), __FILE__, __LINE__, __VA_ARGS__); \
+    }                                                                                    \
+  } while (0)
+
 namespace mncl::kit {
 
 // printf into a std::string.
@@ -124,6 +134,41 @@ inline mncl_status_t check_bootstrap(const mncl_host_v1_t *host, const mncl_boot
   return MNCL_OK;
 }
 
+// The plugin table's comm_create frame: checks the descriptor, stores make()'s communicator in
+// *comm (make may throw kit::Error), logs it. `backend` names the plugin in messages.
+template <typename Make>
+mncl_status_t create_comm(const mncl_host_v1_t *host, const char *backend,
+                          const mncl_bootstrap_v1_t *bs, void **comm, Make &&make,
+                          bool needs_store = true) noexcept {
+  const std::string where = std::string(backend) + " comm_create";
+  return guard(host, where.c_str(), [&] {
+    if (const mncl_status_t st = check_bootstrap(host, bs, where.c_str(), needs_store);
+        st != MNCL_OK) {
+      return st;
+    }
+    *comm = make();
+    MNCL_KIT_LOG(host, MNCL_LOG_INFO, "%s: comm '%s' rank %d of %d created", backend,
+                 bs->comm_id ? bs->comm_id : "?", bs->rank, bs->size);
+    return MNCL_OK;
+  });
+}
+
+// comm_destroy and comm_abort entries for a backend's Comm type.
+template <typename Comm>
+mncl_status_t destroy_comm(const mncl_host_v1_t *host, const char *where, void *comm) noexcept {
+  return guard(host, where, [&] {
+    delete static_cast<Comm *>(comm);
+    return MNCL_OK;
+  });
+}
+template <typename Comm>
+mncl_status_t abort_comm(const mncl_host_v1_t *host, const char *where, void *comm) noexcept {
+  return guard(host, where, [&] {
+    static_cast<Comm *>(comm)->abort();
+    return MNCL_OK;
+  });
+}
+
 // The plugin table's execute entry for a backend whose Comm has execute(const mncl_coll_v1_t&).
 template <typename Comm>
 mncl_status_t execute_on(const mncl_host_v1_t *host, const char *where, void *comm,
@@ -135,13 +180,3 @@ mncl_status_t execute_on(const mncl_host_v1_t *host, const char *where, void *co
 }
 
 }  // namespace mncl::kit
-
-// Logs through the host if `level` is enabled; the arguments are not evaluated otherwise.
-#define MNCL_KIT_LOG(host, level, ...)                                                   \
-  do {                                                                                   \
-    const mncl_host_v1_t *mncl_kit_host_ = (host);                                       \
-    if (mncl_kit_host_ != nullptr && mncl_kit_host_->log != nullptr &&                   \
-        static_cast<int32_t>(level) <= mncl_kit_host_->log_level) {                      \
-      mncl_kit_host_->log(static_cast<int32_t>(level), __FILE__, __LINE__, __VA_ARGS__); \
-    }                                                                                    \
-  } while (0)

@@ -88,18 +88,10 @@ mncl_status_t flat_probe(const mncl_probe_v1_t *info, int32_t *score, char *reas
   return MNCL_OK;
 }
 
+// The store is not needed: MPI's launcher already wired the processes together.
 mncl_status_t flat_comm_create(const mncl_bootstrap_v1_t *bs, void **comm) {
-  return kit::guard(g_host, "flat comm_create", [&] {
-    if (const mncl_status_t st = kit::check_bootstrap(g_host, bs, "flat comm_create", false);
-        st != MNCL_OK) {
-      return st;
-    }
-    // The store is not needed: MPI's launcher already wired the processes together.
-    *comm = Comm::create(*bs, g_host, g_options);
-    MNCL_KIT_LOG(g_host, MNCL_LOG_INFO, "comm '%s' rank %d of %d created",
-                 bs->comm_id ? bs->comm_id : "?", bs->rank, bs->size);
-    return MNCL_OK;
-  });
+  return kit::create_comm(
+      g_host, "flat", bs, comm, [&] { return Comm::create(*bs, g_host, g_options); }, false);
 }
 
 mncl_status_t flat_comm_destroy(void *comm) {
@@ -117,8 +109,7 @@ mncl_status_t flat_comm_destroy(void *comm) {
 }
 
 mncl_status_t flat_comm_abort(void *comm) {
-  static_cast<Comm *>(comm)->abort();
-  return MNCL_OK;
+  return kit::abort_comm<Comm>(g_host, "flat comm_abort", comm);
 }
 
 mncl_status_t flat_comm_split(void *comm, int32_t color, int32_t key, const mncl_bootstrap_v1_t *bs,

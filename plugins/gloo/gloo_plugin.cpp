@@ -64,11 +64,7 @@ mncl_status_t gloo_probe(const mncl_probe_v1_t *info, int32_t *score, char *reas
 }
 
 mncl_status_t gloo_comm_create(const mncl_bootstrap_v1_t *bs, void **comm) {
-  return kit::guard(g_host, "gloo comm_create", [&] {
-    if (const mncl_status_t st = kit::check_bootstrap(g_host, bs, "gloo comm_create");
-        st != MNCL_OK) {
-      return st;
-    }
+  return kit::create_comm(g_host, "gloo", bs, comm, [&] {
     Settings settings;
     const std::string transport = env("MNCL_GLOO_TRANSPORT");
     if (!transport.empty()) settings.transport.kind = transport;
@@ -77,28 +73,22 @@ mncl_status_t gloo_comm_create(const mncl_bootstrap_v1_t *bs, void **comm) {
     settings.transport.loopback = bs->num_hosts == 1;
     const std::string algo = env("MNCL_GLOO_ALGO");
     if (!mncl::gloo_plugin::parse_algo(algo.c_str(), &settings.algo)) {
-      return kit::report(g_host, MNCL_ERR_INVALID_ARGUMENT,
-                         "gloo comm_create: MNCL_GLOO_ALGO='%s' is not an algorithm (expected "
-                         "auto, ring, ring_chunked, halving_doubling or bcube)",
-                         algo.c_str());
+      throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
+                       kit::format("gloo comm_create: MNCL_GLOO_ALGO='%s' is not an algorithm "
+                                   "(expected auto, ring, ring_chunked, halving_doubling or "
+                                   "bcube)",
+                                   algo.c_str()));
     }
-    *comm = new Comm(*bs, g_host, settings);
-    return MNCL_OK;
+    return new Comm(*bs, g_host, settings);
   });
 }
 
 mncl_status_t gloo_comm_destroy(void *comm) {
-  return kit::guard(g_host, "gloo comm_destroy", [&] {
-    delete static_cast<Comm *>(comm);
-    return MNCL_OK;
-  });
+  return kit::destroy_comm<Comm>(g_host, "gloo comm_destroy", comm);
 }
 
 mncl_status_t gloo_comm_abort(void *comm) {
-  return kit::guard(g_host, "gloo comm_abort", [&] {
-    static_cast<Comm *>(comm)->abort();
-    return MNCL_OK;
-  });
+  return kit::abort_comm<Comm>(g_host, "gloo comm_abort", comm);
 }
 
 mncl_status_t gloo_execute(void *comm, const mncl_coll_v1_t *coll) {

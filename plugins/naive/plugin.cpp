@@ -40,30 +40,19 @@ mncl_status_t naive_probe(const mncl_probe_v1_t *info, int32_t *score, char *rea
   return MNCL_OK;
 }
 
+// No rendezvous needed: the core has already brought the ranks together, and the store is all
+// this backend ever talks through.
 mncl_status_t naive_comm_create(const mncl_bootstrap_v1_t *bs, void **comm) {
-  return kit::guard(g_host, "naive comm_create", [&] {
-    if (const mncl_status_t st = kit::check_bootstrap(g_host, bs, "naive comm_create");
-        st != MNCL_OK) {
-      return st;
-    }
-    // No rendezvous needed: the core has already brought the ranks together, and the store
-    // is all this backend ever talks through.
-    *comm = new Comm(*bs, g_host);
-    MNCL_KIT_LOG(g_host, MNCL_LOG_INFO, "naive: comm '%s' rank %d of %d created",
-                 bs->comm_id ? bs->comm_id : "?", bs->rank, bs->size);
-    return MNCL_OK;
-  });
+  return kit::create_comm(g_host, "naive", bs, comm, [&] { return new Comm(*bs, g_host); });
 }
 
 // Local: each op's keys are deleted by its last reader, so there is nothing left to clean up.
 mncl_status_t naive_comm_destroy(void *comm) {
-  delete static_cast<Comm *>(comm);
-  return MNCL_OK;
+  return kit::destroy_comm<Comm>(g_host, "naive comm_destroy", comm);
 }
 
 mncl_status_t naive_comm_abort(void *comm) {
-  static_cast<Comm *>(comm)->abort();
-  return MNCL_OK;
+  return kit::abort_comm<Comm>(g_host, "naive comm_abort", comm);
 }
 
 mncl_status_t naive_execute(void *comm, const mncl_coll_v1_t *coll) {

@@ -72,26 +72,16 @@ mncl_status_t nccl_probe(const mncl_probe_v1_t *info, int32_t *score, char *reas
 }
 
 mncl_status_t nccl_comm_create(const mncl_bootstrap_v1_t *bs, void **comm) {
-  return kit::guard(g_host, "nccl comm_create", [&] {
-    if (const mncl_status_t st = kit::check_bootstrap(g_host, bs, "nccl comm_create");
-        st != MNCL_OK) {
-      return st;
-    }
-    *comm = new Comm(*bs, g_host);
-    return MNCL_OK;
-  });
+  return kit::create_comm(g_host, "nccl", bs, comm, [&] { return new Comm(*bs, g_host); });
 }
 
+// Never throws: falls back to ncclCommAbort.
 mncl_status_t nccl_comm_destroy(void *comm) {
-  delete static_cast<Comm *>(comm);  // never throws: falls back to ncclCommAbort
-  return MNCL_OK;
+  return kit::destroy_comm<Comm>(g_host, "nccl comm_destroy", comm);
 }
 
 mncl_status_t nccl_comm_abort(void *comm) {
-  return kit::guard(g_host, "nccl comm_abort", [&] {
-    static_cast<Comm *>(comm)->abort();
-    return MNCL_OK;
-  });
+  return kit::abort_comm<Comm>(g_host, "nccl comm_abort", comm);
 }
 
 mncl_status_t nccl_execute(void *comm, const mncl_coll_v1_t *coll) {

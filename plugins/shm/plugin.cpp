@@ -119,27 +119,17 @@ mncl_status_t shm_probe(const mncl_probe_v1_t *info, int32_t *score, char *reaso
 }
 
 mncl_status_t shm_comm_create(const mncl_bootstrap_v1_t *bs, void **comm) {
-  return kit::guard(g_host, "shm comm_create", [&] {
-    if (const mncl_status_t st = kit::check_bootstrap(g_host, bs, "shm comm_create");
-        st != MNCL_OK) {
-      return st;
-    }
-    *comm = new Comm(*bs, g_host, g_options);
-    MNCL_KIT_LOG(g_host, MNCL_LOG_INFO, "shm: comm '%s' rank %d of %d created",
-                 bs->comm_id ? bs->comm_id : "?", bs->rank, bs->size);
-    return MNCL_OK;
-  });
+  return kit::create_comm(g_host, "shm", bs, comm,
+                          [&] { return new Comm(*bs, g_host, g_options); });
 }
 
 // Local: unmapping is all there is (the name was unlinked at creation).
 mncl_status_t shm_comm_destroy(void *comm) {
-  delete static_cast<Comm *>(comm);
-  return MNCL_OK;
+  return kit::destroy_comm<Comm>(g_host, "shm comm_destroy", comm);
 }
 
 mncl_status_t shm_comm_abort(void *comm) {
-  static_cast<Comm *>(comm)->abort();
-  return MNCL_OK;
+  return kit::abort_comm<Comm>(g_host, "shm comm_abort", comm);
 }
 
 mncl_status_t shm_execute(void *comm, const mncl_coll_v1_t *coll) {
