@@ -8,6 +8,7 @@
 #include <new>
 #include <unordered_set>
 
+#include "common/dtype.h"  // the plugin kit's dtype/op tables
 #include "common/error.h"
 #include "common/log.h"
 #include "core/comm.h"
@@ -195,36 +196,17 @@ MNCL_API const char *mncl_last_error(void) {
   return mncl::last_error();
 }
 
+// One table for the API and the plugins: the plugin kit's.
 MNCL_API size_t mncl_dtype_size(mncl_dtype_t dtype) {
-  switch (dtype) {
-    case MNCL_INT8:
-    case MNCL_UINT8:
-      return 1;
-    case MNCL_FLOAT16:
-    case MNCL_BFLOAT16:
-      return 2;
-    case MNCL_INT32:
-    case MNCL_UINT32:
-    case MNCL_FLOAT32:
-      return 4;
-    case MNCL_INT64:
-    case MNCL_UINT64:
-    case MNCL_FLOAT64:
-      return 8;
-  }
-  return 0;
+  return mncl::kit::dtype_size(dtype);
 }
 
 MNCL_API const char *mncl_dtype_name(mncl_dtype_t dtype) {
-  static const char *const names[MNCL_NUM_DTYPES] = {"int8",    "uint8",  "int32",   "uint32",
-                                                     "int64",   "uint64", "float16", "bfloat16",
-                                                     "float32", "float64"};
-  return dtype >= 0 && dtype < MNCL_NUM_DTYPES ? names[dtype] : "unknown";
+  return mncl::kit::dtype_name(dtype);
 }
 
 MNCL_API const char *mncl_op_name(mncl_op_t op) {
-  static const char *const names[MNCL_NUM_OPS] = {"sum", "prod", "min", "max", "avg"};
-  return op >= 0 && op < MNCL_NUM_OPS ? names[op] : "unknown";
+  return mncl::kit::op_name(op);
 }
 
 // --- communicators ---------------------------------------------------------------------------
