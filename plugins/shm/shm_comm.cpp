@@ -828,15 +828,20 @@ void Comm::barrier(Op &op) {
 // The sender may fill chunk k once the receiver has emptied chunk k-2 (acked >= k-1).
 // ---------------------------------------------------------------------------------------------
 
-void Comm::send(Op &op, const mncl_coll_v1_t &c) {
+Comm::P2p Comm::p2p_message(const Op &op, const mncl_coll_v1_t &c) const {
   const int peer = c.root;
   if (peer < 0 || peer >= size_ || peer == rank_) {
     throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
                      kit::format("%s: bad peer %d", op.where().c_str(), peer));
   }
   const size_t bytes = c.count * kit::dtype_size(c.dtype);
+  // An empty message still takes one chunk: the receiver must see it arrive.
+  return {peer, bytes, bytes == 0 ? 1 : (bytes + p2p_slot_ - 1) / p2p_slot_};
+}
+
+void Comm::send(Op &op, const mncl_coll_v1_t &c) {
+  const auto [peer, bytes, chunks] = p2p_message(op, c);
   Channel &ch = seg_.channel(rank_, peer);
-  const size_t chunks = bytes == 0 ? 1 : (bytes + p2p_slot_ - 1) / p2p_slot_;
   const std::string what =
       kit::format("room for message #%llu", static_cast<unsigned long long>(sent_msgs_[peer]));
   for (size_t i = 0; i < chunks; ++i) {
@@ -857,14 +862,8 @@ void Comm::send(Op &op, const mncl_coll_v1_t &c) {
 }
 
 void Comm::recv(Op &op, const mncl_coll_v1_t &c) {
-  const int peer = c.root;
-  if (peer < 0 || peer >= size_ || peer == rank_) {
-    throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
-                     kit::format("%s: bad peer %d", op.where().c_str(), peer));
-  }
-  const size_t bytes = c.count * kit::dtype_size(c.dtype);
+  const auto [peer, bytes, chunks] = p2p_message(op, c);
   Channel &ch = seg_.channel(peer, rank_);
-  const size_t chunks = bytes == 0 ? 1 : (bytes + p2p_slot_ - 1) / p2p_slot_;
   const std::string what =
       kit::format("message #%llu", static_cast<unsigned long long>(recv_msgs_[peer]));
   for (size_t i = 0; i < chunks; ++i) {

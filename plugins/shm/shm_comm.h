@@ -103,6 +103,11 @@ class Comm {
   void barrier(Op &op);
   void send(Op &op, const mncl_coll_v1_t &c);
   void recv(Op &op, const mncl_coll_v1_t &c);
+  struct P2p {
+    int peer;
+    size_t bytes, chunks;
+  };
+  P2p p2p_message(const Op &op, const mncl_coll_v1_t &c) const;  // checks the peer
 
   // One single-phase round: stage (if `stages`) into my staging half, post, wait for `waits`
   // (root = `root`), then consume(half). Returns nothing; the caller loops over rounds.
