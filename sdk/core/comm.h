@@ -113,7 +113,7 @@ class Comm {
   std::shared_ptr<bootstrap::Store> comm_store_;  // "<id>/" view, used by the core
   std::unique_ptr<StoreBridge> plugin_store_;     // "<id>/p/" view, handed to the plugin
   std::shared_ptr<loader::Plugin> plugin_;
-  const mncl_plugin_v1_t *table_ = nullptr;
+  const mncl_plugin_v2_t *table_ = nullptr;
   void *plugin_comm_ = nullptr;
 
   std::atomic<bool> aborted_{false};

@@ -62,7 +62,7 @@ const char *coll_kind_name(int kind) {
 }
 
 void validate_collective(const mncl_coll_v1_t &c, int rank, int size,
-                         const mncl_plugin_v1_t &backend) {
+                         const mncl_plugin_v2_t &backend) {
   const char *fn = coll_function_name(c.kind);
   const KindInfo &kind = kKinds[c.kind];
 

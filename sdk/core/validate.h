@@ -3,7 +3,7 @@
 // mncl.h (any other overlap of send and receive buffers is refused).
 #pragma once
 
-#include <mncl/mncl_plugin_v1.h>
+#include <mncl/mncl_plugin.h>
 
 namespace mncl::core {
 
@@ -15,6 +15,6 @@ const char *coll_kind_name(int kind);
 // Throws mncl::Error(MNCL_ERR_INVALID_ARGUMENT or MNCL_ERR_NOT_SUPPORTED) naming the function
 // and what was wrong. `backend` supplies the capability masks.
 void validate_collective(const mncl_coll_v1_t &coll, int rank, int size,
-                         const mncl_plugin_v1_t &backend);
+                         const mncl_plugin_v2_t &backend);
 
 }  // namespace mncl::core

@@ -1,6 +1,7 @@
 // Checks shared by every ABI adapter: the fixed header every plugin table starts with.
 #include "loader/plugin_abi.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/error.h"
@@ -9,6 +10,14 @@ namespace mncl::loader::abi {
 
 std::string symbol_for(uint32_t version) {
   return "mncl_plugin_v" + std::to_string(version);
+}
+
+void copy_table(const void *exported, size_t known, Table *out) {
+  size_t size = 0;
+  std::memcpy(&size, exported, sizeof size);
+  std::memset(out, 0, sizeof *out);
+  std::memcpy(out, exported, std::min({size, known, sizeof *out}));
+  out->struct_size = sizeof *out;
 }
 
 std::string check_header(const void *exported, uint32_t version, const char *symbol,

@@ -1,9 +1,9 @@
 // Private to the loader: the plugin-ABI versions this core understands and the adapters that
 // turn each exported table into the newest layout, so nothing past the loader sees old tables.
 //
-// Adding ABI v2: write plugin_v2_adapter.cpp (check the header, copy the v2 table), change
-// `Table` and kNewest to v2, make adapt_v1 fill a v2 table (new fields zeroed), and add one line
-// to kAdapters below.
+// Adding ABI vN: write plugin_vN_adapter.cpp (check the header, copy the vN table), change
+// `Table` and kNewest to vN, make the older adapters fill a vN table (new fields zeroed, new
+// capability bits cleared), and add one line to kAdapters below.
 #pragma once
 
 #include <mncl/mncl_plugin.h>
@@ -15,7 +15,7 @@
 namespace mncl::loader::abi {
 
 // The newest table: what Plugin::table() returns.
-using Table = mncl_plugin_v1_t;
+using Table = mncl_plugin_v2_t;
 
 // Versions this core loads, and how far beyond them it looks to explain a refusal.
 inline constexpr uint32_t kOldest = MNCL_PLUGIN_ABI_OLDEST;
@@ -33,9 +33,11 @@ struct Adapter {
 };
 
 std::string adapt_v1(const void *exported, Table *out);
+std::string adapt_v2(const void *exported, Table *out);
 
 // Newest first: the loader takes the first symbol a plugin exports.
 inline constexpr Adapter kAdapters[] = {
+    {MNCL_PLUGIN_ABI_V2, MNCL_PLUGIN_V2_SYMBOL, &adapt_v2},
     {MNCL_PLUGIN_ABI_V1, MNCL_PLUGIN_V1_SYMBOL, &adapt_v1},
 };
 
@@ -50,6 +52,10 @@ struct TableHeader {
 // the adapter reads). Returns "" or the reason, naming the symbol.
 std::string check_header(const void *exported, uint32_t version, const char *symbol,
                          const char *type_name, size_t min_size);
+
+// Zeroes *out, then copies the first min(the table's struct_size, known) bytes of the exported
+// table (the fields both sides know) and sets out->struct_size to sizeof(Table).
+void copy_table(const void *exported, size_t known, Table *out);
 
 // "mncl_plugin_v7"
 std::string symbol_for(uint32_t version);

@@ -63,7 +63,7 @@ class LoadedPlugin final : public Plugin {
     MNCL_INFO("unloaded plugin %s (%s)", name_.c_str(), path_.c_str());
   }  // lib_ unloads after this body, once the plugin's code is no longer needed
 
-  const mncl_plugin_v1_t &table() const override { return table_; }
+  const mncl_plugin_v2_t &table() const override { return table_; }
   const std::string &path() const override { return path_; }
   const std::string &name() const override { return name_; }
   uint32_t abi_version() const override { return abi_version_; }

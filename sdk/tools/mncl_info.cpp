@@ -27,6 +27,7 @@ std::string caps_text(uint64_t caps) {
   add(MNCL_CAP_CUDA_MEMORY, "cuda");
   add(MNCL_CAP_NATIVE_ASYNC, "async");
   add(MNCL_CAP_STREAM_ORDERED, "stream");
+  add(MNCL_CAP_CONCURRENT_P2P, "p2p-lanes");
   return out.empty() ? "-" : out;
 }
 

@@ -1,0 +1,39 @@
+// Plugin kit: one table definition, exported under both plugin-ABI versions.
+//
+// A v2 plugin (mncl_plugin_v2.h) also exports its table as v1, so cores that predate v2 load it:
+//
+//   MNCL_PLUGIN_EXPORT const mncl_plugin_v2_t mncl_plugin_v2 = {...};
+//   MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = kit::as_v1(mncl_plugin_v2);
+//
+// The v1 copy drops MNCL_CAP_CONCURRENT_P2P: a v1 core calls execute() from one thread at a
+// time, which every v2 plugin also supports.
+#pragma once
+
+#include <mncl/mncl_plugin.h>
+
+namespace mncl::kit {
+
+constexpr mncl_plugin_v1_t as_v1(const mncl_plugin_v2_t &t) {
+  return mncl_plugin_v1_t{sizeof(mncl_plugin_v1_t),
+                          t.magic,
+                          MNCL_PLUGIN_ABI_V1,
+                          t.name,
+                          t.version,
+                          t.caps & ~MNCL_CAP_CONCURRENT_P2P,
+                          t.coll_mask,
+                          t.dtype_mask,
+                          t.op_mask,
+                          t.reserved0,
+                          t.init,
+                          t.finalize,
+                          t.probe,
+                          t.comm_create,
+                          t.comm_destroy,
+                          t.comm_abort,
+                          t.comm_split,
+                          t.execute,
+                          t.post,
+                          t.test};
+}
+
+}  // namespace mncl::kit
