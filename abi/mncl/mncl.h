@@ -239,9 +239,14 @@ MNCL_API mncl_status_t mncl_allreduce_coalesced(mncl_comm_t comm, const void *co
 /* ---------------------------------------------------------------------------------------------
  * Non-blocking collectives
  *
- * Same arguments as above plus *request. Operations run in issue order, interleaved correctly
- * with blocking calls on the same communicator. Buffers must stay untouched until completion.
- * A request is completed and freed by mncl_wait, or by mncl_test when it reports done.
+ * Same arguments as above plus *request. Collectives run in issue order, interleaved correctly
+ * with blocking collectives on the same communicator. Point-to-point operations progress
+ * independently of collectives and of each other, as in MPI: a rank may post mncl_irecv before
+ * the mncl_isend its peer waits for, or before a collective (messages of one pair still match in
+ * issue order). Exception: on a backend whose operations are ordered on the caller's CUDA stream
+ * (nccl), everything on one stream runs in stream order, as in NCCL. Buffers must stay
+ * untouched until completion. A request is completed and freed by mncl_wait, or by mncl_test
+ * when it reports done.
  * ------------------------------------------------------------------------------------------- */
 
 MNCL_API mncl_status_t mncl_iallreduce(mncl_comm_t comm, const void *sendbuf, void *recvbuf,

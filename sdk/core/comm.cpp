@@ -336,21 +336,36 @@ void Comm::validate_and_number(mncl_coll_v1_t &coll) {
   next_seq_ += emulated ? std::max<size_t>(coll.nbufs, 1) : 1;
 }
 
-bool Comm::needs_staging(const mncl_coll_v1_t &coll) {
+bool Comm::needs_staging(const mncl_coll_v1_t &coll, Lane &lane) {
   if (table_->caps & MNCL_CAP_CUDA_MEMORY) return false;
-  if (!staging_) staging_ = std::make_unique<cuda::Staging>(rank_, size_, backend());
-  return staging_->needed(coll);
+  if (!lane.staging) lane.staging = std::make_unique<cuda::Staging>(rank_, size_, backend());
+  return lane.staging->needed(coll);
 }
 
-void Comm::execute_now(const mncl_coll_v1_t &coll) {
+Comm::Lane &Comm::lane_for(const mncl_coll_v1_t &coll) {
+  // The capability means nothing to plugins that order their own work (mncl_plugin_v2.h).
+  const bool concurrent_p2p =
+      (table_->caps & MNCL_CAP_CONCURRENT_P2P) &&
+      !(table_->caps & (MNCL_CAP_NATIVE_ASYNC | MNCL_CAP_STREAM_ORDERED));
+  if (!concurrent_p2p || (coll.kind != MNCL_COLL_SEND && coll.kind != MNCL_COLL_RECV)) {
+    return collectives_;
+  }
+  const size_t index = 2 * static_cast<size_t>(coll.root) + (coll.kind == MNCL_COLL_RECV ? 1 : 0);
+  std::lock_guard<std::mutex> lock(lanes_mutex_);
+  if (p2p_.empty()) p2p_.resize(2 * static_cast<size_t>(size_));
+  if (!p2p_[index]) p2p_[index] = std::make_unique<Lane>();
+  return *p2p_[index];
+}
+
+void Comm::execute_now(const mncl_coll_v1_t &coll, Lane &lane) {
   const char *fn = coll_function_name(coll.kind);
   MNCL_CHECK(!aborted_.load(), MNCL_ERR_ABORTED, "%s #%llu: the communicator was aborted", fn,
              static_cast<unsigned long long>(coll.seq));
   if (debug_checks_) {
     check_fingerprints(*comm_store_, coll, rank_, size_, timeout_ms_, &aborted_);
   }
-  if (!watchdog_) {
-    // Calls on one communicator are serialized (caller or progress thread), so no race here.
+  // Lanes may call this at the same time: the watchdog is made once.
+  std::call_once(watchdog_once_, [this] {
     watchdog_ =
         std::make_unique<Watchdog>(history_, timeout_ms_, [this](const OpHistory::Record &r) {
           {
@@ -364,7 +379,7 @@ void Comm::execute_now(const mncl_coll_v1_t &coll) {
           }
           abort_plugin();
         });
-  }
+  });
   auto call = [&](const mncl_coll_v1_t &c) {
     set_last_error("");
     const size_t token = history_.begin(c);
@@ -397,29 +412,30 @@ void Comm::execute_now(const mncl_coll_v1_t &coll) {
       single.recvbufs = nullptr;
       single.counts = nullptr;
       single.seq = coll.seq + i;
-      needs_staging(single) ? staging_->run(single, call) : call(single);
+      needs_staging(single, lane) ? lane.staging->run(single, call) : call(single);
     }
     return;
   }
-  needs_staging(coll) ? staging_->run(coll, call) : call(coll);
+  needs_staging(coll, lane) ? lane.staging->run(coll, call) : call(coll);
 }
 
 void Comm::run(mncl_coll_v1_t coll) {
   validate_and_number(coll);
-  const bool native = table_->caps & MNCL_CAP_NATIVE_ASYNC;
-  if (native || outstanding_.load() == 0) {
-    execute_now(coll);
+  if (table_->caps & MNCL_CAP_NATIVE_ASYNC) {
+    execute_now(coll, collectives_);
+    return;
+  }
+  Lane &lane = lane_for(coll);
+  // Nothing queued on its lane: run it here (the caller's calls on a communicator are
+  // serialized, so nothing is added to this lane meanwhile and its worker is idle).
+  if (lane.outstanding.load() == 0) {
+    execute_now(coll, lane);
     return;
   }
   // Non-blocking operations are still queued: this one goes behind them, in issue order.
   auto op = std::make_shared<Operation>();
   op->coll = coll;
-  {
-    std::lock_guard<std::mutex> lock(queue_mutex_);
-    queue_.push_back(op);
-    ++outstanding_;
-  }
-  queue_cv_.notify_one();
+  enqueue(lane, op);
   wait(*op, -1);
   if (op->status != MNCL_OK) throw Error(op->status, op->error);
 }
@@ -440,8 +456,8 @@ std::shared_ptr<Operation> Comm::start(const mncl_coll_v1_t &coll_in) {
   validate_and_number(op->coll);
 
   if (table_->caps & MNCL_CAP_NATIVE_ASYNC) {
-    if (needs_staging(op->coll)) {  // staging blocks: run it now, which keeps issue order
-      execute_now(op->coll);
+    if (needs_staging(op->coll, collectives_)) {  // staging blocks: run it now (issue order)
+      execute_now(op->coll, collectives_);
       op->finished = true;
       return op;
     }
@@ -457,45 +473,63 @@ std::shared_ptr<Operation> Comm::start(const mncl_coll_v1_t &coll_in) {
     }
     return op;
   }
-  {
-    std::lock_guard<std::mutex> lock(queue_mutex_);
-    if (!progress_.joinable()) progress_ = std::thread([this] { progress_loop(); });
-    queue_.push_back(op);
-    ++outstanding_;
-  }
-  queue_cv_.notify_one();
+  enqueue(lane_for(op->coll), op);
   return op;
 }
 
-void Comm::progress_loop() {
+void Comm::enqueue(Lane &lane, std::shared_ptr<Operation> op) {
+  {
+    std::lock_guard<std::mutex> lock(lane.mutex);
+    if (!lane.worker_alive) {
+      if (lane.worker.joinable()) lane.worker.join();  // it has left its loop already
+      lane.worker = std::thread([this, &lane] { work(lane); });
+      lane.worker_alive = true;
+    }
+    lane.queue.push_back(std::move(op));
+    ++lane.outstanding;
+  }
+  lane.cv.notify_all();
+}
+
+void Comm::work(Lane &lane) {
+  // An idle worker leaves after a while, so a job that talked to many peers once does not keep
+  // a thread per peer; the next operation on the lane starts a new one.
+  constexpr auto kIdle = std::chrono::seconds(2);
   for (;;) {
     std::shared_ptr<Operation> op;
     {
-      std::unique_lock<std::mutex> lock(queue_mutex_);
-      queue_cv_.wait(lock, [&] { return !running_ && (stopping_ || !queue_.empty()); });
-      if (queue_.empty()) return;  // stopping, and everything issued has run
-      op = queue_.front();
-      queue_.pop_front();
-      running_ = true;
+      std::unique_lock<std::mutex> lock(lane.mutex);
+      const bool ready = lane.cv.wait_for(lock, kIdle, [&] {
+        return !lane.running && (lane.stopping || !lane.queue.empty());
+      });
+      // Leave when stopping with nothing left, or idle; not while a waiter runs the lane.
+      if (lane.queue.empty() && !lane.running) {
+        lane.worker_alive = false;
+        return;
+      }
+      if (!ready) continue;
+      op = lane.queue.front();
+      lane.queue.pop_front();
+      lane.running = true;
     }
-    complete_claimed(*op);
+    complete_claimed(*op, lane);
   }
 }
 
-void Comm::complete_claimed(Operation &op) {
-  complete(op);
+void Comm::complete_claimed(Operation &op, Lane &lane) {
+  complete(op, lane);
   {
-    std::lock_guard<std::mutex> lock(queue_mutex_);
-    running_ = false;
+    std::lock_guard<std::mutex> lock(lane.mutex);
+    lane.running = false;
   }
-  queue_cv_.notify_all();  // the progress thread (or a waiter) may go on with what is left
+  lane.cv.notify_all();  // the worker (or a waiter) may go on with what is left
 }
 
-void Comm::complete(Operation &op) {
+void Comm::complete(Operation &op, Lane &lane) {
   mncl_status_t status = MNCL_OK;
   std::string error;
   try {
-    execute_now(op.coll);
+    execute_now(op.coll, lane);
   } catch (const Error &e) {
     status = e.status();
     error = e.what();
@@ -509,26 +543,45 @@ void Comm::complete(Operation &op) {
     op.error = error;
     op.finished = true;
   }
-  --outstanding_;
+  --lane.outstanding;
   op.finished_cv.notify_all();
 }
 
-bool Comm::run_queued_until(const Operation &target) {
+bool Comm::run_queued_until(Lane &lane, const Operation &target) {
   for (;;) {
     std::shared_ptr<Operation> next;
     {
-      std::lock_guard<std::mutex> lock(queue_mutex_);
-      if (running_) return false;
-      const bool queued = std::any_of(queue_.begin(), queue_.end(),
+      std::lock_guard<std::mutex> lock(lane.mutex);
+      if (lane.running) return false;
+      const bool queued = std::any_of(lane.queue.begin(), lane.queue.end(),
                                       [&](const auto &op) { return op.get() == &target; });
       if (!queued) return false;
-      next = queue_.front();
-      queue_.pop_front();
-      running_ = true;
+      next = lane.queue.front();
+      lane.queue.pop_front();
+      lane.running = true;
     }
-    complete_claimed(*next);
+    complete_claimed(*next, lane);
     if (next.get() == &target) return true;
   }
+}
+
+void Comm::stop_lane(Lane &lane) {
+  {
+    std::lock_guard<std::mutex> lock(lane.mutex);
+    lane.stopping = true;
+  }
+  lane.cv.notify_all();
+  if (lane.worker.joinable()) lane.worker.join();
+  // A waiter may have been running the last operations: let it finish them.
+  std::unique_lock<std::mutex> lock(lane.mutex);
+  lane.cv.wait(lock, [&] { return !lane.running && lane.queue.empty(); });
+}
+
+size_t Comm::outstanding_everywhere() {
+  size_t n = collectives_.outstanding.load();
+  std::lock_guard<std::mutex> lock(lanes_mutex_);
+  for (const auto &lane : p2p_) n += lane ? lane->outstanding.load() : 0;
+  return n;
 }
 
 bool Comm::test(Operation &op) {
@@ -560,7 +613,7 @@ bool Comm::wait(Operation &op, int64_t timeout_ms) {
     }
   }
   // Only an unbounded wait may run operations here: each one may take up to the timeout.
-  if (timeout_ms < 0) run_queued_until(op);
+  if (timeout_ms < 0) run_queued_until(lane_for(op.coll), op);
   std::unique_lock<std::mutex> lock(op.mutex);
   if (timeout_ms < 0) {
     op.finished_cv.wait(lock, [&] { return op.finished; });
@@ -578,7 +631,6 @@ void Comm::abort() {
   if (aborted_.exchange(true)) return;  // a second abort is harmless
   MNCL_INFO("communicator %s aborted on rank %d", id_.c_str(), rank_);
   abort_plugin();
-  queue_cv_.notify_all();
 }
 
 void Comm::abort_plugin() {
@@ -630,7 +682,8 @@ std::unique_ptr<Comm> Comm::split(int color, int key) {
   MNCL_CHECK(color >= 0 || color == MNCL_SPLIT_NONE, MNCL_ERR_INVALID_ARGUMENT,
              "mncl_comm_split: color %d is negative (use MNCL_SPLIT_NONE to join no group)", color);
   // Splits are ordered with the collectives issued before them.
-  for (auto pause = std::chrono::microseconds(50); outstanding_.load() != 0;) {
+  // Point-to-point ones too: comm_split and comm_create must not overlap any execute().
+  for (auto pause = std::chrono::microseconds(50); outstanding_everywhere() != 0;) {
     std::this_thread::sleep_for(pause);
   }
   const uint64_t split_index = next_split_++;
@@ -701,13 +754,11 @@ std::unique_ptr<Comm> Comm::split(int color, int key) {
 
 void Comm::destroy() {
   if (destroyed_.exchange(true)) return;
-  // Let every issued operation finish (each is bounded by the timeout), then stop the thread.
-  {
-    std::lock_guard<std::mutex> lock(queue_mutex_);
-    stopping_ = true;
+  // Let every issued operation finish (each is bounded by the timeout), then stop the threads.
+  stop_lane(collectives_);
+  for (auto &lane : p2p_) {
+    if (lane) stop_lane(*lane);
   }
-  queue_cv_.notify_all();
-  if (progress_.joinable()) progress_.join();
   watchdog_.reset();  // before the plugin communicator it may abort goes away
 
   std::string error;

@@ -1,6 +1,7 @@
 // A communicator: one plugin communicator plus what the core adds around it — the bootstrap
-// store view, argument validation, sequence numbers, the issue-order progress thread for
-// non-blocking calls, abort, and the collective create / split / destroy protocols.
+// store view, argument validation, sequence numbers, the lanes that run non-blocking calls in
+// issue order (collectives on one, send/recv per peer and direction when the plugin allows it),
+// abort, and the collective create / split / destroy protocols.
 #pragma once
 
 #include <mncl/mncl_plugin.h>
@@ -70,21 +71,41 @@ class Comm {
     int pid = 0;
   };
 
+  // One issue-order queue of operations and the thread that works it (started on demand,
+  // gone after a while idle). Operations of one lane never run concurrently.
+  struct Lane {
+    std::mutex mutex;
+    std::condition_variable cv;
+    std::deque<std::shared_ptr<Operation>> queue;
+    std::atomic<size_t> outstanding{0};  // issued and not yet finished
+    bool running = false;  // a thread (the worker or a waiter) is running one of its operations
+    bool stopping = false;
+    bool worker_alive = false;
+    std::thread worker;
+    std::unique_ptr<cuda::Staging> staging;  // made on first use; used by one thread at a time
+  };
+
   Comm() = default;
   void validate_and_number(mncl_coll_v1_t &coll);
-  void execute_now(const mncl_coll_v1_t &coll);
-  // Host-only backend and a CUDA buffer in coll: it goes through cuda::Staging.
-  bool needs_staging(const mncl_coll_v1_t &coll);
-  void progress_loop();
+  // The lane coll runs on: its (peer, direction) lane for send/recv with concurrent p2p, else
+  // the collectives' lane.
+  Lane &lane_for(const mncl_coll_v1_t &coll);
+  void execute_now(const mncl_coll_v1_t &coll, Lane &lane);
+  // Host-only backend and a CUDA buffer in coll: it goes through the lane's cuda::Staging.
+  bool needs_staging(const mncl_coll_v1_t &coll, Lane &lane);
+  void enqueue(Lane &lane, std::shared_ptr<Operation> op);
+  void work(Lane &lane);
   // Runs a queued operation on the calling thread and publishes its result.
-  void complete(Operation &op);
-  // complete() for an operation taken off the queue with running_ set; clears it after.
-  void complete_claimed(Operation &op);
-  // A waiter about to block runs the queue itself, in issue order, up to its own operation,
+  void complete(Operation &op, Lane &lane);
+  // complete() for an operation taken off the lane with `running` set; clears it after.
+  void complete_claimed(Operation &op, Lane &lane);
+  // A waiter about to block runs its lane itself, in issue order, up to its own operation,
   // when no other thread is running one: it saves the two thread hand-offs (tens of
   // microseconds on a busy machine). False when it could not (its op is not queued, or another
   // thread is running one): the caller then waits as usual.
-  bool run_queued_until(const Operation &target);
+  bool run_queued_until(Lane &lane, const Operation &target);
+  void stop_lane(Lane &lane);
+  size_t outstanding_everywhere();
   void create_plugin_comm(const mncl_bootstrap_v1_t &bs, void *parent_plugin_comm, int color,
                           int key);
   mncl_bootstrap_v1_t bootstrap_for_plugin() const;
@@ -133,15 +154,13 @@ class Comm {
   std::vector<uint64_t> next_send_seq_, next_recv_seq_;  // per peer, for send/recv
   uint64_t next_split_ = 0;                              // splits made from this communicator
 
-  // Progress thread for non-blocking operations (started on first use).
-  std::mutex queue_mutex_;
-  std::condition_variable queue_cv_;
-  std::deque<std::shared_ptr<Operation>> queue_;
-  std::atomic<size_t> outstanding_{0};  // issued and not yet finished
-  bool stopping_ = false;
-  bool running_ = false;  // a thread (progress or a waiter) is running a queued operation
-  std::thread progress_;
-  std::unique_ptr<cuda::Staging> staging_;  // made on first use; calls are serialized
+  // Non-blocking operations on plugins without MNCL_CAP_NATIVE_ASYNC run on lanes: the
+  // collectives' lane, and with MNCL_CAP_CONCURRENT_P2P one lane per (peer, direction) for
+  // send/recv, so a receive waiting for its message never holds up a send or a collective.
+  Lane collectives_;
+  std::mutex lanes_mutex_;                   // guards the creation of p2p lanes
+  std::vector<std::unique_ptr<Lane>> p2p_;  // [2 * peer + (recv ? 1 : 0)], made on first use
+  std::once_flag watchdog_once_;
 };
 
 }  // namespace mncl::core

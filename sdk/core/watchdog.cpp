@@ -50,14 +50,14 @@ int64_t now_ns() {
 // ---------------------------------------------------------------------------------------------
 
 size_t OpHistory::begin(const mncl_coll_v1_t &coll) {
-  const size_t token = next_.load(std::memory_order_relaxed);
+  // fetch_add: lanes (collectives, send/recv per peer) record concurrently, each in its slot.
+  const size_t token = next_.fetch_add(1, std::memory_order_relaxed);
   Slot &s = ring_[token % kOps];
-  s.state.store(State::kRunning, std::memory_order_relaxed);
   s.seq.store(coll.seq, std::memory_order_relaxed);
   s.kind.store(coll.kind, std::memory_order_relaxed);
   s.bytes.store(bytes_of(coll), std::memory_order_relaxed);
   s.start_ns.store(now_ns(), std::memory_order_relaxed);
-  next_.store(token + 1, std::memory_order_release);  // publishes the slot
+  s.state.store(State::kRunning, std::memory_order_release);  // publishes the slot
   return token;
 }
 
@@ -81,12 +81,16 @@ OpHistory::Record OpHistory::read(const Slot &slot) const {
 }
 
 bool OpHistory::running(Record *out) const {
-  const size_t n = next_.load(std::memory_order_acquire);
-  if (n == 0) return false;
-  const Record r = read(ring_[(n - 1) % kOps]);
-  if (r.state != State::kRunning) return false;
-  *out = r;
-  return true;
+  // Several operations may run at once (one per lane): the oldest one is the watchdog's concern.
+  const size_t n = std::min(next_.load(std::memory_order_acquire), kOps);
+  bool found = false;
+  for (size_t i = 0; i < n; ++i) {
+    const Record r = read(ring_[i]);
+    if (r.state != State::kRunning || (found && r.start >= out->start)) continue;
+    *out = r;
+    found = true;
+  }
+  return found;
 }
 
 std::string OpHistory::dump(size_t max) const {

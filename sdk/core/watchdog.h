@@ -42,12 +42,14 @@ class OpHistory {
   };
   static constexpr size_t kOps = 16;
 
-  // begin/end run on every call: they only store atomics (no lock, no allocation). One writer
-  // at a time (a communicator's operations are serialized); readers (the watchdog, dumps) may
-  // see a slot mid-rewrite after kOps newer operations, which only blurs that old entry.
+  // begin/end run on every call: they only store atomics (no lock, no allocation). Writers may
+  // be concurrent (one per lane: collectives, send/recv per peer); each claims its own slot.
+  // Readers (the watchdog, dumps) may see a slot mid-rewrite after kOps newer operations,
+  // which only blurs that old entry; an operation outlived by kOps newer ones leaves the
+  // watchdog's view (the plugin's own timeout still bounds it).
   size_t begin(const mncl_coll_v1_t &coll);
   void end(size_t token, bool ok);
-  // The running operation, if any (the watchdog's view).
+  // The oldest running operation, if any (the watchdog's view).
   bool running(Record *out) const;
   // "allreduce #7 4096 B running 3.2 s; allreduce #6 4096 B done 0.001 s; ..." newest first,
   // at most `max` entries.
