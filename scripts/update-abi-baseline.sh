@@ -4,14 +4,57 @@
 # (new functions, new enumerators, fields appended to a struct_size-versioned struct), review
 # `git diff abi/baseline`, and commit the result with the change.
 #
-# Builds libmncl and the plugin-ABI object into MNCL_BUILD_DIR (default: build; it must be a
-# build with debug info, RelWithDebInfo or Debug) and dumps them with abidw.
+#   scripts/update-abi-baseline.sh                   libmncl, plus new plugin ABI versions
+#   scripts/update-abi-baseline.sh mncl_plugin_v2    also re-records these (an unreleased one)
+#
+# Plugin ABI versions are frozen headers (abi/mncl/mncl_plugin_v<N>.h), each described by the
+# object mncl_plugin_abi_v<N> (tests/abi) in abi/baseline/mncl_plugin_v<N>.abi. A version
+# without a baseline is recorded; one with a baseline is only checked, and a change fails (a
+# released plugin ABI never changes: fix the header, or name the version to re-record it while
+# it is still unreleased). libmncl.abi is always rewritten.
+#
+# Builds libmncl and the plugin-ABI objects into MNCL_BUILD_DIR (default: build; it must be a
+# build with debug info, RelWithDebInfo or Debug) with MNCL_JOBS jobs (default: nproc) and
+# dumps them with abidw.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${MNCL_BUILD_DIR:-build}
 [ -f "$build_dir/CMakeCache.txt" ] ||
   cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE="${MNCL_BUILD_TYPE:-RelWithDebInfo}"
-cmake --build "$build_dir" -j"$(nproc)" --target mncl mncl_plugin_abi_v1
-exec tests/abi/abi_check.sh update "$PWD" "$build_dir/tests/abi/current" \
-  libmncl="$build_dir/lib/libmncl.so" \
-  mncl_plugin_v1="$build_dir/tests/abi/libmncl_plugin_abi_v1.so"
+
+versions=$(ls abi/mncl/mncl_plugin_v*.h | sed -n 's|.*/mncl_plugin_v\([0-9][0-9]*\)\.h$|\1|p' |
+  sort -n)
+known=" libmncl $(echo $versions | sed 's/\([0-9][0-9]*\)/mncl_plugin_v\1/g') "
+for name in "$@"; do
+  if [[ "$known" != *" $name "* ]]; then
+    echo "unknown plugin ABI baseline '$name' (known:$known)" >&2
+    exit 2
+  fi
+done
+
+targets=(mncl)
+record=("libmncl=$build_dir/lib/libmncl.so")
+frozen=()
+for v in $versions; do
+  targets+=("mncl_plugin_abi_v$v")
+  pair="mncl_plugin_v$v=$build_dir/tests/abi/libmncl_plugin_abi_v$v.so"
+  if [ ! -f "abi/baseline/mncl_plugin_v$v.abi" ] || [[ " $* " == *" mncl_plugin_v$v "* ]]; then
+    record+=("$pair")
+  else
+    frozen+=("$pair")
+  fi
+done
+cmake --build "$build_dir" -j"${MNCL_JOBS:-$(nproc)}" --target "${targets[@]}"
+
+# Frozen versions first, so that a changed released plugin ABI records nothing.
+if [ ${#frozen[@]} -gt 0 ]; then
+  rc=0
+  tests/abi/abi_check.sh check "$PWD" "$build_dir/tests/abi/current" "${frozen[@]}" || rc=$?
+  if [ $rc -eq 1 ]; then
+    echo "Recorded nothing: a plugin ABI above differs from its baseline. Released plugin ABIs" >&2
+    echo "are frozen: undo the change (a new version is a new header). Only while a version is" >&2
+    echo "unreleased, re-record it by name: $0 mncl_plugin_v<N>" >&2
+  fi
+  [ $rc -eq 0 ] || exit $rc
+fi
+exec tests/abi/abi_check.sh update "$PWD" "$build_dir/tests/abi/current" "${record[@]}"

@@ -5,11 +5,11 @@
 #   abi_check.sh check  <source dir> <out dir> <name>=<binary>...   (ctest, label abi)
 #   abi_check.sh update <source dir> <out dir> <name>=<binary>...   (scripts/update-abi-baseline.sh)
 #
-# Each <name> is one description, abi/baseline/<name>.abi: libmncl (libmncl.so) and
-# mncl_plugin_v1 (a tiny object exporting the plugin ABI's table and enums). The dumps keep only
-# what the exported interfaces reach and only types defined in abi/mncl/ (the public headers),
-# without source locations or absolute paths, so they do not depend on the checkout, the build
-# type (-O0/-O2, as long as there is -g) or internal code.
+# Each <name> is one description, abi/baseline/<name>.abi: libmncl (libmncl.so) and, per plugin
+# ABI version N, mncl_plugin_v<N> (a tiny object exporting that version's table and the enums).
+# The dumps keep only what the exported interfaces reach and only types defined in abi/mncl/
+# (the public headers), without source locations or absolute paths, so they do not depend on the
+# checkout, the build type (-O0/-O2, as long as there is -g) or internal code.
 #
 # check: abidiff's exit status is a bit mask: 1 error, 2 usage, 4 ABI change, 8 incompatible
 # change. 8 (a removed or changed function or variable symbol) fails. 4 alone is re-run with

@@ -61,7 +61,7 @@ for dir in "$@"; do
     nplugins=$((nplugins + 1))
     syms=$(exports "$plugin" | sed 's/@.*//' | sort -u)
     echo "plugin $(basename "$plugin"): $(echo $syms)"
-    [ -n "$syms" ] || fail "$plugin exports nothing (no mncl_plugin_v1 table)"
+    [ -n "$syms" ] || fail "$plugin exports nothing (no mncl_plugin_v<N> table)"
     while read -r s; do
       [ -z "$s" ] && continue
       [[ "$s" =~ ^mncl_plugin_v[0-9]+$ ]] || fail "$plugin exports '$s', which is not a mncl_plugin_v<N> table"

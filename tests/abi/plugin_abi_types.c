@@ -1,41 +1,45 @@
 /*
- * plugin_abi_types.c — the plugin ABI (mncl_plugin_v1.h) as a tiny shared object, so abidw can
- * describe it: the header itself defines no symbol, so nothing else would carry its types.
+ * plugin_abi_types.c — one plugin ABI version (mncl_plugin_v<N>.h) as a tiny shared object, so
+ * abidw can describe it: the headers themselves define no symbol, so nothing else would carry
+ * their types. Built once per version, MNCL_ABI_TYPES_VERSION=<N> (libmncl_plugin_abi_v<N>.so),
+ * each object with its own baseline abi/baseline/mncl_plugin_v<N>.abi: every released version is
+ * frozen, so adding v2 must leave v1's object, and its description, exactly as they were.
  *
- * It exports what a v1 plugin exports, the table `mncl_plugin_v1` (which reaches every struct
- * of the ABI through the table's function pointers: host, store, bootstrap, probe, coll), plus
- * one function taking the enums that no struct field names by type. It is never loaded as a
- * plugin (its file name is not libmncl-<name>.so) and its table is empty.
+ * It exports what a v<N> plugin exports, the table `mncl_plugin_v<N>` (which reaches every
+ * struct of the ABI through the table's function pointers: host, store, bootstrap, probe,
+ * coll), plus one function taking the enums that no struct field names by type. It is never
+ * loaded as a plugin (its file name is not libmncl-<name>.so) and its table is empty.
  */
 #include <mncl/mncl_plugin.h>
 
-MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = {sizeof(mncl_plugin_v1_t),
-                                                            MNCL_PLUGIN_MAGIC,
-                                                            MNCL_PLUGIN_ABI_V1,
-                                                            "abi-types",
-                                                            "0",
-                                                            0,
-                                                            0,
-                                                            0,
-                                                            0,
-                                                            0,
-                                                            NULL,
-                                                            NULL,
-                                                            NULL,
-                                                            NULL,
-                                                            NULL,
-                                                            NULL,
-                                                            NULL,
-                                                            NULL,
-                                                            NULL,
-                                                            NULL};
+#ifndef MNCL_ABI_TYPES_VERSION
+#error "MNCL_ABI_TYPES_VERSION must be defined (the plugin ABI version to describe)"
+#endif
 
-/* The enums a plugin sees as plain int32_t fields (kind, dtype, op, log levels). */
-MNCL_PLUGIN_EXPORT int mncl_plugin_abi_v1_enums(mncl_log_level_v1_t level, mncl_coll_kind_v1_t kind,
-                                                mncl_dtype_t dtype, mncl_op_t op,
-                                                mncl_status_t status);
-MNCL_PLUGIN_EXPORT int mncl_plugin_abi_v1_enums(mncl_log_level_v1_t level, mncl_coll_kind_v1_t kind,
-                                                mncl_dtype_t dtype, mncl_op_t op,
-                                                mncl_status_t status) {
+#if MNCL_ABI_TYPES_VERSION == 1
+#define ABI_TABLE_T mncl_plugin_v1_t
+#define ABI_TABLE mncl_plugin_v1
+#define ABI_VERSION MNCL_PLUGIN_ABI_V1
+#define ABI_ENUMS mncl_plugin_abi_v1_enums
+#elif MNCL_ABI_TYPES_VERSION == 2
+#define ABI_TABLE_T mncl_plugin_v2_t
+#define ABI_TABLE mncl_plugin_v2
+#define ABI_VERSION MNCL_PLUGIN_ABI_V2
+#define ABI_ENUMS mncl_plugin_abi_v2_enums
+#else
+#error "unknown MNCL_ABI_TYPES_VERSION"
+#endif
+
+MNCL_PLUGIN_EXPORT const ABI_TABLE_T ABI_TABLE = {.struct_size = sizeof(ABI_TABLE_T),
+                                                  .magic = MNCL_PLUGIN_MAGIC,
+                                                  .abi_version = ABI_VERSION,
+                                                  .name = "abi-types",
+                                                  .version = "0"};
+
+/* The enums a plugin sees as plain int32_t fields (kind, dtype, op, log levels); v2 uses v1's. */
+MNCL_PLUGIN_EXPORT int ABI_ENUMS(mncl_log_level_v1_t level, mncl_coll_kind_v1_t kind,
+                                 mncl_dtype_t dtype, mncl_op_t op, mncl_status_t status);
+MNCL_PLUGIN_EXPORT int ABI_ENUMS(mncl_log_level_v1_t level, mncl_coll_kind_v1_t kind,
+                                 mncl_dtype_t dtype, mncl_op_t op, mncl_status_t status) {
   return (int)level + (int)kind + (int)dtype + (int)op + (int)status;
 }

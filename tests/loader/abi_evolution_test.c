@@ -2,10 +2,12 @@
  * abi_evolution_test.c — ABI evolution through the PUBLIC API only (mncl.h + libmncl), as an
  * application built against an older or newer header would see it:
  *
- *   plugins: a v1 plugin loads through the core's v1 adapter and runs a collective; a plugin
- *   exporting v1 and the hypothetical v2 (mncl_plugin_v2_test.h) is served as v1; a plugin that
- *   only offers v2 is refused with MNCL_ERR_PLUGIN and a message naming the file and both
- *   version ranges.
+ *   plugins: a v1 plugin loads through the core's v1 adapter and runs a collective, and so does
+ *   a v2-only plugin (mncl_plugin_v2.h) through the v2 adapter, a plugin exporting v1 and v2, one
+ *   exporting v2 and the hypothetical v3 (mncl_plugin_v3_test.h), and one exporting v1 and v3; a
+ *   plugin that only offers v3 is refused with MNCL_ERR_PLUGIN and a message naming the file
+ *   and both version ranges, and a v2 symbol whose table says abi_version 1 is refused.
+ *   (Which table the core picked is not visible through mncl.h; loader_test checks that.)
  *
  *   config struct-size handshake: an older caller's smaller mncl_config_t (only the first
  *   fields) gets defaults for the rest; a newer caller's larger one is accepted when its unknown
@@ -90,15 +92,34 @@ int main(void) {
     create_expect(&c, MNCL_OK, "mock", "v1 plugin loads through the v1 adapter");
   }
   {
-    mncl_config_t c = config_for("v1v2");
-    create_expect(&c, MNCL_OK, "v1v2", "v1+v2 plugin is served as v1");
+    mncl_config_t c = config_for("v2only");
+    create_expect(&c, MNCL_OK, "v2only", "v2 plugin loads through the v2 adapter");
   }
   {
-    mncl_config_t c = config_for("v2only");
-    msg = create_expect(&c, MNCL_ERR_PLUGIN, "", "v2-only plugin is refused");
-    EXPECT(strstr(msg, "libmncl-v2only.so") != NULL, "the message names the file: %s", msg);
-    EXPECT(strstr(msg, "offers plugin ABI v2 only") != NULL, "the plugin's range: %s", msg);
-    EXPECT(strstr(msg, "this core supports v1..v1") != NULL, "the core's range: %s", msg);
+    mncl_config_t c = config_for("v1v2");
+    create_expect(&c, MNCL_OK, "v1v2", "v1+v2 plugin is served (as v2)");
+  }
+  {
+    mncl_config_t c = config_for("v2v3");
+    create_expect(&c, MNCL_OK, "v2v3", "v2+v3 plugin is served (as v2)");
+  }
+  {
+    mncl_config_t c = config_for("v1v3");
+    create_expect(&c, MNCL_OK, "v1v3", "v1+v3 plugin is served (as v1)");
+  }
+  {
+    mncl_config_t c = config_for("v3only");
+    msg = create_expect(&c, MNCL_ERR_PLUGIN, "", "v3-only plugin is refused");
+    EXPECT(strstr(msg, "libmncl-v3only.so") != NULL, "the message names the file: %s", msg);
+    EXPECT(strstr(msg, "offers plugin ABI v3 only") != NULL, "the plugin's range: %s", msg);
+    EXPECT(strstr(msg, "this core supports v1..v2") != NULL, "the core's range: %s", msg);
+  }
+  {
+    mncl_config_t c = config_for("v2badabi");
+    msg = create_expect(&c, MNCL_ERR_PLUGIN, "", "v2 symbol with a v1 abi_version is refused");
+    EXPECT(
+        strstr(msg, "mncl_plugin_v2 declares abi_version 1 but the symbol name promises 2") != NULL,
+        "names the mismatch: %s", msg);
   }
 
   /* --- config struct-size handshake ---------------------------------------------------------- */

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# mncl-info must list the real naive plugin as loaded and every mock or bad file with the
-# reason it was refused. Usage: check_mncl_info.sh <mncl-info> (MNCL_PLUGIN_PATH set by ctest).
+# mncl-info must list the real naive plugin as loaded, every mock or bad file with the reason it
+# was refused, and the ABI version and capabilities of the loaded v1/v2 mocks.
+# Usage: check_mncl_info.sh <mncl-info> (MNCL_PLUGIN_PATH set by ctest).
 set -u
 out=$("$1" --plugins 2>/dev/null)
 echo "$out"
@@ -11,11 +12,21 @@ expect() {
     status=1
   fi
 }
+# The details line under a loaded plugin: $1 names it, $2 is a pattern the line must match.
+expect_details() {
+  local details
+  details=$(awk -v name="$1" '$1 == name && $2 == "loaded" { getline; print; exit }' <<<"$out")
+  if ! grep -Eq -- "$2" <<<"$details"; then
+    echo "MISSING: under '$1 loaded', a line matching /$2/ (got: '$details')" >&2
+    status=1
+  fi
+}
 expect '^  naive +loaded '
 expect '^  mock +loaded '
 expect '^  nosym +REFUSED .*no mncl_plugin_v1'
-expect '^  v2only +REFUSED .*offers plugin ABI v2 only; this core supports v1\.\.v1'
+expect '^  v3only +REFUSED .*offers plugin ABI v3 only; this core supports v1\.\.v2'
 expect '^  badabi +REFUSED .*abi_version 7'
+expect '^  v2badabi +REFUSED .*mncl_plugin_v2 declares abi_version 1 but the symbol name promises 2'
 expect '^  badmagic +REFUSED .*magic'
 expect '^  small +REFUSED .*smaller than'
 expect '^  initfail +REFUSED .*init\(\) refused'
@@ -24,4 +35,11 @@ expect '^  noexec +REFUSED .*missing mandatory functions'
 expect '^  text +REFUSED .*not an ELF file'
 expect '^  elf32 +REFUSED .*32-bit ELF'
 expect '^  misnamed +REFUSED .*differs from the file name'
+# v2 plugins show ABI v2 and their p2p-lanes; a v1 table never does, even when it sets bit 4.
+expect_details mock 'plugin ABI v1, memory host, collectives'
+expect_details v2only 'plugin ABI v2, memory host,p2p-lanes, collectives'
+expect_details v1v2 'plugin ABI v2, memory host,p2p-lanes, collectives'
+expect_details v2v3 'plugin ABI v2, memory host,p2p-lanes, collectives'
+expect_details v1v3 'plugin ABI v1, memory host, collectives'
+expect_details v1p2p 'plugin ABI v1, memory host, collectives'
 exit $status

@@ -10,22 +10,27 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "common/error.h"
 #include "common/log.h"
 #include "loader/plugin_abi.h"
 #include "loader/plugin_loader.h"
-#include "mncl_plugin_v2_test.h"
+#include "mncl_plugin_v3_test.h"
 
 namespace mncl::loader {
 namespace {
 
-// The hypothetical v2 only appends: its v1 part must match v1 field for field.
-static_assert(offsetof(mncl_plugin_v2_test_t, test) == offsetof(mncl_plugin_v1_t, test));
-static_assert(offsetof(mncl_plugin_v2_test_t, comm_shrink) == sizeof(mncl_plugin_v1_t));
+// The hypothetical v3 only appends: its v2 part must match v2 field for field.
+static_assert(offsetof(mncl_plugin_v3_test_t, test) == offsetof(mncl_plugin_v2_t, test));
+static_assert(offsetof(mncl_plugin_v3_test_t, comm_shrink) == sizeof(mncl_plugin_v2_t));
+// The core's table is v2 today; the adapter tests below fill one.
+static_assert(std::is_same_v<abi::Table, mncl_plugin_v2_t>);
+static_assert(abi::kNewest == MNCL_PLUGIN_ABI_V2);
 
 const std::string kMockDir = MNCL_MOCK_PLUGIN_DIR;
 
@@ -104,8 +109,9 @@ std::vector<Refusal> refusals() {
       {"truncated", "dlopen failed: "},
       {"dir", "not a regular file"},
       {"nosym", "no mncl_plugin_v1..mncl_plugin_v16 symbol exported"},
-      {"v2only", "offers plugin ABI v2 only; this core supports v1..v1"},
+      {"v3only", "offers plugin ABI v3 only; this core supports v1..v2"},
       {"badabi", "mncl_plugin_v1 declares abi_version 7 but the symbol name promises 1"},
+      {"v2badabi", "mncl_plugin_v2 declares abi_version 1 but the symbol name promises 2"},
       {"badmagic", "mncl_plugin_v1 has magic 0xdeadbeef, expected 0x504c4e4d"},
       {"small", format("mncl_plugin_v1 struct_size %zu is smaller than mncl_plugin_v1_t (%zu "
                        "bytes)",
@@ -170,17 +176,19 @@ TEST(Loader, GoodMockLoadsByName) {
   EXPECT_EQ(p->name(), "mock");
   EXPECT_EQ(p->path(), mock_path("mock"));
   EXPECT_EQ(p->abi_version(), 1u);
-  const mncl_plugin_v1_t &t = p->table();
-  EXPECT_EQ(t.struct_size, sizeof(mncl_plugin_v1_t));
+  // Adapted to the core's (newest) table; abi_version() keeps what the plugin was built for.
+  const abi::Table &t = p->table();
+  EXPECT_EQ(t.struct_size, sizeof(abi::Table));
   EXPECT_EQ(t.magic, MNCL_PLUGIN_MAGIC);
+  EXPECT_EQ(t.abi_version, MNCL_PLUGIN_ABI_V1);
   EXPECT_STREQ(t.version, "0.0.1-test (mock)");
-  EXPECT_TRUE(t.caps & MNCL_CAP_HOST_MEMORY);
+  EXPECT_EQ(t.caps, MNCL_CAP_HOST_MEMORY);
   EXPECT_EQ(t.comm_split, nullptr);
 }
 
 TEST(Loader, GoodMockProbesAndRunsASingleRankAllreduce) {
   auto p = load("mock");
-  const mncl_plugin_v1_t &t = p->table();
+  const abi::Table &t = p->table();
 
   mncl_probe_v1_t info = {sizeof info, 1, 1, 1, 0, 0, 0};
   int32_t score = -1;
@@ -231,15 +239,54 @@ TEST(Loader, NoopMockLoads) {
   EXPECT_EQ(p->table().comm_destroy(comm), MNCL_OK);
 }
 
+TEST(Loader, V2OnlyPluginLoadsWithItsConcurrentP2pCapability) {
+  auto p = load("v2only");
+  EXPECT_EQ(p->name(), "v2only");
+  EXPECT_EQ(p->abi_version(), 2u);
+  const abi::Table &t = p->table();
+  EXPECT_EQ(t.struct_size, sizeof(mncl_plugin_v2_t));
+  EXPECT_EQ(t.abi_version, MNCL_PLUGIN_ABI_V2);
+  EXPECT_EQ(t.caps, MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P);
+  EXPECT_STREQ(t.version, "0.0.1-test (v2only)");
+}
+
 TEST(Loader, NewestKnownVersionWinsWhenSeveralAreExported) {
+  // v1 + v2: the v2 table, told apart from the v1 copy by MNCL_CAP_CONCURRENT_P2P, which only
+  // the v2 table carries (as with the plugin kit's as_v1).
   auto p = load("v1v2");
+  EXPECT_EQ(p->abi_version(), 2u);
+  EXPECT_EQ(p->table().abi_version, MNCL_PLUGIN_ABI_V2);
+  EXPECT_EQ(p->table().caps, MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P);
+}
+
+TEST(Loader, NewerUnknownVersionIsPassedOverForTheNewestKnownOne) {
+  // v2 + hypothetical v3: v2; v1 + v3 (no v2): v1, whose table cannot promise concurrency.
+  auto p23 = load("v2v3");
+  EXPECT_EQ(p23->abi_version(), 2u);
+  EXPECT_EQ(p23->table().abi_version, MNCL_PLUGIN_ABI_V2);
+  EXPECT_EQ(p23->table().caps, MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P);
+  auto p13 = load("v1v3");
+  EXPECT_EQ(p13->abi_version(), 1u);
+  EXPECT_EQ(p13->table().abi_version, MNCL_PLUGIN_ABI_V1);
+  EXPECT_EQ(p13->table().caps, MNCL_CAP_HOST_MEMORY);
+}
+
+TEST(Loader, V1TableLosesTheV2OnlyCapabilityBit) {
+  // Bit 4 means nothing in v1: a v1 plugin setting it must not get concurrent execute() calls.
+  auto p = load("v1p2p");
   EXPECT_EQ(p->abi_version(), 1u);
-  EXPECT_EQ(p->table().abi_version, MNCL_PLUGIN_ABI_V1);
+  EXPECT_EQ(p->table().caps, MNCL_CAP_HOST_MEMORY);
+  EXPECT_EQ(p->table().caps & (1ull << 4), 0u);
+  const auto reports = discover();
+  const PluginReport *r = find_report(reports, mock_path("v1p2p"));
+  ASSERT_NE(r, nullptr);
+  EXPECT_TRUE(r->loaded) << r->reason;
+  EXPECT_EQ(r->caps, MNCL_CAP_HOST_MEMORY);  // what mncl-info shows
 }
 
 TEST(Loader, LargerStructSizeIsCutToTheKnownTable) {
   auto p = load("padded");
-  EXPECT_EQ(p->table().struct_size, sizeof(mncl_plugin_v1_t));
+  EXPECT_EQ(p->table().struct_size, sizeof(abi::Table));
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -248,8 +295,10 @@ TEST(Loader, LargerStructSizeIsCutToTheKnownTable) {
 TEST(Loader, UnknownNameListsTheAvailableBackends) {
   const std::string message = error_of([] { load("gloooo"); });
   EXPECT_EQ(message.rfind("unknown backend 'gloooo'; available: ", 0), 0u) << message;
-  for (const char *good : {"mock", "noop", "padded", "v1v2"}) EXPECT_CONTAINS(message, good);
-  for (const char *bad : {"initfail", "text", "v2only"}) {
+  for (const char *good : {"mock", "noop", "padded", "v2only", "v1v2", "v1p2p", "v2v3", "v1v3"}) {
+    EXPECT_CONTAINS(message, good);
+  }
+  for (const char *bad : {"initfail", "text", "v3only", "v2badabi"}) {
     EXPECT_EQ(message.find(std::string(bad) + ","), std::string::npos) << message;
   }
   EXPECT_CONTAINS(message, kMockDir);
@@ -262,7 +311,13 @@ TEST(Loader, AvailableNamesAreTheLoadableOnes) {
   };
   EXPECT_TRUE(has("mock"));
   EXPECT_TRUE(has("noop"));
+  EXPECT_TRUE(has("v2only"));
   EXPECT_TRUE(has("v1v2"));
+  EXPECT_TRUE(has("v1p2p"));
+  EXPECT_TRUE(has("v2v3"));
+  EXPECT_TRUE(has("v1v3"));
+  EXPECT_FALSE(has("v3only"));
+  EXPECT_FALSE(has("v2badabi"));
   EXPECT_FALSE(has("initfail"));
   EXPECT_FALSE(has("misnamed"));
   EXPECT_FALSE(has("other"));
@@ -349,8 +404,8 @@ TEST(Loader, DiscoverReportsEveryFileOnce) {
     EXPECT_EQ(r.loaded, r.reason.empty()) << r.path << ": " << r.reason;
     EXPECT_EQ(r.loaded, r.plugin != nullptr) << r.path;
   }
-  // 15 mock variants + 6 bad files.
-  EXPECT_EQ(in_mock_dir, 21u);
+  // 20 mock variants + 6 bad files.
+  EXPECT_EQ(in_mock_dir, 26u);
   const PluginReport *mock = find_report(reports, mock_path("mock"));
   ASSERT_NE(mock, nullptr);
   EXPECT_TRUE(mock->loaded);
@@ -363,6 +418,16 @@ TEST(Loader, DiscoverReportsEveryFileOnce) {
   ASSERT_NE(nomem, nullptr);
   EXPECT_EQ(nomem->version, "0.0.1-test (nomem)");
   EXPECT_EQ(nomem->abi_version, 1u);
+  // The ABI version a plugin was built for, and its v2 capability.
+  const PluginReport *v2only = find_report(reports, mock_path("v2only"));
+  ASSERT_NE(v2only, nullptr);
+  EXPECT_TRUE(v2only->loaded) << v2only->reason;
+  EXPECT_EQ(v2only->abi_version, 2u);
+  EXPECT_EQ(v2only->caps, MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P);
+  const PluginReport *v2badabi = find_report(reports, mock_path("v2badabi"));
+  ASSERT_NE(v2badabi, nullptr);
+  EXPECT_FALSE(v2badabi->loaded);
+  EXPECT_EQ(v2badabi->abi_version, 2u);  // the symbol it was looked up by
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -441,19 +506,41 @@ TEST(Loader, RefusedInitKeepsTheCallersLastError) {
 }
 
 // ----------------------------------------------------------------------------------------------
-// The v1 adapter, on tables in memory
+// The adapters, on tables in memory: each fills the core's table (abi::Table, v2)
+
+// A table of type T with a valid header for `version`, every other field zero.
+template <class T>
+T table_for(uint32_t version) {
+  T t;
+  std::memset(&t, 0, sizeof t);
+  t.struct_size = sizeof t;
+  t.magic = MNCL_PLUGIN_MAGIC;
+  t.abi_version = version;
+  return t;
+}
 
 TEST(V1Adapter, CopiesAKnownSizeTable) {
-  mncl_plugin_v1_t in = {};
-  in.struct_size = sizeof in;
-  in.magic = MNCL_PLUGIN_MAGIC;
-  in.abi_version = MNCL_PLUGIN_ABI_V1;
+  mncl_plugin_v1_t in = table_for<mncl_plugin_v1_t>(MNCL_PLUGIN_ABI_V1);
   in.name = "x";
+  in.caps = MNCL_CAP_HOST_MEMORY | MNCL_CAP_NATIVE_ASYNC;
   in.coll_mask = 5;
-  mncl_plugin_v1_t out;
+  abi::Table out;
   std::memset(&out, 0xff, sizeof out);
   EXPECT_EQ(abi::adapt_v1(&in, &out), "");
+  // v2 has v1's layout, so the copy is byte for byte (abi_version stays 1).
+  static_assert(sizeof in == sizeof out);
   EXPECT_EQ(std::memcmp(&in, &out, sizeof in), 0);
+}
+
+TEST(V1Adapter, ClearsCapabilityBitsV1DoesNotDefine) {
+  mncl_plugin_v1_t in = table_for<mncl_plugin_v1_t>(MNCL_PLUGIN_ABI_V1);
+  in.caps = MNCL_CAP_HOST_MEMORY | MNCL_CAP_CUDA_MEMORY | MNCL_CAP_NATIVE_ASYNC |
+            MNCL_CAP_STREAM_ORDERED | (1ull << 4) | (1ull << 63);
+  abi::Table out;
+  EXPECT_EQ(abi::adapt_v1(&in, &out), "");
+  EXPECT_EQ(out.caps, MNCL_CAP_HOST_MEMORY | MNCL_CAP_CUDA_MEMORY | MNCL_CAP_NATIVE_ASYNC |
+                          MNCL_CAP_STREAM_ORDERED);
+  static_assert(MNCL_CAP_CONCURRENT_P2P == (1ull << 4));
 }
 
 TEST(V1Adapter, IgnoresBytesBeyondTheKnownTable) {
@@ -467,33 +554,88 @@ TEST(V1Adapter, IgnoresBytesBeyondTheKnownTable) {
   in.v1.magic = MNCL_PLUGIN_MAGIC;
   in.v1.abi_version = MNCL_PLUGIN_ABI_V1;
   in.v1.op_mask = 3;
-  mncl_plugin_v1_t out;
+  abi::Table out;
   EXPECT_EQ(abi::adapt_v1(&in, &out), "");
-  EXPECT_EQ(out.struct_size, sizeof(mncl_plugin_v1_t));
+  EXPECT_EQ(out.struct_size, sizeof(abi::Table));
   EXPECT_EQ(out.op_mask, 3u);
 }
 
 TEST(V1Adapter, RefusesASmallerStructSize) {
-  mncl_plugin_v1_t in = {};
+  mncl_plugin_v1_t in = table_for<mncl_plugin_v1_t>(MNCL_PLUGIN_ABI_V1);
   in.struct_size = offsetof(mncl_plugin_v1_t, post);
-  in.magic = MNCL_PLUGIN_MAGIC;
-  in.abi_version = MNCL_PLUGIN_ABI_V1;
-  mncl_plugin_v1_t out;
+  abi::Table out;
   EXPECT_CONTAINS(abi::adapt_v1(&in, &out),
                   format("struct_size %zu is smaller than mncl_plugin_v1_t (%zu bytes)",
                          offsetof(mncl_plugin_v1_t, post), sizeof(mncl_plugin_v1_t)));
 }
 
 TEST(V1Adapter, RefusesAWrongVersionOrMagic) {
-  mncl_plugin_v1_t in = {};
-  in.struct_size = sizeof in;
-  in.magic = MNCL_PLUGIN_MAGIC;
-  in.abi_version = 2;
-  mncl_plugin_v1_t out;
-  EXPECT_CONTAINS(abi::adapt_v1(&in, &out), "declares abi_version 2");
+  mncl_plugin_v1_t in = table_for<mncl_plugin_v1_t>(2);
+  abi::Table out;
+  EXPECT_CONTAINS(abi::adapt_v1(&in, &out),
+                  "mncl_plugin_v1 declares abi_version 2 but the symbol name promises 1");
   in.abi_version = 1;
   in.magic = 0;
   EXPECT_CONTAINS(abi::adapt_v1(&in, &out), "has magic 0x00000000");
+}
+
+TEST(V2Adapter, CopiesAKnownSizeTableWithItsConcurrentP2pBit) {
+  mncl_plugin_v2_t in = table_for<mncl_plugin_v2_t>(MNCL_PLUGIN_ABI_V2);
+  in.name = "y";
+  in.caps = MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P;
+  in.dtype_mask = 9;
+  abi::Table out;
+  std::memset(&out, 0xff, sizeof out);
+  EXPECT_EQ(abi::adapt_v2(&in, &out), "");
+  EXPECT_EQ(std::memcmp(&in, &out, sizeof in), 0);
+  EXPECT_EQ(out.caps, MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P);
+}
+
+TEST(V2Adapter, IgnoresBytesBeyondTheKnownTable) {
+  // What a later v3 table could look like if it were exported as v2 (fields appended).
+  mncl_plugin_v3_test_t in;
+  std::memset(&in, 0, sizeof in);
+  in.struct_size = sizeof in;
+  in.magic = MNCL_PLUGIN_MAGIC;
+  in.abi_version = MNCL_PLUGIN_ABI_V2;
+  in.op_mask = 3;
+  in.caps2 = ~0ull;
+  abi::Table out;
+  EXPECT_EQ(abi::adapt_v2(&in, &out), "");
+  EXPECT_EQ(out.struct_size, sizeof(abi::Table));
+  EXPECT_EQ(out.op_mask, 3u);
+}
+
+TEST(V2Adapter, RefusesAV1HeaderUnderTheV2Symbol) {
+  // Same layout, but abi_version 1 in mncl_plugin_v2: the plugin does not mean v2's promises.
+  mncl_plugin_v2_t in = table_for<mncl_plugin_v2_t>(MNCL_PLUGIN_ABI_V1);
+  in.caps = MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P;
+  abi::Table out;
+  EXPECT_CONTAINS(abi::adapt_v2(&in, &out),
+                  "mncl_plugin_v2 declares abi_version 1 but the symbol name promises 2");
+  in.abi_version = MNCL_PLUGIN_ABI_V2;
+  in.magic = 0x12345678u;
+  EXPECT_CONTAINS(abi::adapt_v2(&in, &out), "mncl_plugin_v2 has magic 0x12345678");
+}
+
+TEST(V2Adapter, RefusesASmallerStructSize) {
+  mncl_plugin_v2_t in = table_for<mncl_plugin_v2_t>(MNCL_PLUGIN_ABI_V2);
+  in.struct_size = offsetof(mncl_plugin_v2_t, execute);
+  abi::Table out;
+  EXPECT_CONTAINS(abi::adapt_v2(&in, &out),
+                  format("mncl_plugin_v2 struct_size %zu is smaller than mncl_plugin_v2_t (%zu "
+                         "bytes)",
+                         offsetof(mncl_plugin_v2_t, execute), sizeof(mncl_plugin_v2_t)));
+}
+
+TEST(Adapters, NewestFirst) {
+  // The loader takes the first symbol found: v2 must be tried before v1.
+  ASSERT_EQ(std::size(abi::kAdapters), 2u);
+  EXPECT_EQ(abi::kAdapters[0].version, MNCL_PLUGIN_ABI_V2);
+  EXPECT_STREQ(abi::kAdapters[0].symbol, "mncl_plugin_v2");
+  EXPECT_EQ(abi::kAdapters[1].version, MNCL_PLUGIN_ABI_V1);
+  EXPECT_STREQ(abi::kAdapters[1].symbol, "mncl_plugin_v1");
+  EXPECT_EQ(abi::symbol_for(3), MNCL_PLUGIN_V3_TEST_SYMBOL);
 }
 
 // ----------------------------------------------------------------------------------------------

@@ -5,11 +5,17 @@
  *   MOCK_NAME="mock"        file name part (libmncl-<MOCK_NAME>.so); also the table name unless
  *   MOCK_TABLE_NAME="x"     overrides it (name-mismatch variant)
  *   MOCK_EXPORT_V1=0        do not export mncl_plugin_v1          (default 1)
- *   MOCK_EXPORT_V2=1        export the hypothetical mncl_plugin_v2 (default 0)
+ *   MOCK_EXPORT_V2=1        export the real v2 table mncl_plugin_v2 (default 0)
+ *   MOCK_EXPORT_V3=1        export the hypothetical mncl_plugin_v3 (mncl_plugin_v3_test.h,
+ *                           default 0)
  *   MOCK_MAGIC, MOCK_ABI_VERSION                     header fields of the v1 table
+ *   MOCK_V2_ABI_VERSION     abi_version of the v2 table (default MNCL_PLUGIN_ABI_V2)
  *   MOCK_SMALL_TABLE=1      struct_size ends before execute (a truncated v1 table)
  *   MOCK_PADDED_TABLE=1     struct_size larger than the v1 table the core knows
- *   MOCK_CAPS, MOCK_COLL_MASK                        capabilities
+ *   MOCK_CAPS, MOCK_COLL_MASK                        capabilities of the v1 table
+ *   MOCK_V2_CAPS            capabilities of the v2 and v3 tables (default MOCK_CAPS plus
+ *                           MNCL_CAP_CONCURRENT_P2P; like the plugin kit, the v1 copy of a v2
+ *                           plugin's table leaves that bit out)
  *   MOCK_INIT_FAILS=1       init() refuses with a message
  *   MOCK_NO_EXECUTE=1       execute is NULL
  *   MOCK_POST_ONLY=1        post without test
@@ -28,7 +34,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "mncl_plugin_v2_test.h"
+#include "mncl_plugin_v3_test.h"
 
 #ifndef MOCK_NAME
 #error "MOCK_NAME must be defined"
@@ -42,11 +48,17 @@
 #ifndef MOCK_EXPORT_V2
 #define MOCK_EXPORT_V2 0
 #endif
+#ifndef MOCK_EXPORT_V3
+#define MOCK_EXPORT_V3 0
+#endif
 #ifndef MOCK_MAGIC
 #define MOCK_MAGIC MNCL_PLUGIN_MAGIC
 #endif
 #ifndef MOCK_ABI_VERSION
 #define MOCK_ABI_VERSION MNCL_PLUGIN_ABI_V1
+#endif
+#ifndef MOCK_V2_ABI_VERSION
+#define MOCK_V2_ABI_VERSION MNCL_PLUGIN_ABI_V2
 #endif
 #if defined(MOCK_SMALL_TABLE) && MOCK_SMALL_TABLE
 #define MOCK_STRUCT_SIZE offsetof(mncl_plugin_v1_t, execute)
@@ -57,6 +69,11 @@
 #endif
 #ifndef MOCK_CAPS
 #define MOCK_CAPS MNCL_CAP_HOST_MEMORY
+#endif
+#ifndef MOCK_V2_CAPS
+/* execute() here works on its own arguments only, so concurrent calls cannot disturb each other:
+ * the mock keeps v2's concurrent point-to-point promise. */
+#define MOCK_V2_CAPS ((MOCK_CAPS) | MNCL_CAP_CONCURRENT_P2P)
 #endif
 #ifndef MOCK_COLL_MASK
 #define MOCK_COLL_MASK \
@@ -235,36 +252,48 @@ static mncl_status_t mock_post(void *comm, const mncl_coll_v1_t *coll, void **ha
 #define MOCK_POST NULL
 #endif
 
-#define MOCK_TABLE_FIELDS                                                                        \
-  .name = MOCK_TABLE_NAME, .version = "0.0.1-test (" MOCK_NAME ")", .caps = (MOCK_CAPS),         \
-  .coll_mask = (MOCK_COLL_MASK), .dtype_mask = (1u << MNCL_NUM_DTYPES) - 1u,                     \
-  .op_mask = (1u << MNCL_NUM_OPS) - 1u, .init = mock_init, .finalize = mock_finalize,            \
-  .probe = mock_probe, .comm_create = mock_comm_create, .comm_destroy = mock_comm_destroy,       \
-  .comm_abort = mock_comm_abort, .comm_split = NULL, .execute = MOCK_EXECUTE, .post = MOCK_POST, \
+/* Everything but the header and the capabilities, shared by the tables of every version. */
+#define MOCK_TABLE_FIELDS                                                                          \
+  .name = MOCK_TABLE_NAME, .version = "0.0.1-test (" MOCK_NAME ")", .coll_mask = (MOCK_COLL_MASK), \
+  .dtype_mask = (1u << MNCL_NUM_DTYPES) - 1u, .op_mask = (1u << MNCL_NUM_OPS) - 1u,                \
+  .init = mock_init, .finalize = mock_finalize, .probe = mock_probe,                               \
+  .comm_create = mock_comm_create, .comm_destroy = mock_comm_destroy,                              \
+  .comm_abort = mock_comm_abort, .comm_split = NULL, .execute = MOCK_EXECUTE, .post = MOCK_POST,   \
   .test = NULL
 
 #if MOCK_EXPORT_V1
 MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = {.struct_size = (MOCK_STRUCT_SIZE),
                                                             .magic = (MOCK_MAGIC),
                                                             .abi_version = (MOCK_ABI_VERSION),
+                                                            .caps = (MOCK_CAPS),
                                                             MOCK_TABLE_FIELDS};
 #endif
 
 #if MOCK_EXPORT_V2
-MNCL_PLUGIN_EXPORT const mncl_plugin_v2_test_t mncl_plugin_v2 = {
-    .struct_size = sizeof(mncl_plugin_v2_test_t),
+MNCL_PLUGIN_EXPORT const mncl_plugin_v2_t mncl_plugin_v2 = {.struct_size = sizeof(mncl_plugin_v2_t),
+                                                            .magic = MNCL_PLUGIN_MAGIC,
+                                                            .abi_version = (MOCK_V2_ABI_VERSION),
+                                                            .caps = (MOCK_V2_CAPS),
+                                                            MOCK_TABLE_FIELDS};
+#endif
+
+#if MOCK_EXPORT_V3
+MNCL_PLUGIN_EXPORT const mncl_plugin_v3_test_t mncl_plugin_v3 = {
+    .struct_size = sizeof(mncl_plugin_v3_test_t),
     .magic = MNCL_PLUGIN_MAGIC,
-    .abi_version = MNCL_PLUGIN_ABI_V2_TEST,
+    .abi_version = MNCL_PLUGIN_ABI_V3_TEST,
+    .caps = (MOCK_V2_CAPS),
     MOCK_TABLE_FIELDS,
     .comm_shrink = NULL,
     .caps2 = 0};
 #endif
 
-#if !MOCK_EXPORT_V1 && !MOCK_EXPORT_V2
+#if !MOCK_EXPORT_V1 && !MOCK_EXPORT_V2 && !MOCK_EXPORT_V3
 /* A complete table under a name the loader does not look for (a typo'd export). */
 MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_table = {
     .struct_size = sizeof(mncl_plugin_v1_t),
     .magic = MNCL_PLUGIN_MAGIC,
     .abi_version = MNCL_PLUGIN_ABI_V1,
+    .caps = (MOCK_CAPS),
     MOCK_TABLE_FIELDS};
 #endif

@@ -1,26 +1,26 @@
 /*
- * mncl_plugin_v2_test.h — a HYPOTHETICAL plugin ABI v2, for tests only: what a future
- * mncl_plugin_v2.h could look like (every v1 field, in order, then new fields appended). The
+ * mncl_plugin_v3_test.h — a HYPOTHETICAL plugin ABI v3, for tests only: what a future
+ * mncl_plugin_v3.h could look like (every v2 field, in order, then new fields appended). The
  * core does not know it, so a plugin exporting only this table must be refused with both
- * version ranges named.
+ * version ranges named, and a plugin exporting it beside an older table is served the older one.
  */
-#ifndef MNCL_PLUGIN_V2_TEST_H
-#define MNCL_PLUGIN_V2_TEST_H
+#ifndef MNCL_PLUGIN_V3_TEST_H
+#define MNCL_PLUGIN_V3_TEST_H
 
-#include <mncl/mncl_plugin_v1.h>
+#include <mncl/mncl_plugin_v2.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define MNCL_PLUGIN_ABI_V2_TEST 2u
-#define MNCL_PLUGIN_V2_TEST_SYMBOL "mncl_plugin_v2"
+#define MNCL_PLUGIN_ABI_V3_TEST 3u
+#define MNCL_PLUGIN_V3_TEST_SYMBOL "mncl_plugin_v3"
 
-typedef struct mncl_plugin_v2_test {
-  /* v1 fields, unchanged */
+typedef struct mncl_plugin_v3_test {
+  /* v2 fields (which are v1's), unchanged */
   size_t struct_size;
   uint32_t magic;
-  uint32_t abi_version; /* 2 */
+  uint32_t abi_version; /* 3 */
   const char *name;
   const char *version;
   uint64_t caps;
@@ -40,15 +40,15 @@ typedef struct mncl_plugin_v2_test {
   mncl_status_t (*execute)(void *comm, const mncl_coll_v1_t *coll);
   mncl_status_t (*post)(void *comm, const mncl_coll_v1_t *coll, void **handle);
   mncl_status_t (*test)(void *comm, void *handle, int32_t *done);
-  /* v2 additions */
+  /* v3 additions */
   /* Shrinks a communicator by excluding failed ranks (fault tolerance). May be NULL. */
   mncl_status_t (*comm_shrink)(void *comm, const int32_t *excluded, size_t nexcluded,
                                const mncl_bootstrap_v1_t *bs, void **newcomm);
   uint64_t caps2; /* room for more capability bits */
-} mncl_plugin_v2_test_t;
+} mncl_plugin_v3_test_t;
 
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
 
-#endif /* MNCL_PLUGIN_V2_TEST_H */
+#endif /* MNCL_PLUGIN_V3_TEST_H */
