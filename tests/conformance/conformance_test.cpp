@@ -7,17 +7,21 @@
 // Only the public C API is used. Data are small integers, so every backend must produce
 // bit-exact results whatever its summation order, and buffers are compared with memcmp.
 // Rank 0 prints the usual gtest output; other ranks print only their failures and a summary
-// (MNCL_CONFORMANCE_ALL_OUTPUT=1 gives every rank the full output).
+// (MNCL_CONFORMANCE_ALL_OUTPUT=1 gives every rank the full output). MNCL_CONFORMANCE_P2P_BOUND
+// (seconds) overrides how long a phase of the ConcurrentP2P tests may take (see p2p_bound_ms).
 #include <gtest/gtest.h>
 #include <mncl/mncl.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -1046,6 +1050,531 @@ TEST_F(Conformance, NonBlockingManyOutstandingThenBlocking) {
   if (g_rank == mid) expect_same(red, reduce_expected(MNCL_INT8, MNCL_PROD, 0, n, 45), "ireduce");
   expect_same(sc, 0, sc_all, static_cast<size_t>(g_rank) * n, n, "iscatter");
   if (g_size > 1) expect_same(p2p, pattern_data(MNCL_FLOAT64, prev, n, 48), "isend/irecv");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Point to point beside collectives: MPI's progress rules
+//
+// A posted receive must not keep the rank's later sends, its receives from other peers or its
+// collectives from running: "irecv(peer); isend(peer); wait both" on both ranks, or
+// "irecv(left); allreduce; isend(right); wait", complete on every backend (where execute()
+// blocks, the core runs point to point on per-(peer, direction) lanes beside the collectives:
+// MNCL_CAP_CONCURRENT_P2P in mncl_plugin_v2.h). Messages between a pair still match in issue
+// order, whatever their sizes.
+//
+// Each test runs on its own duplicate of the world, and each phase of a test is bounded by
+// p2p_bound_ms(): a deadlock fails the test within that bound, as MNCL_ERR_TIMEOUT from a
+// bounded mncl_wait (or a mncl_test loop that gives up), or as a blocking call or an unbounded
+// wait that the test's watchdog ended by aborting the duplicate. The world communicator stays
+// usable for the tests after it.
+// ---------------------------------------------------------------------------------------------
+
+// 8 bytes; and 4 MiB (+ 3 elements) of 4-byte elements: more than any socket buffer, shared
+// memory slot or eager limit, so such a send cannot complete before its receive runs.
+constexpr size_t kP2PSmall = 8;                          // uint8 elements
+constexpr size_t kP2PLarge = (size_t{4} << 20) / 4 + 3;  // float32 / int32 elements
+
+// How long one phase of a ConcurrentP2P test may take before it counts as a deadlock:
+// MNCL_CONFORMANCE_P2P_BOUND (seconds) if set, else half the communicator's timeout
+// (MNCL_TIMEOUT, 300 s by default), at most 30 s. Half, so that every rank has given up on a
+// deadlocked phase well before the world collective that ends the test could time out.
+int64_t p2p_bound_ms() {
+  if (const char *s = std::getenv("MNCL_CONFORMANCE_P2P_BOUND")) {
+    if (std::atof(s) > 0) return static_cast<int64_t>(std::atof(s) * 1000);
+  }
+  double timeout_s = 300;
+  if (const char *t = std::getenv("MNCL_TIMEOUT")) {
+    if (std::atof(t) > 0) timeout_s = std::atof(t);
+  }
+  return std::max<int64_t>(1000, static_cast<int64_t>(std::min(30.0, timeout_s / 2) * 1000));
+}
+
+// The payload of message m from src to dst in the test with seed `base` (m < 1000): every
+// message of a test differs, so one delivered out of order or to the wrong rank shows.
+Buf message(mncl_dtype_t dt, size_t count, int src, int dst, int base, int m) {
+  return pattern_data(dt, src, count, base * 100000 + dst * 1000 + m);
+}
+
+// Round `round` of a round-robin tournament: a rank's partner, or a number >= size when it sits
+// the round out (odd sizes). Over rounds() rounds every pair meets exactly once.
+struct Tournament {
+  int size;
+  int slots() const { return size + size % 2; }
+  int rounds() const { return slots() - 1; }
+  int partner(int rank, int round) const {
+    const int m = slots() - 1;
+    if (rank == m) return round;
+    if (rank == round) return m;
+    return ((2 * round - rank) % m + m) % m;
+  }
+};
+
+// Message sizes of the ring tests, per round: 0 included, and every seventh round large.
+size_t ring_count(int round) {
+  return round % 7 == 3 ? kP2PLarge : static_cast<size_t>(round * 7919 % 4099);
+}
+
+class ConcurrentP2P : public Conformance {
+ protected:
+  using Clock = std::chrono::steady_clock;
+
+  void SetUp() override {
+    Conformance::SetUp();
+    if (HasFatalFailure()) return;
+    if (g_size == 1) GTEST_SKIP() << "point to point needs two ranks";
+    bound_ms_ = p2p_bound_ms();
+    left_ = (g_rank + g_size - 1) % g_size;
+    right_ = (g_rank + 1) % g_size;
+    MNCL_CALL(mncl_comm_split(g_comm, 0, 0, &comm_));
+    ASSERT_NE(comm_, nullptr);
+    phase("set-up");
+    watchdog_ = std::thread([this] { watch(); });
+  }
+
+  // Every rank learns (over the world) whether any rank's duplicate broke; if one did, all
+  // abort theirs, so that none waits in mncl_comm_destroy for a rank that gave up. Requests
+  // still pending are then completed (after an abort they must end at once) and the duplicate
+  // destroyed.
+  void TearDown() override {
+    if (!comm_) return;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
+    bool pending = false;
+    for (const Req &r : reqs_) pending = pending || !r.done;
+    int32_t mine = broken_ || expired_ || pending ? 1 : 0, any = 0;
+    MNCL_CALL(mncl_allreduce(g_comm, &mine, &any, 1, MNCL_INT32, MNCL_MAX, nullptr));
+    if (any) {
+      EXPECT_EQ(mncl_comm_abort(comm_), MNCL_OK) << mncl_last_error();
+    }
+    for (Req &r : reqs_) {
+      if (r.done) continue;
+      // MNCL_ERR_INVALID_ARGUMENT is fine: the bounded wait that returned MNCL_ERR_TIMEOUT
+      // had the operation's own timeout, and freed the request.
+      const mncl_status_t st = mncl_wait(r.req, bound_ms_);
+      if (st == MNCL_ERR_TIMEOUT) {
+        die_desynchronized(("mncl_wait after mncl_comm_abort, on " + r.what).c_str(), st);
+      }
+      r.done = true;
+    }
+    const mncl_status_t st = mncl_comm_destroy(comm_);
+    comm_ = nullptr;
+    if (any) {
+      // A backend may still hold on to buffers of operations that an abort cut short (MPI
+      // cannot cancel them): they are never freed.
+      static auto *graveyard = new std::vector<std::deque<Buf>>;
+      graveyard->push_back(std::move(bufs_));
+      EXPECT_TRUE(st == MNCL_OK || st == MNCL_ERR_ABORTED)
+          << "mncl_comm_destroy of the aborted duplicate: " << mncl_status_string(st) << ": "
+          << mncl_last_error();
+    } else {
+      EXPECT_EQ(st, MNCL_OK) << "mncl_comm_destroy: " << mncl_last_error();
+    }
+  }
+
+  // Starts a phase, whose operations must all complete within the bound from now. Buffers
+  // kept and requests made by earlier (completed) phases are released.
+  void phase(const std::string &name) {
+    if (std::all_of(reqs_.begin(), reqs_.end(), [](const Req &r) { return r.done; })) {
+      reqs_.clear();
+      bufs_.clear();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      phase_ = name;
+      deadline_ = Clock::now() + std::chrono::milliseconds(bound_ms_);
+    }
+    cv_.notify_all();
+  }
+
+  // Buffers given to the duplicate live until the next phase, or until TearDown: a test that
+  // stops after a failure leaves requests behind, which end only after an abort.
+  Buf &keep(Buf b) {
+    bufs_.push_back(std::move(b));
+    return bufs_.back();
+  }
+
+  // The status of a call on the duplicate: true if MNCL_OK, else a failure naming the phase
+  // and, past its deadline (or at it: `at_bound`), the deadlock. Tests stop at the first one.
+  bool ok(mncl_status_t st, const std::string &what, bool at_bound = false) {
+    if (st == MNCL_OK) return true;
+    broken_ = true;
+    std::string current, note;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      current = phase_;
+      if (at_bound || expired_ || Clock::now() >= deadline_) {
+        note = std::string(" -- ") + deadlock_note() +
+               (expired_ ? "; the test aborted the duplicate to end it" : "");
+      }
+    }
+    ADD_FAILURE() << "rank " << g_rank << "/" << g_size << ": " << current << ": " << what
+                  << " returned " << mncl_status_string(st) << ": " << mncl_last_error() << note;
+    return false;
+  }
+
+  // Posting; the request's index for wait() and test_all(), or -1 after a failure.
+  int isend(const Buf &b, int peer) {
+    mncl_request_t r = nullptr;
+    const mncl_status_t st = mncl_isend(comm_, b.data(), b.count(), b.dtype(), peer, nullptr, &r);
+    return track(st, r, "mncl_isend to " + std::to_string(peer));
+  }
+  int irecv(Buf &b, int peer) {
+    mncl_request_t r = nullptr;
+    const mncl_status_t st = mncl_irecv(comm_, b.data(), b.count(), b.dtype(), peer, nullptr, &r);
+    return track(st, r, "mncl_irecv from " + std::to_string(peer));
+  }
+  int iallreduce(const Buf &send, Buf &recv, mncl_op_t op) {
+    mncl_request_t r = nullptr;
+    const mncl_status_t st = mncl_iallreduce(comm_, send.data(), recv.data(), send.count(),
+                                             send.dtype(), op, nullptr, &r);
+    return track(st, r, "mncl_iallreduce");
+  }
+
+  // mncl_wait bounded by the phase's deadline; or unbounded (-1), which the watchdog ends at
+  // the deadline by aborting the duplicate.
+  bool wait(int id, bool unbounded = false) {
+    Req &r = reqs_[static_cast<size_t>(id)];
+    const mncl_status_t st = mncl_wait(r.req, unbounded ? -1 : remaining_ms());
+    // A timeout may leave the request pending (TearDown completes it); anything else freed it.
+    if (st != MNCL_ERR_TIMEOUT) r.done = true;
+    return ok(st, std::string("mncl_wait(") + (unbounded ? "-1" : "bounded") + ") on " + r.what,
+              !unbounded && st == MNCL_ERR_TIMEOUT);
+  }
+
+  // Polls every request with mncl_test until all are done, or the phase's deadline passed.
+  bool test_all(const std::vector<int> &ids) {
+    for (;;) {
+      std::vector<std::string> left;
+      for (int id : ids) {
+        Req &r = reqs_[static_cast<size_t>(id)];
+        if (r.done) continue;
+        int done = 0;
+        const mncl_status_t st = mncl_test(r.req, &done);
+        if (done) r.done = true;
+        if (!ok(st, "mncl_test on " + r.what)) return false;
+        if (!done) left.push_back(r.what);
+      }
+      if (left.empty()) return true;
+      if (remaining_ms() == 0) {
+        std::string names;
+        for (const auto &w : left) names += (names.empty() ? "" : ", ") + w;
+        broken_ = true;
+        std::lock_guard<std::mutex> lock(mutex_);
+        ADD_FAILURE() << "rank " << g_rank << "/" << g_size << ": " << phase_ << ": " << left.size()
+                      << " operation(s) not done, polled with mncl_test (as "
+                      << mncl_status_string(MNCL_ERR_TIMEOUT) << ") -- " << deadlock_note() << ": "
+                      << names;
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+
+  // Every rank posts a receive from each peer, then a send to each peer (both in rank order),
+  // then completes them all: with mncl_wait in reverse order of posting, or by mncl_test.
+  void exchange(mncl_dtype_t dt, size_t count, bool by_test, int base) {
+    const std::string what = describe("exchange with every peer", dt, count,
+                                      by_test ? ", polled by mncl_test" : ", waited in reverse");
+    phase(what);
+    std::vector<int> ids;
+    std::vector<Buf *> got(static_cast<size_t>(g_size), nullptr);
+    for (int peer = 0; peer < g_size; ++peer) {
+      if (peer == g_rank) continue;
+      got[static_cast<size_t>(peer)] = &keep(Buf(dt, count));
+      ids.push_back(irecv(*got[static_cast<size_t>(peer)], peer));
+      if (ids.back() < 0) return;
+    }
+    for (int peer = 0; peer < g_size; ++peer) {
+      if (peer == g_rank) continue;
+      ids.push_back(isend(keep(message(dt, count, g_rank, peer, base, 0)), peer));
+      if (ids.back() < 0) return;
+    }
+    if (by_test) {
+      if (!test_all(ids)) return;
+    } else {
+      for (size_t i = ids.size(); i-- > 0;)
+        if (!wait(ids[i])) return;
+    }
+    for (int peer = 0; peer < g_size; ++peer) {
+      if (peer == g_rank) continue;
+      expect_same(*got[static_cast<size_t>(peer)], message(dt, count, peer, g_rank, base, 0),
+                  what + ": the message from rank " + std::to_string(peer));
+    }
+  }
+
+  mncl_comm_t comm_ = nullptr;  // this test's duplicate of the world
+  int left_ = 0, right_ = 0;    // ring neighbours
+
+ private:
+  struct Req {
+    mncl_request_t req;
+    std::string what;
+    bool done;
+  };
+
+  int track(mncl_status_t st, mncl_request_t r, std::string what) {
+    if (!ok(st, what)) return -1;
+    reqs_.push_back(Req{r, std::move(what), false});
+    return static_cast<int>(reqs_.size() - 1);
+  }
+
+  int64_t remaining_ms() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now()).count();
+    return std::max<int64_t>(0, static_cast<int64_t>(left));
+  }
+
+  std::string deadlock_note() const {
+    std::ostringstream s;
+    s << "the phase did not complete within the test's bound of "
+      << static_cast<double>(bound_ms_) / 1000.0 << " s: a deadlock";
+    return s.str();
+  }
+
+  // At the phase's deadline: aborts the duplicate, which ends every call blocked on it.
+  void watch() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stop_) {
+      if (Clock::now() >= deadline_) {
+        expired_ = true;
+        lock.unlock();
+        mncl_comm_abort(comm_);
+        return;
+      }
+      cv_.wait_until(lock, deadline_);
+    }
+  }
+
+  int64_t bound_ms_ = 0;
+  std::deque<Buf> bufs_;
+  std::vector<Req> reqs_;
+  bool broken_ = false;  // a call on the duplicate failed (main thread only)
+  std::thread watchdog_;
+  std::mutex mutex_;  // guards what follows
+  std::condition_variable cv_;
+  std::string phase_;
+  Clock::time_point deadline_;
+  bool stop_ = false;
+  bool expired_ = false;
+};
+
+// 1. Receives from every peer posted before the sends to them; small and large messages,
+// waited in reverse or polled.
+TEST_F(ConcurrentP2P, ExchangeSmallWaitReverse) {
+  exchange(MNCL_UINT8, kP2PSmall, false, 100);
+}
+TEST_F(ConcurrentP2P, ExchangeSmallTestPolling) {
+  exchange(MNCL_UINT8, kP2PSmall, true, 101);
+}
+TEST_F(ConcurrentP2P, ExchangeLargeWaitReverse) {
+  exchange(MNCL_FLOAT32, kP2PLarge, false, 102);
+}
+TEST_F(ConcurrentP2P, ExchangeLargeTestPolling) {
+  exchange(MNCL_FLOAT32, kP2PLarge, true, 103);
+}
+
+// 2. Twenty rounds; in each, irecv from the left, isend to the right, then both waited with
+// mncl_wait(-1) (the receive first); then the other way round (the send waited first). Sizes
+// and data change every round.
+TEST_F(ConcurrentP2P, RingShiftBothWays) {
+  constexpr int kRounds = 20, kBase = 104;
+  for (int round = 0; round < kRounds; ++round) {
+    const size_t count = ring_count(round);
+    for (int dir = 0; dir < 2; ++dir) {
+      const int from = dir == 0 ? left_ : right_, to = dir == 0 ? right_ : left_;
+      const int m = 2 * round + dir;
+      const std::string what = describe("ring shift", MNCL_INT32, count) +
+                               (dir == 0 ? " rightward" : " leftward") + ", round " +
+                               std::to_string(round);
+      phase(what);
+      Buf &got = keep(Buf(MNCL_INT32, count));
+      const int r = irecv(got, from);
+      if (r < 0) return;
+      const int s = isend(keep(message(MNCL_INT32, count, g_rank, to, kBase, m)), to);
+      if (s < 0) return;
+      if (!wait(dir == 0 ? r : s, true) || !wait(dir == 0 ? s : r, true)) return;
+      expect_same(got, message(MNCL_INT32, count, from, g_rank, kBase, m), what);
+    }
+  }
+}
+
+// The same traffic with all forty operations each way posted before any is waited for (per
+// round: irecv from the left, isend to the right, irecv from the right, isend to the left),
+// then waited in issue order: receive k from a peer must get that peer's message k.
+TEST_F(ConcurrentP2P, RingShiftAllPostedFirst) {
+  constexpr int kRounds = 20, kBase = 105;
+  phase("ring shift, 20 rounds each way posted at once");
+  std::vector<int> ids;
+  struct Expected {
+    Buf *got;
+    int from, m;
+  };
+  std::vector<Expected> expected;
+  for (int round = 0; round < kRounds; ++round) {
+    const size_t count = ring_count(round);
+    for (int dir = 0; dir < 2; ++dir) {
+      const int from = dir == 0 ? left_ : right_, to = dir == 0 ? right_ : left_;
+      const int m = 2 * round + dir;
+      expected.push_back(Expected{&keep(Buf(MNCL_INT32, count)), from, m});
+      ids.push_back(irecv(*expected.back().got, from));
+      if (ids.back() < 0) return;
+      ids.push_back(isend(keep(message(MNCL_INT32, count, g_rank, to, kBase, m)), to));
+      if (ids.back() < 0) return;
+    }
+  }
+  for (int id : ids)
+    if (!wait(id)) return;
+  for (const Expected &e : expected) {
+    expect_same(*e.got, message(MNCL_INT32, e.got->count(), e.from, g_rank, kBase, e.m),
+                describe("ring shift posted at once", MNCL_INT32, e.got->count()) + ", message " +
+                    std::to_string(e.m) + " from " + std::to_string(e.from));
+  }
+}
+
+// 3. irecv from the left; a blocking allreduce, which needs every rank while their sends are
+// still to come; isend to the right; wait for both. A medium and a large message.
+TEST_F(ConcurrentP2P, IrecvAcrossBlockingAllreduce) {
+  constexpr int kBase = 106;
+  int m = 0;
+  for (size_t count : {size_t{1021}, kP2PLarge}) {
+    const std::string what =
+        describe("irecv(left), blocking allreduce, isend(right)", MNCL_FLOAT32, count);
+    phase(what);
+    Buf &got = keep(Buf(MNCL_FLOAT32, count));
+    const int r = irecv(got, left_);
+    if (r < 0) return;
+    Buf &sum = keep(reduce_data(MNCL_INT64, MNCL_SUM, g_rank, 1021, kBase + m));
+    if (!ok(mncl_allreduce(comm_, sum.data(), sum.data(), sum.count(), MNCL_INT64, MNCL_SUM,
+                           nullptr),
+            "mncl_allreduce with the irecv posted")) {
+      return;
+    }
+    expect_same(sum, reduce_expected(MNCL_INT64, MNCL_SUM, 0, 1021, kBase + m),
+                what + ": the allreduce");
+    const int s = isend(keep(message(MNCL_FLOAT32, count, g_rank, right_, kBase, m)), right_);
+    if (s < 0 || !wait(s) || !wait(r)) return;
+    expect_same(got, message(MNCL_FLOAT32, count, left_, g_rank, kBase, m), what);
+    ++m;
+  }
+}
+
+// The same with a non-blocking collective in flight as well: irecv from the left, iallreduce,
+// blocking allreduce, isend to the right; then the receive, the send and last the iallreduce
+// completed. Neither point-to-point operation may wait for the collectives around it, nor the
+// collectives for them.
+TEST_F(ConcurrentP2P, IrecvAcrossNonBlockingAllreduce) {
+  constexpr int kBase = 107;
+  int m = 0;
+  for (size_t count : {size_t{1021}, kP2PLarge}) {
+    const std::string what =
+        describe("irecv(left), iallreduce, blocking allreduce, isend(right)", MNCL_FLOAT32, count);
+    phase(what);
+    Buf &got = keep(Buf(MNCL_FLOAT32, count));
+    const int r = irecv(got, left_);
+    if (r < 0) return;
+    const Buf &in = keep(reduce_data(MNCL_INT32, MNCL_MAX, g_rank, 4099, kBase + 10 + m));
+    Buf &out = keep(Buf(MNCL_INT32, 4099));
+    const int c = iallreduce(in, out, MNCL_MAX);
+    if (c < 0) return;
+    Buf &sum = keep(reduce_data(MNCL_INT64, MNCL_SUM, g_rank, 1021, kBase + m));
+    if (!ok(mncl_allreduce(comm_, sum.data(), sum.data(), sum.count(), MNCL_INT64, MNCL_SUM,
+                           nullptr),
+            "mncl_allreduce with the irecv and the iallreduce posted")) {
+      return;
+    }
+    expect_same(sum, reduce_expected(MNCL_INT64, MNCL_SUM, 0, 1021, kBase + m),
+                what + ": the blocking allreduce");
+    const int s = isend(keep(message(MNCL_FLOAT32, count, g_rank, right_, kBase, m)), right_);
+    if (s < 0 || !wait(r) || !wait(s) || !wait(c)) return;
+    expect_same(got, message(MNCL_FLOAT32, count, left_, g_rank, kBase, m), what);
+    expect_same(out, reduce_expected(MNCL_INT32, MNCL_MAX, 0, 4099, kBase + 10 + m),
+                what + ": the iallreduce");
+    ++m;
+  }
+}
+
+// 4. Sixteen receives from the left posted before the sixteen sends to the right, of
+// different sizes (a large one among small and empty ones); the receives waited in reverse,
+// the sends polled. Receive i must hold message i: messages of a pair never overtake.
+TEST_F(ConcurrentP2P, ManyOutstandingNonOvertaking) {
+  constexpr int kBase = 108;
+  constexpr size_t kSizes[] = {1, 0,   1021, 7,  kP2PLarge, 2, 65536, 1,
+                               3, 333, 0,    17, 4099,      8, 1,     100003};
+  constexpr int kMessages = static_cast<int>(sizeof kSizes / sizeof kSizes[0]);
+  phase("16 receives from the left posted before 16 sends to the right");
+  std::vector<int> recvs, sends;
+  std::vector<Buf *> got;
+  for (int m = 0; m < kMessages; ++m) {
+    got.push_back(&keep(Buf(MNCL_INT32, kSizes[m])));
+    recvs.push_back(irecv(*got.back(), left_));
+    if (recvs.back() < 0) return;
+  }
+  for (int m = 0; m < kMessages; ++m) {
+    sends.push_back(isend(keep(message(MNCL_INT32, kSizes[m], g_rank, right_, kBase, m)), right_));
+    if (sends.back() < 0) return;
+  }
+  for (int m = kMessages; m-- > 0;)
+    if (!wait(recvs[static_cast<size_t>(m)])) return;
+  if (!test_all(sends)) return;
+  for (int m = 0; m < kMessages; ++m) {
+    expect_same(*got[static_cast<size_t>(m)],
+                message(MNCL_INT32, kSizes[m], left_, g_rank, kBase, m),
+                describe("16 outstanding receives", MNCL_INT32, kSizes[m]) + ": receive " +
+                    std::to_string(m));
+  }
+}
+
+// 5. The classic exchange with a blocking send: with each partner of a round-robin tournament
+// in turn (every pair once; at odd sizes one rank sits each round out), irecv from the partner,
+// then a blocking mncl_send of 4 MiB to it, then wait for the receive.
+TEST_F(ConcurrentP2P, BlockingSendWhileIrecvPosted) {
+  constexpr int kBase = 109;
+  const Tournament tour{g_size};
+  for (int round = 0; round < tour.rounds(); ++round) {
+    const int partner = tour.partner(g_rank, round);
+    if (partner >= g_size) continue;
+    const std::string what = describe("irecv, blocking send, wait", MNCL_INT32, kP2PLarge) +
+                             " with rank " + std::to_string(partner);
+    phase(what);
+    Buf &got = keep(Buf(MNCL_INT32, kP2PLarge));
+    const int r = irecv(got, partner);
+    if (r < 0) return;
+    const Buf &msg = keep(message(MNCL_INT32, kP2PLarge, g_rank, partner, kBase, round));
+    if (!ok(mncl_send(comm_, msg.data(), msg.count(), msg.dtype(), partner, nullptr),
+            "mncl_send with an irecv from the same peer posted") ||
+        !wait(r)) {
+      return;
+    }
+    expect_same(got, message(MNCL_INT32, kP2PLarge, partner, g_rank, kBase, round), what);
+  }
+}
+
+// Its mirror: isend to the partner, a blocking mncl_recv from it, then wait for the send.
+TEST_F(ConcurrentP2P, BlockingRecvWhileIsendPosted) {
+  constexpr int kBase = 110;
+  const Tournament tour{g_size};
+  for (int round = 0; round < tour.rounds(); ++round) {
+    const int partner = tour.partner(g_rank, round);
+    if (partner >= g_size) continue;
+    const std::string what = describe("isend, blocking recv, wait", MNCL_INT32, kP2PLarge) +
+                             " with rank " + std::to_string(partner);
+    phase(what);
+    const int s =
+        isend(keep(message(MNCL_INT32, kP2PLarge, g_rank, partner, kBase, round)), partner);
+    if (s < 0) return;
+    Buf &got = keep(Buf(MNCL_INT32, kP2PLarge));
+    if (!ok(mncl_recv(comm_, got.data(), got.count(), got.dtype(), partner, nullptr),
+            "mncl_recv with an isend to the same peer posted") ||
+        !wait(s)) {
+      return;
+    }
+    expect_same(got, message(MNCL_INT32, kP2PLarge, partner, g_rank, kBase, round), what);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
