@@ -18,6 +18,7 @@
 
 #include "common/dtype.h"
 #include "common/host.h"
+#include "common/tables.h"
 #include "shm/shm_comm.h"
 
 namespace {
@@ -140,25 +141,28 @@ constexpr uint32_t kCollMask = MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_A
 
 }  // namespace
 
-MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = {
-    sizeof(mncl_plugin_v1_t),  // struct_size
-    MNCL_PLUGIN_MAGIC,         // magic
-    MNCL_PLUGIN_ABI_V1,        // abi_version
-    "shm",                     // name
-    "0.1.0",                   // version
-    MNCL_CAP_HOST_MEMORY,      // caps: host buffers, blocking execute
-    kCollMask,                 // coll_mask
-    kit::kAllDtypesMask,       // dtype_mask
-    kit::kAllOpsMask,          // op_mask
-    0,                         // reserved0
-    shm_init,                  // init
-    shm_finalize,              // finalize
-    shm_probe,                 // probe
-    shm_comm_create,           // comm_create
-    shm_comm_destroy,          // comm_destroy
-    shm_comm_abort,            // comm_abort
-    nullptr,                   // comm_split: the core's split + comm_create
-    shm_execute,               // execute
-    nullptr,                   // post
-    nullptr,                   // test
+// Plugin ABI v2: execute() may run a collective, a SEND per peer and a RECV per peer at once
+// (shm_comm.h, "Threading"). The v1 copy, for cores that predate v2, drops that capability.
+MNCL_PLUGIN_EXPORT const mncl_plugin_v2_t mncl_plugin_v2 = {
+    sizeof(mncl_plugin_v2_t),                        // struct_size
+    MNCL_PLUGIN_MAGIC,                               // magic
+    MNCL_PLUGIN_ABI_V2,                              // abi_version
+    "shm",                                           // name
+    "0.1.0",                                         // version
+    MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P,  // caps: host buffers, blocking, lanes
+    kCollMask,                                       // coll_mask
+    kit::kAllDtypesMask,                             // dtype_mask
+    kit::kAllOpsMask,                                // op_mask
+    0,                                               // reserved0
+    shm_init,                                        // init
+    shm_finalize,                                    // finalize
+    shm_probe,                                       // probe
+    shm_comm_create,                                 // comm_create
+    shm_comm_destroy,                                // comm_destroy
+    shm_comm_abort,                                  // comm_abort: any thread, any time
+    nullptr,                                         // comm_split: the core's split + comm_create
+    shm_execute,                                     // execute: concurrent per the v2 rule
+    nullptr,                                         // post
+    nullptr,                                         // test
 };
+MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = kit::as_v1(mncl_plugin_v2);

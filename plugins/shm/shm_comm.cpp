@@ -101,7 +101,9 @@ struct Comm::Op {
   uint64_t seq;
   int64_t timeout_ms;
   Clock::time_point deadline;
-  uint32_t base;  // posts_ when the op started, for messages ("step 3")
+  uint32_t base;  // collectives: posts_ when the op started, for messages ("step 3")
+  bool p2p = false;
+  uint32_t chunk = 0, chunks = 0;  // send/recv: the chunk being moved (from 1), for messages
   // The call's stamp words (CallStamp), minus the first post, which publish_call adds.
   uint64_t head = 0, op_root = 0, count = 0;
   std::string where() const {
@@ -123,10 +125,8 @@ Comm::Comm(const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host, const Opti
       rank_(bs.rank),
       size_(bs.size),
       default_timeout_ms_(bs.timeout_ms > 0 ? bs.timeout_ms : 300000),
-      sent_chunks_(static_cast<size_t>(bs.size), 0),
-      recv_chunks_(static_cast<size_t>(bs.size), 0),
-      sent_msgs_(static_cast<size_t>(bs.size), 0),
-      recv_msgs_(static_cast<size_t>(bs.size), 0) {
+      send_lanes_(static_cast<size_t>(bs.size)),
+      recv_lanes_(static_cast<size_t>(bs.size)) {
   create_segment(bs, options);
   hdr_ = &seg_.header();
   chunk_ = hdr_->chunk;
@@ -312,8 +312,17 @@ void Comm::abort() {
 
 void Comm::fail(Op &op, mncl_status_t st, const std::string &msg) {
   (void)op;
-  if (st != MNCL_ERR_ABORTED) broken_ = msg;
+  if (st != MNCL_ERR_ABORTED) {
+    // Another lane may fail at the same moment: the first failure is the cause.
+    const std::lock_guard<std::mutex> lock(broken_mutex_);
+    if (broken_.empty()) broken_ = msg;
+  }
   throw kit::Error(st, msg);
+}
+
+std::string Comm::broken() const {
+  const std::lock_guard<std::mutex> lock(broken_mutex_);
+  return broken_;
 }
 
 void Comm::check_failed(Op &op) {
@@ -328,7 +337,7 @@ void Comm::check_failed(Op &op) {
   const uint32_t m = hdr_->mismatch_word.load(std::memory_order_acquire);
   if (m != 0) {
     fail(op, MNCL_ERR_REMOTE,
-         kit::format("%s: rank %u found mismatched collective calls (its error names both)",
+         kit::format("%s: rank %u found mismatched calls (its error names both)",
                      op.where().c_str(), m - 1));
   }
   const uint32_t d = hdr_->dead_word.load(std::memory_order_acquire);
@@ -344,10 +353,24 @@ void Comm::check_failed(Op &op) {
 // Returns when f.value >= target; throws on abort, a dead peer, or the op's deadline (the
 // caller's message for a timeout is built from `what`).
 void Comm::wait_flag(Op &op, Flag &f, uint32_t target, int peer, const char *what) {
+  // At every wait, not only the sleeping ones: a call whose waits are all met at once (a long
+  // stream with a fast peer) must still end soon after an abort. A read-mostly line: cheap.
+  if (aborted_.load(std::memory_order_relaxed) ||
+      hdr_->abort_word.load(std::memory_order_relaxed) != 0) {
+    check_failed(op);
+  }
   if (reached(f.value.load(std::memory_order_acquire), target)) return;
-  for (int i = 0; i < spin_; ++i) {
-    cpu_relax();
-    if (reached(f.value.load(std::memory_order_acquire), target)) return;
+  // The spin budget assumes one waiting thread per rank (a CPU each unless oversubscribed);
+  // with concurrent lanes several may wait at once, so only one of them spins, the others go
+  // straight to yielding and sleeping instead of taking CPUs from the peers they wait for.
+  if (spin_ > 0 && !spinning_.exchange(true, std::memory_order_relaxed)) {
+    bool got = false;
+    for (int i = 0; i < spin_ && !got; ++i) {
+      cpu_relax();
+      got = reached(f.value.load(std::memory_order_acquire), target);
+    }
+    spinning_.store(false, std::memory_order_relaxed);
+    if (got) return;
   }
   if (yield_for_.count() > 0) {
     const auto until = Clock::now() + yield_for_;
@@ -361,21 +384,21 @@ void Comm::wait_flag(Op &op, Flag &f, uint32_t target, int peer, const char *wha
     check_failed(op);
     const auto now = Clock::now();
     if (now >= op.deadline) {
-      // Name every rank that has not got there when the waited-for value is a posts counter.
-      std::vector<int> missing;
-      bool collective = false;
-      for (int r = 0; r < size_; ++r) {
-        if (&f == &seg_.ctl(r).posts) collective = true;
+      if (op.p2p) {
+        fail(op, MNCL_ERR_TIMEOUT,
+             kit::format("%s: no %s from rank %d within %.1f s (chunk %u of %u; alive but not "
+                         "progressing: stopped, hung, or in a different call?)",
+                         op.where().c_str(), what, peer,
+                         static_cast<double>(op.timeout_ms) / 1000.0, op.chunk, op.chunks));
       }
-      if (collective) {
-        for (int r = 0; r < size_; ++r) {
-          if (r != rank_ && !reached(seg_.ctl(r).posts.value.load(), target)) missing.push_back(r);
-        }
+      // Name every rank that has not got there (the waited-for value is a posts counter).
+      std::vector<int> missing;
+      for (int r = 0; r < size_; ++r) {
+        if (r != rank_ && !reached(seg_.ctl(r).posts.value.load(), target)) missing.push_back(r);
       }
       if (missing.empty()) missing.push_back(peer);
       std::string detail;
       for (int r : missing) {
-        if (!collective) break;
         detail += kit::format("; rank %d (pid %d) is at step %d", r,
                               static_cast<int>(seg_.ctl(r).pid.load()),
                               static_cast<int32_t>(seg_.ctl(r).posts.value.load() - op.base));
@@ -518,9 +541,13 @@ void Comm::round(Op &op, bool stages, Who waits, int root, Stage stage, Consume 
 
 void Comm::execute(const mncl_coll_v1_t &c) {
   const int64_t timeout_ms = c.timeout_ms > 0 ? c.timeout_ms : default_timeout_ms_;
+  const bool p2p = c.kind == MNCL_COLL_SEND || c.kind == MNCL_COLL_RECV;
+  // posts_ belongs to the collective lane: a send/recv running beside a collective must not
+  // even read it.
   Op op{kind_name(c.kind), c.seq, timeout_ms, Clock::now() + std::chrono::milliseconds(timeout_ms),
-        posts_};
-  {
+        p2p ? 0u : posts_};
+  op.p2p = p2p;
+  if (!p2p) {  // the call stamp (issue 9): send/recv never stamp RankCtl::call
     const int32_t o = is_reduction(c.kind) ? c.op : -1, r = is_rooted(c.kind) ? c.root : -1;
     const int32_t dtype = c.kind == MNCL_COLL_BARRIER ? -1 : c.dtype;
     op.count = c.kind == MNCL_COLL_BARRIER ? 0 : c.count;
@@ -533,10 +560,10 @@ void Comm::execute(const mncl_coll_v1_t &c) {
     op.op_root = static_cast<uint32_t>(o) | static_cast<uint64_t>(static_cast<uint32_t>(r)) << 32;
   }
   check_failed(op);
-  if (!broken_.empty()) {
+  if (const std::string why = broken(); !why.empty()) {
     throw kit::Error(
         MNCL_ERR_REMOTE,
-        op.where() + ": the communicator is unusable after an earlier failure: " + broken_);
+        op.where() + ": the communicator is unusable after an earlier failure: " + why);
   }
   if (c.kind != MNCL_COLL_BARRIER && kit::dtype_size(c.dtype) == 0) {
     throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
@@ -826,6 +853,8 @@ void Comm::barrier(Op &op) {
 // ---------------------------------------------------------------------------------------------
 // Point to point: channel (src, dst) has two slots; chunk k of the pair goes to slot k % 2.
 // The sender may fill chunk k once the receiver has emptied chunk k-2 (acked >= k-1).
+// A SEND to p touches only channel (me, p) and send_lanes_[p], a RECV from p only channel
+// (p, me) and recv_lanes_[p]: each runs beside the collective and the other lanes (v2).
 // ---------------------------------------------------------------------------------------------
 
 Comm::P2p Comm::p2p_message(const Op &op, const mncl_coll_v1_t &c) const {
@@ -842,11 +871,14 @@ Comm::P2p Comm::p2p_message(const Op &op, const mncl_coll_v1_t &c) const {
 void Comm::send(Op &op, const mncl_coll_v1_t &c) {
   const auto [peer, bytes, chunks] = p2p_message(op, c);
   Channel &ch = seg_.channel(rank_, peer);
+  PeerLane &lane = send_lanes_[static_cast<size_t>(peer)];
   const std::string what =
-      kit::format("room for message #%llu", static_cast<unsigned long long>(sent_msgs_[peer]));
+      kit::format("room for message #%llu", static_cast<unsigned long long>(lane.msgs));
+  op.chunks = static_cast<uint32_t>(chunks);
   for (size_t i = 0; i < chunks; ++i) {
-    const uint32_t k = sent_chunks_[static_cast<size_t>(peer)];
+    const uint32_t k = lane.chunks;
     const int slot = static_cast<int>(k & 1u);
+    op.chunk = static_cast<uint32_t>(i + 1);
     if (k >= 2) wait_flag(op, ch.acked, k - 1, peer, what.c_str());
     const size_t len = std::min(p2p_slot_, bytes - i * p2p_slot_);
     if (len > 0)
@@ -856,19 +888,21 @@ void Comm::send(Op &op, const mncl_coll_v1_t &c) {
     ch.slot[slot].count = c.count;
     ch.slot[slot].dtype = c.dtype;
     post(ch.sent, k + 1);
-    sent_chunks_[static_cast<size_t>(peer)] = k + 1;
+    lane.chunks = k + 1;
   }
-  ++sent_msgs_[static_cast<size_t>(peer)];
+  ++lane.msgs;
 }
 
 void Comm::recv(Op &op, const mncl_coll_v1_t &c) {
   const auto [peer, bytes, chunks] = p2p_message(op, c);
   Channel &ch = seg_.channel(peer, rank_);
-  const std::string what =
-      kit::format("message #%llu", static_cast<unsigned long long>(recv_msgs_[peer]));
+  PeerLane &lane = recv_lanes_[static_cast<size_t>(peer)];
+  const std::string what = kit::format("message #%llu", static_cast<unsigned long long>(lane.msgs));
+  op.chunks = static_cast<uint32_t>(chunks);
   for (size_t i = 0; i < chunks; ++i) {
-    const uint32_t k = recv_chunks_[static_cast<size_t>(peer)];
+    const uint32_t k = lane.chunks;
     const int slot = static_cast<int>(k & 1u);
+    op.chunk = static_cast<uint32_t>(i + 1);
     wait_flag(op, ch.sent, k + 1, peer, what.c_str());
     const SlotHeader hdr = ch.slot[slot];
     if (hdr.message_bytes != bytes || hdr.count != c.count || hdr.dtype != c.dtype) {
@@ -886,9 +920,9 @@ void Comm::recv(Op &op, const mncl_coll_v1_t &c) {
                   hdr.chunk_bytes);
     }
     post(ch.acked, k + 1);
-    recv_chunks_[static_cast<size_t>(peer)] = k + 1;
+    lane.chunks = k + 1;
   }
-  ++recv_msgs_[static_cast<size_t>(peer)];
+  ++lane.msgs;
 }
 
 }  // namespace mncl::shm

@@ -35,11 +35,34 @@
 //                      buffered (the sender returns), a larger one streams slot by slot.
 // Float reductions fold in rank order 0..n-1 in every algorithm, so results equal naive's.
 //
+// Threading (plugin ABI v2, MNCL_CAP_CONCURRENT_P2P): execute() may run on several threads at
+// once, at most one collective, one SEND per peer and one RECV per peer. They share no mutable
+// state but what is listed here, and no lock is held across a wait, so none holds up another:
+//   collectives   posts_, known_all_, rounds_, need_, scratch_, this rank's staging halves and
+//                 its RankCtl line (posts counter, call stamp): used by collectives only. A
+//                 send/recv never reads posts_, never posts and never stamps a call, so a peer
+//                 checking the stamp of a running collective never sees a send's.
+//   SEND to p     send_lanes_[p] and channel (me, p), written by nobody else on this rank;
+//   RECV from p   recv_lanes_[p] and channel (p, me). A SEND to p and a RECV from p use
+//                 different channels, so an exchange in either order streams both ways at once.
+//   any           the segment's abort / dead / mismatch words and aborted_ (atomics), broken_
+//                 (under a mutex), spinning_ (one spinner per rank, see wait_flag), and the
+//                 options fixed at creation. Each thread has its own Op; host->set_error keeps
+//                 each thread's message apart.
+// Waits sleep on the futex of the one flag they wait for (a peer's posts, a channel's sent or
+// acked); whoever ends everyone's waits (comm_abort, a dead peer, a mismatch) wakes every flag,
+// and every wait checks the abort words first, so a call whose waits never block ends too.
+//
 // Failure handling: every wait is bounded by the op's deadline; while sleeping, the waited-on
 // peer's pid is checked, a dead one is recorded in the segment (every rank then fails with
 // MNCL_ERR_REMOTE naming it), and comm_abort sets the segment's abort word and wakes every
-// futex so every rank's wait ends with MNCL_ERR_ABORTED. After a failure the communicator
-// refuses further operations (counters no longer agree).
+// futex so every running call of every rank ends with MNCL_ERR_ABORTED. Any other failure,
+// collective or send/recv, leaves the failed lane's counters out of step with the peers' (a
+// half-streamed message, a partly posted collective), so this rank's communicator then refuses
+// every new call, whichever lane: the core cannot tell which later call depends on the failed
+// one. Calls already running on other lanes are not cut short by a local failure (they share no
+// state with the failed lane, so they cannot be corrupted by it) and finish or fail on their
+// own; only the segment's words (abort, dead peer, mismatch) end every running call.
 //
 // Mismatched calls (issue 9, without MNCL_DEBUG_CHECKS): before the first post of a call each
 // rank stamps (kind, dtype, op, count, root, seq) into its RankCtl line; right after its first
@@ -47,7 +70,8 @@
 // it waited for with its own and fails with MNCL_ERR_REMOTE naming both calls, setting the
 // segment's mismatch word so the other ranks fail at their next wait. A rank that waits for no
 // one in a call (bcast/scatter root, reduce/gather non-root) reads nothing of the others, so
-// its result cannot be wrong; send/recv compare count and dtype in the slot header.
+// its result cannot be wrong. Send/recv compare count and dtype in the slot header; a receiver
+// that finds a mismatch sets the mismatch word too, so every rank's calls fail at their next wait.
 #pragma once
 
 #include <mncl/mncl_plugin.h>
@@ -56,6 +80,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -108,6 +133,12 @@ class Comm {
     size_t bytes, chunks;
   };
   P2p p2p_message(const Op &op, const mncl_coll_v1_t &c) const;  // checks the peer
+  // One direction of the channels to one peer, used by the one SEND to (RECV from) that peer
+  // running: a line of its own, since lanes to different peers run on different threads.
+  struct alignas(64) PeerLane {
+    uint32_t chunks = 0;  // chunks sent (received) so far: mirrors the channel's flag
+    uint64_t msgs = 0;    // messages, for error messages
+  };
 
   // One single-phase round: stage (if `stages`) into my staging half, post, wait for `waits`
   // (root = `root`), then consume(half). Returns nothing; the caller loops over rounds.
@@ -120,8 +151,10 @@ class Comm {
   void wait_rank(Op &op, int peer, uint32_t target);  // one peer's posts >= target
   void before_writing_half(Op &op, int half);         // staging reuse hazard
   void wait_flag(Op &op, Flag &f, uint32_t target, int peer, const char *what);
-  void check_failed(Op &op);  // abort / dead-peer words, local state
+  void check_failed(Op &op);  // abort / dead-peer / mismatch words, local abort
+  // Throws st; any status but MNCL_ERR_ABORTED also makes the communicator refuse new calls.
   [[noreturn]] void fail(Op &op, mncl_status_t st, const std::string &msg);
+  std::string broken() const;  // the first failure's message, "" if none
   // Mismatched calls (issue 9): stamp this call; compare the peers waited for with it.
   void publish_call(const Op &op);
   void check_calls(Op &op, Who waited, int root);
@@ -139,16 +172,21 @@ class Comm {
   int spin_ = 0;
   std::chrono::nanoseconds yield_for_{0};
 
+  // Shared by every thread (see "Threading" above).
   std::atomic<bool> aborted_{false};
-  std::string broken_;  // set after a failure: later operations fail with it
+  std::atomic<bool> spinning_{false};  // a thread of this rank is in wait_flag's spin loop
+  mutable std::mutex broken_mutex_;
+  std::string broken_;  // set by the first failure: later operations fail with it
 
+  // The collectives' lane: touched by the one collective running, never by send/recv.
   uint32_t posts_ = 0;      // my counter (mirrors ctl(rank_).posts.value)
   uint32_t known_all_ = 0;  // every peer is known to have posted at least this often
   uint64_t rounds_ = 0;     // rounds run so far: picks the staging half
   uint32_t need_[2] = {0, 0};
-  std::vector<uint32_t> sent_chunks_, recv_chunks_;  // p2p chunks per peer
-  std::vector<uint64_t> sent_msgs_, recv_msgs_;      // p2p messages per peer (messages)
-  std::vector<unsigned char> scratch_;               // coalesced packing
+  std::vector<unsigned char> scratch_;  // coalesced packing
+
+  // The point-to-point lanes, one per peer and direction.
+  std::vector<PeerLane> send_lanes_, recv_lanes_;
 };
 
 }  // namespace mncl::shm
