@@ -1,6 +1,6 @@
-// The TCP store's client: one connection, one request at a time under a mutex. Waiting calls
-// ask the server for short slices (kClientWaitSliceMs), releasing the mutex in between, so they
-// notice an abort or their deadline promptly and let other threads' requests through.
+// The TCP store's client: a pool of connections, one request in flight on each. Waiting calls
+// ask the server for short slices (kClientWaitSliceMs), so they notice an abort or their
+// deadline promptly; between slices their connection goes back to the pool.
 #include "bootstrap/tcp_store.h"
 
 #include <netinet/in.h>
@@ -56,9 +56,26 @@ struct TcpStore::Reply {
   wire::Message message;
 };
 
+// Holds one connection for the length of a request; a connection that failed is not returned.
+class TcpStore::Lease {
+ public:
+  explicit Lease(TcpStore &store) : store_(store), socket_(store.acquire()) {}
+  ~Lease() {
+    if (socket_) store_.release(std::move(socket_));
+  }
+  net::UniqueFd &socket() { return socket_; }
+
+ private:
+  TcpStore &store_;
+  net::UniqueFd socket_;
+};
+
 TcpStore::TcpStore(const std::string &host, uint16_t port, const std::string &token,
                    const WaitOptions &opts, std::shared_ptr<TcpStoreServer> server)
     : server_(std::move(server)),
+      host_(host),
+      port_(port),
+      token_(token),
       url_(net::tcp_url(host, port)),
       io_timeout_(std::max(opts.timeout, milliseconds(1000))) {
   const auto deadline = Clock::now() + opts.timeout;
@@ -66,15 +83,21 @@ TcpStore::TcpStore(const std::string &host, uint16_t port, const std::string &to
     WaitOptions left = opts;
     left.timeout = std::max(milliseconds(1),
                             std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
-    connect_with_retry(host, port, left);
-    if (handshake(token)) break;
+    net::UniqueFd socket = connect_with_retry(left);
+    if (handshake(socket)) {
+      release(std::move(socket));
+      opened_ = 1;
+      break;
+    }
     // A server that is shutting down (the previous communicator on this address) resets the
     // connections still in its backlog: retry until the next server answers.
     MNCL_CHECK(Clock::now() < deadline, MNCL_ERR_BOOTSTRAP,
                "the store at %s kept closing the connection during the handshake for %.1f s",
                url_.c_str(), seconds(opts.timeout));
-    socket_.reset();
-    broken_.clear();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      broken_.clear();
+    }
     std::this_thread::sleep_for(backoff);
   }
   MNCL_INFO("connected to the store at %s", url_.c_str());
@@ -82,13 +105,47 @@ TcpStore::TcpStore(const std::string &host, uint16_t port, const std::string &to
 
 TcpStore::~TcpStore() = default;
 
-void TcpStore::connect_with_retry(const std::string &host, uint16_t port, const WaitOptions &opts) {
+size_t TcpStore::connections_opened() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return opened_;
+}
+
+net::UniqueFd TcpStore::acquire() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!broken_.empty()) throw Error(MNCL_ERR_REMOTE, broken_);
+    if (!idle_.empty()) {
+      net::UniqueFd socket = std::move(idle_.back());
+      idle_.pop_back();
+      return socket;
+    }
+    ++opened_;
+  }
+  // Every pooled connection is in use by another thread: open one more (the server is up, so
+  // the first attempt normally succeeds; a refusal means it is going away).
+  WaitOptions opts;
+  opts.timeout = io_timeout_;
+  net::UniqueFd socket = connect_with_retry(opts);
+  MNCL_CHECK(handshake(socket), MNCL_ERR_REMOTE,
+             "the store at %s closed a new connection during the handshake; rank 0, which hosts "
+             "it, may be shutting down",
+             url_.c_str());
+  MNCL_TRACE("opened connection %zu to the store at %s", connections_opened(), url_.c_str());
+  return socket;
+}
+
+void TcpStore::release(net::UniqueFd socket) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (broken_.empty()) idle_.push_back(std::move(socket));
+}
+
+net::UniqueFd TcpStore::connect_with_retry(const WaitOptions &opts) {
   const auto deadline = Clock::now() + opts.timeout;
   auto backoff = milliseconds(10);
   std::string last_error = "none";
   for (;;) {
     throw_if_aborted(opts, "connecting to the store at " + url_);
-    for (const auto &endpoint : net::resolve(host, port, last_error)) {
+    for (const auto &endpoint : net::resolve(host_, port_, last_error)) {
       const auto *address = reinterpret_cast<const sockaddr *>(&endpoint.address);
       net::UniqueFd fd(socket(endpoint.family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
       if (!fd) {
@@ -111,8 +168,7 @@ void TcpStore::connect_with_retry(const std::string &host, uint16_t port, const 
       if (error == 0 && is_self_connection(fd.get())) error = ECONNREFUSED;
       if (error == 0) {
         net::set_nodelay(fd.get());
-        socket_ = std::move(fd);
-        return;
+        return fd;
       }
       last_error = net::to_string(address, endpoint.length) + ": " + net::error_text(error);
     }
@@ -126,18 +182,17 @@ void TcpStore::connect_with_retry(const std::string &host, uint16_t port, const 
   }
 }
 
-bool TcpStore::handshake(const std::string &token) {
-  std::lock_guard<std::mutex> lock(mutex_);
+bool TcpStore::handshake(net::UniqueFd &socket) {
   Reply reply;
   try {
-    reply = call(wire::encode_hello(token));
+    reply = call(socket, wire::encode_hello(token_));
   } catch (const Error &e) {
     MNCL_INFO("the store at %s closed the connection during the handshake: %s", url_.c_str(),
               e.what());
     return false;
   }
   if (reply.op == wire::Op::kOk) return true;
-  socket_.reset();
+  socket.reset();
   MNCL_CHECK(!(reply.op == wire::Op::kRefused && reply.message.text == "token"), MNCL_ERR_BOOTSTRAP,
              "the store at %s refused this rank's token (MNCL_STORE_TOKEN differs)", url_.c_str());
   throw Error(
@@ -146,9 +201,8 @@ bool TcpStore::handshake(const std::string &token) {
              static_cast<int>(reply.message.text.size()), reply.message.text.data()));
 }
 
-TcpStore::Reply TcpStore::call(const std::vector<uint8_t> &head, const void *value,
-                               size_t value_size) {
-  if (!broken_.empty()) throw Error(MNCL_ERR_REMOTE, broken_);
+TcpStore::Reply TcpStore::call(net::UniqueFd &socket, const std::vector<uint8_t> &head,
+                               const void *value, size_t value_size) {
   // One sendmsg for the head and the value: no copy of the value, no extra segment.
   iovec parts[2] = {{const_cast<uint8_t *>(head.data()), head.size()},
                     {const_cast<void *>(value), value_size}};
@@ -159,14 +213,14 @@ TcpStore::Reply TcpStore::call(const std::vector<uint8_t> &head, const void *val
     msghdr message{};
     message.msg_iov = next;
     message.msg_iovlen = count;
-    const ssize_t n = sendmsg(socket_.get(), &message, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const ssize_t n = sendmsg(socket.get(), &message, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) fail_connection(net::error_text(errno));
-      pollfd p{socket_.get(), POLLOUT, 0};
+      if (errno != EAGAIN && errno != EWOULDBLOCK) fail_connection(socket, net::error_text(errno));
+      pollfd p{socket.get(), POLLOUT, 0};
       const int ready = poll(&p, 1, static_cast<int>(io_timeout_.count()));
       if (ready == 0)
-        fail_connection(format("no progress sending for %.1f s", seconds(io_timeout_)));
+        fail_connection(socket, format("no progress sending for %.1f s", seconds(io_timeout_)));
       continue;
     }
     total -= static_cast<size_t>(n);
@@ -184,62 +238,71 @@ TcpStore::Reply TcpStore::call(const std::vector<uint8_t> &head, const void *val
 
   Reply reply;
   uint8_t header[wire::kHeaderBytes];
-  receive_all(header, sizeof header);
+  receive_all(socket, header, sizeof header);
   const auto parsed = wire::parse_frame(header, sizeof header);
   if (parsed.status == wire::ParseStatus::kInvalid) {
-    fail_connection("invalid reply: " + parsed.error);
+    fail_connection(socket, "invalid reply: " + parsed.error);
   }
   reply.op = static_cast<wire::Op>(header[4]);
   if (wire::is_request(reply.op)) {
-    fail_connection(format("invalid reply: a %s request", wire::op_name(reply.op)));
+    fail_connection(socket, format("invalid reply: a %s request", wire::op_name(reply.op)));
   }
   // The parser has checked the length (at most kMaxFrameBytes) and the opcode.
   const size_t body_size = parsed.frame_size - sizeof header;
   if (reply.op == wire::Op::kValue) {
     reply.value.resize(body_size);
-    receive_all(reply.value.data(), body_size);
+    receive_all(socket, reply.value.data(), body_size);
     return reply;
   }
   if (body_size > kMaxControlReply) {
-    fail_connection(format("invalid reply: a %zu-byte %s", body_size, wire::op_name(reply.op)));
+    fail_connection(socket,
+                    format("invalid reply: a %zu-byte %s", body_size, wire::op_name(reply.op)));
   }
   reply.frame.resize(parsed.frame_size);
   std::memcpy(reply.frame.data(), header, sizeof header);
-  receive_all(reply.frame.data() + sizeof header, body_size);
+  receive_all(socket, reply.frame.data() + sizeof header, body_size);
   auto full = wire::parse_frame(reply.frame.data(), reply.frame.size());
-  if (full.status != wire::ParseStatus::kComplete) fail_connection("invalid reply: " + full.error);
+  if (full.status != wire::ParseStatus::kComplete) {
+    fail_connection(socket, "invalid reply: " + full.error);
+  }
   reply.message = std::move(full.message);
   return reply;
 }
 
-void TcpStore::receive_all(void *data, size_t size) {
+void TcpStore::receive_all(net::UniqueFd &socket, void *data, size_t size) {
   auto *at = static_cast<uint8_t *>(data);
   while (size > 0) {
-    const ssize_t n = recv(socket_.get(), at, size, MSG_DONTWAIT);
+    const ssize_t n = recv(socket.get(), at, size, MSG_DONTWAIT);
     if (n > 0) {
       at += n;
       size -= static_cast<size_t>(n);
     } else if (n == 0) {
-      fail_connection("the server closed the connection");
+      fail_connection(socket, "the server closed the connection");
     } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      pollfd p{socket_.get(), POLLIN, 0};
+      pollfd p{socket.get(), POLLIN, 0};
       if (poll(&p, 1, static_cast<int>(io_timeout_.count())) == 0) {
-        fail_connection(format("no answer for %.1f s", seconds(io_timeout_)));
+        fail_connection(socket, format("no answer for %.1f s", seconds(io_timeout_)));
       }
     } else if (errno != EINTR) {
-      fail_connection(net::error_text(errno));
+      fail_connection(socket, net::error_text(errno));
     }
   }
 }
 
-void TcpStore::fail_connection(const std::string &why) {
-  // A request cut in the middle leaves the stream out of step: the connection is unusable.
-  broken_ = format(
+void TcpStore::fail_connection(net::UniqueFd &socket, const std::string &why) {
+  // A request cut in the middle leaves the stream out of step: the connection is unusable, and
+  // the server is most likely gone, so every later request fails with this message.
+  const std::string message = format(
       "lost the connection to the store at %s (%s); rank 0, which hosts it, may "
       "have exited or failed",
       url_.c_str(), why.c_str());
-  socket_.reset();
-  throw Error(MNCL_ERR_REMOTE, broken_);
+  socket.reset();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (broken_.empty()) broken_ = message;
+    idle_.clear();
+  }
+  throw Error(MNCL_ERR_REMOTE, message);
 }
 
 [[noreturn]] static void unexpected_reply(const std::string &url, const char *request,
@@ -250,8 +313,8 @@ void TcpStore::fail_connection(const std::string &why) {
 
 void TcpStore::set(const std::string &key, const void *data, size_t len) {
   const auto head = wire::encode_set_head(key, len);
-  std::lock_guard<std::mutex> lock(mutex_);
-  const auto reply = call(head, data, len);
+  Lease lease(*this);
+  const auto reply = call(lease.socket(), head, data, len);
   if (reply.op != wire::Op::kOk) unexpected_reply(url_, "SET", reply.op);
 }
 
@@ -262,8 +325,8 @@ Bytes TcpStore::get(const std::string &key, const WaitOptions &opts) {
     const bool last_try = Clock::now() >= deadline;
     Reply reply;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
-      reply = call(wire::encode_get(key, slice_ms(deadline)));
+      Lease lease(*this);
+      reply = call(lease.socket(), wire::encode_get(key, slice_ms(deadline)));
     }
     if (reply.op == wire::Op::kValue) return std::move(reply.value);
     if (reply.op != wire::Op::kNotYet) unexpected_reply(url_, "GET", reply.op);
@@ -273,8 +336,8 @@ Bytes TcpStore::get(const std::string &key, const WaitOptions &opts) {
 }
 
 int64_t TcpStore::add(const std::string &key, int64_t delta) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  const auto reply = call(wire::encode_add(key, delta));
+  Lease lease(*this);
+  const auto reply = call(lease.socket(), wire::encode_add(key, delta));
   if (reply.op == wire::Op::kInteger) return reply.message.integer;
   if (reply.op == wire::Op::kFailed) {
     throw Error(MNCL_ERR_INVALID_ARGUMENT, std::string(reply.message.text));
@@ -291,8 +354,8 @@ std::vector<std::string> TcpStore::wait(const std::vector<std::string> &keys,
     const bool last_try = Clock::now() >= deadline;
     Reply reply;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
-      reply = call(wire::encode_wait(missing, slice_ms(deadline)));
+      Lease lease(*this);
+      reply = call(lease.socket(), wire::encode_wait(missing, slice_ms(deadline)));
     }
     if (reply.op != wire::Op::kMissing) unexpected_reply(url_, "WAIT", reply.op);
     // Only what is still missing is asked for next time.
@@ -303,8 +366,8 @@ std::vector<std::string> TcpStore::wait(const std::vector<std::string> &keys,
 }
 
 bool TcpStore::erase(const std::string &key) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  const auto reply = call(wire::encode_erase(key));
+  Lease lease(*this);
+  const auto reply = call(lease.socket(), wire::encode_erase(key));
   if (reply.op != wire::Op::kBool) unexpected_reply(url_, "ERASE", reply.op);
   return reply.message.flag;
 }

@@ -38,8 +38,11 @@ class TcpStoreServer {
   std::unique_ptr<Impl> impl_;
 };
 
-// A client connection to a TcpStoreServer. One connection per object, used under a mutex, so
-// the object is thread-safe and requests from several threads are served one at a time.
+// A client of a TcpStoreServer, thread-safe. Each request runs on a connection of its own for
+// its whole length: an idle one from a small pool, or a new one when every pooled connection is
+// busy (the pool grows to the number of threads that ever had requests in flight at once). So a
+// thread parked in a waiting GET — a receive waiting for its message — never delays another
+// thread's SET, which might be the very contribution everybody waits for.
 class TcpStore final : public Store {
  public:
   // Connects to host:port, retrying (10 ms doubling to 200 ms) until opts.timeout, then sends
@@ -60,24 +63,35 @@ class TcpStore final : public Store {
     if (server_) server_->stop_accepting();
   }
 
+  // Connections opened so far (for tests): 1 until requests overlapped.
+  size_t connections_opened() const;
+
  private:
   struct Reply;
-  // Sends head (then value_size bytes at value) and reads the reply. Caller holds mutex_.
-  Reply call(const std::vector<uint8_t> &head, const void *value = nullptr, size_t value_size = 0);
-  void send_all(const void *data, size_t size);
-  void receive_all(void *data, size_t size);
-  [[noreturn]] void fail_connection(const std::string &why);
-  void connect_with_retry(const std::string &host, uint16_t port, const WaitOptions &opts);
+  class Lease;
+  // Sends head (then value_size bytes at value) on socket and reads the reply.
+  Reply call(net::UniqueFd &socket, const std::vector<uint8_t> &head, const void *value = nullptr,
+             size_t value_size = 0);
+  // Takes an idle connection, or opens one; throws if the store was lost.
+  net::UniqueFd acquire();
+  void release(net::UniqueFd socket);
+  void receive_all(net::UniqueFd &socket, void *data, size_t size);
+  [[noreturn]] void fail_connection(net::UniqueFd &socket, const std::string &why);
+  net::UniqueFd connect_with_retry(const WaitOptions &opts);
   // false if the connection was lost before an answer (retryable); throws if refused.
-  bool handshake(const std::string &token);
+  bool handshake(net::UniqueFd &socket);
 
   // Declared first so it is destroyed last: rank 0's own client disconnects before its server.
   std::shared_ptr<TcpStoreServer> server_;
+  std::string host_;
+  uint16_t port_;
+  std::string token_;
   std::string url_;
   std::chrono::milliseconds io_timeout_;
-  std::mutex mutex_;
-  net::UniqueFd socket_;
-  std::string broken_;  // why the connection was lost; every later call fails with it
+  mutable std::mutex mutex_;         // guards the three below
+  std::vector<net::UniqueFd> idle_;  // connected, authenticated, no request in flight
+  size_t opened_ = 0;
+  std::string broken_;  // why a connection was lost; every later call fails with it
 };
 
 }  // namespace mncl::bootstrap

@@ -351,6 +351,33 @@ TEST(TcpStore, ClientsRetryUntilTheServerStarts) {
   EXPECT_EQ(text_of(host->get("k", wait_for(seconds(5)))), "v");
 }
 
+// Threads parked in waiting GETs (receives waiting for their messages) must not hold up another
+// thread's SET on the same client: each request gets a connection of its own from the pool,
+// which grows no further than the number of requests in flight at once.
+TEST(TcpStore, ParkedWaitsNeverHoldUpOtherThreadsRequests) {
+  TcpStoreServer server("127.0.0.1", 0, "secret");
+  TcpStore client("127.0.0.1", server.port(), "secret", wait_for(seconds(20)));
+  EXPECT_EQ(client.connections_opened(), 1u);
+  constexpr int kWaiters = 6;
+  std::vector<std::string> got(kWaiters);
+  std::vector<std::thread> waiters;
+  for (int i = 0; i < kWaiters; ++i) {
+    waiters.emplace_back([&, i] {
+      got[i] = text_of(client.get("late/" + std::to_string(i), wait_for(seconds(60))));
+    });
+  }
+  std::this_thread::sleep_for(milliseconds(200));  // let them park
+  for (int i = kWaiters - 1; i >= 0; --i)
+    set_text(client, "late/" + std::to_string(i), "v" + std::to_string(i));
+  for (auto &t : waiters) t.join();
+  for (int i = 0; i < kWaiters; ++i) EXPECT_EQ(got[i], "v" + std::to_string(i));
+  EXPECT_LE(client.connections_opened(), static_cast<size_t>(kWaiters + 1));
+  // Sequential use afterwards reuses the pool.
+  const size_t opened = client.connections_opened();
+  for (int i = 0; i < 20; ++i) set_text(client, "again", "x");
+  EXPECT_EQ(client.connections_opened(), opened);
+}
+
 TEST(TcpStore, BindFailureNamesTheAddress) {
   TcpStoreServer first("127.0.0.1", 0, "");
   const auto message =
