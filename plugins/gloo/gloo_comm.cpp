@@ -15,6 +15,7 @@
 #include <gloo/types.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstring>
@@ -34,6 +35,7 @@ namespace mncl::gloo_plugin {
 namespace {
 
 using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
 
 // Slot prefixes of our own transfers; Gloo's collectives use 0x01..0x08 (gloo/types.h).
 constexpr uint8_t kReduceScatterSlotPrefix = 0x40;
@@ -243,10 +245,36 @@ const char *algo_name(Algo algo) {
 
 struct Comm::Op {
   std::string desc;  // "gloo allreduce #12 (1024 x float32, sum)"
+  int32_t kind;
+  int peer;  // SEND/RECV: the peer; -1 otherwise
   uint32_t tag;
-  milliseconds timeout;
-  int64_t timeout_ms;
+  int64_t timeout_ms;         // the caller's bound
+  milliseconds gloo_timeout;  // what Gloo's waits get: the bound, + kGlooBackstop if enforced_
+  Clock::time_point deadline;
+  bool listed = false;     // in running_ (under mutex_)
+  bool timed_out = false;  // set by the watchdog, under mutex_, while the op is listed
 };
+
+// What an op that ran out of time reports (and what every op it interrupts quotes).
+std::string Comm::timeout_message(const Op &op) {
+  const double s = static_cast<double>(op.timeout_ms) / 1000.0;
+  if (op.kind == MNCL_COLL_RECV) {
+    return kit::format(
+        "%s: no message from rank %d within %.1f s (it sent none, or one of "
+        "another count or dtype)",
+        op.desc.c_str(), op.peer, s);
+  }
+  if (op.kind == MNCL_COLL_SEND) {
+    return kit::format(
+        "%s: rank %d did not receive the message within %.1f s (it posted no "
+        "receive, or one of another count or dtype)",
+        op.desc.c_str(), op.peer, s);
+  }
+  return kit::format(
+      "%s: no progress within %.1f s (a peer stalled, or made a different call: "
+      "kind, count, dtype, op and root must agree)",
+      op.desc.c_str(), s);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Creation, destruction, abort
@@ -265,11 +293,16 @@ Comm::Comm(const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host, const Sett
   if (size_ == 1) return;  // nothing to connect: every collective is a local copy
   ignore_sigpipe_once(host_);
   device_ = create_device(settings_.transport, registry_);
+  // Only the TCP device tracks its buffers, which the watchdog needs to knock.
+  enforced_ = settings_.transport.kind == "tcp";
   const std::string where = kit::format("gloo comm_create ('%s', rank %d of %d, %s)",
                                         comm_id_.c_str(), rank_, size_, device_->str().c_str());
   try {
     auto context = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
-    context->setTimeout(milliseconds(default_timeout_ms_));
+    // The pairs keep this as the timeout of the classic algorithms' pinned buffers: with the
+    // watchdog in charge it is only a backstop, like every other Gloo timeout.
+    context->setTimeout(milliseconds(default_timeout_ms_) +
+                        (enforced_ ? kGlooBackstop : milliseconds(0)));
     StoreAdapter store(bs.store, default_timeout_ms_);
     context->connectFullMesh(store, device_);
     context_ = context;
@@ -295,9 +328,19 @@ Comm::Comm(const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host, const Sett
   }
   MNCL_KIT_LOG(host_, MNCL_LOG_INFO, "gloo: comm '%s' rank %d of %d connected over %s, algo %s",
                comm_id_.c_str(), rank_, size_, device_->str().c_str(), algo_name(settings_.algo));
+  // Last: nothing may throw after it starts (a joinable thread must not be destroyed).
+  if (enforced_) watchdog_ = std::thread([this] { watch(); });
 }
 
 Comm::~Comm() {
+  if (watchdog_.joinable()) {  // no execute() runs any more (comm_destroy is never concurrent)
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    watchdog_.join();
+  }
   if (!aborted_.load()) {
     try {
       quiesce();
@@ -341,12 +384,60 @@ void Comm::abort() {
   aborted_.store(true);
   if (!context_) return;
   registry_->poison("the MNCL communicator was aborted (mncl_comm_abort)");
-  // The poison wakes every pending transfer; a wait on a half-read message or a queued send
-  // is not reached by it, so keep knocking until the blocked call has left Gloo.
-  const auto deadline = std::chrono::steady_clock::now() + milliseconds(default_timeout_ms_);
-  while (in_flight_.load() && std::chrono::steady_clock::now() < deadline) {
+  knock_until_idle(Clock::now() + milliseconds(default_timeout_ms_));
+}
+
+// The poison wakes every pending transfer; a wait on a half-read message or a queued send is
+// not reached by it, so keep knocking until every running call has left Gloo. A knocked wait
+// returns false; a Gloo collective may ignore that and return normally, which is why finish()
+// fails every op that was running when the communicator was aborted or broken.
+void Comm::knock_until_idle(Clock::time_point limit) {
+  while (in_flight_.load() > 0 && Clock::now() < limit) {
     registry_->abort_waits();
     std::this_thread::sleep_for(milliseconds(1));
+  }
+}
+
+// Deadlines (TCP): sleeps until the earliest deadline of the running ops. When one passes, the
+// op is marked and its timeout recorded as the communicator's failure *before* the context is
+// poisoned, so every op woken by the poison finds the cause recorded (see finish()). One
+// timeout breaks the communicator, so the watchdog is idle from then on.
+void Comm::watch() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stopping_) {
+    const Clock::time_point now = Clock::now();
+    Op *due = nullptr;
+    if (broken_.empty() && !aborted_.load()) {
+      for (Op *op : running_) {
+        if (due == nullptr || op->deadline < due->deadline) due = op;
+      }
+    }
+    if (due != nullptr && now >= due->deadline) {
+      due->timed_out = true;
+      broken_ = timeout_message(*due);
+      const std::string why = broken_;
+      lock.unlock();  // the ops must be able to leave meanwhile (finish() takes the lock)
+      MNCL_KIT_LOG(host_, MNCL_LOG_INFO, "gloo: comm '%s' rank %d: %s", comm_id_.c_str(), rank_,
+                   why.c_str());
+      registry_->poison("a concurrent MNCL operation timed out: " + why);
+      knock_until_idle(Clock::now() + milliseconds(default_timeout_ms_));
+      lock.lock();
+      continue;
+    }
+    // Sleep until the earliest deadline. Idle, keep a planned wake-up that is still ahead:
+    // ops issued one after the other then register without waking this thread each time
+    // (execute() only notifies for a deadline earlier than wake_at_).
+    if (due != nullptr) {
+      wake_at_ = due->deadline;
+    } else if (wake_at_ <= now) {
+      wake_at_ = Clock::time_point::max();
+    }
+    if (wake_at_ == Clock::time_point::max()) {
+      cv_.wait(lock);
+    } else {
+      const Clock::time_point until = wake_at_;  // wait_until reads it again after waking
+      cv_.wait_until(lock, until);
+    }
   }
 }
 
@@ -355,16 +446,20 @@ void Comm::abort() {
 // ---------------------------------------------------------------------------------------------
 
 void Comm::execute(const mncl_coll_v1_t &c) {
+  const bool p2p = c.kind == MNCL_COLL_SEND || c.kind == MNCL_COLL_RECV;
   Op op;
+  op.kind = c.kind;
+  op.peer = p2p ? c.root : -1;
   op.timeout_ms = c.timeout_ms > 0 ? c.timeout_ms : default_timeout_ms_;
-  op.timeout = milliseconds(op.timeout_ms);
+  op.gloo_timeout = milliseconds(op.timeout_ms) + (enforced_ ? kGlooBackstop : milliseconds(0));
+  op.deadline = Clock::now() + milliseconds(op.timeout_ms);
   op.tag = collective_tag(c);
   const bool reduction = is_reduction(c.kind);
   op.desc = kit::format("gloo %s #%llu", kind_name(c.kind), static_cast<unsigned long long>(c.seq));
   if (c.kind != MNCL_COLL_BARRIER) {
     op.desc += kit::format(" (%zu x %s", c.count, kit::dtype_name(c.dtype));
     if (reduction) op.desc += kit::format(", %s", kit::op_name(c.op));
-    if (c.kind == MNCL_COLL_SEND || c.kind == MNCL_COLL_RECV) {
+    if (p2p) {
       op.desc += kit::format(", peer %d", c.root);
     } else if (c.root >= 0) {
       op.desc += kit::format(", root %d", c.root);
@@ -372,58 +467,123 @@ void Comm::execute(const mncl_coll_v1_t &c) {
     op.desc += ")";
   }
 
-  // Published before the abort check, so an abort racing with the start still waits for us.
-  in_flight_.store(true);
-  struct Clear {
-    std::atomic<bool> &flag;
-    ~Clear() { flag.store(false); }
-  } clear{in_flight_};
+  // Raised before the abort check, so an abort racing with the start still waits for us.
+  in_flight_.fetch_add(1);
+  struct Leave {
+    std::atomic<int> &count;
+    ~Leave() { count.fetch_sub(1); }
+  } leave{in_flight_};
   if (aborted_.load()) {
     throw kit::Error(MNCL_ERR_ABORTED, op.desc + ": the communicator was aborted");
   }
-  if (!broken_.empty()) {
-    throw kit::Error(
-        MNCL_ERR_REMOTE,
-        op.desc + ": the communicator is unusable after an earlier failure: " + broken_);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!broken_.empty()) {
+      throw kit::Error(
+          MNCL_ERR_REMOTE,
+          op.desc + ": the communicator is unusable after an earlier failure: " + broken_);
+    }
+    if (enforced_) {
+      running_.push_back(&op);
+      op.listed = true;
+      if (op.deadline < wake_at_) cv_.notify_all();
+    }
   }
+  // finish() unlists the op; this only covers an exception on the way there.
+  struct Unlist {
+    Comm &comm;
+    Op &op;
+    ~Unlist() {
+      std::lock_guard<std::mutex> lock(comm.mutex_);
+      comm.unlist(op);
+    }
+  } unlist{*this, op};
   if (size_ == 1) {
     run_single_rank(c);
     return;
   }
 
-  mncl_status_t status = MNCL_ERR_INTERNAL;
+  mncl_status_t status = MNCL_OK;
   std::string what;
   try {
     run(op, c);
-    return;
   } catch (const kit::Error &e) {
-    if (aborted_.load()) throw kit::Error(MNCL_ERR_ABORTED, op.desc + ": aborted");
-    if (!e.has_message()) throw;
     status = e.status();
     what = e.what();
   } catch (const std::bad_alloc &) {
-    throw;
+    status = MNCL_ERR_SYSTEM;
+    what = op.desc + ": out of memory";
   } catch (const gloo::IoException &e) {
-    const bool timeout = std::strstr(e.what(), "imed out") || std::strstr(e.what(), "imeout");
+    // Gloo's "Application timeout caused pair closure": an op of this context timed out in
+    // Gloo (the backstop, or ibverbs) and Gloo closed every pair; not this op's own timeout.
+    const bool closure = std::strstr(e.what(), "pair closure") != nullptr;
+    const bool timeout =
+        !closure && (std::strstr(e.what(), "imed out") || std::strstr(e.what(), "imeout"));
     status = timeout ? MNCL_ERR_TIMEOUT : MNCL_ERR_REMOTE;
     // Tags carry the call's digest: a peer in a different call shows up as a timeout.
     what = kit::format("%s: %s: %s", op.desc.c_str(),
-                       timeout ? "no progress within the timeout (a peer stalled, or made a "
-                                 "different call: kind, count, dtype, op and root must agree)"
-                               : "connection to a peer lost",
+                       closure   ? "another operation on this communicator timed out"
+                       : timeout ? "no progress within the timeout (a peer stalled, or made a "
+                                   "different call: kind, count, dtype, op and root must agree)"
+                                 : "connection to a peer lost",
                        e.what());
   } catch (const std::exception &e) {
     // GLOO_ENFORCE failures land here; after an abort they are its side effects.
     status = MNCL_ERR_INTERNAL;
     what = kit::format("%s: gloo error: %s", op.desc.c_str(), e.what());
+  } catch (...) {
+    status = MNCL_ERR_INTERNAL;
+    what = op.desc + ": gloo error: unknown exception";
   }
-  if (aborted_.load()) {
-    throw kit::Error(MNCL_ERR_ABORTED, op.desc + ": the communicator was aborted");
+  finish(op, status, what);
+}
+
+void Comm::unlist(Op &op) {
+  if (!op.listed) return;
+  running_.erase(std::find(running_.begin(), running_.end(), &op));
+  op.listed = false;
+}
+
+void Comm::finish(Op &op, mncl_status_t status, const std::string &what) {
+  enum class End { kOk, kAborted, kTimedOut, kInterrupted, kFailed } end = End::kOk;
+  std::string cause;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    unlist(op);
+    // Out of running_, op.timed_out is final. Order matters: an abort explains everything;
+    // then the watchdog's verdict on this op; then a failure recorded by another op, which
+    // may have knocked this one's waits even if it seemed to succeed; then our own failure,
+    // recorded before the poison so the ops it interrupts find it.
+    if (aborted_.load()) {
+      end = End::kAborted;
+    } else if (op.timed_out) {
+      end = End::kTimedOut;
+    } else if (!broken_.empty()) {
+      end = End::kInterrupted;
+      cause = broken_;
+    } else if (status != MNCL_OK) {
+      end = End::kFailed;
+      broken_ = what;
+    }
   }
-  // Gloo's state is undefined after a failed op: make the peers fail fast, refuse more work.
-  broken_ = what;
-  registry_->poison("a peer's MNCL operation failed: " + what);
-  throw kit::Error(status, what);
+  switch (end) {
+    case End::kOk:
+      return;
+    case End::kAborted:
+      throw kit::Error(MNCL_ERR_ABORTED, op.desc + ": the communicator was aborted");
+    case End::kTimedOut:
+      throw kit::Error(MNCL_ERR_TIMEOUT, timeout_message(op));
+    case End::kInterrupted:
+      throw kit::Error(MNCL_ERR_REMOTE,
+                       op.desc +
+                           ": stopped because a concurrent operation on this communicator "
+                           "failed: " +
+                           cause);
+    case End::kFailed:
+      // Gloo's state is undefined after a failed op: make the peers fail fast, refuse more work.
+      registry_->poison("a peer's MNCL operation failed: " + what);
+      throw kit::Error(status, what);
+  }
 }
 
 void Comm::run(Op &op, const mncl_coll_v1_t &c) {
@@ -502,17 +662,18 @@ void Comm::run_single_rank(const mncl_coll_v1_t &c) {
   }
 }
 
+// A wait that returns false was knocked by abort() or by the watchdog; finish() says which.
 void Comm::wait_recv(Op &op, gloo::transport::UnboundBuffer &buf, int peer) {
-  if (!buf.waitRecv(op.timeout)) {
-    throw kit::Error(MNCL_ERR_ABORTED, kit::format("%s: aborted while receiving from rank %d",
+  if (!buf.waitRecv(op.gloo_timeout)) {
+    throw kit::Error(MNCL_ERR_ABORTED, kit::format("%s: interrupted while receiving from rank %d",
                                                    op.desc.c_str(), peer));
   }
 }
 
 void Comm::wait_send(Op &op, gloo::transport::UnboundBuffer &buf, int peer) {
-  if (!buf.waitSend(op.timeout)) {
-    throw kit::Error(MNCL_ERR_ABORTED,
-                     kit::format("%s: aborted while sending to rank %d", op.desc.c_str(), peer));
+  if (!buf.waitSend(op.gloo_timeout)) {
+    throw kit::Error(MNCL_ERR_ABORTED, kit::format("%s: interrupted while sending to rank %d",
+                                                   op.desc.c_str(), peer));
   }
 }
 
@@ -562,17 +723,22 @@ void Comm::allreduce_plain(Op &op, const void *in, void *out, size_t count, int3
     });
     opts.setReduceFunction(reduce_fn(dtype, mop));
     opts.setTag(op.tag);
-    opts.setTimeout(op.timeout);
+    opts.setTimeout(op.gloo_timeout);
     gloo::allreduce(opts);
     return;
   }
 
-  // Classic algorithms: in place on the output, timeouts from the context (the comm default).
-  // LIMITATION: they take no tag (their slots come from context->nextSlot(), a plain counter),
-  // so the call digest cannot be mixed in: ranks that disagree on count or dtype can exchange
-  // mismatched buffers here, with wrong results or Gloo's size check terminating the process.
-  // Only reached through MNCL_GLOO_ALGO=ring_chunked|halving_doubling; auto, ring and bcube
-  // are tagged. MNCL_DEBUG_CHECKS=1 catches mismatches before they get here.
+  // Classic algorithms (MNCL_GLOO_ALGO=ring_chunked|halving_doubling): in place on the output,
+  // pinned buffers that time out with their pairs (comm default + kGlooBackstop; the watchdog
+  // enforces the op's own bound).
+  // They take no tag (their slots come from context->nextSlot(), a plain counter only this
+  // lane uses) and send their first chunks before the peers have registered a buffer for
+  // them; a rank reads nothing else on that connection until it has. So first a barrier
+  // tagged with the call's digest: every rank is in this very call before any chunk moves,
+  // and ranks that disagree on count or dtype time out here instead of exchanging
+  // mismatched buffers (and a p2p message never waits behind chunks of a collective its
+  // receiver has not reached: see Threading in gloo_comm.h).
+  barrier(op);
   if (in != out) std::memcpy(out, in, bytes);
   with_word(es, [&](auto word) {
     using T = decltype(word);
@@ -636,7 +802,7 @@ void Comm::reduce(Op &op, const mncl_coll_v1_t &c) {
   opts.setRoot(c.root);
   opts.setReduceFunction(reduce_fn(dtype, fold));
   opts.setTag(op.tag);
-  opts.setTimeout(op.timeout);
+  opts.setTimeout(op.gloo_timeout);
   gloo::reduce(opts);
   if (!root) return;
   if (is_half(c.dtype)) {
@@ -710,7 +876,7 @@ void Comm::bcast(Op &op, const mncl_coll_v1_t &c) {
   opts.setOutput(static_cast<uint8_t *>(c.recvbuf), bytes);
   opts.setRoot(c.root);
   opts.setTag(op.tag);
-  opts.setTimeout(op.timeout);
+  opts.setTimeout(op.gloo_timeout);
   gloo::broadcast(opts);
 }
 
@@ -734,7 +900,7 @@ void Comm::scatter(Op &op, const mncl_coll_v1_t &c) {
   opts.setOutput(out, bytes);
   opts.setRoot(c.root);
   opts.setTag(op.tag);
-  opts.setTimeout(op.timeout);
+  opts.setTimeout(op.gloo_timeout);
   gloo::scatter(opts);
 }
 
@@ -755,7 +921,7 @@ void Comm::gather(Op &op, const mncl_coll_v1_t &c) {
   opts.setInput(in, bytes);
   opts.setRoot(c.root);
   opts.setTag(op.tag);
-  opts.setTimeout(op.timeout);
+  opts.setTimeout(op.gloo_timeout);
   gloo::gather(opts);
 }
 
@@ -768,7 +934,7 @@ void Comm::allgather(Op &op, const mncl_coll_v1_t &c) {
   if (in != out + rank_ * bytes) opts.setInput(in, bytes);  // no input: in place
   opts.setOutput(out, bytes * static_cast<size_t>(size_));
   opts.setTag(op.tag);
-  opts.setTimeout(op.timeout);
+  opts.setTimeout(op.gloo_timeout);
   gloo::allgather(opts);
 }
 
@@ -785,14 +951,14 @@ void Comm::alltoall(Op &op, const mncl_coll_v1_t &c) {
   opts.setInput(in, total);
   opts.setOutput(static_cast<uint8_t *>(c.recvbuf), total);
   opts.setTag(op.tag);
-  opts.setTimeout(op.timeout);
+  opts.setTimeout(op.gloo_timeout);
   gloo::alltoall(opts);
 }
 
 void Comm::barrier(Op &op) {
   gloo::BarrierOptions opts(context_);
   opts.setTag(op.tag);
-  opts.setTimeout(op.timeout);
+  opts.setTimeout(op.gloo_timeout);
   gloo::barrier(opts);
 }
 

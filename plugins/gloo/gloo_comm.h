@@ -14,9 +14,10 @@
 // Collective tags are the low 32 bits of coll->seq xor a 32-bit digest of the call (kind,
 // dtype, op, count, root), identical on every rank that makes the same call: ranks that make
 // mismatched calls never match each other's messages and time out (MNCL_ERR_TIMEOUT naming
-// the op) instead of exchanging wrong-sized or wrong-typed data (except the untagged classic
-// algorithms, see allreduce_plain). p2p and the reduce_scatter ring use slot prefixes Gloo's
-// own collectives do not (0x41, 0x40).
+// the op) instead of exchanging wrong-sized or wrong-typed data. The classic algorithms take
+// no tag, but the tagged barrier that precedes them (see Threading) stops mismatched calls
+// before their data moves. p2p and the reduce_scatter ring use slot prefixes Gloo's own
+// collectives do not (0x41, 0x40).
 //
 // Dtypes and ops: reductions use the plugin kit (kit::reduce_into) as Gloo's reduce function,
 // so every dtype and op has the semantics of mncl.h (wrapping integers, NaN-propagating
@@ -24,10 +25,44 @@
 // end, as the naive reference does (2x the bytes on the wire, but no error growth with the
 // number of ranks). AVG is a SUM followed by one division by the size.
 //
+// Threading (plugin ABI v2, MNCL_CAP_CONCURRENT_P2P): execute() runs on several threads at once,
+// at most one collective, one SEND per peer and one RECV per peer at a time. What makes that safe:
+//   - Gloo's TCP transport allows it (PyTorch's ProcessGroupGloo relies on it too: send/recv
+//     posted from the caller's thread while worker threads run collectives on the same context,
+//     told apart by tags): posting a send or recv only takes the pair's and the context's locks
+//     briefly and never waits; each op then waits on the condition variable of its own
+//     UnboundBuffer. Ops stay apart by slot: p2p 0x41, the reduce_scatter ring 0x40, Gloo's
+//     collectives 0x01..0x08 with the collective's tag. A p2p message is written only once its
+//     receiver has posted the recv, so it never sits in front of other traffic on the
+//     connection.
+//   - Gloo's classic algorithms (ring_chunked, halving_doubling) send their first chunks eagerly
+//     into pinned buffers; a peer that has not entered the collective yet stops reading that
+//     connection until it does, and a p2p message queued behind those chunks waits with it
+//     (rank 0: recv, then allreduce; rank 1: isend, then allreduce would hang). A tagged
+//     barrier before them makes sure every rank has entered the collective first.
+//   - Per-communicator state touched by several threads: sent_[p] only by the SEND lane of
+//     peer p, received_[p] only by the RECV lane of p (the core runs each lane's calls one
+//     after the other, so no lock); failure state, the running ops and the watchdog's list
+//     under mutex_; aborted_ and in_flight_ are atomics. The Gloo context's plain counter
+//     nextSlot() is only used by the classic algorithms, i.e. by the collective lane.
+//
+// Timeouts: a Gloo UnboundBuffer wait that times out closes every pair of the context (Gloo's
+// "Application timeout caused pair closure"), so one late recv would make a concurrent
+// allreduce fail with what looks like its own timeout. With TCP the plugin therefore enforces
+// every op's deadline itself: a watchdog thread marks the op that ran out of time, records it
+// as the communicator's failure, and only then poisons the context and knocks every live
+// buffer's wait (as abort does). The op that timed out reports MNCL_ERR_TIMEOUT naming itself;
+// every concurrent op reports MNCL_ERR_REMOTE "stopped because a concurrent operation on this
+// communicator failed: <that failure>". Gloo's own waits get timeout + kGlooBackstop only as a
+// backstop. (ibverbs has no tracked buffers, so Gloo's own timeouts stay in charge there; this
+// Gloo's ibverbs transport has no unbound buffers at all, so it runs none of these ops anyway.)
+//
 // Errors: Gloo throws. Every gloo::IoException / timeout / enforce failure is caught here and
 // rethrown as kit::Error naming the op, its seq and the peer where one is known; after any
 // failure the context is poisoned (peers see their connection drop and fail fast instead of
-// waiting for their timeout) and the communicator refuses further work.
+// waiting for their timeout; Gloo's pairs are unusable after a failed op anyway) and the
+// communicator refuses further work. The first failure is recorded before the poisoning, so
+// every op it interrupts can tell it was not its own.
 #pragma once
 
 #include <gloo/context.h>
@@ -35,10 +70,14 @@
 #include <mncl/mncl_plugin.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gloo/gloo_transport.h"
@@ -50,6 +89,10 @@ enum class Algo { kAuto, kRing, kRingChunked, kHalvingDoubling, kBcube };
 // Below this many bytes (and with a power-of-two size > 2) auto picks bcube, whose log2(size)
 // latency steps beat the ring's 2*(size-1); above it the ring's bandwidth wins.
 inline constexpr size_t kSmallAllreduceBytes = 64 * 1024;
+
+// How much later than the op's own deadline Gloo's internal timeouts fire when the plugin's
+// watchdog enforces the deadline (TCP): they only back it up, and must never win the race.
+inline constexpr std::chrono::milliseconds kGlooBackstop{5000};
 
 struct Settings {
   TransportSettings transport;
@@ -67,16 +110,22 @@ class Comm {
   ~Comm();
 
   // Runs one collective to completion. Throws kit::Error (status + message) on failure.
+  // Concurrent calls: see "Threading" above.
   void execute(const mncl_coll_v1_t &coll);
-  // Any thread: wakes a blocked execute (which then fails with MNCL_ERR_ABORTED) and fails
-  // every later one. Returns once the blocked call has left Gloo, or after the op timeout.
+  // Any thread: wakes every running execute (which then fails with MNCL_ERR_ABORTED) and fails
+  // every later one. Returns once the running calls have left Gloo, or after the op timeout.
   void abort();
 
  private:
-  struct Op;  // the collective being run: description, seq, timeout (gloo_comm.cpp)
+  struct Op;  // one running execute(): description, tag, timeouts, deadline (gloo_comm.cpp)
 
   void run(Op &op, const mncl_coll_v1_t &c);
   void run_single_rank(const mncl_coll_v1_t &c);
+  // After run(): the status this op ends with, given what happened to the communicator
+  // meanwhile (abort, watchdog, another op's failure); records the op's own failure.
+  void finish(Op &op, mncl_status_t status, const std::string &what);
+  static std::string timeout_message(const Op &op);
+  void unlist(Op &op);  // takes op out of running_ if it is there; mutex_ held
 
   void allreduce(Op &op, const void *in, void *out, size_t count, int32_t dtype, int32_t mop);
   void allreduce_plain(Op &op, const void *in, void *out, size_t count, int32_t dtype, int32_t mop);
@@ -97,6 +146,11 @@ class Comm {
   void wait_recv(Op &op, gloo::transport::UnboundBuffer &buf, int peer);
   void wait_send(Op &op, gloo::transport::UnboundBuffer &buf, int peer);
 
+  // The watchdog thread (TCP only): times out the running op whose deadline passes first.
+  void watch();
+  // Knocks every live buffer's wait until no execute() is running (or `limit` passes).
+  void knock_until_idle(std::chrono::steady_clock::time_point limit);
+
   const mncl_host_v1_t *host_;
   int rank_;
   int size_;
@@ -106,10 +160,25 @@ class Comm {
   std::shared_ptr<AbortRegistry> registry_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
+  // TCP: the watchdog enforces every op's deadline and Gloo's own timeouts are only a backstop
+  // (see Timeouts above). Set in the constructor, read-only afterwards.
+  bool enforced_ = false;
   std::atomic<bool> aborted_{false};
-  std::atomic<bool> in_flight_{false};
-  std::string broken_;  // why the communicator is unusable ("" while healthy)
+  // execute() calls between their entry and their exit; raised before the abort check, so an
+  // abort racing with an entry still waits for it (both are sequentially consistent).
+  std::atomic<int> in_flight_{0};
+
+  std::mutex mutex_;            // guards the members down to watchdog_
+  std::condition_variable cv_;  // wakes the watchdog: an earlier deadline, or stopping
+  // When the watchdog looks at running_ next (max(): only when notified).
+  std::chrono::steady_clock::time_point wake_at_ = std::chrono::steady_clock::time_point::max();
+  std::string broken_;         // the first failure ("" while healthy): the comm is unusable
+  std::vector<Op *> running_;  // ops the watchdog times out (TCP: all running ops)
+  bool stopping_ = false;      // the destructor stops the watchdog
+  std::thread watchdog_;       // started last in the constructor; TCP with size > 1 only
+
   // Point-to-point message numbers per peer (slots), so messages between a pair match in order.
+  // Element p is only touched by the SEND (sent_) or RECV (received_) lane of peer p.
   std::vector<uint32_t> sent_;
   std::vector<uint32_t> received_;
 };

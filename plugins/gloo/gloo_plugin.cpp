@@ -16,6 +16,7 @@
 
 #include "common/dtype.h"
 #include "common/host.h"
+#include "common/tables.h"
 #include "gloo/gloo_comm.h"
 
 namespace {
@@ -95,27 +96,39 @@ mncl_status_t gloo_execute(void *comm, const mncl_coll_v1_t *coll) {
   return kit::execute_on<Comm>(g_host, "gloo execute", comm, coll);
 }
 
+// Host buffers only (the core stages device memory), blocking execute; safe on several threads
+// at once as plugin ABI v2 allows (MNCL_CAP_CONCURRENT_P2P: send/recv per peer beside the
+// collectives, see "Threading" in gloo_comm.h).
+constexpr uint64_t kCaps = MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P;
+
+// Every kind, the coalesced allreduce included (packed into one allreduce).
+constexpr uint32_t kCollMask = MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED);
+
 }  // namespace
 
-MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = {
-    sizeof(mncl_plugin_v1_t),  // struct_size
+// The v2 table, and the same functions as v1 for cores that predate v2 (kit::as_v1 drops
+// MNCL_CAP_CONCURRENT_P2P). Positional initializers: keep the field comments in sync with
+// mncl_plugin_v2.h.
+MNCL_PLUGIN_EXPORT const mncl_plugin_v2_t mncl_plugin_v2 = {
+    sizeof(mncl_plugin_v2_t),  // struct_size
     MNCL_PLUGIN_MAGIC,         // magic
-    MNCL_PLUGIN_ABI_V1,        // abi_version
+    MNCL_PLUGIN_ABI_V2,        // abi_version
     "gloo",                    // name
     MNCL_GLOO_VERSION_STRING,  // version
-    MNCL_CAP_HOST_MEMORY,      // caps: host buffers only (the core stages device memory)
-    MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED),  // coll_mask
-    kit::kAllDtypesMask,                                                   // dtype_mask
-    kit::kAllOpsMask,                                                      // op_mask
-    0,                                                                     // reserved0
-    gloo_init,                                                             // init
-    gloo_finalize,                                                         // finalize
-    gloo_probe,                                                            // probe
-    gloo_comm_create,                                                      // comm_create
-    gloo_comm_destroy,                                                     // comm_destroy
-    gloo_comm_abort,                                                       // comm_abort
-    nullptr,       // comm_split: the core's split + comm_create on a new bootstrap
-    gloo_execute,  // execute
-    nullptr,       // post: no native async
-    nullptr,       // test
+    kCaps,                     // caps
+    kCollMask,                 // coll_mask
+    kit::kAllDtypesMask,       // dtype_mask
+    kit::kAllOpsMask,          // op_mask
+    0,                         // reserved0
+    gloo_init,                 // init
+    gloo_finalize,             // finalize
+    gloo_probe,                // probe
+    gloo_comm_create,          // comm_create
+    gloo_comm_destroy,         // comm_destroy
+    gloo_comm_abort,           // comm_abort: from any thread, fails every running execute
+    nullptr,                   // comm_split: the core's split + comm_create on a new bootstrap
+    gloo_execute,              // execute
+    nullptr,                   // post: no native async
+    nullptr,                   // test
 };
+MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = kit::as_v1(mncl_plugin_v2);

@@ -29,6 +29,21 @@
 //
 // After a failure (timeout, abort) the keys of that op may remain: the communicator is unusable
 // then anyway. A send never matched by a recv also stays, as in MPI.
+//
+// Threading (plugin ABI v2, MNCL_CAP_CONCURRENT_P2P): execute() may run on several threads at
+// once, with at most one collective, one SEND per peer and one RECV per peer at a time. Every
+// exchange goes through the store, whose table is thread-safe, and every wait is a store get
+// of a key of the waiting op's own, so no call ever waits on a lock another one holds: a RECV
+// waiting for its message leaves SENDs and collectives free to run. The state execute()
+// changes is split by lane, so it needs no lock:
+//   next_collective_  the collective lane only;
+//   sent_[p]          the SEND lane of peer p only, received_[p] the RECV lane of peer p only
+//                     (distinct elements of vectors sized once in the constructor; the core
+//                     runs the calls of one lane one after the other);
+//   aborted_          atomic: comm_abort may come from any thread.
+// Everything else a call uses (its Op, the Values it reads) is its own, and errors go through
+// host->set_error, which is per thread. Keys of different lanes never collide: p2p keys start
+// with "p<src>>", collective keys with <k>.
 #pragma once
 
 #include <mncl/mncl_plugin.h>
@@ -50,8 +65,9 @@ class Comm {
 
   // Runs one collective to completion. Throws kit::Error (status + message) on failure.
   void execute(const mncl_coll_v1_t &coll);
-  // Any thread: makes later calls fail. A call blocked in the store is woken by the core, whose
-  // store callbacks return MNCL_ERR_ABORTED once the communicator is aborted.
+  // Any thread: makes later calls fail. Calls blocked in the store (any number of them, on any
+  // lanes) are woken by the core, whose store callbacks return MNCL_ERR_ABORTED once the
+  // communicator is aborted.
   void abort() { aborted_.store(true); }
 
   int rank() const { return rank_; }
@@ -93,8 +109,9 @@ class Comm {
   int size_;
   int64_t default_timeout_ms_;
   std::atomic<bool> aborted_{false};
-  uint64_t next_collective_ = 0;  // <k> of the next collective (see the key scheme above)
+  uint64_t next_collective_ = 0;  // <k> of the next collective; the collective lane's
   // Point-to-point message numbers per peer, so messages between a pair match in issue order.
+  // Element p belongs to the SEND (sent_) or RECV (received_) lane of peer p (see Threading).
   std::vector<uint64_t> sent_;
   std::vector<uint64_t> received_;
 };

@@ -1,15 +1,17 @@
 // libmncl-naive.so: the reference backend, and the template for writing a plugin.
 //
 // A plugin is this file plus its algorithms: a handful of extern "C"-compatible functions with
-// the signatures of mncl_plugin_v1_t, and the one exported table at the bottom. Each function
-// turns C++ exceptions into a status with kit::guard, because nothing may be thrown across the
-// ABI. Build with mncl_add_plugin(<name> SOURCES ...), which hides every other symbol.
+// the signatures of mncl_plugin_v2_t, and the exported tables at the bottom (v2, plus a v1 copy
+// for older cores). Each function turns C++ exceptions into a status with kit::guard, because
+// nothing may be thrown across the ABI. Build with mncl_add_plugin(<name> SOURCES ...), which
+// hides every other symbol.
 #include <mncl/mncl_plugin.h>
 
 #include <cstdint>
 
 #include "common/dtype.h"
 #include "common/host.h"
+#include "common/tables.h"
 #include "naive/naive_comm.h"
 
 namespace {
@@ -59,20 +61,25 @@ mncl_status_t naive_execute(void *comm, const mncl_coll_v1_t *coll) {
   return kit::execute_on<Comm>(g_host, "naive execute", comm, coll);
 }
 
+// Host buffers, blocking execute; safe on several threads at once as plugin ABI v2 allows
+// (MNCL_CAP_CONCURRENT_P2P: send/recv per peer beside the collectives, see naive_comm.h).
+constexpr uint64_t kCaps = MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P;
+
 // Every kind, the coalesced allreduce included (one packed exchange instead of a loop).
 constexpr uint32_t kCollMask = MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED);
 
 }  // namespace
 
-// The one exported symbol. Positional initializers (C++17 has no designated ones): keep the
-// field comments in sync with mncl_plugin_v1.h.
-MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = {
-    sizeof(mncl_plugin_v1_t),  // struct_size
+// The exported tables: v2, and the same functions as v1 for cores that predate v2 (kit::as_v1
+// drops MNCL_CAP_CONCURRENT_P2P). Positional initializers (C++17 has no designated ones): keep
+// the field comments in sync with mncl_plugin_v2.h.
+MNCL_PLUGIN_EXPORT const mncl_plugin_v2_t mncl_plugin_v2 = {
+    sizeof(mncl_plugin_v2_t),  // struct_size
     MNCL_PLUGIN_MAGIC,         // magic
-    MNCL_PLUGIN_ABI_V1,        // abi_version
+    MNCL_PLUGIN_ABI_V2,        // abi_version
     "naive",                   // name
     "0.1.0",                   // version
-    MNCL_CAP_HOST_MEMORY,      // caps: host buffers, blocking execute only
+    kCaps,                     // caps
     kCollMask,                 // coll_mask
     kit::kAllDtypesMask,       // dtype_mask
     kit::kAllOpsMask,          // op_mask
@@ -88,3 +95,4 @@ MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = {
     nullptr,                   // post: no native async (no MNCL_CAP_NATIVE_ASYNC)
     nullptr,                   // test
 };
+MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = kit::as_v1(mncl_plugin_v2);
