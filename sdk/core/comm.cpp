@@ -344,9 +344,8 @@ bool Comm::needs_staging(const mncl_coll_v1_t &coll, Lane &lane) {
 
 Comm::Lane &Comm::lane_for(const mncl_coll_v1_t &coll) {
   // The capability means nothing to plugins that order their own work (mncl_plugin_v2.h).
-  const bool concurrent_p2p =
-      (table_->caps & MNCL_CAP_CONCURRENT_P2P) &&
-      !(table_->caps & (MNCL_CAP_NATIVE_ASYNC | MNCL_CAP_STREAM_ORDERED));
+  const bool concurrent_p2p = (table_->caps & MNCL_CAP_CONCURRENT_P2P) &&
+                              !(table_->caps & (MNCL_CAP_NATIVE_ASYNC | MNCL_CAP_STREAM_ORDERED));
   if (!concurrent_p2p || (coll.kind != MNCL_COLL_SEND && coll.kind != MNCL_COLL_RECV)) {
     return collectives_;
   }
@@ -499,9 +498,8 @@ void Comm::work(Lane &lane) {
     std::shared_ptr<Operation> op;
     {
       std::unique_lock<std::mutex> lock(lane.mutex);
-      const bool ready = lane.cv.wait_for(lock, kIdle, [&] {
-        return !lane.running && (lane.stopping || !lane.queue.empty());
-      });
+      const bool ready = lane.cv.wait_for(
+          lock, kIdle, [&] { return !lane.running && (lane.stopping || !lane.queue.empty()); });
       // Leave when stopping with nothing left, or idle; not while a waiter runs the lane.
       if (lane.queue.empty() && !lane.running) {
         lane.worker_alive = false;

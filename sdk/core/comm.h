@@ -158,7 +158,7 @@ class Comm {
   // collectives' lane, and with MNCL_CAP_CONCURRENT_P2P one lane per (peer, direction) for
   // send/recv, so a receive waiting for its message never holds up a send or a collective.
   Lane collectives_;
-  std::mutex lanes_mutex_;                   // guards the creation of p2p lanes
+  std::mutex lanes_mutex_;                  // guards the creation of p2p lanes
   std::vector<std::unique_ptr<Lane>> p2p_;  // [2 * peer + (recv ? 1 : 0)], made on first use
   std::once_flag watchdog_once_;
 };

@@ -8,8 +8,8 @@ namespace {
 // End of the last v1 field this core reads: a v1 table must be at least this large.
 constexpr size_t kV1MinSize = offsetof(mncl_plugin_v1_t, test) + sizeof(mncl_plugin_v1_t::test);
 // The capabilities v1 defines; anything else a v1 table sets is meaningless to it.
-constexpr uint64_t kV1Caps = MNCL_CAP_HOST_MEMORY | MNCL_CAP_CUDA_MEMORY | MNCL_CAP_NATIVE_ASYNC |
-                             MNCL_CAP_STREAM_ORDERED;
+constexpr uint64_t kV1Caps =
+    MNCL_CAP_HOST_MEMORY | MNCL_CAP_CUDA_MEMORY | MNCL_CAP_NATIVE_ASYNC | MNCL_CAP_STREAM_ORDERED;
 
 static_assert(offsetof(mncl_plugin_v2_t, test) == offsetof(mncl_plugin_v1_t, test) &&
                   sizeof(mncl_plugin_v2_t) == sizeof(mncl_plugin_v1_t),
