@@ -275,16 +275,13 @@ if n > 1:
         comm.send(np.full(4, r, np.int32), nxt)
     expect(np.all(token == prv), "send/recv ring")
 
-    # The same ring non-blocking. Operations on a communicator run in issue order, so (as with
-    # blocking calls) the even ranks send first and the odd ones receive first.
+    # The same ring non-blocking, MPI style: every rank posts its receive before its send (point
+    # to point progresses on its own, so nobody waits behind its own receive).
     payload = np.arange(5, dtype=np.float32) + 10 * r
     inbox = np.full(5, -1, np.float32)
-    if r % 2 == 0:
-        reqs = [comm.isend(payload, nxt), comm.irecv(inbox, prv)]
-    else:
-        reqs = [comm.irecv(inbox, prv), comm.isend(payload, nxt)]
+    reqs = [comm.irecv(inbox, prv), comm.isend(payload, nxt)]
     results = [q.wait() for q in reqs]
-    expect(results[r % 2] is None and results[1 - r % 2] is inbox, "isend/irecv results")
+    expect(results[0] is inbox and results[1] is None, "isend/irecv results")
     expect(np.array_equal(inbox, np.arange(5) + 10 * prv), "isend/irecv ring")
 
     # A request that cannot finish: a timed wait leaves it pending; the abort then fails it,
