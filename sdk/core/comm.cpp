@@ -363,22 +363,25 @@ void Comm::execute_now(const mncl_coll_v1_t &coll, Lane &lane) {
   if (debug_checks_) {
     check_fingerprints(*comm_store_, coll, rank_, size_, timeout_ms_, &aborted_);
   }
-  // Lanes may call this at the same time: the watchdog is made once.
-  std::call_once(watchdog_once_, [this] {
-    watchdog_ =
-        std::make_unique<Watchdog>(history_, timeout_ms_, [this](const OpHistory::Record &r) {
-          {
-            std::lock_guard<std::mutex> lock(watchdog_mutex_);
-            watchdog_report_ = format(
-                "%s #%llu on %s (rank %d of %d): no result from the backend within the timeout of "
-                "%.1f s (+%.1f s grace); the watchdog aborted the backend's communicator",
-                coll_function_name(r.kind), static_cast<unsigned long long>(r.seq),
-                backend().c_str(), rank_, size_, timeout_ms_ / 1000.0,
-                Watchdog::grace_ms(timeout_ms_) / 1000.0);
-          }
-          abort_plugin();
-        });
-  });
+  // Lanes may call this at the same time: the watchdog is made once (the flag keeps the common
+  // case to one load).
+  if (!watchdog_started_.load(std::memory_order_acquire)) {
+    std::call_once(watchdog_once_, [this] {
+      watchdog_ = std::make_unique<
+          Watchdog>(history_, timeout_ms_, [this](const OpHistory::Record &r) {
+        {
+          std::lock_guard<std::mutex> lock(watchdog_mutex_);
+          watchdog_report_ = format(
+              "%s #%llu on %s (rank %d of %d): no result from the backend within the timeout of "
+              "%.1f s (+%.1f s grace); the watchdog aborted the backend's communicator",
+              coll_function_name(r.kind), static_cast<unsigned long long>(r.seq), backend().c_str(),
+              rank_, size_, timeout_ms_ / 1000.0, Watchdog::grace_ms(timeout_ms_) / 1000.0);
+        }
+        abort_plugin();
+      });
+      watchdog_started_.store(true, std::memory_order_release);
+    });
+  }
   auto call = [&](const mncl_coll_v1_t &c) {
     set_last_error("");
     const size_t token = history_.begin(c);

@@ -161,6 +161,7 @@ class Comm {
   std::mutex lanes_mutex_;                  // guards the creation of p2p lanes
   std::vector<std::unique_ptr<Lane>> p2p_;  // [2 * peer + (recv ? 1 : 0)], made on first use
   std::once_flag watchdog_once_;
+  std::atomic<bool> watchdog_started_{false};
 };
 
 }  // namespace mncl::core
