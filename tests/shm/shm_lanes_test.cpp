@@ -15,26 +15,23 @@
 //                  failed collective a running SEND); the communicator refuses new calls after.
 //
 // SHM_LANES_ITERS scales the iteration counts (default 1.0; ctest sets 0.2 under TSan).
-#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <mncl/mncl_plugin.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <cstdarg>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
-#include <map>
 #include <mutex>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "plugin_harness.h"
 
 #ifndef MNCL_SHM_PLUGIN
 #error "MNCL_SHM_PLUGIN must name the built libmncl-shm.so"
@@ -42,11 +39,9 @@
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
+using mncl_testing::Clock;
+using mncl_testing::seconds_since;
+using mncl_testing::t_last_error;
 
 int iters(int n) {
   const char *s = std::getenv("SHM_LANES_ITERS");
@@ -54,148 +49,17 @@ int iters(int n) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The host: per-thread last error (as the v2 contract says), logs above MNCL_TEST_LOG_LEVEL,
-// and MNCL_SHM_CHUNK=64K unless set, so large collectives run several pipeline rounds.
+// The plugin (loaded once, left loaded) and a job of n thread-ranks. The host logs above
+// MNCL_TEST_LOG_LEVEL and sets MNCL_SHM_CHUNK=64K unless the environment does, so large
+// collectives run several pipeline rounds.
 // ---------------------------------------------------------------------------------------------
 
-thread_local std::string t_last_error;
-
-void host_set_error(const char *fmt, ...) {
-  char buf[1024];
-  va_list args;
-  va_start(args, fmt);
-  std::vsnprintf(buf, sizeof buf, fmt, args);
-  va_end(args);
-  t_last_error = buf;
-}
-
-void host_log(int32_t level, const char *file, int32_t line, const char *fmt, ...) {
-  char buf[1024];
-  va_list args;
-  va_start(args, fmt);
-  std::vsnprintf(buf, sizeof buf, fmt, args);
-  va_end(args);
-  std::fprintf(stderr, "[shm %d %s:%d] %s\n", level, file, line, buf);
-}
-
-const char *host_get_env(const char *name) {
-  if (const char *v = std::getenv(name)) return v;
-  if (std::strcmp(name, "MNCL_SHM_CHUNK") == 0) return "64K";
-  return nullptr;
-}
-
-// ---------------------------------------------------------------------------------------------
-// An in-memory mncl_store_v1_t (map + mutex + condition variable), one per job.
-// ---------------------------------------------------------------------------------------------
-
-class MemStore {
- public:
-  MemStore() {
-    table_ = {sizeof(mncl_store_v1_t), this,
-              &MemStore::set_cb,       &MemStore::get_cb,
-              &MemStore::release_cb,   &MemStore::add_cb,
-              &MemStore::wait_cb,      &MemStore::del_cb};
-  }
-  const mncl_store_v1_t *table() const { return &table_; }
-
- private:
-  using Lock = std::unique_lock<std::mutex>;
-  static MemStore *self(void *ctx) { return static_cast<MemStore *>(ctx); }
-
-  bool wait_for(Lock &lock, const std::vector<std::string> &keys, int64_t timeout_ms) {
-    return cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] {
-      for (const auto &k : keys) {
-        if (kv_.count(k) == 0) return false;
-      }
-      return true;
-    });
-  }
-  static mncl_status_t set_cb(void *ctx, const char *key, const void *value, size_t len) {
-    MemStore *s = self(ctx);
-    const Lock lock(s->mu_);
-    s->kv_[key] = std::string(static_cast<const char *>(value), len);
-    s->cv_.notify_all();
-    return MNCL_OK;
-  }
-  static mncl_status_t get_cb(void *ctx, const char *key, void **value, size_t *len,
-                              int64_t timeout_ms) {
-    MemStore *s = self(ctx);
-    Lock lock(s->mu_);
-    if (!s->wait_for(lock, {key}, timeout_ms)) {
-      host_set_error("store key '%s' not set within %lld ms", key,
-                     static_cast<long long>(timeout_ms));
-      return MNCL_ERR_TIMEOUT;
-    }
-    const std::string &v = s->kv_[key];
-    *value = std::malloc(v.size() + 1);
-    std::memcpy(*value, v.data(), v.size());
-    *len = v.size();
-    return MNCL_OK;
-  }
-  static void release_cb(void *, void *value) { std::free(value); }
-  static mncl_status_t add_cb(void *ctx, const char *key, int64_t delta, int64_t *result) {
-    MemStore *s = self(ctx);
-    const Lock lock(s->mu_);
-    auto it = s->kv_.find(key);
-    *result = (it == s->kv_.end() ? 0 : std::stoll(it->second)) + delta;
-    s->kv_[key] = std::to_string(*result);
-    s->cv_.notify_all();
-    return MNCL_OK;
-  }
-  static mncl_status_t wait_cb(void *ctx, const char *const *keys, size_t nkeys,
-                               int64_t timeout_ms) {
-    MemStore *s = self(ctx);
-    Lock lock(s->mu_);
-    if (s->wait_for(lock, std::vector<std::string>(keys, keys + nkeys), timeout_ms)) {
-      return MNCL_OK;
-    }
-    host_set_error("store keys not set within %lld ms", static_cast<long long>(timeout_ms));
-    return MNCL_ERR_TIMEOUT;
-  }
-  static mncl_status_t del_cb(void *ctx, const char *key) {
-    MemStore *s = self(ctx);
-    const Lock lock(s->mu_);
-    s->kv_.erase(key);
-    return MNCL_OK;
-  }
-
-  mncl_store_v1_t table_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<std::string, std::string> kv_;
-};
-
-// ---------------------------------------------------------------------------------------------
-// The plugin (loaded once) and a job of n thread-ranks.
-// ---------------------------------------------------------------------------------------------
-
-const mncl_plugin_v2_t *g_v2 = nullptr;
-const mncl_plugin_v1_t *g_v1 = nullptr;
-const mncl_host_v1_t g_host = {sizeof(mncl_host_v1_t),
-                               MNCL_VERSION,
-                               std::getenv("MNCL_TEST_LOG_LEVEL")
-                                   ? std::atoi(std::getenv("MNCL_TEST_LOG_LEVEL"))
-                                   : MNCL_LOG_WARN,
-                               host_log,
-                               host_set_error,
-                               host_get_env};
-
-class ShmEnv : public ::testing::Environment {
- public:
-  void SetUp() override {
-    void *lib = dlopen(MNCL_SHM_PLUGIN, RTLD_NOW | RTLD_LOCAL);
-    ASSERT_NE(lib, nullptr) << dlerror();
-    g_v2 = static_cast<const mncl_plugin_v2_t *>(dlsym(lib, MNCL_PLUGIN_V2_SYMBOL));
-    g_v1 = static_cast<const mncl_plugin_v1_t *>(dlsym(lib, MNCL_PLUGIN_V1_SYMBOL));
-    ASSERT_NE(g_v2, nullptr);
-    ASSERT_NE(g_v1, nullptr);
-    ASSERT_EQ(g_v2->init(&g_host), MNCL_OK) << t_last_error;
-  }
-  void TearDown() override {
-    if (g_v2 != nullptr && g_v2->finalize != nullptr) g_v2->finalize();
-  }
-};
-[[maybe_unused]] const auto *const g_env = ::testing::AddGlobalTestEnvironment(new ShmEnv);
+mncl_testing::Plugin g_shm;  // g_v2, g_v1: its tables, set before the first test
+const mncl_plugin_v2_t *const &g_v2 = g_shm.v2;
+const mncl_plugin_v1_t *const &g_v1 = g_shm.v1;
+[[maybe_unused]] const auto *const g_env = mncl_testing::add_plugins_env(
+    {"shm", MNCL_LOG_WARN, {}, {{"MNCL_SHM_CHUNK", "64K"}}},
+    {{"shm", MNCL_SHM_PLUGIN, mncl_testing::PluginsEnv::kV2, &g_shm, /*keep_loaded=*/true}});
 
 constexpr int64_t kTimeoutMs = 30000;
 
@@ -204,27 +68,14 @@ class Job {
   explicit Job(int n) : n_(n), comms_(static_cast<size_t>(n), nullptr) {
     static std::atomic<int> next{0};
     const std::string id = "lanes" + std::to_string(next++);
-    std::vector<std::thread> ts;
     std::vector<mncl_status_t> st(static_cast<size_t>(n), MNCL_OK);
     std::vector<std::string> err(static_cast<size_t>(n));
-    for (int r = 0; r < n; ++r) {
-      ts.emplace_back([&, r] {
-        mncl_bootstrap_v1_t bs{};
-        bs.struct_size = sizeof bs;
-        bs.rank = r;
-        bs.size = n;
-        bs.local_rank = r;
-        bs.local_size = n;
-        bs.num_hosts = 1;
-        bs.device = -1;
-        bs.timeout_ms = kTimeoutMs;
-        bs.comm_id = id.c_str();
-        bs.store = store_.table();
-        st[size_t(r)] = g_v2->comm_create(&bs, &comms_[size_t(r)]);
-        err[size_t(r)] = t_last_error;
-      });
-    }
-    for (auto &t : ts) t.join();
+    mncl_testing::on_threads(n, [&](int r) {
+      const mncl_bootstrap_v1_t bs =
+          mncl_testing::make_bootstrap(r, n, kTimeoutMs, id.c_str(), store_.table());
+      st[size_t(r)] = g_v2->comm_create(&bs, &comms_[size_t(r)]);
+      err[size_t(r)] = t_last_error;
+    });
     for (int r = 0; r < n; ++r) {
       EXPECT_EQ(st[size_t(r)], MNCL_OK) << "rank " << r << ": " << err[size_t(r)];
     }
@@ -244,24 +95,13 @@ class Job {
 
  private:
   int n_;
-  MemStore store_;
+  mncl_testing::MemStore store_;
   std::vector<void *> comms_;
 };
 
 mncl_coll_v1_t coll(int32_t kind, int32_t dtype, const void *send, void *recv, size_t count,
                     int32_t root, uint64_t seq, int64_t timeout_ms = kTimeoutMs) {
-  mncl_coll_v1_t c{};
-  c.struct_size = sizeof c;
-  c.kind = kind;
-  c.dtype = dtype;
-  c.op = MNCL_SUM;
-  c.root = root;
-  c.sendbuf = send;
-  c.recvbuf = recv;
-  c.count = count;
-  c.seq = seq;
-  c.timeout_ms = timeout_ms;
-  return c;
+  return mncl_testing::make_coll(kind, dtype, MNCL_SUM, root, send, recv, count, seq, timeout_ms);
 }
 
 // Failures seen by any thread: counted, the first few kept for the report.
@@ -469,7 +309,8 @@ TEST_P(ShmLanesN, FreeRunning) {
   std::printf(
       "%d ranks, %zu threads: %d messages per (peer, direction), %d collectives per rank: %ld "
       "calls checked, %.1f MB received, %.2f s\n",
-      n, ts.size(), msgs, colls, done.load(), static_cast<double>(bytes.load()) / 1e6, since(t0));
+      n, ts.size(), msgs, colls, done.load(), static_cast<double>(bytes.load()) / 1e6,
+      seconds_since(t0));
   f.expect_none();
   EXPECT_EQ(done.load(), long(n) * colls + long(n) * (n - 1) * msgs);
 }
@@ -521,7 +362,7 @@ void exchange(int n, bool recv_first) {
   }
   for (auto &t : ranks) t.join();
   std::printf("%d ranks, %s first: %d rounds: %.2f s\n", n, recv_first ? "recv" : "send", rounds,
-              since(t0));
+              seconds_since(t0));
   f.expect_none();
 }
 

@@ -1,21 +1,15 @@
-// libmncl-naive.so on its own: dlopen'ed directly (no core), given an in-memory store and a host
-// table written here, and run with 1..4 threads as ranks through every collective kind. Integer
-// data, exact expected values, and an empty store after comm_destroy (no leaked keys).
-#include <dlfcn.h>
+// libmncl-naive.so on its own: dlopen'ed directly (no core), given the in-memory store and host
+// table of tests/common/plugin_harness.h, and run with 1..4 threads as ranks through every
+// collective kind. Integer data, exact expected values, and an empty store after comm_destroy (no
+// leaked keys).
 #include <gtest/gtest.h>
 #include <mncl/mncl_plugin.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <cstdarg>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <map>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -23,6 +17,7 @@
 
 #include "common/dtype.h"
 #include "common/half.h"
+#include "plugin_harness.h"
 
 #ifndef MNCL_NAIVE_PLUGIN
 #error "MNCL_NAIVE_PLUGIN must name the built libmncl-naive.so"
@@ -32,188 +27,16 @@ namespace kit = mncl::kit;
 
 namespace {
 
-// ---------------------------------------------------------------------------------------------
-// The host: per-thread last error, logs to stderr above MNCL_TEST_LOG_LEVEL (default: warn).
-// ---------------------------------------------------------------------------------------------
+using mncl_testing::MemStore;
+using mncl_testing::t_last_error;
 
-thread_local std::string t_last_error;
-
-void host_set_error(const char *fmt, ...) {
-  char buf[1024];
-  va_list args;
-  va_start(args, fmt);
-  std::vsnprintf(buf, sizeof buf, fmt, args);
-  va_end(args);
-  t_last_error = buf;
-}
-
-void host_log(int32_t level, const char *file, int32_t line, const char *fmt, ...) {
-  std::fprintf(stderr, "[naive %d %s:%d] ", level, file, line);
-  va_list args;
-  va_start(args, fmt);
-  std::vfprintf(stderr, fmt, args);
-  va_end(args);
-  std::fputc('\n', stderr);
-}
-
-const char *host_get_env(const char *name) {
-  return std::getenv(name);
-}
-
-mncl_host_v1_t make_host() {
-  const char *level = std::getenv("MNCL_TEST_LOG_LEVEL");
-  return {sizeof(mncl_host_v1_t), MNCL_VERSION, level ? std::atoi(level) : MNCL_LOG_WARN, host_log,
-          host_set_error,         host_get_env};
-}
-
-// ---------------------------------------------------------------------------------------------
-// An in-memory mncl_store_v1_t: std::map + mutex + condition variable, with an abort switch
-// that wakes waiters with MNCL_ERR_ABORTED, as the core's store callbacks do.
-// ---------------------------------------------------------------------------------------------
-
-class MemStore {
- public:
-  MemStore() {
-    table_ = {sizeof(mncl_store_v1_t), this,
-              &MemStore::set_cb,       &MemStore::get_cb,
-              &MemStore::release_cb,   &MemStore::add_cb,
-              &MemStore::wait_cb,      &MemStore::del_cb};
-  }
-  const mncl_store_v1_t *table() const { return &table_; }
-
-  void abort() {
-    std::lock_guard<std::mutex> lock(mu_);
-    aborted_ = true;
-    cv_.notify_all();
-  }
-  std::vector<std::string> keys() {
-    std::lock_guard<std::mutex> lock(mu_);
-    std::vector<std::string> out;
-    for (const auto &kv : kv_) out.push_back(kv.first);
-    return out;
-  }
-  size_t max_keys() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return max_keys_;
-  }
-
- private:
-  using Lock = std::unique_lock<std::mutex>;
-
-  static MemStore *self(void *ctx) { return static_cast<MemStore *>(ctx); }
-
-  // Waits until every key exists; false on timeout or abort (status in *st).
-  bool wait_for(Lock &lock, const std::vector<std::string> &keys, int64_t timeout_ms,
-                mncl_status_t *st) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-    auto ready = [&] {
-      if (aborted_) return true;
-      for (const auto &k : keys) {
-        if (kv_.count(k) == 0) return false;
-      }
-      return true;
-    };
-    const bool ok = cv_.wait_until(lock, deadline, ready);
-    if (aborted_) {
-      host_set_error("store: aborted");
-      *st = MNCL_ERR_ABORTED;
-      return false;
-    }
-    if (!ok) {
-      host_set_error("store key '%s' not set within %lld ms", keys[0].c_str(),
-                     static_cast<long long>(timeout_ms));
-      *st = MNCL_ERR_TIMEOUT;
-      return false;
-    }
-    return true;
-  }
-
-  static mncl_status_t set_cb(void *ctx, const char *key, const void *value, size_t len) {
-    MemStore *s = self(ctx);
-    Lock lock(s->mu_);
-    if (s->aborted_) return MNCL_ERR_ABORTED;
-    s->kv_[key] = std::string(static_cast<const char *>(value), len);
-    s->max_keys_ = std::max(s->max_keys_, s->kv_.size());
-    s->cv_.notify_all();
-    return MNCL_OK;
-  }
-  static mncl_status_t get_cb(void *ctx, const char *key, void **value, size_t *len,
-                              int64_t timeout_ms) {
-    MemStore *s = self(ctx);
-    Lock lock(s->mu_);
-    mncl_status_t st = MNCL_OK;
-    if (!s->wait_for(lock, {key}, timeout_ms, &st)) return st;
-    const std::string &v = s->kv_[key];
-    *value = std::malloc(v.size() + 1);
-    std::memcpy(*value, v.data(), v.size());
-    *len = v.size();
-    return MNCL_OK;
-  }
-  static void release_cb(void *, void *value) { std::free(value); }
-  static mncl_status_t add_cb(void *ctx, const char *key, int64_t delta, int64_t *result) {
-    MemStore *s = self(ctx);
-    Lock lock(s->mu_);
-    if (s->aborted_) return MNCL_ERR_ABORTED;
-    auto it = s->kv_.find(key);
-    const int64_t now = (it == s->kv_.end() ? 0 : std::stoll(it->second)) + delta;
-    s->kv_[key] = std::to_string(now);
-    s->max_keys_ = std::max(s->max_keys_, s->kv_.size());
-    *result = now;
-    s->cv_.notify_all();
-    return MNCL_OK;
-  }
-  static mncl_status_t wait_cb(void *ctx, const char *const *keys, size_t nkeys,
-                               int64_t timeout_ms) {
-    MemStore *s = self(ctx);
-    Lock lock(s->mu_);
-    mncl_status_t st = MNCL_OK;
-    s->wait_for(lock, std::vector<std::string>(keys, keys + nkeys), timeout_ms, &st);
-    return st;
-  }
-  static mncl_status_t del_cb(void *ctx, const char *key) {
-    MemStore *s = self(ctx);
-    Lock lock(s->mu_);
-    if (s->aborted_) return MNCL_ERR_ABORTED;
-    s->kv_.erase(key);
-    return MNCL_OK;
-  }
-
-  mncl_store_v1_t table_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<std::string, std::string> kv_;
-  size_t max_keys_ = 0;
-  bool aborted_ = false;
-};
-
-// ---------------------------------------------------------------------------------------------
-// The plugin, loaded once for the whole test program.
-// ---------------------------------------------------------------------------------------------
-
-const mncl_plugin_v1_t *g_plugin = nullptr;
-mncl_host_v1_t g_host;
-
-class NaiveEnv : public ::testing::Environment {
- public:
-  void SetUp() override {
-    handle_ = dlopen(MNCL_NAIVE_PLUGIN, RTLD_NOW | RTLD_LOCAL);
-    ASSERT_NE(handle_, nullptr) << dlerror();
-    g_plugin = static_cast<const mncl_plugin_v1_t *>(dlsym(handle_, MNCL_PLUGIN_V1_SYMBOL));
-    ASSERT_NE(g_plugin, nullptr) << dlerror();
-    g_host = make_host();
-    ASSERT_EQ(g_plugin->init(&g_host), MNCL_OK);
-  }
-  void TearDown() override {
-    if (g_plugin && g_plugin->finalize) g_plugin->finalize();
-    if (handle_) dlclose(handle_);
-  }
-
- private:
-  void *handle_ = nullptr;
-};
-
-// Registered before main (gtest_main) runs the tests; gtest owns and deletes it.
-::testing::Environment *const g_env = ::testing::AddGlobalTestEnvironment(new NaiveEnv);
+// The plugin, loaded once for the whole program; logs above MNCL_TEST_LOG_LEVEL (default: warn).
+// g_plugin is its v1 table, set by the environment before the first test.
+mncl_testing::Plugin g_naive;
+const mncl_plugin_v1_t *const &g_plugin = g_naive.v1;
+::testing::Environment *const g_env = mncl_testing::add_plugins_env(
+    {"naive", MNCL_LOG_WARN, {}, {}},
+    {{"naive", MNCL_NAIVE_PLUGIN, mncl_testing::PluginsEnv::kV1, &g_naive}});
 
 // One rank's side of a test: its communicator, and the sequence number the core assigns (it
 // advances on every call, SEND/RECV included, as sdk/core does).
@@ -226,34 +49,19 @@ struct Rank {
 
   mncl_status_t run(int32_t kind, int32_t dtype, int32_t op, int32_t root, const void *sendbuf,
                     void *recvbuf, size_t count) {
-    mncl_coll_v1_t c{};
-    c.struct_size = sizeof c;
-    c.kind = kind;
-    c.dtype = dtype;
-    c.op = op;
-    c.root = root;
-    c.sendbuf = sendbuf;
-    c.recvbuf = recvbuf;
-    c.count = count;
-    c.seq = seq++;
-    c.timeout_ms = timeout_ms;
+    const mncl_coll_v1_t c =
+        mncl_testing::make_coll(kind, dtype, op, root, sendbuf, recvbuf, count, seq++, timeout_ms);
     t_last_error.clear();
     return g_plugin->execute(comm, &c);
   }
   mncl_status_t coalesced(int32_t dtype, int32_t op, const std::vector<const void *> &send,
                           const std::vector<void *> &recv, const std::vector<size_t> &counts) {
-    mncl_coll_v1_t c{};
-    c.struct_size = sizeof c;
-    c.kind = MNCL_COLL_ALLREDUCE_COALESCED;
-    c.dtype = dtype;
-    c.op = op;
-    c.root = -1;
+    mncl_coll_v1_t c = mncl_testing::make_coll(MNCL_COLL_ALLREDUCE_COALESCED, dtype, op, -1,
+                                               nullptr, nullptr, 0, seq++, timeout_ms);
     c.nbufs = counts.size();
     c.sendbufs = send.data();
     c.recvbufs = recv.data();
     c.counts = counts.data();
-    c.seq = seq++;
-    c.timeout_ms = timeout_ms;
     return g_plugin->execute(comm, &c);
   }
 };
@@ -267,21 +75,17 @@ void run_ranks(int size, const std::function<void(Rank &)> &body, int64_t timeou
   MemStore local;
   MemStore &store = store_in ? *store_in : local;
   std::vector<Rank> ranks(static_cast<size_t>(size));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      Rank &me = ranks[static_cast<size_t>(r)];
-      me.rank = r;
-      me.size = size;
-      me.timeout_ms = timeout_ms;
-      const mncl_bootstrap_v1_t bs{
-          sizeof(mncl_bootstrap_v1_t), r, size, r, size, 1, -1, timeout_ms, "w", store.table()};
-      ASSERT_EQ(g_plugin->comm_create(&bs, &me.comm), MNCL_OK) << t_last_error;
-      body(me);
-      EXPECT_EQ(g_plugin->comm_destroy(me.comm), MNCL_OK);
-    });
-  }
-  for (auto &t : threads) t.join();
+  mncl_testing::on_threads(size, [&](int r) {
+    Rank &me = ranks[static_cast<size_t>(r)];
+    me.rank = r;
+    me.size = size;
+    me.timeout_ms = timeout_ms;
+    const mncl_bootstrap_v1_t bs =
+        mncl_testing::make_bootstrap(r, size, timeout_ms, "w", store.table());
+    ASSERT_EQ(g_plugin->comm_create(&bs, &me.comm), MNCL_OK) << t_last_error;
+    body(me);
+    EXPECT_EQ(g_plugin->comm_destroy(me.comm), MNCL_OK);
+  });
   if (expect_clean) {
     const std::vector<std::string> left = store.keys();
     std::string names;

@@ -11,25 +11,22 @@
 //   - a timeout is reported by the op that ran out of time only, never as the timeout of an op
 //     running beside it (Gloo closes every connection when one wait times out);
 //   - comm_abort wakes every blocked lane with MNCL_ERR_ABORTED, promptly.
-#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <mncl/mncl_plugin.h>
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <map>
-#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "plugin_harness.h"
 
 #ifndef MNCL_NAIVE_PLUGIN
 #error "MNCL_NAIVE_PLUGIN must name the built libmncl-naive.so"
@@ -37,158 +34,18 @@
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using mncl_testing::Clock;
+using mncl_testing::host_env;
+using mncl_testing::MemStore;
+using mncl_testing::Plugin;
+using mncl_testing::PluginsEnv;
+using mncl_testing::seconds_since;
+using mncl_testing::t_last_error;
 using std::chrono::milliseconds;
 
 // Tests assert outcomes, not speed: an upper bound on a call's duration only tells a failure
 // that ends from a hang, so it is far above any timeout used here, even on a loaded machine.
 constexpr double kNoHang = 15.0;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-// ---------------------------------------------------------------------------------------------
-// The host: per-thread last error (as the ABI requires), logs to stderr up to
-// MNCL_TEST_LOG_LEVEL (default: errors only), and environment overrides for comm_create.
-// ---------------------------------------------------------------------------------------------
-
-thread_local std::string t_last_error;
-
-void host_set_error(const char *fmt, ...) {
-  char buf[2048];
-  va_list args;
-  va_start(args, fmt);
-  std::vsnprintf(buf, sizeof buf, fmt, args);
-  va_end(args);
-  t_last_error = buf;
-}
-
-void host_log(int32_t level, const char *file, int32_t line, const char *fmt, ...) {
-  char buf[2048];
-  va_list args;
-  va_start(args, fmt);
-  std::vsnprintf(buf, sizeof buf, fmt, args);
-  va_end(args);
-  std::fprintf(stderr, "[plugin %d %s:%d] %s\n", level, file, line, buf);
-}
-
-// MNCL_GLOO_ALGO for the communicators being created (tests set it around comm_create).
-std::mutex g_env_mutex;
-std::string g_gloo_algo;
-thread_local std::string t_env_value;
-
-const char *host_get_env(const char *name) {
-  if (std::strcmp(name, "MNCL_GLOO_ALGO") == 0) {
-    std::lock_guard<std::mutex> lock(g_env_mutex);
-    t_env_value = g_gloo_algo;
-    return t_env_value.empty() ? nullptr : t_env_value.c_str();
-  }
-  return std::getenv(name);
-}
-
-mncl_host_v1_t make_host() {
-  const char *level = std::getenv("MNCL_TEST_LOG_LEVEL");
-  return {sizeof(mncl_host_v1_t), MNCL_VERSION, level ? std::atoi(level) : MNCL_LOG_ERROR, host_log,
-          host_set_error,         host_get_env};
-}
-
-// ---------------------------------------------------------------------------------------------
-// An in-memory mncl_store_v1_t, thread-safe, with the abort switch of the core's store
-// callbacks (every wait returns MNCL_ERR_ABORTED once it is thrown).
-// ---------------------------------------------------------------------------------------------
-
-class MemStore {
- public:
-  MemStore() {
-    table_ = {sizeof(mncl_store_v1_t), this,
-              &MemStore::set_cb,       &MemStore::get_cb,
-              &MemStore::release_cb,   &MemStore::add_cb,
-              &MemStore::wait_cb,      &MemStore::del_cb};
-  }
-  const mncl_store_v1_t *table() const { return &table_; }
-
-  void abort() {
-    std::lock_guard<std::mutex> lock(mu_);
-    aborted_ = true;
-    cv_.notify_all();
-  }
-
- private:
-  using Lock = std::unique_lock<std::mutex>;
-  static MemStore *self(void *ctx) { return static_cast<MemStore *>(ctx); }
-
-  mncl_status_t wait_for(Lock &lock, const std::vector<std::string> &keys, int64_t timeout_ms) {
-    const auto ready = [&] {
-      if (aborted_) return true;
-      for (const auto &k : keys) {
-        if (kv_.count(k) == 0) return false;
-      }
-      return true;
-    };
-    const bool ok = cv_.wait_until(lock, Clock::now() + milliseconds(timeout_ms), ready);
-    if (aborted_) {
-      host_set_error("store: aborted");
-      return MNCL_ERR_ABORTED;
-    }
-    if (!ok) {
-      host_set_error("store: key '%s' not set within %lld ms", keys[0].c_str(),
-                     static_cast<long long>(timeout_ms));
-      return MNCL_ERR_TIMEOUT;
-    }
-    return MNCL_OK;
-  }
-
-  static mncl_status_t set_cb(void *ctx, const char *key, const void *value, size_t len) {
-    MemStore *s = self(ctx);
-    Lock lock(s->mu_);
-    if (s->aborted_) return MNCL_ERR_ABORTED;
-    s->kv_[key].assign(static_cast<const char *>(value), len);
-    s->cv_.notify_all();
-    return MNCL_OK;
-  }
-  static mncl_status_t get_cb(void *ctx, const char *key, void **value, size_t *len,
-                              int64_t timeout_ms) {
-    MemStore *s = self(ctx);
-    Lock lock(s->mu_);
-    if (const mncl_status_t st = s->wait_for(lock, {key}, timeout_ms); st != MNCL_OK) return st;
-    const std::string &v = s->kv_[key];
-    *value = std::malloc(v.size() + 1);
-    std::memcpy(*value, v.data(), v.size());
-    *len = v.size();
-    return MNCL_OK;
-  }
-  static void release_cb(void *, void *value) { std::free(value); }
-  static mncl_status_t add_cb(void *ctx, const char *key, int64_t delta, int64_t *result) {
-    MemStore *s = self(ctx);
-    Lock lock(s->mu_);
-    if (s->aborted_) return MNCL_ERR_ABORTED;
-    auto it = s->kv_.find(key);
-    *result = (it == s->kv_.end() ? 0 : std::stoll(it->second)) + delta;
-    s->kv_[key] = std::to_string(*result);
-    s->cv_.notify_all();
-    return MNCL_OK;
-  }
-  static mncl_status_t wait_cb(void *ctx, const char *const *keys, size_t nkeys,
-                               int64_t timeout_ms) {
-    MemStore *s = self(ctx);
-    Lock lock(s->mu_);
-    return s->wait_for(lock, std::vector<std::string>(keys, keys + nkeys), timeout_ms);
-  }
-  static mncl_status_t del_cb(void *ctx, const char *key) {
-    MemStore *s = self(ctx);
-    Lock lock(s->mu_);
-    if (s->aborted_) return MNCL_ERR_ABORTED;
-    s->kv_.erase(key);
-    return MNCL_OK;
-  }
-
-  mncl_store_v1_t table_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<std::string, std::string> kv_;
-  bool aborted_ = false;
-};
 
 // Threads meeting at a point (C++17 has no std::barrier).
 class Meeting {
@@ -215,52 +72,21 @@ class Meeting {
 };
 
 // ---------------------------------------------------------------------------------------------
-// The plugins, each loaded and initialized once for the whole program.
+// The plugins, each loaded and initialized once for the whole program. The host logs up to
+// MNCL_TEST_LOG_LEVEL (default: errors only) and pins MNCL_GLOO_ALGO: unset, unless a test
+// sets it around comm_create.
 // ---------------------------------------------------------------------------------------------
 
-struct Plugin {
-  void *handle = nullptr;
-  const mncl_plugin_v2_t *v2 = nullptr;
-  const mncl_plugin_v1_t *v1 = nullptr;
-};
-
-mncl_host_v1_t g_host = make_host();
 std::map<std::string, Plugin> g_plugins;
 
-const char *plugin_path(const std::string &name) {
-  if (name == "naive") return MNCL_NAIVE_PLUGIN;
+::testing::Environment *const g_env = mncl_testing::add_plugins_env(
+    {"plugin", MNCL_LOG_ERROR, {{"MNCL_GLOO_ALGO", ""}}, {}},
+    {
+        {"naive", MNCL_NAIVE_PLUGIN, PluginsEnv::kV2, &g_plugins["naive"]},
 #ifdef MNCL_GLOO_PLUGIN
-  if (name == "gloo") return MNCL_GLOO_PLUGIN;
+        {"gloo", MNCL_GLOO_PLUGIN, PluginsEnv::kV2, &g_plugins["gloo"]},
 #endif
-  return nullptr;
-}
-
-class PluginsEnv : public ::testing::Environment {
- public:
-  void SetUp() override {
-    for (const char *name : {"naive", "gloo"}) {
-      const char *path = plugin_path(name);
-      if (path == nullptr) continue;
-      Plugin p;
-      p.handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-      ASSERT_NE(p.handle, nullptr) << dlerror();
-      p.v2 = static_cast<const mncl_plugin_v2_t *>(dlsym(p.handle, MNCL_PLUGIN_V2_SYMBOL));
-      p.v1 = static_cast<const mncl_plugin_v1_t *>(dlsym(p.handle, MNCL_PLUGIN_V1_SYMBOL));
-      ASSERT_NE(p.v2, nullptr) << name << ": no " MNCL_PLUGIN_V2_SYMBOL;
-      ASSERT_NE(p.v1, nullptr) << name << ": no " MNCL_PLUGIN_V1_SYMBOL;
-      ASSERT_EQ(p.v2->init(&g_host), MNCL_OK) << t_last_error;
-      g_plugins[name] = p;
-    }
-  }
-  void TearDown() override {
-    for (auto &entry : g_plugins) {
-      if (entry.second.v2->finalize) entry.second.v2->finalize();
-      dlclose(entry.second.handle);
-    }
-    g_plugins.clear();
-  }
-};
-::testing::Environment *const g_env = ::testing::AddGlobalTestEnvironment(new PluginsEnv);
+    });
 
 std::vector<std::string> backends() {
   std::vector<std::string> out{"naive"};
@@ -293,17 +119,8 @@ struct Rank {
 
   Result execute(int32_t kind, int32_t dtype, int32_t op, int32_t root, const void *sendbuf,
                  void *recvbuf, size_t count, uint64_t seq, int64_t timeout) {
-    mncl_coll_v1_t c{};
-    c.struct_size = sizeof c;
-    c.kind = kind;
-    c.dtype = dtype;
-    c.op = op;
-    c.root = root;
-    c.sendbuf = sendbuf;
-    c.recvbuf = recvbuf;
-    c.count = count;
-    c.seq = seq;
-    c.timeout_ms = timeout > 0 ? timeout : timeout_ms;
+    const mncl_coll_v1_t c = mncl_testing::make_coll(kind, dtype, op, root, sendbuf, recvbuf, count,
+                                                     seq, timeout > 0 ? timeout : timeout_ms);
     t_last_error.clear();
     const auto start = Clock::now();
     Result r;
@@ -339,28 +156,24 @@ void run_ranks(const std::string &backend, int size, const std::function<void(Ra
   MemStore &st = store ? *store : local;
   const mncl_plugin_v2_t *plugin = g_plugins.at(backend).v2;
   Meeting done(size);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      Rank me;
-      me.plugin = plugin;
-      me.rank = r;
-      me.size = size;
-      me.timeout_ms = timeout_ms;
-      me.next_send.assign(static_cast<size_t>(size), 0);
-      me.next_recv.assign(static_cast<size_t>(size), 0);
-      const mncl_bootstrap_v1_t bs{
-          sizeof(mncl_bootstrap_v1_t), r, size, r, size, 1, -1, timeout_ms, "w", st.table()};
-      const mncl_status_t created = plugin->comm_create(&bs, &me.comm);
-      EXPECT_EQ(created, MNCL_OK) << backend << " rank " << r << ": " << t_last_error;
-      if (created == MNCL_OK) body(me);
-      done.arrive_and_wait();  // nobody closes connections a peer still uses
-      if (created == MNCL_OK) {
-        EXPECT_EQ(plugin->comm_destroy(me.comm), MNCL_OK) << t_last_error;
-      }
-    });
-  }
-  for (auto &t : threads) t.join();
+  mncl_testing::on_threads(size, [&](int r) {
+    Rank me;
+    me.plugin = plugin;
+    me.rank = r;
+    me.size = size;
+    me.timeout_ms = timeout_ms;
+    me.next_send.assign(static_cast<size_t>(size), 0);
+    me.next_recv.assign(static_cast<size_t>(size), 0);
+    const mncl_bootstrap_v1_t bs =
+        mncl_testing::make_bootstrap(r, size, timeout_ms, "w", st.table());
+    const mncl_status_t created = plugin->comm_create(&bs, &me.comm);
+    EXPECT_EQ(created, MNCL_OK) << backend << " rank " << r << ": " << t_last_error;
+    if (created == MNCL_OK) body(me);
+    done.arrive_and_wait();  // nobody closes connections a peer still uses
+    if (created == MNCL_OK) {
+      EXPECT_EQ(plugin->comm_destroy(me.comm), MNCL_OK) << t_last_error;
+    }
+  });
 }
 
 class Concurrent : public ::testing::TestWithParam<std::string> {};
@@ -722,10 +535,7 @@ INSTANTIATE_TEST_SUITE_P(Plugins, Concurrent, ::testing::ValuesIn(backends()), p
 class GlooClassic : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GlooClassic, MessageBehindEagerChunksArrives) {
-  {
-    std::lock_guard<std::mutex> lock(g_env_mutex);
-    g_gloo_algo = GetParam();
-  }
+  host_env().pin("MNCL_GLOO_ALGO", GetParam());
   const size_t count = 1 << 18;  // 1 MiB of int32: chunks fill the connection first
   for (int it = 0; it < 5 && !HasFailure(); ++it) {
     run_ranks(
@@ -758,17 +568,13 @@ TEST_P(GlooClassic, MessageBehindEagerChunksArrives) {
         },
         /*timeout_ms=*/5000);
   }
-  std::lock_guard<std::mutex> lock(g_env_mutex);
-  g_gloo_algo.clear();
+  host_env().pin("MNCL_GLOO_ALGO", "");
 }
 
 // The same barrier carries the call's digest: ranks that disagree on the count now time out
 // before any chunk moves (untagged, the classic algorithms would exchange mismatched buffers).
 TEST_P(GlooClassic, MismatchedCountsTimeOutBeforeDataMoves) {
-  {
-    std::lock_guard<std::mutex> lock(g_env_mutex);
-    g_gloo_algo = GetParam();
-  }
+  host_env().pin("MNCL_GLOO_ALGO", GetParam());
   std::vector<Result> results(2);
   run_ranks("gloo", 2, [&](Rank &me) {
     std::vector<int32_t> data(4096, 1);
@@ -780,8 +586,7 @@ TEST_P(GlooClassic, MismatchedCountsTimeOutBeforeDataMoves) {
     EXPECT_TRUE(res.status == MNCL_ERR_TIMEOUT || res.status == MNCL_ERR_REMOTE) << describe(res);
     EXPECT_LT(res.seconds, kNoHang);
   }
-  std::lock_guard<std::mutex> lock(g_env_mutex);
-  g_gloo_algo.clear();
+  host_env().pin("MNCL_GLOO_ALGO", "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Algos, GlooClassic, ::testing::Values("ring_chunked", "halving_doubling"),
