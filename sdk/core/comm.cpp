@@ -682,9 +682,13 @@ std::unique_ptr<Comm> Comm::split(int color, int key) {
   check_usable("mncl_comm_split");
   MNCL_CHECK(color >= 0 || color == MNCL_SPLIT_NONE, MNCL_ERR_INVALID_ARGUMENT,
              "mncl_comm_split: color %d is negative (use MNCL_SPLIT_NONE to join no group)", color);
-  // Splits are ordered with the collectives issued before them.
-  // Point-to-point ones too: comm_split and comm_create must not overlap any execute().
-  for (auto pause = std::chrono::microseconds(50); outstanding_everywhere() != 0;) {
+  // Splits are ordered with the collectives issued before them. Point-to-point lanes keep
+  // running (a receive may stay posted across a split, as in MPI) unless the plugin splits
+  // natively: its comm_split must not overlap an execute() on this communicator.
+  auto pending = [&] {
+    return table_->comm_split ? outstanding_everywhere() : collectives_.outstanding.load();
+  };
+  for (auto pause = std::chrono::microseconds(50); pending() != 0;) {
     std::this_thread::sleep_for(pause);
   }
   const uint64_t split_index = next_split_++;

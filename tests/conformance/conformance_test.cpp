@@ -1501,6 +1501,29 @@ TEST_F(ConcurrentP2P, IrecvAcrossNonBlockingAllreduce) {
 // 4. Sixteen receives from the left posted before the sixteen sends to the right, of
 // different sizes (a large one among small and empty ones); the receives waited in reverse,
 // the sends polled. Receive i must hold message i: messages of a pair never overtake.
+// A receive posted before mncl_comm_split completes after it (a split is collective, like an
+// allreduce, and must not wait for point-to-point traffic that only comes after it).
+TEST_F(ConcurrentP2P, IrecvAcrossSplit) {
+  constexpr int kBase = 110;
+  const std::string what = describe("irecv(left), mncl_comm_split, isend(right)", MNCL_INT32, 777);
+  phase(what);
+  Buf &got = keep(Buf(MNCL_INT32, 777));
+  const int r = irecv(got, left_);
+  if (r < 0) return;
+  mncl_comm_t sub = nullptr;
+  if (!ok(mncl_comm_split(comm_, g_rank % 2, g_rank, &sub),
+          "mncl_comm_split with the irecv posted")) {
+    return;
+  }
+  int sub_size = 0;
+  EXPECT_EQ(mncl_comm_size(sub, &sub_size), MNCL_OK) << mncl_last_error();
+  EXPECT_EQ(sub_size, (g_size + 1 - g_rank % 2) / 2) << "members of color " << g_rank % 2;
+  EXPECT_EQ(mncl_comm_destroy(sub), MNCL_OK) << mncl_last_error();
+  const int s = isend(keep(message(MNCL_INT32, 777, g_rank, right_, kBase, 0)), right_);
+  if (s < 0 || !wait(s) || !wait(r)) return;
+  expect_same(got, message(MNCL_INT32, 777, left_, g_rank, kBase, 0), what);
+}
+
 TEST_F(ConcurrentP2P, ManyOutstandingNonOvertaking) {
   constexpr int kBase = 108;
   constexpr size_t kSizes[] = {1, 0,   1021, 7,  kP2PLarge, 2, 65536, 1,
