@@ -8,6 +8,7 @@
 #include <new>
 #include <unordered_set>
 
+#include "common/coll.h"   // the plugin kit's descriptor builder
 #include "common/dtype.h"  // the plugin kit's dtype/op tables
 #include "common/error.h"
 #include "common/log.h"
@@ -100,15 +101,7 @@ mncl_status_t guard(Body &&body) noexcept {
 
 mncl_coll_v1_t make_coll(int kind, const void *sendbuf, void *recvbuf, size_t count,
                          mncl_dtype_t dtype, int op, int root, void *stream) {
-  mncl_coll_v1_t c{};
-  c.struct_size = sizeof c;
-  c.kind = kind;
-  c.dtype = dtype;
-  c.op = op;
-  c.root = root;
-  c.sendbuf = sendbuf;
-  c.recvbuf = recvbuf;
-  c.count = count;
+  mncl_coll_v1_t c = mncl::kit::make_coll(kind, dtype, op, root, sendbuf, recvbuf, count);
   c.stream = stream;
   return c;
 }

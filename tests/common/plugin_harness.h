@@ -25,6 +25,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/coll.h"  // the plugin kit (plugins/common)
+
 namespace mncl_testing {
 
 using Clock = std::chrono::steady_clock;
@@ -268,15 +270,7 @@ inline mncl_bootstrap_v1_t make_bootstrap(int r, int size, int64_t timeout_ms, c
 inline mncl_coll_v1_t make_coll(int32_t kind, int32_t dtype, int32_t op, int32_t root,
                                 const void *sendbuf, void *recvbuf, size_t count, uint64_t seq,
                                 int64_t timeout_ms) {
-  mncl_coll_v1_t c{};
-  c.struct_size = sizeof c;
-  c.kind = kind;
-  c.dtype = dtype;
-  c.op = op;
-  c.root = root;
-  c.sendbuf = sendbuf;
-  c.recvbuf = recvbuf;
-  c.count = count;
+  mncl_coll_v1_t c = mncl::kit::make_coll(kind, dtype, op, root, sendbuf, recvbuf, count);
   c.seq = seq;
   c.timeout_ms = timeout_ms;
   return c;

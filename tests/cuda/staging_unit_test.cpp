@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/coll.h"  // plugin kit
 #include "common/error.h"
 #include "cuda/staging.h"
 #include "fake_cuda.h"
@@ -86,16 +87,7 @@ std::vector<int> range(size_t n, int first) {
 }
 
 mncl_coll_v1_t coll(int kind, const void *send, void *recv, size_t count, int root = -1) {
-  mncl_coll_v1_t c{};
-  c.struct_size = sizeof c;
-  c.kind = kind;
-  c.dtype = MNCL_INT32;
-  c.op = MNCL_SUM;
-  c.root = root;
-  c.sendbuf = send;
-  c.recvbuf = recv;
-  c.count = count;
-  return c;
+  return mncl::kit::make_coll(kind, MNCL_INT32, MNCL_SUM, root, send, recv, count);
 }
 
 const int *ints(const void *p) {
