@@ -12,14 +12,6 @@ std::string symbol_for(uint32_t version) {
   return "mncl_plugin_v" + std::to_string(version);
 }
 
-void copy_table(const void *exported, size_t known, Table *out) {
-  size_t size = 0;
-  std::memcpy(&size, exported, sizeof size);
-  std::memset(out, 0, sizeof *out);
-  std::memcpy(out, exported, std::min({size, known, sizeof *out}));
-  out->struct_size = sizeof *out;
-}
-
 std::string check_header(const void *exported, uint32_t version, const char *symbol,
                          const char *type_name, size_t min_size) {
   // memcpy: the plugin's table carries no alignment promise beyond its own compiler's.
@@ -37,6 +29,20 @@ std::string check_header(const void *exported, uint32_t version, const char *sym
     return format("%s struct_size %zu is smaller than %s (%zu bytes): truncated table", symbol,
                   h.struct_size, type_name, min_size);
   }
+  return {};
+}
+
+std::string adapt_same_layout(const void *exported, const TableFacts &facts, Table *out) {
+  std::string reason =
+      check_header(exported, facts.version, facts.symbol, facts.type_name, facts.min_size);
+  if (!reason.empty()) return reason;
+  size_t size = 0;
+  std::memcpy(&size, exported, sizeof size);
+  // Copy what both sides know; anything this core knows but the plugin lacks stays zero.
+  std::memset(out, 0, sizeof *out);
+  std::memcpy(out, exported, std::min({size, facts.known_size, sizeof *out}));
+  out->struct_size = sizeof *out;
+  out->caps &= facts.caps;
   return {};
 }
 

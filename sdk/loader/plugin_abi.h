@@ -53,9 +53,21 @@ struct TableHeader {
 std::string check_header(const void *exported, uint32_t version, const char *symbol,
                          const char *type_name, size_t min_size);
 
-// Zeroes *out, then copies the first min(the table's struct_size, known) bytes of the exported
-// table (the fields both sides know) and sets out->struct_size to sizeof(Table).
-void copy_table(const void *exported, size_t known, Table *out);
+// What the adapter of a version whose table is laid out like the core's (v1 and v2 so far)
+// needs to know about it.
+struct TableFacts {
+  uint32_t version;
+  const char *symbol;     // "mncl_plugin_v1"
+  const char *type_name;  // "mncl_plugin_v1_t", for messages
+  size_t min_size;        // end of the last field this core reads
+  size_t known_size;      // sizeof the version's table: bytes beyond it are not ours to read
+  uint64_t caps;          // the capability bits the version defines; others are cleared
+};
+
+// check_header, then: zeroes *out, copies the first min(the table's struct_size, known_size)
+// bytes (the fields both sides know), sets out->struct_size to sizeof(Table) and keeps only
+// facts.caps in out->caps.
+std::string adapt_same_layout(const void *exported, const TableFacts &facts, Table *out);
 
 // "mncl_plugin_v7"
 std::string symbol_for(uint32_t version);

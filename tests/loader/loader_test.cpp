@@ -26,7 +26,7 @@ namespace mncl::loader {
 namespace {
 
 // The hypothetical v3 only appends: its v2 part must match v2 field for field.
-static_assert(offsetof(mncl_plugin_v3_test_t, test) == offsetof(mncl_plugin_v2_t, test));
+static_assert(offsetof(mncl_plugin_v3_test_t, base) == 0);
 static_assert(offsetof(mncl_plugin_v3_test_t, comm_shrink) == sizeof(mncl_plugin_v2_t));
 // The core's table is v2 today; the adapter tests below fill one.
 static_assert(std::is_same_v<abi::Table, mncl_plugin_v2_t>);
@@ -595,10 +595,10 @@ TEST(V2Adapter, IgnoresBytesBeyondTheKnownTable) {
   // What a later v3 table could look like if it were exported as v2 (fields appended).
   mncl_plugin_v3_test_t in;
   std::memset(&in, 0, sizeof in);
-  in.struct_size = sizeof in;
-  in.magic = MNCL_PLUGIN_MAGIC;
-  in.abi_version = MNCL_PLUGIN_ABI_V2;
-  in.op_mask = 3;
+  in.base.struct_size = sizeof in;
+  in.base.magic = MNCL_PLUGIN_MAGIC;
+  in.base.abi_version = MNCL_PLUGIN_ABI_V2;
+  in.base.op_mask = 3;
   in.caps2 = ~0ull;
   abi::Table out;
   EXPECT_EQ(abi::adapt_v2(&in, &out), "");

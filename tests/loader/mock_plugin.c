@@ -279,11 +279,11 @@ MNCL_PLUGIN_EXPORT const mncl_plugin_v2_t mncl_plugin_v2 = {.struct_size = sizeo
 
 #if MOCK_EXPORT_V3
 MNCL_PLUGIN_EXPORT const mncl_plugin_v3_test_t mncl_plugin_v3 = {
-    .struct_size = sizeof(mncl_plugin_v3_test_t),
-    .magic = MNCL_PLUGIN_MAGIC,
-    .abi_version = MNCL_PLUGIN_ABI_V3_TEST,
-    .caps = (MOCK_V2_CAPS),
-    MOCK_TABLE_FIELDS,
+    .base = {.struct_size = sizeof(mncl_plugin_v3_test_t),
+             .magic = MNCL_PLUGIN_MAGIC,
+             .abi_version = MNCL_PLUGIN_ABI_V3_TEST,
+             .caps = (MOCK_V2_CAPS),
+             MOCK_TABLE_FIELDS},
     .comm_shrink = NULL,
     .caps2 = 0};
 #endif
