@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "common/half.h"
+#include "common/reduce.h"
 
 namespace mncl::perf {
 
@@ -89,25 +90,9 @@ double roundtrip(mncl_dtype_t d, double v) {
 
 // op over all ranks of element `index` of their inputs, as the dtype would hold it.
 double reduced_value(const Call &c, size_t index, int round) {
-  double acc = input_value(c.dtype, c.op, 0, index, round);
-  for (int q = 1; q < c.nranks; ++q) {
-    const double v = input_value(c.dtype, c.op, q, index, round);
-    switch (c.op) {
-      case MNCL_SUM:
-      case MNCL_AVG:
-        acc += v;
-        break;
-      case MNCL_PROD:
-        acc *= v;
-        break;
-      case MNCL_MIN:
-        acc = std::min(acc, v);
-        break;
-      case MNCL_MAX:
-        acc = std::max(acc, v);
-        break;
-    }
-  }
+  double acc = kit::fold_ranks<double>(
+      c.op, c.nranks, [&](int q) { return input_value(c.dtype, c.op, q, index, round); },
+      [](double a, double b) { return a < b; });
   if (c.op == MNCL_AVG) {
     acc = is_float(c.dtype) ? acc / c.nranks : std::trunc(acc / c.nranks);
   }

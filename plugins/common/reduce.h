@@ -29,6 +29,35 @@
 
 namespace mncl::kit {
 
+// The reference fold of one element over ranks 0..n-1, in rank order, for oracles (the
+// conformance tests' expected values, the benchmark's checks): value(r) is rank r's element
+// and less(a, b) orders two of them. AVG returns the sum: the caller divides as its dtype does.
+template <typename T, typename Value, typename Less>
+T fold_ranks(int32_t op, int n, Value value, Less less) {
+  T acc = value(0);
+  for (int r = 1; r < n; ++r) {
+    const T v = value(r);
+    switch (op) {
+      case MNCL_SUM:
+      case MNCL_AVG:
+        acc += v;
+        break;
+      case MNCL_PROD:
+        acc *= v;
+        break;
+      case MNCL_MIN:
+        acc = less(v, acc) ? v : acc;
+        break;
+      case MNCL_MAX:
+        acc = less(acc, v) ? v : acc;
+        break;
+      default:
+        break;
+    }
+  }
+  return acc;
+}
+
 namespace detail {
 
 // Integer arithmetic modulo 2^bits. The common type with `unsigned` stops uint8_t from being

@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/reduce.h"  // the plugin kit's reference fold over ranks
+
 namespace mncl_testing {
 
 // ---------------------------------------------------------------------------------------------
@@ -164,25 +166,9 @@ inline bool less_than(mncl_dtype_t dt, int64_t a, int64_t b) {
 
 // op over ranks 0..size-1 of reduce_input at element i, as the logical (unwrapped) value.
 inline int64_t reduce_output(mncl_dtype_t dt, mncl_op_t op, int size, size_t i, int seed) {
-  int64_t acc = reduce_input(dt, op, 0, size, i, seed);
-  for (int r = 1; r < size; ++r) {
-    const int64_t v = reduce_input(dt, op, r, size, i, seed);
-    switch (op) {
-      case MNCL_SUM:
-      case MNCL_AVG:
-        acc += v;
-        break;
-      case MNCL_PROD:
-        acc *= v;
-        break;
-      case MNCL_MIN:
-        acc = less_than(dt, v, acc) ? v : acc;
-        break;
-      case MNCL_MAX:
-        acc = less_than(dt, acc, v) ? v : acc;
-        break;
-    }
-  }
+  int64_t acc = mncl::kit::fold_ranks<int64_t>(
+      op, size, [&](int r) { return reduce_input(dt, op, r, size, i, seed); },
+      [&](int64_t a, int64_t b) { return less_than(dt, a, b); });
   // C++ division truncates toward zero, as MNCL's integer AVG; exact for our float data.
   if (op == MNCL_AVG) acc /= size;
   return acc;
