@@ -1306,6 +1306,85 @@ class ConcurrentP2P : public Conformance {
     }
   }
 
+  // irecv from the left; [an iallreduce;] a blocking allreduce, which needs every rank while
+  // their sends are still to come; isend to the right; then the receive, the send [and the
+  // iallreduce] completed. A medium and a large message.
+  void irecv_across_allreduce(bool with_iallreduce, int base) {
+    int m = 0;
+    for (size_t count : {size_t{1021}, kP2PLarge}) {
+      const std::string what =
+          describe(with_iallreduce ? "irecv(left), iallreduce, blocking allreduce, isend(right)"
+                                   : "irecv(left), blocking allreduce, isend(right)",
+                   MNCL_FLOAT32, count);
+      phase(what);
+      Buf &got = keep(Buf(MNCL_FLOAT32, count));
+      const int r = irecv(got, left_);
+      if (r < 0) return;
+      Buf *out = nullptr;
+      int c = -1;
+      if (with_iallreduce) {
+        const Buf &in = keep(reduce_data(MNCL_INT32, MNCL_MAX, g_rank, 4099, base + 10 + m));
+        out = &keep(Buf(MNCL_INT32, 4099));
+        c = iallreduce(in, *out, MNCL_MAX);
+        if (c < 0) return;
+      }
+      if (!checked_allreduce(
+              base + m, with_iallreduce ? "the irecv and the iallreduce" : "the irecv", what)) {
+        return;
+      }
+      const int s = isend(keep(message(MNCL_FLOAT32, count, g_rank, right_, base, m)), right_);
+      // Waits in both orders across the two variants: send first, or receive first.
+      if (s < 0) return;
+      if (with_iallreduce ? !(wait(r) && wait(s) && wait(c)) : !(wait(s) && wait(r))) return;
+      expect_same(got, message(MNCL_FLOAT32, count, left_, g_rank, base, m), what);
+      if (with_iallreduce) {
+        expect_same(*out, reduce_expected(MNCL_INT32, MNCL_MAX, 0, 4099, base + 10 + m),
+                    what + ": the iallreduce");
+      }
+      ++m;
+    }
+  }
+
+  // A blocking int64 sum allreduce of 1021 elements while `posted` is in flight, checked.
+  bool checked_allreduce(int seed, const char *posted, const std::string &what) {
+    Buf &sum = keep(reduce_data(MNCL_INT64, MNCL_SUM, g_rank, 1021, seed));
+    if (!ok(mncl_allreduce(comm_, sum.data(), sum.data(), sum.count(), MNCL_INT64, MNCL_SUM,
+                           nullptr),
+            std::string("mncl_allreduce with ") + posted + " posted")) {
+      return false;
+    }
+    expect_same(sum, reduce_expected(MNCL_INT64, MNCL_SUM, 0, 1021, seed),
+                what + ": the blocking allreduce");
+    return true;
+  }
+
+  // Every pair of ranks meets once (an idle rank per round at odd sizes): one direction posted
+  // non-blocking, the other as a blocking call on top of it, then a wait; large messages.
+  void blocking_beside_posted(bool blocking_send, int base) {
+    const Tournament tour{g_size};
+    for (int round = 0; round < tour.rounds(); ++round) {
+      const int partner = tour.partner(g_rank, round);
+      if (partner >= g_size) continue;
+      const std::string what =
+          describe(blocking_send ? "irecv, blocking send, wait" : "isend, blocking recv, wait",
+                   MNCL_INT32, kP2PLarge) +
+          " with rank " + std::to_string(partner);
+      phase(what);
+      Buf &got = keep(Buf(MNCL_INT32, kP2PLarge));
+      const Buf &msg = keep(message(MNCL_INT32, kP2PLarge, g_rank, partner, base, round));
+      const int posted = blocking_send ? irecv(got, partner) : isend(msg, partner);
+      if (posted < 0) return;
+      const bool blocked_ok =
+          blocking_send
+              ? ok(mncl_send(comm_, msg.data(), msg.count(), msg.dtype(), partner, nullptr),
+                   "mncl_send with an irecv from the same peer posted")
+              : ok(mncl_recv(comm_, got.data(), got.count(), got.dtype(), partner, nullptr),
+                   "mncl_recv with an isend to the same peer posted");
+      if (!blocked_ok || !wait(posted)) return;
+      expect_same(got, message(MNCL_INT32, kP2PLarge, partner, g_rank, base, round), what);
+    }
+  }
+
   mncl_comm_t comm_ = nullptr;  // this test's duplicate of the world
   int left_ = 0, right_ = 0;    // ring neighbours
 
@@ -1439,28 +1518,7 @@ TEST_F(ConcurrentP2P, RingShiftAllPostedFirst) {
 // 3. irecv from the left; a blocking allreduce, which needs every rank while their sends are
 // still to come; isend to the right; wait for both. A medium and a large message.
 TEST_F(ConcurrentP2P, IrecvAcrossBlockingAllreduce) {
-  constexpr int kBase = 106;
-  int m = 0;
-  for (size_t count : {size_t{1021}, kP2PLarge}) {
-    const std::string what =
-        describe("irecv(left), blocking allreduce, isend(right)", MNCL_FLOAT32, count);
-    phase(what);
-    Buf &got = keep(Buf(MNCL_FLOAT32, count));
-    const int r = irecv(got, left_);
-    if (r < 0) return;
-    Buf &sum = keep(reduce_data(MNCL_INT64, MNCL_SUM, g_rank, 1021, kBase + m));
-    if (!ok(mncl_allreduce(comm_, sum.data(), sum.data(), sum.count(), MNCL_INT64, MNCL_SUM,
-                           nullptr),
-            "mncl_allreduce with the irecv posted")) {
-      return;
-    }
-    expect_same(sum, reduce_expected(MNCL_INT64, MNCL_SUM, 0, 1021, kBase + m),
-                what + ": the allreduce");
-    const int s = isend(keep(message(MNCL_FLOAT32, count, g_rank, right_, kBase, m)), right_);
-    if (s < 0 || !wait(s) || !wait(r)) return;
-    expect_same(got, message(MNCL_FLOAT32, count, left_, g_rank, kBase, m), what);
-    ++m;
-  }
+  irecv_across_allreduce(/*with_iallreduce=*/false, 106);
 }
 
 // The same with a non-blocking collective in flight as well: irecv from the left, iallreduce,
@@ -1468,34 +1526,7 @@ TEST_F(ConcurrentP2P, IrecvAcrossBlockingAllreduce) {
 // completed. Neither point-to-point operation may wait for the collectives around it, nor the
 // collectives for them.
 TEST_F(ConcurrentP2P, IrecvAcrossNonBlockingAllreduce) {
-  constexpr int kBase = 107;
-  int m = 0;
-  for (size_t count : {size_t{1021}, kP2PLarge}) {
-    const std::string what =
-        describe("irecv(left), iallreduce, blocking allreduce, isend(right)", MNCL_FLOAT32, count);
-    phase(what);
-    Buf &got = keep(Buf(MNCL_FLOAT32, count));
-    const int r = irecv(got, left_);
-    if (r < 0) return;
-    const Buf &in = keep(reduce_data(MNCL_INT32, MNCL_MAX, g_rank, 4099, kBase + 10 + m));
-    Buf &out = keep(Buf(MNCL_INT32, 4099));
-    const int c = iallreduce(in, out, MNCL_MAX);
-    if (c < 0) return;
-    Buf &sum = keep(reduce_data(MNCL_INT64, MNCL_SUM, g_rank, 1021, kBase + m));
-    if (!ok(mncl_allreduce(comm_, sum.data(), sum.data(), sum.count(), MNCL_INT64, MNCL_SUM,
-                           nullptr),
-            "mncl_allreduce with the irecv and the iallreduce posted")) {
-      return;
-    }
-    expect_same(sum, reduce_expected(MNCL_INT64, MNCL_SUM, 0, 1021, kBase + m),
-                what + ": the blocking allreduce");
-    const int s = isend(keep(message(MNCL_FLOAT32, count, g_rank, right_, kBase, m)), right_);
-    if (s < 0 || !wait(r) || !wait(s) || !wait(c)) return;
-    expect_same(got, message(MNCL_FLOAT32, count, left_, g_rank, kBase, m), what);
-    expect_same(out, reduce_expected(MNCL_INT32, MNCL_MAX, 0, 4099, kBase + 10 + m),
-                what + ": the iallreduce");
-    ++m;
-  }
+  irecv_across_allreduce(/*with_iallreduce=*/true, 107);
 }
 
 // 4. Sixteen receives from the left posted before the sixteen sends to the right, of
@@ -1504,7 +1535,7 @@ TEST_F(ConcurrentP2P, IrecvAcrossNonBlockingAllreduce) {
 // A receive posted before mncl_comm_split completes after it (a split is collective, like an
 // allreduce, and must not wait for point-to-point traffic that only comes after it).
 TEST_F(ConcurrentP2P, IrecvAcrossSplit) {
-  constexpr int kBase = 110;
+  constexpr int kBase = 111;
   const std::string what = describe("irecv(left), mncl_comm_split, isend(right)", MNCL_INT32, 777);
   phase(what);
   Buf &got = keep(Buf(MNCL_INT32, 777));
@@ -1556,48 +1587,12 @@ TEST_F(ConcurrentP2P, ManyOutstandingNonOvertaking) {
 // in turn (every pair once; at odd sizes one rank sits each round out), irecv from the partner,
 // then a blocking mncl_send of 4 MiB to it, then wait for the receive.
 TEST_F(ConcurrentP2P, BlockingSendWhileIrecvPosted) {
-  constexpr int kBase = 109;
-  const Tournament tour{g_size};
-  for (int round = 0; round < tour.rounds(); ++round) {
-    const int partner = tour.partner(g_rank, round);
-    if (partner >= g_size) continue;
-    const std::string what = describe("irecv, blocking send, wait", MNCL_INT32, kP2PLarge) +
-                             " with rank " + std::to_string(partner);
-    phase(what);
-    Buf &got = keep(Buf(MNCL_INT32, kP2PLarge));
-    const int r = irecv(got, partner);
-    if (r < 0) return;
-    const Buf &msg = keep(message(MNCL_INT32, kP2PLarge, g_rank, partner, kBase, round));
-    if (!ok(mncl_send(comm_, msg.data(), msg.count(), msg.dtype(), partner, nullptr),
-            "mncl_send with an irecv from the same peer posted") ||
-        !wait(r)) {
-      return;
-    }
-    expect_same(got, message(MNCL_INT32, kP2PLarge, partner, g_rank, kBase, round), what);
-  }
+  blocking_beside_posted(/*blocking_send=*/true, 109);
 }
 
 // Its mirror: isend to the partner, a blocking mncl_recv from it, then wait for the send.
 TEST_F(ConcurrentP2P, BlockingRecvWhileIsendPosted) {
-  constexpr int kBase = 110;
-  const Tournament tour{g_size};
-  for (int round = 0; round < tour.rounds(); ++round) {
-    const int partner = tour.partner(g_rank, round);
-    if (partner >= g_size) continue;
-    const std::string what = describe("isend, blocking recv, wait", MNCL_INT32, kP2PLarge) +
-                             " with rank " + std::to_string(partner);
-    phase(what);
-    const int s =
-        isend(keep(message(MNCL_INT32, kP2PLarge, g_rank, partner, kBase, round)), partner);
-    if (s < 0) return;
-    Buf &got = keep(Buf(MNCL_INT32, kP2PLarge));
-    if (!ok(mncl_recv(comm_, got.data(), got.count(), got.dtype(), partner, nullptr),
-            "mncl_recv with an isend to the same peer posted") ||
-        !wait(s)) {
-      return;
-    }
-    expect_same(got, message(MNCL_INT32, kP2PLarge, partner, g_rank, kBase, round), what);
-  }
+  blocking_beside_posted(/*blocking_send=*/false, 110);
 }
 
 // ---------------------------------------------------------------------------------------------
