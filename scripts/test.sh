@@ -34,7 +34,7 @@ export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktra
 # LSan cannot name a module that is gone, so the sanitized runs do without that plugin.
 export HWLOC_PLUGINS_BLACKLIST=hwloc_pci
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
-common_targets=(mncl mncl-run mncl-naive conformance_test store_test plugin_kit_test
+common_targets=(mncl mncl-run mncl-naive conformance_test store_test plugin_kit_test op_history_test
                 naive_threads_test plugin_p2p_concurrency_test fault_test bad_input_test leak_test
                 mncl-mock-hang)
 gloo_target=()
@@ -42,10 +42,10 @@ gloo_target=()
 
 # flat stays out of the sanitized runs: Open MPI's own never-freed allocations would fail LSan.
 sanitized build-asan address,undefined \
-  '^(store_test|plugin_kit_test|naive_threads_test|plugin_p2p_concurrency_test|loader|conformance\.(naive|gloo)\.np[1-4]|fault\.(bad_input|leak_cycles|watchdog\..*|abort\.(naive|gloo|shm)\..*|killed_rank\.naive\.np4|stalled_rank\.naive\.np4|mismatch\.count\.checks\.naive\.np4))$' \
+  '^(store_test|plugin_kit_test|op_history_test|naive_threads_test|plugin_p2p_concurrency_test|loader|conformance\.(naive|gloo)\.np[1-4]|fault\.(bad_input|leak_cycles|watchdog\..*|abort\.(naive|gloo|shm)\..*|killed_rank\.naive\.np4|stalled_rank\.naive\.np4|mismatch\.count\.checks\.naive\.np4))$' \
   "${common_targets[@]}" "${gloo_target[@]}" loader_test
 sanitized build-tsan thread \
-  '^(store_test|plugin_kit_test|naive_threads_test|plugin_p2p_concurrency_test|shm\.lanes|conformance\.naive\.np[24]|fault\.(watchdog\..*|abort\.naive\.np2|stalled_rank\.naive\.np4))$' \
+  '^(store_test|plugin_kit_test|op_history_test|naive_threads_test|plugin_p2p_concurrency_test|shm\.lanes|conformance\.naive\.np[24]|fault\.(watchdog\..*|abort\.naive\.np2|stalled_rank\.naive\.np4))$' \
   "${common_targets[@]}" "${gloo_target[@]}" mncl-shm shm_lanes_test
 
 step "build-fuzz: libFuzzer on wire::parse_frame for ${MNCL_FUZZ_SECONDS:-60} s"

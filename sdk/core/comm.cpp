@@ -95,6 +95,7 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
   comm->timeout_ms_ = settings.timeout_ms;
   comm->device_ = settings.device;
   comm->debug_checks_ = debug_checks_enabled();
+  comm->history_.set_max_running(Comm::max_lanes(settings.size));
   // A process may create several world communicators on one store in turn (re-creation after
   // a failure, test suites): each generation gets its own key namespace, the same on every
   // rank since every rank creates them in the same order.
@@ -739,6 +740,7 @@ std::unique_ptr<Comm> Comm::split(int color, int key) {
   child->local_size_ = same_host;
   child->device_ = device_;
   child->timeout_ms_ = timeout_ms_;
+  child->history_.set_max_running(max_lanes(child->size_));
   child->id_ =
       format("%s.s%llu.%d", id_.c_str(), static_cast<unsigned long long>(split_index), color);
   child->job_store_ = job_store_;

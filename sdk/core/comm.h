@@ -86,6 +86,8 @@ class Comm {
   };
 
   Comm() = default;
+  // The most lanes a communicator of `size` ranks may have: collectives + send/recv per peer.
+  static size_t max_lanes(int size) { return 1 + 2 * static_cast<size_t>(size); }
   void validate_and_number(mncl_coll_v1_t &coll);
   // The lane coll runs on: its (peer, direction) lane for send/recv with concurrent p2p, else
   // the collectives' lane.

@@ -4,6 +4,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/dtype.h"  // the plugin kit's dtype/op tables
 #include "common/env.h"
 #include "common/error.h"
 #include "core/validate.h"
@@ -36,9 +37,9 @@ std::string fingerprint(const mncl_coll_v1_t &c) {
     args = format("count %zu", c.count);
   }
   if (c.kind != MNCL_COLL_BARRIER) {
-    args += format(", %s", mncl_dtype_name(static_cast<mncl_dtype_t>(c.dtype)));
+    args += format(", %s", kit::dtype_name(static_cast<mncl_dtype_t>(c.dtype)));
   }
-  if (reduces(c.kind)) args += format(", %s", mncl_op_name(static_cast<mncl_op_t>(c.op)));
+  if (reduces(c.kind)) args += format(", %s", kit::op_name(static_cast<mncl_op_t>(c.op)));
   if (rooted(c.kind)) args += format(", root %d", c.root);
   return format("%s(%s) #%llu", coll_kind_name(c.kind), args.c_str(),
                 static_cast<unsigned long long>(c.seq));

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "common/dtype.h"  // the plugin kit's dtype/op tables
 #include "common/error.h"
 
 namespace mncl::core {
@@ -57,6 +58,15 @@ size_t checked_bytes(const char *fn, size_t count, size_t factor, size_t elem) {
 const char *coll_function_name(int kind) {
   return kind >= 0 && kind < MNCL_NUM_COLL_KINDS_V1 ? kFunctionNames[kind] : "mncl_?";
 }
+size_t coll_bytes(const mncl_coll_v1_t &c) {
+  const size_t elem = kit::dtype_size(static_cast<mncl_dtype_t>(c.dtype));
+  if (c.kind == MNCL_COLL_BARRIER) return 0;
+  if (c.kind != MNCL_COLL_ALLREDUCE_COALESCED) return c.count * elem;
+  size_t total = 0;
+  for (size_t i = 0; c.counts && i < c.nbufs; ++i) total += c.counts[i] * elem;
+  return total;
+}
+
 const char *coll_kind_name(int kind) {
   return kind >= 0 && kind < MNCL_NUM_COLL_KINDS_V1 ? kKinds[kind].name : "?";
 }
@@ -95,16 +105,16 @@ void validate_collective(const mncl_coll_v1_t &c, int rank, int size,
   if (typed) {
     MNCL_CHECK(backend.dtype_mask & (1u << c.dtype), MNCL_ERR_NOT_SUPPORTED,
                "%s: backend '%s' does not support dtype %s", fn, backend.name,
-               mncl_dtype_name(static_cast<mncl_dtype_t>(c.dtype)));
+               kit::dtype_name(static_cast<mncl_dtype_t>(c.dtype)));
   }
   if (kind.reduces) {
     MNCL_CHECK(backend.op_mask & (1u << c.op), MNCL_ERR_NOT_SUPPORTED,
                "%s: backend '%s' does not support op %s", fn, backend.name,
-               mncl_op_name(static_cast<mncl_op_t>(c.op)));
+               kit::op_name(static_cast<mncl_op_t>(c.op)));
   }
   if (!typed) return;
 
-  const size_t elem = mncl_dtype_size(static_cast<mncl_dtype_t>(c.dtype));
+  const size_t elem = kit::dtype_size(static_cast<mncl_dtype_t>(c.dtype));
   const bool is_root = kind.rooted && rank == c.root;
 
   if (c.kind == MNCL_COLL_ALLREDUCE_COALESCED) {

@@ -11,6 +11,8 @@ namespace mncl::core {
 const char *coll_function_name(int kind);
 // Short name for logs and messages ("allreduce").
 const char *coll_kind_name(int kind);
+// This rank's payload in bytes (count x dtype size; the sum over buffers when coalesced).
+size_t coll_bytes(const mncl_coll_v1_t &coll);
 
 // Throws mncl::Error(MNCL_ERR_INVALID_ARGUMENT or MNCL_ERR_NOT_SUPPORTED) naming the function
 // and what was wrong. `backend` supplies the capability masks.

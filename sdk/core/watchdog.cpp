@@ -17,17 +17,11 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-size_t bytes_of(const mncl_coll_v1_t &c) {
-  const size_t elem = mncl_dtype_size(static_cast<mncl_dtype_t>(c.dtype));
-  if (c.kind == MNCL_COLL_BARRIER) return 0;
-  if (c.kind != MNCL_COLL_ALLREDUCE_COALESCED) return c.count * elem;
-  size_t total = 0;
-  for (size_t i = 0; c.counts && i < c.nbufs; ++i) total += c.counts[i] * elem;
-  return total;
-}
-
 const char *state_name(OpHistory::State s) {
   switch (s) {
+    case OpHistory::State::kEmpty:
+    case OpHistory::State::kClaimed:
+      return "starting";
     case OpHistory::State::kRunning:
       return "running";
     case OpHistory::State::kDone:
@@ -49,20 +43,37 @@ int64_t now_ns() {
 // OpHistory
 // ---------------------------------------------------------------------------------------------
 
+void OpHistory::set_max_running(size_t max_running) {
+  capacity_ = kOps + std::max<size_t>(max_running, 1);
+  slots_.reset(new Slot[capacity_]);
+  next_.store(0);
+}
+
 size_t OpHistory::begin(const mncl_coll_v1_t &coll) {
-  // fetch_add: lanes (collectives, send/recv per peer) record concurrently, each in its slot.
-  const size_t token = next_.fetch_add(1, std::memory_order_relaxed);
-  Slot &s = ring_[token % kOps];
-  s.seq.store(coll.seq, std::memory_order_relaxed);
-  s.kind.store(coll.kind, std::memory_order_relaxed);
-  s.bytes.store(bytes_of(coll), std::memory_order_relaxed);
-  s.start_ns.store(now_ns(), std::memory_order_relaxed);
-  s.state.store(State::kRunning, std::memory_order_release);  // publishes the slot
+  // Claim the next slot that holds no running operation. kClaimed keeps readers off the slot
+  // until its fields are the new operation's (a stale start time would look overdue). More
+  // operations running than planned for: after one lap, take a slot regardless.
+  Slot *slot = nullptr;
+  size_t token = 0;
+  for (size_t tries = 0; slot == nullptr; ++tries) {
+    token = next_.fetch_add(1, std::memory_order_relaxed);
+    Slot &s = slots_[token % capacity_];
+    State seen = s.state.load(std::memory_order_relaxed);
+    if (seen == State::kClaimed || (seen == State::kRunning && tries < capacity_)) continue;
+    if (s.state.compare_exchange_strong(seen, State::kClaimed, std::memory_order_acquire)) {
+      slot = &s;
+    }
+  }
+  slot->seq.store(coll.seq, std::memory_order_relaxed);
+  slot->kind.store(coll.kind, std::memory_order_relaxed);
+  slot->bytes.store(coll_bytes(coll), std::memory_order_relaxed);
+  slot->start_ns.store(now_ns(), std::memory_order_relaxed);
+  slot->state.store(State::kRunning, std::memory_order_release);  // publishes the slot
   return token;
 }
 
 void OpHistory::end(size_t token, bool ok) {
-  Slot &s = ring_[token % kOps];
+  Slot &s = slots_[token % capacity_];
   s.elapsed_ns.store(now_ns() - s.start_ns.load(std::memory_order_relaxed),
                      std::memory_order_relaxed);
   s.state.store(ok ? State::kDone : State::kFailed, std::memory_order_release);
@@ -82,10 +93,9 @@ OpHistory::Record OpHistory::read(const Slot &slot) const {
 
 bool OpHistory::running(Record *out) const {
   // Several operations may run at once (one per lane): the oldest one is the watchdog's concern.
-  const size_t n = std::min(next_.load(std::memory_order_acquire), kOps);
   bool found = false;
-  for (size_t i = 0; i < n; ++i) {
-    const Record r = read(ring_[i]);
+  for (size_t i = 0; i < capacity_; ++i) {
+    const Record r = read(slots_[i]);
     if (r.state != State::kRunning || (found && r.start >= out->start)) continue;
     *out = r;
     found = true;
@@ -94,10 +104,17 @@ bool OpHistory::running(Record *out) const {
 }
 
 std::string OpHistory::dump(size_t max) const {
-  const size_t n = next_.load(std::memory_order_acquire);
+  // Slots are not in claim order (running ones are skipped over): order by start time.
+  std::vector<Record> records;
+  for (size_t i = 0; i < capacity_; ++i) {
+    const Record r = read(slots_[i]);
+    if (r.state != State::kEmpty && r.state != State::kClaimed) records.push_back(r);
+  }
+  std::sort(records.begin(), records.end(),
+            [](const Record &a, const Record &b) { return a.start > b.start; });
   std::string out;
-  for (size_t i = 0; i < std::min({max, n, kOps}); ++i) {
-    const Record r = read(ring_[(n - 1 - i) % kOps]);
+  for (size_t i = 0; i < std::min(max, records.size()); ++i) {
+    const Record &r = records[i];
     const double s = r.state == State::kRunning ? seconds_since(r.start) : r.seconds;
     out += format("%s%s #%llu %zu B %s %.3f s", i ? "; " : "", coll_kind_name(r.kind),
                   static_cast<unsigned long long>(r.seq), r.bytes, state_name(r.state), s);

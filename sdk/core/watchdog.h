@@ -14,12 +14,12 @@
 
 #include <mncl/mncl_plugin_v1.h>
 
-#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -31,7 +31,7 @@ namespace mncl::core {
 
 class OpHistory {
  public:
-  enum class State { kRunning, kDone, kFailed };
+  enum class State { kEmpty, kClaimed, kRunning, kDone, kFailed };
   struct Record {
     uint64_t seq = 0;
     int kind = 0;
@@ -40,13 +40,17 @@ class OpHistory {
     std::chrono::steady_clock::time_point start;
     double seconds = 0;  // duration once finished
   };
-  static constexpr size_t kOps = 16;
+  static constexpr size_t kOps = 16;  // finished operations kept, at least
+
+  // Room for the last kOps operations plus `max_running` running at once (one per lane:
+  // collectives, send/recv per peer and direction). Call before the first begin().
+  void set_max_running(size_t max_running);
 
   // begin/end run on every call: they only store atomics (no lock, no allocation). Writers may
-  // be concurrent (one per lane: collectives, send/recv per peer); each claims its own slot.
-  // Readers (the watchdog, dumps) may see a slot mid-rewrite after kOps newer operations,
-  // which only blurs that old entry; an operation outlived by kOps newer ones leaves the
-  // watchdog's view (the plugin's own timeout still bounds it).
+  // be concurrent (one per lane); each claims a slot of its own. A running operation's slot is
+  // never reused, however many newer operations finish meanwhile, so the watchdog sees every
+  // running operation. Readers (the watchdog, dumps) may see a finished slot mid-rewrite, which
+  // only blurs that old entry.
   size_t begin(const mncl_coll_v1_t &coll);
   void end(size_t token, bool ok);
   // The oldest running operation, if any (the watchdog's view).
@@ -60,14 +64,15 @@ class OpHistory {
     std::atomic<uint64_t> seq{0};
     std::atomic<int> kind{0};
     std::atomic<size_t> bytes{0};
-    std::atomic<State> state{State::kRunning};
+    std::atomic<State> state{State::kEmpty};
     std::atomic<int64_t> start_ns{0};    // steady_clock
     std::atomic<int64_t> elapsed_ns{0};  // once finished
   };
   Record read(const Slot &slot) const;
 
-  std::array<Slot, kOps> ring_;
-  std::atomic<size_t> next_{0};  // total begun; ring_[(next_-1) % kOps] is the newest
+  size_t capacity_ = kOps + 1;
+  std::unique_ptr<Slot[]> slots_{new Slot[kOps + 1]};
+  std::atomic<size_t> next_{0};  // claims so far; slot (claim % capacity_) is tried next
 };
 
 class Watchdog {
