@@ -56,6 +56,10 @@ const std::vector<Variable> &table() {
        "Seconds any blocking step may take (rendezvous, each collective) before it fails."},
       {"MNCL_DEVICE", "", "Accelerator ordinal for this rank (default: the local rank)."},
       {"MNCL_DEBUG", "warn", "Log level: none, error, warn, info or trace."},
+      {"MNCL_LANE_LINGER_US", "50",
+       "Microseconds a worker thread that runs non-blocking operations stays awake (yielding) "
+       "after one of at most 64 KiB, for the next: small back-to-back isend/irecv/iallreduce "
+       "skip a sleep and a wake-up. 0 sleeps at once (no CPU spent waiting)."},
       {"MNCL_CUDA_LIBRARY", "libcuda.so.1",
        "CUDA driver library whose presence in the process tells that buffers may be CUDA memory "
        "(staged through pinned host memory for host-only backends); never loaded by MNCL "

@@ -7,6 +7,7 @@
 #include <mncl/mncl_plugin.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -145,6 +146,7 @@ class Comm {
   std::atomic<bool> plugin_stop_{false};
   std::atomic<bool> plugin_aborted_{false};  // comm_abort called (once)
   bool debug_checks_ = false;                // MNCL_DEBUG_CHECKS=1
+  std::chrono::microseconds linger_{0};      // MNCL_LANE_LINGER_US (see work())
   OpHistory history_;                        // last operations, for the watchdog and messages
   std::unique_ptr<Watchdog> watchdog_;       // started by the first operation
   std::mutex watchdog_mutex_;
