@@ -228,6 +228,7 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
   topology::bind_this_process(topology::this_machine(), placement);
 
   comm->plugin_ = selection.plugin;
+  comm->staging_ = std::make_unique<cuda::StagingPool>(comm->rank_, comm->size_, comm->backend());
   comm->table_ = &comm->plugin_->table();
   comm->plugin_store_ = std::make_unique<StoreBridge>(
       bootstrap::make_prefix_store(comm->job_store_, comm->id_ + "/p/"), &comm->plugin_stop_);
@@ -343,10 +344,8 @@ void Comm::validate_and_number(mncl_coll_v1_t &coll) {
   next_seq_ += emulated ? std::max<size_t>(coll.nbufs, 1) : 1;
 }
 
-bool Comm::needs_staging(const mncl_coll_v1_t &coll, Lane &lane) {
-  if (table_->caps & MNCL_CAP_CUDA_MEMORY) return false;
-  if (!lane.staging) lane.staging = std::make_unique<cuda::Staging>(rank_, size_, backend());
-  return lane.staging->needed(coll);
+bool Comm::needs_staging(const mncl_coll_v1_t &coll) {
+  return !(table_->caps & MNCL_CAP_CUDA_MEMORY) && staging_->needed(coll);
 }
 
 Comm::Lane &Comm::lane_for(const mncl_coll_v1_t &coll) {
@@ -363,7 +362,7 @@ Comm::Lane &Comm::lane_for(const mncl_coll_v1_t &coll) {
   return *p2p_[index];
 }
 
-void Comm::execute_now(const mncl_coll_v1_t &coll, Lane &lane) {
+void Comm::execute_now(const mncl_coll_v1_t &coll) {
   const char *fn = coll_function_name(coll.kind);
   MNCL_CHECK(!aborted_.load(), MNCL_ERR_ABORTED, "%s #%llu: the communicator was aborted", fn,
              static_cast<unsigned long long>(coll.seq));
@@ -421,24 +420,24 @@ void Comm::execute_now(const mncl_coll_v1_t &coll, Lane &lane) {
       single.recvbufs = nullptr;
       single.counts = nullptr;
       single.seq = coll.seq + i;
-      needs_staging(single, lane) ? lane.staging->run(single, call) : call(single);
+      needs_staging(single) ? staging_->run(single, call) : call(single);
     }
     return;
   }
-  needs_staging(coll, lane) ? lane.staging->run(coll, call) : call(coll);
+  needs_staging(coll) ? staging_->run(coll, call) : call(coll);
 }
 
 void Comm::run(mncl_coll_v1_t coll) {
   validate_and_number(coll);
   if (table_->caps & MNCL_CAP_NATIVE_ASYNC) {
-    execute_now(coll, collectives_);
+    execute_now(coll);
     return;
   }
   Lane &lane = lane_for(coll);
   // Nothing queued on its lane: run it here (the caller's calls on a communicator are
   // serialized, so nothing is added to this lane meanwhile and its worker is idle).
   if (lane.outstanding.load() == 0) {
-    execute_now(coll, lane);
+    execute_now(coll);
     return;
   }
   // Non-blocking operations are still queued: this one goes behind them, in issue order.
@@ -465,8 +464,8 @@ std::shared_ptr<Operation> Comm::start(const mncl_coll_v1_t &coll_in) {
   validate_and_number(op->coll);
 
   if (table_->caps & MNCL_CAP_NATIVE_ASYNC) {
-    if (needs_staging(op->coll, collectives_)) {  // staging blocks: run it now (issue order)
-      execute_now(op->coll, collectives_);
+    if (needs_staging(op->coll)) {  // staging blocks: run it now (issue order)
+      execute_now(op->coll);
       op->finished = true;
       return op;
     }
@@ -548,7 +547,7 @@ void Comm::complete(Operation &op, Lane &lane) {
   mncl_status_t status = MNCL_OK;
   std::string error;
   try {
-    execute_now(op.coll, lane);
+    execute_now(op.coll);
   } catch (const Error &e) {
     status = e.status();
     error = e.what();
@@ -765,6 +764,7 @@ std::unique_ptr<Comm> Comm::split(int color, int key) {
   ++job_->live;
   child->comm_store_ = bootstrap::make_prefix_store(job_store_, child->id_ + "/");
   child->plugin_ = plugin_;
+  child->staging_ = std::make_unique<cuda::StagingPool>(child->rank_, child->size_, backend());
   child->table_ = table_;
   child->plugin_store_ = std::make_unique<StoreBridge>(
       bootstrap::make_prefix_store(job_store_, child->id_ + "/p/"), &child->plugin_stop_);

@@ -83,7 +83,6 @@ class Comm {
     bool stopping = false;
     bool worker_alive = false;
     std::thread worker;
-    std::unique_ptr<cuda::Staging> staging;  // made on first use; used by one thread at a time
   };
 
   Comm() = default;
@@ -93,9 +92,9 @@ class Comm {
   // The lane coll runs on: its (peer, direction) lane for send/recv with concurrent p2p, else
   // the collectives' lane.
   Lane &lane_for(const mncl_coll_v1_t &coll);
-  void execute_now(const mncl_coll_v1_t &coll, Lane &lane);
-  // Host-only backend and a CUDA buffer in coll: it goes through the lane's cuda::Staging.
-  bool needs_staging(const mncl_coll_v1_t &coll, Lane &lane);
+  void execute_now(const mncl_coll_v1_t &coll);
+  // Host-only backend and a CUDA buffer in coll: it goes through staging_.
+  bool needs_staging(const mncl_coll_v1_t &coll);
   void enqueue(Lane &lane, std::shared_ptr<Operation> op);
   void work(Lane &lane);
   // Runs a queued operation on the calling thread and publishes its result.
@@ -138,6 +137,7 @@ class Comm {
   std::unique_ptr<StoreBridge> plugin_store_;     // "<id>/p/" view, handed to the plugin
   std::shared_ptr<loader::Plugin> plugin_;
   const mncl_plugin_v2_t *table_ = nullptr;
+  std::unique_ptr<cuda::StagingPool> staging_;  // CUDA buffers on a host-only backend
   void *plugin_comm_ = nullptr;
 
   std::atomic<bool> aborted_{false};

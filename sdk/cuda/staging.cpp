@@ -181,4 +181,66 @@ void Staging::run(const mncl_coll_v1_t &coll, const HostRun &host_run) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// StagingPool
+// ---------------------------------------------------------------------------------------------
+
+StagingPool::StagingPool(int rank, int size, std::string backend)
+    : rank_(rank), size_(size), backend_(std::move(backend)), probe_(rank, size, backend_) {}
+
+bool StagingPool::needed(const mncl_coll_v1_t &coll) const {
+  return probe_.needed(coll);
+}
+
+void StagingPool::run(const mncl_coll_v1_t &coll, const Staging::HostRun &host_run) {
+  std::unique_ptr<Staging> staging = borrow();
+  // Given back however run() ends: its buffer is sound after a failure too.
+  struct Return {
+    StagingPool &pool;
+    std::unique_ptr<Staging> &staging;
+    ~Return() { pool.give_back(std::move(staging)); }
+  } give_back_on_exit{*this, staging};
+  staging->run(coll, host_run);
+}
+
+std::unique_ptr<Staging> StagingPool::borrow() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!idle_.empty()) {
+      auto largest = std::max_element(idle_.begin(), idle_.end(), [](const auto &a, const auto &b) {
+        return a->pinned_bytes() < b->pinned_bytes();
+      });
+      std::unique_ptr<Staging> staging = std::move(*largest);
+      idle_.erase(largest);
+      return staging;
+    }
+  }
+  return std::make_unique<Staging>(rank_, size_, backend_);
+}
+
+void StagingPool::give_back(std::unique_ptr<Staging> staging) {
+  std::unique_ptr<Staging> surplus;  // freed outside the lock (cuMemFreeHost may be slow)
+  std::lock_guard<std::mutex> lock(mutex_);
+  idle_.push_back(std::move(staging));
+  if (idle_.size() > kKeptIdle) {
+    auto smallest = std::min_element(idle_.begin(), idle_.end(), [](const auto &a, const auto &b) {
+      return a->pinned_bytes() < b->pinned_bytes();
+    });
+    surplus = std::move(*smallest);
+    idle_.erase(smallest);
+  }
+}
+
+size_t StagingPool::idle_pinned_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  size_t total = 0;
+  for (const auto &s : idle_) total += s->pinned_bytes();
+  return total;
+}
+
+size_t StagingPool::idle_count() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return idle_.size();
+}
+
 }  // namespace mncl::cuda

@@ -11,8 +11,10 @@
 //   3. copies every device output back on the same stream and synchronizes it again, so the
 //      call returns with the result in device memory, like any blocking host collective, and
 //      the pinned buffer is free for the next call.
-// The pinned buffer belongs to the Staging object (one per communicator, whose calls are
-// serialized), grows to the largest collective seen and is freed with it. The first staged
+// The pinned buffer belongs to the Staging object, grows to the largest collective seen and is
+// freed with it. A communicator's lanes may stage at the same time (send/recv per peer), so it
+// borrows Staging objects from a StagingPool, which keeps a few between calls: pinned memory
+// follows the calls running at once, not every peer ever talked to. The first staged
 // collective in the process logs a warning that staging is in use.
 //
 // Device pointers are recognized at run time through the CUDA driver the application has
@@ -24,7 +26,10 @@
 
 #include <cstddef>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 namespace mncl::cuda {
 
@@ -64,6 +69,33 @@ class Staging {
   size_t capacity_ = 0;
   void *pinned_context_ = nullptr;  // the context it was allocated under
   int pinned_ordinal_ = -1;
+};
+
+// Staging for one communicator, whose lanes may call run() concurrently: each call borrows a
+// Staging (the idle one with the largest buffer, else a new one) and gives it back; at most
+// kKeptIdle stay allocated between calls, the largest ones.
+class StagingPool {
+ public:
+  static constexpr size_t kKeptIdle = 4;
+
+  StagingPool(int rank, int size, std::string backend);
+  // As Staging::needed.
+  bool needed(const mncl_coll_v1_t &coll) const;
+  // As Staging::run, on a borrowed Staging.
+  void run(const mncl_coll_v1_t &coll, const Staging::HostRun &host_run);
+  // Pinned bytes held between calls, and by how many Staging objects (for tests).
+  size_t idle_pinned_bytes() const;
+  size_t idle_count() const;
+
+ private:
+  std::unique_ptr<Staging> borrow();
+  void give_back(std::unique_ptr<Staging> staging);
+
+  int rank_, size_;
+  std::string backend_;
+  Staging probe_;  // answers needed(); never holds memory
+  mutable std::mutex mutex_;
+  std::vector<std::unique_ptr<Staging>> idle_;
 };
 
 }  // namespace mncl::cuda

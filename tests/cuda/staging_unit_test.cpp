@@ -6,10 +6,14 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/coll.h"  // plugin kit
@@ -20,6 +24,7 @@
 namespace {
 
 using mncl::cuda::Staging;
+using mncl::cuda::StagingPool;
 
 // The fake's test controls, resolved from the library the core is pointed at.
 struct Fake {
@@ -351,6 +356,58 @@ TEST_F(StagingTest, BackendFailurePropagatesUnchanged) {
                            }),
                mncl::Error);
   EXPECT_EQ(g_fake.get().h2d_copies, 0u);
+}
+
+TEST_F(StagingTest, PoolReusesOneBufferForCallsInTurn) {
+  StagingPool pool(0, 1, "test");
+  DevInts buf(1000);
+  for (int i = 0; i < 5; ++i) {
+    pool.run(coll(MNCL_COLL_ALLREDUCE, buf.ptr, buf.ptr, 1000), [](const mncl_coll_v1_t &) {});
+  }
+  EXPECT_EQ(g_fake.get().host_allocs, 1u);
+  EXPECT_EQ(pool.idle_count(), 1u);
+  EXPECT_GE(pool.idle_pinned_bytes(), 4000u);
+}
+
+TEST_F(StagingTest, PoolKeepsTheLargestFewAfterConcurrentCalls) {
+  // Six lanes stage at once (all inside host_run together), each a different size: six pinned
+  // buffers exist meanwhile; afterwards only kKeptIdle remain, the largest ones.
+  constexpr int kLanes = 6;
+  static_assert(kLanes > static_cast<int>(StagingPool::kKeptIdle));
+  auto pool = std::make_unique<StagingPool>(0, 1, "test");
+  std::vector<std::unique_ptr<DevInts>> bufs;
+  for (int i = 0; i < kLanes; ++i) bufs.push_back(std::make_unique<DevInts>(100000 * (i + 1)));
+  std::mutex mutex;
+  std::condition_variable cv;
+  int inside = 0;
+  std::vector<std::thread> lanes;
+  for (int i = 0; i < kLanes; ++i) {
+    lanes.emplace_back([&, i] {
+      pool->run(coll(MNCL_COLL_ALLREDUCE, bufs[i]->ptr, bufs[i]->ptr, bufs[i]->n),
+                [&](const mncl_coll_v1_t &host) {
+                  for (size_t k = 0; k < bufs[i]->n; ++k) ints(host.recvbuf)[k] *= 2;
+                  std::unique_lock<std::mutex> lock(mutex);
+                  ++inside;
+                  cv.notify_all();
+                  // Bounded, so that a pool serializing its callers fails instead of hanging.
+                  cv.wait_for(lock, std::chrono::seconds(30), [&] { return inside == kLanes; });
+                });
+    });
+  }
+  for (auto &t : lanes) t.join();
+  EXPECT_EQ(inside, kLanes);
+  for (int i = 0; i < kLanes; ++i) {
+    const auto v = bufs[i]->get();
+    for (size_t k = 0; k < v.size(); k += 9973) ASSERT_EQ(v[k], 2 * static_cast<int>(k)) << i;
+  }
+  const auto c = g_fake.get();
+  EXPECT_EQ(c.host_allocs, static_cast<uint64_t>(kLanes)) << "one buffer per concurrent call";
+  EXPECT_EQ(c.host_allocs - c.host_frees, StagingPool::kKeptIdle);
+  EXPECT_EQ(pool->idle_count(), StagingPool::kKeptIdle);
+  // The four largest calls were 3..6 x 400000 B.
+  EXPECT_GE(pool->idle_pinned_bytes(), (3u + 4u + 5u + 6u) * 400000u);
+  pool.reset();
+  EXPECT_EQ(g_fake.get().host_frees, static_cast<uint64_t>(kLanes));
 }
 
 }  // namespace
