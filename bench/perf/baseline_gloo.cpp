@@ -3,7 +3,8 @@
 // directory that rank 0 creates and names to the others through MNCL (so: ranks on one host,
 // or a shared /tmp). Allreduce uses the algorithm the gloo plugin picks by default (bcube up to
 // 64 KiB on a power-of-two size above 2, ring otherwise; MNCL_GLOO_ALGO=ring|bcube forces one),
-// so the ratio measures MNCL, not an algorithm choice.
+// so the ratio measures MNCL, not an algorithm choice. Sendrecv posts Gloo's unbound-buffer
+// receive and send and waits for both, the calls the gloo plugin makes for mncl_irecv/isend.
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/alltoall.h>
@@ -15,6 +16,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/scatter.h>
+#include <gloo/transport/unbound_buffer.h>
 #include <gloo/transport/tcp/device.h>
 #include <unistd.h>
 
@@ -33,6 +35,9 @@ namespace mncl::perf {
 namespace {
 
 using Func = gloo::AllreduceOptions::Func;
+
+// Slot prefix of the sendrecv messages; the context runs nothing else that uses it.
+constexpr uint8_t kSendrecvSlotPrefix = 0x7e;
 
 template <typename T>
 Func func_for(mncl_op_t op) {
@@ -95,8 +100,10 @@ class GlooBaseline : public Baseline {
       case CollKind::kAllgather:
       case CollKind::kAlltoall:
         return true;
+      case CollKind::kSendrecv:
+        return c.nranks > 1;  // a Gloo context has no pair to itself
       default:
-        return false;  // reduce_scatter and send/recv have no one-call Gloo equivalent
+        return false;  // reduce_scatter has no one-call Gloo equivalent
     }
   }
 
@@ -186,6 +193,18 @@ class GlooBaseline : public Baseline {
         o.setOutput(recv, count * n);
         o.setTag(tag_++);
         gloo::alltoall(o);
+        break;
+      }
+      case CollKind::kSendrecv: {
+        const size_t bytes = count * sizeof(W);
+        const int next = (c.rank + 1) % c.nranks, prev = (c.rank + c.nranks - 1) % c.nranks;
+        const uint64_t slot = gloo::Slot::build(kSendrecvSlotPrefix, tag_++);
+        auto in = ctx_->createUnboundBuffer(recv, bytes);
+        auto out = ctx_->createUnboundBuffer(send, bytes);
+        in->recv(prev, slot);
+        out->send(next, slot);
+        in->waitRecv();
+        out->waitSend();
         break;
       }
       default:
