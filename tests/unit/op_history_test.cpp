@@ -12,18 +12,15 @@
 #include <thread>
 #include <vector>
 
+#include "common/coll.h"  // plugin kit
 #include "core/watchdog.h"
 
 namespace mncl::core {
 namespace {
 
 mncl_coll_v1_t op(int kind, uint64_t seq, size_t count = 4) {
-  mncl_coll_v1_t c{};
-  c.struct_size = sizeof c;
-  c.kind = kind;
+  mncl_coll_v1_t c = kit::make_coll(kind, MNCL_FLOAT32, MNCL_SUM, -1, nullptr, nullptr, count);
   c.seq = seq;
-  c.count = count;
-  c.dtype = MNCL_FLOAT32;
   return c;
 }
 
