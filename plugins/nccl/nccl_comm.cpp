@@ -1,8 +1,11 @@
 #include "nccl/nccl_comm.h"
 
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <optional>
 
 #include "common/dtype.h"
 #include "common/host.h"
@@ -78,20 +81,37 @@ void cuda_check(cudaError_t e, const char *call) {
   }
 }
 
-// Makes the communicator's GPU current for the call and restores the caller's afterwards.
+// Whether this thread has a current CUDA context, from the driver that the runtime loaded
+// (the plugin does not link libcuda: it must load where there is none). Unknown: true.
+bool context_current() {
+  using GetCurrent = int (*)(void **);
+  static std::atomic<GetCurrent> get_current{nullptr};
+  GetCurrent fn = get_current.load();
+  if (fn == nullptr) {
+    void *driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (driver != nullptr) fn = reinterpret_cast<GetCurrent>(dlsym(driver, "cuCtxGetCurrent"));
+    if (fn == nullptr) return true;
+    get_current.store(fn);
+  }
+  void *context = nullptr;
+  return fn(&context) != 0 || context != nullptr;
+}
+
+// Makes the communicator's GPU current for the call and restores the caller's afterwards. A
+// thread without a context gets none back: since CUDA 12, cudaSetDevice(0) there would create
+// a context on GPU 0 (hundreds of MiB, refused in exclusive-process mode) in every rank.
 class DeviceGuard {
  public:
-  explicit DeviceGuard(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+  explicit DeviceGuard(int device) : device_(device) {
+    if (!context_current() || cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
     if (previous_ != device) cuda_check(cudaSetDevice(device), "cudaSetDevice");
-    device_ = device;
   }
   ~DeviceGuard() {
     if (previous_ >= 0 && previous_ != device_) cudaSetDevice(previous_);
   }
 
  private:
-  int previous_ = -1, device_ = -1;
+  int device_ = -1, previous_ = -1;
 };
 
 bool is_device_memory(const void *ptr) {
@@ -125,6 +145,16 @@ Comm::Comm(const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host)
     throw kit::Error(MNCL_ERR_PLUGIN,
                      format("nccl: no CUDA device (cudaGetDeviceCount: %s)",
                             e == cudaSuccess ? "0 devices" : cudaGetErrorString(e)));
+  }
+  if (device_ >= count && bs.local_size > count) {
+    // Fewer GPUs visible than ranks on the host: each process was given its own subset
+    // (CUDA_VISIBLE_DEVICES per task, as Slurm's --gpus-per-task does), so take ours in turn.
+    // Ranks that really share a GPU are refused by NCCL's duplicate-GPU check at init.
+    MNCL_KIT_LOG(host_, MNCL_LOG_INFO,
+                 "nccl: rank %d: device %d of %d visible; using device %d (a per-process GPU "
+                 "set)",
+                 rank_, device_, count, device_ % count);
+    device_ %= count;
   }
   if (device_ >= count) {
     throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
@@ -195,8 +225,9 @@ Comm::~Comm() {
   }
   stop_cv_.notify_all();
   if (watchdog_.joinable()) watchdog_.join();
+  std::optional<DeviceGuard> guard;  // for everything below, down to the last cudaFree
   try {
-    DeviceGuard guard(device_);
+    guard.emplace(device_);
     if (!failed_.load()) {
       // Let what is in flight finish (each wait is bounded), then leave NCCL cleanly.
       std::vector<std::shared_ptr<Pending>> left;
@@ -207,14 +238,20 @@ Comm::~Comm() {
       for (const auto &op : left) wait(*op);
       check(ncclCommFinalize(comm_), "ncclCommFinalize");
       wait_ready("ncclCommFinalize", timeout_ms_);
-      ncclCommDestroy(comm_);
-      nccl_aborted_.store(true);  // gone: nothing may touch it any more
+      // Under the lock: an abort from another thread (allowed while we finalize) either ran
+      // before, and then nothing is left to destroy, or finds the comm gone.
+      std::unique_lock<std::shared_mutex> lock(comm_lock_);
+      if (!nccl_aborted_.exchange(true)) ncclCommDestroy(comm_);
     }
   } catch (const std::exception &e) {
     MNCL_KIT_LOG(host_, MNCL_LOG_WARN, "nccl: rank %d: clean shutdown failed (%s); aborting", rank_,
                  e.what());
   }
-  if (!nccl_aborted_.exchange(true)) ncclCommAbort(comm_);
+  {
+    // Also waits for an abort still running on another thread before the members go.
+    std::unique_lock<std::shared_mutex> lock(comm_lock_);
+    if (!nccl_aborted_.exchange(true)) ncclCommAbort(comm_);
+  }
   if (barrier_buf_ != nullptr) cudaFree(barrier_buf_);
 }
 
@@ -233,11 +270,10 @@ void Comm::fail(mncl_status_t status, const std::string &message) {
                    rank_, message.c_str());
     }
   }
-  if (!nccl_aborted_.exchange(true)) {
-    // Ends kernels waiting for a dead peer; nothing else runs on the comm meanwhile.
-    std::unique_lock<std::shared_mutex> lock(comm_lock_);
-    ncclCommAbort(comm_);
-  }
+  // Ends kernels waiting for a dead peer; nothing else runs on the comm meanwhile. The flag is
+  // taken under the lock, so that whoever saw it set can wait for the abort by taking the lock.
+  std::unique_lock<std::shared_mutex> lock(comm_lock_);
+  if (comm_ != nullptr && !nccl_aborted_.exchange(true)) ncclCommAbort(comm_);
 }
 
 void Comm::check_usable(const char *what) {
@@ -260,8 +296,9 @@ void Comm::check(ncclResult_t result, const char *what) {
   const std::string message = format("%s failed: %s%s%s", what, ncclGetErrorString(result),
                                      detail.empty() ? "" : ": ", detail.c_str());
   const mncl_status_t status = status_of(result);
-  // A local usage error leaves the comm usable; anything else means the ranks may disagree.
-  if (status != MNCL_ERR_INVALID_ARGUMENT && comm_ != nullptr) fail(status, message);
+  // Even a usage error is final: a non-blocking comm keeps a failed group's error as its
+  // asynchronous error, and the other ranks may have launched their part.
+  if (comm_ != nullptr) fail(status, message);
   throw kit::Error(status, "nccl: " + message);
 }
 
@@ -354,8 +391,10 @@ std::shared_ptr<Pending> Comm::post(const mncl_coll_v1_t &coll) {
 bool Comm::test(const Pending &op) {
   DeviceGuard guard(device_);
   const cudaError_t q = cudaEventQuery(op.event);
-  if (q == cudaSuccess) return true;
+  // Checked before success: an abort ends kernels early, so their events complete, but NCCL
+  // promises nothing of the output of operations queued before an error.
   check_usable(op.what);
+  if (q == cudaSuccess) return true;
   if (q != cudaErrorNotReady) cuda_check(q, "cudaEventQuery");
   if (Clock::now() - op.start > std::chrono::milliseconds(op.timeout_ms)) {
     fail(MNCL_ERR_TIMEOUT,
@@ -416,28 +455,38 @@ std::shared_ptr<Pending> Comm::enqueue(const mncl_coll_v1_t &coll, bool *must_wa
 
   // Every launch is one NCCL group: inside it calls only record, and the single ncclGroupEnd
   // is where a non-blocking comm may answer ncclInProgress.
-  ncclResult_t r;
   auto free_temps = [&] {  // in stream order, after the kernels ncclGroupEnd enqueued
     for (void *t : inplace_temps_) cudaFreeAsync(t, stream);
     inplace_temps_.clear();
   };
-  {
+  ncclResult_t r = ncclSuccess;
+  try {
+    copy_aside_inplace_alltoall(dev.coll, stream);  // outside the group: see there
     std::shared_lock<std::shared_mutex> lock(comm_lock_);
     check_usable(what);
     r = ncclGroupStart();
     if (r == ncclSuccess) {
       try {
         launch(dev.coll, stream);
-      } catch (...) {
+      } catch (const kit::Error &e) {
+        // The group may launch what was recorded: peers would wait for the rest, so the comm
+        // fails now (fail() takes the lock exclusively).
         ncclGroupEnd();
-        free_temps();
+        lock.unlock();
+        fail(e.status(), e.what());
         throw;
       }
       r = ncclGroupEnd();
     }
+    lock.unlock();
+    // With ncclInProgress, NCCL enqueues the group's kernels from its own thread: only once
+    // check() has seen the comm ready may the temporaries' frees follow them on the stream.
+    check(r, what);
+  } catch (...) {
+    free_temps();
+    throw;
   }
   free_temps();
-  check(r, what);
 
   auto op = std::make_shared<Pending>();
   cuda_check(cudaEventCreateWithFlags(&op->event, cudaEventDisableTiming), "cudaEventCreate");
@@ -540,6 +589,20 @@ void Comm::launch(const mncl_coll_v1_t &c, cudaStream_t stream) {
   }
 }
 
+// In-place alltoall overwrites blocks it still has to send: they are copied aside first, on the
+// stream, before the group opens (a CUDA failure inside a group would launch part of it);
+// enqueue() frees the copy after the group.
+void Comm::copy_aside_inplace_alltoall(mncl_coll_v1_t &c, cudaStream_t stream) {
+  if (c.kind != MNCL_COLL_ALLTOALL || c.count == 0 || size_ == 1 || c.sendbuf != c.recvbuf) return;
+  const size_t bytes = c.count * kit::dtype_size(c.dtype) * static_cast<size_t>(size_);
+  void *copy = nullptr;
+  cuda_check(cudaMallocAsync(&copy, bytes, stream), "cudaMallocAsync");
+  inplace_temps_.push_back(copy);
+  cuda_check(cudaMemcpyAsync(copy, c.sendbuf, bytes, cudaMemcpyDeviceToDevice, stream),
+             "cudaMemcpyAsync");
+  c.sendbuf = copy;
+}
+
 // scatter, gather and alltoall as point-to-point inside the caller's group; the rank's own
 // block is a device-to-device copy (none when in place).
 void Comm::grouped_exchange(const mncl_coll_v1_t &c, cudaStream_t stream) {
@@ -585,17 +648,7 @@ void Comm::grouped_exchange(const mncl_coll_v1_t &c, cudaStream_t stream) {
     } else {
       call(ncclSend(send, c.count, dt, c.root, comm_, stream), "ncclSend (gather)");
     }
-  } else {  // alltoall; in place, the blocks to send are copied aside first
-    if (send == recv && size_ > 1) {
-      void *copy = nullptr;
-      cuda_check(cudaMallocAsync(&copy, block * static_cast<size_t>(size_), stream),
-                 "cudaMallocAsync");
-      cuda_check(cudaMemcpyAsync(copy, send, block * static_cast<size_t>(size_),
-                                 cudaMemcpyDeviceToDevice, stream),
-                 "cudaMemcpyAsync");
-      send = static_cast<const char *>(copy);
-      inplace_temps_.push_back(copy);  // enqueue() frees it after ncclGroupEnd
-    }
+  } else {  // alltoall (in place, enqueue() has pointed sendbuf at a copy already)
     for (int p = 0; p < size_; ++p) {
       const size_t off = static_cast<size_t>(p) * block;
       if (p == rank_) {

@@ -2,7 +2,9 @@
 //
 // Creation: rank 0 makes the NCCL unique id and publishes it in the bootstrap store ("id");
 // the others read it, and the last reader deletes it. The GPU is bs->device (the core's
-// choice: config.device, else MNCL_DEVICE, else the local rank).
+// choice: config.device, else MNCL_DEVICE, else the local rank), taken modulo the visible
+// count when the process sees fewer GPUs than its host has ranks (CUDA_VISIBLE_DEVICES set per
+// process, as by Slurm's --gpus-per-task).
 //
 // Collectives are enqueued on the caller's stream (NULL: the legacy default stream) and
 // return, as NCCL's do; each is followed by an event that post/test and the watchdog use.
@@ -67,6 +69,7 @@ class Comm {
   std::shared_ptr<Pending> enqueue(const mncl_coll_v1_t &coll, bool *must_wait);
   void launch(const mncl_coll_v1_t &c, cudaStream_t stream);
   void grouped_exchange(const mncl_coll_v1_t &c, cudaStream_t stream);
+  void copy_aside_inplace_alltoall(mncl_coll_v1_t &c, cudaStream_t stream);
   void wait(const Pending &op);
   void wait_ready(const char *what, int64_t timeout_ms);
   void check(ncclResult_t result, const char *what);

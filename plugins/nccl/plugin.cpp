@@ -56,7 +56,10 @@ mncl_status_t nccl_probe(const mncl_probe_v1_t *info, int32_t *score, char *reas
                        .c_str());
     return MNCL_OK;
   }
-  if (info != nullptr && info->local_size > count) {
+  // More ranks than visible GPUs is fine when the host has a GPU per rank and each process
+  // sees its own subset (CUDA_VISIBLE_DEVICES per task); hwloc counts the host's GPUs.
+  const bool per_process_gpus = info != nullptr && info->num_gpus >= info->local_size;
+  if (info != nullptr && info->local_size > count && !per_process_gpus) {
     *score = 0;
     kit::copy_cstr(reason, reason_len,
                    kit::format("%d ranks on this host but only %d CUDA device%s (NCCL needs one "

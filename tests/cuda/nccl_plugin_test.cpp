@@ -113,6 +113,11 @@ TEST_F(NcclPlugin, ProbeMatchesTheGpusPresent) {
     ASSERT_EQ(table_->probe(&info, &score, reason, sizeof reason), MNCL_OK);
     EXPECT_EQ(score, 0);
     EXPECT_NE(std::string(reason).find("ranks on this host"), std::string::npos) << reason;
+    // ...unless the host has a GPU per rank and each process sees its own (Slurm's
+    // --gpus-per-task): hwloc counts them all.
+    info.num_gpus = info.local_size;
+    ASSERT_EQ(table_->probe(&info, &score, reason, sizeof reason), MNCL_OK);
+    EXPECT_GT(score, 10) << reason;
   }
 }
 

@@ -13,7 +13,7 @@
 #   tests/gpu/run.sh [build-dir]        (default build-gpu; CUDA_HOME / NCCL_HOME respected)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-BUILD=${1:-build-gpu}
+BUILD=$(realpath -m "${1:-build-gpu}")  # absolute: MNCL_PLUGIN_PATH below must be
 LOGS=$BUILD/gpu-logs
 JOBS=$(nproc)
 failed=0
@@ -67,7 +67,7 @@ else
 fi
 mkdir -p "$LOGS"
 BIN=$BUILD/bin
-export MNCL_PLUGIN_PATH=$PWD/$BUILD/lib/mncl/plugins MNCL_TIMEOUT=60
+export MNCL_PLUGIN_PATH=$BUILD/lib/mncl/plugins MNCL_TIMEOUT=60
 RUN="$BIN/mncl-run --timeout 240 --tag-output"
 has_gloo=$([ -f "$MNCL_PLUGIN_PATH/libmncl-gloo.so" ] && echo 1 || echo 0)
 
