@@ -167,7 +167,9 @@ MNCL_API mncl_status_t mncl_comm_create(const mncl_config_t *config, mncl_comm_t
 /* Collective: waits (bounded by the timeout) for in-flight operations, then frees everything. */
 MNCL_API mncl_status_t mncl_comm_destroy(mncl_comm_t comm);
 /* Local, any thread: every blocked or later operation on `comm` fails with MNCL_ERR_ABORTED.
- * The handle stays valid until mncl_comm_destroy. Calling it twice is harmless. */
+ * The handle stays valid until mncl_comm_destroy returns. Calling it twice is harmless. During
+ * a mncl_comm_destroy on another thread it cuts short the waits for the other ranks (a peer
+ * that died); that destroy then returns MNCL_ERR_ABORTED, and the communicator is freed. */
 MNCL_API mncl_status_t mncl_comm_abort(mncl_comm_t comm);
 /* Collective: ranks passing the same color form a new communicator, ordered by (key, old rank).
  * color MNCL_SPLIT_NONE: this rank joins none and *newcomm is set to NULL. */

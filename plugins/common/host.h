@@ -14,9 +14,13 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <mutex>
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <unordered_set>
+#include <utility>
 
 // Logs through the host if `level` is enabled; the arguments are not evaluated otherwise.
 #define MNCL_KIT_LOG(host, level, ...)                                                   \
@@ -134,6 +138,33 @@ inline mncl_status_t check_bootstrap(const mncl_host_v1_t *host, const mncl_boot
   return MNCL_OK;
 }
 
+// The communicators comm_abort may still reach. The ABI lets comm_abort come from another thread
+// while comm_destroy runs, to end a blocked teardown. destroy_comm runs the blocking part of
+// the teardown first (Comm::close(), for types that have one), then takes the communicator out
+// of this set under its lock, then frees it; abort_comm runs under the same lock and only on a
+// member. So an abort either ends before the free or finds the communicator gone, never freed
+// memory. create_comm adds what it makes; a plugin that makes communicators elsewhere (flat's
+// split) adds them with track_comm.
+struct LiveComms {
+  std::mutex mutex;
+  std::unordered_set<const void *> comms;
+};
+inline LiveComms &live_comms() {
+  static LiveComms live;
+  return live;
+}
+inline void track_comm(const void *comm) {
+  if (comm == nullptr) return;
+  LiveComms &live = live_comms();
+  std::lock_guard<std::mutex> lock(live.mutex);
+  live.comms.insert(comm);
+}
+
+template <typename T, typename = void>
+struct HasClose : std::false_type {};
+template <typename T>
+struct HasClose<T, std::void_t<decltype(std::declval<T &>().close())>> : std::true_type {};
+
 // The plugin table's comm_create frame: checks the descriptor, stores make()'s communicator in
 // *comm (make may throw kit::Error), logs it. `backend` names the plugin in messages.
 template <typename Make>
@@ -147,23 +178,43 @@ mncl_status_t create_comm(const mncl_host_v1_t *host, const char *backend,
       return st;
     }
     *comm = make();
+    track_comm(*comm);
     MNCL_KIT_LOG(host, MNCL_LOG_INFO, "%s: comm '%s' rank %d of %d created", backend,
                  bs->comm_id ? bs->comm_id : "?", bs->rank, bs->size);
     return MNCL_OK;
   });
 }
 
-// comm_destroy and comm_abort entries for a backend's Comm type.
+// comm_destroy and comm_abort entries for a backend's Comm type (see LiveComms). Comm::close(),
+// if the type has one, is the part of the teardown that waits for peers: comm_abort can end it.
+// The communicator is freed even when close() fails; the failure is still reported.
 template <typename Comm>
 mncl_status_t destroy_comm(const mncl_host_v1_t *host, const char *where, void *comm) noexcept {
-  return guard(host, where, [&] {
-    delete static_cast<Comm *>(comm);
+  auto *c = static_cast<Comm *>(comm);
+  mncl_status_t closed = MNCL_OK;
+  if constexpr (HasClose<Comm>::value) {
+    closed = guard(host, where, [&] {
+      c->close();
+      return MNCL_OK;
+    });
+  }
+  {
+    LiveComms &live = live_comms();
+    std::lock_guard<std::mutex> lock(live.mutex);  // waits for an abort in progress
+    live.comms.erase(comm);
+  }
+  const mncl_status_t freed = guard(host, where, [&] {
+    delete c;
     return MNCL_OK;
   });
+  return closed != MNCL_OK ? closed : freed;
 }
 template <typename Comm>
 mncl_status_t abort_comm(const mncl_host_v1_t *host, const char *where, void *comm) noexcept {
   return guard(host, where, [&] {
+    LiveComms &live = live_comms();
+    std::lock_guard<std::mutex> lock(live.mutex);
+    if (live.comms.count(comm) == 0) return MNCL_OK;  // destroyed already: nothing to end
     static_cast<Comm *>(comm)->abort();
     return MNCL_OK;
   });

@@ -118,6 +118,7 @@ mncl_status_t flat_comm_split(void *comm, int32_t color, int32_t key, const mncl
   *newcomm = nullptr;
   return kit::guard(g_host, "flat comm_split", [&] {
     *newcomm = static_cast<Comm *>(comm)->split(color, bs);
+    kit::track_comm(*newcomm);  // reachable by comm_abort (kit::LiveComms)
     return MNCL_OK;
   });
 }

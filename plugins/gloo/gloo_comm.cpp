@@ -333,6 +333,16 @@ Comm::Comm(const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host, const Sett
 }
 
 Comm::~Comm() {
+  close();
+  context_.reset();  // closes the pairs before their device goes
+  device_.reset();
+}
+
+// The teardown's waiting part (kit::destroy_comm calls it before freeing): comm_abort from
+// another thread ends the final exchange.
+void Comm::close() {
+  if (closed_) return;
+  closed_ = true;
   if (watchdog_.joinable()) {  // no execute() runs any more (comm_destroy is never concurrent)
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -341,18 +351,22 @@ Comm::~Comm() {
     cv_.notify_all();
     watchdog_.join();
   }
-  if (!aborted_.load()) {
-    try {
-      quiesce();
-    } catch (const std::exception &e) {
-      MNCL_KIT_LOG(host_, MNCL_LOG_WARN,
-                   "gloo: comm '%s' rank %d: closing without the final "
-                   "exchange: %s",
-                   comm_id_.c_str(), rank_, e.what());
-    }
+  if (aborted_.load()) return;
+  // Counted in flight, so that an abort keeps knocking until the exchange has let go.
+  in_flight_.fetch_add(1);
+  struct Leave {
+    std::atomic<int> &count;
+    ~Leave() { count.fetch_sub(1); }
+  } leave{in_flight_};
+  try {
+    if (aborted_.load()) throw kit::Error(MNCL_ERR_ABORTED, "aborted while closing");
+    quiesce();
+  } catch (const std::exception &e) {
+    MNCL_KIT_LOG(host_, MNCL_LOG_WARN,
+                 "gloo: comm '%s' rank %d: closing without the final "
+                 "exchange: %s",
+                 comm_id_.c_str(), rank_, e.what());
   }
-  context_.reset();  // closes the pairs before their device goes
-  device_.reset();
 }
 
 // Some Gloo algorithms (ring_chunked) return before their last send has left this process, and

@@ -115,6 +115,9 @@ class Comm {
   // Any thread: wakes every running execute (which then fails with MNCL_ERR_ABORTED) and fails
   // every later one. Returns once the running calls have left Gloo, or after the op timeout.
   void abort();
+  // The part of the teardown that waits for the peers (the final exchange); the destructor
+  // calls it if kit::destroy_comm has not.
+  void close();
 
  private:
   struct Op;  // one running execute(): description, tag, timeouts, deadline (gloo_comm.cpp)
@@ -175,6 +178,7 @@ class Comm {
   std::string broken_;         // the first failure ("" while healthy): the comm is unusable
   std::vector<Op *> running_;  // ops the watchdog times out (TCP: all running ops)
   bool stopping_ = false;      // the destructor stops the watchdog
+  bool closed_ = false;        // close() ran
   std::thread watchdog_;       // started last in the constructor; TCP with size > 1 only
 
   // Point-to-point message numbers per peer (slots), so messages between a pair match in order.

@@ -219,15 +219,33 @@ Comm::Comm(const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host)
 }
 
 Comm::~Comm() {
+  close();
+  std::optional<DeviceGuard> guard;  // for the last abort and cudaFree
+  try {
+    guard.emplace(device_);
+  } catch (const std::exception &) {
+  }
+  {
+    // Also waits for an abort still running on another thread before the members go.
+    std::unique_lock<std::shared_mutex> lock(comm_lock_);
+    if (!nccl_aborted_.exchange(true)) ncclCommAbort(comm_);
+  }
+  if (barrier_buf_ != nullptr) cudaFree(barrier_buf_);
+}
+
+// The teardown's waiting part (kit::destroy_comm calls it before freeing): comm_abort from
+// another thread ends it (fail() aborts the NCCL communicator, and every wait checks for that).
+void Comm::close() {
+  if (closed_) return;
+  closed_ = true;
   {
     std::lock_guard<std::mutex> lock(pending_mutex_);
     stopping_ = true;
   }
   stop_cv_.notify_all();
   if (watchdog_.joinable()) watchdog_.join();
-  std::optional<DeviceGuard> guard;  // for everything below, down to the last cudaFree
   try {
-    guard.emplace(device_);
+    DeviceGuard guard(device_);
     if (!failed_.load()) {
       // Let what is in flight finish (each wait is bounded), then leave NCCL cleanly.
       std::vector<std::shared_ptr<Pending>> left;
@@ -247,12 +265,6 @@ Comm::~Comm() {
     MNCL_KIT_LOG(host_, MNCL_LOG_WARN, "nccl: rank %d: clean shutdown failed (%s); aborting", rank_,
                  e.what());
   }
-  {
-    // Also waits for an abort still running on another thread before the members go.
-    std::unique_lock<std::shared_mutex> lock(comm_lock_);
-    if (!nccl_aborted_.exchange(true)) ncclCommAbort(comm_);
-  }
-  if (barrier_buf_ != nullptr) cudaFree(barrier_buf_);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -64,6 +64,9 @@ class Comm {
   bool test(const Pending &op);
   // Any thread: aborts the NCCL communicator; later calls fail with MNCL_ERR_ABORTED.
   void abort();
+  // The teardown's waiting part (in-flight work, ncclCommFinalize); abort() can end it. The
+  // destructor calls it if kit::destroy_comm has not.
+  void close();
 
  private:
   std::shared_ptr<Pending> enqueue(const mncl_coll_v1_t &coll, bool *must_wait);
@@ -100,6 +103,7 @@ class Comm {
   std::vector<std::shared_ptr<Pending>> pending_;
   std::condition_variable stop_cv_;
   bool stopping_ = false;
+  bool closed_ = false;  // close() ran
   std::thread watchdog_;
 };
 

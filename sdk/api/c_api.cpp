@@ -17,7 +17,8 @@
 
 // The opaque handles of mncl.h.
 struct mncl_comm {
-  std::unique_ptr<mncl::core::Comm> impl;
+  // Shared with a mncl_comm_abort running on another thread, which may outlast the handle.
+  std::shared_ptr<mncl::core::Comm> impl;
 };
 struct mncl_request {
   std::shared_ptr<mncl::core::Operation> op;
@@ -69,6 +70,18 @@ mncl::core::Comm &comm_of(mncl_comm_t comm, const char *fn) {
              "%s: comm %p is not a live communicator (destroyed, or never created)", fn,
              static_cast<void *>(comm));
   return *comm->impl;
+}
+
+// For calls that may come from any thread at any time (mncl_comm_abort): a reference taken
+// under the registry's lock keeps the communicator alive even if another thread's
+// mncl_comm_destroy frees the handle meanwhile.
+std::shared_ptr<mncl::core::Comm> comm_ref(mncl_comm_t comm, const char *fn) {
+  MNCL_CHECK(comm != nullptr, MNCL_ERR_INVALID_ARGUMENT, "%s: comm is NULL", fn);
+  std::lock_guard<std::mutex> lock(g_handles_mutex);
+  MNCL_CHECK(g_comms.count(comm) != 0, MNCL_ERR_INVALID_ARGUMENT,
+             "%s: comm %p is not a live communicator (destroyed, or never created)", fn,
+             static_cast<void *>(comm));
+  return comm->impl;
 }
 
 template <typename T>
@@ -218,15 +231,21 @@ MNCL_API mncl_status_t mncl_comm_create(const mncl_config_t *config, mncl_comm_t
 MNCL_API mncl_status_t mncl_comm_destroy(mncl_comm_t comm) {
   return guard([&] {
     auto &c = comm_of(comm, "mncl_comm_destroy");
-    untrack(g_comms, comm);
-    // The handle is freed whatever destroy() reports.
-    std::unique_ptr<mncl_comm> owner(comm);
+    // The handle stays live while destroy() runs, so that mncl_comm_abort from another thread
+    // can cut it short (mncl.h: "at any time"); it is freed whatever destroy() reports.
+    struct Release {
+      mncl_comm_t handle;
+      ~Release() {
+        untrack(g_comms, handle);
+        delete handle;  // the Comm lives on while an abort still holds it (comm_ref)
+      }
+    } release{comm};
     c.destroy();
   });
 }
 
 MNCL_API mncl_status_t mncl_comm_abort(mncl_comm_t comm) {
-  return guard([&] { comm_of(comm, "mncl_comm_abort").abort(); });
+  return guard([&] { comm_ref(comm, "mncl_comm_abort")->abort(); });
 }
 
 MNCL_API mncl_status_t mncl_comm_split(mncl_comm_t comm, int color, int key, mncl_comm_t *newcomm) {

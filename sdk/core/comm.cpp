@@ -261,7 +261,7 @@ void Comm::leave_job() {
   // Wait until the store's host has stopped accepting connections, so that re-creating a
   // communicator on the same address reaches the next server, not the one about to go.
   try {
-    job_store_->get("job/closing", wait_options(timeout_ms_, nullptr));
+    job_store_->get("job/closing", wait_options(timeout_ms_, &aborted_));
   } catch (const Error &e) {
     // The host already shut the store down (REMOTE): just as good. A timeout: it is gone or
     // stuck, and a later create will say so.
@@ -654,6 +654,7 @@ void Comm::abort() {
 void Comm::abort_plugin() {
   plugin_stop_.store(true);  // wakes the plugin's store waits
   if (plugin_aborted_.exchange(true)) return;
+  std::lock_guard<std::mutex> gate(plugin_gate_);  // see destroy()
   if (plugin_comm_ != nullptr) {
     if (table_->comm_abort(plugin_comm_) != MNCL_OK) {
       MNCL_WARN("backend %s: comm_abort failed: %s", backend().c_str(), last_error());
@@ -779,6 +780,7 @@ std::unique_ptr<Comm> Comm::split(int color, int key) {
 
 void Comm::destroy() {
   if (destroyed_.exchange(true)) return;
+  const bool aborted_before = aborted_.load();
   // Let every issued operation finish (each is bounded by the timeout), then stop the threads.
   stop_lane(collectives_);
   for (auto &lane : p2p_) {
@@ -789,11 +791,15 @@ void Comm::destroy() {
   std::string error;
   mncl_status_t status = MNCL_OK;
   if (plugin_comm_ != nullptr) {
+    // Without the gate: an abort from another thread may end a teardown that waits for peers
+    // (the ABI allows comm_abort during comm_destroy); once it returns, no abort reaches the
+    // freed communicator.
     set_last_error("");
     status = table_->comm_destroy(plugin_comm_);
     if (status != MNCL_OK) {
       error = format("mncl_comm_destroy: backend '%s': %s", backend().c_str(), last_error());
     }
+    std::lock_guard<std::mutex> gate(plugin_gate_);
     plugin_comm_ = nullptr;
   }
   // Leave protocol: rank 0 removes the communicator's keys once every rank is done with them
@@ -821,8 +827,27 @@ void Comm::destroy() {
             cleanup.push_back(format("split%llu/%d", static_cast<unsigned long long>(s), r));
           }
         }
-        auto missing = comm_store_->wait(leave, wait_options(timeout_ms_, nullptr));
-        if (!missing.empty()) {
+        // mncl_comm_abort from another thread cuts this wait short (a peer that died).
+        std::vector<std::string> missing;
+        bool cut_short = false;
+        try {
+          missing = comm_store_->wait(leave, wait_options(timeout_ms_, &aborted_));
+        } catch (const Error &e) {
+          if (e.status() != MNCL_ERR_ABORTED) throw;
+          cut_short = true;
+          missing = comm_store_->wait(leave, wait_options(0, nullptr));
+        }
+        if (cut_short || (!missing.empty() && aborted_.load())) {
+          std::vector<int> ranks;
+          for (const auto &k : missing) ranks.push_back(std::stoi(k.substr(std::strlen("leave/"))));
+          if (error.empty()) {
+            status = MNCL_ERR_ABORTED;
+            error = format(
+                "mncl_comm_destroy(%s): aborted while it waited for rank%s %s to leave; the "
+                "communicator is freed",
+                id_.c_str(), ranks.size() > 1 ? "s" : "", list_ranks(ranks).c_str());
+          }
+        } else if (!missing.empty()) {
           MNCL_WARN(
               "mncl_comm_destroy(%s): %zu rank(s) did not destroy the communicator within "
               "%.1f s; the store shuts down without them",
@@ -844,6 +869,13 @@ void Comm::destroy() {
   job_store_.reset();
   plugin_.reset();
 
+  if (error.empty() && !aborted_before && aborted_.load()) {
+    status = MNCL_ERR_ABORTED;  // it cut short waits for the other ranks (the backend's, ours)
+    error = format(
+        "mncl_comm_destroy(%s): aborted while it waited for the other ranks; the "
+        "communicator is freed",
+        id_.c_str());
+  }
   if (!error.empty()) throw Error(status, error);
 }
 

@@ -145,10 +145,13 @@ class Comm {
   // Raised by abort() and by the watchdog: wakes the plugin's store waits (StoreBridge).
   std::atomic<bool> plugin_stop_{false};
   std::atomic<bool> plugin_aborted_{false};  // comm_abort called (once)
-  bool debug_checks_ = false;                // MNCL_DEBUG_CHECKS=1
-  std::chrono::microseconds linger_{0};      // MNCL_LANE_LINGER_US (see work())
-  OpHistory history_;                        // last operations, for the watchdog and messages
-  std::unique_ptr<Watchdog> watchdog_;       // started by the first operation
+  // Held by abort_plugin around comm_abort, and by destroy when it forgets plugin_comm_ after
+  // comm_destroy returned: no abort reaches a freed plugin communicator.
+  std::mutex plugin_gate_;
+  bool debug_checks_ = false;            // MNCL_DEBUG_CHECKS=1
+  std::chrono::microseconds linger_{0};  // MNCL_LANE_LINGER_US (see work())
+  OpHistory history_;                    // last operations, for the watchdog and messages
+  std::unique_ptr<Watchdog> watchdog_;   // started by the first operation
   std::mutex watchdog_mutex_;
   std::string watchdog_report_;  // set when the watchdog fired (under the mutex)
   // Set once every rank has joined: from then on rank 0 keeps the store up at destroy until all

@@ -13,7 +13,8 @@
 // starts the ranks; they take their rank from mpirun's environment and report through a FIFO
 // in the run's folder (mpirun passes no descriptors on), and mpirun's exit ends the wait.
 //
-//   fault_test killed|stalled|late|mismatch|abort|recovery|watchdog|store_bind|store_token
+//   fault_test killed|stalled|late|mismatch|abort|abort_destroy|recovery|watchdog|store_bind|
+//              store_token
 //              [--backend B] [--ranks N] [--timeout S] [--runs N] [--debug-checks 0|1]
 //              [--case allreduce_vs_bcast|count|dtype|root] [--netns NS0,NS1 --hosts A0,A1]
 //              [--launcher fork|mpirun] [--mpirun PATH] [--mpirun-arg ARG]... [--expect-job-end]
@@ -331,6 +332,39 @@ int worker_abort(Worker &w) {
   return 0;
 }
 
+// Rank 0 waits in mncl_comm_destroy for a rank that does not leave (rank 1 sleeps, then
+// abandons the communicator: abort + destroy, no leave); another thread of rank 0 aborts it.
+int worker_abort_destroy(Worker &w) {
+  mncl_comm_t comm = nullptr;
+  if (auto st = mncl_comm_create(nullptr, &comm); st != MNCL_OK) return fail_create(w, st);
+  const mncl_status_t joined = mncl_barrier(comm, nullptr);
+  if (w.rank != 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    w.result(joined, now_ns());
+    mncl_comm_abort(comm);
+    mncl_comm_destroy(comm);
+    return 0;
+  }
+  int64_t t_abort = 0;
+  mncl_status_t aborted = MNCL_ERR_INTERNAL;
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    t_abort = now_ns();
+    aborted = mncl_comm_abort(comm);
+  });
+  const mncl_status_t st = joined != MNCL_OK ? joined : mncl_comm_destroy(comm);
+  const int64_t t = now_ns();
+  const std::string message = mncl_last_error();
+  aborter.join();
+  // The handle is gone now, whatever destroy said.
+  const mncl_status_t after = mncl_comm_abort(comm);
+  w.result(
+      st, t,
+      fmt("%lld %s %s", static_cast<long long>(t_abort), status_name(aborted), status_name(after)),
+      message.c_str());
+  return 0;
+}
+
 // Every rank calls into a plugin that never returns (the "hang" mock).
 int worker_watchdog(Worker &w) {
   mncl_comm_t comm = nullptr;
@@ -380,6 +414,7 @@ int worker_main() {
   if (w.scenario == "late") return worker_late(w);
   if (w.scenario == "mismatch") return worker_mismatch(w);
   if (w.scenario == "abort") return worker_abort(w);
+  if (w.scenario == "abort_destroy") return worker_abort_destroy(w);
   if (w.scenario == "watchdog") return worker_watchdog(w);
   if (w.scenario == "store_bind" || w.scenario == "store_token") return worker_store(w);
   std::fprintf(stderr, "worker: unknown scenario '%s'\n", w.scenario.c_str());
@@ -861,6 +896,26 @@ int drive_abort(const Options &o) {
                     status_name(e.status), lat, word(2).c_str(), word(3).c_str(), word(4).c_str()));
 }
 
+// (5b) abort from another thread while mncl_comm_destroy waits for a rank that never leaves.
+int drive_abort_destroy(const Options &o) {
+  const std::string name = test_name(o, "abort_destroy");
+  Job job(o, o.ranks, {});
+  job.results_from({0}, 30);
+  auto it = job.results().find(0);
+  if (it == job.results().end()) return report(name, o, false, "rank 0 never returned");
+  const Event &e = it->second;
+  const double lat = e.extra.size() >= 1 ? seconds(e.t - std::atoll(e.extra[0].c_str())) : -1;
+  const auto word = [&](size_t i) { return e.extra.size() > i ? e.extra[i] : std::string("?"); };
+  const bool ok = e.status == MNCL_ERR_ABORTED && lat >= 0 && lat <= 1.0 && word(1) == "OK" &&
+                  word(2) == "INVALID_ARGUMENT" &&
+                  job.message(0).find("aborted while it waited for") != std::string::npos;
+  if (!ok) std::fprintf(stderr, "%s: rank 0: %s\n", name.c_str(), job.message(0).c_str());
+  return report(name, o, ok,
+                fmt("destroy returned %s %.3f s after mncl_comm_abort (bound 1 s; the timeout "
+                    "is %d s); the freed handle then gives %s",
+                    status_name(e.status), lat, o.timeout_s, word(2).c_str()));
+}
+
 // (6) recovery: a rank dies, the others re-create a smaller communicator on a new store.
 int drive_recovery(const Options &o) {
   const std::string name = test_name(o, "recovery");
@@ -1079,6 +1134,7 @@ int main(int argc, char **argv) {
   if (o.scenario == "late") return drive_late(o);
   if (o.scenario == "mismatch") return drive_mismatch(o);
   if (o.scenario == "abort") return drive_abort(o);
+  if (o.scenario == "abort_destroy") return drive_abort_destroy(o);
   if (o.scenario == "recovery") return drive_recovery(o);
   if (o.scenario == "watchdog") return drive_watchdog(o);
   if (o.scenario == "store_bind") return drive_store_bind(o);
