@@ -44,6 +44,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -877,9 +878,12 @@ int drive_mismatch(const Options &o) {
                     o.runs, wrong, errors, oks, lost, st.c_str()));
 }
 
-// (5) abort from another thread.
-int drive_abort(const Options &o) {
-  const std::string name = test_name(o, "abort");
+// The abort scenarios: rank 0 reports the status of the call that another of its threads
+// aborted, with the abort's time (ns) and more words after it. judge(status, seconds from the
+// abort to the call's return, word(i), rank 0's message) returns {ok, detail}.
+template <typename Judge>
+int drive_rank0_abort(const Options &o, const char *scenario, Judge &&judge) {
+  const std::string name = test_name(o, scenario);
   Job job(o, o.ranks, {});
   job.results_from({0}, 30);
   auto it = job.results().find(0);
@@ -887,33 +891,36 @@ int drive_abort(const Options &o) {
   const Event &e = it->second;
   const double lat = e.extra.size() >= 1 ? seconds(e.t - std::atoll(e.extra[0].c_str())) : -1;
   const auto word = [&](size_t i) { return e.extra.size() > i ? e.extra[i] : std::string("?"); };
-  const bool ok = e.status == MNCL_ERR_ABORTED && lat >= 0 && lat <= 1.0 && word(1) == "OK" &&
-                  word(2) == "OK" && word(3) == "ABORTED" && word(4) == "OK";
+  const auto [ok, detail] = judge(e.status, lat, word, job.message(0));
   if (!ok) std::fprintf(stderr, "%s: rank 0: %s\n", name.c_str(), job.message(0).c_str());
-  return report(name, o, ok,
-                fmt("blocked call returned %s %.3f s after mncl_comm_abort (bound 1 s); second "
-                    "abort %s; next call %s; destroy %s",
-                    status_name(e.status), lat, word(2).c_str(), word(3).c_str(), word(4).c_str()));
+  return report(name, o, ok, detail);
+}
+
+// (5) abort from another thread.
+int drive_abort(const Options &o) {
+  return drive_rank0_abort(o, "abort", [](int status, double lat, auto word, const std::string &) {
+    const bool ok = status == MNCL_ERR_ABORTED && lat >= 0 && lat <= 1.0 && word(1) == "OK" &&
+                    word(2) == "OK" && word(3) == "ABORTED" && word(4) == "OK";
+    return std::make_pair(
+        ok, fmt("blocked call returned %s %.3f s after mncl_comm_abort (bound 1 s); second "
+                "abort %s; next call %s; destroy %s",
+                status_name(status), lat, word(2).c_str(), word(3).c_str(), word(4).c_str()));
+  });
 }
 
 // (5b) abort from another thread while mncl_comm_destroy waits for a rank that never leaves.
 int drive_abort_destroy(const Options &o) {
-  const std::string name = test_name(o, "abort_destroy");
-  Job job(o, o.ranks, {});
-  job.results_from({0}, 30);
-  auto it = job.results().find(0);
-  if (it == job.results().end()) return report(name, o, false, "rank 0 never returned");
-  const Event &e = it->second;
-  const double lat = e.extra.size() >= 1 ? seconds(e.t - std::atoll(e.extra[0].c_str())) : -1;
-  const auto word = [&](size_t i) { return e.extra.size() > i ? e.extra[i] : std::string("?"); };
-  const bool ok = e.status == MNCL_ERR_ABORTED && lat >= 0 && lat <= 1.0 && word(1) == "OK" &&
-                  word(2) == "INVALID_ARGUMENT" &&
-                  job.message(0).find("aborted while it waited for") != std::string::npos;
-  if (!ok) std::fprintf(stderr, "%s: rank 0: %s\n", name.c_str(), job.message(0).c_str());
-  return report(name, o, ok,
-                fmt("destroy returned %s %.3f s after mncl_comm_abort (bound 1 s; the timeout "
-                    "is %d s); the freed handle then gives %s",
-                    status_name(e.status), lat, o.timeout_s, word(2).c_str()));
+  return drive_rank0_abort(
+      o, "abort_destroy", [&](int status, double lat, auto word, const std::string &message) {
+        const bool ok = status == MNCL_ERR_ABORTED && lat >= 0 && lat <= 1.0 && word(1) == "OK" &&
+                        word(2) == "INVALID_ARGUMENT" &&
+                        message.find("aborted while it waited for") != std::string::npos;
+        return std::make_pair(
+            ok,
+            fmt("destroy returned %s %.3f s after mncl_comm_abort (bound 1 s; the timeout is %d "
+                "s); the freed handle then gives %s",
+                status_name(status), lat, o.timeout_s, word(2).c_str()));
+      });
 }
 
 // (6) recovery: a rank dies, the others re-create a smaller communicator on a new store.
