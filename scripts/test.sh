@@ -45,7 +45,7 @@ sanitized build-asan address,undefined \
   '^(store_test|plugin_kit_test|op_history_test|naive_threads_test|plugin_p2p_concurrency_test|loader|conformance\.(naive|gloo)\.np[1-4]|fault\.(bad_input|leak_cycles|watchdog\..*|abort\.(naive|gloo|shm)\..*|abort_destroy\.(naive|gloo|shm)\..*|killed_rank\.naive\.np4|stalled_rank\.naive\.np4|mismatch\.count\.checks\.naive\.np4))$' \
   "${common_targets[@]}" "${gloo_target[@]}" loader_test
 sanitized build-tsan thread \
-  '^(store_test|plugin_kit_test|op_history_test|naive_threads_test|plugin_p2p_concurrency_test|shm\.lanes|conformance\.naive\.np[24]|fault\.(watchdog\..*|abort\.naive\.np2|abort_destroy\.(naive|gloo)\.np2|stalled_rank\.naive\.np4))$' \
+  '^(store_test|plugin_kit_test|op_history_test|naive_threads_test|plugin_p2p_concurrency_test|shm\.lanes|conformance\.naive\.np[24]|fault\.(watchdog\..*|abort\.naive\.np2|abort_destroy\.naive\.np2|stalled_rank\.naive\.np4))$' \
   "${common_targets[@]}" "${gloo_target[@]}" mncl-shm shm_lanes_test
 
 step "build-fuzz: libFuzzer on wire::parse_frame for ${MNCL_FUZZ_SECONDS:-60} s"

@@ -168,8 +168,10 @@ MNCL_API mncl_status_t mncl_comm_create(const mncl_config_t *config, mncl_comm_t
 MNCL_API mncl_status_t mncl_comm_destroy(mncl_comm_t comm);
 /* Local, any thread: every blocked or later operation on `comm` fails with MNCL_ERR_ABORTED.
  * The handle stays valid until mncl_comm_destroy returns. Calling it twice is harmless. During
- * a mncl_comm_destroy on another thread it cuts short the waits for the other ranks (a peer
- * that died); that destroy then returns MNCL_ERR_ABORTED, and the communicator is freed. */
+ * a mncl_comm_destroy on another thread it cuts short destroy's waits for the other ranks to
+ * leave (a peer that died); that destroy then returns MNCL_ERR_ABORTED, and the communicator is
+ * freed. A backend's own teardown (gloo's final exchange, NCCL's finalize) is bounded by the
+ * timeout instead. */
 MNCL_API mncl_status_t mncl_comm_abort(mncl_comm_t comm);
 /* Collective: ranks passing the same color form a new communicator, ordered by (key, old rank).
  * color MNCL_SPLIT_NONE: this rank joins none and *newcomm is set to NULL. */

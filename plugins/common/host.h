@@ -9,6 +9,7 @@
 
 #include <mncl/mncl_plugin.h>
 
+#include <condition_variable>
 #include <cstdarg>
 #include <cstddef>
 #include <cstdio>
@@ -19,7 +20,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
-#include <unordered_set>
+#include <unordered_map>
 #include <utility>
 
 // Logs through the host if `level` is enabled; the arguments are not evaluated otherwise.
@@ -138,16 +139,19 @@ inline mncl_status_t check_bootstrap(const mncl_host_v1_t *host, const mncl_boot
   return MNCL_OK;
 }
 
-// The communicators comm_abort may still reach. The ABI lets comm_abort come from another thread
-// while comm_destroy runs, to end a blocked teardown. destroy_comm runs the blocking part of
-// the teardown first (Comm::close(), for types that have one), then takes the communicator out
-// of this set under its lock, then frees it; abort_comm runs under the same lock and only on a
-// member. So an abort either ends before the free or finds the communicator gone, never freed
-// memory. create_comm adds what it makes; a plugin that makes communicators elsewhere (flat's
-// split) adds them with track_comm.
+// The communicators comm_abort may still reach. The plugin ABI lets comm_abort come from
+// another thread while any call blocks, comm_destroy included (an application that dlopens a
+// plugin may do that to end a teardown waiting for a dead peer). destroy_comm runs the waiting
+// part of the teardown first (Comm::close(), for types that have one), then takes the
+// communicator out of this set, waiting for aborts in progress, then frees it; abort_comm only
+// acts on a member, counted while it runs (outside the lock: gloo's abort may take a while).
+// So an abort ends before the free or finds the communicator gone, never freed memory.
+// create_comm adds what it makes; flat's split adds its own with track_comm, and flat's
+// comm_destroy takes its communicators out with untrack_comm.
 struct LiveComms {
   std::mutex mutex;
-  std::unordered_set<const void *> comms;
+  std::condition_variable cv;
+  std::unordered_map<const void *, int> aborting;  // member -> aborts in progress
 };
 inline LiveComms &live_comms() {
   static LiveComms live;
@@ -157,7 +161,17 @@ inline void track_comm(const void *comm) {
   if (comm == nullptr) return;
   LiveComms &live = live_comms();
   std::lock_guard<std::mutex> lock(live.mutex);
-  live.comms.insert(comm);
+  live.aborting.emplace(comm, 0);
+}
+// Takes comm out once no abort runs on it; afterwards abort_comm leaves it alone.
+inline void untrack_comm(const void *comm) {
+  LiveComms &live = live_comms();
+  std::unique_lock<std::mutex> lock(live.mutex);
+  live.cv.wait(lock, [&] {
+    auto it = live.aborting.find(comm);
+    return it == live.aborting.end() || it->second == 0;
+  });
+  live.aborting.erase(comm);
 }
 
 template <typename T, typename = void>
@@ -198,12 +212,8 @@ mncl_status_t destroy_comm(const mncl_host_v1_t *host, const char *where, void *
       return MNCL_OK;
     });
   }
-  {
-    LiveComms &live = live_comms();
-    std::lock_guard<std::mutex> lock(live.mutex);  // waits for an abort in progress
-    live.comms.erase(comm);
-  }
   const mncl_status_t freed = guard(host, where, [&] {
+    untrack_comm(comm);
     delete c;
     return MNCL_OK;
   });
@@ -213,8 +223,23 @@ template <typename Comm>
 mncl_status_t abort_comm(const mncl_host_v1_t *host, const char *where, void *comm) noexcept {
   return guard(host, where, [&] {
     LiveComms &live = live_comms();
-    std::lock_guard<std::mutex> lock(live.mutex);
-    if (live.comms.count(comm) == 0) return MNCL_OK;  // destroyed already: nothing to end
+    {
+      std::lock_guard<std::mutex> lock(live.mutex);
+      auto it = live.aborting.find(comm);
+      if (it == live.aborting.end()) return MNCL_OK;  // destroyed already: nothing to end
+      ++it->second;
+    }
+    struct Done {  // counted down however abort() ends
+      LiveComms &live;
+      const void *comm;
+      ~Done() {
+        {
+          std::lock_guard<std::mutex> lock(live.mutex);
+          --live.aborting[comm];
+        }
+        live.cv.notify_all();
+      }
+    } done{live, comm};
     static_cast<Comm *>(comm)->abort();
     return MNCL_OK;
   });

@@ -104,6 +104,7 @@ mncl_status_t flat_comm_destroy(void *comm) {
                  "communicator is leaked");
     return MNCL_OK;
   }
+  kit::untrack_comm(comm);  // waits for an abort in progress (kit::LiveComms)
   delete c;
   return MNCL_OK;
 }

@@ -254,7 +254,13 @@ void Comm::close() {
         left.swap(pending_);
       }
       for (const auto &op : left) wait(*op);
-      check(ncclCommFinalize(comm_), "ncclCommFinalize");
+      ncclResult_t finalized = ncclInternalError;
+      {
+        std::shared_lock<std::shared_mutex> lock(comm_lock_);  // as every NCCL call (fail())
+        check_usable("ncclCommFinalize");
+        finalized = ncclCommFinalize(comm_);
+      }
+      check(finalized, "ncclCommFinalize");
       wait_ready("ncclCommFinalize", timeout_ms_);
       // Under the lock: an abort from another thread (allowed while we finalize) either ran
       // before, and then nothing is left to destroy, or finds the comm gone.

@@ -33,6 +33,7 @@ using mncl::format;
 // Live handles, so a stale or garbage handle is refused instead of dereferenced.
 std::mutex g_handles_mutex;
 std::unordered_set<const void *> g_comms;
+std::unordered_set<const void *> g_destroying;  // in g_comms, inside mncl_comm_destroy
 std::unordered_set<const void *> g_requests;
 
 bool is_live(const std::unordered_set<const void *> &set, const void *p) {
@@ -55,10 +56,14 @@ void untrack(std::unordered_set<const void *> &set, const void *p) {
   g_deaths.fetch_add(1, std::memory_order_release);
 }
 
+// Live and not being destroyed: every call but mncl_comm_abort (comm_ref) needs that.
 bool comm_is_live(const void *comm) {
   const uint64_t deaths = g_deaths.load(std::memory_order_acquire);
   if (comm == t_live_comm && deaths == t_live_deaths) return true;
-  if (!is_live(g_comms, comm)) return false;
+  {
+    std::lock_guard<std::mutex> lock(g_handles_mutex);
+    if (g_comms.count(comm) == 0 || g_destroying.count(comm) != 0) return false;
+  }
   t_live_comm = comm;
   t_live_deaths = deaths;
   return true;
@@ -67,8 +72,9 @@ bool comm_is_live(const void *comm) {
 mncl::core::Comm &comm_of(mncl_comm_t comm, const char *fn) {
   MNCL_CHECK(comm != nullptr, MNCL_ERR_INVALID_ARGUMENT, "%s: comm is NULL", fn);
   MNCL_CHECK(comm_is_live(comm), MNCL_ERR_INVALID_ARGUMENT,
-             "%s: comm %p is not a live communicator (destroyed, or never created)", fn,
-             static_cast<void *>(comm));
+             "%s: comm %p is not a live communicator (destroyed, being destroyed, or never "
+             "created)",
+             fn, static_cast<void *>(comm));
   return *comm->impl;
 }
 
@@ -157,7 +163,7 @@ bool await(mncl_request_t request, int64_t timeout_ms, const char *fn) {
     std::lock_guard<std::mutex> lock(request->op->mutex);
     if (request->op->finished) return true;
   }
-  MNCL_CHECK(is_live(g_comms, request->comm), MNCL_ERR_INVALID_ARGUMENT,
+  MNCL_CHECK(comm_is_live(request->comm), MNCL_ERR_INVALID_ARGUMENT,
              "%s: the request's communicator was destroyed before it completed", fn);
   return request->comm->impl->wait(*request->op, timeout_ms);
 }
@@ -231,11 +237,23 @@ MNCL_API mncl_status_t mncl_comm_create(const mncl_config_t *config, mncl_comm_t
 MNCL_API mncl_status_t mncl_comm_destroy(mncl_comm_t comm) {
   return guard([&] {
     auto &c = comm_of(comm, "mncl_comm_destroy");
-    // The handle stays live while destroy() runs, so that mncl_comm_abort from another thread
-    // can cut it short (mncl.h: "at any time"); it is freed whatever destroy() reports.
+    {
+      // From here only mncl_comm_abort still takes the handle (comm_ref), so that another
+      // thread can cut destroy short (mncl.h: "at any time"); every other call, a second
+      // destroy included, is refused. The handle is freed whatever destroy() reports.
+      std::lock_guard<std::mutex> lock(g_handles_mutex);
+      MNCL_CHECK(g_destroying.insert(comm).second, MNCL_ERR_INVALID_ARGUMENT,
+                 "mncl_comm_destroy: comm %p is being destroyed by another thread",
+                 static_cast<void *>(comm));
+      g_deaths.fetch_add(1, std::memory_order_release);  // drops cached liveness answers
+    }
     struct Release {
       mncl_comm_t handle;
       ~Release() {
+        {
+          std::lock_guard<std::mutex> lock(g_handles_mutex);
+          g_destroying.erase(handle);
+        }
         untrack(g_comms, handle);
         delete handle;  // the Comm lives on while an abort still holds it (comm_ref)
       }

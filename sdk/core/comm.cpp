@@ -257,16 +257,18 @@ void Comm::leave_after_failed_join(const std::vector<int> &absent) {
   }
 }
 
-void Comm::leave_job() {
+bool Comm::leave_job() {
   // Wait until the store's host has stopped accepting connections, so that re-creating a
   // communicator on the same address reaches the next server, not the one about to go.
   try {
     job_store_->get("job/closing", wait_options(timeout_ms_, &aborted_));
   } catch (const Error &e) {
+    if (e.status() == MNCL_ERR_ABORTED) return false;
     // The host already shut the store down (REMOTE): just as good. A timeout: it is gone or
     // stuck, and a later create will say so.
     if (e.status() != MNCL_ERR_REMOTE) MNCL_INFO("mncl_comm_destroy: %s", e.what());
   }
+  return true;
 }
 
 mncl_bootstrap_v1_t Comm::bootstrap_for_plugin() const {
@@ -654,7 +656,10 @@ void Comm::abort() {
 void Comm::abort_plugin() {
   plugin_stop_.store(true);  // wakes the plugin's store waits
   if (plugin_aborted_.exchange(true)) return;
-  std::lock_guard<std::mutex> gate(plugin_gate_);  // see destroy()
+  // Held by destroy() while the backend tears its communicator down and frees it: then the
+  // flag above (which ends the backend's store waits) is all an abort may do.
+  std::unique_lock<std::mutex> gate(plugin_gate_, std::try_to_lock);
+  if (!gate.owns_lock()) return;
   if (plugin_comm_ != nullptr) {
     if (table_->comm_abort(plugin_comm_) != MNCL_OK) {
       MNCL_WARN("backend %s: comm_abort failed: %s", backend().c_str(), last_error());
@@ -790,21 +795,24 @@ void Comm::destroy() {
 
   std::string error;
   mncl_status_t status = MNCL_OK;
-  if (plugin_comm_ != nullptr) {
-    // Without the gate: an abort from another thread may end a teardown that waits for peers
-    // (the ABI allows comm_abort during comm_destroy); once it returns, no abort reaches the
-    // freed communicator.
-    set_last_error("");
-    status = table_->comm_destroy(plugin_comm_);
-    if (status != MNCL_OK) {
-      error = format("mncl_comm_destroy: backend '%s': %s", backend().c_str(), last_error());
-    }
+  {
+    // Under the gate: no comm_abort reaches a communicator the backend is freeing (a plugin
+    // cannot guard the end of its own comm_destroy). An abort meanwhile still ends the
+    // backend's store waits, and the core's own waits below.
     std::lock_guard<std::mutex> gate(plugin_gate_);
-    plugin_comm_ = nullptr;
+    if (plugin_comm_ != nullptr) {
+      set_last_error("");
+      status = table_->comm_destroy(plugin_comm_);
+      if (status != MNCL_OK) {
+        error = format("mncl_comm_destroy: backend '%s': %s", backend().c_str(), last_error());
+      }
+      plugin_comm_ = nullptr;
+    }
   }
   // Leave protocol: rank 0 removes the communicator's keys once every rank is done with them
-  // (and, on the job's rank 0, keeps the store server up until then).
-  if (comm_store_ && joined_ && !aborted_.load()) {
+  // (and, on the job's rank 0, keeps the store server up until then). Skipped only when the
+  // communicator was abandoned (aborted) before destroy; an abort during it cuts its waits.
+  if (comm_store_ && joined_ && !aborted_before) {
     try {
       const bool last_of_job = job_ && --job_->live == 0;
       if (last_of_job && job_->hosts_tcp_store) {
@@ -829,15 +837,19 @@ void Comm::destroy() {
         }
         // mncl_comm_abort from another thread cuts this wait short (a peer that died).
         std::vector<std::string> missing;
-        bool cut_short = false;
+        bool cut_short = false;  // by an abort
         try {
           missing = comm_store_->wait(leave, wait_options(timeout_ms_, &aborted_));
         } catch (const Error &e) {
           if (e.status() != MNCL_ERR_ABORTED) throw;
           cut_short = true;
-          missing = comm_store_->wait(leave, wait_options(0, nullptr));
+          try {
+            missing = comm_store_->wait(leave, wait_options(0, nullptr));
+          } catch (const Error &) {
+            // The store is gone as well: the message names no ranks.
+          }
         }
-        if (cut_short || (!missing.empty() && aborted_.load())) {
+        if (cut_short) {
           std::vector<int> ranks;
           for (const auto &k : missing) ranks.push_back(std::stoi(k.substr(std::strlen("leave/"))));
           if (error.empty()) {
@@ -856,7 +868,14 @@ void Comm::destroy() {
         for (const auto &k : cleanup) comm_store_->erase(k);
         for (const auto &k : leave) comm_store_->erase(k);
       }
-      if (last_of_job && job_->tcp_store && !job_->hosts_tcp_store) leave_job();
+      if (last_of_job && job_->tcp_store && !job_->hosts_tcp_store && !leave_job() &&
+          error.empty()) {
+        status = MNCL_ERR_ABORTED;
+        error = format(
+            "mncl_comm_destroy(%s): aborted while it waited for the store's host to "
+            "close; the communicator is freed",
+            id_.c_str());
+      }
     } catch (const Error &e) {
       if (error.empty()) {
         status = e.status();
@@ -869,13 +888,6 @@ void Comm::destroy() {
   job_store_.reset();
   plugin_.reset();
 
-  if (error.empty() && !aborted_before && aborted_.load()) {
-    status = MNCL_ERR_ABORTED;  // it cut short waits for the other ranks (the backend's, ours)
-    error = format(
-        "mncl_comm_destroy(%s): aborted while it waited for the other ranks; the "
-        "communicator is freed",
-        id_.c_str());
-  }
   if (!error.empty()) throw Error(status, error);
 }
 

@@ -112,7 +112,8 @@ class Comm {
                           int key);
   mncl_bootstrap_v1_t bootstrap_for_plugin() const;
   void leave_after_failed_join(const std::vector<int> &absent);
-  void leave_job();
+  // false when an abort cut the wait short.
+  bool leave_job();
   void check_usable(const char *fn) const;
   // Aborts the plugin communicator once (user abort or watchdog).
   void abort_plugin();
@@ -145,8 +146,8 @@ class Comm {
   // Raised by abort() and by the watchdog: wakes the plugin's store waits (StoreBridge).
   std::atomic<bool> plugin_stop_{false};
   std::atomic<bool> plugin_aborted_{false};  // comm_abort called (once)
-  // Held by abort_plugin around comm_abort, and by destroy when it forgets plugin_comm_ after
-  // comm_destroy returned: no abort reaches a freed plugin communicator.
+  // Held by abort_plugin around comm_abort and by destroy around comm_destroy (an abort then
+  // skips comm_abort): no abort reaches a plugin communicator being freed.
   std::mutex plugin_gate_;
   bool debug_checks_ = false;            // MNCL_DEBUG_CHECKS=1
   std::chrono::microseconds linger_{0};  // MNCL_LANE_LINGER_US (see work())
