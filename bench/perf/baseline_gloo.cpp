@@ -16,8 +16,8 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/scatter.h>
-#include <gloo/transport/unbound_buffer.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
 #include <unistd.h>
 
 #include <cstdlib>

@@ -297,26 +297,36 @@ int worker_mismatch(Worker &w) {
   return 0;
 }
 
+// The abort scenarios' other ranks: stay alive (and connected) while rank 0 is blocked, then
+// abandon the communicator (abort + destroy: no collective, no leave).
+int abandon_later(Worker &w, mncl_comm_t comm, mncl_status_t status) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  w.result(status, now_ns());
+  mncl_comm_abort(comm);
+  mncl_comm_destroy(comm);
+  return 0;
+}
+
+// The abort scenarios' rank 0: a thread that aborts comm 0.5 s from now, recording when and
+// what mncl_comm_abort returned (twice when `second` is given: the second must be harmless).
+std::thread abort_later(mncl_comm_t comm, int64_t *t_abort, mncl_status_t *first,
+                        mncl_status_t *second = nullptr) {
+  return std::thread([=] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    *t_abort = now_ns();
+    *first = mncl_comm_abort(comm);
+    if (second != nullptr) *second = mncl_comm_abort(comm);
+  });
+}
+
 // Rank 0 blocks in an allreduce nobody else joins; another thread aborts it.
 int worker_abort(Worker &w) {
   mncl_comm_t comm = nullptr;
   if (auto st = mncl_comm_create(nullptr, &comm); st != MNCL_OK) return fail_create(w, st);
-  if (w.rank != 0) {
-    // Stay alive (and connected) while rank 0 is blocked, then leave without a collective.
-    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-    w.result(MNCL_OK, now_ns());
-    mncl_comm_abort(comm);
-    mncl_comm_destroy(comm);
-    return 0;
-  }
+  if (w.rank != 0) return abandon_later(w, comm, MNCL_OK);
   int64_t t_abort = 0;
   mncl_status_t first = MNCL_ERR_INTERNAL, second = MNCL_ERR_INTERNAL;
-  std::thread aborter([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    t_abort = now_ns();
-    first = mncl_comm_abort(comm);
-    second = mncl_comm_abort(comm);  // harmless
-  });
+  std::thread aborter = abort_later(comm, &t_abort, &first, &second);
   std::vector<float> buf(1000, 1.0f);
   const mncl_status_t st =
       mncl_allreduce(comm, buf.data(), buf.data(), buf.size(), MNCL_FLOAT32, MNCL_SUM, nullptr);
@@ -339,20 +349,10 @@ int worker_abort_destroy(Worker &w) {
   mncl_comm_t comm = nullptr;
   if (auto st = mncl_comm_create(nullptr, &comm); st != MNCL_OK) return fail_create(w, st);
   const mncl_status_t joined = mncl_barrier(comm, nullptr);
-  if (w.rank != 0) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-    w.result(joined, now_ns());
-    mncl_comm_abort(comm);
-    mncl_comm_destroy(comm);
-    return 0;
-  }
+  if (w.rank != 0) return abandon_later(w, comm, joined);
   int64_t t_abort = 0;
   mncl_status_t aborted = MNCL_ERR_INTERNAL;
-  std::thread aborter([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    t_abort = now_ns();
-    aborted = mncl_comm_abort(comm);
-  });
+  std::thread aborter = abort_later(comm, &t_abort, &aborted);
   const mncl_status_t st = joined != MNCL_OK ? joined : mncl_comm_destroy(comm);
   const int64_t t = now_ns();
   const std::string message = mncl_last_error();
