@@ -114,6 +114,13 @@ class DeviceGuard {
   int device_ = -1, previous_ = -1;
 };
 
+// A kit::Error's text without its "nccl: ", for messages that get it again (fail()).
+const char *without_prefix(const char *message) {
+  constexpr char kPrefix[] = "nccl: ";
+  return std::strncmp(message, kPrefix, sizeof kPrefix - 1) == 0 ? message + sizeof kPrefix - 1
+                                                                 : message;
+}
+
 bool is_device_memory(const void *ptr) {
   cudaPointerAttributes attr{};
   if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
@@ -151,9 +158,8 @@ Comm::Comm(const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host)
     // (CUDA_VISIBLE_DEVICES per task, as Slurm's --gpus-per-task does), so take ours in turn.
     // Ranks that really share a GPU are refused by NCCL's duplicate-GPU check at init.
     MNCL_KIT_LOG(host_, MNCL_LOG_INFO,
-                 "nccl: rank %d: device %d of %d visible; using device %d (a per-process GPU "
-                 "set)",
-                 rank_, device_, count, device_ % count);
+                 "rank %d: device %d of %d visible; using device %d (a per-process GPU set)", rank_,
+                 device_, count, device_ % count);
     device_ %= count;
   }
   if (device_ >= count) {
@@ -214,7 +220,7 @@ Comm::Comm(const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host)
     throw;
   }
   watchdog_ = std::thread([this] { watchdog_loop(); });
-  MNCL_KIT_LOG(host_, MNCL_LOG_INFO, "nccl: comm '%s' rank %d of %d on CUDA device %d",
+  MNCL_KIT_LOG(host_, MNCL_LOG_INFO, "comm '%s' rank %d of %d on CUDA device %d",
                bs.comm_id ? bs.comm_id : "?", rank_, size_, device_);
 }
 
@@ -268,7 +274,7 @@ void Comm::close() {
       if (!nccl_aborted_.exchange(true)) ncclCommDestroy(comm_);
     }
   } catch (const std::exception &e) {
-    MNCL_KIT_LOG(host_, MNCL_LOG_WARN, "nccl: rank %d: clean shutdown failed (%s); aborting", rank_,
+    MNCL_KIT_LOG(host_, MNCL_LOG_WARN, "rank %d: clean shutdown failed (%s); aborting", rank_,
                  e.what());
   }
 }
@@ -284,8 +290,8 @@ void Comm::fail(mncl_status_t status, const std::string &message) {
       failure_status_ = status;
       failure_ = message;
       failed_.store(true);
-      MNCL_KIT_LOG(host_, MNCL_LOG_ERROR, "nccl: rank %d: %s; aborting the NCCL communicator",
-                   rank_, message.c_str());
+      MNCL_KIT_LOG(host_, MNCL_LOG_ERROR, "rank %d: %s; aborting the NCCL communicator", rank_,
+                   message.c_str());
     }
   }
   // Ends kernels waiting for a dead peer; nothing else runs on the comm meanwhile. The flag is
@@ -320,26 +326,33 @@ void Comm::check(ncclResult_t result, const char *what) {
   throw kit::Error(status, "nccl: " + message);
 }
 
+// ncclCommGetAsyncError; after ncclCommAbort (the comm is gone), ncclInternalError.
+ncclResult_t Comm::async_state() {
+  std::shared_lock<std::shared_mutex> lock(comm_lock_);
+  if (nccl_aborted_.load()) return ncclInternalError;
+  ncclResult_t state = ncclSuccess;
+  ncclCommGetAsyncError(comm_, &state);
+  return state;
+}
+
+// Throws if the comm failed, or fails it (and throws) on an asynchronous NCCL error. Returns
+// ncclSuccess or ncclInProgress.
+ncclResult_t Comm::check_async(const char *what) {
+  check_usable(what);
+  const ncclResult_t state = async_state();
+  if (state != ncclSuccess && state != ncclInProgress) {
+    check_usable(what);  // aborted meanwhile: report that
+    fail(status_of(state),
+         format("%s: asynchronous NCCL error: %s", what, ncclGetErrorString(state)));
+    check_usable(what);
+  }
+  return state;
+}
+
 void Comm::wait_ready(const char *what, int64_t timeout_ms) {
   const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   auto pause = std::chrono::microseconds(5);
-  for (;;) {
-    check_usable(what);
-    ncclResult_t state = ncclSuccess;
-    {
-      std::shared_lock<std::shared_mutex> lock(comm_lock_);
-      if (nccl_aborted_.load())
-        state = ncclInternalError;
-      else
-        ncclCommGetAsyncError(comm_, &state);
-    }
-    if (state == ncclSuccess) return;
-    if (state != ncclInProgress) {
-      check_usable(what);  // aborted meanwhile: report that
-      fail(status_of(state),
-           format("%s: asynchronous NCCL error: %s", what, ncclGetErrorString(state)));
-      check_usable(what);
-    }
+  while (check_async(what) != ncclSuccess) {
     if (Clock::now() >= deadline) {
       fail(MNCL_ERR_TIMEOUT, format("%s did not complete within %.1f s (a peer may have failed)",
                                     what, timeout_ms / 1000.0));
@@ -380,11 +393,7 @@ void Comm::watchdog_loop() {
     }
     if (!overdue.empty()) fail(MNCL_ERR_TIMEOUT, overdue);
     if (failed_.load()) continue;
-    ncclResult_t state = ncclSuccess;
-    {
-      std::shared_lock<std::shared_mutex> lock(comm_lock_);
-      if (!nccl_aborted_.load()) ncclCommGetAsyncError(comm_, &state);
-    }
+    const ncclResult_t state = async_state();
     if (state != ncclSuccess && state != ncclInProgress) {
       fail(status_of(state), format("asynchronous NCCL error: %s", ncclGetErrorString(state)));
     }
@@ -412,7 +421,12 @@ bool Comm::test(const Pending &op) {
   // Checked before success: an abort ends kernels early, so their events complete, but NCCL
   // promises nothing of the output of operations queued before an error.
   check_usable(op.what);
-  if (q == cudaSuccess) return true;
+  if (q == cudaSuccess) {
+    // An error the watchdog has not seen yet (it polls every 100 ms) may have cut the kernels
+    // short too: the operation counts as done only on a comm without one.
+    check_async(op.what);
+    return true;
+  }
   if (q != cudaErrorNotReady) cuda_check(q, "cudaEventQuery");
   if (Clock::now() - op.start > std::chrono::milliseconds(op.timeout_ms)) {
     fail(MNCL_ERR_TIMEOUT,
@@ -491,7 +505,7 @@ std::shared_ptr<Pending> Comm::enqueue(const mncl_coll_v1_t &coll, bool *must_wa
         // fails now (fail() takes the lock exclusively).
         ncclGroupEnd();
         lock.unlock();
-        fail(e.status(), e.what());
+        fail(e.status(), without_prefix(e.what()));
         throw;
       }
       r = ncclGroupEnd();
@@ -542,14 +556,19 @@ std::shared_ptr<Pending> Comm::enqueue(const mncl_coll_v1_t &coll, bool *must_wa
   return op;
 }
 
+// A call inside the group: it only records (ncclInProgress is fine); a failure names NCCL's
+// reason. Runs with comm_lock_ held shared, so ncclGetLastError sees a live comm.
+void Comm::check_recorded(ncclResult_t r, const char *name) {
+  if (r == ncclSuccess || r == ncclInProgress) return;
+  const char *detail = ncclGetLastError(comm_);
+  throw kit::Error(status_of(r), format("nccl: %s failed: %s%s%s", name, ncclGetErrorString(r),
+                                        detail && *detail ? ": " : "", detail ? detail : ""));
+}
+
 void Comm::launch(const mncl_coll_v1_t &c, cudaStream_t stream) {
   const ncclDataType_t dt = nccl_dtype(c.dtype);
   const ncclRedOp_t op = nccl_op(c.op);
-  auto call = [&](ncclResult_t r, const char *name) {
-    if (r != ncclSuccess && r != ncclInProgress) {
-      throw kit::Error(status_of(r), format("nccl: %s failed: %s", name, ncclGetErrorString(r)));
-    }
-  };
+  auto call = [this](ncclResult_t r, const char *name) { check_recorded(r, name); };
   // Count 0 is a no-op on every rank (counts agree across ranks), so NCCL never sees it.
   switch (c.kind) {
     case MNCL_COLL_ALLREDUCE:
@@ -628,11 +647,7 @@ void Comm::grouped_exchange(const mncl_coll_v1_t &c, cudaStream_t stream) {
   const size_t block = c.count * kit::dtype_size(c.dtype);
   const char *send = static_cast<const char *>(c.sendbuf);
   char *recv = static_cast<char *>(c.recvbuf);
-  auto call = [&](ncclResult_t r, const char *name) {
-    if (r != ncclSuccess && r != ncclInProgress) {
-      throw kit::Error(status_of(r), format("nccl: %s failed: %s", name, ncclGetErrorString(r)));
-    }
-  };
+  auto call = [this](ncclResult_t r, const char *name) { check_recorded(r, name); };
   auto self_copy = [&](char *dst, const char *src) {
     if (dst != src) {
       cuda_check(cudaMemcpyAsync(dst, src, block, cudaMemcpyDeviceToDevice, stream),

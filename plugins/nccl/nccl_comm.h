@@ -75,7 +75,10 @@ class Comm {
   void copy_aside_inplace_alltoall(mncl_coll_v1_t &c, cudaStream_t stream);
   void wait(const Pending &op);
   void wait_ready(const char *what, int64_t timeout_ms);
+  ncclResult_t async_state();
+  ncclResult_t check_async(const char *what);
   void check(ncclResult_t result, const char *what);
+  void check_recorded(ncclResult_t result, const char *name);
   void check_usable(const char *what);
   // Records the first failure and aborts the NCCL communicator (any thread).
   void fail(mncl_status_t status, const std::string &message);
