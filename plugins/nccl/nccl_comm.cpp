@@ -82,19 +82,19 @@ void cuda_check(cudaError_t e, const char *call) {
 }
 
 // Whether this thread has a current CUDA context, from the driver that the runtime loaded
-// (the plugin does not link libcuda: it must load where there is none). Unknown: true.
+// (the plugin does not link libcuda: it must load where there is none). Unknown: true. The
+// lookup is made once (the first comm has initialized the runtime, which loads the driver):
+// a dlopen per call, even RTLD_NOLOAD, searches the library path when it fails.
 bool context_current() {
   using GetCurrent = int (*)(void **);
-  static std::atomic<GetCurrent> get_current{nullptr};
-  GetCurrent fn = get_current.load();
-  if (fn == nullptr) {
+  static const GetCurrent get_current = []() -> GetCurrent {
     void *driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-    if (driver != nullptr) fn = reinterpret_cast<GetCurrent>(dlsym(driver, "cuCtxGetCurrent"));
-    if (fn == nullptr) return true;
-    get_current.store(fn);
-  }
+    return driver != nullptr ? reinterpret_cast<GetCurrent>(dlsym(driver, "cuCtxGetCurrent"))
+                             : nullptr;
+  }();
+  if (get_current == nullptr) return true;
   void *context = nullptr;
-  return fn(&context) != 0 || context != nullptr;
+  return get_current(&context) != 0 || context != nullptr;
 }
 
 // Makes the communicator's GPU current for the call and restores the caller's afterwards. A

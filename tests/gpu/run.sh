@@ -6,7 +6,7 @@
 #   3. the staging path (CUDA buffers through naive and gloo) at 2-4 ranks sharing the GPUs;
 #   4. a dead peer: an error within MNCL_TIMEOUT, not a hang (needs 2 GPUs);
 #   5. the overhead of MNCL-nccl over raw NCCL, 1 rank, 8 B to 1 GiB;
-#   6. the CPU-side CUDA tests (fake driver, plugin refusal) from ctest.
+#   6. the CPU-side CUDA tests (fake driver, fake GPU, plugin refusal) from ctest.
 # Prints one "CHECK <name>: PASS|FAIL|SKIP (<s> s) <detail>" line per check, logs in
 # $BUILD/gpu-logs, and exits non-zero if any check failed.
 #
@@ -57,7 +57,7 @@ start=$(date +%s)
 if cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMNCL_WITH_NCCL=ON >"$BUILD/configure.log" 2>&1 &&
    cmake --build "$BUILD" -j"$JOBS" --target mncl mncl-info mncl-run mncl-naive mncl-nccl \
      conformance_test gpu_collectives_test mncl-bench-nccl staging_unit_test staging_spmd_test \
-     nccl_plugin_test cuda_device_count create_probe mncl-fake-cuda \
+     nccl_plugin_test cuda_device_count create_probe mncl-fake-cuda mncl-fake-gpu \
      $(cmake --build "$BUILD" --target help | grep -qw mncl-gloo && echo mncl-gloo) \
      >"$BUILD/build.log" 2>&1; then
   summary build PASS $(($(date +%s) - start)) "$(grep 'nccl plugin:' "$BUILD/configure.log")"

@@ -905,6 +905,11 @@ FAKE_NCCL ncclResult_t ncclCommInitRankConfig(ncclComm_t *handle, int nranks, nc
   return ncclInProgress;
 }
 
+FAKE_NCCL ncclResult_t ncclCommInitRank(ncclComm_t *handle, int nranks, ncclUniqueId id,
+                                        int rank) {
+  return ncclCommInitRankConfig(handle, nranks, id, rank, nullptr);  // blocking
+}
+
 FAKE_NCCL ncclResult_t ncclCommGetAsyncError(ncclComm_t handle, ncclResult_t *state) {
   std::shared_ptr<Comm> c = lookup(handle, "ncclCommGetAsyncError");
   if (c == nullptr || state == nullptr) return ncclInvalidArgument;
