@@ -905,8 +905,7 @@ FAKE_NCCL ncclResult_t ncclCommInitRankConfig(ncclComm_t *handle, int nranks, nc
   return ncclInProgress;
 }
 
-FAKE_NCCL ncclResult_t ncclCommInitRank(ncclComm_t *handle, int nranks, ncclUniqueId id,
-                                        int rank) {
+FAKE_NCCL ncclResult_t ncclCommInitRank(ncclComm_t *handle, int nranks, ncclUniqueId id, int rank) {
   return ncclCommInitRankConfig(handle, nranks, id, rank, nullptr);  // blocking
 }
 
