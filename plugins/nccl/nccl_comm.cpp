@@ -121,13 +121,17 @@ const char *without_prefix(const char *message) {
                                                                  : message;
 }
 
-bool is_device_memory(const void *ptr) {
+// Where a buffer lives: host memory, managed memory (any GPU may use it), or the ordinal of
+// the GPU whose memory it is.
+constexpr int kHostMemory = -1, kManagedMemory = -2;
+int memory_location(const void *ptr) {
   cudaPointerAttributes attr{};
   if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
     cudaGetLastError();  // clear the sticky-less error so later calls do not report it
-    return false;
+    return kHostMemory;
   }
-  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+  if (attr.type == cudaMemoryTypeManaged) return kManagedMemory;
+  return attr.type == cudaMemoryTypeDevice ? attr.device : kHostMemory;
 }
 
 }  // namespace
@@ -459,8 +463,17 @@ std::shared_ptr<Pending> Comm::enqueue(const mncl_coll_v1_t &coll, bool *must_wa
   std::vector<Slot> host_slots;
   for_each_buffer(
       coll, rank_, size_, [&](size_t index, const void *ptr, size_t bytes, bool in, bool out) {
-        if (bytes > 0 && !is_device_memory(ptr)) {
+        if (bytes == 0) return;
+        const int location = memory_location(ptr);
+        if (location == kHostMemory) {
           host_slots.push_back(Slot{index, static_cast<const char *>(ptr), bytes, in, out});
+        } else if (location >= 0 && location != device_) {
+          // Refused here, before NCCL: its own refusal would come from inside the group and
+          // fail the communicator.
+          throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
+                           format("nccl %s: buffer %p is memory of CUDA device %d, but rank %d "
+                                  "runs on device %d (NCCL takes one GPU per rank)",
+                                  what, ptr, location, rank_, device_));
         }
       });
   CollCopy dev(coll);

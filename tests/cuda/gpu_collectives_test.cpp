@@ -220,6 +220,31 @@ TEST(Gpu, PointToPointCoalescedBarrierNonBlocking) {
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(host[i], sum_over_ranks(i));
 }
 
+// A buffer on another GPU than the rank's: a local argument error, and the communicator lives.
+TEST(Gpu, BufferOnAnotherGpuIsRefusedAndTheCommLives) {
+  if (dead_peer_mode()) GTEST_SKIP();
+  const char *backend = "";
+  mncl_comm_backend(g_comm, &backend);
+  if (std::strcmp(backend, "nccl") != 0) GTEST_SKIP() << "host backends stage any GPU's memory";
+  int count = 0, mine = 0;
+  CUDA_OK(cudaGetDeviceCount(&count));
+  CUDA_OK(cudaGetDevice(&mine));
+  if (count < 2) GTEST_SKIP() << "needs 2 visible GPUs";
+  const size_t n = 64;
+  CUDA_OK(cudaSetDevice((mine + 1) % count));
+  Dev<int32_t> elsewhere(values<int32_t>(g_rank, n));
+  CUDA_OK(cudaSetDevice(mine));
+  const mncl_status_t st =
+      mncl_allreduce(g_comm, elsewhere.ptr(), elsewhere.ptr(), n, MNCL_INT32, MNCL_SUM, nullptr);
+  EXPECT_EQ(st, MNCL_ERR_INVALID_ARGUMENT) << mncl_status_string(st) << ": " << mncl_last_error();
+  EXPECT_NE(std::strstr(mncl_last_error(), "memory of CUDA device"), nullptr) << mncl_last_error();
+  // Every rank refused it before NCCL saw it: the next collective works.
+  Dev<int32_t> x(values<int32_t>(g_rank, n));
+  MNCL_OK_OR_DIE(mncl_allreduce(g_comm, x.ptr(), x.ptr(), n, MNCL_INT32, MNCL_SUM, nullptr));
+  const auto r = x.get();
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(r[i], sum_over_ranks(i));
+}
+
 TEST(Gpu, DeadPeerIsAnErrorNotAHang) {
   if (!dead_peer_mode()) GTEST_SKIP() << "set MNCL_GPU_TEST_DEAD_PEER=1 (tests/gpu/run.sh)";
   if (g_size < 2) GTEST_SKIP() << "needs 2 ranks";
