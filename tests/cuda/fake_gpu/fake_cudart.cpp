@@ -414,7 +414,11 @@ FAKE_CUDART cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes
       std::memmove(to, from, bytes);
     };
   }
-  if (!fake_gpu::enqueue(stream, std::move(copy))) return fail(cudaErrorInvalidResourceHandle);
+  Stream *s = find_stream(stream);
+  if (s == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  s->push(std::move(copy));
+  // Into pageable host memory the runtime returns only once the copy is done.
+  if (!dst_dev) s->synchronize();
   return cudaSuccess;
 }
 

@@ -9,8 +9,8 @@
 //    host access to device memory crashes as on a GPU; the fake's "kernels" use the other view.
 //  - Streams are in-order queues, each run by its own worker thread, so work is asynchronous:
 //    a missing synchronization reads stale data. The NULL, legacy and per-thread streams are
-//    one stream. cudaMemcpyAsync from host memory copies the source at once (as the runtime
-//    does for pageable memory); to host memory it lands when the stream gets there.
+//    one stream. cudaMemcpyAsync treats host memory as pageable, as the runtime does: from it,
+//    the source is copied at once; into it, the call returns once the stream has done the copy.
 //  - Events complete when their stream passes them; cudaEventQuery says cudaErrorNotReady
 //    until then. cudaFreeAsync frees in stream order.
 //  - A kernel touching memory that is not (or no longer) allocated makes a sticky

@@ -9,7 +9,9 @@
 //    communicator's device, a bad root/peer/type/op: ncclInvalidArgument), then run as one
 //    "kernel" per group on the caller's stream: every rank sends what the others need, then
 //    receives and reduces in rank order, so results are exact and identical on every rank.
-//    Sends and receives between two ranks match in call order, as in NCCL.
+//    Sends and receives between two ranks match in call order, as in NCCL. A kernel ends only
+//    when all its peers have entered theirs (a send: once its receive is posted), so an
+//    ungrouped send/send exchange deadlocks here as it does on NCCL for large messages.
 //  - Non-blocking groups: every MNCL_FAKE_NCCL_DEFER_EVERY-th ncclGroupEnd (default 3; 0:
 //    never) returns ncclInProgress and enqueues the kernel later from a thread of its own, as
 //    NCCL may. Until ncclCommGetAsyncError reports ncclSuccess, other calls on the
@@ -256,7 +258,15 @@ void reduce(const std::vector<const char *> &inputs, char *out, size_t count, nc
 // ---- wire
 // ------------------------------------------------------------------------------------------
 
-enum MessageKind : uint32_t { kCollective = 1, kPointToPoint = 2, kFinalize = 3 };
+// kRecvPosted: a receiver's kernel started (its sender may finish); kArrived: a rank entered a
+// broadcast or reduce (every rank waits for all, as NCCL's kernels do).
+enum MessageKind : uint32_t {
+  kCollective = 1,
+  kPointToPoint = 2,
+  kFinalize = 3,
+  kRecvPosted = 4,
+  kArrived = 5
+};
 struct Header {
   uint32_t kind, from;
   uint64_t tag, bytes;
@@ -551,9 +561,20 @@ struct Item {
 
 // One group's kernel on one rank: first everything the others need from this rank goes out
 // (read from device memory now), then the receives and reductions. No order inside a group is
-// promised by NCCL, and sends never wait for their receiver, so no group can deadlock.
+// promised by NCCL, and no send waits for its receive before every receive of the group has
+// run, so no group can deadlock. Like NCCL's, a kernel finishes only once every rank it works
+// with has entered its part: a send waits for its receive to be posted, and broadcast and
+// reduce wait for every rank (so ungrouped sends that NCCL would hang on hang here too).
 void run_kernel(const std::shared_ptr<Comm> &c, const std::vector<Item> &items) {
   const int me = c->rank, n = c->nranks;
+  auto rendezvous = [](Kind k) { return k == Kind::kBroadcast || k == Kind::kReduce; };
+  for (const Item &it : items) {  // "entered": before anything here can block
+    if (it.kind == Kind::kRecv) c->send_to(it.root, kRecvPosted, it.tag, nullptr, 0);
+    if (!rendezvous(it.kind)) continue;
+    for (int p = 0; p < n; ++p) {
+      if (p != me) c->send_to(p, kArrived, it.tag, nullptr, 0);
+    }
+  }
   auto view = [&](const void *p, size_t bytes) -> char * {
     char *v = fake_gpu::device_view(p, bytes);
     if (v == nullptr) fake_gpu::fault(format("NCCL kernel on freed memory %p", p).c_str());
@@ -657,6 +678,14 @@ void run_kernel(const std::shared_ptr<Comm> &c, const std::vector<Item> &items) 
         break;
       case Kind::kSend:
         break;
+    }
+  }
+  std::vector<char> none;
+  for (const Item &it : items) {
+    if (it.kind == Kind::kSend && !c->take(it.root, kRecvPosted, it.tag, 0, &none)) return;
+    if (!rendezvous(it.kind)) continue;
+    for (int p = 0; p < n; ++p) {
+      if (p != me && !c->take(p, kArrived, it.tag, 0, &none)) return;
     }
   }
 }
