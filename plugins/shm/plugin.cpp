@@ -9,6 +9,9 @@
 //                      CPUs, else 20000)
 //   MNCL_SHM_YIELD_US  microseconds of sched_yield() before a futex sleep (default: 30 when
 //                      ranks outnumber CPUs, else 10)
+//   MNCL_SHM_SINGLE_COPY  1 (default): point-to-point messages above 64 KiB are read straight
+//                      from the sender's memory (process_vm_readv); 0: through the segment;
+//                      decline: offer but never accept (tests the fallback). Per rank.
 #include <mncl/mncl_plugin.h>
 
 #include <cerrno>
@@ -77,6 +80,17 @@ mncl_status_t shm_init(const mncl_host_v1_t *host) {
     st = read_size("MNCL_SHM_YIELD_US", 0, 10000000, &yield_us);
   }
   if (st != MNCL_OK) return st;
+  if (const char *v = host->get_env ? host->get_env("MNCL_SHM_SINGLE_COPY") : nullptr) {
+    const std::string value = v;
+    if (value == "0" || value == "1") {
+      g_options.single_copy = value == "1";
+    } else if (value == "decline") {
+      g_options.single_copy_declines = true;
+    } else {
+      return kit::report(host, MNCL_ERR_INVALID_ARGUMENT,
+                         "shm: MNCL_SHM_SINGLE_COPY='%s' is not 0, 1 or decline", v);
+    }
+  }
   if (spin_set) g_options.spin = static_cast<int>(spin);
   if (yield_set) g_options.yield_us = static_cast<int>(yield_us);
   g_options.chunk = g_options.chunk / 64 * 64;  // slices start on cache lines

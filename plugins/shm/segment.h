@@ -20,7 +20,7 @@
 namespace mncl::shm {
 
 constexpr uint32_t kMagic = 0x4d48534du;  // "MSHM"
-constexpr uint32_t kVersion = 2;          // 2: call stamps (RankCtl::call), mismatch word
+constexpr uint32_t kVersion = 3;          // 2: call stamps, mismatch word; 3: single-copy offers
 
 struct Header {
   uint32_t magic;
@@ -66,7 +66,18 @@ struct alignas(64) SlotHeader {
   uint64_t chunk_bytes;    // payload in this slot
   uint64_t count;          // the send's count and dtype, which the receive must match
   int64_t dtype;
+  // Non-zero: no payload, but an offer to read the whole message from the sender's memory at
+  // this address (one copy, process_vm_readv). single_copy (atomic builtins) starts at
+  // kSingleCopyOffered; the receiver claims it (kSingleCopyReading), then answers before it
+  // acks: kSingleCopyDone, or kSingleCopyDeclined and the message follows through the slots.
+  // A sender whose wait fails (timeout, abort) revokes an unclaimed offer (kSingleCopyRevoked)
+  // before it hands the buffer back, and waits out a claimed one: no late receiver ever reads a
+  // buffer its owner has reused.
+  uint64_t remote_addr;
+  uint64_t single_copy;
 };
+constexpr uint64_t kSingleCopyOffered = 0, kSingleCopyDone = 1, kSingleCopyDeclined = 2,
+                   kSingleCopyReading = 3, kSingleCopyRevoked = 4;
 
 struct alignas(128) Channel {
   alignas(64) Flag sent;   // chunks the sender has filled (bumped by src)

@@ -1,12 +1,14 @@
 #include "shm/shm_comm.h"
 
 #include <sched.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "common/dtype.h"
 #include "common/host.h"
@@ -133,6 +135,9 @@ Comm::Comm(const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host, const Opti
   small_ = hdr_->small;
   p2p_slot_ = hdr_->p2p_slot;
   nt_bytes_ = hdr_->nt_bytes;
+  // Each rank's own setting: a receiver that does not accept declines, so ranks may differ.
+  single_copy_offers_ = options.single_copy != 0;
+  single_copy_accepts_ = options.single_copy != 0 && !options.single_copy_declines;
   // Oversubscribed (more ranks than CPUs): the peer we wait for needs our CPU, so barely spin,
   // hand the CPU over for a short while (a small collective's peers arrive within a few
   // context switches), then sleep: a longer yield loop keeps competing with the very rank we
@@ -868,12 +873,79 @@ Comm::P2p Comm::p2p_message(const Op &op, const mncl_coll_v1_t &c) const {
   return {peer, bytes, bytes == 0 ? 1 : (bytes + p2p_slot_ - 1) / p2p_slot_};
 }
 
+// Offers the message for a single copy (see "send/recv" in shm_comm.h): one chunk carrying
+// only the header and the send buffer's address, then a wait for the receiver's answer. true
+// if it copied the message; false if it declined (the caller streams it) or no offer is made.
+bool Comm::offer_single_copy(Op &op, const mncl_coll_v1_t &c, int peer, size_t bytes,
+                             const char *what) {
+  PeerLane &lane = send_lanes_[static_cast<size_t>(peer)];
+  if (!single_copy_offers_ || lane.no_single_copy || bytes <= 2 * p2p_slot_) return false;
+  Channel &ch = seg_.channel(rank_, peer);
+  const uint32_t k = lane.chunks;
+  SlotHeader &slot = ch.slot[k & 1u];
+  if (k >= 2) wait_flag(op, ch.acked, k - 1, peer, what);
+  slot.message_bytes = bytes;
+  slot.chunk_bytes = 0;
+  slot.count = c.count;
+  slot.dtype = c.dtype;
+  slot.remote_addr = reinterpret_cast<uintptr_t>(c.sendbuf);
+  __atomic_store_n(&slot.single_copy, kSingleCopyOffered, __ATOMIC_RELAXED);
+  post(ch.sent, k + 1);
+  lane.chunks = k + 1;
+  // The receiver reads the buffer meanwhile: only its ack lets the caller have it back.
+  try {
+    wait_flag(op, ch.acked, k + 1, peer, what);
+  } catch (...) {
+    uint64_t state = kSingleCopyOffered;
+    if (!__atomic_compare_exchange_n(&slot.single_copy, &state, kSingleCopyRevoked, false,
+                                     __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+      // Claimed: the read is a memory copy, so this ends soon (or with the reader's death).
+      const pid_t reader = seg_.ctl(peer).pid.load();
+      while (__atomic_load_n(&slot.single_copy, __ATOMIC_ACQUIRE) == kSingleCopyReading &&
+             !pid_is_dead(reader)) {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
+    throw;
+  }
+  if (__atomic_load_n(&slot.single_copy, __ATOMIC_ACQUIRE) == kSingleCopyDone) return true;
+  lane.no_single_copy = true;
+  return false;
+}
+
+// process_vm_readv from the peer's memory; false if the kernel refuses or the read fails.
+bool Comm::read_from_peer(int peer, void *dst, uint64_t remote_addr, size_t bytes) {
+  const pid_t pid = seg_.ctl(peer).pid.load(std::memory_order_acquire);
+  size_t done = 0;
+  while (done < bytes) {
+    iovec local{static_cast<char *>(dst) + done, bytes - done};
+    iovec remote{reinterpret_cast<void *>(remote_addr + done), bytes - done};
+    const ssize_t n = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (!single_copy_refused_logged_.exchange(true)) {
+        MNCL_KIT_LOG(host_, MNCL_LOG_INFO,
+                     "shm: rank %d: single-copy read from rank %d refused (%s); large "
+                     "messages stream through the segment instead",
+                     rank_, peer, n < 0 ? std::strerror(errno) : "no progress");
+      }
+      return false;
+    }
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
 void Comm::send(Op &op, const mncl_coll_v1_t &c) {
   const auto [peer, bytes, chunks] = p2p_message(op, c);
   Channel &ch = seg_.channel(rank_, peer);
   PeerLane &lane = send_lanes_[static_cast<size_t>(peer)];
   const std::string what =
       kit::format("room for message #%llu", static_cast<unsigned long long>(lane.msgs));
+  if (offer_single_copy(op, c, peer, bytes, what.c_str())) {
+    ++lane.msgs;
+    return;
+  }
   op.chunks = static_cast<uint32_t>(chunks);
   for (size_t i = 0; i < chunks; ++i) {
     const uint32_t k = lane.chunks;
@@ -887,6 +959,7 @@ void Comm::send(Op &op, const mncl_coll_v1_t &c) {
     ch.slot[slot].chunk_bytes = len;
     ch.slot[slot].count = c.count;
     ch.slot[slot].dtype = c.dtype;
+    ch.slot[slot].remote_addr = 0;
     post(ch.sent, k + 1);
     lane.chunks = k + 1;
   }
@@ -899,7 +972,7 @@ void Comm::recv(Op &op, const mncl_coll_v1_t &c) {
   PeerLane &lane = recv_lanes_[static_cast<size_t>(peer)];
   const std::string what = kit::format("message #%llu", static_cast<unsigned long long>(lane.msgs));
   op.chunks = static_cast<uint32_t>(chunks);
-  for (size_t i = 0; i < chunks; ++i) {
+  for (size_t i = 0; i < chunks;) {
     const uint32_t k = lane.chunks;
     const int slot = static_cast<int>(k & 1u);
     op.chunk = static_cast<uint32_t>(i + 1);
@@ -915,12 +988,31 @@ void Comm::recv(Op &op, const mncl_coll_v1_t &c) {
                           kit::dtype_name(c.dtype),
                           static_cast<unsigned long long>(hdr.message_bytes), bytes));
     }
+    if (hdr.remote_addr != 0) {  // a single-copy offer: the whole message, or it streams next
+      uint64_t state = kSingleCopyOffered;
+      if (!__atomic_compare_exchange_n(&ch.slot[slot].single_copy, &state, kSingleCopyReading,
+                                       false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        fail(op, MNCL_ERR_REMOTE,
+             kit::format("%s: rank %d withdrew message #%llu (its send failed or was aborted) "
+                         "before this receive could take it",
+                         op.where().c_str(), peer, static_cast<unsigned long long>(lane.msgs)));
+      }
+      const bool copied =
+          single_copy_accepts_ && read_from_peer(peer, c.recvbuf, hdr.remote_addr, bytes);
+      __atomic_store_n(&ch.slot[slot].single_copy, copied ? kSingleCopyDone : kSingleCopyDeclined,
+                       __ATOMIC_RELEASE);
+      post(ch.acked, k + 1);
+      lane.chunks = k + 1;
+      if (copied) break;
+      continue;
+    }
     if (hdr.chunk_bytes > 0) {
       std::memcpy(bytes_at(c.recvbuf, i * p2p_slot_), seg_.p2p_slot(peer, rank_, slot),
                   hdr.chunk_bytes);
     }
     post(ch.acked, k + 1);
     lane.chunks = k + 1;
+    ++i;
   }
   ++lane.msgs;
 }

@@ -32,7 +32,11 @@
 //   allreduce_coalesced: packed into one buffer, one allreduce, unpacked.
 //   barrier            one post, wait for all.
 //   send/recv          a two-slot channel per ordered pair: a message of up to 2 slots is
-//                      buffered (the sender returns), a larger one streams slot by slot.
+//                      buffered (the sender returns). A larger one is offered for a single
+//                      copy: the receiver reads it straight from the sender's memory
+//                      (process_vm_readv, as Open MPI's CMA path) while the sender waits; if
+//                      the kernel refuses (no CMA, ptrace policy, seccomp) it declines and the
+//                      message streams slot by slot, as every later one to that peer.
 // Float reductions fold in rank order 0..n-1 in every algorithm, so results equal naive's.
 //
 // Threading (plugin ABI v2, MNCL_CAP_CONCURRENT_P2P): execute() may run on several threads at
@@ -94,6 +98,10 @@ struct Options {
   size_t chunk = 1u << 20;   // MNCL_SHM_CHUNK: bytes per rank per round (staging half)
   size_t small = 64u << 10;  // MNCL_SHM_SMALL: single-phase allreduce/reduce up to this size
   size_t p2p_slot = 32u << 10;
+  // MNCL_SHM_SINGLE_COPY: messages above two slots are read straight from the sender's memory
+  // (1), or always streamed through the slots (0); "decline" (tests) offers but never accepts.
+  int single_copy = 1;
+  bool single_copy_declines = false;
   size_t nt_bytes = 4u << 20;  // MNCL_SHM_NT_BYTES: stream the copy-out from this size on
   int spin = -1;               // MNCL_SHM_SPIN: pause-loop iterations before yielding (-1: by load)
   int yield_us = -1;  // MNCL_SHM_YIELD_US: sched_yield() this long before sleeping (-1: by load)
@@ -136,9 +144,12 @@ class Comm {
   // One direction of the channels to one peer, used by the one SEND to (RECV from) that peer
   // running: a line of its own, since lanes to different peers run on different threads.
   struct alignas(64) PeerLane {
-    uint32_t chunks = 0;  // chunks sent (received) so far: mirrors the channel's flag
-    uint64_t msgs = 0;    // messages, for error messages
+    uint32_t chunks = 0;          // chunks sent (received) so far: mirrors the channel's flag
+    uint64_t msgs = 0;            // messages, for error messages
+    bool no_single_copy = false;  // SEND: the peer declined once, so stream from now on
   };
+  bool offer_single_copy(Op &op, const mncl_coll_v1_t &c, int peer, size_t bytes, const char *what);
+  bool read_from_peer(int peer, void *dst, uint64_t remote_addr, size_t bytes);
 
   // One single-phase round: stage (if `stages`) into my staging half, post, wait for `waits`
   // (root = `root`), then consume(half). Returns nothing; the caller loops over rounds.
@@ -169,6 +180,8 @@ class Comm {
   Segment seg_;
   Header *hdr_ = nullptr;
   size_t chunk_ = 0, small_ = 0, p2p_slot_ = 0, nt_bytes_ = 0;
+  bool single_copy_offers_ = false, single_copy_accepts_ = false;
+  std::atomic<bool> single_copy_refused_logged_{false};
   int spin_ = 0;
   std::chrono::nanoseconds yield_for_{0};
 

@@ -13,6 +13,8 @@
 //                  every rank with MNCL_ERR_ABORTED well before the timeout.
 //   FailureStaysOnItsLane  a failed RECV does not cut short a running collective (nor a
 //                  failed collective a running SEND); the communicator refuses new calls after.
+//   LateReceiverOfAWithdrawnSingleCopySend  a SEND offered for a single copy that times out
+//                  withdraws the offer: the late RECV fails instead of reading the reused buffer.
 //
 // SHM_LANES_ITERS scales the iteration counts (default 1.0; ctest sets 0.2 under TSan).
 #include <gtest/gtest.h>
@@ -496,6 +498,26 @@ TEST(ShmLanes, FailureStaysOnItsLane) {
     EXPECT_NE(t_last_error.find(p2p_fails ? "shm recv" : "shm allreduce"), std::string::npos)
         << t_last_error;
   }
+}
+
+// A SEND above two slots only offers the receiver its buffer (single copy). When the offer times
+// out before any RECV took it, the sender withdraws it and the caller may reuse the buffer: the
+// late RECV must fail, not read whatever the buffer holds by then.
+TEST(ShmLanes, LateReceiverOfAWithdrawnSingleCopySend) {
+  constexpr int64_t kShort = 300;
+  Job job(2);
+  ASSERT_TRUE(job.ok());
+  const std::vector<uint8_t> original = message(0, 1, 0, 300000);
+  std::vector<uint8_t> buffer = original, got(original.size(), 0);
+  const mncl_coll_v1_t send =
+      coll(MNCL_COLL_SEND, MNCL_UINT8, buffer.data(), nullptr, buffer.size(), 1, 0, kShort);
+  EXPECT_EQ(g_v2->execute(job.comm(0), &send), MNCL_ERR_TIMEOUT) << t_last_error;
+  std::fill(buffer.begin(), buffer.end(), uint8_t{0xee});  // the caller has it back
+  const mncl_coll_v1_t recv =
+      coll(MNCL_COLL_RECV, MNCL_UINT8, nullptr, got.data(), got.size(), 0, 0, kShort);
+  EXPECT_EQ(g_v2->execute(job.comm(1), &recv), MNCL_ERR_REMOTE) << t_last_error;
+  EXPECT_NE(t_last_error.find("withdrew message #0"), std::string::npos) << t_last_error;
+  EXPECT_TRUE(std::none_of(got.begin(), got.end(), [](uint8_t v) { return v == 0xee; }));
 }
 
 }  // namespace
