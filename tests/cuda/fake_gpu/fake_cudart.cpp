@@ -21,7 +21,7 @@
 
 namespace {
 
-// ---- errors ---------------------------------------------------------------------------------
+// ---- errors -------------------------------------------------------------------------------------
 
 thread_local cudaError_t t_last_error = cudaSuccess;
 std::atomic<int> g_sticky{cudaSuccess};  // a "kernel" fault: the context is unusable
@@ -45,20 +45,19 @@ int device_count() {
 }
 thread_local int t_device = 0;
 
-// ---- device memory ----------------------------------------------------------------------------
+// ---- device memory ------------------------------------------------------------------------------
 
 struct Alloc {
   size_t bytes, mapped;
   int device;
   char *view;  // the read-write mapping the fake's kernels use
 };
+enum Registry { kAllocs, kStreams, kEvents };  // forever<>'s tags: one mutex per table
 std::mutex &alloc_mutex() {
-  static auto *m = new std::mutex;
-  return *m;
+  return fake_gpu::forever<std::mutex, kAllocs>();
 }
 std::map<uintptr_t, Alloc> &allocs() {  // by the caller's (PROT_NONE) address
-  static auto *m = new std::map<uintptr_t, Alloc>;
-  return *m;
+  return fake_gpu::forever<std::map<uintptr_t, Alloc>>();
 }
 
 // The allocation containing p. Caller holds alloc_mutex().
@@ -113,7 +112,7 @@ cudaError_t release(void *ptr) {
   return cudaSuccess;
 }
 
-// ---- streams ----------------------------------------------------------------------------------
+// ---- streams ------------------------------------------------------------------------------------
 
 class Stream {
  public:
@@ -167,17 +166,14 @@ class Stream {
 };
 
 std::mutex &stream_mutex() {
-  static auto *m = new std::mutex;
-  return *m;
+  return fake_gpu::forever<std::mutex, kStreams>();
 }
-// Created streams by handle; never destroyed at exit (workers may be blocked in a kernel).
+// Created streams by handle (their workers may be blocked in a kernel at exit).
 std::map<cudaStream_t, Stream *> &streams() {
-  static auto *m = new std::map<cudaStream_t, Stream *>;
-  return *m;
+  return fake_gpu::forever<std::map<cudaStream_t, Stream *>>();
 }
 Stream *default_stream() {
-  static auto *s = new Stream;
-  return s;
+  return &fake_gpu::forever<Stream>();
 }
 
 Stream *find_stream(cudaStream_t handle) {
@@ -198,18 +194,16 @@ void synchronize_all() {
   for (Stream *s : all) s->synchronize();
 }
 
-// ---- events -----------------------------------------------------------------------------------
+// ---- events -------------------------------------------------------------------------------------
 
 struct Event {
   std::atomic<uint64_t> recorded{0}, completed{0};
 };
 std::mutex &event_mutex() {
-  static auto *m = new std::mutex;
-  return *m;
+  return fake_gpu::forever<std::mutex, kEvents>();
 }
 std::map<cudaEvent_t, std::shared_ptr<Event>> &events() {
-  static auto *m = new std::map<cudaEvent_t, std::shared_ptr<Event>>;
-  return *m;
+  return fake_gpu::forever<std::map<cudaEvent_t, std::shared_ptr<Event>>>();
 }
 std::shared_ptr<Event> find_event(cudaEvent_t handle) {
   std::lock_guard<std::mutex> lock(event_mutex());
@@ -223,8 +217,7 @@ bool is_device(const void *p, size_t bytes) {
 
 }  // namespace
 
-// ---- the private interface (fake_gpu.h)
-// ----------------------------------------------------------
+// ---- the private interface (fake_gpu.h) ---------------------------------------------------------
 
 namespace fake_gpu {
 
@@ -257,7 +250,7 @@ void fault(const char *what) {
 
 }  // namespace fake_gpu
 
-// ---- runtime entry points -------------------------------------------------------------------
+// ---- runtime entry points -----------------------------------------------------------------------
 
 FAKE_CUDART cudaError_t cudaGetDeviceCount(int *count) {
   if (count == nullptr) return fail(cudaErrorInvalidValue);

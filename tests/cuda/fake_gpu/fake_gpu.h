@@ -30,6 +30,13 @@
 
 namespace fake_gpu {
 
+// A process-wide object that is never destroyed: stream threads may still use it at exit.
+template <typename T, int kTag = 0>
+T &forever() {
+  static T *object = new T;
+  return *object;
+}
+
 // The host view of [ptr, ptr + bytes) if it lies in one device allocation, else nullptr.
 // *device receives the allocation's device when non-null.
 FAKE_GPU_EXPORT char *device_view(const void *ptr, size_t bytes, int *device = nullptr);

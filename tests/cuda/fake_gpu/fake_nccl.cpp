@@ -52,37 +52,29 @@
 #include <tuple>
 #include <vector>
 
+#include "common/half.h"
+#include "common/host.h"
 #include "fake_gpu.h"
 
 #define FAKE_NCCL extern "C" FAKE_GPU_EXPORT
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-std::string format(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-std::string format(const char *fmt, ...) {
-  char buf[512];
-  va_list args;
-  va_start(args, fmt);
-  std::vsnprintf(buf, sizeof buf, fmt, args);
-  va_end(args);
-  return buf;
-}
+using mncl::kit::format;
+namespace kit = mncl::kit;
 
 int env_int(const char *name, int fallback) {
   const char *v = std::getenv(name);
   return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
 }
 
-// Process-wide state is never destroyed: kernels may still run on stream threads at exit.
+// Process-wide state is never destroyed (fake_gpu::forever): kernels may still run at exit.
+enum Registry { kErrors, kComms };  // forever<>'s tags: one mutex per table
 std::mutex &error_mutex() {
-  static auto *m = new std::mutex;
-  return *m;
+  return fake_gpu::forever<std::mutex, kErrors>();
 }
 std::string &last_error() {  // ncclGetLastError: the last failure of any call, as NCCL's
-  static auto *s = new std::string;
-  return *s;
+  return fake_gpu::forever<std::string>();
 }
 ncclResult_t set_error(ncclResult_t r, const std::string &message) {
   std::lock_guard<std::mutex> lock(error_mutex());
@@ -95,58 +87,7 @@ size_t type_size(ncclDataType_t t) {
   return sizes[t];
 }
 
-// ---- reductions -------------------------------------------------------------------------------
-
-float half_to_float(uint16_t h) {
-  const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-  float f;
-  if (exp == 0) {
-    f = std::ldexp(static_cast<float>(mant), -24);
-    return sign ? -f : f;
-  }
-  const uint32_t x =
-      sign | (exp == 31 ? 0x7f800000u | (mant << 13) : ((exp + 112) << 23) | (mant << 13));
-  std::memcpy(&f, &x, 4);
-  return f;
-}
-
-uint16_t float_to_half(float f) {  // round to nearest even
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  const int exp = static_cast<int>((x >> 23) & 0xff) - 127 + 15;
-  uint32_t mant = x & 0x7fffffu;
-  if (((x >> 23) & 0xff) == 0xff) return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200 : 0));
-  if (exp >= 31) return static_cast<uint16_t>(sign | 0x7c00u);
-  if (exp <= 0) {  // subnormal or zero
-    if (exp < -10) return static_cast<uint16_t>(sign);
-    mant |= 0x800000u;
-    const int shift = 14 - exp;
-    uint32_t h = mant >> shift;
-    const uint32_t rest = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
-    if (rest > half || (rest == half && (h & 1))) ++h;
-    return static_cast<uint16_t>(sign | h);
-  }
-  uint32_t h = (static_cast<uint32_t>(exp) << 10) | (mant >> 13);
-  const uint32_t rest = mant & 0x1fffu;
-  if (rest > 0x1000u || (rest == 0x1000u && (h & 1))) ++h;  // may carry into the exponent
-  return static_cast<uint16_t>(sign | h);
-}
-
-float bf16_to_float(uint16_t b) {
-  const uint32_t x = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &x, 4);
-  return f;
-}
-
-uint16_t float_to_bf16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40);  // NaN
-  x += 0x7fffu + ((x >> 16) & 1);
-  return static_cast<uint16_t>(x >> 16);
-}
+// ---- reductions ---------------------------------------------------------------------------------
 
 template <typename T>
 T combine(T a, T b, ncclRedOp_t op) {
@@ -212,12 +153,12 @@ void reduce(const std::vector<const char *> &inputs, char *out, size_t count, nc
   auto f16 = [](const char *p) {
     uint16_t v;
     std::memcpy(&v, p, 2);
-    return static_cast<double>(half_to_float(v));
+    return static_cast<double>(kit::float16_bits_to_float(v));
   };
   auto b16 = [](const char *p) {
     uint16_t v;
     std::memcpy(&v, p, 2);
-    return static_cast<double>(bf16_to_float(v));
+    return static_cast<double>(kit::bfloat16_bits_to_float(v));
   };
   switch (dt) {
     case ncclInt8:
@@ -234,12 +175,12 @@ void reduce(const std::vector<const char *> &inputs, char *out, size_t count, nc
       return reduce_integers<uint64_t>(inputs, out, count, op);
     case ncclFloat16:
       return reduce_floats(inputs, out, count, op, 2, f16, [](char *p, double v) {
-        const uint16_t h = float_to_half(static_cast<float>(v));
+        const uint16_t h = kit::float_to_float16_bits(static_cast<float>(v));
         std::memcpy(p, &h, 2);
       });
     case ncclBfloat16:
       return reduce_floats(inputs, out, count, op, 2, b16, [](char *p, double v) {
-        const uint16_t h = float_to_bf16(static_cast<float>(v));
+        const uint16_t h = kit::float_to_bfloat16_bits(static_cast<float>(v));
         std::memcpy(p, &h, 2);
       });
     case ncclFloat32:
@@ -255,8 +196,7 @@ void reduce(const std::vector<const char *> &inputs, char *out, size_t count, nc
   }
 }
 
-// ---- wire
-// ------------------------------------------------------------------------------------------
+// ---- wire ---------------------------------------------------------------------------------------
 
 // kRecvPosted: a receiver's kernel started (its sender may finish); kArrived: a rank entered a
 // broadcast or reduce (every rank waits for all, as NCCL's kernels do).
@@ -310,7 +250,7 @@ sockaddr_un socket_name(const ncclUniqueId &id, int rank, socklen_t *len) {
   return addr;
 }
 
-// ---- communicators ----------------------------------------------------------------------------
+// ---- communicators ------------------------------------------------------------------------------
 
 struct Comm {
   int rank = 0, nranks = 1, device = 0;
@@ -341,6 +281,12 @@ struct Comm {
       error = message;
       set_error(r, message);
     }
+    cv.notify_all();
+  }
+  // An operation in progress (init, a deferred group, finalize) is done, unless it failed.
+  // Caller holds mutex.
+  void ready() {
+    if (state == ncclInProgress) state = ncclSuccess;
     cv.notify_all();
   }
   // Kernels end early only once aborted (or freed): after an asynchronous error they wait, as
@@ -497,12 +443,10 @@ ncclResult_t Comm::connect_all() {
 
 // Handles the application holds; a call with any other is a use after free.
 std::mutex &comms_mutex() {
-  static auto *m = new std::mutex;
-  return *m;
+  return fake_gpu::forever<std::mutex, kComms>();
 }
 std::map<ncclComm_t, std::shared_ptr<Comm>> &comms() {
-  static auto *m = new std::map<ncclComm_t, std::shared_ptr<Comm>>;
-  return *m;
+  return fake_gpu::forever<std::map<ncclComm_t, std::shared_ptr<Comm>>>();
 }
 
 std::shared_ptr<Comm> lookup(ncclComm_t handle, const char *call) {
@@ -543,7 +487,7 @@ void shut_down(const std::shared_ptr<Comm> &c, bool abort) {
   }
 }
 
-// ---- operations -------------------------------------------------------------------------------
+// ---- operations ---------------------------------------------------------------------------------
 
 enum class Kind { kAllReduce, kReduce, kBroadcast, kAllGather, kReduceScatter, kSend, kRecv };
 struct Item {
@@ -824,10 +768,21 @@ void in_background(const std::shared_ptr<Comm> &c, std::function<void()> fn) {
   if (!c->closing) c->threads.emplace_back(std::move(fn));
 }
 
+// A step that ends in Comm::ready() or an error: run here on a blocking communicator (its
+// result returned), else on a thread of the communicator's, answering ncclInProgress.
+ncclResult_t run_step(const std::shared_ptr<Comm> &c, std::function<void()> step) {
+  if (!c->blocking) {
+    in_background(c, std::move(step));
+    return ncclInProgress;
+  }
+  step();
+  std::lock_guard<std::mutex> lock(c->mutex);
+  return c->state;
+}
+
 }  // namespace
 
-// ---- API
-// ------------------------------------------------------------------------------------------
+// ---- API ----------------------------------------------------------------------------------------
 
 FAKE_NCCL ncclResult_t ncclGetVersion(int *version) {
   if (version == nullptr) return ncclInvalidArgument;
@@ -922,16 +877,9 @@ FAKE_NCCL ncclResult_t ncclCommInitRankConfig(ncclComm_t *handle, int nranks, nc
       return;
     }
     std::lock_guard<std::mutex> lock(c->mutex);
-    if (c->state == ncclInProgress) c->state = ncclSuccess;
-    c->cv.notify_all();
+    c->ready();
   };
-  if (c->blocking) {
-    init();
-    std::lock_guard<std::mutex> lock(c->mutex);
-    return c->state;
-  }
-  in_background(c, init);
-  return ncclInProgress;
+  return run_step(c, init);
 }
 
 FAKE_NCCL ncclResult_t ncclCommInitRank(ncclComm_t *handle, int nranks, ncclUniqueId id, int rank) {
@@ -985,8 +933,7 @@ FAKE_NCCL ncclResult_t ncclGroupEnd() {
     std::this_thread::sleep_for(std::chrono::microseconds(300));
     launch(items);
     std::lock_guard<std::mutex> lock(c->mutex);
-    if (c->state == ncclInProgress) c->state = ncclSuccess;
-    c->cv.notify_all();
+    c->ready();
   });
   return ncclInProgress;
 }
@@ -1058,16 +1005,9 @@ FAKE_NCCL ncclResult_t ncclCommFinalize(ncclComm_t handle) {
       }
       return true;
     });
-    if (c->state == ncclInProgress) c->state = ncclSuccess;
-    c->cv.notify_all();
+    c->ready();
   };
-  if (c->blocking) {
-    finalize();
-    std::lock_guard<std::mutex> lock(c->mutex);
-    return c->state;
-  }
-  in_background(c, finalize);
-  return ncclInProgress;
+  return run_step(c, finalize);
 }
 
 namespace {
