@@ -159,10 +159,14 @@ int main(int argc, char **argv) {
     }
   }
   if (rank == 0) {
-    std::printf("overhead: MNCL/raw NCCL median ratio %.3f (<=64Ki: %.3f, >=64Mi: %.3f), %s..%s\n",
-                median(all_ratios), small_ratios.empty() ? 0.0 : median(small_ratios),
-                large_ratios.empty() ? 0.0 : median(large_ratios), human(min_bytes).c_str(),
-                human(max_bytes).c_str());
+    auto summary = [](const std::vector<double> &v) {  // "n/a" for a range the sweep missed
+      char buf[32] = "n/a";
+      if (!v.empty()) std::snprintf(buf, sizeof buf, "%.3f", median(v));
+      return std::string(buf);
+    };
+    std::printf("overhead: MNCL/raw NCCL median ratio %s (<=64Ki: %s, >=64Mi: %s), %s..%s\n",
+                summary(all_ratios).c_str(), summary(small_ratios).c_str(),
+                summary(large_ratios).c_str(), human(min_bytes).c_str(), human(max_bytes).c_str());
   }
   cudaFree(send);
   cudaFree(recv);

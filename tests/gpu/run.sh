@@ -11,6 +11,9 @@
 # $BUILD/gpu-logs, and exits non-zero if any check failed.
 #
 #   tests/gpu/run.sh [build-dir]        (default build-gpu; CUDA_HOME / NCCL_HOME respected)
+#
+# MNCL_GPU_CHECK_MAX_BYTES (default 1Gi) caps the overhead sweep. tests/gpu/dry_run.sh runs this
+# script without a GPU, on the fake GPU of tests/cuda/fake_gpu: a check of its plumbing only.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=$(realpath -m "${1:-build-gpu}")  # absolute: MNCL_PLUGIN_PATH below must be
@@ -100,7 +103,7 @@ fi
 
 # --- 5: overhead over raw NCCL --------------------------------------------------------------
 run_check nccl-overhead 120 '^(\[r0\] )?overhead:' \
-  $RUN -n 1 -- "$BIN/mncl-bench-nccl" --min-bytes 8 --max-bytes 1Gi
+  $RUN -n 1 -- "$BIN/mncl-bench-nccl" --min-bytes 8 --max-bytes "${MNCL_GPU_CHECK_MAX_BYTES:-1Gi}"
 sed -n 's/^\[r0\] //p' "$LOGS/nccl-overhead.log" | grep -E '^ *[0-9]+(Ki|Mi|Gi)? ' || true
 
 # --- 6: the CPU-side CUDA tests ----------------------------------------------------------------

@@ -1,5 +1,6 @@
 // Fake libcudart.so.13: the CUDA runtime calls the nccl plugin and the GPU tests make, on the
 // CPU. See fake_gpu.h for the model. Signatures come from the toolkit's own header.
+#include <dlfcn.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -30,10 +32,12 @@ cudaError_t fail(cudaError_t e) {
   t_last_error = e;
   return e;
 }
-// Every call but the error queries reports a sticky fault first.
+// Every call but the error queries reports a sticky fault first, and makes the device's
+// primary context current, as the runtime does on first use.
 #define FAKE_ENTER                                                         \
   do {                                                                     \
     if (int s = g_sticky.load()) return fail(static_cast<cudaError_t>(s)); \
+    t_context = true;                                                      \
   } while (0)
 
 int device_count() {
@@ -44,6 +48,18 @@ int device_count() {
   return count;
 }
 thread_local int t_device = 0;
+thread_local bool t_context = false;  // a primary context is current on this thread
+
+// The runtime loads the driver, as the real one does: libcuda.so.1 from this library's folder.
+__attribute__((constructor)) void load_driver() {
+  Dl_info self{};
+  if (dladdr(reinterpret_cast<void *>(&load_driver), &self) == 0 || self.dli_fname == nullptr) {
+    return;
+  }
+  std::string path = self.dli_fname;
+  path = path.substr(0, path.rfind('/') + 1) + "libcuda.so.1";
+  dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);  // missing: no driver API, as without CUDA
+}
 
 // ---- device memory ------------------------------------------------------------------------------
 
@@ -240,6 +256,17 @@ bool enqueue(cudaStream_t stream, std::function<void()> fn) {
 
 int current_device() {
   return t_device;
+}
+
+bool synchronize(cudaStream_t stream) {
+  Stream *s = find_stream(stream);
+  if (s == nullptr) return false;
+  s->synchronize();
+  return true;
+}
+
+int runtime_context_device() {
+  return t_context ? t_device : -1;
 }
 
 void fault(const char *what) {

@@ -15,6 +15,10 @@
 //    until then. cudaFreeAsync frees in stream order.
 //  - A kernel touching memory that is not (or no longer) allocated makes a sticky
 //    cudaErrorIllegalAddress, printed to stderr, as a real fault would.
+// The driver (fake_driver.cpp, libcuda.so.1), which the runtime loads as the real one does:
+//  - what the core's staging path calls (cuPointerGetAttributes, primary contexts, pinned
+//    memory, cuMemcpy*Async_v2, cuStreamSynchronize) on the runtime's memory and streams;
+//  - a copy from pinned memory reads it when the stream gets there (DMA), not at the call.
 // What it models (fake_nccl.cpp): see there.
 //
 // This header is the two libraries' private interface: fake_nccl.cpp enqueues its "kernels"
@@ -46,5 +50,10 @@ FAKE_GPU_EXPORT bool enqueue(cudaStream_t stream, std::function<void()> fn);
 FAKE_GPU_EXPORT int current_device();
 // Reports a kernel fault: sticky cudaErrorIllegalAddress from now on, and a line on stderr.
 FAKE_GPU_EXPORT void fault(const char *what);
+// Waits until the stream has run everything queued so far. false: unknown stream.
+FAKE_GPU_EXPORT bool synchronize(cudaStream_t stream);
+// The device whose primary context the runtime made current on this thread (cudaSetDevice or
+// the first call that needs one), or -1.
+FAKE_GPU_EXPORT int runtime_context_device();
 
 }  // namespace fake_gpu
