@@ -283,6 +283,12 @@ int main(int argc, char **argv) {
   const char *backend = "";
   mncl_comm_backend(g_comm, &backend);
   if (g_rank == 0) std::printf("backend %s, %d ranks, %d GPUs\n", backend, g_size, count);
+  // MNCL_BACKEND=auto runs: the backend the topology and MNCL_MEMORY should have chosen.
+  const char *expect = std::getenv("MNCL_GPU_TEST_EXPECT_BACKEND");
+  if (expect != nullptr && std::strcmp(expect, backend) != 0) {
+    std::fprintf(stderr, "rank %d: backend %s chosen, %s expected\n", g_rank, backend, expect);
+    return 1;
+  }
   if (g_rank != 0) {
     auto &listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
