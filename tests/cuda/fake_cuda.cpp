@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "fake_pointer_attributes.h"
+
 #define FAKE_EXPORT extern "C" __attribute__((visibility("default")))
 
 namespace {
@@ -151,26 +153,15 @@ FAKE_EXPORT CUresult cuPointerGetAttributes(unsigned n, const int *attrs, void *
   if (CUresult r = enter("cuPointerGetAttributes", false)) return r;
   ++g_counters.attr_queries;
   const auto *a = find(reinterpret_cast<const void *>(ptr));
-  for (unsigned i = 0; i < n; ++i) {
-    switch (attrs[i]) {
-      case 1:
-        *static_cast<Ctx **>(data[i]) =
-            a && a->second.kind != kPinned ? context_of(a->second.ordinal) : nullptr;
-        break;
-      case 2:  // CU_MEMORYTYPE_HOST 1, DEVICE 2; 0 for memory the driver does not know
-        *static_cast<unsigned *>(data[i]) = !a ? 0 : a->second.kind == kPinned ? 1 : 2;
-        break;
-      case 8:  // written as a 1-byte bool, as some drivers do, to check the reader copes
-        *static_cast<bool *>(data[i]) = a && a->second.kind == kManaged;
-        break;
-      case 9:
-        *static_cast<int *>(data[i]) = a ? a->second.ordinal : -2;
-        break;
-      default:
-        return kInvalidValue;
-    }
+  fake_cuda::PointerFacts facts;
+  if (a != nullptr) {
+    const bool pinned = a->second.kind == kPinned;
+    facts.context = pinned ? nullptr : context_of(a->second.ordinal);
+    facts.memory_type = pinned ? 1 : 2;
+    facts.managed = a->second.kind == kManaged;
+    facts.ordinal = a->second.ordinal;
   }
-  return kSuccess;
+  return fake_cuda::write_pointer_attributes(n, attrs, data, facts) ? kSuccess : kInvalidValue;
 }
 
 FAKE_EXPORT CUresult cuDevicePrimaryCtxRetain(Ctx **ctx, int ordinal) {

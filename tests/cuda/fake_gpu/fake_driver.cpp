@@ -8,6 +8,7 @@
 #include <set>
 #include <vector>
 
+#include "../fake_pointer_attributes.h"
 #include "fake_gpu.h"
 
 #define FAKE_DRIVER extern "C" FAKE_GPU_EXPORT
@@ -126,7 +127,6 @@ FAKE_DRIVER CUresult cuCtxPopCurrent_v2(Ctx **ctx) {
   return kSuccess;
 }
 
-// Attributes: 1 context, 2 memory type (1 host, 2 device; 0 unknown), 8 is managed, 9 device.
 FAKE_DRIVER CUresult cuPointerGetAttributes(unsigned n, const int *attrs, void **data,
                                             unsigned long long ptr) {
   if (CUresult r = enter(false)) return r;
@@ -138,25 +138,13 @@ FAKE_DRIVER CUresult cuPointerGetAttributes(unsigned n, const int *attrs, void *
     std::lock_guard<std::mutex> lock(pinned_mutex());
     is_pinned = pinned().count(p) > 0;
   }
-  for (unsigned i = 0; i < n; ++i) {
-    switch (attrs[i]) {
-      case 1:
-        *static_cast<Ctx **>(data[i]) = on_device ? context_of(device) : nullptr;
-        break;
-      case 2:
-        *static_cast<unsigned *>(data[i]) = on_device ? 2 : is_pinned ? 1 : 0;
-        break;
-      case 8:
-        *static_cast<int *>(data[i]) = 0;
-        break;
-      case 9:
-        *static_cast<int *>(data[i]) = on_device ? device : -2;
-        break;
-      default:
-        return kInvalidValue;
-    }
+  fake_cuda::PointerFacts facts;
+  if (on_device) {
+    facts = {context_of(device), 2, false, device};
+  } else if (is_pinned) {
+    facts.memory_type = 1;
   }
-  return kSuccess;
+  return fake_cuda::write_pointer_attributes(n, attrs, data, facts) ? kSuccess : kInvalidValue;
 }
 
 FAKE_DRIVER CUresult cuMemHostAlloc(void **ptr, size_t bytes, unsigned flags) {
