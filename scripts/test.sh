@@ -48,7 +48,7 @@ nccl_targets=(mncl-nccl mncl-fake-gpu gpu_collectives_test)
 
 # flat stays out of the sanitized runs: Open MPI's own never-freed allocations would fail LSan.
 sanitized build-asan address,undefined \
-  '^(store_test|plugin_kit_test|op_history_test|naive_threads_test|plugin_p2p_concurrency_test|loader|conformance\.(naive|gloo)\.np[1-4]|conformance\.nccl\.fake_gpu\.np[23]|cuda\.fake_gpu\..*|fault\.(bad_input|leak_cycles|watchdog\..*|abort\.(naive|gloo|shm|nccl)\..*|abort_destroy\.(naive|gloo|shm)\..*|killed_rank\.(naive|nccl)\.np4|stalled_rank\.naive\.np4|mismatch\.count\.checks\.naive\.np4))$' \
+  '^(store_test|plugin_kit_test|op_history_test|naive_threads_test|plugin_p2p_concurrency_test|loader|conformance\.(naive|gloo)\.np[1-4]|conformance\.nccl\.fake_gpu\.np[23]|cuda\.fake_gpu\.(nccl|naive|gloo|auto_cuda)\..*|fault\.(bad_input|leak_cycles|watchdog\..*|abort\.(naive|gloo|shm|nccl)\..*|abort_destroy\.(naive|gloo|shm)\..*|killed_rank\.(naive|nccl)\.np4|stalled_rank\.naive\.np4|mismatch\.count\.checks\.naive\.np4))$' \
   "${common_targets[@]}" "${gloo_target[@]}" loader_test "${nccl_targets[@]}"
 sanitized build-tsan thread \
   '^(store_test|plugin_kit_test|op_history_test|naive_threads_test|plugin_p2p_concurrency_test|shm\.lanes|conformance\.naive\.np[24]|conformance\.nccl\.fake_gpu\.np2|cuda\.fake_gpu\.(nccl\.np2|nccl\.dead_peer\..*|naive\.np2)|fault\.(watchdog\..*|abort\.(naive|nccl)\.np2|abort_destroy\.naive\.np2|stalled_rank\.naive\.np4))$' \
