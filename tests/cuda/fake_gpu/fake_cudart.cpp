@@ -313,50 +313,39 @@ FAKE_CUDART cudaError_t cudaGetLastError(void) {
   return e != cudaSuccess ? e : static_cast<cudaError_t>(g_sticky.load());
 }
 
-FAKE_CUDART const char *cudaGetErrorName(cudaError_t error) {
-  switch (error) {
-    case cudaSuccess:
-      return "cudaSuccess";
-    case cudaErrorInvalidValue:
-      return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation:
-      return "cudaErrorMemoryAllocation";
-    case cudaErrorNoDevice:
-      return "cudaErrorNoDevice";
-    case cudaErrorInvalidDevice:
-      return "cudaErrorInvalidDevice";
-    case cudaErrorInvalidResourceHandle:
-      return "cudaErrorInvalidResourceHandle";
-    case cudaErrorNotReady:
-      return "cudaErrorNotReady";
-    case cudaErrorIllegalAddress:
-      return "cudaErrorIllegalAddress";
-    default:
-      return "cudaErrorUnknown";
+namespace {
+// The codes the fake returns, with the runtime's names and texts; the last row is the fallback.
+struct ErrorText {
+  cudaError_t code;
+  const char *name, *text;
+};
+constexpr ErrorText kErrorTexts[] = {
+    {cudaSuccess, "cudaSuccess", "no error"},
+    {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
+    {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
+    {cudaErrorNoDevice, "cudaErrorNoDevice",
+     "no CUDA-capable device is detected (fake: MNCL_FAKE_GPUS=0)"},
+    {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
+    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+    {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
+    {cudaErrorIllegalAddress, "cudaErrorIllegalAddress",
+     "an illegal memory access was encountered"},
+    {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
+};
+const ErrorText &error_text(cudaError_t error) {
+  for (const ErrorText &e : kErrorTexts) {
+    if (e.code == error) return e;
   }
+  return kErrorTexts[sizeof kErrorTexts / sizeof kErrorTexts[0] - 1];
+}
+}  // namespace
+
+FAKE_CUDART const char *cudaGetErrorName(cudaError_t error) {
+  return error_text(error).name;
 }
 
 FAKE_CUDART const char *cudaGetErrorString(cudaError_t error) {
-  switch (error) {
-    case cudaSuccess:
-      return "no error";
-    case cudaErrorInvalidValue:
-      return "invalid argument";
-    case cudaErrorMemoryAllocation:
-      return "out of memory";
-    case cudaErrorNoDevice:
-      return "no CUDA-capable device is detected (fake: MNCL_FAKE_GPUS=0)";
-    case cudaErrorInvalidDevice:
-      return "invalid device ordinal";
-    case cudaErrorInvalidResourceHandle:
-      return "invalid resource handle";
-    case cudaErrorNotReady:
-      return "device not ready";
-    case cudaErrorIllegalAddress:
-      return "an illegal memory access was encountered";
-    default:
-      return "unknown error";
-  }
+  return error_text(error).text;
 }
 
 FAKE_CUDART cudaError_t cudaMalloc(void **ptr, size_t bytes) {

@@ -105,7 +105,8 @@ T combine(T a, T b, ncclRedOp_t op) {
 
 // Integers wrap as the GPU's do (no undefined behaviour here: computed unsigned).
 template <typename T>
-void reduce_integers(std::vector<const char *> inputs, char *out, size_t count, ncclRedOp_t op) {
+void reduce_integers(const std::vector<const char *> &inputs, char *out, size_t count,
+                     ncclRedOp_t op) {
   using U = std::make_unsigned_t<T>;
   for (size_t i = 0; i < count; ++i) {
     T acc;
@@ -126,40 +127,51 @@ void reduce_integers(std::vector<const char *> inputs, char *out, size_t count, 
   }
 }
 
-template <typename Load, typename Store>
-void reduce_floats(std::vector<const char *> inputs, char *out, size_t count, ncclRedOp_t op,
-                   size_t size, Load load, Store store) {
+// The float formats, read into the double accumulator and rounded back once.
+struct Float16 {
+  using Bits = uint16_t;
+  static double get(Bits b) { return kit::float16_bits_to_float(b); }
+  static Bits put(double v) { return kit::float_to_float16_bits(static_cast<float>(v)); }
+};
+struct Bfloat16 {
+  using Bits = uint16_t;
+  static double get(Bits b) { return kit::bfloat16_bits_to_float(b); }
+  static Bits put(double v) { return kit::float_to_bfloat16_bits(static_cast<float>(v)); }
+};
+struct Float32 {
+  using Bits = float;
+  static double get(Bits b) { return b; }
+  static Bits put(double v) { return static_cast<float>(v); }
+};
+struct Float64 {
+  using Bits = double;
+  static double get(Bits b) { return b; }
+  static Bits put(double v) { return v; }
+};
+
+template <typename Format>
+void reduce_floats(const std::vector<const char *> &inputs, char *out, size_t count,
+                   ncclRedOp_t op) {
+  using Bits = typename Format::Bits;
+  auto load = [](const char *p) {
+    Bits b;
+    std::memcpy(&b, p, sizeof b);
+    return Format::get(b);
+  };
   for (size_t i = 0; i < count; ++i) {
-    double acc = load(inputs[0] + i * size);
-    for (size_t r = 1; r < inputs.size(); ++r) acc = combine(acc, load(inputs[r] + i * size), op);
+    double acc = load(inputs[0] + i * sizeof(Bits));
+    for (size_t r = 1; r < inputs.size(); ++r) {
+      acc = combine(acc, load(inputs[r] + i * sizeof(Bits)), op);
+    }
     if (op == ncclAvg) acc /= static_cast<double>(inputs.size());
-    store(out + i * size, acc);
+    const Bits result = Format::put(acc);
+    std::memcpy(out + i * sizeof(Bits), &result, sizeof result);
   }
 }
 
 // out[i] = inputs[0][i] op inputs[1][i] op ... in rank order. out may alias no input.
 void reduce(const std::vector<const char *> &inputs, char *out, size_t count, ncclDataType_t dt,
             ncclRedOp_t op) {
-  auto f32 = [](const char *p) {
-    float v;
-    std::memcpy(&v, p, 4);
-    return static_cast<double>(v);
-  };
-  auto f64 = [](const char *p) {
-    double v;
-    std::memcpy(&v, p, 8);
-    return v;
-  };
-  auto f16 = [](const char *p) {
-    uint16_t v;
-    std::memcpy(&v, p, 2);
-    return static_cast<double>(kit::float16_bits_to_float(v));
-  };
-  auto b16 = [](const char *p) {
-    uint16_t v;
-    std::memcpy(&v, p, 2);
-    return static_cast<double>(kit::bfloat16_bits_to_float(v));
-  };
   switch (dt) {
     case ncclInt8:
       return reduce_integers<int8_t>(inputs, out, count, op);
@@ -174,23 +186,13 @@ void reduce(const std::vector<const char *> &inputs, char *out, size_t count, nc
     case ncclUint64:
       return reduce_integers<uint64_t>(inputs, out, count, op);
     case ncclFloat16:
-      return reduce_floats(inputs, out, count, op, 2, f16, [](char *p, double v) {
-        const uint16_t h = kit::float_to_float16_bits(static_cast<float>(v));
-        std::memcpy(p, &h, 2);
-      });
+      return reduce_floats<Float16>(inputs, out, count, op);
     case ncclBfloat16:
-      return reduce_floats(inputs, out, count, op, 2, b16, [](char *p, double v) {
-        const uint16_t h = kit::float_to_bfloat16_bits(static_cast<float>(v));
-        std::memcpy(p, &h, 2);
-      });
+      return reduce_floats<Bfloat16>(inputs, out, count, op);
     case ncclFloat32:
-      return reduce_floats(inputs, out, count, op, 4, f32, [](char *p, double v) {
-        const float x = static_cast<float>(v);
-        std::memcpy(p, &x, 4);
-      });
+      return reduce_floats<Float32>(inputs, out, count, op);
     case ncclFloat64:
-      return reduce_floats(inputs, out, count, op, 8, f64,
-                           [](char *p, double v) { std::memcpy(p, &v, 8); });
+      return reduce_floats<Float64>(inputs, out, count, op);
     default:  // fp8: not used by MNCL
       std::memset(out, 0, count * type_size(dt));
   }
@@ -791,26 +793,16 @@ FAKE_NCCL ncclResult_t ncclGetVersion(int *version) {
 }
 
 FAKE_NCCL const char *ncclGetErrorString(ncclResult_t result) {
-  switch (result) {
-    case ncclSuccess:
-      return "no error";
-    case ncclUnhandledCudaError:
-      return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
-    case ncclSystemError:
-      return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
-    case ncclInternalError:
-      return "internal error - please report this issue to the NCCL developers";
-    case ncclInvalidArgument:
-      return "invalid argument (run with NCCL_DEBUG=WARN for details)";
-    case ncclInvalidUsage:
-      return "invalid usage (run with NCCL_DEBUG=WARN for details)";
-    case ncclRemoteError:
-      return "remote process exited or there was a network error";
-    case ncclInProgress:
-      return "NCCL operation in progress";
-    default:
-      return "unknown result code";
-  }
+  static const char *const kTexts[ncclNumResults] = {
+      "no error",
+      "unhandled cuda error (run with NCCL_DEBUG=INFO for details)",
+      "unhandled system error (run with NCCL_DEBUG=INFO for details)",
+      "internal error - please report this issue to the NCCL developers",
+      "invalid argument (run with NCCL_DEBUG=WARN for details)",
+      "invalid usage (run with NCCL_DEBUG=WARN for details)",
+      "remote process exited or there was a network error",
+      "NCCL operation in progress"};
+  return result >= 0 && result < ncclNumResults ? kTexts[result] : "unknown result code";
 }
 
 FAKE_NCCL const char *ncclGetLastError(ncclComm_t) {
