@@ -187,6 +187,10 @@ MNCL_API mncl_status_t mncl_comm_backend(mncl_comm_t comm, const char **name);
  *
  * Buffers are host memory unless the backend advertises device memory (CUDA pointers then).
  * `stream` is optional (NULL): a cudaStream_t for CUDA memory; host-only backends ignore it.
+ * A stream that is capturing a CUDA graph: a stream-ordered backend (nccl) records the
+ * collective into the graph, where it runs on every launch (mncl_test / mncl_wait report it
+ * done at once; host buffers are refused); any other backend refuses the call with
+ * MNCL_ERR_NOT_SUPPORTED and leaves the capture intact.
  * `count` is in elements. In-place forms (no extra copy) are selected by pointer equality:
  *   allreduce:       sendbuf == recvbuf
  *   reduce:          sendbuf == recvbuf at the root (recvbuf is ignored on other ranks)

@@ -373,6 +373,13 @@ void Comm::abort() {
 
 void Comm::watchdog_loop() {
   cudaSetDevice(device_);  // event queries need the comm's device current on this thread
+  // By default (global capture mode) an event query from any thread while the application's
+  // thread captures a CUDA graph in global mode is an unsafe call: it fails and invalidates
+  // that capture (PyTorch's NCCL watchdog had this bug). This thread never captures, so in
+  // thread-local mode nothing restricts it, and its queries are safe: they are of events
+  // recorded outside any capture (enqueue() records none in a capture).
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
+  cudaThreadExchangeStreamCaptureMode(&mode);
   for (;;) {
     std::string overdue;
     {
@@ -420,6 +427,12 @@ std::shared_ptr<Pending> Comm::post(const mncl_coll_v1_t &coll) {
 }
 
 bool Comm::test(const Pending &op) {
+  if (op.captured) {
+    // Recorded into the caller's CUDA graph: it runs when the graph is launched, and completes
+    // with it (synchronize the launch stream). Nothing here can wait for it.
+    check_usable(op.what);
+    return true;
+  }
   DeviceGuard guard(device_);
   const cudaError_t q = cudaEventQuery(op.event);
   // Checked before success: an abort ends kernels early, so their events complete, but NCCL
@@ -450,6 +463,21 @@ void Comm::wait(const Pending &op) {
   }
 }
 
+// Whether the caller is recording `stream` into a CUDA graph. An invalidated capture (an
+// earlier call on the stream failed) is refused: NCCL would fail inside the group, and with it
+// the communicator, for what is the caller's error.
+bool Comm::capturing(cudaStream_t stream, const char *what) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  cuda_check(cudaStreamIsCapturing(stream, &status), "cudaStreamIsCapturing");
+  if (status == cudaStreamCaptureStatusInvalidated) {
+    throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
+                     format("nccl %s: stream %p is in a CUDA graph capture that was invalidated "
+                            "by an earlier failed call; end that capture first",
+                            what, static_cast<void *>(stream)));
+  }
+  return status == cudaStreamCaptureStatusActive;
+}
+
 std::shared_ptr<Pending> Comm::enqueue(const mncl_coll_v1_t &coll, bool *must_wait) {
   static const char *const kNames[MNCL_NUM_COLL_KINDS_V1] = {
       "allreduce",      "reduce",   "bcast",   "scatter", "gather", "allgather",
@@ -476,6 +504,16 @@ std::shared_ptr<Pending> Comm::enqueue(const mncl_coll_v1_t &coll, bool *must_wa
                                   what, ptr, location, rank_, device_));
         }
       });
+  const bool captured = capturing(stream, what);
+  if (captured && !host_slots.empty()) {
+    // Refused before anything is recorded: the capture stays valid.
+    throw kit::Error(MNCL_ERR_NOT_SUPPORTED,
+                     format("nccl %s: buffer %p is host memory, but stream %p is capturing a CUDA "
+                            "graph: host buffers are staged with a copy back that the host "
+                            "waits for, which a graph cannot hold; pass device memory",
+                            what, static_cast<const void *>(host_slots.front().ptr),
+                            static_cast<void *>(stream)));
+  }
   CollCopy dev(coll);
   struct ScratchFree {  // stream-ordered, so it is safe even while the kernel still runs
     char *p;
@@ -534,12 +572,20 @@ std::shared_ptr<Pending> Comm::enqueue(const mncl_coll_v1_t &coll, bool *must_wa
   free_temps();
 
   auto op = std::make_shared<Pending>();
+  op->seq = coll.seq;
+  op->what = what;
+  if (captured) {
+    // No event and no watchdog entry: an event recorded in a capture cannot be queried
+    // (cudaErrorCapturedEvent), and the operation only runs when the graph is launched, with
+    // no deadline that could start now. A failure on a launch still reaches the watchdog as
+    // NCCL's asynchronous error.
+    op->captured = true;
+    return op;
+  }
   cuda_check(cudaEventCreateWithFlags(&op->event, cudaEventDisableTiming), "cudaEventCreate");
   cuda_check(cudaEventRecord(op->event, stream), "cudaEventRecord");
   op->start = Clock::now();
   op->timeout_ms = coll.timeout_ms > 0 ? coll.timeout_ms : timeout_ms_;
-  op->seq = coll.seq;
-  op->what = what;
   {
     std::lock_guard<std::mutex> lock(pending_mutex_);
     // Ops on a stream finish in order: drop the finished ones at the front now and then, so

@@ -14,6 +14,13 @@
 // device scratch memory on the same stream and the call waits for the result, as a host
 // backend would.
 //
+// CUDA graphs: on a stream that is capturing, collectives are recorded into the graph (NCCL
+// supports capture) and run on each launch. Such an operation has no event and no deadline:
+// post/test report it done at once, and barrier does not wait; its completion is the graph
+// launch's. Host buffers are refused there (MNCL_ERR_NOT_SUPPORTED, before anything is
+// recorded). The watchdog runs in thread-local capture mode, so that its event queries never
+// invalidate the application's global-mode capture.
+//
 // Failures never hang: the communicator is non-blocking (ncclConfig_t.blocking = 0), so every
 // NCCL call returns at once and completion is polled with a deadline; a watchdog thread polls
 // ncclCommGetAsyncError and the age of every operation in flight, and aborts the NCCL
@@ -46,6 +53,7 @@ struct Pending {
   int64_t timeout_ms = 0;
   uint64_t seq = 0;
   const char *what = "";
+  bool captured = false;  // recorded into a CUDA graph: no event, done when the graph runs
   ~Pending();
 };
 
@@ -70,6 +78,7 @@ class Comm {
 
  private:
   std::shared_ptr<Pending> enqueue(const mncl_coll_v1_t &coll, bool *must_wait);
+  bool capturing(cudaStream_t stream, const char *what);
   void launch(const mncl_coll_v1_t &c, cudaStream_t stream);
   void grouped_exchange(const mncl_coll_v1_t &c, cudaStream_t stream);
   void copy_aside_inplace_alltoall(mncl_coll_v1_t &c, cudaStream_t stream);

@@ -17,6 +17,7 @@
 #include "core/debug_checks.h"
 #include "core/selection.h"
 #include "core/validate.h"
+#include "cuda/driver.h"
 #include "topology/agreement.h"
 #include "topology/hwloc_topology.h"
 
@@ -329,6 +330,16 @@ void Comm::check_usable(const char *fn) const {
 void Comm::validate_and_number(mncl_coll_v1_t &coll) {
   check_usable(coll_function_name(coll.kind));
   validate_collective(coll, rank_, size_, *table_);
+  // A backend that runs on the host cannot put anything into a CUDA graph: the graph's
+  // launches would skip the collective, a silently wrong result (and staging's stream
+  // synchronization would invalidate the capture).
+  MNCL_CHECK(coll.stream == nullptr || (table_->caps & MNCL_CAP_STREAM_ORDERED) ||
+                 !cuda::Driver::get().capturing(coll.stream),
+             MNCL_ERR_NOT_SUPPORTED,
+             "%s: stream %p is capturing a CUDA graph, but backend %s runs collectives on the "
+             "host, outside any graph; call it outside the capture, or use a stream-ordered "
+             "backend (nccl)",
+             coll_function_name(coll.kind), coll.stream, backend().c_str());
   coll.struct_size = sizeof coll;
   coll.timeout_ms = timeout_ms_;
   if (coll.kind == MNCL_COLL_SEND || coll.kind == MNCL_COLL_RECV) {

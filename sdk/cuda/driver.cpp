@@ -47,6 +47,7 @@ struct Driver::Api {
   CUresult (*get_error_name)(CUresult, const char **);
   CUresult (*get_error_string)(CUresult, const char **);
   CUresult (*driver_get_version)(int *);
+  CUresult (*stream_is_capturing)(CUstream, int *);  // optional: CUstreamCaptureStatus out
 };
 
 Driver &Driver::get() {
@@ -97,6 +98,8 @@ bool Driver::loaded() {
   resolve(api->get_error_name, "cuGetErrorName");
   resolve(api->get_error_string, "cuGetErrorString");
   resolve(api->driver_get_version, "cuDriverGetVersion");
+  api->stream_is_capturing =
+      reinterpret_cast<decltype(api->stream_is_capturing)>(dlsym(handle, "cuStreamIsCapturing"));
   if (!complete) {
     delete api;
     dlclose(handle);
@@ -199,6 +202,18 @@ void Driver::copy_h2d_async(void *dst, const void *src, size_t bytes, void *stre
   check(api_.load()->memcpy_htod_async(reinterpret_cast<CUdeviceptr>(dst), src, bytes,
                                        static_cast<CUstream>(stream)),
         "cuMemcpyHtoDAsync");
+}
+
+bool Driver::capturing(void *stream) {
+  if (stream == nullptr || !loaded()) return false;
+  const Api *api = api_.load(std::memory_order_acquire);
+  if (api->stream_is_capturing == nullptr) return false;
+  constexpr int kCaptureStatusNone = 0;  // CU_STREAM_CAPTURE_STATUS_NONE
+  int status = kCaptureStatusNone;
+  if (api->stream_is_capturing(static_cast<CUstream>(stream), &status) != kCudaSuccess) {
+    return false;  // not a stream the driver knows: the backend's own calls will say so
+  }
+  return status != kCaptureStatusNone;
 }
 
 void Driver::synchronize(void *stream) {

@@ -79,6 +79,12 @@ class Driver {
   // be CUDA memory yet.
   bool loaded();
 
+  // Whether `stream` (a cudaStream_t) is being captured into a CUDA graph (an active or an
+  // invalidated capture). false without a driver, for the NULL stream, or if the driver
+  // cannot tell (an old one without cuStreamIsCapturing). Safe during a capture: it is not
+  // one of the calls a capture prohibits.
+  bool capturing(void *stream);
+
  private:
   Driver();
   void check(CUresult result, const char *call) const;

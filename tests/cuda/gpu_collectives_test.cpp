@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -243,6 +244,115 @@ TEST(Gpu, BufferOnAnotherGpuIsRefusedAndTheCommLives) {
   MNCL_OK_OR_DIE(mncl_allreduce(g_comm, x.ptr(), x.ptr(), n, MNCL_INT32, MNCL_SUM, nullptr));
   const auto r = x.get();
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(r[i], sum_over_ranks(i));
+}
+
+const char *backend_name() {
+  const char *backend = "";
+  mncl_comm_backend(g_comm, &backend);
+  return backend;
+}
+
+// CUDA graphs: nccl records collectives into a capture and every launch runs them; a host
+// backend refuses a capturing stream without breaking the capture (a graph without the
+// collective would be silently wrong). Rank 0 captures while one of its collectives is still
+// in flight: the plugin's watchdog polls that collective's event during the capture, which must
+// not invalidate it (global capture mode prohibits such queries from any thread by default).
+TEST(Gpu, CollectivesInACudaGraphRunOnEveryLaunch) {
+  if (dead_peer_mode()) GTEST_SKIP();
+  const bool nccl = std::strcmp(backend_name(), "nccl") == 0;
+  const size_t n = 4099;
+  const size_t un = static_cast<size_t>(g_size);
+  cudaStream_t stream, side;
+  CUDA_OK(cudaStreamCreate(&stream));
+  CUDA_OK(cudaStreamCreate(&side));
+  Dev<int32_t> x(n), all(n * un), blocks(n * un), pending(values<int32_t>(g_rank, n));
+
+  mncl_request_t in_flight = nullptr;
+  if (nccl && g_size > 1) {
+    // Rank 0's allreduce waits for the others, which join 0.5 s later: it is in flight (and
+    // watched) during rank 0's capture below.
+    if (g_rank != 0) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    MNCL_OK_OR_DIE(mncl_iallreduce(g_comm, pending.ptr(), pending.ptr(), n, MNCL_INT32, MNCL_SUM,
+                                   side, &in_flight));
+    if (g_rank != 0) MNCL_OK_OR_DIE(mncl_wait(in_flight, -1));
+  }
+
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  if (!nccl) {
+    const mncl_status_t st =
+        mncl_allreduce(g_comm, x.ptr(), x.ptr(), n, MNCL_INT32, MNCL_SUM, stream);
+    EXPECT_EQ(st, MNCL_ERR_NOT_SUPPORTED) << mncl_status_string(st) << ": " << mncl_last_error();
+    EXPECT_NE(std::strstr(mncl_last_error(), "capturing a CUDA graph"), nullptr)
+        << mncl_last_error();
+    cudaGraph_t graph = nullptr;
+    EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess) << "the refusal broke the capture";
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    CUDA_OK(cudaStreamDestroy(stream));
+    CUDA_OK(cudaStreamDestroy(side));
+    return;
+  }
+  // Host memory cannot be captured: refused, and the capture lives on.
+  std::vector<int32_t> host(n, 1);
+  mncl_status_t st =
+      mncl_allreduce(g_comm, host.data(), host.data(), n, MNCL_INT32, MNCL_SUM, stream);
+  EXPECT_EQ(st, MNCL_ERR_NOT_SUPPORTED) << mncl_status_string(st) << ": " << mncl_last_error();
+  MNCL_OK_OR_DIE(mncl_allgather(g_comm, x.ptr(), all.ptr(), n, MNCL_INT32, stream));
+  MNCL_OK_OR_DIE(mncl_allreduce(g_comm, x.ptr(), x.ptr(), n, MNCL_INT32, MNCL_SUM, stream));
+  MNCL_OK_OR_DIE(mncl_alltoall(g_comm, blocks.ptr(), blocks.ptr(), n, MNCL_INT32, stream));
+  MNCL_OK_OR_DIE(mncl_barrier(g_comm, stream));  // recorded, not waited for
+  mncl_request_t r = nullptr;
+  MNCL_OK_OR_DIE(mncl_ibcast(g_comm, all.ptr(), n, MNCL_INT32, g_size - 1, stream, &r));
+  MNCL_OK_OR_DIE(mncl_wait(r, -1));  // done at once: it runs on each launch
+  if (g_rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));  // watchdog polls
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess) << "the capture was invalidated";
+  if (in_flight != nullptr && g_rank == 0) MNCL_OK_OR_DIE(mncl_wait(in_flight, -1));
+  if (g_size > 1) {
+    const auto p = pending.get();
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(p[i], sum_over_ranks(i));
+  }
+  cudaGraphExec_t exec = nullptr;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+
+  for (int launch = 0; launch < 3; ++launch) {
+    const int32_t shift = 1000 * launch;
+    auto shifted = [&](int rank, size_t count, size_t first) {
+      auto v = values<int32_t>(rank, count, first);
+      for (auto &e : v) e += shift;
+      return v;
+    };
+    x.set(shifted(g_rank, n, 0));
+    std::vector<int32_t> b(n * un);  // block p: what this rank sends to rank p
+    for (size_t p = 0; p < un; ++p) {
+      const auto v = shifted(g_rank, n, p * 7);
+      std::copy(v.begin(), v.end(), b.begin() + static_cast<ptrdiff_t>(p * n));
+    }
+    blocks.set(b);
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    const auto xr = x.get(), ar = all.get(), br = blocks.get();
+    const size_t me = static_cast<size_t>(g_rank);
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(xr[i], sum_over_ranks(i) + shift * g_size) << "launch " << launch << " i " << i;
+    }
+    // allgather ran before the allreduce, then the bcast sent rank size-1's gather to everyone.
+    for (size_t p = 0; p < un; ++p) {
+      const auto want = shifted(static_cast<int>(p), n, 0);
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(ar[p * n + i], want[i]) << "launch " << launch;
+      const auto sent = shifted(static_cast<int>(p), n, me * 7);  // rank p's block for me
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(br[p * n + i], sent[i]) << "launch " << launch;
+    }
+  }
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(graph));
+  CUDA_OK(cudaStreamDestroy(stream));
+  CUDA_OK(cudaStreamDestroy(side));
+  // The communicator is still in step on every rank.
+  Dev<int32_t> after(values<int32_t>(g_rank, n));
+  MNCL_OK_OR_DIE(
+      mncl_allreduce(g_comm, after.ptr(), after.ptr(), n, MNCL_INT32, MNCL_SUM, nullptr));
+  const auto ar = after.get();
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(ar[i], sum_over_ranks(i));
 }
 
 TEST(Gpu, DeadPeerIsAnErrorNotAHang) {

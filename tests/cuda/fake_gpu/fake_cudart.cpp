@@ -66,9 +66,10 @@ __attribute__((constructor)) void load_driver() {
 struct Alloc {
   size_t bytes, mapped;
   int device;
-  char *view;  // the read-write mapping the fake's kernels use
+  char *view;                   // the read-write mapping the fake's kernels use
+  const void *graph = nullptr;  // the GraphMemory of the capture that allocated it, if any
 };
-enum Registry { kAllocs, kStreams, kEvents };  // forever<>'s tags: one mutex per table
+enum Registry { kAllocs, kStreams, kEvents, kCaptures, kGraphs };  // forever<>'s tags
 std::mutex &alloc_mutex() {
   return fake_gpu::forever<std::mutex, kAllocs>();
 }
@@ -86,7 +87,7 @@ const std::pair<const uintptr_t, Alloc> *find_alloc(const void *p) {
   return addr < it->first + it->second.bytes ? &*it : nullptr;
 }
 
-cudaError_t allocate(void **ptr, size_t bytes) {
+cudaError_t allocate(void **ptr, size_t bytes, const void *graph = nullptr) {
   if (ptr == nullptr) return fail(cudaErrorInvalidValue);
   *ptr = nullptr;
   if (bytes == 0) return cudaSuccess;
@@ -108,17 +109,22 @@ cudaError_t allocate(void **ptr, size_t bytes) {
   std::memset(view, 0xa5, bytes);  // like cudaMalloc, not zeroed: uninitialized reads show
   std::lock_guard<std::mutex> lock(alloc_mutex());
   allocs()[reinterpret_cast<uintptr_t>(guarded)] =
-      Alloc{bytes, mapped, t_device, static_cast<char *>(view)};
+      Alloc{bytes, mapped, t_device, static_cast<char *>(view), graph};
   *ptr = guarded;
   return cudaSuccess;
 }
 
-cudaError_t release(void *ptr) {
+// graph: only if ptr is still that graph memory's (it may have been freed, and its address
+// reused, since), and silently.
+cudaError_t release(void *ptr, const void *graph = nullptr) {
   if (ptr == nullptr) return cudaSuccess;
   Alloc a;
   {
     std::lock_guard<std::mutex> lock(alloc_mutex());
     auto it = allocs().find(reinterpret_cast<uintptr_t>(ptr));
+    if (graph != nullptr && (it == allocs().end() || it->second.graph != graph)) {
+      return cudaErrorInvalidValue;
+    }
     if (it == allocs().end()) return fail(cudaErrorInvalidValue);
     a = it->second;
     allocs().erase(it);
@@ -145,6 +151,13 @@ class Stream {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       queue_.push_back(std::move(fn));
+    }
+    work_cv_.notify_one();
+  }
+  void push_all(const std::vector<std::function<void()>> &fns) {  // nothing in between
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.insert(queue_.end(), fns.begin(), fns.end());
     }
     work_cv_.notify_one();
   }
@@ -210,10 +223,124 @@ void synchronize_all() {
   for (Stream *s : all) s->synchronize();
 }
 
+// ---- stream capture (CUDA graphs) ---------------------------------------------------------------
+
+// What a captured operation becomes. Each cudaGraphLaunch runs on_launch (if any) on the
+// launching thread and queues run on its stream: the fake NCCL counts its kernels in flight so.
+struct Node {
+  std::function<void()> run, on_launch;
+};
+
+// What cudaMallocAsync allocated under capture: the graph's (a captured cudaFreeAsync of it is
+// no node, as a graph's memory nodes reuse one address on every launch). Released with the
+// last capture, graph, executable graph or launch in flight holding it, so no replay touches
+// freed memory and a launch allocates nothing; a plain cudaFree/cudaFreeAsync may release one
+// earlier (Alloc::graph then no longer names this).
+struct GraphMemory {
+  std::vector<void *> ptrs;
+  ~GraphMemory() {
+    for (void *p : ptrs) release(p, this);
+  }
+};
+
+struct Capture {
+  cudaStreamCaptureMode mode;
+  std::thread::id thread;  // the one that began it
+  unsigned long long id;   // cudaStreamGetCaptureInfo
+  bool invalidated = false;
+  std::vector<Node> nodes;
+  std::shared_ptr<GraphMemory> memory = std::make_shared<GraphMemory>();
+};
+std::mutex &capture_mutex() {
+  return fake_gpu::forever<std::mutex, kCaptures>();
+}
+// Ongoing captures (active or invalidated) by stream; only created streams capture.
+std::map<cudaStream_t, std::shared_ptr<Capture>> &captures() {
+  return fake_gpu::forever<std::map<cudaStream_t, std::shared_ptr<Capture>>>();
+}
+// cudaThreadExchangeStreamCaptureMode: how this thread's potentially unsafe calls are judged.
+thread_local cudaStreamCaptureMode t_capture_mode = cudaStreamCaptureModeGlobal;
+
+cudaStreamCaptureStatus capture_status(cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(capture_mutex());
+  auto it = captures().find(stream);
+  if (it == captures().end()) return cudaStreamCaptureStatusNone;
+  return it->second->invalidated ? cudaStreamCaptureStatusInvalidated
+                                 : cudaStreamCaptureStatusActive;
+}
+
+void invalidate(cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(capture_mutex());
+  auto it = captures().find(stream);
+  if (it != captures().end()) it->second->invalidated = true;
+}
+
+// A potentially unsafe call (a synchronization, a query, a synchronous allocation or copy) by
+// this thread, judged as CUDA documents: unless the thread's mode is Relaxed, it is prohibited
+// by the thread's own non-Relaxed capture and, in Global mode, by any other thread's Global
+// capture; `own` (a stream it synchronizes) prohibits it by capturing, whatever the modes. The
+// captures that prohibit it are invalidated, as the runtime does: their cudaStreamEndCapture
+// fails (a watchdog thread polling events in Global mode kills the application's capture).
+bool prohibited(cudaStream_t own = nullptr) {
+  const std::thread::id me = std::this_thread::get_id();
+  const cudaStreamCaptureMode mode = t_capture_mode;
+  bool hit = false;
+  std::lock_guard<std::mutex> lock(capture_mutex());
+  for (auto &[stream, c] : captures()) {
+    const bool mine = c->thread == me && c->mode != cudaStreamCaptureModeRelaxed;
+    const bool global = mode == cudaStreamCaptureModeGlobal && c->thread != me &&
+                        c->mode == cudaStreamCaptureModeGlobal;
+    if ((mode != cudaStreamCaptureModeRelaxed && (mine || global)) ||
+        (own != nullptr && stream == own)) {
+      c->invalidated = true;
+      hit = true;
+    }
+  }
+  return hit;
+}
+#define FAKE_UNSAFE_CALL(own) \
+  if (prohibited(own)) return fail(cudaErrorStreamCaptureUnsupported)
+
+// Queues the node on the stream, or appends it to the stream's capture. Errors:
+// cudaErrorInvalidResourceHandle (unknown stream), cudaErrorStreamCaptureInvalidated (the node
+// is dropped).
+cudaError_t push(cudaStream_t stream, Node node) {
+  Stream *s = find_stream(stream);
+  if (s == nullptr) return cudaErrorInvalidResourceHandle;
+  {
+    std::lock_guard<std::mutex> lock(capture_mutex());
+    auto it = captures().find(stream);
+    if (it != captures().end()) {
+      if (it->second->invalidated) return cudaErrorStreamCaptureInvalidated;
+      it->second->nodes.push_back(std::move(node));
+      return cudaSuccess;
+    }
+  }
+  if (node.on_launch) node.on_launch();
+  s->push(std::move(node.run));
+  return cudaSuccess;
+}
+
+// Captured graphs and their executable copies (which share the graph's memory).
+struct Graph {
+  std::vector<Node> nodes;
+  std::shared_ptr<GraphMemory> memory;
+};
+std::mutex &graph_mutex() {
+  return fake_gpu::forever<std::mutex, kGraphs>();
+}
+std::map<cudaGraph_t, std::shared_ptr<Graph>> &graphs() {
+  return fake_gpu::forever<std::map<cudaGraph_t, std::shared_ptr<Graph>>>();
+}
+std::map<cudaGraphExec_t, std::shared_ptr<Graph>> &graph_execs() {
+  return fake_gpu::forever<std::map<cudaGraphExec_t, std::shared_ptr<Graph>>>();
+}
+
 // ---- events -------------------------------------------------------------------------------------
 
 struct Event {
   std::atomic<uint64_t> recorded{0}, completed{0};
+  std::atomic<bool> captured{false};  // last recorded in a capture: cudaErrorCapturedEvent
 };
 std::mutex &event_mutex() {
   return fake_gpu::forever<std::mutex, kEvents>();
@@ -248,10 +375,25 @@ char *device_view(const void *ptr, size_t bytes, int *device) {
 }
 
 bool enqueue(cudaStream_t stream, std::function<void()> fn) {
-  Stream *s = find_stream(stream);
-  if (s == nullptr) return false;
-  s->push(std::move(fn));
+  return enqueue(stream, std::move(fn), nullptr);
+}
+
+bool enqueue(cudaStream_t stream, std::function<void()> fn, std::function<void()> on_launch) {
+  return push(stream, Node{std::move(fn), std::move(on_launch)}) != cudaErrorInvalidResourceHandle;
+}
+
+bool capturing(cudaStream_t stream) {
+  return ::capture_status(stream) == cudaStreamCaptureStatusActive;
+}
+
+bool capture_status(cudaStream_t stream, cudaStreamCaptureStatus *status) {
+  if (find_stream(stream) == nullptr) return false;
+  *status = ::capture_status(stream);
   return true;
+}
+
+bool prohibited(cudaStream_t stream) {
+  return ::prohibited(stream);
 }
 
 int current_device() {
@@ -330,6 +472,16 @@ constexpr ErrorText kErrorTexts[] = {
     {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
     {cudaErrorIllegalAddress, "cudaErrorIllegalAddress",
      "an illegal memory access was encountered"},
+    {cudaErrorIllegalState, "cudaErrorIllegalState",
+     "the operation cannot be performed in the present state"},
+    {cudaErrorStreamCaptureUnsupported, "cudaErrorStreamCaptureUnsupported",
+     "operation not permitted when stream is capturing"},
+    {cudaErrorStreamCaptureInvalidated, "cudaErrorStreamCaptureInvalidated",
+     "operation failed due to a previous error during capture"},
+    {cudaErrorCapturedEvent, "cudaErrorCapturedEvent",
+     "operation not permitted on an event last recorded in a capturing stream"},
+    {cudaErrorStreamCaptureWrongThread, "cudaErrorStreamCaptureWrongThread",
+     "attempt to terminate a thread-local capture sequence from another thread"},
     {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
 };
 const ErrorText &error_text(cudaError_t error) {
@@ -350,25 +502,67 @@ FAKE_CUDART const char *cudaGetErrorString(cudaError_t error) {
 
 FAKE_CUDART cudaError_t cudaMalloc(void **ptr, size_t bytes) {
   FAKE_ENTER;
+  FAKE_UNSAFE_CALL(nullptr);
   return allocate(ptr, bytes);
 }
 
-// Allocated at once (valid for any later work in stream order), freed in stream order.
+// Allocated at once (valid for any later work in stream order), freed in stream order. Under
+// capture the allocation is the graph's (see GraphMemory).
 FAKE_CUDART cudaError_t cudaMallocAsync(void **ptr, size_t bytes, cudaStream_t stream) {
   FAKE_ENTER;
   if (find_stream(stream) == nullptr) return fail(cudaErrorInvalidResourceHandle);
-  return allocate(ptr, bytes);
+  std::shared_ptr<Capture> c;
+  {
+    std::lock_guard<std::mutex> lock(capture_mutex());
+    auto it = captures().find(stream);
+    if (it != captures().end()) c = it->second;
+  }
+  if (c == nullptr) return allocate(ptr, bytes);
+  if (c->invalidated) return fail(cudaErrorStreamCaptureInvalidated);
+  if (cudaError_t e = allocate(ptr, bytes, c->memory.get())) return e;
+  std::lock_guard<std::mutex> lock(capture_mutex());  // GraphMemory::ptrs, until captured
+  if (*ptr != nullptr) c->memory->ptrs.push_back(*ptr);
+  return cudaSuccess;
 }
 
 FAKE_CUDART cudaError_t cudaFree(void *ptr) {
   FAKE_ENTER;
+  FAKE_UNSAFE_CALL(nullptr);
   synchronize_all();  // cudaFree waits for the device, so work in flight never loses memory
   return release(ptr);
 }
 
+// Under capture only the graph's own memory may be freed, and that frees nothing (a replay
+// would otherwise free it again, maybe under another allocation by then).
 FAKE_CUDART cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream) {
   FAKE_ENTER;
   if (ptr != nullptr && !is_device(ptr, 1)) return fail(cudaErrorInvalidValue);
+  if (find_stream(stream) == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  switch (capture_status(stream)) {
+    case cudaStreamCaptureStatusNone:
+      break;
+    case cudaStreamCaptureStatusInvalidated:
+      return fail(cudaErrorStreamCaptureInvalidated);
+    default: {
+      if (ptr == nullptr) return cudaSuccess;
+      bool graphs = false;
+      {
+        std::lock_guard<std::mutex> lock(alloc_mutex());
+        auto it = allocs().find(reinterpret_cast<uintptr_t>(ptr));
+        graphs = it != allocs().end() && it->second.graph != nullptr;
+      }
+      if (!graphs) {
+        std::fprintf(stderr,
+                     "fake GPU: cudaFreeAsync of %p under capture: the fake frees only memory "
+                     "allocated in a capture there\n",
+                     ptr);
+        invalidate(stream);
+        return fail(cudaErrorStreamCaptureUnsupported);
+      }
+      if (cudaError_t e = push(stream, Node{[] {}, nullptr})) return fail(e);
+      return cudaSuccess;
+    }
+  }
   if (!fake_gpu::enqueue(stream, [ptr] { release(ptr); })) {
     return fail(cudaErrorInvalidResourceHandle);
   }
@@ -377,6 +571,7 @@ FAKE_CUDART cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream) {
 
 FAKE_CUDART cudaError_t cudaMemset(void *ptr, int value, size_t bytes) {
   FAKE_ENTER;
+  FAKE_UNSAFE_CALL(nullptr);
   synchronize_all();
   char *view = fake_gpu::device_view(ptr, bytes);
   if (view == nullptr) return fail(cudaErrorInvalidValue);
@@ -403,8 +598,26 @@ FAKE_CUDART cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes
                  static_cast<int>(kind), src, dst, bytes);
     return fail(cudaErrorInvalidValue);
   }
+  if (find_stream(stream) == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  const cudaStreamCaptureStatus capture = capture_status(stream);
+  if (capture == cudaStreamCaptureStatusInvalidated) {
+    return fail(cudaErrorStreamCaptureInvalidated);
+  }
+  if (capture == cudaStreamCaptureStatusActive && !dst_dev) {
+    // Into pageable memory the copy is synchronous, which a capture cannot record.
+    invalidate(stream);
+    return fail(cudaErrorStreamCaptureUnsupported);
+  }
   std::function<void()> copy;
-  if (!src_dev) {
+  if (!src_dev && capture == cudaStreamCaptureStatusActive) {
+    // A graph's copy node reads the host memory each time it runs (as from pinned memory): a
+    // copy staged now would replay stale data.
+    copy = [dst, src, bytes] {
+      char *to = fake_gpu::device_view(dst, bytes);
+      if (to == nullptr) return fake_gpu::fault("cudaMemcpyAsync into freed device memory");
+      std::memcpy(to, src, bytes);
+    };
+  } else if (!src_dev) {
     // From host memory the source is read now, as the runtime stages pageable memory.
     auto staged = std::make_shared<std::vector<char>>(static_cast<const char *>(src),
                                                       static_cast<const char *>(src) + bytes);
@@ -423,15 +636,15 @@ FAKE_CUDART cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes
       std::memmove(to, from, bytes);
     };
   }
-  Stream *s = find_stream(stream);
-  if (s == nullptr) return fail(cudaErrorInvalidResourceHandle);
-  s->push(std::move(copy));
+  if (cudaError_t e = push(stream, Node{std::move(copy), nullptr})) return fail(e);
   // Into pageable host memory the runtime returns only once the copy is done.
-  if (!dst_dev) s->synchronize();
+  if (!dst_dev) fake_gpu::synchronize(stream);
   return cudaSuccess;
 }
 
 FAKE_CUDART cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind) {
+  FAKE_ENTER;
+  FAKE_UNSAFE_CALL(nullptr);
   if (cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, nullptr)) return e;
   default_stream()->synchronize();
   return static_cast<cudaError_t>(g_sticky.load());
@@ -474,6 +687,11 @@ FAKE_CUDART cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     s = it->second;
     streams().erase(it);
   }
+  {
+    // Its capture, if any, ends with it (and releases the capture's memory).
+    std::lock_guard<std::mutex> lock(capture_mutex());
+    captures().erase(stream);
+  }
   delete s;  // runs what is queued first, as the runtime does
   return cudaSuccess;
 }
@@ -482,12 +700,14 @@ FAKE_CUDART cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   FAKE_ENTER;
   Stream *s = find_stream(stream);
   if (s == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  FAKE_UNSAFE_CALL(stream);
   s->synchronize();
   return static_cast<cudaError_t>(g_sticky.load());
 }
 
 FAKE_CUDART cudaError_t cudaDeviceSynchronize(void) {
   FAKE_ENTER;
+  FAKE_UNSAFE_CALL(nullptr);
   synchronize_all();
   return static_cast<cudaError_t>(g_sticky.load());
 }
@@ -514,6 +734,22 @@ FAKE_CUDART cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) 
   FAKE_ENTER;
   auto e = find_event(event);
   if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  if (find_stream(stream) == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  switch (capture_status(stream)) {
+    case cudaStreamCaptureStatusNone:
+      break;
+    case cudaStreamCaptureStatusInvalidated:
+      return fail(cudaErrorStreamCaptureInvalidated);
+    default:
+      // Captured, the record is an edge of the graph, not a record that replays complete: the
+      // event is a captured one until recorded outside a capture again.
+      if (push(stream, Node{[] {}, nullptr}) != cudaSuccess) {
+        return fail(cudaErrorStreamCaptureInvalidated);
+      }
+      e->captured = true;
+      return cudaSuccess;
+  }
+  e->captured = false;
   const uint64_t generation = ++e->recorded;
   auto mark = [e, generation] {
     uint64_t seen = e->completed.load();
@@ -528,6 +764,178 @@ FAKE_CUDART cudaError_t cudaEventQuery(cudaEvent_t event) {
   FAKE_ENTER;
   auto e = find_event(event);
   if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  if (e->captured) return fail(cudaErrorCapturedEvent);
+  FAKE_UNSAFE_CALL(nullptr);
   // Not a sticky error: cudaErrorNotReady does not set the last error in the runtime either.
   return e->completed.load() >= e->recorded.load() ? cudaSuccess : cudaErrorNotReady;
+}
+
+// ---- stream capture and graphs ------------------------------------------------------------------
+
+FAKE_CUDART cudaError_t cudaStreamBeginCapture(cudaStream_t stream,
+                                               enum cudaStreamCaptureMode mode) {
+  FAKE_ENTER;
+  if (mode != cudaStreamCaptureModeGlobal && mode != cudaStreamCaptureModeThreadLocal &&
+      mode != cudaStreamCaptureModeRelaxed) {
+    return fail(cudaErrorInvalidValue);
+  }
+  // The fake's NULL, legacy and per-thread streams are one stream, which never captures.
+  if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) {
+    return fail(cudaErrorStreamCaptureUnsupported);
+  }
+  if (find_stream(stream) == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  static unsigned long long last_id = 0;  // under capture_mutex()
+  std::lock_guard<std::mutex> lock(capture_mutex());
+  auto &c = captures()[stream];
+  if (c != nullptr) return fail(cudaErrorIllegalState);
+  c = std::make_shared<Capture>();
+  c->mode = mode;
+  c->thread = std::this_thread::get_id();
+  c->id = ++last_id;
+  return cudaSuccess;
+}
+
+// Ends the capture, invalidated or not (the stream no longer captures), except from the wrong
+// thread.
+FAKE_CUDART cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *graph) {
+  FAKE_ENTER;
+  if (graph == nullptr) return fail(cudaErrorInvalidValue);
+  if (find_stream(stream) == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  std::shared_ptr<Capture> c;
+  {
+    std::lock_guard<std::mutex> lock(capture_mutex());
+    auto it = captures().find(stream);
+    if (it == captures().end()) return fail(cudaErrorIllegalState);
+    if (it->second->mode != cudaStreamCaptureModeRelaxed &&
+        it->second->thread != std::this_thread::get_id()) {
+      return fail(cudaErrorStreamCaptureWrongThread);
+    }
+    c = std::move(it->second);
+    captures().erase(it);
+  }
+  if (c->invalidated) {
+    *graph = nullptr;
+    return fail(cudaErrorStreamCaptureInvalidated);  // its memory goes with c
+  }
+  auto g = std::make_shared<Graph>(Graph{std::move(c->nodes), std::move(c->memory)});
+  *graph = reinterpret_cast<cudaGraph_t>(g.get());
+  std::lock_guard<std::mutex> lock(graph_mutex());
+  graphs()[*graph] = std::move(g);
+  return cudaSuccess;
+}
+
+// Not a potentially unsafe call: callers ask it during captures.
+FAKE_CUDART cudaError_t cudaStreamIsCapturing(cudaStream_t stream,
+                                              enum cudaStreamCaptureStatus *status) {
+  FAKE_ENTER;
+  if (status == nullptr) return fail(cudaErrorInvalidValue);
+  if (!fake_gpu::capture_status(stream, status)) return fail(cudaErrorInvalidResourceHandle);
+  return cudaSuccess;
+}
+
+// The status and the capture's id; the graph being built and its dependencies are not
+// modelled (NULL, none).
+FAKE_CUDART cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream,
+                                                 enum cudaStreamCaptureStatus *status,
+                                                 unsigned long long *id, cudaGraph_t *graph,
+                                                 const cudaGraphNode_t **dependencies,
+                                                 const cudaGraphEdgeData **edge_data,
+                                                 size_t *num_dependencies) {
+  FAKE_ENTER;
+  if (status == nullptr) return fail(cudaErrorInvalidValue);
+  if (find_stream(stream) == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  std::lock_guard<std::mutex> lock(capture_mutex());
+  auto it = captures().find(stream);
+  *status = it == captures().end()    ? cudaStreamCaptureStatusNone
+            : it->second->invalidated ? cudaStreamCaptureStatusInvalidated
+                                      : cudaStreamCaptureStatusActive;
+  if (id != nullptr && it != captures().end()) *id = it->second->id;
+  if (graph != nullptr) *graph = nullptr;
+  if (dependencies != nullptr) *dependencies = nullptr;
+  if (edge_data != nullptr) *edge_data = nullptr;
+  if (num_dependencies != nullptr) *num_dependencies = 0;
+  return cudaSuccess;
+}
+
+FAKE_CUDART cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode) {
+  if (mode == nullptr ||
+      (*mode != cudaStreamCaptureModeGlobal && *mode != cudaStreamCaptureModeThreadLocal &&
+       *mode != cudaStreamCaptureModeRelaxed)) {
+    return fail(cudaErrorInvalidValue);
+  }
+  std::swap(*mode, t_capture_mode);
+  return cudaSuccess;
+}
+
+// The executable graph is a copy of the nodes (later changes to the graph are not modelled
+// anyway) sharing the graph's memory. Flags are accepted and ignored.
+FAKE_CUDART cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph,
+                                             unsigned long long flags) {
+  FAKE_ENTER;
+  (void)flags;
+  if (exec == nullptr) return fail(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(graph_mutex());
+  auto it = graphs().find(graph);
+  if (it == graphs().end()) return fail(cudaErrorInvalidValue);
+  auto x = std::make_shared<Graph>(*it->second);
+  *exec = reinterpret_cast<cudaGraphExec_t>(x.get());
+  graph_execs()[*exec] = std::move(x);
+  return cudaSuccess;
+}
+
+FAKE_CUDART cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *exec, cudaGraph_t graph,
+                                                      unsigned long long flags) {
+  return cudaGraphInstantiate(exec, graph, flags);
+}
+
+// Queues every node, in capture order and with nothing in between, then a marker that holds the
+// executable graph (and its memory) until the launch has run. Launching into a capture (a child
+// graph) is not modelled.
+FAKE_CUDART cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  FAKE_ENTER;
+  std::shared_ptr<Graph> x;
+  {
+    std::lock_guard<std::mutex> lock(graph_mutex());
+    auto it = graph_execs().find(exec);
+    if (it == graph_execs().end()) return fail(cudaErrorInvalidResourceHandle);
+    x = it->second;
+  }
+  Stream *s = find_stream(stream);
+  if (s == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  if (capture_status(stream) != cudaStreamCaptureStatusNone) {
+    invalidate(stream);
+    return fail(cudaErrorStreamCaptureUnsupported);
+  }
+  std::vector<std::function<void()>> work;
+  work.reserve(x->nodes.size() + 1);
+  for (const Node &n : x->nodes) {
+    if (n.on_launch) n.on_launch();
+    work.push_back(n.run);
+  }
+  work.emplace_back([x] {});
+  s->push_all(work);
+  return cudaSuccess;
+}
+
+// A launch in flight keeps running; the memory goes with the last holder (see GraphMemory).
+FAKE_CUDART cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  FAKE_ENTER;
+  std::shared_ptr<Graph> x;
+  std::lock_guard<std::mutex> lock(graph_mutex());
+  auto it = graph_execs().find(exec);
+  if (it == graph_execs().end()) return fail(cudaErrorInvalidResourceHandle);
+  x = std::move(it->second);  // released after the lock (declared before it)
+  graph_execs().erase(it);
+  return cudaSuccess;
+}
+
+FAKE_CUDART cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  FAKE_ENTER;
+  std::shared_ptr<Graph> g;
+  std::lock_guard<std::mutex> lock(graph_mutex());
+  auto it = graphs().find(graph);
+  if (it == graphs().end()) return fail(cudaErrorInvalidResourceHandle);
+  g = std::move(it->second);  // released after the lock (declared before it)
+  graphs().erase(it);
+  return cudaSuccess;
 }

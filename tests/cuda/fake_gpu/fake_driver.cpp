@@ -17,7 +17,7 @@ namespace {
 
 using CUresult = int;
 constexpr CUresult kSuccess = 0, kInvalidValue = 1, kOutOfMemory = 2, kNotInitialized = 3,
-                   kInvalidContext = 201, kInvalidHandle = 400;
+                   kInvalidContext = 201, kInvalidHandle = 400, kCaptureUnsupported = 900;
 
 struct Ctx;  // a context is a distinct address per device
 Ctx *context_of(int device) {
@@ -85,6 +85,9 @@ FAKE_DRIVER CUresult cuGetErrorName(CUresult error, const char **name) {
       return kSuccess;
     case kInvalidHandle:
       *name = "CUDA_ERROR_INVALID_HANDLE";
+      return kSuccess;
+    case kCaptureUnsupported:
+      *name = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED";
       return kSuccess;
     default:
       *name = nullptr;
@@ -200,7 +203,21 @@ FAKE_DRIVER CUresult cuMemcpyHtoDAsync_v2(unsigned long long dst, const void *sr
   return copy_async(reinterpret_cast<void *>(dst), src, bytes, stream, true);
 }
 
+// Potentially unsafe during a capture, as the runtime's (see fake_gpu.h).
 FAKE_DRIVER CUresult cuStreamSynchronize(void *stream) {
   if (CUresult r = enter(true)) return r;
+  if (fake_gpu::prohibited(static_cast<cudaStream_t>(stream))) return kCaptureUnsupported;
   return fake_gpu::synchronize(static_cast<cudaStream_t>(stream)) ? kSuccess : kInvalidHandle;
+}
+
+// The runtime's capture state of the stream (a cudaStream_t is the CUstream). Not potentially
+// unsafe: callers ask it during captures. status: a CUstreamCaptureStatus, whose values are
+// cudaStreamCaptureStatus's.
+FAKE_DRIVER CUresult cuStreamIsCapturing(void *stream, int *status) {
+  if (CUresult r = enter(stream == nullptr)) return r;  // a created stream has its context
+  if (status == nullptr) return kInvalidValue;
+  cudaStreamCaptureStatus s = cudaStreamCaptureStatusNone;
+  if (!fake_gpu::capture_status(static_cast<cudaStream_t>(stream), &s)) return kInvalidHandle;
+  *status = static_cast<int>(s);
+  return kSuccess;
 }

@@ -23,10 +23,18 @@
 //    send and its receive is an asynchronous ncclInternalError.
 //  - Finalize flushes the communicator's work and meets every peer (non-blocking: in
 //    progress until then); destroy and abort free it. Using a freed communicator is fatal.
+//  - CUDA graphs: an operation on a capturing stream (fake_gpu.h) is recorded into the graph as
+//    its group's kernel (such a group is never deferred) and runs at each launch. Its matching
+//    tags are taken when the kernel runs, from counters apart from the uncaptured calls', so
+//    ranks that launch the same graphs in the same order match every launch, whatever their
+//    uncaptured calls in between; a kernel is in flight (finalize waits) from its launch. On
+//    an invalidated capture an operation fails (ncclUnhandledCudaError), as NCCL's launch does.
 //
-// Not modelled: performance, CUDA graphs, user-defined reduction ops, ncclAlltoAll/Gather/
-// Scatter, splitting. Reductions accumulate in double (integers natively) and round once; with
-// MNCL's exact test data the result is the one NCCL gives, not necessarily with other data.
+// Not modelled: performance, user-defined reduction ops, ncclAlltoAll/Gather/Scatter,
+// splitting; of graphs, NCCL's own checks (a kernel whose communicator was freed before the
+// graph's launch just ends). Reductions accumulate in double (integers natively) and round
+// once; with MNCL's exact test data the result is the one NCCL gives, not necessarily with
+// other data.
 #include <nccl.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -213,6 +221,9 @@ struct Header {
   uint32_t kind, from;
   uint64_t tag, bytes;
 };
+// Tags are per communicator and kind, and per peer for sends and receives; those of captured
+// operations are apart, so graph launches and uncaptured calls never take each other's.
+constexpr uint64_t kGraphTag = uint64_t{1} << 63;
 struct Hello {
   int32_t rank, device;
   char host[64];
@@ -269,7 +280,11 @@ struct Comm {
   std::vector<char> fin_from;                                                // per peer
   uint64_t coll_seq = 0, groups = 0;
   std::vector<uint64_t> send_seq, recv_seq;  // per peer
-  int running = 0;                           // kernels queued or running
+  // Tags of captured operations (kGraphTag set), taken as their kernels run: every launch of
+  // a graph needs fresh ones, in the order the ranks run their graphs.
+  uint64_t graph_coll_seq = 0;
+  std::vector<uint64_t> graph_send_seq, graph_recv_seq;  // per peer
+  int running = 0;                                       // kernels queued or running
 
   std::vector<int> fds;  // per peer; -1 for self
   std::vector<std::unique_ptr<std::mutex>> write_mutex;
@@ -499,10 +514,11 @@ struct Item {
   size_t count;
   ncclDataType_t dt;
   ncclRedOp_t op;
-  int root;  // or the peer
-  uint64_t tag;
+  int root;      // or the peer
+  uint64_t tag;  // 0 while captured: taken when the kernel runs (see Comm::graph_coll_seq)
   std::shared_ptr<Comm> comm;
   cudaStream_t stream;
+  bool captured;
 };
 
 // One group's kernel on one rank: first everything the others need from this rank goes out
@@ -644,24 +660,41 @@ void launch(const std::vector<Item> &items) {
     auto k = std::find_if(kernels.begin(), kernels.end(), [&](auto &e) { return e.first == key; });
     if (k == kernels.end()) k = kernels.insert(kernels.end(), {key, {}});
     k->second.push_back(it);
+    // A capture begun since the call still records the kernel: its tags must be per run.
+    if (fake_gpu::capturing(it.stream)) k->second.back().captured = true;
   }
   for (auto &k : kernels) {
     std::shared_ptr<Comm> c = k.second.front().comm;
-    {
+    // Counted in flight as it is queued: now, or by each launch of the graph capturing it.
+    auto queued = [c] {
       std::lock_guard<std::mutex> lock(c->mutex);
       ++c->running;
-    }
-    fake_gpu::enqueue(k.first.second, [c, items = std::move(k.second)] {
-      bool skip;
-      {
-        std::lock_guard<std::mutex> lock(c->mutex);
-        skip = c->ended();
-      }
-      if (!skip) run_kernel(c, items);
-      std::lock_guard<std::mutex> lock(c->mutex);
-      --c->running;
-      c->cv.notify_all();
-    });
+    };
+    fake_gpu::enqueue(
+        k.first.second,
+        [c, items = std::move(k.second)] {
+          std::vector<Item> run = items;  // a graph's node runs again: its tags are per run
+          bool skip;
+          {
+            std::lock_guard<std::mutex> lock(c->mutex);
+            skip = c->ended();
+            for (Item &it : run) {
+              if (skip || !it.captured) continue;
+              if (it.kind == Kind::kSend) {
+                it.tag = kGraphTag | ++c->graph_send_seq[it.root];
+              } else if (it.kind == Kind::kRecv) {
+                it.tag = kGraphTag | ++c->graph_recv_seq[it.root];
+              } else {
+                it.tag = kGraphTag | ++c->graph_coll_seq;
+              }
+            }
+          }
+          if (!skip) run_kernel(c, run);
+          std::lock_guard<std::mutex> lock(c->mutex);
+          --c->running;
+          c->cv.notify_all();
+        },
+        queued);
   }
 }
 
@@ -735,17 +768,23 @@ ncclResult_t submit(const char *call, Kind kind, const void *send, void *recv, s
     if (reads) r = check_buffer(*c, call, "sendbuff", send, in);
     if (r == ncclSuccess && writes) r = check_buffer(*c, call, "recvbuff", recv, out);
   }
-  if (r == ncclSuccess && stream != nullptr && stream != cudaStreamLegacy &&
-      stream != cudaStreamPerThread && !fake_gpu::enqueue(stream, [] {})) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (r == ncclSuccess && !fake_gpu::capture_status(stream, &capture)) {
     r = set_error(ncclInvalidArgument, format("%s: invalid stream", call));
+  }
+  if (r == ncclSuccess && capture == cudaStreamCaptureStatusInvalidated) {
+    // NCCL's launch into it fails with cudaErrorStreamCaptureInvalidated.
+    r = set_error(ncclUnhandledCudaError, format("%s: stream %p is in an invalidated capture", call,
+                                                 static_cast<void *>(stream)));
   }
   if (r != ncclSuccess) {
     if (t_group_depth > 0 && t_group_error == ncclSuccess) t_group_error = r;
     return r;
   }
   if (count == 0) return ncclSuccess;  // NCCL returns at once
-  Item item{kind, send, recv, count, dt, op, root, 0, c, stream};
-  {
+  const bool captured = capture == cudaStreamCaptureStatusActive;
+  Item item{kind, send, recv, count, dt, op, root, 0, c, stream, captured};
+  if (!captured) {
     std::lock_guard<std::mutex> lock(c->mutex);
     if (kind == Kind::kSend) {
       item.tag = ++c->send_seq[root];
@@ -850,6 +889,8 @@ FAKE_NCCL ncclResult_t ncclCommInitRankConfig(ncclComm_t *handle, int nranks, nc
   c->fin_from.assign(static_cast<size_t>(nranks), 0);
   c->send_seq.assign(static_cast<size_t>(nranks), 0);
   c->recv_seq.assign(static_cast<size_t>(nranks), 0);
+  c->graph_send_seq.assign(static_cast<size_t>(nranks), 0);
+  c->graph_recv_seq.assign(static_cast<size_t>(nranks), 0);
   c->fds.assign(static_cast<size_t>(nranks), -1);
   for (int p = 0; p < nranks; ++p) c->write_mutex.push_back(std::make_unique<std::mutex>());
   *handle = reinterpret_cast<ncclComm_t>(c.get());
@@ -908,8 +949,11 @@ FAKE_NCCL ncclResult_t ncclGroupEnd() {
   }
   if (items.empty()) return ncclSuccess;
   const std::shared_ptr<Comm> c = items.front().comm;
+  const bool captured = std::any_of(items.begin(), items.end(), [](const Item &it) {
+    return it.captured || fake_gpu::capturing(it.stream);
+  });
   bool defer = false;
-  if (!c->blocking) {
+  if (!c->blocking && !captured) {  // a captured kernel goes into the capture now
     const int every = env_int("MNCL_FAKE_NCCL_DEFER_EVERY", 3);
     std::lock_guard<std::mutex> lock(c->mutex);
     defer = every > 0 && ++c->groups % static_cast<uint64_t>(every) == 0;
