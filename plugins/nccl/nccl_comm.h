@@ -19,7 +19,9 @@
 // post/test report it done at once, and barrier does not wait; its completion is the graph
 // launch's. Host buffers are refused there (MNCL_ERR_NOT_SUPPORTED, before anything is
 // recorded). The watchdog runs in thread-local capture mode, so that its event queries never
-// invalidate the application's global-mode capture.
+// invalidate the application's global-mode capture. NCCL's own rules stay the caller's: the
+// same captures on every rank, and peers of scatter/gather/alltoall/send/recv connected
+// before a global-mode capture (NCCL connects them lazily).
 //
 // Failures never hang: the communicator is non-blocking (ncclConfig_t.blocking = 0), so every
 // NCCL call returns at once and completion is polled with a deadline; a watchdog thread polls

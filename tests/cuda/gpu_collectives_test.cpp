@@ -267,6 +267,11 @@ TEST(Gpu, CollectivesInACudaGraphRunOnEveryLaunch) {
   CUDA_OK(cudaStreamCreate(&side));
   Dev<int32_t> x(n), all(n * un), blocks(n * un), pending(values<int32_t>(g_rank, n));
 
+  // NCCL connects point-to-point peers lazily (alltoall is grouped send/recv here), with calls
+  // a global-mode capture prohibits: one uncaptured alltoall first, as NCCL's docs advise.
+  if (nccl)
+    MNCL_OK_OR_DIE(mncl_alltoall(g_comm, blocks.ptr(), blocks.ptr(), n, MNCL_INT32, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
   mncl_request_t in_flight = nullptr;
   if (nccl && g_size > 1) {
     // Rank 0's allreduce waits for the others, which join 0.5 s later: it is in flight (and
