@@ -269,6 +269,18 @@ cudaStreamCaptureStatus capture_status(cudaStream_t stream) {
                                  : cudaStreamCaptureStatusActive;
 }
 
+// For a call that queues work on `stream`: whether it is captured, or the runtime's error for
+// an unknown stream or an invalidated capture.
+cudaError_t queue_state(cudaStream_t stream, bool *captured) {
+  if (find_stream(stream) == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  const cudaStreamCaptureStatus status = capture_status(stream);
+  if (status == cudaStreamCaptureStatusInvalidated) {
+    return fail(cudaErrorStreamCaptureInvalidated);
+  }
+  *captured = status == cudaStreamCaptureStatusActive;
+  return cudaSuccess;
+}
+
 void invalidate(cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(capture_mutex());
   auto it = captures().find(stream);
@@ -334,6 +346,19 @@ std::map<cudaGraph_t, std::shared_ptr<Graph>> &graphs() {
 }
 std::map<cudaGraphExec_t, std::shared_ptr<Graph>> &graph_execs() {
   return fake_gpu::forever<std::map<cudaGraphExec_t, std::shared_ptr<Graph>>>();
+}
+
+// Forgets a graph or executable-graph handle. What it held is released after the lock (`held`
+// is declared before it): the last holder may free graph memory.
+template <typename Handle>
+cudaError_t drop(std::map<Handle, std::shared_ptr<Graph>> &table, Handle handle) {
+  std::shared_ptr<Graph> held;
+  std::lock_guard<std::mutex> lock(graph_mutex());
+  auto it = table.find(handle);
+  if (it == table.end()) return fail(cudaErrorInvalidResourceHandle);
+  held = std::move(it->second);
+  table.erase(it);
+  return cudaSuccess;
 }
 
 // ---- events -------------------------------------------------------------------------------------
@@ -537,31 +562,26 @@ FAKE_CUDART cudaError_t cudaFree(void *ptr) {
 FAKE_CUDART cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream) {
   FAKE_ENTER;
   if (ptr != nullptr && !is_device(ptr, 1)) return fail(cudaErrorInvalidValue);
-  if (find_stream(stream) == nullptr) return fail(cudaErrorInvalidResourceHandle);
-  switch (capture_status(stream)) {
-    case cudaStreamCaptureStatusNone:
-      break;
-    case cudaStreamCaptureStatusInvalidated:
-      return fail(cudaErrorStreamCaptureInvalidated);
-    default: {
-      if (ptr == nullptr) return cudaSuccess;
-      bool graphs = false;
-      {
-        std::lock_guard<std::mutex> lock(alloc_mutex());
-        auto it = allocs().find(reinterpret_cast<uintptr_t>(ptr));
-        graphs = it != allocs().end() && it->second.graph != nullptr;
-      }
-      if (!graphs) {
-        std::fprintf(stderr,
-                     "fake GPU: cudaFreeAsync of %p under capture: the fake frees only memory "
-                     "allocated in a capture there\n",
-                     ptr);
-        invalidate(stream);
-        return fail(cudaErrorStreamCaptureUnsupported);
-      }
-      if (cudaError_t e = push(stream, Node{[] {}, nullptr})) return fail(e);
-      return cudaSuccess;
+  bool captured = false;
+  if (cudaError_t e = queue_state(stream, &captured)) return e;
+  if (captured) {
+    if (ptr == nullptr) return cudaSuccess;
+    bool graphs = false;
+    {
+      std::lock_guard<std::mutex> lock(alloc_mutex());
+      auto it = allocs().find(reinterpret_cast<uintptr_t>(ptr));
+      graphs = it != allocs().end() && it->second.graph != nullptr;
     }
+    if (!graphs) {
+      std::fprintf(stderr,
+                   "fake GPU: cudaFreeAsync of %p under capture: the fake frees only memory "
+                   "allocated in a capture there\n",
+                   ptr);
+      invalidate(stream);
+      return fail(cudaErrorStreamCaptureUnsupported);
+    }
+    if (cudaError_t e = push(stream, Node{[] {}, nullptr})) return fail(e);
+    return cudaSuccess;
   }
   if (!fake_gpu::enqueue(stream, [ptr] { release(ptr); })) {
     return fail(cudaErrorInvalidResourceHandle);
@@ -598,18 +618,15 @@ FAKE_CUDART cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes
                  static_cast<int>(kind), src, dst, bytes);
     return fail(cudaErrorInvalidValue);
   }
-  if (find_stream(stream) == nullptr) return fail(cudaErrorInvalidResourceHandle);
-  const cudaStreamCaptureStatus capture = capture_status(stream);
-  if (capture == cudaStreamCaptureStatusInvalidated) {
-    return fail(cudaErrorStreamCaptureInvalidated);
-  }
-  if (capture == cudaStreamCaptureStatusActive && !dst_dev) {
+  bool captured = false;
+  if (cudaError_t e = queue_state(stream, &captured)) return e;
+  if (captured && !dst_dev) {
     // Into pageable memory the copy is synchronous, which a capture cannot record.
     invalidate(stream);
     return fail(cudaErrorStreamCaptureUnsupported);
   }
   std::function<void()> copy;
-  if (!src_dev && capture == cudaStreamCaptureStatusActive) {
+  if (!src_dev && captured) {
     // A graph's copy node reads the host memory each time it runs (as from pinned memory): a
     // copy staged now would replay stale data.
     copy = [dst, src, bytes] {
@@ -734,20 +751,16 @@ FAKE_CUDART cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) 
   FAKE_ENTER;
   auto e = find_event(event);
   if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
-  if (find_stream(stream) == nullptr) return fail(cudaErrorInvalidResourceHandle);
-  switch (capture_status(stream)) {
-    case cudaStreamCaptureStatusNone:
-      break;
-    case cudaStreamCaptureStatusInvalidated:
+  bool captured = false;
+  if (cudaError_t err = queue_state(stream, &captured)) return err;
+  if (captured) {
+    // Captured, the record is an edge of the graph, not a record that replays complete: the
+    // event is a captured one until recorded outside a capture again.
+    if (push(stream, Node{[] {}, nullptr}) != cudaSuccess) {
       return fail(cudaErrorStreamCaptureInvalidated);
-    default:
-      // Captured, the record is an edge of the graph, not a record that replays complete: the
-      // event is a captured one until recorded outside a capture again.
-      if (push(stream, Node{[] {}, nullptr}) != cudaSuccess) {
-        return fail(cudaErrorStreamCaptureInvalidated);
-      }
-      e->captured = true;
-      return cudaSuccess;
+    }
+    e->captured = true;
+    return cudaSuccess;
   }
   e->captured = false;
   const uint64_t generation = ++e->recorded;
@@ -920,22 +933,10 @@ FAKE_CUDART cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t strea
 // A launch in flight keeps running; the memory goes with the last holder (see GraphMemory).
 FAKE_CUDART cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
   FAKE_ENTER;
-  std::shared_ptr<Graph> x;
-  std::lock_guard<std::mutex> lock(graph_mutex());
-  auto it = graph_execs().find(exec);
-  if (it == graph_execs().end()) return fail(cudaErrorInvalidResourceHandle);
-  x = std::move(it->second);  // released after the lock (declared before it)
-  graph_execs().erase(it);
-  return cudaSuccess;
+  return drop(graph_execs(), exec);
 }
 
 FAKE_CUDART cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
   FAKE_ENTER;
-  std::shared_ptr<Graph> g;
-  std::lock_guard<std::mutex> lock(graph_mutex());
-  auto it = graphs().find(graph);
-  if (it == graphs().end()) return fail(cudaErrorInvalidResourceHandle);
-  g = std::move(it->second);  // released after the lock (declared before it)
-  graphs().erase(it);
-  return cudaSuccess;
+  return drop(graphs(), graph);
 }
