@@ -244,6 +244,29 @@ MNCL_API mncl_status_t mncl_allreduce_coalesced(mncl_comm_t comm, const void *co
                                                 size_t nbufs, mncl_dtype_t dtype, mncl_op_t op,
                                                 void *stream);
 
+/*
+ * Collectives with a count per rank (symbol version MNCL_1.1; MPI's MPI_Allgatherv and
+ * MPI_Alltoallv, with size_t counts). Counts and displacements are in elements, one entry per rank;
+ * the arrays are read during the call only. Receive blocks must not overlap; elements of recvbuf
+ * outside every block are left untouched. What one rank cannot check (that its counts agree with
+ * its peers') fails with MNCL_ERR_REMOTE or MNCL_ERR_TIMEOUT, never with a wrong result; except
+ * on nccl, where, as for every other mismatched call, NCCL checks nothing (MNCL_DEBUG_CHECKS=1
+ * compares allgatherv's recvcounts across ranks before the call).
+ *
+ * allgatherv: rank i's sendcount elements land at recvbuf + displs[i] on every rank;
+ *   sendcount == recvcounts[rank], and recvcounts/displs are the same on every rank.
+ *   In place: sendbuf == recvbuf + displs[rank] (elements).
+ * alltoallv: sendcounts[j] elements at sendbuf + sdispls[j] of rank i land at
+ *   recvbuf + rdispls[i] of rank j, which expects recvcounts[i] == that count. Not in place.
+ */
+MNCL_API mncl_status_t mncl_allgatherv(mncl_comm_t comm, const void *sendbuf, size_t sendcount,
+                                       void *recvbuf, const size_t *recvcounts,
+                                       const size_t *displs, mncl_dtype_t dtype, void *stream);
+MNCL_API mncl_status_t mncl_alltoallv(mncl_comm_t comm, const void *sendbuf,
+                                      const size_t *sendcounts, const size_t *sdispls,
+                                      void *recvbuf, const size_t *recvcounts,
+                                      const size_t *rdispls, mncl_dtype_t dtype, void *stream);
+
 /* ---------------------------------------------------------------------------------------------
  * Non-blocking collectives
  *
@@ -290,6 +313,15 @@ MNCL_API mncl_status_t mncl_iallreduce_coalesced(mncl_comm_t comm, const void *c
                                                  void *const *recvbufs, const size_t *counts,
                                                  size_t nbufs, mncl_dtype_t dtype, mncl_op_t op,
                                                  void *stream, mncl_request_t *request);
+MNCL_API mncl_status_t mncl_iallgatherv(mncl_comm_t comm, const void *sendbuf, size_t sendcount,
+                                        void *recvbuf, const size_t *recvcounts,
+                                        const size_t *displs, mncl_dtype_t dtype, void *stream,
+                                        mncl_request_t *request);
+MNCL_API mncl_status_t mncl_ialltoallv(mncl_comm_t comm, const void *sendbuf,
+                                       const size_t *sendcounts, const size_t *sdispls,
+                                       void *recvbuf, const size_t *recvcounts,
+                                       const size_t *rdispls, mncl_dtype_t dtype, void *stream,
+                                       mncl_request_t *request);
 
 /* *done = 1 when finished: the request is then freed and the operation's status returned.
  * *done = 0: still running, MNCL_OK returned. */

@@ -6,10 +6,10 @@
  * writes
  *
  *     #include <mncl/mncl_plugin.h>
- *     MNCL_PLUGIN_EXPORT const mncl_plugin_v2_t mncl_plugin_v2 = { ... };
+ *     MNCL_PLUGIN_EXPORT const mncl_plugin_v3_t mncl_plugin_v3 = { ... };
  *
- * and keeps compiling, unchanged, against later releases (it stays a v2 plugin, served by the
- * core's v2 adapter, until its author moves to a newer table). A v1 plugin is loaded as before.
+ * and keeps compiling, unchanged, against later releases (it stays a v3 plugin, served by the
+ * core's v3 adapter, until its author moves to a newer table). A v1 plugin is loaded as before.
  */
 #ifndef MNCL_PLUGIN_H
 #define MNCL_PLUGIN_H
@@ -17,9 +17,10 @@
 #include "mncl.h"
 #include "mncl_plugin_v1.h"
 #include "mncl_plugin_v2.h"
+#include "mncl_plugin_v3.h"
 
 /* Newest plugin ABI this header set defines, and the oldest the matching core still loads. */
-#define MNCL_PLUGIN_ABI_CURRENT MNCL_PLUGIN_ABI_V2
+#define MNCL_PLUGIN_ABI_CURRENT MNCL_PLUGIN_ABI_V3
 #define MNCL_PLUGIN_ABI_OLDEST MNCL_PLUGIN_ABI_V1
 
 #if defined(__GNUC__)

@@ -3,10 +3,11 @@
 // (device buffers through pinned host memory), which both swap buffers for stand-ins.
 #pragma once
 
-#include <mncl/mncl_plugin_v1.h>
+#include <mncl/mncl_plugin.h>
 
 #include <cstddef>
 
+#include "common/coll.h"
 #include "common/dtype.h"
 
 namespace mncl::kit {
@@ -67,6 +68,20 @@ void for_each_buffer(const mncl_coll_v1_t &c, int rank, int size, F &&f) {
         f(3 + 2 * i, c.recvbufs[i], c.counts[i] * es, false, true);
       }
       break;
+    case MNCL_COLL_ALLGATHERV: {
+      // The receive extent is read too: the elements between blocks must come back unchanged
+      // from a stand-in (staging copies whole extents).
+      const VLayout v = v_layout(c);
+      f(kSend, c.sendbuf, n, true, false);
+      f(kRecv, c.recvbuf, v_extent(v.recvcounts, v.rdispls, c.nbufs) * es, true, true);
+      break;
+    }
+    case MNCL_COLL_ALLTOALLV: {
+      const VLayout v = v_layout(c);
+      f(kSend, c.sendbuf, v_extent(v.sendcounts, v.sdispls, c.nbufs) * es, true, false);
+      f(kRecv, c.recvbuf, v_extent(v.recvcounts, v.rdispls, c.nbufs) * es, true, true);
+      break;
+    }
     default:
       break;
   }

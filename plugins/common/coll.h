@@ -24,4 +24,90 @@ inline mncl_coll_v1_t make_coll(int32_t kind, int32_t dtype, int32_t op, int32_t
   return c;
 }
 
+// The per-rank arrays of a collective with a count per rank (plugin ABI v3: ALLGATHERV,
+// ALLTOALLV; see mncl_plugin_v3.h for the layout of `counts`). Entries are in elements. For
+// allgatherv, this rank sends `count` elements to every rank: send arrays stay NULL.
+struct VLayout {
+  const size_t *sendcounts = nullptr, *sdispls = nullptr;
+  const size_t *recvcounts = nullptr, *rdispls = nullptr;
+};
+inline VLayout v_layout(const mncl_coll_v1_t &c) {
+  const size_t n = c.nbufs;
+  VLayout v;
+  if (c.counts == nullptr) return v;
+  if (c.kind == MNCL_COLL_ALLGATHERV) {
+    v.recvcounts = c.counts;
+    v.rdispls = c.counts + n;
+  } else if (c.kind == MNCL_COLL_ALLTOALLV) {
+    v.sendcounts = c.counts;
+    v.sdispls = c.counts + n;
+    v.recvcounts = c.counts + 2 * n;
+    v.rdispls = c.counts + 3 * n;
+  }
+  return v;
+}
+
+// The elements a set of blocks spans from the buffer's start: max(displs[i] + counts[i]) over
+// blocks with a count (0 if none). The core has checked that nothing overflows.
+inline size_t v_extent(const size_t *counts, const size_t *displs, size_t n) {
+  size_t end = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (counts[i] != 0 && displs[i] + counts[i] > end) end = displs[i] + counts[i];
+  }
+  return end;
+}
+
+// Elements in all blocks: the sum of n counts.
+inline size_t v_total(const size_t *counts, size_t n) {
+  size_t total = 0;
+  for (size_t i = 0; i < n; ++i) total += counts[i];
+  return total;
+}
+
+// A 64-bit mix (splitmix64's finalizer), for digests of counts.
+inline uint64_t mix64(uint64_t h, uint64_t v) {
+  h = (h ^ v) + 0x9e3779b97f4a7c15ull;
+  h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+  h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+  return h ^ (h >> 31);
+}
+
+// What no rank can check alone for allgatherv / alltoallv: that the sender of each block and its
+// receiver agree on its count. Each rank adds up a hash of (from, to, count) over the blocks it
+// sends (sums[0]) and over those it receives (sums[1]); summed over all ranks (one allreduce),
+// the two totals are equal when every pair agrees (a false match has probability about 2^-64),
+// and every rank reaches the same verdict. Backends whose transport cannot tell a message of
+// the wrong size from a right one (MPI, Gloo) run this before any data moves.
+inline void v_pair_sums(const mncl_coll_v1_t &c, int rank, uint64_t sums[2]) {
+  const VLayout v = v_layout(c);
+  const uint64_t me = static_cast<uint64_t>(rank);
+  const auto pair = [](uint64_t from, uint64_t to, uint64_t count) {
+    return mix64(mix64(mix64(0, from), to), count);
+  };
+  sums[0] = sums[1] = 0;
+  for (size_t j = 0; j < c.nbufs; ++j) {
+    sums[0] += pair(me, j, c.kind == MNCL_COLL_ALLGATHERV ? c.count : v.sendcounts[j]);
+    sums[1] += pair(j, me, v.recvcounts[j]);
+  }
+}
+
+// A descriptor for a collective with a count per rank: `counts` must hold 2 * size (allgatherv:
+// recvcounts, displs) or 4 * size (alltoallv: sendcounts, sdispls, recvcounts, rdispls)
+// entries and outlive the descriptor's use.
+inline mncl_coll_v1_t make_v_coll(int32_t kind, int32_t dtype, const void *sendbuf, void *recvbuf,
+                                  size_t count, int size, const size_t *counts) {
+  mncl_coll_v1_t c{};
+  c.struct_size = sizeof c;
+  c.kind = kind;
+  c.dtype = dtype;
+  c.op = -1;
+  c.root = -1;
+  c.sendbuf = sendbuf;
+  c.recvbuf = recvbuf;
+  c.count = count;
+  c.nbufs = static_cast<size_t>(size);
+  c.counts = counts;
+  return c;
+}
+
 }  // namespace mncl::kit

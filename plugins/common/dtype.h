@@ -9,7 +9,7 @@
 #pragma once
 
 #include <mncl/mncl.h>
-#include <mncl/mncl_plugin_v1.h>
+#include <mncl/mncl_plugin.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -157,6 +157,11 @@ inline bool is_reduction(int32_t kind) {
          kind == MNCL_COLL_REDUCE_SCATTER || kind == MNCL_COLL_ALLREDUCE_COALESCED;
 }
 
+// Whether a kind has a count per rank (plugin ABI v3: layout in kit::v_layout, common/coll.h).
+inline bool is_v_kind(int32_t kind) {
+  return kind == MNCL_COLL_ALLGATHERV || kind == MNCL_COLL_ALLTOALLV;
+}
+
 // Name of a collective kind for messages ("allreduce"); plugins share this one table.
 inline const char *kind_name(int32_t kind) {
   switch (kind) {
@@ -184,6 +189,10 @@ inline const char *kind_name(int32_t kind) {
       return "recv";
     case MNCL_COLL_ALLREDUCE_COALESCED:
       return "allreduce_coalesced";
+    case MNCL_COLL_ALLGATHERV:
+      return "allgatherv";
+    case MNCL_COLL_ALLTOALLV:
+      return "alltoallv";
     default:
       return "unknown collective";
   }

@@ -36,4 +36,35 @@ constexpr mncl_plugin_v1_t as_v1(const mncl_plugin_v2_t &t) {
                           t.test};
 }
 
+// A v3 plugin (mncl_plugin_v3.h) exports its table as v2 and v1 too:
+//
+//   MNCL_PLUGIN_EXPORT const mncl_plugin_v3_t mncl_plugin_v3 = {...};
+//   MNCL_PLUGIN_EXPORT const mncl_plugin_v2_t mncl_plugin_v2 = kit::as_v2(mncl_plugin_v3);
+//   MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = kit::as_v1(mncl_plugin_v2);
+//
+// The v2 copy drops the kinds v2 does not define (a v2 core never asks for them).
+constexpr mncl_plugin_v2_t as_v2(const mncl_plugin_v3_t &t) {
+  return mncl_plugin_v2_t{
+      sizeof(mncl_plugin_v2_t),
+      t.magic,
+      MNCL_PLUGIN_ABI_V2,
+      t.name,
+      t.version,
+      t.caps,
+      t.coll_mask & (MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED)),
+      t.dtype_mask,
+      t.op_mask,
+      t.reserved0,
+      t.init,
+      t.finalize,
+      t.probe,
+      t.comm_create,
+      t.comm_destroy,
+      t.comm_abort,
+      t.comm_split,
+      t.execute,
+      t.post,
+      t.test};
+}
+
 }  // namespace mncl::kit

@@ -388,7 +388,105 @@ MNCL_API mncl_status_t mncl_allreduce_coalesced(mncl_comm_t comm, const void *co
   return run_blocking(comm, make_coalesced(sendbufs, recvbufs, counts, nbufs, dtype, op, stream));
 }
 
+// allgatherv / alltoallv: the per-rank arrays are packed into one, as plugin ABI v3 carries
+// them (mncl_plugin_v3.h); start() keeps its own copy for non-blocking calls.
+struct VArrays {
+  const size_t *a, *b, *c, *d;  // allgatherv: recvcounts, displs; alltoallv: all four
+  const char *names[4];
+};
+
+mncl_status_t run_v(mncl_comm_t comm, int kind, const void *sendbuf, size_t sendcount,
+                    void *recvbuf, const VArrays &arrays, mncl_dtype_t dtype, void *stream,
+                    mncl_request_t *request) {
+  return guard([&] {
+    const char *fn = mncl::core::coll_function_name(kind);
+    if (request != nullptr) *request = nullptr;
+    auto &c = comm_of(comm, fn);
+    const int narrays = kind == MNCL_COLL_ALLGATHERV ? 2 : 4;
+    const size_t *in[4] = {arrays.a, arrays.b, arrays.c, arrays.d};
+    const size_t size = static_cast<size_t>(c.size());
+    std::vector<size_t> packed;
+    packed.reserve(size * static_cast<size_t>(narrays));
+    for (int k = 0; k < narrays; ++k) {
+      MNCL_CHECK(in[k] != nullptr, MNCL_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn,
+                 arrays.names[k]);
+      packed.insert(packed.end(), in[k], in[k] + size);
+    }
+    mncl_coll_v1_t coll =
+        mncl::kit::make_v_coll(kind, dtype, sendbuf, recvbuf, sendcount, c.size(), packed.data());
+    coll.stream = stream;
+    if (request == nullptr) {
+      c.run(coll);
+      return;
+    }
+    auto handle = std::make_unique<mncl_request>();
+    handle->op = c.start(coll);
+    handle->comm = comm;
+    track(g_requests, handle.get());
+    *request = handle.release();
+  });
+}
+
+mncl_status_t run_allgatherv(mncl_comm_t comm, const void *sendbuf, size_t sendcount, void *recvbuf,
+                             const size_t *recvcounts, const size_t *displs, mncl_dtype_t dtype,
+                             void *stream, mncl_request_t *request) {
+  return run_v(comm, MNCL_COLL_ALLGATHERV, sendbuf, sendcount, recvbuf,
+               {recvcounts, displs, nullptr, nullptr, {"recvcounts", "displs", "", ""}}, dtype,
+               stream, request);
+}
+
+mncl_status_t run_alltoallv(mncl_comm_t comm, const void *sendbuf, const size_t *sendcounts,
+                            const size_t *sdispls, void *recvbuf, const size_t *recvcounts,
+                            const size_t *rdispls, mncl_dtype_t dtype, void *stream,
+                            mncl_request_t *request) {
+  return run_v(comm, MNCL_COLL_ALLTOALLV, sendbuf, 0, recvbuf,
+               {sendcounts,
+                sdispls,
+                recvcounts,
+                rdispls,
+                {"sendcounts", "sdispls", "recvcounts", "rdispls"}},
+               dtype, stream, request);
+}
+
+MNCL_API mncl_status_t mncl_allgatherv(mncl_comm_t comm, const void *sendbuf, size_t sendcount,
+                                       void *recvbuf, const size_t *recvcounts,
+                                       const size_t *displs, mncl_dtype_t dtype, void *stream) {
+  return run_allgatherv(comm, sendbuf, sendcount, recvbuf, recvcounts, displs, dtype, stream,
+                        nullptr);
+}
+
+MNCL_API mncl_status_t mncl_alltoallv(mncl_comm_t comm, const void *sendbuf,
+                                      const size_t *sendcounts, const size_t *sdispls,
+                                      void *recvbuf, const size_t *recvcounts,
+                                      const size_t *rdispls, mncl_dtype_t dtype, void *stream) {
+  return run_alltoallv(comm, sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls, dtype,
+                       stream, nullptr);
+}
+
 // --- non-blocking collectives ----------------------------------------------------------------
+
+MNCL_API mncl_status_t mncl_iallgatherv(mncl_comm_t comm, const void *sendbuf, size_t sendcount,
+                                        void *recvbuf, const size_t *recvcounts,
+                                        const size_t *displs, mncl_dtype_t dtype, void *stream,
+                                        mncl_request_t *request) {
+  if (request == nullptr) {
+    return guard([&] { require_out(request, "mncl_iallgatherv", "request"); });
+  }
+  return run_allgatherv(comm, sendbuf, sendcount, recvbuf, recvcounts, displs, dtype, stream,
+                        request);
+}
+
+MNCL_API mncl_status_t mncl_ialltoallv(mncl_comm_t comm, const void *sendbuf,
+                                       const size_t *sendcounts, const size_t *sdispls,
+                                       void *recvbuf, const size_t *recvcounts,
+                                       const size_t *rdispls, mncl_dtype_t dtype, void *stream,
+                                       mncl_request_t *request) {
+  if (request == nullptr) {
+    return guard([&] { require_out(request, "mncl_ialltoallv", "request"); });
+  }
+  return run_alltoallv(comm, sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls, dtype,
+                       stream, request);
+}
 
 MNCL_API mncl_status_t mncl_iallreduce(mncl_comm_t comm, const void *sendbuf, void *recvbuf,
                                        size_t count, mncl_dtype_t dtype, mncl_op_t op, void *stream,

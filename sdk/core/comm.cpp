@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "bootstrap/memory_store.h"
+#include "common/dtype.h"  // the plugin kit: kit::is_v_kind
 #include "common/env.h"
 #include "common/error.h"
 #include "common/log.h"
@@ -472,6 +473,10 @@ std::shared_ptr<Operation> Comm::start(const mncl_coll_v1_t &coll_in) {
     op->counts.assign(coll_in.counts, coll_in.counts + coll_in.nbufs);
     op->coll.sendbufs = op->sendbufs.data();
     op->coll.recvbufs = op->recvbufs.data();
+    op->coll.counts = op->counts.data();
+  } else if (kit::is_v_kind(coll_in.kind) && coll_in.counts) {
+    const size_t entries = coll_in.nbufs * (coll_in.kind == MNCL_COLL_ALLGATHERV ? 2 : 4);
+    op->counts.assign(coll_in.counts, coll_in.counts + entries);
     op->coll.counts = op->counts.data();
   }
   validate_and_number(op->coll);

@@ -137,7 +137,7 @@ class Comm {
   std::shared_ptr<bootstrap::Store> comm_store_;  // "<id>/" view, used by the core
   std::unique_ptr<StoreBridge> plugin_store_;     // "<id>/p/" view, handed to the plugin
   std::shared_ptr<loader::Plugin> plugin_;
-  const mncl_plugin_v2_t *table_ = nullptr;
+  const mncl_plugin_v3_t *table_ = nullptr;
   std::unique_ptr<cuda::StagingPool> staging_;  // CUDA buffers on a host-only backend
   void *plugin_comm_ = nullptr;
 

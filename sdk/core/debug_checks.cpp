@@ -33,6 +33,12 @@ std::string fingerprint(const mncl_coll_v1_t &c) {
   if (c.kind == MNCL_COLL_ALLREDUCE_COALESCED) {
     args = format("%zu buffers, counts", c.nbufs);
     for (size_t i = 0; c.counts && i < c.nbufs; ++i) args += format(" %zu", c.counts[i]);
+  } else if (c.kind == MNCL_COLL_ALLGATHERV) {
+    // Counts are per rank, the same everywhere; displacements are each rank's own layout.
+    args = "recvcounts";
+    for (size_t i = 0; c.counts && i < c.nbufs; ++i) args += format(" %zu", c.counts[i]);
+  } else if (c.kind == MNCL_COLL_ALLTOALLV) {
+    args = "per-pair counts";  // they differ by rank: the backend checks each pair
   } else if (c.kind != MNCL_COLL_BARRIER) {
     args = format("count %zu", c.count);
   }

@@ -1,8 +1,12 @@
 #include "core/validate.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <utility>
+#include <vector>
 
+#include "common/coll.h"   // the plugin kit's v-collective layout
 #include "common/dtype.h"  // the plugin kit's dtype/op tables
 #include "common/error.h"
 
@@ -17,19 +21,21 @@ struct KindInfo {
   bool p2p;      // takes a peer
 };
 
-const KindInfo kKinds[MNCL_NUM_COLL_KINDS_V1] = {
+const KindInfo kKinds[MNCL_NUM_COLL_KINDS_V3] = {
     {"allreduce", true, false, false},      {"reduce", true, true, false},
     {"bcast", false, true, false},          {"scatter", false, true, false},
     {"gather", false, true, false},         {"allgather", false, false, false},
     {"reduce_scatter", true, false, false}, {"alltoall", false, false, false},
     {"barrier", false, false, false},       {"send", false, false, true},
     {"recv", false, false, true},           {"allreduce_coalesced", true, false, false},
+    {"allgatherv", false, false, false},    {"alltoallv", false, false, false},
 };
 
-const char *kFunctionNames[MNCL_NUM_COLL_KINDS_V1] = {
-    "mncl_allreduce", "mncl_reduce",    "mncl_bcast",          "mncl_scatter",
-    "mncl_gather",    "mncl_allgather", "mncl_reduce_scatter", "mncl_alltoall",
-    "mncl_barrier",   "mncl_send",      "mncl_recv",           "mncl_allreduce_coalesced"};
+const char *kFunctionNames[MNCL_NUM_COLL_KINDS_V3] = {
+    "mncl_allreduce",  "mncl_reduce",    "mncl_bcast",          "mncl_scatter",
+    "mncl_gather",     "mncl_allgather", "mncl_reduce_scatter", "mncl_alltoall",
+    "mncl_barrier",    "mncl_send",      "mncl_recv",           "mncl_allreduce_coalesced",
+    "mncl_allgatherv", "mncl_alltoallv"};
 
 // Byte range [begin, end) of a buffer, for overlap checks.
 struct Range {
@@ -53,14 +59,89 @@ size_t checked_bytes(const char *fn, size_t count, size_t factor, size_t elem) {
   return count * factor * elem;
 }
 
+// The blocks of one buffer (counts and displacements in elements): none overflows, and with
+// `disjoint`, no two with a count overlap. Returns the buffer's extent in bytes.
+size_t check_blocks(const char *fn, const char *counts_name, const char *displs_name,
+                    const size_t *counts, const size_t *displs, int size, size_t elem,
+                    bool disjoint) {
+  const size_t limit = static_cast<size_t>(std::numeric_limits<intptr_t>::max()) / elem;
+  std::vector<std::pair<size_t, int>> starts;  // (displacement, rank) of non-empty blocks
+  size_t extent = 0;
+  for (int i = 0; i < size; ++i) {
+    const size_t n = counts[i], d = displs[i];
+    if (n == 0) continue;
+    MNCL_CHECK(n <= limit && d <= limit - n, MNCL_ERR_INVALID_ARGUMENT,
+               "%s: %s[%d] = %zu at %s[%d] = %zu overflows the address space", fn, counts_name, i,
+               n, displs_name, i, d);
+    extent = std::max(extent, d + n);
+    starts.emplace_back(d, i);
+  }
+  if (disjoint) {
+    std::sort(starts.begin(), starts.end());
+    for (size_t k = 1; k < starts.size(); ++k) {
+      const int a = starts[k - 1].second, b = starts[k].second;
+      MNCL_CHECK(displs[a] + counts[a] <= displs[b], MNCL_ERR_INVALID_ARGUMENT,
+                 "%s: the blocks of ranks %d and %d overlap in recvbuf (%s %zu + %zu > %zu)", fn, a,
+                 b, displs_name, displs[a], counts[a], displs[b]);
+    }
+  }
+  return extent * elem;
+}
+
+// allgatherv and alltoallv (plugin ABI v3; layout of `counts` in mncl_plugin_v3.h): every fact
+// one rank can check. What only peers can (that their counts agree) the backends detect.
+void validate_v_collective(const char *fn, const mncl_coll_v1_t &c, int rank, int size,
+                           size_t elem) {
+  MNCL_CHECK(c.counts != nullptr && c.nbufs == static_cast<size_t>(size), MNCL_ERR_INTERNAL,
+             "%s: the core built a descriptor without its count arrays", fn);
+  const kit::VLayout v = kit::v_layout(c);
+  const bool all = c.kind == MNCL_COLL_ALLGATHERV;
+  const size_t recv_bytes = check_blocks(fn, "recvcounts", all ? "displs" : "rdispls", v.recvcounts,
+                                         v.rdispls, size, elem, true);
+  MNCL_CHECK(recv_bytes == 0 || c.recvbuf != nullptr, MNCL_ERR_INVALID_ARGUMENT,
+             "%s: recvbuf is NULL but %zu bytes are to be received", fn, recv_bytes);
+  const size_t me = static_cast<size_t>(rank);
+  size_t send_bytes = 0;
+  if (all) {
+    MNCL_CHECK(c.count == v.recvcounts[me], MNCL_ERR_INVALID_ARGUMENT,
+               "%s: sendcount %zu differs from recvcounts[%d] = %zu (this rank's block)", fn,
+               c.count, rank, v.recvcounts[me]);
+    send_bytes = checked_bytes(fn, c.count, 1, elem);
+    const bool in_place = c.recvbuf != nullptr && send_bytes != 0 &&
+                          c.sendbuf == static_cast<const char *>(c.recvbuf) + v.rdispls[me] * elem;
+    if (in_place) return;
+  } else {
+    MNCL_CHECK(v.sendcounts[me] == v.recvcounts[me], MNCL_ERR_INVALID_ARGUMENT,
+               "%s: sendcounts[%d] = %zu differs from recvcounts[%d] = %zu (this rank's block "
+               "to itself)",
+               fn, rank, v.sendcounts[me], rank, v.recvcounts[me]);
+    send_bytes =
+        check_blocks(fn, "sendcounts", "sdispls", v.sendcounts, v.sdispls, size, elem, false);
+  }
+  MNCL_CHECK(send_bytes == 0 || c.sendbuf != nullptr, MNCL_ERR_INVALID_ARGUMENT,
+             "%s: sendbuf is NULL but %zu bytes are to be sent", fn, send_bytes);
+  if (send_bytes && recv_bytes) {
+    MNCL_CHECK(!overlap(range_of(c.sendbuf, send_bytes), range_of(c.recvbuf, recv_bytes)),
+               MNCL_ERR_INVALID_ARGUMENT, "%s: sendbuf and recvbuf overlap%s", fn,
+               all ? " in a way that is not the in-place form (sendbuf == recvbuf + displs[rank])"
+                   : " (alltoallv has no in-place form)");
+  }
+}
+
 }  // namespace
 
 const char *coll_function_name(int kind) {
-  return kind >= 0 && kind < MNCL_NUM_COLL_KINDS_V1 ? kFunctionNames[kind] : "mncl_?";
+  return kind >= 0 && kind < MNCL_NUM_COLL_KINDS_V3 ? kFunctionNames[kind] : "mncl_?";
 }
 size_t coll_bytes(const mncl_coll_v1_t &c) {
   const size_t elem = kit::dtype_size(static_cast<mncl_dtype_t>(c.dtype));
   if (c.kind == MNCL_COLL_BARRIER) return 0;
+  if (kit::is_v_kind(c.kind)) {
+    const kit::VLayout v = kit::v_layout(c);  // bytes received
+    size_t total = 0;
+    for (size_t i = 0; v.recvcounts && i < c.nbufs; ++i) total += v.recvcounts[i] * elem;
+    return total;
+  }
   if (c.kind != MNCL_COLL_ALLREDUCE_COALESCED) return c.count * elem;
   size_t total = 0;
   for (size_t i = 0; c.counts && i < c.nbufs; ++i) total += c.counts[i] * elem;
@@ -68,11 +149,11 @@ size_t coll_bytes(const mncl_coll_v1_t &c) {
 }
 
 const char *coll_kind_name(int kind) {
-  return kind >= 0 && kind < MNCL_NUM_COLL_KINDS_V1 ? kKinds[kind].name : "?";
+  return kind >= 0 && kind < MNCL_NUM_COLL_KINDS_V3 ? kKinds[kind].name : "?";
 }
 
 void validate_collective(const mncl_coll_v1_t &c, int rank, int size,
-                         const mncl_plugin_v2_t &backend) {
+                         const mncl_plugin_v3_t &backend) {
   const char *fn = coll_function_name(c.kind);
   const KindInfo &kind = kKinds[c.kind];
 
@@ -129,6 +210,11 @@ void validate_collective(const mncl_coll_v1_t &c, int rank, int size,
       MNCL_CHECK(s.begin == r.begin || !overlap(s, r), MNCL_ERR_INVALID_ARGUMENT,
                  "%s: sendbufs[%zu] and recvbufs[%zu] overlap without being equal", fn, i, i);
     }
+    return;
+  }
+
+  if (kit::is_v_kind(c.kind)) {
+    validate_v_collective(fn, c, rank, size, elem);
     return;
   }
 

@@ -17,6 +17,6 @@ size_t coll_bytes(const mncl_coll_v1_t &coll);
 // Throws mncl::Error(MNCL_ERR_INVALID_ARGUMENT or MNCL_ERR_NOT_SUPPORTED) naming the function
 // and what was wrong. `backend` supplies the capability masks.
 void validate_collective(const mncl_coll_v1_t &coll, int rank, int size,
-                         const mncl_plugin_v2_t &backend);
+                         const mncl_plugin_v3_t &backend);
 
 }  // namespace mncl::core

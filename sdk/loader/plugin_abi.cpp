@@ -43,6 +43,7 @@ std::string adapt_same_layout(const void *exported, const TableFacts &facts, Tab
   std::memcpy(out, exported, std::min({size, facts.known_size, sizeof *out}));
   out->struct_size = sizeof *out;
   out->caps &= facts.caps;
+  out->coll_mask &= facts.colls;
   return {};
 }
 

@@ -15,7 +15,7 @@
 namespace mncl::loader::abi {
 
 // The newest table: what Plugin::table() returns.
-using Table = mncl_plugin_v2_t;
+using Table = mncl_plugin_v3_t;
 
 // Versions this core loads, and how far beyond them it looks to explain a refusal.
 inline constexpr uint32_t kOldest = MNCL_PLUGIN_ABI_OLDEST;
@@ -34,9 +34,11 @@ struct Adapter {
 
 std::string adapt_v1(const void *exported, Table *out);
 std::string adapt_v2(const void *exported, Table *out);
+std::string adapt_v3(const void *exported, Table *out);
 
 // Newest first: the loader takes the first symbol a plugin exports.
 inline constexpr Adapter kAdapters[] = {
+    {MNCL_PLUGIN_ABI_V3, MNCL_PLUGIN_V3_SYMBOL, &adapt_v3},
     {MNCL_PLUGIN_ABI_V2, MNCL_PLUGIN_V2_SYMBOL, &adapt_v2},
     {MNCL_PLUGIN_ABI_V1, MNCL_PLUGIN_V1_SYMBOL, &adapt_v1},
 };
@@ -53,7 +55,7 @@ struct TableHeader {
 std::string check_header(const void *exported, uint32_t version, const char *symbol,
                          const char *type_name, size_t min_size);
 
-// What the adapter of a version whose table is laid out like the core's (v1 and v2 so far)
+// What the adapter of a version whose table is laid out like the core's (v1, v2, v3 so far)
 // needs to know about it.
 struct TableFacts {
   uint32_t version;
@@ -62,11 +64,16 @@ struct TableFacts {
   size_t min_size;        // end of the last field this core reads
   size_t known_size;      // sizeof the version's table: bytes beyond it are not ours to read
   uint64_t caps;          // the capability bits the version defines; others are cleared
+  uint32_t colls;         // the collective kinds the version defines; other coll_mask bits too
 };
+
+// The kinds of v1 and v2 (0..11, the coalesced allreduce included).
+inline constexpr uint32_t kCollsV1 =
+    MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED);
 
 // check_header, then: zeroes *out, copies the first min(the table's struct_size, known_size)
 // bytes (the fields both sides know), sets out->struct_size to sizeof(Table) and keeps only
-// facts.caps in out->caps.
+// facts.caps in out->caps and facts.colls in out->coll_mask.
 std::string adapt_same_layout(const void *exported, const TableFacts &facts, Table *out);
 
 // "mncl_plugin_v7"

@@ -63,7 +63,7 @@ class LoadedPlugin final : public Plugin {
     MNCL_INFO("unloaded plugin %s (%s)", name_.c_str(), path_.c_str());
   }  // lib_ unloads after this body, once the plugin's code is no longer needed
 
-  const mncl_plugin_v2_t &table() const override { return table_; }
+  const abi::Table &table() const override { return table_; }
   const std::string &path() const override { return path_; }
   const std::string &name() const override { return name_; }
   uint32_t abi_version() const override { return abi_version_; }
@@ -124,7 +124,7 @@ std::string validate(const abi::Table &t, const std::string &file_name) {
     return "capability mismatch: no memory type (neither MNCL_CAP_HOST_MEMORY nor "
            "MNCL_CAP_CUDA_MEMORY)";
   }
-  constexpr uint32_t kKnownColls = (1u << MNCL_NUM_COLL_KINDS_V1) - 1u;
+  constexpr uint32_t kKnownColls = MNCL_COLL_MASK_ALL_V3;
   constexpr uint32_t kKnownDtypes = (1u << MNCL_NUM_DTYPES) - 1u;
   constexpr uint32_t kKnownOps = (1u << MNCL_NUM_OPS) - 1u;
   if ((t.coll_mask & kKnownColls) == 0) {

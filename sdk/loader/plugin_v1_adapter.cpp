@@ -1,6 +1,6 @@
-// Plugin ABI v1 -> the core's table (v2). v2 has v1's fields in v1's order and adds one
-// capability bit, so this is a checked copy that clears the bits v1 does not define (a v1
-// table cannot promise MNCL_CAP_CONCURRENT_P2P).
+// Plugin ABI v1 -> the core's table (v3). v2 and v3 have v1's fields in v1's order; v2 adds
+// one capability bit and v3 two collective kinds, so this is a checked copy that clears the
+// bits v1 does not define (a v1 table cannot promise MNCL_CAP_CONCURRENT_P2P or a v3 kind).
 #include "loader/plugin_abi.h"
 
 namespace mncl::loader::abi {
@@ -8,6 +8,9 @@ namespace mncl::loader::abi {
 static_assert(offsetof(mncl_plugin_v2_t, test) == offsetof(mncl_plugin_v1_t, test) &&
                   sizeof(mncl_plugin_v2_t) == sizeof(mncl_plugin_v1_t),
               "v2 keeps v1's layout");
+static_assert(offsetof(mncl_plugin_v3_t, test) == offsetof(mncl_plugin_v2_t, test) &&
+                  sizeof(mncl_plugin_v3_t) == sizeof(mncl_plugin_v2_t),
+              "v3 keeps v2's layout");
 
 std::string adapt_v1(const void *exported, Table *out) {
   static constexpr TableFacts kV1 = {
@@ -16,8 +19,8 @@ std::string adapt_v1(const void *exported, Table *out) {
       "mncl_plugin_v1_t",
       offsetof(mncl_plugin_v1_t, test) + sizeof(mncl_plugin_v1_t::test),
       sizeof(mncl_plugin_v1_t),
-      MNCL_CAP_HOST_MEMORY | MNCL_CAP_CUDA_MEMORY | MNCL_CAP_NATIVE_ASYNC |
-          MNCL_CAP_STREAM_ORDERED};
+      MNCL_CAP_HOST_MEMORY | MNCL_CAP_CUDA_MEMORY | MNCL_CAP_NATIVE_ASYNC | MNCL_CAP_STREAM_ORDERED,
+      kCollsV1};
   return adapt_same_layout(exported, kV1, out);
 }
 

@@ -26,6 +26,14 @@
 #define ABI_TABLE mncl_plugin_v2
 #define ABI_VERSION MNCL_PLUGIN_ABI_V2
 #define ABI_ENUMS mncl_plugin_abi_v2_enums
+#elif MNCL_ABI_TYPES_VERSION == 3
+#define ABI_TABLE_T mncl_plugin_v3_t
+#define ABI_TABLE mncl_plugin_v3
+#define ABI_VERSION MNCL_PLUGIN_ABI_V3
+#define ABI_ENUMS mncl_plugin_abi_v3_enums
+/* v3's kinds are an enum of their own (mncl_coll_kind_v3_t), which v1 and v2 do not have. */
+#define ABI_KIND_V3_PARAM , mncl_coll_kind_v3_t kind3
+#define ABI_KIND_V3_ARG +(int)kind3
 #else
 #error "unknown MNCL_ABI_TYPES_VERSION"
 #endif
@@ -36,10 +44,18 @@ MNCL_PLUGIN_EXPORT const ABI_TABLE_T ABI_TABLE = {.struct_size = sizeof(ABI_TABL
                                                   .name = "abi-types",
                                                   .version = "0"};
 
-/* The enums a plugin sees as plain int32_t fields (kind, dtype, op, log levels); v2 uses v1's. */
+#ifndef ABI_KIND_V3_PARAM
+#define ABI_KIND_V3_PARAM
+#define ABI_KIND_V3_ARG
+#endif
+
+/* The enums a plugin sees as plain int32_t fields (kind, dtype, op, log levels); v2 uses v1's,
+ * v3 adds its kinds (mncl_coll_kind_v3_t). */
 MNCL_PLUGIN_EXPORT int ABI_ENUMS(mncl_log_level_v1_t level, mncl_coll_kind_v1_t kind,
-                                 mncl_dtype_t dtype, mncl_op_t op, mncl_status_t status);
+                                 mncl_dtype_t dtype, mncl_op_t op,
+                                 mncl_status_t status ABI_KIND_V3_PARAM);
 MNCL_PLUGIN_EXPORT int ABI_ENUMS(mncl_log_level_v1_t level, mncl_coll_kind_v1_t kind,
-                                 mncl_dtype_t dtype, mncl_op_t op, mncl_status_t status) {
-  return (int)level + (int)kind + (int)dtype + (int)op + (int)status;
+                                 mncl_dtype_t dtype, mncl_op_t op,
+                                 mncl_status_t status ABI_KIND_V3_PARAM) {
+  return (int)level + (int)kind + (int)dtype + (int)op + (int)status ABI_KIND_V3_ARG;
 }

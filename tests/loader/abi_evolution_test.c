@@ -3,11 +3,16 @@
  * application built against an older or newer header would see it:
  *
  *   plugins: a v1 plugin loads through the core's v1 adapter and runs a collective, and so does
- *   a v2-only plugin (mncl_plugin_v2.h) through the v2 adapter, a plugin exporting v1 and v2, one
- *   exporting v2 and the hypothetical v3 (mncl_plugin_v3_test.h), and one exporting v1 and v3; a
- *   plugin that only offers v3 is refused with MNCL_ERR_PLUGIN and a message naming the file
- *   and both version ranges, and a v2 symbol whose table says abi_version 1 is refused.
+ *   a v2-only plugin (mncl_plugin_v2.h) through the v2 adapter, a v3-only one (mncl_plugin_v3.h)
+ *   through the v3 adapter, a plugin exporting v1 and v2, one exporting v2 and v3, one exporting
+ *   v3 and the hypothetical v4 (mncl_plugin_v4_test.h), and one exporting v1 and v4; a plugin
+ *   that only offers v4 is refused with MNCL_ERR_PLUGIN and a message naming the file and both
+ *   version ranges, and a v2 symbol whose table says abi_version 1 is refused.
  *   (Which table the core picked is not visible through mncl.h; loader_test checks that.)
+ *
+ *   v3's collective kinds (mncl_allgatherv, mncl_alltoallv and their non-blocking twins, symbol
+ *   version MNCL_1.1): a plugin served as v3 runs them; a v1 or v2 plugin is never handed one,
+ *   even when its table sets their coll_mask bits: MNCL_ERR_NOT_SUPPORTED naming the backend.
  *
  *   config struct-size handshake: an older caller's smaller mncl_config_t (only the first
  *   fields) gets defaults for the rest; a newer caller's larger one is accepted when its unknown
@@ -66,6 +71,67 @@ static mncl_config_t config_for(const char *backend) {
   return c;
 }
 
+/* Checks one v3 collective's status against `want` (a refusal names the collective, `kind`,
+ * and the backend) and, on success, that `got` holds `expected`. */
+static void check_vcoll(mncl_status_t st, mncl_status_t want, const char *backend, const char *what,
+                        const char *fn, const char *kind, const int32_t *got,
+                        const int32_t *expected, size_t n) {
+  char quoted[128];
+  const char *msg = st == MNCL_OK ? "" : mncl_last_error();
+  EXPECT(st == want, "%s: %s: got %s (%s), expected %s", what, fn, mncl_status_string(st), msg,
+         mncl_status_string(want));
+  if (st != want) return;
+  if (st == MNCL_OK) {
+    EXPECT(memcmp(got, expected, n * sizeof *got) == 0,
+           "%s: %s: wrong result {%d, %d, %d, %d, %d, %d}", what, fn, (int)got[0], (int)got[1],
+           (int)got[2], (int)got[3], (int)got[4], (int)got[5]);
+  } else {
+    snprintf(quoted, sizeof quoted, "backend '%s'", backend);
+    EXPECT(strstr(msg, quoted) != NULL && strstr(msg, kind) != NULL,
+           "%s: %s: the message names the collective and the backend: %s", what, fn, msg);
+  }
+}
+
+/* On a single-rank communicator of `backend`: mncl_allgatherv, mncl_alltoallv and their
+ * non-blocking twins end in `want` (MNCL_OK with the right blocks, elements outside them
+ * untouched, or MNCL_ERR_NOT_SUPPORTED naming the backend). */
+static void vcolls_expect(const char *backend, mncl_status_t want, const char *what) {
+  const int32_t in[3] = {7, 8, 9};
+  /* allgatherv: recvcounts {3}, displs {2}; alltoallv: sendcounts {2}, sdispls {1},
+   * recvcounts {2}, rdispls {3}. */
+  const int32_t gathered[6] = {-1, -1, 7, 8, 9, -1};
+  const int32_t exchanged[6] = {-1, -1, -1, 8, 9, -1};
+  const size_t three[1] = {3}, two[1] = {2}, one[1] = {1}, rdispls[1] = {3};
+  int32_t out[6];
+  mncl_config_t c = config_for(backend);
+  mncl_comm_t comm = NULL;
+  mncl_request_t req = NULL;
+  mncl_status_t st = mncl_comm_create(&c, &comm);
+  EXPECT(st == MNCL_OK, "%s: create: %s", what, mncl_last_error());
+  if (st != MNCL_OK) return;
+
+  memset(out, 0xff, sizeof out);
+  st = mncl_allgatherv(comm, in, 3, out, three, two, MNCL_INT32, NULL);
+  check_vcoll(st, want, backend, what, "mncl_allgatherv", "allgatherv", out, gathered, 6);
+
+  memset(out, 0xff, sizeof out);
+  st = mncl_alltoallv(comm, in, two, one, out, two, rdispls, MNCL_INT32, NULL);
+  check_vcoll(st, want, backend, what, "mncl_alltoallv", "alltoallv", out, exchanged, 6);
+
+  memset(out, 0xff, sizeof out);
+  st = mncl_iallgatherv(comm, in, 3, out, three, two, MNCL_INT32, NULL, &req);
+  if (st == MNCL_OK) st = mncl_wait(req, -1);
+  check_vcoll(st, want, backend, what, "mncl_iallgatherv", "allgatherv", out, gathered, 6);
+
+  memset(out, 0xff, sizeof out);
+  st = mncl_ialltoallv(comm, in, two, one, out, two, rdispls, MNCL_INT32, NULL, &req);
+  if (st == MNCL_OK) st = mncl_wait(req, -1);
+  check_vcoll(st, want, backend, what, "mncl_ialltoallv", "alltoallv", out, exchanged, 6);
+
+  EXPECT(mncl_comm_destroy(comm) == MNCL_OK, "%s: destroy: %s", what, mncl_last_error());
+  printf("ok   %-58s %s\n", what, mncl_status_string(want));
+}
+
 /* What an older header's mncl_config_t could have been: the first fields only. */
 typedef struct old_config {
   size_t struct_size;
@@ -100,19 +166,27 @@ int main(void) {
     create_expect(&c, MNCL_OK, "v1v2", "v1+v2 plugin is served (as v2)");
   }
   {
-    mncl_config_t c = config_for("v2v3");
-    create_expect(&c, MNCL_OK, "v2v3", "v2+v3 plugin is served (as v2)");
-  }
-  {
-    mncl_config_t c = config_for("v1v3");
-    create_expect(&c, MNCL_OK, "v1v3", "v1+v3 plugin is served (as v1)");
-  }
-  {
     mncl_config_t c = config_for("v3only");
-    msg = create_expect(&c, MNCL_ERR_PLUGIN, "", "v3-only plugin is refused");
-    EXPECT(strstr(msg, "libmncl-v3only.so") != NULL, "the message names the file: %s", msg);
-    EXPECT(strstr(msg, "offers plugin ABI v3 only") != NULL, "the plugin's range: %s", msg);
-    EXPECT(strstr(msg, "this core supports v1..v2") != NULL, "the core's range: %s", msg);
+    create_expect(&c, MNCL_OK, "v3only", "v3 plugin loads through the v3 adapter");
+  }
+  {
+    mncl_config_t c = config_for("v2v3");
+    create_expect(&c, MNCL_OK, "v2v3", "v2+v3 plugin is served (as v3)");
+  }
+  {
+    mncl_config_t c = config_for("v3v4");
+    create_expect(&c, MNCL_OK, "v3v4", "v3+v4 plugin is served (as v3)");
+  }
+  {
+    mncl_config_t c = config_for("v1v4");
+    create_expect(&c, MNCL_OK, "v1v4", "v1+v4 plugin is served (as v1)");
+  }
+  {
+    mncl_config_t c = config_for("v4only");
+    msg = create_expect(&c, MNCL_ERR_PLUGIN, "", "v4-only plugin is refused");
+    EXPECT(strstr(msg, "libmncl-v4only.so") != NULL, "the message names the file: %s", msg);
+    EXPECT(strstr(msg, "offers plugin ABI v4 only") != NULL, "the plugin's range: %s", msg);
+    EXPECT(strstr(msg, "this core supports v1..v3") != NULL, "the core's range: %s", msg);
   }
   {
     mncl_config_t c = config_for("v2badabi");
@@ -121,6 +195,15 @@ int main(void) {
         strstr(msg, "mncl_plugin_v2 declares abi_version 1 but the symbol name promises 2") != NULL,
         "names the mismatch: %s", msg);
   }
+
+  /* --- v3's collective kinds --------------------------------------------------------------- */
+  vcolls_expect("v3only", MNCL_OK, "v3 plugin runs allgatherv/alltoallv (+ i*)");
+  vcolls_expect("v2v3", MNCL_OK, "v2+v3 plugin (as v3) runs allgatherv/alltoallv");
+  vcolls_expect("v3v4", MNCL_OK, "v3+v4 plugin (as v3) runs allgatherv/alltoallv");
+  vcolls_expect("mock", MNCL_ERR_NOT_SUPPORTED, "v1 plugin is never handed a v3 kind");
+  vcolls_expect("v1v2", MNCL_ERR_NOT_SUPPORTED, "v1+v2 plugin (as v2) is never handed one");
+  vcolls_expect("v2allv", MNCL_ERR_NOT_SUPPORTED, "v2 table claiming v3's kinds loses them");
+  vcolls_expect("v1v4", MNCL_ERR_NOT_SUPPORTED, "v1+v4 plugin (as v1) is never handed one");
 
   /* --- config struct-size handshake ---------------------------------------------------------- */
   {

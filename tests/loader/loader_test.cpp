@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdio>
@@ -20,17 +21,25 @@
 #include "common/log.h"
 #include "loader/plugin_abi.h"
 #include "loader/plugin_loader.h"
-#include "mncl_plugin_v3_test.h"
+#include "mncl_plugin_v4_test.h"
 
 namespace mncl::loader {
 namespace {
 
-// The hypothetical v3 only appends: its v2 part must match v2 field for field.
-static_assert(offsetof(mncl_plugin_v3_test_t, base) == 0);
-static_assert(offsetof(mncl_plugin_v3_test_t, comm_shrink) == sizeof(mncl_plugin_v2_t));
-// The core's table is v2 today; the adapter tests below fill one.
-static_assert(std::is_same_v<abi::Table, mncl_plugin_v2_t>);
-static_assert(abi::kNewest == MNCL_PLUGIN_ABI_V2);
+// The hypothetical v4 only appends: its v3 part must match v3 field for field.
+static_assert(offsetof(mncl_plugin_v4_test_t, base) == 0);
+static_assert(offsetof(mncl_plugin_v4_test_t, comm_shrink) == sizeof(mncl_plugin_v3_t));
+// The core's table is v3 today; the adapter tests below fill one.
+static_assert(std::is_same_v<abi::Table, mncl_plugin_v3_t>);
+static_assert(abi::kNewest == MNCL_PLUGIN_ABI_V3);
+
+// The mocks' coll_mask (mock_plugin.c): every v1 kind but send/recv, plus v3's two kinds in
+// their v3 (and v4) tables.
+constexpr uint32_t kMockColls =
+    MNCL_COLL_MASK_ALL_V1 & ~(MNCL_COLL_BIT(MNCL_COLL_SEND) | MNCL_COLL_BIT(MNCL_COLL_RECV));
+constexpr uint32_t kV3Kinds =
+    MNCL_COLL_BIT(MNCL_COLL_ALLGATHERV) | MNCL_COLL_BIT(MNCL_COLL_ALLTOALLV);
+static_assert(kV3Kinds == ((1u << 12) | (1u << 13)));
 
 const std::string kMockDir = MNCL_MOCK_PLUGIN_DIR;
 
@@ -109,7 +118,7 @@ std::vector<Refusal> refusals() {
       {"truncated", "dlopen failed: "},
       {"dir", "not a regular file"},
       {"nosym", "no mncl_plugin_v1..mncl_plugin_v16 symbol exported"},
-      {"v3only", "offers plugin ABI v3 only; this core supports v1..v2"},
+      {"v4only", "offers plugin ABI v4 only; this core supports v1..v3"},
       {"badabi", "mncl_plugin_v1 declares abi_version 7 but the symbol name promises 1"},
       {"v2badabi", "mncl_plugin_v2 declares abi_version 1 but the symbol name promises 2"},
       {"badmagic", "mncl_plugin_v1 has magic 0xdeadbeef, expected 0x504c4e4d"},
@@ -250,6 +259,57 @@ TEST(Loader, V2OnlyPluginLoadsWithItsConcurrentP2pCapability) {
   EXPECT_STREQ(t.version, "0.0.1-test (v2only)");
 }
 
+TEST(Loader, V3OnlyPluginLoadsWithItsV3Kinds) {
+  auto p = load("v3only");
+  EXPECT_EQ(p->name(), "v3only");
+  EXPECT_EQ(p->abi_version(), 3u);
+  const abi::Table &t = p->table();
+  EXPECT_EQ(t.struct_size, sizeof(mncl_plugin_v3_t));
+  EXPECT_EQ(t.abi_version, MNCL_PLUGIN_ABI_V3);
+  EXPECT_EQ(t.caps, MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P);
+  EXPECT_EQ(t.coll_mask, kMockColls | kV3Kinds);
+  EXPECT_STREQ(t.version, "0.0.1-test (v3only)");
+}
+
+TEST(Loader, V3OnlyPluginRunsASingleRankAllgathervAndAlltoallv) {
+  // The descriptor as mncl_plugin_v3.h lays it out: counts = recvcounts, displs (allgatherv)
+  // and sendcounts, sdispls, recvcounts, rdispls (alltoallv), one entry per rank.
+  auto p = load("v3only");
+  const abi::Table &t = p->table();
+  mncl_bootstrap_v1_t bs = {};
+  bs.struct_size = sizeof bs;
+  bs.size = 1;
+  void *comm = nullptr;
+  ASSERT_EQ(t.comm_create(&bs, &comm), MNCL_OK);
+
+  int32_t in[3] = {7, 8, 9};
+  int32_t out[6] = {-1, -1, -1, -1, -1, -1};
+  const size_t gv_counts[2] = {3, 2};  // recvcounts[0], displs[0]
+  mncl_coll_v1_t coll = {};
+  coll.struct_size = sizeof coll;
+  coll.kind = MNCL_COLL_ALLGATHERV;
+  coll.dtype = MNCL_INT32;
+  coll.op = -1;
+  coll.root = -1;
+  coll.sendbuf = in;
+  coll.recvbuf = out;
+  coll.count = 3;
+  coll.nbufs = 1;
+  coll.counts = gv_counts;
+  ASSERT_EQ(t.execute(comm, &coll), MNCL_OK);
+  EXPECT_EQ(std::vector<int32_t>(out, out + 6), (std::vector<int32_t>{-1, -1, 7, 8, 9, -1}));
+
+  std::fill(out, out + 6, -1);
+  const size_t av_counts[4] = {2, 1, 2, 3};  // sendcounts, sdispls, recvcounts, rdispls
+  coll.kind = MNCL_COLL_ALLTOALLV;
+  coll.count = 0;
+  coll.counts = av_counts;
+  coll.seq = 1;
+  ASSERT_EQ(t.execute(comm, &coll), MNCL_OK);
+  EXPECT_EQ(std::vector<int32_t>(out, out + 6), (std::vector<int32_t>{-1, -1, -1, 8, 9, -1}));
+  EXPECT_EQ(t.comm_destroy(comm), MNCL_OK);
+}
+
 TEST(Loader, NewestKnownVersionWinsWhenSeveralAreExported) {
   // v1 + v2: the v2 table, told apart from the v1 copy by MNCL_CAP_CONCURRENT_P2P, which only
   // the v2 table carries (as with the plugin kit's as_v1).
@@ -257,18 +317,29 @@ TEST(Loader, NewestKnownVersionWinsWhenSeveralAreExported) {
   EXPECT_EQ(p->abi_version(), 2u);
   EXPECT_EQ(p->table().abi_version, MNCL_PLUGIN_ABI_V2);
   EXPECT_EQ(p->table().caps, MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P);
+  EXPECT_EQ(p->table().coll_mask, kMockColls);
+  // v2 + v3: the v3 table, told apart from the v2 copy by v3's kinds, which only it carries.
+  auto p23 = load("v2v3");
+  EXPECT_EQ(p23->abi_version(), 3u);
+  EXPECT_EQ(p23->table().abi_version, MNCL_PLUGIN_ABI_V3);
+  EXPECT_EQ(p23->table().caps, MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P);
+  EXPECT_EQ(p23->table().coll_mask, kMockColls | kV3Kinds);
 }
 
 TEST(Loader, NewerUnknownVersionIsPassedOverForTheNewestKnownOne) {
-  // v2 + hypothetical v3: v2; v1 + v3 (no v2): v1, whose table cannot promise concurrency.
-  auto p23 = load("v2v3");
-  EXPECT_EQ(p23->abi_version(), 2u);
-  EXPECT_EQ(p23->table().abi_version, MNCL_PLUGIN_ABI_V2);
-  EXPECT_EQ(p23->table().caps, MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P);
-  auto p13 = load("v1v3");
-  EXPECT_EQ(p13->abi_version(), 1u);
-  EXPECT_EQ(p13->table().abi_version, MNCL_PLUGIN_ABI_V1);
-  EXPECT_EQ(p13->table().caps, MNCL_CAP_HOST_MEMORY);
+  // v3 + hypothetical v4: v3; v1 + v4 (no v2, no v3): v1, whose table can promise neither
+  // concurrency nor v3's kinds.
+  auto p34 = load("v3v4");
+  EXPECT_EQ(p34->abi_version(), 3u);
+  EXPECT_EQ(p34->table().abi_version, MNCL_PLUGIN_ABI_V3);
+  EXPECT_EQ(p34->table().struct_size, sizeof(abi::Table));
+  EXPECT_EQ(p34->table().caps, MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P);
+  EXPECT_EQ(p34->table().coll_mask, kMockColls | kV3Kinds);
+  auto p14 = load("v1v4");
+  EXPECT_EQ(p14->abi_version(), 1u);
+  EXPECT_EQ(p14->table().abi_version, MNCL_PLUGIN_ABI_V1);
+  EXPECT_EQ(p14->table().caps, MNCL_CAP_HOST_MEMORY);
+  EXPECT_EQ(p14->table().coll_mask, kMockColls);
 }
 
 TEST(Loader, V1TableLosesTheV2OnlyCapabilityBit) {
@@ -284,6 +355,20 @@ TEST(Loader, V1TableLosesTheV2OnlyCapabilityBit) {
   EXPECT_EQ(r->caps, MNCL_CAP_HOST_MEMORY);  // what mncl-info shows
 }
 
+TEST(Loader, V2TableLosesTheV3Kinds) {
+  // Bits 12 and 13 mean nothing in v2: a v2 plugin setting them is never handed ALLGATHERV or
+  // ALLTOALLV (the core answers MNCL_ERR_NOT_SUPPORTED instead).
+  auto p = load("v2allv");
+  EXPECT_EQ(p->abi_version(), 2u);
+  EXPECT_EQ(p->table().coll_mask, kMockColls);
+  EXPECT_EQ(p->table().coll_mask & kV3Kinds, 0u);
+  const auto reports = discover();
+  const PluginReport *r = find_report(reports, mock_path("v2allv"));
+  ASSERT_NE(r, nullptr);
+  EXPECT_TRUE(r->loaded) << r->reason;
+  EXPECT_EQ(r->coll_mask, kMockColls);  // what mncl-info shows
+}
+
 TEST(Loader, LargerStructSizeIsCutToTheKnownTable) {
   auto p = load("padded");
   EXPECT_EQ(p->table().struct_size, sizeof(abi::Table));
@@ -295,10 +380,11 @@ TEST(Loader, LargerStructSizeIsCutToTheKnownTable) {
 TEST(Loader, UnknownNameListsTheAvailableBackends) {
   const std::string message = error_of([] { load("gloooo"); });
   EXPECT_EQ(message.rfind("unknown backend 'gloooo'; available: ", 0), 0u) << message;
-  for (const char *good : {"mock", "noop", "padded", "v2only", "v1v2", "v1p2p", "v2v3", "v1v3"}) {
+  for (const char *good : {"mock", "noop", "padded", "v2only", "v1v2", "v1p2p", "v2v3", "v3only",
+                           "v2allv", "v3v4", "v1v4"}) {
     EXPECT_CONTAINS(message, good);
   }
-  for (const char *bad : {"initfail", "text", "v3only", "v2badabi"}) {
+  for (const char *bad : {"initfail", "text", "v4only", "v2badabi"}) {
     EXPECT_EQ(message.find(std::string(bad) + ","), std::string::npos) << message;
   }
   EXPECT_CONTAINS(message, kMockDir);
@@ -315,8 +401,11 @@ TEST(Loader, AvailableNamesAreTheLoadableOnes) {
   EXPECT_TRUE(has("v1v2"));
   EXPECT_TRUE(has("v1p2p"));
   EXPECT_TRUE(has("v2v3"));
-  EXPECT_TRUE(has("v1v3"));
-  EXPECT_FALSE(has("v3only"));
+  EXPECT_TRUE(has("v3only"));
+  EXPECT_TRUE(has("v2allv"));
+  EXPECT_TRUE(has("v3v4"));
+  EXPECT_TRUE(has("v1v4"));
+  EXPECT_FALSE(has("v4only"));
   EXPECT_FALSE(has("v2badabi"));
   EXPECT_FALSE(has("initfail"));
   EXPECT_FALSE(has("misnamed"));
@@ -404,8 +493,8 @@ TEST(Loader, DiscoverReportsEveryFileOnce) {
     EXPECT_EQ(r.loaded, r.reason.empty()) << r.path << ": " << r.reason;
     EXPECT_EQ(r.loaded, r.plugin != nullptr) << r.path;
   }
-  // 20 mock variants + 6 bad files.
-  EXPECT_EQ(in_mock_dir, 26u);
+  // 23 mock variants + 6 bad files.
+  EXPECT_EQ(in_mock_dir, 29u);
   const PluginReport *mock = find_report(reports, mock_path("mock"));
   ASSERT_NE(mock, nullptr);
   EXPECT_TRUE(mock->loaded);
@@ -424,6 +513,12 @@ TEST(Loader, DiscoverReportsEveryFileOnce) {
   EXPECT_TRUE(v2only->loaded) << v2only->reason;
   EXPECT_EQ(v2only->abi_version, 2u);
   EXPECT_EQ(v2only->caps, MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P);
+  EXPECT_EQ(v2only->coll_mask, kMockColls);
+  const PluginReport *v3only = find_report(reports, mock_path("v3only"));
+  ASSERT_NE(v3only, nullptr);
+  EXPECT_TRUE(v3only->loaded) << v3only->reason;
+  EXPECT_EQ(v3only->abi_version, 3u);
+  EXPECT_EQ(v3only->coll_mask, kMockColls | kV3Kinds);
   const PluginReport *v2badabi = find_report(reports, mock_path("v2badabi"));
   ASSERT_NE(v2badabi, nullptr);
   EXPECT_FALSE(v2badabi->loaded);
@@ -506,7 +601,7 @@ TEST(Loader, RefusedInitKeepsTheCallersLastError) {
 }
 
 // ----------------------------------------------------------------------------------------------
-// The adapters, on tables in memory: each fills the core's table (abi::Table, v2)
+// The adapters, on tables in memory: each fills the core's table (abi::Table, v3)
 
 // A table of type T with a valid header for `version`, every other field zero.
 template <class T>
@@ -527,7 +622,7 @@ TEST(V1Adapter, CopiesAKnownSizeTable) {
   abi::Table out;
   std::memset(&out, 0xff, sizeof out);
   EXPECT_EQ(abi::adapt_v1(&in, &out), "");
-  // v2 has v1's layout, so the copy is byte for byte (abi_version stays 1).
+  // v3 has v1's layout, so the copy is byte for byte (abi_version stays 1).
   static_assert(sizeof in == sizeof out);
   EXPECT_EQ(std::memcmp(&in, &out, sizeof in), 0);
 }
@@ -541,6 +636,18 @@ TEST(V1Adapter, ClearsCapabilityBitsV1DoesNotDefine) {
   EXPECT_EQ(out.caps, MNCL_CAP_HOST_MEMORY | MNCL_CAP_CUDA_MEMORY | MNCL_CAP_NATIVE_ASYNC |
                           MNCL_CAP_STREAM_ORDERED);
   static_assert(MNCL_CAP_CONCURRENT_P2P == (1ull << 4));
+}
+
+TEST(V1Adapter, ClearsCollectiveKindsV1DoesNotDefine) {
+  // v3's ALLGATHERV and ALLTOALLV (and anything above) mean nothing in a v1 table.
+  mncl_plugin_v1_t in = table_for<mncl_plugin_v1_t>(MNCL_PLUGIN_ABI_V1);
+  in.coll_mask = MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED) | kV3Kinds |
+                 (1u << 14) | (1u << 31);
+  abi::Table out;
+  EXPECT_EQ(abi::adapt_v1(&in, &out), "");
+  EXPECT_EQ(out.coll_mask, MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED));
+  EXPECT_EQ(out.coll_mask & MNCL_COLL_BIT(MNCL_COLL_ALLGATHERV), 0u);
+  EXPECT_EQ(out.coll_mask & MNCL_COLL_BIT(MNCL_COLL_ALLTOALLV), 0u);
 }
 
 TEST(V1Adapter, IgnoresBytesBeyondTheKnownTable) {
@@ -591,9 +698,20 @@ TEST(V2Adapter, CopiesAKnownSizeTableWithItsConcurrentP2pBit) {
   EXPECT_EQ(out.caps, MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P);
 }
 
+TEST(V2Adapter, ClearsCollectiveKindsV2DoesNotDefine) {
+  // v2 defines v1's kinds only: a v2 plugin is never handed a v3 kind.
+  mncl_plugin_v2_t in = table_for<mncl_plugin_v2_t>(MNCL_PLUGIN_ABI_V2);
+  in.caps = MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P;
+  in.coll_mask = MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE) | kV3Kinds | (1u << 20);
+  abi::Table out;
+  EXPECT_EQ(abi::adapt_v2(&in, &out), "");
+  EXPECT_EQ(out.coll_mask, MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE));
+  EXPECT_EQ(out.caps, MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P);
+}
+
 TEST(V2Adapter, IgnoresBytesBeyondTheKnownTable) {
-  // What a later v3 table could look like if it were exported as v2 (fields appended).
-  mncl_plugin_v3_test_t in;
+  // What a later table could look like if it were exported as v2 (fields appended).
+  mncl_plugin_v4_test_t in;
   std::memset(&in, 0, sizeof in);
   in.base.struct_size = sizeof in;
   in.base.magic = MNCL_PLUGIN_MAGIC;
@@ -628,14 +746,81 @@ TEST(V2Adapter, RefusesASmallerStructSize) {
                          offsetof(mncl_plugin_v2_t, execute), sizeof(mncl_plugin_v2_t)));
 }
 
+TEST(V3Adapter, CopiesAKnownSizeTableWithItsKinds) {
+  mncl_plugin_v3_t in = table_for<mncl_plugin_v3_t>(MNCL_PLUGIN_ABI_V3);
+  in.name = "z";
+  in.caps = MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P;
+  in.coll_mask = MNCL_COLL_MASK_ALL_V3;
+  in.dtype_mask = 9;
+  abi::Table out;
+  std::memset(&out, 0xff, sizeof out);
+  EXPECT_EQ(abi::adapt_v3(&in, &out), "");
+  static_assert(sizeof in == sizeof out);
+  EXPECT_EQ(std::memcmp(&in, &out, sizeof in), 0);
+  EXPECT_EQ(out.caps, MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P);
+  EXPECT_EQ(out.coll_mask, MNCL_COLL_MASK_ALL_V3);
+}
+
+TEST(V3Adapter, KeepsTheV3KindsAndClearsUndefinedBits) {
+  mncl_plugin_v3_t in = table_for<mncl_plugin_v3_t>(MNCL_PLUGIN_ABI_V3);
+  in.caps = MNCL_CAP_HOST_MEMORY | (1ull << 40);
+  in.coll_mask = MNCL_COLL_BIT(MNCL_COLL_BARRIER) | kV3Kinds | (1u << 14) | (1u << 31);
+  abi::Table out;
+  EXPECT_EQ(abi::adapt_v3(&in, &out), "");
+  EXPECT_EQ(out.coll_mask, MNCL_COLL_BIT(MNCL_COLL_BARRIER) | kV3Kinds);
+  EXPECT_EQ(out.caps, MNCL_CAP_HOST_MEMORY);
+  static_assert(MNCL_COLL_MASK_ALL_V3 == (1u << 14) - 1u);
+}
+
+TEST(V3Adapter, IgnoresBytesBeyondTheKnownTable) {
+  // What the hypothetical v4 table would look like if it were exported as v3 (fields appended).
+  mncl_plugin_v4_test_t in;
+  std::memset(&in, 0, sizeof in);
+  in.base.struct_size = sizeof in;
+  in.base.magic = MNCL_PLUGIN_MAGIC;
+  in.base.abi_version = MNCL_PLUGIN_ABI_V3;
+  in.base.op_mask = 3;
+  in.base.coll_mask = kV3Kinds;
+  in.caps2 = ~0ull;
+  abi::Table out;
+  EXPECT_EQ(abi::adapt_v3(&in, &out), "");
+  EXPECT_EQ(out.struct_size, sizeof(abi::Table));
+  EXPECT_EQ(out.op_mask, 3u);
+  EXPECT_EQ(out.coll_mask, kV3Kinds);
+}
+
+TEST(V3Adapter, RefusesAV2HeaderUnderTheV3Symbol) {
+  // Same layout, but abi_version 2 in mncl_plugin_v3: the plugin does not mean v3's kinds.
+  mncl_plugin_v3_t in = table_for<mncl_plugin_v3_t>(MNCL_PLUGIN_ABI_V2);
+  in.coll_mask = kV3Kinds;
+  abi::Table out;
+  EXPECT_CONTAINS(abi::adapt_v3(&in, &out),
+                  "mncl_plugin_v3 declares abi_version 2 but the symbol name promises 3");
+  in.abi_version = MNCL_PLUGIN_ABI_V3;
+  in.magic = 0x12345678u;
+  EXPECT_CONTAINS(abi::adapt_v3(&in, &out), "mncl_plugin_v3 has magic 0x12345678");
+}
+
+TEST(V3Adapter, RefusesASmallerStructSize) {
+  mncl_plugin_v3_t in = table_for<mncl_plugin_v3_t>(MNCL_PLUGIN_ABI_V3);
+  in.struct_size = offsetof(mncl_plugin_v3_t, test);
+  abi::Table out;
+  EXPECT_CONTAINS(abi::adapt_v3(&in, &out),
+                  format("mncl_plugin_v3 struct_size %zu is smaller than mncl_plugin_v3_t (%zu "
+                         "bytes)",
+                         offsetof(mncl_plugin_v3_t, test), sizeof(mncl_plugin_v3_t)));
+}
+
 TEST(Adapters, NewestFirst) {
-  // The loader takes the first symbol found: v2 must be tried before v1.
-  ASSERT_EQ(std::size(abi::kAdapters), 2u);
-  EXPECT_EQ(abi::kAdapters[0].version, MNCL_PLUGIN_ABI_V2);
-  EXPECT_STREQ(abi::kAdapters[0].symbol, "mncl_plugin_v2");
-  EXPECT_EQ(abi::kAdapters[1].version, MNCL_PLUGIN_ABI_V1);
-  EXPECT_STREQ(abi::kAdapters[1].symbol, "mncl_plugin_v1");
-  EXPECT_EQ(abi::symbol_for(3), MNCL_PLUGIN_V3_TEST_SYMBOL);
+  // The loader takes the first symbol found: v3 must be tried before v2, v2 before v1.
+  ASSERT_EQ(std::size(abi::kAdapters), 3u);
+  EXPECT_EQ(abi::kAdapters[0].version, MNCL_PLUGIN_ABI_V3);
+  EXPECT_STREQ(abi::kAdapters[0].symbol, "mncl_plugin_v3");
+  EXPECT_EQ(abi::kAdapters[1].version, MNCL_PLUGIN_ABI_V2);
+  EXPECT_STREQ(abi::kAdapters[1].symbol, "mncl_plugin_v2");
+  EXPECT_EQ(abi::kAdapters[2].version, MNCL_PLUGIN_ABI_V1);
+  EXPECT_STREQ(abi::kAdapters[2].symbol, "mncl_plugin_v1");
+  EXPECT_EQ(abi::symbol_for(4), MNCL_PLUGIN_V4_TEST_SYMBOL);
 }
 
 // ----------------------------------------------------------------------------------------------

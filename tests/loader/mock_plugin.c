@@ -6,16 +6,21 @@
  *   MOCK_TABLE_NAME="x"     overrides it (name-mismatch variant)
  *   MOCK_EXPORT_V1=0        do not export mncl_plugin_v1          (default 1)
  *   MOCK_EXPORT_V2=1        export the real v2 table mncl_plugin_v2 (default 0)
- *   MOCK_EXPORT_V3=1        export the hypothetical mncl_plugin_v3 (mncl_plugin_v3_test.h,
+ *   MOCK_EXPORT_V3=1        export the real v3 table mncl_plugin_v3 (default 0)
+ *   MOCK_EXPORT_V4=1        export the hypothetical mncl_plugin_v4 (mncl_plugin_v4_test.h,
  *                           default 0)
  *   MOCK_MAGIC, MOCK_ABI_VERSION                     header fields of the v1 table
  *   MOCK_V2_ABI_VERSION     abi_version of the v2 table (default MNCL_PLUGIN_ABI_V2)
  *   MOCK_SMALL_TABLE=1      struct_size ends before execute (a truncated v1 table)
  *   MOCK_PADDED_TABLE=1     struct_size larger than the v1 table the core knows
- *   MOCK_CAPS, MOCK_COLL_MASK                        capabilities of the v1 table
- *   MOCK_V2_CAPS            capabilities of the v2 and v3 tables (default MOCK_CAPS plus
+ *   MOCK_CAPS, MOCK_COLL_MASK                        capabilities of the v1 table (coll_mask
+ *                           default: every v1 kind but send/recv)
+ *   MOCK_V2_CAPS            capabilities of the v2, v3 and v4 tables (default MOCK_CAPS plus
  *                           MNCL_CAP_CONCURRENT_P2P; like the plugin kit, the v1 copy of a v2
  *                           plugin's table leaves that bit out)
+ *   MOCK_V2_COLL_MASK       coll_mask of the v2 table (default MOCK_COLL_MASK)
+ *   MOCK_V3_COLL_MASK       coll_mask of the v3 and v4 tables (default MOCK_COLL_MASK plus v3's
+ *                           ALLGATHERV and ALLTOALLV, which execute() serves for one rank)
  *   MOCK_INIT_FAILS=1       init() refuses with a message
  *   MOCK_NO_EXECUTE=1       execute is NULL
  *   MOCK_POST_ONLY=1        post without test
@@ -34,7 +39,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "mncl_plugin_v3_test.h"
+#include "mncl_plugin_v4_test.h"
 
 #ifndef MOCK_NAME
 #error "MOCK_NAME must be defined"
@@ -50,6 +55,9 @@
 #endif
 #ifndef MOCK_EXPORT_V3
 #define MOCK_EXPORT_V3 0
+#endif
+#ifndef MOCK_EXPORT_V4
+#define MOCK_EXPORT_V4 0
 #endif
 #ifndef MOCK_MAGIC
 #define MOCK_MAGIC MNCL_PLUGIN_MAGIC
@@ -78,6 +86,13 @@
 #ifndef MOCK_COLL_MASK
 #define MOCK_COLL_MASK \
   (MNCL_COLL_MASK_ALL_V1 & ~(MNCL_COLL_BIT(MNCL_COLL_SEND) | MNCL_COLL_BIT(MNCL_COLL_RECV)))
+#endif
+#ifndef MOCK_V2_COLL_MASK
+#define MOCK_V2_COLL_MASK MOCK_COLL_MASK
+#endif
+#ifndef MOCK_V3_COLL_MASK
+#define MOCK_V3_COLL_MASK \
+  ((MOCK_COLL_MASK) | MNCL_COLL_BIT(MNCL_COLL_ALLGATHERV) | MNCL_COLL_BIT(MNCL_COLL_ALLTOALLV))
 #endif
 
 static const mncl_host_v1_t *g_host;
@@ -232,6 +247,15 @@ static mncl_status_t mock_execute(void *comm, const mncl_coll_v1_t *coll) {
     case MNCL_COLL_ALLTOALL:
       copy(coll->recvbuf, coll->sendbuf, coll->count * elem);
       return MNCL_OK;
+    /* v3's kinds (mncl_plugin_v3.h), one rank: counts = {recvcounts[0], displs[0]} and
+     * {sendcounts[0], sdispls[0], recvcounts[0], rdispls[0]}. */
+    case MNCL_COLL_ALLGATHERV:
+      copy((char *)coll->recvbuf + coll->counts[1] * elem, coll->sendbuf, coll->count * elem);
+      return MNCL_OK;
+    case MNCL_COLL_ALLTOALLV:
+      copy((char *)coll->recvbuf + coll->counts[3] * elem,
+           (const char *)coll->sendbuf + coll->counts[1] * elem, coll->counts[0] * elem);
+      return MNCL_OK;
   }
   g_host->set_error("mock: collective kind %d not supported", (int)coll->kind);
   return MNCL_ERR_NOT_SUPPORTED;
@@ -252,13 +276,14 @@ static mncl_status_t mock_post(void *comm, const mncl_coll_v1_t *coll, void **ha
 #define MOCK_POST NULL
 #endif
 
-/* Everything but the header and the capabilities, shared by the tables of every version. */
-#define MOCK_TABLE_FIELDS                                                                          \
-  .name = MOCK_TABLE_NAME, .version = "0.0.1-test (" MOCK_NAME ")", .coll_mask = (MOCK_COLL_MASK), \
-  .dtype_mask = (1u << MNCL_NUM_DTYPES) - 1u, .op_mask = (1u << MNCL_NUM_OPS) - 1u,                \
-  .init = mock_init, .finalize = mock_finalize, .probe = mock_probe,                               \
-  .comm_create = mock_comm_create, .comm_destroy = mock_comm_destroy,                              \
-  .comm_abort = mock_comm_abort, .comm_split = NULL, .execute = MOCK_EXECUTE, .post = MOCK_POST,   \
+/* Everything but the header, the capabilities and coll_mask, shared by the tables of every
+ * version. */
+#define MOCK_TABLE_FIELDS                                                                        \
+  .name = MOCK_TABLE_NAME, .version = "0.0.1-test (" MOCK_NAME ")",                              \
+  .dtype_mask = (1u << MNCL_NUM_DTYPES) - 1u, .op_mask = (1u << MNCL_NUM_OPS) - 1u,              \
+  .init = mock_init, .finalize = mock_finalize, .probe = mock_probe,                             \
+  .comm_create = mock_comm_create, .comm_destroy = mock_comm_destroy,                            \
+  .comm_abort = mock_comm_abort, .comm_split = NULL, .execute = MOCK_EXECUTE, .post = MOCK_POST, \
   .test = NULL
 
 #if MOCK_EXPORT_V1
@@ -266,6 +291,7 @@ MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = {.struct_size = (MOCK
                                                             .magic = (MOCK_MAGIC),
                                                             .abi_version = (MOCK_ABI_VERSION),
                                                             .caps = (MOCK_CAPS),
+                                                            .coll_mask = (MOCK_COLL_MASK),
                                                             MOCK_TABLE_FIELDS};
 #endif
 
@@ -274,26 +300,38 @@ MNCL_PLUGIN_EXPORT const mncl_plugin_v2_t mncl_plugin_v2 = {.struct_size = sizeo
                                                             .magic = MNCL_PLUGIN_MAGIC,
                                                             .abi_version = (MOCK_V2_ABI_VERSION),
                                                             .caps = (MOCK_V2_CAPS),
+                                                            .coll_mask = (MOCK_V2_COLL_MASK),
                                                             MOCK_TABLE_FIELDS};
 #endif
 
 #if MOCK_EXPORT_V3
-MNCL_PLUGIN_EXPORT const mncl_plugin_v3_test_t mncl_plugin_v3 = {
-    .base = {.struct_size = sizeof(mncl_plugin_v3_test_t),
+MNCL_PLUGIN_EXPORT const mncl_plugin_v3_t mncl_plugin_v3 = {.struct_size = sizeof(mncl_plugin_v3_t),
+                                                            .magic = MNCL_PLUGIN_MAGIC,
+                                                            .abi_version = MNCL_PLUGIN_ABI_V3,
+                                                            .caps = (MOCK_V2_CAPS),
+                                                            .coll_mask = (MOCK_V3_COLL_MASK),
+                                                            MOCK_TABLE_FIELDS};
+#endif
+
+#if MOCK_EXPORT_V4
+MNCL_PLUGIN_EXPORT const mncl_plugin_v4_test_t mncl_plugin_v4 = {
+    .base = {.struct_size = sizeof(mncl_plugin_v4_test_t),
              .magic = MNCL_PLUGIN_MAGIC,
-             .abi_version = MNCL_PLUGIN_ABI_V3_TEST,
+             .abi_version = MNCL_PLUGIN_ABI_V4_TEST,
              .caps = (MOCK_V2_CAPS),
+             .coll_mask = (MOCK_V3_COLL_MASK),
              MOCK_TABLE_FIELDS},
     .comm_shrink = NULL,
     .caps2 = 0};
 #endif
 
-#if !MOCK_EXPORT_V1 && !MOCK_EXPORT_V2 && !MOCK_EXPORT_V3
+#if !MOCK_EXPORT_V1 && !MOCK_EXPORT_V2 && !MOCK_EXPORT_V3 && !MOCK_EXPORT_V4
 /* A complete table under a name the loader does not look for (a typo'd export). */
 MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_table = {
     .struct_size = sizeof(mncl_plugin_v1_t),
     .magic = MNCL_PLUGIN_MAGIC,
     .abi_version = MNCL_PLUGIN_ABI_V1,
     .caps = (MOCK_CAPS),
+    .coll_mask = (MOCK_COLL_MASK),
     MOCK_TABLE_FIELDS};
 #endif
