@@ -3,7 +3,8 @@
 // with no CUDA cannot have device pointers).
 //
 // CUDA-aware MPI reads and writes device buffers itself, but flat touches some buffers on the
-// host: the AVG division, the coalesced pack, the in-place reduce_scatter copy. Those forms
+// host: the AVG division, the coalesced pack, the in-place reduce_scatter copy, the pack of
+// allgatherv / alltoallv blocks whose displacements do not fit MPI's int. Those forms
 // are refused on device memory with MNCL_ERR_NOT_SUPPORTED rather than crashing; the rest runs
 // after the caller's stream has been synchronized (MPI does not order itself with streams).
 #pragma once

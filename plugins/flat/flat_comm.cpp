@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "common/coll.h"
 #include "common/dtype.h"
 #include "common/host.h"
 #include "common/reduce.h"
@@ -25,11 +26,29 @@ constexpr size_t kMaxChunk = INT_MAX;
 // (communicator, tag), which is exactly MNCL's matching rule.
 constexpr int kTag = 0;
 
-const char *kind_name(int32_t kind) {
-  static const char *const names[MNCL_NUM_COLL_KINDS_V1] = {
-      "allreduce",      "reduce",   "bcast",   "scatter", "gather", "allgather",
-      "reduce_scatter", "alltoall", "barrier", "send",    "recv",   "allreduce_coalesced"};
-  return kind >= 0 && kind < MNCL_NUM_COLL_KINDS_V1 ? names[kind] : "?";
+// The tag of the v kinds' point-to-point fallback: apart from MNCL's own messages (kTag).
+constexpr int kVTag = 1;
+
+using kit::kind_name;
+
+using kit::v_total;
+
+using kit::is_v_kind;
+
+// The counts check of allgatherv / alltoallv (kit::v_pair_sums: MPI does not compare counts; a
+// shorter message would leave part of a block unwritten, a longer one fails, and an algorithm
+// may then wait for ever). [2] counts the ranks that refuse the call (v_device_refusal), so
+// that all of them fail alike.
+void pair_sums(const mncl_coll_v1_t &c, int rank, bool refusing, uint64_t out[3]) {
+  kit::v_pair_sums(c, rank, out);
+  out[2] = refusing ? 1 : 0;
+}
+
+std::string counts_disagreement(int32_t kind) {
+  return kind == MNCL_COLL_ALLGATHERV
+             ? "recvcounts differ between the ranks (recvcounts[i] must be rank i's sendcount "
+               "on every rank)"
+             : "some rank's sendcounts[j] differs from rank j's recvcounts for it";
 }
 
 // "allreduce #12 (float32 x 1021, sum)" for messages.
@@ -37,6 +56,15 @@ std::string describe(const mncl_coll_v1_t &c) {
   std::string s =
       kit::format("%s #%llu", kind_name(c.kind), static_cast<unsigned long long>(c.seq));
   if (c.kind == MNCL_COLL_BARRIER) return s;
+  if (c.kind == MNCL_COLL_ALLGATHERV && c.counts != nullptr) {
+    return s + kit::format(" (%s x %zu of %zu)", kit::dtype_name(c.dtype), c.count,
+                           v_total(c.counts, c.nbufs));
+  }
+  if (c.kind == MNCL_COLL_ALLTOALLV && c.counts != nullptr) {
+    const kit::VLayout v = kit::v_layout(c);
+    return s + kit::format(" (%s, %zu sent, %zu received)", kit::dtype_name(c.dtype),
+                           v_total(v.sendcounts, c.nbufs), v_total(v.recvcounts, c.nbufs));
+  }
   if (c.kind == MNCL_COLL_ALLREDUCE_COALESCED) {
     s += kit::format(" (%zu buffers of %s", c.nbufs, kit::dtype_name(c.dtype));
   } else {
@@ -65,6 +93,47 @@ void for_chunks(size_t count, F &&f) {
     f(first, static_cast<int>(n));
     first += n;
   } while (first < count);
+}
+
+// Allgatherv / alltoallv: blocks of more than this many elements are point-to-point messages
+// (in chunks of at most kMaxChunk) beside the MPI collective, which carries them as empty
+// blocks. Both ends of a block know its count, so they agree on that without asking, and the
+// blocks left to the collective add up to at most INT_MAX elements: packed, they always fit
+// MPI's int displacements.
+size_t v_big(int size) {
+  return kMaxChunk / static_cast<size_t>(size);
+}
+
+// One side (send or receive) of the v kinds' MPI collective, as MPI's int counts and
+// displacements: blocks of at most `big` elements, at displacements from `base` (the lowest
+// one among them), or, where those do not fit an int, packed back to back in rank order
+// (`packed`: through a scratch buffer of `total` elements). Other blocks: count 0, at 0.
+struct VSide {
+  size_t base = 0, total = 0;
+  bool packed = false;
+};
+VSide v_side(const size_t *counts, const size_t *displs, size_t n, size_t big, int *out_counts,
+             int *out_displs) {
+  VSide side;
+  size_t lo = SIZE_MAX, hi = 0;
+  const auto in_call = [&](size_t i) { return counts[i] != 0 && counts[i] <= big; };
+  for (size_t i = 0; i < n; ++i) {
+    if (!in_call(i)) continue;
+    lo = std::min(lo, displs[i]);
+    hi = std::max(hi, displs[i]);
+    side.total += counts[i];
+  }
+  side.base = lo == SIZE_MAX ? 0 : lo;
+  side.packed = hi - side.base > kMaxChunk;
+  size_t at = 0;
+  for (size_t i = 0; i < n; ++i) {
+    out_counts[i] = in_call(i) ? static_cast<int>(counts[i]) : 0;
+    out_displs[i] = !in_call(i)   ? 0
+                    : side.packed ? static_cast<int>(at)
+                                  : static_cast<int>(displs[i] - side.base);
+    if (in_call(i)) at += counts[i];
+  }
+  return side;
 }
 
 // Counts of operations whose blocks cannot be cut (per-rank blocks of rooted / all-to-all
@@ -280,6 +349,7 @@ void Comm::execute(const mncl_coll_v1_t &c) {
   r.seq = c.seq;
   {
     MpiLock lock;
+    if (is_v_kind(c.kind)) check_counts_now(c, v_device_refusal(c));
     issue(c, r, false);
   }
   finish(r, nullptr);
@@ -298,6 +368,12 @@ std::unique_ptr<Request> Comm::post(const mncl_coll_v1_t &c) {
   try {
     MpiLock lock;
     if (options_.bounded) post_fingerprint(c, *r);
+    if (is_v_kind(c.kind)) {
+      // A refusal is posted too, so that the other ranks learn of it and fail alike.
+      const std::string refusal = v_device_refusal(c);
+      post_counts_check(c, *r, !refusal.empty());
+      if (!refusal.empty()) throw kit::Error(MNCL_ERR_NOT_SUPPORTED, refusal);
+    }
     issue(c, *r, true);
   } catch (...) {
     retire(std::move(r));  // chunks already started stay with MPI
@@ -319,12 +395,12 @@ bool Comm::test(Request &r) {
                                  what().c_str()));
   }
   int done = 0;
-  if (r.fingerprinted && !r.fingerprint_checked) {
+  if (r.checks > 0 && !r.checked) {
     {
       MpiLock lock;
-      MPI_Test(&r.mpi[0], &done, MPI_STATUS_IGNORE);
+      MPI_Testall(r.checks, r.mpi.data(), &done, MPI_STATUSES_IGNORE);
     }
-    if (done) check_fingerprint(r);  // before the data are trusted, and before they hang
+    if (done) check_call(r);  // before the data are trusted, and before they hang
     done = 0;
   }
   std::vector<MPI_Status> statuses(r.mpi.size());
@@ -332,6 +408,15 @@ bool Comm::test(Request &r) {
   {
     MpiLock lock;
     rc = MPI_Testall(static_cast<int>(r.mpi.size()), r.mpi.data(), &done, statuses.data());
+  }
+  // The checks may have completed in this very call: they still come first, whether the data
+  // completed (a short message is no error to MPI) or failed (a mismatch explains why).
+  if (r.checks > 0 && !r.checked) {
+    bool checks_done = rc == MPI_SUCCESS ? done != 0 : rc == MPI_ERR_IN_STATUS;
+    for (int i = 0; checks_done && rc != MPI_SUCCESS && i < r.checks; ++i) {
+      checks_done = statuses[static_cast<size_t>(i)].MPI_ERROR == MPI_SUCCESS;
+    }
+    if (checks_done) check_call(r);
   }
   if (rc != MPI_SUCCESS) {
     int code = rc;
@@ -369,6 +454,10 @@ void Comm::post_fingerprint(const mncl_coll_v1_t &c, Request &r) {
     count = 0;
     for (size_t i = 0; i < c.nbufs; ++i) count += c.counts[i];
   }
+  // Per-rank counts differ between ranks: allgatherv's total must agree, alltoallv has none;
+  // post_counts_check checks each block's two ends.
+  if (c.kind == MNCL_COLL_ALLGATHERV) count = v_total(c.counts, c.nbufs);
+  if (c.kind == MNCL_COLL_ALLTOALLV) count = 0;
   const auto field = [](int32_t v) { return static_cast<uint64_t>(static_cast<uint32_t>(v)); };
   const uint64_t fields[Request::kFields] = {field(c.kind),
                                              field(barrier ? -1 : c.dtype),
@@ -386,14 +475,58 @@ void Comm::post_fingerprint(const mncl_coll_v1_t &c, Request &r) {
                        MPI_MAX, comm_, &r.mpi.back()),
         "MPI_Iallreduce (call fingerprint)", c);
   r.fingerprinted = true;
+  ++r.checks;
 }
 
-void Comm::check_fingerprint(Request &r) {
-  r.fingerprint_checked = true;
+void Comm::post_counts_check(const mncl_coll_v1_t &c, Request &r, bool refusing) {
+  pair_sums(c, rank_, refusing, r.pair_sums_in);
+  r.mpi.push_back(MPI_REQUEST_NULL);
+  check(MPI_Iallreduce(r.pair_sums_in, r.pair_sums_out, 3, MPI_UINT64_T, MPI_SUM, comm_,
+                       &r.mpi.back()),
+        "MPI_Iallreduce (counts check)", c);
+  r.counts_summed = true;
+  ++r.checks;
+}
+
+// One small allreduce before the data: every rank gets the same sums, so either all go on or
+// all fail here, with nothing in flight (the communicator stays usable).
+void Comm::check_counts_now(const mncl_coll_v1_t &c, const std::string &refusal) {
+  uint64_t in[3], out[3];
+  pair_sums(c, rank_, !refusal.empty(), in);
+  check(MPI_Allreduce(in, out, 3, MPI_UINT64_T, MPI_SUM, comm_), "MPI_Allreduce (counts check)", c);
+  if (!refusal.empty()) throw kit::Error(MNCL_ERR_NOT_SUPPORTED, refusal);
+  if (out[2] != 0) {
+    throw kit::Error(MNCL_ERR_NOT_SUPPORTED,
+                     kit::format("flat %s: %llu other rank(s) refused this call (see their "
+                                 "errors); no data was moved",
+                                 describe(c).c_str(), static_cast<unsigned long long>(out[2])));
+  }
+  if (out[0] == out[1]) return;
+  throw kit::Error(MNCL_ERR_REMOTE,
+                   kit::format("flat %s: the ranks' counts disagree: %s; no data was moved",
+                               describe(c).c_str(), counts_disagreement(c.kind).c_str()));
+}
+
+void Comm::check_call(Request &r) {
+  r.checked = true;
+  if (r.counts_summed && r.pair_sums_out[2] != 0) {
+    broken_.store(true);  // the data went out to ranks that never posted theirs
+    throw kit::Error(MNCL_ERR_NOT_SUPPORTED,
+                     kit::format("flat %s #%llu: %llu other rank(s) refused this call (see their "
+                                 "errors); the communicator is unusable",
+                                 kind_name(r.kind), static_cast<unsigned long long>(r.seq),
+                                 static_cast<unsigned long long>(r.pair_sums_out[2])));
+  }
   std::string differences;
-  const char *const names[Request::kFields] = {"kind",    "dtype",          "op", "root", "count",
-                                               "buffers", "sequence number"};
-  for (int i = 0; i < Request::kFields; ++i) {
+  const char *const names[Request::kFields] = {
+      "kind",
+      "dtype",
+      "op",
+      "root",
+      r.kind == MNCL_COLL_ALLGATHERV ? "count in all" : "count",
+      "buffers",
+      "sequence number"};
+  for (int i = 0; r.fingerprinted && i < Request::kFields; ++i) {
     const uint64_t hi = r.fingerprint_out[i], lo = ~r.fingerprint_out[Request::kFields + i];
     if (hi == lo) continue;
     const auto as_int = [](uint64_t v) { return static_cast<int32_t>(static_cast<uint32_t>(v)); };
@@ -422,6 +555,9 @@ void Comm::check_fingerprint(Request &r) {
     differences += kit::format("%s%s %s vs %s", differences.empty() ? "" : ", ", names[i],
                                a.c_str(), b.c_str());
   }
+  if (differences.empty() && r.counts_summed && r.pair_sums_out[0] != r.pair_sums_out[1]) {
+    differences = "counts: " + counts_disagreement(r.kind);
+  }
   if (differences.empty()) return;
   // The data operation was issued against mismatched peers: MPI may never finish it.
   broken_.store(true);
@@ -442,14 +578,15 @@ void Comm::retire(std::unique_ptr<Request> r) {
 
 void Comm::finish(const Request &r, const MPI_Status *statuses) {
   if (statuses != nullptr) {
-    for (size_t i = 0; i < r.expected.size(); ++i) {
+    for (const Request::Expected &e : r.expected) {
       int got = 0;
-      MPI_Get_count(&statuses[i], mpi_datatype(r.dtype), &got);
-      if (got != r.expected[i]) {
+      MPI_Get_count(&statuses[e.index], mpi_datatype(r.dtype), &got);
+      if (got != e.count) {
         throw kit::Error(MNCL_ERR_REMOTE,
-                         kit::format("flat recv #%llu: received %d elements, expected %d (the "
-                                     "sender's count differs)",
-                                     static_cast<unsigned long long>(r.seq), got, r.expected[i]));
+                         kit::format("flat %s #%llu: received %d elements from rank %d, expected "
+                                     "%d (the sender's count differs)",
+                                     kind_name(r.kind), static_cast<unsigned long long>(r.seq), got,
+                                     e.peer, e.count));
       }
     }
   }
@@ -575,6 +712,10 @@ void Comm::issue(const mncl_coll_v1_t &c, Request &r, bool nonblocking) {
     case MNCL_COLL_BARRIER:
       check(nonblocking ? MPI_Ibarrier(comm_, next()) : MPI_Barrier(comm_), "MPI_Barrier", c);
       return;
+    case MNCL_COLL_ALLGATHERV:
+    case MNCL_COLL_ALLTOALLV:
+      issue_v(c, r, nonblocking);
+      return;
     case MNCL_COLL_SEND:
       for_chunks(c.count, [&](size_t first, int n) {
         const void *b = shift(send, first, esize);
@@ -587,8 +728,9 @@ void Comm::issue(const mncl_coll_v1_t &c, Request &r, bool nonblocking) {
       for_chunks(c.count, [&](size_t first, int n) {
         void *b = shift(recv, first, esize);
         if (nonblocking) {
+          const size_t index = r.mpi.size();
           check(MPI_Irecv(b, n, type, c.root, kTag, comm_, next()), "MPI_Irecv", c);
-          r.expected.push_back(n);
+          r.expected.push_back({index, n, c.root});
           return;
         }
         MPI_Status status;
@@ -633,6 +775,147 @@ void Comm::issue(const mncl_coll_v1_t &c, Request &r, bool nonblocking) {
     r.avg_buf = packed;
     r.avg_count = total;
   }
+}
+
+void Comm::issue_v(const mncl_coll_v1_t &c, Request &r, bool nonblocking) {
+  const kit::VLayout v = kit::v_layout(c);
+  const size_t n = c.nbufs, me = static_cast<size_t>(rank_);
+  const size_t big = v_big(size_);
+  const bool gather = c.kind == MNCL_COLL_ALLGATHERV;
+  const MPI_Datatype type = mpi_datatype(c.dtype);
+  const size_t esize = kit::dtype_size(c.dtype);
+  const char *send = static_cast<const char *>(c.sendbuf);
+  char *recv = static_cast<char *>(c.recvbuf);
+  const bool in_place =
+      gather && v.recvcounts[me] != 0 && send == shift(recv, v.rdispls[me], esize);
+  const auto send_count = [&](size_t j) { return gather ? c.count : v.sendcounts[j]; };
+  const auto send_block = [&](size_t j) {
+    return gather || send_count(j) == 0 ? send : shift(send, v.sdispls[j], esize);
+  };
+
+  // Blocks above `big`: point-to-point, receives first. An in-place block stays where it is;
+  // this rank's own block goes through MPI too (device buffers: no host copy).
+  const size_t first_request = r.mpi.size(), first_expected = r.expected.size();
+  for (size_t peer = 0; peer < n; ++peer) {
+    if (v.recvcounts[peer] <= big || (in_place && peer == me)) continue;
+    char *block = shift(recv, v.rdispls[peer], esize);
+    for_chunks(v.recvcounts[peer], [&](size_t first, int count) {
+      const size_t index = r.mpi.size();
+      r.mpi.push_back(MPI_REQUEST_NULL);
+      check(MPI_Irecv(shift(block, first, esize), count, type, static_cast<int>(peer), kVTag, comm_,
+                      &r.mpi.back()),
+            "MPI_Irecv", c);
+      r.expected.push_back({index, count, static_cast<int>(peer)});
+    });
+  }
+  for (size_t peer = 0; peer < n; ++peer) {
+    if (send_count(peer) <= big || (in_place && peer == me)) continue;
+    const char *block = send_block(peer);
+    for_chunks(send_count(peer), [&](size_t first, int count) {
+      r.mpi.push_back(MPI_REQUEST_NULL);
+      check(MPI_Isend(shift(block, first, esize), count, type, static_cast<int>(peer), kVTag, comm_,
+                      &r.mpi.back()),
+            "MPI_Isend", c);
+    });
+  }
+
+  // The other blocks: one MPI collective, on MPI's int arrays (filled before the call and
+  // kept in r: a non-blocking call reads them until it ends).
+  std::vector<int> &ints = r.v_ints;
+  ints.assign((gather ? 2 : 4) * n, 0);
+  int *rcounts = ints.data() + (gather ? 0 : 2 * n), *rdispls = rcounts + n;
+  const VSide rs = v_side(v.recvcounts, v.rdispls, n, big, rcounts, rdispls);
+  char *rb = shift(recv, rs.base, esize);
+  if (rs.packed) {
+    // Received packed into scratch, then copied to the displacements once MPI is done.
+    r.owned.resize(rs.total * esize);
+    rb = reinterpret_cast<char *>(r.owned.data());
+    for (size_t i = 0; i < n; ++i) {
+      if (rcounts[i] == 0 || (in_place && i == me)) continue;
+      r.copy_out.push_back({recv + v.rdispls[i] * esize,
+                            rb + static_cast<size_t>(rdispls[i]) * esize, v.recvcounts[i] * esize});
+    }
+  }
+  MPI_Request *request = nullptr;
+  if (nonblocking) {
+    r.mpi.push_back(MPI_REQUEST_NULL);
+    request = &r.mpi.back();
+  }
+  if (gather) {
+    const int own = c.count <= big ? static_cast<int>(c.count) : 0;
+    // In place: this rank's block is already at its displacement in rb (unless rb is scratch).
+    const void *s = in_place && own != 0 && !rs.packed ? MPI_IN_PLACE : c.sendbuf;
+    check(nonblocking ? MPI_Iallgatherv(s, own, type, rb, rcounts, rdispls, type, comm_, request)
+                      : MPI_Allgatherv(s, own, type, rb, rcounts, rdispls, type, comm_),
+          "MPI_Allgatherv", c);
+  } else {
+    int *scounts = ints.data(), *sdispls = ints.data() + n;
+    const VSide ss = v_side(v.sendcounts, v.sdispls, n, big, scounts, sdispls);
+    const char *sb = shift(send, ss.base, esize);
+    if (ss.packed) {
+      r.owned_send.resize(ss.total * esize);
+      for (size_t j = 0; j < n; ++j) {
+        if (scounts[j] == 0) continue;
+        std::memcpy(r.owned_send.data() + static_cast<size_t>(sdispls[j]) * esize, send_block(j),
+                    v.sendcounts[j] * esize);
+      }
+      sb = reinterpret_cast<const char *>(r.owned_send.data());
+    }
+    // Never in place (the core refuses overlapping extents).
+    check(
+        nonblocking
+            ? MPI_Ialltoallv(sb, scounts, sdispls, type, rb, rcounts, rdispls, type, comm_, request)
+            : MPI_Alltoallv(sb, scounts, sdispls, type, rb, rcounts, rdispls, type, comm_),
+        "MPI_Alltoallv", c);
+  }
+  if (nonblocking || r.mpi.size() == first_request) return;
+
+  // Blocking, with point-to-point blocks: wait for them now (under the MPI lock, as any
+  // blocking call), check their sizes, and leave r as a blocking call does.
+  std::vector<MPI_Status> statuses(r.mpi.size() - first_request);
+  int rc =
+      MPI_Waitall(static_cast<int>(statuses.size()), r.mpi.data() + first_request, statuses.data());
+  if (rc == MPI_ERR_IN_STATUS) {
+    for (const MPI_Status &status : statuses) {
+      if (status.MPI_ERROR != MPI_SUCCESS && status.MPI_ERROR != MPI_ERR_PENDING) {
+        rc = status.MPI_ERROR;
+        break;
+      }
+    }
+  }
+  check(rc, "MPI_Waitall (point-to-point blocks)", c);
+  for (size_t i = first_expected; i < r.expected.size(); ++i) {
+    const Request::Expected &e = r.expected[i];
+    int got = 0;
+    MPI_Get_count(&statuses[e.index - first_request], type, &got);
+    if (got != e.count) {
+      throw kit::Error(MNCL_ERR_REMOTE,
+                       kit::format("flat %s: received %d elements from rank %d, expected %d (do "
+                                   "the ranks' counts agree?)",
+                                   describe(c).c_str(), got, e.peer, e.count));
+    }
+  }
+  r.mpi.resize(first_request);
+  r.expected.resize(first_expected);
+}
+
+std::string Comm::v_device_refusal(const mncl_coll_v1_t &c) const {
+  if (!options_.cuda) return "";
+  const kit::VLayout v = kit::v_layout(c);
+  const size_t n = c.nbufs, big = v_big(size_);
+  std::vector<int> counts(n), displs(n);
+  bool packs = v_side(v.recvcounts, v.rdispls, n, big, counts.data(), displs.data()).packed;
+  if (c.kind == MNCL_COLL_ALLTOALLV) {
+    packs = packs || v_side(v.sendcounts, v.sdispls, n, big, counts.data(), displs.data()).packed;
+  }
+  if (!packs || !(cuda::is_device_pointer(c.sendbuf) || cuda::is_device_pointer(c.recvbuf))) {
+    return "";
+  }
+  return kit::format(
+      "flat %s: its blocks on CUDA memory lie more than %d elements apart (MPI's "
+      "int displacements), so flat would pack them on the host; use host buffers "
+      "or a tighter layout",
+      describe(c).c_str(), INT_MAX);
 }
 
 }  // namespace mncl::flat

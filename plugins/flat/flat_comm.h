@@ -2,7 +2,9 @@
 // its parent) with MNCL's rank as the key, so MPI rank == MNCL rank. Every collective is one
 // MPI call (several only beyond MPI's int count), blocking or non-blocking; many small
 // allreduces (ALLREDUCE_COALESCED) are packed into one buffer and one MPI_Allreduce, the
-// "flat" communicator of ChainerMN.
+// "flat" communicator of ChainerMN. ALLGATHERV / ALLTOALLV (plugin ABI v3) are
+// MPI_Allgatherv / MPI_Alltoallv, or point-to-point messages in chunks when a count or a
+// displacement does not fit MPI's int.
 //
 // Limits, all MPI's:
 //  - MPI has no timeout and no way to interrupt a blocking call: a blocking collective waits
@@ -35,21 +37,30 @@ struct Options {
 };
 
 // One operation: its MPI requests (none once a blocking call has returned) and what remains
-// to do when they complete, in order: divide for AVG, copy results out, check received sizes.
+// to do when they complete, in order: check received sizes, divide for AVG, copy results out.
 struct Request {
   struct Copy {
     void *dst;
     const void *src;
     size_t bytes;
   };
+  // A receive whose size MPI does not check for us (p2p matches any shorter message).
+  struct Expected {
+    size_t index;  // in mpi
+    int count;     // elements
+    int peer;
+  };
   int32_t kind = 0;
   int32_t dtype = 0;
   int32_t op = 0;
   uint64_t seq = 0;
-  std::vector<MPI_Request> mpi;      // outstanding requests (non-blocking)
-  std::vector<int> expected;         // RECV: elements expected per request
-  std::vector<unsigned char> owned;  // non-blocking: the packed / scratch buffer
-  void *avg_buf = nullptr;           // AVG: divide avg_count elements here by the size
+  std::vector<MPI_Request> mpi;           // outstanding requests (non-blocking)
+  std::vector<Expected> expected;         // RECV, and the v kinds' point-to-point fallback
+  std::vector<int> v_ints;                // v kinds: MPI's int counts and displacements, which a
+                                          // non-blocking MPI call reads until it completes
+  std::vector<unsigned char> owned;       // the packed / scratch buffer (blocking: v kinds only)
+  std::vector<unsigned char> owned_send;  // alltoallv: its send blocks, packed
+  void *avg_buf = nullptr;                // AVG: divide avg_count elements here by the size
   size_t avg_count = 0;
   std::vector<Copy> copy_out;  // packed / scratch result -> the caller's buffers
   std::chrono::steady_clock::time_point deadline;
@@ -57,8 +68,15 @@ struct Request {
   // and of its complement) posted just before the data, as r.mpi[0]. Equal maxima and minima
   // on every field mean every rank made the same call.
   static constexpr int kFields = 7;  // kind, dtype, op, root, count, nbufs, seq
-  bool fingerprinted = false, fingerprint_checked = false;
+  bool fingerprinted = false;
   uint64_t fingerprint_in[2 * kFields] = {}, fingerprint_out[2 * kFields] = {};
+  // Allgatherv / alltoallv, in every mode: the counts of each block's sender and receiver
+  // (see pair_sums in flat_comm.cpp), summed over the ranks by an MPI_Iallreduce posted before
+  // the data, after the fingerprint.
+  bool counts_summed = false;
+  uint64_t pair_sums_in[3] = {}, pair_sums_out[3] = {};
+  int checks = 0;        // leading requests of mpi that check the call (fingerprint, sums)
+  bool checked = false;  // they completed and the call passed
 };
 
 class Comm {
@@ -99,13 +117,24 @@ class Comm {
   void prepare_device_buffers(const mncl_coll_v1_t &c) const;
   // The MPI call(s) of c: blocking ones (r.mpi stays empty) or non-blocking ones into r.mpi.
   void issue(const mncl_coll_v1_t &c, Request &r, bool nonblocking);
-  // After the MPI side completed: AVG, copies, checks (statuses: RECV only).
+  // ALLGATHERV / ALLTOALLV: MPI_(I)allgatherv / MPI_(I)alltoallv; blocks beyond
+  // INT_MAX / size elements as point-to-point messages beside it (see v_big in the .cpp).
+  void issue_v(const mncl_coll_v1_t &c, Request &r, bool nonblocking);
+  // Why this rank cannot run c (device buffers that flat would pack on the host), or "".
+  std::string v_device_refusal(const mncl_coll_v1_t &c) const;
+  // After the MPI side completed: checks (statuses: requests with r.expected), AVG, copies.
   void finish(const Request &r, const MPI_Status *statuses);
   void check(int rc, const char *call, const mncl_coll_v1_t &c) const;
   // Bounded mode: posts r's fingerprint exchange (collectives only). Under the MPI lock.
   void post_fingerprint(const mncl_coll_v1_t &c, Request &r);
-  // Once the exchange is done: throws MNCL_ERR_REMOTE naming the fields the ranks disagree on.
-  void check_fingerprint(Request &r);
+  // Allgatherv / alltoallv: posts the counts check (post_counts_check), or runs it and throws
+  // on every rank when the counts disagree (MNCL_ERR_REMOTE) or a rank refuses the call
+  // (MNCL_ERR_NOT_SUPPORTED) (check_counts_now, blocking calls: before any data moves). Under
+  // the MPI lock.
+  void post_counts_check(const mncl_coll_v1_t &c, Request &r, bool refusing);
+  void check_counts_now(const mncl_coll_v1_t &c, const std::string &refusal);
+  // Once the checks are done: throws MNCL_ERR_REMOTE naming the fields the ranks disagree on.
+  void check_call(Request &r);
 
   MPI_Comm comm_;
   int rank_, size_;

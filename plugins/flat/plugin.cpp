@@ -15,6 +15,7 @@
 
 #include "common/dtype.h"
 #include "common/host.h"
+#include "common/tables.h"
 #include "flat/flat_comm.h"
 #include "flat/mpi_runtime.h"
 
@@ -37,9 +38,11 @@ uint64_t capabilities_at_load() {
   if (flat::mpi_cuda_aware_now()) caps |= MNCL_CAP_CUDA_MEMORY;
   return caps;
 }
-// Every kind, the coalesced allreduce included (packed into one MPI_Allreduce).
+// Every kind, the coalesced allreduce included (packed into one MPI_Allreduce), and plugin ABI
+// v3's allgatherv / alltoallv (MPI_Allgatherv / MPI_Alltoallv).
 constexpr uint32_t kCollectives =
-    MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED);
+    MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED) |
+    MNCL_COLL_BIT(MNCL_COLL_ALLGATHERV) | MNCL_COLL_BIT(MNCL_COLL_ALLTOALLV);
 
 // Computed when the library is loaded (before the table below, which copies it).
 const uint64_t g_caps = capabilities_at_load();
@@ -155,10 +158,13 @@ mncl_status_t flat_test(void *comm, void *handle, int32_t *done) {
 
 }  // namespace
 
-MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = {
-    sizeof(mncl_plugin_v1_t),  // struct_size
+// The v3 table, and the same functions as v2 and v1 for older cores (kit::as_v2 drops the v3
+// kinds from coll_mask). Positional initializers: keep the field comments in sync with
+// mncl_plugin_v3.h.
+MNCL_PLUGIN_EXPORT const mncl_plugin_v3_t mncl_plugin_v3 = {
+    sizeof(mncl_plugin_v3_t),  // struct_size
     MNCL_PLUGIN_MAGIC,         // magic
-    MNCL_PLUGIN_ABI_V1,        // abi_version
+    MNCL_PLUGIN_ABI_V3,        // abi_version
     "flat",                    // name
     "0.1.0",                   // version
     g_caps,                    // caps: host (+ CUDA if MPI says so), native non-blocking
@@ -177,3 +183,5 @@ MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = {
     flat_post,                 // post: MPI's non-blocking collectives
     flat_test,                 // test
 };
+MNCL_PLUGIN_EXPORT const mncl_plugin_v2_t mncl_plugin_v2 = kit::as_v2(mncl_plugin_v3);
+MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = kit::as_v1(mncl_plugin_v2);

@@ -1,10 +1,12 @@
 #include "gloo/gloo_comm.h"
 
 #include <gloo/allgather.h>
+#include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
 #include <gloo/allreduce_halving_doubling.h>
 #include <gloo/allreduce_ring_chunked.h>
 #include <gloo/alltoall.h>
+#include <gloo/alltoallv.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
@@ -24,6 +26,7 @@
 #include <thread>
 #include <type_traits>
 
+#include "common/coll.h"
 #include "common/dtype.h"
 #include "common/half.h"
 #include "common/host.h"
@@ -60,7 +63,38 @@ void ignore_sigpipe_once(const mncl_host_v1_t *host) {
   });
 }
 
-using mncl::kit::kind_name;
+using kit::kind_name;
+
+using kit::mix64;
+using kit::v_total;
+
+// Where blocks with these counts and displacements (elements) lie back to back in rank order,
+// as Gloo's allgatherv / alltoallv lay them out: true, with *base the displacement of the
+// first non-empty block (0 if none). Empty blocks address nothing, so their displacements
+// do not matter.
+bool packed_from(const size_t *counts, const size_t *displs, size_t n, size_t *base) {
+  *base = 0;
+  bool first = true;
+  size_t next = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (counts[i] == 0) continue;
+    if (first) {
+      *base = next = displs[i];
+      first = false;
+    } else if (displs[i] != next) {
+      return false;
+    }
+    next += counts[i];
+  }
+  return true;
+}
+
+// Block `displ` elements of `es` bytes into p; p itself for an empty block (whose displacement
+// may be anything).
+template <typename P>
+P at(P p, size_t displ, size_t count, size_t es) {
+  return count == 0 ? p : p + displ * es;
+}
 
 // Calls f(T{}) with the unsigned integer type of `size` bytes: Gloo's typed setters only use
 // sizeof(T), so data of any dtype travels as unsigned words of its width.
@@ -111,6 +145,12 @@ uint32_t collective_tag(const mncl_coll_v1_t &c) {
   if (c.kind == MNCL_COLL_ALLREDUCE_COALESCED) {
     count = 0;
     for (size_t i = 0; i < c.nbufs; ++i) count += c.counts[i];
+  }
+  if (c.kind == MNCL_COLL_ALLGATHERV) {
+    // c.count is this rank's block; every rank must agree on all of recvcounts, which size
+    // every message of the ring.
+    count = 1;
+    for (size_t i = 0; i < c.nbufs; ++i) count = mix64(count, c.counts[i]);
   }
   return static_cast<uint32_t>(c.seq) ^ call_digest(c.kind, c.dtype,
                                                     is_reduction(c.kind) ? c.op : -1,
@@ -470,7 +510,14 @@ void Comm::execute(const mncl_coll_v1_t &c) {
   op.tag = collective_tag(c);
   const bool reduction = is_reduction(c.kind);
   op.desc = kit::format("gloo %s #%llu", kind_name(c.kind), static_cast<unsigned long long>(c.seq));
-  if (c.kind != MNCL_COLL_BARRIER) {
+  if (c.kind == MNCL_COLL_ALLGATHERV) {
+    op.desc += kit::format(" (%zu of %zu x %s)", c.count, v_total(c.counts, c.nbufs),
+                           kit::dtype_name(c.dtype));
+  } else if (c.kind == MNCL_COLL_ALLTOALLV) {
+    const kit::VLayout v = kit::v_layout(c);
+    op.desc += kit::format(" (%s, %zu sent, %zu received)", kit::dtype_name(c.dtype),
+                           v_total(v.sendcounts, c.nbufs), v_total(v.recvcounts, c.nbufs));
+  } else if (c.kind != MNCL_COLL_BARRIER) {
     op.desc += kit::format(" (%zu x %s", c.count, kit::dtype_name(c.dtype));
     if (reduction) op.desc += kit::format(", %s", kit::op_name(c.op));
     if (p2p) {
@@ -629,6 +676,12 @@ void Comm::run(Op &op, const mncl_coll_v1_t &c) {
     case MNCL_COLL_ALLTOALL:
       alltoall(op, c);
       return;
+    case MNCL_COLL_ALLGATHERV:
+      allgatherv(op, c);
+      return;
+    case MNCL_COLL_ALLTOALLV:
+      alltoallv(op, c);
+      return;
     case MNCL_COLL_BARRIER:
       barrier(op);
       return;
@@ -666,6 +719,19 @@ void Comm::run_single_rank(const mncl_coll_v1_t &c) {
         copy(c.recvbufs[i], c.sendbufs[i], c.counts[i] * kit::dtype_size(c.dtype));
       }
       return;
+    case MNCL_COLL_ALLGATHERV: {  // in place: the block is already at its displacement
+      const kit::VLayout v = kit::v_layout(c);
+      const size_t es = kit::dtype_size(c.dtype);
+      copy(at(static_cast<char *>(c.recvbuf), v.rdispls[0], c.count, es), c.sendbuf, bytes);
+      return;
+    }
+    case MNCL_COLL_ALLTOALLV: {
+      const kit::VLayout v = kit::v_layout(c);
+      const size_t es = kit::dtype_size(c.dtype), n = v.recvcounts[0];
+      copy(at(static_cast<char *>(c.recvbuf), v.rdispls[0], n, es),
+           at(static_cast<const char *>(c.sendbuf), v.sdispls[0], n, es), n * es);
+      return;
+    }
     case MNCL_COLL_BCAST:
     case MNCL_COLL_BARRIER:
       return;
@@ -967,6 +1033,148 @@ void Comm::alltoall(Op &op, const mncl_coll_v1_t &c) {
   opts.setTag(op.tag);
   opts.setTimeout(op.gloo_timeout);
   gloo::alltoall(opts);
+}
+
+// gloo::allgatherv: a ring of size-1 steps over the packed blocks (an empty one is still a
+// message, so that no rank waits for a step the others skip). Gloo's layout is the blocks back
+// to back in rank order; recvbuf is used as is when its blocks lie that way, else through a
+// packed scratch buffer whose blocks are then copied to their displacements, so elements
+// between blocks are never written. In place, this rank's block is already where it belongs.
+void Comm::allgatherv(Op &op, const mncl_coll_v1_t &c) {
+  const size_t es = kit::dtype_size(c.dtype);
+  const size_t n = static_cast<size_t>(size_), me = static_cast<size_t>(rank_);
+  const kit::VLayout v = kit::v_layout(c);
+  std::vector<size_t> bytes(n), offsets(n);  // Gloo's layout, in bytes (uint8_t elements)
+  size_t total = 0;
+  for (size_t i = 0; i < n; ++i) {
+    bytes[i] = v.recvcounts[i] * es;
+    offsets[i] = total;
+    total += bytes[i];
+  }
+  auto *recv = static_cast<uint8_t *>(c.recvbuf);
+  auto *send = static_cast<uint8_t *>(const_cast<void *>(c.sendbuf));  // Gloo only reads it
+  const bool in_place = bytes[me] != 0 && send == recv + v.rdispls[me] * es;
+  size_t base = 0;
+  const bool packed = packed_from(v.recvcounts, v.rdispls, n, &base);
+  std::vector<uint8_t> scratch;
+  uint8_t none = 0;  // Gloo's buffers want an address even when every block is empty
+  uint8_t *out = &none;
+  if (packed && total > 0) {
+    out = recv + base * es;
+  } else if (total > 0) {
+    scratch.resize(total);
+    out = scratch.data();
+  }
+  gloo::AllgathervOptions opts(context_);
+  // Without an input Gloo takes this rank's block to be in the output already.
+  if (bytes[me] != 0 && !(packed && in_place)) opts.setInput(send, bytes[me]);
+  opts.setOutput(out, bytes);
+  opts.setTag(op.tag);
+  opts.setTimeout(op.gloo_timeout);
+  gloo::allgatherv(opts);
+  if (packed) return;
+  for (size_t i = 0; i < n; ++i) {
+    if (bytes[i] == 0 || (i == me && in_place)) continue;
+    std::memcpy(recv + v.rdispls[i] * es, scratch.data() + offsets[i], bytes[i]);
+  }
+}
+
+// Rank i's sendcounts[j] must equal rank j's recvcounts[i] before any data moves: Gloo would
+// hand a message of another size to its receiver's buffer (std::terminate in its I/O thread).
+// No rank can check that alone, and every rank must reach the same verdict, so each adds up
+// a hash of (i, j, count) over its sends and over its receives, and one allreduce sums both
+// over the ranks: the totals are equal when every pair agrees (a false match has probability
+// about 2^-64). When they differ, every rank knows, and a gather of all counts names a pair.
+void Comm::check_alltoallv_counts(Op &op, const mncl_coll_v1_t &c) {
+  const size_t n = static_cast<size_t>(size_);
+  const kit::VLayout v = kit::v_layout(c);
+  uint64_t sums[2];
+  kit::v_pair_sums(c, rank_, sums);
+  allreduce_plain(op, sums, sums, 2, MNCL_UINT64, MNCL_SUM);
+  if (sums[0] == sums[1]) return;
+  std::vector<uint64_t> mine(2 * n), all(2 * n * n);
+  for (size_t j = 0; j < n; ++j) {
+    mine[j] = v.sendcounts[j];
+    mine[n + j] = v.recvcounts[j];
+  }
+  gloo::AllgatherOptions gather(context_);
+  gather.setInput(mine.data(), mine.size());
+  gather.setOutput(all.data(), all.size());
+  gather.setTag(op.tag);
+  gather.setTimeout(op.gloo_timeout);
+  gloo::allgather(gather);
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t j = 0; j < n; ++j) {
+      const uint64_t sent = all[i * 2 * n + j], expected = all[j * 2 * n + n + i];
+      if (sent == expected) continue;
+      throw kit::Error(MNCL_ERR_REMOTE,
+                       kit::format("%s: rank %zu sends %llu elements to rank %zu, which expects "
+                                   "%llu (sendcounts and recvcounts must agree across the ranks)",
+                                   op.desc.c_str(), i, static_cast<unsigned long long>(sent), j,
+                                   static_cast<unsigned long long>(expected)));
+    }
+  }
+  throw kit::Error(MNCL_ERR_REMOTE, op.desc + ": the ranks' sendcounts and recvcounts disagree");
+}
+
+// After check_alltoallv_counts, gloo::alltoallv: this rank's block copied locally, one message
+// per peer each way (empty ones too). Gloo packs both sides in rank order; a side whose
+// displacements differ goes through a packed scratch buffer (send blocks may overlap; receive
+// blocks are copied to their displacements afterwards, leaving the gaps untouched).
+void Comm::alltoallv(Op &op, const mncl_coll_v1_t &c) {
+  check_alltoallv_counts(op, c);
+  const size_t es = kit::dtype_size(c.dtype);
+  const size_t n = static_cast<size_t>(size_);
+  const kit::VLayout v = kit::v_layout(c);
+  std::vector<int64_t> send_elems(n), recv_elems(n);  // Gloo's layout, in bytes
+  std::vector<size_t> recv_offsets(n);
+  size_t send_total = 0, recv_total = 0;
+  for (size_t i = 0; i < n; ++i) {
+    send_elems[i] = static_cast<int64_t>(v.sendcounts[i] * es);
+    recv_elems[i] = static_cast<int64_t>(v.recvcounts[i] * es);
+    recv_offsets[i] = recv_total;
+    send_total += v.sendcounts[i] * es;
+    recv_total += v.recvcounts[i] * es;
+  }
+  const auto *send = static_cast<const uint8_t *>(c.sendbuf);
+  auto *recv = static_cast<uint8_t *>(c.recvbuf);
+  uint8_t none[2] = {0, 0};  // Gloo's buffers want an address even when every block is empty
+  std::vector<uint8_t> send_scratch, recv_scratch;
+
+  size_t base = 0;
+  auto *in = &none[0];
+  if (send_total > 0 && packed_from(v.sendcounts, v.sdispls, n, &base)) {
+    in = const_cast<uint8_t *>(send) + base * es;  // Gloo only reads it
+  } else if (send_total > 0) {
+    send_scratch.resize(send_total);
+    size_t off = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const size_t b = v.sendcounts[i] * es;
+      if (b > 0) std::memcpy(send_scratch.data() + off, send + v.sdispls[i] * es, b);
+      off += b;
+    }
+    in = send_scratch.data();
+  }
+  auto *out = &none[1];
+  const bool packed_out = packed_from(v.recvcounts, v.rdispls, n, &base);
+  if (recv_total > 0 && packed_out) {
+    out = recv + base * es;
+  } else if (recv_total > 0) {
+    recv_scratch.resize(recv_total);
+    out = recv_scratch.data();
+  }
+
+  gloo::AlltoallvOptions opts(context_);
+  opts.setInput(in, send_elems);
+  opts.setOutput(out, recv_elems);
+  opts.setTag(op.tag);
+  opts.setTimeout(op.gloo_timeout);
+  gloo::alltoallv(opts);
+  if (recv_scratch.empty()) return;
+  for (size_t i = 0; i < n; ++i) {
+    const size_t b = v.recvcounts[i] * es;
+    if (b > 0) std::memcpy(recv + v.rdispls[i] * es, recv_scratch.data() + recv_offsets[i], b);
+  }
 }
 
 void Comm::barrier(Op &op) {

@@ -11,10 +11,17 @@
 //   send / recv     unbound buffers, slot = (per-ordered-pair message number ^ digest of
 //                   count and dtype), so messages between two ranks match in issue order
 //   allreduce_coalesced  packed into one buffer, one allreduce, unpacked
+//   allgatherv      gloo::allgatherv (a ring); its blocks are packed in rank order, so blocks
+//                   at other displacements go through a packed scratch buffer
+//   alltoallv       a check that every send agrees with its receive (one small allreduce),
+//                   then gloo::alltoallv, through packed scratch buffers where the
+//                   displacements are not packed
 // Collective tags are the low 32 bits of coll->seq xor a 32-bit digest of the call (kind,
-// dtype, op, count, root), identical on every rank that makes the same call: ranks that make
-// mismatched calls never match each other's messages and time out (MNCL_ERR_TIMEOUT naming
-// the op) instead of exchanging wrong-sized or wrong-typed data. The classic algorithms take
+// dtype, op, count, root; allgatherv: all of recvcounts instead of the count; alltoallv: no
+// count, its counts differ between ranks and are checked first), identical on every rank that
+// makes the same call: ranks that make mismatched calls never match each other's messages and
+// time out (MNCL_ERR_TIMEOUT naming the op) instead of exchanging wrong-sized or wrong-typed
+// data (which Gloo's TCP transport answers with std::terminate). The classic algorithms take
 // no tag, but the tagged barrier that precedes them (see Threading) stops mismatched calls
 // before their data moves. p2p and the reduce_scatter ring use slot prefixes Gloo's own
 // collectives do not (0x41, 0x40).
@@ -141,6 +148,10 @@ class Comm {
   void reduce_scatter(Op &op, const mncl_coll_v1_t &c);
   void reduce_scatter_ring(Op &op, void *acc, size_t block_count, int32_t dtype, int32_t mop);
   void alltoall(Op &op, const mncl_coll_v1_t &c);
+  void allgatherv(Op &op, const mncl_coll_v1_t &c);
+  void alltoallv(Op &op, const mncl_coll_v1_t &c);
+  // Every rank returns, or every rank throws MNCL_ERR_REMOTE naming a disagreeing pair.
+  void check_alltoallv_counts(Op &op, const mncl_coll_v1_t &c);
   void barrier(Op &op);
   void send(Op &op, const mncl_coll_v1_t &c);
   void recv(Op &op, const mncl_coll_v1_t &c);

@@ -101,18 +101,21 @@ mncl_status_t gloo_execute(void *comm, const mncl_coll_v1_t *coll) {
 // collectives, see "Threading" in gloo_comm.h).
 constexpr uint64_t kCaps = MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P;
 
-// Every kind, the coalesced allreduce included (packed into one allreduce).
-constexpr uint32_t kCollMask = MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED);
+// Every kind, the coalesced allreduce included (packed into one allreduce), and plugin ABI v3's
+// allgatherv / alltoallv (gloo::allgatherv / gloo::alltoallv).
+constexpr uint32_t kCollMask =
+    MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED) |
+    MNCL_COLL_BIT(MNCL_COLL_ALLGATHERV) | MNCL_COLL_BIT(MNCL_COLL_ALLTOALLV);
 
 }  // namespace
 
-// The v2 table, and the same functions as v1 for cores that predate v2 (kit::as_v1 drops
-// MNCL_CAP_CONCURRENT_P2P). Positional initializers: keep the field comments in sync with
-// mncl_plugin_v2.h.
-MNCL_PLUGIN_EXPORT const mncl_plugin_v2_t mncl_plugin_v2 = {
-    sizeof(mncl_plugin_v2_t),  // struct_size
+// The v3 table, and the same functions as v2 and v1 for older cores (kit::as_v2 drops the v3
+// kinds, kit::as_v1 also MNCL_CAP_CONCURRENT_P2P). Positional initializers: keep the field
+// comments in sync with mncl_plugin_v3.h.
+MNCL_PLUGIN_EXPORT const mncl_plugin_v3_t mncl_plugin_v3 = {
+    sizeof(mncl_plugin_v3_t),  // struct_size
     MNCL_PLUGIN_MAGIC,         // magic
-    MNCL_PLUGIN_ABI_V2,        // abi_version
+    MNCL_PLUGIN_ABI_V3,        // abi_version
     "gloo",                    // name
     MNCL_GLOO_VERSION_STRING,  // version
     kCaps,                     // caps
@@ -131,4 +134,5 @@ MNCL_PLUGIN_EXPORT const mncl_plugin_v2_t mncl_plugin_v2 = {
     nullptr,                   // post: no native async
     nullptr,                   // test
 };
+MNCL_PLUGIN_EXPORT const mncl_plugin_v2_t mncl_plugin_v2 = kit::as_v2(mncl_plugin_v3);
 MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = kit::as_v1(mncl_plugin_v2);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/coll.h"
 #include "common/dtype.h"
 #include "common/host.h"
 #include "common/reduce.h"
@@ -15,6 +16,8 @@ namespace {
 
 using mncl::kit::is_reduction;
 using mncl::kit::is_rooted;
+
+using mncl::kit::is_v_kind;
 using mncl::kit::kind_name;
 
 // Block i of a buffer of equal blocks.
@@ -43,16 +46,17 @@ std::string rank_list(const std::vector<int> &ranks) {
 struct Header {
   uint32_t magic;
   int32_t kind, dtype, op, root;  // op and root are -1 where the kind has none
-  uint32_t reserved;
-  uint64_t count;  // elements (all buffers together for the coalesced allreduce)
+  uint32_t digest;  // allgatherv: a hash of recvcounts (which every rank must share); else 0
+  uint64_t count;   // elements (all buffers together for the coalesced allreduce)
 
   bool operator==(const Header &o) const {
     return magic == o.magic && kind == o.kind && dtype == o.dtype && op == o.op && root == o.root &&
-           count == o.count;
+           count == o.count && digest == o.digest;
   }
   std::string describe() const {
-    std::string out = kit::format("%s(%llu x %s", kind_name(kind),
-                                  static_cast<unsigned long long>(count), kit::dtype_name(dtype));
+    std::string out =
+        kit::format("%s(%llu x %s%s", kind_name(kind), static_cast<unsigned long long>(count),
+                    kit::dtype_name(dtype), kind == MNCL_COLL_ALLGATHERV ? " in all" : "");
     if (op >= 0) out += kit::format(", %s", kit::op_name(op));
     if (root >= 0) out += kit::format(", root %d", root);
     return out + ")";
@@ -73,6 +77,18 @@ Header header_of(const mncl_coll_v1_t &c) {
     for (size_t i = 0; i < c.nbufs; ++i) h.count += c.counts[i];
   }
   if (c.kind == MNCL_COLL_RECV) h.kind = MNCL_COLL_SEND;  // a receive matches a send
+  // Allgatherv: c.count is this rank's block, which differs between ranks; the total of
+  // recvcounts is what every rank must agree on. Alltoallv: set per message (alltoallv()).
+  if (c.kind == MNCL_COLL_ALLGATHERV) {
+    h.count = 0;
+    uint64_t hash = 14695981039346656037ull;  // FNV-1a over the counts
+    for (size_t i = 0; i < c.nbufs; ++i) {
+      h.count += c.counts[i];
+      hash = (hash ^ c.counts[i]) * 1099511628211ull;
+    }
+    h.digest = static_cast<uint32_t>(hash ^ (hash >> 32));
+  }
+  if (c.kind == MNCL_COLL_ALLTOALLV) h.count = 0;
   return h;
 }
 
@@ -135,6 +151,11 @@ void Comm::execute(const mncl_coll_v1_t &c) {
     throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
                      kit::format("%s: unknown op %d", op.where().c_str(), c.op));
   }
+  if (is_v_kind(c.kind) && (c.counts == nullptr || c.nbufs != static_cast<size_t>(size_))) {
+    throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
+                     kit::format("%s: needs %d counts per array, got %zu%s", op.where().c_str(),
+                                 size_, c.nbufs, c.counts == nullptr ? " (counts is NULL)" : ""));
+  }
   op.header = header_of(c);
   MNCL_KIT_LOG(host_, MNCL_LOG_TRACE, "%s: rank %d/%d %s %s count %zu root %d", op.where().c_str(),
                rank_, size_, kit::dtype_name(c.dtype),
@@ -165,6 +186,10 @@ void Comm::execute(const mncl_coll_v1_t &c) {
       return recv(op, c);
     case MNCL_COLL_ALLREDUCE_COALESCED:
       return allreduce_coalesced(op, c);
+    case MNCL_COLL_ALLGATHERV:
+      return allgatherv(op, c);
+    case MNCL_COLL_ALLTOALLV:
+      return alltoallv(op, c);
     default:
       throw kit::Error(MNCL_ERR_NOT_SUPPORTED,
                        kit::format("naive: collective kind %d is not supported", c.kind));
@@ -199,20 +224,28 @@ void Comm::read_in_rank_order(Op &op, const void *mine, size_t len, KeyOf key_of
       continue;
     }
     const std::string key = key_of(src);
-    Value value;
-    const mncl_status_t st = store_.get(key, op.remaining_ms(), &value);
-    if (st != MNCL_OK) {
-      // Name every rank still missing, not only the first one, to point at the culprit(s).
-      std::vector<int> missing{src};
-      for (int later = src + 1; st == MNCL_ERR_TIMEOUT && later < size_; ++later) {
-        if (later != rank_ && store_.exists(key_of(later)) != MNCL_OK) missing.push_back(later);
-      }
-      throw_missing(op, st, missing);
-    }
+    Value value = fetch(op, src, key_of);
     check_length(op, src, value, len);
     use(src, payload(value));
     if (delete_after) store_.del(key);
   }
+}
+
+// What rank src stored under key_of(src), unchecked; waits up to the op's deadline. Callers
+// read in rank order, so on a timeout every later rank still missing is named too.
+template <typename KeyOf>
+Value Comm::fetch(Op &op, int src, KeyOf key_of) {
+  Value value;
+  const mncl_status_t st = store_.get(key_of(src), op.remaining_ms(), &value);
+  if (st != MNCL_OK) {
+    // Name every rank still missing, not only the first one, to point at the culprit(s).
+    std::vector<int> missing{src};
+    for (int later = src + 1; st == MNCL_ERR_TIMEOUT && later < size_; ++later) {
+      if (later != rank_ && store_.exists(key_of(later)) != MNCL_OK) missing.push_back(later);
+    }
+    throw_missing(op, st, missing);
+  }
+  return value;
 }
 
 // The `len` bytes that rank src stored under key (not deleted: the caller decides).
@@ -256,6 +289,25 @@ void Comm::check_length(const Op &op, int src, const Value &value, size_t len) c
                                  "contribution (another backend or version on that rank?)",
                                  op.where().c_str(), src, value.size()));
   }
+  if (op.header.kind == MNCL_COLL_ALLTOALLV && theirs.kind == op.header.kind &&
+      theirs.dtype == op.header.dtype && theirs.count != op.header.count) {
+    // The header of an alltoallv message carries what its sender expects back (alltoallv()).
+    throw kit::Error(
+        MNCL_ERR_REMOTE,
+        kit::format("%s: rank %d expects %llu elements from rank %d, which sends it "
+                    "%llu (do sendcounts and recvcounts agree across ranks?)",
+                    op.where().c_str(), src, static_cast<unsigned long long>(theirs.count), rank_,
+                    static_cast<unsigned long long>(op.header.count)));
+  }
+  if (op.header.kind == MNCL_COLL_ALLGATHERV && theirs.kind == op.header.kind &&
+      theirs.dtype == op.header.dtype && theirs.count == op.header.count &&
+      theirs.digest != op.header.digest) {
+    throw kit::Error(MNCL_ERR_REMOTE,
+                     kit::format("%s: rank %d passes other recvcounts than rank %d (same total, "
+                                 "%llu elements; recvcounts must be the same on every rank)",
+                                 op.where().c_str(), src, rank_,
+                                 static_cast<unsigned long long>(op.header.count)));
+  }
   if (!(theirs == op.header)) {
     const size_t sent = value.size() - sizeof(Header);
     throw kit::Error(
@@ -270,9 +322,10 @@ void Comm::check_length(const Op &op, int src, const Value &value, size_t len) c
   }
   if (value.size() == sizeof(Header) + len) return;
   throw kit::Error(MNCL_ERR_REMOTE,
-                   kit::format("%s: rank %d sent %zu bytes where rank %d expects %zu (do count "
-                               "and dtype agree on every rank?)",
-                               op.where().c_str(), src, value.size() - sizeof(Header), rank_, len));
+                   kit::format("%s: rank %d sent %zu bytes where rank %d expects %zu (do %s "
+                               "agree on every rank?)",
+                               op.where().c_str(), src, value.size() - sizeof(Header), rank_, len,
+                               is_v_kind(op.header.kind) ? "the counts" : "count and dtype"));
 }
 
 void Comm::throw_missing(Op &op, mncl_status_t st, std::vector<int> missing) {
@@ -411,6 +464,69 @@ void Comm::alltoall(Op &op, const mncl_coll_v1_t &c) {
       op, block(c.sendbuf, rank_, len), len, [&](int src) { return key_of(src, rank_); },
       /*delete_after=*/true,
       [&](int src, const void *data) { copy_block(block(c.recvbuf, src, len), data, len); });
+}
+
+// Every rank stores its block (empty ones too: a rank expecting data from it must not wait
+// out its timeout), then reads rank i's into recvbuf + displs[i], checking its length against
+// recvcounts[i]. The headers carry the total and a digest of recvcounts, so every rank fails
+// when any two differ, even where the block lengths it sees happen to agree.
+void Comm::allgatherv(Op &op, const mncl_coll_v1_t &c) {
+  const size_t es = kit::dtype_size(c.dtype);
+  const kit::VLayout v = kit::v_layout(c);
+  if (c.count != v.recvcounts[rank_]) {
+    throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
+                     kit::format("%s: sends %zu elements but recvcounts[%d] is %zu",
+                                 op.where().c_str(), c.count, rank_, v.recvcounts[rank_]));
+  }
+  auto dst_of = [&](int src) { return block(c.recvbuf, v.rdispls[src], es); };
+  copy_block(dst_of(rank_), c.sendbuf, c.count * es);  // in place: already there
+  if (size_ == 1) return;
+  auto key_of = [&](int src) { return op.key("r" + std::to_string(src)); };
+  put(op, key_of(rank_), c.sendbuf, c.count * es);
+  std::vector<std::string> keys;
+  for (int src = 0; src < size_; ++src) {
+    keys.push_back(key_of(src));
+    if (src == rank_) continue;
+    const size_t len = v.recvcounts[src] * es;
+    Value value = fetch(op, src, key_of);
+    check_length(op, src, value, len);  // before any write: never past the block
+    copy_block(dst_of(src), payload(value), len);
+  }
+  done_reading(op, size_, keys);
+}
+
+// Like alltoall, with a message per ordered pair, empty blocks included (so a peer expecting
+// data never waits out its timeout). The header of the message from s to d carries s's
+// recvcounts[d], which d checks against its sendcounts[s], while its length is checked against
+// d's recvcounts[s]: both ends of a pair whose counts disagree fail with MNCL_ERR_REMOTE.
+void Comm::alltoallv(Op &op, const mncl_coll_v1_t &c) {
+  const size_t es = kit::dtype_size(c.dtype);
+  const kit::VLayout v = kit::v_layout(c);
+  if (v.sendcounts[rank_] != v.recvcounts[rank_]) {
+    throw kit::Error(
+        MNCL_ERR_INVALID_ARGUMENT,
+        kit::format("%s: sendcounts[%d] is %zu but recvcounts[%d] is %zu", op.where().c_str(),
+                    rank_, v.sendcounts[rank_], rank_, v.recvcounts[rank_]));
+  }
+  // Never in place (the core refuses overlaps), so the own block can go first.
+  copy_block(block(c.recvbuf, v.rdispls[rank_], es), block(c.sendbuf, v.sdispls[rank_], es),
+             v.recvcounts[rank_] * es);
+  auto key_of = [&](int src, int dst) { return op.key(kit::format("%d>%d", src, dst)); };
+  for (int dst = 0; dst < size_; ++dst) {
+    if (dst == rank_) continue;
+    op.header.count = v.recvcounts[dst];
+    put(op, key_of(rank_, dst), block(c.sendbuf, v.sdispls[dst], es), v.sendcounts[dst] * es);
+  }
+  for (int src = 0; src < size_; ++src) {
+    if (src == rank_) continue;
+    auto from = [&](int s) { return key_of(s, rank_); };
+    Value value = fetch(op, src, from);
+    op.header.count = v.sendcounts[src];  // what src's header must say
+    const size_t len = v.recvcounts[src] * es;
+    check_length(op, src, value, len);
+    copy_block(block(c.recvbuf, v.rdispls[src], es), payload(value), len);
+    store_.del(from(src));
+  }
 }
 
 // Arrive: add 1 to <k>/n; the rank that makes it `size` opens <k>/go. Leave: add 1 again;

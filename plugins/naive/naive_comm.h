@@ -7,9 +7,9 @@
 //
 // Store keys (the core prefixes them with the communicator's namespace):
 //   <k>/r<src>        rank src's contribution, read by every other rank   (allreduce, allgather,
-//                     allreduce_coalesced; bcast uses <k>/r<root>)
+//                     allgatherv, allreduce_coalesced; bcast uses <k>/r<root>)
 //   <k>/<src>><dst>   a block from src for dst only         (reduce, gather, scatter, alltoall,
-//                     reduce_scatter)
+//                     alltoallv, reduce_scatter)
 //   <k>/n             counter of ranks done reading the shared keys of collective <k>; barrier
 //   <k>/go            barrier release
 //   p<src>><dst>/<m>  the m-th send from src to dst (m counts per ordered pair, from 0)
@@ -26,6 +26,12 @@
 // Every stored value starts with a small header describing the call that stored it (kind, dtype,
 // op, root, count): a reader whose own call differs (mismatched collectives on different ranks)
 // fails with MNCL_ERR_REMOTE naming both, instead of combining bytes of another meaning.
+// The kinds with a count per rank (plugin ABI v3) store every block, empty ones too, and check
+// each block's length before writing it: ranks whose counts disagree fail with MNCL_ERR_REMOTE
+// rather than time out or write outside a block. Their headers say more: allgatherv's carry the
+// total and a digest of recvcounts (every rank must pass the same), so every rank fails on a
+// disagreement; an alltoallv message from s to d carries s's recvcounts[d], so both ends of a
+// pair that disagrees fail (ranks outside it complete; naive_comm.cpp).
 //
 // After a failure (timeout, abort) the keys of that op may remain: the communicator is unusable
 // then anyway. A send never matched by a recv also stays, as in MPI.
@@ -86,6 +92,8 @@ class Comm {
   void allgather(Op &op, const mncl_coll_v1_t &c);
   void reduce_scatter(Op &op, const mncl_coll_v1_t &c);
   void alltoall(Op &op, const mncl_coll_v1_t &c);
+  void allgatherv(Op &op, const mncl_coll_v1_t &c);
+  void alltoallv(Op &op, const mncl_coll_v1_t &c);
   void barrier(Op &op);
   void send(Op &op, const mncl_coll_v1_t &c);
   void recv(Op &op, const mncl_coll_v1_t &c);
@@ -96,6 +104,8 @@ class Comm {
   template <typename KeyOf, typename Use>
   void read_in_rank_order(Op &op, const void *mine, size_t len, KeyOf key_of, bool delete_after,
                           Use use);
+  template <typename KeyOf>
+  Value fetch(Op &op, int src, KeyOf key_of);
   Value read_one(Op &op, int src, const std::string &key, size_t len);
   // Stores header + data under key.
   void put(const Op &op, const std::string &key, const void *data, size_t len);

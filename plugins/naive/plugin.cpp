@@ -1,10 +1,10 @@
 // libmncl-naive.so: the reference backend, and the template for writing a plugin.
 //
 // A plugin is this file plus its algorithms: a handful of extern "C"-compatible functions with
-// the signatures of mncl_plugin_v2_t, and the exported tables at the bottom (v2, plus a v1 copy
-// for older cores). Each function turns C++ exceptions into a status with kit::guard, because
-// nothing may be thrown across the ABI. Build with mncl_add_plugin(<name> SOURCES ...), which
-// hides every other symbol.
+// the signatures of mncl_plugin_v3_t, and the exported tables at the bottom (v3, plus v2 and v1
+// copies for older cores). Each function turns C++ exceptions into a status with kit::guard,
+// because nothing may be thrown across the ABI. Build with mncl_add_plugin(<name> SOURCES ...),
+// which hides every other symbol.
 #include <mncl/mncl_plugin.h>
 
 #include <cstdint>
@@ -65,18 +65,20 @@ mncl_status_t naive_execute(void *comm, const mncl_coll_v1_t *coll) {
 // (MNCL_CAP_CONCURRENT_P2P: send/recv per peer beside the collectives, see naive_comm.h).
 constexpr uint64_t kCaps = MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P;
 
-// Every kind, the coalesced allreduce included (one packed exchange instead of a loop).
-constexpr uint32_t kCollMask = MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED);
+// Every kind, the coalesced allreduce and the v3 kinds with a count per rank included.
+constexpr uint32_t kCollMask =
+    MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED) |
+    MNCL_COLL_BIT(MNCL_COLL_ALLGATHERV) | MNCL_COLL_BIT(MNCL_COLL_ALLTOALLV);
 
 }  // namespace
 
-// The exported tables: v2, and the same functions as v1 for cores that predate v2 (kit::as_v1
-// drops MNCL_CAP_CONCURRENT_P2P). Positional initializers (C++17 has no designated ones): keep
-// the field comments in sync with mncl_plugin_v2.h.
-MNCL_PLUGIN_EXPORT const mncl_plugin_v2_t mncl_plugin_v2 = {
-    sizeof(mncl_plugin_v2_t),  // struct_size
+// The exported tables: v3, and the same functions as v2 and v1 for older cores (kit::as_v2
+// drops the v3 kinds, kit::as_v1 also MNCL_CAP_CONCURRENT_P2P). Positional initializers (C++17
+// has no designated ones): keep the field comments in sync with mncl_plugin_v3.h.
+MNCL_PLUGIN_EXPORT const mncl_plugin_v3_t mncl_plugin_v3 = {
+    sizeof(mncl_plugin_v3_t),  // struct_size
     MNCL_PLUGIN_MAGIC,         // magic
-    MNCL_PLUGIN_ABI_V2,        // abi_version
+    MNCL_PLUGIN_ABI_V3,        // abi_version
     "naive",                   // name
     "0.1.0",                   // version
     kCaps,                     // caps
@@ -95,4 +97,5 @@ MNCL_PLUGIN_EXPORT const mncl_plugin_v2_t mncl_plugin_v2 = {
     nullptr,                   // post: no native async (no MNCL_CAP_NATIVE_ASYNC)
     nullptr,                   // test
 };
+MNCL_PLUGIN_EXPORT const mncl_plugin_v2_t mncl_plugin_v2 = kit::as_v2(mncl_plugin_v3);
 MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = kit::as_v1(mncl_plugin_v2);

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <optional>
 
+#include "common/coll.h"
 #include "common/dtype.h"
 #include "common/host.h"
 #include "nccl/buffers.h"
@@ -479,11 +480,19 @@ bool Comm::capturing(cudaStream_t stream, const char *what) {
 }
 
 std::shared_ptr<Pending> Comm::enqueue(const mncl_coll_v1_t &coll, bool *must_wait) {
-  static const char *const kNames[MNCL_NUM_COLL_KINDS_V1] = {
+  static const char *const kNames[MNCL_NUM_COLL_KINDS_V3] = {
       "allreduce",      "reduce",   "bcast",   "scatter", "gather", "allgather",
-      "reduce_scatter", "alltoall", "barrier", "send",    "recv",   "allreduce_coalesced"};
-  const char *what = coll.kind >= 0 && coll.kind < MNCL_NUM_COLL_KINDS_V1 ? kNames[coll.kind] : "?";
+      "reduce_scatter", "alltoall", "barrier", "send",    "recv",   "allreduce_coalesced",
+      "allgatherv",     "alltoallv"};
+  const char *what = coll.kind >= 0 && coll.kind < MNCL_NUM_COLL_KINDS_V3 ? kNames[coll.kind] : "?";
   check_usable(what);
+  if (kit::is_v_kind(coll.kind) &&
+      (coll.counts == nullptr || coll.nbufs != static_cast<size_t>(size_))) {
+    // The core never sends this; refused before anything reads the arrays or enters a group.
+    throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
+                     format("nccl %s: expected counts and displacements for %d ranks, got %s%zu",
+                            what, size_, coll.counts == nullptr ? "none for " : "", coll.nbufs));
+  }
   DeviceGuard guard(device_);
   auto stream = static_cast<cudaStream_t>(coll.stream);
 
@@ -628,7 +637,8 @@ void Comm::launch(const mncl_coll_v1_t &c, cudaStream_t stream) {
   const ncclDataType_t dt = nccl_dtype(c.dtype);
   const ncclRedOp_t op = nccl_op(c.op);
   auto call = [this](ncclResult_t r, const char *name) { check_recorded(r, name); };
-  // Count 0 is a no-op on every rank (counts agree across ranks), so NCCL never sees it.
+  // Count 0 is a no-op on every rank (counts agree across ranks), so NCCL never sees it; the
+  // v-kinds skip their empty blocks one by one.
   switch (c.kind) {
     case MNCL_COLL_ALLREDUCE:
       if (c.count > 0) {
@@ -662,6 +672,10 @@ void Comm::launch(const mncl_coll_v1_t &c, cudaStream_t stream) {
     case MNCL_COLL_GATHER:
     case MNCL_COLL_ALLTOALL:
       if (c.count > 0) grouped_exchange(c, stream);
+      break;
+    case MNCL_COLL_ALLGATHERV:
+    case MNCL_COLL_ALLTOALLV:
+      grouped_exchange_v(c, stream);
       break;
     case MNCL_COLL_BARRIER:
       call(ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclFloat32, ncclSum, comm_, stream),
@@ -749,6 +763,47 @@ void Comm::grouped_exchange(const mncl_coll_v1_t &c, cudaStream_t stream) {
       }
       call(ncclSend(send + off, c.count, dt, p, comm_, stream), "ncclSend (alltoall)");
       call(ncclRecv(recv + off, c.count, dt, p, comm_, stream), "ncclRecv (alltoall)");
+    }
+  }
+}
+
+// allgatherv and alltoallv as point-to-point inside the caller's group, with the counts and
+// displacements of each rank's block (mncl_plugin_v3.h); the rank's own block is a
+// device-to-device copy (none for allgatherv in place: it is already there). Empty blocks are
+// skipped: NCCL never sees a zero count. Only what lies inside a block is written, so the gaps
+// between blocks keep their contents. A peer whose counts disagree with ours is not detected
+// here (no rank can check it alone): NCCL's size mismatch or hang ends as an asynchronous error
+// or a timeout through the watchdog, like any other failed kernel.
+void Comm::grouped_exchange_v(const mncl_coll_v1_t &c, cudaStream_t stream) {
+  const ncclDataType_t dt = nccl_dtype(c.dtype);
+  const size_t es = kit::dtype_size(c.dtype);
+  const kit::VLayout v = kit::v_layout(c);  // shape checked by enqueue()
+  const bool gatherv = c.kind == MNCL_COLL_ALLGATHERV;
+  const char *send = static_cast<const char *>(c.sendbuf);
+  char *recv = static_cast<char *>(c.recvbuf);
+  auto call = [this](ncclResult_t r, const char *name) { check_recorded(r, name); };
+  for (int p = 0; p < size_; ++p) {
+    const size_t i = static_cast<size_t>(p);
+    // allgatherv: the same `count` elements go to every rank.
+    const char *block = gatherv ? send : send + v.sdispls[i] * es;
+    const size_t send_count = gatherv ? c.count : v.sendcounts[i];
+    const size_t recv_count = v.recvcounts[i];
+    char *dst = recv + v.rdispls[i] * es;
+    if (p == rank_) {
+      // recvcounts[rank] == the send count (checked by the core); the receive block bounds it.
+      if (recv_count > 0 && dst != block) {
+        cuda_check(cudaMemcpyAsync(dst, block, recv_count * es, cudaMemcpyDeviceToDevice, stream),
+                   "cudaMemcpyAsync");
+      }
+      continue;
+    }
+    if (send_count > 0) {
+      call(ncclSend(block, send_count, dt, p, comm_, stream),
+           gatherv ? "ncclSend (allgatherv)" : "ncclSend (alltoallv)");
+    }
+    if (recv_count > 0) {
+      call(ncclRecv(dst, recv_count, dt, p, comm_, stream),
+           gatherv ? "ncclRecv (allgatherv)" : "ncclRecv (alltoallv)");
     }
   }
 }

@@ -11,6 +11,7 @@
 
 #include "common/dtype.h"
 #include "common/host.h"
+#include "common/tables.h"
 #include "nccl/nccl_comm.h"
 
 #define MNCL_NCCL_STR2(x) #x
@@ -110,21 +111,28 @@ mncl_status_t nccl_test(void *comm, void *handle, int32_t *done) {
   return status;
 }
 
-constexpr uint32_t kCollMask = MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED);
+// Every kind: the coalesced allreduce as one NCCL group, allgatherv and alltoallv as grouped
+// ncclSend/ncclRecv with a count per rank.
+constexpr uint32_t kCollMask =
+    MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED) |
+    MNCL_COLL_BIT(MNCL_COLL_ALLGATHERV) | MNCL_COLL_BIT(MNCL_COLL_ALLTOALLV);
 
 }  // namespace
 
-MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = {
-    sizeof(mncl_plugin_v1_t),  // struct_size
+// The exported tables: v3, and the same functions as v2 and v1 for older cores (kit::as_v2
+// drops the v3 kinds). Positional initializers (C++17 has no designated ones): keep the field
+// comments in sync with mncl_plugin_v3.h.
+MNCL_PLUGIN_EXPORT const mncl_plugin_v3_t mncl_plugin_v3 = {
+    sizeof(mncl_plugin_v3_t),  // struct_size
     MNCL_PLUGIN_MAGIC,         // magic
-    MNCL_PLUGIN_ABI_V1,        // abi_version
+    MNCL_PLUGIN_ABI_V3,        // abi_version
     "nccl",                    // name
     "0.1.0 (NCCL " MNCL_NCCL_STR(NCCL_MAJOR) "." MNCL_NCCL_STR(NCCL_MINOR) "." MNCL_NCCL_STR(
         NCCL_PATCH) ")",  // version: the NCCL it was built against
     // caps: device pointers as they are, host buffers through device scratch memory,
     // enqueued on the caller's stream, post/test on CUDA events
     MNCL_CAP_CUDA_MEMORY | MNCL_CAP_HOST_MEMORY | MNCL_CAP_STREAM_ORDERED | MNCL_CAP_NATIVE_ASYNC,
-    kCollMask,            // coll_mask: every kind, the coalesced allreduce as one NCCL group
+    kCollMask,            // coll_mask: every kind
     kit::kAllDtypesMask,  // dtype_mask: all ten are NCCL types
     kit::kAllOpsMask,     // op_mask: avg is ncclAvg
     0,                    // reserved0
@@ -139,3 +147,5 @@ MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = {
     nccl_post,            // post
     nccl_test,            // test
 };
+MNCL_PLUGIN_EXPORT const mncl_plugin_v2_t mncl_plugin_v2 = kit::as_v2(mncl_plugin_v3);
+MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = kit::as_v1(mncl_plugin_v2);

@@ -151,16 +151,20 @@ mncl_status_t shm_execute(void *comm, const mncl_coll_v1_t *coll) {
   return kit::execute_on<Comm>(g_host, "shm execute", comm, coll);
 }
 
-constexpr uint32_t kCollMask = MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED);
+// Every kind, the coalesced allreduce and the v3 kinds with a count per rank included.
+constexpr uint32_t kCollMask =
+    MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED) |
+    MNCL_COLL_BIT(MNCL_COLL_ALLGATHERV) | MNCL_COLL_BIT(MNCL_COLL_ALLTOALLV);
 
 }  // namespace
 
-// Plugin ABI v2: execute() may run a collective, a SEND per peer and a RECV per peer at once
-// (shm_comm.h, "Threading"). The v1 copy, for cores that predate v2, drops that capability.
-MNCL_PLUGIN_EXPORT const mncl_plugin_v2_t mncl_plugin_v2 = {
-    sizeof(mncl_plugin_v2_t),                        // struct_size
+// Plugin ABI v3 (allgatherv, alltoallv), with v2's threading: execute() may run a collective,
+// a SEND per peer and a RECV per peer at once (shm_comm.h, "Threading"). The v2 copy drops the
+// v3 kinds, the v1 copy, for cores that predate v2, also that capability.
+MNCL_PLUGIN_EXPORT const mncl_plugin_v3_t mncl_plugin_v3 = {
+    sizeof(mncl_plugin_v3_t),                        // struct_size
     MNCL_PLUGIN_MAGIC,                               // magic
-    MNCL_PLUGIN_ABI_V2,                              // abi_version
+    MNCL_PLUGIN_ABI_V3,                              // abi_version
     "shm",                                           // name
     "0.1.0",                                         // version
     MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P,  // caps: host buffers, blocking, lanes
@@ -179,4 +183,5 @@ MNCL_PLUGIN_EXPORT const mncl_plugin_v2_t mncl_plugin_v2 = {
     nullptr,                                         // post
     nullptr,                                         // test
 };
+MNCL_PLUGIN_EXPORT const mncl_plugin_v2_t mncl_plugin_v2 = kit::as_v2(mncl_plugin_v3);
 MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = kit::as_v1(mncl_plugin_v2);

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/coll.h"
 #include "common/dtype.h"
 #include "common/host.h"
 #include "shm/fold.h"
@@ -21,6 +22,7 @@ namespace kit = mncl::kit;
 
 namespace {
 
+using mncl::kit::is_v_kind;
 using mncl::kit::kind_name;
 
 const unsigned char *bytes_at(const void *p, size_t off) {
@@ -552,6 +554,13 @@ void Comm::execute(const mncl_coll_v1_t &c) {
   Op op{kind_name(c.kind), c.seq, timeout_ms, Clock::now() + std::chrono::milliseconds(timeout_ms),
         p2p ? 0u : posts_};
   op.p2p = p2p;
+  // The core validated the descriptor; this only keeps a direct caller (a test) from making us
+  // read arrays that are not there.
+  if (is_v_kind(c.kind) && (c.counts == nullptr || c.nbufs != static_cast<size_t>(size_))) {
+    throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
+                     kit::format("%s: needs %d counts per array, got %zu%s", op.where().c_str(),
+                                 size_, c.nbufs, c.counts == nullptr ? " (counts is NULL)" : ""));
+  }
   if (!p2p) {  // the call stamp (issue 9): send/recv never stamp RankCtl::call
     const int32_t o = is_reduction(c.kind) ? c.op : -1, r = is_rooted(c.kind) ? c.root : -1;
     const int32_t dtype = c.kind == MNCL_COLL_BARRIER ? -1 : c.dtype;
@@ -560,6 +569,13 @@ void Comm::execute(const mncl_coll_v1_t &c) {
       op.count = 0;
       for (size_t i = 0; i < c.nbufs; ++i) op.count += c.counts[i];
     }
+    // Allgatherv: c.count is this rank's block; the total of recvcounts is the same everywhere
+    // (as naive's header). Alltoallv has no count every rank shares: its first round checks.
+    if (c.kind == MNCL_COLL_ALLGATHERV) {
+      op.count = 0;
+      for (size_t i = 0; i < c.nbufs; ++i) op.count += c.counts[i];
+    }
+    if (c.kind == MNCL_COLL_ALLTOALLV) op.count = 0;
     op.head = static_cast<uint64_t>(c.kind & 0xff) << 32 | static_cast<uint64_t>(dtype & 0xff)
                                                                << 40;
     op.op_root = static_cast<uint32_t>(o) | static_cast<uint64_t>(static_cast<uint32_t>(r)) << 32;
@@ -601,6 +617,10 @@ void Comm::execute(const mncl_coll_v1_t &c) {
       return recv(op, c);
     case MNCL_COLL_ALLREDUCE_COALESCED:
       return allreduce_coalesced(op, c);
+    case MNCL_COLL_ALLGATHERV:
+      return allgatherv(op, c);
+    case MNCL_COLL_ALLTOALLV:
+      return alltoallv(op, c);
     default:
       throw kit::Error(MNCL_ERR_NOT_SUPPORTED,
                        kit::format("shm: collective kind %d is not supported", c.kind));
@@ -844,6 +864,195 @@ void Comm::alltoall(Op &op, const mncl_coll_v1_t &c) {
             if (p == rank_) continue;
             std::memcpy(bytes_at(c.recvbuf, (static_cast<size_t>(p) * c.count + off) * es),
                         seg_.staging(p, h) + me * sub, m * es);
+          }
+        });
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kinds with a count per rank (plugin ABI v3). No rank may trust another's counts, and ranks
+// that disagree on them would run different numbers of rounds. So round 0 of every call (empty
+// ones too) stages this rank's count arrays in front of its data, and every rank checks every
+// rank's arrays before it reads any data: on a disagreement all of them fail together with
+// MNCL_ERR_REMOTE (fail_mismatch), before any rank has read a byte or run a second round. The
+// number of rounds then follows from counts every rank has seen, so it is the same everywhere.
+// Round j moves the bytes [off_j, off_j + room_j) of each block; round 0 has less room (the
+// arrays come first).
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+// Bytes of the count arrays at the front of round 0's staging: allgatherv's recvcounts, or
+// alltoallv's sendcounts then recvcounts, as uint64_t; a cache line multiple.
+size_t v_arrays_bytes(int32_t kind, int n) {
+  const size_t words = static_cast<size_t>(n) * (kind == MNCL_COLL_ALLTOALLV ? 2 : 1);
+  return (words * sizeof(uint64_t) + 63) / 64 * 64;
+}
+uint64_t load_word(const unsigned char *p, size_t i) {
+  uint64_t v;
+  std::memcpy(&v, p + i * sizeof v, sizeof v);
+  return v;
+}
+void store_word(unsigned char *p, size_t i, uint64_t v) {
+  std::memcpy(p + i * sizeof v, &v, sizeof v);
+}
+
+// The rounds of a v-collective: `first` bytes of each block in round 0, `room` in each later one.
+struct VRounds {
+  size_t first, room;
+  size_t off(size_t j) const { return j == 0 ? 0 : first + (j - 1) * room; }
+  size_t cap(size_t j) const { return j == 0 ? first : room; }
+  // How much of a block of `len` bytes round j moves.
+  size_t piece(size_t j, size_t len) const {
+    return len > off(j) ? std::min(cap(j), len - off(j)) : 0;
+  }
+  size_t count_for(size_t max_len) const {
+    return max_len <= first ? 1 : 1 + (max_len - first + room - 1) / room;
+  }
+};
+
+// A per-destination sub-slot of `room` bytes split n ways, on cache lines where it can be.
+size_t per_peer(size_t room, int n) {
+  const size_t each = room / static_cast<size_t>(n);
+  return each >= 64 ? each / 64 * 64 : each;
+}
+
+}  // namespace
+
+size_t Comm::v_arrays(Op &op, int32_t kind) {
+  const size_t bytes = v_arrays_bytes(kind, size_);
+  // chunk_ and size_ are the same on every rank, so all refuse together (never with >= 64K
+  // chunks below 4096 ranks).
+  if (bytes >= chunk_) {
+    throw kit::Error(MNCL_ERR_NOT_SUPPORTED,
+                     kit::format("%s: %d ranks' counts do not fit a %zu-byte staging chunk "
+                                 "(raise MNCL_SHM_CHUNK)",
+                                 op.where().c_str(), size_, chunk_));
+  }
+  return bytes;
+}
+
+void Comm::allgatherv(Op &op, const mncl_coll_v1_t &c) {
+  const size_t es = kit::dtype_size(c.dtype);
+  const kit::VLayout v = kit::v_layout(c);
+  const size_t n = static_cast<size_t>(size_), me = static_cast<size_t>(rank_);
+  if (c.count != v.recvcounts[me]) {
+    throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
+                     kit::format("%s: sends %zu elements but recvcounts[%d] is %zu",
+                                 op.where().c_str(), c.count, rank_, v.recvcounts[me]));
+  }
+  auto out = [&](size_t p) { return bytes_at(c.recvbuf, v.rdispls[p] * es); };
+  const size_t mine = c.count * es;
+  copy_block(out(me), c.sendbuf, mine);  // in place: already there
+  if (size_ == 1) return;
+  const size_t arrays = v_arrays(op, c.kind);
+  const VRounds r{chunk_ - arrays, chunk_};
+  size_t rounds = 1;  // the rest is known once round 0 has checked the counts
+  for (size_t j = 0; j < rounds; ++j) {
+    const size_t skip = j == 0 ? arrays : 0;
+    round(
+        op, true, Who::kAll, -1,
+        [&](unsigned char *st) {
+          if (j == 0) {
+            for (size_t i = 0; i < n; ++i) store_word(st, i, v.recvcounts[i]);
+          }
+          const size_t m = r.piece(j, mine);
+          if (m > 0) std::memcpy(st + skip, bytes_at(c.sendbuf, r.off(j)), m);
+        },
+        [&](int h) {
+          if (j == 0) {
+            size_t longest = 0;
+            for (size_t p = 0; p < n; ++p) {
+              longest = std::max(longest, v.recvcounts[p] * es);
+              if (p == me) continue;
+              const unsigned char *theirs = seg_.staging(static_cast<int>(p), h);
+              for (size_t i = 0; i < n; ++i) {
+                if (load_word(theirs, i) == v.recvcounts[i]) continue;
+                fail_mismatch(op, kit::format("%s: mismatched counts: rank %zu passes "
+                                              "recvcounts[%zu] = %llu where rank %d passes %zu "
+                                              "(recvcounts must be the same on every rank)",
+                                              op.where().c_str(), p, i,
+                                              static_cast<unsigned long long>(load_word(theirs, i)),
+                                              rank_, v.recvcounts[i]));
+              }
+            }
+            rounds = r.count_for(longest);
+          }
+          for (size_t p = 0; p < n; ++p) {
+            const size_t m = p == me ? 0 : r.piece(j, v.recvcounts[p] * es);
+            if (m > 0) {
+              std::memcpy(out(p) + r.off(j), seg_.staging(static_cast<int>(p), h) + skip, m);
+            }
+          }
+        });
+  }
+}
+
+// Round j stages, for each destination d, its part of block d in sub-slot d of the staging half.
+void Comm::alltoallv(Op &op, const mncl_coll_v1_t &c) {
+  const size_t es = kit::dtype_size(c.dtype);
+  const kit::VLayout v = kit::v_layout(c);
+  const size_t n = static_cast<size_t>(size_), me = static_cast<size_t>(rank_);
+  if (v.sendcounts[me] != v.recvcounts[me]) {
+    throw kit::Error(
+        MNCL_ERR_INVALID_ARGUMENT,
+        kit::format("%s: sendcounts[%d] is %zu but recvcounts[%d] is %zu", op.where().c_str(),
+                    rank_, v.sendcounts[me], rank_, v.recvcounts[me]));
+  }
+  auto in = [&](size_t d) { return bytes_at(c.sendbuf, v.sdispls[d] * es); };
+  auto out = [&](size_t p) { return bytes_at(c.recvbuf, v.rdispls[p] * es); };
+  // Never in place (the core refuses overlaps), so the own block can go first.
+  copy_block(out(me), in(me), v.recvcounts[me] * es);
+  if (size_ == 1) return;
+  const size_t arrays = v_arrays(op, c.kind);
+  const VRounds r{per_peer(chunk_ - arrays, size_), per_peer(chunk_, size_)};
+  size_t rounds = 1;  // the rest is known once round 0 has checked the counts
+  for (size_t j = 0; j < rounds; ++j) {
+    const size_t skip = j == 0 ? arrays : 0;
+    round(
+        op, true, Who::kAll, -1,
+        [&](unsigned char *st) {
+          if (j == 0) {
+            for (size_t i = 0; i < n; ++i) {
+              store_word(st, i, v.sendcounts[i]);
+              store_word(st, n + i, v.recvcounts[i]);
+            }
+          }
+          for (size_t d = 0; d < n; ++d) {
+            const size_t m = d == me ? 0 : r.piece(j, v.sendcounts[d] * es);
+            if (m > 0) std::memcpy(st + skip + d * r.cap(j), in(d) + r.off(j), m);
+          }
+        },
+        [&](int h) {
+          if (j == 0) {
+            // Every pair, not only this rank's: all ranks then fail together (see above).
+            size_t longest = 0;
+            for (size_t s = 0; s < n; ++s) {
+              const unsigned char *from = seg_.staging(static_cast<int>(s), h);
+              for (size_t d = 0; d < n; ++d) {
+                if (d == s) continue;
+                const uint64_t sends = load_word(from, d);
+                const uint64_t expects = load_word(seg_.staging(static_cast<int>(d), h), n + s);
+                if (sends != expects) {
+                  fail_mismatch(
+                      op, kit::format("%s: mismatched counts: rank %zu sends %llu "
+                                      "elements to rank %zu, which expects %llu from it "
+                                      "(do sendcounts and recvcounts agree across "
+                                      "ranks?)",
+                                      op.where().c_str(), s, static_cast<unsigned long long>(sends),
+                                      d, static_cast<unsigned long long>(expects)));
+                }
+                longest = std::max(longest, static_cast<size_t>(sends) * es);
+              }
+            }
+            rounds = r.count_for(longest);
+          }
+          for (size_t p = 0; p < n; ++p) {
+            const size_t m = p == me ? 0 : r.piece(j, v.recvcounts[p] * es);
+            if (m > 0) {
+              std::memcpy(out(p) + r.off(j),
+                          seg_.staging(static_cast<int>(p), h) + skip + me * r.cap(j), m);
+            }
           }
         });
   }

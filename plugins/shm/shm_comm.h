@@ -29,6 +29,11 @@
 //                      sees each input read once and each output written once.
 //   reduce_scatter     rounds of n sub-blocks; rank r folds block r in rank order.
 //   allgather, gather, bcast, scatter, alltoall: rounds of staged copies.
+//   allgatherv, alltoallv (plugin ABI v3): the same, with a round 0 that always runs (empty
+//                      calls too) and carries every rank's count arrays ahead of its data;
+//                      each rank checks all of them before reading anything, so ranks whose
+//                      counts disagree all fail with MNCL_ERR_REMOTE instead of running
+//                      different numbers of rounds or reading past a block.
 //   allreduce_coalesced: packed into one buffer, one allreduce, unpacked.
 //   barrier            one post, wait for all.
 //   send/recv          a two-slot channel per ordered pair: a message of up to 2 slots is
@@ -133,6 +138,9 @@ class Comm {
   void allgather(Op &op, const mncl_coll_v1_t &c);
   void reduce_scatter(Op &op, const mncl_coll_v1_t &c);
   void alltoall(Op &op, const mncl_coll_v1_t &c);
+  void allgatherv(Op &op, const mncl_coll_v1_t &c);
+  void alltoallv(Op &op, const mncl_coll_v1_t &c);
+  size_t v_arrays(Op &op, int32_t kind);  // round 0's count arrays, in bytes
   void barrier(Op &op);
   void send(Op &op, const mncl_coll_v1_t &c);
   void recv(Op &op, const mncl_coll_v1_t &c);

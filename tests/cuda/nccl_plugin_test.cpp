@@ -87,8 +87,19 @@ TEST_F(NcclPlugin, AdvertisesWhatItImplements) {
   const uint64_t caps =
       MNCL_CAP_CUDA_MEMORY | MNCL_CAP_HOST_MEMORY | MNCL_CAP_STREAM_ORDERED | MNCL_CAP_NATIVE_ASYNC;
   EXPECT_EQ(table_->caps, caps);
-  EXPECT_EQ(table_->coll_mask,
-            MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED));
+  // v1 (and v2) tables carry no v3 kind; the v3 table adds allgatherv and alltoallv.
+  const uint32_t v1_mask = MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED);
+  EXPECT_EQ(table_->coll_mask, v1_mask);
+  const auto *v2 = static_cast<const mncl_plugin_v2_t *>(dlsym(handle_, MNCL_PLUGIN_V2_SYMBOL));
+  ASSERT_NE(v2, nullptr);
+  EXPECT_EQ(v2->abi_version, MNCL_PLUGIN_ABI_V2);
+  EXPECT_EQ(v2->coll_mask, v1_mask);
+  const auto *v3 = static_cast<const mncl_plugin_v3_t *>(dlsym(handle_, MNCL_PLUGIN_V3_SYMBOL));
+  ASSERT_NE(v3, nullptr);
+  EXPECT_EQ(v3->struct_size, sizeof(mncl_plugin_v3_t));
+  EXPECT_EQ(v3->abi_version, MNCL_PLUGIN_ABI_V3);
+  EXPECT_EQ(v3->coll_mask, MNCL_COLL_MASK_ALL_V3);
+  EXPECT_EQ(v3->execute, table_->execute);
   EXPECT_EQ(table_->dtype_mask, (1u << MNCL_NUM_DTYPES) - 1);
   EXPECT_EQ(table_->op_mask, (1u << MNCL_NUM_OPS) - 1);
   EXPECT_NE(table_->post, nullptr);
