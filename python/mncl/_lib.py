@@ -117,6 +117,12 @@ _SIGNATURES = {
     "mncl_irecv": (c_status, [c_handle, _P, _N, _I, _I, _P, _R]),
     "mncl_iallreduce_coalesced": (
         c_status, [c_handle, c_voidp_p, c_voidp_p, c_size_p, _N, _I, _I, _P, _R]),
+    "mncl_allgatherv": (c_status, [c_handle, _P, _N, _P, c_size_p, c_size_p, _I, _P]),
+    "mncl_alltoallv": (
+        c_status, [c_handle, _P, c_size_p, c_size_p, _P, c_size_p, c_size_p, _I, _P]),
+    "mncl_iallgatherv": (c_status, [c_handle, _P, _N, _P, c_size_p, c_size_p, _I, _P, _R]),
+    "mncl_ialltoallv": (
+        c_status, [c_handle, _P, c_size_p, c_size_p, _P, c_size_p, c_size_p, _I, _P, _R]),
     "mncl_test": (c_status, [c_handle, ctypes.POINTER(_I)]),
     "mncl_wait": (c_status, [c_handle, ctypes.c_int64]),
 }

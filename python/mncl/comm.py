@@ -374,6 +374,70 @@ class Communicator:
         return self._start(lib.mncl_ialltoall,
                            self._alltoall_call(sendbuf, recvbuf, dtype, "ialltoall"))
 
+    def _packed(self, counts, what, name):
+        """A size_t array of one count per rank, and its packed displacements (prefix sums)."""
+        counts = [int(c) for c in counts]
+        if len(counts) != self.size:
+            raise ValueError(f"mncl: {what}: {name} has {len(counts)} entries, expected "
+                             f"{self.size} (one per rank)")
+        if any(c < 0 for c in counts):
+            raise ValueError(f"mncl: {what}: {name} has a negative count")
+        displs = [0] * self.size
+        for i in range(1, self.size):
+            displs[i] = displs[i - 1] + counts[i - 1]
+        n = self.size
+        return (ctypes.c_size_t * n)(*counts), (ctypes.c_size_t * n)(*displs), sum(counts)
+
+    def _allgatherv_call(self, sendbuf, counts, recvbuf, dtype, what):
+        send, code = _input(sendbuf, dtype)
+        c_counts, c_displs, total = self._packed(counts, what, "counts")
+        recv = _matching_output(recvbuf, send, code, dtype, total, what, shape=(total,))
+        args = (_ptr(send), send.size, _ptr(recv), c_counts, c_displs, code)
+        return args, recv, (send, recv, c_counts, c_displs)
+
+    def allgatherv(self, sendbuf, counts=None, recvbuf=None, *, dtype=None):
+        """Every rank's sendbuf (of any size), concatenated in rank order: a 1-D array of
+        sum(counts) elements. counts[i] is rank i's element count; None exchanges the sizes
+        first (one more allgather)."""
+        send, _ = _input(sendbuf, dtype)
+        if counts is None:
+            counts = self.allgather(np.array([send.size], np.int64)).ravel()
+        return self._run(lib.mncl_allgatherv,
+                         self._allgatherv_call(send, counts, recvbuf, dtype, "allgatherv"))
+
+    def iallgatherv(self, sendbuf, counts, recvbuf=None, *, dtype=None):
+        """Non-blocking allgatherv (counts required): a Request whose wait() returns recvbuf."""
+        return self._start(lib.mncl_iallgatherv,
+                           self._allgatherv_call(sendbuf, counts, recvbuf, dtype, "iallgatherv"))
+
+    def _alltoallv_call(self, sendbuf, sendcounts, recvcounts, recvbuf, dtype, what):
+        send, code = _input(sendbuf, dtype)
+        c_send, c_sdispls, send_total = self._packed(sendcounts, what, "sendcounts")
+        if send_total != send.size:
+            raise ValueError(f"mncl: {what}: sendcounts add up to {send_total} elements, "
+                             f"sendbuf has {send.size}")
+        c_recv, c_rdispls, total = self._packed(recvcounts, what, "recvcounts")
+        recv = _matching_output(recvbuf, send, code, dtype, total, what, shape=(total,))
+        args = (_ptr(send), c_send, c_sdispls, _ptr(recv), c_recv, c_rdispls, code)
+        return args, recv, (send, recv, c_send, c_sdispls, c_recv, c_rdispls)
+
+    def alltoallv(self, sendbuf, sendcounts, recvcounts=None, recvbuf=None, *, dtype=None):
+        """sendbuf holds one block per rank, in rank order, of sendcounts[j] elements; returns
+        the blocks received from every rank, concatenated in rank order (1-D). recvcounts None
+        exchanges the counts first (one more alltoall)."""
+        if recvcounts is None:
+            recvcounts = self.alltoall(np.asarray([int(c) for c in sendcounts], np.int64))
+        return self._run(lib.mncl_alltoallv,
+                         self._alltoallv_call(sendbuf, sendcounts, recvcounts, recvbuf, dtype,
+                                              "alltoallv"))
+
+    def ialltoallv(self, sendbuf, sendcounts, recvcounts, recvbuf=None, *, dtype=None):
+        """Non-blocking alltoallv (recvcounts required): a Request whose wait() returns
+        recvbuf."""
+        return self._start(lib.mncl_ialltoallv,
+                           self._alltoallv_call(sendbuf, sendcounts, recvcounts, recvbuf, dtype,
+                                                "ialltoallv"))
+
     def barrier(self):
         """Returns once every rank has entered the barrier."""
         self._run(lib.mncl_barrier, ((), None, ()))

@@ -525,6 +525,116 @@ void check_coalesced(mncl_dtype_t dt, mncl_op_t op, const std::vector<size_t> &c
   }
 }
 
+// Counts per rank (allgatherv) or per pair (alltoallv), and where the blocks go. Shapes mix
+// zeros, small and (kLarge) multi-slot blocks; layouts are packed in rank order, or reversed
+// with gaps whose elements (Buf's fill) must come back untouched.
+enum class VShape { kUneven, kLarge };
+enum class VLayout { kPacked, kReversedWithGaps };
+size_t v_count(VShape shape, int from, int to, int seed) {
+  const uint64_t h = hash3(from, static_cast<size_t>(to), seed);
+  if (shape == VShape::kUneven) return h % 4 == 0 ? 0 : h % 13;  // some blocks empty
+  return (from + to) % 3 == 0 ? 0 : 3000 + h % 9000;  // up to ~12 K elements (96 KiB in fp64)
+}
+// Displacements of blocks of `counts`; *extent receives the elements the buffer needs.
+std::vector<size_t> v_displs(VLayout layout, const std::vector<size_t> &counts, size_t *extent) {
+  std::vector<size_t> d(counts.size());
+  size_t at = layout == VLayout::kPacked ? 0 : 5;
+  for (size_t k = 0; k < counts.size(); ++k) {
+    const size_t r = layout == VLayout::kPacked ? k : counts.size() - 1 - k;
+    d[r] = at;
+    at += counts[r] + (layout == VLayout::kPacked ? 0 : 3);
+  }
+  *extent = at;
+  return d;
+}
+std::string v_describe(const char *coll, mncl_dtype_t dt, VShape shape, VLayout layout,
+                       bool in_place) {
+  std::ostringstream s;
+  s << coll << " " << dtype_str(dt) << (shape == VShape::kUneven ? " uneven" : " large")
+    << (layout == VLayout::kPacked ? " packed" : " reversed-with-gaps")
+    << (in_place ? " in-place" : "");
+  return s.str();
+}
+
+// Rank r contributes pattern(r, k) for k < v_count(shape, r, 0); every rank receives all.
+void check_allgatherv(mncl_dtype_t dt, VShape shape, VLayout layout, bool in_place, int seed,
+                      bool nonblocking = false) {
+  const std::string what = v_describe("allgatherv", dt, shape, layout, in_place);
+  std::vector<size_t> counts(static_cast<size_t>(g_size));
+  for (int r = 0; r < g_size; ++r) counts[static_cast<size_t>(r)] = v_count(shape, r, 0, seed);
+  size_t extent = 0;
+  const std::vector<size_t> displs = v_displs(layout, counts, &extent);
+  Buf recv(dt, extent);
+  Buf want = recv;  // gaps keep Buf's fill
+  for (int r = 0; r < g_size; ++r) {
+    const size_t u = static_cast<size_t>(r);
+    want.copy_from(displs[u], pattern_data(dt, r, counts[u], seed), 0, counts[u]);
+  }
+  const size_t me = static_cast<size_t>(g_rank);
+  const Buf mine = pattern_data(dt, g_rank, counts[me], seed);
+  const void *send = mine.data();
+  if (in_place) {
+    recv.copy_from(displs[me], mine, 0, counts[me]);
+    send = recv.at(displs[me]);
+  }
+  if (nonblocking) {
+    mncl_request_t req = nullptr;
+    MNCL_CALL(mncl_iallgatherv(g_comm, send, counts[me], recv.data(), counts.data(), displs.data(),
+                               dt, nullptr, &req));
+    MNCL_CALL(mncl_wait(req, -1));
+  } else {
+    MNCL_CALL(mncl_allgatherv(g_comm, send, counts[me], recv.data(), counts.data(), displs.data(),
+                              dt, nullptr));
+  }
+  expect_same(recv, want, what);
+  if (!in_place) {
+    expect_same(mine, pattern_data(dt, g_rank, counts[me], seed),
+                what + " (sendbuf must stay unchanged)");
+  }
+}
+
+// The block from rank i to rank j holds pattern(i, k) with seed + 31 * j.
+void check_alltoallv(mncl_dtype_t dt, VShape shape, VLayout layout, int seed,
+                     bool nonblocking = false) {
+  const std::string what = v_describe("alltoallv", dt, shape, layout, false);
+  const size_t n = static_cast<size_t>(g_size);
+  std::vector<size_t> sendcounts(n), recvcounts(n);
+  for (int p = 0; p < g_size; ++p) {
+    sendcounts[static_cast<size_t>(p)] = v_count(shape, g_rank, p, seed);
+    recvcounts[static_cast<size_t>(p)] = v_count(shape, p, g_rank, seed);
+  }
+  size_t send_extent = 0, recv_extent = 0;
+  // The send side uses the other layout, so both layouts meet on both sides across the cases.
+  const VLayout other = layout == VLayout::kPacked ? VLayout::kReversedWithGaps : VLayout::kPacked;
+  const std::vector<size_t> sdispls = v_displs(other, sendcounts, &send_extent);
+  const std::vector<size_t> rdispls = v_displs(layout, recvcounts, &recv_extent);
+  Buf send(dt, send_extent);
+  for (int p = 0; p < g_size; ++p) {
+    const size_t u = static_cast<size_t>(p);
+    send.copy_from(sdispls[u], pattern_data(dt, g_rank, sendcounts[u], seed + 31 * p), 0,
+                   sendcounts[u]);
+  }
+  const Buf send_copy = send;
+  Buf recv(dt, recv_extent);
+  Buf want = recv;
+  for (int p = 0; p < g_size; ++p) {
+    const size_t u = static_cast<size_t>(p);
+    want.copy_from(rdispls[u], pattern_data(dt, p, recvcounts[u], seed + 31 * g_rank), 0,
+                   recvcounts[u]);
+  }
+  if (nonblocking) {
+    mncl_request_t req = nullptr;
+    MNCL_CALL(mncl_ialltoallv(g_comm, send.data(), sendcounts.data(), sdispls.data(), recv.data(),
+                              recvcounts.data(), rdispls.data(), dt, nullptr, &req));
+    MNCL_CALL(mncl_wait(req, -1));
+  } else {
+    MNCL_CALL(mncl_alltoallv(g_comm, send.data(), sendcounts.data(), sdispls.data(), recv.data(),
+                             recvcounts.data(), rdispls.data(), dt, nullptr));
+  }
+  expect_same(recv, want, what);
+  expect_same(send, send_copy, what + " (sendbuf must stay unchanged)");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Environment and output
 // ---------------------------------------------------------------------------------------------
@@ -739,12 +849,28 @@ TEST_P(SendRecv, RingAndPairwise) {
   if (g_size % 2 == 0) check_pairwise(dt(), 16);
 }
 
+using Allgatherv = DtypeTest;
+TEST_P(Allgatherv, CountsLayoutsAndForms) {
+  for (VShape shape : {VShape::kUneven, VShape::kLarge})
+    for (VLayout layout : {VLayout::kPacked, VLayout::kReversedWithGaps})
+      for (bool in_place : {false, true}) check_allgatherv(dt(), shape, layout, in_place, 17);
+}
+
+using Alltoallv = DtypeTest;
+TEST_P(Alltoallv, CountsAndLayouts) {
+  for (VShape shape : {VShape::kUneven, VShape::kLarge})
+    for (VLayout layout : {VLayout::kPacked, VLayout::kReversedWithGaps})
+      check_alltoallv(dt(), shape, layout, 18);
+}
+
 INSTANTIATE_TEST_SUITE_P(All, Bcast, ::testing::ValuesIn(kDtypes), dtype_name);
 INSTANTIATE_TEST_SUITE_P(All, Scatter, ::testing::ValuesIn(kDtypes), dtype_name);
 INSTANTIATE_TEST_SUITE_P(All, Gather, ::testing::ValuesIn(kDtypes), dtype_name);
 INSTANTIATE_TEST_SUITE_P(All, Allgather, ::testing::ValuesIn(kDtypes), dtype_name);
 INSTANTIATE_TEST_SUITE_P(All, Alltoall, ::testing::ValuesIn(kDtypes), dtype_name);
 INSTANTIATE_TEST_SUITE_P(All, SendRecv, ::testing::ValuesIn(kDtypes), dtype_name);
+INSTANTIATE_TEST_SUITE_P(All, Allgatherv, ::testing::ValuesIn(kDtypes), dtype_name);
+INSTANTIATE_TEST_SUITE_P(All, Alltoallv, ::testing::ValuesIn(kDtypes), dtype_name);
 
 TEST_F(Conformance, BarrierRepeated) {
   for (int i = 0; i < 5; ++i) MNCL_CALL(mncl_barrier(g_comm, nullptr));
@@ -899,6 +1025,9 @@ TEST_P(NonBlocking, EachCollective) {
       expect_same(buf, static_cast<size_t>(i) * n, pattern_data(d, i, total, 27),
                   static_cast<size_t>(g_rank) * n, n, "ialltoall block " + std::to_string(i));
   }
+  // iallgatherv / ialltoallv (completed by wait: their checks own the request)
+  check_allgatherv(d, VShape::kUneven, VLayout::kReversedWithGaps, false, 31, true);
+  check_alltoallv(d, VShape::kUneven, VLayout::kReversedWithGaps, 32, true);
   {  // ibarrier
     MNCL_CALL(mncl_ibarrier(g_comm, nullptr, &req));
     complete(req, by_test, "mncl_ibarrier");
@@ -1791,6 +1920,52 @@ TEST_F(Conformance, ErrorsBadArguments) {
   EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT,
                     mncl_allreduce_coalesced(g_comm, sendbufs, recvbufs, counts, 2, MNCL_INT32,
                                              MNCL_SUM, nullptr));
+  // allgatherv / alltoallv: what one rank can check (every rank makes the same bad call).
+  {
+    const size_t n = static_cast<size_t>(g_size), me = static_cast<size_t>(g_rank);
+    std::vector<size_t> counts(n, 2), displs(n), zeros(n, 0);
+    for (size_t r = 0; r < n; ++r) displs[r] = 2 * r;
+    Buf recv(MNCL_INT32, 2 * n + 2), send(MNCL_INT32, 2 * n);
+    EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT,
+                      mncl_allgatherv(g_comm, a.data(), 2, recv.data(), nullptr, displs.data(),
+                                      MNCL_INT32, nullptr));
+    EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT,
+                      mncl_allgatherv(g_comm, a.data(), 3, recv.data(), counts.data(),
+                                      displs.data(), MNCL_INT32, nullptr));  // != recvcounts[me]
+    if (n > 1) {
+      std::vector<size_t> overlapping = displs;
+      overlapping[n - 1] = overlapping[n - 2] + 1;  // two blocks share an element
+      EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT,
+                        mncl_allgatherv(g_comm, a.data(), 2, recv.data(), counts.data(),
+                                        overlapping.data(), MNCL_INT32, nullptr));
+    }
+    std::vector<size_t> huge = counts;
+    huge[me] = SIZE_MAX / 2;
+    EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT,
+                      mncl_allgatherv(g_comm, a.data(), huge[me], recv.data(), huge.data(),
+                                      displs.data(), MNCL_INT32, nullptr));
+    EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT,
+                      mncl_alltoallv(g_comm, send.data(), counts.data(), displs.data(), send.data(),
+                                     counts.data(), displs.data(), MNCL_INT32,
+                                     nullptr));  // no in-place form
+    EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT,
+                      mncl_alltoallv(g_comm, send.data(), counts.data(), nullptr, recv.data(),
+                                     counts.data(), displs.data(), MNCL_INT32, nullptr));
+    std::vector<size_t> self = counts;
+    self[me] = 1;  // this rank's block to itself: 2 sent, 1 expected
+    EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT,
+                      mncl_alltoallv(g_comm, send.data(), counts.data(), displs.data(), recv.data(),
+                                     self.data(), displs.data(), MNCL_INT32, nullptr));
+    EXPECT_MNCL_ERROR(
+        MNCL_ERR_INVALID_ARGUMENT,
+        mncl_ialltoallv(g_comm, send.data(), counts.data(), displs.data(), recv.data(),
+                        counts.data(), displs.data(), MNCL_INT32, nullptr, nullptr));
+    // All counts 0 with NULL buffers is a valid no-op.
+    EXPECT_EQ(mncl_alltoallv(g_comm, nullptr, zeros.data(), zeros.data(), nullptr, zeros.data(),
+                             zeros.data(), MNCL_INT32, nullptr),
+              MNCL_OK)
+        << mncl_last_error();
+  }
   // Queries.
   int v = 0;
   const char *name = nullptr;

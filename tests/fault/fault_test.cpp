@@ -16,7 +16,8 @@
 //   fault_test killed|stalled|late|mismatch|abort|abort_destroy|recovery|watchdog|store_bind|
 //              store_token
 //              [--backend B] [--ranks N] [--timeout S] [--runs N] [--debug-checks 0|1]
-//              [--case allreduce_vs_bcast|count|dtype|root] [--netns NS0,NS1 --hosts A0,A1]
+//              [--case allreduce_vs_bcast|count|dtype|root|allgatherv|alltoallv]
+//              [--netns NS0,NS1 --hosts A0,A1]
 //              [--launcher fork|mpirun] [--mpirun PATH] [--mpirun-arg ARG]... [--expect-job-end]
 #include <fcntl.h>
 #include <mncl/mncl.h>
@@ -272,7 +273,35 @@ int worker_mismatch(Worker &w) {
   if (mncl_barrier(comm, nullptr) != MNCL_OK) return fail_create(w, MNCL_ERR_INTERNAL);
   const int64_t t0 = now_ns();
   mncl_status_t st;
-  if (bcast) {
+  bool correct = true;
+  if (which == "allgatherv" || which == "alltoallv") {
+    // Variant B expects 10 elements from rank 0, which (even: variant A) sends 20; every rank's
+    // own arguments are consistent, so only the peers can tell.
+    const size_t n = static_cast<size_t>(w.size), me = static_cast<size_t>(w.rank);
+    std::vector<size_t> counts(n, 20), displs(n), sendcounts(n, 20);
+    if (b) counts[0] = 10;
+    for (size_t i = 1; i < n; ++i) displs[i] = displs[i - 1] + counts[i - 1];
+    const size_t total = displs[n - 1] + counts[n - 1];
+    std::vector<int32_t> send(which == "alltoallv" ? 20 * n : counts[me]), recv(total, -1);
+    for (size_t i = 0; i < send.size(); ++i) send[i] = static_cast<int32_t>(w.rank * 1000 + i);
+    std::vector<size_t> sdispls(n);
+    for (size_t i = 0; i < n; ++i) sdispls[i] = 20 * i;
+    if (which == "allgatherv") {
+      st = mncl_allgatherv(comm, send.data(), counts[me], recv.data(), counts.data(), displs.data(),
+                           MNCL_INT32, nullptr);
+    } else {
+      st = mncl_alltoallv(comm, send.data(), sendcounts.data(), sdispls.data(), recv.data(),
+                          counts.data(), displs.data(), MNCL_INT32, nullptr);
+    }
+    // Judged against this rank's own call: block i holds rank i's first counts[i] elements
+    // (allgatherv) or the counts[i] elements rank i sent here (alltoallv).
+    for (size_t i = 0; st == MNCL_OK && i < n; ++i) {
+      const size_t first = which == "alltoallv" ? 20 * me : 0;
+      for (size_t k = 0; k < counts[i]; ++k) {
+        if (recv[displs[i] + k] != static_cast<int32_t>(i * 1000 + first + k)) correct = false;
+      }
+    }
+  } else if (bcast) {
     st = f ? mncl_bcast(comm, fs.data(), count, dtype, root, nullptr)
            : mncl_bcast(comm, is.data(), count, dtype, root, nullptr);
   } else {
@@ -280,8 +309,7 @@ int worker_mismatch(Worker &w) {
            : mncl_allreduce(comm, is.data(), ir.data(), count, dtype, MNCL_SUM, nullptr);
   }
   const int64_t t1 = now_ns();
-  bool correct = true;
-  if (st == MNCL_OK) {
+  if (st == MNCL_OK && which != "allgatherv" && which != "alltoallv") {
     for (size_t i = 0; i < count; ++i) {
       const double expect = bcast ? static_cast<double>((root + 1) * (i + 1))
                                   : static_cast<double>(w.size * (w.size + 1) / 2 * (i + 1));
@@ -823,7 +851,8 @@ int drive_mismatch(const Options &o) {
       {"allreduce_vs_bcast", {"allreduce(", "bcast("}},
       {"count", {"count 20", "count 10"}},
       {"dtype", {"float32", "int32"}},
-      {"root", {"root 0", "root 1"}}};
+      {"root", {"root 0", "root 1"}},
+      {"allgatherv", {"recvcounts 20", "recvcounts 10"}}};
   int wrong = 0, errors = 0, oks = 0, slow = 0, unnamed = 0, lost = 0;
   double max_fail_s = 0;
   std::map<std::string, int> statuses;

@@ -112,6 +112,32 @@ TEST_F(Frontends, TypedCollectives) {
   comm().barrier();
 }
 
+TEST_F(Frontends, VariableCountCollectives) {
+  // Rank r contributes r elements of value r (rank 0 none).
+  const std::vector<int32_t> mine(static_cast<std::size_t>(rank()), rank());
+  const auto everyone = comm().allgatherv(mine);
+  std::vector<int32_t> want;
+  for (int r = 0; r < size(); ++r) want.insert(want.end(), static_cast<std::size_t>(r), r);
+  EXPECT_EQ(everyone, want);
+
+  // Rank r sends (r + j) % 3 elements of value 10 * r + j to rank j.
+  std::vector<std::size_t> sendcounts(size()), recvcounts(size());
+  std::vector<int32_t> send, expected;
+  for (int j = 0; j < size(); ++j) {
+    sendcounts[j] = static_cast<std::size_t>((rank() + j) % 3);
+    recvcounts[j] = static_cast<std::size_t>((j + rank()) % 3);
+    send.insert(send.end(), sendcounts[j], 10 * rank() + j);
+    expected.insert(expected.end(), recvcounts[j], 10 * j + rank());
+  }
+  std::vector<int32_t> got(expected.size());
+  comm().alltoallv(send, sendcounts, got, recvcounts);
+  EXPECT_EQ(got, expected);
+  std::vector<int32_t> too_small;
+  if (!expected.empty()) {
+    EXPECT_THROW(comm().alltoallv(send, sendcounts, too_small, recvcounts), mncl::InvalidArgument);
+  }
+}
+
 TEST_F(Frontends, LocalSizeMismatchThrowsBeforeSending) {
   std::vector<float> send(4), recv(3);
   EXPECT_THROW(comm().allreduce(send, recv), mncl::InvalidArgument);

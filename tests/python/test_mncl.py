@@ -84,6 +84,26 @@ a2a = comm.alltoall(np.arange(n * 2, dtype=np.int32) + 100 * r)
 want = np.array([100 * j + 2 * r + k for j in range(n) for k in range(2)])
 expect(np.array_equal(a2a, want), "alltoall")
 
+# allgatherv / alltoallv: uneven blocks (rank 0's may be empty), packed in rank order.
+agv = comm.allgatherv(np.arange(r, dtype=np.int32) + 10 * r)  # counts exchanged first
+want = np.concatenate([np.arange(i, dtype=np.int32) + 10 * i for i in range(n)])
+expect(agv.dtype == np.int32 and np.array_equal(agv, want), f"allgatherv {agv}")
+out = np.full(n * (n - 1) // 2, -1, np.int32)
+agv = comm.iallgatherv(np.arange(r, dtype=np.int32) + 10 * r, list(range(n)), out).wait()
+expect(agv is out and np.array_equal(out, want), "iallgatherv into recvbuf")
+sendcounts = [(r + j) % 3 for j in range(n)]  # rank r sends (r + j) % 3 elements to rank j
+send = np.concatenate([np.full(c, 100 * r + j, np.float64) for j, c in enumerate(sendcounts)])
+a2av = comm.alltoallv(send, sendcounts)  # recvcounts exchanged first
+want = np.concatenate([np.full((i + r) % 3, 100 * i + r, np.float64) for i in range(n)])
+expect(np.array_equal(a2av, want), f"alltoallv {a2av}")
+a2av = comm.ialltoallv(send, sendcounts, [(i + r) % 3 for i in range(n)]).wait()
+expect(np.array_equal(a2av, want), "ialltoallv")
+too_many = [send.size + 1] + [0] * (n - 1)
+expect_raises(ValueError, lambda: comm.alltoallv(send, too_many, [0] * n), "sendcounts vs sendbuf",
+              "add up to")
+expect_raises(ValueError, lambda: comm.allgatherv(np.zeros(1), [1] * (n + 1)),
+              "one count per rank", "one per rank")
+
 co = comm.allreduce_coalesced([np.ones(3, np.float32) * r, np.arange(5, dtype=np.float32)])
 expect(np.all(co[0] == n * (n - 1) / 2) and np.array_equal(co[1], np.arange(5) * n), "coalesced")
 

@@ -262,6 +262,53 @@ class Communicator {
     allgather(s, all);
     return all;
   }
+  // Rank i's send buffer (counts[i] elements, counts the same on every rank) lands at
+  // recv[displs[i]] on every rank; without displs the blocks are packed in rank order.
+  template <class Send, class Recv, class = detail::EnableIfBuffer<Send>,
+            class = detail::EnableIfBuffer<Recv>>
+  void allgatherv(const Send &send, Recv &&recv, const std::vector<std::size_t> &counts,
+                  std::vector<std::size_t> displs = {}) {
+    auto [s, r] = typed_pair(send, recv);
+    if (displs.empty()) displs = packed_displs(counts);
+    require(counts.size() == static_cast<std::size_t>(size_) && displs.size() == counts.size(),
+            "allgatherv", "counts and displs need one entry per rank");
+    require(s.size() == counts[rank_], "allgatherv",
+            "the send buffer must hold counts[rank()] elements");
+    require(r.size() >= extent(counts, displs), "allgatherv",
+            "the receive buffer must hold every block (displs[i] + counts[i] elements)");
+    check(mncl_allgatherv(comm_, s.data(), s.size(), r.data(), counts.data(), displs.data(),
+                          dtype<decltype(r)>(), nullptr),
+          "mncl_allgatherv");
+  }
+  // Every rank's buffer, of any size, concatenated in rank order (the sizes travel first).
+  template <class Send, class = detail::EnableIfBuffer<Send>>
+  auto allgatherv(const Send &send) {
+    auto s = as_const_span(send);
+    const auto sizes = allgather(std::vector<uint64_t>{s.size()});
+    const std::vector<std::size_t> counts(sizes.begin(), sizes.end());
+    std::vector<typename decltype(s)::value_type> all(extent(counts, packed_displs(counts)));
+    allgatherv(s, all, counts);
+    return all;
+  }
+  // Blocks packed in rank order on both sides: sendcounts[j] elements go to rank j, and
+  // recvcounts[i] come from rank i (which must be what rank i sends here).
+  template <class Send, class Recv, class = detail::EnableIfBuffer<Send>,
+            class = detail::EnableIfBuffer<Recv>>
+  void alltoallv(const Send &send, const std::vector<std::size_t> &sendcounts, Recv &&recv,
+                 const std::vector<std::size_t> &recvcounts) {
+    auto [s, r] = typed_pair(send, recv);
+    require(sendcounts.size() == static_cast<std::size_t>(size_) &&
+                recvcounts.size() == sendcounts.size(),
+            "alltoallv", "sendcounts and recvcounts need one entry per rank");
+    const auto sdispls = packed_displs(sendcounts), rdispls = packed_displs(recvcounts);
+    require(s.size() == extent(sendcounts, sdispls), "alltoallv",
+            "the send buffer must hold the sum of sendcounts");
+    require(r.size() >= extent(recvcounts, rdispls), "alltoallv",
+            "the receive buffer must hold the sum of recvcounts");
+    check(mncl_alltoallv(comm_, s.data(), sendcounts.data(), sdispls.data(), r.data(),
+                         recvcounts.data(), rdispls.data(), dtype<decltype(r)>(), nullptr),
+          "mncl_alltoallv");
+  }
   // send holds size() * recv.size() elements; rank r gets the reduction of block r.
   template <class Send, class Recv, class = detail::EnableIfBuffer<Send>,
             class = detail::EnableIfBuffer<Recv>>
@@ -282,6 +329,21 @@ class Communicator {
             "the buffers must be equal in size and hold size() equal blocks");
     check(mncl_alltoall(comm_, s.data(), r.data(), s.size() / size_, dtype<decltype(r)>(), nullptr),
           "mncl_alltoall");
+  }
+  // Blocks packed in order: displs[i] = counts[0] + ... + counts[i-1].
+  static std::vector<std::size_t> packed_displs(const std::vector<std::size_t> &counts) {
+    std::vector<std::size_t> displs(counts.size());
+    for (std::size_t i = 1; i < counts.size(); ++i) displs[i] = displs[i - 1] + counts[i - 1];
+    return displs;
+  }
+  // Elements a buffer needs to hold every non-empty block.
+  static std::size_t extent(const std::vector<std::size_t> &counts,
+                            const std::vector<std::size_t> &displs) {
+    std::size_t end = 0;
+    for (std::size_t i = 0; i < counts.size() && i < displs.size(); ++i) {
+      if (counts[i] != 0 && displs[i] + counts[i] > end) end = displs[i] + counts[i];
+    }
+    return end;
   }
   void barrier() { check(mncl_barrier(comm_, nullptr), "mncl_barrier"); }
   template <class Buffer, class = detail::EnableIfBuffer<Buffer>>
