@@ -5,9 +5,14 @@
 // 64 KiB on a power-of-two size above 2, ring otherwise; MNCL_GLOO_ALGO=ring|bcube forces one),
 // so the ratio measures MNCL, not an algorithm choice. Sendrecv posts Gloo's unbound-buffer
 // receive and send and waits for both, the calls the gloo plugin makes for mncl_irecv/isend.
+// Allgatherv and alltoallv call gloo::allgatherv / gloo::alltoallv directly: mncl-perf's blocks
+// are packed in rank order, which is Gloo's own layout, so no copy is involved (the plugin adds
+// its cross-rank count check to alltoallv, which this baseline has no need for).
 #include <gloo/allgather.h>
+#include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
 #include <gloo/alltoall.h>
+#include <gloo/alltoallv.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/gather.h>
@@ -23,6 +28,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -89,6 +95,10 @@ class GlooBaseline : public Baseline {
   const char *name() const override { return "gloo"; }
 
   bool supports(const Call &c) const override {
+    // The v collectives' count is this rank's (or the mean) block: decide on the total, which
+    // every rank sees the same, so that all ranks run the raw call or none does.
+    if (c.kind == CollKind::kAllgatherv || c.kind == CollKind::kAlltoallv)
+      return std::accumulate(c.recvcounts.begin(), c.recvcounts.end(), size_t(0)) > 0;
     if (c.count == 0) return false;  // Gloo divides by the count in places
     switch (c.kind) {
       case CollKind::kAllreduce:
@@ -193,6 +203,24 @@ class GlooBaseline : public Baseline {
         o.setOutput(recv, count * n);
         o.setTag(tag_++);
         gloo::alltoall(o);
+        break;
+      }
+      case CollKind::kAllgatherv: {
+        gloo::AllgathervOptions o(ctx_);
+        // Without an input Gloo takes this rank's block to be in the output already (in place,
+        // or an empty block).
+        if (!c.inplace && count > 0) o.setInput(send, count);
+        o.setOutput(recv, c.recvcounts);
+        o.setTag(tag_++);
+        gloo::allgatherv(o);
+        break;
+      }
+      case CollKind::kAlltoallv: {
+        gloo::AlltoallvOptions o(ctx_);
+        o.setInput(send, std::vector<int64_t>(c.sendcounts.begin(), c.sendcounts.end()));
+        o.setOutput(recv, std::vector<int64_t>(c.recvcounts.begin(), c.recvcounts.end()));
+        o.setTag(tag_++);
+        gloo::alltoallv(o);
         break;
       }
       case CollKind::kSendrecv: {

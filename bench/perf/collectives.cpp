@@ -17,6 +17,9 @@ const std::vector<CollSpec> &all_collectives() {
       {CollKind::kAlltoall, "alltoall", false, false, true},
       // In place would send and receive through one buffer at once, which mncl.h forbids.
       {CollKind::kSendrecv, "sendrecv", false, false, false},
+      {CollKind::kAllgatherv, "allgatherv", false, false, true},
+      // mncl.h: alltoallv is never in place.
+      {CollKind::kAlltoallv, "alltoallv", false, false, false},
   };
   return specs;
 }
@@ -47,6 +50,8 @@ double busbw_factor(CollKind kind, int nranks) {
     case CollKind::kReduceScatter:
     case CollKind::kAllgather:
     case CollKind::kAlltoall:
+    case CollKind::kAllgatherv:  // as allgather / alltoall: the swept size is the same total
+    case CollKind::kAlltoallv:
     // nccl-tests (scatter.cu, gather.cu) also uses (n-1)/n: the root's own block never moves.
     case CollKind::kScatter:
     case CollKind::kGather:
@@ -64,9 +69,11 @@ double traffic_factor(CollKind kind, int nranks) {
   switch (kind) {
     case CollKind::kAllreduce:  // every rank reads its input and writes its output
     case CollKind::kAlltoall:
+    case CollKind::kAlltoallv:
     case CollKind::kSendrecv:
       return 2 * n;
-    case CollKind::kAllgather:      // n blocks read once, n full outputs written
+    case CollKind::kAllgather:  // n blocks read once, n full outputs written
+    case CollKind::kAllgatherv:
     case CollKind::kReduceScatter:  // n full inputs read, n blocks written
     case CollKind::kReduce:         // n inputs read, one output written
       return n + 1;
@@ -77,6 +84,16 @@ double traffic_factor(CollKind kind, int nranks) {
       return 2;
   }
   return 2 * n;
+}
+
+size_t v_block(size_t per, int nranks, int index) {
+  if (nranks % 2 == 1 && index == nranks - 1) return per;
+  const size_t lo = per / 2;
+  return index % 2 == 0 ? lo : 2 * per - lo;
+}
+
+size_t v_pair(size_t per, int nranks, int from, int to) {
+  return v_block(per, nranks, (from + to) % nranks);
 }
 
 Layout layout_for(CollKind kind, size_t bytes, size_t elem_size, int nranks) {
@@ -104,8 +121,15 @@ Layout layout_for(CollKind kind, size_t bytes, size_t elem_size, int nranks) {
       l.recv_elems = l.count * n;
       break;
     case CollKind::kAlltoall:
+    case CollKind::kAlltoallv:
       l.count = count / n;
       l.send_elems = l.recv_elems = l.count * n;
+      break;
+    case CollKind::kAllgatherv:
+      l.count = count / n;
+      for (int q = 0; q < nranks; ++q)
+        l.send_elems = std::max(l.send_elems, v_block(l.count, nranks, q));
+      l.recv_elems = l.count * n;
       break;
   }
   l.bytes = std::max(l.send_elems, l.recv_elems) * elem_size;
@@ -114,7 +138,24 @@ Layout layout_for(CollKind kind, size_t bytes, size_t elem_size, int nranks) {
 
 Call make_call(CollKind kind, const Layout &l, bool inplace, void *send, void *recv,
                size_t elem_size, mncl_dtype_t dtype, mncl_op_t op, int root, int rank, int nranks) {
-  Call c{kind, send, recv, l.count, dtype, op, root, rank, nranks, inplace};
+  Call c{kind, send, recv, l.count, dtype, op, root, rank, nranks, inplace, {}, {}, {}, {}};
+  if (kind == CollKind::kAllgatherv || kind == CollKind::kAlltoallv) {
+    // Packed: each block starts where the previous one ends.
+    const bool a2a = kind == CollKind::kAlltoallv;
+    size_t soff = 0, roff = 0;
+    for (int q = 0; q < nranks; ++q) {
+      const size_t rc = a2a ? v_pair(l.count, nranks, q, rank) : v_block(l.count, nranks, q);
+      c.recvcounts.push_back(rc);
+      c.rdispls.push_back(roff);
+      roff += rc;
+      if (!a2a) continue;
+      const size_t sc = v_pair(l.count, nranks, rank, q);
+      c.sendcounts.push_back(sc);
+      c.sdispls.push_back(soff);
+      soff += sc;
+    }
+    if (!a2a) c.count = c.recvcounts[static_cast<size_t>(rank)];
+  }
   if (!inplace) return c;
   auto at = [&](void *base, size_t elems) {
     return static_cast<void *>(static_cast<char *>(base) + elems * elem_size);
@@ -140,7 +181,11 @@ Call make_call(CollKind kind, const Layout &l, bool inplace, void *send, void *r
     case CollKind::kAllgather:
       c.sendbuf = at(recv, block);
       break;
+    case CollKind::kAllgatherv:
+      c.sendbuf = at(recv, c.rdispls[static_cast<size_t>(rank)]);
+      break;
     case CollKind::kSendrecv:
+    case CollKind::kAlltoallv:  // no in-place form
       break;
   }
   return c;
@@ -164,6 +209,12 @@ mncl_status_t run_mncl(mncl_comm_t comm, const Call &c) {
       return mncl_reduce_scatter(comm, c.sendbuf, c.recvbuf, c.count, c.dtype, c.op, nullptr);
     case CollKind::kAlltoall:
       return mncl_alltoall(comm, c.sendbuf, c.recvbuf, c.count, c.dtype, nullptr);
+    case CollKind::kAllgatherv:
+      return mncl_allgatherv(comm, c.sendbuf, c.count, c.recvbuf, c.recvcounts.data(),
+                             c.rdispls.data(), c.dtype, nullptr);
+    case CollKind::kAlltoallv:
+      return mncl_alltoallv(comm, c.sendbuf, c.sendcounts.data(), c.sdispls.data(), c.recvbuf,
+                            c.recvcounts.data(), c.rdispls.data(), c.dtype, nullptr);
     case CollKind::kSendrecv: {
       if (c.nranks == 1) return MNCL_OK;  // no peer: MNCL forbids sending to oneself
       // A ring shift shaped like MPI_Sendrecv: both directions in flight at once. Even ranks

@@ -20,6 +20,8 @@ enum class CollKind {
   kReduceScatter,
   kAlltoall,
   kSendrecv,
+  kAllgatherv,
+  kAlltoallv,
 };
 
 struct CollSpec {
@@ -41,10 +43,21 @@ double busbw_factor(CollKind kind, int nranks);
 // in units of the reported size: the intra-node limit is algbw <= B_mem / traffic_factor.
 double traffic_factor(CollKind kind, int nranks);
 
+// Block counts of allgatherv and alltoallv, in elements, deterministic so that every rank knows
+// every other rank's counts. `per` is the mean block (the nccl-tests count of allgather /
+// alltoall at the same size). Blocks alternate 50 % and 150 % of the mean (per/2 rounded down,
+// then 2*per minus that); with an odd number of ranks the last block is the mean itself, so the
+// n blocks add up to n*per exactly. per == 1 gives empty blocks (0 and 2 elements).
+size_t v_block(size_t per, int nranks, int index);
+// alltoallv: the elements rank `from` sends to rank `to`, v_block of (from + to) mod n. Every
+// rank then sends and receives n*per elements in all, and the pairs' counts differ.
+size_t v_pair(size_t per, int nranks, int from, int to);
+
 // Buffer sizes for one reported size, in elements, following nccl-tests: `size` is the
 // largest per-rank buffer in bytes, `count` the element count passed to the call.
 struct Layout {
-  size_t count = 0;       // the `count` argument of the call (per-rank block for the /n kinds)
+  size_t count = 0;       // the `count` argument of the call (per-rank block for the /n kinds;
+                          // the mean block for allgatherv and alltoallv)
   size_t send_elems = 0;  // elements of the send buffer on a rank that sends everything
   size_t recv_elems = 0;  // elements of the receive buffer on a rank that receives everything
   size_t bytes = 0;       // the reported size
@@ -63,6 +76,10 @@ struct Call {
   int rank;
   int nranks;
   bool inplace;
+  // Packed counts and displacements (elements) of the v collectives: allgatherv fills recvcounts
+  // and rdispls (the same on every rank; count is recvcounts[rank]); alltoallv all four, this
+  // rank's row and column of v_pair.
+  std::vector<size_t> sendcounts, sdispls, recvcounts, rdispls;
 };
 
 // Points sendbuf/recvbuf into the two allocations for the given placement (see mncl.h for the

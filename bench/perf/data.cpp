@@ -16,6 +16,9 @@ constexpr double kSentinel = 77;  // outside every input range, and no result eq
 bool is_unsigned(mncl_dtype_t d) {
   return d == MNCL_UINT8 || d == MNCL_UINT32 || d == MNCL_UINT64;
 }
+bool is_v(CollKind k) {
+  return k == CollKind::kAllgatherv || k == CollKind::kAlltoallv;
+}
 bool is_float(mncl_dtype_t d) {
   return d == MNCL_FLOAT16 || d == MNCL_BFLOAT16 || d == MNCL_FLOAT32 || d == MNCL_FLOAT64;
 }
@@ -126,6 +129,9 @@ double input_value(mncl_dtype_t dtype, mncl_op_t op, int rank, size_t index, int
 void fill_for_check(const Call &c, const Layout &l, void *send, void *recv, int round) {
   const size_t big = std::max(l.send_elems, l.recv_elems);
   for (size_t i = 0; i < big; ++i) put(c.dtype, recv, i, kSentinel);
+  // The v collectives also get a guard element right after the packed blocks, which no count
+  // reaches (the buffers hold one element more than the largest size).
+  if (is_v(c.kind)) put(c.dtype, recv, l.recv_elems, kSentinel);
   if (c.kind == CollKind::kBcast) {
     if (c.rank == c.root)
       for (size_t i = 0; i < l.count; ++i)
@@ -136,6 +142,8 @@ void fill_for_check(const Call &c, const Layout &l, void *send, void *recv, int 
   (void)send;
   size_t n_send = l.send_elems;
   if (c.kind == CollKind::kScatter && c.rank != c.root) n_send = 0;
+  // In place, allgatherv's send block lies inside recvbuf: write exactly the block.
+  if (c.kind == CollKind::kAllgatherv) n_send = c.count;
   void *dst = const_cast<void *>(c.sendbuf);
   for (size_t i = 0; i < n_send; ++i)
     put(c.dtype, dst, i, input_value(c.dtype, c.op, c.rank, i, round));
@@ -190,6 +198,21 @@ int64_t count_wrong(const Call &c, const Layout &l, int round) {
     case CollKind::kSendrecv:
       if (n > 1)
         for (size_t i = 0; i < l.count; ++i) check(i, in((r + n - 1) % n, i));
+      break;
+    case CollKind::kAllgatherv:
+      for (size_t q = 0; q < n; ++q)
+        for (size_t i = 0; i < c.recvcounts[q]; ++i) check(c.rdispls[q] + i, in(q, i));
+      check(l.recv_elems, kSentinel);
+      break;
+    case CollKind::kAlltoallv:
+      for (size_t q = 0; q < n; ++q) {
+        // Where rank q's block for this rank starts in q's (packed) send buffer.
+        size_t from = 0;
+        for (size_t j = 0; j < r; ++j)
+          from += v_pair(l.count, c.nranks, static_cast<int>(q), static_cast<int>(j));
+        for (size_t i = 0; i < c.recvcounts[q]; ++i) check(c.rdispls[q] + i, in(q, from + i));
+      }
+      check(l.recv_elems, kSentinel);
       break;
   }
   return wrong;

@@ -35,7 +35,8 @@ Sizes and iterations (nccl-tests flags):
   -a, --average 0|1|2|3     time reported: rank 0's, the average (default), min or max over ranks
   -T, --timeout SECONDS     the communicator's timeout: a hung peer fails the run after it
   -C, --colls LIST          comma list of allreduce bcast reduce scatter gather allgather
-                            reduce_scatter alltoall sendrecv, or "all" (default allreduce)
+                            reduce_scatter alltoall sendrecv allgatherv alltoallv, or "all"
+                            (default allreduce)
 MNCL options:
   --backend NAME            backend of this run (default: MNCL_BACKEND, else auto)
   --baseline auto|none|mpi|gloo
@@ -64,6 +65,14 @@ Columns: time in microseconds per call; algbw = size / time; busbw = algbw times
 nccl-tests factor (allreduce 2(n-1)/n; reduce_scatter, allgather, alltoall, scatter, gather
 (n-1)/n; bcast, reduce, sendrecv 1); MNCL/raw = MNCL time / raw time; %lim = algbw as a share
 of the memory-bandwidth limit for the collective (see bench/perf/README.md).
+
+allgatherv, alltoallv: size is the per-rank total, as for allgather / alltoall; count is the
+mean block, per = size / (n * element size). The blocks are unequal but deterministic: they
+alternate per/2 (rounded down) and 2*per - per/2, the last of an odd number of ranks gets per,
+so they add up to n*per (per = 1 gives empty blocks). allgatherv: rank q's block is block q;
+alltoallv: rank i sends block (i+j) mod n to rank j. Displacements are packed; busbw factor
+(n-1)/n; alltoallv has no in-place form. The raw MPI column needs all n*per elements to fit
+MPI's int counts and displacements (N/A beyond INT_MAX, with a note on stderr).
 )";
 
 [[noreturn]] void usage_error(const std::string &msg) {
