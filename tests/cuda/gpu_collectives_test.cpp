@@ -221,6 +221,59 @@ TEST(Gpu, PointToPointCoalescedBarrierNonBlocking) {
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(host[i], sum_over_ranks(i));
 }
 
+// allgatherv and alltoallv on device memory (nccl: grouped send/recv; host backends: staged),
+// with uneven blocks, an empty one, and gaps between blocks that must keep their contents.
+TEST(Gpu, VariableCountCollectives) {
+  if (dead_peer_mode()) GTEST_SKIP();
+  const size_t n = static_cast<size_t>(g_size), me = static_cast<size_t>(g_rank);
+  constexpr int32_t kGap = -7;
+  auto count = [](size_t from, size_t to) {
+    return (from + 2 * to) % 4 == 1 ? 0 : 1000 + 37 * from + 11 * to;
+  };
+  {  // allgatherv: rank i's block of count(i, 0), blocks in reverse rank order, 3-element gaps
+    std::vector<size_t> counts(n), displs(n);
+    size_t at = 3;
+    for (size_t k = n; k-- > 0;) {
+      counts[k] = count(k, 0);
+      displs[k] = at;
+      at += counts[k] + 3;
+    }
+    std::vector<int32_t> want(at, kGap);
+    for (size_t r = 0; r < n; ++r) {
+      const auto v = values<int32_t>(static_cast<int>(r), counts[r]);
+      std::copy(v.begin(), v.end(), want.begin() + static_cast<ptrdiff_t>(displs[r]));
+    }
+    Dev<int32_t> send(values<int32_t>(g_rank, counts[me])), recv(std::vector<int32_t>(at, kGap));
+    MNCL_OK_OR_DIE(mncl_allgatherv(g_comm, send.ptr(), counts[me], recv.ptr(), counts.data(),
+                                   displs.data(), MNCL_INT32, nullptr));
+    EXPECT_EQ(recv.get(), want) << "allgatherv";
+  }
+  {  // alltoallv: count(i, j) from rank i to rank j, packed send side, gapped receive side
+    std::vector<size_t> sendcounts(n), sdispls(n), recvcounts(n), rdispls(n);
+    size_t sat = 0, rat = 2;
+    std::vector<int32_t> sendv;
+    for (size_t j = 0; j < n; ++j) {
+      sendcounts[j] = count(me, j);
+      sdispls[j] = sat;
+      sat += sendcounts[j];
+      const auto v = values<int32_t>(g_rank, sendcounts[j], 7 * j);
+      sendv.insert(sendv.end(), v.begin(), v.end());
+      recvcounts[j] = count(j, me);
+      rdispls[j] = rat;
+      rat += recvcounts[j] + 2;
+    }
+    std::vector<int32_t> want(rat, kGap);
+    for (size_t i = 0; i < n; ++i) {
+      const auto v = values<int32_t>(static_cast<int>(i), recvcounts[i], 7 * me);
+      std::copy(v.begin(), v.end(), want.begin() + static_cast<ptrdiff_t>(rdispls[i]));
+    }
+    Dev<int32_t> send(sendv), recv(std::vector<int32_t>(rat, kGap));
+    MNCL_OK_OR_DIE(mncl_alltoallv(g_comm, send.ptr(), sendcounts.data(), sdispls.data(), recv.ptr(),
+                                  recvcounts.data(), rdispls.data(), MNCL_INT32, nullptr));
+    EXPECT_EQ(recv.get(), want) << "alltoallv";
+  }
+}
+
 // A buffer on another GPU than the rank's: a local argument error, and the communicator lives.
 TEST(Gpu, BufferOnAnotherGpuIsRefusedAndTheCommLives) {
   if (dead_peer_mode()) GTEST_SKIP();
