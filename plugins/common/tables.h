@@ -11,29 +11,23 @@
 
 #include <mncl/mncl_plugin.h>
 
+#include <cstdint>
+
 namespace mncl::kit {
 
+// The same functions under another table version: every plugin-ABI table so far has v1's
+// fields in v1's order, so only the header, the capabilities and the kinds change.
+template <typename To, typename From>
+constexpr To relabel(const From &t, uint32_t abi_version, uint64_t caps, uint32_t coll_mask) {
+  return To{sizeof(To),   t.magic,      abi_version,  t.name,        t.version,
+            caps,         coll_mask,    t.dtype_mask, t.op_mask,     t.reserved0,
+            t.init,       t.finalize,   t.probe,      t.comm_create, t.comm_destroy,
+            t.comm_abort, t.comm_split, t.execute,    t.post,        t.test};
+}
+
 constexpr mncl_plugin_v1_t as_v1(const mncl_plugin_v2_t &t) {
-  return mncl_plugin_v1_t{sizeof(mncl_plugin_v1_t),
-                          t.magic,
-                          MNCL_PLUGIN_ABI_V1,
-                          t.name,
-                          t.version,
-                          t.caps & ~MNCL_CAP_CONCURRENT_P2P,
-                          t.coll_mask,
-                          t.dtype_mask,
-                          t.op_mask,
-                          t.reserved0,
-                          t.init,
-                          t.finalize,
-                          t.probe,
-                          t.comm_create,
-                          t.comm_destroy,
-                          t.comm_abort,
-                          t.comm_split,
-                          t.execute,
-                          t.post,
-                          t.test};
+  return relabel<mncl_plugin_v1_t>(t, MNCL_PLUGIN_ABI_V1, t.caps & ~MNCL_CAP_CONCURRENT_P2P,
+                                   t.coll_mask);
 }
 
 // A v3 plugin (mncl_plugin_v3.h) exports its table as v2 and v1 too:
@@ -44,27 +38,9 @@ constexpr mncl_plugin_v1_t as_v1(const mncl_plugin_v2_t &t) {
 //
 // The v2 copy drops the kinds v2 does not define (a v2 core never asks for them).
 constexpr mncl_plugin_v2_t as_v2(const mncl_plugin_v3_t &t) {
-  return mncl_plugin_v2_t{
-      sizeof(mncl_plugin_v2_t),
-      t.magic,
-      MNCL_PLUGIN_ABI_V2,
-      t.name,
-      t.version,
-      t.caps,
-      t.coll_mask & (MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED)),
-      t.dtype_mask,
-      t.op_mask,
-      t.reserved0,
-      t.init,
-      t.finalize,
-      t.probe,
-      t.comm_create,
-      t.comm_destroy,
-      t.comm_abort,
-      t.comm_split,
-      t.execute,
-      t.post,
-      t.test};
+  return relabel<mncl_plugin_v2_t>(
+      t, MNCL_PLUGIN_ABI_V2, t.caps,
+      t.coll_mask & (MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED)));
 }
 
 }  // namespace mncl::kit

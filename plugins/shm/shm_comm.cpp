@@ -932,6 +932,30 @@ size_t Comm::v_arrays(Op &op, int32_t kind) {
   return bytes;
 }
 
+// The rounds of allgatherv / alltoallv: round 0 stages this rank's count arrays (`arrays`
+// bytes, put_counts) ahead of its data; once every rank's are in, check_counts verifies them and
+// returns the longest block in bytes, which fixes the number of rounds on every rank alike.
+// stage(j, at) writes round j's data at `at`; collect(j, half, skip) reads it, `skip` bytes in.
+template <typename Rounds, typename PutCounts, typename Stage, typename CheckCounts,
+          typename Collect>
+void Comm::v_rounds(Op &op, size_t arrays, const Rounds &r, PutCounts put_counts, Stage stage,
+                    CheckCounts check_counts, Collect collect) {
+  size_t rounds = 1;  // the rest is known once round 0 has checked the counts
+  for (size_t j = 0; j < rounds; ++j) {
+    const size_t skip = j == 0 ? arrays : 0;
+    round(
+        op, true, Who::kAll, -1,
+        [&](unsigned char *st) {
+          if (j == 0) put_counts(st);
+          stage(j, st + skip);
+        },
+        [&](int h) {
+          if (j == 0) rounds = r.count_for(check_counts(h));
+          collect(j, h, skip);
+        });
+  }
+}
+
 void Comm::allgatherv(Op &op, const mncl_coll_v1_t &c) {
   const size_t es = kit::dtype_size(c.dtype);
   const kit::VLayout v = kit::v_layout(c);
@@ -947,45 +971,41 @@ void Comm::allgatherv(Op &op, const mncl_coll_v1_t &c) {
   if (size_ == 1) return;
   const size_t arrays = v_arrays(op, c.kind);
   const VRounds r{chunk_ - arrays, chunk_};
-  size_t rounds = 1;  // the rest is known once round 0 has checked the counts
-  for (size_t j = 0; j < rounds; ++j) {
-    const size_t skip = j == 0 ? arrays : 0;
-    round(
-        op, true, Who::kAll, -1,
-        [&](unsigned char *st) {
-          if (j == 0) {
-            for (size_t i = 0; i < n; ++i) store_word(st, i, v.recvcounts[i]);
+  v_rounds(
+      op, arrays, r,
+      [&](unsigned char *st) {
+        for (size_t i = 0; i < n; ++i) store_word(st, i, v.recvcounts[i]);
+      },
+      [&](size_t j, unsigned char *st) {
+        const size_t m = r.piece(j, mine);
+        if (m > 0) std::memcpy(st, bytes_at(c.sendbuf, r.off(j)), m);
+      },
+      [&](int h) {
+        size_t longest = 0;
+        for (size_t p = 0; p < n; ++p) {
+          longest = std::max(longest, v.recvcounts[p] * es);
+          if (p == me) continue;
+          const unsigned char *theirs = seg_.staging(static_cast<int>(p), h);
+          for (size_t i = 0; i < n; ++i) {
+            if (load_word(theirs, i) == v.recvcounts[i]) continue;
+            fail_mismatch(op, kit::format("%s: mismatched counts: rank %zu passes "
+                                          "recvcounts[%zu] = %llu where rank %d passes %zu "
+                                          "(recvcounts must be the same on every rank)",
+                                          op.where().c_str(), p, i,
+                                          static_cast<unsigned long long>(load_word(theirs, i)),
+                                          rank_, v.recvcounts[i]));
           }
-          const size_t m = r.piece(j, mine);
-          if (m > 0) std::memcpy(st + skip, bytes_at(c.sendbuf, r.off(j)), m);
-        },
-        [&](int h) {
-          if (j == 0) {
-            size_t longest = 0;
-            for (size_t p = 0; p < n; ++p) {
-              longest = std::max(longest, v.recvcounts[p] * es);
-              if (p == me) continue;
-              const unsigned char *theirs = seg_.staging(static_cast<int>(p), h);
-              for (size_t i = 0; i < n; ++i) {
-                if (load_word(theirs, i) == v.recvcounts[i]) continue;
-                fail_mismatch(op, kit::format("%s: mismatched counts: rank %zu passes "
-                                              "recvcounts[%zu] = %llu where rank %d passes %zu "
-                                              "(recvcounts must be the same on every rank)",
-                                              op.where().c_str(), p, i,
-                                              static_cast<unsigned long long>(load_word(theirs, i)),
-                                              rank_, v.recvcounts[i]));
-              }
-            }
-            rounds = r.count_for(longest);
+        }
+        return longest;
+      },
+      [&](size_t j, int h, size_t skip) {
+        for (size_t p = 0; p < n; ++p) {
+          const size_t m = p == me ? 0 : r.piece(j, v.recvcounts[p] * es);
+          if (m > 0) {
+            std::memcpy(out(p) + r.off(j), seg_.staging(static_cast<int>(p), h) + skip, m);
           }
-          for (size_t p = 0; p < n; ++p) {
-            const size_t m = p == me ? 0 : r.piece(j, v.recvcounts[p] * es);
-            if (m > 0) {
-              std::memcpy(out(p) + r.off(j), seg_.staging(static_cast<int>(p), h) + skip, m);
-            }
-          }
-        });
-  }
+        }
+      });
 }
 
 // Round j stages, for each destination d, its part of block d in sub-slot d of the staging half.
@@ -1006,56 +1026,52 @@ void Comm::alltoallv(Op &op, const mncl_coll_v1_t &c) {
   if (size_ == 1) return;
   const size_t arrays = v_arrays(op, c.kind);
   const VRounds r{per_peer(chunk_ - arrays, size_), per_peer(chunk_, size_)};
-  size_t rounds = 1;  // the rest is known once round 0 has checked the counts
-  for (size_t j = 0; j < rounds; ++j) {
-    const size_t skip = j == 0 ? arrays : 0;
-    round(
-        op, true, Who::kAll, -1,
-        [&](unsigned char *st) {
-          if (j == 0) {
-            for (size_t i = 0; i < n; ++i) {
-              store_word(st, i, v.sendcounts[i]);
-              store_word(st, n + i, v.recvcounts[i]);
-            }
-          }
+  v_rounds(
+      op, arrays, r,
+      [&](unsigned char *st) {
+        for (size_t i = 0; i < n; ++i) {
+          store_word(st, i, v.sendcounts[i]);
+          store_word(st, n + i, v.recvcounts[i]);
+        }
+      },
+      [&](size_t j, unsigned char *st) {
+        for (size_t d = 0; d < n; ++d) {
+          const size_t m = d == me ? 0 : r.piece(j, v.sendcounts[d] * es);
+          if (m > 0) std::memcpy(st + d * r.cap(j), in(d) + r.off(j), m);
+        }
+      },
+      [&](int h) {
+        // Every pair, not only this rank's: all ranks then fail together (see above).
+        size_t longest = 0;
+        for (size_t s = 0; s < n; ++s) {
+          const unsigned char *from = seg_.staging(static_cast<int>(s), h);
           for (size_t d = 0; d < n; ++d) {
-            const size_t m = d == me ? 0 : r.piece(j, v.sendcounts[d] * es);
-            if (m > 0) std::memcpy(st + skip + d * r.cap(j), in(d) + r.off(j), m);
-          }
-        },
-        [&](int h) {
-          if (j == 0) {
-            // Every pair, not only this rank's: all ranks then fail together (see above).
-            size_t longest = 0;
-            for (size_t s = 0; s < n; ++s) {
-              const unsigned char *from = seg_.staging(static_cast<int>(s), h);
-              for (size_t d = 0; d < n; ++d) {
-                if (d == s) continue;
-                const uint64_t sends = load_word(from, d);
-                const uint64_t expects = load_word(seg_.staging(static_cast<int>(d), h), n + s);
-                if (sends != expects) {
-                  fail_mismatch(
-                      op, kit::format("%s: mismatched counts: rank %zu sends %llu "
-                                      "elements to rank %zu, which expects %llu from it "
-                                      "(do sendcounts and recvcounts agree across "
-                                      "ranks?)",
-                                      op.where().c_str(), s, static_cast<unsigned long long>(sends),
-                                      d, static_cast<unsigned long long>(expects)));
-                }
-                longest = std::max(longest, static_cast<size_t>(sends) * es);
-              }
+            if (d == s) continue;
+            const uint64_t sends = load_word(from, d);
+            const uint64_t expects = load_word(seg_.staging(static_cast<int>(d), h), n + s);
+            if (sends != expects) {
+              fail_mismatch(
+                  op, kit::format("%s: mismatched counts: rank %zu sends %llu "
+                                  "elements to rank %zu, which expects %llu from it "
+                                  "(do sendcounts and recvcounts agree across "
+                                  "ranks?)",
+                                  op.where().c_str(), s, static_cast<unsigned long long>(sends), d,
+                                  static_cast<unsigned long long>(expects)));
             }
-            rounds = r.count_for(longest);
+            longest = std::max(longest, static_cast<size_t>(sends) * es);
           }
-          for (size_t p = 0; p < n; ++p) {
-            const size_t m = p == me ? 0 : r.piece(j, v.recvcounts[p] * es);
-            if (m > 0) {
-              std::memcpy(out(p) + r.off(j),
-                          seg_.staging(static_cast<int>(p), h) + skip + me * r.cap(j), m);
-            }
+        }
+        return longest;
+      },
+      [&](size_t j, int h, size_t skip) {
+        for (size_t p = 0; p < n; ++p) {
+          const size_t m = p == me ? 0 : r.piece(j, v.recvcounts[p] * es);
+          if (m > 0) {
+            std::memcpy(out(p) + r.off(j),
+                        seg_.staging(static_cast<int>(p), h) + skip + me * r.cap(j), m);
           }
-        });
-  }
+        }
+      });
 }
 
 void Comm::barrier(Op &op) {

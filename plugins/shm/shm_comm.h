@@ -141,6 +141,10 @@ class Comm {
   void allgatherv(Op &op, const mncl_coll_v1_t &c);
   void alltoallv(Op &op, const mncl_coll_v1_t &c);
   size_t v_arrays(Op &op, int32_t kind);  // round 0's count arrays, in bytes
+  template <typename Rounds, typename PutCounts, typename Stage, typename CheckCounts,
+            typename Collect>
+  void v_rounds(Op &op, size_t arrays, const Rounds &r, PutCounts put_counts, Stage stage,
+                CheckCounts check_counts, Collect collect);
   void barrier(Op &op);
   void send(Op &op, const mncl_coll_v1_t &c);
   void recv(Op &op, const mncl_coll_v1_t &c);

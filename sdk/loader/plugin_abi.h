@@ -70,6 +70,17 @@ struct TableFacts {
 // The kinds of v1 and v2 (0..11, the coalesced allreduce included).
 inline constexpr uint32_t kCollsV1 =
     MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED);
+// The capability bits v1 defines, and those of v2 (which v3 keeps).
+inline constexpr uint64_t kCapsV1 =
+    MNCL_CAP_HOST_MEMORY | MNCL_CAP_CUDA_MEMORY | MNCL_CAP_NATIVE_ASYNC | MNCL_CAP_STREAM_ORDERED;
+inline constexpr uint64_t kCapsV2 = kCapsV1 | MNCL_CAP_CONCURRENT_P2P;
+
+// The facts of version table type T, whose last field is test (true of v1..v3).
+template <typename T>
+constexpr TableFacts facts_of(uint32_t version, const char *symbol, const char *type_name,
+                              uint64_t caps, uint32_t colls) {
+  return {version, symbol, type_name, offsetof(T, test) + sizeof(T::test), sizeof(T), caps, colls};
+}
 
 // check_header, then: zeroes *out, copies the first min(the table's struct_size, known_size)
 // bytes (the fields both sides know), sets out->struct_size to sizeof(Table) and keeps only

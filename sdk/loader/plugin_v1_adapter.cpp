@@ -13,14 +13,8 @@ static_assert(offsetof(mncl_plugin_v3_t, test) == offsetof(mncl_plugin_v2_t, tes
               "v3 keeps v2's layout");
 
 std::string adapt_v1(const void *exported, Table *out) {
-  static constexpr TableFacts kV1 = {
-      MNCL_PLUGIN_ABI_V1,
-      MNCL_PLUGIN_V1_SYMBOL,
-      "mncl_plugin_v1_t",
-      offsetof(mncl_plugin_v1_t, test) + sizeof(mncl_plugin_v1_t::test),
-      sizeof(mncl_plugin_v1_t),
-      MNCL_CAP_HOST_MEMORY | MNCL_CAP_CUDA_MEMORY | MNCL_CAP_NATIVE_ASYNC | MNCL_CAP_STREAM_ORDERED,
-      kCollsV1};
+  static constexpr TableFacts kV1 = facts_of<mncl_plugin_v1_t>(
+      MNCL_PLUGIN_ABI_V1, MNCL_PLUGIN_V1_SYMBOL, "mncl_plugin_v1_t", kCapsV1, kCollsV1);
   return adapt_same_layout(exported, kV1, out);
 }
 

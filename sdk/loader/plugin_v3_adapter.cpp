@@ -5,15 +5,9 @@
 namespace mncl::loader::abi {
 
 std::string adapt_v3(const void *exported, Table *out) {
-  static constexpr TableFacts kV3 = {
-      MNCL_PLUGIN_ABI_V3,
-      MNCL_PLUGIN_V3_SYMBOL,
-      "mncl_plugin_v3_t",
-      offsetof(mncl_plugin_v3_t, test) + sizeof(mncl_plugin_v3_t::test),
-      sizeof(mncl_plugin_v3_t),
-      MNCL_CAP_HOST_MEMORY | MNCL_CAP_CUDA_MEMORY | MNCL_CAP_NATIVE_ASYNC |
-          MNCL_CAP_STREAM_ORDERED | MNCL_CAP_CONCURRENT_P2P,
-      MNCL_COLL_MASK_ALL_V3};
+  static constexpr TableFacts kV3 =
+      facts_of<mncl_plugin_v3_t>(MNCL_PLUGIN_ABI_V3, MNCL_PLUGIN_V3_SYMBOL, "mncl_plugin_v3_t",
+                                 kCapsV2, MNCL_COLL_MASK_ALL_V3);
   return adapt_same_layout(exported, kV3, out);
 }
 

@@ -154,32 +154,22 @@ int main(void) {
 
   /* --- plugin ABI versions ------------------------------------------------------------------ */
   {
-    mncl_config_t c = config_for("mock");
-    create_expect(&c, MNCL_OK, "mock", "v1 plugin loads through the v1 adapter");
-  }
-  {
-    mncl_config_t c = config_for("v2only");
-    create_expect(&c, MNCL_OK, "v2only", "v2 plugin loads through the v2 adapter");
-  }
-  {
-    mncl_config_t c = config_for("v1v2");
-    create_expect(&c, MNCL_OK, "v1v2", "v1+v2 plugin is served (as v2)");
-  }
-  {
-    mncl_config_t c = config_for("v3only");
-    create_expect(&c, MNCL_OK, "v3only", "v3 plugin loads through the v3 adapter");
-  }
-  {
-    mncl_config_t c = config_for("v2v3");
-    create_expect(&c, MNCL_OK, "v2v3", "v2+v3 plugin is served (as v3)");
-  }
-  {
-    mncl_config_t c = config_for("v3v4");
-    create_expect(&c, MNCL_OK, "v3v4", "v3+v4 plugin is served (as v3)");
-  }
-  {
-    mncl_config_t c = config_for("v1v4");
-    create_expect(&c, MNCL_OK, "v1v4", "v1+v4 plugin is served (as v1)");
+    /* Plugins that load, and the table each must be served as. */
+    static const struct {
+      const char *name, *what;
+    } loads[] = {
+        {"mock", "v1 plugin loads through the v1 adapter"},
+        {"v2only", "v2 plugin loads through the v2 adapter"},
+        {"v1v2", "v1+v2 plugin is served (as v2)"},
+        {"v3only", "v3 plugin loads through the v3 adapter"},
+        {"v2v3", "v2+v3 plugin is served (as v3)"},
+        {"v3v4", "v3+v4 plugin is served (as v3)"},
+        {"v1v4", "v1+v4 plugin is served (as v1)"},
+    };
+    for (size_t i = 0; i < sizeof loads / sizeof loads[0]; ++i) {
+      mncl_config_t c = config_for(loads[i].name);
+      create_expect(&c, MNCL_OK, loads[i].name, loads[i].what);
+    }
   }
   {
     mncl_config_t c = config_for("v4only");

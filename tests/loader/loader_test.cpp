@@ -17,6 +17,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "common/coll.h"  // the plugin kit's descriptor builders
 #include "common/error.h"
 #include "common/log.h"
 #include "loader/plugin_abi.h"
@@ -285,17 +286,8 @@ TEST(Loader, V3OnlyPluginRunsASingleRankAllgathervAndAlltoallv) {
   int32_t in[3] = {7, 8, 9};
   int32_t out[6] = {-1, -1, -1, -1, -1, -1};
   const size_t gv_counts[2] = {3, 2};  // recvcounts[0], displs[0]
-  mncl_coll_v1_t coll = {};
-  coll.struct_size = sizeof coll;
-  coll.kind = MNCL_COLL_ALLGATHERV;
-  coll.dtype = MNCL_INT32;
-  coll.op = -1;
-  coll.root = -1;
-  coll.sendbuf = in;
-  coll.recvbuf = out;
-  coll.count = 3;
-  coll.nbufs = 1;
-  coll.counts = gv_counts;
+  mncl_coll_v1_t coll =
+      mncl::kit::make_v_coll(MNCL_COLL_ALLGATHERV, MNCL_INT32, in, out, 3, 1, gv_counts);
   ASSERT_EQ(t.execute(comm, &coll), MNCL_OK);
   EXPECT_EQ(std::vector<int32_t>(out, out + 6), (std::vector<int32_t>{-1, -1, 7, 8, 9, -1}));
 
