@@ -268,6 +268,66 @@ MNCL_API mncl_status_t mncl_alltoallv(mncl_comm_t comm, const void *sendbuf,
                                       const size_t *rdispls, mncl_dtype_t dtype, void *stream);
 
 /* ---------------------------------------------------------------------------------------------
+ * Batched point to point (symbol version MNCL_1.2)
+ *
+ * Sends and receives to and from any peers, started together and finished together: what NCCL
+ * does with ncclSend/ncclRecv between ncclGroupStart and ncclGroupEnd, PyTorch with
+ * batch_isend_irecv and MPI with MPI_Sendrecv. Every backend progresses all ops of a batch at
+ * once, so exchanges that would deadlock as a sequence of calls cannot deadlock here: a ring
+ * shift (each rank sends to rank+1 and receives from rank-1), a halo exchange, a pipeline stage
+ * sending activations forward while receiving gradients back. On a stream-ordered backend
+ * (nccl) this is the only way to run such an exchange at all: there, separate mncl_isend and
+ * mncl_irecv calls on one stream run one after the other, as separate NCCL launches do.
+ *
+ * Not collective: a rank's batch names only its own ops, and ranks with nothing to exchange
+ * call nothing. Each op matches one mncl_send/mncl_recv (or batch op) of its peer exactly as
+ * mncl_send/mncl_recv do: messages between a pair match in issue order per direction, and a
+ * batch issues its ops in array order, after everything issued before it. Counts and dtypes of
+ * matching ops must agree (checked where the backend can tell, as for mncl_send/mncl_recv).
+ * Rules, checked before anything starts (MNCL_ERR_INVALID_ARGUMENT naming the op's index):
+ * peer in [0, size) and not this rank; buf may be NULL only with count 0 (an empty message,
+ * which still matches one); receive buffers overlap neither each other nor any send buffer of
+ * the batch (send buffers may overlap: one tensor may go to several peers). nops == 0 is a
+ * valid batch that does nothing. Buffers must stay untouched until the batch completes.
+ * On failure the call (or mncl_wait) returns the status of the first failed op in array order,
+ * and mncl_last_error() names that op; every other op has ended too (bounded by the
+ * communicator's timeout) before it returns, so no buffer is still in use.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum mncl_p2p_kind {
+  MNCL_P2P_SEND = 0, /* send count elements of buf to peer */
+  MNCL_P2P_RECV = 1  /* receive count elements from peer into buf */
+} mncl_p2p_kind_t;
+
+/* One op of a batch. The array's elements all carry the same struct_size, which is also the
+ * array's stride: a newer caller with a longer struct keeps working as long as its new fields
+ * are zero (MNCL_ERR_NOT_SUPPORTED otherwise). */
+typedef struct mncl_p2p_op {
+  size_t struct_size; /* sizeof(mncl_p2p_op_t) as compiled by the caller */
+  int32_t kind;       /* mncl_p2p_kind_t */
+  int32_t peer;       /* the rank sent to or received from */
+  void *buf;          /* MNCL_P2P_SEND: read only */
+  size_t count;       /* elements */
+  int32_t dtype;      /* mncl_dtype_t: each op has its own */
+  int32_t reserved0;  /* must be zero */
+} mncl_p2p_op_t;
+
+/* A send or a receive, as a C99 compound literal: ops[0] = MNCL_P2P_OP(MNCL_P2P_SEND, ...).
+ * (C++ has no compound literals: write mncl_p2p_op_t{sizeof(mncl_p2p_op_t), ...} there.) */
+#define MNCL_P2P_OP(kind, buf, count, dtype, peer) \
+  ((mncl_p2p_op_t){sizeof(mncl_p2p_op_t), (kind), (peer), (void *)(buf), (count), (dtype), 0})
+
+/* Runs nops ops (ops may be NULL when nops is 0) and returns when all have completed. */
+MNCL_API mncl_status_t mncl_sendrecv_batch(mncl_comm_t comm, const mncl_p2p_op_t *ops, size_t nops,
+                                           void *stream);
+/* MPI_Sendrecv: a batch of one send of sendcount elements to dest and one receive of recvcount
+ * elements from source: op 0 and op 1 in messages. dest and source may be the same peer (a
+ * pairwise exchange); neither may be this rank. */
+MNCL_API mncl_status_t mncl_sendrecv(mncl_comm_t comm, const void *sendbuf, size_t sendcount,
+                                     int dest, void *recvbuf, size_t recvcount, int source,
+                                     mncl_dtype_t dtype, void *stream);
+
+/* ---------------------------------------------------------------------------------------------
  * Non-blocking collectives
  *
  * Same arguments as above plus *request. Collectives run in issue order, interleaved correctly
@@ -322,6 +382,14 @@ MNCL_API mncl_status_t mncl_ialltoallv(mncl_comm_t comm, const void *sendbuf,
                                        void *recvbuf, const size_t *recvcounts,
                                        const size_t *rdispls, mncl_dtype_t dtype, void *stream,
                                        mncl_request_t *request);
+
+/* Non-blocking batch and sendrecv (MNCL_1.2): one request for the whole batch. The ops array
+ * is read during the call only; the buffers are in use until the request completes. */
+MNCL_API mncl_status_t mncl_isendrecv_batch(mncl_comm_t comm, const mncl_p2p_op_t *ops, size_t nops,
+                                            void *stream, mncl_request_t *request);
+MNCL_API mncl_status_t mncl_isendrecv(mncl_comm_t comm, const void *sendbuf, size_t sendcount,
+                                      int dest, void *recvbuf, size_t recvcount, int source,
+                                      mncl_dtype_t dtype, void *stream, mncl_request_t *request);
 
 /* *done = 1 when finished: the request is then freed and the operation's status returned.
  * *done = 0: still running, MNCL_OK returned. */

@@ -13,7 +13,7 @@
 namespace mncl::kit {
 
 // Index of a pointer in a descriptor: 0 sendbuf, 1 recvbuf, coalesced 2+2i sendbufs[i] and
-// 3+2i recvbufs[i].
+// 3+2i recvbufs[i]; a batch's op i is 2+2i when it sends and 3+2i when it receives.
 constexpr size_t kSend = 0, kRecv = 1;
 
 // Calls f(index, ptr, bytes, in, out) for every buffer this rank reads (in) or writes (out),
@@ -80,6 +80,15 @@ void for_each_buffer(const mncl_coll_v1_t &c, int rank, int size, F &&f) {
       const VLayout v = v_layout(c);
       f(kSend, c.sendbuf, v_extent(v.sendcounts, v.sdispls, c.nbufs) * es, true, false);
       f(kRecv, c.recvbuf, v_extent(v.recvcounts, v.rdispls, c.nbufs) * es, true, true);
+      break;
+    }
+    case MNCL_COLL_SENDRECV_BATCH: {
+      const mncl_p2p_v4_t *ops = p2p_ops(c);
+      for (size_t i = 0; i < c.nbufs; ++i) {
+        const size_t bytes = ops[i].count * kit::dtype_size(ops[i].dtype);
+        const bool send = ops[i].kind == MNCL_COLL_SEND;
+        f(send ? 2 + 2 * i : 3 + 2 * i, ops[i].buf, bytes, send, !send);
+      }
       break;
     }
     default:

@@ -110,4 +110,16 @@ inline mncl_coll_v1_t make_v_coll(int32_t kind, int32_t dtype, const void *sendb
   return c;
 }
 
+// The ops of a SENDRECV_BATCH (plugin ABI v4): nbufs entries at sendbuf.
+inline const mncl_p2p_v4_t *p2p_ops(const mncl_coll_v1_t &c) {
+  return static_cast<const mncl_p2p_v4_t *>(c.sendbuf);
+}
+
+// A SENDRECV_BATCH descriptor over n ops (the array must outlive the operation).
+inline mncl_coll_v1_t make_batch_coll(const mncl_p2p_v4_t *ops, size_t n) {
+  mncl_coll_v1_t c = make_coll(MNCL_COLL_SENDRECV_BATCH, -1, -1, -1, ops, nullptr, 0);
+  c.nbufs = n;
+  return c;
+}
+
 }  // namespace mncl::kit

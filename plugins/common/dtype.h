@@ -193,6 +193,8 @@ inline const char *kind_name(int32_t kind) {
       return "allgatherv";
     case MNCL_COLL_ALLTOALLV:
       return "alltoallv";
+    case MNCL_COLL_SENDRECV_BATCH:
+      return "sendrecv_batch";
     default:
       return "unknown collective";
   }

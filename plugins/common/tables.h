@@ -43,4 +43,16 @@ constexpr mncl_plugin_v2_t as_v2(const mncl_plugin_v3_t &t) {
       t.coll_mask & (MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED)));
 }
 
+// A v4 plugin (mncl_plugin_v4.h) exports its table as v3, v2 and v1 too, each copy without the
+// kinds its version does not define:
+//
+//   MNCL_PLUGIN_EXPORT const mncl_plugin_v4_t mncl_plugin_v4 = {...};
+//   MNCL_PLUGIN_EXPORT const mncl_plugin_v3_t mncl_plugin_v3 = kit::as_v3(mncl_plugin_v4);
+//   MNCL_PLUGIN_EXPORT const mncl_plugin_v2_t mncl_plugin_v2 = kit::as_v2(mncl_plugin_v3);
+//   MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = kit::as_v1(mncl_plugin_v2);
+constexpr mncl_plugin_v3_t as_v3(const mncl_plugin_v4_t &t) {
+  return relabel<mncl_plugin_v3_t>(t, MNCL_PLUGIN_ABI_V3, t.caps,
+                                   t.coll_mask & MNCL_COLL_MASK_ALL_V3);
+}
+
 }  // namespace mncl::kit

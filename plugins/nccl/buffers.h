@@ -49,11 +49,12 @@ inline size_t plan_regions(std::vector<Slot> &slots, size_t align = 256) {
   return total;
 }
 
-// A copy of a descriptor whose pointers can be replaced, coalesced arrays included.
+// A copy of a descriptor whose pointers can be replaced, coalesced arrays and batch ops included.
 struct CollCopy {
   mncl_coll_v1_t coll;
   std::vector<const void *> sendbufs;
   std::vector<void *> recvbufs;
+  std::vector<mncl_p2p_v4_t> ops;
 
   explicit CollCopy(const mncl_coll_v1_t &c) : coll(c) {
     if (c.kind == MNCL_COLL_ALLREDUCE_COALESCED && c.nbufs > 0) {
@@ -61,10 +62,15 @@ struct CollCopy {
       recvbufs.assign(c.recvbufs, c.recvbufs + c.nbufs);
       coll.sendbufs = sendbufs.data();
       coll.recvbufs = recvbufs.data();
+    } else if (c.kind == MNCL_COLL_SENDRECV_BATCH && c.nbufs > 0) {
+      ops.assign(kit::p2p_ops(c), kit::p2p_ops(c) + c.nbufs);
+      coll.sendbuf = ops.data();
     }
   }
   void set(size_t index, void *p) {
-    if (index == kSend) {
+    if (coll.kind == MNCL_COLL_SENDRECV_BATCH) {
+      ops[(index - 2) / 2].buf = p;  // kit::for_each_buffer: op i is 2+2i or 3+2i
+    } else if (index == kSend) {
       coll.sendbuf = p;
     } else if (index == kRecv) {
       coll.recvbuf = p;

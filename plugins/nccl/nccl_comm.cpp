@@ -480,11 +480,7 @@ bool Comm::capturing(cudaStream_t stream, const char *what) {
 }
 
 std::shared_ptr<Pending> Comm::enqueue(const mncl_coll_v1_t &coll, bool *must_wait) {
-  static const char *const kNames[MNCL_NUM_COLL_KINDS_V3] = {
-      "allreduce",      "reduce",   "bcast",   "scatter", "gather", "allgather",
-      "reduce_scatter", "alltoall", "barrier", "send",    "recv",   "allreduce_coalesced",
-      "allgatherv",     "alltoallv"};
-  const char *what = coll.kind >= 0 && coll.kind < MNCL_NUM_COLL_KINDS_V3 ? kNames[coll.kind] : "?";
+  const char *what = kit::kind_name(coll.kind);
   check_usable(what);
   if (kit::is_v_kind(coll.kind) &&
       (coll.counts == nullptr || coll.nbufs != static_cast<size_t>(size_))) {
@@ -492,6 +488,10 @@ std::shared_ptr<Pending> Comm::enqueue(const mncl_coll_v1_t &coll, bool *must_wa
     throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
                      format("nccl %s: expected counts and displacements for %d ranks, got %s%zu",
                             what, size_, coll.counts == nullptr ? "none for " : "", coll.nbufs));
+  }
+  if (coll.kind == MNCL_COLL_SENDRECV_BATCH && coll.nbufs > 0 && coll.sendbuf == nullptr) {
+    throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
+                     format("nccl %s: %zu ops announced but none passed", what, coll.nbufs));
   }
   DeviceGuard guard(device_);
   auto stream = static_cast<cudaStream_t>(coll.stream);
@@ -694,6 +694,23 @@ void Comm::launch(const mncl_coll_v1_t &c, cudaStream_t stream) {
              "ncclAllReduce (coalesced)");
       }
       break;
+    case MNCL_COLL_SENDRECV_BATCH: {
+      // One group: every send and receive of the batch progresses together, which is what
+      // keeps a ring shift from deadlocking (separate launches would run one after the other).
+      const mncl_p2p_v4_t *ops = kit::p2p_ops(c);
+      for (size_t i = 0; i < c.nbufs; ++i) {
+        const mncl_p2p_v4_t &o = ops[i];
+        if (o.count == 0) continue;
+        if (o.kind == MNCL_COLL_SEND) {
+          call(ncclSend(o.buf, o.count, nccl_dtype(o.dtype), o.peer, comm_, stream),
+               "ncclSend (batch)");
+        } else {
+          call(ncclRecv(o.buf, o.count, nccl_dtype(o.dtype), o.peer, comm_, stream),
+               "ncclRecv (batch)");
+        }
+      }
+      break;
+    }
     default:
       throw kit::Error(MNCL_ERR_NOT_SUPPORTED, format("nccl: unknown collective kind %d", c.kind));
   }

@@ -3,10 +3,13 @@
 #include <mncl/mncl.h>
 
 #include <atomic>
+#include <cstdint>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <unordered_set>
+#include <vector>
 
 #include "common/coll.h"   // the plugin kit's descriptor builder
 #include "common/dtype.h"  // the plugin kit's dtype/op tables
@@ -129,18 +132,22 @@ mncl_status_t run_blocking(mncl_comm_t comm, const mncl_coll_v1_t &coll) {
   return guard([&] { comm_of(comm, mncl::core::coll_function_name(coll.kind)).run(coll); });
 }
 
+// Hands a started operation to the caller as a request handle.
+void issue(mncl_comm_t comm, std::shared_ptr<mncl::core::Operation> op, mncl_request_t *request) {
+  auto handle = std::make_unique<mncl_request>();
+  handle->op = std::move(op);
+  handle->comm = comm;
+  track(g_requests, handle.get());
+  *request = handle.release();
+}
+
 mncl_status_t run_nonblocking(mncl_comm_t comm, const mncl_coll_v1_t &coll,
                               mncl_request_t *request) {
   return guard([&] {
     const char *fn = mncl::core::coll_function_name(coll.kind);
     require_out(request, fn, "request");
     *request = nullptr;
-    auto &c = comm_of(comm, fn);
-    auto handle = std::make_unique<mncl_request>();
-    handle->op = c.start(coll);
-    handle->comm = comm;
-    track(g_requests, handle.get());
-    *request = handle.release();
+    issue(comm, comm_of(comm, fn).start(coll), request);
   });
 }
 
@@ -419,11 +426,7 @@ mncl_status_t run_v(mncl_comm_t comm, int kind, const void *sendbuf, size_t send
       c.run(coll);
       return;
     }
-    auto handle = std::make_unique<mncl_request>();
-    handle->op = c.start(coll);
-    handle->comm = comm;
-    track(g_requests, handle.get());
-    *request = handle.release();
+    issue(comm, c.start(coll), request);
   });
 }
 
@@ -571,6 +574,129 @@ MNCL_API mncl_status_t mncl_iallreduce_coalesced(mncl_comm_t comm, const void *c
                                                  void *stream, mncl_request_t *request) {
   return run_nonblocking(comm, make_coalesced(sendbufs, recvbufs, counts, nbufs, dtype, op, stream),
                          request);
+}
+
+}  // extern "C"
+
+// --- batched point to point ------------------------------------------------------------------
+
+namespace {
+
+// The caller's ops as plugin ABI v4 ops, checking what only the public struct has: its size (the
+// array's stride), its kind enum and its reserved field.
+std::vector<mncl_p2p_v4_t> import_ops(const char *fn, const mncl_p2p_op_t *ops, size_t nops) {
+  std::vector<mncl_p2p_v4_t> out;
+  if (nops == 0) return out;
+  MNCL_CHECK(ops != nullptr, MNCL_ERR_INVALID_ARGUMENT, "%s: ops is NULL with nops = %zu", fn,
+             nops);
+  constexpr size_t kOwn = sizeof(mncl_p2p_op_t);
+  const size_t stride = ops[0].struct_size;
+  MNCL_CHECK(stride >= kOwn && stride <= (1u << 12), MNCL_ERR_INVALID_ARGUMENT,
+             "%s: op 0: struct_size is %zu, not the size of an mncl_p2p_op_t (%zu bytes here); "
+             "fill ops with MNCL_P2P_OP or set struct_size = sizeof(mncl_p2p_op_t)",
+             fn, stride, kOwn);
+  MNCL_CHECK(nops <= SIZE_MAX / stride, MNCL_ERR_INVALID_ARGUMENT,
+             "%s: nops %zu overflows the address space", fn, nops);
+  out.reserve(nops);
+  const auto *base = reinterpret_cast<const unsigned char *>(ops);
+  for (size_t i = 0; i < nops; ++i) {
+    const unsigned char *bytes = base + i * stride;
+    mncl_p2p_op_t op;
+    std::memcpy(&op, bytes, kOwn);
+    MNCL_CHECK(op.struct_size == stride, MNCL_ERR_INVALID_ARGUMENT,
+               "%s: op %zu: struct_size is %zu but op 0's is %zu; every op carries the same size, "
+               "which is the array's stride",
+               fn, i, op.struct_size, stride);
+    // A newer caller's longer op: accepted only while the fields this library lacks are zero.
+    for (size_t b = kOwn; b < stride; ++b) {
+      MNCL_CHECK(bytes[b] == 0, MNCL_ERR_NOT_SUPPORTED,
+                 "%s: op %zu sets fields unknown to this library (struct_size %zu, an "
+                 "mncl_p2p_op_t here is %zu bytes, version %d); upgrade libmncl",
+                 fn, i, stride, kOwn, MNCL_VERSION);
+    }
+    MNCL_CHECK(op.kind == MNCL_P2P_SEND || op.kind == MNCL_P2P_RECV, MNCL_ERR_INVALID_ARGUMENT,
+               "%s: op %zu: kind %d is not an mncl_p2p_kind_t (MNCL_P2P_SEND 0, MNCL_P2P_RECV 1)",
+               fn, i, op.kind);
+    MNCL_CHECK(op.reserved0 == 0, MNCL_ERR_INVALID_ARGUMENT,
+               "%s: op %zu: reserved0 is %d; it must be zero", fn, i, op.reserved0);
+    mncl_p2p_v4_t v4{};
+    v4.kind = op.kind == MNCL_P2P_SEND ? MNCL_COLL_SEND : MNCL_COLL_RECV;
+    v4.peer = op.peer;
+    v4.dtype = op.dtype;
+    v4.buf = op.buf;
+    v4.count = op.count;
+    out.push_back(v4);
+  }
+  return out;
+}
+
+// Blocking (request NULL) or not: validates every op, starts them together, and for a blocking
+// call waits for all of them.
+mncl_status_t run_batch(const char *fn, mncl_comm_t comm, std::vector<mncl_p2p_v4_t> ops,
+                        void *stream, mncl_request_t *request) {
+  auto &c = comm_of(comm, fn);
+  auto op = c.start_batch(fn, std::move(ops), stream);
+  if (request != nullptr) {
+    issue(comm, std::move(op), request);
+    return MNCL_OK;
+  }
+  c.wait(*op, -1);
+  if (op->status != MNCL_OK) throw Error(op->status, op->error);
+  return MNCL_OK;
+}
+
+mncl_status_t sendrecv_batch(const char *fn, mncl_comm_t comm, const mncl_p2p_op_t *ops,
+                             size_t nops, void *stream, mncl_request_t *request, bool nonblocking) {
+  return guard([&] {
+    if (nonblocking) {
+      require_out(request, fn, "request");
+      *request = nullptr;
+    }
+    run_batch(fn, comm, import_ops(fn, ops, nops), stream, request);
+  });
+}
+
+mncl_status_t sendrecv(const char *fn, mncl_comm_t comm, const void *sendbuf, size_t sendcount,
+                       int dest, void *recvbuf, size_t recvcount, int source, mncl_dtype_t dtype,
+                       void *stream, mncl_request_t *request, bool nonblocking) {
+  return guard([&] {
+    if (nonblocking) {
+      require_out(request, fn, "request");
+      *request = nullptr;
+    }
+    std::vector<mncl_p2p_v4_t> ops(2);
+    ops[0] = {MNCL_COLL_SEND, dest, dtype, 0, const_cast<void *>(sendbuf), sendcount, 0};
+    ops[1] = {MNCL_COLL_RECV, source, dtype, 0, recvbuf, recvcount, 0};
+    run_batch(fn, comm, std::move(ops), stream, request);
+  });
+}
+
+}  // namespace
+
+extern "C" {
+
+MNCL_API mncl_status_t mncl_sendrecv_batch(mncl_comm_t comm, const mncl_p2p_op_t *ops, size_t nops,
+                                           void *stream) {
+  return sendrecv_batch("mncl_sendrecv_batch", comm, ops, nops, stream, nullptr, false);
+}
+
+MNCL_API mncl_status_t mncl_isendrecv_batch(mncl_comm_t comm, const mncl_p2p_op_t *ops, size_t nops,
+                                            void *stream, mncl_request_t *request) {
+  return sendrecv_batch("mncl_isendrecv_batch", comm, ops, nops, stream, request, true);
+}
+
+MNCL_API mncl_status_t mncl_sendrecv(mncl_comm_t comm, const void *sendbuf, size_t sendcount,
+                                     int dest, void *recvbuf, size_t recvcount, int source,
+                                     mncl_dtype_t dtype, void *stream) {
+  return sendrecv("mncl_sendrecv", comm, sendbuf, sendcount, dest, recvbuf, recvcount, source,
+                  dtype, stream, nullptr, false);
+}
+
+MNCL_API mncl_status_t mncl_isendrecv(mncl_comm_t comm, const void *sendbuf, size_t sendcount,
+                                      int dest, void *recvbuf, size_t recvcount, int source,
+                                      mncl_dtype_t dtype, void *stream, mncl_request_t *request) {
+  return sendrecv("mncl_isendrecv", comm, sendbuf, sendcount, dest, recvbuf, recvcount, source,
+                  dtype, stream, request, true);
 }
 
 // --- completion ------------------------------------------------------------------------------

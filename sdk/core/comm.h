@@ -32,6 +32,12 @@ struct Operation {
   std::vector<const void *> sendbufs;
   std::vector<void *> recvbufs;
   std::vector<size_t> counts;
+  // A batch (mncl_sendrecv_batch): the core's copy of its ops for a backend that runs the
+  // SENDRECV_BATCH kind, or else one send/recv operation per op, all started before any is
+  // waited for; the batch is done when every part is.
+  std::vector<mncl_p2p_v4_t> p2p;
+  std::vector<std::shared_ptr<Operation>> parts;
+  const char *function = nullptr;  // the public function, for a batch's messages
 
   std::mutex mutex;
   std::condition_variable finished_cv;
@@ -56,6 +62,10 @@ class Comm {
   void run(mncl_coll_v1_t coll);
   // Non-blocking collective; the returned operation completes in issue order.
   std::shared_ptr<Operation> start(const mncl_coll_v1_t &coll);
+  // Non-blocking batch of sends and receives (kinds MNCL_COLL_SEND/RECV) that progress
+  // together; every op is checked before any starts. `fn` names the public function.
+  std::shared_ptr<Operation> start_batch(const char *fn, std::vector<mncl_p2p_v4_t> ops,
+                                         void *stream);
   // true when done (status/error filled). timeout_ms < 0: until the operation ends.
   bool wait(Operation &op, int64_t timeout_ms);
   bool test(Operation &op);
@@ -89,6 +99,12 @@ class Comm {
   // The most lanes a communicator of `size` ranks may have: collectives + send/recv per peer.
   static size_t max_lanes(int size) { return 1 + 2 * static_cast<size_t>(size); }
   void validate_and_number(mncl_coll_v1_t &coll);
+  // The next sequence number of point to point kind SEND or RECV with `peer`.
+  uint64_t next_p2p_seq(int32_t kind, int peer);
+  // Hands a validated, numbered operation to the plugin or to its lane.
+  void launch(const std::shared_ptr<Operation> &op);
+  // wait() for a batch run as parts: all parts, then the first failure in op order.
+  bool wait_parts(Operation &batch, int64_t timeout_ms);
   // The lane coll runs on: its (peer, direction) lane for send/recv with concurrent p2p, else
   // the collectives' lane.
   Lane &lane_for(const mncl_coll_v1_t &coll);
@@ -137,7 +153,7 @@ class Comm {
   std::shared_ptr<bootstrap::Store> comm_store_;  // "<id>/" view, used by the core
   std::unique_ptr<StoreBridge> plugin_store_;     // "<id>/p/" view, handed to the plugin
   std::shared_ptr<loader::Plugin> plugin_;
-  const mncl_plugin_v3_t *table_ = nullptr;
+  const mncl_plugin_v4_t *table_ = nullptr;
   std::unique_ptr<cuda::StagingPool> staging_;  // CUDA buffers on a host-only backend
   void *plugin_comm_ = nullptr;
 

@@ -53,7 +53,11 @@ std::string fingerprint(const mncl_coll_v1_t &c) {
 
 void check_fingerprints(bootstrap::Store &store, const mncl_coll_v1_t &coll, int rank, int size,
                         int64_t timeout_ms, const std::atomic<bool> *aborted) {
-  if (size <= 1 || coll.kind == MNCL_COLL_SEND || coll.kind == MNCL_COLL_RECV) return;
+  // Point to point is not collective: no other rank makes a matching call to compare with.
+  if (size <= 1 || coll.kind == MNCL_COLL_SEND || coll.kind == MNCL_COLL_RECV ||
+      coll.kind == MNCL_COLL_SENDRECV_BATCH) {
+    return;
+  }
   const char *fn = coll_function_name(coll.kind);
   const std::string prefix = format("dbg/%llu/", static_cast<unsigned long long>(coll.seq));
   const std::string mine = fingerprint(coll);

@@ -21,21 +21,29 @@ struct KindInfo {
   bool p2p;      // takes a peer
 };
 
-const KindInfo kKinds[MNCL_NUM_COLL_KINDS_V3] = {
-    {"allreduce", true, false, false},      {"reduce", true, true, false},
-    {"bcast", false, true, false},          {"scatter", false, true, false},
-    {"gather", false, true, false},         {"allgather", false, false, false},
-    {"reduce_scatter", true, false, false}, {"alltoall", false, false, false},
-    {"barrier", false, false, false},       {"send", false, false, true},
-    {"recv", false, false, true},           {"allreduce_coalesced", true, false, false},
-    {"allgatherv", false, false, false},    {"alltoallv", false, false, false},
+const KindInfo kKinds[MNCL_NUM_COLL_KINDS_V4] = {
+    {"allreduce", true, false, false},
+    {"reduce", true, true, false},
+    {"bcast", false, true, false},
+    {"scatter", false, true, false},
+    {"gather", false, true, false},
+    {"allgather", false, false, false},
+    {"reduce_scatter", true, false, false},
+    {"alltoall", false, false, false},
+    {"barrier", false, false, false},
+    {"send", false, false, true},
+    {"recv", false, false, true},
+    {"allreduce_coalesced", true, false, false},
+    {"allgatherv", false, false, false},
+    {"alltoallv", false, false, false},
+    {"sendrecv_batch", false, false, false},
 };
 
-const char *kFunctionNames[MNCL_NUM_COLL_KINDS_V3] = {
+const char *kFunctionNames[MNCL_NUM_COLL_KINDS_V4] = {
     "mncl_allreduce",  "mncl_reduce",    "mncl_bcast",          "mncl_scatter",
     "mncl_gather",     "mncl_allgather", "mncl_reduce_scatter", "mncl_alltoall",
     "mncl_barrier",    "mncl_send",      "mncl_recv",           "mncl_allreduce_coalesced",
-    "mncl_allgatherv", "mncl_alltoallv"};
+    "mncl_allgatherv", "mncl_alltoallv", "mncl_sendrecv_batch"};
 
 // Byte range [begin, end) of a buffer, for overlap checks.
 struct Range {
@@ -131,7 +139,7 @@ void validate_v_collective(const char *fn, const mncl_coll_v1_t &c, int rank, in
 }  // namespace
 
 const char *coll_function_name(int kind) {
-  return kind >= 0 && kind < MNCL_NUM_COLL_KINDS_V3 ? kFunctionNames[kind] : "mncl_?";
+  return kind >= 0 && kind < MNCL_NUM_COLL_KINDS_V4 ? kFunctionNames[kind] : "mncl_?";
 }
 size_t coll_bytes(const mncl_coll_v1_t &c) {
   const size_t elem = kit::dtype_size(static_cast<mncl_dtype_t>(c.dtype));
@@ -142,6 +150,13 @@ size_t coll_bytes(const mncl_coll_v1_t &c) {
     for (size_t i = 0; v.recvcounts && i < c.nbufs; ++i) total += v.recvcounts[i] * elem;
     return total;
   }
+  if (c.kind == MNCL_COLL_SENDRECV_BATCH) {
+    const auto *ops = kit::p2p_ops(c);
+    size_t total = 0;
+    for (size_t i = 0; ops && i < c.nbufs; ++i)
+      total += ops[i].count * kit::dtype_size(ops[i].dtype);
+    return total;
+  }
   if (c.kind != MNCL_COLL_ALLREDUCE_COALESCED) return c.count * elem;
   size_t total = 0;
   for (size_t i = 0; c.counts && i < c.nbufs; ++i) total += c.counts[i] * elem;
@@ -149,13 +164,19 @@ size_t coll_bytes(const mncl_coll_v1_t &c) {
 }
 
 const char *coll_kind_name(int kind) {
-  return kind >= 0 && kind < MNCL_NUM_COLL_KINDS_V3 ? kKinds[kind].name : "?";
+  return kind >= 0 && kind < MNCL_NUM_COLL_KINDS_V4 ? kKinds[kind].name : "?";
 }
 
 void validate_collective(const mncl_coll_v1_t &c, int rank, int size,
-                         const mncl_plugin_v3_t &backend) {
+                         const mncl_plugin_v4_t &backend) {
   const char *fn = coll_function_name(c.kind);
   const KindInfo &kind = kKinds[c.kind];
+  if (c.kind == MNCL_COLL_SENDRECV_BATCH) {
+    // Built by Comm::start_batch from ops validate_batch has checked, whatever the backend.
+    MNCL_CHECK(c.nbufs == 0 || c.sendbuf != nullptr, MNCL_ERR_INTERNAL,
+               "%s: the core built a batch descriptor without its ops", fn);
+    return;
+  }
 
   const bool typed = c.kind != MNCL_COLL_BARRIER;
   if (typed) {
@@ -289,6 +310,59 @@ void validate_collective(const mncl_coll_v1_t &c, int rank, int size,
                "%s: sendbuf and recvbuf overlap in a way that is not the in-place form (see "
                "mncl.h)",
                fn);
+  }
+}
+
+void validate_batch(const char *fn, const mncl_p2p_v4_t *ops, size_t n, int rank, int size,
+                    const mncl_plugin_v4_t &backend) {
+  MNCL_CHECK(n == 0 || ops != nullptr, MNCL_ERR_INVALID_ARGUMENT, "%s: ops is NULL with nops = %zu",
+             fn, n);
+  std::vector<std::pair<Range, size_t>> recvs, sends;  // non-empty buffers and their op index
+  for (size_t i = 0; i < n; ++i) {
+    const mncl_p2p_v4_t &op = ops[i];
+    const bool send = op.kind == MNCL_COLL_SEND;
+    MNCL_CHECK(send || op.kind == MNCL_COLL_RECV, MNCL_ERR_INTERNAL,
+               "%s: op %zu: the core built an op of kind %d", fn, i, op.kind);
+    const char *what = send ? "send" : "recv";
+    MNCL_CHECK(op.peer >= 0 && op.peer < size, MNCL_ERR_INVALID_ARGUMENT,
+               "%s: op %zu (%s): peer %d is out of range for a communicator of size %d", fn, i,
+               what, op.peer, size);
+    MNCL_CHECK(op.peer != rank, MNCL_ERR_INVALID_ARGUMENT,
+               "%s: op %zu (%s): peer %d is this rank itself; point to point needs another rank",
+               fn, i, what, op.peer);
+    MNCL_CHECK(op.dtype >= 0 && op.dtype < MNCL_NUM_DTYPES, MNCL_ERR_INVALID_ARGUMENT,
+               "%s: op %zu (%s): dtype %d is not an mncl_dtype_t (0..%d)", fn, i, what, op.dtype,
+               MNCL_NUM_DTYPES - 1);
+    MNCL_CHECK(backend.dtype_mask & (1u << op.dtype), MNCL_ERR_NOT_SUPPORTED,
+               "%s: op %zu (%s): backend '%s' does not support dtype %s", fn, i, what, backend.name,
+               kit::dtype_name(static_cast<mncl_dtype_t>(op.dtype)));
+    const size_t bytes =
+        checked_bytes(fn, op.count, 1, kit::dtype_size(static_cast<mncl_dtype_t>(op.dtype)));
+    MNCL_CHECK(bytes == 0 || op.buf != nullptr, MNCL_ERR_INVALID_ARGUMENT,
+               "%s: op %zu (%s): buf is NULL but count is %zu", fn, i, what, op.count);
+    if (bytes != 0) (send ? sends : recvs).emplace_back(range_of(op.buf, bytes), i);
+  }
+  // A receive buffer may overlap nothing else of the batch; sends may share memory.
+  auto by_start = [](const auto &a, const auto &b) { return a.first.begin < b.first.begin; };
+  std::sort(recvs.begin(), recvs.end(), by_start);
+  for (size_t k = 1; k < recvs.size(); ++k) {
+    MNCL_CHECK(!overlap(recvs[k - 1].first, recvs[k].first), MNCL_ERR_INVALID_ARGUMENT,
+               "%s: ops %zu and %zu (recv) have overlapping receive buffers", fn,
+               std::min(recvs[k - 1].second, recvs[k].second),
+               std::max(recvs[k - 1].second, recvs[k].second));
+  }
+  for (const auto &s : sends) {
+    // The receives are sorted and disjoint: only the first one ending after s begins can be
+    // the first to overlap it.
+    auto it = std::lower_bound(
+        recvs.begin(), recvs.end(), s.first.begin,
+        [](const std::pair<Range, size_t> &r, uintptr_t b) { return r.first.end <= b; });
+    if (it != recvs.end() && overlap(it->first, s.first)) {
+      throw Error(MNCL_ERR_INVALID_ARGUMENT,
+                  format("%s: op %zu (recv) has a receive buffer that overlaps the send buffer of "
+                         "op %zu",
+                         fn, it->second, s.second));
+    }
   }
 }
 

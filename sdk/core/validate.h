@@ -17,6 +17,12 @@ size_t coll_bytes(const mncl_coll_v1_t &coll);
 // Throws mncl::Error(MNCL_ERR_INVALID_ARGUMENT or MNCL_ERR_NOT_SUPPORTED) naming the function
 // and what was wrong. `backend` supplies the capability masks.
 void validate_collective(const mncl_coll_v1_t &coll, int rank, int size,
-                         const mncl_plugin_v3_t &backend);
+                         const mncl_plugin_v4_t &backend);
+
+// The ops of a batch (mncl_sendrecv_batch; kinds MNCL_COLL_SEND/RECV), before any starts: kinds,
+// peers, dtypes, counts, NULL buffers, and receive buffers that overlap another buffer of the
+// batch. Messages name `fn` and the op's index.
+void validate_batch(const char *fn, const mncl_p2p_v4_t *ops, size_t n, int rank, int size,
+                    const mncl_plugin_v4_t &backend);
 
 }  // namespace mncl::core

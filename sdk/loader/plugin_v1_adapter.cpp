@@ -1,6 +1,6 @@
-// Plugin ABI v1 -> the core's table (v3). v2 and v3 have v1's fields in v1's order; v2 adds
-// one capability bit and v3 two collective kinds, so this is a checked copy that clears the
-// bits v1 does not define (a v1 table cannot promise MNCL_CAP_CONCURRENT_P2P or a v3 kind).
+// Plugin ABI v1 -> the core's table (v4). v2..v4 have v1's fields in v1's order; v2 adds one
+// capability bit, v3 two collective kinds and v4 one more, so this is a checked copy that clears
+// the bits v1 does not define (a v1 table cannot promise MNCL_CAP_CONCURRENT_P2P or a later kind).
 #include "loader/plugin_abi.h"
 
 namespace mncl::loader::abi {
@@ -11,6 +11,9 @@ static_assert(offsetof(mncl_plugin_v2_t, test) == offsetof(mncl_plugin_v1_t, tes
 static_assert(offsetof(mncl_plugin_v3_t, test) == offsetof(mncl_plugin_v2_t, test) &&
                   sizeof(mncl_plugin_v3_t) == sizeof(mncl_plugin_v2_t),
               "v3 keeps v2's layout");
+static_assert(offsetof(mncl_plugin_v4_t, test) == offsetof(mncl_plugin_v3_t, test) &&
+                  sizeof(mncl_plugin_v4_t) == sizeof(mncl_plugin_v3_t),
+              "v4 keeps v3's layout");
 
 std::string adapt_v1(const void *exported, Table *out) {
   static constexpr TableFacts kV1 = facts_of<mncl_plugin_v1_t>(

@@ -1,4 +1,4 @@
-// Plugin ABI v2 -> the core's table (v3, laid out as v2): a checked copy that keeps v2's
+// Plugin ABI v2 -> the core's table (v4, laid out as v2): a checked copy that keeps v2's
 // capability bits and v2's collective kinds only.
 #include "loader/plugin_abi.h"
 

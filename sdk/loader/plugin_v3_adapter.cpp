@@ -1,5 +1,5 @@
-// Plugin ABI v3 -> the core's table. v3 is the newest ABI today, so this is a checked copy
-// that keeps v3's capability bits (v2's) and v3's collective kinds only.
+// Plugin ABI v3 -> the core's table (v4, laid out as v3): a checked copy that keeps v3's
+// capability bits (v2's) and v3's collective kinds only.
 #include "loader/plugin_abi.h"
 
 namespace mncl::loader::abi {

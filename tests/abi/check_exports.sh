@@ -56,8 +56,13 @@ script_globals() {
       for (i = 1; i <= n; ++i) {
         t = tok[i]; if (t == "") continue
         if (t == "{") { depth = 1; section = "global:"; continue }
-        if (t == "}") { depth = 0; node = ""; continue }
-        if (depth == 0) { if (t != ";" && node == "") node = t; continue }
+        if (t == "}") { depth = 0; node = ""; after = 1; continue }
+        # Outside braces: a node name before "{", or after "}" the nodes it inherits up to ";"
+        # ("} MNCL_1.1;" must not name the next node MNCL_1.1).
+        if (depth == 0) {
+          if (t == ";") after = 0; else if (!after && node == "") node = t
+          continue
+        }
         if (t == "global:" || t == "local:") { section = t; continue }
         if (t != ";" && section == "global:") print node, t
       }

@@ -34,6 +34,15 @@
 /* v3's kinds are an enum of their own (mncl_coll_kind_v3_t), which v1 and v2 do not have. */
 #define ABI_KIND_V3_PARAM , mncl_coll_kind_v3_t kind3
 #define ABI_KIND_V3_ARG +(int)kind3
+#elif MNCL_ABI_TYPES_VERSION == 4
+#define ABI_TABLE_T mncl_plugin_v4_t
+#define ABI_TABLE mncl_plugin_v4
+#define ABI_VERSION MNCL_PLUGIN_ABI_V4
+#define ABI_ENUMS mncl_plugin_abi_v4_enums
+/* v4 adds a kind (mncl_coll_kind_v4_t) and the batch op, which only a void * points to. */
+#define ABI_KIND_V3_PARAM \
+  , mncl_coll_kind_v3_t kind3, mncl_coll_kind_v4_t kind4, const mncl_p2p_v4_t *p2p
+#define ABI_KIND_V3_ARG +(int)kind3 + (int)kind4 + (p2p ? p2p->kind : 0)
 #else
 #error "unknown MNCL_ABI_TYPES_VERSION"
 #endif
@@ -50,7 +59,7 @@ MNCL_PLUGIN_EXPORT const ABI_TABLE_T ABI_TABLE = {.struct_size = sizeof(ABI_TABL
 #endif
 
 /* The enums a plugin sees as plain int32_t fields (kind, dtype, op, log levels); v2 uses v1's,
- * v3 adds its kinds (mncl_coll_kind_v3_t). */
+ * v3 adds its kinds (mncl_coll_kind_v3_t), v4 its kind and the batch op (mncl_p2p_v4_t). */
 MNCL_PLUGIN_EXPORT int ABI_ENUMS(mncl_log_level_v1_t level, mncl_coll_kind_v1_t kind,
                                  mncl_dtype_t dtype, mncl_op_t op,
                                  mncl_status_t status ABI_KIND_V3_PARAM);

@@ -87,19 +87,41 @@ TEST_F(NcclPlugin, AdvertisesWhatItImplements) {
   const uint64_t caps =
       MNCL_CAP_CUDA_MEMORY | MNCL_CAP_HOST_MEMORY | MNCL_CAP_STREAM_ORDERED | MNCL_CAP_NATIVE_ASYNC;
   EXPECT_EQ(table_->caps, caps);
-  // v1 (and v2) tables carry no v3 kind; the v3 table adds allgatherv and alltoallv.
+  // The v4 table has every kind, the batch of sends and receives (one NCCL group) included;
+  // each older copy has the same functions and caps without the kinds its version lacks: v3
+  // drops the batch, v2 and v1 allgatherv and alltoallv too.
   const uint32_t v1_mask = MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED);
+  EXPECT_EQ(table_->abi_version, MNCL_PLUGIN_ABI_V1);
   EXPECT_EQ(table_->coll_mask, v1_mask);
   const auto *v2 = static_cast<const mncl_plugin_v2_t *>(dlsym(handle_, MNCL_PLUGIN_V2_SYMBOL));
   ASSERT_NE(v2, nullptr);
+  EXPECT_EQ(v2->struct_size, sizeof(mncl_plugin_v2_t));
   EXPECT_EQ(v2->abi_version, MNCL_PLUGIN_ABI_V2);
+  EXPECT_EQ(v2->caps, caps);
   EXPECT_EQ(v2->coll_mask, v1_mask);
+  EXPECT_EQ(v2->execute, table_->execute);
   const auto *v3 = static_cast<const mncl_plugin_v3_t *>(dlsym(handle_, MNCL_PLUGIN_V3_SYMBOL));
   ASSERT_NE(v3, nullptr);
   EXPECT_EQ(v3->struct_size, sizeof(mncl_plugin_v3_t));
   EXPECT_EQ(v3->abi_version, MNCL_PLUGIN_ABI_V3);
+  EXPECT_EQ(v3->caps, caps);
   EXPECT_EQ(v3->coll_mask, MNCL_COLL_MASK_ALL_V3);
+  EXPECT_EQ(v3->coll_mask & MNCL_COLL_BIT(MNCL_COLL_SENDRECV_BATCH), 0u);
   EXPECT_EQ(v3->execute, table_->execute);
+  const auto *v4 = static_cast<const mncl_plugin_v4_t *>(dlsym(handle_, MNCL_PLUGIN_V4_SYMBOL));
+  ASSERT_NE(v4, nullptr);
+  EXPECT_EQ(v4->struct_size, sizeof(mncl_plugin_v4_t));
+  EXPECT_EQ(v4->magic, MNCL_PLUGIN_MAGIC);
+  EXPECT_EQ(v4->abi_version, MNCL_PLUGIN_ABI_V4);
+  EXPECT_STREQ(v4->name, "nccl");
+  EXPECT_EQ(v4->caps, caps);
+  EXPECT_EQ(v4->coll_mask, MNCL_COLL_MASK_ALL_V4);
+  EXPECT_NE(v4->coll_mask & MNCL_COLL_BIT(MNCL_COLL_SENDRECV_BATCH), 0u);
+  EXPECT_EQ(v4->execute, table_->execute);
+  EXPECT_EQ(v4->post, table_->post);
+  EXPECT_EQ(v4->test, table_->test);
+  // The newest ABI this header set defines is the newest the plugin exports.
+  static_assert(MNCL_PLUGIN_ABI_CURRENT == MNCL_PLUGIN_ABI_V4);
   EXPECT_EQ(table_->dtype_mask, (1u << MNCL_NUM_DTYPES) - 1);
   EXPECT_EQ(table_->op_mask, (1u << MNCL_NUM_OPS) - 1);
   EXPECT_NE(table_->post, nullptr);

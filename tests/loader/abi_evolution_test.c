@@ -4,26 +4,49 @@
  *
  *   plugins: a v1 plugin loads through the core's v1 adapter and runs a collective, and so does
  *   a v2-only plugin (mncl_plugin_v2.h) through the v2 adapter, a v3-only one (mncl_plugin_v3.h)
- *   through the v3 adapter, a plugin exporting v1 and v2, one exporting v2 and v3, one exporting
- *   v3 and the hypothetical v4 (mncl_plugin_v4_test.h), and one exporting v1 and v4; a plugin
- *   that only offers v4 is refused with MNCL_ERR_PLUGIN and a message naming the file and both
- *   version ranges, and a v2 symbol whose table says abi_version 1 is refused.
- *   (Which table the core picked is not visible through mncl.h; loader_test checks that.)
+ *   through the v3 adapter, a v4-only one (mncl_plugin_v4.h) through the v4 adapter, a plugin
+ *   exporting v1 and v2, one exporting v2 and v3, one exporting v3 and v4, a v3 table claiming
+ *   v4's batch kind, one exporting v4 and the hypothetical v5 (mncl_plugin_v5_test.h), and one
+ *   exporting v1 and v5; a plugin that only offers v5 is refused with MNCL_ERR_PLUGIN and a
+ *   message naming the file and both version ranges, and a v2 symbol whose table says
+ *   abi_version 1 is refused. (Which table the core picked is not visible through mncl.h;
+ *   loader_test checks that.)
  *
  *   v3's collective kinds (mncl_allgatherv, mncl_alltoallv and their non-blocking twins, symbol
- *   version MNCL_1.1): a plugin served as v3 runs them; a v1 or v2 plugin is never handed one,
- *   even when its table sets their coll_mask bits: MNCL_ERR_NOT_SUPPORTED naming the backend.
+ *   version MNCL_1.1): a plugin served as v3 or v4 runs them; a v1 or v2 plugin is never handed
+ *   one, even when its table sets their coll_mask bits: MNCL_ERR_NOT_SUPPORTED naming the backend.
+ *
+ *   v4's batch kind (mncl_sendrecv_batch, mncl_sendrecv and their non-blocking twins, symbol
+ *   version MNCL_1.2), seen through the mocks' MNCL_MOCK_EVENTS lines: at one rank, where only an
+ *   empty batch is valid, a plugin served as v4 is handed it and every other plugin (a v3 table
+ *   claiming the kind included) is not, and the call completes either way; an op to the rank
+ *   itself is MNCL_ERR_INVALID_ARGUMENT on every backend. At two ranks (this program run twice
+ *   more as rank processes over a file:// store), a v4 plugin is handed mncl_sendrecv's send and
+ *   receive as one batch, numbered per peer and direction, and a v3 table claiming the kind,
+ *   whose plugin has no send/recv either, is refused with MNCL_ERR_NOT_SUPPORTED naming the
+ *   backend before anything reaches it.
  *
  *   config struct-size handshake: an older caller's smaller mncl_config_t (only the first
  *   fields) gets defaults for the rest; a newer caller's larger one is accepted when its unknown
  *   tail is zero and refused with MNCL_ERR_NOT_SUPPORTED when not; a bad magic or an impossible
  *   size is MNCL_ERR_INVALID_ARGUMENT.
  *
- * Single rank; MNCL_PLUGIN_PATH points at the mock plugins (ctest).
+ * Single rank but for the batch checks above; MNCL_PLUGIN_PATH points at the mock plugins
+ * (ctest).
  */
+#define _POSIX_C_SOURCE 200809L
 #include <mncl/mncl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef MNCL_ABI_EVOLUTION_TMP
+#error "MNCL_ABI_EVOLUTION_TMP must name a folder for the test's files"
+#endif
 
 static int g_failures = 0;
 
@@ -132,6 +155,174 @@ static void vcolls_expect(const char *backend, mncl_status_t want, const char *w
   printf("ok   %-58s %s\n", what, mncl_status_string(want));
 }
 
+/* --- batches -------------------------------------------------------------------------------- */
+
+/* The file the mocks append their events to (MNCL_MOCK_EVENTS). */
+static char g_events[512];
+
+static void events_clear(void) {
+  FILE *f = fopen(g_events, "w");
+  if (f != NULL) fclose(f);
+}
+
+/* The lines of the events file that start with "<backend> batch ", joined with '\n' (each
+ * ending in one) into out; returns how many. */
+static int batch_events(const char *backend, char *out, size_t len) {
+  char line[1024], prefix[128];
+  int n = 0;
+  size_t used = 0;
+  FILE *f = fopen(g_events, "r");
+  out[0] = '\0';
+  if (f == NULL) return 0;
+  snprintf(prefix, sizeof prefix, "%s batch ", backend);
+  while (fgets(line, sizeof line, f) != NULL) {
+    if (strncmp(line, prefix, strlen(prefix)) != 0) continue;
+    ++n;
+    if (used < len) used += (size_t)snprintf(out + used, len - used, "%s", line);
+  }
+  fclose(f);
+  return n;
+}
+
+/* On a single-rank communicator of `backend`: an empty mncl_sendrecv_batch and
+ * mncl_isendrecv_batch complete, and reach the plugin (as an empty SENDRECV_BATCH) exactly when
+ * `handed` says; a batch or mncl_sendrecv naming the rank itself is refused before anything
+ * starts, whatever the backend. */
+static void batches_expect(const char *backend, int handed, const char *what) {
+  char got[1024], want[256];
+  int32_t x[2] = {1, 2}, y[2] = {0, 0};
+  mncl_p2p_op_t ops[2];
+  mncl_config_t c = config_for(backend);
+  mncl_comm_t comm = NULL;
+  mncl_request_t req = NULL;
+  const char *msg;
+  int n;
+  mncl_status_t st = mncl_comm_create(&c, &comm);
+  EXPECT(st == MNCL_OK, "%s: create: %s", what, mncl_last_error());
+  if (st != MNCL_OK) return;
+
+  events_clear();
+  st = mncl_sendrecv_batch(comm, NULL, 0, NULL);
+  EXPECT(st == MNCL_OK, "%s: empty mncl_sendrecv_batch: %s", what, mncl_last_error());
+  st = mncl_isendrecv_batch(comm, NULL, 0, NULL, &req);
+  if (st == MNCL_OK) st = mncl_wait(req, -1);
+  EXPECT(st == MNCL_OK, "%s: empty mncl_isendrecv_batch: %s", what, mncl_last_error());
+  n = batch_events(backend, got, sizeof got);
+  snprintf(want, sizeof want, "%s batch rank 0: empty\n%s batch rank 0: empty\n", backend, backend);
+  EXPECT(handed ? strcmp(got, want) == 0 : n == 0, "%s: the plugin was %shanded: '%s'", what,
+         handed ? "not " : "", got);
+
+  ops[0] = MNCL_P2P_OP(MNCL_P2P_SEND, x, 2, MNCL_INT32, 0);
+  ops[1] = MNCL_P2P_OP(MNCL_P2P_RECV, y, 2, MNCL_INT32, 0);
+  st = mncl_sendrecv_batch(comm, ops, 2, NULL);
+  msg = st == MNCL_OK ? "" : mncl_last_error();
+  EXPECT(st == MNCL_ERR_INVALID_ARGUMENT && strstr(msg, "op 0 (send): peer 0 is this rank itself"),
+         "%s: a batch to the rank itself: %s (%s)", what, mncl_status_string(st), msg);
+  st = mncl_sendrecv(comm, x, 2, 0, y, 2, 0, MNCL_INT32, NULL);
+  msg = st == MNCL_OK ? "" : mncl_last_error();
+  EXPECT(st == MNCL_ERR_INVALID_ARGUMENT && strstr(msg, "mncl_sendrecv: op 0 (send): peer 0"),
+         "%s: mncl_sendrecv to the rank itself: %s (%s)", what, mncl_status_string(st), msg);
+  EXPECT(batch_events(backend, got, sizeof got) == n, "%s: a refused batch reached the plugin: %s",
+         what, got);
+
+  EXPECT(mncl_comm_destroy(comm) == MNCL_OK, "%s: destroy: %s", what, mncl_last_error());
+  printf("ok   %-58s %s\n", what, handed ? "handed to the plugin" : "not handed to the plugin");
+}
+
+/* One rank process of two_ranks (this program with --rank): on a size-2 communicator of
+ * `backend` over `store`, mncl_sendrecv and mncl_isendrecv with the other rank (3 elements each
+ * way) end in `want` (a refusal must name the backend and the missing kinds), and an empty
+ * batch completes. Returns the exit status: the number of failed checks. */
+static int rank_main(int rank, const char *backend, const char *store, mncl_status_t want) {
+  char quoted[128];
+  int32_t x[3] = {1, 2, 3}, y[3] = {0, 0, 0};
+  const char *msg;
+  mncl_config_t c = config_for(backend);
+  mncl_comm_t comm = NULL;
+  mncl_request_t req = NULL;
+  mncl_status_t st;
+  c.rank = rank;
+  c.size = 2;
+  c.bootstrap = store;
+  st = mncl_comm_create(&c, &comm);
+  EXPECT(st == MNCL_OK, "rank %d: create: %s", rank, mncl_last_error());
+  if (st != MNCL_OK) return 1;
+  snprintf(quoted, sizeof quoted, "backend '%s' implements neither batches nor send", backend);
+
+  st = mncl_sendrecv(comm, x, 3, 1 - rank, y, 3, 1 - rank, MNCL_INT32, NULL);
+  msg = st == MNCL_OK ? "" : mncl_last_error();
+  EXPECT(st == want && (st == MNCL_OK || strstr(msg, quoted) != NULL),
+         "rank %d: mncl_sendrecv: %s (%s), expected %s", rank, mncl_status_string(st), msg,
+         mncl_status_string(want));
+  st = mncl_isendrecv(comm, x, 3, 1 - rank, y, 3, 1 - rank, MNCL_INT32, NULL, &req);
+  if (st == MNCL_OK) st = mncl_wait(req, -1);
+  msg = st == MNCL_OK ? "" : mncl_last_error();
+  EXPECT(st == want && (st == MNCL_OK || strstr(msg, quoted) != NULL),
+         "rank %d: mncl_isendrecv: %s (%s), expected %s", rank, mncl_status_string(st), msg,
+         mncl_status_string(want));
+  st = mncl_sendrecv_batch(comm, NULL, 0, NULL);
+  EXPECT(st == MNCL_OK, "rank %d: empty batch: %s", rank, mncl_last_error());
+  EXPECT(mncl_comm_destroy(comm) == MNCL_OK, "rank %d: destroy: %s", rank, mncl_last_error());
+  return g_failures;
+}
+
+/* Runs rank_main for ranks 0 and 1 as two processes of this program over a fresh file://
+ * store, then checks what the plugin recorded: each rank's mncl_sendrecv and mncl_isendrecv
+ * as one batch (send and receive numbered 0, then 1) and its empty batch when `want` is MNCL_OK,
+ * nothing at all when it is a refusal. */
+static void two_ranks(const char *backend, mncl_status_t want, const char *what) {
+  static int runs = 0;
+  char dir[512], store[600], command[600], got[2048], line[256];
+  pid_t pids[2];
+  int r, ok = 1;
+  snprintf(dir, sizeof dir, "%s/abi_evolution_store.%d.%d", MNCL_ABI_EVOLUTION_TMP, (int)getpid(),
+           runs++);
+  snprintf(store, sizeof store, "file://%s", dir);
+  EXPECT(mkdir(dir, 0700) == 0, "%s: cannot create %s", what, dir);
+  events_clear();
+  fflush(NULL);
+  for (r = 0; r < 2; ++r) {
+    char rank[2] = {(char)('0' + r), '\0'};
+    pids[r] = fork();
+    if (pids[r] == 0) {
+      execl("/proc/self/exe", "abi_evolution_test", "--rank", rank, backend, store,
+            want == MNCL_OK ? "ok" : "refused", (char *)NULL);
+      _exit(127);
+    }
+    EXPECT(pids[r] > 0, "%s: fork failed", what);
+  }
+  for (r = 0; r < 2; ++r) {
+    int status = 0;
+    if (pids[r] <= 0) continue;
+    waitpid(pids[r], &status, 0);
+    EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s: rank %d failed (status 0x%x)", what,
+           r, (unsigned)status);
+    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  if (want == MNCL_OK) {
+    EXPECT(batch_events(backend, got, sizeof got) == 6, "%s: 3 batches per rank, got:\n%s", what,
+           got);
+    for (r = 0; r < 2; ++r) {
+      int seq;
+      for (seq = 0; seq < 2; ++seq) {
+        snprintf(line, sizeof line, "%s batch rank %d: send %d #%d x3, recv %d #%d x3\n", backend,
+                 r, 1 - r, seq, 1 - r, seq);
+        EXPECT(strstr(got, line) != NULL, "%s: missing '%.*s' in:\n%s", what, (int)strlen(line) - 1,
+               line, got);
+      }
+      snprintf(line, sizeof line, "%s batch rank %d: empty\n", backend, r);
+      EXPECT(strstr(got, line) != NULL, "%s: missing '%.*s' in:\n%s", what, (int)strlen(line) - 1,
+             line, got);
+    }
+  } else {
+    EXPECT(batch_events(backend, got, sizeof got) == 0, "%s: the plugin was handed:\n%s", what,
+           got);
+  }
+  snprintf(command, sizeof command, "rm -rf '%s'", dir);
+  EXPECT(system(command) == 0, "%s: cannot remove %s", what, dir);
+  if (ok) printf("ok   %-58s %s\n", what, mncl_status_string(want));
+}
+
 /* What an older header's mncl_config_t could have been: the first fields only. */
 typedef struct old_config {
   size_t struct_size;
@@ -149,8 +340,16 @@ typedef struct new_config {
   const char *future_name;
 } new_config_t;
 
-int main(void) {
+int main(int argc, char **argv) {
   const char *msg;
+
+  if (argc == 6 && strcmp(argv[1], "--rank") == 0) { /* a rank process of two_ranks */
+    return rank_main(atoi(argv[2]), argv[3], argv[4],
+                     strcmp(argv[5], "ok") == 0 ? MNCL_OK : MNCL_ERR_NOT_SUPPORTED);
+  }
+  snprintf(g_events, sizeof g_events, "%s/abi_evolution_events.%d", MNCL_ABI_EVOLUTION_TMP,
+           (int)getpid());
+  setenv("MNCL_MOCK_EVENTS", g_events, 1);
 
   /* --- plugin ABI versions ------------------------------------------------------------------ */
   {
@@ -163,8 +362,11 @@ int main(void) {
         {"v1v2", "v1+v2 plugin is served (as v2)"},
         {"v3only", "v3 plugin loads through the v3 adapter"},
         {"v2v3", "v2+v3 plugin is served (as v3)"},
-        {"v3v4", "v3+v4 plugin is served (as v3)"},
-        {"v1v4", "v1+v4 plugin is served (as v1)"},
+        {"v4only", "v4 plugin loads through the v4 adapter"},
+        {"v3v4", "v3+v4 plugin is served (as v4)"},
+        {"v3batch", "v3 plugin claiming the v4 kind loads (as v3)"},
+        {"v4v5", "v4+v5 plugin is served (as v4)"},
+        {"v1v5", "v1+v5 plugin is served (as v1)"},
     };
     for (size_t i = 0; i < sizeof loads / sizeof loads[0]; ++i) {
       mncl_config_t c = config_for(loads[i].name);
@@ -172,11 +374,11 @@ int main(void) {
     }
   }
   {
-    mncl_config_t c = config_for("v4only");
-    msg = create_expect(&c, MNCL_ERR_PLUGIN, "", "v4-only plugin is refused");
-    EXPECT(strstr(msg, "libmncl-v4only.so") != NULL, "the message names the file: %s", msg);
-    EXPECT(strstr(msg, "offers plugin ABI v4 only") != NULL, "the plugin's range: %s", msg);
-    EXPECT(strstr(msg, "this core supports v1..v3") != NULL, "the core's range: %s", msg);
+    mncl_config_t c = config_for("v5only");
+    msg = create_expect(&c, MNCL_ERR_PLUGIN, "", "v5-only plugin is refused");
+    EXPECT(strstr(msg, "libmncl-v5only.so") != NULL, "the message names the file: %s", msg);
+    EXPECT(strstr(msg, "offers plugin ABI v5 only") != NULL, "the plugin's range: %s", msg);
+    EXPECT(strstr(msg, "this core supports v1..v4") != NULL, "the core's range: %s", msg);
   }
   {
     mncl_config_t c = config_for("v2badabi");
@@ -189,11 +391,24 @@ int main(void) {
   /* --- v3's collective kinds --------------------------------------------------------------- */
   vcolls_expect("v3only", MNCL_OK, "v3 plugin runs allgatherv/alltoallv (+ i*)");
   vcolls_expect("v2v3", MNCL_OK, "v2+v3 plugin (as v3) runs allgatherv/alltoallv");
-  vcolls_expect("v3v4", MNCL_OK, "v3+v4 plugin (as v3) runs allgatherv/alltoallv");
+  vcolls_expect("v4only", MNCL_OK, "v4 plugin runs allgatherv/alltoallv");
+  vcolls_expect("v3v4", MNCL_OK, "v3+v4 plugin (as v4) runs allgatherv/alltoallv");
+  vcolls_expect("v3batch", MNCL_OK, "v3 table claiming the v4 kind keeps v3's");
+  vcolls_expect("v4v5", MNCL_OK, "v4+v5 plugin (as v4) runs allgatherv/alltoallv");
   vcolls_expect("mock", MNCL_ERR_NOT_SUPPORTED, "v1 plugin is never handed a v3 kind");
   vcolls_expect("v1v2", MNCL_ERR_NOT_SUPPORTED, "v1+v2 plugin (as v2) is never handed one");
   vcolls_expect("v2allv", MNCL_ERR_NOT_SUPPORTED, "v2 table claiming v3's kinds loses them");
-  vcolls_expect("v1v4", MNCL_ERR_NOT_SUPPORTED, "v1+v4 plugin (as v1) is never handed one");
+  vcolls_expect("v1v5", MNCL_ERR_NOT_SUPPORTED, "v1+v5 plugin (as v1) is never handed one");
+
+  /* --- v4's batch kind ------------------------------------------------------------------------ */
+  batches_expect("v4only", 1, "v4 plugin is handed an empty batch");
+  batches_expect("v3v4", 1, "v3+v4 plugin (as v4) is handed an empty batch");
+  batches_expect("v4v5", 1, "v4+v5 plugin (as v4) is handed an empty batch");
+  batches_expect("v3batch", 0, "v3 table claiming the v4 kind: empty batch, core-only");
+  batches_expect("v3only", 0, "v3 plugin: an empty batch completes in the core");
+  batches_expect("mock", 0, "v1 plugin: an empty batch completes in the core");
+  two_ranks("v4only", MNCL_OK, "2 ranks: v4 plugin is handed sendrecv as one batch");
+  two_ranks("v3batch", MNCL_ERR_NOT_SUPPORTED, "2 ranks: v3 claiming the kind, no send/recv");
 
   /* --- config struct-size handshake ---------------------------------------------------------- */
   {
@@ -230,6 +445,7 @@ int main(void) {
     create_expect(&c, MNCL_ERR_INVALID_ARGUMENT, "", "struct_size smaller than any config");
   }
 
+  remove(g_events);
   if (g_failures != 0) {
     fprintf(stderr, "%d check(s) failed\n", g_failures);
     return 1;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # mncl-info must list the real naive plugin as loaded, every mock or bad file with the reason it
-# was refused, and the ABI version and capabilities of the loaded v1/v2/v3 mocks.
+# was refused, and the ABI version and capabilities of the loaded v1..v4 mocks.
 # Usage: check_mncl_info.sh <mncl-info> (MNCL_PLUGIN_PATH set by ctest).
 set -u
 out=$("$1" --plugins 2>/dev/null)
@@ -24,7 +24,7 @@ expect_details() {
 expect '^  naive +loaded '
 expect '^  mock +loaded '
 expect '^  nosym +REFUSED .*no mncl_plugin_v1'
-expect '^  v4only +REFUSED .*offers plugin ABI v4 only; this core supports v1\.\.v3'
+expect '^  v5only +REFUSED .*offers plugin ABI v5 only; this core supports v1\.\.v4'
 expect '^  badabi +REFUSED .*abi_version 7'
 expect '^  v2badabi +REFUSED .*mncl_plugin_v2 declares abi_version 1 but the symbol name promises 2'
 expect '^  badmagic +REFUSED .*magic'
@@ -37,14 +37,18 @@ expect '^  elf32 +REFUSED .*32-bit ELF'
 expect '^  misnamed +REFUSED .*differs from the file name'
 # v2 plugins show ABI v2 and their p2p-lanes; a v1 table never does, even when it sets bit 4.
 # v3 plugins also show v3's kinds (bits 12, 13: 0x31ff with the mocks' 0x1ff); a v1 or v2 table
-# never does, even when it sets them.
+# never does, even when it sets them. v4 plugins add the batch kind (bit 14: 0x71ff); a v3 table
+# never shows it, even when it sets it.
 expect_details mock 'plugin ABI v1, memory host, collectives 0x1ff,'
 expect_details v2only 'plugin ABI v2, memory host,p2p-lanes, collectives 0x1ff,'
 expect_details v1v2 'plugin ABI v2, memory host,p2p-lanes, collectives 0x1ff,'
 expect_details v3only 'plugin ABI v3, memory host,p2p-lanes, collectives 0x31ff,'
 expect_details v2v3 'plugin ABI v3, memory host,p2p-lanes, collectives 0x31ff,'
 expect_details v2allv 'plugin ABI v2, memory host,p2p-lanes, collectives 0x1ff,'
-expect_details v3v4 'plugin ABI v3, memory host,p2p-lanes, collectives 0x31ff,'
-expect_details v1v4 'plugin ABI v1, memory host, collectives 0x1ff,'
+expect_details v4only 'plugin ABI v4, memory host,p2p-lanes, collectives 0x71ff,'
+expect_details v3v4 'plugin ABI v4, memory host,p2p-lanes, collectives 0x71ff,'
+expect_details v3batch 'plugin ABI v3, memory host,p2p-lanes, collectives 0x31ff,'
+expect_details v4v5 'plugin ABI v4, memory host,p2p-lanes, collectives 0x71ff,'
+expect_details v1v5 'plugin ABI v1, memory host, collectives 0x1ff,'
 expect_details v1p2p 'plugin ABI v1, memory host, collectives 0x1ff,'
 exit $status

@@ -22,25 +22,28 @@
 #include "common/log.h"
 #include "loader/plugin_abi.h"
 #include "loader/plugin_loader.h"
-#include "mncl_plugin_v4_test.h"
+#include "mncl_plugin_v5_test.h"
 
 namespace mncl::loader {
 namespace {
 
-// The hypothetical v4 only appends: its v3 part must match v3 field for field.
-static_assert(offsetof(mncl_plugin_v4_test_t, base) == 0);
-static_assert(offsetof(mncl_plugin_v4_test_t, comm_shrink) == sizeof(mncl_plugin_v3_t));
-// The core's table is v3 today; the adapter tests below fill one.
-static_assert(std::is_same_v<abi::Table, mncl_plugin_v3_t>);
-static_assert(abi::kNewest == MNCL_PLUGIN_ABI_V3);
+// The hypothetical v5 only appends: its v4 part must match v4 field for field.
+static_assert(offsetof(mncl_plugin_v5_test_t, base) == 0);
+static_assert(offsetof(mncl_plugin_v5_test_t, comm_shrink) == sizeof(mncl_plugin_v4_t));
+// The core's table is v4 today; the adapter tests below fill one.
+static_assert(std::is_same_v<abi::Table, mncl_plugin_v4_t>);
+static_assert(abi::kNewest == MNCL_PLUGIN_ABI_V4);
 
 // The mocks' coll_mask (mock_plugin.c): every v1 kind but send/recv, plus v3's two kinds in
-// their v3 (and v4) tables.
+// their v3 tables, and v4's batch kind too in their v4 (and v5) tables.
 constexpr uint32_t kMockColls =
     MNCL_COLL_MASK_ALL_V1 & ~(MNCL_COLL_BIT(MNCL_COLL_SEND) | MNCL_COLL_BIT(MNCL_COLL_RECV));
 constexpr uint32_t kV3Kinds =
     MNCL_COLL_BIT(MNCL_COLL_ALLGATHERV) | MNCL_COLL_BIT(MNCL_COLL_ALLTOALLV);
 static_assert(kV3Kinds == ((1u << 12) | (1u << 13)));
+constexpr uint32_t kV4Kind = MNCL_COLL_BIT(MNCL_COLL_SENDRECV_BATCH);
+static_assert(kV4Kind == (1u << 14));
+static_assert(MNCL_COLL_MASK_ALL_V4 == (MNCL_COLL_MASK_ALL_V3 | kV4Kind));
 
 const std::string kMockDir = MNCL_MOCK_PLUGIN_DIR;
 
@@ -119,7 +122,7 @@ std::vector<Refusal> refusals() {
       {"truncated", "dlopen failed: "},
       {"dir", "not a regular file"},
       {"nosym", "no mncl_plugin_v1..mncl_plugin_v16 symbol exported"},
-      {"v4only", "offers plugin ABI v4 only; this core supports v1..v3"},
+      {"v5only", "offers plugin ABI v5 only; this core supports v1..v4"},
       {"badabi", "mncl_plugin_v1 declares abi_version 7 but the symbol name promises 1"},
       {"v2badabi", "mncl_plugin_v2 declares abi_version 1 but the symbol name promises 2"},
       {"badmagic", "mncl_plugin_v1 has magic 0xdeadbeef, expected 0x504c4e4d"},
@@ -302,6 +305,43 @@ TEST(Loader, V3OnlyPluginRunsASingleRankAllgathervAndAlltoallv) {
   EXPECT_EQ(t.comm_destroy(comm), MNCL_OK);
 }
 
+TEST(Loader, V4OnlyPluginLoadsWithItsBatchKind) {
+  auto p = load("v4only");
+  EXPECT_EQ(p->name(), "v4only");
+  EXPECT_EQ(p->abi_version(), 4u);
+  const abi::Table &t = p->table();
+  EXPECT_EQ(t.struct_size, sizeof(mncl_plugin_v4_t));
+  EXPECT_EQ(t.abi_version, MNCL_PLUGIN_ABI_V4);
+  EXPECT_EQ(t.caps, MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P);
+  EXPECT_EQ(t.coll_mask, kMockColls | kV3Kinds | kV4Kind);
+  EXPECT_STREQ(t.version, "0.0.1-test (v4only)");
+}
+
+TEST(Loader, V4OnlyPluginTakesAnEmptyBatchAndRefusesABadOne) {
+  // The descriptor as mncl_plugin_v4.h lays it out (kit::make_batch_coll): at one rank only an
+  // empty batch is possible, since every peer must differ from the rank.
+  auto p = load("v4only");
+  const abi::Table &t = p->table();
+  mncl_bootstrap_v1_t bs = {};
+  bs.struct_size = sizeof bs;
+  bs.size = 1;
+  void *comm = nullptr;
+  ASSERT_EQ(t.comm_create(&bs, &comm), MNCL_OK);
+  clear_events();
+  mncl_coll_v1_t coll = mncl::kit::make_batch_coll(nullptr, 0);
+  EXPECT_EQ(coll.kind, MNCL_COLL_SENDRECV_BATCH);
+  ASSERT_EQ(t.execute(comm, &coll), MNCL_OK) << last_error();
+  EXPECT_EQ(events("v4only"), std::vector<std::string>{"batch rank 0: empty"});
+  // An op to the rank itself, which the core never hands over: the mock says so.
+  int32_t x = 0;
+  const mncl_p2p_v4_t self = {MNCL_COLL_SEND, 0, MNCL_INT32, 0, &x, 1, 0};
+  coll = mncl::kit::make_batch_coll(&self, 1);
+  set_last_error("");
+  EXPECT_EQ(t.execute(comm, &coll), MNCL_ERR_INTERNAL);
+  EXPECT_CONTAINS(last_error(), "batch op 0 breaks what the core promises");
+  EXPECT_EQ(t.comm_destroy(comm), MNCL_OK);
+}
+
 TEST(Loader, NewestKnownVersionWinsWhenSeveralAreExported) {
   // v1 + v2: the v2 table, told apart from the v1 copy by MNCL_CAP_CONCURRENT_P2P, which only
   // the v2 table carries (as with the plugin kit's as_v1).
@@ -316,22 +356,28 @@ TEST(Loader, NewestKnownVersionWinsWhenSeveralAreExported) {
   EXPECT_EQ(p23->table().abi_version, MNCL_PLUGIN_ABI_V3);
   EXPECT_EQ(p23->table().caps, MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P);
   EXPECT_EQ(p23->table().coll_mask, kMockColls | kV3Kinds);
+  // v3 + v4: the v4 table, told apart from the v3 copy by the batch kind, which only it carries.
+  auto p34 = load("v3v4");
+  EXPECT_EQ(p34->abi_version(), 4u);
+  EXPECT_EQ(p34->table().abi_version, MNCL_PLUGIN_ABI_V4);
+  EXPECT_EQ(p34->table().caps, MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P);
+  EXPECT_EQ(p34->table().coll_mask, kMockColls | kV3Kinds | kV4Kind);
 }
 
 TEST(Loader, NewerUnknownVersionIsPassedOverForTheNewestKnownOne) {
-  // v3 + hypothetical v4: v3; v1 + v4 (no v2, no v3): v1, whose table can promise neither
-  // concurrency nor v3's kinds.
-  auto p34 = load("v3v4");
-  EXPECT_EQ(p34->abi_version(), 3u);
-  EXPECT_EQ(p34->table().abi_version, MNCL_PLUGIN_ABI_V3);
-  EXPECT_EQ(p34->table().struct_size, sizeof(abi::Table));
-  EXPECT_EQ(p34->table().caps, MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P);
-  EXPECT_EQ(p34->table().coll_mask, kMockColls | kV3Kinds);
-  auto p14 = load("v1v4");
-  EXPECT_EQ(p14->abi_version(), 1u);
-  EXPECT_EQ(p14->table().abi_version, MNCL_PLUGIN_ABI_V1);
-  EXPECT_EQ(p14->table().caps, MNCL_CAP_HOST_MEMORY);
-  EXPECT_EQ(p14->table().coll_mask, kMockColls);
+  // v4 + hypothetical v5: v4, cut to the v4 table; v1 + v5 (no v2..v4): v1, whose table can
+  // promise neither concurrency nor a later kind.
+  auto p45 = load("v4v5");
+  EXPECT_EQ(p45->abi_version(), 4u);
+  EXPECT_EQ(p45->table().abi_version, MNCL_PLUGIN_ABI_V4);
+  EXPECT_EQ(p45->table().struct_size, sizeof(abi::Table));
+  EXPECT_EQ(p45->table().caps, MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P);
+  EXPECT_EQ(p45->table().coll_mask, kMockColls | kV3Kinds | kV4Kind);
+  auto p15 = load("v1v5");
+  EXPECT_EQ(p15->abi_version(), 1u);
+  EXPECT_EQ(p15->table().abi_version, MNCL_PLUGIN_ABI_V1);
+  EXPECT_EQ(p15->table().caps, MNCL_CAP_HOST_MEMORY);
+  EXPECT_EQ(p15->table().coll_mask, kMockColls);
 }
 
 TEST(Loader, V1TableLosesTheV2OnlyCapabilityBit) {
@@ -361,6 +407,20 @@ TEST(Loader, V2TableLosesTheV3Kinds) {
   EXPECT_EQ(r->coll_mask, kMockColls);  // what mncl-info shows
 }
 
+TEST(Loader, V3TableLosesTheV4Kind) {
+  // Bit 14 means nothing in v3: a v3 plugin setting it is never handed a SENDRECV_BATCH (the
+  // core runs a batch as sends and receives instead, or refuses it when those are missing too).
+  auto p = load("v3batch");
+  EXPECT_EQ(p->abi_version(), 3u);
+  EXPECT_EQ(p->table().coll_mask, kMockColls | kV3Kinds);
+  EXPECT_EQ(p->table().coll_mask & kV4Kind, 0u);
+  const auto reports = discover();
+  const PluginReport *r = find_report(reports, mock_path("v3batch"));
+  ASSERT_NE(r, nullptr);
+  EXPECT_TRUE(r->loaded) << r->reason;
+  EXPECT_EQ(r->coll_mask, kMockColls | kV3Kinds);  // what mncl-info shows
+}
+
 TEST(Loader, LargerStructSizeIsCutToTheKnownTable) {
   auto p = load("padded");
   EXPECT_EQ(p->table().struct_size, sizeof(abi::Table));
@@ -373,10 +433,10 @@ TEST(Loader, UnknownNameListsTheAvailableBackends) {
   const std::string message = error_of([] { load("gloooo"); });
   EXPECT_EQ(message.rfind("unknown backend 'gloooo'; available: ", 0), 0u) << message;
   for (const char *good : {"mock", "noop", "padded", "v2only", "v1v2", "v1p2p", "v2v3", "v3only",
-                           "v2allv", "v3v4", "v1v4"}) {
+                           "v2allv", "v4only", "v3v4", "v3batch", "v4v5", "v1v5"}) {
     EXPECT_CONTAINS(message, good);
   }
-  for (const char *bad : {"initfail", "text", "v4only", "v2badabi"}) {
+  for (const char *bad : {"initfail", "text", "v5only", "v2badabi"}) {
     EXPECT_EQ(message.find(std::string(bad) + ","), std::string::npos) << message;
   }
   EXPECT_CONTAINS(message, kMockDir);
@@ -395,9 +455,12 @@ TEST(Loader, AvailableNamesAreTheLoadableOnes) {
   EXPECT_TRUE(has("v2v3"));
   EXPECT_TRUE(has("v3only"));
   EXPECT_TRUE(has("v2allv"));
+  EXPECT_TRUE(has("v4only"));
   EXPECT_TRUE(has("v3v4"));
-  EXPECT_TRUE(has("v1v4"));
-  EXPECT_FALSE(has("v4only"));
+  EXPECT_TRUE(has("v3batch"));
+  EXPECT_TRUE(has("v4v5"));
+  EXPECT_TRUE(has("v1v5"));
+  EXPECT_FALSE(has("v5only"));
   EXPECT_FALSE(has("v2badabi"));
   EXPECT_FALSE(has("initfail"));
   EXPECT_FALSE(has("misnamed"));
@@ -485,8 +548,8 @@ TEST(Loader, DiscoverReportsEveryFileOnce) {
     EXPECT_EQ(r.loaded, r.reason.empty()) << r.path << ": " << r.reason;
     EXPECT_EQ(r.loaded, r.plugin != nullptr) << r.path;
   }
-  // 23 mock variants + 6 bad files.
-  EXPECT_EQ(in_mock_dir, 29u);
+  // 26 mock variants + 6 bad files.
+  EXPECT_EQ(in_mock_dir, 32u);
   const PluginReport *mock = find_report(reports, mock_path("mock"));
   ASSERT_NE(mock, nullptr);
   EXPECT_TRUE(mock->loaded);
@@ -511,6 +574,11 @@ TEST(Loader, DiscoverReportsEveryFileOnce) {
   EXPECT_TRUE(v3only->loaded) << v3only->reason;
   EXPECT_EQ(v3only->abi_version, 3u);
   EXPECT_EQ(v3only->coll_mask, kMockColls | kV3Kinds);
+  const PluginReport *v4only = find_report(reports, mock_path("v4only"));
+  ASSERT_NE(v4only, nullptr);
+  EXPECT_TRUE(v4only->loaded) << v4only->reason;
+  EXPECT_EQ(v4only->abi_version, 4u);
+  EXPECT_EQ(v4only->coll_mask, kMockColls | kV3Kinds | kV4Kind);
   const PluginReport *v2badabi = find_report(reports, mock_path("v2badabi"));
   ASSERT_NE(v2badabi, nullptr);
   EXPECT_FALSE(v2badabi->loaded);
@@ -593,7 +661,7 @@ TEST(Loader, RefusedInitKeepsTheCallersLastError) {
 }
 
 // ----------------------------------------------------------------------------------------------
-// The adapters, on tables in memory: each fills the core's table (abi::Table, v3)
+// The adapters, on tables in memory: each fills the core's table (abi::Table, v4)
 
 // A table of type T with a valid header for `version`, every other field zero.
 template <class T>
@@ -614,7 +682,7 @@ TEST(V1Adapter, CopiesAKnownSizeTable) {
   abi::Table out;
   std::memset(&out, 0xff, sizeof out);
   EXPECT_EQ(abi::adapt_v1(&in, &out), "");
-  // v3 has v1's layout, so the copy is byte for byte (abi_version stays 1).
+  // v4 has v1's layout, so the copy is byte for byte (abi_version stays 1).
   static_assert(sizeof in == sizeof out);
   EXPECT_EQ(std::memcmp(&in, &out, sizeof in), 0);
 }
@@ -631,15 +699,17 @@ TEST(V1Adapter, ClearsCapabilityBitsV1DoesNotDefine) {
 }
 
 TEST(V1Adapter, ClearsCollectiveKindsV1DoesNotDefine) {
-  // v3's ALLGATHERV and ALLTOALLV (and anything above) mean nothing in a v1 table.
+  // v3's ALLGATHERV and ALLTOALLV, v4's SENDRECV_BATCH (and anything above) mean nothing in a
+  // v1 table.
   mncl_plugin_v1_t in = table_for<mncl_plugin_v1_t>(MNCL_PLUGIN_ABI_V1);
   in.coll_mask = MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED) | kV3Kinds |
-                 (1u << 14) | (1u << 31);
+                 kV4Kind | (1u << 15) | (1u << 31);
   abi::Table out;
   EXPECT_EQ(abi::adapt_v1(&in, &out), "");
   EXPECT_EQ(out.coll_mask, MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED));
   EXPECT_EQ(out.coll_mask & MNCL_COLL_BIT(MNCL_COLL_ALLGATHERV), 0u);
   EXPECT_EQ(out.coll_mask & MNCL_COLL_BIT(MNCL_COLL_ALLTOALLV), 0u);
+  EXPECT_EQ(out.coll_mask & kV4Kind, 0u);
 }
 
 TEST(V1Adapter, IgnoresBytesBeyondTheKnownTable) {
@@ -691,10 +761,10 @@ TEST(V2Adapter, CopiesAKnownSizeTableWithItsConcurrentP2pBit) {
 }
 
 TEST(V2Adapter, ClearsCollectiveKindsV2DoesNotDefine) {
-  // v2 defines v1's kinds only: a v2 plugin is never handed a v3 kind.
+  // v2 defines v1's kinds only: a v2 plugin is never handed a v3 or v4 kind.
   mncl_plugin_v2_t in = table_for<mncl_plugin_v2_t>(MNCL_PLUGIN_ABI_V2);
   in.caps = MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P;
-  in.coll_mask = MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE) | kV3Kinds | (1u << 20);
+  in.coll_mask = MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE) | kV3Kinds | kV4Kind | (1u << 20);
   abi::Table out;
   EXPECT_EQ(abi::adapt_v2(&in, &out), "");
   EXPECT_EQ(out.coll_mask, MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE));
@@ -703,7 +773,7 @@ TEST(V2Adapter, ClearsCollectiveKindsV2DoesNotDefine) {
 
 TEST(V2Adapter, IgnoresBytesBeyondTheKnownTable) {
   // What a later table could look like if it were exported as v2 (fields appended).
-  mncl_plugin_v4_test_t in;
+  mncl_plugin_v5_test_t in;
   std::memset(&in, 0, sizeof in);
   in.base.struct_size = sizeof in;
   in.base.magic = MNCL_PLUGIN_MAGIC;
@@ -754,9 +824,10 @@ TEST(V3Adapter, CopiesAKnownSizeTableWithItsKinds) {
 }
 
 TEST(V3Adapter, KeepsTheV3KindsAndClearsUndefinedBits) {
+  // v4's batch kind (bit 14) among them: a v3 plugin is never handed a SENDRECV_BATCH.
   mncl_plugin_v3_t in = table_for<mncl_plugin_v3_t>(MNCL_PLUGIN_ABI_V3);
   in.caps = MNCL_CAP_HOST_MEMORY | (1ull << 40);
-  in.coll_mask = MNCL_COLL_BIT(MNCL_COLL_BARRIER) | kV3Kinds | (1u << 14) | (1u << 31);
+  in.coll_mask = MNCL_COLL_BIT(MNCL_COLL_BARRIER) | kV3Kinds | kV4Kind | (1u << 31);
   abi::Table out;
   EXPECT_EQ(abi::adapt_v3(&in, &out), "");
   EXPECT_EQ(out.coll_mask, MNCL_COLL_BIT(MNCL_COLL_BARRIER) | kV3Kinds);
@@ -765,8 +836,8 @@ TEST(V3Adapter, KeepsTheV3KindsAndClearsUndefinedBits) {
 }
 
 TEST(V3Adapter, IgnoresBytesBeyondTheKnownTable) {
-  // What the hypothetical v4 table would look like if it were exported as v3 (fields appended).
-  mncl_plugin_v4_test_t in;
+  // What a later table would look like if it were exported as v3 (fields appended).
+  mncl_plugin_v5_test_t in;
   std::memset(&in, 0, sizeof in);
   in.base.struct_size = sizeof in;
   in.base.magic = MNCL_PLUGIN_MAGIC;
@@ -803,16 +874,85 @@ TEST(V3Adapter, RefusesASmallerStructSize) {
                          offsetof(mncl_plugin_v3_t, test), sizeof(mncl_plugin_v3_t)));
 }
 
+TEST(V4Adapter, CopiesAKnownSizeTableWithItsKinds) {
+  mncl_plugin_v4_t in = table_for<mncl_plugin_v4_t>(MNCL_PLUGIN_ABI_V4);
+  in.name = "w";
+  in.caps = MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P;
+  in.coll_mask = MNCL_COLL_MASK_ALL_V4;
+  in.dtype_mask = 9;
+  abi::Table out;
+  std::memset(&out, 0xff, sizeof out);
+  EXPECT_EQ(abi::adapt_v4(&in, &out), "");
+  static_assert(sizeof in == sizeof out);
+  EXPECT_EQ(std::memcmp(&in, &out, sizeof in), 0);
+  EXPECT_EQ(out.caps, MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P);
+  EXPECT_EQ(out.coll_mask, MNCL_COLL_MASK_ALL_V4);
+  EXPECT_NE(out.coll_mask & kV4Kind, 0u);
+}
+
+TEST(V4Adapter, KeepsTheV4KindsAndClearsUndefinedBits) {
+  mncl_plugin_v4_t in = table_for<mncl_plugin_v4_t>(MNCL_PLUGIN_ABI_V4);
+  in.caps = MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P | (1ull << 40);
+  in.coll_mask = MNCL_COLL_BIT(MNCL_COLL_BARRIER) | kV3Kinds | kV4Kind | (1u << 15) | (1u << 31);
+  abi::Table out;
+  EXPECT_EQ(abi::adapt_v4(&in, &out), "");
+  EXPECT_EQ(out.coll_mask, MNCL_COLL_BIT(MNCL_COLL_BARRIER) | kV3Kinds | kV4Kind);
+  EXPECT_EQ(out.caps, MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P);
+  static_assert(MNCL_COLL_MASK_ALL_V4 == (1u << 15) - 1u);
+}
+
+TEST(V4Adapter, IgnoresBytesBeyondTheKnownTable) {
+  // What the hypothetical v5 table would look like if it were exported as v4 (fields appended).
+  mncl_plugin_v5_test_t in;
+  std::memset(&in, 0, sizeof in);
+  in.base.struct_size = sizeof in;
+  in.base.magic = MNCL_PLUGIN_MAGIC;
+  in.base.abi_version = MNCL_PLUGIN_ABI_V4;
+  in.base.op_mask = 3;
+  in.base.coll_mask = kV3Kinds | kV4Kind;
+  in.caps2 = ~0ull;
+  abi::Table out;
+  EXPECT_EQ(abi::adapt_v4(&in, &out), "");
+  EXPECT_EQ(out.struct_size, sizeof(abi::Table));
+  EXPECT_EQ(out.op_mask, 3u);
+  EXPECT_EQ(out.coll_mask, kV3Kinds | kV4Kind);
+}
+
+TEST(V4Adapter, RefusesAV3HeaderUnderTheV4Symbol) {
+  // Same layout, but abi_version 3 in mncl_plugin_v4: the plugin does not mean v4's kind.
+  mncl_plugin_v4_t in = table_for<mncl_plugin_v4_t>(MNCL_PLUGIN_ABI_V3);
+  in.coll_mask = kV3Kinds | kV4Kind;
+  abi::Table out;
+  EXPECT_CONTAINS(abi::adapt_v4(&in, &out),
+                  "mncl_plugin_v4 declares abi_version 3 but the symbol name promises 4");
+  in.abi_version = MNCL_PLUGIN_ABI_V4;
+  in.magic = 0x12345678u;
+  EXPECT_CONTAINS(abi::adapt_v4(&in, &out), "mncl_plugin_v4 has magic 0x12345678");
+}
+
+TEST(V4Adapter, RefusesASmallerStructSize) {
+  mncl_plugin_v4_t in = table_for<mncl_plugin_v4_t>(MNCL_PLUGIN_ABI_V4);
+  in.struct_size = offsetof(mncl_plugin_v4_t, test);
+  abi::Table out;
+  EXPECT_CONTAINS(abi::adapt_v4(&in, &out),
+                  format("mncl_plugin_v4 struct_size %zu is smaller than mncl_plugin_v4_t (%zu "
+                         "bytes)",
+                         offsetof(mncl_plugin_v4_t, test), sizeof(mncl_plugin_v4_t)));
+}
+
 TEST(Adapters, NewestFirst) {
-  // The loader takes the first symbol found: v3 must be tried before v2, v2 before v1.
-  ASSERT_EQ(std::size(abi::kAdapters), 3u);
-  EXPECT_EQ(abi::kAdapters[0].version, MNCL_PLUGIN_ABI_V3);
-  EXPECT_STREQ(abi::kAdapters[0].symbol, "mncl_plugin_v3");
-  EXPECT_EQ(abi::kAdapters[1].version, MNCL_PLUGIN_ABI_V2);
-  EXPECT_STREQ(abi::kAdapters[1].symbol, "mncl_plugin_v2");
-  EXPECT_EQ(abi::kAdapters[2].version, MNCL_PLUGIN_ABI_V1);
-  EXPECT_STREQ(abi::kAdapters[2].symbol, "mncl_plugin_v1");
-  EXPECT_EQ(abi::symbol_for(4), MNCL_PLUGIN_V4_TEST_SYMBOL);
+  // The loader takes the first symbol found: v4 must be tried before v3, v3 before v2, v2
+  // before v1.
+  ASSERT_EQ(std::size(abi::kAdapters), 4u);
+  EXPECT_EQ(abi::kAdapters[0].version, MNCL_PLUGIN_ABI_V4);
+  EXPECT_STREQ(abi::kAdapters[0].symbol, "mncl_plugin_v4");
+  EXPECT_EQ(abi::kAdapters[1].version, MNCL_PLUGIN_ABI_V3);
+  EXPECT_STREQ(abi::kAdapters[1].symbol, "mncl_plugin_v3");
+  EXPECT_EQ(abi::kAdapters[2].version, MNCL_PLUGIN_ABI_V2);
+  EXPECT_STREQ(abi::kAdapters[2].symbol, "mncl_plugin_v2");
+  EXPECT_EQ(abi::kAdapters[3].version, MNCL_PLUGIN_ABI_V1);
+  EXPECT_STREQ(abi::kAdapters[3].symbol, "mncl_plugin_v1");
+  EXPECT_EQ(abi::symbol_for(5), MNCL_PLUGIN_V5_TEST_SYMBOL);
 }
 
 // ----------------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@
  *   MOCK_EXPORT_V1=0        do not export mncl_plugin_v1          (default 1)
  *   MOCK_EXPORT_V2=1        export the real v2 table mncl_plugin_v2 (default 0)
  *   MOCK_EXPORT_V3=1        export the real v3 table mncl_plugin_v3 (default 0)
- *   MOCK_EXPORT_V4=1        export the hypothetical mncl_plugin_v4 (mncl_plugin_v4_test.h,
+ *   MOCK_EXPORT_V4=1        export the real v4 table mncl_plugin_v4 (default 0)
+ *   MOCK_EXPORT_V5=1        export the hypothetical mncl_plugin_v5 (mncl_plugin_v5_test.h,
  *                           default 0)
  *   MOCK_MAGIC, MOCK_ABI_VERSION                     header fields of the v1 table
  *   MOCK_V2_ABI_VERSION     abi_version of the v2 table (default MNCL_PLUGIN_ABI_V2)
@@ -15,12 +16,17 @@
  *   MOCK_PADDED_TABLE=1     struct_size larger than the v1 table the core knows
  *   MOCK_CAPS, MOCK_COLL_MASK                        capabilities of the v1 table (coll_mask
  *                           default: every v1 kind but send/recv)
- *   MOCK_V2_CAPS            capabilities of the v2, v3 and v4 tables (default MOCK_CAPS plus
+ *   MOCK_V2_CAPS            capabilities of the v2..v5 tables (default MOCK_CAPS plus
  *                           MNCL_CAP_CONCURRENT_P2P; like the plugin kit, the v1 copy of a v2
  *                           plugin's table leaves that bit out)
  *   MOCK_V2_COLL_MASK       coll_mask of the v2 table (default MOCK_COLL_MASK)
- *   MOCK_V3_COLL_MASK       coll_mask of the v3 and v4 tables (default MOCK_COLL_MASK plus v3's
+ *   MOCK_V3_COLL_MASK       coll_mask of the v3 table (default MOCK_COLL_MASK plus v3's
  *                           ALLGATHERV and ALLTOALLV, which execute() serves for one rank)
+ *   MOCK_V4_COLL_MASK       coll_mask of the v4 and v5 tables (default MOCK_V3_COLL_MASK's
+ *                           default plus v4's SENDRECV_BATCH: see mock_batch)
+ *   MOCK_ANY_SIZE=1         probe and comm_create accept any size (default: one rank only); at
+ *                           more than one rank only batches are meaningful (see mock_batch):
+ *                           every other collective still returns this rank's own contribution
  *   MOCK_INIT_FAILS=1       init() refuses with a message
  *   MOCK_NO_EXECUTE=1       execute is NULL
  *   MOCK_POST_ONLY=1        post without test
@@ -31,15 +37,17 @@
  *
  * The default variant serves single-rank jobs: every collective is a local copy.
  * If MNCL_MOCK_EVENTS names a file, init and finalize append "<name> init"/"<name> finalize"
- * lines to it, so tests can count loads without the plugin exporting anything but its table.
+ * lines to it, so tests can count loads without the plugin exporting anything but its table,
+ * and every SENDRECV_BATCH appends "<name> batch rank <r>: <ops>" (see mock_batch).
  */
 #include <mncl/mncl_plugin.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "mncl_plugin_v4_test.h"
+#include "mncl_plugin_v5_test.h"
 
 #ifndef MOCK_NAME
 #error "MOCK_NAME must be defined"
@@ -58,6 +66,9 @@
 #endif
 #ifndef MOCK_EXPORT_V4
 #define MOCK_EXPORT_V4 0
+#endif
+#ifndef MOCK_EXPORT_V5
+#define MOCK_EXPORT_V5 0
 #endif
 #ifndef MOCK_MAGIC
 #define MOCK_MAGIC MNCL_PLUGIN_MAGIC
@@ -94,15 +105,38 @@
 #define MOCK_V3_COLL_MASK \
   ((MOCK_COLL_MASK) | MNCL_COLL_BIT(MNCL_COLL_ALLGATHERV) | MNCL_COLL_BIT(MNCL_COLL_ALLTOALLV))
 #endif
+#ifndef MOCK_V4_COLL_MASK
+/* Not in terms of MOCK_V3_COLL_MASK, which a variant may define as this (a v3 table claiming
+ * v4's kind). */
+#define MOCK_V4_COLL_MASK                                                                        \
+  ((MOCK_COLL_MASK) | MNCL_COLL_BIT(MNCL_COLL_ALLGATHERV) | MNCL_COLL_BIT(MNCL_COLL_ALLTOALLV) | \
+   MNCL_COLL_BIT(MNCL_COLL_SENDRECV_BATCH))
+#endif
+#if (defined(MOCK_NOOP) && MOCK_NOOP) || (defined(MOCK_HANG) && MOCK_HANG) || \
+    (defined(MOCK_ANY_SIZE) && MOCK_ANY_SIZE)
+#define MOCK_SIZES_ANY 1
+#else
+#define MOCK_SIZES_ANY 0
+#endif
 
 static const mncl_host_v1_t *g_host;
 
-static void record(const char *event) {
+/* Appends "<MOCK_NAME> <event>" to MNCL_MOCK_EVENTS, if set (one write: ranks in several
+ * processes may share the file). */
+static void record(const char *format, ...) {
   const char *path = getenv("MNCL_MOCK_EVENTS");
+  char line[1024];
+  int n;
+  va_list args;
+  FILE *f;
   if (path == NULL || *path == '\0') return;
-  FILE *f = fopen(path, "a");
+  n = snprintf(line, sizeof line, "%s ", MOCK_NAME);
+  va_start(args, format);
+  vsnprintf(line + n, sizeof line - (size_t)n, format, args);
+  va_end(args);
+  f = fopen(path, "a");
   if (f == NULL) return;
-  fprintf(f, "%s %s\n", MOCK_NAME, event);
+  fprintf(f, "%s\n", line);
   fclose(f);
 }
 
@@ -136,6 +170,11 @@ static mncl_status_t mock_probe(const mncl_probe_v1_t *info, int32_t *score, cha
   (void)info;
   *score = 1;
   snprintf(reason, reason_len, "noop: completes every collective without moving data");
+#elif defined(MOCK_ANY_SIZE) && MOCK_ANY_SIZE
+  *score = info->size == 1 ? 10 : 1;
+  snprintf(reason, reason_len, "%s",
+           info->size == 1 ? "single rank: local copies"
+                           : "any size: batches are recorded, other collectives are local copies");
 #else
   *score = info->size == 1 ? 10 : 0;
   snprintf(reason, reason_len, "%s",
@@ -145,12 +184,13 @@ static mncl_status_t mock_probe(const mncl_probe_v1_t *info, int32_t *score, cha
 }
 
 typedef struct mock_comm {
+  int32_t rank;
   int32_t size;
   volatile int aborted;
 } mock_comm_t;
 
 static mncl_status_t mock_comm_create(const mncl_bootstrap_v1_t *bs, void **comm) {
-#if !(defined(MOCK_NOOP) && MOCK_NOOP) && !(defined(MOCK_HANG) && MOCK_HANG)
+#if !MOCK_SIZES_ANY
   if (bs->size != 1) {
     g_host->set_error("mock: communicator of size %d requested; only size 1 is supported",
                       (int)bs->size);
@@ -159,6 +199,7 @@ static mncl_status_t mock_comm_create(const mncl_bootstrap_v1_t *bs, void **comm
 #endif
   mock_comm_t *c = (mock_comm_t *)calloc(1, sizeof *c);
   if (c == NULL) return MNCL_ERR_SYSTEM;
+  c->rank = bs->rank;
   c->size = bs->size;
   *comm = c;
   return MNCL_OK;
@@ -202,6 +243,42 @@ static size_t dtype_size(int32_t dtype) {
 
 static void copy(void *dst, const void *src, size_t bytes) {
   if (dst != src && bytes > 0) memmove(dst, src, bytes);
+}
+
+/* v4's SENDRECV_BATCH (mncl_plugin_v4.h). Checks the descriptor as the header lays it out and
+ * every op against what the core promises to have checked, then records the batch as
+ * "batch rank <r>: empty" or "batch rank <r>: send 1 #0 x3, recv 1 #0 x3" (kind, peer, seq,
+ * count per op). No data moves: with one rank the core can only hand over an empty batch
+ * (every peer must differ from the rank), and with more (MOCK_ANY_SIZE) the peers are other
+ * processes; the batch completes as recorded. */
+static mncl_status_t mock_batch(const mock_comm_t *comm, const mncl_coll_v1_t *coll) {
+  const mncl_p2p_v4_t *ops = (const mncl_p2p_v4_t *)coll->sendbuf;
+  char line[768];
+  size_t used, i;
+  if ((coll->nbufs == 0) != (ops == NULL) || coll->recvbuf != NULL || coll->count != 0 ||
+      coll->sendbufs != NULL || coll->recvbufs != NULL || coll->counts != NULL ||
+      coll->dtype != -1 || coll->op != -1 || coll->root != -1 || coll->seq != 0) {
+    g_host->set_error("mock: SENDRECV_BATCH descriptor not laid out as mncl_plugin_v4.h says");
+    return MNCL_ERR_INTERNAL;
+  }
+  used = (size_t)snprintf(line, sizeof line, "rank %d:%s", (int)comm->rank,
+                          coll->nbufs == 0 ? " empty" : "");
+  for (i = 0; i < coll->nbufs; ++i) {
+    const mncl_p2p_v4_t *op = &ops[i];
+    if ((op->kind != MNCL_COLL_SEND && op->kind != MNCL_COLL_RECV) || op->peer < 0 ||
+        op->peer >= comm->size || op->peer == comm->rank || dtype_size(op->dtype) == 0 ||
+        op->reserved0 != 0 || (op->buf == NULL && op->count > 0)) {
+      g_host->set_error("mock: batch op %zu breaks what the core promises", i);
+      return MNCL_ERR_INTERNAL;
+    }
+    if (used < sizeof line) {
+      used += (size_t)snprintf(line + used, sizeof line - used, "%s %s %d #%llu x%zu",
+                               i == 0 ? "" : ",", op->kind == MNCL_COLL_SEND ? "send" : "recv",
+                               (int)op->peer, (unsigned long long)op->seq, op->count);
+    }
+  }
+  record("batch %s", line);
+  return MNCL_OK;
 }
 #endif
 
@@ -256,6 +333,8 @@ static mncl_status_t mock_execute(void *comm, const mncl_coll_v1_t *coll) {
       copy((char *)coll->recvbuf + coll->counts[3] * elem,
            (const char *)coll->sendbuf + coll->counts[1] * elem, coll->counts[0] * elem);
       return MNCL_OK;
+    case MNCL_COLL_SENDRECV_BATCH:
+      return mock_batch((const mock_comm_t *)comm, coll);
   }
   g_host->set_error("mock: collective kind %d not supported", (int)coll->kind);
   return MNCL_ERR_NOT_SUPPORTED;
@@ -314,18 +393,27 @@ MNCL_PLUGIN_EXPORT const mncl_plugin_v3_t mncl_plugin_v3 = {.struct_size = sizeo
 #endif
 
 #if MOCK_EXPORT_V4
-MNCL_PLUGIN_EXPORT const mncl_plugin_v4_test_t mncl_plugin_v4 = {
-    .base = {.struct_size = sizeof(mncl_plugin_v4_test_t),
+MNCL_PLUGIN_EXPORT const mncl_plugin_v4_t mncl_plugin_v4 = {.struct_size = sizeof(mncl_plugin_v4_t),
+                                                            .magic = MNCL_PLUGIN_MAGIC,
+                                                            .abi_version = MNCL_PLUGIN_ABI_V4,
+                                                            .caps = (MOCK_V2_CAPS),
+                                                            .coll_mask = (MOCK_V4_COLL_MASK),
+                                                            MOCK_TABLE_FIELDS};
+#endif
+
+#if MOCK_EXPORT_V5
+MNCL_PLUGIN_EXPORT const mncl_plugin_v5_test_t mncl_plugin_v5 = {
+    .base = {.struct_size = sizeof(mncl_plugin_v5_test_t),
              .magic = MNCL_PLUGIN_MAGIC,
-             .abi_version = MNCL_PLUGIN_ABI_V4_TEST,
+             .abi_version = MNCL_PLUGIN_ABI_V5_TEST,
              .caps = (MOCK_V2_CAPS),
-             .coll_mask = (MOCK_V3_COLL_MASK),
+             .coll_mask = (MOCK_V4_COLL_MASK),
              MOCK_TABLE_FIELDS},
     .comm_shrink = NULL,
     .caps2 = 0};
 #endif
 
-#if !MOCK_EXPORT_V1 && !MOCK_EXPORT_V2 && !MOCK_EXPORT_V3 && !MOCK_EXPORT_V4
+#if !MOCK_EXPORT_V1 && !MOCK_EXPORT_V2 && !MOCK_EXPORT_V3 && !MOCK_EXPORT_V4 && !MOCK_EXPORT_V5
 /* A complete table under a name the loader does not look for (a typo'd export). */
 MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_table = {
     .struct_size = sizeof(mncl_plugin_v1_t),
