@@ -22,6 +22,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -1732,6 +1733,675 @@ TEST_F(ConcurrentP2P, BlockingRecvWhileIsendPosted) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Batched point to point: mncl_sendrecv_batch, mncl_sendrecv and their non-blocking forms
+//
+// All ops of a batch progress together, so exchanges that deadlock as a sequence of blocking
+// calls (a ring shift with every rank sending first, all receives listed before all sends) must
+// complete on every backend, nccl included (there as one NCCL group: no skip). Messages between
+// a pair still match in issue order per direction, a batch's ops in array order after what was
+// issued before it; every message of a test carries its own payload, so one delivered out of
+// order, to the wrong op or from an earlier call shows as wrong data.
+// ---------------------------------------------------------------------------------------------
+
+mncl_p2p_op_t p2p_op(mncl_p2p_kind_t kind, const void *buf, size_t count, mncl_dtype_t dt,
+                     int peer) {
+  return mncl_p2p_op_t{sizeof(mncl_p2p_op_t),
+                       static_cast<int32_t>(kind),
+                       static_cast<int32_t>(peer),
+                       const_cast<void *>(buf),
+                       count,
+                       static_cast<int32_t>(dt),
+                       0};
+}
+
+// One rank's batch: its ops, the buffers they use (at stable addresses until the batch is
+// destroyed), what every receive must hold afterwards and copies of what was sent (a send
+// buffer must come back unchanged).
+class Batch {
+ public:
+  explicit Batch(std::string what) : what_(std::move(what)) {}
+  Batch(const Batch &) = delete;
+  Batch &operator=(const Batch &) = delete;
+
+  // Sends `payload` to peer; returns the buffer (to send it again, or a part of it).
+  const Buf &send(Buf payload, int peer) {
+    Buf &b = keep(std::move(payload));
+    sent_.push_back(Sent{&b, b});
+    ops_.push_back(p2p_op(MNCL_P2P_SEND, b.data(), b.count(), b.dtype(), peer));
+    return b;
+  }
+  // Sends elements [first, first + count) of a buffer this batch sends already (send buffers
+  // may overlap: one tensor may go to several peers).
+  void send_part(const Buf &b, size_t first, size_t count, int peer) {
+    ops_.push_back(p2p_op(MNCL_P2P_SEND, b.at(first), count, b.dtype(), peer));
+  }
+  // Receives want.count() elements of want.dtype() from peer, which must equal want.
+  void recv(Buf want, int peer, const std::string &name) {
+    Buf &got = keep(Buf(want.dtype(), want.count()));
+    ops_.push_back(p2p_op(MNCL_P2P_RECV, got.data(), got.count(), got.dtype(), peer));
+    expected_.push_back(Expected{&got, std::move(want), name});
+  }
+  // An empty message with a NULL buffer (valid: it still matches one op of the peer).
+  void send_empty(mncl_dtype_t dt, int peer) {
+    ops_.push_back(p2p_op(MNCL_P2P_SEND, nullptr, 0, dt, peer));
+  }
+  void recv_empty(mncl_dtype_t dt, int peer) {
+    ops_.push_back(p2p_op(MNCL_P2P_RECV, nullptr, 0, dt, peer));
+  }
+
+  // Blocking: runs the batch and checks it.
+  void run() {
+    MNCL_CALL(mncl_sendrecv_batch(g_comm, ops_.data(), ops_.size(), nullptr));
+    check();
+  }
+  // Non-blocking: the request (complete it, then check()).
+  mncl_request_t start() {
+    mncl_request_t req = nullptr;
+    MNCL_CALL(mncl_isendrecv_batch(g_comm, ops_.data(), ops_.size(), nullptr, &req));
+    EXPECT_NE(req, nullptr) << what_;
+    return req;
+  }
+  void check() const {
+    for (const Expected &e : expected_) expect_same(*e.got, e.want, what_ + ": " + e.name);
+    for (const Sent &s : sent_) expect_same(*s.buf, s.copy, what_ + " (sent buffers unchanged)");
+  }
+
+ private:
+  struct Sent {
+    const Buf *buf;
+    Buf copy;
+  };
+  struct Expected {
+    const Buf *got;
+    Buf want;
+    std::string name;
+  };
+  Buf &keep(Buf b) {
+    bufs_.push_back(std::move(b));
+    return bufs_.back();
+  }
+
+  std::string what_;
+  std::deque<Buf> bufs_;
+  std::vector<mncl_p2p_op_t> ops_;
+  std::vector<Sent> sent_;
+  std::vector<Expected> expected_;
+};
+
+int next_rank() {
+  return (g_rank + 1) % g_size;
+}
+int prev_rank() {
+  return (g_rank + g_size - 1) % g_size;
+}
+std::string from_str(int peer) {
+  return "the message from rank " + std::to_string(peer);
+}
+
+// The ring shift both ways in one batch: message 0 goes to the next rank, message 1 to the
+// previous one. `order` lists the batch's ops: 0 sends first, 1 receives first (deadlocks as
+// separate blocking calls on every rank), 2 interleaved. Sends to the next rank come before
+// those to the previous one and receives from the previous before those from the next: at 2
+// ranks both are the same peer, and the messages must then match in that order.
+void check_ring_batch(mncl_dtype_t dt, size_t count, int order, bool nonblocking, bool by_test,
+                      int base) {
+  const int next = next_rank(), prev = prev_rank();
+  static const char *orders[] = {" sends first", " receives first", " interleaved"};
+  Batch b(describe("batch ring shift both ways", dt, count, orders[order]) +
+          (nonblocking ? (by_test ? ", isendrecv_batch polled" : ", isendrecv_batch waited") : ""));
+  auto sends = [&](int which) {
+    if (which == 0) b.send(message(dt, count, g_rank, next, base, 0), next);
+    if (which == 1) b.send(message(dt, count, g_rank, prev, base, 1), prev);
+  };
+  auto recvs = [&](int which) {
+    if (which == 0) b.recv(message(dt, count, prev, g_rank, base, 0), prev, from_str(prev));
+    if (which == 1) b.recv(message(dt, count, next, g_rank, base, 1), next, from_str(next));
+  };
+  // 'S': a send, 'R': a receive; the first of each goes to or comes from the next rank.
+  static const char *sequences[] = {"SSRR", "RRSS", "RSRS"};
+  int s = 0, r = 0;
+  for (const char *op = sequences[order]; *op; ++op) {
+    if (*op == 'S') {
+      sends(s++);
+    } else {
+      recvs(r++);
+    }
+  }
+  if (nonblocking) {
+    complete(b.start(), by_test, "mncl_isendrecv_batch");
+    b.check();
+  } else {
+    b.run();
+  }
+}
+
+// mncl_sendrecv around the ring: rank r sends ring_sendrecv_count(r) elements to the next rank
+// and receives its previous rank's (send and receive counts differ).
+size_t ring_sendrecv_count(int rank, size_t count) {
+  return count == 0 ? 0 : count + static_cast<size_t>(rank % 3);
+}
+void check_sendrecv_ring(mncl_dtype_t dt, size_t count, int base) {
+  const int next = next_rank(), prev = prev_rank();
+  const size_t scount = ring_sendrecv_count(g_rank, count),
+               rcount = ring_sendrecv_count(prev, count);
+  const std::string what = describe("sendrecv ring shift", dt, scount);
+  const Buf mine = message(dt, scount, g_rank, next, base, 0);
+  const Buf copy = mine;
+  Buf got(dt, rcount);
+  MNCL_CALL(
+      mncl_sendrecv(g_comm, mine.data(), scount, next, got.data(), rcount, prev, dt, nullptr));
+  expect_same(got, message(dt, rcount, prev, g_rank, base, 0), what);
+  expect_same(mine, copy, what + " (sendbuf must stay unchanged)");
+}
+
+// mncl_sendrecv (or mncl_isendrecv, waited or polled) with each partner of a round-robin
+// tournament in turn: dest == source.
+void check_sendrecv_pairwise(mncl_dtype_t dt, size_t count, bool nonblocking, bool by_test,
+                             int base) {
+  const Tournament tour{g_size};
+  for (int round = 0; round < tour.rounds(); ++round) {
+    const int partner = tour.partner(g_rank, round);
+    if (partner >= g_size) continue;
+    const std::string what = describe(nonblocking ? "isendrecv pairwise" : "sendrecv pairwise", dt,
+                                      count, by_test ? ", polled" : "") +
+                             " with rank " + std::to_string(partner);
+    const Buf mine = message(dt, count, g_rank, partner, base, round);
+    Buf got(dt, count);
+    if (nonblocking) {
+      mncl_request_t req = nullptr;
+      MNCL_CALL(mncl_isendrecv(g_comm, mine.data(), count, partner, got.data(), count, partner, dt,
+                               nullptr, &req));
+      complete(req, by_test, "mncl_isendrecv");
+    } else {
+      MNCL_CALL(mncl_sendrecv(g_comm, mine.data(), count, partner, got.data(), count, partner, dt,
+                              nullptr));
+    }
+    expect_same(got, message(dt, count, partner, g_rank, base, round), what);
+  }
+}
+
+using SendRecvBatch = DtypeTest;
+
+// Every count, in every op order, blocking; and non-blocking, waited and polled.
+TEST_P(SendRecvBatch, RingShiftBothWaysInOneBatch) {
+  if (g_size == 1)
+    GTEST_SKIP()
+        << "point to point needs two ranks (at 1: SendRecvBatchEmpty, ErrorsBatchArguments)";
+  int base = 200;
+  for (size_t count : kCounts)
+    for (int order = 0; order < 3; ++order)
+      check_ring_batch(dt(), count, order, false, false, ++base);
+  // About 1 MiB each way.
+  check_ring_batch(dt(), (size_t{1} << 20) / elem_size(dt()) + 1, 1, false, false, ++base);
+  check_ring_batch(dt(), 1021, 1, true, false, ++base);
+  check_ring_batch(dt(), 1021, 2, true, true, ++base);
+  check_ring_batch(dt(), 0, 1, true, true, ++base);
+}
+
+// One buffer sent to both neighbours, and a part of it to the previous one again: send buffers
+// may overlap.
+TEST_P(SendRecvBatch, OverlappingSendBuffers) {
+  if (g_size == 1) GTEST_SKIP() << "point to point needs two ranks";
+  const int next = next_rank(), prev = prev_rank();
+  const size_t n = 1021, part = 300, first = 17;
+  const int seed = 215;
+  Batch b(describe("batch sending one buffer to both neighbours", dt(), n));
+  b.recv(pattern_data(dt(), prev, n, seed), prev, from_str(prev) + " (whole buffer)");
+  const Buf &mine = b.send(pattern_data(dt(), g_rank, n, seed), next);
+  b.send_part(mine, 0, n, prev);
+  b.send_part(mine, first, part, prev);
+  b.recv(pattern_data(dt(), next, n, seed), next, from_str(next) + " (whole buffer)");
+  Buf want(dt(), part);
+  want.copy_from(0, pattern_data(dt(), next, n, seed), first, part);
+  b.recv(std::move(want), next, from_str(next) + " (a part of its buffer)");
+  b.run();
+}
+
+// mncl_sendrecv: ring shift (dest = next, source = prev, counts differ per rank) for every
+// count; pairwise (dest == source) blocking, and non-blocking waited and polled.
+TEST_P(SendRecvBatch, SendrecvRingAndPairwise) {
+  if (g_size == 1) GTEST_SKIP() << "point to point needs two ranks";
+  int base = 220;
+  for (size_t count : kCounts) check_sendrecv_ring(dt(), count, ++base);
+  check_sendrecv_pairwise(dt(), 1021, false, false, ++base);
+  check_sendrecv_pairwise(dt(), 1021, true, false, ++base);
+  check_sendrecv_pairwise(dt(), 7, true, true, ++base);
+  check_sendrecv_pairwise(dt(), 0, true, true, ++base);
+  // Non-blocking around the ring.
+  const int next = next_rank(), prev = prev_rank();
+  const Buf mine = message(dt(), 4099, g_rank, next, ++base, 0);
+  Buf got(dt(), 4099);
+  mncl_request_t req = nullptr;
+  MNCL_CALL(
+      mncl_isendrecv(g_comm, mine.data(), 4099, next, got.data(), 4099, prev, dt(), nullptr, &req));
+  complete(req, true, "mncl_isendrecv");
+  expect_same(got, message(dt(), 4099, prev, g_rank, base, 0), "isendrecv ring shift, polled");
+}
+
+// Six messages each way to the same neighbours in one batch, of several dtypes and sizes (an
+// empty one with a NULL buffer, one of 64 Ki elements): each must land in the receive of its place
+// in the array. Even ranks list receives first, odd ranks alternate.
+TEST_P(SendRecvBatch, SeveralMessagesPerPeerMixedDtypes) {
+  if (g_size == 1) GTEST_SKIP() << "point to point needs two ranks";
+  const int next = next_rank(), prev = prev_rank();
+  constexpr size_t kSizes[] = {1, 1021, 0, 7, 65536 + 3, 2};
+  constexpr int kMessages = static_cast<int>(sizeof kSizes / sizeof kSizes[0]);
+  const int first = static_cast<int>(dt());
+  auto dtype_of = [&](int m) { return kDtypes[(first + 3 * m) % MNCL_NUM_DTYPES]; };
+  const int base = 230;
+  Batch b(std::string("batch of 6 messages each way, mixed dtypes from ") + dtype_str(dt()));
+  auto send = [&](int m) {
+    if (kSizes[m] == 0) {
+      b.send_empty(dtype_of(m), next);
+    } else {
+      b.send(message(dtype_of(m), kSizes[m], g_rank, next, base, m), next);
+    }
+  };
+  auto recv = [&](int m) {
+    if (kSizes[m] == 0) {
+      b.recv_empty(dtype_of(m), prev);
+    } else {
+      b.recv(message(dtype_of(m), kSizes[m], prev, g_rank, base, m), prev,
+             "message " + std::to_string(m) + " (" + dtype_str(dtype_of(m)) + ", count " +
+                 std::to_string(kSizes[m]) + ")");
+    }
+  };
+  if (g_rank % 2 == 0) {
+    for (int m = 0; m < kMessages; ++m) recv(m);
+    for (int m = 0; m < kMessages; ++m) send(m);
+  } else {
+    for (int m = 0; m < kMessages; ++m) {
+      send(m);
+      recv(m);
+    }
+  }
+  b.run();
+}
+
+// All-to-all as one batch: every rank receives from every other rank (all receives listed
+// first) and then sends to each, with a count per pair (some empty).
+TEST_P(SendRecvBatch, AllToAllInOneBatch) {
+  if (g_size == 1) GTEST_SKIP() << "point to point needs two ranks";
+  const int base = 240;
+  auto count = [](int from, int to) -> size_t {
+    const uint64_t h = hash3(from, static_cast<size_t>(to), 240);
+    return (from + 2 * to) % 5 == 1 ? 0 : 100 + h % 3000;
+  };
+  Batch b(std::string("batch all-to-all ") + dtype_str(dt()) + " (a count per pair)");
+  for (int p = 0; p < g_size; ++p) {
+    if (p != g_rank) b.recv(message(dt(), count(p, g_rank), p, g_rank, base, 0), p, from_str(p));
+  }
+  for (int p = g_size; p-- > 0;) {  // sends in reverse rank order
+    if (p != g_rank) b.send(message(dt(), count(g_rank, p), g_rank, p, base, 0), p);
+  }
+  b.run();
+  // Non-blocking, receives and sends interleaved.
+  Batch nb(std::string("isendrecv_batch all-to-all ") + dtype_str(dt()) + " (a count per pair)");
+  for (int p = 0; p < g_size; ++p) {
+    if (p == g_rank) continue;
+    nb.send(message(dt(), count(g_rank, p), g_rank, p, base, 1), p);
+    nb.recv(message(dt(), count(p, g_rank), p, g_rank, base, 1), p, from_str(p));
+  }
+  complete(nb.start(), false, "mncl_isendrecv_batch");
+  nb.check();
+}
+
+// Batches between plain point-to-point calls with the same peer: per round of a tournament, an
+// isend and an irecv posted (and left outstanding), a batch of two messages each way, a
+// blocking send and receive, then the requests completed. Each direction's messages 0..3 must
+// arrive in that order. The lower rank of a pair sends first wherever blocking or stream order
+// (nccl) would otherwise stop it.
+TEST_P(SendRecvBatch, InterleavedWithPlainSendRecv) {
+  if (g_size == 1) GTEST_SKIP() << "point to point needs two ranks";
+  const mncl_dtype_t d = dt();
+  const size_t n = 1021;
+  const int base = 250;
+  const Tournament tour{g_size};
+  for (int round = 0; round < tour.rounds(); ++round) {
+    const int p = tour.partner(g_rank, round);
+    if (p >= g_size) continue;
+    const bool lower = g_rank < p;
+    const std::string what = describe("batch between plain sends and receives", d, n) +
+                             " with rank " + std::to_string(p);
+    auto out = [&](int m) { return message(d, n, g_rank, p, base + round, m); };
+    auto in = [&](int m) { return message(d, n, p, g_rank, base + round, m); };
+    const Buf out0 = out(0), out3 = out(3);
+    Buf in0(d, n), in3(d, n);
+    mncl_request_t sreq = nullptr, rreq = nullptr;
+    if (lower) {
+      MNCL_CALL(mncl_isend(g_comm, out0.data(), n, d, p, nullptr, &sreq));
+      MNCL_CALL(mncl_irecv(g_comm, in0.data(), n, d, p, nullptr, &rreq));
+    } else {
+      MNCL_CALL(mncl_irecv(g_comm, in0.data(), n, d, p, nullptr, &rreq));
+      MNCL_CALL(mncl_isend(g_comm, out0.data(), n, d, p, nullptr, &sreq));
+    }
+    Batch b(what + ": the batch");
+    if (lower) {
+      b.send(out(1), p);
+      b.recv(in(1), p, "message 1");
+      b.send(out(2), p);
+      b.recv(in(2), p, "message 2");
+    } else {
+      b.recv(in(1), p, "message 1");
+      b.recv(in(2), p, "message 2");
+      b.send(out(1), p);
+      b.send(out(2), p);
+    }
+    b.run();
+    if (lower) {
+      MNCL_CALL(mncl_send(g_comm, out3.data(), n, d, p, nullptr));
+      MNCL_CALL(mncl_recv(g_comm, in3.data(), n, d, p, nullptr));
+    } else {
+      MNCL_CALL(mncl_recv(g_comm, in3.data(), n, d, p, nullptr));
+      MNCL_CALL(mncl_send(g_comm, out3.data(), n, d, p, nullptr));
+    }
+    complete(rreq, true, "mncl_irecv");
+    complete(sreq, false, "mncl_isend");
+    expect_same(in0, in(0), what + ": message 0 (irecv before the batch)");
+    expect_same(in3, in(3), what + ": message 3 (blocking recv after the batch)");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, SendRecvBatch, ::testing::ValuesIn(kDtypes), dtype_name);
+
+// nops == 0 is a valid batch that does nothing, at every size (the only legal batch at 1 rank):
+// blocking, and non-blocking completed by mncl_wait and by mncl_test; ops may be NULL then.
+TEST_F(Conformance, SendRecvBatchEmpty) {
+  const mncl_p2p_op_t unused = p2p_op(MNCL_P2P_SEND, nullptr, 0, MNCL_INT32, g_size + 5);
+  for (const mncl_p2p_op_t *ops : {static_cast<const mncl_p2p_op_t *>(nullptr), &unused}) {
+    EXPECT_EQ(mncl_sendrecv_batch(g_comm, ops, 0, nullptr), MNCL_OK) << mncl_last_error();
+    for (bool by_test : {false, true}) {
+      mncl_request_t req = nullptr;
+      MNCL_CALL(mncl_isendrecv_batch(g_comm, ops, 0, nullptr, &req));
+      ASSERT_NE(req, nullptr) << "an empty batch still gives a request to complete";
+      complete(req, by_test, "mncl_isendrecv_batch of nothing");
+    }
+  }
+  check_allreduce(MNCL_INT32, MNCL_SUM, 33, false, 260);
+}
+
+// Non-blocking batches outstanding around a blocking collective (which needs every rank while
+// the batches may still run), completed in reverse order, one by mncl_test.
+TEST_F(Conformance, SendRecvBatchOutstandingAcrossCollective) {
+  if (g_size == 1) GTEST_SKIP() << "point to point needs two ranks";
+  const int next = next_rank(), prev = prev_rank();
+  const int base = 261;
+  Batch first(
+      describe("isendrecv_batch ring, outstanding across an allreduce", MNCL_FLOAT32, kP2PLarge));
+  first.recv(message(MNCL_FLOAT32, kP2PLarge, prev, g_rank, base, 0), prev, from_str(prev));
+  first.send(message(MNCL_FLOAT32, kP2PLarge, g_rank, next, base, 0), next);
+  Batch second(describe("isendrecv_batch ring, the other way", MNCL_INT64, 1021));
+  second.recv(message(MNCL_INT64, 1021, next, g_rank, base, 1), next, from_str(next));
+  second.send(message(MNCL_INT64, 1021, g_rank, prev, base, 1), prev);
+  const mncl_request_t r1 = first.start();
+  const mncl_request_t r2 = second.start();
+  check_allreduce(MNCL_INT64, MNCL_SUM, 1021, true, base + 2);
+  complete(r2, true, "mncl_isendrecv_batch (second)");
+  complete(r1, false, "mncl_isendrecv_batch (first)");
+  first.check();
+  second.check();
+}
+
+// A caller compiled against a newer header with a longer op (new fields zero): the array's
+// stride is its struct_size, and the batch runs as usual.
+TEST_F(Conformance, SendRecvBatchLongerOpStruct) {
+  if (g_size == 1) GTEST_SKIP() << "point to point needs two ranks";
+  struct NewerOp {
+    mncl_p2p_op_t op;
+    uint64_t added[3];  // zero
+  };
+  const int next = next_rank(), prev = prev_rank();
+  const int base = 262;
+  const Buf to_next = message(MNCL_UINT32, 999, g_rank, next, base, 0),
+            to_prev = message(MNCL_UINT32, 999, g_rank, prev, base, 1);
+  Buf from_prev(MNCL_UINT32, 999), from_next(MNCL_UINT32, 999);
+  std::vector<NewerOp> ops(4);
+  std::memset(static_cast<void *>(ops.data()), 0, ops.size() * sizeof(NewerOp));
+  ops[0].op = p2p_op(MNCL_P2P_RECV, from_prev.data(), 999, MNCL_UINT32, prev);
+  ops[1].op = p2p_op(MNCL_P2P_SEND, to_next.data(), 999, MNCL_UINT32, next);
+  ops[2].op = p2p_op(MNCL_P2P_SEND, to_prev.data(), 999, MNCL_UINT32, prev);
+  ops[3].op = p2p_op(MNCL_P2P_RECV, from_next.data(), 999, MNCL_UINT32, next);
+  for (NewerOp &o : ops) o.op.struct_size = sizeof(NewerOp);
+  MNCL_CALL(mncl_sendrecv_batch(g_comm, &ops[0].op, ops.size(), nullptr));
+  expect_same(from_prev, message(MNCL_UINT32, 999, prev, g_rank, base, 0),
+              "batch of longer op structs: " + from_str(prev));
+  expect_same(from_next, message(MNCL_UINT32, 999, next, g_rank, base, 1),
+              "batch of longer op structs: " + from_str(next));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batch argument errors: refused before anything starts, with the op's index and the reason
+// in mncl_last_error(). The bad op sits among valid ones that would send to and receive from
+// the neighbours; had any of them started, the checked ring batch at the end would receive its
+// stale message (same count, other payload) or fail.
+// ---------------------------------------------------------------------------------------------
+
+[[noreturn]] void die_accepted(const std::string &what) {
+  ADD_FAILURE() << what << " was accepted";
+  std::fprintf(stderr, "rank %d: FATAL: %s was accepted: its ops may run unmatched\n", g_rank,
+               what.c_str());
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+
+// Whether an error message names op `index`: "op 2", or among others ("ops 1 and 2").
+bool names_op(const std::string &msg, int index) {
+  const std::regex re("\\bops? ([0-9]+(, | and ))*" + std::to_string(index) + "\\b");
+  return std::regex_search(msg, re);
+}
+// Whether msg contains `word`; "op N" words must name op N (names_op).
+bool mentions(const std::string &msg, const std::string &word) {
+  if (word.rfind("op ", 0) == 0) return names_op(msg, std::stoi(word.substr(3)));
+  return msg.find(word) != std::string::npos;
+}
+
+// The blocking and non-blocking forms both refuse ops[0..nops) with `want`, naming `words`.
+void expect_batch_refused(const mncl_p2p_op_t *ops, size_t nops, mncl_status_t want,
+                          const std::vector<std::string> &words, const std::string &what) {
+  for (bool nonblocking : {false, true}) {
+    const std::string call =
+        std::string(nonblocking ? "mncl_isendrecv_batch" : "mncl_sendrecv_batch") + " with " + what;
+    mncl_request_t req = nullptr;
+    const mncl_status_t st = nonblocking ? mncl_isendrecv_batch(g_comm, ops, nops, nullptr, &req)
+                                         : mncl_sendrecv_batch(g_comm, ops, nops, nullptr);
+    if (st == MNCL_OK) die_accepted(call);
+    EXPECT_EQ(st, want) << call << ": " << mncl_status_string(st) << ": " << mncl_last_error();
+    const std::string msg = mncl_last_error();
+    EXPECT_NE(msg, "") << call << " failed without a message";
+    for (const std::string &w : words)
+      EXPECT_TRUE(mentions(msg, w)) << call << ": the message lacks \"" << w << "\": " << msg;
+  }
+}
+void expect_batch_refused(const std::vector<mncl_p2p_op_t> &ops, mncl_status_t want,
+                          const std::vector<std::string> &words, const std::string &what) {
+  expect_batch_refused(ops.data(), ops.size(), want, words, what);
+}
+
+void expect_sendrecv_refused(const void *sendbuf, size_t sendcount, int dest, void *recvbuf,
+                             size_t recvcount, int source, mncl_dtype_t dt,
+                             const std::vector<std::string> &words, const std::string &what) {
+  for (bool nonblocking : {false, true}) {
+    const std::string call =
+        std::string(nonblocking ? "mncl_isendrecv" : "mncl_sendrecv") + " with " + what;
+    mncl_request_t req = nullptr;
+    const mncl_status_t st = nonblocking ? mncl_isendrecv(g_comm, sendbuf, sendcount, dest, recvbuf,
+                                                          recvcount, source, dt, nullptr, &req)
+                                         : mncl_sendrecv(g_comm, sendbuf, sendcount, dest, recvbuf,
+                                                         recvcount, source, dt, nullptr);
+    if (st == MNCL_OK) die_accepted(call);
+    EXPECT_EQ(st, MNCL_ERR_INVALID_ARGUMENT)
+        << call << ": " << mncl_status_string(st) << ": " << mncl_last_error();
+    const std::string msg = mncl_last_error();
+    EXPECT_NE(msg, "") << call << " failed without a message";
+    for (const std::string &w : words)
+      EXPECT_TRUE(mentions(msg, w)) << call << ": the message lacks \"" << w << "\": " << msg;
+  }
+}
+
+TEST_F(Conformance, ErrorsBatchArguments) {
+  const int self = g_rank;
+  Buf a(MNCL_INT32, 64), b(MNCL_INT32, 64);
+  const auto bad_dtype = static_cast<mncl_dtype_t>(MNCL_NUM_DTYPES + 3);
+  mncl_request_t req = nullptr;
+
+  // What even 1 rank can check: itself and out-of-range peers, alone in a batch.
+  for (mncl_p2p_kind_t kind : {MNCL_P2P_SEND, MNCL_P2P_RECV}) {
+    const char *k = kind == MNCL_P2P_SEND ? "a send" : "a receive";
+    expect_batch_refused({p2p_op(kind, a.data(), 4, MNCL_INT32, self)}, MNCL_ERR_INVALID_ARGUMENT,
+                         {"op 0", "peer"}, std::string(k) + " to/from this rank itself");
+    for (int peer : {g_size, -1, g_size + 7}) {
+      expect_batch_refused({p2p_op(kind, a.data(), 4, MNCL_INT32, peer)}, MNCL_ERR_INVALID_ARGUMENT,
+                           {"op 0", "peer"}, std::string(k) + " with peer " + std::to_string(peer));
+    }
+  }
+  EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT, mncl_sendrecv_batch(g_comm, nullptr, 2, nullptr));
+  EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT,
+                    mncl_isendrecv_batch(g_comm, nullptr, 2, nullptr, &req));
+  EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT, mncl_sendrecv_batch(nullptr, nullptr, 0, nullptr));
+  EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT,
+                    mncl_isendrecv_batch(g_comm, nullptr, 0, nullptr, nullptr));
+  EXPECT_NE(std::strstr(mncl_last_error(), "request"), nullptr) << mncl_last_error();
+  expect_sendrecv_refused(a.data(), 4, self, b.data(), 4, self, MNCL_INT32, {},
+                          "dest and source this rank itself");
+  expect_sendrecv_refused(a.data(), 4, g_size, b.data(), 4, -1, MNCL_INT32, {},
+                          "dest and source out of range");
+  EXPECT_MNCL_ERROR(
+      MNCL_ERR_INVALID_ARGUMENT,
+      mncl_isendrecv(g_comm, a.data(), 0, self, b.data(), 0, self, MNCL_INT32, nullptr, nullptr));
+  if (g_size == 1) {
+    check_allreduce(MNCL_INT32, MNCL_SUM, 9, true, 270);  // still usable
+    return;
+  }
+
+  const int next = next_rank(), prev = prev_rank();
+  const int base = 271;
+  const size_t n = 64;
+  // Valid ops around the bad one (index 2): a send to the next rank, a receive from the
+  // previous one, and after it a receive from the next and a send to the previous.
+  const Buf stale_next = message(MNCL_INT32, n, g_rank, next, base, 9),
+            stale_prev = message(MNCL_INT32, n, g_rank, prev, base, 9);
+  Buf r0(MNCL_INT32, n), r1(MNCL_INT32, n), spare(MNCL_INT32, n);
+  auto with = [&](mncl_p2p_op_t bad) {
+    return std::vector<mncl_p2p_op_t>{
+        p2p_op(MNCL_P2P_SEND, stale_next.data(), n, MNCL_INT32, next),
+        p2p_op(MNCL_P2P_RECV, r0.data(), n, MNCL_INT32, prev), bad,
+        p2p_op(MNCL_P2P_RECV, r1.data(), n, MNCL_INT32, next),
+        p2p_op(MNCL_P2P_SEND, stale_prev.data(), n, MNCL_INT32, prev)};
+  };
+  const mncl_p2p_op_t good = p2p_op(MNCL_P2P_RECV, spare.data(), 4, MNCL_INT32, next);
+  // The valid batch itself is fine (checked at the end, where it runs for real).
+  auto bad = [&](auto change) {
+    mncl_p2p_op_t op = good;
+    change(op);
+    return with(op);
+  };
+  const std::vector<std::string> op2 = {"op 2"};
+  auto words = [&](const char *reason) { return std::vector<std::string>{"op 2", reason}; };
+  for (int peer : {g_size, -1, self}) {
+    expect_batch_refused(bad([&](mncl_p2p_op_t &o) { o.peer = peer; }), MNCL_ERR_INVALID_ARGUMENT,
+                         words("peer"), "op 2's peer " + std::to_string(peer));
+  }
+  for (int32_t kind : {2, -1, 77}) {
+    expect_batch_refused(bad([&](mncl_p2p_op_t &o) { o.kind = kind; }), MNCL_ERR_INVALID_ARGUMENT,
+                         words("kind"), "op 2's kind " + std::to_string(kind));
+  }
+  for (int32_t dtype : {static_cast<int32_t>(bad_dtype), -1}) {
+    expect_batch_refused(bad([&](mncl_p2p_op_t &o) { o.dtype = dtype; }), MNCL_ERR_INVALID_ARGUMENT,
+                         words("dtype"), "op 2's dtype " + std::to_string(dtype));
+  }
+  for (int32_t kind : {MNCL_P2P_SEND, MNCL_P2P_RECV}) {
+    expect_batch_refused(bad([&](mncl_p2p_op_t &o) {
+                           o.kind = kind;
+                           o.buf = nullptr;
+                         }),
+                         MNCL_ERR_INVALID_ARGUMENT, words("NULL"),
+                         std::string("op 2 ") + (kind == MNCL_P2P_SEND ? "a send" : "a receive") +
+                             " of 4 elements from NULL");
+  }
+  expect_batch_refused(bad([&](mncl_p2p_op_t &o) { o.reserved0 = 1; }), MNCL_ERR_INVALID_ARGUMENT,
+                       words("reserved0"), "op 2's reserved0 = 1");
+  // Receive buffers overlapping each other, or a send buffer (before or after them).
+  expect_batch_refused(bad([&](mncl_p2p_op_t &o) { o.buf = r0.at(n - 2); }),
+                       MNCL_ERR_INVALID_ARGUMENT, words("overlap"),
+                       "op 2 receiving into the end of op 1's receive buffer");
+  expect_batch_refused(bad([&](mncl_p2p_op_t &o) { o.buf = const_cast<void *>(stale_next.at(5)); }),
+                       MNCL_ERR_INVALID_ARGUMENT, words("overlap"),
+                       "op 2 receiving into op 0's send buffer");
+  {
+    std::vector<mncl_p2p_op_t> ops = with(good);
+    ops[4].buf = spare.data();  // op 4 sends what op 2 receives into
+    ops[4].count = 4;
+    expect_batch_refused(ops, MNCL_ERR_INVALID_ARGUMENT, {"overlap"},
+                         "op 4 sending from op 2's receive buffer");
+    ops = with(good);
+    ops[1].buf = r1.data();  // ops 1 and 3: one receive buffer
+    expect_batch_refused(ops, MNCL_ERR_INVALID_ARGUMENT, {"op 3", "overlap"},
+                         "ops 1 and 3 receiving into one buffer");
+  }
+  // struct_size: smaller than the header's op; different from op 0's; longer with a non-zero
+  // field this library does not know (MNCL_ERR_NOT_SUPPORTED).
+  for (size_t size : {size_t{0}, size_t{8}, sizeof(mncl_p2p_op_t) - 4}) {
+    std::vector<mncl_p2p_op_t> ops = with(good);
+    for (auto &o : ops) o.struct_size = size;
+    expect_batch_refused(ops, MNCL_ERR_INVALID_ARGUMENT, {"struct_size"},
+                         "struct_size " + std::to_string(size));
+  }
+  {
+    std::vector<mncl_p2p_op_t> ops = with(good);
+    ops[2].struct_size = sizeof(mncl_p2p_op_t) + 8;
+    expect_batch_refused(ops, MNCL_ERR_INVALID_ARGUMENT, {"op 2", "struct_size"},
+                         "op 2's struct_size unlike op 0's");
+  }
+  {
+    struct NewerOp {
+      mncl_p2p_op_t op;
+      uint64_t added;
+    };
+    const std::vector<mncl_p2p_op_t> plain = with(good);
+    std::vector<NewerOp> ops(plain.size());
+    std::memset(static_cast<void *>(ops.data()), 0, ops.size() * sizeof(NewerOp));
+    for (size_t i = 0; i < ops.size(); ++i) {
+      ops[i].op = plain[i];
+      ops[i].op.struct_size = sizeof(NewerOp);
+    }
+    ops[2].added = 1;
+    expect_batch_refused(&ops[0].op, ops.size(), MNCL_ERR_NOT_SUPPORTED, {"op 2"},
+                         "op 2 setting a field newer than this library");
+  }
+  // The non-blocking form needs somewhere to put the request.
+  EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT,
+                    mncl_isendrecv_batch(g_comm, with(good).data(), 5, nullptr, nullptr));
+  EXPECT_NE(std::strstr(mncl_last_error(), "request"), nullptr) << mncl_last_error();
+  // mncl_sendrecv: what its batch of two would be refused for.
+  expect_sendrecv_refused(a.data(), 4, next, b.data(), 4, self, MNCL_INT32, {},
+                          "source this rank itself");
+  expect_sendrecv_refused(a.data(), 4, self, b.data(), 4, prev, MNCL_INT32, {},
+                          "dest this rank itself");
+  expect_sendrecv_refused(nullptr, 4, next, b.data(), 4, prev, MNCL_INT32, {"NULL"},
+                          "a NULL sendbuf");
+  expect_sendrecv_refused(a.data(), 4, next, nullptr, 4, prev, MNCL_INT32, {"NULL"},
+                          "a NULL recvbuf");
+  expect_sendrecv_refused(a.data(), 8, next, a.at(4), 8, prev, MNCL_INT32, {"overlap"},
+                          "recvbuf overlapping sendbuf");
+  expect_sendrecv_refused(a.data(), 4, next, b.data(), 4, prev, bad_dtype, {"dtype"},
+                          "a bad dtype");
+  EXPECT_MNCL_ERROR(
+      MNCL_ERR_INVALID_ARGUMENT,
+      mncl_isendrecv(g_comm, a.data(), 4, next, b.data(), 4, prev, MNCL_INT32, nullptr, nullptr));
+
+  // Nothing above started: the valid batch, run now, gets this batch's messages, and a
+  // collective still matches on every rank.
+  Batch ring("the ring batch after the refused ones");
+  ring.send(message(MNCL_INT32, n, g_rank, next, base, 0), next);
+  ring.recv(message(MNCL_INT32, n, prev, g_rank, base, 0), prev, from_str(prev));
+  ring.recv(message(MNCL_INT32, n, next, g_rank, base, 1), next, from_str(next));
+  ring.send(message(MNCL_INT32, n, g_rank, prev, base, 1), prev);
+  ring.run();
+  check_allreduce(MNCL_INT32, MNCL_SUM, 9, true, 272);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Split
 // ---------------------------------------------------------------------------------------------
 
@@ -2042,6 +2712,17 @@ TEST_F(Large, SendRecv) {
   if (g_size == 1) GTEST_SKIP() << "point to point needs two ranks";
   check_ring(MNCL_FLOAT32, kLarge, 79);
 }
+TEST_F(Large, SendRecvBatch) {
+  if (g_size == 1) GTEST_SKIP() << "point to point needs two ranks";
+  const int next = next_rank(), prev = prev_rank();
+  const size_t n64 = kLarge / 3;
+  Batch b("large batch ring shift both ways (float32 to the next rank, int64 to the previous)");
+  b.recv(message(MNCL_FLOAT32, kLarge, prev, g_rank, 82, 0), prev, from_str(prev));
+  b.recv(message(MNCL_INT64, n64, next, g_rank, 82, 1), next, from_str(next));
+  b.send(message(MNCL_FLOAT32, kLarge, g_rank, next, 82, 0), next);
+  b.send(message(MNCL_INT64, n64, g_rank, prev, 82, 1), prev);
+  b.run();
+}
 TEST_F(Large, AllreduceCoalesced) {
   check_coalesced(MNCL_FLOAT32, MNCL_SUM, {kLarge / 2, 1, kLarge / 2}, 0x1u, 80);
 }
@@ -2071,6 +2752,37 @@ TEST_P(PointToPointLast, IdleRanksThenCollectives) {
   // Every rank then runs the same collectives: they must still match up.
   check_allreduce(MNCL_INT64, MNCL_SUM, 1021, false, 92);
   check_bcast(MNCL_UINT8, 17, g_size - 1, 93);
+  MNCL_CALL(mncl_barrier(g_comm, nullptr));
+}
+// The same with batches: ranks 0 and 1 exchange one while the others make an empty one (or
+// none at all); then the pairs of a tournament round exchange by mncl_isendrecv, one rank
+// sitting out at odd sizes. The collectives after them must still match.
+TEST_P(PointToPointLast, BatchIdleRanksThenCollectives) {
+  const int base = 97;
+  if (g_size >= 2 && g_rank < 2) {
+    const int peer = 1 - g_rank;
+    Batch b("batch between ranks 0 and 1 only");
+    b.recv(message(MNCL_INT32, 1021, peer, g_rank, base, 0), peer, from_str(peer));
+    b.send(message(MNCL_INT32, 1021, g_rank, peer, base, 0), peer);
+    b.send(message(MNCL_UINT8, 5, g_rank, peer, base, 1), peer);
+    b.recv(message(MNCL_UINT8, 5, peer, g_rank, base, 1), peer, from_str(peer) + " (second)");
+    b.run();
+  } else if (g_rank >= 2 && g_rank % 2 == 0) {
+    MNCL_CALL(mncl_sendrecv_batch(g_comm, nullptr, 0, nullptr));
+  }
+  const int partner = Tournament{g_size}.partner(g_rank, 0);
+  if (partner < g_size) {
+    const Buf mine = message(MNCL_FLOAT64, 333, g_rank, partner, base, 2);
+    Buf got(MNCL_FLOAT64, 333);
+    mncl_request_t req = nullptr;
+    MNCL_CALL(mncl_isendrecv(g_comm, mine.data(), 333, partner, got.data(), 333, partner,
+                             MNCL_FLOAT64, nullptr, &req));
+    complete(req, false, "mncl_isendrecv");
+    expect_same(got, message(MNCL_FLOAT64, 333, partner, g_rank, base, 2),
+                "isendrecv with round 0's partner");
+  }
+  check_allreduce(MNCL_INT64, MNCL_SUM, 1021, false, base + 1);
+  check_bcast(MNCL_UINT8, 17, g_size - 1, base + 2);
   MNCL_CALL(mncl_barrier(g_comm, nullptr));
 }
 INSTANTIATE_TEST_SUITE_P(Last, PointToPointLast, ::testing::Values(0));

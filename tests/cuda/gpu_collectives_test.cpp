@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <mncl/mncl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -411,6 +412,131 @@ TEST(Gpu, CollectivesInACudaGraphRunOnEveryLaunch) {
       mncl_allreduce(g_comm, after.ptr(), after.ptr(), n, MNCL_INT32, MNCL_SUM, nullptr));
   const auto ar = after.get();
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(ar[i], sum_over_ranks(i));
+}
+
+mncl_p2p_op_t p2p_op(mncl_p2p_kind_t kind, const void *buf, size_t count, mncl_dtype_t dt,
+                     int peer) {
+  return mncl_p2p_op_t{sizeof(mncl_p2p_op_t),
+                       static_cast<int32_t>(kind),
+                       static_cast<int32_t>(peer),
+                       const_cast<void *>(buf),
+                       count,
+                       static_cast<int32_t>(dt),
+                       0};
+}
+
+// Batched point to point on device memory: a ring shift both ways in one mncl_sendrecv_batch,
+// its receives listed first (as separate calls on one stream that never completes on NCCL,
+// and the fake GPU's NCCL deadlocks as NCCL does), mncl_sendrecv and mncl_isendrecv_batch on a
+// stream; then a batch and an mncl_isendrecv recorded into a CUDA graph and run by every
+// launch (nccl), or refused on a capturing stream without breaking the capture (host backends,
+// which stage device buffers otherwise).
+TEST(Gpu, BatchedPointToPointAndInACudaGraph) {
+  if (dead_peer_mode()) GTEST_SKIP();
+  const bool nccl = std::strcmp(backend_name(), "nccl") == 0;
+  MNCL_OK_OR_DIE(mncl_sendrecv_batch(g_comm, nullptr, 0, nullptr));  // valid at every size
+  if (g_size == 1) GTEST_SKIP() << "a ring needs two ranks (the empty batch ran)";
+  const int next = (g_rank + 1) % g_size, prev = (g_rank + g_size - 1) % g_size;
+  const size_t n = 65537, m = 1021;  // to the next rank, to the previous one
+  // What `rank` sends to its next and previous ranks, shifted by `shift`.
+  auto rightward = [&](int rank, int32_t shift) {
+    auto v = values<int32_t>(rank, n, 3);
+    for (auto &e : v) e += shift;
+    return v;
+  };
+  auto leftward = [&](int rank, int32_t shift) {
+    auto v = values<int32_t>(rank, m, 17);
+    for (auto &e : v) e = -e - shift;
+    return v;
+  };
+  Dev<int32_t> to_next(rightward(g_rank, 0)), to_prev(leftward(g_rank, 0)), from_prev(n),
+      from_next(m), back(n);
+  // At 2 ranks both neighbours are one peer: sends to the next rank come first, and so do
+  // receives from the previous one, so the messages pair up in array order.
+  const mncl_p2p_op_t ops[] = {p2p_op(MNCL_P2P_RECV, from_prev.ptr(), n, MNCL_INT32, prev),
+                               p2p_op(MNCL_P2P_RECV, from_next.ptr(), m, MNCL_INT32, next),
+                               p2p_op(MNCL_P2P_SEND, to_next.ptr(), n, MNCL_INT32, next),
+                               p2p_op(MNCL_P2P_SEND, to_prev.ptr(), m, MNCL_INT32, prev)};
+  MNCL_OK_OR_DIE(mncl_sendrecv_batch(g_comm, ops, 4, nullptr));
+  EXPECT_EQ(from_prev.get(), rightward(prev, 0)) << "batch: from the previous rank";
+  EXPECT_EQ(from_next.get(), leftward(next, 0)) << "batch: from the next rank";
+
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreate(&stream));
+  {  // mncl_sendrecv on a stream: float64, the other way round
+    const size_t k = 4099;
+    Dev<double> out(values<double>(g_rank, k)), in(k);
+    MNCL_OK_OR_DIE(
+        mncl_sendrecv(g_comm, out.ptr(), k, prev, in.ptr(), k, next, MNCL_FLOAT64, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    EXPECT_EQ(in.get(), values<double>(next, k)) << "sendrecv from the next rank";
+  }
+  {  // mncl_isendrecv_batch, waited
+    Dev<int32_t> p(n), q(m);
+    mncl_p2p_op_t again[4];
+    std::copy(ops, ops + 4, again);
+    again[0].buf = p.ptr();
+    again[1].buf = q.ptr();
+    mncl_request_t r = nullptr;
+    MNCL_OK_OR_DIE(mncl_isendrecv_batch(g_comm, again, 4, stream, &r));
+    MNCL_OK_OR_DIE(mncl_wait(r, -1));
+    EXPECT_EQ(p.get(), rightward(prev, 0)) << "isendrecv_batch: from the previous rank";
+    EXPECT_EQ(q.get(), leftward(next, 0)) << "isendrecv_batch: from the next rank";
+  }
+
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  if (!nccl) {
+    mncl_status_t st = mncl_sendrecv_batch(g_comm, ops, 4, stream);
+    EXPECT_EQ(st, MNCL_ERR_NOT_SUPPORTED) << mncl_status_string(st) << ": " << mncl_last_error();
+    EXPECT_NE(std::strstr(mncl_last_error(), "capturing a CUDA graph"), nullptr)
+        << mncl_last_error();
+    st = mncl_sendrecv(g_comm, from_prev.ptr(), n, prev, back.ptr(), n, next, MNCL_INT32, stream);
+    EXPECT_EQ(st, MNCL_ERR_NOT_SUPPORTED) << mncl_status_string(st) << ": " << mncl_last_error();
+    cudaGraph_t graph = nullptr;
+    EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess) << "the refusal broke the capture";
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    CUDA_OK(cudaStreamDestroy(stream));
+    // Nothing of the refused calls ran: the next batch pairs up as before.
+    to_next.set(rightward(g_rank, 7));
+    MNCL_OK_OR_DIE(mncl_sendrecv_batch(g_comm, ops, 4, nullptr));
+    EXPECT_EQ(from_prev.get(), rightward(prev, 7)) << "batch after the refusals";
+    return;
+  }
+  // Host memory cannot be captured: refused on every rank, and the capture lives on.
+  std::vector<int32_t> host(m);
+  mncl_p2p_op_t with_host[4];
+  std::copy(ops, ops + 4, with_host);
+  with_host[1].buf = host.data();
+  mncl_status_t st = mncl_sendrecv_batch(g_comm, with_host, 4, stream);
+  EXPECT_EQ(st, MNCL_ERR_NOT_SUPPORTED) << mncl_status_string(st) << ": " << mncl_last_error();
+  // Recorded: the batch, then what it received sent back the other way round.
+  MNCL_OK_OR_DIE(mncl_sendrecv_batch(g_comm, ops, 4, stream));
+  mncl_request_t r = nullptr;
+  MNCL_OK_OR_DIE(mncl_isendrecv(g_comm, from_prev.ptr(), n, prev, back.ptr(), n, next, MNCL_INT32,
+                                stream, &r));
+  MNCL_OK_OR_DIE(mncl_wait(r, -1));  // done at once: it runs on each launch
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess) << "the capture was invalidated";
+  cudaGraphExec_t exec = nullptr;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int launch = 0; launch < 3; ++launch) {
+    const int32_t shift = 1000 * (launch + 1);
+    to_next.set(rightward(g_rank, shift));
+    to_prev.set(leftward(g_rank, shift));
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    EXPECT_EQ(from_prev.get(), rightward(prev, shift)) << "launch " << launch;
+    EXPECT_EQ(from_next.get(), leftward(next, shift)) << "launch " << launch;
+    // The next rank received this rank's message to it and sent it back.
+    EXPECT_EQ(back.get(), rightward(g_rank, shift)) << "launch " << launch << ": sent back";
+  }
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(graph));
+  CUDA_OK(cudaStreamDestroy(stream));
+  // The communicator is still in step on every rank.
+  to_next.set(rightward(g_rank, 5));
+  MNCL_OK_OR_DIE(mncl_sendrecv_batch(g_comm, ops, 4, nullptr));
+  EXPECT_EQ(from_prev.get(), rightward(prev, 5)) << "batch after the graph";
 }
 
 TEST(Gpu, DeadPeerIsAnErrorNotAHang) {

@@ -16,7 +16,7 @@
 //   fault_test killed|stalled|late|mismatch|abort|abort_destroy|recovery|watchdog|store_bind|
 //              store_token
 //              [--backend B] [--ranks N] [--timeout S] [--runs N] [--debug-checks 0|1]
-//              [--case allreduce_vs_bcast|count|dtype|root|allgatherv|alltoallv]
+//              [--case allreduce_vs_bcast|count|dtype|root|allgatherv|alltoallv|batch_count]
 //              [--netns NS0,NS1 --hosts A0,A1]
 //              [--launcher fork|mpirun] [--mpirun PATH] [--mpirun-arg ARG]... [--expect-job-end]
 #include <fcntl.h>
@@ -274,7 +274,22 @@ int worker_mismatch(Worker &w) {
   const int64_t t0 = now_ns();
   mncl_status_t st;
   bool correct = true;
-  if (which == "allgatherv" || which == "alltoallv") {
+  if (which == "batch_count") {
+    // A ring shift as one mncl_sendrecv_batch: variant B sends and receives 10 elements, variant
+    // A 20, so (at even sizes) every receive disagrees with its sender. Judged against this
+    // rank's own call: the receive holds the previous rank's first elements.
+    const int next = (w.rank + 1) % w.size, prev = (w.rank + w.size - 1) % w.size;
+    const size_t n = b ? 10 : 20;
+    std::vector<int32_t> send(n), recv(n, -1);
+    for (size_t i = 0; i < n; ++i) send[i] = static_cast<int32_t>(w.rank * 1000 + i);
+    const mncl_p2p_op_t ops[] = {
+        {sizeof(mncl_p2p_op_t), MNCL_P2P_RECV, prev, recv.data(), n, MNCL_INT32, 0},
+        {sizeof(mncl_p2p_op_t), MNCL_P2P_SEND, next, send.data(), n, MNCL_INT32, 0}};
+    st = mncl_sendrecv_batch(comm, ops, 2, nullptr);
+    for (size_t i = 0; st == MNCL_OK && i < n; ++i) {
+      if (recv[i] != static_cast<int32_t>(prev * 1000 + i)) correct = false;
+    }
+  } else if (which == "allgatherv" || which == "alltoallv") {
     // Variant B expects 10 elements from rank 0, which (even: variant A) sends 20; every rank's
     // own arguments are consistent, so only the peers can tell.
     const size_t n = static_cast<size_t>(w.size), me = static_cast<size_t>(w.rank);
@@ -309,7 +324,7 @@ int worker_mismatch(Worker &w) {
            : mncl_allreduce(comm, is.data(), ir.data(), count, dtype, MNCL_SUM, nullptr);
   }
   const int64_t t1 = now_ns();
-  if (st == MNCL_OK && which != "allgatherv" && which != "alltoallv") {
+  if (st == MNCL_OK && which != "allgatherv" && which != "alltoallv" && which != "batch_count") {
     for (size_t i = 0; i < count; ++i) {
       const double expect = bcast ? static_cast<double>((root + 1) * (i + 1))
                                   : static_cast<double>(w.size * (w.size + 1) / 2 * (i + 1));

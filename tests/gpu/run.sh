@@ -2,7 +2,8 @@
 # The GPU check for issue 5, for a machine with NVIDIA GPUs, the CUDA toolkit and NCCL:
 # builds MNCL with the nccl plugin and runs, within about 5 minutes,
 #   1. the conformance suite on the nccl backend, one rank per GPU (every GPU);
-#   2. collectives on CUDA buffers on the nccl backend, one rank per GPU;
+#   2. collectives and batched point to point on CUDA buffers on the nccl backend, one rank
+#      per GPU (plain and under CUDA graph capture);
 #   3. the staging path (CUDA buffers through naive and gloo) at 2-4 ranks sharing the GPUs;
 #   4. a dead peer: an error within MNCL_TIMEOUT, not a hang (needs 2 GPUs);
 #   5. the overhead of MNCL-nccl over raw NCCL, 1 rank, 8 B to 1 GiB;
