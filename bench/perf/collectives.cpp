@@ -217,24 +217,11 @@ mncl_status_t run_mncl(mncl_comm_t comm, const Call &c) {
                             c.recvcounts.data(), c.rdispls.data(), c.dtype, nullptr);
     case CollKind::kSendrecv: {
       if (c.nranks == 1) return MNCL_OK;  // no peer: MNCL forbids sending to oneself
-      // A ring shift shaped like MPI_Sendrecv: both directions in flight at once. Even ranks
-      // post the send first, odd ranks the receive: only a backend that runs everything in
-      // stream order (nccl) needs that, and it costs the others nothing.
+      // A ring shift, as MPI_Sendrecv: both directions in flight at once, in one call that
+      // every backend (nccl too, as one NCCL group) progresses together.
       const int next = (c.rank + 1) % c.nranks, prev = (c.rank + c.nranks - 1) % c.nranks;
-      mncl_request_t send = nullptr, recv = nullptr;
-      auto post_send = [&] {
-        return mncl_isend(comm, c.sendbuf, c.count, c.dtype, next, nullptr, &send);
-      };
-      auto post_recv = [&] {
-        return mncl_irecv(comm, c.recvbuf, c.count, c.dtype, prev, nullptr, &recv);
-      };
-      mncl_status_t st = c.rank % 2 == 0 ? post_send() : post_recv();
-      if (st == MNCL_OK) st = c.rank % 2 == 0 ? post_recv() : post_send();
-      // Wait for whatever was posted, even after a failure, so no request is left behind.
-      const mncl_status_t send_st = send ? mncl_wait(send, -1) : MNCL_OK;
-      const mncl_status_t recv_st = recv ? mncl_wait(recv, -1) : MNCL_OK;
-      if (st == MNCL_OK) st = send_st != MNCL_OK ? send_st : recv_st;
-      return st;
+      return mncl_sendrecv(comm, c.sendbuf, c.count, next, c.recvbuf, c.count, prev, c.dtype,
+                           nullptr);
     }
   }
   return MNCL_ERR_INVALID_ARGUMENT;

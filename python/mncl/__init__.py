@@ -1,10 +1,11 @@
 """MNCL, the Multi-Node Communication Library, for Python: ctypes over libmncl.so.1, NumPy
-arrays in and out. See Communicator (and its non-blocking Request), and to_bfloat16_bits /
-from_bfloat16_bits for bfloat16 data without the ml_dtypes package."""
+arrays in and out. See Communicator (its non-blocking Request, and P2POp for batches of sends
+and receives), and to_bfloat16_bits / from_bfloat16_bits for bfloat16 data without the ml_dtypes
+package."""
 
 from ._dtypes import from_bfloat16_bits, to_bfloat16_bits
 from ._lib import library_path, version
-from .comm import Communicator, Request
+from .comm import Communicator, P2POp, Request
 from .errors import (
     AbortedError,
     BootstrapError,
@@ -20,6 +21,7 @@ from .errors import (
 
 __all__ = [
     "Communicator",
+    "P2POp",
     "Request",
     "library_path",
     "version",

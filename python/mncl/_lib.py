@@ -68,6 +68,23 @@ class Config(ctypes.Structure):
     ]
 
 
+class P2POp(ctypes.Structure):
+    """mncl_p2p_op_t: one send or receive of a batch (mncl_sendrecv_batch). struct_size =
+    sizeof(P2POp) in every element, and is also the array's stride."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("kind", ctypes.c_int32),  # P2P_SEND or P2P_RECV
+        ("peer", ctypes.c_int32),
+        ("buf", ctypes.c_void_p),
+        ("count", ctypes.c_size_t),
+        ("dtype", ctypes.c_int32),
+        ("reserved0", ctypes.c_int32),
+    ]
+
+
+P2P_SEND, P2P_RECV = 0, 1  # mncl_p2p_kind_t
+
 CONFIG_MAGIC = 0x4D4E434C
 HEADER_VERSION = 100  # MNCL_VERSION of the mncl.h this file mirrors (0.1.0)
 FROM_ENV = -1
@@ -123,11 +140,43 @@ _SIGNATURES = {
     "mncl_iallgatherv": (c_status, [c_handle, _P, _N, _P, c_size_p, c_size_p, _I, _P, _R]),
     "mncl_ialltoallv": (
         c_status, [c_handle, _P, c_size_p, c_size_p, _P, c_size_p, c_size_p, _I, _P, _R]),
+    # MNCL_1.2: batched point to point.
+    "mncl_sendrecv_batch": (c_status, [c_handle, ctypes.POINTER(P2POp), _N, _P]),
+    "mncl_isendrecv_batch": (c_status, [c_handle, ctypes.POINTER(P2POp), _N, _P, _R]),
+    "mncl_sendrecv": (c_status, [c_handle, _P, _N, _I, _P, _N, _I, _I, _P]),
+    "mncl_isendrecv": (c_status, [c_handle, _P, _N, _I, _P, _N, _I, _I, _P, _R]),
     "mncl_test": (c_status, [c_handle, ctypes.POINTER(_I)]),
     "mncl_wait": (c_status, [c_handle, ctypes.c_int64]),
 }
+# Functions a libmncl.so.1 older than their symbol version node lacks: the package still loads
+# with such a library, and calling one of them raises NotSupportedError.
+_ADDED_IN = {
+    "mncl_sendrecv_batch": "1.2",
+    "mncl_isendrecv_batch": "1.2",
+    "mncl_sendrecv": "1.2",
+    "mncl_isendrecv": "1.2",
+}
+
+
+def _missing(name):
+    def call(*_args):
+        status = 2  # MNCL_ERR_NOT_SUPPORTED
+        status_name = (lib.mncl_status_string(status) or b"").decode(errors="replace")
+        raise error_for(status, f"{name}: {library_path} predates it (symbol version "
+                        f"MNCL_{_ADDED_IN[name]})", status_name.split(":")[0])
+
+    call.__name__ = name
+    return call
+
+
 for _name, (_res, _args) in _SIGNATURES.items():
-    _fn = getattr(lib, _name)
+    try:
+        _fn = getattr(lib, _name)
+    except AttributeError:
+        if _name not in _ADDED_IN:
+            raise
+        setattr(lib, _name, _missing(_name))
+        continue
     _fn.restype = _res
     _fn.argtypes = _args
 

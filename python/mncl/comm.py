@@ -10,6 +10,7 @@ Passing the same array as input and output selects the in-place form.
 
 Each collective has a non-blocking twin named with an `i` in front (iallreduce, ...): it takes
 the same arguments and returns a Request whose wait() returns what the blocking call returns.
+sendrecv_batch's twin is also called batch_isend_irecv, as in PyTorch.
 """
 
 import ctypes
@@ -67,6 +68,44 @@ def _matching_output(recvbuf, send, code, dtype, want, what, shape=None):
 
 def _ptr(arr):
     return ctypes.c_void_p(arr.ctypes.data) if arr is not None else None
+
+
+_P2P_KINDS = {"send": _lib.P2P_SEND, "isend": _lib.P2P_SEND,
+              "recv": _lib.P2P_RECV, "irecv": _lib.P2P_RECV}
+
+
+class P2POp:
+    """One send or receive of a batch (Communicator.batch_isend_irecv / sendrecv_batch), as
+    PyTorch's torch.distributed.P2POp: ``P2POp(comm.isend, buf, peer)`` or
+    ``P2POp("recv", buf, peer)``.
+
+    op: "send"/"isend" or "recv"/"irecv", or a function of one of those names (comm.isend,
+    mncl.Communicator.irecv, torch.distributed.isend: only its name is used). buf: what to send
+    (any array-like, as send() takes) or the array to receive into (C-contiguous, writeable; its
+    size and dtype must match the peer's send). dtype: as for every call, an MNCL dtype name for
+    arrays holding raw bits.
+    """
+
+    def __init__(self, op, buf, peer, *, dtype=None):
+        name = op if isinstance(op, str) else getattr(op, "__name__", None)
+        kind = _P2P_KINDS.get(name.lower()) if isinstance(name, str) else None
+        if kind is None:
+            raise ValueError(f"mncl: P2POp: op must be 'send', 'isend', 'recv', 'irecv' or one "
+                             f"of those functions, not {op!r}")
+        self.kind = kind
+        if kind == _lib.P2P_SEND:
+            self.buf, self.code = _input(buf, dtype)
+        else:
+            self.buf, self.code = _output(buf, "buf", dtype)
+        self.peer = int(peer)
+
+    @property
+    def is_send(self):
+        return self.kind == _lib.P2P_SEND
+
+    def __repr__(self):
+        kind = "send" if self.is_send else "recv"
+        return f"<mncl.P2POp {kind} {self.buf.dtype}[{self.buf.size}] peer {self.peer}>"
 
 
 class Request:
@@ -475,6 +514,64 @@ class Communicator:
     def irecv(self, buf, peer, *, dtype=None):
         """Non-blocking recv: a Request whose wait() returns buf."""
         return self._start(lib.mncl_irecv, self._recv_call(buf, peer, dtype))
+
+    def _sendrecv_call(self, sendbuf, dest, recvbuf, source, dtype, what):
+        send, code = _input(sendbuf, dtype)
+        if recvbuf is None:
+            recv = np.empty(send.shape, send.dtype)
+        else:
+            recv, recv_code = _output(recvbuf, "recvbuf", dtype)
+            if recv_code != code:
+                raise TypeError(f"mncl: {what}: dtypes differ ({send.dtype} and {recv.dtype})")
+        source = dest if source is None else source
+        args = (_ptr(send), send.size, dest, _ptr(recv), recv.size, source, code)
+        return args, recv, (send, recv)
+
+    def sendrecv(self, sendbuf, dest, recvbuf=None, source=None, *, dtype=None):
+        """MPI_Sendrecv: sends sendbuf to dest while receiving recvbuf from source (default:
+        dest; never this rank), both at once, so a ring shift ``sendrecv(x, (r + 1) % n,
+        source=(r - 1) % n)`` on every rank cannot deadlock, on any backend. recvbuf None
+        receives an array like sendbuf; the sizes may differ by direction (each matches the
+        peer's). Returns recvbuf."""
+        return self._run(lib.mncl_sendrecv,
+                         self._sendrecv_call(sendbuf, dest, recvbuf, source, dtype, "sendrecv"))
+
+    def isendrecv(self, sendbuf, dest, recvbuf=None, source=None, *, dtype=None):
+        """Non-blocking sendrecv: a Request whose wait() returns recvbuf."""
+        return self._start(lib.mncl_isendrecv,
+                           self._sendrecv_call(sendbuf, dest, recvbuf, source, dtype,
+                                               "isendrecv"))
+
+    @staticmethod
+    def _batch_call(ops):
+        ops = list(ops)
+        for i, op in enumerate(ops):
+            if not isinstance(op, P2POp):
+                raise TypeError(f"mncl: batch op {i} is a {type(op).__name__}, not an "
+                                f"mncl.P2POp")
+        size = ctypes.sizeof(_lib.P2POp)
+        array = (_lib.P2POp * len(ops))(
+            *[_lib.P2POp(size, op.kind, op.peer, op.buf.ctypes.data, op.buf.size, op.code, 0)
+              for op in ops])
+        results = [None if op.is_send else op.buf for op in ops]
+        return (array, len(ops)), results, (ops, array)
+
+    def sendrecv_batch(self, ops):
+        """Runs a batch of P2POps (sends and receives to and from any peers) and returns when
+        all have completed: PyTorch's batch_isend_irecv followed by waiting for every request.
+        All ops progress together (NCCL's ncclGroupStart/End), so a ring, a halo exchange or a
+        pipeline's forward-and-backward exchange cannot deadlock whatever their order. Each op
+        matches the peer's send/recv (or batch op) in issue order, per direction; receive
+        buffers must overlap neither each other nor a send buffer of the batch. Returns a list
+        with, for each op, its receive buffer, or None for a send."""
+        return self._run(lib.mncl_sendrecv_batch, self._batch_call(ops))
+
+    def batch_isend_irecv(self, ops):
+        """Non-blocking sendrecv_batch: one Request for the whole batch (not one per op, as
+        PyTorch's), whose wait() returns the list sendrecv_batch returns."""
+        return self._start(lib.mncl_isendrecv_batch, self._batch_call(ops))
+
+    isendrecv_batch = batch_isend_irecv
 
     # --- coalesced -------------------------------------------------------------------------
 

@@ -185,6 +185,157 @@ TEST_F(Frontends, Split) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Point to point: sendrecv and batches (every rank sends and receives at once)
+// ---------------------------------------------------------------------------------------------
+
+// Element i of what `from` sends to `to` in exchange `tag`: distinct for every pair and tag.
+int64_t p2p_value(int from, int to, int tag, std::size_t i) {
+  return 1000000 * (tag + 1) + 10000 * from + 100 * to + static_cast<int64_t>(i % 97);
+}
+std::vector<int64_t> p2p_message(int from, int to, int tag, std::size_t count) {
+  std::vector<int64_t> v(count);
+  for (std::size_t i = 0; i < count; ++i) v[i] = p2p_value(from, to, tag, i);
+  return v;
+}
+
+// A ring shift, each rank sending to rank + 1 while receiving from rank - 1, in one call with
+// no even/odd ordering: small and large (beyond any eager threshold) messages, and messages
+// whose send and receive counts differ (each rank sends rank + 1 elements).
+TEST_F(Frontends, SendrecvRingShift) {
+  if (size() < 2) {
+    std::vector<int64_t> x(4, 1), y(4);
+    EXPECT_THROW(comm().sendrecv(x, 0, y, 0), mncl::InvalidArgument);  // not to oneself
+    return;
+  }
+  const int next = (rank() + 1) % size(), prev = (rank() + size() - 1) % size();
+  for (std::size_t count : {std::size_t{1}, std::size_t{1000}, std::size_t{3} << 17}) {
+    const auto send = p2p_message(rank(), next, 0, count);
+    std::vector<int64_t> got(count, -1);
+    comm().sendrecv(send, next, got, prev);
+    EXPECT_EQ(got, p2p_message(prev, rank(), 0, count)) << count << " elements";
+  }
+  // Non-blocking, counts differing by direction, float data.
+  std::vector<float> send(rank() + 1, 0.5f + rank()), got(prev + 1, -1.0f);
+  mncl::Request request = comm().isendrecv(send, next, got, prev);
+  EXPECT_TRUE(request.pending());
+  request.wait();
+  EXPECT_EQ(got, std::vector<float>(prev + 1, 0.5f + prev));
+  // dest == source: a pairwise swap between ranks 2k and 2k + 1 (an odd last rank sits out).
+  const int partner = rank() ^ 1;
+  if (partner < size()) {
+    const auto mine = p2p_message(rank(), partner, 1, 5);
+    std::vector<int64_t> theirs(5);
+    comm().sendrecv(mine, partner, theirs, partner);
+    EXPECT_EQ(theirs, p2p_message(partner, rank(), 1, 5));
+  }
+  comm().barrier();
+}
+
+// A halo exchange in one batch: every rank sends a different dtype each way, receives from
+// both neighbours, and sends an empty message; recvs listed before sends. With 2 ranks both
+// neighbours are one rank, so the ops also check matching in array order per direction.
+TEST_F(Frontends, SendrecvBatchHaloExchange) {
+  EXPECT_NO_THROW(comm().sendrecv_batch({}));  // an empty batch is valid on any size
+  EXPECT_NO_THROW(comm().isendrecv_batch({}).wait());
+  if (size() < 2) return;
+  const int next = (rank() + 1) % size(), prev = (rank() + size() - 1) % size();
+  const std::size_t n = 4099;
+  std::vector<double> to_next(n), from_prev(n, -1.0);
+  std::vector<int32_t> to_prev(n + 1), from_next(n + 1, -1);
+  for (std::size_t i = 0; i < n; ++i) to_next[i] = rank() + i / 8.0;
+  for (std::size_t i = 0; i <= n; ++i) to_prev[i] = -rank() * 100000 - static_cast<int32_t>(i);
+  std::vector<uint8_t> empty_out, empty_in;
+  const std::vector<mncl::P2POp> ops{
+      mncl::irecv_op(from_prev, prev), mncl::isend_op(to_next, next),
+      mncl::irecv_op(from_next, next), mncl::isend_op(to_prev, prev),
+      mncl::isend_op(empty_out, next), mncl::irecv_op(empty_in, prev)};
+  EXPECT_FALSE(ops[0].is_send());
+  EXPECT_EQ(ops[1].kind(), MNCL_P2P_SEND);
+  EXPECT_EQ(ops[1].peer(), next);
+  EXPECT_EQ(ops[1].count(), n);
+  EXPECT_EQ(ops[1].dtype(), MNCL_FLOAT64);
+  EXPECT_EQ(ops[2].dtype(), MNCL_INT32);
+  EXPECT_EQ(ops[2].data(), from_next.data());
+  EXPECT_EQ(ops[2].c_op().struct_size, sizeof(mncl_p2p_op_t));
+  comm().sendrecv_batch(ops);
+  for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(from_prev[i], prev + i / 8.0) << i;
+  for (std::size_t i = 0; i <= n; ++i) {
+    ASSERT_EQ(from_next[i], -next * 100000 - static_cast<int32_t>(i)) << i;
+  }
+
+  // Non-blocking: one tensor to every other rank, one message from each (an all-to-all of
+  // single ops), waited for by test().
+  const auto mine = p2p_message(rank(), -1, 2, 33);
+  std::vector<std::vector<int64_t>> inbox(size(), std::vector<int64_t>(33, -1));
+  std::vector<mncl::P2POp> all;
+  for (int peer = 0; peer < size(); ++peer) {
+    if (peer == rank()) continue;
+    all.push_back(mncl::isend_op(mine, peer));  // send buffers may be shared
+    all.push_back(mncl::irecv_op(inbox[peer], peer));
+  }
+  mncl::Request request = comm().isendrecv_batch(all);
+  while (!request.test()) {
+  }
+  for (int peer = 0; peer < size(); ++peer) {
+    if (peer != rank()) {
+      EXPECT_EQ(inbox[peer], p2p_message(peer, -1, 2, 33)) << "from " << peer;
+    }
+  }
+  comm().barrier();
+}
+
+// Messages of a pair match in issue order across sendrecv, batches and send/recv.
+TEST_F(Frontends, SendrecvBatchMatchesSendAndRecvInOrder) {
+  if (size() < 2) return;
+  if (rank() > 1) {
+    comm().barrier();
+    return;
+  }
+  const int peer = 1 - rank();
+  std::vector<int64_t> a(7, -1), b(9, -1), c(11, -1);
+  if (rank() == 0) {  // three sends: two in one batch, then a plain send
+    comm().sendrecv_batch({mncl::isend_op(p2p_message(0, 1, 3, 7), peer),
+                           mncl::isend_op(p2p_message(0, 1, 4, 9), peer)});
+    comm().send(p2p_message(0, 1, 5, 11), peer);
+  } else {  // a plain recv, then a batch of two receives
+    comm().recv(a, peer);
+    comm().sendrecv_batch({mncl::irecv_op(b, peer), mncl::irecv_op(c, peer)});
+    EXPECT_EQ(a, p2p_message(0, 1, 3, 7));
+    EXPECT_EQ(b, p2p_message(0, 1, 4, 9));
+    EXPECT_EQ(c, p2p_message(0, 1, 5, 11));
+  }
+  comm().barrier();
+}
+
+// Errors found before anything starts: a peer that is this rank or out of range, overlapping
+// receive buffers. The communicator stays usable.
+TEST_F(Frontends, SendrecvBatchRejectsBadOpsLocally) {
+  std::vector<int32_t> buf(8), other(8);
+  const int peer = (rank() + 1) % size();  // this rank on a single-rank communicator
+  EXPECT_THROW(comm().sendrecv_batch({mncl::isend_op(buf, rank())}), mncl::InvalidArgument);
+  EXPECT_THROW(comm().isendrecv_batch({mncl::irecv_op(other, size())}), mncl::InvalidArgument);
+  EXPECT_THROW(comm().sendrecv_batch({mncl::irecv_op(buf, peer),
+                                      mncl::irecv_op(Span<int32_t>(buf.data() + 4, 4), peer)}),
+               mncl::InvalidArgument);
+  if (size() > 1) {  // the message names the offending op
+    try {
+      comm().sendrecv_batch({mncl::irecv_op(other, peer), mncl::isend_op(buf, rank())});
+      FAIL() << "a batch sending to this rank succeeded";
+    } catch (const mncl::InvalidArgument &e) {
+      EXPECT_NE(std::string(e.what()).find("op 1"), std::string::npos) << e.what();
+    }
+  }
+  try {
+    comm().sendrecv(buf, peer, buf, peer);  // receives into its own send buffer
+    FAIL() << "sendrecv from and into one buffer succeeded";
+  } catch (const mncl::InvalidArgument &e) {
+    EXPECT_EQ(e.status(), MNCL_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(e.what()).find("mncl_sendrecv"), std::string::npos) << e.what();
+  }
+  comm().barrier();
+}
+
+// ---------------------------------------------------------------------------------------------
 // Objects, in chunks
 // ---------------------------------------------------------------------------------------------
 

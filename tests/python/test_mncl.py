@@ -1,8 +1,9 @@
 """The mncl Python package at any size (run under mncl-run -n N): every collective, blocking
 and non-blocking, on NumPy arrays with exact integer checks and float tolerances, in-place forms,
 requests (wait, test, timed waits, failures, arrays kept alive), bfloat16 as raw uint16 bits,
-split, point to point, and failures raised as the right exceptions with the library's message.
-Exits 77 (ctest: skipped) when NumPy is missing; ml_dtypes arrays are test_ml_dtypes.py's."""
+split, point to point (sendrecv and batches of P2POps included), and failures raised as the right
+exceptions with the library's message. Exits 77 (ctest: skipped) when NumPy is missing; ml_dtypes
+arrays are test_ml_dtypes.py's."""
 
 import gc
 import os
@@ -304,6 +305,67 @@ if n > 1:
     expect(results[0] is inbox and results[1] is None, "isend/irecv results")
     expect(np.array_equal(inbox, np.arange(5) + 10 * prv), "isend/irecv ring")
 
+    # sendrecv: the same ring in one call each, no ordering; small and large (3 MiB) messages,
+    # then sizes that differ by direction (rank r sends r + 1 elements) into a given recvbuf.
+    for count in (1, 1000, 3 << 17):
+        sent = np.arange(count, dtype=np.int64) % 97 + 1000 * r
+        got = comm.sendrecv(sent, nxt, source=prv)
+        expect(got.dtype == np.int64 and got.shape == (count,), f"sendrecv x{count} shape")
+        expect(np.array_equal(got, np.arange(count) % 97 + 1000 * prv), f"sendrecv ring x{count}")
+    inbox = np.full(prv + 1, -1, np.float32)
+    got = comm.isendrecv(np.full(r + 1, r + 0.5, np.float32), nxt, inbox, prv).wait()
+    expect(got is inbox and np.all(inbox == prv + 0.5), "isendrecv, sizes differ by direction")
+    bits = mncl.to_bfloat16_bits(np.full(3, r + 1.0))  # raw bits with dtype=, as send/recv
+    got = comm.sendrecv(bits, nxt, np.zeros(3, np.uint16), prv, dtype="bfloat16")
+    expect(np.array_equal(mncl.from_bfloat16_bits(got), np.full(3, prv + 1.0)),
+           "sendrecv of bfloat16 bits")
+    partner = r ^ 1  # dest == source: pairs (0, 1), (2, 3); an odd last rank sits out
+    if partner < n:
+        swapped = comm.sendrecv(np.array([r, 7 * r], np.int32), partner)
+        expect(np.array_equal(swapped, [partner, 7 * partner]), "sendrecv swap, dest == source")
+
+    # A halo exchange as one batch: recvs listed first, a different dtype each way, an empty
+    # message; ops named every way P2POp accepts. With 2 ranks both neighbours are one rank, so
+    # this also checks that ops match in array order per direction.
+    left = np.full(n + 5, -1.0)
+    right = np.full(3, -1, np.int64)
+    empty = np.empty(0, np.uint8)
+    ops = [mncl.P2POp("irecv", left, prv), mncl.P2POp(comm.isend, np.arange(n + 5) + r / 4, nxt),
+           mncl.P2POp(mncl.Communicator.irecv, right, nxt),
+           mncl.P2POp("send", [-r, -2 * r, -3 * r], prv),  # a list: sent as int64
+           mncl.P2POp("isend", empty, nxt), mncl.P2POp("recv", np.empty(0, np.uint8), prv)]
+    results = comm.sendrecv_batch(ops)
+    expect(results[0] is left and results[2] is right and results[1] is None,
+           "sendrecv_batch results: receive buffers, None for sends")
+    expect(np.array_equal(left, np.arange(n + 5) + prv / 4), "halo from the left")
+    expect(np.array_equal(right, [-nxt, -2 * nxt, -3 * nxt]), "halo from the right")
+
+    # Non-blocking, PyTorch style: one array to every other rank, one from each.
+    mine = np.arange(33, dtype=np.int64) * (r + 1)
+    inboxes = {p: np.full(33, -1, np.int64) for p in range(n) if p != r}
+    ops = []
+    for p, box in inboxes.items():
+        ops += [mncl.P2POp(comm.isend, mine, p), mncl.P2POp(comm.irecv, box, p)]
+    req = comm.batch_isend_irecv(ops)
+    while not req.test():
+        pass
+    expect(all(np.array_equal(box, np.arange(33) * (p + 1)) for p, box in inboxes.items()),
+           "batch_isend_irecv to and from every rank")
+
+    # Batches, sendrecv and send/recv of a pair match in issue order.
+    if r < 2:
+        other = 1 - r
+        if r == 0:
+            comm.sendrecv_batch([mncl.P2POp("send", np.full(2, 10, np.int64), other),
+                                 mncl.P2POp("send", np.full(3, 11, np.int64), other)])
+            comm.send(np.full(4, 12, np.int64), other)
+        else:
+            a = comm.recv(np.empty(2, np.int64), other)
+            b, c = comm.isendrecv_batch([mncl.P2POp("recv", np.empty(3, np.int64), other),
+                                         mncl.P2POp("recv", np.empty(4, np.int64), other)]).wait()
+            expect(np.all(a == 10) and np.all(b == 11) and np.all(c == 12),
+                   "batch and send/recv messages match in issue order")
+
     # A request that cannot finish: a timed wait leaves it pending; the abort then fails it,
     # and each later wait raises again. On a communicator of its own (every rank aborts it).
     side = comm.split(0)
@@ -319,6 +381,27 @@ if n > 1:
     expect_raises(mncl.AbortedError, lambda: side.isend(np.zeros(1, np.int32), nxt),
                   "isend on an aborted communicator", "aborted")
     side.close()
+
+# Batches on any size: an empty one is valid; ops are checked before anything starts.
+expect(comm.sendrecv_batch([]) == [] and comm.batch_isend_irecv([]).wait() == [], "empty batch")
+expect_raises(mncl.InvalidArgumentError,
+              lambda: comm.sendrecv_batch([mncl.P2POp("send", np.zeros(2), r)]),
+              "batch op sending to this rank")
+expect_raises(mncl.InvalidArgumentError,
+              lambda: comm.sendrecv(np.zeros(2), r), "sendrecv with this rank")
+overlap = np.zeros(8, np.int32)
+expect_raises(mncl.InvalidArgumentError,
+              lambda: comm.batch_isend_irecv([mncl.P2POp("recv", overlap, (r + 1) % n),
+                                              mncl.P2POp("recv", overlap[4:], (r + 1) % n)]),
+              "overlapping receive buffers")
+expect_raises(ValueError, lambda: mncl.P2POp("bcast", overlap, 0), "unknown P2POp op",
+              "op must be")
+expect_raises(TypeError, lambda: comm.sendrecv_batch([("send", overlap, 0)]),
+              "a batch of tuples", "not an mncl.P2POp")
+expect_raises(ValueError, lambda: mncl.P2POp("recv", overlap[::2], 0), "non-contiguous recv",
+              "C-contiguous")
+expect_raises(TypeError, lambda: comm.sendrecv(np.zeros(2), (r + 1) % n, np.zeros(2, np.int32)),
+              "sendrecv dtypes differ", "dtypes differ")
 
 # split by parity, reversed order
 sub = comm.split(r % 2, key=-r)

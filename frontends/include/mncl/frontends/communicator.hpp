@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -107,6 +108,51 @@ class Request {
   mncl_request_t request_ = nullptr;
   std::shared_ptr<const void> keep_alive_;
 };
+
+// One send or receive of a batch (Communicator::sendrecv_batch / isendrecv_batch), made by
+// isend_op or irecv_op: the buffer, its element count and dtype, and the peer. It only points at
+// the buffer, which must stay alive and untouched until the batch has completed.
+class P2POp {
+ public:
+  P2POp() noexcept = default;
+  // isend_op and irecv_op say the same more briefly.
+  template <class T>
+  P2POp(mncl_p2p_kind_t kind, Span<T> buf, int peer) noexcept
+      : op_{sizeof(mncl_p2p_op_t),
+            static_cast<int32_t>(kind),
+            peer,
+            const_cast<std::remove_cv_t<T> *>(buf.data()),
+            buf.size(),
+            static_cast<int32_t>(dtype_of<T>()),
+            0} {}
+  mncl_p2p_kind_t kind() const noexcept { return static_cast<mncl_p2p_kind_t>(op_.kind); }
+  bool is_send() const noexcept { return op_.kind == MNCL_P2P_SEND; }
+  int peer() const noexcept { return op_.peer; }
+  void *data() const noexcept { return op_.buf; }
+  std::size_t count() const noexcept { return op_.count; }
+  mncl_dtype_t dtype() const noexcept { return static_cast<mncl_dtype_t>(op_.dtype); }
+  // The C API's op (what mncl_sendrecv_batch reads).
+  const mncl_p2p_op_t &c_op() const noexcept { return op_; }
+
+ private:
+  mncl_p2p_op_t op_{sizeof(mncl_p2p_op_t), MNCL_P2P_SEND, 0, nullptr, 0, MNCL_UINT8, 0};
+};
+// A vector of P2POp is an array of mncl_p2p_op_t: batches go to the C API without a copy.
+static_assert(sizeof(P2POp) == sizeof(mncl_p2p_op_t) && std::is_standard_layout_v<P2POp>);
+
+// Sends the buffer to peer, as part of a batch. The dtype follows the element type.
+template <class Buffer, class = detail::EnableIfBuffer<Buffer>>
+P2POp isend_op(const Buffer &buffer, int peer) noexcept {
+  return P2POp(MNCL_P2P_SEND, as_const_span(buffer), peer);
+}
+// Receives into the buffer (all of it: the sender sends as many elements) from peer.
+template <class Buffer, class = detail::EnableIfBuffer<Buffer>>
+P2POp irecv_op(Buffer &&buffer, int peer) noexcept {
+  auto buf = as_span(buffer);
+  static_assert(!std::is_const_v<typename decltype(buf)::element_type>,
+                "irecv_op: the receive buffer must be writable");
+  return P2POp(MNCL_P2P_RECV, buf, peer);
+}
 
 class Communicator {
  public:
@@ -358,6 +404,30 @@ class Communicator {
     check(mncl_recv(comm_, buf.data(), buf.size(), dtype<decltype(buf)>(), peer, nullptr),
           "mncl_recv");
   }
+  // MPI_Sendrecv: sends `send` to dest while receiving `recv` from source (dest and source
+  // may be the same rank, never this one). Both run at once, so a ring shift
+  // (sendrecv(x, rank + 1, y, rank - 1) on every rank) cannot deadlock, on any backend.
+  template <class Send, class Recv, class = detail::EnableIfBuffer<Send>,
+            class = detail::EnableIfBuffer<Recv>>
+  void sendrecv(const Send &send, int dest, Recv &&recv, int source) {
+    auto [s, r] = typed_pair(send, recv);
+    check(mncl_sendrecv(comm_, s.data(), s.size(), dest, r.data(), r.size(), source,
+                        dtype<decltype(r)>(), nullptr),
+          "mncl_sendrecv");
+  }
+  // Sends and receives to and from any peers, started together and finished together (NCCL's
+  // group of ncclSend/ncclRecv, PyTorch's batch_isend_irecv): a halo exchange, or a pipeline
+  // stage sending activations forward while receiving gradients back. Ops match their peers'
+  // send/recv in order, as send() and recv() do; receive buffers must not overlap each other
+  // or a send buffer of the batch.
+  //   comm.sendrecv_batch({mncl::isend_op(left, prev), mncl::isend_op(right, next),
+  //                        mncl::irecv_op(halo_left, prev), mncl::irecv_op(halo_right, next)});
+  void sendrecv_batch(Span<const P2POp> ops) {
+    check(mncl_sendrecv_batch(comm_, c_ops(ops), ops.size(), nullptr), "mncl_sendrecv_batch");
+  }
+  void sendrecv_batch(std::initializer_list<P2POp> ops) {
+    sendrecv_batch(Span<const P2POp>(ops.begin(), ops.size()));
+  }
   // Several in-place allreduces of one type in one call (the backend may fuse them).
   template <class T>
   void allreduce_coalesced(const std::vector<Span<T>> &buffers, ReduceOp op = ReduceOp::kSum) {
@@ -407,6 +477,26 @@ class Communicator {
         mncl_irecv(comm_, buf.data(), buf.size(), dtype<decltype(buf)>(), peer, nullptr, &request),
         "mncl_irecv");
     return Request(request);
+  }
+  template <class Send, class Recv, class = detail::EnableIfBuffer<Send>,
+            class = detail::EnableIfBuffer<Recv>>
+  Request isendrecv(const Send &send, int dest, Recv &&recv, int source) {
+    auto [s, r] = typed_pair(send, recv);
+    mncl_request_t request = nullptr;
+    check(mncl_isendrecv(comm_, s.data(), s.size(), dest, r.data(), r.size(), source,
+                         dtype<decltype(r)>(), nullptr, &request),
+          "mncl_isendrecv");
+    return Request(request);
+  }
+  // One Request for the whole batch; the ops themselves are read during the call only.
+  Request isendrecv_batch(Span<const P2POp> ops) {
+    mncl_request_t request = nullptr;
+    check(mncl_isendrecv_batch(comm_, c_ops(ops), ops.size(), nullptr, &request),
+          "mncl_isendrecv_batch");
+    return Request(request);
+  }
+  Request isendrecv_batch(std::initializer_list<P2POp> ops) {
+    return isendrecv_batch(Span<const P2POp>(ops.begin(), ops.size()));
   }
   Request ibarrier() {
     mncl_request_t request = nullptr;
@@ -544,6 +634,9 @@ class Communicator {
     return dtype_of<typename SpanType::value_type>();
   }
   static mncl_op_t c_op(ReduceOp op) { return static_cast<mncl_op_t>(op); }
+  static const mncl_p2p_op_t *c_ops(Span<const P2POp> ops) noexcept {
+    return ops.empty() ? nullptr : &ops[0].c_op();
+  }
 
   template <class Send, class Recv>
   static auto typed_pair(const Send &send, Recv &recv) {
