@@ -312,10 +312,20 @@ typedef struct mncl_p2p_op {
   int32_t reserved0;  /* must be zero */
 } mncl_p2p_op_t;
 
-/* A send or a receive, as a C99 compound literal: ops[0] = MNCL_P2P_OP(MNCL_P2P_SEND, ...).
- * (C++ has no compound literals: write mncl_p2p_op_t{sizeof(mncl_p2p_op_t), ...} there.) */
-#define MNCL_P2P_OP(kind, buf, count, dtype, peer) \
-  ((mncl_p2p_op_t){sizeof(mncl_p2p_op_t), (kind), (peer), (void *)(buf), (count), (dtype), 0})
+/* One op, struct_size filled in (an inline helper: no exported symbol, C and C++ alike):
+ *   mncl_p2p_op_t ops[] = {mncl_p2p_op(MNCL_P2P_SEND, x, n, MNCL_FLOAT32, right), ...}; */
+static inline mncl_p2p_op_t mncl_p2p_op(mncl_p2p_kind_t kind, const void *buf, size_t count,
+                                        mncl_dtype_t dtype, int peer) {
+  mncl_p2p_op_t op;
+  op.struct_size = sizeof(mncl_p2p_op_t);
+  op.kind = (int32_t)kind;
+  op.peer = (int32_t)peer;
+  op.buf = (void *)buf; /* a send's buffer is only read */
+  op.count = count;
+  op.dtype = (int32_t)dtype;
+  op.reserved0 = 0;
+  return op;
+}
 
 /* Runs nops ops (ops may be NULL when nops is 0) and returns when all have completed. */
 MNCL_API mncl_status_t mncl_sendrecv_batch(mncl_comm_t comm, const mncl_p2p_op_t *ops, size_t nops,

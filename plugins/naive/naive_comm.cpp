@@ -310,11 +310,16 @@ void Comm::check_length(const Op &op, int src, const Value &value, size_t len) c
   }
   if (!(theirs == op.header)) {
     const size_t sent = value.size() - sizeof(Header);
+    // A receive expects a send's header (header_of): name it as the call it is.
+    std::string mine = op.header.describe();
+    if (std::strcmp(op.name, "recv") == 0 && mine.compare(0, 5, "send(") == 0) {
+      mine.replace(0, 4, "recv");
+    }
     throw kit::Error(
         MNCL_ERR_REMOTE,
         kit::format("%s: mismatched collective calls: rank %d called %s where rank %d calls %s%s",
                     op.where().c_str(), src, theirs.describe().c_str(), rank_,
-                    op.header.describe().c_str(),
+                    mine.c_str(),
                     sent == len ? ""
                                 : kit::format(" (rank %d sent %zu bytes where rank %d expects %zu)",
                                               src, sent, rank_, len)

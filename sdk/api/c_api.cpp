@@ -593,7 +593,7 @@ std::vector<mncl_p2p_v4_t> import_ops(const char *fn, const mncl_p2p_op_t *ops, 
   const size_t stride = ops[0].struct_size;
   MNCL_CHECK(stride >= kOwn && stride <= (1u << 12), MNCL_ERR_INVALID_ARGUMENT,
              "%s: op 0: struct_size is %zu, not the size of an mncl_p2p_op_t (%zu bytes here); "
-             "fill ops with MNCL_P2P_OP or set struct_size = sizeof(mncl_p2p_op_t)",
+             "fill ops with mncl_p2p_op() or set struct_size = sizeof(mncl_p2p_op_t)",
              fn, stride, kOwn);
   MNCL_CHECK(nops <= SIZE_MAX / stride, MNCL_ERR_INVALID_ARGUMENT,
              "%s: nops %zu overflows the address space", fn, nops);

@@ -1743,17 +1743,6 @@ TEST_F(ConcurrentP2P, BlockingRecvWhileIsendPosted) {
 // order, to the wrong op or from an earlier call shows as wrong data.
 // ---------------------------------------------------------------------------------------------
 
-mncl_p2p_op_t p2p_op(mncl_p2p_kind_t kind, const void *buf, size_t count, mncl_dtype_t dt,
-                     int peer) {
-  return mncl_p2p_op_t{sizeof(mncl_p2p_op_t),
-                       static_cast<int32_t>(kind),
-                       static_cast<int32_t>(peer),
-                       const_cast<void *>(buf),
-                       count,
-                       static_cast<int32_t>(dt),
-                       0};
-}
-
 // One rank's batch: its ops, the buffers they use (at stable addresses until the batch is
 // destroyed), what every receive must hold afterwards and copies of what was sent (a send
 // buffer must come back unchanged).
@@ -1767,26 +1756,26 @@ class Batch {
   const Buf &send(Buf payload, int peer) {
     Buf &b = keep(std::move(payload));
     sent_.push_back(Sent{&b, b});
-    ops_.push_back(p2p_op(MNCL_P2P_SEND, b.data(), b.count(), b.dtype(), peer));
+    ops_.push_back(mncl_p2p_op(MNCL_P2P_SEND, b.data(), b.count(), b.dtype(), peer));
     return b;
   }
   // Sends elements [first, first + count) of a buffer this batch sends already (send buffers
   // may overlap: one tensor may go to several peers).
   void send_part(const Buf &b, size_t first, size_t count, int peer) {
-    ops_.push_back(p2p_op(MNCL_P2P_SEND, b.at(first), count, b.dtype(), peer));
+    ops_.push_back(mncl_p2p_op(MNCL_P2P_SEND, b.at(first), count, b.dtype(), peer));
   }
   // Receives want.count() elements of want.dtype() from peer, which must equal want.
   void recv(Buf want, int peer, const std::string &name) {
     Buf &got = keep(Buf(want.dtype(), want.count()));
-    ops_.push_back(p2p_op(MNCL_P2P_RECV, got.data(), got.count(), got.dtype(), peer));
+    ops_.push_back(mncl_p2p_op(MNCL_P2P_RECV, got.data(), got.count(), got.dtype(), peer));
     expected_.push_back(Expected{&got, std::move(want), name});
   }
   // An empty message with a NULL buffer (valid: it still matches one op of the peer).
   void send_empty(mncl_dtype_t dt, int peer) {
-    ops_.push_back(p2p_op(MNCL_P2P_SEND, nullptr, 0, dt, peer));
+    ops_.push_back(mncl_p2p_op(MNCL_P2P_SEND, nullptr, 0, dt, peer));
   }
   void recv_empty(mncl_dtype_t dt, int peer) {
-    ops_.push_back(p2p_op(MNCL_P2P_RECV, nullptr, 0, dt, peer));
+    ops_.push_back(mncl_p2p_op(MNCL_P2P_RECV, nullptr, 0, dt, peer));
   }
 
   // Blocking: runs the batch and checks it.
@@ -2107,7 +2096,7 @@ INSTANTIATE_TEST_SUITE_P(All, SendRecvBatch, ::testing::ValuesIn(kDtypes), dtype
 // nops == 0 is a valid batch that does nothing, at every size (the only legal batch at 1 rank):
 // blocking, and non-blocking completed by mncl_wait and by mncl_test; ops may be NULL then.
 TEST_F(Conformance, SendRecvBatchEmpty) {
-  const mncl_p2p_op_t unused = p2p_op(MNCL_P2P_SEND, nullptr, 0, MNCL_INT32, g_size + 5);
+  const mncl_p2p_op_t unused = mncl_p2p_op(MNCL_P2P_SEND, nullptr, 0, MNCL_INT32, g_size + 5);
   for (const mncl_p2p_op_t *ops : {static_cast<const mncl_p2p_op_t *>(nullptr), &unused}) {
     EXPECT_EQ(mncl_sendrecv_batch(g_comm, ops, 0, nullptr), MNCL_OK) << mncl_last_error();
     for (bool by_test : {false, true}) {
@@ -2157,10 +2146,10 @@ TEST_F(Conformance, SendRecvBatchLongerOpStruct) {
   Buf from_prev(MNCL_UINT32, 999), from_next(MNCL_UINT32, 999);
   std::vector<NewerOp> ops(4);
   std::memset(static_cast<void *>(ops.data()), 0, ops.size() * sizeof(NewerOp));
-  ops[0].op = p2p_op(MNCL_P2P_RECV, from_prev.data(), 999, MNCL_UINT32, prev);
-  ops[1].op = p2p_op(MNCL_P2P_SEND, to_next.data(), 999, MNCL_UINT32, next);
-  ops[2].op = p2p_op(MNCL_P2P_SEND, to_prev.data(), 999, MNCL_UINT32, prev);
-  ops[3].op = p2p_op(MNCL_P2P_RECV, from_next.data(), 999, MNCL_UINT32, next);
+  ops[0].op = mncl_p2p_op(MNCL_P2P_RECV, from_prev.data(), 999, MNCL_UINT32, prev);
+  ops[1].op = mncl_p2p_op(MNCL_P2P_SEND, to_next.data(), 999, MNCL_UINT32, next);
+  ops[2].op = mncl_p2p_op(MNCL_P2P_SEND, to_prev.data(), 999, MNCL_UINT32, prev);
+  ops[3].op = mncl_p2p_op(MNCL_P2P_RECV, from_next.data(), 999, MNCL_UINT32, next);
   for (NewerOp &o : ops) o.op.struct_size = sizeof(NewerOp);
   MNCL_CALL(mncl_sendrecv_batch(g_comm, &ops[0].op, ops.size(), nullptr));
   expect_same(from_prev, message(MNCL_UINT32, 999, prev, g_rank, base, 0),
@@ -2248,11 +2237,13 @@ TEST_F(Conformance, ErrorsBatchArguments) {
   // What even 1 rank can check: itself and out-of-range peers, alone in a batch.
   for (mncl_p2p_kind_t kind : {MNCL_P2P_SEND, MNCL_P2P_RECV}) {
     const char *k = kind == MNCL_P2P_SEND ? "a send" : "a receive";
-    expect_batch_refused({p2p_op(kind, a.data(), 4, MNCL_INT32, self)}, MNCL_ERR_INVALID_ARGUMENT,
-                         {"op 0", "peer"}, std::string(k) + " to/from this rank itself");
+    expect_batch_refused({mncl_p2p_op(kind, a.data(), 4, MNCL_INT32, self)},
+                         MNCL_ERR_INVALID_ARGUMENT, {"op 0", "peer"},
+                         std::string(k) + " to/from this rank itself");
     for (int peer : {g_size, -1, g_size + 7}) {
-      expect_batch_refused({p2p_op(kind, a.data(), 4, MNCL_INT32, peer)}, MNCL_ERR_INVALID_ARGUMENT,
-                           {"op 0", "peer"}, std::string(k) + " with peer " + std::to_string(peer));
+      expect_batch_refused({mncl_p2p_op(kind, a.data(), 4, MNCL_INT32, peer)},
+                           MNCL_ERR_INVALID_ARGUMENT, {"op 0", "peer"},
+                           std::string(k) + " with peer " + std::to_string(peer));
     }
   }
   EXPECT_MNCL_ERROR(MNCL_ERR_INVALID_ARGUMENT, mncl_sendrecv_batch(g_comm, nullptr, 2, nullptr));
@@ -2284,12 +2275,12 @@ TEST_F(Conformance, ErrorsBatchArguments) {
   Buf r0(MNCL_INT32, n), r1(MNCL_INT32, n), spare(MNCL_INT32, n);
   auto with = [&](mncl_p2p_op_t bad) {
     return std::vector<mncl_p2p_op_t>{
-        p2p_op(MNCL_P2P_SEND, stale_next.data(), n, MNCL_INT32, next),
-        p2p_op(MNCL_P2P_RECV, r0.data(), n, MNCL_INT32, prev), bad,
-        p2p_op(MNCL_P2P_RECV, r1.data(), n, MNCL_INT32, next),
-        p2p_op(MNCL_P2P_SEND, stale_prev.data(), n, MNCL_INT32, prev)};
+        mncl_p2p_op(MNCL_P2P_SEND, stale_next.data(), n, MNCL_INT32, next),
+        mncl_p2p_op(MNCL_P2P_RECV, r0.data(), n, MNCL_INT32, prev), bad,
+        mncl_p2p_op(MNCL_P2P_RECV, r1.data(), n, MNCL_INT32, next),
+        mncl_p2p_op(MNCL_P2P_SEND, stale_prev.data(), n, MNCL_INT32, prev)};
   };
-  const mncl_p2p_op_t good = p2p_op(MNCL_P2P_RECV, spare.data(), 4, MNCL_INT32, next);
+  const mncl_p2p_op_t good = mncl_p2p_op(MNCL_P2P_RECV, spare.data(), 4, MNCL_INT32, next);
   // The valid batch itself is fine (checked at the end, where it runs for real).
   auto bad = [&](auto change) {
     mncl_p2p_op_t op = good;

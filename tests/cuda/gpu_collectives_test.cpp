@@ -414,17 +414,6 @@ TEST(Gpu, CollectivesInACudaGraphRunOnEveryLaunch) {
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(ar[i], sum_over_ranks(i));
 }
 
-mncl_p2p_op_t p2p_op(mncl_p2p_kind_t kind, const void *buf, size_t count, mncl_dtype_t dt,
-                     int peer) {
-  return mncl_p2p_op_t{sizeof(mncl_p2p_op_t),
-                       static_cast<int32_t>(kind),
-                       static_cast<int32_t>(peer),
-                       const_cast<void *>(buf),
-                       count,
-                       static_cast<int32_t>(dt),
-                       0};
-}
-
 // Batched point to point on device memory: a ring shift both ways in one mncl_sendrecv_batch,
 // its receives listed first (as separate calls on one stream that never completes on NCCL,
 // and the fake GPU's NCCL deadlocks as NCCL does), mncl_sendrecv and mncl_isendrecv_batch on a
@@ -453,10 +442,10 @@ TEST(Gpu, BatchedPointToPointAndInACudaGraph) {
       from_next(m), back(n);
   // At 2 ranks both neighbours are one peer: sends to the next rank come first, and so do
   // receives from the previous one, so the messages pair up in array order.
-  const mncl_p2p_op_t ops[] = {p2p_op(MNCL_P2P_RECV, from_prev.ptr(), n, MNCL_INT32, prev),
-                               p2p_op(MNCL_P2P_RECV, from_next.ptr(), m, MNCL_INT32, next),
-                               p2p_op(MNCL_P2P_SEND, to_next.ptr(), n, MNCL_INT32, next),
-                               p2p_op(MNCL_P2P_SEND, to_prev.ptr(), m, MNCL_INT32, prev)};
+  const mncl_p2p_op_t ops[] = {mncl_p2p_op(MNCL_P2P_RECV, from_prev.ptr(), n, MNCL_INT32, prev),
+                               mncl_p2p_op(MNCL_P2P_RECV, from_next.ptr(), m, MNCL_INT32, next),
+                               mncl_p2p_op(MNCL_P2P_SEND, to_next.ptr(), n, MNCL_INT32, next),
+                               mncl_p2p_op(MNCL_P2P_SEND, to_prev.ptr(), m, MNCL_INT32, prev)};
   MNCL_OK_OR_DIE(mncl_sendrecv_batch(g_comm, ops, 4, nullptr));
   EXPECT_EQ(from_prev.get(), rightward(prev, 0)) << "batch: from the previous rank";
   EXPECT_EQ(from_next.get(), leftward(next, 0)) << "batch: from the next rank";

@@ -212,8 +212,8 @@ static void batches_expect(const char *backend, int handed, const char *what) {
   EXPECT(handed ? strcmp(got, want) == 0 : n == 0, "%s: the plugin was %shanded: '%s'", what,
          handed ? "not " : "", got);
 
-  ops[0] = MNCL_P2P_OP(MNCL_P2P_SEND, x, 2, MNCL_INT32, 0);
-  ops[1] = MNCL_P2P_OP(MNCL_P2P_RECV, y, 2, MNCL_INT32, 0);
+  ops[0] = mncl_p2p_op(MNCL_P2P_SEND, x, 2, MNCL_INT32, 0);
+  ops[1] = mncl_p2p_op(MNCL_P2P_RECV, y, 2, MNCL_INT32, 0);
   st = mncl_sendrecv_batch(comm, ops, 2, NULL);
   msg = st == MNCL_OK ? "" : mncl_last_error();
   EXPECT(st == MNCL_ERR_INVALID_ARGUMENT && strstr(msg, "op 0 (send): peer 0 is this rank itself"),
