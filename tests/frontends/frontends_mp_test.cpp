@@ -391,6 +391,60 @@ TEST_F(Frontends, ObjectCollectivesInSmallChunks) {
   comm().set_max_message_bytes(saved);
 }
 
+// Serializes to its bytes alone, with no length prefix: an empty one is zero bytes on the wire.
+struct RawBytes {
+  std::string bytes;
+  void save(mncl::OutArchive &ar) const { ar.write(bytes.data(), bytes.size()); }
+  void load(mncl::InArchive &ar) {
+    bytes.resize(ar.remaining());
+    ar.read(&bytes[0], bytes.size());
+  }
+};
+
+// Rank 0's text is empty; the others' lengths go up and down with the rank (30, 12, 41 bytes for
+// ranks 1-3), so the longest object is neither the first nor the last rank's.
+std::string varied_text(int r) {
+  const std::size_t length = r == 0 ? 0 : static_cast<std::size_t>((r * 29) % 47 + 1);
+  std::string text;
+  for (std::size_t i = 0; i < length; ++i) text += static_cast<char>('a' + (r * 7 + i) % 26);
+  return text;
+}
+
+// allgather_obj moves the bytes in allgatherv rounds of at most max_message_bytes per rank, as
+// many as the longest object needs: ranks whose bytes are all sent (or that had none) keep taking
+// part with nothing to contribute, or the collectives would stop matching.
+TEST_F(Frontends, AllgatherObjInRoundsOfDifferentSizes) {
+  const std::size_t saved = comm().max_message_bytes();
+  std::vector<std::string> want_text;
+  std::vector<std::vector<int32_t>> want_numbers;
+  for (int r = 0; r < size(); ++r) {
+    want_text.push_back(varied_text(r));
+    want_numbers.push_back(std::vector<int32_t>(static_cast<std::size_t>(3 * r), 100 * r + 1));
+  }
+  for (std::size_t chunk : {std::size_t{1}, std::size_t{5}, std::size_t{64}, saved}) {
+    SCOPED_TRACE("max_message_bytes " + std::to_string(chunk));
+    comm().set_max_message_bytes(chunk);
+    EXPECT_EQ(comm().allgather_obj(want_text[rank()]), want_text);
+    EXPECT_EQ(comm().allgather_obj(want_numbers[rank()]), want_numbers);
+
+    // Rank 0 contributes zero bytes (at np1, no rank any). EXPECT, never ASSERT, in this loop:
+    // returning early would leave the other ranks waiting in the next collective.
+    std::vector<std::string> raw_text, empty_text;
+    for (const auto &raw : comm().allgather_obj(RawBytes{want_text[rank()]})) {
+      raw_text.push_back(raw.bytes);
+    }
+    EXPECT_EQ(raw_text, want_text);
+    for (const auto &raw : comm().allgather_obj(RawBytes{})) {  // nothing at all: no rounds
+      empty_text.push_back(raw.bytes);
+    }
+    EXPECT_EQ(empty_text, std::vector<std::string>(static_cast<std::size_t>(size())));
+
+    // Still in step: a collective after the rounds matches on every rank.
+    EXPECT_EQ(comm().allreduce_value(int64_t{rank()} + 1), int64_t{size()} * (size() + 1) / 2);
+  }
+  comm().set_max_message_bytes(saved);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Multi-node optimizer
 // ---------------------------------------------------------------------------------------------

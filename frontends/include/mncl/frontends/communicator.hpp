@@ -14,6 +14,7 @@
 
 #include <mncl/mncl.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -579,11 +580,39 @@ class Communicator {
     }
     return all;
   }
+  // Every rank's object on every rank, in rank order. The byte lengths travel first (one
+  // allgather), then the bytes themselves in allgatherv rounds: in each, every rank sends the
+  // next at most max_message_bytes() of its bytes (0 once it has sent them all); the longest
+  // length sets the number of rounds, the same on every rank.
   template <class T>
   std::vector<T> allgather_obj(const T &obj) {
-    auto all = gather_obj(obj, 0);
-    bcast_obj(all, 0);
-    return all;
+    const auto mine = to_bytes(obj);
+    const auto announced = allgather(std::vector<uint64_t>{mine.size()});
+    std::vector<std::size_t> lengths(size_), offsets(size_);
+    std::size_t total = 0, longest = 0;
+    for (int r = 0; r < size_; ++r) {
+      lengths[r] = checked_length(announced[r], "allgather_obj");
+      offsets[r] = total;
+      total = checked_length(uint64_t{total} + lengths[r], "allgather_obj");
+      longest = std::max(longest, lengths[r]);
+    }
+    std::vector<uint8_t> all(total);
+    std::vector<std::size_t> counts(size_), displs(size_);
+    for_each_chunk(longest, [&](std::size_t offset, std::size_t chunk) {
+      for (int r = 0; r < size_; ++r) {
+        const std::size_t done = std::min(offset, lengths[r]);
+        counts[r] = std::min(chunk, lengths[r] - done);
+        displs[r] = offsets[r] + done;
+      }
+      const std::size_t sent = std::min(offset, mine.size());
+      allgatherv(Span<const uint8_t>(mine.data() + sent, counts[rank_]), all, counts, displs);
+    });
+    std::vector<T> objs;
+    objs.reserve(size_);
+    for (int r = 0; r < size_; ++r) {
+      objs.push_back(from_bytes<T>(Span<const uint8_t>(all.data() + offsets[r], lengths[r])));
+    }
+    return objs;
   }
   // Rank r gets objs[r] of the root (objs is ignored elsewhere); only each rank's part is sent.
   template <class T>
