@@ -199,6 +199,28 @@ TEST(Loader, GoodMockLoadsByName) {
   EXPECT_EQ(t.comm_split, nullptr);
 }
 
+// A one-rank communicator of a mock plugin's table (the mocks serve one rank unless built with
+// MOCK_ANY_SIZE).
+mncl_status_t create_single_rank(const abi::Table &t, void **comm) {
+  mncl_bootstrap_v1_t bs = {};
+  bs.struct_size = sizeof bs;
+  bs.size = 1;
+  return t.comm_create(&bs, comm);
+}
+
+// A p2p-lanes mock that exports only the table of `version` loads with that version's facts.
+void expect_loaded_as(const char *name, uint32_t version, size_t struct_size, uint32_t colls) {
+  auto p = load(name);
+  EXPECT_EQ(p->name(), name);
+  EXPECT_EQ(p->abi_version(), version);
+  const abi::Table &t = p->table();
+  EXPECT_EQ(t.struct_size, struct_size);
+  EXPECT_EQ(t.abi_version, version);
+  EXPECT_EQ(t.caps, MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P);
+  EXPECT_EQ(t.coll_mask, colls);
+  EXPECT_EQ(std::string(t.version), std::string("0.0.1-test (") + name + ")");
+}
+
 TEST(Loader, GoodMockProbesAndRunsASingleRankAllreduce) {
   auto p = load("mock");
   const abi::Table &t = p->table();
@@ -213,11 +235,8 @@ TEST(Loader, GoodMockProbesAndRunsASingleRankAllreduce) {
   EXPECT_EQ(score, 0);
   EXPECT_STREQ(reason, "mock serves single-rank jobs only");
 
-  mncl_bootstrap_v1_t bs = {};
-  bs.struct_size = sizeof bs;
-  bs.size = 1;
   void *comm = nullptr;
-  ASSERT_EQ(t.comm_create(&bs, &comm), MNCL_OK);
+  ASSERT_EQ(create_single_rank(t, &comm), MNCL_OK);
   int32_t in[3] = {1, 2, 3}, out[3] = {};
   mncl_coll_v1_t coll = {};
   coll.struct_size = sizeof coll;
@@ -233,6 +252,8 @@ TEST(Loader, GoodMockProbesAndRunsASingleRankAllreduce) {
   EXPECT_EQ(t.comm_destroy(comm), MNCL_OK);
 
   // A size the mock cannot serve: refused through host->set_error.
+  mncl_bootstrap_v1_t bs = {};
+  bs.struct_size = sizeof bs;
   bs.size = 2;
   set_last_error("");
   EXPECT_EQ(t.comm_create(&bs, &comm), MNCL_ERR_NOT_SUPPORTED);
@@ -253,26 +274,11 @@ TEST(Loader, NoopMockLoads) {
 }
 
 TEST(Loader, V2OnlyPluginLoadsWithItsConcurrentP2pCapability) {
-  auto p = load("v2only");
-  EXPECT_EQ(p->name(), "v2only");
-  EXPECT_EQ(p->abi_version(), 2u);
-  const abi::Table &t = p->table();
-  EXPECT_EQ(t.struct_size, sizeof(mncl_plugin_v2_t));
-  EXPECT_EQ(t.abi_version, MNCL_PLUGIN_ABI_V2);
-  EXPECT_EQ(t.caps, MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P);
-  EXPECT_STREQ(t.version, "0.0.1-test (v2only)");
+  expect_loaded_as("v2only", 2, sizeof(mncl_plugin_v2_t), kMockColls);
 }
 
 TEST(Loader, V3OnlyPluginLoadsWithItsV3Kinds) {
-  auto p = load("v3only");
-  EXPECT_EQ(p->name(), "v3only");
-  EXPECT_EQ(p->abi_version(), 3u);
-  const abi::Table &t = p->table();
-  EXPECT_EQ(t.struct_size, sizeof(mncl_plugin_v3_t));
-  EXPECT_EQ(t.abi_version, MNCL_PLUGIN_ABI_V3);
-  EXPECT_EQ(t.caps, MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P);
-  EXPECT_EQ(t.coll_mask, kMockColls | kV3Kinds);
-  EXPECT_STREQ(t.version, "0.0.1-test (v3only)");
+  expect_loaded_as("v3only", 3, sizeof(mncl_plugin_v3_t), kMockColls | kV3Kinds);
 }
 
 TEST(Loader, V3OnlyPluginRunsASingleRankAllgathervAndAlltoallv) {
@@ -280,11 +286,8 @@ TEST(Loader, V3OnlyPluginRunsASingleRankAllgathervAndAlltoallv) {
   // and sendcounts, sdispls, recvcounts, rdispls (alltoallv), one entry per rank.
   auto p = load("v3only");
   const abi::Table &t = p->table();
-  mncl_bootstrap_v1_t bs = {};
-  bs.struct_size = sizeof bs;
-  bs.size = 1;
   void *comm = nullptr;
-  ASSERT_EQ(t.comm_create(&bs, &comm), MNCL_OK);
+  ASSERT_EQ(create_single_rank(t, &comm), MNCL_OK);
 
   int32_t in[3] = {7, 8, 9};
   int32_t out[6] = {-1, -1, -1, -1, -1, -1};
@@ -306,15 +309,7 @@ TEST(Loader, V3OnlyPluginRunsASingleRankAllgathervAndAlltoallv) {
 }
 
 TEST(Loader, V4OnlyPluginLoadsWithItsBatchKind) {
-  auto p = load("v4only");
-  EXPECT_EQ(p->name(), "v4only");
-  EXPECT_EQ(p->abi_version(), 4u);
-  const abi::Table &t = p->table();
-  EXPECT_EQ(t.struct_size, sizeof(mncl_plugin_v4_t));
-  EXPECT_EQ(t.abi_version, MNCL_PLUGIN_ABI_V4);
-  EXPECT_EQ(t.caps, MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P);
-  EXPECT_EQ(t.coll_mask, kMockColls | kV3Kinds | kV4Kind);
-  EXPECT_STREQ(t.version, "0.0.1-test (v4only)");
+  expect_loaded_as("v4only", 4, sizeof(mncl_plugin_v4_t), kMockColls | kV3Kinds | kV4Kind);
 }
 
 TEST(Loader, V4OnlyPluginTakesAnEmptyBatchAndRefusesABadOne) {
@@ -322,11 +317,8 @@ TEST(Loader, V4OnlyPluginTakesAnEmptyBatchAndRefusesABadOne) {
   // empty batch is possible, since every peer must differ from the rank.
   auto p = load("v4only");
   const abi::Table &t = p->table();
-  mncl_bootstrap_v1_t bs = {};
-  bs.struct_size = sizeof bs;
-  bs.size = 1;
   void *comm = nullptr;
-  ASSERT_EQ(t.comm_create(&bs, &comm), MNCL_OK);
+  ASSERT_EQ(create_single_rank(t, &comm), MNCL_OK);
   clear_events();
   mncl_coll_v1_t coll = mncl::kit::make_batch_coll(nullptr, 0);
   EXPECT_EQ(coll.kind, MNCL_COLL_SENDRECV_BATCH);
@@ -674,6 +666,45 @@ T table_for(uint32_t version) {
   return t;
 }
 
+// What every adapter of a version laid out like the core's table does with the header: a table
+// declaring the version before (same layout, older meaning) is refused under this symbol, as
+// are a bad magic and a struct_size that ends before the fields the adapter reads.
+template <class T>
+void expect_header_checks(abi::AdaptFn adapt, uint32_t version) {
+  const std::string symbol = abi::symbol_for(version);
+  T in = table_for<T>(version - 1);
+  abi::Table out;
+  EXPECT_CONTAINS(adapt(&in, &out), format("%s declares abi_version %u but the symbol name "
+                                           "promises %u",
+                                           symbol.c_str(), version - 1, version));
+  in.abi_version = version;
+  in.magic = 0x12345678u;
+  EXPECT_CONTAINS(adapt(&in, &out), symbol + " has magic 0x12345678");
+  in.magic = MNCL_PLUGIN_MAGIC;
+  in.struct_size = offsetof(T, test);
+  EXPECT_CONTAINS(adapt(&in, &out),
+                  format("%s struct_size %zu is smaller than %s_t (%zu bytes)", symbol.c_str(),
+                         offsetof(T, test), symbol.c_str(), sizeof(T)));
+}
+
+// A later table exported under `version`'s symbol (fields appended, struct_size covering them):
+// the adapter copies what it knows and ignores the rest.
+void expect_appended_fields_ignored(abi::AdaptFn adapt, uint32_t version, uint32_t kinds) {
+  mncl_plugin_v5_test_t in;
+  std::memset(&in, 0, sizeof in);
+  in.base.struct_size = sizeof in;
+  in.base.magic = MNCL_PLUGIN_MAGIC;
+  in.base.abi_version = version;
+  in.base.op_mask = 3;
+  in.base.coll_mask = kinds;
+  in.caps2 = ~0ull;
+  abi::Table out;
+  EXPECT_EQ(adapt(&in, &out), "");
+  EXPECT_EQ(out.struct_size, sizeof(abi::Table));
+  EXPECT_EQ(out.op_mask, 3u);
+  EXPECT_EQ(out.coll_mask, kinds);
+}
+
 TEST(V1Adapter, CopiesAKnownSizeTable) {
   mncl_plugin_v1_t in = table_for<mncl_plugin_v1_t>(MNCL_PLUGIN_ABI_V1);
   in.name = "x";
@@ -772,40 +803,11 @@ TEST(V2Adapter, ClearsCollectiveKindsV2DoesNotDefine) {
 }
 
 TEST(V2Adapter, IgnoresBytesBeyondTheKnownTable) {
-  // What a later table could look like if it were exported as v2 (fields appended).
-  mncl_plugin_v5_test_t in;
-  std::memset(&in, 0, sizeof in);
-  in.base.struct_size = sizeof in;
-  in.base.magic = MNCL_PLUGIN_MAGIC;
-  in.base.abi_version = MNCL_PLUGIN_ABI_V2;
-  in.base.op_mask = 3;
-  in.caps2 = ~0ull;
-  abi::Table out;
-  EXPECT_EQ(abi::adapt_v2(&in, &out), "");
-  EXPECT_EQ(out.struct_size, sizeof(abi::Table));
-  EXPECT_EQ(out.op_mask, 3u);
+  expect_appended_fields_ignored(&abi::adapt_v2, MNCL_PLUGIN_ABI_V2, 0);
 }
 
-TEST(V2Adapter, RefusesAV1HeaderUnderTheV2Symbol) {
-  // Same layout, but abi_version 1 in mncl_plugin_v2: the plugin does not mean v2's promises.
-  mncl_plugin_v2_t in = table_for<mncl_plugin_v2_t>(MNCL_PLUGIN_ABI_V1);
-  in.caps = MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P;
-  abi::Table out;
-  EXPECT_CONTAINS(abi::adapt_v2(&in, &out),
-                  "mncl_plugin_v2 declares abi_version 1 but the symbol name promises 2");
-  in.abi_version = MNCL_PLUGIN_ABI_V2;
-  in.magic = 0x12345678u;
-  EXPECT_CONTAINS(abi::adapt_v2(&in, &out), "mncl_plugin_v2 has magic 0x12345678");
-}
-
-TEST(V2Adapter, RefusesASmallerStructSize) {
-  mncl_plugin_v2_t in = table_for<mncl_plugin_v2_t>(MNCL_PLUGIN_ABI_V2);
-  in.struct_size = offsetof(mncl_plugin_v2_t, execute);
-  abi::Table out;
-  EXPECT_CONTAINS(abi::adapt_v2(&in, &out),
-                  format("mncl_plugin_v2 struct_size %zu is smaller than mncl_plugin_v2_t (%zu "
-                         "bytes)",
-                         offsetof(mncl_plugin_v2_t, execute), sizeof(mncl_plugin_v2_t)));
+TEST(V2Adapter, RefusesAV1HeaderABadMagicAndASmallerStructSize) {
+  expect_header_checks<mncl_plugin_v2_t>(&abi::adapt_v2, MNCL_PLUGIN_ABI_V2);
 }
 
 TEST(V3Adapter, CopiesAKnownSizeTableWithItsKinds) {
@@ -836,42 +838,11 @@ TEST(V3Adapter, KeepsTheV3KindsAndClearsUndefinedBits) {
 }
 
 TEST(V3Adapter, IgnoresBytesBeyondTheKnownTable) {
-  // What a later table would look like if it were exported as v3 (fields appended).
-  mncl_plugin_v5_test_t in;
-  std::memset(&in, 0, sizeof in);
-  in.base.struct_size = sizeof in;
-  in.base.magic = MNCL_PLUGIN_MAGIC;
-  in.base.abi_version = MNCL_PLUGIN_ABI_V3;
-  in.base.op_mask = 3;
-  in.base.coll_mask = kV3Kinds;
-  in.caps2 = ~0ull;
-  abi::Table out;
-  EXPECT_EQ(abi::adapt_v3(&in, &out), "");
-  EXPECT_EQ(out.struct_size, sizeof(abi::Table));
-  EXPECT_EQ(out.op_mask, 3u);
-  EXPECT_EQ(out.coll_mask, kV3Kinds);
+  expect_appended_fields_ignored(&abi::adapt_v3, MNCL_PLUGIN_ABI_V3, kV3Kinds);
 }
 
-TEST(V3Adapter, RefusesAV2HeaderUnderTheV3Symbol) {
-  // Same layout, but abi_version 2 in mncl_plugin_v3: the plugin does not mean v3's kinds.
-  mncl_plugin_v3_t in = table_for<mncl_plugin_v3_t>(MNCL_PLUGIN_ABI_V2);
-  in.coll_mask = kV3Kinds;
-  abi::Table out;
-  EXPECT_CONTAINS(abi::adapt_v3(&in, &out),
-                  "mncl_plugin_v3 declares abi_version 2 but the symbol name promises 3");
-  in.abi_version = MNCL_PLUGIN_ABI_V3;
-  in.magic = 0x12345678u;
-  EXPECT_CONTAINS(abi::adapt_v3(&in, &out), "mncl_plugin_v3 has magic 0x12345678");
-}
-
-TEST(V3Adapter, RefusesASmallerStructSize) {
-  mncl_plugin_v3_t in = table_for<mncl_plugin_v3_t>(MNCL_PLUGIN_ABI_V3);
-  in.struct_size = offsetof(mncl_plugin_v3_t, test);
-  abi::Table out;
-  EXPECT_CONTAINS(abi::adapt_v3(&in, &out),
-                  format("mncl_plugin_v3 struct_size %zu is smaller than mncl_plugin_v3_t (%zu "
-                         "bytes)",
-                         offsetof(mncl_plugin_v3_t, test), sizeof(mncl_plugin_v3_t)));
+TEST(V3Adapter, RefusesAV2HeaderABadMagicAndASmallerStructSize) {
+  expect_header_checks<mncl_plugin_v3_t>(&abi::adapt_v3, MNCL_PLUGIN_ABI_V3);
 }
 
 TEST(V4Adapter, CopiesAKnownSizeTableWithItsKinds) {
@@ -902,42 +873,11 @@ TEST(V4Adapter, KeepsTheV4KindsAndClearsUndefinedBits) {
 }
 
 TEST(V4Adapter, IgnoresBytesBeyondTheKnownTable) {
-  // What the hypothetical v5 table would look like if it were exported as v4 (fields appended).
-  mncl_plugin_v5_test_t in;
-  std::memset(&in, 0, sizeof in);
-  in.base.struct_size = sizeof in;
-  in.base.magic = MNCL_PLUGIN_MAGIC;
-  in.base.abi_version = MNCL_PLUGIN_ABI_V4;
-  in.base.op_mask = 3;
-  in.base.coll_mask = kV3Kinds | kV4Kind;
-  in.caps2 = ~0ull;
-  abi::Table out;
-  EXPECT_EQ(abi::adapt_v4(&in, &out), "");
-  EXPECT_EQ(out.struct_size, sizeof(abi::Table));
-  EXPECT_EQ(out.op_mask, 3u);
-  EXPECT_EQ(out.coll_mask, kV3Kinds | kV4Kind);
+  expect_appended_fields_ignored(&abi::adapt_v4, MNCL_PLUGIN_ABI_V4, kV3Kinds | kV4Kind);
 }
 
-TEST(V4Adapter, RefusesAV3HeaderUnderTheV4Symbol) {
-  // Same layout, but abi_version 3 in mncl_plugin_v4: the plugin does not mean v4's kind.
-  mncl_plugin_v4_t in = table_for<mncl_plugin_v4_t>(MNCL_PLUGIN_ABI_V3);
-  in.coll_mask = kV3Kinds | kV4Kind;
-  abi::Table out;
-  EXPECT_CONTAINS(abi::adapt_v4(&in, &out),
-                  "mncl_plugin_v4 declares abi_version 3 but the symbol name promises 4");
-  in.abi_version = MNCL_PLUGIN_ABI_V4;
-  in.magic = 0x12345678u;
-  EXPECT_CONTAINS(abi::adapt_v4(&in, &out), "mncl_plugin_v4 has magic 0x12345678");
-}
-
-TEST(V4Adapter, RefusesASmallerStructSize) {
-  mncl_plugin_v4_t in = table_for<mncl_plugin_v4_t>(MNCL_PLUGIN_ABI_V4);
-  in.struct_size = offsetof(mncl_plugin_v4_t, test);
-  abi::Table out;
-  EXPECT_CONTAINS(abi::adapt_v4(&in, &out),
-                  format("mncl_plugin_v4 struct_size %zu is smaller than mncl_plugin_v4_t (%zu "
-                         "bytes)",
-                         offsetof(mncl_plugin_v4_t, test), sizeof(mncl_plugin_v4_t)));
+TEST(V4Adapter, RefusesAV3HeaderABadMagicAndASmallerStructSize) {
+  expect_header_checks<mncl_plugin_v4_t>(&abi::adapt_v4, MNCL_PLUGIN_ABI_V4);
 }
 
 TEST(Adapters, NewestFirst) {
