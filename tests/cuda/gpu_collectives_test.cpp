@@ -446,6 +446,28 @@ TEST(Gpu, BatchedPointToPointAndInACudaGraph) {
                                mncl_p2p_op(MNCL_P2P_RECV, from_next.ptr(), m, MNCL_INT32, next),
                                mncl_p2p_op(MNCL_P2P_SEND, to_next.ptr(), n, MNCL_INT32, next),
                                mncl_p2p_op(MNCL_P2P_SEND, to_prev.ptr(), m, MNCL_INT32, prev)};
+  if (std::strcmp(backend_name(), "flat") == 0) {
+    // flat without a CUDA-aware MPI stages device buffers one posted operation at a time, and a
+    // staged post runs to its end before the next starts: the ops of an exchange could not
+    // progress together, so such a batch is refused before anything starts.
+    mncl_status_t st = mncl_sendrecv_batch(g_comm, ops, 4, nullptr);
+    EXPECT_EQ(st, MNCL_ERR_NOT_SUPPORTED) << mncl_status_string(st) << ": " << mncl_last_error();
+    EXPECT_NE(std::strstr(mncl_last_error(), "could not progress together"), nullptr)
+        << mncl_last_error();
+    // Host buffers in one batch work, and so does one device op per batch, posted in an order
+    // that cannot deadlock (even ranks send first); the refused batch consumed nothing.
+    std::vector<int32_t> host_out = rightward(g_rank, 0), host_in(n);
+    const mncl_p2p_op_t host_ops[] = {
+        mncl_p2p_op(MNCL_P2P_RECV, host_in.data(), n, MNCL_INT32, prev),
+        mncl_p2p_op(MNCL_P2P_SEND, host_out.data(), n, MNCL_INT32, next)};
+    MNCL_OK_OR_DIE(mncl_sendrecv_batch(g_comm, host_ops, 2, nullptr));
+    EXPECT_EQ(host_in, rightward(prev, 0)) << "host batch: from the previous rank";
+    const int first = g_rank % 2 == 0 ? 2 : 0;  // ops[2] sends to next, ops[0] receives
+    MNCL_OK_OR_DIE(mncl_sendrecv_batch(g_comm, &ops[first], 1, nullptr));
+    MNCL_OK_OR_DIE(mncl_sendrecv_batch(g_comm, &ops[2 - first], 1, nullptr));
+    EXPECT_EQ(from_prev.get(), rightward(prev, 0)) << "one device op per batch";
+    return;
+  }
   MNCL_OK_OR_DIE(mncl_sendrecv_batch(g_comm, ops, 4, nullptr));
   EXPECT_EQ(from_prev.get(), rightward(prev, 0)) << "batch: from the previous rank";
   EXPECT_EQ(from_next.get(), leftward(next, 0)) << "batch: from the next rank";
