@@ -318,8 +318,7 @@ void Comm::check_length(const Op &op, int src, const Value &value, size_t len) c
     throw kit::Error(
         MNCL_ERR_REMOTE,
         kit::format("%s: mismatched collective calls: rank %d called %s where rank %d calls %s%s",
-                    op.where().c_str(), src, theirs.describe().c_str(), rank_,
-                    mine.c_str(),
+                    op.where().c_str(), src, theirs.describe().c_str(), rank_, mine.c_str(),
                     sent == len ? ""
                                 : kit::format(" (rank %d sent %zu bytes where rank %d expects %zu)",
                                               src, sent, rank_, len)

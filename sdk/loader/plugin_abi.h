@@ -1,9 +1,10 @@
 // Private to the loader: the plugin-ABI versions this core understands and the adapters that
 // turn each exported table into the newest layout, so nothing past the loader sees old tables.
 //
-// Adding ABI vN: write plugin_vN_adapter.cpp (check the header, copy the vN table), change
-// `Table` and kNewest to vN, make the older adapters fill a vN table (new fields zeroed, new
-// capability bits cleared), and add one line to kAdapters below.
+// Adding ABI vN: add its facts and adapt_vN to plugin_adapters.cpp (a table laid out like the
+// last one) or an adapter of its own (one that is not), change `Table` and kNewest to vN, make
+// the older adapters fill a vN table (new fields zeroed, new capability bits cleared), and add
+// one line to kAdapters below.
 #pragma once
 
 #include <mncl/mncl_plugin.h>

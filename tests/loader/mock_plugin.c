@@ -374,31 +374,26 @@ MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = {.struct_size = (MOCK
                                                             MOCK_TABLE_FIELDS};
 #endif
 
+/* A v2..v4 table (their layout is v1's): p2p lanes, and the kinds of `coll_mask`. */
+#define MOCK_LATER_TABLE(v, abi_version_, coll_mask_)                \
+  MNCL_PLUGIN_EXPORT const mncl_plugin_v##v##_t mncl_plugin_v##v = { \
+      .struct_size = sizeof(mncl_plugin_v##v##_t),                   \
+      .magic = MNCL_PLUGIN_MAGIC,                                    \
+      .abi_version = abi_version_,                                   \
+      .caps = (MOCK_V2_CAPS),                                        \
+      .coll_mask = coll_mask_,                                       \
+      MOCK_TABLE_FIELDS}
+
 #if MOCK_EXPORT_V2
-MNCL_PLUGIN_EXPORT const mncl_plugin_v2_t mncl_plugin_v2 = {.struct_size = sizeof(mncl_plugin_v2_t),
-                                                            .magic = MNCL_PLUGIN_MAGIC,
-                                                            .abi_version = (MOCK_V2_ABI_VERSION),
-                                                            .caps = (MOCK_V2_CAPS),
-                                                            .coll_mask = (MOCK_V2_COLL_MASK),
-                                                            MOCK_TABLE_FIELDS};
+MOCK_LATER_TABLE(2, (MOCK_V2_ABI_VERSION), (MOCK_V2_COLL_MASK));
 #endif
 
 #if MOCK_EXPORT_V3
-MNCL_PLUGIN_EXPORT const mncl_plugin_v3_t mncl_plugin_v3 = {.struct_size = sizeof(mncl_plugin_v3_t),
-                                                            .magic = MNCL_PLUGIN_MAGIC,
-                                                            .abi_version = MNCL_PLUGIN_ABI_V3,
-                                                            .caps = (MOCK_V2_CAPS),
-                                                            .coll_mask = (MOCK_V3_COLL_MASK),
-                                                            MOCK_TABLE_FIELDS};
+MOCK_LATER_TABLE(3, MNCL_PLUGIN_ABI_V3, (MOCK_V3_COLL_MASK));
 #endif
 
 #if MOCK_EXPORT_V4
-MNCL_PLUGIN_EXPORT const mncl_plugin_v4_t mncl_plugin_v4 = {.struct_size = sizeof(mncl_plugin_v4_t),
-                                                            .magic = MNCL_PLUGIN_MAGIC,
-                                                            .abi_version = MNCL_PLUGIN_ABI_V4,
-                                                            .caps = (MOCK_V2_CAPS),
-                                                            .coll_mask = (MOCK_V4_COLL_MASK),
-                                                            MOCK_TABLE_FIELDS};
+MOCK_LATER_TABLE(4, MNCL_PLUGIN_ABI_V4, (MOCK_V4_COLL_MASK));
 #endif
 
 #if MOCK_EXPORT_V5
