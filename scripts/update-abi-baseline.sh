@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Records the current ABI as the baseline (abi/baseline/*.abi) that ctest's abi.baseline check
-# compares against. Run it when a release intentionally changes the ABI in a compatible way
-# (new functions, new enumerators, fields appended to a struct_size-versioned struct), review
-# `git diff abi/baseline`, and commit the result with the change.
+# Records the current ABI as the baseline (abi/baseline/*.abi, and abi/baseline/constants.txt)
+# that ctest's abi.baseline and abi.constants checks compare against. Run it when a release
+# intentionally changes the ABI in a compatible way (new functions, new enumerators or constants,
+# fields appended to a struct_size-versioned struct), review `git diff abi/baseline`, and commit
+# the result with the change.
 #
 #   scripts/update-abi-baseline.sh                   libmncl, plus new plugin ABI versions
 #   scripts/update-abi-baseline.sh mncl_plugin_v2    also re-records these (an unreleased one)
@@ -11,7 +12,10 @@
 # object mncl_plugin_abi_v<N> (tests/abi) in abi/baseline/mncl_plugin_v<N>.abi. A version
 # without a baseline is recorded; one with a baseline is only checked, and a change fails (a
 # released plugin ABI never changes: fix the header, or name the version to re-record it while
-# it is still unreleased). libmncl.abi is always rewritten.
+# it is still unreleased). libmncl.abi is always rewritten. constants.txt (every enumerator and
+# integer #define of abi/mncl/*.h, with its value; tests/abi/check_constants.sh) is rewritten
+# unless a constant was removed or changed (other than the versions and counts that script lists
+# as changing by design), which only a new MNCL_ABI_MAJOR may record: then nothing is recorded.
 #
 # Builds libmncl and the plugin-ABI objects into MNCL_BUILD_DIR (default: build; it must be a
 # build with debug info, RelWithDebInfo or Debug) with MNCL_JOBS jobs (default: nproc) and
@@ -57,4 +61,8 @@ if [ ${#frozen[@]} -gt 0 ]; then
   fi
   [ $rc -eq 0 ] || exit $rc
 fi
+# The constants before libmncl.abi, so that a refused constant change records nothing. They are
+# evaluated with the build's C compiler, as ctest's abi.constants does.
+c_compiler=$(sed -n 's/^CMAKE_C_COMPILER:[A-Z]*=//p' "$build_dir/CMakeCache.txt")
+tests/abi/check_constants.sh update "$PWD" "$build_dir/tests/abi/current" "${c_compiler:-cc}"
 exec tests/abi/abi_check.sh update "$PWD" "$build_dir/tests/abi/current" "${record[@]}"

@@ -1,0 +1,297 @@
+#!/usr/bin/env bash
+# The values of the public headers' integer constants, against abi/baseline/constants.txt. The
+# ABI promise says enumerators and constants are never renumbered or removed, but abi.baseline
+# (abidw/abidiff) sees only the enums that exported symbols reach, and never a #define. So:
+#
+#   check_constants.sh check  <source dir> <out dir> [<C compiler>]   (ctest abi.constants)
+#   check_constants.sh update <source dir> <out dir> [<C compiler>]   (update-abi-baseline.sh)
+#
+# The compiler defaults to $CC, else cc; ctest passes CMake's CMAKE_C_COMPILER. No debug info,
+# build or abigail-tools needed: only the headers <source dir>/abi/mncl/*.h, the compiler and
+# python3.
+#
+# What counts as a constant, found by the compiler rather than by a list of names:
+#  - every enumerator of every enum the headers define (read from the preprocessed headers);
+#  - every object-like MNCL_* macro (from `cc -dM -E` of a file including all the headers) that
+#    is an integer constant expression of integer type: each candidate is compiled alone in
+#    `_Static_assert(_Generic((X), <integer types>: 1) && ((X) || 1), "")` with -std=c11
+#    -pedantic-errors, which empty macros, attribute macros (MNCL_API), struct initializers
+#    (MNCL_CONFIG_INIT), strings and pointers fail. Include guards (#ifndef X / #define X
+#    opening a header, whatever their value) and function-like macros are not constants.
+# Their values come from a generated C program printing "NAME value" (decimal), compiled with
+# the same compiler and run; <out dir>/constants.txt is the sorted list.
+#
+# check: every name of the baseline must still be an integer constant with the same value, else
+# it fails naming the constant, the baseline value and the new one. New names are compatible
+# additions: printed, and they pass. The few constants that change by design are listed below
+# (MAY_CHANGE, MAY_GROW) with the reason; a MAY_GROW one fails if it shrinks.
+# update: writes the current list to the baseline, after the same comparison. A removed or
+# changed constant is recorded only together with a new MNCL_ABI_MAJOR (an incompatible release,
+# libmncl.so.<N+1>); otherwise nothing is written and it fails.
+set -u
+if [ $# -lt 3 ] || { [ "$1" != check ] && [ "$1" != update ]; }; then
+  echo "usage: $0 check|update <source dir> <out dir> [<C compiler>]" >&2
+  exit 2
+fi
+mode=$1 src=$2 out=$3 cc=${4:-${CC:-cc}}
+if ! command -v python3 >/dev/null; then
+  echo "FAIL: python3 not found (it reads the headers)" >&2
+  exit 1
+fi
+mkdir -p "$out" || exit 1
+exec python3 - "$mode" "$src" "$out" "$cc" <<'PYTHON'
+import glob
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+mode, src, out, cc = sys.argv[1:5]
+cc = [cc] if os.path.exists(cc) else shlex.split(cc)  # a path, or a command line ("ccache gcc")
+abi_dir = os.path.join(src, "abi")
+header_dir = os.path.join(abi_dir, "mncl")
+baseline = os.path.join(abi_dir, "baseline", "constants.txt")
+
+# Constants whose value changes by design. Every other one is frozen.
+MAY_CHANGE = {
+    # Version components: MINOR returns to 0 when MAJOR grows, PATCH when MINOR grows. Their
+    # order is checked through MNCL_VERSION (major * 10000 + minor * 100 + patch), which may
+    # only grow.
+    "MNCL_VERSION_MINOR": "library version component, resets when MAJOR grows",
+    "MNCL_VERSION_PATCH": "library version component, resets when MINOR grows",
+}
+MAY_GROW = {
+    "MNCL_VERSION_MAJOR": "library version: grows with releases",
+    "MNCL_VERSION": "library version code: grows with every release",
+    # One past the last enumerator: grows when one is appended (README, ABI rules).
+    "MNCL_NUM_DTYPES": "count of mncl_dtype_t, grows when a dtype is appended",
+    "MNCL_NUM_OPS": "count of mncl_op_t, grows when an op is appended",
+    # The newest plugin ABI the headers define: grows with each new mncl_plugin_v<N>.h. (The
+    # per-version MNCL_NUM_COLL_KINDS_V<N> and MNCL_COLL_MASK_ALL_V<N> are not here: they live
+    # in frozen headers and never change; MNCL_PLUGIN_ABI_OLDEST rises only with a new ABI
+    # major.)
+    "MNCL_PLUGIN_ABI_CURRENT": "newest plugin ABI version, grows with each new frozen header",
+}
+
+failures = []
+
+
+def fail(msg):
+    failures.append(msg)
+    print("FAIL: " + msg, file=sys.stderr)
+
+
+def die(msg, detail=""):
+    print("FAIL: " + msg, file=sys.stderr)
+    if detail:
+        print(detail.rstrip(), file=sys.stderr)
+    sys.exit(1)
+
+
+def run(cmd, what):
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode != 0:
+        die("%s failed (exit %d): %s" % (what, r.returncode, " ".join(cmd)), r.stdout)
+    return r.stdout
+
+
+headers = sorted(glob.glob(os.path.join(header_dir, "*.h")))
+if not headers:
+    die("no header in %s" % header_dir)
+all_h = os.path.join(out, "constants_headers.h")
+with open(all_h, "w") as f:
+    f.write("/* Generated by check_constants.sh: every public header. */\n")
+    for h in headers:
+        f.write("#include <mncl/%s>\n" % os.path.basename(h))
+include = ["-I", abi_dir]
+probe_c = os.path.join(out, "constants_probe.c")
+probe_flags = ["-std=c11", "-pedantic-errors", "-fsyntax-only"]
+
+
+def compiles(body):
+    with open(probe_c, "w") as f:
+        f.write('#include "constants_headers.h"\n' + body)
+    r = subprocess.run(cc + probe_flags + include + [probe_c], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    return r.returncode == 0, r.stdout
+
+
+ok, log = compiles("")
+if not ok:
+    die("the headers alone do not compile with %s" % " ".join(cc + probe_flags), log)
+
+# --- enumerators: every enum body in the preprocessed headers (comments gone, macros expanded)
+pre = run(cc + ["-E"] + include + [all_h], "preprocessing the headers")
+own = {os.path.realpath(h) for h in headers}
+text, current_file = [], None
+for line in pre.splitlines():
+    m = re.match(r'#\s*(?:line\s+)?\d+\s+"([^"]*)"', line)
+    if m:
+        current_file = os.path.realpath(m.group(1))  # relative ones: to the working folder
+        continue
+    if current_file in own:
+        text.append(line)
+text = "\n".join(text)
+enumerators = []
+for m in re.finditer(r"\benum\b[^{};]*\{([^{}]*)\}", text):
+    depth, item, items = 0, "", []
+    for ch in m.group(1) + ",":
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            items.append(item.strip())
+            item = ""
+        else:
+            item += ch
+    for it in items:
+        if not it:
+            continue  # a trailing comma
+        n = re.match(r"[A-Za-z_]\w*", it)
+        if not n:
+            die("cannot read enumerator '%s' in: enum {%s}" % (it, m.group(1)))
+        enumerators.append(n.group(0))
+if not enumerators:
+    die("no enumerator found in %s/*.h (the parser is broken)" % header_dir)
+
+# --- macros: object-like MNCL_* ones that are integer constant expressions of integer type
+defs = run(cc + ["-dM", "-E"] + include + [all_h], "listing the headers' macros")
+int_types = ", ".join(
+    "%s: 1" % t for t in ["_Bool", "char", "signed char", "unsigned char", "short",
+                          "unsigned short", "int", "unsigned int", "long", "unsigned long",
+                          "long long", "unsigned long long"])
+# Include guards (#ifndef X / #define X opening a header) are no constants, whatever their value.
+guards = set()
+for h in headers:
+    with open(h) as f:
+        g = re.search(r"^\s*#\s*ifndef\s+(\w+)\s*\n\s*#\s*define\s+\1\b", f.read(), re.M)
+    if g:
+        guards.add(g.group(1))
+macros, not_integer, function_like = [], {}, []
+for line in sorted(defs.splitlines()):
+    m = re.match(r"#define (MNCL_\w+)(.*)$", line)
+    if not m:
+        continue
+    name, rest = m.groups()
+    if rest.startswith("("):
+        function_like.append(name)
+        continue
+    if name in guards:
+        continue
+    ok, _ = compiles('_Static_assert(_Generic((%s), %s) && ((%s) || 1), "%s");\n' %
+                     (name, int_types, name, name))
+    if ok:
+        macros.append(name)
+    else:
+        not_integer[name] = rest.strip()
+if not macros:
+    die("no integer MNCL_* macro found in %s/*.h (the probe is broken)" % header_dir)
+
+# --- values, from the compiler
+names = sorted(set(enumerators) | set(macros))
+values_c = os.path.join(out, "constants_values.c")
+values_bin = os.path.join(out, "constants_values")
+with open(values_c, "w") as f:
+    f.write("/* Generated by check_constants.sh: prints each constant as NAME value. */\n"
+            "#include <stdio.h>\n\n#include \"constants_headers.h\"\n\n"
+            "static void show(const char *name, int negative, long long s,\n"
+            "                 unsigned long long u) {\n"
+            "  if (negative)\n    printf(\"%s %lld\\n\", name, s);\n"
+            "  else\n    printf(\"%s %llu\\n\", name, u);\n}\n\n"
+            "#define SHOW(x) show(#x, (x) < 0, (long long)(x), (unsigned long long)(x))\n\n"
+            "int main(void) {\n")
+    for n in names:
+        f.write("  SHOW(%s);\n" % n)
+    f.write("  return 0;\n}\n")
+run(cc + ["-w"] + include + ["-o", values_bin, values_c], "compiling " + values_c)
+current = {}
+for line in run([values_bin], "running " + values_bin).splitlines():
+    n, v = line.split()
+    current[n] = int(v)
+if sorted(current) != names:
+    die("%s printed %d constants, expected %d" % (values_bin, len(current), len(names)))
+current_txt = os.path.join(out, "constants.txt")
+header = ("# Every integer constant of the public headers abi/mncl/*.h: each enumerator and each\n"
+          "# object-like MNCL_* macro that is an integer constant expression, as NAME value\n"
+          "# (decimal), sorted. Checked by ctest abi.constants (tests/abi/check_constants.sh);\n"
+          "# written by scripts/update-abi-baseline.sh, not by hand.\n")
+listing = "".join("%s %d\n" % (n, current[n]) for n in names)
+with open(current_txt, "w") as f:
+    f.write(header + listing)
+print("%s: %d integer constants (%d enumerators, %d macros) in %s/*.h" %
+      (current_txt, len(names), len(set(enumerators)), len(macros), header_dir))
+print("  not checked: include guards %s; not integer constants %s; function-like %s" %
+      (" ".join(sorted(guards)), " ".join(sorted(not_integer)), " ".join(function_like)))
+
+# --- comparison with the baseline
+old = {}
+if os.path.exists(baseline):
+    with open(baseline) as f:
+        for i, line in enumerate(f, 1):
+            s = line.strip()
+            if not s or s.startswith("#"):
+                continue
+            m = re.fullmatch(r"(\w+) (-?\d+)", s)
+            if not m:
+                die("%s:%d: not 'NAME value': %s" % (baseline, i, s))
+            old[m.group(1)] = int(m.group(2))
+    if not old:
+        die("%s lists no constant" % baseline)
+elif mode == "check":
+    die("no baseline %s (record it with scripts/update-abi-baseline.sh)" % baseline)
+
+for n in sorted(set(MAY_CHANGE) | set(MAY_GROW)):
+    if n not in current:
+        fail("%s is in check_constants.sh's MAY_CHANGE/MAY_GROW list, but the headers do not "
+             "define it as an integer constant: update the list" % n)
+allowed = []
+for n in sorted(old):
+    if n not in current:
+        if n in not_integer:
+            fail("%s is no longer an integer constant (baseline %d, now '%s')" %
+                 (n, old[n], not_integer[n]))
+        else:
+            fail("%s was removed (baseline %d)" % (n, old[n]))
+    elif current[n] == old[n]:
+        continue
+    elif n in MAY_CHANGE:
+        allowed.append("%s %d -> %d (may change: %s)" % (n, old[n], current[n], MAY_CHANGE[n]))
+    elif n in MAY_GROW and current[n] > old[n]:
+        allowed.append("%s grew %d -> %d (%s)" % (n, old[n], current[n], MAY_GROW[n]))
+    elif n in MAY_GROW:
+        fail("%s shrank: baseline %d, now %d (it may only grow: %s)" %
+             (n, old[n], current[n], MAY_GROW[n]))
+    else:
+        fail("%s changed: baseline %d, now %d" % (n, old[n], current[n]))
+added = [n for n in names if n not in old]
+if old and allowed:
+    print("  changed as allowed: " + "; ".join(allowed))
+if old and added:
+    print("compatible additions not yet in the baseline (record them at release time with")
+    print("scripts/update-abi-baseline.sh):")
+    for n in added:
+        print("  %s %d" % (n, current[n]))
+
+if mode == "update":
+    abi_major_changed = old and old.get("MNCL_ABI_MAJOR") != current.get("MNCL_ABI_MAJOR")
+    if failures and not abi_major_changed:
+        print("Recorded nothing: enumerators and constants are never renumbered or removed (README,"
+              " ABI rules); that needs a new MNCL_ABI_MAJOR. Undo the change above.",
+              file=sys.stderr)
+        sys.exit(1)
+    with open(baseline, "w") as f:
+        f.write(header + listing)
+    print("updated %s (%d constants)%s" % (baseline, len(names),
+          ", with the incompatible changes above (new MNCL_ABI_MAJOR)" if failures else ""))
+    sys.exit(0)
+
+if failures:
+    print("%d incompatible change(s) against %s: enumerators and constants are never renumbered"
+          " or removed (README, ABI rules). Undo them; only a new MNCL_ABI_MAJOR may record them"
+          " (scripts/update-abi-baseline.sh)." % (len(failures), baseline), file=sys.stderr)
+    sys.exit(1)
+print("OK: every constant of %s still has its value (%d in the baseline, %d new)" %
+      (baseline, len(old), len(added)))
+PYTHON
