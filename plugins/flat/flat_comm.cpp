@@ -861,7 +861,16 @@ void Comm::issue_v(const mncl_coll_v1_t &c, Request &r, bool nonblocking) {
       }
       sb = reinterpret_cast<const char *>(r.owned_send.data());
     }
-    // Never in place (the core refuses overlapping extents).
+    // Never in place (the core refuses overlapping extents). But Open MPI's non-blocking
+    // alltoallv (libnbc) reads sendbuf == recvbuf as MPI_IN_PLACE, which a side that moves
+    // nothing may well be (a gatherv's root passes its own empty block): that side then points
+    // elsewhere, or the in-place exchange would wait for blocks nobody sends.
+    static char nothing[1];
+    if (sb == rb && ss.total == 0) {
+      sb = nothing;
+    } else if (sb == rb && rs.total == 0) {
+      rb = nothing;
+    }
     check(
         nonblocking
             ? MPI_Ialltoallv(sb, scounts, sdispls, type, rb, rcounts, rdispls, type, comm_, request)
