@@ -267,6 +267,30 @@ MNCL_API mncl_status_t mncl_alltoallv(mncl_comm_t comm, const void *sendbuf,
                                       void *recvbuf, const size_t *recvcounts,
                                       const size_t *rdispls, mncl_dtype_t dtype, void *stream);
 
+/*
+ * Rooted collectives with a count per rank (symbol version MNCL_1.3; MPI's MPI_Gatherv and
+ * MPI_Scatterv, with size_t counts): uneven shards of a dataset, per-rank results of different
+ * lengths. The root's arrays (one entry per rank, in elements) are read during the call only;
+ * other ranks ignore them and the root's buffer, which may then be NULL. Blocks on the root
+ * follow allgatherv's rules: receive blocks must not overlap, elements outside every block are
+ * left untouched. Every backend with alltoallv runs them (they are an alltoallv in which only
+ * the root's pairs carry data, so a backend's alltoallv carries them; its messages then say
+ * alltoallv), and as there, counts that disagree across ranks fail with MNCL_ERR_REMOTE or
+ * MNCL_ERR_TIMEOUT, never with a wrong result (nccl excepted: NCCL checks nothing).
+ *
+ * gatherv: rank i's sendcount elements land at recvbuf + displs[i] on the root, which expects
+ *   recvcounts[i] == that count. In place at the root: sendbuf == recvbuf + displs[root].
+ * scatterv: sendcounts[i] elements at sendbuf + displs[i] on the root land in rank i's recvbuf,
+ *   where recvcount == sendcounts[i]. Send blocks may overlap (they are only read). In place at
+ *   the root: recvbuf == sendbuf + displs[root].
+ */
+MNCL_API mncl_status_t mncl_gatherv(mncl_comm_t comm, const void *sendbuf, size_t sendcount,
+                                    void *recvbuf, const size_t *recvcounts, const size_t *displs,
+                                    mncl_dtype_t dtype, int root, void *stream);
+MNCL_API mncl_status_t mncl_scatterv(mncl_comm_t comm, const void *sendbuf,
+                                     const size_t *sendcounts, const size_t *displs, void *recvbuf,
+                                     size_t recvcount, mncl_dtype_t dtype, int root, void *stream);
+
 /* ---------------------------------------------------------------------------------------------
  * Batched point to point (symbol version MNCL_1.2)
  *
@@ -392,6 +416,16 @@ MNCL_API mncl_status_t mncl_ialltoallv(mncl_comm_t comm, const void *sendbuf,
                                        void *recvbuf, const size_t *recvcounts,
                                        const size_t *rdispls, mncl_dtype_t dtype, void *stream,
                                        mncl_request_t *request);
+
+/* Non-blocking gatherv and scatterv (MNCL_1.3); the root's arrays are read during the call only. */
+MNCL_API mncl_status_t mncl_igatherv(mncl_comm_t comm, const void *sendbuf, size_t sendcount,
+                                     void *recvbuf, const size_t *recvcounts, const size_t *displs,
+                                     mncl_dtype_t dtype, int root, void *stream,
+                                     mncl_request_t *request);
+MNCL_API mncl_status_t mncl_iscatterv(mncl_comm_t comm, const void *sendbuf,
+                                      const size_t *sendcounts, const size_t *displs, void *recvbuf,
+                                      size_t recvcount, mncl_dtype_t dtype, int root, void *stream,
+                                      mncl_request_t *request);
 
 /* Non-blocking batch and sendrecv (MNCL_1.2): one request for the whole batch. The ops array
  * is read during the call only; the buffers are in use until the request completes. */

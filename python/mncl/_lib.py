@@ -145,6 +145,11 @@ _SIGNATURES = {
     "mncl_isendrecv_batch": (c_status, [c_handle, ctypes.POINTER(P2POp), _N, _P, _R]),
     "mncl_sendrecv": (c_status, [c_handle, _P, _N, _I, _P, _N, _I, _I, _P]),
     "mncl_isendrecv": (c_status, [c_handle, _P, _N, _I, _P, _N, _I, _I, _P, _R]),
+    # MNCL_1.3: rooted collectives with a count per rank.
+    "mncl_gatherv": (c_status, [c_handle, _P, _N, _P, c_size_p, c_size_p, _I, _I, _P]),
+    "mncl_scatterv": (c_status, [c_handle, _P, c_size_p, c_size_p, _P, _N, _I, _I, _P]),
+    "mncl_igatherv": (c_status, [c_handle, _P, _N, _P, c_size_p, c_size_p, _I, _I, _P, _R]),
+    "mncl_iscatterv": (c_status, [c_handle, _P, c_size_p, c_size_p, _P, _N, _I, _I, _P, _R]),
     "mncl_test": (c_status, [c_handle, ctypes.POINTER(_I)]),
     "mncl_wait": (c_status, [c_handle, ctypes.c_int64]),
 }
@@ -155,6 +160,10 @@ _ADDED_IN = {
     "mncl_isendrecv_batch": "1.2",
     "mncl_sendrecv": "1.2",
     "mncl_isendrecv": "1.2",
+    "mncl_gatherv": "1.3",
+    "mncl_scatterv": "1.3",
+    "mncl_igatherv": "1.3",
+    "mncl_iscatterv": "1.3",
 }
 
 

@@ -477,6 +477,56 @@ class Communicator:
                            self._alltoallv_call(sendbuf, sendcounts, recvcounts, recvbuf, dtype,
                                                 "ialltoallv"))
 
+    def _gatherv_call(self, sendbuf, counts, recvbuf, root, dtype, what):
+        send, code = _input(sendbuf, dtype)
+        recv = c_counts = c_displs = None
+        if self.rank == root:
+            c_counts, c_displs, total = self._packed(counts, what, "counts")
+            recv = _matching_output(recvbuf, send, code, dtype, total, what, shape=(total,))
+        args = (_ptr(send), send.size, _ptr(recv), c_counts, c_displs, code, root)
+        return args, recv, (send, recv, c_counts, c_displs)
+
+    def gatherv(self, sendbuf, counts, recvbuf=None, root=0, *, dtype=None):
+        """Every rank's sendbuf (of any size) onto root, concatenated in rank order: a 1-D array
+        of sum(counts) elements there, None elsewhere. counts[i] is rank i's element count, read
+        on root only (pass None elsewhere). A root that does not know them gathers them first:
+        ``comm.gather(np.array([x.size]), root=root)`` on every rank."""
+        return self._run(lib.mncl_gatherv,
+                         self._gatherv_call(sendbuf, counts, recvbuf, root, dtype, "gatherv"))
+
+    def igatherv(self, sendbuf, counts, recvbuf=None, root=0, *, dtype=None):
+        """Non-blocking gatherv: a Request whose wait() returns recvbuf on root, None
+        elsewhere."""
+        return self._start(lib.mncl_igatherv,
+                           self._gatherv_call(sendbuf, counts, recvbuf, root, dtype, "igatherv"))
+
+    def _scatterv_call(self, sendbuf, counts, recvbuf, root, dtype, what):
+        recv, code = _output(recvbuf, "recvbuf", dtype)
+        send = c_counts = c_displs = None
+        if self.rank == root:
+            send, send_code = _input(sendbuf, dtype)
+            if send_code != code:
+                raise TypeError(f"mncl: {what}: dtypes differ ({send.dtype} and {recv.dtype})")
+            c_counts, c_displs, total = self._packed(counts, what, "counts")
+            if total != send.size:
+                raise ValueError(f"mncl: {what}: counts add up to {total} elements, sendbuf "
+                                 f"has {send.size}")
+        args = (_ptr(send), c_counts, c_displs, _ptr(recv), recv.size, code, root)
+        return args, recv, (send, recv, c_counts, c_displs)
+
+    def scatterv(self, sendbuf, counts, recvbuf, root=0, *, dtype=None):
+        """Root's sendbuf holds one block per rank, in rank order, of counts[i] elements; block r
+        lands in rank r's recvbuf, which holds exactly counts[r]. sendbuf and counts are read on
+        root only (pass None elsewhere). Returns recvbuf."""
+        return self._run(lib.mncl_scatterv,
+                         self._scatterv_call(sendbuf, counts, recvbuf, root, dtype, "scatterv"))
+
+    def iscatterv(self, sendbuf, counts, recvbuf, root=0, *, dtype=None):
+        """Non-blocking scatterv: a Request whose wait() returns recvbuf."""
+        return self._start(lib.mncl_iscatterv,
+                           self._scatterv_call(sendbuf, counts, recvbuf, root, dtype,
+                                               "iscatterv"))
+
     def barrier(self):
         """Returns once every rank has entered the barrier."""
         self._run(lib.mncl_barrier, ((), None, ()))

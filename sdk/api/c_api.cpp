@@ -26,6 +26,8 @@ struct mncl_comm {
 struct mncl_request {
   std::shared_ptr<mncl::core::Operation> op;
   mncl_comm *comm;
+  // Set when the operation runs as another (gatherv as alltoallv): prefixes its error message.
+  const char *runs_as = nullptr;
 };
 
 namespace {
@@ -154,10 +156,11 @@ mncl_status_t run_nonblocking(mncl_comm_t comm, const mncl_coll_v1_t &coll,
 // Completes a finished request: frees it and returns the operation's status.
 mncl_status_t finish(mncl_request_t request) {
   const auto op = request->op;
+  const char *runs_as = request->runs_as;
   untrack(g_requests, request);
   delete request;
   if (op->status != MNCL_OK) {
-    mncl::set_last_error(op->error);
+    mncl::set_last_error(runs_as ? format("%s: %s", runs_as, op->error.c_str()) : op->error);
     return op->status;
   }
   return MNCL_OK;
@@ -449,6 +452,97 @@ mncl_status_t run_alltoallv(mncl_comm_t comm, const void *sendbuf, const size_t 
                 rdispls,
                 {"sendcounts", "sdispls", "recvcounts", "rdispls"}},
                dtype, stream, request);
+}
+
+// gatherv / scatterv: checked in their own terms, then run as an alltoallv whose only
+// non-empty pairs involve the root (core/validate.h). Errors of the alltoallv itself are
+// prefixed with `runs_as`, so the caller sees which call they belong to.
+mncl_status_t run_rooted_v(const char *fn, const char *runs_as, mncl_comm_t comm,
+                           const mncl::core::RootedV &call, void *stream, mncl_request_t *request) {
+  return guard([&] {
+    if (request != nullptr) *request = nullptr;
+    auto &c = comm_of(comm, fn);
+    c.check_usable(fn);
+    const mncl::core::AlltoallvForm form =
+        mncl::core::rooted_v_as_alltoallv(fn, call, c.rank(), c.size(), c.table());
+    mncl_coll_v1_t coll = mncl::kit::make_v_coll(MNCL_COLL_ALLTOALLV, call.dtype, form.sendbuf,
+                                                 form.recvbuf, 0, c.size(), form.packed.data());
+    coll.stream = stream;
+    try {
+      if (request == nullptr) {
+        c.run(coll);
+        return;
+      }
+      issue(comm, c.start(coll), request);
+      (*request)->runs_as = runs_as;
+    } catch (const Error &e) {
+      throw Error(e.status(), format("%s: %s", runs_as, e.what()));
+    }
+  });
+}
+
+mncl::core::RootedV gatherv_call(const void *sendbuf, size_t sendcount, void *recvbuf,
+                                 const size_t *recvcounts, const size_t *displs, mncl_dtype_t dtype,
+                                 int root) {
+  mncl::core::RootedV call;
+  call.gather = true;
+  call.sendbuf = sendbuf;
+  call.recvbuf = recvbuf;
+  call.count = sendcount;
+  call.counts = recvcounts;
+  call.displs = displs;
+  call.dtype = dtype;
+  call.root = root;
+  return call;
+}
+
+mncl::core::RootedV scatterv_call(const void *sendbuf, const size_t *sendcounts,
+                                  const size_t *displs, void *recvbuf, size_t recvcount,
+                                  mncl_dtype_t dtype, int root) {
+  mncl::core::RootedV call =
+      gatherv_call(sendbuf, recvcount, recvbuf, sendcounts, displs, dtype, root);
+  call.gather = false;
+  return call;
+}
+
+MNCL_API mncl_status_t mncl_gatherv(mncl_comm_t comm, const void *sendbuf, size_t sendcount,
+                                    void *recvbuf, const size_t *recvcounts, const size_t *displs,
+                                    mncl_dtype_t dtype, int root, void *stream) {
+  return run_rooted_v("mncl_gatherv", "mncl_gatherv (run as an alltoallv)", comm,
+                      gatherv_call(sendbuf, sendcount, recvbuf, recvcounts, displs, dtype, root),
+                      stream, nullptr);
+}
+
+MNCL_API mncl_status_t mncl_scatterv(mncl_comm_t comm, const void *sendbuf,
+                                     const size_t *sendcounts, const size_t *displs, void *recvbuf,
+                                     size_t recvcount, mncl_dtype_t dtype, int root, void *stream) {
+  return run_rooted_v("mncl_scatterv", "mncl_scatterv (run as an alltoallv)", comm,
+                      scatterv_call(sendbuf, sendcounts, displs, recvbuf, recvcount, dtype, root),
+                      stream, nullptr);
+}
+
+MNCL_API mncl_status_t mncl_igatherv(mncl_comm_t comm, const void *sendbuf, size_t sendcount,
+                                     void *recvbuf, const size_t *recvcounts, const size_t *displs,
+                                     mncl_dtype_t dtype, int root, void *stream,
+                                     mncl_request_t *request) {
+  if (request == nullptr) {
+    return guard([&] { require_out(request, "mncl_igatherv", "request"); });
+  }
+  return run_rooted_v("mncl_igatherv", "mncl_igatherv (run as an alltoallv)", comm,
+                      gatherv_call(sendbuf, sendcount, recvbuf, recvcounts, displs, dtype, root),
+                      stream, request);
+}
+
+MNCL_API mncl_status_t mncl_iscatterv(mncl_comm_t comm, const void *sendbuf,
+                                      const size_t *sendcounts, const size_t *displs, void *recvbuf,
+                                      size_t recvcount, mncl_dtype_t dtype, int root, void *stream,
+                                      mncl_request_t *request) {
+  if (request == nullptr) {
+    return guard([&] { require_out(request, "mncl_iscatterv", "request"); });
+  }
+  return run_rooted_v("mncl_iscatterv", "mncl_iscatterv (run as an alltoallv)", comm,
+                      scatterv_call(sendbuf, sendcounts, displs, recvbuf, recvcount, dtype, root),
+                      stream, request);
 }
 
 MNCL_API mncl_status_t mncl_allgatherv(mncl_comm_t comm, const void *sendbuf, size_t sendcount,

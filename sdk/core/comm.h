@@ -57,6 +57,10 @@ class Comm {
   int size() const { return size_; }
   const std::string &backend() const { return plugin_->name(); }
   const std::string &id() const { return id_; }
+  // The backend's table (capability masks), as the loader adapted it.
+  const mncl_plugin_v4_t &table() const { return *table_; }
+  // Throws (naming fn) when the communicator was destroyed or aborted.
+  void check_usable(const char *fn) const;
 
   // Blocking collective, ordered after every non-blocking one already issued.
   void run(mncl_coll_v1_t coll);
@@ -130,7 +134,6 @@ class Comm {
   void leave_after_failed_join(const std::vector<int> &absent);
   // false when an abort cut the wait short.
   bool leave_job();
-  void check_usable(const char *fn) const;
   // Aborts the plugin communicator once (user abort or watchdog).
   void abort_plugin();
   // Text appended to a failed collective's message: missing ranks, last ops per rank.

@@ -313,6 +313,86 @@ void validate_collective(const mncl_coll_v1_t &c, int rank, int size,
   }
 }
 
+AlltoallvForm rooted_v_as_alltoallv(const char *fn, const RootedV &call, int rank, int size,
+                                    const mncl_plugin_v4_t &backend) {
+  MNCL_CHECK(call.root >= 0 && call.root < size, MNCL_ERR_INVALID_ARGUMENT,
+             "%s: root %d is out of range for a communicator of size %d", fn, call.root, size);
+  MNCL_CHECK(call.dtype >= 0 && call.dtype < MNCL_NUM_DTYPES, MNCL_ERR_INVALID_ARGUMENT,
+             "%s: dtype %d is not an mncl_dtype_t (0..%d)", fn, call.dtype, MNCL_NUM_DTYPES - 1);
+  MNCL_CHECK(backend.coll_mask & MNCL_COLL_BIT(MNCL_COLL_ALLTOALLV), MNCL_ERR_NOT_SUPPORTED,
+             "%s: backend '%s' does not implement alltoallv, which %s runs as (a plugin of ABI "
+             "v1 or v2?)",
+             fn, backend.name, call.gather ? "gatherv" : "scatterv");
+  MNCL_CHECK(backend.dtype_mask & (1u << call.dtype), MNCL_ERR_NOT_SUPPORTED,
+             "%s: backend '%s' does not support dtype %s", fn, backend.name,
+             kit::dtype_name(static_cast<mncl_dtype_t>(call.dtype)));
+  const size_t elem = kit::dtype_size(static_cast<mncl_dtype_t>(call.dtype));
+  const size_t n = static_cast<size_t>(size), me = static_cast<size_t>(rank),
+               root = static_cast<size_t>(call.root);
+  const bool is_root = rank == call.root;
+  // The own block: gatherv's send, scatterv's receive.
+  const size_t own_bytes = checked_bytes(fn, call.count, 1, elem);
+  const char *own_name = call.gather ? "sendbuf" : "recvbuf";
+  const void *own_buf = call.gather ? call.sendbuf : call.recvbuf;
+  MNCL_CHECK(own_bytes == 0 || own_buf != nullptr, MNCL_ERR_INVALID_ARGUMENT,
+             "%s: %s is NULL but %zu bytes are to be %s", fn, own_name, own_bytes,
+             call.gather ? "sent" : "received");
+
+  AlltoallvForm form;
+  form.packed.assign(4 * n, 0);
+  size_t *sendcounts = form.packed.data(), *sdispls = sendcounts + n, *recvcounts = sdispls + n,
+         *rdispls = recvcounts + n;
+  size_t *own_counts = call.gather ? sendcounts : recvcounts;  // this rank's pair with the root
+  own_counts[root] = call.count;
+  form.sendbuf = call.gather ? call.sendbuf : nullptr;
+  form.recvbuf = call.gather ? nullptr : call.recvbuf;
+  if (!is_root) return form;
+
+  // The root's side: every rank's block.
+  const char *counts_name = call.gather ? "recvcounts" : "sendcounts";
+  MNCL_CHECK(call.counts != nullptr, MNCL_ERR_INVALID_ARGUMENT, "%s: %s is NULL on the root", fn,
+             counts_name);
+  MNCL_CHECK(call.displs != nullptr, MNCL_ERR_INVALID_ARGUMENT, "%s: displs is NULL on the root",
+             fn);
+  const size_t extent =
+      check_blocks(fn, counts_name, "displs", call.counts, call.displs, size, elem, call.gather);
+  const void *blocks_buf = call.gather ? static_cast<const void *>(call.recvbuf) : call.sendbuf;
+  MNCL_CHECK(extent == 0 || blocks_buf != nullptr, MNCL_ERR_INVALID_ARGUMENT,
+             "%s: %s is NULL on the root but %zu bytes are to be %s", fn,
+             call.gather ? "recvbuf" : "sendbuf", extent, call.gather ? "received" : "sent");
+  MNCL_CHECK(call.count == call.counts[me], MNCL_ERR_INVALID_ARGUMENT,
+             "%s: %s %zu differs from %s[%d] = %zu (the root's own block)", fn,
+             call.gather ? "sendcount" : "recvcount", call.count, counts_name, rank,
+             call.counts[me]);
+  const char *own_in_blocks = blocks_buf == nullptr
+                                  ? nullptr
+                                  : static_cast<const char *>(blocks_buf) + call.displs[me] * elem;
+  const bool in_place = own_bytes != 0 && own_buf == own_in_blocks;
+  if (!in_place && own_bytes != 0 && extent != 0) {
+    MNCL_CHECK(!overlap(range_of(own_buf, own_bytes), range_of(blocks_buf, extent)),
+               MNCL_ERR_INVALID_ARGUMENT,
+               "%s: sendbuf and recvbuf overlap in a way that is not the in-place form (%s == "
+               "%s + displs[root])",
+               fn, own_name, call.gather ? "recvbuf" : "sendbuf");
+  }
+  size_t *root_counts = call.gather ? recvcounts : sendcounts;
+  size_t *root_displs = call.gather ? rdispls : sdispls;
+  std::copy(call.counts, call.counts + n, root_counts);
+  std::copy(call.displs, call.displs + n, root_displs);
+  if (in_place) {
+    // The root's own block is already where it belongs: nothing to send to itself.
+    sendcounts[me] = recvcounts[me] = 0;
+  }
+  if (call.gather) {
+    form.recvbuf = call.recvbuf;
+    if (in_place) form.sendbuf = nullptr;
+  } else {
+    form.sendbuf = call.sendbuf;
+    if (in_place) form.recvbuf = nullptr;
+  }
+  return form;
+}
+
 void validate_batch(const char *fn, const mncl_p2p_v4_t *ops, size_t n, int rank, int size,
                     const mncl_plugin_v4_t &backend) {
   MNCL_CHECK(n == 0 || ops != nullptr, MNCL_ERR_INVALID_ARGUMENT, "%s: ops is NULL with nops = %zu",

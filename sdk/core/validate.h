@@ -5,6 +5,8 @@
 
 #include <mncl/mncl_plugin.h>
 
+#include <vector>
+
 namespace mncl::core {
 
 // Name of the public function for a kind ("mncl_allreduce").
@@ -24,5 +26,29 @@ void validate_collective(const mncl_coll_v1_t &coll, int rank, int size,
 // batch. Messages name `fn` and the op's index.
 void validate_batch(const char *fn, const mncl_p2p_v4_t *ops, size_t n, int rank, int size,
                     const mncl_plugin_v4_t &backend);
+
+// gatherv / scatterv (mncl.h, MNCL_1.3) in the caller's terms: `counts`/`displs` are the root's
+// (gatherv: recvcounts; scatterv: sendcounts), `count` every rank's own (gatherv: sendcount;
+// scatterv: recvcount).
+struct RootedV {
+  bool gather = true;  // gatherv, else scatterv
+  const void *sendbuf = nullptr;
+  void *recvbuf = nullptr;
+  size_t count = 0;
+  const size_t *counts = nullptr, *displs = nullptr;
+  int32_t dtype = 0;
+  int root = 0;
+};
+// What a rooted v-collective runs as: an alltoallv in which only pairs with the root carry
+// data. `packed` holds sendcounts, sdispls, recvcounts, rdispls (mncl_plugin_v3.h's layout).
+struct AlltoallvForm {
+  std::vector<size_t> packed;
+  const void *sendbuf = nullptr;
+  void *recvbuf = nullptr;
+};
+// Checks every fact this rank can (root, dtype, the root's blocks, NULL buffers, the in-place
+// form, that `backend` has alltoallv), naming `fn`, then returns the alltoallv to run.
+AlltoallvForm rooted_v_as_alltoallv(const char *fn, const RootedV &call, int rank, int size,
+                                    const mncl_plugin_v4_t &backend);
 
 }  // namespace mncl::core

@@ -636,6 +636,95 @@ void check_alltoallv(mncl_dtype_t dt, VShape shape, VLayout layout, int seed,
   expect_same(send, send_copy, what + " (sendbuf must stay unchanged)");
 }
 
+// gatherv: rank r sends pattern(r, k) for k < v_count(shape, r, root); the root's blocks, laid
+// out per `layout`, hold them and its gaps stay untouched. Non-roots pass NULL for what only
+// the root reads.
+void check_gatherv(mncl_dtype_t dt, VShape shape, VLayout layout, int root, bool in_place, int seed,
+                   bool nonblocking = false) {
+  const std::string what = v_describe("gatherv", dt, shape, layout, false) + where(root, in_place);
+  const size_t n = static_cast<size_t>(g_size), me = static_cast<size_t>(g_rank);
+  std::vector<size_t> counts(n);
+  for (int r = 0; r < g_size; ++r) counts[static_cast<size_t>(r)] = v_count(shape, r, root, seed);
+  const Buf mine = pattern_data(dt, g_rank, counts[me], seed);
+  const bool is_root = g_rank == root;
+  size_t extent = 0;
+  const std::vector<size_t> displs = v_displs(layout, counts, &extent);
+  Buf recv(dt, is_root ? extent : 0);
+  Buf want = recv;  // gaps keep Buf's fill
+  const void *send = mine.data();
+  if (is_root) {
+    for (int r = 0; r < g_size; ++r) {
+      const size_t u = static_cast<size_t>(r);
+      want.copy_from(displs[u], pattern_data(dt, r, counts[u], seed), 0, counts[u]);
+    }
+    if (in_place) {
+      recv.copy_from(displs[me], mine, 0, counts[me]);
+      send = recv.at(displs[me]);
+    }
+  }
+  void *recvbuf = is_root ? recv.data() : nullptr;
+  const size_t *rc = is_root ? counts.data() : nullptr, *rd = is_root ? displs.data() : nullptr;
+  if (nonblocking) {
+    mncl_request_t req = nullptr;
+    MNCL_CALL(mncl_igatherv(g_comm, send, counts[me], recvbuf, rc, rd, dt, root, nullptr, &req));
+    MNCL_CALL(mncl_wait(req, -1));
+  } else {
+    MNCL_CALL(mncl_gatherv(g_comm, send, counts[me], recvbuf, rc, rd, dt, root, nullptr));
+  }
+  if (is_root) expect_same(recv, want, what);
+  expect_same(mine, pattern_data(dt, g_rank, counts[me], seed),
+              what + " (sendbuf must stay unchanged)");
+}
+
+// scatterv: the root's block for rank r (v_count(shape, root, r) elements at displs[r]) holds
+// pattern(r, k); rank r receives it. `overlapping`: every block is the same one (displs 0).
+void check_scatterv(mncl_dtype_t dt, VShape shape, VLayout layout, int root, bool in_place,
+                    int seed, bool nonblocking = false, bool overlapping = false) {
+  const std::string what = v_describe("scatterv", dt, shape, layout, false) +
+                           where(root, in_place) + (overlapping ? " overlapping blocks" : "");
+  const size_t n = static_cast<size_t>(g_size), me = static_cast<size_t>(g_rank);
+  std::vector<size_t> counts(n);
+  for (int r = 0; r < g_size; ++r) {
+    counts[static_cast<size_t>(r)] =
+        overlapping ? v_count(shape, root, 0, seed) + 1 : v_count(shape, root, r, seed);
+  }
+  const bool is_root = g_rank == root;
+  size_t extent = 0;
+  std::vector<size_t> displs = v_displs(layout, counts, &extent);
+  if (overlapping) {
+    displs.assign(n, 0);
+    extent = counts[0];
+  }
+  Buf send(dt, is_root ? extent : 0);
+  if (is_root) {
+    for (int r = 0; r < g_size; ++r) {
+      const size_t u = static_cast<size_t>(r);
+      const int owner = overlapping ? 0 : r;  // the one block everybody receives
+      send.copy_from(displs[u], pattern_data(dt, owner, counts[u], seed), 0, counts[u]);
+    }
+  }
+  const Buf send_copy = send;
+  const Buf want = pattern_data(dt, overlapping ? 0 : g_rank, counts[me], seed);
+  Buf recv(dt, counts[me]);
+  void *recvbuf = is_root && in_place ? send.at(displs[me]) : recv.data();
+  const void *sendbuf = is_root ? send.data() : nullptr;
+  const size_t *sc = is_root ? counts.data() : nullptr, *sd = is_root ? displs.data() : nullptr;
+  if (nonblocking) {
+    mncl_request_t req = nullptr;
+    MNCL_CALL(
+        mncl_iscatterv(g_comm, sendbuf, sc, sd, recvbuf, counts[me], dt, root, nullptr, &req));
+    MNCL_CALL(mncl_wait(req, -1));
+  } else {
+    MNCL_CALL(mncl_scatterv(g_comm, sendbuf, sc, sd, recvbuf, counts[me], dt, root, nullptr));
+  }
+  if (is_root && in_place) {
+    expect_same(send, displs[me], want, 0, counts[me], what);
+  } else {
+    expect_same(recv, want, what);
+  }
+  expect_same(send, send_copy, what + " (the root's sendbuf must stay unchanged)");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Environment and output
 // ---------------------------------------------------------------------------------------------
@@ -864,6 +953,24 @@ TEST_P(Alltoallv, CountsAndLayouts) {
       check_alltoallv(dt(), shape, layout, 18);
 }
 
+using Gatherv = DtypeTest;
+TEST_P(Gatherv, CountsLayoutsRootsAndForms) {
+  for (VShape shape : {VShape::kUneven, VShape::kLarge})
+    for (VLayout layout : {VLayout::kPacked, VLayout::kReversedWithGaps})
+      for (int root : roots())
+        for (bool in_place : {false, true}) check_gatherv(dt(), shape, layout, root, in_place, 19);
+}
+
+using Scatterv = DtypeTest;
+TEST_P(Scatterv, CountsLayoutsRootsAndForms) {
+  for (VShape shape : {VShape::kUneven, VShape::kLarge})
+    for (VLayout layout : {VLayout::kPacked, VLayout::kReversedWithGaps})
+      for (int root : roots())
+        for (bool in_place : {false, true}) check_scatterv(dt(), shape, layout, root, in_place, 20);
+  for (int root : roots())
+    check_scatterv(dt(), VShape::kUneven, VLayout::kPacked, root, false, 21, false, true);
+}
+
 INSTANTIATE_TEST_SUITE_P(All, Bcast, ::testing::ValuesIn(kDtypes), dtype_name);
 INSTANTIATE_TEST_SUITE_P(All, Scatter, ::testing::ValuesIn(kDtypes), dtype_name);
 INSTANTIATE_TEST_SUITE_P(All, Gather, ::testing::ValuesIn(kDtypes), dtype_name);
@@ -872,6 +979,8 @@ INSTANTIATE_TEST_SUITE_P(All, Alltoall, ::testing::ValuesIn(kDtypes), dtype_name
 INSTANTIATE_TEST_SUITE_P(All, SendRecv, ::testing::ValuesIn(kDtypes), dtype_name);
 INSTANTIATE_TEST_SUITE_P(All, Allgatherv, ::testing::ValuesIn(kDtypes), dtype_name);
 INSTANTIATE_TEST_SUITE_P(All, Alltoallv, ::testing::ValuesIn(kDtypes), dtype_name);
+INSTANTIATE_TEST_SUITE_P(All, Gatherv, ::testing::ValuesIn(kDtypes), dtype_name);
+INSTANTIATE_TEST_SUITE_P(All, Scatterv, ::testing::ValuesIn(kDtypes), dtype_name);
 
 TEST_F(Conformance, BarrierRepeated) {
   for (int i = 0; i < 5; ++i) MNCL_CALL(mncl_barrier(g_comm, nullptr));
@@ -1026,9 +1135,12 @@ TEST_P(NonBlocking, EachCollective) {
       expect_same(buf, static_cast<size_t>(i) * n, pattern_data(d, i, total, 27),
                   static_cast<size_t>(g_rank) * n, n, "ialltoall block " + std::to_string(i));
   }
-  // iallgatherv / ialltoallv (completed by wait: their checks own the request)
+  // iallgatherv / ialltoallv / igatherv / iscatterv (completed by wait: their checks own the
+  // request)
   check_allgatherv(d, VShape::kUneven, VLayout::kReversedWithGaps, false, 31, true);
   check_alltoallv(d, VShape::kUneven, VLayout::kReversedWithGaps, 32, true);
+  check_gatherv(d, VShape::kUneven, VLayout::kReversedWithGaps, g_size - 1, false, 33, true);
+  check_scatterv(d, VShape::kUneven, VLayout::kReversedWithGaps, g_size / 2, true, 34, true);
   {  // ibarrier
     MNCL_CALL(mncl_ibarrier(g_comm, nullptr, &req));
     complete(req, by_test, "mncl_ibarrier");
@@ -2397,6 +2509,117 @@ TEST_F(Conformance, ErrorsBatchArguments) {
 // ---------------------------------------------------------------------------------------------
 
 // Even and odd ranks form two communicators; key = size - rank reverses the order.
+// Every refusal of gatherv/scatterv, blocking and not, with its status and the words its message
+// must contain. Each rank names itself the root, so what only a root checks is refused on every
+// rank before anything is sent (no rank waits for another).
+void expect_rooted_v_refused(bool gather, const void *sendbuf, const size_t *counts,
+                             const size_t *displs, void *recvbuf, size_t count, mncl_dtype_t dt,
+                             int root, mncl_status_t want, const std::vector<std::string> &words,
+                             const std::string &what) {
+  for (bool nonblocking : {false, true}) {
+    const std::string name =
+        std::string(nonblocking ? "mncl_i" : "mncl_") + (gather ? "gatherv" : "scatterv");
+    const std::string call = name + " with " + what;
+    mncl_request_t req = nullptr;
+    mncl_request_t *r = nonblocking ? &req : nullptr;
+    mncl_status_t st;
+    if (gather) {
+      st =
+          nonblocking
+              ? mncl_igatherv(g_comm, sendbuf, count, recvbuf, counts, displs, dt, root, nullptr, r)
+              : mncl_gatherv(g_comm, sendbuf, count, recvbuf, counts, displs, dt, root, nullptr);
+    } else {
+      st = nonblocking
+               ? mncl_iscatterv(g_comm, sendbuf, counts, displs, recvbuf, count, dt, root, nullptr,
+                                r)
+               : mncl_scatterv(g_comm, sendbuf, counts, displs, recvbuf, count, dt, root, nullptr);
+    }
+    if (st == MNCL_OK) die_accepted(call);
+    EXPECT_EQ(st, want) << call << ": " << mncl_status_string(st) << ": " << mncl_last_error();
+    EXPECT_EQ(req, nullptr) << call << " left a request behind";
+    const std::string msg = mncl_last_error();
+    EXPECT_TRUE(mentions(msg, name + ":"))
+        << call << ": the message does not name " << name << ": " << msg;
+    for (const std::string &w : words)
+      EXPECT_TRUE(mentions(msg, w)) << call << ": the message lacks \"" << w << "\": " << msg;
+  }
+}
+
+TEST_F(Conformance, ErrorsRootedVArguments) {
+  const size_t n = static_cast<size_t>(g_size), me = static_cast<size_t>(g_rank);
+  const int self = g_rank;  // every rank its own root: see expect_rooted_v_refused
+  std::vector<size_t> counts(n, 4), displs(n);
+  for (size_t i = 0; i < n; ++i) displs[i] = 4 * i;
+  Buf blocks(MNCL_INT32, 4 * n + 8), own(MNCL_INT32, 4);
+  const auto bad_dtype = static_cast<mncl_dtype_t>(MNCL_NUM_DTYPES + 3);
+  const auto inv = MNCL_ERR_INVALID_ARGUMENT;
+  for (bool gather : {true, false}) {
+    // gatherv sends `own` and receives into `blocks`; scatterv the other way round.
+    const void *send = gather ? own.data() : blocks.data();
+    void *recv = gather ? blocks.data() : own.data();
+    const char *counts_name = gather ? "recvcounts" : "sendcounts";
+    auto refused = [&](const void *sb, const size_t *c, const size_t *d, void *rb, size_t k,
+                       mncl_dtype_t dt, int root, mncl_status_t st,
+                       const std::vector<std::string> &words, const std::string &what) {
+      expect_rooted_v_refused(gather, sb, c, d, rb, k, dt, root, st, words, what);
+    };
+    for (int root : {g_size, -1}) {
+      refused(send, counts.data(), displs.data(), recv, 4, MNCL_INT32, root, inv,
+              {"root " + std::to_string(root), "out of range"}, "root out of range");
+    }
+    refused(send, counts.data(), displs.data(), recv, 4, bad_dtype, self, inv, {"dtype"},
+            "a bad dtype");
+    refused(send, nullptr, displs.data(), recv, 4, MNCL_INT32, self, inv,
+            {counts_name, "NULL on the root"}, "no counts on the root");
+    refused(send, counts.data(), nullptr, recv, 4, MNCL_INT32, self, inv,
+            {"displs", "NULL on the root"}, "no displs on the root");
+    refused(gather ? nullptr : send, counts.data(), displs.data(), gather ? recv : nullptr, 4,
+            MNCL_INT32, self, inv, {gather ? "sendbuf is NULL" : "recvbuf is NULL"},
+            "no buffer for the own block");
+    refused(gather ? send : nullptr, counts.data(), displs.data(), gather ? nullptr : recv, 4,
+            MNCL_INT32, self, inv,
+            {gather ? "recvbuf is NULL on the root" : "sendbuf is NULL on the root"},
+            "no buffer for the blocks on the root");
+    refused(send, counts.data(), displs.data(), recv, 3, MNCL_INT32, self, inv,
+            {"differs from", std::string(counts_name) + "[" + std::to_string(self) + "] = 4",
+             "the root's own block"},
+            "an own count that differs from the root's entry");
+    // Overlap that is not the in-place form: the own block one element past its place.
+    Buf inside(MNCL_INT32, 4 * n + 8);
+    void *shifted = inside.at(displs[me] + 1);
+    refused(gather ? shifted : inside.data(), counts.data(), displs.data(),
+            gather ? inside.data() : shifted, 4, MNCL_INT32, self, inv,
+            {"overlap", "in-place form"}, "an own block overlapping the blocks");
+    if (g_size > 1) {
+      std::vector<size_t> d = displs;
+      d[1] = d[0] + 2;  // ranks 0 and 1 overlap by two elements
+      if (gather) {
+        refused(send, counts.data(), d.data(), recv, 4, MNCL_INT32, self, inv,
+                {"blocks of ranks 0 and 1 overlap"}, "overlapping receive blocks");
+      }
+    }
+    std::vector<size_t> huge = counts;
+    huge[me] = SIZE_MAX / 2;
+    refused(send, huge.data(), displs.data(), recv, SIZE_MAX / 2, MNCL_INT32, self, inv,
+            {"overflows"}, "a count that overflows");
+    // A request must have somewhere to go.
+    const mncl_status_t st = gather
+                                 ? mncl_igatherv(g_comm, send, 4, recv, counts.data(),
+                                                 displs.data(), MNCL_INT32, self, nullptr, nullptr)
+                                 : mncl_iscatterv(g_comm, send, counts.data(), displs.data(), recv,
+                                                  4, MNCL_INT32, self, nullptr, nullptr);
+    EXPECT_EQ(st, inv);
+    EXPECT_TRUE(mentions(mncl_last_error(), "request")) << mncl_last_error();
+  }
+  EXPECT_MNCL_ERROR(inv, mncl_gatherv(nullptr, own.data(), 4, blocks.data(), counts.data(),
+                                      displs.data(), MNCL_INT32, 0, nullptr));
+  EXPECT_MNCL_ERROR(inv, mncl_scatterv(nullptr, blocks.data(), counts.data(), displs.data(),
+                                       own.data(), 4, MNCL_INT32, 0, nullptr));
+  // Nothing started anywhere: both run cleanly afterwards.
+  check_gatherv(MNCL_INT32, VShape::kUneven, VLayout::kReversedWithGaps, 0, false, 280);
+  check_scatterv(MNCL_INT32, VShape::kUneven, VLayout::kPacked, g_size - 1, true, 281);
+}
+
 TEST_F(Conformance, SplitEvenOddReversed) {
   const int color = g_rank % 2;
   std::vector<int> members;  // old ranks of my color, in new-rank order

@@ -222,8 +222,9 @@ TEST(Gpu, PointToPointCoalescedBarrierNonBlocking) {
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(host[i], sum_over_ranks(i));
 }
 
-// allgatherv and alltoallv on device memory (nccl: grouped send/recv; host backends: staged),
-// with uneven blocks, an empty one, and gaps between blocks that must keep their contents.
+// allgatherv, gatherv, scatterv and alltoallv on device memory (nccl: grouped send/recv; host
+// backends: staged), with uneven blocks, an empty one, and gaps between blocks that must keep
+// their contents.
 TEST(Gpu, VariableCountCollectives) {
   if (dead_peer_mode()) GTEST_SKIP();
   const size_t n = static_cast<size_t>(g_size), me = static_cast<size_t>(g_rank);
@@ -248,6 +249,25 @@ TEST(Gpu, VariableCountCollectives) {
     MNCL_OK_OR_DIE(mncl_allgatherv(g_comm, send.ptr(), counts[me], recv.ptr(), counts.data(),
                                    displs.data(), MNCL_INT32, nullptr));
     EXPECT_EQ(recv.get(), want) << "allgatherv";
+
+    // gatherv onto the last rank in the same layout, then scatterv back from it, in place there.
+    const int root = g_size - 1;
+    const bool is_root = g_rank == root;
+    Dev<int32_t> gathered(std::vector<int32_t>(at, kGap));
+    MNCL_OK_OR_DIE(mncl_gatherv(g_comm, send.ptr(), counts[me], gathered.ptr(), counts.data(),
+                                displs.data(), MNCL_INT32, root, nullptr));
+    if (is_root) {
+      EXPECT_EQ(gathered.get(), want) << "gatherv";
+    }
+    Dev<int32_t> back(std::vector<int32_t>(counts[me], kGap));
+    int32_t *own = is_root ? gathered.ptr() + displs[me] : back.ptr();
+    MNCL_OK_OR_DIE(mncl_scatterv(g_comm, gathered.ptr(), counts.data(), displs.data(), own,
+                                 counts[me], MNCL_INT32, root, nullptr));
+    if (is_root) {
+      EXPECT_EQ(gathered.get(), want) << "scatterv in place";
+    } else {
+      EXPECT_EQ(back.get(), values<int32_t>(g_rank, counts[me])) << "scatterv";
+    }
   }
   {  // alltoallv: count(i, j) from rank i to rank j, packed send side, gapped receive side
     std::vector<size_t> sendcounts(n), sdispls(n), recvcounts(n), rdispls(n);

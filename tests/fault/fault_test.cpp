@@ -16,7 +16,8 @@
 //   fault_test killed|stalled|late|mismatch|abort|abort_destroy|recovery|watchdog|store_bind|
 //              store_token
 //              [--backend B] [--ranks N] [--timeout S] [--runs N] [--debug-checks 0|1]
-//              [--case allreduce_vs_bcast|count|dtype|root|allgatherv|alltoallv|batch_count]
+//              [--case
+//              allreduce_vs_bcast|count|dtype|root|allgatherv|alltoallv|gatherv|batch_count]
 //              [--netns NS0,NS1 --hosts A0,A1]
 //              [--launcher fork|mpirun] [--mpirun PATH] [--mpirun-arg ARG]... [--expect-job-end]
 #include <fcntl.h>
@@ -316,6 +317,21 @@ int worker_mismatch(Worker &w) {
         if (recv[displs[i] + k] != static_cast<int32_t>(i * 1000 + first + k)) correct = false;
       }
     }
+  } else if (which == "gatherv") {
+    // Variant B sends 10 elements to root 0, which (even: variant A) expects 20 from every rank.
+    // Judged against this rank's own call: on the root, block i holds rank i's first 20.
+    const size_t n = static_cast<size_t>(w.size), mine = b ? 10 : 20;
+    std::vector<size_t> counts(n, 20), displs(n);
+    for (size_t i = 0; i < n; ++i) displs[i] = 20 * i;
+    std::vector<int32_t> send(mine), recv(20 * n, -1);
+    for (size_t i = 0; i < mine; ++i) send[i] = static_cast<int32_t>(w.rank * 1000 + i);
+    st = mncl_gatherv(comm, send.data(), mine, recv.data(), counts.data(), displs.data(),
+                      MNCL_INT32, 0, nullptr);
+    for (size_t i = 0; st == MNCL_OK && w.rank == 0 && i < n; ++i) {
+      for (size_t k = 0; k < 20; ++k) {
+        if (recv[20 * i + k] != static_cast<int32_t>(i * 1000 + k)) correct = false;
+      }
+    }
   } else if (bcast) {
     st = f ? mncl_bcast(comm, fs.data(), count, dtype, root, nullptr)
            : mncl_bcast(comm, is.data(), count, dtype, root, nullptr);
@@ -324,7 +340,9 @@ int worker_mismatch(Worker &w) {
            : mncl_allreduce(comm, is.data(), ir.data(), count, dtype, MNCL_SUM, nullptr);
   }
   const int64_t t1 = now_ns();
-  if (st == MNCL_OK && which != "allgatherv" && which != "alltoallv" && which != "batch_count") {
+  const bool judged = which == "allgatherv" || which == "alltoallv" || which == "gatherv" ||
+                      which == "batch_count";  // above, against the call's own layout
+  if (st == MNCL_OK && !judged) {
     for (size_t i = 0; i < count; ++i) {
       const double expect = bcast ? static_cast<double>((root + 1) * (i + 1))
                                   : static_cast<double>(w.size * (w.size + 1) / 2 * (i + 1));

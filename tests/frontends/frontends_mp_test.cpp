@@ -391,6 +391,52 @@ TEST_F(Frontends, ObjectCollectivesInSmallChunks) {
   comm().set_max_message_bytes(saved);
 }
 
+// gatherv/scatterv with blocks of different sizes (rank 0's empty): packed in rank order, then
+// at explicit displacements in reverse rank order with one-element gaps.
+TEST_F(Frontends, GathervAndScattervUnevenBlocks) {
+  const int root = size() / 2;
+  auto count_of = [](int r) { return static_cast<std::size_t>(2 * r + r % 2); };
+  const std::vector<int32_t> mine(count_of(rank()), 7 * rank() + 1);
+  std::vector<std::size_t> counts;
+  std::vector<int32_t> packed;
+  for (int r = 0; r < size(); ++r) {
+    counts.push_back(count_of(r));
+    packed.insert(packed.end(), count_of(r), 7 * r + 1);
+  }
+  EXPECT_EQ(comm().gatherv(mine, root), rank() == root ? packed : std::vector<int32_t>{});
+
+  std::vector<std::size_t> displs(size());
+  std::size_t end = 0;
+  for (int r = size() - 1; r >= 0; --r) {
+    displs[r] = end;
+    end += counts[r] + 1;
+  }
+  std::vector<int32_t> spread(rank() == root ? end : 0, -1), want_spread = spread;
+  if (rank() == root) {
+    for (int r = 0; r < size(); ++r)
+      std::fill_n(want_spread.begin() + displs[r], counts[r], 7 * r + 1);
+  }
+  comm().gatherv(mine, spread, counts, root, displs);
+  EXPECT_EQ(spread, want_spread);
+
+  std::vector<int32_t> back(mine.size(), -1);
+  comm().scatterv(rank() == root ? packed : std::vector<int32_t>{},
+                  rank() == root ? counts : std::vector<std::size_t>{}, back, root);
+  EXPECT_EQ(back, mine);
+  std::fill(back.begin(), back.end(), -1);
+  comm().scatterv(want_spread, counts, back, root, displs);  // the arrays matter on the root only
+  EXPECT_EQ(back, mine);
+
+  if (rank() == root) {  // local checks, before anything is sent
+    if (!packed.empty()) {
+      std::vector<int32_t> short_recv(packed.size() - 1);
+      EXPECT_THROW(comm().gatherv(mine, short_recv, counts, root), mncl::InvalidArgument);
+    }
+    EXPECT_THROW(comm().scatterv(packed, std::vector<std::size_t>(size() + 1), back, root),
+                 mncl::InvalidArgument);
+  }
+}
+
 // Serializes to its bytes alone, with no length prefix: an empty one is zero bytes on the wire.
 struct RawBytes {
   std::string bytes;
@@ -410,10 +456,11 @@ std::string varied_text(int r) {
   return text;
 }
 
-// allgather_obj moves the bytes in allgatherv rounds of at most max_message_bytes per rank, as
-// many as the longest object needs: ranks whose bytes are all sent (or that had none) keep taking
-// part with nothing to contribute, or the collectives would stop matching.
-TEST_F(Frontends, AllgatherObjInRoundsOfDifferentSizes) {
+// allgather_obj (gather_obj, scatter_obj) moves the bytes in allgatherv (gatherv, scatterv) rounds
+// of at most max_message_bytes per rank, as many as the longest object needs: ranks whose bytes are
+// all sent (or that had none) keep taking part with nothing to contribute, or the collectives would
+// stop matching.
+TEST_F(Frontends, ObjectCollectivesInRoundsOfDifferentSizes) {
   const std::size_t saved = comm().max_message_bytes();
   std::vector<std::string> want_text;
   std::vector<std::vector<int32_t>> want_numbers;
@@ -438,6 +485,17 @@ TEST_F(Frontends, AllgatherObjInRoundsOfDifferentSizes) {
       empty_text.push_back(raw.bytes);
     }
     EXPECT_EQ(empty_text, std::vector<std::string>(static_cast<std::size_t>(size())));
+
+    // gather_obj and scatter_obj run the same rounds as gathervs and scattervs.
+    const int root = size() - 1;
+    EXPECT_EQ(comm().gather_obj(want_text[rank()], root),
+              rank() == root ? want_text : std::vector<std::string>{});
+    EXPECT_EQ(comm().gather_obj(want_numbers[rank()], 0),
+              rank() == 0 ? want_numbers : std::vector<std::vector<int32_t>>{});
+    EXPECT_EQ(comm().scatter_obj(rank() == root ? want_text : std::vector<std::string>{}, root),
+              want_text[rank()]);
+    EXPECT_EQ(comm().scatter_obj(rank() == 0 ? want_numbers : std::vector<std::vector<int32_t>>{}),
+              want_numbers[rank()]);
 
     // Still in step: a collective after the rounds matches on every rank.
     EXPECT_EQ(comm().allreduce_value(int64_t{rank()} + 1), int64_t{size()} * (size() + 1) / 2);

@@ -105,6 +105,28 @@ expect_raises(ValueError, lambda: comm.alltoallv(send, too_many, [0] * n), "send
 expect_raises(ValueError, lambda: comm.allgatherv(np.zeros(1), [1] * (n + 1)),
               "one count per rank", "one per rank")
 
+# gatherv / scatterv: rank r's block has r elements (rank 0's is empty); the last rank is root.
+root = n - 1
+mine = np.arange(r, dtype=np.int32) + 10 * r
+want = np.concatenate([np.arange(i, dtype=np.int32) + 10 * i for i in range(n)])
+sizes = comm.gather(np.array([mine.size]), root=root)  # None except on root
+gv = comm.gatherv(mine, None if sizes is None else sizes.ravel(), root=root)
+expect(gv is None if r != root else np.array_equal(gv, want), f"gatherv {gv}")
+gv = comm.igatherv(mine, list(range(n)) if r == root else None, root=root).wait()
+expect(gv is None if r != root else np.array_equal(gv, want), f"igatherv {gv}")
+part = np.full(r, -1, np.int32)
+got = comm.scatterv(want if r == root else None, list(range(n)) if r == root else None, part,
+                    root=root)
+expect(got is part and np.array_equal(part, mine), f"scatterv {part}")
+part = np.full(r, -1, np.int32)
+comm.iscatterv(want if r == root else None, list(range(n)) if r == root else None, part,
+               root=root).wait()
+expect(np.array_equal(part, mine), f"iscatterv {part}")
+if r == root:
+    one_too_many = np.append(want, np.int32(7))
+    expect_raises(ValueError, lambda: comm.scatterv(one_too_many, list(range(n)), part, root=root),
+                  "scatterv counts vs sendbuf", "add up to")
+
 co = comm.allreduce_coalesced([np.ones(3, np.float32) * r, np.arange(5, dtype=np.float32)])
 expect(np.all(co[0] == n * (n - 1) / 2) and np.array_equal(co[1], np.arange(5) * n), "coalesced")
 

@@ -356,6 +356,62 @@ class Communicator {
                          recvcounts.data(), rdispls.data(), dtype<decltype(r)>(), nullptr),
           "mncl_alltoallv");
   }
+  // Rank i's send buffer (counts[i] elements) lands at recv[displs[i]] on the root; without
+  // displs the blocks are packed in rank order. Other ranks pass their send buffer only: counts,
+  // displs and recv are read on the root.
+  template <class Send, class Recv, class = detail::EnableIfBuffer<Send>,
+            class = detail::EnableIfBuffer<Recv>>
+  void gatherv(const Send &send, Recv &&recv, const std::vector<std::size_t> &counts, int root,
+               std::vector<std::size_t> displs = {}) {
+    auto [s, r] = typed_pair(send, recv);
+    const bool is_root = rank_ == root;
+    if (is_root) {
+      if (displs.empty()) displs = packed_displs(counts);
+      require_root_blocks(counts, displs, "gatherv");
+      require(s.size() == counts[rank_], "gatherv",
+              "the root's send buffer must hold counts[root] elements");
+      require(r.size() >= extent(counts, displs), "gatherv",
+              "the root's receive buffer must hold every block (displs[i] + counts[i] elements)");
+    }
+    check(mncl_gatherv(comm_, s.data(), s.size(), is_root ? r.data() : nullptr,
+                       is_root ? counts.data() : nullptr, is_root ? displs.data() : nullptr,
+                       dtype<decltype(r)>(), root, nullptr),
+          "mncl_gatherv");
+  }
+  // Every rank's buffer, of any size, concatenated in rank order on the root (the sizes travel
+  // first); an empty vector elsewhere.
+  template <class Send, class = detail::EnableIfBuffer<Send>>
+  auto gatherv(const Send &send, int root) {
+    auto s = as_const_span(send);
+    std::vector<uint64_t> sizes(rank_ == root ? size_ : 0);
+    gather(std::vector<uint64_t>{s.size()}, sizes, root);
+    const std::vector<std::size_t> counts(sizes.begin(), sizes.end());
+    std::vector<typename decltype(s)::value_type> all(extent(counts, packed_displs(counts)));
+    gatherv(s, all, counts, root);
+    return all;
+  }
+  // The root's block i (counts[i] elements at send[displs[i]]; packed in rank order without
+  // displs) lands in rank i's recv, which holds exactly that many. Other ranks pass their
+  // receive buffer only: send, counts and displs are read on the root.
+  template <class Send, class Recv, class = detail::EnableIfBuffer<Send>,
+            class = detail::EnableIfBuffer<Recv>>
+  void scatterv(const Send &send, const std::vector<std::size_t> &counts, Recv &&recv, int root,
+                std::vector<std::size_t> displs = {}) {
+    auto [s, r] = typed_pair(send, recv);
+    const bool is_root = rank_ == root;
+    if (is_root) {
+      if (displs.empty()) displs = packed_displs(counts);
+      require_root_blocks(counts, displs, "scatterv");
+      require(r.size() == counts[rank_], "scatterv",
+              "the root's receive buffer must hold counts[root] elements");
+      require(s.size() >= extent(counts, displs), "scatterv",
+              "the root's send buffer must hold every block (displs[i] + counts[i] elements)");
+    }
+    check(mncl_scatterv(comm_, is_root ? s.data() : nullptr, is_root ? counts.data() : nullptr,
+                        is_root ? displs.data() : nullptr, r.data(), r.size(), dtype<decltype(r)>(),
+                        root, nullptr),
+          "mncl_scatterv");
+  }
   // send holds size() * recv.size() elements; rank r gets the reduction of block r.
   template <class Send, class Recv, class = detail::EnableIfBuffer<Send>,
             class = detail::EnableIfBuffer<Recv>>
@@ -562,23 +618,22 @@ class Communicator {
     const auto bytes = recv_bytes(peer);
     return from_bytes<T>(bytes);
   }
-  // Every rank's object on `root`, in rank order; an empty vector elsewhere.
+  // Every rank's object on `root`, in rank order; an empty vector elsewhere. As allgather_obj,
+  // but the rounds are gathervs to the root.
   template <class T>
   std::vector<T> gather_obj(const T &obj, int root = 0) {
-    std::vector<T> all;
-    if (rank_ != root) {
-      send_obj(obj, root);
-      return all;
-    }
-    all.reserve(size_);
-    for (int peer = 0; peer < size_; ++peer) {
-      if (peer == root) {
-        all.push_back(obj);
-      } else {
-        all.push_back(recv_obj<T>(peer));
-      }
-    }
-    return all;
+    const auto mine = to_bytes(obj);
+    const ObjectLayout layout =
+        object_layout(allgather(std::vector<uint64_t>{mine.size()}), "gather_obj");
+    std::vector<uint8_t> all(rank_ == root ? layout.total : 0);
+    std::vector<std::size_t> counts(size_), displs(size_);
+    for_each_chunk(layout.longest, [&](std::size_t offset, std::size_t chunk) {
+      layout.round(offset, chunk, counts, displs);
+      const std::size_t sent = std::min(offset, mine.size());
+      gatherv(Span<const uint8_t>(mine.data() + sent, counts[rank_]), all, counts, root, displs);
+    });
+    if (rank_ != root) return {};
+    return layout.objects<T>(all);
   }
   // Every rank's object on every rank, in rank order. The byte lengths travel first (one
   // allgather), then the bytes themselves in allgatherv rounds: in each, every rank sends the
@@ -587,43 +642,43 @@ class Communicator {
   template <class T>
   std::vector<T> allgather_obj(const T &obj) {
     const auto mine = to_bytes(obj);
-    const auto announced = allgather(std::vector<uint64_t>{mine.size()});
-    std::vector<std::size_t> lengths(size_), offsets(size_);
-    std::size_t total = 0, longest = 0;
-    for (int r = 0; r < size_; ++r) {
-      lengths[r] = checked_length(announced[r], "allgather_obj");
-      offsets[r] = total;
-      total = checked_length(uint64_t{total} + lengths[r], "allgather_obj");
-      longest = std::max(longest, lengths[r]);
-    }
-    std::vector<uint8_t> all(total);
+    const ObjectLayout layout =
+        object_layout(allgather(std::vector<uint64_t>{mine.size()}), "allgather_obj");
+    std::vector<uint8_t> all(layout.total);
     std::vector<std::size_t> counts(size_), displs(size_);
-    for_each_chunk(longest, [&](std::size_t offset, std::size_t chunk) {
-      for (int r = 0; r < size_; ++r) {
-        const std::size_t done = std::min(offset, lengths[r]);
-        counts[r] = std::min(chunk, lengths[r] - done);
-        displs[r] = offsets[r] + done;
-      }
+    for_each_chunk(layout.longest, [&](std::size_t offset, std::size_t chunk) {
+      layout.round(offset, chunk, counts, displs);
       const std::size_t sent = std::min(offset, mine.size());
       allgatherv(Span<const uint8_t>(mine.data() + sent, counts[rank_]), all, counts, displs);
     });
-    std::vector<T> objs;
-    objs.reserve(size_);
-    for (int r = 0; r < size_; ++r) {
-      objs.push_back(from_bytes<T>(Span<const uint8_t>(all.data() + offsets[r], lengths[r])));
-    }
-    return objs;
+    return layout.objects<T>(all);
   }
-  // Rank r gets objs[r] of the root (objs is ignored elsewhere); only each rank's part is sent.
+  // Rank r gets objs[r] of the root (objs is ignored elsewhere); only each rank's part is sent:
+  // the root broadcasts the byte lengths, then scatterv rounds as in allgather_obj.
   template <class T>
   T scatter_obj(const std::vector<T> &objs, int root = 0) {
-    if (rank_ != root) return recv_obj<T>(root);
-    require(objs.size() == static_cast<std::size_t>(size_), "scatter_obj",
-            "the root must pass one object per rank");
-    for (int peer = 0; peer < size_; ++peer) {
-      if (peer != root) send_obj(objs[peer], peer);
+    std::vector<uint64_t> announced(size_);
+    std::vector<uint8_t> all;
+    if (rank_ == root) {
+      require(objs.size() == static_cast<std::size_t>(size_), "scatter_obj",
+              "the root must pass one object per rank");
+      for (int r = 0; r < size_; ++r) {
+        const auto bytes = to_bytes(objs[r]);
+        announced[r] = bytes.size();
+        all.insert(all.end(), bytes.begin(), bytes.end());
+      }
     }
-    return objs[root];
+    bcast(announced, root);
+    const ObjectLayout layout = object_layout(announced, "scatter_obj");
+    std::vector<uint8_t> mine(layout.lengths[rank_]);
+    std::vector<std::size_t> counts(size_), displs(size_);
+    for_each_chunk(layout.longest, [&](std::size_t offset, std::size_t chunk) {
+      layout.round(offset, chunk, counts, displs);
+      const std::size_t got = std::min(offset, mine.size());
+      scatterv(Span<const uint8_t>(all), counts, Span<uint8_t>(mine.data() + got, counts[rank_]),
+               root, displs);
+    });
+    return from_bytes<T>(Span<const uint8_t>(mine));
   }
   // combine(...combine(combine(obj_0, obj_1), obj_2)..., obj_{size-1}) on every rank: the fold
   // runs once, on rank 0, in rank order, so every rank gets the identical result.
@@ -689,6 +744,48 @@ class Communicator {
                         std::to_string(length) + " bytes");
     }
     return static_cast<std::size_t>(length);
+  }
+
+  void require_root_blocks(const std::vector<std::size_t> &counts,
+                           const std::vector<std::size_t> &displs, const char *what) const {
+    require(counts.size() == static_cast<std::size_t>(size_) && displs.size() == counts.size(),
+            what, "the root's counts and displs need one entry per rank");
+  }
+
+  // Serialized objects of every rank, concatenated in rank order: where each one sits, and the
+  // blocks of one round (at most `chunk` bytes of each object, from byte `offset` on).
+  struct ObjectLayout {
+    std::vector<std::size_t> lengths, offsets;
+    std::size_t total = 0, longest = 0;
+
+    void round(std::size_t offset, std::size_t chunk, std::vector<std::size_t> &counts,
+               std::vector<std::size_t> &displs) const {
+      for (std::size_t r = 0; r < lengths.size(); ++r) {
+        const std::size_t done = std::min(offset, lengths[r]);
+        counts[r] = std::min(chunk, lengths[r] - done);
+        displs[r] = offsets[r] + done;
+      }
+    }
+    template <class T>
+    std::vector<T> objects(const std::vector<uint8_t> &all) const {
+      std::vector<T> objs;
+      objs.reserve(lengths.size());
+      for (std::size_t r = 0; r < lengths.size(); ++r) {
+        objs.push_back(from_bytes<T>(Span<const uint8_t>(all.data() + offsets[r], lengths[r])));
+      }
+      return objs;
+    }
+  };
+  ObjectLayout object_layout(const std::vector<uint64_t> &announced, const char *what) const {
+    ObjectLayout layout;
+    for (uint64_t length : announced) {
+      const std::size_t n = checked_length(length, what);
+      layout.lengths.push_back(n);
+      layout.offsets.push_back(layout.total);
+      layout.total = checked_length(uint64_t{layout.total} + n, what);
+      layout.longest = std::max(layout.longest, n);
+    }
+    return layout;
   }
 
   template <class Fn>
