@@ -484,25 +484,13 @@ mncl_status_t run_rooted_v(const char *fn, const char *runs_as, mncl_comm_t comm
 mncl::core::RootedV gatherv_call(const void *sendbuf, size_t sendcount, void *recvbuf,
                                  const size_t *recvcounts, const size_t *displs, mncl_dtype_t dtype,
                                  int root) {
-  mncl::core::RootedV call;
-  call.gather = true;
-  call.sendbuf = sendbuf;
-  call.recvbuf = recvbuf;
-  call.count = sendcount;
-  call.counts = recvcounts;
-  call.displs = displs;
-  call.dtype = dtype;
-  call.root = root;
-  return call;
+  return {true, sendbuf, recvbuf, sendcount, recvcounts, displs, dtype, root};
 }
 
 mncl::core::RootedV scatterv_call(const void *sendbuf, const size_t *sendcounts,
                                   const size_t *displs, void *recvbuf, size_t recvcount,
                                   mncl_dtype_t dtype, int root) {
-  mncl::core::RootedV call =
-      gatherv_call(sendbuf, recvcount, recvbuf, sendcounts, displs, dtype, root);
-  call.gather = false;
-  return call;
+  return {false, sendbuf, recvbuf, recvcount, sendcounts, displs, dtype, root};
 }
 
 MNCL_API mncl_status_t mncl_gatherv(mncl_comm_t comm, const void *sendbuf, size_t sendcount,
