@@ -7,7 +7,8 @@
 // receive and send and waits for both, the calls the gloo plugin makes for mncl_irecv/isend.
 // Allgatherv and alltoallv call gloo::allgatherv / gloo::alltoallv directly: mncl-perf's blocks
 // are packed in rank order, which is Gloo's own layout, so no copy is involved (the plugin adds
-// its cross-rank count check to alltoallv, which this baseline has no need for).
+// its cross-rank count check to alltoallv, which this baseline has no need for). Gloo has no
+// gatherv or scatterv: their raw column is N/A, as reduce_scatter's.
 #include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
@@ -113,7 +114,9 @@ class GlooBaseline : public Baseline {
       case CollKind::kSendrecv:
         return c.nranks > 1;  // a Gloo context has no pair to itself
       default:
-        return false;  // reduce_scatter has no one-call Gloo equivalent
+        // reduce_scatter has no one-call Gloo equivalent, and Gloo has no gatherv or scatterv
+        // (gloo::gather / gloo::scatter take equal blocks only).
+        return false;
     }
   }
 

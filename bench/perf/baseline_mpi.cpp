@@ -88,7 +88,8 @@ class MpiBaseline : public Baseline {
     if (mpi_type(c.dtype, reduces) == MPI_DATATYPE_NULL) return false;
     if (reduces && mpi_op(c.op) == MPI_OP_NULL) return false;
     // MPI counts and displacements are ints; the v collectives' packed displacements reach the
-    // total of their counts.
+    // total of their counts (gatherv's and scatterv's root arrays are known on every rank, so
+    // all ranks decide alike).
     const size_t largest =
         std::max({c.count, std::accumulate(c.recvcounts.begin(), c.recvcounts.end(), size_t(0)),
                   std::accumulate(c.sendcounts.begin(), c.sendcounts.end(), size_t(0))});
@@ -148,6 +149,19 @@ class MpiBaseline : public Baseline {
         ok(MPI_Alltoallv(send, ints(c.sendcounts, sc_), ints(c.sdispls, sd_), t, c.recvbuf,
                          ints(c.recvcounts, rc_), ints(c.rdispls, rd_), t, comm_),
            "MPI_Alltoallv");
+        break;
+      // The counts and displacements are the root's (only the root passes them, as with MNCL).
+      case CollKind::kGatherv:
+        ok(MPI_Gatherv(root && c.inplace ? MPI_IN_PLACE : send, n, t, c.recvbuf,
+                       root ? ints(c.recvcounts, rc_) : nullptr,
+                       root ? ints(c.rdispls, rd_) : nullptr, t, c.root, comm_),
+           "MPI_Gatherv");
+        break;
+      case CollKind::kScatterv:
+        ok(MPI_Scatterv(send, root ? ints(c.sendcounts, sc_) : nullptr,
+                        root ? ints(c.sdispls, sd_) : nullptr, t,
+                        root && c.inplace ? MPI_IN_PLACE : c.recvbuf, n, t, c.root, comm_),
+           "MPI_Scatterv");
         break;
       case CollKind::kSendrecv: {
         if (c.nranks == 1) break;

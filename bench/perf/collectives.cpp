@@ -20,6 +20,10 @@ const std::vector<CollSpec> &all_collectives() {
       {CollKind::kAllgatherv, "allgatherv", false, false, true},
       // mncl.h: alltoallv is never in place.
       {CollKind::kAlltoallv, "alltoallv", false, false, false},
+      // mncl.h: in place at the root (gatherv: sendbuf == recvbuf + displs[root]; scatterv:
+      // recvbuf == sendbuf + displs[root]).
+      {CollKind::kGatherv, "gatherv", false, true, true},
+      {CollKind::kScatterv, "scatterv", false, true, true},
   };
   return specs;
 }
@@ -55,6 +59,8 @@ double busbw_factor(CollKind kind, int nranks) {
     // nccl-tests (scatter.cu, gather.cu) also uses (n-1)/n: the root's own block never moves.
     case CollKind::kScatter:
     case CollKind::kGather:
+    case CollKind::kScatterv:  // as scatter / gather: the swept size is the same root total
+    case CollKind::kGatherv:
       return (n - 1) / n;
     case CollKind::kBcast:
     case CollKind::kReduce:
@@ -81,6 +87,8 @@ double traffic_factor(CollKind kind, int nranks) {
       return n;
     case CollKind::kScatter:  // the root's buffer read once, every block written once
     case CollKind::kGather:
+    case CollKind::kScatterv:
+    case CollKind::kGatherv:
       return 2;
   }
   return 2 * n;
@@ -126,10 +134,17 @@ Layout layout_for(CollKind kind, size_t bytes, size_t elem_size, int nranks) {
       l.send_elems = l.recv_elems = l.count * n;
       break;
     case CollKind::kAllgatherv:
+    case CollKind::kGatherv:  // the root receives everything
       l.count = count / n;
       for (int q = 0; q < nranks; ++q)
         l.send_elems = std::max(l.send_elems, v_block(l.count, nranks, q));
       l.recv_elems = l.count * n;
+      break;
+    case CollKind::kScatterv:  // the root sends everything
+      l.count = count / n;
+      l.send_elems = l.count * n;
+      for (int q = 0; q < nranks; ++q)
+        l.recv_elems = std::max(l.recv_elems, v_block(l.count, nranks, q));
       break;
   }
   l.bytes = std::max(l.send_elems, l.recv_elems) * elem_size;
@@ -155,6 +170,17 @@ Call make_call(CollKind kind, const Layout &l, bool inplace, void *send, void *r
       soff += sc;
     }
     if (!a2a) c.count = c.recvcounts[static_cast<size_t>(rank)];
+  } else if (kind == CollKind::kGatherv || kind == CollKind::kScatterv) {
+    // The root's packed blocks, block q of v_block for rank q.
+    auto &counts = kind == CollKind::kGatherv ? c.recvcounts : c.sendcounts;
+    auto &displs = kind == CollKind::kGatherv ? c.rdispls : c.sdispls;
+    size_t off = 0;
+    for (int q = 0; q < nranks; ++q) {
+      counts.push_back(v_block(l.count, nranks, q));
+      displs.push_back(off);
+      off += counts.back();
+    }
+    c.count = counts[static_cast<size_t>(rank)];
   }
   if (!inplace) return c;
   auto at = [&](void *base, size_t elems) {
@@ -183,6 +209,12 @@ Call make_call(CollKind kind, const Layout &l, bool inplace, void *send, void *r
       break;
     case CollKind::kAllgatherv:
       c.sendbuf = at(recv, c.rdispls[static_cast<size_t>(rank)]);
+      break;
+    case CollKind::kGatherv:  // as gather: the root's block already sits in its receive buffer
+      if (rank == root) c.sendbuf = at(recv, c.rdispls[static_cast<size_t>(root)]);
+      break;
+    case CollKind::kScatterv:  // as scatter: the root's block stays in its send buffer
+      if (rank == root) c.recvbuf = at(send, c.sdispls[static_cast<size_t>(root)]);
       break;
     case CollKind::kSendrecv:
     case CollKind::kAlltoallv:  // no in-place form
@@ -215,6 +247,17 @@ mncl_status_t run_mncl(mncl_comm_t comm, const Call &c) {
     case CollKind::kAlltoallv:
       return mncl_alltoallv(comm, c.sendbuf, c.sendcounts.data(), c.sdispls.data(), c.recvbuf,
                             c.recvcounts.data(), c.rdispls.data(), c.dtype, nullptr);
+    case CollKind::kGatherv: {
+      const bool root = c.rank == c.root;  // only the root's arrays are read
+      return mncl_gatherv(comm, c.sendbuf, c.count, c.recvbuf, root ? c.recvcounts.data() : nullptr,
+                          root ? c.rdispls.data() : nullptr, c.dtype, c.root, nullptr);
+    }
+    case CollKind::kScatterv: {
+      const bool root = c.rank == c.root;
+      return mncl_scatterv(comm, c.sendbuf, root ? c.sendcounts.data() : nullptr,
+                           root ? c.sdispls.data() : nullptr, c.recvbuf, c.count, c.dtype, c.root,
+                           nullptr);
+    }
     case CollKind::kSendrecv: {
       if (c.nranks == 1) return MNCL_OK;  // no peer: MNCL forbids sending to oneself
       // A ring shift, as MPI_Sendrecv: both directions in flight at once, in one call that

@@ -22,6 +22,8 @@ enum class CollKind {
   kSendrecv,
   kAllgatherv,
   kAlltoallv,
+  kGatherv,
+  kScatterv,
 };
 
 struct CollSpec {
@@ -43,11 +45,12 @@ double busbw_factor(CollKind kind, int nranks);
 // in units of the reported size: the intra-node limit is algbw <= B_mem / traffic_factor.
 double traffic_factor(CollKind kind, int nranks);
 
-// Block counts of allgatherv and alltoallv, in elements, deterministic so that every rank knows
-// every other rank's counts. `per` is the mean block (the nccl-tests count of allgather /
-// alltoall at the same size). Blocks alternate 50 % and 150 % of the mean (per/2 rounded down,
-// then 2*per minus that); with an odd number of ranks the last block is the mean itself, so the
-// n blocks add up to n*per exactly. per == 1 gives empty blocks (0 and 2 elements).
+// Block counts of the v collectives (allgatherv, alltoallv, gatherv, scatterv), in elements,
+// deterministic so that every rank knows every other rank's counts. `per` is the mean block (the
+// nccl-tests count of allgather / alltoall / gather / scatter at the same size). Blocks alternate
+// 50 % and 150 % of the mean (per/2 rounded down, then 2*per minus that); with an odd number of
+// ranks the last block is the mean itself, so the n blocks add up to n*per exactly. per == 1 gives
+// empty blocks (0 and 2 elements).
 size_t v_block(size_t per, int nranks, int index);
 // alltoallv: the elements rank `from` sends to rank `to`, v_block of (from + to) mod n. Every
 // rank then sends and receives n*per elements in all, and the pairs' counts differ.
@@ -57,7 +60,7 @@ size_t v_pair(size_t per, int nranks, int from, int to);
 // largest per-rank buffer in bytes, `count` the element count passed to the call.
 struct Layout {
   size_t count = 0;       // the `count` argument of the call (per-rank block for the /n kinds;
-                          // the mean block for allgatherv and alltoallv)
+                          // the mean block for the v collectives)
   size_t send_elems = 0;  // elements of the send buffer on a rank that sends everything
   size_t recv_elems = 0;  // elements of the receive buffer on a rank that receives everything
   size_t bytes = 0;       // the reported size
@@ -78,7 +81,11 @@ struct Call {
   bool inplace;
   // Packed counts and displacements (elements) of the v collectives: allgatherv fills recvcounts
   // and rdispls (the same on every rank; count is recvcounts[rank]); alltoallv all four, this
-  // rank's row and column of v_pair.
+  // rank's row and column of v_pair. gatherv fills recvcounts and rdispls, scatterv sendcounts
+  // and sdispls: the root's arrays, computed on every rank (every rank verifies with them and
+  // decides the same on the raw baseline's int limits) but passed to the call by the root only,
+  // the others pass NULL as mncl.h allows; count is this rank's block (gatherv's sendcount,
+  // scatterv's recvcount).
   std::vector<size_t> sendcounts, sdispls, recvcounts, rdispls;
 };
 

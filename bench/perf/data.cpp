@@ -17,7 +17,8 @@ bool is_unsigned(mncl_dtype_t d) {
   return d == MNCL_UINT8 || d == MNCL_UINT32 || d == MNCL_UINT64;
 }
 bool is_v(CollKind k) {
-  return k == CollKind::kAllgatherv || k == CollKind::kAlltoallv;
+  return k == CollKind::kAllgatherv || k == CollKind::kAlltoallv || k == CollKind::kGatherv ||
+         k == CollKind::kScatterv;
 }
 bool is_float(mncl_dtype_t d) {
   return d == MNCL_FLOAT16 || d == MNCL_BFLOAT16 || d == MNCL_FLOAT32 || d == MNCL_FLOAT64;
@@ -141,9 +142,11 @@ void fill_for_check(const Call &c, const Layout &l, void *send, void *recv, int 
   // The send pointer may lie inside recv (in place): write the inputs after the sentinel.
   (void)send;
   size_t n_send = l.send_elems;
-  if (c.kind == CollKind::kScatter && c.rank != c.root) n_send = 0;
-  // In place, allgatherv's send block lies inside recvbuf: write exactly the block.
-  if (c.kind == CollKind::kAllgatherv) n_send = c.count;
+  if ((c.kind == CollKind::kScatter || c.kind == CollKind::kScatterv) && c.rank != c.root)
+    n_send = 0;
+  // In place, allgatherv's (and gatherv's root's) send block lies inside recvbuf: write exactly
+  // the block.
+  if (c.kind == CollKind::kAllgatherv || c.kind == CollKind::kGatherv) n_send = c.count;
   void *dst = const_cast<void *>(c.sendbuf);
   for (size_t i = 0; i < n_send; ++i)
     put(c.dtype, dst, i, input_value(c.dtype, c.op, c.rank, i, round));
@@ -214,6 +217,25 @@ int64_t count_wrong(const Call &c, const Layout &l, int round) {
       }
       check(l.recv_elems, kSentinel);
       break;
+    case CollKind::kGatherv:
+      if (c.rank == c.root) {
+        for (size_t q = 0; q < n; ++q)
+          for (size_t i = 0; i < c.recvcounts[q]; ++i) check(c.rdispls[q] + i, in(q, i));
+        check(l.recv_elems, kSentinel);
+      } else {
+        // Not the root: nothing may land in recvbuf.
+        for (size_t i = 0; i <= l.recv_elems; ++i) check(i, kSentinel);
+      }
+      break;
+    case CollKind::kScatterv: {
+      // Rank r's block starts at sdispls[r] of the root's packed send buffer.
+      const size_t from = c.sdispls[r];
+      for (size_t i = 0; i < c.count; ++i) check(i, in(static_cast<size_t>(c.root), from + i));
+      // The element after the block keeps its sentinel, unless in place at the root, where the
+      // block lies inside the send buffer and the root's next block follows it.
+      if (!(c.inplace && c.rank == c.root)) check(c.count, kSentinel);
+      break;
+    }
   }
   return wrong;
 }

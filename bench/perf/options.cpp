@@ -31,12 +31,12 @@ Sizes and iterations (nccl-tests flags):
   -d, --datatype TYPE       int8 uint8 int32 uint32 int64 uint64 float16 (half) bfloat16
                             float32 (float) float64 (double); default float32
   -o, --op OP               sum prod min max avg (default sum)
-  -r, --root R              root of bcast/reduce/scatter/gather (default 0)
+  -r, --root R              root of bcast/reduce/scatter/gather/scatterv/gatherv (default 0)
   -a, --average 0|1|2|3     time reported: rank 0's, the average (default), min or max over ranks
   -T, --timeout SECONDS     the communicator's timeout: a hung peer fails the run after it
   -C, --colls LIST          comma list of allreduce bcast reduce scatter gather allgather
-                            reduce_scatter alltoall sendrecv allgatherv alltoallv, or "all"
-                            (default allreduce)
+                            reduce_scatter alltoall sendrecv allgatherv alltoallv gatherv
+                            scatterv, or "all" (default allreduce)
 MNCL options:
   --backend NAME            backend of this run (default: MNCL_BACKEND, else auto)
   --baseline auto|none|mpi|gloo
@@ -63,7 +63,7 @@ Sweep driver:
 
 Columns: time in microseconds per call; algbw = size / time; busbw = algbw times the
 nccl-tests factor (allreduce 2(n-1)/n; reduce_scatter, allgather, alltoall, scatter, gather
-(n-1)/n; bcast, reduce, sendrecv 1); MNCL/raw = MNCL time / raw time; %lim = algbw as a share
+and their v forms (n-1)/n; bcast, reduce, sendrecv 1); MNCL/raw = MNCL time / raw time; %lim = algbw as a share
 of the memory-bandwidth limit for the collective (see bench/perf/README.md).
 
 allgatherv, alltoallv: size is the per-rank total, as for allgather / alltoall; count is the
@@ -73,6 +73,12 @@ so they add up to n*per (per = 1 gives empty blocks). allgatherv: rank q's block
 alltoallv: rank i sends block (i+j) mod n to rank j. Displacements are packed; busbw factor
 (n-1)/n; alltoallv has no in-place form. The raw MPI column needs all n*per elements to fit
 MPI's int counts and displacements (N/A beyond INT_MAX, with a note on stderr).
+
+gatherv, scatterv (-r root): size is the root's total, as for gather / scatter; count is the
+mean block per = size / (n * element size), and rank q's block is block q above (gatherv:
+rank q sends it, scatterv: receives it), packed on the root. In place at the root only; busbw
+factor (n-1)/n. Raw MPI: MPI_Gatherv / MPI_Scatterv with the same counts; raw Gloo: N/A (Gloo
+has none). MNCL runs both as an alltoallv, so MNCL/raw is the cost of that composition.
 )";
 
 [[noreturn]] void usage_error(const std::string &msg) {
