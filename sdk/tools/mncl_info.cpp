@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "core/launch_env.h"
 #include "core/selection.h"
+#include "core/validate.h"
 #include "loader/plugin_loader.h"
 #include "topology/binding.h"
 #include "topology/hwloc_topology.h"
@@ -29,6 +30,29 @@ std::string caps_text(uint64_t caps) {
   add(MNCL_CAP_STREAM_ORDERED, "stream");
   add(MNCL_CAP_CONCURRENT_P2P, "p2p-lanes");
   return out.empty() ? "-" : out;
+}
+
+// The collectives of mncl.h a backend with this coll_mask cannot run, counting the core's own
+// forms: a coalesced allreduce as single ones, a batch as sends and receives (unless the
+// backend runs batches itself), gatherv and scatterv as an alltoallv.
+std::string missing_functions(uint32_t mask) {
+  const auto has = [mask](int kind) { return (mask & MNCL_COLL_BIT(kind)) != 0; };
+  std::string out;
+  const auto add = [&out](const char *fn) { out += (out.empty() ? "" : ", ") + std::string(fn); };
+  for (int kind = 0; kind < MNCL_NUM_COLL_KINDS_V4; ++kind) {
+    if (kind == MNCL_COLL_ALLREDUCE_COALESCED) continue;
+    if (kind != MNCL_COLL_SENDRECV_BATCH) {
+      if (!has(kind)) add(mncl::core::coll_function_name(kind));
+    } else if (!has(kind) && !(has(MNCL_COLL_SEND) && has(MNCL_COLL_RECV))) {
+      add("mncl_sendrecv_batch");
+      add("mncl_sendrecv");
+    }
+  }
+  if (!has(MNCL_COLL_ALLTOALLV)) {
+    add("mncl_gatherv");
+    add("mncl_scatterv");
+  }
+  return out;
 }
 
 void print_usage() {
@@ -58,6 +82,12 @@ void print_plugins(const mncl_probe_v1_t &info) {
         "collectives 0x%03x, dtypes 0x%03x, ops 0x%02x\n",
         r.name.c_str(), r.path.c_str(), r.version.c_str(), r.abi_version, caps_text(r.caps).c_str(),
         r.coll_mask, r.dtype_mask, r.op_mask);
+    const std::string missing = missing_functions(r.coll_mask);
+    if (missing.empty()) {
+      std::printf("             runs every collective of mncl.h\n");
+    } else {
+      std::printf("             cannot run %s (nor their mncl_i* forms)\n", missing.c_str());
+    }
     std::printf("             probe score %d%s%s\n", probe.score, probe.reason.empty() ? "" : ": ",
                 probe.reason.c_str());
   }

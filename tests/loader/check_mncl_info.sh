@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # mncl-info must list the real naive plugin as loaded, every mock or bad file with the reason it
-# was refused, and the ABI version and capabilities of the loaded v1..v4 mocks.
+# was refused, and the ABI version, capabilities and runnable collectives of the loaded v1..v4
+# mocks.
 # Usage: check_mncl_info.sh <mncl-info> (MNCL_PLUGIN_PATH set by ctest).
 set -u
 out=$("$1" --plugins 2>/dev/null)
@@ -51,4 +52,24 @@ expect_details v3batch 'plugin ABI v3, memory host,p2p-lanes, collectives 0x31ff
 expect_details v4v5 'plugin ABI v4, memory host,p2p-lanes, collectives 0x71ff,'
 expect_details v1v5 'plugin ABI v1, memory host, collectives 0x1ff,'
 expect_details v1p2p 'plugin ABI v1, memory host, collectives 0x1ff,'
+# The next line says which of mncl.h's collectives the backend cannot run, counting the core's
+# own forms (a batch from send/recv, gatherv/scatterv from alltoallv). The mocks implement the
+# v1 kinds but send and recv (0x1ff), so a batch runs only where v4's batch kind is kept; the
+# v-collectives are missing below ABI v3.
+expect_runs() {
+  local runs
+  runs=$(awk -v name="$1" '$1 == name && $2 == "loaded" { getline; getline; print; exit }' <<<"$out")
+  if ! grep -Eq -- "$2" <<<"$runs"; then
+    echo "MISSING: under '$1 loaded', a second line matching /$2/ (got: '$runs')" >&2
+    status=1
+  fi
+}
+below_v3='cannot run mncl_send, mncl_recv, mncl_allgatherv, mncl_alltoallv, mncl_sendrecv_batch, '
+below_v3+='mncl_sendrecv, mncl_gatherv, mncl_scatterv \(nor their mncl_i\* forms\)$'
+for plugin in mock v2only v1v2 v2allv v1v5; do expect_runs $plugin "$below_v3"; done
+for plugin in v3only v2v3 v3batch; do
+  expect_runs $plugin 'cannot run mncl_send, mncl_recv, mncl_sendrecv_batch, mncl_sendrecv \(nor'
+done
+for plugin in v4only v3v4 v4v5; do expect_runs $plugin 'cannot run mncl_send, mncl_recv \(nor'; done
+expect_runs naive 'runs every collective of mncl\.h$'
 exit $status
