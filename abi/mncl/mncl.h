@@ -270,13 +270,15 @@ MNCL_API mncl_status_t mncl_alltoallv(mncl_comm_t comm, const void *sendbuf,
 /*
  * Rooted collectives with a count per rank (symbol version MNCL_1.3; MPI's MPI_Gatherv and
  * MPI_Scatterv, with size_t counts): uneven shards of a dataset, per-rank results of different
- * lengths. The root's arrays (one entry per rank, in elements) are read during the call only;
- * other ranks ignore them and the root's buffer, which may then be NULL. Blocks on the root
- * follow allgatherv's rules: receive blocks must not overlap, elements outside every block are
- * left untouched. Every backend with alltoallv runs them (they are an alltoallv in which only
- * the root's pairs carry data, so a backend's alltoallv carries them; its messages then say
- * alltoallv), and as there, counts that disagree across ranks fail with MNCL_ERR_REMOTE or
- * MNCL_ERR_TIMEOUT, never with a wrong result (nccl excepted: NCCL checks nothing).
+ * lengths. The root's arrays (one entry per rank, in elements) are read during the call only.
+ * Other ranks ignore the arrays and the blocks' buffer (gatherv's recvbuf, scatterv's sendbuf):
+ * they may pass NULL. Blocks on the root follow allgatherv's rules: receive blocks must not
+ * overlap, elements outside every block are left untouched. Both run as an alltoallv in which
+ * only the pairs with the root carry data, so every backend with alltoallv runs them (a plugin
+ * of ABI v1 or v2 refuses them with MNCL_ERR_NOT_SUPPORTED), and errors raised inside say
+ * "(run as an alltoallv)". As there, counts that disagree across ranks fail with
+ * MNCL_ERR_REMOTE or MNCL_ERR_TIMEOUT, never with a wrong result (nccl excepted: NCCL checks
+ * nothing).
  *
  * gatherv: rank i's sendcount elements land at recvbuf + displs[i] on the root, which expects
  *   recvcounts[i] == that count. In place at the root: sendbuf == recvbuf + displs[root].
