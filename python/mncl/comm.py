@@ -481,6 +481,9 @@ class Communicator:
         send, code = _input(sendbuf, dtype)
         recv = c_counts = c_displs = None
         if self.rank == root:
+            if counts is None:
+                raise ValueError(f"mncl: {what}: the root needs counts (one per rank; gather the "
+                                 f"sizes first if it does not know them)")
             c_counts, c_displs, total = self._packed(counts, what, "counts")
             recv = _matching_output(recvbuf, send, code, dtype, total, what, shape=(total,))
         args = (_ptr(send), send.size, _ptr(recv), c_counts, c_displs, code, root)
@@ -507,6 +510,8 @@ class Communicator:
             send, send_code = _input(sendbuf, dtype)
             if send_code != code:
                 raise TypeError(f"mncl: {what}: dtypes differ ({send.dtype} and {recv.dtype})")
+            if counts is None:
+                raise ValueError(f"mncl: {what}: the root needs counts (one per rank)")
             c_counts, c_displs, total = self._packed(counts, what, "counts")
             if total != send.size:
                 raise ValueError(f"mncl: {what}: counts add up to {total} elements, sendbuf "

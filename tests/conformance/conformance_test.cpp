@@ -705,7 +705,8 @@ void check_scatterv(mncl_dtype_t dt, VShape shape, VLayout layout, int root, boo
   }
   const Buf send_copy = send;
   const Buf want = pattern_data(dt, overlapping ? 0 : g_rank, counts[me], seed);
-  Buf recv(dt, counts[me]);
+  Buf recv(dt, counts[me] + 1);  // one guard element past the block, which must keep its fill
+  const Buf fill = recv;
   void *recvbuf = is_root && in_place ? send.at(displs[me]) : recv.data();
   const void *sendbuf = is_root ? send.data() : nullptr;
   const size_t *sc = is_root ? counts.data() : nullptr, *sd = is_root ? displs.data() : nullptr;
@@ -719,8 +720,10 @@ void check_scatterv(mncl_dtype_t dt, VShape shape, VLayout layout, int root, boo
   }
   if (is_root && in_place) {
     expect_same(send, displs[me], want, 0, counts[me], what);
+    expect_same(recv, fill, what + " (recv, unused in place, must stay untouched)");
   } else {
-    expect_same(recv, want, what);
+    expect_same(recv, 0, want, 0, counts[me], what);
+    expect_same(recv, counts[me], fill, counts[me], 1, what + " (the element after the block)");
   }
   expect_same(send, send_copy, what + " (the root's sendbuf must stay unchanged)");
 }
@@ -2504,11 +2507,6 @@ TEST_F(Conformance, ErrorsBatchArguments) {
   check_allreduce(MNCL_INT32, MNCL_SUM, 9, true, 272);
 }
 
-// ---------------------------------------------------------------------------------------------
-// Split
-// ---------------------------------------------------------------------------------------------
-
-// Even and odd ranks form two communicators; key = size - rank reverses the order.
 // Every refusal of gatherv/scatterv, blocking and not, with its status and the words its message
 // must contain. Each rank names itself the root, so what only a root checks is refused on every
 // rank before anything is sent (no rank waits for another).
@@ -2620,6 +2618,11 @@ TEST_F(Conformance, ErrorsRootedVArguments) {
   check_scatterv(MNCL_INT32, VShape::kUneven, VLayout::kPacked, g_size - 1, true, 281);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Split
+// ---------------------------------------------------------------------------------------------
+
+// Even and odd ranks form two communicators; key = size - rank reverses the order.
 TEST_F(Conformance, SplitEvenOddReversed) {
   const int color = g_rank % 2;
   std::vector<int> members;  // old ranks of my color, in new-rank order

@@ -258,6 +258,8 @@ TEST(Gpu, VariableCountCollectives) {
                                 displs.data(), MNCL_INT32, root, nullptr));
     if (is_root) {
       EXPECT_EQ(gathered.get(), want) << "gatherv";
+    } else {
+      EXPECT_EQ(gathered.get(), std::vector<int32_t>(at, kGap)) << "gatherv: a non-root's recvbuf";
     }
     Dev<int32_t> back(std::vector<int32_t>(counts[me], kGap));
     int32_t *own = is_root ? gathered.ptr() + displs[me] : back.ptr();

@@ -123,6 +123,10 @@ comm.iscatterv(want if r == root else None, list(range(n)) if r == root else Non
                root=root).wait()
 expect(np.array_equal(part, mine), f"iscatterv {part}")
 if r == root:
+    expect_raises(ValueError, lambda: comm.gatherv(mine, None, root=root), "gatherv without counts",
+                  "needs counts")
+    expect_raises(ValueError, lambda: comm.scatterv(want, None, part, root=root),
+                  "scatterv without counts", "needs counts")
     one_too_many = np.append(want, np.int32(7))
     expect_raises(ValueError, lambda: comm.scatterv(one_too_many, list(range(n)), part, root=root),
                   "scatterv counts vs sendbuf", "add up to")

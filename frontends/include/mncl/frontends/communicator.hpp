@@ -619,7 +619,8 @@ class Communicator {
     return from_bytes<T>(bytes);
   }
   // Every rank's object on `root`, in rank order; an empty vector elsewhere. As allgather_obj,
-  // but the rounds are gathervs to the root.
+  // but the rounds are gathervs to the root (so, as scatter_obj, it needs a backend with the
+  // v-collectives: plugin ABI v3 or later, as every bundled one).
   template <class T>
   std::vector<T> gather_obj(const T &obj, int root = 0) {
     const auto mine = to_bytes(obj);
