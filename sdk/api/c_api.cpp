@@ -27,7 +27,7 @@ struct mncl_request {
   std::shared_ptr<mncl::core::Operation> op;
   mncl_comm *comm;
   // Set when the operation runs as another (gatherv as alltoallv): prefixes its error message.
-  const char *runs_as = nullptr;
+  std::string runs_as;
 };
 
 namespace {
@@ -156,11 +156,11 @@ mncl_status_t run_nonblocking(mncl_comm_t comm, const mncl_coll_v1_t &coll,
 // Completes a finished request: frees it and returns the operation's status.
 mncl_status_t finish(mncl_request_t request) {
   const auto op = request->op;
-  const char *runs_as = request->runs_as;
+  const std::string runs_as = request->runs_as;
   untrack(g_requests, request);
   delete request;
   if (op->status != MNCL_OK) {
-    mncl::set_last_error(runs_as ? format("%s: %s", runs_as, op->error.c_str()) : op->error);
+    mncl::set_last_error(runs_as.empty() ? op->error : runs_as + ": " + op->error);
     return op->status;
   }
   return MNCL_OK;
@@ -456,10 +456,12 @@ mncl_status_t run_alltoallv(mncl_comm_t comm, const void *sendbuf, const size_t 
 
 // gatherv / scatterv: checked in their own terms, then run as an alltoallv whose only
 // non-empty pairs involve the root (core/validate.h). Errors of the alltoallv itself are
-// prefixed with `runs_as`, so the caller sees which call they belong to.
-mncl_status_t run_rooted_v(const char *fn, const char *runs_as, mncl_comm_t comm,
-                           const mncl::core::RootedV &call, void *stream, mncl_request_t *request) {
+// prefixed with "<fn> (run as an alltoallv)", so the caller sees which call they belong to.
+// `nonblocking`: the mncl_i* form, which needs `request`.
+mncl_status_t run_rooted_v(const char *fn, mncl_comm_t comm, const mncl::core::RootedV &call,
+                           void *stream, mncl_request_t *request, bool nonblocking) {
   return guard([&] {
+    if (nonblocking) require_out(request, fn, "request");
     if (request != nullptr) *request = nullptr;
     auto &c = comm_of(comm, fn);
     c.check_usable(fn);
@@ -468,15 +470,16 @@ mncl_status_t run_rooted_v(const char *fn, const char *runs_as, mncl_comm_t comm
     mncl_coll_v1_t coll = mncl::kit::make_v_coll(MNCL_COLL_ALLTOALLV, call.dtype, form.sendbuf,
                                                  form.recvbuf, 0, c.size(), form.packed.data());
     coll.stream = stream;
+    const std::string runs_as = std::string(fn) + " (run as an alltoallv)";
     try {
-      if (request == nullptr) {
+      if (!nonblocking) {
         c.run(coll);
         return;
       }
       issue(comm, c.start(coll), request);
       (*request)->runs_as = runs_as;
     } catch (const Error &e) {
-      throw Error(e.status(), format("%s: %s", runs_as, e.what()));
+      throw Error(e.status(), runs_as + ": " + e.what());
     }
   });
 }
@@ -496,41 +499,35 @@ mncl::core::RootedV scatterv_call(const void *sendbuf, const size_t *sendcounts,
 MNCL_API mncl_status_t mncl_gatherv(mncl_comm_t comm, const void *sendbuf, size_t sendcount,
                                     void *recvbuf, const size_t *recvcounts, const size_t *displs,
                                     mncl_dtype_t dtype, int root, void *stream) {
-  return run_rooted_v("mncl_gatherv", "mncl_gatherv (run as an alltoallv)", comm,
+  return run_rooted_v("mncl_gatherv", comm,
                       gatherv_call(sendbuf, sendcount, recvbuf, recvcounts, displs, dtype, root),
-                      stream, nullptr);
+                      stream, nullptr, false);
 }
 
 MNCL_API mncl_status_t mncl_scatterv(mncl_comm_t comm, const void *sendbuf,
                                      const size_t *sendcounts, const size_t *displs, void *recvbuf,
                                      size_t recvcount, mncl_dtype_t dtype, int root, void *stream) {
-  return run_rooted_v("mncl_scatterv", "mncl_scatterv (run as an alltoallv)", comm,
+  return run_rooted_v("mncl_scatterv", comm,
                       scatterv_call(sendbuf, sendcounts, displs, recvbuf, recvcount, dtype, root),
-                      stream, nullptr);
+                      stream, nullptr, false);
 }
 
 MNCL_API mncl_status_t mncl_igatherv(mncl_comm_t comm, const void *sendbuf, size_t sendcount,
                                      void *recvbuf, const size_t *recvcounts, const size_t *displs,
                                      mncl_dtype_t dtype, int root, void *stream,
                                      mncl_request_t *request) {
-  if (request == nullptr) {
-    return guard([&] { require_out(request, "mncl_igatherv", "request"); });
-  }
-  return run_rooted_v("mncl_igatherv", "mncl_igatherv (run as an alltoallv)", comm,
+  return run_rooted_v("mncl_igatherv", comm,
                       gatherv_call(sendbuf, sendcount, recvbuf, recvcounts, displs, dtype, root),
-                      stream, request);
+                      stream, request, true);
 }
 
 MNCL_API mncl_status_t mncl_iscatterv(mncl_comm_t comm, const void *sendbuf,
                                       const size_t *sendcounts, const size_t *displs, void *recvbuf,
                                       size_t recvcount, mncl_dtype_t dtype, int root, void *stream,
                                       mncl_request_t *request) {
-  if (request == nullptr) {
-    return guard([&] { require_out(request, "mncl_iscatterv", "request"); });
-  }
-  return run_rooted_v("mncl_iscatterv", "mncl_iscatterv (run as an alltoallv)", comm,
+  return run_rooted_v("mncl_iscatterv", comm,
                       scatterv_call(sendbuf, sendcounts, displs, recvbuf, recvcount, dtype, root),
-                      stream, request);
+                      stream, request, true);
 }
 
 MNCL_API mncl_status_t mncl_allgatherv(mncl_comm_t comm, const void *sendbuf, size_t sendcount,

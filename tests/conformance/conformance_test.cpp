@@ -956,20 +956,27 @@ TEST_P(Alltoallv, CountsAndLayouts) {
       check_alltoallv(dt(), shape, layout, 18);
 }
 
-using Gatherv = DtypeTest;
-TEST_P(Gatherv, CountsLayoutsRootsAndForms) {
+// Every shape, layout, root and form of the rooted v-collectives.
+template <class Check>
+void each_rooted_v_case(Check check) {
   for (VShape shape : {VShape::kUneven, VShape::kLarge})
     for (VLayout layout : {VLayout::kPacked, VLayout::kReversedWithGaps})
       for (int root : roots())
-        for (bool in_place : {false, true}) check_gatherv(dt(), shape, layout, root, in_place, 19);
+        for (bool in_place : {false, true}) check(shape, layout, root, in_place);
+}
+
+using Gatherv = DtypeTest;
+TEST_P(Gatherv, CountsLayoutsRootsAndForms) {
+  each_rooted_v_case([&](VShape shape, VLayout layout, int root, bool in_place) {
+    check_gatherv(dt(), shape, layout, root, in_place, 19);
+  });
 }
 
 using Scatterv = DtypeTest;
 TEST_P(Scatterv, CountsLayoutsRootsAndForms) {
-  for (VShape shape : {VShape::kUneven, VShape::kLarge})
-    for (VLayout layout : {VLayout::kPacked, VLayout::kReversedWithGaps})
-      for (int root : roots())
-        for (bool in_place : {false, true}) check_scatterv(dt(), shape, layout, root, in_place, 20);
+  each_rooted_v_case([&](VShape shape, VLayout layout, int root, bool in_place) {
+    check_scatterv(dt(), shape, layout, root, in_place, 20);
+  });
   for (int root : roots())
     check_scatterv(dt(), VShape::kUneven, VLayout::kPacked, root, false, 21, false, true);
 }

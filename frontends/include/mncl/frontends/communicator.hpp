@@ -365,14 +365,7 @@ class Communicator {
                std::vector<std::size_t> displs = {}) {
     auto [s, r] = typed_pair(send, recv);
     const bool is_root = rank_ == root;
-    if (is_root) {
-      if (displs.empty()) displs = packed_displs(counts);
-      require_root_blocks(counts, displs, "gatherv");
-      require(s.size() == counts[rank_], "gatherv",
-              "the root's send buffer must hold counts[root] elements");
-      require(r.size() >= extent(counts, displs), "gatherv",
-              "the root's receive buffer must hold every block (displs[i] + counts[i] elements)");
-    }
+    if (is_root) check_root_blocks(counts, displs, s.size(), r.size(), "gatherv");
     check(mncl_gatherv(comm_, s.data(), s.size(), is_root ? r.data() : nullptr,
                        is_root ? counts.data() : nullptr, is_root ? displs.data() : nullptr,
                        dtype<decltype(r)>(), root, nullptr),
@@ -399,14 +392,7 @@ class Communicator {
                 std::vector<std::size_t> displs = {}) {
     auto [s, r] = typed_pair(send, recv);
     const bool is_root = rank_ == root;
-    if (is_root) {
-      if (displs.empty()) displs = packed_displs(counts);
-      require_root_blocks(counts, displs, "scatterv");
-      require(r.size() == counts[rank_], "scatterv",
-              "the root's receive buffer must hold counts[root] elements");
-      require(s.size() >= extent(counts, displs), "scatterv",
-              "the root's send buffer must hold every block (displs[i] + counts[i] elements)");
-    }
+    if (is_root) check_root_blocks(counts, displs, r.size(), s.size(), "scatterv");
     check(mncl_scatterv(comm_, is_root ? s.data() : nullptr, is_root ? counts.data() : nullptr,
                         is_root ? displs.data() : nullptr, r.data(), r.size(), dtype<decltype(r)>(),
                         root, nullptr),
@@ -747,10 +733,18 @@ class Communicator {
     return static_cast<std::size_t>(length);
   }
 
-  void require_root_blocks(const std::vector<std::size_t> &counts,
-                           const std::vector<std::size_t> &displs, const char *what) const {
+  // The root's side of gatherv / scatterv: displs default to packed blocks; one count and one
+  // displacement per rank; its own block (gatherv's send, scatterv's receive buffer) holds
+  // counts[root] elements, and the other buffer every block.
+  void check_root_blocks(const std::vector<std::size_t> &counts, std::vector<std::size_t> &displs,
+                         std::size_t own_size, std::size_t blocks_size, const char *what) const {
+    if (displs.empty()) displs = packed_displs(counts);
     require(counts.size() == static_cast<std::size_t>(size_) && displs.size() == counts.size(),
             what, "the root's counts and displs need one entry per rank");
+    require(own_size == counts[rank_], what,
+            "the root's own buffer must hold counts[root] elements");
+    require(blocks_size >= extent(counts, displs), what,
+            "the root's buffer of blocks must hold every block (displs[i] + counts[i] elements)");
   }
 
   // Serialized objects of every rank, concatenated in rank order: where each one sits, and the
