@@ -19,9 +19,10 @@
 #include "mncl_plugin_v2.h"
 #include "mncl_plugin_v3.h"
 #include "mncl_plugin_v4.h"
+#include "mncl_plugin_v5.h"
 
 /* Newest plugin ABI this header set defines, and the oldest the matching core still loads. */
-#define MNCL_PLUGIN_ABI_CURRENT MNCL_PLUGIN_ABI_V4
+#define MNCL_PLUGIN_ABI_CURRENT MNCL_PLUGIN_ABI_V5
 #define MNCL_PLUGIN_ABI_OLDEST MNCL_PLUGIN_ABI_V1
 
 #if defined(__GNUC__)

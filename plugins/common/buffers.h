@@ -82,6 +82,23 @@ void for_each_buffer(const mncl_coll_v1_t &c, int rank, int size, F &&f) {
       f(kRecv, c.recvbuf, v_extent(v.recvcounts, v.rdispls, c.nbufs) * es, true, true);
       break;
     }
+    case MNCL_COLL_GATHERV: {
+      // As allgatherv: the gaps between the root's blocks come back unchanged from a stand-in.
+      f(kSend, c.sendbuf, n, true, false);
+      const RootedVLayout v = rooted_v_layout(c);
+      if (root && v.counts) {
+        f(kRecv, c.recvbuf, v_extent(v.counts, v.displs, c.nbufs) * es, true, true);
+      }
+      break;
+    }
+    case MNCL_COLL_SCATTERV: {
+      const RootedVLayout v = rooted_v_layout(c);
+      if (root && v.counts) {
+        f(kSend, c.sendbuf, v_extent(v.counts, v.displs, c.nbufs) * es, true, false);
+      }
+      f(kRecv, c.recvbuf, n, false, true);
+      break;
+    }
     case MNCL_COLL_SENDRECV_BATCH: {
       const mncl_p2p_v4_t *ops = p2p_ops(c);
       for (size_t i = 0; i < c.nbufs; ++i) {

@@ -47,6 +47,23 @@ inline VLayout v_layout(const mncl_coll_v1_t &c) {
   return v;
 }
 
+// GATHERV / SCATTERV (plugin ABI v5; mncl_plugin_v5.h): the root's blocks. On the root
+// `counts` holds the blocks' counts (gatherv: recvcounts; scatterv: sendcounts) and `displs`
+// their displacements, in elements; on other ranks both are NULL.
+struct RootedVLayout {
+  const size_t *counts = nullptr, *displs = nullptr;
+};
+inline bool is_rooted_v_kind(int32_t kind) {
+  return kind == MNCL_COLL_GATHERV || kind == MNCL_COLL_SCATTERV;
+}
+inline RootedVLayout rooted_v_layout(const mncl_coll_v1_t &c) {
+  RootedVLayout v;
+  if (!is_rooted_v_kind(c.kind) || c.counts == nullptr) return v;
+  v.counts = c.counts;
+  v.displs = c.counts + c.nbufs;
+  return v;
+}
+
 // The elements a set of blocks spans from the buffer's start: max(displs[i] + counts[i]) over
 // blocks with a count (0 if none). The core has checked that nothing overflows.
 inline size_t v_extent(const size_t *counts, const size_t *displs, size_t n) {
@@ -107,6 +124,17 @@ inline mncl_coll_v1_t make_v_coll(int32_t kind, int32_t dtype, const void *sendb
   c.count = count;
   c.nbufs = static_cast<size_t>(size);
   c.counts = counts;
+  return c;
+}
+
+// A GATHERV or SCATTERV descriptor: `count` is this rank's own block; `root_arrays` holds
+// 2 * size entries (counts, then displs) on the root and is NULL elsewhere; it must outlive the
+// descriptor's use.
+inline mncl_coll_v1_t make_rooted_v_coll(int32_t kind, int32_t dtype, const void *sendbuf,
+                                         void *recvbuf, size_t count, int root, int size,
+                                         const size_t *root_arrays) {
+  mncl_coll_v1_t c = make_v_coll(kind, dtype, sendbuf, recvbuf, count, size, root_arrays);
+  c.root = root;
   return c;
 }
 

@@ -195,6 +195,10 @@ inline const char *kind_name(int32_t kind) {
       return "alltoallv";
     case MNCL_COLL_SENDRECV_BATCH:
       return "sendrecv_batch";
+    case MNCL_COLL_GATHERV:
+      return "gatherv";
+    case MNCL_COLL_SCATTERV:
+      return "scatterv";
     default:
       return "unknown collective";
   }

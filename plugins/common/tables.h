@@ -55,4 +55,16 @@ constexpr mncl_plugin_v3_t as_v3(const mncl_plugin_v4_t &t) {
                                    t.coll_mask & MNCL_COLL_MASK_ALL_V3);
 }
 
+// A v5 plugin (mncl_plugin_v5.h) exports its table as v4, v3, v2 and v1 too, each copy without
+// the kinds its version does not define:
+//
+//   MNCL_PLUGIN_EXPORT const mncl_plugin_v5_t mncl_plugin_v5 = {...};
+//   MNCL_PLUGIN_EXPORT const mncl_plugin_v4_t mncl_plugin_v4 = kit::as_v4(mncl_plugin_v5);
+//   MNCL_PLUGIN_EXPORT const mncl_plugin_v3_t mncl_plugin_v3 = kit::as_v3(mncl_plugin_v4);
+//   ...
+constexpr mncl_plugin_v4_t as_v4(const mncl_plugin_v5_t &t) {
+  return relabel<mncl_plugin_v4_t>(t, MNCL_PLUGIN_ABI_V4, t.caps,
+                                   t.coll_mask & MNCL_COLL_MASK_ALL_V4);
+}
+
 }  // namespace mncl::kit

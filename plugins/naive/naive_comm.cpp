@@ -16,6 +16,7 @@ namespace {
 
 using mncl::kit::is_reduction;
 using mncl::kit::is_rooted;
+using mncl::kit::is_rooted_v_kind;
 
 using mncl::kit::is_v_kind;
 using mncl::kit::kind_name;
@@ -69,7 +70,7 @@ Header header_of(const mncl_coll_v1_t &c) {
            c.kind,
            c.dtype,
            is_reduction(c.kind) ? c.op : -1,
-           is_rooted(c.kind) ? c.root : -1,
+           is_rooted(c.kind) || is_rooted_v_kind(c.kind) ? c.root : -1,
            0,
            c.count};
   if (c.kind == MNCL_COLL_ALLREDUCE_COALESCED) {
@@ -89,6 +90,8 @@ Header header_of(const mncl_coll_v1_t &c) {
     h.digest = static_cast<uint32_t>(hash ^ (hash >> 32));
   }
   if (c.kind == MNCL_COLL_ALLTOALLV) h.count = 0;
+  // Gatherv / scatterv: the count of each message's block (c.count on the rank that sends or
+  // receives its own block; the root sets it per peer, gatherv() and scatterv()).
   return h;
 }
 
@@ -156,6 +159,22 @@ void Comm::execute(const mncl_coll_v1_t &c) {
                      kit::format("%s: needs %d counts per array, got %zu%s", op.where().c_str(),
                                  size_, c.nbufs, c.counts == nullptr ? " (counts is NULL)" : ""));
   }
+  if (is_rooted_v_kind(c.kind)) {
+    const bool root = rank_ == c.root;
+    if (c.root < 0 || c.root >= size_ || c.nbufs != static_cast<size_t>(size_) ||
+        (root && c.counts == nullptr)) {
+      throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
+                       kit::format("%s: needs a root in [0, %d) and, on the root, %d counts and "
+                                   "displacements; got root %d, nbufs %zu%s",
+                                   op.where().c_str(), size_, size_, c.root, c.nbufs,
+                                   root && c.counts == nullptr ? " (counts is NULL)" : ""));
+    }
+    if (root && c.count != c.counts[rank_]) {
+      throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
+                       kit::format("%s: the root's own block is %zu elements but counts[%d] is %zu",
+                                   op.where().c_str(), c.count, rank_, c.counts[rank_]));
+    }
+  }
   op.header = header_of(c);
   MNCL_KIT_LOG(host_, MNCL_LOG_TRACE, "%s: rank %d/%d %s %s count %zu root %d", op.where().c_str(),
                rank_, size_, kit::dtype_name(c.dtype),
@@ -190,6 +209,10 @@ void Comm::execute(const mncl_coll_v1_t &c) {
       return allgatherv(op, c);
     case MNCL_COLL_ALLTOALLV:
       return alltoallv(op, c);
+    case MNCL_COLL_GATHERV:
+      return gatherv(op, c);
+    case MNCL_COLL_SCATTERV:
+      return scatterv(op, c);
     default:
       throw kit::Error(MNCL_ERR_NOT_SUPPORTED,
                        kit::format("naive: collective kind %d is not supported", c.kind));
@@ -299,6 +322,21 @@ void Comm::check_length(const Op &op, int src, const Value &value, size_t len) c
                     op.where().c_str(), src, static_cast<unsigned long long>(theirs.count), rank_,
                     static_cast<unsigned long long>(op.header.count)));
   }
+  if (is_rooted_v_kind(op.header.kind) && theirs.kind == op.header.kind &&
+      theirs.dtype == op.header.dtype && theirs.root == op.header.root &&
+      theirs.count != op.header.count) {
+    // The header of a gatherv / scatterv message carries its block's count as the sender sees
+    // it; op.header.count is this rank's (gatherv() and scatterv()).
+    const bool gatherv = op.header.kind == MNCL_COLL_GATHERV;
+    const int peer = gatherv ? src : rank_;  // the rank whose block this is
+    throw kit::Error(
+        MNCL_ERR_REMOTE,
+        kit::format("%s: rank %d sends %llu elements to rank %d, which expects %llu (does rank "
+                    "%d's count agree with the root's %s[%d]?)",
+                    op.where().c_str(), src, static_cast<unsigned long long>(theirs.count), rank_,
+                    static_cast<unsigned long long>(op.header.count), peer,
+                    gatherv ? "recvcounts" : "sendcounts", peer));
+  }
   if (op.header.kind == MNCL_COLL_ALLGATHERV && theirs.kind == op.header.kind &&
       theirs.dtype == op.header.dtype && theirs.count == op.header.count &&
       theirs.digest != op.header.digest) {
@@ -329,7 +367,9 @@ void Comm::check_length(const Op &op, int src, const Value &value, size_t len) c
                    kit::format("%s: rank %d sent %zu bytes where rank %d expects %zu (do %s "
                                "agree on every rank?)",
                                op.where().c_str(), src, value.size() - sizeof(Header), rank_, len,
-                               is_v_kind(op.header.kind) ? "the counts" : "count and dtype"));
+                               is_v_kind(op.header.kind) || is_rooted_v_kind(op.header.kind)
+                                   ? "the counts"
+                                   : "count and dtype"));
 }
 
 void Comm::throw_missing(Op &op, mncl_status_t st, std::vector<int> missing) {
@@ -531,6 +571,66 @@ void Comm::alltoallv(Op &op, const mncl_coll_v1_t &c) {
     copy_block(block(c.recvbuf, v.rdispls[src], es), payload(value), len);
     store_.del(from(src));
   }
+}
+
+// GATHERV: every other rank sends the root one message, empty blocks included (so the root
+// never waits out its timeout for a block of 0, and a block sent to a root that expects none is
+// still caught), under <k>/<src>><root>; its header carries the sender's count. The root copies
+// its own block (none in place), then reads rank src's message, checks it against
+// recvcounts[src] before writing anything and writes it at recvbuf + displs[src]: a count
+// disagreement fails the root with MNCL_ERR_REMOTE naming the rank and both counts (the sender
+// has completed by then). Nothing outside the blocks is written.
+void Comm::gatherv(Op &op, const mncl_coll_v1_t &c) {
+  const size_t es = kit::dtype_size(c.dtype);
+  auto key_of = [&](int src) { return op.key(kit::format("%d>%d", src, c.root)); };
+  if (rank_ != c.root) {
+    put(op, key_of(rank_), c.sendbuf, c.count * es);  // header.count: c.count (header_of)
+    return;
+  }
+  const kit::RootedVLayout v = kit::rooted_v_layout(c);  // counts checked by execute()
+  auto write_block = [&](int src, const void *data) {
+    const size_t len = v.counts[src] * es;
+    if (len > 0) copy_block(block(c.recvbuf, v.displs[src], es), data, len);
+  };
+  write_block(rank_, c.sendbuf);  // in place: already there
+  for (int src = 0; src < size_; ++src) {
+    if (src == rank_) continue;
+    Value value = fetch(op, src, key_of);
+    store_.del(key_of(src));          // its only reader, even when the check below fails
+    op.header.count = v.counts[src];  // what src's header must say
+    check_length(op, src, value, v.counts[src] * es);
+    write_block(src, payload(value));
+  }
+}
+
+// SCATTERV: the root sends every other rank one message, empty blocks included, under
+// <k>/<root>><dst>, with sendcounts[dst] in its header, and copies its own block (none in
+// place). Each receiver checks the message against its own count before writing anything: a
+// disagreement fails it with MNCL_ERR_REMOTE naming the root and both counts.
+void Comm::scatterv(Op &op, const mncl_coll_v1_t &c) {
+  const size_t es = kit::dtype_size(c.dtype);
+  op.noun = "data";
+  auto key_of = [&](int dst) { return op.key(kit::format("%d>%d", c.root, dst)); };
+  if (rank_ == c.root) {
+    const kit::RootedVLayout v = kit::rooted_v_layout(c);  // counts checked by execute()
+    auto block_of = [&](int dst) -> const void * {
+      return v.counts[dst] > 0 ? block(c.sendbuf, v.displs[dst], es) : nullptr;
+    };
+    for (int dst = 0; dst < size_; ++dst) {
+      if (dst == rank_) continue;
+      op.header.count = v.counts[dst];
+      put(op, key_of(dst), block_of(dst), v.counts[dst] * es);
+    }
+    copy_block(c.recvbuf, block_of(rank_), c.count * es);  // in place: already there
+    return;
+  }
+  const std::string key = key_of(rank_);
+  Value value;
+  const mncl_status_t st = store_.get(key, op.remaining_ms(), &value);
+  if (st != MNCL_OK) throw_missing(op, st, {c.root});
+  store_.del(key);  // its only reader, even when the check below fails
+  check_length(op, c.root, value, c.count * es);
+  copy_block(c.recvbuf, payload(value), c.count * es);
 }
 
 // Arrive: add 1 to <k>/n; the rank that makes it `size` opens <k>/go. Leave: add 1 again;

@@ -9,7 +9,7 @@
 //   <k>/r<src>        rank src's contribution, read by every other rank   (allreduce, allgather,
 //                     allgatherv, allreduce_coalesced; bcast uses <k>/r<root>)
 //   <k>/<src>><dst>   a block from src for dst only         (reduce, gather, scatter, alltoall,
-//                     alltoallv, reduce_scatter)
+//                     alltoallv, reduce_scatter, gatherv, scatterv)
 //   <k>/n             counter of ranks done reading the shared keys of collective <k>; barrier
 //   <k>/go            barrier release
 //   p<src>><dst>/<m>  the m-th send from src to dst (m counts per ordered pair, from 0)
@@ -31,7 +31,10 @@
 // rather than time out or write outside a block. Their headers say more: allgatherv's carry the
 // total and a digest of recvcounts (every rank must pass the same), so every rank fails on a
 // disagreement; an alltoallv message from s to d carries s's recvcounts[d], so both ends of a
-// pair that disagrees fail (ranks outside it complete; naive_comm.cpp).
+// pair that disagrees fail (ranks outside it complete; naive_comm.cpp). Gatherv and scatterv
+// (plugin ABI v5) send one message per non-root rank, empty ones too, whose header carries the
+// block's count as its sender sees it: the rank receiving a block whose count disagrees (the
+// root for gatherv, the non-root for scatterv) fails with MNCL_ERR_REMOTE naming both counts.
 //
 // After a failure (timeout, abort) the keys of that op may remain: the communicator is unusable
 // then anyway. A send never matched by a recv also stays, as in MPI.
@@ -94,6 +97,8 @@ class Comm {
   void alltoall(Op &op, const mncl_coll_v1_t &c);
   void allgatherv(Op &op, const mncl_coll_v1_t &c);
   void alltoallv(Op &op, const mncl_coll_v1_t &c);
+  void gatherv(Op &op, const mncl_coll_v1_t &c);
+  void scatterv(Op &op, const mncl_coll_v1_t &c);
   void barrier(Op &op);
   void send(Op &op, const mncl_coll_v1_t &c);
   void recv(Op &op, const mncl_coll_v1_t &c);

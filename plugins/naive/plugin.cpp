@@ -1,8 +1,8 @@
 // libmncl-naive.so: the reference backend, and the template for writing a plugin.
 //
 // A plugin is this file plus its algorithms: a handful of extern "C"-compatible functions with
-// the signatures of mncl_plugin_v3_t, and the exported tables at the bottom (v3, plus v2 and v1
-// copies for older cores). Each function turns C++ exceptions into a status with kit::guard,
+// the signatures of mncl_plugin_v5_t, and the exported tables at the bottom (v5, plus v4, v3, v2
+// and v1 copies for older cores). Each function turns C++ exceptions into a status with kit::guard,
 // because nothing may be thrown across the ABI. Build with mncl_add_plugin(<name> SOURCES ...),
 // which hides every other symbol.
 #include <mncl/mncl_plugin.h>
@@ -65,20 +65,24 @@ mncl_status_t naive_execute(void *comm, const mncl_coll_v1_t *coll) {
 // (MNCL_CAP_CONCURRENT_P2P: send/recv per peer beside the collectives, see naive_comm.h).
 constexpr uint64_t kCaps = MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P;
 
-// Every kind, the coalesced allreduce and the v3 kinds with a count per rank included.
+// Every kind, the coalesced allreduce, the v3 kinds with a count per rank and v5's gatherv and
+// scatterv included; not v4's batch of sends and receives (the core runs it as sends and
+// receives on the p2p lanes).
 constexpr uint32_t kCollMask =
     MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED) |
-    MNCL_COLL_BIT(MNCL_COLL_ALLGATHERV) | MNCL_COLL_BIT(MNCL_COLL_ALLTOALLV);
+    MNCL_COLL_BIT(MNCL_COLL_ALLGATHERV) | MNCL_COLL_BIT(MNCL_COLL_ALLTOALLV) |
+    MNCL_COLL_BIT(MNCL_COLL_GATHERV) | MNCL_COLL_BIT(MNCL_COLL_SCATTERV);
 
 }  // namespace
 
-// The exported tables: v3, and the same functions as v2 and v1 for older cores (kit::as_v2
-// drops the v3 kinds, kit::as_v1 also MNCL_CAP_CONCURRENT_P2P). Positional initializers (C++17
-// has no designated ones): keep the field comments in sync with mncl_plugin_v3.h.
-MNCL_PLUGIN_EXPORT const mncl_plugin_v3_t mncl_plugin_v3 = {
-    sizeof(mncl_plugin_v3_t),  // struct_size
+// The exported tables: v5, and the same functions as v4, v3, v2 and v1 for older cores
+// (kit::as_v4 drops gatherv and scatterv, kit::as_v2 the v3 kinds, kit::as_v1 also
+// MNCL_CAP_CONCURRENT_P2P). Positional initializers (C++17 has no designated ones): keep the
+// field comments in sync with mncl_plugin_v5.h.
+MNCL_PLUGIN_EXPORT const mncl_plugin_v5_t mncl_plugin_v5 = {
+    sizeof(mncl_plugin_v5_t),  // struct_size
     MNCL_PLUGIN_MAGIC,         // magic
-    MNCL_PLUGIN_ABI_V3,        // abi_version
+    MNCL_PLUGIN_ABI_V5,        // abi_version
     "naive",                   // name
     "0.1.0",                   // version
     kCaps,                     // caps
@@ -97,5 +101,7 @@ MNCL_PLUGIN_EXPORT const mncl_plugin_v3_t mncl_plugin_v3 = {
     nullptr,                   // post: no native async (no MNCL_CAP_NATIVE_ASYNC)
     nullptr,                   // test
 };
+MNCL_PLUGIN_EXPORT const mncl_plugin_v4_t mncl_plugin_v4 = kit::as_v4(mncl_plugin_v5);
+MNCL_PLUGIN_EXPORT const mncl_plugin_v3_t mncl_plugin_v3 = kit::as_v3(mncl_plugin_v4);
 MNCL_PLUGIN_EXPORT const mncl_plugin_v2_t mncl_plugin_v2 = kit::as_v2(mncl_plugin_v3);
 MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = kit::as_v1(mncl_plugin_v2);

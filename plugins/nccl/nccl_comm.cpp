@@ -489,6 +489,23 @@ std::shared_ptr<Pending> Comm::enqueue(const mncl_coll_v1_t &coll, bool *must_wa
                      format("nccl %s: expected counts and displacements for %d ranks, got %s%zu",
                             what, size_, coll.counts == nullptr ? "none for " : "", coll.nbufs));
   }
+  if (kit::is_rooted_v_kind(coll.kind)) {
+    // The same: the root needs counts and displacements for every rank, the others none.
+    const bool root = coll.root == rank_;
+    if (coll.root < 0 || coll.root >= size_ || coll.nbufs != static_cast<size_t>(size_) ||
+        (root && coll.counts == nullptr)) {
+      throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
+                       format("nccl %s: expected a root in [0, %d) and, on the root, counts and "
+                              "displacements for %d ranks; got root %d, %zu%s",
+                              what, size_, size_, coll.root, coll.nbufs,
+                              root && coll.counts == nullptr ? " (counts is NULL)" : ""));
+    }
+    if (root && coll.count != coll.counts[rank_]) {
+      throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
+                       format("nccl %s: the root's own block is %zu elements but counts[%d] is %zu",
+                              what, coll.count, rank_, coll.counts[rank_]));
+    }
+  }
   if (coll.kind == MNCL_COLL_SENDRECV_BATCH && coll.nbufs > 0 && coll.sendbuf == nullptr) {
     throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
                      format("nccl %s: %zu ops announced but none passed", what, coll.nbufs));
@@ -677,6 +694,10 @@ void Comm::launch(const mncl_coll_v1_t &c, cudaStream_t stream) {
     case MNCL_COLL_ALLTOALLV:
       grouped_exchange_v(c, stream);
       break;
+    case MNCL_COLL_GATHERV:
+    case MNCL_COLL_SCATTERV:
+      grouped_exchange_rooted_v(c, stream);
+      break;
     case MNCL_COLL_BARRIER:
       call(ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclFloat32, ncclSum, comm_, stream),
            "ncclAllReduce (barrier)");
@@ -821,6 +842,52 @@ void Comm::grouped_exchange_v(const mncl_coll_v1_t &c, cudaStream_t stream) {
     if (recv_count > 0) {
       call(ncclRecv(dst, recv_count, dt, p, comm_, stream),
            gatherv ? "ncclRecv (allgatherv)" : "ncclRecv (alltoallv)");
+    }
+  }
+}
+
+// gatherv and scatterv as point-to-point inside the caller's group (mncl_plugin_v5.h): the
+// root receives (gatherv) or sends (scatterv) rank p's block of counts[p] elements at
+// displs[p], one ncclRecv or ncclSend per other rank with a non-zero count, and copies its own
+// block device to device (none in place: it is already there); every other rank sends or
+// receives its block of `count` elements to or from the root, if non-empty. NCCL never sees a
+// zero count, and only the blocks of the root's buffer are written. A rank whose count
+// disagrees with the root's counts[rank] is not detected here (no rank can check it alone):
+// NCCL reports what it reports (a size mismatch as an asynchronous error, or a hang that the
+// watchdog ends with a timeout).
+void Comm::grouped_exchange_rooted_v(const mncl_coll_v1_t &c, cudaStream_t stream) {
+  const ncclDataType_t dt = nccl_dtype(c.dtype);
+  const size_t es = kit::dtype_size(c.dtype);
+  const bool gatherv = c.kind == MNCL_COLL_GATHERV;
+  auto call = [this](ncclResult_t r, const char *name) { check_recorded(r, name); };
+  if (rank_ != c.root) {
+    if (c.count == 0) return;
+    if (gatherv) {
+      call(ncclSend(c.sendbuf, c.count, dt, c.root, comm_, stream), "ncclSend (gatherv)");
+    } else {
+      call(ncclRecv(c.recvbuf, c.count, dt, c.root, comm_, stream), "ncclRecv (scatterv)");
+    }
+    return;
+  }
+  const kit::RootedVLayout v = kit::rooted_v_layout(c);  // shape checked by enqueue()
+  // The root's blocks: in its receive buffer (gatherv) or its send buffer (scatterv).
+  const char *send = static_cast<const char *>(c.sendbuf);
+  char *recv = static_cast<char *>(c.recvbuf);
+  for (int p = 0; p < size_; ++p) {
+    const size_t i = static_cast<size_t>(p), n = v.counts[i];
+    if (n == 0) continue;
+    if (p == rank_) {
+      // counts[root] == count (checked by enqueue()); the in-place forms point at the block.
+      char *dst = gatherv ? recv + v.displs[i] * es : recv;
+      const char *src = gatherv ? send : send + v.displs[i] * es;
+      if (dst != src) {
+        cuda_check(cudaMemcpyAsync(dst, src, n * es, cudaMemcpyDeviceToDevice, stream),
+                   "cudaMemcpyAsync");
+      }
+    } else if (gatherv) {
+      call(ncclRecv(recv + v.displs[i] * es, n, dt, p, comm_, stream), "ncclRecv (gatherv)");
+    } else {
+      call(ncclSend(send + v.displs[i] * es, n, dt, p, comm_, stream), "ncclSend (scatterv)");
     }
   }
 }

@@ -8,12 +8,12 @@
 //
 // Collectives are enqueued on the caller's stream (NULL: the legacy default stream) and
 // return, as NCCL's do; each is followed by an event that post/test and the watchdog use.
-// scatter, gather, alltoall, allgatherv and alltoallv are grouped ncclSend/ncclRecv (with a
-// device-to-device copy for the rank's own block; the v-kinds with a count and displacement
-// per rank, empty blocks skipped), barrier is a one-element allreduce that the host waits for,
-// and the coalesced allreduce is one NCCL group. Host buffers are accepted too: they are
-// copied through device scratch memory on the same stream and the call waits for the result,
-// as a host backend would.
+// scatter, gather, alltoall, allgatherv, alltoallv, gatherv and scatterv are grouped
+// ncclSend/ncclRecv (with a device-to-device copy for the rank's own block; the v-kinds with a
+// count and displacement per rank, empty blocks skipped), barrier is a one-element allreduce that
+// the host waits for, and the coalesced allreduce is one NCCL group. Host buffers are accepted too:
+// they are copied through device scratch memory on the same stream and the call waits for the
+// result, as a host backend would.
 //
 // CUDA graphs: on a stream that is capturing, collectives are recorded into the graph (NCCL
 // supports capture) and run on each launch. Such an operation has no event and no deadline:
@@ -21,8 +21,8 @@
 // launch's. Host buffers are refused there (MNCL_ERR_NOT_SUPPORTED, before anything is
 // recorded). The watchdog runs in thread-local capture mode, so that its event queries never
 // invalidate the application's global-mode capture. NCCL's own rules stay the caller's: the
-// same captures on every rank, and peers of scatter/gather/alltoall(v)/allgatherv/send/recv
-// connected before a global-mode capture (NCCL connects them lazily).
+// same captures on every rank, and peers of scatter/gather(v)/alltoall(v)/allgatherv/
+// scatterv/send/recv connected before a global-mode capture (NCCL connects them lazily).
 //
 // Failures never hang: the communicator is non-blocking (ncclConfig_t.blocking = 0), so every
 // NCCL call returns at once and completion is polled with a deadline; a watchdog thread polls
@@ -85,6 +85,7 @@ class Comm {
   void launch(const mncl_coll_v1_t &c, cudaStream_t stream);
   void grouped_exchange(const mncl_coll_v1_t &c, cudaStream_t stream);
   void grouped_exchange_v(const mncl_coll_v1_t &c, cudaStream_t stream);
+  void grouped_exchange_rooted_v(const mncl_coll_v1_t &c, cudaStream_t stream);
   void copy_aside_inplace_alltoall(mncl_coll_v1_t &c, cudaStream_t stream);
   void wait(const Pending &op);
   void wait_ready(const char *what, int64_t timeout_ms);

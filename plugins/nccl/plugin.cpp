@@ -112,18 +112,19 @@ mncl_status_t nccl_test(void *comm, void *handle, int32_t *done) {
 }
 
 // Every kind: the coalesced allreduce as one NCCL group, allgatherv and alltoallv as grouped
-// ncclSend/ncclRecv with a count per rank, a batch of sends and receives as one group.
-constexpr uint32_t kCollMask = MNCL_COLL_MASK_ALL_V4;
+// ncclSend/ncclRecv with a count per rank, gatherv and scatterv as grouped ncclSend/ncclRecv
+// to and from the root, a batch of sends and receives as one group.
+constexpr uint32_t kCollMask = MNCL_COLL_MASK_ALL_V5;
 
 }  // namespace
 
-// The exported tables: v4, and the same functions as v3, v2 and v1 for older cores (kit::as_v3
-// and as_v2 drop the kinds those versions lack). Positional initializers (C++17 has no
-// designated ones): keep the field comments in sync with mncl_plugin_v4.h.
-MNCL_PLUGIN_EXPORT const mncl_plugin_v4_t mncl_plugin_v4 = {
-    sizeof(mncl_plugin_v4_t),  // struct_size
+// The exported tables: v5, and the same functions as v4, v3, v2 and v1 for older cores
+// (kit::as_v4, as_v3 and as_v2 drop the kinds those versions lack). Positional initializers
+// (C++17 has no designated ones): keep the field comments in sync with mncl_plugin_v5.h.
+MNCL_PLUGIN_EXPORT const mncl_plugin_v5_t mncl_plugin_v5 = {
+    sizeof(mncl_plugin_v5_t),  // struct_size
     MNCL_PLUGIN_MAGIC,         // magic
-    MNCL_PLUGIN_ABI_V4,        // abi_version
+    MNCL_PLUGIN_ABI_V5,        // abi_version
     "nccl",                    // name
     "0.1.0 (NCCL " MNCL_NCCL_STR(NCCL_MAJOR) "." MNCL_NCCL_STR(NCCL_MINOR) "." MNCL_NCCL_STR(
         NCCL_PATCH) ")",  // version: the NCCL it was built against
@@ -145,6 +146,7 @@ MNCL_PLUGIN_EXPORT const mncl_plugin_v4_t mncl_plugin_v4 = {
     nccl_post,            // post
     nccl_test,            // test
 };
+MNCL_PLUGIN_EXPORT const mncl_plugin_v4_t mncl_plugin_v4 = kit::as_v4(mncl_plugin_v5);
 MNCL_PLUGIN_EXPORT const mncl_plugin_v3_t mncl_plugin_v3 = kit::as_v3(mncl_plugin_v4);
 MNCL_PLUGIN_EXPORT const mncl_plugin_v2_t mncl_plugin_v2 = kit::as_v2(mncl_plugin_v3);
 MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = kit::as_v1(mncl_plugin_v2);

@@ -454,10 +454,11 @@ mncl_status_t run_alltoallv(mncl_comm_t comm, const void *sendbuf, const size_t 
                dtype, stream, request);
 }
 
-// gatherv / scatterv: checked in their own terms, then run as an alltoallv whose only
-// non-empty pairs involve the root (core/validate.h). Errors of the alltoallv itself are
-// prefixed with "<fn> (run as an alltoallv)", so the caller sees which call they belong to.
-// `nonblocking`: the mncl_i* form, which needs `request`.
+// gatherv / scatterv: a backend with the plugin ABI v5 kinds runs them itself; on any other the
+// call is checked in its own terms, then run as an alltoallv whose only non-empty pairs involve
+// the root (core/validate.h). Errors of that alltoallv are prefixed with "<fn> (run as an
+// alltoallv)", so the caller sees which call they belong to. `nonblocking`: the mncl_i* form,
+// which needs `request`.
 mncl_status_t run_rooted_v(const char *fn, mncl_comm_t comm, const mncl::core::RootedV &call,
                            void *stream, mncl_request_t *request, bool nonblocking) {
   return guard([&] {
@@ -465,6 +466,29 @@ mncl_status_t run_rooted_v(const char *fn, mncl_comm_t comm, const mncl::core::R
     if (request != nullptr) *request = nullptr;
     auto &c = comm_of(comm, fn);
     c.check_usable(fn);
+    const int kind = call.gather ? MNCL_COLL_GATHERV : MNCL_COLL_SCATTERV;
+    if (c.table().coll_mask & MNCL_COLL_BIT(kind)) {
+      const bool is_root = c.rank() == call.root;
+      // The root's two arrays, packed as plugin ABI v5 carries them (start() copies them).
+      std::vector<size_t> packed;
+      if (is_root && call.counts != nullptr && call.displs != nullptr) {
+        packed.assign(call.counts, call.counts + c.size());
+        packed.insert(packed.end(), call.displs, call.displs + c.size());
+      }
+      // The checks in the caller's terms (NULL arrays on the root included) before the
+      // descriptor is built; Comm's own validation of the descriptor repeats them.
+      mncl::core::check_rooted_v(fn, call, c.rank(), c.size(), c.table());
+      mncl_coll_v1_t coll =
+          mncl::kit::make_rooted_v_coll(kind, call.dtype, call.sendbuf, call.recvbuf, call.count,
+                                        call.root, c.size(), is_root ? packed.data() : nullptr);
+      coll.stream = stream;
+      if (!nonblocking) {
+        c.run(coll);
+        return;
+      }
+      issue(comm, c.start(coll), request);
+      return;
+    }
     const mncl::core::AlltoallvForm form =
         mncl::core::rooted_v_as_alltoallv(fn, call, c.rank(), c.size(), c.table());
     mncl_coll_v1_t coll = mncl::kit::make_v_coll(MNCL_COLL_ALLTOALLV, call.dtype, form.sendbuf,

@@ -482,8 +482,9 @@ std::shared_ptr<Operation> Comm::start(const mncl_coll_v1_t &coll_in) {
     op->coll.sendbufs = op->sendbufs.data();
     op->coll.recvbufs = op->recvbufs.data();
     op->coll.counts = op->counts.data();
-  } else if (kit::is_v_kind(coll_in.kind) && coll_in.counts) {
-    const size_t entries = coll_in.nbufs * (coll_in.kind == MNCL_COLL_ALLGATHERV ? 2 : 4);
+  } else if ((kit::is_v_kind(coll_in.kind) || kit::is_rooted_v_kind(coll_in.kind)) &&
+             coll_in.counts) {
+    const size_t entries = coll_in.nbufs * (coll_in.kind == MNCL_COLL_ALLTOALLV ? 4 : 2);
     op->counts.assign(coll_in.counts, coll_in.counts + entries);
     op->coll.counts = op->counts.data();
   }

@@ -58,7 +58,7 @@ class Comm {
   const std::string &backend() const { return plugin_->name(); }
   const std::string &id() const { return id_; }
   // The backend's table (capability masks), as the loader adapted it.
-  const mncl_plugin_v4_t &table() const { return *table_; }
+  const mncl_plugin_v5_t &table() const { return *table_; }
   // Throws (naming fn) when the communicator was destroyed or aborted.
   void check_usable(const char *fn) const;
 
@@ -156,7 +156,7 @@ class Comm {
   std::shared_ptr<bootstrap::Store> comm_store_;  // "<id>/" view, used by the core
   std::unique_ptr<StoreBridge> plugin_store_;     // "<id>/p/" view, handed to the plugin
   std::shared_ptr<loader::Plugin> plugin_;
-  const mncl_plugin_v4_t *table_ = nullptr;
+  const mncl_plugin_v5_t *table_ = nullptr;
   std::unique_ptr<cuda::StagingPool> staging_;  // CUDA buffers on a host-only backend
   void *plugin_comm_ = nullptr;
 

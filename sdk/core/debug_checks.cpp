@@ -19,7 +19,7 @@ bool reduces(int kind) {
 }
 bool rooted(int kind) {
   return kind == MNCL_COLL_REDUCE || kind == MNCL_COLL_BCAST || kind == MNCL_COLL_SCATTER ||
-         kind == MNCL_COLL_GATHER;
+         kind == MNCL_COLL_GATHER || kind == MNCL_COLL_GATHERV || kind == MNCL_COLL_SCATTERV;
 }
 
 }  // namespace
@@ -39,6 +39,8 @@ std::string fingerprint(const mncl_coll_v1_t &c) {
     for (size_t i = 0; c.counts && i < c.nbufs; ++i) args += format(" %zu", c.counts[i]);
   } else if (c.kind == MNCL_COLL_ALLTOALLV) {
     args = "per-pair counts";  // they differ by rank: the backend checks each pair
+  } else if (c.kind == MNCL_COLL_GATHERV || c.kind == MNCL_COLL_SCATTERV) {
+    args = "per-rank counts";  // only the root has them all: the backend checks each block
   } else if (c.kind != MNCL_COLL_BARRIER) {
     args = format("count %zu", c.count);
   }

@@ -21,7 +21,7 @@ struct KindInfo {
   bool p2p;      // takes a peer
 };
 
-const KindInfo kKinds[MNCL_NUM_COLL_KINDS_V4] = {
+const KindInfo kKinds[MNCL_NUM_COLL_KINDS_V5] = {
     {"allreduce", true, false, false},
     {"reduce", true, true, false},
     {"bcast", false, true, false},
@@ -37,13 +37,16 @@ const KindInfo kKinds[MNCL_NUM_COLL_KINDS_V4] = {
     {"allgatherv", false, false, false},
     {"alltoallv", false, false, false},
     {"sendrecv_batch", false, false, false},
+    {"gatherv", false, true, false},
+    {"scatterv", false, true, false},
 };
 
-const char *kFunctionNames[MNCL_NUM_COLL_KINDS_V4] = {
+const char *kFunctionNames[MNCL_NUM_COLL_KINDS_V5] = {
     "mncl_allreduce",  "mncl_reduce",    "mncl_bcast",          "mncl_scatter",
     "mncl_gather",     "mncl_allgather", "mncl_reduce_scatter", "mncl_alltoall",
     "mncl_barrier",    "mncl_send",      "mncl_recv",           "mncl_allreduce_coalesced",
-    "mncl_allgatherv", "mncl_alltoallv", "mncl_sendrecv_batch"};
+    "mncl_allgatherv", "mncl_alltoallv", "mncl_sendrecv_batch", "mncl_gatherv",
+    "mncl_scatterv"};
 
 // Byte range [begin, end) of a buffer, for overlap checks.
 struct Range {
@@ -139,7 +142,7 @@ void validate_v_collective(const char *fn, const mncl_coll_v1_t &c, int rank, in
 }  // namespace
 
 const char *coll_function_name(int kind) {
-  return kind >= 0 && kind < MNCL_NUM_COLL_KINDS_V4 ? kFunctionNames[kind] : "mncl_?";
+  return kind >= 0 && kind < MNCL_NUM_COLL_KINDS_V5 ? kFunctionNames[kind] : "mncl_?";
 }
 size_t coll_bytes(const mncl_coll_v1_t &c) {
   const size_t elem = kit::dtype_size(static_cast<mncl_dtype_t>(c.dtype));
@@ -149,6 +152,10 @@ size_t coll_bytes(const mncl_coll_v1_t &c) {
     size_t total = 0;
     for (size_t i = 0; v.recvcounts && i < c.nbufs; ++i) total += v.recvcounts[i] * elem;
     return total;
+  }
+  if (kit::is_rooted_v_kind(c.kind)) {  // the root's blocks there, this rank's own elsewhere
+    const kit::RootedVLayout v = kit::rooted_v_layout(c);
+    return (v.counts ? kit::v_total(v.counts, c.nbufs) : c.count) * elem;
   }
   if (c.kind == MNCL_COLL_SENDRECV_BATCH) {
     const auto *ops = kit::p2p_ops(c);
@@ -164,11 +171,11 @@ size_t coll_bytes(const mncl_coll_v1_t &c) {
 }
 
 const char *coll_kind_name(int kind) {
-  return kind >= 0 && kind < MNCL_NUM_COLL_KINDS_V4 ? kKinds[kind].name : "?";
+  return kind >= 0 && kind < MNCL_NUM_COLL_KINDS_V5 ? kKinds[kind].name : "?";
 }
 
 void validate_collective(const mncl_coll_v1_t &c, int rank, int size,
-                         const mncl_plugin_v4_t &backend) {
+                         const mncl_plugin_v5_t &backend) {
   const char *fn = coll_function_name(c.kind);
   const KindInfo &kind = kKinds[c.kind];
   if (c.kind == MNCL_COLL_SENDRECV_BATCH) {
@@ -236,6 +243,22 @@ void validate_collective(const mncl_coll_v1_t &c, int rank, int size,
 
   if (kit::is_v_kind(c.kind)) {
     validate_v_collective(fn, c, rank, size, elem);
+    return;
+  }
+  if (kit::is_rooted_v_kind(c.kind)) {
+    MNCL_CHECK(c.nbufs == static_cast<size_t>(size) && (!is_root || c.counts != nullptr),
+               MNCL_ERR_INTERNAL, "%s: the core built a descriptor without the root's arrays", fn);
+    const kit::RootedVLayout v = kit::rooted_v_layout(c);
+    RootedV call;
+    call.gather = c.kind == MNCL_COLL_GATHERV;
+    call.sendbuf = c.sendbuf;
+    call.recvbuf = c.recvbuf;
+    call.count = c.count;
+    call.counts = v.counts;
+    call.displs = v.displs;
+    call.dtype = c.dtype;
+    call.root = c.root;
+    check_rooted_v(fn, call, rank, size, backend);
     return;
   }
 
@@ -313,23 +336,23 @@ void validate_collective(const mncl_coll_v1_t &c, int rank, int size,
   }
 }
 
-AlltoallvForm rooted_v_as_alltoallv(const char *fn, const RootedV &call, int rank, int size,
-                                    const mncl_plugin_v4_t &backend) {
+bool check_rooted_v(const char *fn, const RootedV &call, int rank, int size,
+                    const mncl_plugin_v5_t &backend) {
   MNCL_CHECK(call.root >= 0 && call.root < size, MNCL_ERR_INVALID_ARGUMENT,
              "%s: root %d is out of range for a communicator of size %d", fn, call.root, size);
   MNCL_CHECK(call.dtype >= 0 && call.dtype < MNCL_NUM_DTYPES, MNCL_ERR_INVALID_ARGUMENT,
              "%s: dtype %d is not an mncl_dtype_t (0..%d)", fn, call.dtype, MNCL_NUM_DTYPES - 1);
-  MNCL_CHECK(backend.coll_mask & MNCL_COLL_BIT(MNCL_COLL_ALLTOALLV), MNCL_ERR_NOT_SUPPORTED,
-             "%s: backend '%s' does not implement alltoallv, which %s runs as (a plugin of ABI "
-             "v1 or v2?)",
+  const int native = call.gather ? MNCL_COLL_GATHERV : MNCL_COLL_SCATTERV;
+  MNCL_CHECK(backend.coll_mask & (MNCL_COLL_BIT(native) | MNCL_COLL_BIT(MNCL_COLL_ALLTOALLV)),
+             MNCL_ERR_NOT_SUPPORTED,
+             "%s: backend '%s' implements neither %s nor alltoallv, which the core can run it as "
+             "(a plugin of ABI v1 or v2?)",
              fn, backend.name, call.gather ? "gatherv" : "scatterv");
   MNCL_CHECK(backend.dtype_mask & (1u << call.dtype), MNCL_ERR_NOT_SUPPORTED,
              "%s: backend '%s' does not support dtype %s", fn, backend.name,
              kit::dtype_name(static_cast<mncl_dtype_t>(call.dtype)));
   const size_t elem = kit::dtype_size(static_cast<mncl_dtype_t>(call.dtype));
-  const size_t n = static_cast<size_t>(size), me = static_cast<size_t>(rank),
-               root = static_cast<size_t>(call.root);
-  const bool is_root = rank == call.root;
+  const size_t me = static_cast<size_t>(rank);
   // The own block: gatherv's send, scatterv's receive.
   const size_t own_bytes = checked_bytes(fn, call.count, 1, elem);
   const char *own_name = call.gather ? "sendbuf" : "recvbuf";
@@ -337,16 +360,7 @@ AlltoallvForm rooted_v_as_alltoallv(const char *fn, const RootedV &call, int ran
   MNCL_CHECK(own_bytes == 0 || own_buf != nullptr, MNCL_ERR_INVALID_ARGUMENT,
              "%s: %s is NULL but %zu bytes are to be %s", fn, own_name, own_bytes,
              call.gather ? "sent" : "received");
-
-  AlltoallvForm form;
-  form.packed.assign(4 * n, 0);
-  size_t *sendcounts = form.packed.data(), *sdispls = sendcounts + n, *recvcounts = sdispls + n,
-         *rdispls = recvcounts + n;
-  size_t *own_counts = call.gather ? sendcounts : recvcounts;  // this rank's pair with the root
-  own_counts[root] = call.count;
-  form.sendbuf = call.gather ? call.sendbuf : nullptr;
-  form.recvbuf = call.gather ? nullptr : call.recvbuf;
-  if (!is_root) return form;
+  if (rank != call.root) return false;
 
   // The root's side: every rank's block.
   const char *counts_name = call.gather ? "recvcounts" : "sendcounts";
@@ -375,6 +389,28 @@ AlltoallvForm rooted_v_as_alltoallv(const char *fn, const RootedV &call, int ran
                "%s + displs[root])",
                fn, own_name, call.gather ? "recvbuf" : "sendbuf");
   }
+  return in_place;
+}
+
+AlltoallvForm rooted_v_as_alltoallv(const char *fn, const RootedV &call, int rank, int size,
+                                    const mncl_plugin_v5_t &backend) {
+  const bool in_place = check_rooted_v(fn, call, rank, size, backend);
+  MNCL_CHECK(backend.coll_mask & MNCL_COLL_BIT(MNCL_COLL_ALLTOALLV), MNCL_ERR_NOT_SUPPORTED,
+             "%s: backend '%s' does not implement alltoallv, which %s runs as (a plugin of ABI "
+             "v1 or v2?)",
+             fn, backend.name, call.gather ? "gatherv" : "scatterv");
+  const size_t n = static_cast<size_t>(size), me = static_cast<size_t>(rank),
+               root = static_cast<size_t>(call.root);
+  AlltoallvForm form;
+  form.packed.assign(4 * n, 0);
+  size_t *sendcounts = form.packed.data(), *sdispls = sendcounts + n, *recvcounts = sdispls + n,
+         *rdispls = recvcounts + n;
+  size_t *own_counts = call.gather ? sendcounts : recvcounts;  // this rank's pair with the root
+  own_counts[root] = call.count;
+  form.sendbuf = call.gather ? call.sendbuf : nullptr;
+  form.recvbuf = call.gather ? nullptr : call.recvbuf;
+  if (rank != call.root) return form;
+
   size_t *root_counts = call.gather ? recvcounts : sendcounts;
   size_t *root_displs = call.gather ? rdispls : sdispls;
   std::copy(call.counts, call.counts + n, root_counts);
@@ -394,7 +430,7 @@ AlltoallvForm rooted_v_as_alltoallv(const char *fn, const RootedV &call, int ran
 }
 
 void validate_batch(const char *fn, const mncl_p2p_v4_t *ops, size_t n, int rank, int size,
-                    const mncl_plugin_v4_t &backend) {
+                    const mncl_plugin_v5_t &backend) {
   MNCL_CHECK(n == 0 || ops != nullptr, MNCL_ERR_INVALID_ARGUMENT, "%s: ops is NULL with nops = %zu",
              fn, n);
   std::vector<std::pair<Range, size_t>> recvs, sends;  // non-empty buffers and their op index

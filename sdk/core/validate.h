@@ -19,13 +19,13 @@ size_t coll_bytes(const mncl_coll_v1_t &coll);
 // Throws mncl::Error(MNCL_ERR_INVALID_ARGUMENT or MNCL_ERR_NOT_SUPPORTED) naming the function
 // and what was wrong. `backend` supplies the capability masks.
 void validate_collective(const mncl_coll_v1_t &coll, int rank, int size,
-                         const mncl_plugin_v4_t &backend);
+                         const mncl_plugin_v5_t &backend);
 
 // The ops of a batch (mncl_sendrecv_batch; kinds MNCL_COLL_SEND/RECV), before any starts: kinds,
 // peers, dtypes, counts, NULL buffers, and receive buffers that overlap another buffer of the
 // batch. Messages name `fn` and the op's index.
 void validate_batch(const char *fn, const mncl_p2p_v4_t *ops, size_t n, int rank, int size,
-                    const mncl_plugin_v4_t &backend);
+                    const mncl_plugin_v5_t &backend);
 
 // gatherv / scatterv (mncl.h, MNCL_1.3) in the caller's terms: `counts`/`displs` are the root's
 // (gatherv: recvcounts; scatterv: sendcounts), `count` every rank's own (gatherv: sendcount;
@@ -39,16 +39,21 @@ struct RootedV {
   int32_t dtype = 0;
   int root = 0;
 };
-// What a rooted v-collective runs as: an alltoallv in which only pairs with the root carry
-// data. `packed` holds sendcounts, sdispls, recvcounts, rdispls (mncl_plugin_v3.h's layout).
+// Checks every fact this rank can (root, dtype, the root's blocks, NULL buffers, the in-place
+// form, that `backend` runs gatherv/scatterv natively or has alltoallv), naming `fn`. Returns
+// whether the call is the root's in-place form.
+bool check_rooted_v(const char *fn, const RootedV &call, int rank, int size,
+                    const mncl_plugin_v5_t &backend);
+// What a rooted v-collective runs as on a backend without the plugin ABI v5 kinds: an alltoallv in
+// which only pairs with the root carry data. `packed` holds sendcounts, sdispls, recvcounts,
+// rdispls (mncl_plugin_v3.h's layout).
 struct AlltoallvForm {
   std::vector<size_t> packed;
   const void *sendbuf = nullptr;
   void *recvbuf = nullptr;
 };
-// Checks every fact this rank can (root, dtype, the root's blocks, NULL buffers, the in-place
-// form, that `backend` has alltoallv), naming `fn`, then returns the alltoallv to run.
+// check_rooted_v, then that `backend` has alltoallv; returns the alltoallv to run.
 AlltoallvForm rooted_v_as_alltoallv(const char *fn, const RootedV &call, int rank, int size,
-                                    const mncl_plugin_v4_t &backend);
+                                    const mncl_plugin_v5_t &backend);
 
 }  // namespace mncl::core

@@ -16,7 +16,7 @@
 namespace mncl::loader::abi {
 
 // The newest table: what Plugin::table() returns.
-using Table = mncl_plugin_v4_t;
+using Table = mncl_plugin_v5_t;
 
 // Versions this core loads, and how far beyond them it looks to explain a refusal.
 inline constexpr uint32_t kOldest = MNCL_PLUGIN_ABI_OLDEST;
@@ -37,9 +37,11 @@ std::string adapt_v1(const void *exported, Table *out);
 std::string adapt_v2(const void *exported, Table *out);
 std::string adapt_v3(const void *exported, Table *out);
 std::string adapt_v4(const void *exported, Table *out);
+std::string adapt_v5(const void *exported, Table *out);
 
 // Newest first: the loader takes the first symbol a plugin exports.
 inline constexpr Adapter kAdapters[] = {
+    {MNCL_PLUGIN_ABI_V5, MNCL_PLUGIN_V5_SYMBOL, &adapt_v5},
     {MNCL_PLUGIN_ABI_V4, MNCL_PLUGIN_V4_SYMBOL, &adapt_v4},
     {MNCL_PLUGIN_ABI_V3, MNCL_PLUGIN_V3_SYMBOL, &adapt_v3},
     {MNCL_PLUGIN_ABI_V2, MNCL_PLUGIN_V2_SYMBOL, &adapt_v2},
@@ -58,7 +60,7 @@ struct TableHeader {
 std::string check_header(const void *exported, uint32_t version, const char *symbol,
                          const char *type_name, size_t min_size);
 
-// What the adapter of a version whose table is laid out like the core's (v1..v4 so far)
+// What the adapter of a version whose table is laid out like the core's (v1..v5 so far)
 // needs to know about it.
 struct TableFacts {
   uint32_t version;
@@ -73,12 +75,12 @@ struct TableFacts {
 // The kinds of v1 and v2 (0..11, the coalesced allreduce included).
 inline constexpr uint32_t kCollsV1 =
     MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED);
-// The capability bits v1 defines, and those of v2 (which v3 and v4 keep).
+// The capability bits v1 defines, and those of v2 (which v3, v4 and v5 keep).
 inline constexpr uint64_t kCapsV1 =
     MNCL_CAP_HOST_MEMORY | MNCL_CAP_CUDA_MEMORY | MNCL_CAP_NATIVE_ASYNC | MNCL_CAP_STREAM_ORDERED;
 inline constexpr uint64_t kCapsV2 = kCapsV1 | MNCL_CAP_CONCURRENT_P2P;
 
-// The facts of version table type T, whose last field is test (true of v1..v4).
+// The facts of version table type T, whose last field is test (true of v1..v5).
 template <typename T>
 constexpr TableFacts facts_of(uint32_t version, const char *symbol, const char *type_name,
                               uint64_t caps, uint32_t colls) {

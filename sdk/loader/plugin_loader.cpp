@@ -124,7 +124,7 @@ std::string validate(const abi::Table &t, const std::string &file_name) {
     return "capability mismatch: no memory type (neither MNCL_CAP_HOST_MEMORY nor "
            "MNCL_CAP_CUDA_MEMORY)";
   }
-  constexpr uint32_t kKnownColls = MNCL_COLL_MASK_ALL_V4;
+  constexpr uint32_t kKnownColls = MNCL_COLL_MASK_ALL_V5;
   constexpr uint32_t kKnownDtypes = (1u << MNCL_NUM_DTYPES) - 1u;
   constexpr uint32_t kKnownOps = (1u << MNCL_NUM_OPS) - 1u;
   if ((t.coll_mask & kKnownColls) == 0) {

@@ -26,7 +26,7 @@ class Plugin {
  public:
   virtual ~Plugin() = default;
   // The table adapted to the newest ABI this core knows (v2 today).
-  virtual const mncl_plugin_v4_t &table() const = 0;
+  virtual const mncl_plugin_v5_t &table() const = 0;
   virtual const std::string &path() const = 0;
   virtual const std::string &name() const = 0;
   // The ABI version the plugin was actually built for (before adaptation).

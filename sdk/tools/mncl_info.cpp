@@ -34,13 +34,15 @@ std::string caps_text(uint64_t caps) {
 
 // The collectives of mncl.h a backend with this coll_mask cannot run, counting the core's own
 // forms: a coalesced allreduce as single allreduces, a batch as sends and receives (unless the
-// backend runs batches itself), gatherv and scatterv as an alltoallv.
+// backend runs batches itself), gatherv and scatterv as an alltoallv (unless it runs them).
 std::string missing_functions(uint32_t mask) {
   const auto has = [mask](int kind) { return (mask & MNCL_COLL_BIT(kind)) != 0; };
   std::string out;
   const auto add = [&out](const char *fn) { out += (out.empty() ? "" : ", ") + std::string(fn); };
-  for (int kind = 0; kind < MNCL_NUM_COLL_KINDS_V4; ++kind) {
-    if (kind == MNCL_COLL_ALLREDUCE_COALESCED) {
+  for (int kind = 0; kind < MNCL_NUM_COLL_KINDS_V5; ++kind) {
+    if (kind == MNCL_COLL_GATHERV || kind == MNCL_COLL_SCATTERV) {
+      if (!has(kind) && !has(MNCL_COLL_ALLTOALLV)) add(mncl::core::coll_function_name(kind));
+    } else if (kind == MNCL_COLL_ALLREDUCE_COALESCED) {
       if (!has(kind) && !has(MNCL_COLL_ALLREDUCE)) add(mncl::core::coll_function_name(kind));
     } else if (kind != MNCL_COLL_SENDRECV_BATCH) {
       if (!has(kind)) add(mncl::core::coll_function_name(kind));
@@ -48,10 +50,6 @@ std::string missing_functions(uint32_t mask) {
       add("mncl_sendrecv_batch");
       add("mncl_sendrecv");
     }
-  }
-  if (!has(MNCL_COLL_ALLTOALLV)) {
-    add("mncl_gatherv");
-    add("mncl_scatterv");
   }
   return out;
 }

@@ -43,6 +43,16 @@
 #define ABI_KIND_V3_PARAM \
   , mncl_coll_kind_v3_t kind3, mncl_coll_kind_v4_t kind4, const mncl_p2p_v4_t *p2p
 #define ABI_KIND_V3_ARG +(int)kind3 + (int)kind4 + (p2p ? p2p->kind : 0)
+#elif MNCL_ABI_TYPES_VERSION == 5
+#define ABI_TABLE_T mncl_plugin_v5_t
+#define ABI_TABLE mncl_plugin_v5
+#define ABI_VERSION MNCL_PLUGIN_ABI_V5
+#define ABI_ENUMS mncl_plugin_abi_v5_enums
+/* v5 adds two kinds (mncl_coll_kind_v5_t). */
+#define ABI_KIND_V3_PARAM                                                           \
+  , mncl_coll_kind_v3_t kind3, mncl_coll_kind_v4_t kind4, const mncl_p2p_v4_t *p2p, \
+      mncl_coll_kind_v5_t kind5
+#define ABI_KIND_V3_ARG +(int)kind3 + (int)kind4 + (p2p ? p2p->kind : 0) + (int)kind5
 #else
 #error "unknown MNCL_ABI_TYPES_VERSION"
 #endif
@@ -59,7 +69,8 @@ MNCL_PLUGIN_EXPORT const ABI_TABLE_T ABI_TABLE = {.struct_size = sizeof(ABI_TABL
 #endif
 
 /* The enums a plugin sees as plain int32_t fields (kind, dtype, op, log levels); v2 uses v1's,
- * v3 adds its kinds (mncl_coll_kind_v3_t), v4 its kind and the batch op (mncl_p2p_v4_t). */
+ * v3 adds its kinds (mncl_coll_kind_v3_t), v4 its kind and the batch op (mncl_p2p_v4_t), v5
+ * its kinds (mncl_coll_kind_v5_t). */
 MNCL_PLUGIN_EXPORT int ABI_ENUMS(mncl_log_level_v1_t level, mncl_coll_kind_v1_t kind,
                                  mncl_dtype_t dtype, mncl_op_t op,
                                  mncl_status_t status ABI_KIND_V3_PARAM);

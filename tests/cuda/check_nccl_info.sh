@@ -17,8 +17,8 @@ expect() {
   fi
 }
 expect '^  nccl +loaded '
-# ABI v4: every kind, v4's batch (bit 14) included.
-expect 'plugin ABI v4, memory host,cuda,async,stream, collectives 0x7fff, dtypes 0x3ff, ops 0x1f'
+# ABI v5: every kind, v4's batch (bit 14) and v5's gatherv and scatterv (bits 15, 16) included.
+expect 'plugin ABI v5, memory host,cuda,async,stream, collectives 0x1ffff, dtypes 0x3ff, ops 0x1f'
 expect 'probe score 0: no CUDA device'
 # Asked for by name, creation fails on the plugin's reason.
 MNCL_BACKEND=nccl MNCL_RANK=0 MNCL_SIZE=1 "$3" --expect MNCL_ERR_PLUGIN \

@@ -87,9 +87,10 @@ TEST_F(NcclPlugin, AdvertisesWhatItImplements) {
   const uint64_t caps =
       MNCL_CAP_CUDA_MEMORY | MNCL_CAP_HOST_MEMORY | MNCL_CAP_STREAM_ORDERED | MNCL_CAP_NATIVE_ASYNC;
   EXPECT_EQ(table_->caps, caps);
-  // The v4 table has every kind, the batch of sends and receives (one NCCL group) included;
-  // each older copy has the same functions and caps without the kinds its version lacks: v3
-  // drops the batch, v2 and v1 allgatherv and alltoallv too.
+  // The v5 table has every kind, gatherv and scatterv (grouped sends and receives to and from
+  // the root) included; each older copy has the same functions and caps without the kinds its
+  // version lacks: v4 drops gatherv and scatterv, v3 the batch too, v2 and v1 allgatherv and
+  // alltoallv too.
   const uint32_t v1_mask = MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED);
   EXPECT_EQ(table_->abi_version, MNCL_PLUGIN_ABI_V1);
   EXPECT_EQ(table_->coll_mask, v1_mask);
@@ -120,8 +121,27 @@ TEST_F(NcclPlugin, AdvertisesWhatItImplements) {
   EXPECT_EQ(v4->execute, table_->execute);
   EXPECT_EQ(v4->post, table_->post);
   EXPECT_EQ(v4->test, table_->test);
+  EXPECT_EQ(v4->coll_mask & (MNCL_COLL_BIT(MNCL_COLL_GATHERV) | MNCL_COLL_BIT(MNCL_COLL_SCATTERV)),
+            0u);
+  const auto *v5 = static_cast<const mncl_plugin_v5_t *>(dlsym(handle_, MNCL_PLUGIN_V5_SYMBOL));
+  ASSERT_NE(v5, nullptr);
+  EXPECT_EQ(v5->struct_size, sizeof(mncl_plugin_v5_t));
+  EXPECT_EQ(v5->magic, MNCL_PLUGIN_MAGIC);
+  EXPECT_EQ(v5->abi_version, MNCL_PLUGIN_ABI_V5);
+  EXPECT_STREQ(v5->name, "nccl");
+  EXPECT_STREQ(v5->version, table_->version);
+  EXPECT_EQ(v5->caps, caps);
+  EXPECT_EQ(v5->coll_mask, MNCL_COLL_MASK_ALL_V5);
+  EXPECT_NE(v5->coll_mask & MNCL_COLL_BIT(MNCL_COLL_GATHERV), 0u);
+  EXPECT_NE(v5->coll_mask & MNCL_COLL_BIT(MNCL_COLL_SCATTERV), 0u);
+  EXPECT_EQ(v5->dtype_mask, table_->dtype_mask);
+  EXPECT_EQ(v5->op_mask, table_->op_mask);
+  EXPECT_EQ(v5->init, table_->init);
+  EXPECT_EQ(v5->execute, table_->execute);
+  EXPECT_EQ(v5->post, table_->post);
+  EXPECT_EQ(v5->test, table_->test);
   // The newest ABI this header set defines is the newest the plugin exports.
-  static_assert(MNCL_PLUGIN_ABI_CURRENT == MNCL_PLUGIN_ABI_V4);
+  static_assert(MNCL_PLUGIN_ABI_CURRENT == MNCL_PLUGIN_ABI_V5);
   EXPECT_EQ(table_->dtype_mask, (1u << MNCL_NUM_DTYPES) - 1);
   EXPECT_EQ(table_->op_mask, (1u << MNCL_NUM_OPS) - 1);
   EXPECT_NE(table_->post, nullptr);

@@ -17,7 +17,8 @@
 //              store_token
 //              [--backend B] [--ranks N] [--timeout S] [--runs N] [--debug-checks 0|1]
 //              [--case
-//              allreduce_vs_bcast|count|dtype|root|allgatherv|alltoallv|gatherv|batch_count]
+//              allreduce_vs_bcast|count|dtype|root|allgatherv|alltoallv|gatherv|scatterv|
+//              batch_count]
 //              [--netns NS0,NS1 --hosts A0,A1]
 //              [--launcher fork|mpirun] [--mpirun PATH] [--mpirun-arg ARG]... [--expect-job-end]
 #include <fcntl.h>
@@ -332,6 +333,22 @@ int worker_mismatch(Worker &w) {
         if (recv[20 * i + k] != static_cast<int32_t>(i * 1000 + k)) correct = false;
       }
     }
+  } else if (which == "scatterv") {
+    // Root 0 (even: variant A) sends 20 elements to every rank; variant B expects 10. A rank
+    // that accepts a block of another size without an error has a wrong result, even when the
+    // elements it kept are right.
+    const size_t n = static_cast<size_t>(w.size), mine = b ? 10 : 20;
+    std::vector<size_t> counts(n, 20), displs(n);
+    for (size_t i = 0; i < n; ++i) displs[i] = 20 * i;
+    std::vector<int32_t> send(20 * n), recv(mine, -1);
+    for (size_t i = 0; i < send.size(); ++i)
+      send[i] = static_cast<int32_t>(1000 * (i / 20) + i % 20);
+    st = mncl_scatterv(comm, send.data(), counts.data(), displs.data(), recv.data(), mine,
+                       MNCL_INT32, 0, nullptr);
+    if (st == MNCL_OK && mine != 20) correct = false;
+    for (size_t k = 0; st == MNCL_OK && k < mine; ++k) {
+      if (recv[k] != static_cast<int32_t>(1000 * w.rank + k)) correct = false;
+    }
   } else if (bcast) {
     st = f ? mncl_bcast(comm, fs.data(), count, dtype, root, nullptr)
            : mncl_bcast(comm, is.data(), count, dtype, root, nullptr);
@@ -341,6 +358,7 @@ int worker_mismatch(Worker &w) {
   }
   const int64_t t1 = now_ns();
   const bool judged = which == "allgatherv" || which == "alltoallv" || which == "gatherv" ||
+                      which == "scatterv" ||
                       which == "batch_count";  // above, against the call's own layout
   if (st == MNCL_OK && !judged) {
     for (size_t i = 0; i < count; ++i) {

@@ -4,17 +4,19 @@
  *
  *   plugins: a v1 plugin loads through the core's v1 adapter and runs a collective, and so does
  *   a v2-only plugin (mncl_plugin_v2.h) through the v2 adapter, a v3-only one (mncl_plugin_v3.h)
- *   through the v3 adapter, a v4-only one (mncl_plugin_v4.h) through the v4 adapter, a plugin
- *   exporting v1 and v2, one exporting v2 and v3, one exporting v3 and v4, a v3 table claiming
- *   v4's batch kind, one exporting v4 and the hypothetical v5 (mncl_plugin_v5_test.h), and one
- *   exporting v1 and v5; a plugin that only offers v5 is refused with MNCL_ERR_PLUGIN and a
- *   message naming the file and both version ranges, and a v2 symbol whose table says
- *   abi_version 1 is refused. (Which table the core picked is not visible through mncl.h;
- *   loader_test checks that.)
+ *   through the v3 adapter, a v4-only one (mncl_plugin_v4.h) through the v4 adapter, a v5-only
+ *   one (mncl_plugin_v5.h) through the v5 adapter, a plugin exporting v1 and v2, one exporting v2
+ *   and v3, one exporting v3 and v4, a v3 table claiming v4's batch kind, a v4 table claiming
+ *   v5's gatherv/scatterv kinds, one exporting v5 and the hypothetical v6
+ *   (mncl_plugin_v6_test.h), and one exporting v1 and v6; a plugin that only offers v6 is refused
+ *   with MNCL_ERR_PLUGIN and a message naming the file and both version ranges, and a v2 symbol
+ *   whose table says abi_version 1 is refused. (Which table the core picked is not visible
+ *   through mncl.h; loader_test checks that.)
  *
  *   v3's collective kinds (mncl_allgatherv, mncl_alltoallv and their non-blocking twins, symbol
- *   version MNCL_1.1): a plugin served as v3 or v4 runs them; a v1 or v2 plugin is never handed
- *   one, even when its table sets their coll_mask bits: MNCL_ERR_NOT_SUPPORTED naming the backend.
+ *   version MNCL_1.1): a plugin served as v3, v4 or v5 runs them; a v1 or v2 plugin is never
+ *   handed one, even when its table sets their coll_mask bits: MNCL_ERR_NOT_SUPPORTED naming the
+ *   backend.
  *
  *   v4's batch kind (mncl_sendrecv_batch, mncl_sendrecv and their non-blocking twins, symbol
  *   version MNCL_1.2), seen through the mocks' MNCL_MOCK_EVENTS lines: at one rank, where only an
@@ -26,12 +28,19 @@
  *   whose plugin has no send/recv either, is refused with MNCL_ERR_NOT_SUPPORTED naming the
  *   backend before anything reaches it.
  *
+ *   v5's rooted kinds (mncl_gatherv, mncl_scatterv and their non-blocking twins, symbol version
+ *   MNCL_1.3), one rank, out of place and in place, seen through the results (a gap in the
+ *   root's buffer left untouched) and the mocks' MNCL_MOCK_EVENTS lines: a plugin served as v5
+ *   is handed GATHERV and SCATTERV descriptors; a plugin served as v3 or v4 (a v4 table claiming
+ *   v5's kinds included) runs them as an alltoallv, with the same results and no such event; a
+ *   v1 or v2 plugin refuses them with MNCL_ERR_NOT_SUPPORTED naming the backend.
+ *
  *   config struct-size handshake: an older caller's smaller mncl_config_t (only the first
  *   fields) gets defaults for the rest; a newer caller's larger one is accepted when its unknown
  *   tail is zero and refused with MNCL_ERR_NOT_SUPPORTED when not; a bad magic or an impossible
  *   size is MNCL_ERR_INVALID_ARGUMENT.
  *
- * Single rank but for the batch checks above; MNCL_PLUGIN_PATH points at the mock plugins
+ * Single rank but for the two-rank batch checks above; MNCL_PLUGIN_PATH points at the mock plugins
  * (ctest).
  */
 #define _POSIX_C_SOURCE 200809L
@@ -165,23 +174,35 @@ static void events_clear(void) {
   if (f != NULL) fclose(f);
 }
 
-/* The lines of the events file that start with "<backend> batch ", joined with '\n' (each
- * ending in one) into out; returns how many. */
-static int batch_events(const char *backend, char *out, size_t len) {
+/* The lines of the events file that start with "<backend> <event> " for one of the nevents
+ * `events`, in the file's order, joined with '\n' (each ending in one) into out; returns how
+ * many. */
+static int kind_events(const char *backend, const char *const *events, size_t nevents, char *out,
+                       size_t len) {
   char line[1024], prefix[128];
   int n = 0;
-  size_t used = 0;
+  size_t used = 0, i;
   FILE *f = fopen(g_events, "r");
   out[0] = '\0';
   if (f == NULL) return 0;
-  snprintf(prefix, sizeof prefix, "%s batch ", backend);
   while (fgets(line, sizeof line, f) != NULL) {
-    if (strncmp(line, prefix, strlen(prefix)) != 0) continue;
+    int match = 0;
+    for (i = 0; i < nevents && !match; ++i) {
+      snprintf(prefix, sizeof prefix, "%s %s ", backend, events[i]);
+      match = strncmp(line, prefix, strlen(prefix)) == 0;
+    }
+    if (!match) continue;
     ++n;
     if (used < len) used += (size_t)snprintf(out + used, len - used, "%s", line);
   }
   fclose(f);
   return n;
+}
+
+/* The "<backend> batch ..." lines (see kind_events). */
+static int batch_events(const char *backend, char *out, size_t len) {
+  static const char *const events[1] = {"batch"};
+  return kind_events(backend, events, 1, out, len);
 }
 
 /* On a single-rank communicator of `backend`: an empty mncl_sendrecv_batch and
@@ -323,6 +344,124 @@ static void two_ranks(const char *backend, mncl_status_t want, const char *what)
   if (ok) printf("ok   %-58s %s\n", what, mncl_status_string(want));
 }
 
+/* --- gatherv and scatterv ------------------------------------------------------------------ */
+
+/* How a backend serves mncl_gatherv and mncl_scatterv. */
+typedef enum rooted_v_mode {
+  ROOTED_V_NATIVE,    /* handed as v5's GATHERV and SCATTERV */
+  ROOTED_V_ALLTOALLV, /* run by the core as an alltoallv */
+  ROOTED_V_REFUSED    /* neither: MNCL_ERR_NOT_SUPPORTED naming the backend */
+} rooted_v_mode_t;
+
+/* The "<backend> gatherv ..." and "<backend> scatterv ..." lines (see kind_events). */
+static int rooted_v_events(const char *backend, char *out, size_t len) {
+  static const char *const events[2] = {"gatherv", "scatterv"};
+  return kind_events(backend, events, 2, out, len);
+}
+
+/* Checks one gatherv/scatterv call: its status against what `mode` wants (a refusal names the
+ * function and the backend, and leaves no request) and, on success, that buf holds expected. */
+static int check_rooted_v(mncl_status_t st, rooted_v_mode_t mode, const char *backend,
+                          const char *what, const char *fn, const mncl_request_t *req,
+                          const int32_t *buf, const int32_t *expected, size_t n) {
+  char quoted[128];
+  const mncl_status_t want = mode == ROOTED_V_REFUSED ? MNCL_ERR_NOT_SUPPORTED : MNCL_OK;
+  const char *msg = st == MNCL_OK ? "" : mncl_last_error();
+  const int failures = g_failures;
+  EXPECT(st == want, "%s: %s: got %s (%s), expected %s", what, fn, mncl_status_string(st), msg,
+         mncl_status_string(want));
+  if (st != want) return 0;
+  if (st == MNCL_OK) {
+    EXPECT(memcmp(buf, expected, n * sizeof *buf) == 0,
+           "%s: %s: wrong result {%d, %d, %d, %d, %d, %d}", what, fn, (int)buf[0], (int)buf[1],
+           (int)buf[2], (int)buf[3], (int)buf[4], (int)buf[5]);
+  } else {
+    snprintf(quoted, sizeof quoted, "backend '%s'", backend);
+    EXPECT(strstr(msg, quoted) != NULL && strstr(msg, fn) != NULL,
+           "%s: %s: the message names the function and the backend: %s", what, fn, msg);
+    EXPECT(req == NULL || *req == NULL, "%s: %s: a refused call left a request", what, fn);
+  }
+  return g_failures == failures;
+}
+
+/* On a single-rank communicator of `backend` (root 0, blocks of 3 int32 at displacement 2):
+ * mncl_gatherv, mncl_scatterv and their non-blocking twins, out of place and in place, end as
+ * `mode` says, with the right blocks and the root's elements outside them untouched, and the
+ * plugin was handed a native GATHERV or SCATTERV exactly when `mode` is ROOTED_V_NATIVE. */
+static void rooted_v_expect(const char *backend, rooted_v_mode_t mode, const char *what) {
+  const int32_t in[3] = {7, 8, 9};
+  const int32_t gathered[6] = {-1, -1, 7, 8, 9, -1}; /* the root's recvbuf after a gatherv */
+  const int32_t blocks[6] = {-2, -2, 4, 5, 6, -2};   /* the root's sendbuf of a scatterv */
+  const int32_t scattered[6] = {4, 5, 6, -1, -1, -1};
+  const size_t counts[1] = {3}, displs[1] = {2};
+  char got[2048], want[2048];
+  int32_t buf[6], send[6];
+  int nonblocking, in_place;
+  size_t used = 0;
+  mncl_config_t c = config_for(backend);
+  mncl_comm_t comm = NULL;
+  mncl_status_t st = mncl_comm_create(&c, &comm);
+  EXPECT(st == MNCL_OK, "%s: create: %s", what, mncl_last_error());
+  if (st != MNCL_OK) return;
+
+  events_clear();
+  want[0] = '\0';
+  for (nonblocking = 0; nonblocking < 2; ++nonblocking) {
+    for (in_place = 0; in_place < 2; ++in_place) {
+      const char *suffix = in_place ? " in place" : "";
+      mncl_request_t req = NULL;
+      const char *fn = nonblocking ? "mncl_igatherv" : "mncl_gatherv";
+      /* gatherv: rank 0's block lands at recvbuf + 2; in place it is already there. */
+      const int32_t *sendbuf = in;
+      memset(buf, 0xff, sizeof buf);
+      if (in_place) {
+        memcpy(buf + 2, in, sizeof in);
+        sendbuf = buf + 2;
+      }
+      st = nonblocking
+               ? mncl_igatherv(comm, sendbuf, 3, buf, counts, displs, MNCL_INT32, 0, NULL, &req)
+               : mncl_gatherv(comm, sendbuf, 3, buf, counts, displs, MNCL_INT32, 0, NULL);
+      if (st == MNCL_OK && nonblocking) st = mncl_wait(req, -1);
+      if (check_rooted_v(st, mode, backend, what, fn, nonblocking ? &req : NULL, buf, gathered,
+                         6) &&
+          st == MNCL_OK) {
+        used += (size_t)snprintf(want + used, sizeof want - used,
+                                 "%s gatherv rank 0 root 0 count 3%s\n", backend, suffix);
+      }
+
+      /* scatterv: the block at sendbuf + 2 lands in recvbuf; in place recvbuf is sendbuf + 2. */
+      fn = nonblocking ? "mncl_iscatterv" : "mncl_scatterv";
+      req = NULL;
+      memcpy(send, blocks, sizeof blocks);
+      memset(buf, 0xff, sizeof buf);
+      st = nonblocking ? mncl_iscatterv(comm, send, counts, displs, in_place ? send + 2 : buf, 3,
+                                        MNCL_INT32, 0, NULL, &req)
+                       : mncl_scatterv(comm, send, counts, displs, in_place ? send + 2 : buf, 3,
+                                       MNCL_INT32, 0, NULL);
+      if (st == MNCL_OK && nonblocking) st = mncl_wait(req, -1);
+      if (check_rooted_v(st, mode, backend, what, fn, nonblocking ? &req : NULL,
+                         in_place ? send : buf, in_place ? blocks : scattered, 6) &&
+          st == MNCL_OK) {
+        EXPECT(memcmp(send, blocks, sizeof blocks) == 0, "%s: %s wrote to its sendbuf", what, fn);
+        used += (size_t)snprintf(want + used, sizeof want - used,
+                                 "%s scatterv rank 0 root 0 count 3%s\n", backend, suffix);
+      }
+    }
+  }
+  /* What the plugin was handed, in call order. */
+  rooted_v_events(backend, got, sizeof got);
+  if (mode == ROOTED_V_NATIVE) {
+    EXPECT(strcmp(got, want) == 0, "%s: the plugin's events:\n%s\nexpected:\n%s", what, got, want);
+  } else {
+    EXPECT(got[0] == '\0', "%s: the plugin was handed a native gatherv/scatterv:\n%s", what, got);
+  }
+  EXPECT(mncl_comm_destroy(comm) == MNCL_OK, "%s: destroy: %s", what, mncl_last_error());
+  printf("ok   %-58s %s\n", what,
+         mode == ROOTED_V_NATIVE      ? "native gatherv/scatterv"
+         : mode == ROOTED_V_ALLTOALLV ? "run as an alltoallv"
+                                      : mncl_status_string(MNCL_ERR_NOT_SUPPORTED));
+}
+
 /* What an older header's mncl_config_t could have been: the first fields only. */
 typedef struct old_config {
   size_t struct_size;
@@ -365,8 +504,10 @@ int main(int argc, char **argv) {
         {"v4only", "v4 plugin loads through the v4 adapter"},
         {"v3v4", "v3+v4 plugin is served (as v4)"},
         {"v3batch", "v3 plugin claiming the v4 kind loads (as v3)"},
-        {"v4v5", "v4+v5 plugin is served (as v4)"},
-        {"v1v5", "v1+v5 plugin is served (as v1)"},
+        {"v5only", "v5 plugin loads through the v5 adapter"},
+        {"v4rootedv", "v4 plugin claiming the v5 kinds loads (as v4)"},
+        {"v5v6", "v5+v6 plugin is served (as v5)"},
+        {"v1v6", "v1+v6 plugin is served (as v1)"},
     };
     for (size_t i = 0; i < sizeof loads / sizeof loads[0]; ++i) {
       mncl_config_t c = config_for(loads[i].name);
@@ -374,11 +515,11 @@ int main(int argc, char **argv) {
     }
   }
   {
-    mncl_config_t c = config_for("v5only");
-    msg = create_expect(&c, MNCL_ERR_PLUGIN, "", "v5-only plugin is refused");
-    EXPECT(strstr(msg, "libmncl-v5only.so") != NULL, "the message names the file: %s", msg);
-    EXPECT(strstr(msg, "offers plugin ABI v5 only") != NULL, "the plugin's range: %s", msg);
-    EXPECT(strstr(msg, "this core supports v1..v4") != NULL, "the core's range: %s", msg);
+    mncl_config_t c = config_for("v6only");
+    msg = create_expect(&c, MNCL_ERR_PLUGIN, "", "v6-only plugin is refused");
+    EXPECT(strstr(msg, "libmncl-v6only.so") != NULL, "the message names the file: %s", msg);
+    EXPECT(strstr(msg, "offers plugin ABI v6 only") != NULL, "the plugin's range: %s", msg);
+    EXPECT(strstr(msg, "this core supports v1..v5") != NULL, "the core's range: %s", msg);
   }
   {
     mncl_config_t c = config_for("v2badabi");
@@ -394,21 +535,37 @@ int main(int argc, char **argv) {
   vcolls_expect("v4only", MNCL_OK, "v4 plugin runs allgatherv/alltoallv");
   vcolls_expect("v3v4", MNCL_OK, "v3+v4 plugin (as v4) runs allgatherv/alltoallv");
   vcolls_expect("v3batch", MNCL_OK, "v3 table claiming the v4 kind keeps v3's");
-  vcolls_expect("v4v5", MNCL_OK, "v4+v5 plugin (as v4) runs allgatherv/alltoallv");
+  vcolls_expect("v5only", MNCL_OK, "v5 plugin runs allgatherv/alltoallv");
+  vcolls_expect("v4rootedv", MNCL_OK, "v4 table claiming the v5 kinds runs them too");
+  vcolls_expect("v5v6", MNCL_OK, "v5+v6 plugin (as v5) runs allgatherv/alltoallv");
   vcolls_expect("mock", MNCL_ERR_NOT_SUPPORTED, "v1 plugin is never handed a v3 kind");
   vcolls_expect("v1v2", MNCL_ERR_NOT_SUPPORTED, "v1+v2 plugin (as v2) is never handed one");
   vcolls_expect("v2allv", MNCL_ERR_NOT_SUPPORTED, "v2 table claiming v3's kinds loses them");
-  vcolls_expect("v1v5", MNCL_ERR_NOT_SUPPORTED, "v1+v5 plugin (as v1) is never handed one");
+  vcolls_expect("v1v6", MNCL_ERR_NOT_SUPPORTED, "v1+v6 plugin (as v1) is never handed one");
 
   /* --- v4's batch kind ------------------------------------------------------------------------ */
   batches_expect("v4only", 1, "v4 plugin is handed an empty batch");
   batches_expect("v3v4", 1, "v3+v4 plugin (as v4) is handed an empty batch");
-  batches_expect("v4v5", 1, "v4+v5 plugin (as v4) is handed an empty batch");
+  batches_expect("v5only", 1, "v5 plugin is handed an empty batch");
+  batches_expect("v4rootedv", 1, "v4 table claiming the v5 kinds keeps v4's");
+  batches_expect("v5v6", 1, "v5+v6 plugin (as v5) is handed an empty batch");
   batches_expect("v3batch", 0, "v3 table claiming the v4 kind: empty batch, core-only");
   batches_expect("v3only", 0, "v3 plugin: an empty batch completes in the core");
   batches_expect("mock", 0, "v1 plugin: an empty batch completes in the core");
   two_ranks("v4only", MNCL_OK, "2 ranks: v4 plugin is handed sendrecv as one batch");
   two_ranks("v3batch", MNCL_ERR_NOT_SUPPORTED, "2 ranks: v3 claiming the kind, no send/recv");
+
+  /* --- v5's gatherv and scatterv ---------------------------------------------------------------
+   */
+  rooted_v_expect("v5only", ROOTED_V_NATIVE, "v5 plugin is handed gatherv/scatterv (+ i*)");
+  rooted_v_expect("v5v6", ROOTED_V_NATIVE, "v5+v6 plugin (as v5) is handed them");
+  rooted_v_expect("v4rootedv", ROOTED_V_ALLTOALLV, "v4 table claiming the v5 kinds: alltoallv");
+  rooted_v_expect("v4only", ROOTED_V_ALLTOALLV, "v4 plugin runs them as an alltoallv");
+  rooted_v_expect("v3only", ROOTED_V_ALLTOALLV, "v3 plugin runs them as an alltoallv");
+  rooted_v_expect("mock", ROOTED_V_REFUSED, "v1 plugin (no alltoallv) refuses them");
+  rooted_v_expect("v2only", ROOTED_V_REFUSED, "v2 plugin (no alltoallv) refuses them");
+  rooted_v_expect("v2allv", ROOTED_V_REFUSED, "v2 table claiming v3's kinds refuses them");
+  rooted_v_expect("v1v6", ROOTED_V_REFUSED, "v1+v6 plugin (as v1) refuses them");
 
   /* --- config struct-size handshake ---------------------------------------------------------- */
   {

@@ -22,20 +22,22 @@
 #include "common/log.h"
 #include "loader/plugin_abi.h"
 #include "loader/plugin_loader.h"
-#include "mncl_plugin_v5_test.h"
+#include "mncl_plugin_v6_test.h"
 
 namespace mncl::loader {
 namespace {
 
-// The hypothetical v5 only appends: its v4 part must match v4 field for field.
-static_assert(offsetof(mncl_plugin_v5_test_t, base) == 0);
-static_assert(offsetof(mncl_plugin_v5_test_t, comm_shrink) == sizeof(mncl_plugin_v4_t));
-// The core's table is v4 today; the adapter tests below fill one.
-static_assert(std::is_same_v<abi::Table, mncl_plugin_v4_t>);
-static_assert(abi::kNewest == MNCL_PLUGIN_ABI_V4);
+// The hypothetical v6 only appends: its v5 part must match v5 field for field.
+static_assert(offsetof(mncl_plugin_v6_test_t, base) == 0);
+static_assert(offsetof(mncl_plugin_v6_test_t, comm_shrink) == sizeof(mncl_plugin_v5_t));
+static_assert(MNCL_PLUGIN_ABI_V6_TEST == MNCL_PLUGIN_ABI_V5 + 1);
+// The core's table is v5 today; the adapter tests below fill one.
+static_assert(std::is_same_v<abi::Table, mncl_plugin_v5_t>);
+static_assert(abi::kNewest == MNCL_PLUGIN_ABI_V5);
 
 // The mocks' coll_mask (mock_plugin.c): every v1 kind but send/recv, plus v3's two kinds in
-// their v3 tables, and v4's batch kind too in their v4 (and v5) tables.
+// their v3 tables, v4's batch kind too in their v4 tables, and v5's gatherv and scatterv too in
+// their v5 (and v6) tables.
 constexpr uint32_t kMockColls =
     MNCL_COLL_MASK_ALL_V1 & ~(MNCL_COLL_BIT(MNCL_COLL_SEND) | MNCL_COLL_BIT(MNCL_COLL_RECV));
 constexpr uint32_t kV3Kinds =
@@ -44,6 +46,9 @@ static_assert(kV3Kinds == ((1u << 12) | (1u << 13)));
 constexpr uint32_t kV4Kind = MNCL_COLL_BIT(MNCL_COLL_SENDRECV_BATCH);
 static_assert(kV4Kind == (1u << 14));
 static_assert(MNCL_COLL_MASK_ALL_V4 == (MNCL_COLL_MASK_ALL_V3 | kV4Kind));
+constexpr uint32_t kV5Kinds = MNCL_COLL_BIT(MNCL_COLL_GATHERV) | MNCL_COLL_BIT(MNCL_COLL_SCATTERV);
+static_assert(kV5Kinds == ((1u << 15) | (1u << 16)));
+static_assert(MNCL_COLL_MASK_ALL_V5 == (MNCL_COLL_MASK_ALL_V4 | kV5Kinds));
 
 const std::string kMockDir = MNCL_MOCK_PLUGIN_DIR;
 
@@ -122,7 +127,7 @@ std::vector<Refusal> refusals() {
       {"truncated", "dlopen failed: "},
       {"dir", "not a regular file"},
       {"nosym", "no mncl_plugin_v1..mncl_plugin_v16 symbol exported"},
-      {"v5only", "offers plugin ABI v5 only; this core supports v1..v4"},
+      {"v6only", "offers plugin ABI v6 only; this core supports v1..v5"},
       {"badabi", "mncl_plugin_v1 declares abi_version 7 but the symbol name promises 1"},
       {"v2badabi", "mncl_plugin_v2 declares abi_version 1 but the symbol name promises 2"},
       {"badmagic", "mncl_plugin_v1 has magic 0xdeadbeef, expected 0x504c4e4d"},
@@ -334,6 +339,69 @@ TEST(Loader, V4OnlyPluginTakesAnEmptyBatchAndRefusesABadOne) {
   EXPECT_EQ(t.comm_destroy(comm), MNCL_OK);
 }
 
+TEST(Loader, V5OnlyPluginLoadsWithItsGathervAndScattervKinds) {
+  expect_loaded_as("v5only", 5, sizeof(mncl_plugin_v5_t),
+                   kMockColls | kV3Kinds | kV4Kind | kV5Kinds);
+}
+
+TEST(Loader, V5OnlyPluginRunsASingleRankGathervAndScatterv) {
+  // The descriptors as mncl_plugin_v5.h lays them out (kit::make_rooted_v_coll): on the root,
+  // counts = recvcounts (sendcounts), then displs, one entry per rank.
+  auto p = load("v5only");
+  const abi::Table &t = p->table();
+  void *comm = nullptr;
+  ASSERT_EQ(create_single_rank(t, &comm), MNCL_OK);
+  clear_events();
+
+  int32_t in[3] = {7, 8, 9};
+  int32_t out[6] = {-1, -1, -1, -1, -1, -1};
+  const size_t arrays[2] = {3, 2};  // counts[0], displs[0]
+  mncl_coll_v1_t coll =
+      mncl::kit::make_rooted_v_coll(MNCL_COLL_GATHERV, MNCL_INT32, in, out, 3, 0, 1, arrays);
+  EXPECT_EQ(coll.nbufs, 1u);
+  EXPECT_EQ(coll.op, -1);
+  ASSERT_EQ(t.execute(comm, &coll), MNCL_OK) << last_error();
+  EXPECT_EQ(std::vector<int32_t>(out, out + 6), (std::vector<int32_t>{-1, -1, 7, 8, 9, -1}));
+  // In place: the block is already at recvbuf + displs[root].
+  coll.sendbuf = out + 2;
+  coll.seq = 1;
+  ASSERT_EQ(t.execute(comm, &coll), MNCL_OK) << last_error();
+  EXPECT_EQ(std::vector<int32_t>(out, out + 6), (std::vector<int32_t>{-1, -1, 7, 8, 9, -1}));
+
+  // scatterv: the root's block at sendbuf + displs[0] lands in recvbuf.
+  const int32_t blocks[6] = {0, 0, 4, 5, 6, 0};
+  int32_t got[4] = {-1, -1, -1, -1};
+  coll =
+      mncl::kit::make_rooted_v_coll(MNCL_COLL_SCATTERV, MNCL_INT32, blocks, got, 3, 0, 1, arrays);
+  coll.seq = 2;
+  ASSERT_EQ(t.execute(comm, &coll), MNCL_OK) << last_error();
+  EXPECT_EQ(std::vector<int32_t>(got, got + 4), (std::vector<int32_t>{4, 5, 6, -1}));
+  EXPECT_EQ(events("v5only"), (std::vector<std::string>{"gatherv rank 0 root 0 count 3",
+                                                        "gatherv rank 0 root 0 count 3 in place",
+                                                        "scatterv rank 0 root 0 count 3"}));
+
+  // What the core never hands over: the root without its arrays, a count that is not
+  // counts[root], a root out of range. The mock says so and records nothing.
+  clear_events();
+  coll.counts = nullptr;
+  set_last_error("");
+  EXPECT_EQ(t.execute(comm, &coll), MNCL_ERR_INTERNAL);
+  EXPECT_CONTAINS(last_error(), "SCATTERV descriptor not laid out as mncl_plugin_v5.h says");
+  coll.counts = arrays;
+  coll.count = 2;
+  EXPECT_EQ(t.execute(comm, &coll), MNCL_ERR_INTERNAL);
+  coll.count = 3;
+  coll.root = 1;
+  EXPECT_EQ(t.execute(comm, &coll), MNCL_ERR_INTERNAL);
+  coll = mncl::kit::make_rooted_v_coll(MNCL_COLL_GATHERV, MNCL_INT32, in, out, 3, 0, 1, arrays);
+  coll.nbufs = 2;
+  set_last_error("");
+  EXPECT_EQ(t.execute(comm, &coll), MNCL_ERR_INTERNAL);
+  EXPECT_CONTAINS(last_error(), "GATHERV descriptor not laid out as mncl_plugin_v5.h says");
+  EXPECT_TRUE(events("v5only").empty());
+  EXPECT_EQ(t.comm_destroy(comm), MNCL_OK);
+}
+
 TEST(Loader, NewestKnownVersionWinsWhenSeveralAreExported) {
   // v1 + v2: the v2 table, told apart from the v1 copy by MNCL_CAP_CONCURRENT_P2P, which only
   // the v2 table carries (as with the plugin kit's as_v1).
@@ -357,19 +425,19 @@ TEST(Loader, NewestKnownVersionWinsWhenSeveralAreExported) {
 }
 
 TEST(Loader, NewerUnknownVersionIsPassedOverForTheNewestKnownOne) {
-  // v4 + hypothetical v5: v4, cut to the v4 table; v1 + v5 (no v2..v4): v1, whose table can
-  // promise neither concurrency nor a later kind.
-  auto p45 = load("v4v5");
-  EXPECT_EQ(p45->abi_version(), 4u);
-  EXPECT_EQ(p45->table().abi_version, MNCL_PLUGIN_ABI_V4);
-  EXPECT_EQ(p45->table().struct_size, sizeof(abi::Table));
-  EXPECT_EQ(p45->table().caps, MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P);
-  EXPECT_EQ(p45->table().coll_mask, kMockColls | kV3Kinds | kV4Kind);
-  auto p15 = load("v1v5");
-  EXPECT_EQ(p15->abi_version(), 1u);
-  EXPECT_EQ(p15->table().abi_version, MNCL_PLUGIN_ABI_V1);
-  EXPECT_EQ(p15->table().caps, MNCL_CAP_HOST_MEMORY);
-  EXPECT_EQ(p15->table().coll_mask, kMockColls);
+  // v5 + hypothetical v6: v5, cut to the v5 table, with v5's kinds; v1 + v6 (no v2..v5): v1,
+  // whose table can promise neither concurrency nor a later kind.
+  auto p56 = load("v5v6");
+  EXPECT_EQ(p56->abi_version(), 5u);
+  EXPECT_EQ(p56->table().abi_version, MNCL_PLUGIN_ABI_V5);
+  EXPECT_EQ(p56->table().struct_size, sizeof(abi::Table));
+  EXPECT_EQ(p56->table().caps, MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P);
+  EXPECT_EQ(p56->table().coll_mask, kMockColls | kV3Kinds | kV4Kind | kV5Kinds);
+  auto p16 = load("v1v6");
+  EXPECT_EQ(p16->abi_version(), 1u);
+  EXPECT_EQ(p16->table().abi_version, MNCL_PLUGIN_ABI_V1);
+  EXPECT_EQ(p16->table().caps, MNCL_CAP_HOST_MEMORY);
+  EXPECT_EQ(p16->table().coll_mask, kMockColls);
 }
 
 TEST(Loader, V1TableLosesTheV2OnlyCapabilityBit) {
@@ -413,6 +481,24 @@ TEST(Loader, V3TableLosesTheV4Kind) {
   EXPECT_EQ(r->coll_mask, kMockColls | kV3Kinds);  // what mncl-info shows
 }
 
+TEST(Loader, V4TableLosesTheV5Kinds) {
+  // Bits 15 and 16 mean nothing in v4: a v4 plugin setting them is never handed a GATHERV or
+  // SCATTERV (the core runs those as an alltoallv instead).
+  auto p = load("v4rootedv");
+  EXPECT_EQ(p->abi_version(), 4u);
+  EXPECT_EQ(p->table().coll_mask, kMockColls | kV3Kinds | kV4Kind);
+  EXPECT_EQ(p->table().coll_mask & kV5Kinds, 0u);
+  const auto reports = discover();
+  const PluginReport *r = find_report(reports, mock_path("v4rootedv"));
+  ASSERT_NE(r, nullptr);
+  EXPECT_TRUE(r->loaded) << r->reason;
+  EXPECT_EQ(r->coll_mask, kMockColls | kV3Kinds | kV4Kind);  // what mncl-info shows
+  // No other loaded table below v5 shows them either.
+  for (const char *older : {"v3only", "v3batch", "v4only", "v3v4", "v2allv", "mock"}) {
+    EXPECT_EQ(load(older)->table().coll_mask & kV5Kinds, 0u) << older;
+  }
+}
+
 TEST(Loader, LargerStructSizeIsCutToTheKnownTable) {
   auto p = load("padded");
   EXPECT_EQ(p->table().struct_size, sizeof(abi::Table));
@@ -424,11 +510,12 @@ TEST(Loader, LargerStructSizeIsCutToTheKnownTable) {
 TEST(Loader, UnknownNameListsTheAvailableBackends) {
   const std::string message = error_of([] { load("gloooo"); });
   EXPECT_EQ(message.rfind("unknown backend 'gloooo'; available: ", 0), 0u) << message;
-  for (const char *good : {"mock", "noop", "padded", "v2only", "v1v2", "v1p2p", "v2v3", "v3only",
-                           "v2allv", "v4only", "v3v4", "v3batch", "v4v5", "v1v5"}) {
+  for (const char *good :
+       {"mock", "noop", "padded", "v2only", "v1v2", "v1p2p", "v2v3", "v3only", "v2allv", "v4only",
+        "v3v4", "v3batch", "v5only", "v4rootedv", "v5v6", "v1v6"}) {
     EXPECT_CONTAINS(message, good);
   }
-  for (const char *bad : {"initfail", "text", "v5only", "v2badabi"}) {
+  for (const char *bad : {"initfail", "text", "v6only", "v2badabi"}) {
     EXPECT_EQ(message.find(std::string(bad) + ","), std::string::npos) << message;
   }
   EXPECT_CONTAINS(message, kMockDir);
@@ -450,9 +537,13 @@ TEST(Loader, AvailableNamesAreTheLoadableOnes) {
   EXPECT_TRUE(has("v4only"));
   EXPECT_TRUE(has("v3v4"));
   EXPECT_TRUE(has("v3batch"));
-  EXPECT_TRUE(has("v4v5"));
-  EXPECT_TRUE(has("v1v5"));
-  EXPECT_FALSE(has("v5only"));
+  EXPECT_TRUE(has("v5only"));
+  EXPECT_TRUE(has("v4rootedv"));
+  EXPECT_TRUE(has("v5v6"));
+  EXPECT_TRUE(has("v1v6"));
+  EXPECT_FALSE(has("v6only"));
+  EXPECT_FALSE(has("v4v5"));  // retired names: no stale file left behind
+  EXPECT_FALSE(has("v1v5"));
   EXPECT_FALSE(has("v2badabi"));
   EXPECT_FALSE(has("initfail"));
   EXPECT_FALSE(has("misnamed"));
@@ -540,8 +631,8 @@ TEST(Loader, DiscoverReportsEveryFileOnce) {
     EXPECT_EQ(r.loaded, r.reason.empty()) << r.path << ": " << r.reason;
     EXPECT_EQ(r.loaded, r.plugin != nullptr) << r.path;
   }
-  // 26 mock variants + 6 bad files.
-  EXPECT_EQ(in_mock_dir, 32u);
+  // 28 mock variants + 6 bad files.
+  EXPECT_EQ(in_mock_dir, 34u);
   const PluginReport *mock = find_report(reports, mock_path("mock"));
   ASSERT_NE(mock, nullptr);
   EXPECT_TRUE(mock->loaded);
@@ -571,6 +662,14 @@ TEST(Loader, DiscoverReportsEveryFileOnce) {
   EXPECT_TRUE(v4only->loaded) << v4only->reason;
   EXPECT_EQ(v4only->abi_version, 4u);
   EXPECT_EQ(v4only->coll_mask, kMockColls | kV3Kinds | kV4Kind);
+  const PluginReport *v5only = find_report(reports, mock_path("v5only"));
+  ASSERT_NE(v5only, nullptr);
+  EXPECT_TRUE(v5only->loaded) << v5only->reason;
+  EXPECT_EQ(v5only->abi_version, 5u);
+  EXPECT_EQ(v5only->coll_mask, kMockColls | kV3Kinds | kV4Kind | kV5Kinds);
+  const PluginReport *v6only = find_report(reports, mock_path("v6only"));
+  ASSERT_NE(v6only, nullptr);
+  EXPECT_FALSE(v6only->loaded);
   const PluginReport *v2badabi = find_report(reports, mock_path("v2badabi"));
   ASSERT_NE(v2badabi, nullptr);
   EXPECT_FALSE(v2badabi->loaded);
@@ -653,7 +752,7 @@ TEST(Loader, RefusedInitKeepsTheCallersLastError) {
 }
 
 // ----------------------------------------------------------------------------------------------
-// The adapters, on tables in memory: each fills the core's table (abi::Table, v4)
+// The adapters, on tables in memory: each fills the core's table (abi::Table, v5)
 
 // A table of type T with a valid header for `version`, every other field zero.
 template <class T>
@@ -708,7 +807,7 @@ void expect_exact_copy(abi::AdaptFn adapt, uint32_t version, uint32_t colls) {
 // A later table exported under `version`'s symbol (fields appended, struct_size covering them):
 // the adapter copies what it knows and ignores the rest.
 void expect_appended_fields_ignored(abi::AdaptFn adapt, uint32_t version, uint32_t kinds) {
-  mncl_plugin_v5_test_t in;
+  mncl_plugin_v6_test_t in;
   std::memset(&in, 0, sizeof in);
   in.base.struct_size = sizeof in;
   in.base.magic = MNCL_PLUGIN_MAGIC;
@@ -731,7 +830,7 @@ TEST(V1Adapter, CopiesAKnownSizeTable) {
   abi::Table out;
   std::memset(&out, 0xff, sizeof out);
   EXPECT_EQ(abi::adapt_v1(&in, &out), "");
-  // v4 has v1's layout, so the copy is byte for byte (abi_version stays 1).
+  // v5 has v1's layout, so the copy is byte for byte (abi_version stays 1).
   static_assert(sizeof in == sizeof out);
   EXPECT_EQ(std::memcmp(&in, &out, sizeof in), 0);
 }
@@ -748,17 +847,18 @@ TEST(V1Adapter, ClearsCapabilityBitsV1DoesNotDefine) {
 }
 
 TEST(V1Adapter, ClearsCollectiveKindsV1DoesNotDefine) {
-  // v3's ALLGATHERV and ALLTOALLV, v4's SENDRECV_BATCH (and anything above) mean nothing in a
-  // v1 table.
+  // v3's ALLGATHERV and ALLTOALLV, v4's SENDRECV_BATCH, v5's GATHERV and SCATTERV (and
+  // anything above) mean nothing in a v1 table.
   mncl_plugin_v1_t in = table_for<mncl_plugin_v1_t>(MNCL_PLUGIN_ABI_V1);
   in.coll_mask = MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED) | kV3Kinds |
-                 kV4Kind | (1u << 15) | (1u << 31);
+                 kV4Kind | kV5Kinds | (1u << 17) | (1u << 31);
   abi::Table out;
   EXPECT_EQ(abi::adapt_v1(&in, &out), "");
   EXPECT_EQ(out.coll_mask, MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED));
   EXPECT_EQ(out.coll_mask & MNCL_COLL_BIT(MNCL_COLL_ALLGATHERV), 0u);
   EXPECT_EQ(out.coll_mask & MNCL_COLL_BIT(MNCL_COLL_ALLTOALLV), 0u);
   EXPECT_EQ(out.coll_mask & kV4Kind, 0u);
+  EXPECT_EQ(out.coll_mask & kV5Kinds, 0u);
 }
 
 TEST(V1Adapter, IgnoresBytesBeyondTheKnownTable) {
@@ -810,10 +910,10 @@ TEST(V2Adapter, CopiesAKnownSizeTableWithItsConcurrentP2pBit) {
 }
 
 TEST(V2Adapter, ClearsCollectiveKindsV2DoesNotDefine) {
-  // v2 defines v1's kinds only: a v2 plugin is never handed a v3 or v4 kind.
+  // v2 defines v1's kinds only: a v2 plugin is never handed a v3, v4 or v5 kind.
   mncl_plugin_v2_t in = table_for<mncl_plugin_v2_t>(MNCL_PLUGIN_ABI_V2);
   in.caps = MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P;
-  in.coll_mask = MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE) | kV3Kinds | kV4Kind | (1u << 20);
+  in.coll_mask = MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE) | kV3Kinds | kV4Kind | kV5Kinds | (1u << 20);
   abi::Table out;
   EXPECT_EQ(abi::adapt_v2(&in, &out), "");
   EXPECT_EQ(out.coll_mask, MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE));
@@ -833,10 +933,11 @@ TEST(V3Adapter, CopiesAKnownSizeTableWithItsKinds) {
 }
 
 TEST(V3Adapter, KeepsTheV3KindsAndClearsUndefinedBits) {
-  // v4's batch kind (bit 14) among them: a v3 plugin is never handed a SENDRECV_BATCH.
+  // v4's batch kind (bit 14) and v5's gatherv and scatterv (bits 15, 16) among them: a v3
+  // plugin is never handed a SENDRECV_BATCH, a GATHERV or a SCATTERV.
   mncl_plugin_v3_t in = table_for<mncl_plugin_v3_t>(MNCL_PLUGIN_ABI_V3);
   in.caps = MNCL_CAP_HOST_MEMORY | (1ull << 40);
-  in.coll_mask = MNCL_COLL_BIT(MNCL_COLL_BARRIER) | kV3Kinds | kV4Kind | (1u << 31);
+  in.coll_mask = MNCL_COLL_BIT(MNCL_COLL_BARRIER) | kV3Kinds | kV4Kind | kV5Kinds | (1u << 31);
   abi::Table out;
   EXPECT_EQ(abi::adapt_v3(&in, &out), "");
   EXPECT_EQ(out.coll_mask, MNCL_COLL_BIT(MNCL_COLL_BARRIER) | kV3Kinds);
@@ -858,9 +959,10 @@ TEST(V4Adapter, CopiesAKnownSizeTableWithItsKinds) {
 }
 
 TEST(V4Adapter, KeepsTheV4KindsAndClearsUndefinedBits) {
+  // v5's gatherv and scatterv (bits 15, 16) among them: a v4 plugin is never handed either.
   mncl_plugin_v4_t in = table_for<mncl_plugin_v4_t>(MNCL_PLUGIN_ABI_V4);
   in.caps = MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P | (1ull << 40);
-  in.coll_mask = MNCL_COLL_BIT(MNCL_COLL_BARRIER) | kV3Kinds | kV4Kind | (1u << 15) | (1u << 31);
+  in.coll_mask = MNCL_COLL_BIT(MNCL_COLL_BARRIER) | kV3Kinds | kV4Kind | kV5Kinds | (1u << 31);
   abi::Table out;
   EXPECT_EQ(abi::adapt_v4(&in, &out), "");
   EXPECT_EQ(out.coll_mask, MNCL_COLL_BIT(MNCL_COLL_BARRIER) | kV3Kinds | kV4Kind);
@@ -876,19 +978,46 @@ TEST(V4Adapter, RefusesAV3HeaderABadMagicAndASmallerStructSize) {
   expect_header_checks<mncl_plugin_v4_t>(&abi::adapt_v4, MNCL_PLUGIN_ABI_V4);
 }
 
+TEST(V5Adapter, CopiesAKnownSizeTableWithItsKinds) {
+  expect_exact_copy<mncl_plugin_v5_t>(&abi::adapt_v5, MNCL_PLUGIN_ABI_V5, MNCL_COLL_MASK_ALL_V5);
+  static_assert((MNCL_COLL_MASK_ALL_V5 & kV5Kinds) == kV5Kinds);
+}
+
+TEST(V5Adapter, KeepsTheV5KindsAndClearsUndefinedBits) {
+  mncl_plugin_v5_t in = table_for<mncl_plugin_v5_t>(MNCL_PLUGIN_ABI_V5);
+  in.caps = MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P | (1ull << 40);
+  in.coll_mask =
+      MNCL_COLL_BIT(MNCL_COLL_BARRIER) | kV3Kinds | kV4Kind | kV5Kinds | (1u << 17) | (1u << 31);
+  abi::Table out;
+  EXPECT_EQ(abi::adapt_v5(&in, &out), "");
+  EXPECT_EQ(out.coll_mask, MNCL_COLL_BIT(MNCL_COLL_BARRIER) | kV3Kinds | kV4Kind | kV5Kinds);
+  EXPECT_EQ(out.caps, MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P);
+  static_assert(MNCL_COLL_MASK_ALL_V5 == (1u << 17) - 1u);
+}
+
+TEST(V5Adapter, IgnoresBytesBeyondTheKnownTable) {
+  expect_appended_fields_ignored(&abi::adapt_v5, MNCL_PLUGIN_ABI_V5, kV3Kinds | kV4Kind | kV5Kinds);
+}
+
+TEST(V5Adapter, RefusesAV4HeaderABadMagicAndASmallerStructSize) {
+  expect_header_checks<mncl_plugin_v5_t>(&abi::adapt_v5, MNCL_PLUGIN_ABI_V5);
+}
+
 TEST(Adapters, NewestFirst) {
-  // The loader takes the first symbol found: v4 must be tried before v3, v3 before v2, v2
-  // before v1.
-  ASSERT_EQ(std::size(abi::kAdapters), 4u);
-  EXPECT_EQ(abi::kAdapters[0].version, MNCL_PLUGIN_ABI_V4);
-  EXPECT_STREQ(abi::kAdapters[0].symbol, "mncl_plugin_v4");
-  EXPECT_EQ(abi::kAdapters[1].version, MNCL_PLUGIN_ABI_V3);
-  EXPECT_STREQ(abi::kAdapters[1].symbol, "mncl_plugin_v3");
-  EXPECT_EQ(abi::kAdapters[2].version, MNCL_PLUGIN_ABI_V2);
-  EXPECT_STREQ(abi::kAdapters[2].symbol, "mncl_plugin_v2");
-  EXPECT_EQ(abi::kAdapters[3].version, MNCL_PLUGIN_ABI_V1);
-  EXPECT_STREQ(abi::kAdapters[3].symbol, "mncl_plugin_v1");
-  EXPECT_EQ(abi::symbol_for(5), MNCL_PLUGIN_V5_TEST_SYMBOL);
+  // The loader takes the first symbol found: v5 must be tried before v4, v4 before v3, v3
+  // before v2, v2 before v1.
+  ASSERT_EQ(std::size(abi::kAdapters), 5u);
+  EXPECT_EQ(abi::kAdapters[0].version, MNCL_PLUGIN_ABI_V5);
+  EXPECT_STREQ(abi::kAdapters[0].symbol, "mncl_plugin_v5");
+  EXPECT_EQ(abi::kAdapters[1].version, MNCL_PLUGIN_ABI_V4);
+  EXPECT_STREQ(abi::kAdapters[1].symbol, "mncl_plugin_v4");
+  EXPECT_EQ(abi::kAdapters[2].version, MNCL_PLUGIN_ABI_V3);
+  EXPECT_STREQ(abi::kAdapters[2].symbol, "mncl_plugin_v3");
+  EXPECT_EQ(abi::kAdapters[3].version, MNCL_PLUGIN_ABI_V2);
+  EXPECT_STREQ(abi::kAdapters[3].symbol, "mncl_plugin_v2");
+  EXPECT_EQ(abi::kAdapters[4].version, MNCL_PLUGIN_ABI_V1);
+  EXPECT_STREQ(abi::kAdapters[4].symbol, "mncl_plugin_v1");
+  EXPECT_EQ(abi::symbol_for(6), MNCL_PLUGIN_V6_TEST_SYMBOL);
 }
 
 // ----------------------------------------------------------------------------------------------

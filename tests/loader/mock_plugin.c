@@ -8,7 +8,8 @@
  *   MOCK_EXPORT_V2=1        export the real v2 table mncl_plugin_v2 (default 0)
  *   MOCK_EXPORT_V3=1        export the real v3 table mncl_plugin_v3 (default 0)
  *   MOCK_EXPORT_V4=1        export the real v4 table mncl_plugin_v4 (default 0)
- *   MOCK_EXPORT_V5=1        export the hypothetical mncl_plugin_v5 (mncl_plugin_v5_test.h,
+ *   MOCK_EXPORT_V5=1        export the real v5 table mncl_plugin_v5 (default 0)
+ *   MOCK_EXPORT_V6=1        export the hypothetical mncl_plugin_v6 (mncl_plugin_v6_test.h,
  *                           default 0)
  *   MOCK_MAGIC, MOCK_ABI_VERSION                     header fields of the v1 table
  *   MOCK_V2_ABI_VERSION     abi_version of the v2 table (default MNCL_PLUGIN_ABI_V2)
@@ -16,14 +17,16 @@
  *   MOCK_PADDED_TABLE=1     struct_size larger than the v1 table the core knows
  *   MOCK_CAPS, MOCK_COLL_MASK                        capabilities of the v1 table (coll_mask
  *                           default: every v1 kind but send/recv)
- *   MOCK_V2_CAPS            capabilities of the v2..v5 tables (default MOCK_CAPS plus
+ *   MOCK_V2_CAPS            capabilities of the v2..v6 tables (default MOCK_CAPS plus
  *                           MNCL_CAP_CONCURRENT_P2P; like the plugin kit, the v1 copy of a v2
  *                           plugin's table leaves that bit out)
  *   MOCK_V2_COLL_MASK       coll_mask of the v2 table (default MOCK_COLL_MASK)
  *   MOCK_V3_COLL_MASK       coll_mask of the v3 table (default MOCK_COLL_MASK plus v3's
  *                           ALLGATHERV and ALLTOALLV, which execute() serves for one rank)
- *   MOCK_V4_COLL_MASK       coll_mask of the v4 and v5 tables (default MOCK_V3_COLL_MASK's
- *                           default plus v4's SENDRECV_BATCH: see mock_batch)
+ *   MOCK_V4_COLL_MASK       coll_mask of the v4 table (default MOCK_V3_COLL_MASK's default
+ *                           plus v4's SENDRECV_BATCH: see mock_batch)
+ *   MOCK_V5_COLL_MASK       coll_mask of the v5 and v6 tables (default MOCK_V4_COLL_MASK's
+ *                           default plus v5's GATHERV and SCATTERV: see mock_rooted_v)
  *   MOCK_ANY_SIZE=1         probe and comm_create accept any size (default: one rank only); at
  *                           more than one rank only batches are meaningful (see mock_batch):
  *                           every other collective still returns this rank's own contribution
@@ -38,7 +41,9 @@
  * The default variant serves single-rank jobs: every collective is a local copy.
  * If MNCL_MOCK_EVENTS names a file, init and finalize append "<name> init"/"<name> finalize"
  * lines to it, so tests can count loads without the plugin exporting anything but its table,
- * and every SENDRECV_BATCH appends "<name> batch rank <r>: <ops>" (see mock_batch).
+ * every SENDRECV_BATCH appends "<name> batch rank <r>: <ops>" (see mock_batch), and every
+ * GATHERV or SCATTERV "<name> gatherv rank <r> root <R> count <n>" (or scatterv; see
+ * mock_rooted_v), so a test can tell the native kind from the core's alltoallv form.
  */
 #include <mncl/mncl_plugin.h>
 #include <stdarg.h>
@@ -47,7 +52,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "mncl_plugin_v5_test.h"
+#include "mncl_plugin_v6_test.h"
 
 #ifndef MOCK_NAME
 #error "MOCK_NAME must be defined"
@@ -69,6 +74,9 @@
 #endif
 #ifndef MOCK_EXPORT_V5
 #define MOCK_EXPORT_V5 0
+#endif
+#ifndef MOCK_EXPORT_V6
+#define MOCK_EXPORT_V6 0
 #endif
 #ifndef MOCK_MAGIC
 #define MOCK_MAGIC MNCL_PLUGIN_MAGIC
@@ -111,6 +119,14 @@
 #define MOCK_V4_COLL_MASK                                                                        \
   ((MOCK_COLL_MASK) | MNCL_COLL_BIT(MNCL_COLL_ALLGATHERV) | MNCL_COLL_BIT(MNCL_COLL_ALLTOALLV) | \
    MNCL_COLL_BIT(MNCL_COLL_SENDRECV_BATCH))
+#endif
+#ifndef MOCK_V5_COLL_MASK
+/* Not in terms of MOCK_V4_COLL_MASK either, which a variant may define as this (a v4 table
+ * claiming v5's kinds). */
+#define MOCK_V5_COLL_MASK                                                                        \
+  ((MOCK_COLL_MASK) | MNCL_COLL_BIT(MNCL_COLL_ALLGATHERV) | MNCL_COLL_BIT(MNCL_COLL_ALLTOALLV) | \
+   MNCL_COLL_BIT(MNCL_COLL_SENDRECV_BATCH) | MNCL_COLL_BIT(MNCL_COLL_GATHERV) |                  \
+   MNCL_COLL_BIT(MNCL_COLL_SCATTERV))
 #endif
 #if (defined(MOCK_NOOP) && MOCK_NOOP) || (defined(MOCK_HANG) && MOCK_HANG) || \
     (defined(MOCK_ANY_SIZE) && MOCK_ANY_SIZE)
@@ -280,6 +296,49 @@ static mncl_status_t mock_batch(const mock_comm_t *comm, const mncl_coll_v1_t *c
   record("batch %s", line);
   return MNCL_OK;
 }
+
+/* v5's GATHERV and SCATTERV (mncl_plugin_v5.h). Checks the descriptor as the header lays it out
+ * (nbufs the size, root in range, the root's 2 * size entries of counts then displs with
+ * counts[rank] == count, NULL counts elsewhere, no sendbufs/recvbufs, op -1), records
+ * "gatherv rank <r> root <R> count <n>" (" in place" appended for the in-place form) and moves
+ * the root's own block: at one rank that is the whole collective. With more ranks
+ * (MOCK_ANY_SIZE) nothing else moves. */
+static mncl_status_t mock_rooted_v(const mock_comm_t *comm, const mncl_coll_v1_t *coll) {
+  const int gather = coll->kind == MNCL_COLL_GATHERV;
+  const char *what = gather ? "gatherv" : "scatterv";
+  const int is_root = coll->root == comm->rank;
+  const size_t elem = dtype_size(coll->dtype);
+  const void *own = gather ? coll->sendbuf : coll->recvbuf;
+  const char *blocks = gather ? (const char *)coll->recvbuf : (const char *)coll->sendbuf;
+  size_t displ = 0; /* the root's own block in `blocks` */
+  int in_place = 0;
+  if (coll->nbufs != (size_t)comm->size || coll->root < 0 || coll->root >= comm->size ||
+      coll->sendbufs != NULL || coll->recvbufs != NULL || coll->op != -1 || elem == 0 ||
+      (own == NULL && coll->count > 0) || (coll->counts != NULL) != is_root ||
+      (is_root && coll->counts[comm->rank] != coll->count)) {
+    g_host->set_error("mock: %s descriptor not laid out as mncl_plugin_v5.h says",
+                      gather ? "GATHERV" : "SCATTERV");
+    return MNCL_ERR_INTERNAL;
+  }
+  if (is_root) {
+    displ = coll->counts[(size_t)comm->size + (size_t)comm->rank];
+    if (blocks == NULL && coll->count > 0) {
+      g_host->set_error("mock: %s with a NULL block buffer on the root", what);
+      return MNCL_ERR_INTERNAL;
+    }
+    in_place = coll->count > 0 && own == (const void *)(blocks + displ * elem);
+  }
+  record("%s rank %d root %d count %zu%s", what, (int)comm->rank, (int)coll->root, coll->count,
+         in_place ? " in place" : "");
+  if (is_root && !in_place && coll->count > 0) {
+    if (gather) {
+      copy((char *)coll->recvbuf + displ * elem, coll->sendbuf, coll->count * elem);
+    } else {
+      copy(coll->recvbuf, blocks + displ * elem, coll->count * elem);
+    }
+  }
+  return MNCL_OK;
+}
 #endif
 
 static mncl_status_t mock_execute(void *comm, const mncl_coll_v1_t *coll) {
@@ -335,6 +394,9 @@ static mncl_status_t mock_execute(void *comm, const mncl_coll_v1_t *coll) {
       return MNCL_OK;
     case MNCL_COLL_SENDRECV_BATCH:
       return mock_batch((const mock_comm_t *)comm, coll);
+    case MNCL_COLL_GATHERV:
+    case MNCL_COLL_SCATTERV:
+      return mock_rooted_v((const mock_comm_t *)comm, coll);
   }
   g_host->set_error("mock: collective kind %d not supported", (int)coll->kind);
   return MNCL_ERR_NOT_SUPPORTED;
@@ -374,7 +436,7 @@ MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = {.struct_size = (MOCK
                                                             MOCK_TABLE_FIELDS};
 #endif
 
-/* A v2..v4 table (their layout is v1's): p2p lanes, and the kinds of `coll_mask`. */
+/* A v2..v5 table (their layout is v1's): p2p lanes, and the kinds of `coll_mask`. */
 #define MOCK_LATER_TABLE(v, abi_version_, coll_mask_)                \
   MNCL_PLUGIN_EXPORT const mncl_plugin_v##v##_t mncl_plugin_v##v = { \
       .struct_size = sizeof(mncl_plugin_v##v##_t),                   \
@@ -397,18 +459,23 @@ MOCK_LATER_TABLE(4, MNCL_PLUGIN_ABI_V4, (MOCK_V4_COLL_MASK));
 #endif
 
 #if MOCK_EXPORT_V5
-MNCL_PLUGIN_EXPORT const mncl_plugin_v5_test_t mncl_plugin_v5 = {
-    .base = {.struct_size = sizeof(mncl_plugin_v5_test_t),
+MOCK_LATER_TABLE(5, MNCL_PLUGIN_ABI_V5, (MOCK_V5_COLL_MASK));
+#endif
+
+#if MOCK_EXPORT_V6
+MNCL_PLUGIN_EXPORT const mncl_plugin_v6_test_t mncl_plugin_v6 = {
+    .base = {.struct_size = sizeof(mncl_plugin_v6_test_t),
              .magic = MNCL_PLUGIN_MAGIC,
-             .abi_version = MNCL_PLUGIN_ABI_V5_TEST,
+             .abi_version = MNCL_PLUGIN_ABI_V6_TEST,
              .caps = (MOCK_V2_CAPS),
-             .coll_mask = (MOCK_V4_COLL_MASK),
+             .coll_mask = (MOCK_V5_COLL_MASK),
              MOCK_TABLE_FIELDS},
     .comm_shrink = NULL,
     .caps2 = 0};
 #endif
 
-#if !MOCK_EXPORT_V1 && !MOCK_EXPORT_V2 && !MOCK_EXPORT_V3 && !MOCK_EXPORT_V4 && !MOCK_EXPORT_V5
+#if !MOCK_EXPORT_V1 && !MOCK_EXPORT_V2 && !MOCK_EXPORT_V3 && !MOCK_EXPORT_V4 && !MOCK_EXPORT_V5 && \
+    !MOCK_EXPORT_V6
 /* A complete table under a name the loader does not look for (a typo'd export). */
 MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_table = {
     .struct_size = sizeof(mncl_plugin_v1_t),
