@@ -273,12 +273,14 @@ MNCL_API mncl_status_t mncl_alltoallv(mncl_comm_t comm, const void *sendbuf,
  * lengths. The root's arrays (one entry per rank, in elements) are read during the call only.
  * Other ranks ignore the arrays and the blocks' buffer (gatherv's recvbuf, scatterv's sendbuf):
  * they may pass NULL. Blocks on the root follow allgatherv's rules: receive blocks must not
- * overlap, elements outside every block are left untouched. Both run as an alltoallv in which
- * only the pairs with the root carry data, so every backend with alltoallv runs them (a plugin
- * of ABI v1 or v2 refuses them with MNCL_ERR_NOT_SUPPORTED), and errors raised inside say
- * "(run as an alltoallv)". As there, counts that disagree across ranks fail with
- * MNCL_ERR_REMOTE or MNCL_ERR_TIMEOUT, never with a wrong result (nccl excepted: NCCL checks
- * nothing).
+ * overlap, elements outside every block are left untouched. A backend of plugin ABI v5 may run
+ * them itself (only the root's blocks move); on any other backend with alltoallv they run as
+ * an alltoallv in which only the pairs with the root carry data, and errors raised inside say
+ * "(run as an alltoallv)" (a plugin of ABI v1 or v2 refuses them with MNCL_ERR_NOT_SUPPORTED).
+ * Counts that disagree between a rank and the root fail with MNCL_ERR_REMOTE or
+ * MNCL_ERR_TIMEOUT at least on the rank that receives the block (the root for gatherv, the rank
+ * for scatterv; the sending side may complete), never with a wrong result (nccl excepted: NCCL
+ * checks nothing).
  *
  * gatherv: rank i's sendcount elements land at recvbuf + displs[i] on the root, which expects
  *   recvcounts[i] == that count. In place at the root: sendbuf == recvbuf + displs[root].

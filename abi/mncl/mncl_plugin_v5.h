@@ -41,15 +41,17 @@
  * For both: nbufs is the communicator's size, sendbufs, recvbufs NULL, op -1, and seq numbers
  * them among the collectives.
  *
- * The core has checked every local fact: root and dtype (in dtype_mask), counts and
- * displacements without overflow, the root's receive blocks not overlapping (gatherv), NULL
+ * The core has checked every local fact: root and dtype (in dtype_mask), counts and the
+ * displacements of non-empty blocks without overflow (an empty block's displacement is never
+ * checked: do not compute a pointer from it), the root's receive blocks not overlapping (gatherv), NULL
  * buffers, count == counts[root] on the root, and no overlap of this rank's buffers other than
  * the in-place form. What no rank can check alone, rank i's count against the root's counts[i],
  * a plugin must not trust: a disagreement must end in an error (MNCL_ERR_REMOTE or
  * MNCL_ERR_TIMEOUT) at least on the rank that receives the block (the root for GATHERV, rank i
  * for SCATTERV), never in a crash, a write outside a block or a hang; the sending side may
  * complete. Where a backend's transport cannot tell (NCCL's), a stream-ordered plugin reports
- * what its library reports.
+ * what its library reports. The core's MNCL_DEBUG_CHECKS compare kind, dtype and root across
+ * ranks, not these counts.
  */
 #ifndef MNCL_PLUGIN_V5_H
 #define MNCL_PLUGIN_V5_H

@@ -151,20 +151,24 @@ mncl_status_t shm_execute(void *comm, const mncl_coll_v1_t *coll) {
   return kit::execute_on<Comm>(g_host, "shm execute", comm, coll);
 }
 
-// Every kind, the coalesced allreduce and the v3 kinds with a count per rank included.
+// Every kind, the coalesced allreduce, the v3 kinds with a count per rank and the v5 rooted
+// ones included (not v4's SENDRECV_BATCH: the core's one send/recv per op, each on its own lane,
+// progress together here).
 constexpr uint32_t kCollMask =
     MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED) |
-    MNCL_COLL_BIT(MNCL_COLL_ALLGATHERV) | MNCL_COLL_BIT(MNCL_COLL_ALLTOALLV);
+    MNCL_COLL_BIT(MNCL_COLL_ALLGATHERV) | MNCL_COLL_BIT(MNCL_COLL_ALLTOALLV) |
+    MNCL_COLL_BIT(MNCL_COLL_GATHERV) | MNCL_COLL_BIT(MNCL_COLL_SCATTERV);
 
 }  // namespace
 
-// Plugin ABI v3 (allgatherv, alltoallv), with v2's threading: execute() may run a collective,
-// a SEND per peer and a RECV per peer at once (shm_comm.h, "Threading"). The v2 copy drops the
-// v3 kinds, the v1 copy, for cores that predate v2, also that capability.
-MNCL_PLUGIN_EXPORT const mncl_plugin_v3_t mncl_plugin_v3 = {
-    sizeof(mncl_plugin_v3_t),                        // struct_size
+// Plugin ABI v5 (gatherv, scatterv; v3's allgatherv, alltoallv), with v2's threading:
+// execute() may run a collective, a SEND per peer and a RECV per peer at once (shm_comm.h,
+// "Threading"). The v4 copy drops the v5 kinds, the v3 copy nothing more (shm sets no v4 kind),
+// the v2 copy the v3 kinds, the v1 copy, for cores that predate v2, also that capability.
+MNCL_PLUGIN_EXPORT const mncl_plugin_v5_t mncl_plugin_v5 = {
+    sizeof(mncl_plugin_v5_t),                        // struct_size
     MNCL_PLUGIN_MAGIC,                               // magic
-    MNCL_PLUGIN_ABI_V3,                              // abi_version
+    MNCL_PLUGIN_ABI_V5,                              // abi_version
     "shm",                                           // name
     "0.1.0",                                         // version
     MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P,  // caps: host buffers, blocking, lanes
@@ -183,5 +187,7 @@ MNCL_PLUGIN_EXPORT const mncl_plugin_v3_t mncl_plugin_v3 = {
     nullptr,                                         // post
     nullptr,                                         // test
 };
+MNCL_PLUGIN_EXPORT const mncl_plugin_v4_t mncl_plugin_v4 = kit::as_v4(mncl_plugin_v5);
+MNCL_PLUGIN_EXPORT const mncl_plugin_v3_t mncl_plugin_v3 = kit::as_v3(mncl_plugin_v4);
 MNCL_PLUGIN_EXPORT const mncl_plugin_v2_t mncl_plugin_v2 = kit::as_v2(mncl_plugin_v3);
 MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = kit::as_v1(mncl_plugin_v2);

@@ -1,7 +1,8 @@
 // The communicator's shared-memory segment: what lives where, and mapping it.
 //
 //   [Header: 4 KiB]  magic, geometry chosen by rank 0, abort and dead-peer words
-//   [RankCtl x n]    per rank: its post counter (a Flag) and pid, one 128-byte line each
+//   [RankCtl x n]    per rank: its post counter (a Flag), pid, call stamp and v_count words,
+//                    one 128-byte line each
 //   [Channel x n*n]  point-to-point (src, dst): sent/acked flags and two slot headers
 //   [p2p data]       n*n channels x 2 slots x p2p_slot bytes
 //   [staging]        n ranks x 2 halves x chunk bytes: what each rank publishes per round
@@ -20,7 +21,8 @@
 namespace mncl::shm {
 
 constexpr uint32_t kMagic = 0x4d48534du;  // "MSHM"
-constexpr uint32_t kVersion = 3;          // 2: call stamps, mismatch word; 3: single-copy offers
+constexpr uint32_t kVersion =
+    4;  // 2: call stamps, mismatch word; 3: single-copy offers; 4: v_count
 
 struct Header {
   uint32_t magic;
@@ -59,7 +61,14 @@ struct alignas(128) RankCtl {
   Flag posts;                // collective progress: bumped once per phase of every collective
   std::atomic<int32_t> pid;  // for liveness checks; 0 until the rank has mapped the segment
   CallStamp call;            // same line as posts: the reader has just loaded it anyway
+  // Gatherv / scatterv: a block's count that goes with round 0 of a call, one word per staging
+  // half and under the half's reuse rule (written in a round that uses half h, before the post;
+  // read before the reader's next post), so that the data keep the whole half: a gatherv
+  // non-root's own count; on a scatterv, the root's sendcounts[r] in rank r's line and its
+  // longest block (bytes) in its own.
+  std::atomic<uint64_t> v_count[2];
 };
+static_assert(sizeof(RankCtl) == 128, "RankCtl is one 128-byte line per rank");
 
 struct alignas(64) SlotHeader {
   uint64_t message_bytes;  // the whole message, to catch a send/recv size disagreement

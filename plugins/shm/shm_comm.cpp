@@ -22,6 +22,7 @@ namespace kit = mncl::kit;
 
 namespace {
 
+using mncl::kit::is_rooted_v_kind;
 using mncl::kit::is_v_kind;
 using mncl::kit::kind_name;
 
@@ -561,8 +562,18 @@ void Comm::execute(const mncl_coll_v1_t &c) {
                      kit::format("%s: needs %d counts per array, got %zu%s", op.where().c_str(),
                                  size_, c.nbufs, c.counts == nullptr ? " (counts is NULL)" : ""));
   }
+  // Gatherv / scatterv: the root's arrays only (NULL elsewhere), and a root we can index.
+  if (is_rooted_v_kind(c.kind) && (c.nbufs != static_cast<size_t>(size_) || c.root < 0 ||
+                                   c.root >= size_ || (c.root == rank_ && c.counts == nullptr))) {
+    throw kit::Error(
+        MNCL_ERR_INVALID_ARGUMENT,
+        kit::format("%s: root %d of %d ranks, %zu counts per array%s", op.where().c_str(), c.root,
+                    size_, c.nbufs,
+                    c.root == rank_ && c.counts == nullptr ? " (counts is NULL)" : ""));
+  }
   if (!p2p) {  // the call stamp (issue 9): send/recv never stamp RankCtl::call
-    const int32_t o = is_reduction(c.kind) ? c.op : -1, r = is_rooted(c.kind) ? c.root : -1;
+    const int32_t o = is_reduction(c.kind) ? c.op : -1;
+    const int32_t r = is_rooted(c.kind) || is_rooted_v_kind(c.kind) ? c.root : -1;
     const int32_t dtype = c.kind == MNCL_COLL_BARRIER ? -1 : c.dtype;
     op.count = c.kind == MNCL_COLL_BARRIER ? 0 : c.count;
     if (c.kind == MNCL_COLL_ALLREDUCE_COALESCED) {
@@ -575,7 +586,8 @@ void Comm::execute(const mncl_coll_v1_t &c) {
       op.count = 0;
       for (size_t i = 0; i < c.nbufs; ++i) op.count += c.counts[i];
     }
-    if (c.kind == MNCL_COLL_ALLTOALLV) op.count = 0;
+    // Nor have gatherv / scatterv (only the root knows every block's count): round 0 checks.
+    if (c.kind == MNCL_COLL_ALLTOALLV || is_rooted_v_kind(c.kind)) op.count = 0;
     op.head = static_cast<uint64_t>(c.kind & 0xff) << 32 | static_cast<uint64_t>(dtype & 0xff)
                                                                << 40;
     op.op_root = static_cast<uint32_t>(o) | static_cast<uint64_t>(static_cast<uint32_t>(r)) << 32;
@@ -621,6 +633,10 @@ void Comm::execute(const mncl_coll_v1_t &c) {
       return allgatherv(op, c);
     case MNCL_COLL_ALLTOALLV:
       return alltoallv(op, c);
+    case MNCL_COLL_GATHERV:
+      return gatherv(op, c);
+    case MNCL_COLL_SCATTERV:
+      return scatterv(op, c);
     default:
       throw kit::Error(MNCL_ERR_NOT_SUPPORTED,
                        kit::format("shm: collective kind %d is not supported", c.kind));
@@ -882,8 +898,9 @@ void Comm::alltoall(Op &op, const mncl_coll_v1_t &c) {
 
 namespace {
 
-// Bytes of the count arrays at the front of round 0's staging: allgatherv's recvcounts, or
-// alltoallv's sendcounts then recvcounts, as uint64_t; a cache line multiple.
+// Bytes of the count arrays at the front of round 0's staging: allgatherv's recvcounts,
+// alltoallv's sendcounts then recvcounts, or the gatherv root's recvcounts (its staging holds no
+// data), as uint64_t; a cache line multiple.
 size_t v_arrays_bytes(int32_t kind, int n) {
   const size_t words = static_cast<size_t>(n) * (kind == MNCL_COLL_ALLTOALLV ? 2 : 1);
   return (words * sizeof(uint64_t) + 63) / 64 * 64;
@@ -932,21 +949,23 @@ size_t Comm::v_arrays(Op &op, int32_t kind) {
   return bytes;
 }
 
-// The rounds of allgatherv / alltoallv: round 0 stages this rank's count arrays (`arrays`
-// bytes, put_counts) ahead of its data; once every rank's are in, check_counts verifies them and
-// returns the longest block in bytes, which fixes the number of rounds on every rank alike.
-// stage(j, at) writes round j's data at `at`; collect(j, half, skip) reads it, `skip` bytes in.
+// The rounds of a v-collective: round 0 stages this rank's count arrays (`arrays` bytes,
+// put_counts) ahead of its data; once the ranks it waits for (plan) have posted, check_counts
+// verifies their arrays and returns the longest block in bytes, which fixes the number of rounds
+// on every rank alike. stage(j, at) writes round j's data at `at` (only on ranks that stage that
+// round); collect(j, half, skip) reads it, `skip` bytes in.
 template <typename Rounds, typename PutCounts, typename Stage, typename CheckCounts,
           typename Collect>
-void Comm::v_rounds(Op &op, size_t arrays, const Rounds &r, PutCounts put_counts, Stage stage,
-                    CheckCounts check_counts, Collect collect) {
+void Comm::v_rounds(Op &op, size_t arrays, const VPlan &plan, const Rounds &r, PutCounts put_counts,
+                    Stage stage, CheckCounts check_counts, Collect collect) {
   size_t rounds = 1;  // the rest is known once round 0 has checked the counts
   for (size_t j = 0; j < rounds; ++j) {
     const size_t skip = j == 0 ? arrays : 0;
+    const int half = static_cast<int>(rounds_ & 1);  // the one round() is about to use
     round(
-        op, true, Who::kAll, -1,
+        op, j == 0 ? plan.stages0 : plan.stages, j == 0 ? plan.waits0 : plan.waits, plan.root,
         [&](unsigned char *st) {
-          if (j == 0) put_counts(st);
+          if (j == 0) put_counts(st, half);
           stage(j, st + skip);
         },
         [&](int h) {
@@ -972,8 +991,8 @@ void Comm::allgatherv(Op &op, const mncl_coll_v1_t &c) {
   const size_t arrays = v_arrays(op, c.kind);
   const VRounds r{chunk_ - arrays, chunk_};
   v_rounds(
-      op, arrays, r,
-      [&](unsigned char *st) {
+      op, arrays, VPlan{}, r,
+      [&](unsigned char *st, int) {
         for (size_t i = 0; i < n; ++i) store_word(st, i, v.recvcounts[i]);
       },
       [&](size_t j, unsigned char *st) {
@@ -1027,8 +1046,8 @@ void Comm::alltoallv(Op &op, const mncl_coll_v1_t &c) {
   const size_t arrays = v_arrays(op, c.kind);
   const VRounds r{per_peer(chunk_ - arrays, size_), per_peer(chunk_, size_)};
   v_rounds(
-      op, arrays, r,
-      [&](unsigned char *st) {
+      op, arrays, VPlan{}, r,
+      [&](unsigned char *st, int) {
         for (size_t i = 0; i < n; ++i) {
           store_word(st, i, v.sendcounts[i]);
           store_word(st, n + i, v.recvcounts[i]);
@@ -1071,6 +1090,156 @@ void Comm::alltoallv(Op &op, const mncl_coll_v1_t &c) {
                         seg_.staging(static_cast<int>(p), h) + skip + me * r.cap(j), m);
           }
         }
+      });
+}
+
+// Gatherv (plugin ABI v5): gather's rounds, a count per block. In round 0 the root stages its
+// recvcounts (and no data) and every other rank its count in its RankCtl::v_count word, so the
+// data keep the whole staging half (as many rounds as gather). The root (waiting for all, as in
+// gather) checks each rank's count against recvcounts[i], each other rank (waiting for the root
+// in round 0 only) the root's recvcounts[rank] against its own, before reading anything. From
+// round 1 on only the non-roots stage and only the root waits, as in gather.
+void Comm::gatherv(Op &op, const mncl_coll_v1_t &c) {
+  const size_t es = kit::dtype_size(c.dtype);
+  const kit::RootedVLayout v = kit::rooted_v_layout(c);
+  const size_t n = static_cast<size_t>(size_), me = static_cast<size_t>(rank_);
+  const int root = c.root;
+  const bool is_root = rank_ == root;
+  if (is_root && c.count != v.counts[me]) {
+    throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
+                     kit::format("%s: the root sends %zu elements but recvcounts[%d] is %zu",
+                                 op.where().c_str(), c.count, rank_, v.counts[me]));
+  }
+  auto out = [&](size_t p) { return bytes_at(c.recvbuf, v.displs[p] * es); };
+  const size_t mine = c.count * es;
+  if (is_root && mine > 0) copy_block(out(me), c.sendbuf, mine);  // in place: already there
+  if (size_ == 1) return;
+  v_arrays(op, c.kind);  // the root's recvcounts must fit its staging half
+  const VRounds r{chunk_, chunk_};
+  const VPlan plan{true, !is_root, is_root ? Who::kAll : Who::kRoot,
+                   is_root ? Who::kAll : Who::kNone, root};
+  v_rounds(
+      op, 0, plan, r,
+      [&](unsigned char *st, int h) {
+        if (!is_root) {
+          seg_.ctl(rank_).v_count[h].store(c.count, std::memory_order_relaxed);  // the post
+          return;                                                                // publishes it
+        }
+        for (size_t i = 0; i < n; ++i) store_word(st, i, v.counts[i]);
+      },
+      [&](size_t j, unsigned char *st) {
+        const size_t m = is_root ? 0 : r.piece(j, mine);
+        if (m > 0) std::memcpy(st, bytes_at(c.sendbuf, r.off(j)), m);
+      },
+      [&](int h) {
+        size_t longest = 0;
+        if (is_root) {
+          for (size_t p = 0; p < n; ++p) {
+            if (p == me) continue;
+            const uint64_t sends =
+                seg_.ctl(static_cast<int>(p)).v_count[h].load(std::memory_order_relaxed);
+            if (sends != v.counts[p]) {
+              fail_mismatch(
+                  op, kit::format("%s: mismatched counts: rank %zu sends %llu elements "
+                                  "to root %d, which expects recvcounts[%zu] = %zu",
+                                  op.where().c_str(), p, static_cast<unsigned long long>(sends),
+                                  rank_, p, v.counts[p]));
+            }
+            longest = std::max(longest, v.counts[p] * es);
+          }
+          return longest;
+        }
+        const unsigned char *theirs = seg_.staging(root, h);
+        const uint64_t expects = load_word(theirs, me);
+        if (expects != c.count) {
+          // Not fail_mismatch: the root, the rank receiving the block, has this rank's count
+          // (published before this check) and finds the same disagreement; it then names it
+          // itself and sets the mismatch word for the others, instead of failing at its wait
+          // with "rank N found mismatched calls".
+          fail(op, MNCL_ERR_REMOTE,
+               kit::format("%s: mismatched counts: root %d expects recvcounts[%d] = "
+                           "%llu elements from rank %d, which sends %zu",
+                           op.where().c_str(), root, rank_,
+                           static_cast<unsigned long long>(expects), rank_, c.count));
+        }
+        for (size_t p = 0; p < n; ++p) {
+          if (p != static_cast<size_t>(root)) {
+            longest = std::max(longest, static_cast<size_t>(load_word(theirs, p)) * es);
+          }
+        }
+        return longest;
+      },
+      [&](size_t j, int h, size_t) {
+        if (!is_root) return;
+        for (size_t p = 0; p < n; ++p) {
+          const size_t m = p == me ? 0 : r.piece(j, v.counts[p] * es);
+          if (m > 0) std::memcpy(out(p) + r.off(j), seg_.staging(static_cast<int>(p), h), m);
+        }
+      });
+}
+
+// Scatterv (plugin ABI v5): scatter's rounds, a count per block. Only the root stages: in every
+// round each destination's part of its block in sub-slot d (as alltoallv), and in round 0 also
+// sendcounts[d] in rank d's RankCtl::v_count word and its longest block in its own, so the data
+// keep the whole half. Each other rank waits for the root in every round (as in scatter) and
+// checks the root's sendcounts[rank] against its own count before it reads anything; the root
+// waits for nobody, so a disagreement fails the receiving rank (and the root's next wait, if any).
+void Comm::scatterv(Op &op, const mncl_coll_v1_t &c) {
+  const size_t es = kit::dtype_size(c.dtype);
+  const kit::RootedVLayout v = kit::rooted_v_layout(c);
+  const size_t n = static_cast<size_t>(size_), me = static_cast<size_t>(rank_);
+  const int root = c.root;
+  const bool is_root = rank_ == root;
+  if (is_root && c.count != v.counts[me]) {
+    throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
+                     kit::format("%s: the root receives %zu elements but sendcounts[%d] is %zu",
+                                 op.where().c_str(), c.count, rank_, v.counts[me]));
+  }
+  auto in = [&](size_t d) { return bytes_at(c.sendbuf, v.displs[d] * es); };
+  const size_t mine = c.count * es;
+  if (is_root && mine > 0) copy_block(c.recvbuf, in(me), mine);  // in place: already there
+  if (size_ == 1) return;
+  const size_t cap = per_peer(chunk_, size_);
+  const VRounds r{cap, cap};
+  auto longest_block = [&] {
+    size_t longest = 0;
+    for (size_t d = 0; d < n; ++d) {
+      if (d != me) longest = std::max(longest, v.counts[d] * es);
+    }
+    return longest;
+  };
+  const Who waits = is_root ? Who::kNone : Who::kRoot;
+  const VPlan plan{is_root, is_root, waits, waits, root};
+  v_rounds(
+      op, 0, plan, r,
+      [&](unsigned char *, int h) {  // the root's (only the root stages); its post publishes them
+        for (size_t d = 0; d < n; ++d) {
+          if (d != me) {
+            seg_.ctl(static_cast<int>(d)).v_count[h].store(v.counts[d], std::memory_order_relaxed);
+          }
+        }
+        seg_.ctl(rank_).v_count[h].store(longest_block(), std::memory_order_relaxed);
+      },
+      [&](size_t j, unsigned char *st) {
+        for (size_t d = 0; d < n; ++d) {
+          const size_t m = d == me ? 0 : r.piece(j, v.counts[d] * es);
+          if (m > 0) std::memcpy(st + d * cap, in(d) + r.off(j), m);
+        }
+      },
+      [&](int h) {
+        if (is_root) return longest_block();
+        const uint64_t sends = seg_.ctl(rank_).v_count[h].load(std::memory_order_relaxed);
+        if (sends != c.count) {
+          fail_mismatch(op, kit::format("%s: mismatched counts: root %d sends sendcounts[%d] = "
+                                        "%llu elements to rank %d, which expects %zu",
+                                        op.where().c_str(), root, rank_,
+                                        static_cast<unsigned long long>(sends), rank_, c.count));
+        }
+        return static_cast<size_t>(seg_.ctl(root).v_count[h].load(std::memory_order_relaxed));
+      },
+      [&](size_t j, int h, size_t) {
+        const size_t m = is_root ? 0 : r.piece(j, mine);
+        if (m > 0) std::memcpy(bytes_at(c.recvbuf, r.off(j)), seg_.staging(root, h) + me * cap, m);
       });
 }
 

@@ -34,6 +34,17 @@
 //                      each rank checks all of them before reading anything, so ranks whose
 //                      counts disagree all fail with MNCL_ERR_REMOTE instead of running
 //                      different numbers of rounds or reading past a block.
+//   gatherv, scatterv  (plugin ABI v5): gather's and scatter's rounds through the same v-round
+//                      loop, with the counts in round 0: gatherv, the root's recvcounts in its
+//                      staging (it stages no data) and each other rank's count in its RankCtl
+//                      v_count word; scatterv, sendcounts[r] in rank r's v_count word and the
+//                      longest block in the root's, so the data keep whole staging halves (as
+//                      many rounds as gather and scatter). Every non-root waits for the root in
+//                      round 0 (scatterv: in every round, as scatter) and checks the root's
+//                      count for it against its own; the gatherv root (which waits for all)
+//                      checks every rank's count against recvcounts[i]. A disagreement fails
+//                      the checking rank with MNCL_ERR_REMOTE before it reads a byte, and the
+//                      number of rounds follows from the root's counts, which every rank read.
 //   allreduce_coalesced: packed into one buffer, one allreduce, unpacked.
 //   barrier            one post, wait for all.
 //   send/recv          a two-slot channel per ordered pair: a message of up to 2 slots is
@@ -140,11 +151,21 @@ class Comm {
   void alltoall(Op &op, const mncl_coll_v1_t &c);
   void allgatherv(Op &op, const mncl_coll_v1_t &c);
   void alltoallv(Op &op, const mncl_coll_v1_t &c);
+  void gatherv(Op &op, const mncl_coll_v1_t &c);
+  void scatterv(Op &op, const mncl_coll_v1_t &c);
   size_t v_arrays(Op &op, int32_t kind);  // round 0's count arrays, in bytes
+  // Who stages and whom this rank waits for in a v-collective's rounds: round 0 (the count
+  // arrays) and the later ones. The default, everyone in every round, is allgatherv's and
+  // alltoallv's; the rooted kinds name their root.
+  struct VPlan {
+    bool stages0 = true, stages = true;
+    Who waits0 = Who::kAll, waits = Who::kAll;
+    int root = -1;
+  };
   template <typename Rounds, typename PutCounts, typename Stage, typename CheckCounts,
             typename Collect>
-  void v_rounds(Op &op, size_t arrays, const Rounds &r, PutCounts put_counts, Stage stage,
-                CheckCounts check_counts, Collect collect);
+  void v_rounds(Op &op, size_t arrays, const VPlan &plan, const Rounds &r, PutCounts put_counts,
+                Stage stage, CheckCounts check_counts, Collect collect);
   void barrier(Op &op);
   void send(Op &op, const mncl_coll_v1_t &c);
   void recv(Op &op, const mncl_coll_v1_t &c);

@@ -806,6 +806,9 @@ std::string Comm::diagnosis(const mncl_coll_v1_t &coll, mncl_status_t status) {
       coll.kind == MNCL_COLL_SEND || coll.kind == MNCL_COLL_RECV) {
     return "";
   }
+  // A native gatherv/scatterv's REMOTE is a block of the wrong size, which the plugin's message
+  // names; its sender may well have completed, so "no report" from it would mislead.
+  if (status == MNCL_ERR_REMOTE && kit::is_rooted_v_kind(coll.kind)) return "";
   // On a helper thread, bounded: when the store itself is unreachable (a cut link), a store
   // call only fails after the full timeout, and the error must not wait for that.
   struct Result {

@@ -40,7 +40,7 @@ std::string fingerprint(const mncl_coll_v1_t &c) {
   } else if (c.kind == MNCL_COLL_ALLTOALLV) {
     args = "per-pair counts";  // they differ by rank: the backend checks each pair
   } else if (c.kind == MNCL_COLL_GATHERV || c.kind == MNCL_COLL_SCATTERV) {
-    args = "per-rank counts";  // only the root has them all: the backend checks each block
+    args = "per-rank counts";  // only the root has them all; the backends check the blocks
   } else if (c.kind != MNCL_COLL_BARRIER) {
     args = format("count %zu", c.count);
   }

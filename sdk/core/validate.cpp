@@ -378,7 +378,8 @@ bool check_rooted_v(const char *fn, const RootedV &call, int rank, int size,
              "%s: %s %zu differs from %s[%d] = %zu (the root's own block)", fn,
              call.gather ? "sendcount" : "recvcount", call.count, counts_name, rank,
              call.counts[me]);
-  const char *own_in_blocks = blocks_buf == nullptr
+  // displs[me] is only meaningful (and checked) for a non-empty block.
+  const char *own_in_blocks = blocks_buf == nullptr || own_bytes == 0
                                   ? nullptr
                                   : static_cast<const char *>(blocks_buf) + call.displs[me] * elem;
   const bool in_place = own_bytes != 0 && own_buf == own_in_blocks;

@@ -25,7 +25,7 @@ namespace mncl::loader {
 class Plugin {
  public:
   virtual ~Plugin() = default;
-  // The table adapted to the newest ABI this core knows (v2 today).
+  // The table adapted to the newest ABI this core knows (v5 today).
   virtual const mncl_plugin_v5_t &table() const = 0;
   virtual const std::string &path() const = 0;
   virtual const std::string &name() const = 0;
