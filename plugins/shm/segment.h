@@ -21,8 +21,9 @@
 namespace mncl::shm {
 
 constexpr uint32_t kMagic = 0x4d48534du;  // "MSHM"
-constexpr uint32_t kVersion =
-    4;  // 2: call stamps, mismatch word; 3: single-copy offers; 4: v_count
+// 2: call stamps, mismatch word; 3: single-copy offers; 4: v_count; 5: scatterv's counts in the
+// root's staging (no longer in its receivers' v_count words)
+constexpr uint32_t kVersion = 5;
 
 struct Header {
   uint32_t magic;
@@ -61,11 +62,11 @@ struct alignas(128) RankCtl {
   Flag posts;                // collective progress: bumped once per phase of every collective
   std::atomic<int32_t> pid;  // for liveness checks; 0 until the rank has mapped the segment
   CallStamp call;            // same line as posts: the reader has just loaded it anyway
-  // Gatherv / scatterv: a block's count that goes with round 0 of a call, one word per staging
+  // Gatherv: a non-root's own count, which goes with round 0 of a call, one word per staging
   // half and under the half's reuse rule (written in a round that uses half h, before the post;
-  // read before the reader's next post), so that the data keep the whole half: a gatherv
-  // non-root's own count; on a scatterv, the root's sendcounts[r] in rank r's line and its
-  // longest block (bytes) in its own.
+  // read before the reader's next post), so that the data keep the whole half. Only the line's
+  // rank writes it (scatterv's counts travel in the root's staging instead: a rank that wrongly
+  // acted as a root would otherwise overwrite the true root's words for its receivers).
   std::atomic<uint64_t> v_count[2];
 };
 static_assert(sizeof(RankCtl) == 128, "RankCtl is one 128-byte line per rank");

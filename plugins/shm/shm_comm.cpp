@@ -508,6 +508,16 @@ void Comm::fail_mismatch(Op &op, const std::string &msg) {
   fail(op, MNCL_ERR_REMOTE, msg);
 }
 
+// An argument error only this rank can see (the root's own block) in a call its peers wait on:
+// marks the segment as fail_mismatch does, so that their waits fail at once instead of timing
+// out, and fails this call with MNCL_ERR_INVALID_ARGUMENT.
+void Comm::fail_local(Op &op, const std::string &msg) {
+  uint32_t expected = 0;
+  hdr_->mismatch_word.compare_exchange_strong(expected, static_cast<uint32_t>(rank_ + 1));
+  wake_everyone();
+  fail(op, MNCL_ERR_INVALID_ARGUMENT, msg);
+}
+
 void Comm::wait_rank(Op &op, int peer, uint32_t target) {
   if (peer != rank_) wait_flag(op, seg_.ctl(peer).posts, target, peer, "progress");
 }
@@ -899,8 +909,8 @@ void Comm::alltoall(Op &op, const mncl_coll_v1_t &c) {
 namespace {
 
 // Bytes of the count arrays at the front of round 0's staging: allgatherv's recvcounts,
-// alltoallv's sendcounts then recvcounts, or the gatherv root's recvcounts (its staging holds no
-// data), as uint64_t; a cache line multiple.
+// alltoallv's sendcounts then recvcounts, the gatherv root's recvcounts (its staging holds no
+// data) or the scatterv root's sendcounts, as uint64_t; a cache line multiple.
 size_t v_arrays_bytes(int32_t kind, int n) {
   const size_t words = static_cast<size_t>(n) * (kind == MNCL_COLL_ALLTOALLV ? 2 : 1);
   return (words * sizeof(uint64_t) + 63) / 64 * 64;
@@ -1106,9 +1116,8 @@ void Comm::gatherv(Op &op, const mncl_coll_v1_t &c) {
   const int root = c.root;
   const bool is_root = rank_ == root;
   if (is_root && c.count != v.counts[me]) {
-    throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
-                     kit::format("%s: the root sends %zu elements but recvcounts[%d] is %zu",
-                                 op.where().c_str(), c.count, rank_, v.counts[me]));
+    fail_local(op, kit::format("%s: the root sends %zu elements but recvcounts[%d] is %zu",
+                               op.where().c_str(), c.count, rank_, v.counts[me]));
   }
   auto out = [&](size_t p) { return bytes_at(c.recvbuf, v.displs[p] * es); };
   const size_t mine = c.count * es;
@@ -1179,11 +1188,14 @@ void Comm::gatherv(Op &op, const mncl_coll_v1_t &c) {
 }
 
 // Scatterv (plugin ABI v5): scatter's rounds, a count per block. Only the root stages: in every
-// round each destination's part of its block in sub-slot d (as alltoallv), and in round 0 also
-// sendcounts[d] in rank d's RankCtl::v_count word and its longest block in its own, so the data
-// keep the whole half. Each other rank waits for the root in every round (as in scatter) and
-// checks the root's sendcounts[rank] against its own count before it reads anything; the root
-// waits for nobody, so a disagreement fails the receiving rank (and the root's next wait, if any).
+// round each destination's part of its block in sub-slot d (as alltoallv), and in round 0 its
+// sendcounts ahead of the data (at most one round more than scatter). Each other rank waits for
+// the root in every round (as in scatter) and, having checked the root's call stamp, checks the
+// root's sendcounts[rank] against its own count before it reads anything, and takes the number
+// of rounds from the root's counts. It reads nothing but the root's staging, which only the root
+// writes: a rank that wrongly acts as a root (another root argument) writes only its own staging,
+// so it cannot change what the true root's receivers read. The root waits for nobody, so a
+// disagreement fails the receiving rank (and the root's next wait, if any).
 void Comm::scatterv(Op &op, const mncl_coll_v1_t &c) {
   const size_t es = kit::dtype_size(c.dtype);
   const kit::RootedVLayout v = kit::rooted_v_layout(c);
@@ -1191,55 +1203,61 @@ void Comm::scatterv(Op &op, const mncl_coll_v1_t &c) {
   const int root = c.root;
   const bool is_root = rank_ == root;
   if (is_root && c.count != v.counts[me]) {
-    throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
-                     kit::format("%s: the root receives %zu elements but sendcounts[%d] is %zu",
-                                 op.where().c_str(), c.count, rank_, v.counts[me]));
+    fail_local(op, kit::format("%s: the root receives %zu elements but sendcounts[%d] is %zu",
+                               op.where().c_str(), c.count, rank_, v.counts[me]));
   }
   auto in = [&](size_t d) { return bytes_at(c.sendbuf, v.displs[d] * es); };
   const size_t mine = c.count * es;
   if (is_root && mine > 0) copy_block(c.recvbuf, in(me), mine);  // in place: already there
   if (size_ == 1) return;
-  const size_t cap = per_peer(chunk_, size_);
-  const VRounds r{cap, cap};
-  auto longest_block = [&] {
-    size_t longest = 0;
-    for (size_t d = 0; d < n; ++d) {
-      if (d != me) longest = std::max(longest, v.counts[d] * es);
-    }
-    return longest;
-  };
+  const size_t arrays = v_arrays(op, c.kind);  // the root's sendcounts, ahead of round 0's data
+  const VRounds r{per_peer(chunk_ - arrays, size_), per_peer(chunk_, size_)};
+  if (r.first == 0) {  // the same on every rank: all refuse together
+    throw kit::Error(MNCL_ERR_NOT_SUPPORTED,
+                     kit::format("%s: %d ranks leave no room in a %zu-byte staging chunk "
+                                 "(raise MNCL_SHM_CHUNK)",
+                                 op.where().c_str(), size_, chunk_));
+  }
   const Who waits = is_root ? Who::kNone : Who::kRoot;
   const VPlan plan{is_root, is_root, waits, waits, root};
   v_rounds(
-      op, 0, plan, r,
-      [&](unsigned char *, int h) {  // the root's (only the root stages); its post publishes them
-        for (size_t d = 0; d < n; ++d) {
-          if (d != me) {
-            seg_.ctl(static_cast<int>(d)).v_count[h].store(v.counts[d], std::memory_order_relaxed);
-          }
-        }
-        seg_.ctl(rank_).v_count[h].store(longest_block(), std::memory_order_relaxed);
+      op, arrays, plan, r,
+      [&](unsigned char *st, int) {  // the root's (only the root stages)
+        for (size_t d = 0; d < n; ++d) store_word(st, d, v.counts[d]);
       },
       [&](size_t j, unsigned char *st) {
         for (size_t d = 0; d < n; ++d) {
           const size_t m = d == me ? 0 : r.piece(j, v.counts[d] * es);
-          if (m > 0) std::memcpy(st + d * cap, in(d) + r.off(j), m);
+          if (m > 0) std::memcpy(st + d * r.cap(j), in(d) + r.off(j), m);
         }
       },
       [&](int h) {
-        if (is_root) return longest_block();
-        const uint64_t sends = seg_.ctl(rank_).v_count[h].load(std::memory_order_relaxed);
-        if (sends != c.count) {
-          fail_mismatch(op, kit::format("%s: mismatched counts: root %d sends sendcounts[%d] = "
-                                        "%llu elements to rank %d, which expects %zu",
-                                        op.where().c_str(), root, rank_,
-                                        static_cast<unsigned long long>(sends), rank_, c.count));
+        // The root's counts: its own arrays on the root, its staging (checked stamp) elsewhere.
+        const unsigned char *theirs = is_root ? nullptr : seg_.staging(root, h);
+        auto count_of = [&](size_t d) {
+          return is_root ? static_cast<uint64_t>(v.counts[d]) : load_word(theirs, d);
+        };
+        if (!is_root && count_of(me) != c.count) {
+          fail_mismatch(op,
+                        kit::format("%s: mismatched counts: root %d sends sendcounts[%d] = "
+                                    "%llu elements to rank %d, which expects %zu",
+                                    op.where().c_str(), root, rank_,
+                                    static_cast<unsigned long long>(count_of(me)), rank_, c.count));
         }
-        return static_cast<size_t>(seg_.ctl(root).v_count[h].load(std::memory_order_relaxed));
+        size_t longest = 0;
+        for (size_t d = 0; d < n; ++d) {
+          if (d != static_cast<size_t>(root)) {
+            longest = std::max(longest, static_cast<size_t>(count_of(d)) * es);
+          }
+        }
+        return longest;
       },
-      [&](size_t j, int h, size_t) {
+      [&](size_t j, int h, size_t skip) {
         const size_t m = is_root ? 0 : r.piece(j, mine);
-        if (m > 0) std::memcpy(bytes_at(c.recvbuf, r.off(j)), seg_.staging(root, h) + me * cap, m);
+        if (m > 0) {
+          std::memcpy(bytes_at(c.recvbuf, r.off(j)), seg_.staging(root, h) + skip + me * r.cap(j),
+                      m);
+        }
       });
 }
 

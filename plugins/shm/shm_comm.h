@@ -36,15 +36,17 @@
 //                      different numbers of rounds or reading past a block.
 //   gatherv, scatterv  (plugin ABI v5): gather's and scatter's rounds through the same v-round
 //                      loop, with the counts in round 0: gatherv, the root's recvcounts in its
-//                      staging (it stages no data) and each other rank's count in its RankCtl
-//                      v_count word; scatterv, sendcounts[r] in rank r's v_count word and the
-//                      longest block in the root's, so the data keep whole staging halves (as
-//                      many rounds as gather and scatter). Every non-root waits for the root in
-//                      round 0 (scatterv: in every round, as scatter) and checks the root's
-//                      count for it against its own; the gatherv root (which waits for all)
-//                      checks every rank's count against recvcounts[i]. A disagreement fails
-//                      the checking rank with MNCL_ERR_REMOTE before it reads a byte, and the
-//                      number of rounds follows from the root's counts, which every rank read.
+//                      staging (it stages no data, so as many rounds as gather) and each other
+//                      rank's count in its own RankCtl v_count word; scatterv, the root's
+//                      sendcounts ahead of round 0's data in its staging (at most one round
+//                      more than scatter). Every word is written by its owner only: a rank
+//                      that wrongly acts as the root cannot change what the true root's peers
+//                      read. Every non-root waits for the root in round 0 (scatterv: in every
+//                      round, as scatter) and checks the root's count for it against its own;
+//                      the gatherv root (which waits for all) checks every rank's count against
+//                      recvcounts[i]. A disagreement fails the checking rank with
+//                      MNCL_ERR_REMOTE before it reads a byte, and the number of rounds follows
+//                      from the root's counts, which every rank read.
 //   allreduce_coalesced: packed into one buffer, one allreduce, unpacked.
 //   barrier            one post, wait for all.
 //   send/recv          a two-slot channel per ordered pair: a message of up to 2 slots is
@@ -204,6 +206,8 @@ class Comm {
   void check_calls(Op &op, Who waited, int root);
   void check_peer_call(Op &op, int peer);
   [[noreturn]] void fail_mismatch(Op &op, const std::string &msg);
+  // A root-only argument error in a rooted call: its peers' waits fail too (MNCL_ERR_REMOTE).
+  [[noreturn]] void fail_local(Op &op, const std::string &msg);
   void wake_everyone();
 
   const mncl_host_v1_t *host_;

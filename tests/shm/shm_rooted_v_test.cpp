@@ -10,12 +10,24 @@
 // Every block is 20 * SCALE int32 elements in the root's arrays, with 8 guard elements before
 // and after each; rank 1 passes half of that (less) or 7 more (more). With MNCL_SHM_CHUNK=64K
 // a large SCALE runs many rounds.
+//
+//   shm_rooted_v_test scatterv root SCALE   (N >= 3)
+//
+// Ranks that disagree on the root: rank 2 passes root 2, the others root 0, every count agrees.
+// Rank 2 acts as a second root and waits for nobody; what it writes must not change what root
+// 0's receivers read (it once wrote their counts into their control lines, so a receiver could
+// run too few rounds and return MNCL_OK with part of its block). Root 0 calls first, rank 2
+// 100 ms later, the others 300 ms later, the order in which rank 2's writes would land last.
+// Every rank must fail (any error, a timeout included) or complete with the result its own call
+// asks for: root 0's block for ranks 1 and 3, its own block for each root.
 #include <mncl/mncl.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -36,17 +48,77 @@ bool contains(const std::string &s, const std::string &part) {
   return s.find(part) != std::string::npos;
 }
 
+// The "root" case (see the top).
+int two_roots(size_t base) {
+  mncl_comm_t comm = nullptr;
+  if (mncl_comm_create(nullptr, &comm) != MNCL_OK) {
+    std::fprintf(stderr, "mncl_comm_create: %s\n", mncl_last_error());
+    return 1;
+  }
+  int size = 0;
+  mncl_comm_rank(comm, &my_rank);
+  mncl_comm_size(comm, &size);
+  if (size < 3) {
+    std::fprintf(stderr, "the root case needs 3 ranks or more\n");
+    return 2;
+  }
+  const size_t n = static_cast<size_t>(size), me = static_cast<size_t>(my_rank);
+  const int root = my_rank == 2 ? 2 : 0;
+  std::vector<size_t> counts(n, base), displs(n);
+  for (size_t i = 0; i < n; ++i) displs[i] = kGuard + i * (base + kGuard);
+  const size_t extent = kGuard + n * (base + kGuard);
+  // Element e of rank r's sendbuf is r * 100000000 + e: a block names its sender and offset.
+  std::vector<int32_t> send(extent), recv(base + kGuard, kUntouched);
+  for (size_t e = 0; e < extent; ++e) send[e] = static_cast<int32_t>(me * 100000000 + e);
+  if (mncl_barrier(comm, nullptr) != MNCL_OK) {
+    std::fprintf(stderr, "mncl_barrier: %s\n", mncl_last_error());
+    return 1;
+  }
+  if (my_rank != 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(my_rank == 2 ? 100 : 300));
+  const mncl_status_t st = mncl_scatterv(comm, send.data(), counts.data(), displs.data(),
+                                         recv.data(), base, MNCL_INT32, root, nullptr);
+  const std::string message = st == MNCL_OK ? "" : mncl_last_error();
+  std::fprintf(stderr, "rank %d (root %d): scatterv: %s%s%s\n", my_rank, root,
+               mncl_status_string(st), message.empty() ? "" : ": ", message.c_str());
+  if (st == MNCL_OK) {
+    // This rank's own call: the block root sends to it (from its sendbuf), nothing past it.
+    const size_t from = static_cast<size_t>(root) * 100000000 + displs[me];
+    for (size_t k = 0; k < recv.size(); ++k) {
+      const int32_t want = k < base ? static_cast<int32_t>(from + k) : kUntouched;
+      if (recv[k] != want) {
+        expect(false, "MNCL_OK but element " + std::to_string(k) + " of the block is " +
+                          std::to_string(recv[k]) + ", not " + std::to_string(want));
+        break;
+      }
+    }
+  }
+  // A failed communicator is abandoned (abort + destroy skips the leave protocol).
+  if (st != MNCL_OK) mncl_comm_abort(comm);
+  mncl_comm_destroy(comm);
+  return failures == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
   if (argc != 4 || (std::strcmp(argv[1], "gatherv") != 0 && std::strcmp(argv[1], "scatterv")) ||
-      (std::strcmp(argv[2], "less") != 0 && std::strcmp(argv[2], "more") != 0)) {
-    std::fprintf(stderr, "usage: %s gatherv|scatterv less|more SCALE\n", argv[0]);
+      (std::strcmp(argv[2], "less") != 0 && std::strcmp(argv[2], "more") != 0 &&
+       std::strcmp(argv[2], "root") != 0)) {
+    std::fprintf(stderr, "usage: %s gatherv|scatterv less|more SCALE, %s scatterv root SCALE\n",
+                 argv[0], argv[0]);
     return 2;
   }
   const bool gatherv = std::strcmp(argv[1], "gatherv") == 0;
   const bool less = std::strcmp(argv[2], "less") == 0;
   const size_t base = 20 * std::strtoull(argv[3], nullptr, 10);
+  if (std::strcmp(argv[2], "root") == 0) {
+    if (gatherv) {
+      std::fprintf(stderr, "%s: the root case is scatterv's\n", argv[0]);
+      return 2;
+    }
+    return two_roots(base);
+  }
 
   mncl_comm_t comm = nullptr;
   if (mncl_comm_create(nullptr, &comm) != MNCL_OK) {
