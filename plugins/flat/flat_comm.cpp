@@ -65,6 +65,12 @@ std::string describe(const mncl_coll_v1_t &c) {
     return s + kit::format(" (%s, %zu sent, %zu received)", kit::dtype_name(c.dtype),
                            v_total(v.sendcounts, c.nbufs), v_total(v.recvcounts, c.nbufs));
   }
+  if (kit::is_rooted_v_kind(c.kind)) {
+    // "gatherv #12 (int32, root 0, 85 here)"; the root adds its blocks' total.
+    s += kit::format(" (%s, root %d, %zu here", kit::dtype_name(c.dtype), c.root, c.count);
+    if (c.counts != nullptr) s += kit::format(", %zu in all", v_total(c.counts, c.nbufs));
+    return s + ")";
+  }
   if (c.kind == MNCL_COLL_ALLREDUCE_COALESCED) {
     s += kit::format(" (%zu buffers of %s", c.nbufs, kit::dtype_name(c.dtype));
   } else {
@@ -136,6 +142,32 @@ VSide v_side(const size_t *counts, const size_t *displs, size_t n, size_t big, i
   return side;
 }
 
+// A receive of ours at `index` (in Request::mpi) failed with `code`: when MPI says the message
+// was longer than the receive and it is one whose count flat knows (Request::expected), what
+// the peer did ("rank 2 sent more than the 20 elements expected here"), else "".
+std::string longer_message(const std::vector<Request::Expected> &expected, size_t index, int code) {
+  int cls = MPI_ERR_UNKNOWN;
+  MPI_Error_class(code, &cls);
+  if (cls != MPI_ERR_TRUNCATE) return "";
+  for (const Request::Expected &e : expected) {
+    if (e.index != index) continue;
+    return kit::format("rank %d sent more than the %d elements expected here", e.peer, e.count);
+  }
+  return "";
+}
+
+// The first failure among the statuses of a call that returned MPI_ERR_IN_STATUS: its index,
+// and its code in `code` (unchanged when no status carries one).
+size_t first_failure(const MPI_Status *statuses, size_t n, int &code) {
+  for (size_t i = 0; i < n; ++i) {
+    if (statuses[i].MPI_ERROR != MPI_SUCCESS && statuses[i].MPI_ERROR != MPI_ERR_PENDING) {
+      code = statuses[i].MPI_ERROR;
+      return i;
+    }
+  }
+  return n;
+}
+
 // Counts of operations whose blocks cannot be cut (per-rank blocks of rooted / all-to-all
 // kinds) must fit in an int.
 int whole_count(const mncl_coll_v1_t &c) {
@@ -169,7 +201,11 @@ class BusyScope {
 
 Comm::Comm(MPI_Comm comm, const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host,
            const Options &options)
-    : comm_(comm), rank_(bs.rank), size_(bs.size), host_(host), options_(options) {}
+    : comm_(comm), rank_(bs.rank), size_(bs.size), host_(host), options_(options) {
+  int *tag_ub = nullptr, found = 0;
+  MPI_Comm_get_attr(comm_, MPI_TAG_UB, &tag_ub, &found);
+  if (found && tag_ub != nullptr && *tag_ub > tag_ub_) tag_ub_ = *tag_ub;
+}
 
 Comm *Comm::create(const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host,
                    const Options &options) {
@@ -403,11 +439,19 @@ bool Comm::test(Request &r) {
     if (done) check_call(r);  // before the data are trusted, and before they hang
     done = 0;
   }
-  std::vector<MPI_Status> statuses(r.mpi.size());
   int rc;
+  std::vector<MPI_Status> statuses;
   {
     MpiLock lock;
-    rc = MPI_Testall(static_cast<int>(r.mpi.size()), r.mpi.data(), &done, statuses.data());
+    // Gatherv / scatterv: receives are posted as their messages arrive. Until all are, the
+    // requests are left alone: a Testall that completed them would lose their statuses.
+    if (r.unmatched == 0 || progress_probes(r)) {
+      statuses.resize(r.mpi.size());
+      rc = MPI_Testall(static_cast<int>(r.mpi.size()), r.mpi.data(), &done, statuses.data());
+    } else {
+      rc = MPI_SUCCESS;
+      done = 0;
+    }
   }
   // The checks may have completed in this very call: they still come first, whether the data
   // completed (a short message is no error to MPI) or failed (a mismatch explains why).
@@ -421,11 +465,12 @@ bool Comm::test(Request &r) {
   if (rc != MPI_SUCCESS) {
     int code = rc;
     if (rc == MPI_ERR_IN_STATUS) {  // the first request that failed says why
-      for (const MPI_Status &s : statuses) {
-        if (s.MPI_ERROR != MPI_SUCCESS && s.MPI_ERROR != MPI_ERR_PENDING) {
-          code = s.MPI_ERROR;
-          break;
-        }
+      const size_t failed = first_failure(statuses.data(), statuses.size(), code);
+      // A message longer than its receive (MPI_ERR_TRUNCATE): the peer's count differs.
+      const std::string longer = longer_message(r.expected, failed, code);
+      if (!longer.empty()) {
+        throw kit::Error(MNCL_ERR_REMOTE, kit::format("flat %s: %s (do the ranks' counts agree?)",
+                                                      what().c_str(), longer.c_str()));
       }
     }
     throw kit::Error(mpi_error_status(code),
@@ -447,7 +492,7 @@ bool Comm::test(Request &r) {
 
 void Comm::post_fingerprint(const mncl_coll_v1_t &c, Request &r) {
   if (c.kind == MNCL_COLL_SEND || c.kind == MNCL_COLL_RECV) return;  // MPI matches p2p sizes
-  const bool rooted = kit::is_rooted(c.kind);
+  const bool rooted = kit::is_rooted(c.kind) || kit::is_rooted_v_kind(c.kind);
   const bool barrier = c.kind == MNCL_COLL_BARRIER;
   uint64_t count = barrier ? 0 : c.count;
   if (c.kind == MNCL_COLL_ALLREDUCE_COALESCED) {
@@ -457,7 +502,8 @@ void Comm::post_fingerprint(const mncl_coll_v1_t &c, Request &r) {
   // Per-rank counts differ between ranks: allgatherv's total must agree, alltoallv has none;
   // post_counts_check checks each block's two ends.
   if (c.kind == MNCL_COLL_ALLGATHERV) count = v_total(c.counts, c.nbufs);
-  if (c.kind == MNCL_COLL_ALLTOALLV) count = 0;
+  // Gatherv / scatterv: each rank has its own count; the receiving end checks each block's.
+  if (c.kind == MNCL_COLL_ALLTOALLV || kit::is_rooted_v_kind(c.kind)) count = 0;
   const auto field = [](int32_t v) { return static_cast<uint64_t>(static_cast<uint32_t>(v)); };
   const uint64_t fields[Request::kFields] = {field(c.kind),
                                              field(barrier ? -1 : c.dtype),
@@ -584,11 +630,19 @@ void Comm::finish(const Request &r, const MPI_Status *statuses) {
       if (got != e.count) {
         throw kit::Error(MNCL_ERR_REMOTE,
                          kit::format("flat %s #%llu: received %d elements from rank %d, expected "
-                                     "%d (the sender's count differs)",
+                                     "%d (%s)",
                                      kind_name(r.kind), static_cast<unsigned long long>(r.seq), got,
-                                     e.peer, e.count));
+                                     e.peer, e.count,
+                                     r.kind == MNCL_COLL_RECV ? "the sender's count differs"
+                                                              : "do the ranks' counts agree?"));
       }
     }
+  }
+  if (!r.mismatch.empty()) {
+    throw kit::Error(
+        MNCL_ERR_REMOTE,
+        kit::format("flat %s #%llu: %s (do the ranks' counts agree?)", kind_name(r.kind),
+                    static_cast<unsigned long long>(r.seq), r.mismatch.c_str()));
   }
   if (r.avg_buf != nullptr) kit::finish_avg(r.avg_buf, r.avg_count, r.dtype, size_);
   for (const Request::Copy &copy : r.copy_out) {
@@ -715,6 +769,10 @@ void Comm::issue(const mncl_coll_v1_t &c, Request &r, bool nonblocking) {
     case MNCL_COLL_ALLGATHERV:
     case MNCL_COLL_ALLTOALLV:
       issue_v(c, r, nonblocking);
+      return;
+    case MNCL_COLL_GATHERV:
+    case MNCL_COLL_SCATTERV:
+      issue_rooted_v(c, r, nonblocking);
       return;
     case MNCL_COLL_SEND:
       for_chunks(c.count, [&](size_t first, int n) {
@@ -879,20 +937,25 @@ void Comm::issue_v(const mncl_coll_v1_t &c, Request &r, bool nonblocking) {
   }
   if (nonblocking || r.mpi.size() == first_request) return;
 
-  // Blocking, with point-to-point blocks: wait for them now (under the MPI lock, as any
-  // blocking call), check their sizes, and leave r as a blocking call does.
+  // Blocking, with point-to-point blocks: wait for them now.
+  wait_p2p(c, r, first_request, first_expected);
+}
+
+void Comm::wait_p2p(const mncl_coll_v1_t &c, Request &r, size_t first_request,
+                    size_t first_expected) {
   std::vector<MPI_Status> statuses(r.mpi.size() - first_request);
   int rc =
       MPI_Waitall(static_cast<int>(statuses.size()), r.mpi.data() + first_request, statuses.data());
   if (rc == MPI_ERR_IN_STATUS) {
-    for (const MPI_Status &status : statuses) {
-      if (status.MPI_ERROR != MPI_SUCCESS && status.MPI_ERROR != MPI_ERR_PENDING) {
-        rc = status.MPI_ERROR;
-        break;
-      }
+    const size_t failed = first_failure(statuses.data(), statuses.size(), rc);
+    const std::string longer = longer_message(r.expected, first_request + failed, rc);
+    if (!longer.empty()) {
+      throw kit::Error(MNCL_ERR_REMOTE, kit::format("flat %s: %s (do the ranks' counts agree?)",
+                                                    describe(c).c_str(), longer.c_str()));
     }
   }
-  check(rc, "MPI_Waitall (point-to-point blocks)", c);
+  check(rc, "MPI_Waitall (point-to-point messages)", c);
+  const MPI_Datatype type = mpi_datatype(c.dtype);
   for (size_t i = first_expected; i < r.expected.size(); ++i) {
     const Request::Expected &e = r.expected[i];
     int got = 0;
@@ -906,6 +969,158 @@ void Comm::issue_v(const mncl_coll_v1_t &c, Request &r, bool nonblocking) {
   }
   r.mpi.resize(first_request);
   r.expected.resize(first_expected);
+}
+
+void Comm::issue_rooted_v(const mncl_coll_v1_t &c, Request &r, bool nonblocking) {
+  const bool gather = c.kind == MNCL_COLL_GATHERV;
+  const MPI_Datatype type = mpi_datatype(c.dtype);
+  const size_t esize = kit::dtype_size(c.dtype);
+  const char *send = static_cast<const char *>(c.sendbuf);
+  char *recv = static_cast<char *>(c.recvbuf);
+  const size_t first_request = r.mpi.size();
+  // The operation's own tag: its messages can match no other operation's, whatever the order
+  // in which their receives are probed (2 .. tag_ub_; 0 and 1 are kTag and kVTag).
+  r.tag = 2 + static_cast<int>(c.seq % static_cast<uint64_t>(tag_ub_ - 1));
+  // One block, received or sent whole: one message (an empty one for count 0, so that the
+  // receiver always matches one and sees a disagreement), or chunks of at most kMaxChunk.
+  // An empty block's displacement is unchecked (mncl_plugin_v5.h): no pointer is made from it.
+  const auto block_at = [&](auto *base, size_t displ, size_t count) {
+    return count == 0 ? nullptr : shift(base, displ, esize);
+  };
+  const auto expect = [&](char *block, size_t count, int peer) {
+    for_chunks(count, [&](size_t first, int n) {
+      r.probes.push_back({peer, shift(block, first, esize), n, false});
+      ++r.unmatched;
+    });
+  };
+  const auto post_send = [&](const char *block, size_t count, int peer) {
+    for_chunks(count, [&](size_t first, int n) {
+      r.mpi.push_back(MPI_REQUEST_NULL);
+      check(MPI_Isend(shift(block, first, esize), n, type, peer, r.tag, comm_, &r.mpi.back()),
+            "MPI_Isend", c);
+    });
+  };
+
+  if (c.root != rank_) {
+    // This rank's block, to or from the root. A blocking gatherv sends it with MPI_Send.
+    if (gather && !nonblocking) {
+      for_chunks(c.count, [&](size_t first, int n) {
+        check(MPI_Send(shift(send, first, esize), n, type, c.root, r.tag, comm_), "MPI_Send", c);
+      });
+      return;
+    }
+    if (gather) {
+      post_send(send, c.count, c.root);
+    } else {
+      expect(recv, c.count, c.root);
+    }
+  } else {
+    // The root: one block per other rank, received (gatherv) or sent (scatterv). Its own block
+    // (counts[root] == count elements) stays put in place, else is copied: on the host by
+    // memcpy, on device memory (CUDA-aware MPI) as a message to itself.
+    const kit::RootedVLayout v = kit::rooted_v_layout(c);
+    const size_t me = static_cast<size_t>(rank_);
+    const char *own_src = gather ? send : block_at(send, v.displs[me], c.count);
+    char *own_dst = gather ? block_at(recv, v.displs[me], c.count) : recv;
+    const bool own_copy = c.count != 0 && own_src != own_dst;
+    const bool own_by_mpi = own_copy && options_.cuda &&
+                            (cuda::is_device_pointer(own_src) || cuda::is_device_pointer(own_dst));
+    for (size_t i = 0; i < c.nbufs; ++i) {
+      if (i == me) continue;
+      if (gather) {
+        expect(block_at(recv, v.displs[i], v.counts[i]), v.counts[i], static_cast<int>(i));
+      } else {
+        post_send(block_at(send, v.displs[i], v.counts[i]), v.counts[i], static_cast<int>(i));
+      }
+    }
+    if (own_by_mpi) {
+      expect(own_dst, c.count, rank_);
+      post_send(own_src, c.count, rank_);
+    } else if (own_copy) {
+      std::memcpy(own_dst, own_src, c.count * esize);
+    }
+  }
+  if (nonblocking) {
+    progress_probes(r);  // what has arrived already; test() does the rest
+    return;
+  }
+  // Blocking: match every message (polling, as MPI's own waits do), then wait for the data.
+  while (!progress_probes(r)) {
+  }
+  const size_t first_expected = r.expected.size();
+  wait_p2p(c, r, first_request, first_expected);
+  if (!r.mismatch.empty()) {
+    throw kit::Error(MNCL_ERR_REMOTE, kit::format("flat %s: %s (do the ranks' counts agree?)",
+                                                  describe(c).c_str(), r.mismatch.c_str()));
+  }
+}
+
+bool Comm::progress_probes(Request &r) {
+  const MPI_Datatype type = mpi_datatype(r.dtype);
+  const size_t esize = kit::dtype_size(r.dtype);
+  const auto fail = [&](int rc, const char *call) {
+    if (rc == MPI_SUCCESS) return;
+    throw kit::Error(mpi_error_status(rc),
+                     kit::format("flat %s #%llu: %s failed on rank %d of %d: %s", kind_name(r.kind),
+                                 static_cast<unsigned long long>(r.seq), call, rank_, size_,
+                                 mpi_error_text(rc).c_str()));
+  };
+  for (size_t i = 0; i < r.probes.size() && r.unmatched > 0; ++i) {
+    Request::Probe &p = r.probes[i];
+    // A peer's chunks arrive in order: only its first unmatched one can be matched now.
+    if (p.matched || (i > 0 && r.probes[i - 1].peer == p.peer && !r.probes[i - 1].matched)) {
+      continue;
+    }
+    int flag = 0;
+    MPI_Message message = MPI_MESSAGE_NULL;
+    MPI_Status status;
+    fail(MPI_Improbe(p.peer, r.tag, comm_, &flag, &message, &status), "MPI_Improbe");
+    if (!flag) continue;
+    p.matched = true;
+    --r.unmatched;
+    int got = 0;
+    MPI_Get_count(&status, type, &got);
+    void *dst = p.dst;
+    int n = p.count;
+    MPI_Datatype as = type;
+    if (got != p.count) {
+      // Received all the same (the sender must complete, and nothing may stay in flight), but
+      // never past the block: a shorter message into it, anything else into scratch.
+      int bytes = 0;
+      MPI_Get_count(&status, MPI_BYTE, &bytes);
+      if (r.mismatch.empty()) {
+        r.mismatch =
+            got == MPI_UNDEFINED
+                ? kit::format(
+                      "rank %d sent %d bytes, not a whole number of %s elements (%d "
+                      "expected here)",
+                      p.peer, bytes, kit::dtype_name(r.dtype), p.count)
+                : kit::format("rank %d sent %d elements, %d expected here", p.peer, got, p.count);
+      }
+      if (got != MPI_UNDEFINED && got < p.count) {
+        n = got;
+      } else if (got != MPI_UNDEFINED) {
+        r.drained.emplace_back(static_cast<size_t>(got) * esize);
+        dst = r.drained.back().data();
+        n = got;
+      } else if (bytes != MPI_UNDEFINED) {
+        r.drained.emplace_back(static_cast<size_t>(bytes));
+        dst = r.drained.back().data();
+        n = bytes;
+        as = MPI_BYTE;
+      } else {
+        broken_.store(true);  // a message that fits no int count stays unreceived
+        throw kit::Error(MNCL_ERR_REMOTE,
+                         kit::format("flat %s #%llu: %s (do the ranks' counts agree?); the "
+                                     "communicator is unusable",
+                                     kind_name(r.kind), static_cast<unsigned long long>(r.seq),
+                                     r.mismatch.c_str()));
+      }
+    }
+    r.mpi.push_back(MPI_REQUEST_NULL);
+    fail(MPI_Imrecv(dst, n, as, &message, &r.mpi.back()), "MPI_Imrecv");
+  }
+  return r.unmatched == 0;
 }
 
 std::string Comm::v_device_refusal(const mncl_coll_v1_t &c) const {

@@ -4,7 +4,8 @@
 // allreduces (ALLREDUCE_COALESCED) are packed into one buffer and one MPI_Allreduce, the
 // "flat" communicator of ChainerMN. ALLGATHERV / ALLTOALLV (plugin ABI v3) are
 // MPI_Allgatherv / MPI_Alltoallv, or point-to-point messages in chunks when a count or a
-// displacement does not fit MPI's int.
+// displacement does not fit MPI's int. GATHERV / SCATTERV (plugin ABI v5) are point-to-point
+// messages between the root and every other rank, each checked for its count by its receiver.
 //
 // Limits, all MPI's:
 //  - MPI has no timeout and no way to interrupt a blocking call: a blocking collective waits
@@ -24,6 +25,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace mncl::flat {
@@ -77,6 +79,21 @@ struct Request {
   uint64_t pair_sums_in[3] = {}, pair_sums_out[3] = {};
   int checks = 0;        // leading requests of mpi that check the call (fingerprint, sums)
   bool checked = false;  // they completed and the call passed
+  // Gatherv / scatterv: the receives, each posted (MPI_Imrecv, into mpi) only once its message
+  // has been matched by MPI_Improbe and its size checked, since Open MPI may write a longer
+  // message past the end of a receive buffer before it reports the truncation. A message of the
+  // wrong size is received into `drained` (or into the block when shorter) and reported.
+  struct Probe {
+    int peer;
+    char *dst;  // the block (chunk) it fills
+    int count;  // elements expected
+    bool matched;
+  };
+  std::vector<Probe> probes;  // in order; chunks of one peer's block are adjacent
+  size_t unmatched = 0;       // probes not yet matched
+  int tag = 0;                // the operation's own tag (from seq)
+  std::vector<std::vector<unsigned char>> drained;
+  std::string mismatch;  // the first size disagreement, reported once everything completed
 };
 
 class Comm {
@@ -120,6 +137,18 @@ class Comm {
   // ALLGATHERV / ALLTOALLV: MPI_(I)allgatherv / MPI_(I)alltoallv; blocks beyond
   // INT_MAX / size elements as point-to-point messages beside it (see v_big in the .cpp).
   void issue_v(const mncl_coll_v1_t &c, Request &r, bool nonblocking);
+  // GATHERV / SCATTERV (plugin ABI v5): point-to-point messages between the root and each
+  // other rank on a tag of the operation's own (from its seq), one per block even when empty,
+  // whose receiver checks the size before receiving it (Request::probes): no counts check
+  // across the ranks is needed.
+  void issue_rooted_v(const mncl_coll_v1_t &c, Request &r, bool nonblocking);
+  // Gatherv / scatterv: matches what it can of r.probes (MPI_Improbe, in order per peer) and
+  // posts their receives. true when every probe is matched. Under the MPI lock.
+  bool progress_probes(Request &r);
+  // Blocking calls: waits for r.mpi[first_request..] and checks the receives recorded in
+  // r.expected[first_expected..] (throws MNCL_ERR_REMOTE naming the peer when a count differs),
+  // then leaves r as a blocking call does (those requests and expectations removed).
+  void wait_p2p(const mncl_coll_v1_t &c, Request &r, size_t first_request, size_t first_expected);
   // Why this rank cannot run c (device buffers that flat would pack on the host), or "".
   std::string v_device_refusal(const mncl_coll_v1_t &c) const;
   // After the MPI side completed: checks (statuses: requests with r.expected), AVG, copies.
@@ -138,6 +167,7 @@ class Comm {
 
   MPI_Comm comm_;
   int rank_, size_;
+  int tag_ub_ = 32767;  // MPI_TAG_UB of comm_ (gatherv / scatterv tags: 2 .. tag_ub_)
   const mncl_host_v1_t *host_;
   Options options_;
   std::atomic<bool> aborted_{false};

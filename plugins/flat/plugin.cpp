@@ -38,11 +38,14 @@ uint64_t capabilities_at_load() {
   if (flat::mpi_cuda_aware_now()) caps |= MNCL_CAP_CUDA_MEMORY;
   return caps;
 }
-// Every kind, the coalesced allreduce included (packed into one MPI_Allreduce), and plugin ABI
-// v3's allgatherv / alltoallv (MPI_Allgatherv / MPI_Alltoallv).
+// Every kind, the coalesced allreduce included (packed into one MPI_Allreduce), plugin ABI
+// v3's allgatherv / alltoallv (MPI_Allgatherv / MPI_Alltoallv) and v5's gatherv / scatterv
+// (point-to-point messages to / from the root). Not v4's SENDRECV_BATCH: the core runs a
+// batch as separate non-blocking sends and receives, which MPI progresses together.
 constexpr uint32_t kCollectives =
     MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED) |
-    MNCL_COLL_BIT(MNCL_COLL_ALLGATHERV) | MNCL_COLL_BIT(MNCL_COLL_ALLTOALLV);
+    MNCL_COLL_BIT(MNCL_COLL_ALLGATHERV) | MNCL_COLL_BIT(MNCL_COLL_ALLTOALLV) |
+    MNCL_COLL_BIT(MNCL_COLL_GATHERV) | MNCL_COLL_BIT(MNCL_COLL_SCATTERV);
 
 // Computed when the library is loaded (before the table below, which copies it).
 const uint64_t g_caps = capabilities_at_load();
@@ -158,13 +161,13 @@ mncl_status_t flat_test(void *comm, void *handle, int32_t *done) {
 
 }  // namespace
 
-// The v3 table, and the same functions as v2 and v1 for older cores (kit::as_v2 drops the v3
-// kinds from coll_mask). Positional initializers: keep the field comments in sync with
-// mncl_plugin_v3.h.
-MNCL_PLUGIN_EXPORT const mncl_plugin_v3_t mncl_plugin_v3 = {
-    sizeof(mncl_plugin_v3_t),  // struct_size
+// The v5 table, and the same functions as v4, v3, v2 and v1 for older cores (each copy drops
+// the kinds its version does not define from coll_mask). Positional initializers: keep the
+// field comments in sync with mncl_plugin_v5.h.
+MNCL_PLUGIN_EXPORT const mncl_plugin_v5_t mncl_plugin_v5 = {
+    sizeof(mncl_plugin_v5_t),  // struct_size
     MNCL_PLUGIN_MAGIC,         // magic
-    MNCL_PLUGIN_ABI_V3,        // abi_version
+    MNCL_PLUGIN_ABI_V5,        // abi_version
     "flat",                    // name
     "0.1.0",                   // version
     g_caps,                    // caps: host (+ CUDA if MPI says so), native non-blocking
@@ -183,5 +186,7 @@ MNCL_PLUGIN_EXPORT const mncl_plugin_v3_t mncl_plugin_v3 = {
     flat_post,                 // post: MPI's non-blocking collectives
     flat_test,                 // test
 };
+MNCL_PLUGIN_EXPORT const mncl_plugin_v4_t mncl_plugin_v4 = kit::as_v4(mncl_plugin_v5);
+MNCL_PLUGIN_EXPORT const mncl_plugin_v3_t mncl_plugin_v3 = kit::as_v3(mncl_plugin_v4);
 MNCL_PLUGIN_EXPORT const mncl_plugin_v2_t mncl_plugin_v2 = kit::as_v2(mncl_plugin_v3);
 MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = kit::as_v1(mncl_plugin_v2);
