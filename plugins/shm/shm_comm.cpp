@@ -1103,6 +1103,26 @@ void Comm::alltoallv(Op &op, const mncl_coll_v1_t &c) {
       });
 }
 
+// What gatherv and scatterv do first on the root: check its own count against its entry
+// (every rank fails alike otherwise), then move its own block, unless it is in place.
+void Comm::root_own_block(Op &op, const mncl_coll_v1_t &c, const kit::RootedVLayout &v) {
+  if (rank_ != c.root) return;
+  const bool gather = c.kind == MNCL_COLL_GATHERV;
+  const size_t es = kit::dtype_size(c.dtype), me = static_cast<size_t>(rank_);
+  if (c.count != v.counts[me]) {
+    fail_local(op, kit::format("%s: the root %s %zu elements but %s[%d] is %zu", op.where().c_str(),
+                               gather ? "sends" : "receives", c.count,
+                               gather ? "recvcounts" : "sendcounts", rank_, v.counts[me]));
+  }
+  const size_t mine = c.count * es;
+  if (mine == 0) return;  // an empty block's displacement is never used
+  if (gather) {
+    copy_block(bytes_at(c.recvbuf, v.displs[me] * es), c.sendbuf, mine);
+  } else {
+    copy_block(c.recvbuf, bytes_at(c.sendbuf, v.displs[me] * es), mine);
+  }
+}
+
 // Gatherv (plugin ABI v5): gather's rounds, a count per block. In round 0 the root stages its
 // recvcounts (and no data) and every other rank its count in its RankCtl::v_count word, so the
 // data keep the whole staging half (as many rounds as gather). The root (waiting for all, as in
@@ -1115,13 +1135,8 @@ void Comm::gatherv(Op &op, const mncl_coll_v1_t &c) {
   const size_t n = static_cast<size_t>(size_), me = static_cast<size_t>(rank_);
   const int root = c.root;
   const bool is_root = rank_ == root;
-  if (is_root && c.count != v.counts[me]) {
-    fail_local(op, kit::format("%s: the root sends %zu elements but recvcounts[%d] is %zu",
-                               op.where().c_str(), c.count, rank_, v.counts[me]));
-  }
+  root_own_block(op, c, v);
   auto out = [&](size_t p) { return bytes_at(c.recvbuf, v.displs[p] * es); };
-  const size_t mine = c.count * es;
-  if (is_root && mine > 0) copy_block(out(me), c.sendbuf, mine);  // in place: already there
   if (size_ == 1) return;
   v_arrays(op, c.kind);  // the root's recvcounts must fit its staging half
   const VRounds r{chunk_, chunk_};
@@ -1137,7 +1152,7 @@ void Comm::gatherv(Op &op, const mncl_coll_v1_t &c) {
         for (size_t i = 0; i < n; ++i) store_word(st, i, v.counts[i]);
       },
       [&](size_t j, unsigned char *st) {
-        const size_t m = is_root ? 0 : r.piece(j, mine);
+        const size_t m = is_root ? 0 : r.piece(j, c.count * es);
         if (m > 0) std::memcpy(st, bytes_at(c.sendbuf, r.off(j)), m);
       },
       [&](int h) {
@@ -1202,13 +1217,8 @@ void Comm::scatterv(Op &op, const mncl_coll_v1_t &c) {
   const size_t n = static_cast<size_t>(size_), me = static_cast<size_t>(rank_);
   const int root = c.root;
   const bool is_root = rank_ == root;
-  if (is_root && c.count != v.counts[me]) {
-    fail_local(op, kit::format("%s: the root receives %zu elements but sendcounts[%d] is %zu",
-                               op.where().c_str(), c.count, rank_, v.counts[me]));
-  }
+  root_own_block(op, c, v);
   auto in = [&](size_t d) { return bytes_at(c.sendbuf, v.displs[d] * es); };
-  const size_t mine = c.count * es;
-  if (is_root && mine > 0) copy_block(c.recvbuf, in(me), mine);  // in place: already there
   if (size_ == 1) return;
   const size_t arrays = v_arrays(op, c.kind);  // the root's sendcounts, ahead of round 0's data
   const VRounds r{per_peer(chunk_ - arrays, size_), per_peer(chunk_, size_)};
@@ -1253,7 +1263,7 @@ void Comm::scatterv(Op &op, const mncl_coll_v1_t &c) {
         return longest;
       },
       [&](size_t j, int h, size_t skip) {
-        const size_t m = is_root ? 0 : r.piece(j, mine);
+        const size_t m = is_root ? 0 : r.piece(j, c.count * es);
         if (m > 0) {
           std::memcpy(bytes_at(c.recvbuf, r.off(j)), seg_.staging(root, h) + skip + me * r.cap(j),
                       m);

@@ -106,6 +106,7 @@
 #include <string>
 #include <vector>
 
+#include "common/coll.h"  // the plugin kit: kit::RootedVLayout
 #include "shm/segment.h"
 
 namespace mncl::shm {
@@ -155,6 +156,7 @@ class Comm {
   void alltoallv(Op &op, const mncl_coll_v1_t &c);
   void gatherv(Op &op, const mncl_coll_v1_t &c);
   void scatterv(Op &op, const mncl_coll_v1_t &c);
+  void root_own_block(Op &op, const mncl_coll_v1_t &c, const kit::RootedVLayout &v);
   size_t v_arrays(Op &op, int32_t kind);  // round 0's count arrays, in bytes
   // Who stages and whom this rank waits for in a v-collective's rounds: round 0 (the count
   // arrays) and the later ones. The default, everyone in every round, is allgatherv's and

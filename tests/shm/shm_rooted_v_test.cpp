@@ -48,16 +48,23 @@ bool contains(const std::string &s, const std::string &part) {
   return s.find(part) != std::string::npos;
 }
 
-// The "root" case (see the top).
-int two_roots(size_t base) {
+// A communicator from the environment, with my_rank and *size set; NULL (said why) if none.
+mncl_comm_t open_comm(int *size) {
   mncl_comm_t comm = nullptr;
   if (mncl_comm_create(nullptr, &comm) != MNCL_OK) {
     std::fprintf(stderr, "mncl_comm_create: %s\n", mncl_last_error());
-    return 1;
+    return nullptr;
   }
-  int size = 0;
   mncl_comm_rank(comm, &my_rank);
-  mncl_comm_size(comm, &size);
+  mncl_comm_size(comm, size);
+  return comm;
+}
+
+// The "root" case (see the top).
+int two_roots(size_t base) {
+  int size = 0;
+  mncl_comm_t comm = open_comm(&size);
+  if (comm == nullptr) return 1;
   if (size < 3) {
     std::fprintf(stderr, "the root case needs 3 ranks or more\n");
     return 2;
@@ -120,14 +127,9 @@ int main(int argc, char **argv) {
     return two_roots(base);
   }
 
-  mncl_comm_t comm = nullptr;
-  if (mncl_comm_create(nullptr, &comm) != MNCL_OK) {
-    std::fprintf(stderr, "mncl_comm_create: %s\n", mncl_last_error());
-    return 1;
-  }
   int size = 0;
-  mncl_comm_rank(comm, &my_rank);
-  mncl_comm_size(comm, &size);
+  mncl_comm_t comm = open_comm(&size);
+  if (comm == nullptr) return 1;
   const size_t n = static_cast<size_t>(size), me = static_cast<size_t>(my_rank);
   // The root's arrays: every block `base` long, kGuard untouched elements around each.
   std::vector<size_t> counts(n, base), displs(n);
