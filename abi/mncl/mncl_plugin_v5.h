@@ -43,8 +43,8 @@
  *
  * The core has checked every local fact: root and dtype (in dtype_mask), counts and the
  * displacements of non-empty blocks without overflow (an empty block's displacement is never
- * checked: do not compute a pointer from it), the root's receive blocks not overlapping (gatherv), NULL
- * buffers, count == counts[root] on the root, and no overlap of this rank's buffers other than
+ * checked: do not compute a pointer from it), the root's receive blocks not overlapping (gatherv),
+ * NULL buffers, count == counts[root] on the root, and no overlap of this rank's buffers other than
  * the in-place form. What no rank can check alone, rank i's count against the root's counts[i],
  * a plugin must not trust: a disagreement must end in an error (MNCL_ERR_REMOTE or
  * MNCL_ERR_TIMEOUT) at least on the rank that receives the block (the root for GATHERV, rank i
