@@ -251,7 +251,7 @@ MNCL_API mncl_status_t mncl_allreduce_coalesced(mncl_comm_t comm, const void *co
  * outside every block are left untouched. What one rank cannot check (that its counts agree with
  * its peers') fails with MNCL_ERR_REMOTE or MNCL_ERR_TIMEOUT, never with a wrong result; except
  * on nccl, where, as for every other mismatched call, NCCL checks nothing (MNCL_DEBUG_CHECKS=1
- * compares allgatherv's recvcounts across ranks before the call).
+ * compares allgatherv's recvcounts, and alltoallv's sendcounts with the peers' recvcounts, first).
  *
  * allgatherv: rank i's sendcount elements land at recvbuf + displs[i] on every rank;
  *   sendcount == recvcounts[rank], and recvcounts/displs are the same on every rank.
@@ -280,7 +280,7 @@ MNCL_API mncl_status_t mncl_alltoallv(mncl_comm_t comm, const void *sendbuf,
  * Counts that disagree between a rank and the root fail with MNCL_ERR_REMOTE or
  * MNCL_ERR_TIMEOUT at least on the rank that receives the block (the root for gatherv, the rank
  * for scatterv; the sending side may complete), never with a wrong result (nccl excepted: NCCL
- * checks nothing).
+ * checks nothing; MNCL_DEBUG_CHECKS=1 compares each rank's count with the root's first).
  *
  * gatherv: rank i's sendcount elements land at recvbuf + displs[i] on the root, which expects
  *   recvcounts[i] == that count. In place at the root: sendbuf == recvbuf + displs[root].

@@ -50,8 +50,8 @@
  * MNCL_ERR_TIMEOUT) at least on the rank that receives the block (the root for GATHERV, rank i
  * for SCATTERV), never in a crash, a write outside a block or a hang; the sending side may
  * complete. Where a backend's transport cannot tell (NCCL's), a stream-ordered plugin reports
- * what its library reports. The core's MNCL_DEBUG_CHECKS compare kind, dtype and root across
- * ranks, not these counts.
+ * what its library reports. MNCL_DEBUG_CHECKS=1 makes the core compare kind, dtype, root and
+ * then these counts across ranks before the call; off by default, so a plugin cannot rely on it.
  */
 #ifndef MNCL_PLUGIN_V5_H
 #define MNCL_PLUGIN_V5_H

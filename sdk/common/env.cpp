@@ -97,7 +97,10 @@ const std::vector<Variable> &table() {
       {"MNCL_DEBUG_CHECKS", "0",
        "1: before each collective, every rank compares a fingerprint of its call (kind, count, "
        "dtype, op, root, sequence number) with the other ranks' through the store, so "
-       "mismatched calls fail on every rank naming both (a few store round trips per call)."},
+       "mismatched calls fail on every rank naming both (a few store round trips per call). "
+       "Then the counts that differ by rank: each gatherv/scatterv count against the root's "
+       "counts[rank], each alltoallv sendcounts[j] against rank j's recvcounts[rank]; a "
+       "disagreement fails every rank with MNCL_ERR_REMOTE naming both ranks and counts."},
   };
   return variables;
 }
