@@ -53,6 +53,8 @@ std::string counts_disagreement(int32_t kind) {
 
 // "allreduce #12 (float32 x 1021, sum)" for messages.
 std::string describe(const mncl_coll_v1_t &c) {
+  // A batch has no sequence number of its own (each op has one per peer and direction).
+  if (c.kind == MNCL_COLL_SENDRECV_BATCH) return kit::format("sendrecv_batch (%zu ops)", c.nbufs);
   std::string s =
       kit::format("%s #%llu", kind_name(c.kind), static_cast<unsigned long long>(c.seq));
   if (c.kind == MNCL_COLL_BARRIER) return s;
@@ -79,6 +81,12 @@ std::string describe(const mncl_coll_v1_t &c) {
   if (kit::is_reduction(c.kind)) s += kit::format(", %s", kit::op_name(c.op));
   if (c.kind == MNCL_COLL_SEND || c.kind == MNCL_COLL_RECV) s += kit::format(", peer %d", c.root);
   return s + ")";
+}
+
+// "allreduce #12" for a request's messages; a batch has no sequence number of its own.
+std::string request_name(const Request &r) {
+  if (r.kind == MNCL_COLL_SENDRECV_BATCH) return kind_name(r.kind);
+  return kit::format("%s #%llu", kind_name(r.kind), static_cast<unsigned long long>(r.seq));
 }
 
 // p + elems elements; MPI_IN_PLACE and NULL (count 0, or a non-root's ignored buffer) stay.
@@ -366,9 +374,13 @@ void Comm::execute(const mncl_coll_v1_t &c) {
   BusyScope busy(busy_);
   check_usable(&c, nullptr);
   if (options_.cuda) prepare_device_buffers(c);
-  if (options_.bounded) {
+  // Point to point always: its receives are then matched and size-checked before they are
+  // received, and the wait stays bounded by the timeout and abort (MPI_Recv's would not be).
+  const bool p2p =
+      c.kind == MNCL_COLL_SEND || c.kind == MNCL_COLL_RECV || c.kind == MNCL_COLL_SENDRECV_BATCH;
+  if (options_.bounded || p2p) {
     // Non-blocking underneath, polled here: the timeout and abort can then end the wait.
-    std::unique_ptr<Request> r = post(c);
+    std::unique_ptr<Request> r = post(c, true);
     try {
       while (!test(*r)) {
       }
@@ -391,11 +403,12 @@ void Comm::execute(const mncl_coll_v1_t &c) {
   finish(r, nullptr);
 }
 
-std::unique_ptr<Request> Comm::post(const mncl_coll_v1_t &c) {
+std::unique_ptr<Request> Comm::post(const mncl_coll_v1_t &c, bool polled) {
   BusyScope busy(busy_);
   check_usable(&c, nullptr);
   if (options_.cuda) prepare_device_buffers(c);
   auto r = std::make_unique<Request>();
+  r->polled = polled;
   r->kind = c.kind;
   r->dtype = c.dtype;
   r->op = c.op;
@@ -420,9 +433,7 @@ std::unique_ptr<Request> Comm::post(const mncl_coll_v1_t &c) {
 
 bool Comm::test(Request &r) {
   BusyScope busy(busy_);
-  const auto what = [&r] {
-    return kit::format("%s #%llu", kind_name(r.kind), static_cast<unsigned long long>(r.seq));
-  };
+  const auto what = [&r] { return request_name(r); };
   if (aborted_.load()) {
     broken_.store(true);
     throw kit::Error(MNCL_ERR_ABORTED,
@@ -491,7 +502,10 @@ bool Comm::test(Request &r) {
 }
 
 void Comm::post_fingerprint(const mncl_coll_v1_t &c, Request &r) {
-  if (c.kind == MNCL_COLL_SEND || c.kind == MNCL_COLL_RECV) return;  // MPI matches p2p sizes
+  // Point to point: no other rank makes the same call (each receiver checks its sizes).
+  if (c.kind == MNCL_COLL_SEND || c.kind == MNCL_COLL_RECV || c.kind == MNCL_COLL_SENDRECV_BATCH) {
+    return;
+  }
   const bool rooted = kit::is_rooted(c.kind) || kit::is_rooted_v_kind(c.kind);
   const bool barrier = c.kind == MNCL_COLL_BARRIER;
   uint64_t count = barrier ? 0 : c.count;
@@ -557,11 +571,11 @@ void Comm::check_call(Request &r) {
   r.checked = true;
   if (r.counts_summed && r.pair_sums_out[2] != 0) {
     broken_.store(true);  // the data went out to ranks that never posted theirs
-    throw kit::Error(MNCL_ERR_NOT_SUPPORTED,
-                     kit::format("flat %s #%llu: %llu other rank(s) refused this call (see their "
-                                 "errors); the communicator is unusable",
-                                 kind_name(r.kind), static_cast<unsigned long long>(r.seq),
-                                 static_cast<unsigned long long>(r.pair_sums_out[2])));
+    throw kit::Error(
+        MNCL_ERR_NOT_SUPPORTED,
+        kit::format("flat %s: %llu other rank(s) refused this call (see their "
+                    "errors); the communicator is unusable",
+                    request_name(r).c_str(), static_cast<unsigned long long>(r.pair_sums_out[2])));
   }
   std::string differences;
   const char *const names[Request::kFields] = {
@@ -607,11 +621,10 @@ void Comm::check_call(Request &r) {
   if (differences.empty()) return;
   // The data operation was issued against mismatched peers: MPI may never finish it.
   broken_.store(true);
-  throw kit::Error(
-      MNCL_ERR_REMOTE,
-      kit::format("flat %s #%llu: mismatched collective calls across the ranks (%s); "
-                  "the result buffers are undefined and the communicator unusable",
-                  kind_name(r.kind), static_cast<unsigned long long>(r.seq), differences.c_str()));
+  throw kit::Error(MNCL_ERR_REMOTE,
+                   kit::format("flat %s: mismatched collective calls across the ranks (%s); "
+                               "the result buffers are undefined and the communicator unusable",
+                               request_name(r).c_str(), differences.c_str()));
 }
 
 void Comm::retire(std::unique_ptr<Request> r) {
@@ -626,23 +639,20 @@ void Comm::finish(const Request &r, const MPI_Status *statuses) {
   if (statuses != nullptr) {
     for (const Request::Expected &e : r.expected) {
       int got = 0;
-      MPI_Get_count(&statuses[e.index], mpi_datatype(r.dtype), &got);
+      MPI_Get_count(&statuses[e.index], mpi_datatype(e.dtype), &got);
       if (got != e.count) {
         throw kit::Error(MNCL_ERR_REMOTE,
-                         kit::format("flat %s #%llu: received %d elements from rank %d, expected "
+                         kit::format("flat %s: received %d elements from rank %d, expected "
                                      "%d (%s)",
-                                     kind_name(r.kind), static_cast<unsigned long long>(r.seq), got,
-                                     e.peer, e.count,
+                                     request_name(r).c_str(), got, e.peer, e.count,
                                      r.kind == MNCL_COLL_RECV ? "the sender's count differs"
                                                               : "do the ranks' counts agree?"));
       }
     }
   }
   if (!r.mismatch.empty()) {
-    throw kit::Error(
-        MNCL_ERR_REMOTE,
-        kit::format("flat %s #%llu: %s (do the ranks' counts agree?)", kind_name(r.kind),
-                    static_cast<unsigned long long>(r.seq), r.mismatch.c_str()));
+    throw kit::Error(MNCL_ERR_REMOTE, kit::format("flat %s: %s (do the ranks' counts agree?)",
+                                                  request_name(r).c_str(), r.mismatch.c_str()));
   }
   if (r.avg_buf != nullptr) kit::finish_avg(r.avg_buf, r.avg_count, r.dtype, size_);
   for (const Request::Copy &copy : r.copy_out) {
@@ -782,26 +792,14 @@ void Comm::issue(const mncl_coll_v1_t &c, Request &r, bool nonblocking) {
               "MPI_Send", c);
       });
       return;
-    case MNCL_COLL_RECV:
-      for_chunks(c.count, [&](size_t first, int n) {
-        void *b = shift(recv, first, esize);
-        if (nonblocking) {
-          const size_t index = r.mpi.size();
-          check(MPI_Irecv(b, n, type, c.root, kTag, comm_, next()), "MPI_Irecv", c);
-          r.expected.push_back({index, n, c.root});
-          return;
-        }
-        MPI_Status status;
-        check(MPI_Recv(b, n, type, c.root, kTag, comm_, &status), "MPI_Recv", c);
-        int got = 0;
-        MPI_Get_count(&status, type, &got);
-        if (got != n) {
-          throw kit::Error(MNCL_ERR_REMOTE,
-                           kit::format("flat %s: received %d elements from rank %d, expected %d "
-                                       "(the sender's count differs)",
-                                       describe(c).c_str(), got, c.root, n));
-        }
-      });
+    case MNCL_COLL_RECV: {
+      const size_t first_request = r.mpi.size();
+      receive(c, r, recv, c.count, c.root, c.dtype, 0, nonblocking);
+      if (!r.probes.empty()) complete_probed(c, r, first_request, nonblocking);
+      return;
+    }
+    case MNCL_COLL_SENDRECV_BATCH:
+      issue_batch(c, r, nonblocking);
       return;
     default:
       throw kit::Error(MNCL_ERR_NOT_SUPPORTED,
@@ -863,7 +861,7 @@ void Comm::issue_v(const mncl_coll_v1_t &c, Request &r, bool nonblocking) {
       check(MPI_Irecv(shift(block, first, esize), count, type, static_cast<int>(peer), kVTag, comm_,
                       &r.mpi.back()),
             "MPI_Irecv", c);
-      r.expected.push_back({index, count, static_cast<int>(peer)});
+      r.expected.push_back({index, count, static_cast<int>(peer), c.dtype});
     });
   }
   for (size_t peer = 0; peer < n; ++peer) {
@@ -955,11 +953,10 @@ void Comm::wait_p2p(const mncl_coll_v1_t &c, Request &r, size_t first_request,
     }
   }
   check(rc, "MPI_Waitall (point-to-point messages)", c);
-  const MPI_Datatype type = mpi_datatype(c.dtype);
   for (size_t i = first_expected; i < r.expected.size(); ++i) {
     const Request::Expected &e = r.expected[i];
     int got = 0;
-    MPI_Get_count(&statuses[e.index - first_request], type, &got);
+    MPI_Get_count(&statuses[e.index - first_request], mpi_datatype(e.dtype), &got);
     if (got != e.count) {
       throw kit::Error(MNCL_ERR_REMOTE,
                        kit::format("flat %s: received %d elements from rank %d, expected %d (do "
@@ -989,7 +986,7 @@ void Comm::issue_rooted_v(const mncl_coll_v1_t &c, Request &r, bool nonblocking)
   };
   const auto expect = [&](char *block, size_t count, int peer) {
     for_chunks(count, [&](size_t first, int n) {
-      r.probes.push_back({peer, shift(block, first, esize), n, false});
+      r.probes.push_back({peer, shift(block, first, esize), n, c.dtype, 0, false});
       ++r.unmatched;
     });
   };
@@ -1040,6 +1037,65 @@ void Comm::issue_rooted_v(const mncl_coll_v1_t &c, Request &r, bool nonblocking)
       std::memcpy(own_dst, own_src, c.count * esize);
     }
   }
+  complete_probed(c, r, first_request, nonblocking);
+}
+
+void Comm::issue_batch(const mncl_coll_v1_t &c, Request &r, bool nonblocking) {
+  const mncl_p2p_v4_t *ops = kit::p2p_ops(c);
+  const size_t first_request = r.mpi.size();
+  // Sends first: a blocking batch then only waits for its receives' messages to arrive.
+  for (size_t i = 0; i < c.nbufs; ++i) {
+    const mncl_p2p_v4_t &o = ops[i];
+    if (o.kind != MNCL_COLL_SEND) continue;
+    const size_t esize = kit::dtype_size(o.dtype);
+    for_chunks(o.count, [&](size_t first, int n) {
+      r.mpi.push_back(MPI_REQUEST_NULL);
+      check(MPI_Isend(shift(static_cast<const char *>(o.buf), first, esize), n,
+                      mpi_datatype(o.dtype), o.peer, kTag, comm_, &r.mpi.back()),
+            "MPI_Isend", c);
+    });
+  }
+  for (size_t i = 0; i < c.nbufs; ++i) {
+    const mncl_p2p_v4_t &o = ops[i];
+    if (o.kind == MNCL_COLL_RECV) {
+      receive(c, r, static_cast<char *>(o.buf), o.count, o.peer, o.dtype, i, nonblocking);
+    }
+  }
+  // Each peer's probes adjacent, in the batch's order (progress_probes' rule).
+  std::stable_sort(
+      r.probes.begin(), r.probes.end(),
+      [](const Request::Probe &a, const Request::Probe &b) { return a.peer < b.peer; });
+  if (!r.probes.empty()) {
+    complete_probed(c, r, first_request, nonblocking);
+  } else if (!nonblocking && r.mpi.size() > first_request) {
+    wait_p2p(c, r, first_request, 0);  // sends only
+  }
+}
+
+void Comm::receive(const mncl_coll_v1_t &c, Request &r, char *block, size_t count, int peer,
+                   int32_t dtype, size_t op, bool nonblocking) {
+  const size_t esize = kit::dtype_size(dtype);
+  const MPI_Datatype type = mpi_datatype(dtype);
+  for_chunks(count, [&](size_t first, int n) {
+    if (nonblocking && !r.polled) {
+      // MPI must progress it inside the application's own MPI calls: a pending probe would not
+      // be, and a peer's rendezvous send could then wait for ever. So a longer message is left
+      // to MPI (plugins/flat/README.md).
+      const size_t index = r.mpi.size();
+      r.mpi.push_back(MPI_REQUEST_NULL);
+      check(MPI_Irecv(shift(block, first, esize), n, type, peer, kTag, comm_, &r.mpi.back()),
+            "MPI_Irecv", c);
+      r.expected.push_back({index, n, peer, dtype});
+      return;
+    }
+    r.tag = kTag;
+    r.probes.push_back({peer, shift(block, first, esize), n, dtype, op, false});
+    ++r.unmatched;
+  });
+}
+
+void Comm::complete_probed(const mncl_coll_v1_t &c, Request &r, size_t first_request,
+                           bool nonblocking) {
   if (nonblocking) {
     progress_probes(r);  // what has arrived already; test() does the rest
     return;
@@ -1047,8 +1103,7 @@ void Comm::issue_rooted_v(const mncl_coll_v1_t &c, Request &r, bool nonblocking)
   // Blocking: match every message (polling, as MPI's own waits do), then wait for the data.
   while (!progress_probes(r)) {
   }
-  const size_t first_expected = r.expected.size();
-  wait_p2p(c, r, first_request, first_expected);
+  wait_p2p(c, r, first_request, r.expected.size());
   if (!r.mismatch.empty()) {
     throw kit::Error(MNCL_ERR_REMOTE, kit::format("flat %s: %s (do the ranks' counts agree?)",
                                                   describe(c).c_str(), r.mismatch.c_str()));
@@ -1056,21 +1111,24 @@ void Comm::issue_rooted_v(const mncl_coll_v1_t &c, Request &r, bool nonblocking)
 }
 
 bool Comm::progress_probes(Request &r) {
-  const MPI_Datatype type = mpi_datatype(r.dtype);
-  const size_t esize = kit::dtype_size(r.dtype);
   const auto fail = [&](int rc, const char *call) {
     if (rc == MPI_SUCCESS) return;
+    // Messages of MNCL's point-to-point tag left unreceived would be taken by the next receive
+    // from their sender (an operation's own tag, gatherv's, strands nothing).
+    if (r.tag == kTag && r.unmatched > 0) broken_.store(true);
     throw kit::Error(mpi_error_status(rc),
-                     kit::format("flat %s #%llu: %s failed on rank %d of %d: %s", kind_name(r.kind),
-                                 static_cast<unsigned long long>(r.seq), call, rank_, size_,
-                                 mpi_error_text(rc).c_str()));
+                     kit::format("flat %s: %s failed on rank %d of %d: %s", request_name(r).c_str(),
+                                 call, rank_, size_, mpi_error_text(rc).c_str()));
   };
   for (size_t i = 0; i < r.probes.size() && r.unmatched > 0; ++i) {
     Request::Probe &p = r.probes[i];
-    // A peer's chunks arrive in order: only its first unmatched one can be matched now.
+    // A peer's messages arrive in order, and its probes are adjacent: only its first unmatched
+    // one can be matched now.
     if (p.matched || (i > 0 && r.probes[i - 1].peer == p.peer && !r.probes[i - 1].matched)) {
       continue;
     }
+    const MPI_Datatype type = mpi_datatype(p.dtype);
+    const size_t esize = kit::dtype_size(p.dtype);
     int flag = 0;
     MPI_Message message = MPI_MESSAGE_NULL;
     MPI_Status status;
@@ -1088,14 +1146,16 @@ bool Comm::progress_probes(Request &r) {
       // never past the block: a shorter message into it, anything else into scratch.
       int bytes = 0;
       MPI_Get_count(&status, MPI_BYTE, &bytes);
-      if (r.mismatch.empty()) {
+      // A batch reports its first mismatched op in array order, whatever the matching order.
+      if (r.mismatch.empty() || p.op < r.mismatch_op) {
+        r.mismatch_op = p.op;
         r.mismatch =
-            got == MPI_UNDEFINED
-                ? kit::format(
-                      "rank %d sent %d bytes, not a whole number of %s elements (%d "
-                      "expected here)",
-                      p.peer, bytes, kit::dtype_name(r.dtype), p.count)
-                : kit::format("rank %d sent %d elements, %d expected here", p.peer, got, p.count);
+            (r.kind == MNCL_COLL_SENDRECV_BATCH ? kit::format("op %zu: ", p.op) : std::string()) +
+            (got == MPI_UNDEFINED
+                 ? kit::format("rank %d sent %d bytes, not a whole number of %s elements (%d "
+                               "expected here)",
+                               p.peer, bytes, kit::dtype_name(p.dtype), p.count)
+                 : kit::format("rank %d sent %d elements, %d expected here", p.peer, got, p.count));
       }
       if (got != MPI_UNDEFINED && got < p.count) {
         n = got;
@@ -1111,10 +1171,9 @@ bool Comm::progress_probes(Request &r) {
       } else {
         broken_.store(true);  // a message that fits no int count stays unreceived
         throw kit::Error(MNCL_ERR_REMOTE,
-                         kit::format("flat %s #%llu: %s (do the ranks' counts agree?); the "
+                         kit::format("flat %s: %s (do the ranks' counts agree?); the "
                                      "communicator is unusable",
-                                     kind_name(r.kind), static_cast<unsigned long long>(r.seq),
-                                     r.mismatch.c_str()));
+                                     request_name(r).c_str(), r.mismatch.c_str()));
       }
     }
     r.mpi.push_back(MPI_REQUEST_NULL);

@@ -13,7 +13,9 @@
 //    Non-blocking operations are bounded: test() fails one with MNCL_ERR_TIMEOUT after the
 //    communicator's timeout, or MNCL_ERR_ABORTED after an abort. With bounded = true
 //    (MNCL_FLAT_BOUNDED=1) blocking calls run as non-blocking ones polled to completion, so
-//    they are bounded too, at the price of MPI's (slower) non-blocking algorithms.
+//    they are bounded too, at the price of MPI's (slower) non-blocking algorithms. Point to
+//    point (send, recv, sendrecv_batch) always runs that way: bounded, and each receive is
+//    size-checked before it is received.
 //  - MPI cannot cancel a collective: a timed-out or aborted one keeps its buffers in use; the
 //    communicator then refuses further work and should be destroyed.
 #pragma once
@@ -51,11 +53,15 @@ struct Request {
     size_t index;  // in mpi
     int count;     // elements
     int peer;
+    int32_t dtype;  // of the elements (a batch's ops each have their own)
   };
   int32_t kind = 0;
   int32_t dtype = 0;
   int32_t op = 0;
   uint64_t seq = 0;
+  // Run to completion within the call that posts it (a bounded blocking call, polled by
+  // execute): its point-to-point receives are probe-matched (Probe below), never plain ones.
+  bool polled = false;
   std::vector<MPI_Request> mpi;           // outstanding requests (non-blocking)
   std::vector<Expected> expected;         // RECV, and the v kinds' point-to-point fallback
   std::vector<int> v_ints;                // v kinds: MPI's int counts and displacements, which a
@@ -79,21 +85,26 @@ struct Request {
   uint64_t pair_sums_in[3] = {}, pair_sums_out[3] = {};
   int checks = 0;        // leading requests of mpi that check the call (fingerprint, sums)
   bool checked = false;  // they completed and the call passed
-  // Gatherv / scatterv: the receives, each posted (MPI_Imrecv, into mpi) only once its message
-  // has been matched by MPI_Improbe and its size checked, since Open MPI may write a longer
-  // message past the end of a receive buffer before it reports the truncation. A message of the
-  // wrong size is received into `drained` (or into the block when shorter) and reported.
+  // Receives posted (MPI_Imrecv, into mpi) only once their message has been matched by
+  // MPI_Improbe and its size checked, since Open MPI may write a longer message past the end of
+  // a receive buffer before it reports the truncation: gatherv / scatterv always, and RECV
+  // (single or in a batch) whenever the call itself waits for it (blocking, or polled). A
+  // message of the wrong size is received into `drained` (or into the block when shorter) and
+  // reported.
   struct Probe {
     int peer;
-    char *dst;  // the block (chunk) it fills
-    int count;  // elements expected
+    char *dst;      // the block (chunk) it fills
+    int count;      // elements expected
+    int32_t dtype;  // of the elements
+    size_t op;      // SENDRECV_BATCH: the op's index in the batch (else 0)
     bool matched;
   };
-  std::vector<Probe> probes;  // in order; chunks of one peer's block are adjacent
+  std::vector<Probe> probes;  // each peer's adjacent, in the order they are matched
   size_t unmatched = 0;       // probes not yet matched
-  int tag = 0;                // the operation's own tag (from seq)
+  int tag = 0;                // gatherv / scatterv: the operation's own tag (from seq); RECV: kTag
   std::vector<std::vector<unsigned char>> drained;
-  std::string mismatch;  // the first size disagreement, reported once everything completed
+  std::string mismatch;    // the first size disagreement, reported once everything completed
+  size_t mismatch_op = 0;  // ... of a batch: its op (the lowest index wins)
 };
 
 class Comm {
@@ -109,8 +120,9 @@ class Comm {
 
   // Runs c to completion. Throws kit::Error.
   void execute(const mncl_coll_v1_t &c);
-  // Starts c; the request is completed by test(). Throws kit::Error.
-  std::unique_ptr<Request> post(const mncl_coll_v1_t &c);
+  // Starts c; the request is completed by test(). polled: the caller tests it to completion
+  // before it returns to the application (execute in bounded mode). Throws kit::Error.
+  std::unique_ptr<Request> post(const mncl_coll_v1_t &c, bool polled = false);
   // true when r has completed (results in place). Throws kit::Error on failure, timeout or
   // abort; the caller then hands r to retire().
   bool test(Request &r);
@@ -142,9 +154,22 @@ class Comm {
   // whose receiver checks the size before receiving it (Request::probes): no counts check
   // across the ranks is needed.
   void issue_rooted_v(const mncl_coll_v1_t &c, Request &r, bool nonblocking);
-  // Gatherv / scatterv: matches what it can of r.probes (MPI_Improbe, in order per peer) and
-  // posts their receives. true when every probe is matched. Under the MPI lock.
+  // SENDRECV_BATCH (plugin ABI v4): every send and receive started together, non-blocking,
+  // on MNCL's point-to-point tag, as separate sends and receives would be.
+  void issue_batch(const mncl_coll_v1_t &c, Request &r, bool nonblocking);
+  // A receive of count elements from peer into block (op: its index in a batch): plain
+  // MPI_Irecv for a request the application completes later (mncl_irecv: MPI must progress it
+  // inside the application's own MPI calls too), else a probe-matched one (Request::probes).
+  // Under the MPI lock.
+  void receive(const mncl_coll_v1_t &c, Request &r, char *block, size_t count, int peer,
+               int32_t dtype, size_t op, bool nonblocking);
+  // Matches what it can of r.probes (MPI_Improbe, in order per peer) and posts their receives.
+  // true when every probe is matched. Under the MPI lock.
   bool progress_probes(Request &r);
+  // After issuing probe-matched receives: a non-blocking call matches what has arrived (test()
+  // does the rest); a blocking one matches them all, waits for r.mpi[first_request..] and
+  // throws MNCL_ERR_REMOTE on a size disagreement. Under the MPI lock.
+  void complete_probed(const mncl_coll_v1_t &c, Request &r, size_t first_request, bool nonblocking);
   // Blocking calls: waits for r.mpi[first_request..] and checks the receives recorded in
   // r.expected[first_expected..] (throws MNCL_ERR_REMOTE naming the peer when a count differs),
   // then leaves r as a blocking call does (those requests and expectations removed).

@@ -39,13 +39,14 @@ uint64_t capabilities_at_load() {
   return caps;
 }
 // Every kind, the coalesced allreduce included (packed into one MPI_Allreduce), plugin ABI
-// v3's allgatherv / alltoallv (MPI_Allgatherv / MPI_Alltoallv) and v5's gatherv / scatterv
-// (point-to-point messages to / from the root). Not v4's SENDRECV_BATCH: the core runs a
-// batch as separate non-blocking sends and receives, which MPI progresses together.
+// v3's allgatherv / alltoallv (MPI_Allgatherv / MPI_Alltoallv), v4's SENDRECV_BATCH (its
+// sends and receives started together, so that a blocking batch can check each message's size
+// before receiving it) and v5's gatherv / scatterv (point-to-point messages to / from the root).
 constexpr uint32_t kCollectives =
     MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED) |
     MNCL_COLL_BIT(MNCL_COLL_ALLGATHERV) | MNCL_COLL_BIT(MNCL_COLL_ALLTOALLV) |
-    MNCL_COLL_BIT(MNCL_COLL_GATHERV) | MNCL_COLL_BIT(MNCL_COLL_SCATTERV);
+    MNCL_COLL_BIT(MNCL_COLL_SENDRECV_BATCH) | MNCL_COLL_BIT(MNCL_COLL_GATHERV) |
+    MNCL_COLL_BIT(MNCL_COLL_SCATTERV);
 
 // Computed when the library is loaded (before the table below, which copies it).
 const uint64_t g_caps = capabilities_at_load();

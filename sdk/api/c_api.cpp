@@ -738,7 +738,7 @@ std::vector<mncl_p2p_v4_t> import_ops(const char *fn, const mncl_p2p_op_t *ops, 
 mncl_status_t run_batch(const char *fn, mncl_comm_t comm, std::vector<mncl_p2p_v4_t> ops,
                         void *stream, mncl_request_t *request) {
   auto &c = comm_of(comm, fn);
-  auto op = c.start_batch(fn, std::move(ops), stream);
+  auto op = c.start_batch(fn, std::move(ops), stream, request == nullptr);
   if (request != nullptr) {
     issue(comm, std::move(op), request);
     return MNCL_OK;

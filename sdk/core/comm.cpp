@@ -424,9 +424,12 @@ void Comm::execute_now(const mncl_coll_v1_t &coll) {
     if (!report.empty() && !aborted_.load()) {
       throw Error(MNCL_ERR_TIMEOUT, report + diagnosis(c, MNCL_ERR_TIMEOUT));
     }
-    throw Error(status, format("%s #%llu on %s (rank %d of %d): %s", fn,
-                               static_cast<unsigned long long>(c.seq), backend().c_str(), rank_,
-                               size_, last_error()) +
+    // A batch has no sequence number of its own (its ops have one per peer and direction).
+    const std::string which = c.kind == MNCL_COLL_SENDRECV_BATCH
+                                  ? std::string(fn)
+                                  : format("%s #%llu", fn, static_cast<unsigned long long>(c.seq));
+    throw Error(status, format("%s on %s (rank %d of %d): %s", which.c_str(), backend().c_str(),
+                               rank_, size_, last_error()) +
                             diagnosis(c, status));
   };
   if (coll.kind == MNCL_COLL_ALLREDUCE_COALESCED &&
@@ -516,7 +519,7 @@ void Comm::launch(const std::shared_ptr<Operation> &op) {
 }
 
 std::shared_ptr<Operation> Comm::start_batch(const char *fn, std::vector<mncl_p2p_v4_t> ops,
-                                             void *stream) {
+                                             void *stream, bool blocking) {
   check_usable(fn);
   validate_batch(fn, ops.data(), ops.size(), rank_, size_, *table_);
   auto batch = std::make_shared<Operation>();
@@ -543,6 +546,23 @@ std::shared_ptr<Operation> Comm::start_batch(const char *fn, std::vector<mncl_p2
     batch->coll.stream = stream;
     validate_and_number(batch->coll);
     for (mncl_p2p_v4_t &o : batch->p2p) o.seq = next_p2p_seq(o.kind, o.peer);
+    // Blocking on a backend that posts natively: its blocking form, as run() does (flat then
+    // checks each message's size before receiving it). A stream-ordered one (nccl) keeps
+    // post and wait, so a blocking batch still returns with its data moved.
+    if (blocking && (table_->caps & MNCL_CAP_NATIVE_ASYNC) &&
+        !(table_->caps & MNCL_CAP_STREAM_ORDERED)) {
+      try {
+        execute_now(batch->coll);
+      } catch (const Error &e) {
+        // execute_now names the kind's function; the caller may have been mncl_sendrecv.
+        const std::string generic = coll_function_name(MNCL_COLL_SENDRECV_BATCH);
+        const std::string what = e.what();
+        if (what.compare(0, generic.size(), generic) != 0) throw;
+        throw Error(e.status(), fn + what.substr(generic.size()));
+      }
+      batch->finished = true;
+      return batch;
+    }
     launch(batch);
     return batch;
   }
@@ -801,9 +821,11 @@ void Comm::abort_plugin() {
 }
 
 std::string Comm::diagnosis(const mncl_coll_v1_t &coll, mncl_status_t status) {
-  // Only failures that point at other ranks are worth a store exchange; not p2p (two ranks).
+  // Only failures that point at other ranks are worth a store exchange; not p2p (two ranks, or
+  // a batch's few peers, which make no matching collective call).
   if ((status != MNCL_ERR_TIMEOUT && status != MNCL_ERR_REMOTE) || aborted_.load() ||
-      coll.kind == MNCL_COLL_SEND || coll.kind == MNCL_COLL_RECV) {
+      coll.kind == MNCL_COLL_SEND || coll.kind == MNCL_COLL_RECV ||
+      coll.kind == MNCL_COLL_SENDRECV_BATCH) {
     return "";
   }
   // A native gatherv/scatterv's REMOTE is a block of the wrong size, which the plugin's message

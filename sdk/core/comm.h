@@ -66,10 +66,12 @@ class Comm {
   void run(mncl_coll_v1_t coll);
   // Non-blocking collective; the returned operation completes in issue order.
   std::shared_ptr<Operation> start(const mncl_coll_v1_t &coll);
-  // Non-blocking batch of sends and receives (kinds MNCL_COLL_SEND/RECV) that progress
-  // together; every op is checked before any starts. `fn` names the public function.
+  // Batch of sends and receives (kinds MNCL_COLL_SEND/RECV) that progress together; every op
+  // is checked before any starts. `fn` names the public function. blocking: the caller waits
+  // for it at once, so a backend that posts natively (and is not stream-ordered) runs it as its
+  // blocking form, as run() does, which lets it check each message before receiving it (flat).
   std::shared_ptr<Operation> start_batch(const char *fn, std::vector<mncl_p2p_v4_t> ops,
-                                         void *stream);
+                                         void *stream, bool blocking = false);
   // true when done (status/error filled). timeout_ms < 0: until the operation ends.
   bool wait(Operation &op, int64_t timeout_ms);
   bool test(Operation &op);

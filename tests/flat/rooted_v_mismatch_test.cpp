@@ -15,17 +15,13 @@
 #include <string>
 #include <vector>
 
+#include "mismatch_harness.h"
+
 namespace {
 
-constexpr size_t kGuards = 16;  // guard elements after each block
-constexpr int32_t kGuard = -7;
-
-int g_failures = 0;
-
-void fail(int rank, const std::string &what) {
-  std::fprintf(stderr, "rank %d: FAIL: %s\n", rank, what.c_str());
-  ++g_failures;
-}
+using flat_test::fail;
+using flat_test::kGuard;
+using flat_test::kGuards;
 
 mncl_status_t finish(mncl_status_t st, mncl_request_t request, bool nonblocking) {
   if (st != MNCL_OK || !nonblocking) return st;
@@ -133,17 +129,9 @@ void correct(mncl_comm_t comm, int rank, int size, const char *after) {
 
 int main() {
   mncl_comm_t comm = nullptr;
-  if (mncl_comm_create(nullptr, &comm) != MNCL_OK) {
-    std::fprintf(stderr, "mncl_comm_create: %s\n", mncl_last_error());
-    return 1;
-  }
-  int rank = -1, size = -1;
-  mncl_comm_rank(comm, &rank);
-  mncl_comm_size(comm, &size);
-  if (size < 2) {
-    std::printf("rooted_v_mismatch_test: needs 2 ranks or more; nothing to do\n");
-    mncl_comm_destroy(comm);
-    return 0;
+  int rank = -1, size = -1, exit_code = 0;
+  if (!flat_test::open_world("rooted_v_mismatch_test", &comm, &rank, &size, &exit_code)) {
+    return exit_code;
   }
   int cases = 0;
   for (const size_t block : {size_t{8}, size_t{100000}}) {  // 32 B and 400 KB
@@ -161,6 +149,6 @@ int main() {
     }
   }
   mncl_comm_destroy(comm);
-  std::printf("rank %d: %d mismatched calls, %d failures\n", rank, cases, g_failures);
-  return g_failures == 0 ? 0 : 1;
+  std::printf("rank %d: %d mismatched calls, %d failures\n", rank, cases, flat_test::g_failures);
+  return flat_test::g_failures == 0 ? 0 : 1;
 }
