@@ -390,17 +390,23 @@ void Comm::execute(const mncl_coll_v1_t &c) {
     }
     return;
   }
-  Request r;
-  r.kind = c.kind;
-  r.dtype = c.dtype;
-  r.op = c.op;
-  r.seq = c.seq;
-  {
+  // On the heap: a call that fails part way (an MPI error while its point-to-point blocks are
+  // in flight) leaves requests that still use its scratch, which retire() keeps until MPI is
+  // done with them.
+  auto r = std::make_unique<Request>();
+  r->kind = c.kind;
+  r->dtype = c.dtype;
+  r->op = c.op;
+  r->seq = c.seq;
+  try {
     MpiLock lock;
     if (is_v_kind(c.kind)) check_counts_now(c, v_device_refusal(c));
-    issue(c, r, false);
+    issue(c, *r, false);
+  } catch (...) {
+    retire(std::move(r));
+    throw;
   }
-  finish(r, nullptr);
+  finish(*r, nullptr);
 }
 
 std::unique_ptr<Request> Comm::post(const mncl_coll_v1_t &c, bool polled) {
