@@ -386,8 +386,8 @@ Comm::Lane &Comm::lane_for(const mncl_coll_v1_t &coll) {
 
 void Comm::execute_now(const mncl_coll_v1_t &coll) {
   const char *fn = coll_function_name(coll.kind);
-  MNCL_CHECK(!aborted_.load(), MNCL_ERR_ABORTED, "%s #%llu: the communicator was aborted", fn,
-             static_cast<unsigned long long>(coll.seq));
+  MNCL_CHECK(!aborted_.load(), MNCL_ERR_ABORTED, "%s: the communicator was aborted",
+             op_label(fn, coll.kind, coll.seq).c_str());
   if (debug_checks_) {
     check_fingerprints(*comm_store_, coll, rank_, size_, timeout_ms_, &aborted_);
   }
@@ -395,18 +395,18 @@ void Comm::execute_now(const mncl_coll_v1_t &coll) {
   // case to one load).
   if (!watchdog_started_.load(std::memory_order_acquire)) {
     std::call_once(watchdog_once_, [this] {
-      watchdog_ = std::make_unique<
-          Watchdog>(history_, timeout_ms_, [this](const OpHistory::Record &r) {
-        {
-          std::lock_guard<std::mutex> lock(watchdog_mutex_);
-          watchdog_report_ = format(
-              "%s #%llu on %s (rank %d of %d): no result from the backend within the timeout of "
-              "%.1f s (+%.1f s grace); the watchdog aborted the backend's communicator",
-              coll_function_name(r.kind), static_cast<unsigned long long>(r.seq), backend().c_str(),
-              rank_, size_, timeout_ms_ / 1000.0, Watchdog::grace_ms(timeout_ms_) / 1000.0);
-        }
-        abort_plugin();
-      });
+      watchdog_ =
+          std::make_unique<Watchdog>(history_, timeout_ms_, [this](const OpHistory::Record &r) {
+            {
+              std::lock_guard<std::mutex> lock(watchdog_mutex_);
+              watchdog_report_ = format(
+                  "%s on %s (rank %d of %d): no result from the backend within the timeout of "
+                  "%.1f s (+%.1f s grace); the watchdog aborted the backend's communicator",
+                  op_label(coll_function_name(r.kind), r.kind, r.seq).c_str(), backend().c_str(),
+                  rank_, size_, timeout_ms_ / 1000.0, Watchdog::grace_ms(timeout_ms_) / 1000.0);
+            }
+            abort_plugin();
+          });
       watchdog_started_.store(true, std::memory_order_release);
     });
   }
@@ -424,12 +424,8 @@ void Comm::execute_now(const mncl_coll_v1_t &coll) {
     if (!report.empty() && !aborted_.load()) {
       throw Error(MNCL_ERR_TIMEOUT, report + diagnosis(c, MNCL_ERR_TIMEOUT));
     }
-    // A batch has no sequence number of its own (its ops have one per peer and direction).
-    const std::string which = c.kind == MNCL_COLL_SENDRECV_BATCH
-                                  ? std::string(fn)
-                                  : format("%s #%llu", fn, static_cast<unsigned long long>(c.seq));
-    throw Error(status, format("%s on %s (rank %d of %d): %s", which.c_str(), backend().c_str(),
-                               rank_, size_, last_error()) +
+    throw Error(status, format("%s on %s (rank %d of %d): %s", op_label(fn, c.kind, c.seq).c_str(),
+                               backend().c_str(), rank_, size_, last_error()) +
                             diagnosis(c, status));
   };
   if (coll.kind == MNCL_COLL_ALLREDUCE_COALESCED &&
@@ -509,9 +505,11 @@ void Comm::launch(const std::shared_ptr<Operation> &op) {
     set_last_error("");
     const mncl_status_t status = table_->post(plugin_comm_, &op->coll, &op->native_handle);
     if (status != MNCL_OK) {
-      throw Error(status, format("%s #%llu on %s: %s", coll_function_name(op->coll.kind),
-                                 static_cast<unsigned long long>(op->coll.seq), backend().c_str(),
-                                 last_error()));
+      throw Error(
+          status,
+          format("%s on %s: %s",
+                 op_label(coll_function_name(op->coll.kind), op->coll.kind, op->coll.seq).c_str(),
+                 backend().c_str(), last_error()));
     }
     return;
   }
@@ -770,8 +768,9 @@ bool Comm::wait(Operation &op, int64_t timeout_ms) {
         op.status = status;
         if (status != MNCL_OK) {
           op.error =
-              format("%s #%llu on %s: %s", coll_function_name(op.coll.kind),
-                     static_cast<unsigned long long>(op.coll.seq), backend().c_str(), last_error());
+              format("%s on %s: %s",
+                     op_label(coll_function_name(op.coll.kind), op.coll.kind, op.coll.seq).c_str(),
+                     backend().c_str(), last_error());
         }
         return true;
       }

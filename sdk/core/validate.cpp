@@ -174,6 +174,11 @@ const char *coll_kind_name(int kind) {
   return kind >= 0 && kind < MNCL_NUM_COLL_KINDS_V5 ? kKinds[kind].name : "?";
 }
 
+std::string op_label(const char *name, int kind, uint64_t seq) {
+  if (kind == MNCL_COLL_SENDRECV_BATCH) return name;
+  return format("%s #%llu", name, static_cast<unsigned long long>(seq));
+}
+
 void validate_collective(const mncl_coll_v1_t &c, int rank, int size,
                          const mncl_plugin_v5_t &backend) {
   const char *fn = coll_function_name(c.kind);

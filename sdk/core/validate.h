@@ -5,6 +5,8 @@
 
 #include <mncl/mncl_plugin.h>
 
+#include <cstdint>
+#include <string>
 #include <vector>
 
 namespace mncl::core {
@@ -13,6 +15,9 @@ namespace mncl::core {
 const char *coll_function_name(int kind);
 // Short name for logs and messages ("allreduce").
 const char *coll_kind_name(int kind);
+// An operation in messages: name (a kind's or function's) and sequence number, "allreduce #12";
+// a batch has no sequence number of its own (each op has one per peer and direction): name only.
+std::string op_label(const char *name, int kind, uint64_t seq);
 // This rank's payload in bytes (count x dtype size; the sum over buffers when coalesced).
 size_t coll_bytes(const mncl_coll_v1_t &coll);
 

@@ -116,8 +116,9 @@ std::string OpHistory::dump(size_t max) const {
   for (size_t i = 0; i < std::min(max, records.size()); ++i) {
     const Record &r = records[i];
     const double s = r.state == State::kRunning ? seconds_since(r.start) : r.seconds;
-    out += format("%s%s #%llu %zu B %s %.3f s", i ? "; " : "", coll_kind_name(r.kind),
-                  static_cast<unsigned long long>(r.seq), r.bytes, state_name(r.state), s);
+    out += format("%s%s %zu B %s %.3f s", i ? "; " : "",
+                  op_label(coll_kind_name(r.kind), r.kind, r.seq).c_str(), r.bytes,
+                  state_name(r.state), s);
   }
   return out.empty() ? "no operations yet" : out;
 }
@@ -159,9 +160,9 @@ void Watchdog::loop() {
     fired_.store(true);
     lock.unlock();
     MNCL_WARN(
-        "watchdog: %s #%llu has run %.1f s, past its timeout of %.1f s; aborting the "
+        "watchdog: %s has run %.1f s, past its timeout of %.1f s; aborting the "
         "backend's communicator. Last operations: %s",
-        coll_kind_name(r.kind), static_cast<unsigned long long>(r.seq), seconds_since(r.start),
+        op_label(coll_kind_name(r.kind), r.kind, r.seq).c_str(), seconds_since(r.start),
         timeout_ms_ / 1000.0, history_.dump().c_str());
     try {
       on_expired_(r);
