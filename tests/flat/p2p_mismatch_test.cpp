@@ -64,6 +64,18 @@ void check_received(int rank, const std::string &name, mncl_status_t st, int sen
   }
 }
 
+// One int32 op of a batch.
+mncl_p2p_op_t p2p_op(mncl_p2p_kind_t kind, int peer, void *buf, size_t count) {
+  mncl_p2p_op_t op = {};
+  op.struct_size = sizeof(mncl_p2p_op_t);
+  op.kind = kind;
+  op.peer = peer;
+  op.dtype = MNCL_INT32;
+  op.buf = buf;
+  op.count = count;
+  return op;
+}
+
 enum class Form { kRecv, kSendrecv, kBatch };
 
 const char *form_name(Form f) {
@@ -90,17 +102,9 @@ void exchange(mncl_comm_t comm, int rank, Form form, size_t count, size_t sent, 
                          nullptr);
       break;
     case Form::kBatch: {
-      mncl_p2p_op_t ops[2] = {};
-      ops[0].struct_size = sizeof(mncl_p2p_op_t);
-      ops[0].kind = MNCL_P2P_RECV;
-      ops[0].peer = peer;
-      ops[0].dtype = MNCL_INT32;
-      ops[0].buf = in.data();
-      ops[0].count = count;
-      ops[1] = ops[0];
-      ops[1].kind = MNCL_P2P_SEND;
-      ops[1].buf = const_cast<int32_t *>(out.data());
-      ops[1].count = out.size();
+      const mncl_p2p_op_t ops[2] = {
+          p2p_op(MNCL_P2P_RECV, peer, in.data(), count),
+          p2p_op(MNCL_P2P_SEND, peer, const_cast<int32_t *>(out.data()), out.size())};
       st = mncl_sendrecv_batch(comm, ops, 2, nullptr);
       break;
     }
@@ -125,35 +129,14 @@ void same_peer_batch(mncl_comm_t comm, int rank, int salt) {
   for (int i = 0; i < 3; ++i) {
     out[i] = message(sizes[i], rank, salt + i);
     in[i].assign(sizes[i] + kGuards, kGuard);
-    mncl_p2p_op_t recv = {};
-    recv.struct_size = sizeof(mncl_p2p_op_t);
-    recv.kind = MNCL_P2P_RECV;
-    recv.peer = peer;
-    recv.dtype = MNCL_INT32;
-    recv.buf = in[i].data();
-    recv.count = sizes[i];
-    mncl_p2p_op_t send = recv;
-    send.kind = MNCL_P2P_SEND;
-    send.buf = out[i].data();
-    ops.push_back(recv);
-    ops.push_back(send);
+    ops.push_back(p2p_op(MNCL_P2P_RECV, peer, in[i].data(), sizes[i]));
+    ops.push_back(p2p_op(MNCL_P2P_SEND, peer, out[i].data(), sizes[i]));
   }
   const mncl_status_t st = mncl_sendrecv_batch(comm, ops.data(), ops.size(), nullptr);
   for (int i = 0; i < 3; ++i) {
     check_received(rank, "batch of three receives from one peer, receive " + std::to_string(i), st,
                    peer, in[i], sizes[i], sizes[i], salt + i);
   }
-}
-
-mncl_p2p_op_t p2p_op(mncl_p2p_kind_t kind, int peer, void *buf, size_t count) {
-  mncl_p2p_op_t op = {};
-  op.struct_size = sizeof(mncl_p2p_op_t);
-  op.kind = kind;
-  op.peer = peer;
-  op.dtype = MNCL_INT32;
-  op.buf = buf;
-  op.count = count;
-  return op;
 }
 
 // Rank 0 receives two messages each from ranks 1 and 2 in one batch, interleaved by peer
