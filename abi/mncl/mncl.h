@@ -177,6 +177,40 @@ MNCL_API mncl_status_t mncl_comm_abort(mncl_comm_t comm);
  * color MNCL_SPLIT_NONE: this rank joins none and *newcomm is set to NULL. */
 #define MNCL_SPLIT_NONE (-1)
 MNCL_API mncl_status_t mncl_comm_split(mncl_comm_t comm, int color, int key, mncl_comm_t *newcomm);
+/*
+ * (MNCL_1.4) mncl_comm_split with settings for the new communicator. `config` may be NULL (then
+ * it is mncl_comm_split). In a split, MNCL_FROM_ENV / NULL fields mean "as the parent", not the
+ * environment:
+ *   backend     the new communicator's backend: a name, a path, a comma list or "auto" (chosen
+ *               for the group's own ranks and hosts, e.g. shm for the ranks of one host); the
+ *               ranks of one group must pass the same string, else every rank of that group
+ *               fails with MNCL_ERR_INVALID_ARGUMENT naming each rank's string. NULL: the
+ *               parent's backend (a native split where the backend has one, as mpi's).
+ *   timeout_ms  the new communicator's timeout; -1: the parent's.
+ *   device      its accelerator ordinal; -1: the parent's.
+ *   rank, size, bootstrap   must be -1 / NULL: ranks come from (color, key), the store from the
+ *               parent (MNCL_ERR_INVALID_ARGUMENT naming the field otherwise).
+ * A backend that can only build a communicator of every process (flat: MPI_COMM_WORLD) refuses
+ * a group of a parent on another backend with MNCL_ERR_PLUGIN; from a flat parent it splits.
+ */
+MNCL_API mncl_status_t mncl_comm_split_config(mncl_comm_t comm, int color, int key,
+                                              const mncl_config_t *config, mncl_comm_t *newcomm);
+/* (MNCL_1.4) Splits by where the ranks run, as MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) does
+ * and as ChainerMN's intra/inter communicators are made. Hosts are told apart by MNCL_HOSTID
+ * (default: the host name). */
+typedef enum mncl_split_type {
+  /* One group per host: the ranks on this rank's host (ChainerMN's intra_rank/intra_size). */
+  MNCL_SPLIT_TYPE_HOST = 0,
+  /* One group per local rank: the ranks whose position among the ranks of their host equals
+   * this rank's, one per host (ChainerMN's inter communicator; group 0 is every host's first
+   * rank). A host with fewer ranks has no member in the higher groups. */
+  MNCL_SPLIT_TYPE_CROSS_HOST = 1
+} mncl_split_type_t;
+/* Collective over `comm`: every rank passes the same `type` (else every rank fails with
+ * MNCL_ERR_INVALID_ARGUMENT naming the ranks that differ). Ranks of a group are ordered by
+ * (key, rank in comm). `config` as in mncl_comm_split_config (NULL: as the parent). */
+MNCL_API mncl_status_t mncl_comm_split_type(mncl_comm_t comm, mncl_split_type_t type, int key,
+                                            const mncl_config_t *config, mncl_comm_t *newcomm);
 MNCL_API mncl_status_t mncl_comm_rank(mncl_comm_t comm, int *rank);
 MNCL_API mncl_status_t mncl_comm_size(mncl_comm_t comm, int *size);
 /* The backend's name ("naive"); the string lives as long as the communicator. */

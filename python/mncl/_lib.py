@@ -84,6 +84,7 @@ class P2POp(ctypes.Structure):
 
 
 P2P_SEND, P2P_RECV = 0, 1  # mncl_p2p_kind_t
+SPLIT_TYPE_HOST, SPLIT_TYPE_CROSS_HOST = 0, 1  # mncl_split_type_t
 
 CONFIG_MAGIC = 0x4D4E434C
 HEADER_VERSION = 100  # MNCL_VERSION of the mncl.h this file mirrors (0.1.0)
@@ -150,6 +151,11 @@ _SIGNATURES = {
     "mncl_scatterv": (c_status, [c_handle, _P, c_size_p, c_size_p, _P, _N, _I, _I, _P]),
     "mncl_igatherv": (c_status, [c_handle, _P, _N, _P, c_size_p, c_size_p, _I, _I, _P, _R]),
     "mncl_iscatterv": (c_status, [c_handle, _P, c_size_p, c_size_p, _P, _N, _I, _I, _P, _R]),
+    # MNCL_1.4: splits with their own settings, and by host.
+    "mncl_comm_split_config": (
+        c_status, [c_handle, _I, _I, ctypes.POINTER(Config), ctypes.POINTER(c_handle)]),
+    "mncl_comm_split_type": (
+        c_status, [c_handle, _I, _I, ctypes.POINTER(Config), ctypes.POINTER(c_handle)]),
     "mncl_test": (c_status, [c_handle, ctypes.POINTER(_I)]),
     "mncl_wait": (c_status, [c_handle, ctypes.c_int64]),
 }
@@ -164,6 +170,8 @@ _ADDED_IN = {
     "mncl_scatterv": "1.3",
     "mncl_igatherv": "1.3",
     "mncl_iscatterv": "1.3",
+    "mncl_comm_split_config": "1.4",
+    "mncl_comm_split_type": "1.4",
 }
 
 

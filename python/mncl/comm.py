@@ -179,6 +179,15 @@ class Request:
         return self._result
 
 
+def _split_config(backend, timeout, device):
+    """The mncl_config_t of a split: None fields keep the parent's settings."""
+    return _lib.Config(
+        ctypes.sizeof(_lib.Config), _lib.CONFIG_MAGIC, _lib.HEADER_VERSION,
+        backend.encode() if backend else None, _lib.FROM_ENV, _lib.FROM_ENV, None,
+        _lib.FROM_ENV if timeout is None else int(timeout * 1000),
+        _lib.FROM_ENV if device is None else device, 0)
+
+
 class Communicator:
     """A group of ranks (mncl_comm_t). Every argument left as None comes from the environment
     (MNCL_BACKEND, MNCL_RANK/MNCL_SIZE or a launcher's variables, MNCL_STORE, MNCL_TIMEOUT...),
@@ -246,6 +255,33 @@ class Communicator:
         check(lib.mncl_comm_split(self._live(), -1 if color is None else color, key,
                                   ctypes.byref(handle)))
         return Communicator(_handle=handle) if handle.value else None
+
+    def split_config(self, color, key=0, backend=None, timeout=None, device=None):
+        """split() whose new communicator has its own settings (mncl_comm_split_config):
+        backend (a name, a comma list or "auto"; the ranks of a group must pass the same),
+        timeout in seconds, device; None keeps the parent's."""
+        handle = _lib.c_handle()
+        cfg = _split_config(backend, timeout, device)
+        check(lib.mncl_comm_split_config(self._live(), -1 if color is None else color, key,
+                                         ctypes.byref(cfg), ctypes.byref(handle)))
+        return Communicator(_handle=handle) if handle.value else None
+
+    def split_host(self, key=0, backend=None, timeout=None, device=None):
+        """Collective: the ranks on this rank's host (mncl_comm_split_type HOST; hosts are told
+        apart by MNCL_HOSTID, default the host name). Settings as split_config()."""
+        return self._split_type(_lib.SPLIT_TYPE_HOST, key, backend, timeout, device)
+
+    def split_cross_host(self, key=0, backend=None, timeout=None, device=None):
+        """Collective: one rank per host, those at the same position among their host's ranks
+        (mncl_comm_split_type CROSS_HOST): group 0 holds every host's first rank."""
+        return self._split_type(_lib.SPLIT_TYPE_CROSS_HOST, key, backend, timeout, device)
+
+    def _split_type(self, split_type, key, backend, timeout, device):
+        handle = _lib.c_handle()
+        cfg = _split_config(backend, timeout, device)
+        check(lib.mncl_comm_split_type(self._live(), split_type, key, ctypes.byref(cfg),
+                                       ctypes.byref(handle)))
+        return Communicator(_handle=handle)
 
     # --- running a prepared call -----------------------------------------------------------
     #

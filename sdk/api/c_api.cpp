@@ -233,6 +233,17 @@ MNCL_API const char *mncl_op_name(mncl_op_t op) {
 
 // --- communicators ---------------------------------------------------------------------------
 
+namespace {
+// Hands a split's new communicator (NULL for MNCL_SPLIT_NONE) to the caller as a handle.
+void adopt_child(std::unique_ptr<mncl::core::Comm> child, mncl_comm_t *newcomm) {
+  if (!child) return;
+  auto handle = std::make_unique<mncl_comm>();
+  handle->impl = std::move(child);
+  track(g_comms, handle.get());
+  *newcomm = handle.release();
+}
+}  // namespace
+
 MNCL_API mncl_status_t mncl_comm_create(const mncl_config_t *config, mncl_comm_t *comm) {
   return guard([&] {
     require_out(comm, "mncl_comm_create", "comm");
@@ -280,12 +291,29 @@ MNCL_API mncl_status_t mncl_comm_split(mncl_comm_t comm, int color, int key, mnc
   return guard([&] {
     require_out(newcomm, "mncl_comm_split", "newcomm");
     *newcomm = nullptr;
-    auto child = comm_of(comm, "mncl_comm_split").split(color, key);
-    if (!child) return;
-    auto handle = std::make_unique<mncl_comm>();
-    handle->impl = std::move(child);
-    track(g_comms, handle.get());
-    *newcomm = handle.release();
+    adopt_child(comm_of(comm, "mncl_comm_split").split(color, key), newcomm);
+  });
+}
+
+MNCL_API mncl_status_t mncl_comm_split_config(mncl_comm_t comm, int color, int key,
+                                              const mncl_config_t *config, mncl_comm_t *newcomm) {
+  return guard([&] {
+    require_out(newcomm, "mncl_comm_split_config", "newcomm");
+    *newcomm = nullptr;
+    adopt_child(
+        comm_of(comm, "mncl_comm_split_config").split(color, key, config, "mncl_comm_split_config"),
+        newcomm);
+  });
+}
+
+MNCL_API mncl_status_t mncl_comm_split_type(mncl_comm_t comm, mncl_split_type_t type, int key,
+                                            const mncl_config_t *config, mncl_comm_t *newcomm) {
+  return guard([&] {
+    require_out(newcomm, "mncl_comm_split_type", "newcomm");
+    *newcomm = nullptr;
+    adopt_child(
+        comm_of(comm, "mncl_comm_split_type").split_type(static_cast<int>(type), key, config),
+        newcomm);
   });
 }
 

@@ -52,6 +52,11 @@ const std::vector<Variable> &table() {
       {"MNCL_LOCAL_SIZE", "",
        "Ranks on this host (else LOCAL_WORLD_SIZE, "
        "OMPI_COMM_WORLD_LOCAL_SIZE, SLURM_NTASKS_PER_NODE)."},
+      {"MNCL_HOSTID", "",
+       "What this rank counts as its host when ranks are grouped by host (local rank and size, "
+       "mncl_comm_split_type, the backend rules); default: the host name. Ranks with the same "
+       "value share a host (NCCL_HOSTID's role: containers with one host name, or one machine "
+       "standing in for several: mncl-run --ranks-per-host)."},
       {"MNCL_TIMEOUT", "300",
        "Seconds any blocking step may take (rendezvous, each collective) before it fails."},
       {"MNCL_DEVICE", "", "Accelerator ordinal for this rank (default: the local rank)."},

@@ -34,7 +34,11 @@ constexpr size_t kLingerMaxBytes = 64 * 1024;
 // How long a wait on a natively posted operation polls before it starts to sleep.
 constexpr auto kNativeSpin = std::chrono::microseconds(500);
 
+// The host this rank counts as on: MNCL_HOSTID, else the host name.
 std::string hostname() {
+  if (auto id = env::get("MNCL_HOSTID")) {
+    if (!id->empty()) return *id;
+  }
   char name[256] = "";
   if (::gethostname(name, sizeof name - 1) != 0) return "unknown-host";
   return name;
@@ -88,6 +92,53 @@ std::vector<std::string> exchange(bootstrap::Store &store, const std::string &pr
   return values;
 }
 
+// Every rank of a new communicator chooses its backend from the same job facts and publishes
+// its choice (or its failure) under "choice/" of `store`; every rank runs the same agreement
+// over all of them (agreement.h), so that all end the same way instead of some waiting for
+// others that gave up. settings.rank/size are the new communicator's.
+Selection agree_on_backend(bootstrap::Store &store, const LaunchSettings &settings, int local_size,
+                           int num_hosts, const std::atomic<bool> *aborted, const char *fn) {
+  Selection selection;
+  std::string local_error;
+  try {
+    selection = select_backend(settings, probe_info(settings, local_size, num_hosts));
+    MNCL_INFO("backend %s chosen: %s", selection.plugin->name().c_str(), selection.why.c_str());
+  } catch (const Error &e) {
+    local_error = e.what();
+  }
+  const std::string record = local_error.empty() ? "ok\n" + topology::serialize(selection.choice)
+                                                 : "error\n" + local_error;
+  const auto records =
+      exchange(store, "choice/", settings.rank, settings.size, record, settings.timeout_ms, aborted,
+               format("%s (backend choice)", fn).c_str());
+  std::vector<topology::RankChoice> choices;
+  std::vector<std::string> failures;
+  for (int r = 0; r < settings.size; ++r) {
+    const std::string &rec = records[r];
+    if (rec.compare(0, 6, "error\n") == 0) {
+      if (r != settings.rank) failures.push_back(format("rank %d: %s", r, rec.c_str() + 6));
+    } else {
+      choices.push_back(topology::parse_choice(rec.substr(3)));
+    }
+  }
+  if (!local_error.empty()) throw Error(MNCL_ERR_PLUGIN, format("%s: %s", fn, local_error.c_str()));
+  if (!failures.empty()) {
+    std::string all;
+    for (const auto &f : failures) all += "\n  " + f;
+    throw Error(MNCL_ERR_PLUGIN,
+                format("%s: other ranks could not choose a backend:%s", fn, all.c_str()));
+  }
+  const topology::Agreement agreement = topology::agree(choices);
+  if (!agreement.error.empty())
+    throw Error(MNCL_ERR_PLUGIN, format("%s: %s", fn, agreement.error.c_str()));
+  if (agreement.backend != selection.plugin->name()) {
+    MNCL_INFO("backend %s instead of %s: %s", agreement.backend.c_str(),
+              selection.plugin->name().c_str(), agreement.why.c_str());
+    selection.plugin = loader::load(agreement.backend);  // in this rank's usable list
+  }
+  return selection;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -117,6 +168,7 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
     const int generation = generations[settings.store_url]++;
     comm->id_ = generation == 0 ? "w" : format("w%d", generation);
   }
+  comm->launch_ = std::make_shared<const LaunchSettings>(settings);
   comm->job_ = std::make_shared<Job>();
   comm->job_->tcp_store = settings.store_url.rfind("tcp://", 0) == 0;
   comm->job_->hosts_tcp_store = comm->job_->tcp_store && settings.rank == 0;
@@ -178,50 +230,9 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
   comm->local_size_ = settings.local_size >= 1 ? settings.local_size : same_host;
   if (comm->device_ < 0) comm->device_ = comm->local_rank_;
 
-  // Round 2, the backend: every rank chooses from the same job facts and publishes its choice
-  // (or its failure); every rank runs the same agreement over all of them (agreement.h), so
-  // that all end the same way instead of some waiting for others that gave up.
-  Selection selection;
-  std::string local_error;
-  try {
-    selection = select_backend(settings, probe_info(settings, comm->local_size_, comm->num_hosts_));
-    MNCL_INFO("backend %s chosen: %s", selection.plugin->name().c_str(), selection.why.c_str());
-  } catch (const Error &e) {
-    local_error = e.what();
-  }
-  const std::string record = local_error.empty() ? "ok\n" + topology::serialize(selection.choice)
-                                                 : "error\n" + local_error;
-  const auto records =
-      exchange(*comm->comm_store_, "choice/", settings.rank, settings.size, record,
-               settings.timeout_ms, &comm->aborted_, "mncl_comm_create (backend choice)");
-  std::vector<topology::RankChoice> choices;
-  std::vector<std::string> failures;
-  for (int r = 0; r < settings.size; ++r) {
-    const std::string &rec = records[r];
-    if (rec.compare(0, 6, "error\n") == 0) {
-      if (r != settings.rank) failures.push_back(format("rank %d: %s", r, rec.c_str() + 6));
-    } else {
-      choices.push_back(topology::parse_choice(rec.substr(3)));
-    }
-  }
-  if (!local_error.empty()) {
-    throw Error(MNCL_ERR_PLUGIN, format("mncl_comm_create: %s", local_error.c_str()));
-  }
-  if (!failures.empty()) {
-    std::string all;
-    for (const auto &f : failures) all += "\n  " + f;
-    throw Error(MNCL_ERR_PLUGIN,
-                format("mncl_comm_create: other ranks could not choose a backend:%s", all.c_str()));
-  }
-  const topology::Agreement agreement = topology::agree(choices);
-  if (!agreement.error.empty()) {
-    throw Error(MNCL_ERR_PLUGIN, "mncl_comm_create: " + agreement.error);
-  }
-  if (agreement.backend != selection.plugin->name()) {
-    MNCL_INFO("backend %s instead of %s: %s", agreement.backend.c_str(),
-              selection.plugin->name().c_str(), agreement.why.c_str());
-    selection.plugin = loader::load(agreement.backend);  // in this rank's usable list
-  }
+  // Round 2, the backend (see agree_on_backend).
+  Selection selection = agree_on_backend(*comm->comm_store_, settings, comm->local_size_,
+                                         comm->num_hosts_, &comm->aborted_, "mncl_comm_create");
 
   // One placement per process: the first communicator's (MNCL_BIND, logged at info level).
   topology::BindRequest placement;
@@ -858,10 +869,104 @@ std::string Comm::diagnosis(const mncl_coll_v1_t &coll, mncl_status_t status) {
   return result->text;
 }
 
-std::unique_ptr<Comm> Comm::split(int color, int key) {
-  check_usable("mncl_comm_split");
-  MNCL_CHECK(color >= 0 || color == MNCL_SPLIT_NONE, MNCL_ERR_INVALID_ARGUMENT,
-             "mncl_comm_split: color %d is negative (use MNCL_SPLIT_NONE to join no group)", color);
+namespace {
+
+// What a split's config asks of the new communicator; -1 / empty: as the parent.
+struct SplitSettings {
+  bool inherit_backend = true;
+  std::string backend;
+  int64_t timeout_ms = -1;
+  int device = -1;
+};
+
+SplitSettings read_split_config(const mncl_config_t *user, const char *fn) {
+  SplitSettings out;
+  if (user == nullptr) return out;
+  const mncl_config_t config = read_user_config(user);
+  MNCL_CHECK(config.rank == MNCL_FROM_ENV, MNCL_ERR_INVALID_ARGUMENT,
+             "%s: config.rank is %d; a split takes the ranks from (color, key): leave it -1", fn,
+             static_cast<int>(config.rank));
+  MNCL_CHECK(config.size == MNCL_FROM_ENV, MNCL_ERR_INVALID_ARGUMENT,
+             "%s: config.size is %d; a split takes the size from (color, key): leave it -1", fn,
+             static_cast<int>(config.size));
+  MNCL_CHECK(config.bootstrap == nullptr, MNCL_ERR_INVALID_ARGUMENT,
+             "%s: config.bootstrap is set ('%s'); a split uses the parent's store: leave it NULL",
+             fn, config.bootstrap);
+  MNCL_CHECK(config.timeout_ms == MNCL_FROM_ENV || config.timeout_ms > 0, MNCL_ERR_INVALID_ARGUMENT,
+             "%s: config.timeout_ms is %lld; give a positive number of milliseconds, or -1 for "
+             "the parent's",
+             fn, static_cast<long long>(config.timeout_ms));
+  MNCL_CHECK(config.device >= MNCL_FROM_ENV, MNCL_ERR_INVALID_ARGUMENT,
+             "%s: config.device is %d; give an ordinal, or -1 for the parent's", fn,
+             static_cast<int>(config.device));
+  if (config.backend != nullptr) {
+    MNCL_CHECK(config.backend[0] != '\0', MNCL_ERR_INVALID_ARGUMENT,
+               "%s: config.backend is empty; name a backend, or pass NULL for the parent's", fn);
+    out.inherit_backend = false;
+    out.backend = config.backend;
+  }
+  out.timeout_ms = config.timeout_ms;
+  out.device = config.device;
+  return out;
+}
+
+const char *split_type_name(int type) {
+  switch (type) {
+    case MNCL_SPLIT_TYPE_HOST:
+      return "MNCL_SPLIT_TYPE_HOST";
+    case MNCL_SPLIT_TYPE_CROSS_HOST:
+      return "MNCL_SPLIT_TYPE_CROSS_HOST";
+    default:
+      return "a color (mncl_comm_split/_config)";
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Comm> Comm::split(int color, int key, const mncl_config_t *config, const char *fn) {
+  return split_impl(color, key, -1, config, fn);
+}
+
+std::unique_ptr<Comm> Comm::split_type(int type, int key, const mncl_config_t *config) {
+  const char *fn = "mncl_comm_split_type";
+  int color = 0;
+  if (type == MNCL_SPLIT_TYPE_HOST) {
+    // Hosts numbered in order of their first rank: the same numbering on every rank.
+    std::vector<std::string> hosts;
+    for (const Member &m : members_) {
+      if (std::find(hosts.begin(), hosts.end(), m.host) == hosts.end()) hosts.push_back(m.host);
+    }
+    color = static_cast<int>(std::find(hosts.begin(), hosts.end(), members_[rank_].host) -
+                             hosts.begin());
+  } else if (type == MNCL_SPLIT_TYPE_CROSS_HOST) {
+    for (int r = 0; r < rank_; ++r) color += members_[r].host == members_[rank_].host ? 1 : 0;
+  }
+  // An unknown type is reported to every rank by split_impl.
+  return split_impl(color, key, type, config, fn);
+}
+
+std::unique_ptr<Comm> Comm::split_impl(int color, int key, int type, const mncl_config_t *config,
+                                       const char *fn) {
+  check_usable(fn);
+  // A rank's own mistakes travel in the exchange, so that every rank fails alike instead of
+  // the others waiting for it until the timeout.
+  std::string local_error;
+  SplitSettings wanted;
+  if (type != -1 && type != MNCL_SPLIT_TYPE_HOST && type != MNCL_SPLIT_TYPE_CROSS_HOST) {
+    local_error = format(
+        "%s: type %d is not MNCL_SPLIT_TYPE_HOST (0) or "
+        "MNCL_SPLIT_TYPE_CROSS_HOST (1)",
+        fn, type);
+  } else if (color < 0 && color != MNCL_SPLIT_NONE) {
+    local_error =
+        format("%s: color %d is negative (use MNCL_SPLIT_NONE to join no group)", fn, color);
+  } else {
+    try {
+      wanted = read_split_config(config, fn);
+    } catch (const Error &e) {
+      local_error = e.what();
+    }
+  }
   // Splits are ordered with the collectives issued before them. Point-to-point lanes keep
   // running (a receive may stay posted across a split, as in MPI) unless the plugin splits
   // natively: its comm_split must not overlap an execute() on this communicator.
@@ -873,43 +978,144 @@ std::unique_ptr<Comm> Comm::split(int color, int key) {
   }
   const uint64_t split_index = next_split_++;
   const std::string prefix = format("split%llu/", static_cast<unsigned long long>(split_index));
-  const auto values = exchange(*comm_store_, prefix, rank_, size_,
-                               std::to_string(color) + " " + std::to_string(key), timeout_ms_,
-                               &aborted_, "mncl_comm_split");
+  // "color key\ntype\nok|error <message>\n-|=<backend>"
+  const std::string record = format("%d %d\n%d\n", color, key, type) +
+                             (local_error.empty() ? std::string("ok") : "error " + local_error) +
+                             "\n" +
+                             (wanted.inherit_backend ? std::string("-") : "=" + wanted.backend);
+  const auto values =
+      exchange(*comm_store_, prefix, rank_, size_, record, timeout_ms_, &aborted_, fn);
 
   struct Entry {
-    int color, key, parent_rank;
+    int color = 0, key = 0, parent_rank = 0, type = -1;
+    std::string status, backend;
   };
-  std::vector<Entry> group;
+  std::vector<Entry> all;
   for (int r = 0; r < size_; ++r) {
-    Entry e{0, 0, r};
-    std::istringstream(values[r]) >> e.color >> e.key;
-    if (e.color == color) group.push_back(e);
+    Entry e;
+    e.parent_rank = r;
+    std::istringstream in(values[r]);
+    std::string line;
+    std::getline(in, line);
+    std::istringstream(line) >> e.color >> e.key;
+    std::getline(in, line);
+    e.type = std::atoi(line.c_str());
+    std::getline(in, e.status);
+    std::getline(in, e.backend);
+    all.push_back(e);
   }
-  if (color == MNCL_SPLIT_NONE) {
-    // Plugins that split natively (MPI) need every parent rank in the call.
-    if (table_->comm_split) {
+  // Failures every rank sees alike: a rank's own error, ranks that split differently.
+  std::string errors;
+  for (const Entry &e : all) {
+    if (e.status.compare(0, 6, "error ") == 0) {
+      errors += format("\n  rank %d: %s", e.parent_rank, e.status.c_str() + 6);
+    } else if (e.type != all[0].type) {
+      errors += format("\n  rank %d splits by %s, rank 0 by %s", e.parent_rank,
+                       split_type_name(e.type), split_type_name(all[0].type));
+    }
+  }
+  if (!errors.empty()) {
+    throw Error(MNCL_ERR_INVALID_ARGUMENT, format("%s: the split of %s failed on every rank:%s", fn,
+                                                  id_.c_str(), errors.c_str()));
+  }
+
+  // A backend that splits natively (MPI) needs exactly one comm_split call from every parent
+  // rank: with its color when the new communicator is its own, else MNCL_SPLIT_NONE.
+  bool parent_split_called = false;
+  auto leave_native_split = [&] {
+    if (table_->comm_split && !parent_split_called) {
+      parent_split_called = true;
       void *none = nullptr;
       table_->comm_split(plugin_comm_, MNCL_SPLIT_NONE, key, nullptr, &none);
     }
+  };
+  if (color == MNCL_SPLIT_NONE) {
+    leave_native_split();
     return nullptr;
+  }
+  std::vector<Entry> group;
+  for (const Entry &e : all) {
+    if (e.color == color) group.push_back(e);
   }
   std::stable_sort(group.begin(), group.end(), [](const Entry &a, const Entry &b) {
     return a.key != b.key ? a.key < b.key : a.parent_rank < b.parent_rank;
   });
+  try {
+    // The ranks of one group must ask for the same backend (the others' groups are theirs).
+    std::string disagreement;
+    for (const Entry &e : group) {
+      if (e.backend != group[0].backend) {
+        auto show = [](const std::string &b) {
+          return b == "-" ? std::string("the parent's") : "'" + b.substr(1) + "'";
+        };
+        disagreement =
+            format("rank %d asks for %s, rank %d for %s", group[0].parent_rank,
+                   show(group[0].backend).c_str(), e.parent_rank, show(e.backend).c_str());
+        break;
+      }
+    }
+    MNCL_CHECK(disagreement.empty(), MNCL_ERR_INVALID_ARGUMENT,
+               "%s: the ranks of color %d disagree on the backend: %s (config.backend must be "
+               "the same string on every rank of a group)",
+               fn, color, disagreement.c_str());
+    std::vector<int> parent_ranks;
+    for (const Entry &e : group) parent_ranks.push_back(e.parent_rank);
+    std::unique_ptr<Comm> child = make_child(parent_ranks, split_index, color);
+    child->device_ = wanted.device >= 0 ? wanted.device : device_;
+    child->timeout_ms_ = wanted.timeout_ms > 0 ? wanted.timeout_ms : timeout_ms_;
+    bool native = false;
+    if (wanted.inherit_backend) {
+      child->plugin_ = plugin_;
+      native = table_->comm_split != nullptr;
+    } else {
+      LaunchSettings settings = *launch_;
+      settings.backend_spec = wanted.backend;
+      settings.backend_origin = "config.backend";
+      settings.rank = child->rank_;
+      settings.size = child->size_;
+      settings.local_rank = child->local_rank_;
+      settings.local_size = child->local_size_;
+      settings.timeout_ms = child->timeout_ms_;
+      settings.device = child->device_;
+      const std::string what = format("%s (%s)", fn, child->id_.c_str());
+      child->plugin_ = agree_on_backend(*child->comm_store_, settings, child->local_size_,
+                                        child->num_hosts_, &aborted_, what.c_str())
+                           .plugin;
+      native = child->plugin_.get() == plugin_.get() && table_->comm_split != nullptr;
+    }
+    child->table_ = &child->plugin_->table();
+    child->staging_ =
+        std::make_unique<cuda::StagingPool>(child->rank_, child->size_, child->backend());
+    if (native) {
+      parent_split_called = true;
+      child->create_plugin_comm(child->bootstrap_for_plugin(), plugin_comm_, color, key);
+    } else {
+      leave_native_split();
+      child->create_plugin_comm(child->bootstrap_for_plugin(), nullptr, 0, 0);
+    }
+    MNCL_INFO("split %s -> %s: rank %d of %d on backend %s", id_.c_str(), child->id_.c_str(),
+              child->rank_, child->size_, child->backend().c_str());
+    return child;
+  } catch (...) {
+    leave_native_split();
+    throw;
+  }
+}
 
+std::unique_ptr<Comm> Comm::make_child(const std::vector<int> &parent_ranks, uint64_t split_index,
+                                       int color) {
   std::unique_ptr<Comm> child(new Comm());
-  child->size_ = static_cast<int>(group.size());
+  child->size_ = static_cast<int>(parent_ranks.size());
   std::set<std::string> hosts;
   int same_host_before = 0, same_host = 0;
   const std::string &my_host = members_[rank_].host;
-  for (size_t i = 0; i < group.size(); ++i) {
-    const Member &m = members_[group[i].parent_rank];
-    if (group[i].parent_rank == rank_) child->rank_ = static_cast<int>(i);
+  for (size_t i = 0; i < parent_ranks.size(); ++i) {
+    const Member &m = members_[parent_ranks[i]];
+    if (parent_ranks[i] == rank_) child->rank_ = static_cast<int>(i);
     child->members_.push_back(m);
     hosts.insert(m.host);
   }
-  for (size_t i = 0; i < group.size(); ++i) {
+  for (size_t i = 0; i < parent_ranks.size(); ++i) {
     if (child->members_[i].host != my_host) continue;
     ++same_host;
     if (static_cast<int>(i) < child->rank_) ++same_host_before;
@@ -922,21 +1128,16 @@ std::unique_ptr<Comm> Comm::split(int color, int key) {
   child->history_.set_max_running(max_lanes(child->size_));
   child->id_ =
       format("%s.s%llu.%d", id_.c_str(), static_cast<unsigned long long>(split_index), color);
+  child->launch_ = launch_;
   child->job_store_ = job_store_;
   child->job_ = job_;
   ++job_->live;
   child->comm_store_ = bootstrap::make_prefix_store(job_store_, child->id_ + "/");
-  child->plugin_ = plugin_;
-  child->staging_ = std::make_unique<cuda::StagingPool>(child->rank_, child->size_, backend());
-  child->table_ = table_;
   child->plugin_store_ = std::make_unique<StoreBridge>(
       bootstrap::make_prefix_store(job_store_, child->id_ + "/p/"), &child->plugin_stop_);
   child->debug_checks_ = debug_checks_;
   child->linger_ = linger_;
-  child->joined_ = true;  // every member took part in the exchange above
-  child->create_plugin_comm(child->bootstrap_for_plugin(), plugin_comm_, color, key);
-  MNCL_INFO("split %s -> %s: rank %d of %d", id_.c_str(), child->id_.c_str(), child->rank_,
-            child->size_);
+  child->joined_ = true;  // every member took part in the split's exchange
   return child;
 }
 

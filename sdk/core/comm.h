@@ -78,7 +78,13 @@ class Comm {
 
   void abort();
   bool aborted() const { return aborted_.load(); }
-  std::unique_ptr<Comm> split(int color, int key);
+  // mncl_comm_split (config NULL) and mncl_comm_split_config: NULL / -1 config fields keep
+  // the parent's settings; a backend named in config is agreed on by the group's ranks.
+  std::unique_ptr<Comm> split(int color, int key, const mncl_config_t *config = nullptr,
+                              const char *fn = "mncl_comm_split");
+  // mncl_comm_split_type: the color is this rank's host (HOST) or its position among its
+  // host's ranks (CROSS_HOST), from the hosts every rank published when joining.
+  std::unique_ptr<Comm> split_type(int type, int key, const mncl_config_t *config);
   // Collective teardown; the object may be deleted afterwards whatever it throws.
   void destroy();
 
@@ -134,6 +140,13 @@ class Comm {
                           int key);
   mncl_bootstrap_v1_t bootstrap_for_plugin() const;
   void leave_after_failed_join(const std::vector<int> &absent);
+  // type: -1 for a split by color, else the mncl_split_type_t the color was derived from.
+  std::unique_ptr<Comm> split_impl(int color, int key, int type, const mncl_config_t *config,
+                                   const char *fn);
+  // A child communicator of the given parent ranks (in their new order), with the parent's
+  // settings and its own store views; its backend is set by the caller.
+  std::unique_ptr<Comm> make_child(const std::vector<int> &parent_ranks, uint64_t split_index,
+                                   int color);
   // false when an abort cut the wait short.
   bool leave_job();
   // Aborts the plugin communicator once (user abort or watchdog).
@@ -145,6 +158,9 @@ class Comm {
   int local_rank_ = -1, local_size_ = -1, num_hosts_ = 1, device_ = -1;
   int64_t timeout_ms_ = 300000;
   std::string id_;  // unique in the job: "w", "w.s0c1", ...
+  // The world communicator's launch settings (backend rules, memory type), which a split
+  // that names a backend chooses from.
+  std::shared_ptr<const LaunchSettings> launch_;
   std::vector<Member> members_;
 
   std::shared_ptr<bootstrap::Store> job_store_;  // the job-wide store connection

@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -41,10 +42,14 @@ constexpr const char *kUsage =
     "  --store tcp|file     bootstrap store: tcp://127.0.0.1:<free port> (default) or a fresh\n"
     "                       file:// directory, removed when the job ends\n"
     "  --tag-output         prefix every output line with \"[rN] \"\n"
+    "  --ranks-per-host M   pose as several hosts: ranks r*M .. r*M+M-1 count as host r (each\n"
+    "                       gets MNCL_HOSTID=<host name>~r and its local rank and size), to\n"
+    "                       try host-aware code (mncl_comm_split_type) on one machine\n"
     "  -h, --help           show this text\n"
     "\n"
     "Every rank gets MNCL_RANK, MNCL_SIZE, MNCL_LOCAL_RANK, MNCL_LOCAL_SIZE and MNCL_STORE\n"
-    "(and MNCL_BACKEND with --backend); the rest of the environment is inherited.\n"
+    "(and MNCL_BACKEND with --backend, MNCL_HOSTID with --ranks-per-host); the rest of the\n"
+    "environment is inherited.\n"
     "\n"
     "Exit status: 0 if every rank exited 0; otherwise the status of the first rank that failed\n"
     "(128+N if it was killed by signal N); 124 on --timeout; 2 on a usage error. SIGINT, SIGTERM\n"
@@ -57,6 +62,7 @@ struct Options {
   double timeout_s = 0;  // 0: none
   double grace_s = 5;
   std::string backend;
+  int ranks_per_host = 0;  // 0: one real host (no MNCL_HOSTID)
   bool file_store = false;
   bool tag_output = false;
   std::vector<std::string> argv;
@@ -140,6 +146,12 @@ Options parse_args(int argc, char **argv) {
       if (v->empty() || *end != '\0' || n < 1 || n > 4096)
         usage_error("-n: '" + *v + "' is not a rank count in [1, 4096]");
       o.np = static_cast<int>(n);
+    } else if (auto v = value_of(a, "--ranks-per-host")) {
+      char *end = nullptr;
+      long m = std::strtol(v->c_str(), &end, 10);
+      if (v->empty() || *end != '\0' || m < 1 || m > 4096)
+        usage_error("--ranks-per-host: '" + *v + "' is not a rank count in [1, 4096]");
+      o.ranks_per_host = static_cast<int>(m);
     } else if (auto v = value_of(a, "--timeout")) {
       o.timeout_s = parse_seconds("--timeout", *v);
     } else if (auto v = value_of(a, "--grace")) {
@@ -320,22 +332,33 @@ class Launcher {
 
   // Everything a child needs is prepared before fork, so the child only calls exec.
   std::vector<std::string> child_env(int rank) const {
-    static const char *const kOverridden[] = {"MNCL_RANK=",       "MNCL_SIZE=",  "MNCL_LOCAL_RANK=",
-                                              "MNCL_LOCAL_SIZE=", "MNCL_STORE=", "MNCL_BACKEND="};
+    static const char *const kOverridden[] = {
+        "MNCL_RANK=",  "MNCL_SIZE=",    "MNCL_LOCAL_RANK=", "MNCL_LOCAL_SIZE=",
+        "MNCL_STORE=", "MNCL_BACKEND=", "MNCL_HOSTID="};
     std::vector<std::string> env;
     for (char **e = environ; *e; ++e) {
       bool skip = false;
       for (const char *p : kOverridden) {
-        bool backend = std::strcmp(p, "MNCL_BACKEND=") == 0;
-        if (std::strncmp(*e, p, std::strlen(p)) == 0 && (!backend || !opt_.backend.empty()))
-          skip = true;
+        // MNCL_BACKEND and MNCL_HOSTID are only replaced when their option is given.
+        bool optional = (std::strcmp(p, "MNCL_BACKEND=") == 0 && opt_.backend.empty()) ||
+                        (std::strcmp(p, "MNCL_HOSTID=") == 0 && opt_.ranks_per_host == 0);
+        if (std::strncmp(*e, p, std::strlen(p)) == 0 && !optional) skip = true;
       }
       if (!skip) env.emplace_back(*e);
     }
     env.push_back("MNCL_RANK=" + std::to_string(rank));
     env.push_back("MNCL_SIZE=" + std::to_string(opt_.np));
-    env.push_back("MNCL_LOCAL_RANK=" + std::to_string(rank));
-    env.push_back("MNCL_LOCAL_SIZE=" + std::to_string(opt_.np));
+    if (opt_.ranks_per_host > 0) {
+      const int m = opt_.ranks_per_host, host = rank / m;
+      char name[256] = "";
+      if (gethostname(name, sizeof name - 1) != 0) std::strcpy(name, "localhost");
+      env.push_back("MNCL_HOSTID=" + std::string(name) + "~" + std::to_string(host));
+      env.push_back("MNCL_LOCAL_RANK=" + std::to_string(rank % m));
+      env.push_back("MNCL_LOCAL_SIZE=" + std::to_string(std::min(m, opt_.np - host * m)));
+    } else {
+      env.push_back("MNCL_LOCAL_RANK=" + std::to_string(rank));
+      env.push_back("MNCL_LOCAL_SIZE=" + std::to_string(opt_.np));
+    }
     env.push_back("MNCL_STORE=" + store_);
     if (!opt_.backend.empty()) env.push_back("MNCL_BACKEND=" + opt_.backend);
     return env;

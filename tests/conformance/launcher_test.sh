@@ -35,6 +35,20 @@ out=$(MNCL_BACKEND=inherited "$RUN" -n 1 -- sh -c 'echo $MNCL_BACKEND')
 out=$(MNCL_BACKEND=inherited "$RUN" -n 1 --backend naive -- sh -c 'echo $MNCL_BACKEND')
 [ "$out" = naive ] || fail "--backend not applied: '$out'"
 
+# 2b. --ranks-per-host: ranks 0-1 pose as one host, 2 as another (hosts of 2 and 1); without
+# it the caller's MNCL_HOSTID is inherited.
+MNCL_HOSTID=inherited "$RUN" -n 3 --ranks-per-host 2 --tag-output -- sh -c \
+  'echo "host $MNCL_RANK $MNCL_LOCAL_RANK $MNCL_LOCAL_SIZE $MNCL_HOSTID"' >"$TMP/hosts" 2>&1
+expect_rc 0 $? "--ranks-per-host 2 with three ranks"
+for want in "0 0 2 .*~0" "1 1 2 .*~0" "2 0 1 .*~1"; do
+  r=${want%% *}
+  grep -q "^\[r$r\] host $want\$" "$TMP/hosts" || fail "rank $r: want 'host $want' in: $(cat "$TMP/hosts")"
+done
+out=$(MNCL_HOSTID=inherited "$RUN" -n 1 -- sh -c 'echo $MNCL_HOSTID')
+[ "$out" = inherited ] || fail "MNCL_HOSTID not inherited: '$out'"
+"$RUN" -n 2 --ranks-per-host 0 -- true 2>/dev/null
+expect_rc 2 $? "--ranks-per-host 0 is a usage error"
+
 # 3. A failing rank: its status is the launcher's, the others are killed after the grace.
 start=$(now)
 "$RUN" -n 3 --grace 1 -- sh -c '[ "$MNCL_RANK" = 1 ] && exit 3; sleep 60' 2>"$TMP/err"

@@ -434,6 +434,19 @@ sub = comm.split(r % 2, key=-r)
 expect(sub.size == (n + 1 - r % 2) // 2, "split size")
 expect(np.all(sub.allreduce(np.array([1])) == sub.size), "allreduce on the split communicator")
 sub.close()
+# by host (one host here unless MNCL_HOSTID says otherwise), on a backend of its own
+host = comm.split_host(backend="naive")
+expect(host.backend == "naive" and host.size == n and host.rank == r, "split_host")
+expect(np.all(host.allreduce(np.array([r], dtype=np.int64)) == n * (n - 1) // 2),
+       "allreduce on the host communicator")
+cross = comm.split_cross_host(timeout=5)
+expect(cross.size == 1 and cross.rank == 0 and cross.backend == comm.backend,
+       "split_cross_host: one rank per host")
+cross.close()
+host.close()
+odd = comm.split_config(r % 2, backend="naive" if r % 2 else None)
+expect(odd.backend == ("naive" if r % 2 else comm.backend), "split_config backend")
+odd.close()
 none = comm.split(None if r == 0 else 1)
 expect((none is None) == (r == 0), "split with color None")
 if none is not None:
