@@ -224,6 +224,16 @@ Comm *Comm::create(const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host,
   if (bs.size > 1 && !initialized && !launched_by_mpi_launcher()) {
     throw kit::Error(MNCL_ERR_PLUGIN, "flat comm_create: " + not_launched_message(bs.size));
   }
+  // MPI_Init waits for every process of the job: a group of some of them (a split of a parent
+  // on another backend) would wait there for ever for the others.
+  const int launched = launcher_world_size();
+  if (!initialized && launched > 0 && launched != bs.size) {
+    throw kit::Error(MNCL_ERR_PLUGIN,
+                     kit::format("flat comm_create: a communicator of %d of the MPI job's %d "
+                                 "processes cannot start MPI (MPI_Init needs all of them): "
+                                 "split it from a flat communicator of every process instead",
+                                 bs.size, launched));
+  }
   ensure_mpi(host);
   MpiLock lock;
   MPI_Comm comm = MPI_COMM_NULL;

@@ -81,6 +81,16 @@ bool launched_by_mpi_launcher() {
   return false;
 }
 
+int launcher_world_size() {
+  for (const char *name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
+    if (const char *value = secure_getenv(name)) {
+      const int size = std::atoi(value);
+      if (size > 0) return size;
+    }
+  }
+  return 0;
+}
+
 std::string not_launched_message(int size) {
   return kit::format(
       "not launched by mpirun/srun (OMPI_COMM_WORLD_SIZE unset): launch with mpirun -np %d "

@@ -21,6 +21,10 @@ namespace mncl::flat {
 // the same test as the core's launched_by_mpi.
 bool launched_by_mpi_launcher();
 
+// The number of processes the launcher started (OMPI_COMM_WORLD_SIZE, PMI_SIZE), read without
+// MPI; 0 when it does not say.
+int launcher_world_size();
+
 // What a job of `size` ranks started without a launcher is told (probe reason, comm_create).
 std::string not_launched_message(int size);
 

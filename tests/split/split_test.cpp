@@ -233,6 +233,34 @@ TEST(SplitErrors, UnknownBackendFailsTheGroup) {
   expect_world_usable();
 }
 
+// Under mpirun, a flat group of some of the job's processes split from a parent on another
+// backend: flat cannot start MPI for part of a job (MPI_Init waits for every process), so that
+// group is refused at once while the other group (the parent's backend) is made.
+TEST(SplitErrors, FlatGroupOfANonFlatParentIsRefused) {
+  if (std::getenv("MNCL_SPLIT_TEST_FLAT_GROUP") == nullptr || g_size < 2) {
+    GTEST_SKIP() << "only under mpirun with MNCL_SPLIT_TEST_FLAT_GROUP=1 (tests/flat)";
+  }
+  ASSERT_NE(backend_of(g_world), "flat");
+  mncl_config_t flat = MNCL_CONFIG_INIT;
+  flat.backend = "flat";
+  const int color = g_rank % 2;
+  mncl_comm_t sub = nullptr;
+  const mncl_status_t st =
+      mncl_comm_split_config(g_world, color, 0, color == 0 ? &flat : nullptr, &sub);
+  if (color == 0) {
+    EXPECT_EQ(st, MNCL_ERR_PLUGIN);
+    EXPECT_NE(std::string(mncl_last_error()).find("cannot start MPI"), std::string::npos)
+        << mncl_last_error();
+  } else {
+    ASSERT_EQ(st, MNCL_OK) << mncl_last_error();
+    std::vector<int> members;
+    for (int r = 1; r < g_size; r += 2) members.push_back(r);
+    expect_group(sub, members);
+    MNCL_OK_OR_FAIL(mncl_comm_destroy(sub));
+  }
+  expect_world_usable();
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
