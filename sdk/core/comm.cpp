@@ -910,21 +910,18 @@ SplitSettings read_split_config(const mncl_config_t *user, const char *fn) {
   return out;
 }
 
-const char *split_type_name(int type) {
-  switch (type) {
-    case MNCL_SPLIT_TYPE_HOST:
-      return "MNCL_SPLIT_TYPE_HOST";
-    case MNCL_SPLIT_TYPE_CROSS_HOST:
-      return "MNCL_SPLIT_TYPE_CROSS_HOST";
-    default:
-      return "a color (mncl_comm_split/_config)";
-  }
+// How a rank split, as published: "color" (mncl_comm_split/_config) or "type <n>".
+std::string describe_split(const std::string &how) {
+  if (how == "type 0") return "MNCL_SPLIT_TYPE_HOST";
+  if (how == "type 1") return "MNCL_SPLIT_TYPE_CROSS_HOST";
+  if (how == "color") return "a color (mncl_comm_split/_config)";
+  return how;
 }
 
 }  // namespace
 
 std::unique_ptr<Comm> Comm::split(int color, int key, const mncl_config_t *config, const char *fn) {
-  return split_impl(color, key, -1, config, fn);
+  return split_impl(color, key, false, -1, config, fn);
 }
 
 std::unique_ptr<Comm> Comm::split_type(int type, int key, const mncl_config_t *config) {
@@ -942,17 +939,18 @@ std::unique_ptr<Comm> Comm::split_type(int type, int key, const mncl_config_t *c
     for (int r = 0; r < rank_; ++r) color += members_[r].host == members_[rank_].host ? 1 : 0;
   }
   // An unknown type is reported to every rank by split_impl.
-  return split_impl(color, key, type, config, fn);
+  return split_impl(color, key, true, type, config, fn);
 }
 
-std::unique_ptr<Comm> Comm::split_impl(int color, int key, int type, const mncl_config_t *config,
-                                       const char *fn) {
+std::unique_ptr<Comm> Comm::split_impl(int color, int key, bool by_type, int type,
+                                       const mncl_config_t *config, const char *fn) {
   check_usable(fn);
   // A rank's own mistakes travel in the exchange, so that every rank fails alike instead of
   // the others waiting for it until the timeout.
   std::string local_error;
+  mncl_status_t local_status = MNCL_ERR_INVALID_ARGUMENT;
   SplitSettings wanted;
-  if (type != -1 && type != MNCL_SPLIT_TYPE_HOST && type != MNCL_SPLIT_TYPE_CROSS_HOST) {
+  if (by_type && type != MNCL_SPLIT_TYPE_HOST && type != MNCL_SPLIT_TYPE_CROSS_HOST) {
     local_error = format(
         "%s: type %d is not MNCL_SPLIT_TYPE_HOST (0) or "
         "MNCL_SPLIT_TYPE_CROSS_HOST (1)",
@@ -965,8 +963,10 @@ std::unique_ptr<Comm> Comm::split_impl(int color, int key, int type, const mncl_
       wanted = read_split_config(config, fn);
     } catch (const Error &e) {
       local_error = e.what();
+      local_status = e.status();
     }
   }
+  std::replace(local_error.begin(), local_error.end(), '\n', ' ');  // one line of the record
   // Splits are ordered with the collectives issued before them. Point-to-point lanes keep
   // running (a receive may stay posted across a split, as in MPI) unless the plugin splits
   // natively: its comm_split must not overlap an execute() on this communicator.
@@ -978,17 +978,18 @@ std::unique_ptr<Comm> Comm::split_impl(int color, int key, int type, const mncl_
   }
   const uint64_t split_index = next_split_++;
   const std::string prefix = format("split%llu/", static_cast<unsigned long long>(split_index));
-  // "color key\ntype\nok|error <message>\n-|=<backend>"
-  const std::string record = format("%d %d\n%d\n", color, key, type) +
-                             (local_error.empty() ? std::string("ok") : "error " + local_error) +
-                             "\n" +
-                             (wanted.inherit_backend ? std::string("-") : "=" + wanted.backend);
+  // "color key\ncolor|type <n>\nok|error <status> <message>\n-|=<backend>"
+  const std::string record =
+      format("%d %d\n", color, key) + (by_type ? format("type %d", type) : "color") + "\n" +
+      (local_error.empty() ? std::string("ok")
+                           : format("error %d ", static_cast<int>(local_status)) + local_error) +
+      "\n" + (wanted.inherit_backend ? std::string("-") : "=" + wanted.backend);
   const auto values =
       exchange(*comm_store_, prefix, rank_, size_, record, timeout_ms_, &aborted_, fn);
 
   struct Entry {
-    int color = 0, key = 0, parent_rank = 0, type = -1;
-    std::string status, backend;
+    int color = 0, key = 0, parent_rank = 0;
+    std::string how, status, backend;
   };
   std::vector<Entry> all;
   for (int r = 0; r < size_; ++r) {
@@ -998,25 +999,30 @@ std::unique_ptr<Comm> Comm::split_impl(int color, int key, int type, const mncl_
     std::string line;
     std::getline(in, line);
     std::istringstream(line) >> e.color >> e.key;
-    std::getline(in, line);
-    e.type = std::atoi(line.c_str());
+    std::getline(in, e.how);
     std::getline(in, e.status);
     std::getline(in, e.backend);
     all.push_back(e);
   }
-  // Failures every rank sees alike: a rank's own error, ranks that split differently.
+  // Failures every rank sees alike: a rank's own error (the first one's status is every
+  // rank's), ranks that split differently.
   std::string errors;
+  mncl_status_t status = MNCL_OK;
   for (const Entry &e : all) {
     if (e.status.compare(0, 6, "error ") == 0) {
-      errors += format("\n  rank %d: %s", e.parent_rank, e.status.c_str() + 6);
-    } else if (e.type != all[0].type) {
+      char *message = nullptr;
+      const long code = std::strtol(e.status.c_str() + 6, &message, 10);
+      if (status == MNCL_OK) status = static_cast<mncl_status_t>(code);
+      errors += format("\n  rank %d: %s", e.parent_rank, message + (*message == ' ' ? 1 : 0));
+    } else if (e.how != all[0].how) {
       errors += format("\n  rank %d splits by %s, rank 0 by %s", e.parent_rank,
-                       split_type_name(e.type), split_type_name(all[0].type));
+                       describe_split(e.how).c_str(), describe_split(all[0].how).c_str());
     }
   }
   if (!errors.empty()) {
-    throw Error(MNCL_ERR_INVALID_ARGUMENT, format("%s: the split of %s failed on every rank:%s", fn,
-                                                  id_.c_str(), errors.c_str()));
+    throw Error(
+        status == MNCL_OK ? MNCL_ERR_INVALID_ARGUMENT : status,
+        format("%s: the split of %s failed on every rank:%s", fn, id_.c_str(), errors.c_str()));
   }
 
   // A backend that splits natively (MPI) needs exactly one comm_split call from every parent
@@ -1040,6 +1046,7 @@ std::unique_ptr<Comm> Comm::split_impl(int color, int key, int type, const mncl_
   std::stable_sort(group.begin(), group.end(), [](const Entry &a, const Entry &b) {
     return a.key != b.key ? a.key < b.key : a.parent_rank < b.parent_rank;
   });
+  std::unique_ptr<Comm> child;
   try {
     // The ranks of one group must ask for the same backend (the others' groups are theirs).
     std::string disagreement;
@@ -1060,7 +1067,7 @@ std::unique_ptr<Comm> Comm::split_impl(int color, int key, int type, const mncl_
                fn, color, disagreement.c_str());
     std::vector<int> parent_ranks;
     for (const Entry &e : group) parent_ranks.push_back(e.parent_rank);
-    std::unique_ptr<Comm> child = make_child(parent_ranks, split_index, color);
+    child = make_child(parent_ranks, split_index, color);
     child->device_ = wanted.device >= 0 ? wanted.device : device_;
     child->timeout_ms_ = wanted.timeout_ms > 0 ? wanted.timeout_ms : timeout_ms_;
     bool native = false;
@@ -1077,6 +1084,12 @@ std::unique_ptr<Comm> Comm::split_impl(int color, int key, int type, const mncl_
       settings.local_size = child->local_size_;
       settings.timeout_ms = child->timeout_ms_;
       settings.device = child->device_;
+      // An MPI launcher makes flat usable only for a group of the whole job, or natively from
+      // a parent that splits (as flat does): elsewhere "auto" must not pick it. A backend
+      // named outright is left to refuse such a group itself, with its own reason.
+      settings.launched_by_mpi =
+          launch_->launched_by_mpi && (child->size_ == launch_->size ||
+                                       table_->comm_split != nullptr || wanted.backend != "auto");
       const std::string what = format("%s (%s)", fn, child->id_.c_str());
       child->plugin_ = agree_on_backend(*child->comm_store_, settings, child->local_size_,
                                         child->num_hosts_, &aborted_, what.c_str())
@@ -1097,7 +1110,10 @@ std::unique_ptr<Comm> Comm::split_impl(int color, int key, int type, const mncl_
               child->rank_, child->size_, child->backend().c_str());
     return child;
   } catch (...) {
+    // The other groups' ranks may be waiting in the native split for this one: first that
+    // call, then the half-made child's teardown (which waits for its own ranks).
     leave_native_split();
+    child.reset();
     throw;
   }
 }
@@ -1170,9 +1186,11 @@ void Comm::destroy() {
   // Leave protocol: rank 0 removes the communicator's keys once every rank is done with them
   // (and, on the job's rank 0, keeps the store server up until then). Skipped only when the
   // communicator was abandoned (aborted) before destroy; an abort during it cuts its waits.
+  // Counted also for an aborted communicator, so that the job's last one still closes the
+  // store properly (an aborted child before its world).
+  const bool last_of_job = job_ && joined_ && comm_store_ && --job_->live == 0;
   if (comm_store_ && joined_ && !aborted_before) {
     try {
-      const bool last_of_job = job_ && --job_->live == 0;
       if (last_of_job && job_->hosts_tcp_store) {
         // New clients must now wait for the next server (a communicator re-created on this
         // address) instead of joining this one, which goes away with this call.

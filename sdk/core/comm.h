@@ -140,9 +140,9 @@ class Comm {
                           int key);
   mncl_bootstrap_v1_t bootstrap_for_plugin() const;
   void leave_after_failed_join(const std::vector<int> &absent);
-  // type: -1 for a split by color, else the mncl_split_type_t the color was derived from.
-  std::unique_ptr<Comm> split_impl(int color, int key, int type, const mncl_config_t *config,
-                                   const char *fn);
+  // by_type: the color was derived from `type` (mncl_comm_split_type), checked here.
+  std::unique_ptr<Comm> split_impl(int color, int key, bool by_type, int type,
+                                   const mncl_config_t *config, const char *fn);
   // A child communicator of the given parent ranks (in their new order), with the parent's
   // settings and its own store views; its backend is set by the caller.
   std::unique_ptr<Comm> make_child(const std::vector<int> &parent_ranks, uint64_t split_index,

@@ -131,7 +131,7 @@ TEST(SplitConfig, NamedBackendAndParentsBackendSideBySide) {
   expect_group(sub, members);
   EXPECT_EQ(backend_of(sub), color == 0 ? std::string("naive") : backend_of(g_world));
   MNCL_OK_OR_FAIL(mncl_comm_destroy(sub));
-  // NULL config: exactly mncl_comm_split; MNCL_SPLIT_NONE gives NULL.
+  // MNCL_SPLIT_NONE gives NULL, also with a config.
   mncl_comm_t none = reinterpret_cast<mncl_comm_t>(&g_rank);
   MNCL_OK_OR_FAIL(
       mncl_comm_split_config(g_world, g_rank == 0 ? MNCL_SPLIT_NONE : 1, 0, &config, &none));
@@ -145,12 +145,13 @@ TEST(SplitConfig, NamedBackendAndParentsBackendSideBySide) {
   }
 }
 
-// The child's own timeout: a receive nobody sends ends in MNCL_ERR_TIMEOUT after 1 s, while
-// the world (MNCL_TIMEOUT=20 in the tests) would wait 20 s.
+// The child's own timeout: a receive nobody sends ends in MNCL_ERR_TIMEOUT after 3 s, while
+// the world (MNCL_TIMEOUT=20 in the tests) would wait 20 s (and a receive that outlives its
+// timeout is also what the plugins' own checks report: the status tells the two apart).
 TEST(SplitConfig, OwnTimeout) {
   if (g_size < 2) GTEST_SKIP() << "needs a peer";
   mncl_config_t config = MNCL_CONFIG_INIT;
-  config.timeout_ms = 1000;
+  config.timeout_ms = 3000;
   mncl_comm_t sub = nullptr;
   MNCL_OK_OR_FAIL(mncl_comm_split_config(g_world, 0, 0, &config, &sub));
   if (g_rank == 0) {
@@ -192,6 +193,19 @@ TEST(SplitErrors, OneRanksBadConfigFailsEveryRank) {
   EXPECT_EQ(mncl_comm_split_type(g_world, static_cast<mncl_split_type_t>(7), 0, nullptr, &sub),
             MNCL_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(mncl_last_error()).find("type 7"), std::string::npos);
+  EXPECT_EQ(mncl_comm_split_type(g_world, static_cast<mncl_split_type_t>(-1), 0, nullptr, &sub),
+            MNCL_ERR_INVALID_ARGUMENT);  // not taken for a split by color
+  EXPECT_NE(std::string(mncl_last_error()).find("type -1"), std::string::npos);
+  // A newer caller's config with a non-zero field this library does not know: that rank's
+  // status (MNCL_ERR_NOT_SUPPORTED, as mncl_comm_create gives) on every rank.
+  struct {
+    mncl_config_t known;
+    uint64_t newer_field;
+  } newer = {MNCL_CONFIG_INIT, 1};
+  newer.known.struct_size = sizeof newer;
+  EXPECT_EQ(mncl_comm_split_config(g_world, 0, 0, g_rank == 0 ? &newer.known : nullptr, &sub),
+            MNCL_ERR_NOT_SUPPORTED)
+      << mncl_last_error();
   EXPECT_EQ(mncl_comm_split_type(g_world, MNCL_SPLIT_TYPE_HOST, 0, nullptr, nullptr),
             MNCL_ERR_INVALID_ARGUMENT);  // local: nothing was exchanged
   expect_world_usable();
@@ -259,6 +273,16 @@ TEST(SplitErrors, FlatGroupOfANonFlatParentIsRefused) {
     MNCL_OK_OR_FAIL(mncl_comm_destroy(sub));
   }
   expect_world_usable();
+  // "auto" for groups of part of the job gives them gloo or naive, never flat (which would
+  // refuse them as above).
+  mncl_config_t automatic = MNCL_CONFIG_INIT;
+  automatic.backend = "auto";
+  MNCL_OK_OR_FAIL(mncl_comm_split_config(g_world, color, 0, &automatic, &sub));
+  EXPECT_NE(backend_of(sub), "flat");
+  std::vector<int> members;
+  for (int r = color; r < g_size; r += 2) members.push_back(r);
+  expect_group(sub, members);
+  MNCL_OK_OR_FAIL(mncl_comm_destroy(sub));
 }
 
 }  // namespace
