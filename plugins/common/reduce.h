@@ -157,9 +157,11 @@ inline bool reduce_half(H *dst, const H *src, size_t n, int32_t op) {
 template <typename T>
 inline void divide(T *buf, size_t n, int32_t nranks) {
   if constexpr (std::is_integral_v<T>) {
-    // C++ integer division truncates toward zero, as mncl.h specifies for AVG.
-    const T d = static_cast<T>(nranks);
-    for (size_t i = 0; i < n; ++i) buf[i] = static_cast<T>(buf[i] / d);
+    // C++ integer division truncates toward zero, as mncl.h specifies for AVG. The divisor is
+    // kept wide: in T it would wrap (int8 and 128 ranks: -128; uint8 and 256 ranks: 0).
+    using Wide = std::conditional_t<std::is_signed_v<T>, int64_t, uint64_t>;
+    const Wide d = static_cast<Wide>(nranks);
+    for (size_t i = 0; i < n; ++i) buf[i] = static_cast<T>(static_cast<Wide>(buf[i]) / d);
   } else {
     // A true division (not a multiply by 1/n), to round exactly like "SUM / size".
     const T d = static_cast<T>(nranks);

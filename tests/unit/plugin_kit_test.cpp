@@ -335,6 +335,22 @@ TEST(Reduce, IntegerAvgTruncatesTowardZero) {
   std::vector<int64_t> b = {INT64_MIN, -5};
   ASSERT_TRUE(kit::finish_avg(b.data(), b.size(), MNCL_INT64, 2));
   EXPECT_EQ(b, (std::vector<int64_t>{INT64_MIN / 2, -2}));
+  // More ranks than the dtype holds: the divisor must not wrap (int8: 200 -> -56; uint8: 256
+  // -> 0, a division by zero), nor a uint64 sum pass through a signed type.
+  std::vector<int8_t> c = {-128, 127, 100};
+  ASSERT_TRUE(kit::finish_avg(c.data(), c.size(), MNCL_INT8, 200));
+  EXPECT_EQ(c, (std::vector<int8_t>{0, 0, 0}));
+  ASSERT_TRUE(kit::finish_avg(c.data(), 0, MNCL_INT8, 100));
+  std::vector<int8_t> d = {-128, 127};
+  ASSERT_TRUE(kit::finish_avg(d.data(), d.size(), MNCL_INT8, 64));
+  EXPECT_EQ(d, (std::vector<int8_t>{-2, 1}));
+  std::vector<uint8_t> e = {255, 200};
+  ASSERT_TRUE(kit::finish_avg(e.data(), e.size(), MNCL_UINT8, 256));
+  EXPECT_EQ(e, (std::vector<uint8_t>{0, 0}));
+  ASSERT_TRUE(kit::finish_avg(e.data(), e.size(), MNCL_UINT8, 1));
+  std::vector<uint64_t> f = {UINT64_MAX};
+  ASSERT_TRUE(kit::finish_avg(f.data(), f.size(), MNCL_UINT64, 3));
+  EXPECT_EQ(f, (std::vector<uint64_t>{UINT64_MAX / 3}));
   // uint8 {255, 255}: the SUM wraps to 254 first, then 254 / 2.
   kit::Accumulator u8(MNCL_UINT8, MNCL_AVG, 1);
   const uint8_t x = 255;
