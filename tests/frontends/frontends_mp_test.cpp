@@ -21,53 +21,18 @@
 #include "mncl/frontends.hpp"
 #include "mncl/frontends/hybrid.hpp"
 #include "mncl/frontends/prefetch_loader.hpp"
+#include "spmd_gtest.hpp"
 
 namespace {
 
 using mncl::Span;
 
-mncl::Communicator *g_comm = nullptr;
-int g_rank = 0;
-
-class World : public ::testing::Environment {
- public:
-  void SetUp() override {
-    comm_ = std::make_unique<mncl::Communicator>();
-    g_comm = comm_.get();
-    g_rank = g_comm->rank();
-  }
-  void TearDown() override {
-    g_comm = nullptr;
-    comm_->destroy();
-    comm_.reset();
-  }
-
- private:
-  std::unique_ptr<mncl::Communicator> comm_;
-};
-
-class FailurePrinter : public ::testing::EmptyTestEventListener {
-  void OnTestPartResult(const ::testing::TestPartResult &r) override {
-    if (!r.failed()) return;
-    const auto *info = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::printf("[  FAILED  ] rank %d: %s.%s\n%s:%d: %s\n", g_rank,
-                info ? info->test_suite_name() : "", info ? info->name() : "",
-                r.file_name() ? r.file_name() : "?", r.line_number(), r.message());
-    std::fflush(stdout);
-  }
-  void OnTestProgramEnd(const ::testing::UnitTest &u) override {
-    std::printf("rank %d: %d tests, %d passed, %d failed\n", g_rank, u.test_to_run_count(),
-                u.successful_test_count(), u.failed_test_count());
-    std::fflush(stdout);
-  }
-};
-
 class Frontends : public ::testing::Test {
  protected:
-  void SetUp() override { ASSERT_NE(g_comm, nullptr); }
-  mncl::Communicator &comm() { return *g_comm; }
-  int rank() const { return g_comm->rank(); }
-  int size() const { return g_comm->size(); }
+  void SetUp() override { ASSERT_NE(spmd::world_pointer(), nullptr); }
+  mncl::Communicator &comm() { return spmd::world(); }
+  int rank() const { return spmd::world().rank(); }
+  int size() const { return spmd::world().size(); }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -1106,14 +1071,6 @@ TEST_F(Frontends, HybridSplitGroupsAndAveragesWithinDataParallelGroups) {
 
 int main(int argc, char **argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  ::testing::AddGlobalTestEnvironment(new World);
-  const char *rank_env = std::getenv("MNCL_RANK");
-  if (!rank_env) rank_env = std::getenv("OMPI_COMM_WORLD_RANK");  // under mpirun
-  if (!rank_env) rank_env = std::getenv("PMI_RANK");
-  if (rank_env && std::atoi(rank_env) != 0) {
-    auto &listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new FailurePrinter);
-  }
+  spmd::install_spmd();
   return RUN_ALL_TESTS();
 }

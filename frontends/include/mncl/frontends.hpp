@@ -10,6 +10,7 @@
 #include "mncl/frontends/dtype.hpp"
 #include "mncl/frontends/error.hpp"
 #include "mncl/frontends/evaluator.hpp"
+#include "mncl/frontends/hierarchical.hpp"
 #include "mncl/frontends/hybrid.hpp"
 #include "mncl/frontends/links.hpp"
 #include "mncl/frontends/multi_node_optimizer.hpp"

@@ -55,6 +55,15 @@ struct CommunicatorOptions {
   std::size_t max_message_bytes = kDefaultMaxMessageBytes;
 };
 
+// Settings of a communicator made by a split (Communicator::split, split_host,
+// split_cross_host); the defaults take each one from the parent, not from the environment.
+struct SplitOptions {
+  std::string backend;  // a name, a path, a comma list or "auto" (for the group's own ranks
+                        // and hosts: shm for the ranks of one host); "": the parent's
+  int64_t timeout_ms = MNCL_FROM_ENV;  // -1: the parent's
+  int device = MNCL_FROM_ENV;          // -1: the parent's
+};
+
 // One non-blocking operation in flight. The operation's buffers must stay untouched until
 // wait() or a test() that returns true. The destructor waits (bounded by the communicator's
 // timeout) so buffers are never freed under a running operation.
@@ -217,6 +226,25 @@ class Communicator {
     mncl_comm_t child = nullptr;
     check(mncl_comm_split(comm_, color, key, &child), "mncl_comm_split");
     return Communicator(child, max_message_bytes_);
+  }
+  // As split(color, key), the new communicator with its own backend, timeout or device. The
+  // ranks of one group must pass the same backend (else all of them throw InvalidArgument).
+  Communicator split(int color, int key, const SplitOptions &options) {
+    const mncl_config_t config = split_config(options);
+    mncl_comm_t child = nullptr;
+    check(mncl_comm_split_config(comm_, color, key, &config, &child), "mncl_comm_split_config");
+    return Communicator(child, max_message_bytes_);
+  }
+  // Collective: the ranks of this rank's host (hosts told apart by MNCL_HOSTID, else the host
+  // name), ordered by (key, rank) -- ChainerMN's intra communicator.
+  Communicator split_host(int key = 0, const SplitOptions &options = {}) {
+    return split_by_type(MNCL_SPLIT_TYPE_HOST, key, options);
+  }
+  // Collective: one rank per host, those at the same position among their host's ranks, ordered
+  // by (key, rank); position 0 (every host's first rank) is ChainerMN's inter communicator. A
+  // host with fewer ranks has no member in the groups of the higher positions.
+  Communicator split_cross_host(int key = 0, const SplitOptions &options = {}) {
+    return split_by_type(MNCL_SPLIT_TYPE_CROSS_HOST, key, options);
   }
   // Local, any thread: every blocked or later operation fails with AbortedError.
   void abort() noexcept {
@@ -685,6 +713,20 @@ class Communicator {
   Communicator(mncl_comm_t handle, std::size_t max_message_bytes)
       : comm_(handle), max_message_bytes_(max_message_bytes) {
     if (comm_) query_rank_and_size();
+  }
+
+  static mncl_config_t split_config(const SplitOptions &options) {
+    mncl_config_t config = MNCL_CONFIG_INIT;  // rank, size, bootstrap stay -1 / NULL
+    config.backend = options.backend.empty() ? nullptr : options.backend.c_str();
+    config.timeout_ms = options.timeout_ms;
+    config.device = options.device;
+    return config;
+  }
+  Communicator split_by_type(mncl_split_type_t type, int key, const SplitOptions &options) {
+    const mncl_config_t config = split_config(options);
+    mncl_comm_t child = nullptr;
+    check(mncl_comm_split_type(comm_, type, key, &config, &child), "mncl_comm_split_type");
+    return Communicator(child, max_message_bytes_);
   }
 
   void query_rank_and_size() {

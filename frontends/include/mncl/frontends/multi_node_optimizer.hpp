@@ -24,6 +24,9 @@
 //    once and steps — the same step as one k-times larger batch (gradients being per-batch
 //    means), for 1/k of the communication. Only that call returns true. Double buffering then
 //    overlaps each exchange with the next k micro-batches.
+//  - Built on a HierarchicalCommunicator (hierarchical.hpp), the gradients are averaged within
+//    each host first, then across the hosts; the broadcast and the divisor use its world.
+//    Without double buffering: the hierarchical allreduce has no non-blocking form.
 //  - stats() counts exchanges, bytes sent per rank's buffer and the seconds update() spent
 //    blocked on communication (the allreduce, or waiting for the one in flight).
 #ifndef MNCL_FRONTENDS_MULTI_NODE_OPTIMIZER_HPP
@@ -38,6 +41,7 @@
 
 #include "mncl/frontends/communicator.hpp"
 #include "mncl/frontends/dtype.hpp"
+#include "mncl/frontends/hierarchical.hpp"
 #include "mncl/frontends/optimizer.hpp"
 
 namespace mncl {
@@ -74,6 +78,17 @@ class MultiNodeOptimizer {
       throw InvalidArgument("MultiNodeOptimizer: allreduce_every must be >= 1, not " +
                             std::to_string(options_.allreduce_every));
     }
+  }
+  // Gradients through `hierarchical` (which must outlive the optimizer), see above.
+  MultiNodeOptimizer(Optimizer optimizer, HierarchicalCommunicator &hierarchical,
+                     Options options = {})
+      : MultiNodeOptimizer(std::move(optimizer), hierarchical.world(), options) {
+    if (options_.double_buffering) {
+      throw InvalidArgument(
+          "MultiNodeOptimizer: double_buffering needs a non-blocking allreduce, which a "
+          "HierarchicalCommunicator does not have");
+    }
+    hierarchical_ = &hierarchical;
   }
   MultiNodeOptimizer(const MultiNodeOptimizer &) = delete;
   MultiNodeOptimizer &operator=(const MultiNodeOptimizer &) = delete;
@@ -336,7 +351,11 @@ class MultiNodeOptimizer {
       request_ = comm_->iallreduce_coalesced(spans, ReduceOp::kSum);
     } else {
       const auto begin = std::chrono::steady_clock::now();
-      comm_->allreduce_coalesced(spans, ReduceOp::kSum);
+      if (hierarchical_) {
+        hierarchical_->allreduce_coalesced(spans, ReduceOp::kSum);
+      } else {
+        comm_->allreduce_coalesced(spans, ReduceOp::kSum);
+      }
       stats_.wait_seconds +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
     }
@@ -344,6 +363,7 @@ class MultiNodeOptimizer {
 
   Optimizer optimizer_;
   Communicator *comm_;
+  HierarchicalCommunicator *hierarchical_ = nullptr;  // set: gradients go through it
   Options options_;
   uint64_t updates_ = 0;
 
@@ -371,6 +391,12 @@ template <class Optimizer>
 MultiNodeOptimizer<Optimizer> make_multi_node_optimizer(Optimizer optimizer, Communicator &comm,
                                                         MultiNodeOptimizerOptions options = {}) {
   return MultiNodeOptimizer<Optimizer>(std::move(optimizer), comm, options);
+}
+template <class Optimizer>
+MultiNodeOptimizer<Optimizer> make_multi_node_optimizer(Optimizer optimizer,
+                                                        HierarchicalCommunicator &hierarchical,
+                                                        MultiNodeOptimizerOptions options = {}) {
+  return MultiNodeOptimizer<Optimizer>(std::move(optimizer), hierarchical, options);
 }
 
 }  // namespace mncl
