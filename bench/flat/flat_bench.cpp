@@ -28,6 +28,8 @@
 #include <string>
 #include <vector>
 
+#include "common/bench_stats.h"
+
 namespace {
 
 int g_rank = 0, g_size = 1;
@@ -54,12 +56,6 @@ double time_block(int iters, const std::function<void()> &f) {
   double local = (now_s() - t0) / iters, slowest = 0;
   MPI_Allreduce(&local, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   return slowest;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 struct Timing {
@@ -92,24 +88,12 @@ Timing compare(int rounds, int iters, const std::function<void()> &a,
     ratios.push_back(tb[r] / ta[r]);
     diffs.push_back(tb[r] - ta[r]);
   }
-  return {median(ta),
-          median(tb),
+  return {mncl_bench::median(ta),
+          mncl_bench::median(tb),
           *std::min_element(ta.begin(), ta.end()),
           *std::min_element(tb.begin(), tb.end()),
-          median(ratios),
-          median(diffs)};
-}
-
-std::string human(size_t bytes) {
-  char buf[32];
-  if (bytes >= (1u << 20)) {
-    std::snprintf(buf, sizeof buf, "%zu MiB", bytes >> 20);
-  } else if (bytes >= 1024) {
-    std::snprintf(buf, sizeof buf, "%zu KiB", bytes >> 10);
-  } else {
-    std::snprintf(buf, sizeof buf, "%zu B", bytes);
-  }
-  return buf;
+          mncl_bench::median(ratios),
+          mncl_bench::median(diffs)};
 }
 
 uint64_t mix(uint64_t x) {
@@ -189,8 +173,9 @@ int main(int argc, char **argv) {
     if (bytes == 8) added_8b = t.paired_diff;
     if (bytes >= (1u << 20)) worst_big_ratio = std::max(worst_big_ratio, t.paired_ratio);
     if (g_rank == 0) {
-      std::printf("%10s %8d %12.2f %12.2f %+10.2f %8.3f %11.3f\n", human(bytes).c_str(), iters,
-                  t.a * 1e6, t.b * 1e6, t.paired_diff * 1e6, t.paired_ratio, t.best_b / t.best_a);
+      std::printf("%10s %8d %12.2f %12.2f %+10.2f %8.3f %11.3f\n",
+                  mncl_bench::human_bytes(bytes).c_str(), iters, t.a * 1e6, t.b * 1e6,
+                  t.paired_diff * 1e6, t.paired_ratio, t.best_b / t.best_a);
       std::fflush(stdout);
     }
   }
@@ -258,7 +243,7 @@ int main(int argc, char **argv) {
     std::printf("\n%zu buffers of float32 (%zu .. %zu elements, %s in all), sum\n", nbufs,
                 *std::min_element(counts.begin(), counts.end()),
                 *std::max_element(counts.begin(), counts.end()),
-                human(total * sizeof(float)).c_str());
+                mncl_bench::human_bytes(total * sizeof(float)).c_str());
     std::printf("  MNCL coalesced (1 call)     %10.1f us\n", mncl.a * 1e6);
     std::printf("  MNCL per buffer (100 calls) %10.1f us   coalesced is %.2fx faster\n",
                 mncl.b * 1e6, mncl.b / mncl.a);

@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "common/bench_stats.h"
+
 namespace {
 
 struct Options {
@@ -60,24 +62,6 @@ bool parse(int argc, char **argv, Options &o) {
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-std::string human(std::size_t bytes) {
-  char buf[32];
-  if (bytes >= (1u << 20)) {
-    std::snprintf(buf, sizeof buf, "%zu MiB", bytes >> 20);
-  } else if (bytes >= 1024) {
-    std::snprintf(buf, sizeof buf, "%zu KiB", bytes >> 10);
-  } else {
-    std::snprintf(buf, sizeof buf, "%zu B", bytes);
-  }
-  return buf;
 }
 
 // Seconds per call of `iters` calls of f, as seen by the slowest rank.
@@ -183,14 +167,14 @@ int main(int argc, char **argv) {
         std::vector<double> ratios;
         for (int r = 0; r < o.rounds; ++r)
           ratios.push_back(c.seconds[r] / contenders[0].seconds[r]);
-        return median(ratios);
+        return mncl_bench::median(ratios);
       };
       if (leader) {
-        std::printf("%10s %6d %12.2f %15.2f %7.3f", human(bytes).c_str(), iters,
-                    median(contenders[0].seconds) * 1e6, median(contenders[1].seconds) * 1e6,
-                    paired_ratio(contenders[1]));
+        std::printf("%10s %6d %12.2f %15.2f %7.3f", mncl_bench::human_bytes(bytes).c_str(), iters,
+                    mncl_bench::median(contenders[0].seconds) * 1e6,
+                    mncl_bench::median(contenders[1].seconds) * 1e6, paired_ratio(contenders[1]));
         if (contenders.size() > 2) {
-          std::printf(" %15.2f %7.3f\n", median(contenders[2].seconds) * 1e6,
+          std::printf(" %15.2f %7.3f\n", mncl_bench::median(contenders[2].seconds) * 1e6,
                       paired_ratio(contenders[2]));
         } else {
           std::printf(" %15s %7s\n", "-", "-");

@@ -21,6 +21,7 @@
 #include "mncl/frontends.hpp"
 #include "mncl/frontends/hybrid.hpp"
 #include "mncl/frontends/prefetch_loader.hpp"
+#include "recording_optimizer.hpp"
 #include "spmd_gtest.hpp"
 
 namespace {
@@ -472,18 +473,7 @@ TEST_F(Frontends, ObjectCollectivesInRoundsOfDifferentSizes) {
 // Multi-node optimizer
 // ---------------------------------------------------------------------------------------------
 
-// Records the gradients it is asked to apply, and applies p -= g.
-struct RecordingOptimizer {
-  std::vector<std::vector<std::vector<float>>> seen;
-  void update(const mncl::ParamSpans &params, const mncl::GradSpans &grads) {
-    std::vector<std::vector<float>> copy;
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      copy.emplace_back(grads[i].begin(), grads[i].end());
-      for (std::size_t j = 0; j < params[i].size(); ++j) params[i][j] -= grads[i][j];
-    }
-    seen.push_back(std::move(copy));
-  }
-};
+using mncl_testing::RecordingOptimizer;
 
 struct Model {
   std::vector<std::vector<float>> values, grads;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "mncl/frontends.hpp"
+#include "recording_optimizer.hpp"
 #include "spmd_gtest.hpp"
 
 #ifndef MNCL_TEST_HAVE_SHM
@@ -441,17 +442,7 @@ TEST_F(Hierarchical, BufferMistakesThrowBeforeAnythingIsSent) {
 // MultiNodeOptimizer on a HierarchicalCommunicator
 // ---------------------------------------------------------------------------------------------
 
-struct RecordingOptimizer {
-  std::vector<std::vector<std::vector<float>>> seen;
-  void update(const mncl::ParamSpans &params, const mncl::GradSpans &grads) {
-    std::vector<std::vector<float>> copy;
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      copy.emplace_back(grads[i].begin(), grads[i].end());
-      for (std::size_t j = 0; j < params[i].size(); ++j) params[i][j] -= grads[i][j];
-    }
-    seen.push_back(std::move(copy));
-  }
-};
+using mncl_testing::RecordingOptimizer;
 
 TEST_F(Hierarchical, MultiNodeOptimizerAveragesThroughTheHierarchy) {
   for (const auto algorithm : algorithms()) {

@@ -164,6 +164,20 @@ P2POp irecv_op(Buffer &&buffer, int peer) noexcept {
   return P2POp(MNCL_P2P_RECV, buf, peer);
 }
 
+namespace detail {
+// A send and a receive buffer as spans of one element type, the receive one writable.
+template <class Send, class Recv>
+auto typed_pair(const Send &send, Recv &recv) {
+  auto s = as_const_span(send);
+  auto r = as_span(recv);
+  static_assert(std::is_same_v<typename decltype(s)::value_type, typename decltype(r)::value_type>,
+                "send and receive buffers must have the same element type");
+  static_assert(!std::is_const_v<typename decltype(r)::element_type>,
+                "the receive buffer must be writable");
+  return std::make_pair(s, r);
+}
+}  // namespace detail
+
 class Communicator {
  public:
   // Collective over every rank of the job: creates the communicator (see mncl_comm_create).
@@ -270,7 +284,7 @@ class Communicator {
   template <class Send, class Recv, class = detail::EnableIfBuffer<Send>,
             class = detail::EnableIfBuffer<Recv>>
   void allreduce(const Send &send, Recv &&recv, ReduceOp op = ReduceOp::kSum) {
-    auto [s, r] = typed_pair(send, recv);
+    auto [s, r] = detail::typed_pair(send, recv);
     require(s.size() == r.size(), "allreduce", "send and receive buffers differ in size");
     check(mncl_allreduce(comm_, s.data(), r.data(), s.size(), dtype<decltype(r)>(), c_op(op),
                          nullptr),
@@ -287,7 +301,7 @@ class Communicator {
   template <class Send, class Recv, class = detail::EnableIfBuffer<Send>,
             class = detail::EnableIfBuffer<Recv>>
   void reduce(const Send &send, Recv &&recv, int root, ReduceOp op = ReduceOp::kSum) {
-    auto [s, r] = typed_pair(send, recv);
+    auto [s, r] = detail::typed_pair(send, recv);
     require(rank_ != root || r.size() == s.size(), "reduce",
             "the root's receive buffer differs in size from the send buffer");
     check(mncl_reduce(comm_, s.data(), r.data(), s.size(), dtype<decltype(r)>(), c_op(op), root,
@@ -304,7 +318,7 @@ class Communicator {
   template <class Send, class Recv, class = detail::EnableIfBuffer<Send>,
             class = detail::EnableIfBuffer<Recv>>
   void scatter(const Send &send, Recv &&recv, int root) {
-    auto [s, r] = typed_pair(send, recv);
+    auto [s, r] = detail::typed_pair(send, recv);
     require(rank_ != root || s.size() == r.size() * size_, "scatter",
             "the root's send buffer must hold size() * recv.size() elements");
     check(mncl_scatter(comm_, s.data(), r.data(), r.size(), dtype<decltype(r)>(), root, nullptr),
@@ -314,7 +328,7 @@ class Communicator {
   template <class Send, class Recv, class = detail::EnableIfBuffer<Send>,
             class = detail::EnableIfBuffer<Recv>>
   void gather(const Send &send, Recv &&recv, int root) {
-    auto [s, r] = typed_pair(send, recv);
+    auto [s, r] = detail::typed_pair(send, recv);
     require(rank_ != root || r.size() == s.size() * size_, "gather",
             "the root's receive buffer must hold size() * send.size() elements");
     check(mncl_gather(comm_, s.data(), r.data(), s.size(), dtype<decltype(r)>(), root, nullptr),
@@ -323,7 +337,7 @@ class Communicator {
   template <class Send, class Recv, class = detail::EnableIfBuffer<Send>,
             class = detail::EnableIfBuffer<Recv>>
   void allgather(const Send &send, Recv &&recv) {
-    auto [s, r] = typed_pair(send, recv);
+    auto [s, r] = detail::typed_pair(send, recv);
     require(r.size() == s.size() * size_, "allgather",
             "the receive buffer must hold size() * send.size() elements");
     check(mncl_allgather(comm_, s.data(), r.data(), s.size(), dtype<decltype(r)>(), nullptr),
@@ -343,7 +357,7 @@ class Communicator {
             class = detail::EnableIfBuffer<Recv>>
   void allgatherv(const Send &send, Recv &&recv, const std::vector<std::size_t> &counts,
                   std::vector<std::size_t> displs = {}) {
-    auto [s, r] = typed_pair(send, recv);
+    auto [s, r] = detail::typed_pair(send, recv);
     if (displs.empty()) displs = packed_displs(counts);
     require(counts.size() == static_cast<std::size_t>(size_) && displs.size() == counts.size(),
             "allgatherv", "counts and displs need one entry per rank");
@@ -371,7 +385,7 @@ class Communicator {
             class = detail::EnableIfBuffer<Recv>>
   void alltoallv(const Send &send, const std::vector<std::size_t> &sendcounts, Recv &&recv,
                  const std::vector<std::size_t> &recvcounts) {
-    auto [s, r] = typed_pair(send, recv);
+    auto [s, r] = detail::typed_pair(send, recv);
     require(sendcounts.size() == static_cast<std::size_t>(size_) &&
                 recvcounts.size() == sendcounts.size(),
             "alltoallv", "sendcounts and recvcounts need one entry per rank");
@@ -391,7 +405,7 @@ class Communicator {
             class = detail::EnableIfBuffer<Recv>>
   void gatherv(const Send &send, Recv &&recv, const std::vector<std::size_t> &counts, int root,
                std::vector<std::size_t> displs = {}) {
-    auto [s, r] = typed_pair(send, recv);
+    auto [s, r] = detail::typed_pair(send, recv);
     const bool is_root = rank_ == root;
     if (is_root) check_root_blocks(counts, displs, s.size(), r.size(), "gatherv");
     check(mncl_gatherv(comm_, s.data(), s.size(), is_root ? r.data() : nullptr,
@@ -418,7 +432,7 @@ class Communicator {
             class = detail::EnableIfBuffer<Recv>>
   void scatterv(const Send &send, const std::vector<std::size_t> &counts, Recv &&recv, int root,
                 std::vector<std::size_t> displs = {}) {
-    auto [s, r] = typed_pair(send, recv);
+    auto [s, r] = detail::typed_pair(send, recv);
     const bool is_root = rank_ == root;
     if (is_root) check_root_blocks(counts, displs, r.size(), s.size(), "scatterv");
     check(mncl_scatterv(comm_, is_root ? s.data() : nullptr, is_root ? counts.data() : nullptr,
@@ -430,7 +444,7 @@ class Communicator {
   template <class Send, class Recv, class = detail::EnableIfBuffer<Send>,
             class = detail::EnableIfBuffer<Recv>>
   void reduce_scatter(const Send &send, Recv &&recv, ReduceOp op = ReduceOp::kSum) {
-    auto [s, r] = typed_pair(send, recv);
+    auto [s, r] = detail::typed_pair(send, recv);
     require(s.size() == r.size() * size_, "reduce_scatter",
             "the send buffer must hold size() * recv.size() elements");
     check(mncl_reduce_scatter(comm_, s.data(), r.data(), r.size(), dtype<decltype(r)>(), c_op(op),
@@ -441,7 +455,7 @@ class Communicator {
   template <class Send, class Recv, class = detail::EnableIfBuffer<Send>,
             class = detail::EnableIfBuffer<Recv>>
   void alltoall(const Send &send, Recv &&recv) {
-    auto [s, r] = typed_pair(send, recv);
+    auto [s, r] = detail::typed_pair(send, recv);
     require(s.size() == r.size() && s.size() % size_ == 0, "alltoall",
             "the buffers must be equal in size and hold size() equal blocks");
     check(mncl_alltoall(comm_, s.data(), r.data(), s.size() / size_, dtype<decltype(r)>(), nullptr),
@@ -481,7 +495,7 @@ class Communicator {
   template <class Send, class Recv, class = detail::EnableIfBuffer<Send>,
             class = detail::EnableIfBuffer<Recv>>
   void sendrecv(const Send &send, int dest, Recv &&recv, int source) {
-    auto [s, r] = typed_pair(send, recv);
+    auto [s, r] = detail::typed_pair(send, recv);
     check(mncl_sendrecv(comm_, s.data(), s.size(), dest, r.data(), r.size(), source,
                         dtype<decltype(r)>(), nullptr),
           "mncl_sendrecv");
@@ -552,7 +566,7 @@ class Communicator {
   template <class Send, class Recv, class = detail::EnableIfBuffer<Send>,
             class = detail::EnableIfBuffer<Recv>>
   Request isendrecv(const Send &send, int dest, Recv &&recv, int source) {
-    auto [s, r] = typed_pair(send, recv);
+    auto [s, r] = detail::typed_pair(send, recv);
     mncl_request_t request = nullptr;
     check(mncl_isendrecv(comm_, s.data(), s.size(), dest, r.data(), r.size(), source,
                          dtype<decltype(r)>(), nullptr, &request),
@@ -749,18 +763,6 @@ class Communicator {
   static mncl_op_t c_op(ReduceOp op) { return static_cast<mncl_op_t>(op); }
   static const mncl_p2p_op_t *c_ops(Span<const P2POp> ops) noexcept {
     return ops.empty() ? nullptr : &ops[0].c_op();
-  }
-
-  template <class Send, class Recv>
-  static auto typed_pair(const Send &send, Recv &recv) {
-    auto s = as_const_span(send);
-    auto r = as_span(recv);
-    static_assert(
-        std::is_same_v<typename decltype(s)::value_type, typename decltype(r)::value_type>,
-        "send and receive buffers must have the same element type");
-    static_assert(!std::is_const_v<typename decltype(r)::element_type>,
-                  "the receive buffer must be writable");
-    return std::make_pair(s, r);
   }
 
   static void require(bool ok, const char *what, const char *message) {

@@ -219,13 +219,7 @@ class HierarchicalCommunicator {
   template <class Send, class Recv, class = detail::EnableIfBuffer<Send>,
             class = detail::EnableIfBuffer<Recv>>
   void allreduce(const Send &send, Recv &&recv, ReduceOp op = ReduceOp::kSum) {
-    auto s = as_const_span(send);
-    auto r = as_span(recv);
-    static_assert(
-        std::is_same_v<typename decltype(s)::value_type, typename decltype(r)::value_type>,
-        "send and receive buffers must have the same element type");
-    static_assert(!std::is_const_v<typename decltype(r)::element_type>,
-                  "the receive buffer must be writable");
+    auto [s, r] = detail::typed_pair(send, recv);
     if (s.size() != r.size()) {
       throw InvalidArgument(
           "HierarchicalCommunicator::allreduce: send and receive buffers "
