@@ -308,12 +308,15 @@ MNCL_API mncl_status_t mncl_comm_split_config(mncl_comm_t comm, int color, int k
 
 MNCL_API mncl_status_t mncl_comm_split_type(mncl_comm_t comm, mncl_split_type_t type, int key,
                                             const mncl_config_t *config, mncl_comm_t *newcomm) {
+  // A C caller may pass any int: read the bits, as reading an out-of-range value through the
+  // C++ enum type is undefined (and UBSan says so).
+  int raw_type = 0;
+  static_assert(sizeof type == sizeof raw_type, "mncl_split_type_t is int-sized");
+  std::memcpy(&raw_type, &type, sizeof raw_type);
   return guard([&] {
     require_out(newcomm, "mncl_comm_split_type", "newcomm");
     *newcomm = nullptr;
-    adopt_child(
-        comm_of(comm, "mncl_comm_split_type").split_type(static_cast<int>(type), key, config),
-        newcomm);
+    adopt_child(comm_of(comm, "mncl_comm_split_type").split_type(raw_type, key, config), newcomm);
   });
 }
 
