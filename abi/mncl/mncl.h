@@ -192,8 +192,10 @@ MNCL_API mncl_status_t mncl_comm_split(mncl_comm_t comm, int color, int key, mnc
  *   rank, size, bootstrap   must be -1 / NULL: ranks come from (color, key), the store from the
  *               parent (MNCL_ERR_INVALID_ARGUMENT naming the field otherwise).
  * A backend that can only start on every process of the job (flat: MPI_Init, MPI_COMM_WORLD)
- * refuses a smaller group of a parent on another backend with MNCL_ERR_PLUGIN, at once; split
- * from a flat parent instead (flat splits natively, other groups may go to other backends).
+ * refuses a smaller group of a parent on another backend with MNCL_ERR_PLUGIN, at once (a
+ * group of one rank is allowed, for one flat communicator per process, and then needs every
+ * process to make one); split from a flat parent instead (flat splits natively, and other
+ * groups may go to other backends).
  */
 MNCL_API mncl_status_t mncl_comm_split_config(mncl_comm_t comm, int color, int key,
                                               const mncl_config_t *config, mncl_comm_t *newcomm);

@@ -225,9 +225,10 @@ Comm *Comm::create(const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host,
     throw kit::Error(MNCL_ERR_PLUGIN, "flat comm_create: " + not_launched_message(bs.size));
   }
   // MPI_Init waits for every process of the job: a group of some of them (a split of a parent
-  // on another backend) would wait there for ever for the others.
+  // on another backend) would wait there for ever for the others. (One rank per process, each
+  // its own communicator, is allowed: every process then calls MPI_Init.)
   const int launched = launcher_world_size();
-  if (!initialized && launched > 0 && launched != bs.size) {
+  if (!initialized && bs.size > 1 && launched > 0 && launched != bs.size) {
     throw kit::Error(MNCL_ERR_PLUGIN,
                      kit::format("flat comm_create: a communicator of %d of the MPI job's %d "
                                  "processes cannot start MPI (MPI_Init needs all of them): "

@@ -82,7 +82,9 @@ bool launched_by_mpi_launcher() {
 }
 
 int launcher_world_size() {
-  for (const char *name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
+  // PMIx (srun --mpi=pmix) exports no size of its own: Slurm's step size stands in.
+  for (const char *name :
+       {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"}) {
     if (const char *value = secure_getenv(name)) {
       const int size = std::atoi(value);
       if (size > 0) return size;

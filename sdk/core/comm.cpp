@@ -910,6 +910,18 @@ SplitSettings read_split_config(const mncl_config_t *user, const char *fn) {
   return out;
 }
 
+// Whether a backend spec ("auto", "gloo, auto", ...) has "auto" among its comma-separated items.
+bool mentions_auto(const std::string &spec) {
+  std::istringstream items(spec);
+  for (std::string item; std::getline(items, item, ',');) {
+    const size_t first = item.find_first_not_of(" \t"), last = item.find_last_not_of(" \t");
+    if (first != std::string::npos && item.compare(first, last - first + 1, "auto") == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
 // How a rank split, as published: "color" (mncl_comm_split/_config) or "type <n>".
 std::string describe_split(const std::string &how) {
   if (how == "type 0") return "MNCL_SPLIT_TYPE_HOST";
@@ -1087,9 +1099,9 @@ std::unique_ptr<Comm> Comm::split_impl(int color, int key, bool by_type, int typ
       // An MPI launcher makes flat usable only for a group of the whole job, or natively from
       // a parent that splits (as flat does): elsewhere "auto" must not pick it. A backend
       // named outright is left to refuse such a group itself, with its own reason.
-      settings.launched_by_mpi =
-          launch_->launched_by_mpi && (child->size_ == launch_->size ||
-                                       table_->comm_split != nullptr || wanted.backend != "auto");
+      settings.launched_by_mpi = launch_->launched_by_mpi &&
+                                 (child->size_ == launch_->size || table_->comm_split != nullptr ||
+                                  !mentions_auto(wanted.backend));
       const std::string what = format("%s (%s)", fn, child->id_.c_str());
       child->plugin_ = agree_on_backend(*child->comm_store_, settings, child->local_size_,
                                         child->num_hosts_, &aborted_, what.c_str())
@@ -1111,8 +1123,10 @@ std::unique_ptr<Comm> Comm::split_impl(int color, int key, bool by_type, int typ
     return child;
   } catch (...) {
     // The other groups' ranks may be waiting in the native split for this one: first that
-    // call, then the half-made child's teardown (which waits for its own ranks).
+    // call, then the half-made child's teardown. That one does not wait for the group's other
+    // ranks to leave: they may have made theirs and be waiting for this rank elsewhere.
     leave_native_split();
+    if (child) child->half_made_ = true;
     child.reset();
     throw;
   }
@@ -1199,7 +1213,9 @@ void Comm::destroy() {
       }
       const std::string mine = "leave/" + std::to_string(rank_);
       comm_store_->set(mine, "1", 1);
-      if (rank_ == 0) {
+      // A half-made child's rank 0 leaves its keys behind rather than wait for ranks that may
+      // be waiting for it (see split_impl).
+      if (rank_ == 0 && !half_made_) {
         std::vector<std::string> leave, cleanup;
         for (int r = 0; r < size_; ++r) {
           leave.push_back("leave/" + std::to_string(r));

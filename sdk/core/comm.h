@@ -195,6 +195,8 @@ class Comm {
   // Set once every rank has joined: from then on rank 0 keeps the store up at destroy until all
   // ranks have left (even when creation fails later); before it, nobody waits for anybody.
   bool joined_ = false;
+  // A split's child whose creation failed on this rank: destroy does not wait for the others.
+  bool half_made_ = false;
   uint64_t next_seq_ = 0;                                // sequence number of the next collective
   std::vector<uint64_t> next_send_seq_, next_recv_seq_;  // per peer, for send/recv
   uint64_t next_split_ = 0;                              // splits made from this communicator

@@ -273,16 +273,19 @@ TEST(SplitErrors, FlatGroupOfANonFlatParentIsRefused) {
     MNCL_OK_OR_FAIL(mncl_comm_destroy(sub));
   }
   expect_world_usable();
-  // "auto" for groups of part of the job gives them gloo or naive, never flat (which would
-  // refuse them as above).
-  mncl_config_t automatic = MNCL_CONFIG_INIT;
-  automatic.backend = "auto";
-  MNCL_OK_OR_FAIL(mncl_comm_split_config(g_world, color, 0, &automatic, &sub));
-  EXPECT_NE(backend_of(sub), "flat");
-  std::vector<int> members;
-  for (int r = color; r < g_size; r += 2) members.push_back(r);
-  expect_group(sub, members);
-  MNCL_OK_OR_FAIL(mncl_comm_destroy(sub));
+  // "auto" for groups of part of the job gives them gloo, shm or naive, never flat (which would
+  // refuse them as above), also as an item of a list.
+  for (const char *spec : {"auto", " auto , gloo"}) {
+    SCOPED_TRACE(spec);
+    mncl_config_t automatic = MNCL_CONFIG_INIT;
+    automatic.backend = spec;
+    MNCL_OK_OR_FAIL(mncl_comm_split_config(g_world, color, 0, &automatic, &sub));
+    EXPECT_NE(backend_of(sub), "flat");
+    std::vector<int> members;
+    for (int r = color; r < g_size; r += 2) members.push_back(r);
+    expect_group(sub, members);
+    MNCL_OK_OR_FAIL(mncl_comm_destroy(sub));
+  }
 }
 
 }  // namespace

@@ -179,7 +179,7 @@ class HierarchicalCommunicator {
     std::exception_ptr failure;
     try {
       make();
-    } catch (const Error &) {
+    } catch (...) {  // whatever it is, the others must hear of it
       failure = std::current_exception();
     }
     int everywhere = 0;
