@@ -186,8 +186,8 @@ MNCL_API mncl_status_t mncl_comm_split(mncl_comm_t comm, int color, int key, mnc
  *               ranks of one group must pass the same string, else every rank of that group
  *               fails with MNCL_ERR_INVALID_ARGUMENT naming two ranks that differ. NULL: the
  *               parent's backend (a native split where the backend has one, as flat's).
- *   timeout_ms  the new communicator's timeout (pass the same on every rank of a group);
- *               -1: the parent's.
+ *   timeout_ms  the new communicator's timeout, the same on every rank of a group (else
+ *               MNCL_ERR_INVALID_ARGUMENT there, as for backend); -1: the parent's.
  *   device      its accelerator ordinal; -1: the parent's.
  *   rank, size, bootstrap   must be -1 / NULL: ranks come from (color, key), the store from the
  *               parent (MNCL_ERR_INVALID_ARGUMENT naming the field otherwise).

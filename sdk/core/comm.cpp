@@ -990,18 +990,19 @@ std::unique_ptr<Comm> Comm::split_impl(int color, int key, bool by_type, int typ
   }
   const uint64_t split_index = next_split_++;
   const std::string prefix = format("split%llu/", static_cast<unsigned long long>(split_index));
-  // "color key\ncolor|type <n>\nok|error <status> <message>\n-|=<backend>"
+  // "color key\ncolor|type <n>\nok|error <status> <message>\n<timeout_ms>\n-|=<backend>"
   const std::string record =
       format("%d %d\n", color, key) + (by_type ? format("type %d", type) : "color") + "\n" +
       (local_error.empty() ? std::string("ok")
                            : format("error %d ", static_cast<int>(local_status)) + local_error) +
-      "\n" + (wanted.inherit_backend ? std::string("-") : "=" + wanted.backend);
+      "\n" + std::to_string(wanted.timeout_ms) + "\n" +
+      (wanted.inherit_backend ? std::string("-") : "=" + wanted.backend);
   const auto values =
       exchange(*comm_store_, prefix, rank_, size_, record, timeout_ms_, &aborted_, fn);
 
   struct Entry {
     int color = 0, key = 0, parent_rank = 0;
-    std::string how, status, backend;
+    std::string how, status, timeout, backend;
   };
   std::vector<Entry> all;
   for (int r = 0; r < size_; ++r) {
@@ -1013,6 +1014,7 @@ std::unique_ptr<Comm> Comm::split_impl(int color, int key, bool by_type, int typ
     std::istringstream(line) >> e.color >> e.key;
     std::getline(in, e.how);
     std::getline(in, e.status);
+    std::getline(in, e.timeout);
     std::getline(in, e.backend);
     all.push_back(e);
   }
@@ -1077,6 +1079,14 @@ std::unique_ptr<Comm> Comm::split_impl(int color, int key, bool by_type, int typ
                "%s: the ranks of color %d disagree on the backend: %s (config.backend must be "
                "the same string on every rank of a group)",
                fn, color, disagreement.c_str());
+    // And on the timeout: one rank giving up early would fail alone.
+    for (const Entry &e : group) {
+      MNCL_CHECK(e.timeout == group[0].timeout, MNCL_ERR_INVALID_ARGUMENT,
+                 "%s: the ranks of color %d disagree on config.timeout_ms: rank %d passes %s, "
+                 "rank %d %s (-1: the parent's; it must be the same on every rank of a group)",
+                 fn, color, group[0].parent_rank, group[0].timeout.c_str(), e.parent_rank,
+                 e.timeout.c_str());
+    }
     std::vector<int> parent_ranks;
     for (const Entry &e : group) parent_ranks.push_back(e.parent_rank);
     child = make_child(parent_ranks, split_index, color);

@@ -234,6 +234,15 @@ TEST(SplitErrors, GroupDisagreeingOnTheBackendFails) {
   EXPECT_NE(std::string(mncl_last_error()).find("disagree on the backend"), std::string::npos)
       << mncl_last_error();
   expect_world_usable();
+  mncl_config_t longer = MNCL_CONFIG_INIT;
+  longer.timeout_ms = 30000;
+  EXPECT_EQ(mncl_comm_split_config(g_world, 0, 0, g_rank == 0 ? &longer : nullptr, &sub),
+            MNCL_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(mncl_last_error()).find("disagree on config.timeout_ms: rank 0 passes "
+                                                "30000, rank 1 -1"),
+            std::string::npos)
+      << mncl_last_error();
+  expect_world_usable();
 }
 
 TEST(SplitErrors, UnknownBackendFailsTheGroup) {
