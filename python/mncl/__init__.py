@@ -6,6 +6,7 @@ package."""
 from ._dtypes import from_bfloat16_bits, to_bfloat16_bits
 from ._lib import library_path, version
 from .comm import Communicator, P2POp, Request
+from .hierarchical import HierarchicalCommunicator
 from .errors import (
     AbortedError,
     BootstrapError,
@@ -21,6 +22,7 @@ from .errors import (
 
 __all__ = [
     "Communicator",
+    "HierarchicalCommunicator",
     "P2POp",
     "Request",
     "library_path",

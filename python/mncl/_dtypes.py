@@ -97,4 +97,6 @@ def from_bfloat16_bits(bits):
     raw = np.asarray(bits)
     if raw.dtype != np.uint16:
         raise TypeError(f"mncl: bfloat16 bits are a uint16 array, not {raw.dtype}")
-    return (raw.astype(np.uint32) << 16).view(np.float32)
+    wide = raw.astype(np.uint32) << np.uint32(16)  # stays uint32 for a 0-d array too
+    # (A 0-d array cannot change its dtype by view(): through a 1-element one.)
+    return wide.reshape(-1).view(np.float32).reshape(raw.shape)

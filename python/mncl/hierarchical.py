@@ -1,0 +1,167 @@
+"""ChainerMN's ``hierarchical`` and ``two_dimensional`` communicators: an allreduce in two levels,
+the ranks of each host first (on shared memory: the shm backend, which "auto" picks for one
+host) and the hosts after (on the world's backend, over the network). The Python twin of the C++
+frontends' mncl::HierarchicalCommunicator (frontends/include/mncl/frontends/hierarchical.hpp).
+
+    world = mncl.Communicator()
+    hier = mncl.HierarchicalCommunicator(world)            # collective
+    grads = hier.allreduce(grads, op="avg")               # the same result as world.allreduce
+
+"hierarchical": reduce onto each host's first rank, allreduce among those, bcast in the host.
+"two_dimensional": reduce_scatter in the host, allreduce of each 1/M shard across the hosts,
+allgather in the host; it needs the same number of ranks on every host. Hosts are told apart by
+MNCL_HOSTID (default: the host name); ``mncl-run --ranks-per-host M`` simulates them.
+"""
+
+import numpy as np
+
+from ._dtypes import BFLOAT16, CODES, dtype_code, from_bfloat16_bits, to_bfloat16_bits
+from .comm import _op_code
+from .errors import InvalidArgumentError, MnclError, RemoteError
+
+_ALGORITHMS = ("hierarchical", "two_dimensional")
+_SUM, _AVG = 0, 4
+_FLOAT16 = CODES["float16"]
+
+
+class HierarchicalCommunicator:
+    """Collective over `world` (which must outlive it). intra: the ranks of this rank's host;
+    inter: the ranks that talk across hosts (every host's first rank for "hierarchical", the
+    ranks at this rank's position on every host for "two_dimensional"; None on the others).
+    Construction ends alike on every rank: a group whose backend fails on one host makes that
+    host's ranks raise its error and the others a RemoteError."""
+
+    def __init__(self, world, intra_backend="auto", inter_backend=None,
+                 algorithm="hierarchical"):
+        if algorithm not in _ALGORITHMS:
+            raise ValueError(f"mncl: algorithm {algorithm!r} is not one of {_ALGORITHMS}")
+        self.world, self.algorithm = world, algorithm
+        self.intra = self.inter = None
+        self.intra = self._everywhere("the ranks of each host",
+                                      lambda: world.split_host(backend=intra_backend))
+        # Every host's size, from its first rank: one world collective, the same on every rank.
+        mine = np.array([self.intra.size if self.intra.rank == 0 else 0], np.int32)
+        firsts = world.allgather(mine).ravel()
+        sizes = [int(s) for s in firsts if s > 0]
+        self.num_hosts = len(sizes)
+        if algorithm == "two_dimensional" and len(set(sizes)) > 1:
+            self.close()
+            raise InvalidArgumentError(
+                f"mncl: two_dimensional needs the same number of ranks on every host, but the "
+                f"{len(sizes)} hosts have {', '.join(map(str, sizes))} ranks (use hierarchical)")
+        if algorithm == "two_dimensional":
+            make = lambda: world.split_cross_host(backend=inter_backend)  # noqa: E731
+        else:
+            make = lambda: world.split_config(  # noqa: E731
+                0 if self.intra.rank == 0 else None, backend=inter_backend)
+        self.inter = self._everywhere("the ranks across hosts", make)
+        first_rank = self.intra.bcast(np.array([world.rank], np.int64))[0]
+        self.host_index = int(np.count_nonzero(firsts[:first_rank]))
+
+    @property
+    def intra_rank(self):
+        return self.intra.rank
+
+    @property
+    def intra_size(self):
+        return self.intra.size
+
+    def close(self):
+        """Collective: frees both communicators."""
+        for name in ("inter", "intra"):
+            comm, _ = getattr(self, name), setattr(self, name, None)
+            if comm is not None:
+                comm.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _everywhere(self, what, make):
+        """make() on every rank, then a vote over the world: a rank that failed re-raises its
+        own error, the others raise RemoteError, and what was made is freed."""
+        made, failure = None, None
+        try:
+            made = make()
+        except Exception as e:  # noqa: BLE001 (re-raised below, after the vote)
+            failure = e
+        ok = self.world.allreduce(np.array([0 if failure else 1], np.int32), op="min")[0]
+        if failure is None and ok == 1:
+            return made
+        for comm in (made, self.inter, self.intra):
+            if comm is not None:
+                try:
+                    comm.close()
+                except MnclError:
+                    pass
+        self.inter = self.intra = None
+        if failure is not None:
+            raise failure
+        raise RemoteError(f"mncl: HierarchicalCommunicator: making {what} failed on other "
+                          f"ranks (their errors say why)", status_name="MNCL_ERR_REMOTE")
+
+    def allreduce(self, sendbuf, recvbuf=None, op="sum", *, dtype=None):
+        """As Communicator.allreduce (the same ops and dtypes, the same result on every rank):
+        returns recvbuf (a new array when None). float16/bfloat16 travel as float32 and are
+        rounded once; avg is a sum divided once by the world size (integers toward zero)."""
+        send = np.ascontiguousarray(sendbuf)
+        code = dtype_code(send, dtype)
+        if recvbuf is None:
+            recv = np.empty_like(send)
+        else:
+            recv = recvbuf
+            if not isinstance(recv, np.ndarray) or not recv.flags.c_contiguous or \
+                    not recv.flags.writeable:
+                raise ValueError("mncl: recvbuf must be a C-contiguous writeable numpy.ndarray")
+            if recv.size != send.size or dtype_code(recv, dtype) != code:
+                raise TypeError("mncl: HierarchicalCommunicator.allreduce: recvbuf must have "
+                                "sendbuf's size and dtype")
+        op_code = _op_code(op)
+        flat = send.reshape(-1)
+        raw_bf16 = code == BFLOAT16 and flat.dtype == np.uint16
+        # 16-bit floats: in float32 through every level, rounded once at the end.
+        if code in (_FLOAT16, BFLOAT16):
+            work = from_bfloat16_bits(flat) if raw_bf16 else flat.astype(np.float32)
+        else:
+            work = flat.copy()
+        if work.size:
+            work = self._levels(work, _SUM if op_code == _AVG else op_code)
+            if op_code == _AVG:
+                work = _divide(work, self.world.size)
+        out = recv.reshape(-1)
+        out[...] = to_bfloat16_bits(work) if raw_bf16 else work.astype(out.dtype)
+        return recv
+
+    def _levels(self, work, op_code):
+        if self.algorithm == "hierarchical":
+            if self.intra.size > 1:
+                reduced = self.intra.reduce(work, op=op_code, root=0)
+                work = reduced if reduced is not None else work
+            if self.intra.rank == 0 and self.num_hosts > 1:
+                self.inter.allreduce(work, work, op=op_code)
+            if self.intra.size > 1:
+                self.intra.bcast(work, root=0)
+            return work
+        m = self.intra.size
+        shard = -(-work.size // m)
+        padded = np.zeros(shard * m, work.dtype)  # padding only ever meets padding
+        padded[:work.size] = work
+        mine = self.intra.reduce_scatter(padded, op=op_code) if m > 1 else padded
+        if self.num_hosts > 1:
+            self.inter.allreduce(mine, mine, op=op_code)
+        whole = self.intra.allgather(mine).reshape(-1) if m > 1 else mine
+        return whole[:work.size]
+
+
+def _divide(values, n):
+    """values / n as mncl.h's AVG: integers truncate toward zero, exactly (no float detour)."""
+    if values.dtype.kind == "u":
+        return (values.astype(np.uint64) // np.uint64(n)).astype(values.dtype)
+    if values.dtype.kind == "i":
+        wide = values.astype(np.int64)
+        q = wide // n
+        q += ((wide - q * n != 0) & (wide < 0)).astype(np.int64)  # floor -> toward zero
+        return q.astype(values.dtype)
+    return values / values.dtype.type(n)

@@ -1,0 +1,100 @@
+"""mncl.HierarchicalCommunicator (run under mncl-run -n N --ranks-per-host M, M as the first
+argument): the layout it sees, and allreduce by both algorithms against exact expectations for
+every op, several dtypes and counts, in and out of place; float16 AVG that would overflow as a
+16-bit partial sum; a group failing on one host; hosts of different sizes refused by
+two_dimensional on every rank. Exits 77 (skipped) without NumPy."""
+
+import sys
+
+try:
+    import numpy as np
+except ImportError:
+    print(f"SKIPPED: numpy is not installed for {sys.executable} (Debian: python3-numpy)")
+    sys.exit(77)
+
+import mncl
+
+from checks import Checks
+
+checks = Checks()
+expect, expect_raises = checks.expect, checks.expect_raises
+
+per_host = int(sys.argv[1])
+world = mncl.Communicator()
+r, n = world.rank, world.size
+checks.rank = r
+host, position = r // per_host, r % per_host
+host_sizes = [min(per_host, n - h * per_host) for h in range(-(-n // per_host))]
+even = len(set(host_sizes)) == 1
+
+
+def inputs(rank, count, dtype, op):
+    i = np.arange(count)
+    if op == "prod":
+        v = 1 + (rank + i) % 2
+        return (np.where((rank * 5 + i) % 3 == 0, -v, v) if np.dtype(dtype).kind != "u"
+                else v).astype(dtype)
+    v = (rank * 7 + i * 3) % 11
+    return (v - 5 if np.dtype(dtype).kind != "u" else v).astype(dtype)
+
+
+def expected(count, dtype, op):
+    data = np.stack([inputs(k, count, dtype, op).astype(np.int64) for k in range(n)])
+    if op in ("sum", "avg"):
+        total = data.sum(axis=0)
+        if op == "avg":
+            total = np.trunc(total / n) if np.dtype(dtype).kind in "iu" else total / n
+        return total.astype(dtype)
+    return {"prod": data.prod(axis=0), "min": data.min(axis=0),
+            "max": data.max(axis=0)}[op].astype(dtype)
+
+
+algorithms = ["hierarchical"] + (["two_dimensional"] if even else [])
+for algorithm in algorithms:
+    with mncl.HierarchicalCommunicator(world, algorithm=algorithm) as h:
+        expect(h.intra_rank == position and h.intra_size == host_sizes[host],
+               f"{algorithm}: intra rank/size")
+        expect(h.num_hosts == len(host_sizes) and h.host_index == host, f"{algorithm}: hosts")
+        expect(h.intra.backend == "shm", f"{algorithm}: 'auto' within a host is shm")
+        expect((h.inter is not None) == (algorithm == "two_dimensional" or position == 0),
+               f"{algorithm}: who talks across hosts")
+        for dtype in (np.int32, np.uint8, np.int64, np.float32, np.float64):
+            for op in ("sum", "prod", "min", "max", "avg"):
+                for count in (0, 1, 3, 7, 1031):
+                    want = expected(count, dtype, op)
+                    got = h.allreduce(inputs(r, count, dtype, op), op=op)
+                    expect(got.dtype == want.dtype and np.array_equal(got, want),
+                           f"{algorithm} {np.dtype(dtype)} {op} count {count}")
+                    inout = inputs(r, count, dtype, op)
+                    h.allreduce(inout, inout, op=op)
+                    expect(np.array_equal(inout, want), f"{algorithm} in place {op} {count}")
+        # float16 AVG: a host's 16-bit sum of 40000s would overflow to inf.
+        big = h.allreduce(np.full(3, 40000, np.float16), op="avg")
+        expect(np.all(big == np.float16(40000)), f"{algorithm}: float16 avg without overflow")
+        # bfloat16 as raw bits, rounded once: 256 + (n - 1) ones.
+        bits = mncl.to_bfloat16_bits(np.full(5, 256.0 if r == 0 else 1.0, np.float32))
+        out = mncl.from_bfloat16_bits(h.allreduce(bits, op="sum", dtype="bfloat16"))
+        want = mncl.from_bfloat16_bits(mncl.to_bfloat16_bits(np.float32(256 + n - 1)))
+        expect(np.all(out == want), f"{algorithm}: bfloat16 rounded once")
+        expect_raises(TypeError, lambda: h.allreduce(np.zeros(3, np.float32),
+                                                     np.zeros(2, np.float32)),
+                      "recvbuf of another size", "size")
+
+# A group failing on one host: its error there, RemoteError elsewhere, the world goes on.
+try:
+    mncl.HierarchicalCommunicator(
+        world, intra_backend="no-such-backend" if host == 0 else "auto")
+    expect(False, "a failing host group was accepted")
+except mncl.PluginError:
+    expect(host == 0, "PluginError only on the failing host")
+except mncl.RemoteError as e:
+    expect(host != 0 and "failed on other ranks" in str(e), "RemoteError elsewhere")
+expect(world.allreduce(np.array([1]))[0] == n, "the world after a failed construction")
+
+if not even:
+    expect_raises(mncl.InvalidArgumentError,
+                  lambda: mncl.HierarchicalCommunicator(world, algorithm="two_dimensional"),
+                  "hosts of different sizes", "same number of ranks")
+expect(world.allreduce(np.array([1]))[0] == n, "the world at the end")
+world.close()
+checks.finish("all HierarchicalCommunicator checks passed")
