@@ -3,6 +3,16 @@
 import sys
 
 
+def numpy_or_skip():
+    """NumPy, or exit 77 (ctest: skipped) with the reason when it is not installed."""
+    try:
+        import numpy
+    except ImportError:
+        print(f"SKIPPED: numpy is not installed for {sys.executable} (Debian: python3-numpy)")
+        sys.exit(77)
+    return numpy
+
+
 class Checks:
     """expect()/expect_raises() record failures and keep going; finish() exits 1 if any."""
 

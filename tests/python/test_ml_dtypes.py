@@ -5,11 +5,9 @@ The raw-bits form (uint16 arrays with dtype="bfloat16") is tested by test_mncl.p
 
 import sys
 
-try:
-    import numpy as np
-except ImportError:
-    print(f"SKIPPED: numpy is not installed for {sys.executable} (Debian: python3-numpy)")
-    sys.exit(77)
+from checks import Checks, numpy_or_skip
+
+np = numpy_or_skip()
 try:
     import ml_dtypes
 except ImportError as e:
@@ -18,7 +16,6 @@ except ImportError as e:
     sys.exit(77)
 
 import mncl
-from checks import Checks
 
 bf16 = np.dtype(ml_dtypes.bfloat16)
 checks = Checks()

@@ -13,15 +13,12 @@ import sys
 import tempfile
 import weakref
 
-try:
-    import numpy as np
-except ImportError:
-    print(f"SKIPPED: numpy is not installed for {sys.executable} (Debian: python3-numpy)")
-    sys.exit(77)
+from checks import Checks, numpy_or_skip
+
+np = numpy_or_skip()
 
 import mncl
 
-from checks import Checks
 
 checks = Checks()
 expect, expect_raises = checks.expect, checks.expect_raises

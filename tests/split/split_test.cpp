@@ -238,8 +238,9 @@ TEST(SplitErrors, GroupDisagreeingOnTheBackendFails) {
   longer.timeout_ms = 30000;
   EXPECT_EQ(mncl_comm_split_config(g_world, 0, 0, g_rank == 0 ? &longer : nullptr, &sub),
             MNCL_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(mncl_last_error()).find("disagree on config.timeout_ms: rank 0 passes "
-                                                "30000, rank 1 -1"),
+  EXPECT_NE(std::string(mncl_last_error())
+                .find("disagree on config.timeout_ms: rank 0 passes "
+                      "30000, rank 1 -1"),
             std::string::npos)
       << mncl_last_error();
   expect_world_usable();
