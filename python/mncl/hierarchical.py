@@ -15,13 +15,15 @@ MNCL_HOSTID (default: the host name); ``mncl-run --ranks-per-host M`` simulates 
 
 import numpy as np
 
-from ._dtypes import BFLOAT16, CODES, dtype_code, from_bfloat16_bits, to_bfloat16_bits
-from .comm import _op_code
+from ._dtypes import BFLOAT16, CODES, from_bfloat16_bits, to_bfloat16_bits
+from .comm import _OPS, _input, _matching_output, _op_code
 from .errors import InvalidArgumentError, MnclError, RemoteError
 
 _ALGORITHMS = ("hierarchical", "two_dimensional")
-_SUM, _AVG = 0, 4
+_SUM, _AVG = _OPS["sum"], _OPS["avg"]
 _FLOAT16 = CODES["float16"]
+# The NumPy type of each MNCL dtype but bfloat16 (NumPy has none).
+_NATIVE_BY_CODE = {code: np.dtype(name) for name, code in CODES.items() if name != "bfloat16"}
 
 
 class HierarchicalCommunicator:
@@ -67,11 +69,14 @@ class HierarchicalCommunicator:
         return self.intra.size
 
     def close(self):
-        """Collective: frees both communicators."""
-        for name in ("inter", "intra"):
-            comm, _ = getattr(self, name), setattr(self, name, None)
-            if comm is not None:
-                comm.close()
+        """Collective: frees both communicators (intra even when closing inter fails)."""
+        inter, intra, self.inter, self.intra = self.inter, self.intra, None, None
+        try:
+            if inter is not None:
+                inter.close()
+        finally:
+            if intra is not None:
+                intra.close()
 
     def __enter__(self):
         return self
@@ -87,7 +92,10 @@ class HierarchicalCommunicator:
             made = make()
         except Exception as e:  # noqa: BLE001 (re-raised below, after the vote)
             failure = e
-        ok = self.world.allreduce(np.array([0 if failure else 1], np.int32), op="min")[0]
+        try:
+            ok = self.world.allreduce(np.array([0 if failure else 1], np.int32), op="min")[0]
+        except MnclError as e:  # the world itself failed: this rank's own error says more
+            ok, failure = 0, failure or e
         if failure is None and ok == 1:
             return made
         for comm in (made, self.inter, self.intra):
@@ -103,35 +111,34 @@ class HierarchicalCommunicator:
                           f"ranks (their errors say why)", status_name="MNCL_ERR_REMOTE")
 
     def allreduce(self, sendbuf, recvbuf=None, op="sum", *, dtype=None):
-        """As Communicator.allreduce (the same ops and dtypes, the same result on every rank):
-        returns recvbuf (a new array when None). float16/bfloat16 travel as float32 and are
-        rounded once; avg is a sum divided once by the world size (integers toward zero)."""
-        send = np.ascontiguousarray(sendbuf)
-        code = dtype_code(send, dtype)
-        if recvbuf is None:
-            recv = np.empty_like(send)
-        else:
-            recv = recvbuf
-            if not isinstance(recv, np.ndarray) or not recv.flags.c_contiguous or \
-                    not recv.flags.writeable:
-                raise ValueError("mncl: recvbuf must be a C-contiguous writeable numpy.ndarray")
-            if recv.size != send.size or dtype_code(recv, dtype) != code:
-                raise TypeError("mncl: HierarchicalCommunicator.allreduce: recvbuf must have "
-                                "sendbuf's size and dtype")
+        """As Communicator.allreduce (the same ops, dtypes, raw-bit arrays and checks, the
+        same result on every rank): returns recvbuf (a new array when None). float16/bfloat16
+        travel as float32 and are rounded once; avg is a sum divided once by the world size
+        (integers toward zero)."""
+        send, code = _input(sendbuf, dtype)
+        recv = _matching_output(recvbuf, send, code, dtype, send.size, "allreduce")
         op_code = _op_code(op)
+        if not 0 <= op_code < len(_OPS):
+            raise InvalidArgumentError(f"mncl: allreduce: unknown reduction {op!r}",
+                                       status_name="MNCL_ERR_INVALID_ARGUMENT")
+        # The elements as what they are (raw-bit arrays viewed as their type); 16-bit floats
+        # in float32 through every level, rounded once at the end.
         flat = send.reshape(-1)
-        raw_bf16 = code == BFLOAT16 and flat.dtype == np.uint16
-        # 16-bit floats: in float32 through every level, rounded once at the end.
-        if code in (_FLOAT16, BFLOAT16):
-            work = from_bfloat16_bits(flat) if raw_bf16 else flat.astype(np.float32)
+        if code == BFLOAT16:
+            work = from_bfloat16_bits(flat.view(np.uint16))
         else:
-            work = flat.copy()
+            work = flat.view(_NATIVE_BY_CODE[code]).astype(
+                np.float32 if code == _FLOAT16 else _NATIVE_BY_CODE[code])
         if work.size:
             work = self._levels(work, _SUM if op_code == _AVG else op_code)
             if op_code == _AVG:
                 work = _divide(work, self.world.size)
+        # Written through a view of recvbuf's bits, whatever flavour of the dtype it is.
         out = recv.reshape(-1)
-        out[...] = to_bfloat16_bits(work) if raw_bf16 else work.astype(out.dtype)
+        if code == BFLOAT16:
+            out.view(np.uint16)[...] = to_bfloat16_bits(work)
+        else:
+            out.view(_NATIVE_BY_CODE[code])[...] = work
         return recv
 
     def _levels(self, work, op_code):
