@@ -125,6 +125,17 @@ class Hierarchical : public ::testing::Test {
     if (!layout_.even()) return {HierarchicalAlgorithm::kReduceBcast};
     return {HierarchicalAlgorithm::kReduceBcast, HierarchicalAlgorithm::kTwoDimensional};
   }
+  // Runs body(h) once per algorithm the layout allows, on a fresh HierarchicalCommunicator
+  // that is destroyed (collectively) afterwards.
+  template <class Body>
+  void for_each_algorithm(Body body) {
+    for (const auto algorithm : algorithms()) {
+      SCOPED_TRACE(name_of(algorithm));
+      mncl::HierarchicalCommunicator h(world(), options(algorithm));
+      body(h);
+      h.destroy();
+    }
+  }
   static mncl::HierarchicalOptions options(HierarchicalAlgorithm algorithm) {
     mncl::HierarchicalOptions o;
     o.algorithm = algorithm;
@@ -247,9 +258,7 @@ TEST_F(Hierarchical, SplitsFollowTheHosts) {
 
 TEST_F(Hierarchical, RanksSizesAndBackendsFollowTheLayout) {
   const int host = layout_.host(rank()), position = layout_.position(rank());
-  for (const auto algorithm : algorithms()) {
-    SCOPED_TRACE(name_of(algorithm));
-    mncl::HierarchicalCommunicator h(world(), options(algorithm));
+  for_each_algorithm([&](mncl::HierarchicalCommunicator &h) {
     EXPECT_EQ(h.rank(), rank());
     EXPECT_EQ(h.size(), world().size());
     EXPECT_EQ(h.intra_rank(), position);
@@ -261,7 +270,7 @@ TEST_F(Hierarchical, RanksSizesAndBackendsFollowTheLayout) {
     // Across hosts: every position's group for two-dimensional, only the hosts' first ranks
     // for reduce-bcast (no idle groups). Its rank order is the world's, which need not be the
     // hosts' (inter_rank) where a host's ranks are not consecutive.
-    if (algorithm == HierarchicalAlgorithm::kTwoDimensional || position == 0) {
+    if (h.options().algorithm == HierarchicalAlgorithm::kTwoDimensional || position == 0) {
       ASSERT_TRUE(h.inter().valid());
       EXPECT_EQ(h.inter().allgather(std::vector<int>{rank()}), layout_.position_members(position));
       EXPECT_EQ(h.inter().backend(), world().backend()) << "inter_backend \"\": the world's";
@@ -273,8 +282,7 @@ TEST_F(Hierarchical, RanksSizesAndBackendsFollowTheLayout) {
     } else {
       EXPECT_FALSE(h.intra().backend().empty());
     }
-    h.destroy();
-  }
+  });
 }
 
 // A group's backend failing on one host only: its ranks get that error, every other rank a
@@ -301,9 +309,7 @@ TEST_F(Hierarchical, AGroupFailingOnOneHostFailsEveryRankAlike) {
 // would round to 256 before the other hosts' ones are added.
 TEST_F(Hierarchical, SixteenBitFloatsAccumulateInFloat32) {
   const int size = world().size();
-  for (const auto algorithm : algorithms()) {
-    SCOPED_TRACE(name_of(algorithm));
-    mncl::HierarchicalCommunicator h(world(), options(algorithm));
+  for_each_algorithm([&](mncl::HierarchicalCommunicator &h) {
     std::vector<mncl::Float16> big(3, mncl::to_float16(40000.0f));
     h.allreduce(big, ReduceOp::kAvg);
     for (auto v : big) EXPECT_EQ(mncl::to_float(v), 40000.0f);
@@ -311,8 +317,7 @@ TEST_F(Hierarchical, SixteenBitFloatsAccumulateInFloat32) {
     h.allreduce(sum, ReduceOp::kSum);
     const float want = mncl::to_float(mncl::to_bfloat16(256.0f + static_cast<float>(size - 1)));
     for (auto v : sum) EXPECT_EQ(mncl::to_float(v), want);
-    h.destroy();
-  }
+  });
 }
 
 TEST_F(Hierarchical, TwoDimensionalRefusesHostsOfDifferentSizesOnEveryRank) {
@@ -361,14 +366,11 @@ void check_every_op_and_count(mncl::HierarchicalCommunicator &h) {
 }
 
 TEST_F(Hierarchical, EveryOpAndCountIsExactInPlaceAndOutOfPlace) {
-  for (const auto algorithm : algorithms()) {
-    SCOPED_TRACE(name_of(algorithm));
-    mncl::HierarchicalCommunicator h(world(), options(algorithm));
+  for_each_algorithm([&](mncl::HierarchicalCommunicator &h) {
     check_every_op_and_count<int32_t>(h);
     check_every_op_and_count<int64_t>(h);
     check_every_op_and_count<float>(h);
-    h.destroy();
-  }
+  });
 }
 
 // The other dtypes, bit for bit against the world's own allreduce.
@@ -387,9 +389,7 @@ void check_against_world(mncl::HierarchicalCommunicator &h) {
 }
 
 TEST_F(Hierarchical, EveryDtypeMatchesTheWorldAllreduce) {
-  for (const auto algorithm : algorithms()) {
-    SCOPED_TRACE(name_of(algorithm));
-    mncl::HierarchicalCommunicator h(world(), options(algorithm));
+  for_each_algorithm([&](mncl::HierarchicalCommunicator &h) {
     check_against_world<int8_t>(h);
     check_against_world<uint8_t>(h);
     check_against_world<uint32_t>(h);
@@ -397,15 +397,12 @@ TEST_F(Hierarchical, EveryDtypeMatchesTheWorldAllreduce) {
     check_against_world<double>(h);
     check_against_world<mncl::Float16>(h);
     check_against_world<mncl::BFloat16>(h);
-    h.destroy();
-  }
+  });
 }
 
 TEST_F(Hierarchical, CoalescedBuffersApartAndBackToBack) {
   const int size = world().size();
-  for (const auto algorithm : algorithms()) {
-    SCOPED_TRACE(name_of(algorithm));
-    mncl::HierarchicalCommunicator h(world(), options(algorithm));
+  for_each_algorithm([&](mncl::HierarchicalCommunicator &h) {
     for (const ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kAvg}) {
       SCOPED_TRACE(name_of(op));
       // Apart: packed and unpacked around one allreduce (an empty buffer among them).
@@ -423,8 +420,7 @@ TEST_F(Hierarchical, CoalescedBuffersApartAndBackToBack) {
       EXPECT_EQ(flat, expected<float>(size, 11, op));
     }
     h.allreduce_coalesced(std::vector<Span<float>>{});  // nothing to do, on every rank alike
-    h.destroy();
-  }
+  });
 }
 
 TEST_F(Hierarchical, BufferMistakesThrowBeforeAnythingIsSent) {
@@ -445,9 +441,7 @@ TEST_F(Hierarchical, BufferMistakesThrowBeforeAnythingIsSent) {
 using mncl_testing::RecordingOptimizer;
 
 TEST_F(Hierarchical, MultiNodeOptimizerAveragesThroughTheHierarchy) {
-  for (const auto algorithm : algorithms()) {
-    SCOPED_TRACE(name_of(algorithm));
-    mncl::HierarchicalCommunicator h(world(), options(algorithm));
+  for_each_algorithm([&](mncl::HierarchicalCommunicator &h) {
     mncl::MultiNodeOptimizerOptions o;
     o.fusion_buffer_bytes = 16;  // 4 floats a bucket: several buckets of one buffer
     auto opt = mncl::make_multi_node_optimizer(RecordingOptimizer{}, h, o);
@@ -469,8 +463,7 @@ TEST_F(Hierarchical, MultiNodeOptimizerAveragesThroughTheHierarchy) {
     o.double_buffering = true;
     EXPECT_THROW(mncl::make_multi_node_optimizer(RecordingOptimizer{}, h, o),
                  mncl::InvalidArgument);
-    h.destroy();
-  }
+  });
 }
 
 }  // namespace
