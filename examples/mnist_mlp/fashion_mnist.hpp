@@ -125,13 +125,14 @@ struct Options {
   std::string grad_dtype = "float32";
   bool double_buffering = false;
   std::size_t fusion_bytes = std::size_t{4} << 20;
-  std::string checkpoint_dir;  // empty: no checkpoints
-  double min_accuracy = 0;     // exit 1 if the final test accuracy is lower
-  int loader_threads = 2;      // background batch assemblers (0: in the training thread)
-  std::size_t prefetch = 4;    // batches assembled ahead
-  int allreduce_every = 1;     // micro-batches per gradient exchange
-  int per_rank_batch = 0;      // > 0: weak scaling, the global batch is this times the ranks
-  int model_parallel = 2;      // hybrid example: pipeline stages per replica
+  std::string checkpoint_dir;       // empty: no checkpoints
+  double min_accuracy = 0;          // exit 1 if the final test accuracy is lower
+  int loader_threads = 2;           // background batch assemblers (0: in the training thread)
+  std::size_t prefetch = 4;         // batches assembled ahead
+  int allreduce_every = 1;          // micro-batches per gradient exchange
+  int per_rank_batch = 0;           // > 0: weak scaling, the global batch is this times the ranks
+  int model_parallel = 2;           // hybrid example: pipeline stages per replica
+  std::string batch_norm = "none";  // or "local", "multi-node": after the hidden layer
 };
 
 inline const char *kUsage =
@@ -155,7 +156,9 @@ inline const char *kUsage =
     "  --prefetch N          batches assembled ahead of training (4)\n"
     "  --allreduce-every K   split each rank's batch into K micro-batches, one exchange (1)\n"
     "  --per-rank-batch N    weak scaling: global batch = N x ranks (overrides --batch-size)\n"
-    "  --model-parallel M    hybrid example: pipeline stages per replica (2)\n";
+    "  --model-parallel M    hybrid example: pipeline stages per replica (2)\n"
+    "  --batch-norm B        mnist_mlp: none, local or multi-node batch normalization after\n"
+    "                        the hidden layer (none)\n";
 
 inline Options parse_options(int argc, char **argv) {
   Options o;
@@ -180,6 +183,7 @@ inline Options parse_options(int argc, char **argv) {
       {"--allreduce-every", [&](const std::string &v) { o.allreduce_every = std::stoi(v); }},
       {"--per-rank-batch", [&](const std::string &v) { o.per_rank_batch = std::stoi(v); }},
       {"--model-parallel", [&](const std::string &v) { o.model_parallel = std::stoi(v); }},
+      {"--batch-norm", [&](const std::string &v) { o.batch_norm = v; }},
   };
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];

@@ -77,9 +77,16 @@ int train(mncl::Communicator &comm, const Options &o, Optimizer inner) {
   test_set = {};
 
   mncl::Sequential model;
-  model.emplace<mncl::Dense>(fashion_mnist::kPixels, o.hidden, o.seed, false)
-      .emplace<mncl::ReLU>()
-      .emplace<mncl::Dense>(o.hidden, fashion_mnist::kClasses, o.seed + 1);
+  model.emplace<mncl::Dense>(fashion_mnist::kPixels, o.hidden, o.seed, false);
+  // Batch normalization by each rank's own samples, or by the global batch's (every rank's).
+  if (o.batch_norm == "local") {
+    model.emplace<mncl::BatchNormalization>(o.hidden);
+  } else if (o.batch_norm == "multi-node") {
+    model.emplace<mncl::MultiNodeBatchNormalization>(o.hidden, comm);
+  } else if (o.batch_norm != "none") {
+    throw std::invalid_argument("--batch-norm must be none, local or multi-node");
+  }
+  model.emplace<mncl::ReLU>().emplace<mncl::Dense>(o.hidden, fashion_mnist::kClasses, o.seed + 1);
   const auto params = model.parameters();
   const auto values = mncl::value_spans(params);
   const auto grads = mncl::grad_spans(params);
@@ -106,6 +113,11 @@ int train(mncl::Communicator &comm, const Options &o, Optimizer inner) {
       std::vector<std::vector<float>> saved_values;
       ar >> saved_values >> optimizer;
       mncl::restore_values(params, saved_values);
+      if (o.batch_norm != "none") {
+        std::vector<std::vector<float>> saved_statistics;
+        ar >> saved_statistics;
+        mncl::restore_persistents(model, saved_statistics);
+      }
     });
     if (resumed) {
       first_epoch = static_cast<int>(*resumed) + 1;
@@ -129,12 +141,13 @@ int train(mncl::Communicator &comm, const Options &o, Optimizer inner) {
   for (const auto &v : values) grad_bytes += v.size() * sizeof(float);
   if (is_root) {
     std::printf(
-        "mnist_mlp: %d rank(s) on backend %s; MLP 784-%d-10; %s lr %g (%s); global batch %d (%zu "
+        "mnist_mlp: %d rank(s) on backend %s; MLP 784-%d-10 (batch norm: %s); %s lr %g (%s); "
+        "global batch %d (%zu "
         "per rank, %d micro-batch(es) of %zu); %zu steps/epoch; train shard %zu, test shard %zu; "
         "grads %s (%zu bytes)%s; loader %d thread(s), prefetch %zu\n",
-        comm.size(), comm.backend().c_str(), o.hidden, o.optimizer.c_str(), o.lr,
-        o.lr_schedule.c_str(), global_batch, local_batch, o.allreduce_every, micro_batch, steps,
-        train_shard.size(), test_shard.size(), o.grad_dtype.c_str(), grad_bytes,
+        comm.size(), comm.backend().c_str(), o.hidden, o.batch_norm.c_str(), o.optimizer.c_str(),
+        o.lr, o.lr_schedule.c_str(), global_batch, local_batch, o.allreduce_every, micro_batch,
+        steps, train_shard.size(), test_shard.size(), o.grad_dtype.c_str(), grad_bytes,
         o.double_buffering ? ", double buffering" : "", o.loader_threads, o.prefetch);
     std::fflush(stdout);
   }
@@ -173,9 +186,14 @@ int train(mncl::Communicator &comm, const Options &o, Optimizer inner) {
     const double comm_share = timing[1] / timing[0], data_share = timing[2] / timing[0];
     const auto train_metrics = evaluator.average(
         {{"loss", loss_sum / seen}, {"accuracy", static_cast<double>(correct) / seen}}, seen);
+    // Evaluation normalizes by the running statistics; per-rank ones are averaged first
+    // (ChainerMN's AllreducePersistent), so that every rank's test shard sees the same model.
+    if (o.batch_norm == "local") mncl::allreduce_persistent(comm, model);
+    model.set_training(false);
     test_metrics = evaluator.evaluate(
         test_shard, fashion_mnist::kTestBatch,
         [&](const Sample *s, std::size_t n) { return evaluate_batch(model, s, n); });
+    model.set_training(true);
     const double epoch_seconds = fashion_mnist::seconds_since(start);
     total_seconds += epoch_seconds;
     if (is_root) {
@@ -199,6 +217,7 @@ int train(mncl::Communicator &comm, const Options &o, Optimizer inner) {
       optimizer.synchronize();  // a double-buffered exchange must land before it is saved
       mncl::OutArchive ar;
       ar << mncl::snapshot_values(params) << optimizer;
+      if (o.batch_norm != "none") ar << mncl::snapshot_persistents(model);
       checkpointer->save_bytes(static_cast<uint64_t>(epoch), ar.bytes());
     }
   }

@@ -222,6 +222,18 @@ std::vector<Parameter *> Sequential::parameters() {
   return all;
 }
 
+std::vector<std::vector<float> *> Sequential::persistents() {
+  std::vector<std::vector<float> *> all;
+  for (auto &link : links_) {
+    for (std::vector<float> *p : link->persistents()) all.push_back(p);
+  }
+  return all;
+}
+
+void Sequential::set_training(bool training) {
+  for (auto &link : links_) link->set_training(training);
+}
+
 std::string Sequential::name() const {
   std::string s = "Sequential(";
   for (std::size_t i = 0; i < links_.size(); ++i) s += (i ? ", " : "") + links_[i]->name();
@@ -299,20 +311,42 @@ std::vector<std::vector<float>> snapshot_values(const std::vector<Parameter *> &
   return values;
 }
 
-void restore_values(const std::vector<Parameter *> &params,
-                    const std::vector<std::vector<float>> &values) {
-  if (values.size() != params.size()) {
-    throw InvalidArgument("restore_values: " + std::to_string(values.size()) +
-                          " saved parameters for " + std::to_string(params.size()));
+namespace {
+
+// Copies `values` into `targets`, element counts checked first.
+void restore_into(const char *who, const std::vector<std::vector<float> *> &targets,
+                  const std::vector<std::vector<float>> &values) {
+  if (values.size() != targets.size()) {
+    throw InvalidArgument(std::string(who) + ": " + std::to_string(values.size()) +
+                          " saved arrays for " + std::to_string(targets.size()));
   }
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    if (values[i].size() != params[i]->value.size()) {
-      throw InvalidArgument("restore_values: parameter " + std::to_string(i) + " has " +
-                            std::to_string(params[i]->value.size()) + " elements, saved " +
+  for (std::size_t i = 0; i < targets.size(); ++i) {
+    if (values[i].size() != targets[i]->size()) {
+      throw InvalidArgument(std::string(who) + ": array " + std::to_string(i) + " has " +
+                            std::to_string(targets[i]->size()) + " elements, saved " +
                             std::to_string(values[i].size()));
     }
-    params[i]->value = values[i];
   }
+  for (std::size_t i = 0; i < targets.size(); ++i) *targets[i] = values[i];
+}
+
+}  // namespace
+
+void restore_values(const std::vector<Parameter *> &params,
+                    const std::vector<std::vector<float>> &values) {
+  std::vector<std::vector<float> *> targets;
+  for (Parameter *p : params) targets.push_back(&p->value);
+  restore_into("restore_values", targets, values);
+}
+
+std::vector<std::vector<float>> snapshot_persistents(Link &model) {
+  std::vector<std::vector<float>> values;
+  for (const std::vector<float> *p : model.persistents()) values.push_back(*p);
+  return values;
+}
+
+void restore_persistents(Link &model, const std::vector<std::vector<float>> &values) {
+  restore_into("restore_persistents", model.persistents(), values);
 }
 
 }  // namespace mncl

@@ -1057,6 +1057,209 @@ TEST_F(Frontends, HybridSplitGroupsAndAveragesWithinDataParallelGroups) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Batch normalization across ranks
+// ---------------------------------------------------------------------------------------------
+
+// Rank r's share of a global batch: uneven, and none at all on rank 2 (from 3 ranks on).
+int bn_rows(int r) {
+  return std::vector<int>{2, 3, 0, 1}[r % 4];
+}
+int bn_first_row(int r) {
+  int first = 0;
+  for (int q = 0; q < r; ++q) first += bn_rows(q);
+  return first;
+}
+
+// Rows [first, first + rows) of the global batch {rows, 3, 2} of step `step`: channel means
+// far from 0 (10 to 12), so the statistics are not those of a centered input.
+mncl::Tensor bn_rows_of(int first, int rows, int step, bool gradient) {
+  mncl::Tensor t({rows, 3, 2});
+  for (int b = 0; b < rows; ++b) {
+    for (int c = 0; c < 3; ++c) {
+      for (int s = 0; s < 2; ++s) {
+        const int g = first + b + 7 * step;
+        t.data[std::size_t((b * 3 + c) * 2 + s)] =
+            gradient ? std::cos(0.23f * g - 0.7f * c + 0.9f * s)
+                     : 10.0f + c + 3.0f * std::sin(0.37f * g + 1.1f * c + 0.5f * s);
+      }
+    }
+  }
+  return t;
+}
+
+void expect_close(const std::vector<float> &got, const std::vector<float> &want, const char *what,
+                  std::size_t offset = 0) {
+  for (std::size_t k = 0; k < got.size(); ++k) {
+    const float expected = want[offset + k];
+    EXPECT_NEAR(got[k], expected, 2e-5f * std::max(1.0f, std::fabs(expected))) << what << " " << k;
+  }
+}
+
+// Every rank normalizes its rows by the global batch's statistics: outputs, input gradients and
+// running statistics as one process holding the whole batch computes them (a BatchNormalization,
+// checked against finite differences in frontends_unit_test), gamma's and beta's gradients
+// those divided by the number of ranks; over two steps, in {batch, C, d} layout.
+TEST_F(Frontends, MultiNodeBatchNormalizationMatchesTheGlobalBatch) {
+  const int total = bn_first_row(size()), first = bn_first_row(rank()), rows = bn_rows(rank());
+  const std::size_t per_row = 3 * 2, offset = std::size_t(first) * per_row;
+  mncl::BatchNormalization whole(3);
+  mncl::MultiNodeBatchNormalization mine(3, comm());
+  for (auto *bn : {static_cast<mncl::BatchNormalization *>(&whole),
+                   static_cast<mncl::BatchNormalization *>(&mine)}) {
+    bn->gamma().value = {0.5f, 1.5f, -2.0f};
+    bn->beta().value = {0.25f, 0.0f, 1.0f};
+  }
+  for (int step = 0; step < 2; ++step) {
+    const mncl::Tensor y_all = whole.forward(bn_rows_of(0, total, step, false));
+    const mncl::Tensor gx_all = whole.backward(bn_rows_of(0, total, step, true));
+    const mncl::Tensor y = mine.forward(bn_rows_of(first, rows, step, false));
+    ASSERT_EQ(y.shape, (std::vector<int64_t>{rows, 3, 2}));
+    expect_close(y.data, y_all.data, "output", offset);
+    const mncl::Tensor gx = mine.backward(bn_rows_of(first, rows, step, true));
+    expect_close(gx.data, gx_all.data, "input gradient", offset);
+    for (int c = 0; c < 3; ++c) {
+      EXPECT_NEAR(mine.batch_mean()[c], whole.batch_mean()[c], 1e-9) << c;
+      EXPECT_NEAR(mine.batch_var()[c], whole.batch_var()[c], 1e-9) << c;
+    }
+    expect_close(mine.running_mean(), whole.running_mean(), "running mean");
+    expect_close(mine.running_var(), whole.running_var(), "running variance");
+    std::vector<float> gamma_mean = whole.gamma().grad, beta_mean = whole.beta().grad;
+    for (float &g : gamma_mean) g /= float(size());
+    for (float &g : beta_mean) g /= float(size());
+    expect_close(mine.gamma().grad, gamma_mean, "gamma gradient");
+    expect_close(mine.beta().grad, beta_mean, "beta gradient");
+  }
+  // Evaluation mode: the running statistics, no communication (rank 0 alone may call it).
+  if (rank() == 0) {
+    mine.set_training(false);
+    whole.set_training(false);
+    expect_close(mine.forward(bn_rows_of(0, 2, 5, false)).data,
+                 whole.forward(bn_rows_of(0, 2, 5, false)).data, "evaluation output");
+  }
+}
+
+// An MLP with batch normalization trained data-parallel (equal shards, each rank's loss the mean
+// over its rows, MultiNodeOptimizer averaging) steps exactly like one process training on the
+// global batch with plain BatchNormalization and SGD.
+TEST_F(Frontends, MultiNodeBatchNormalizationTrainsLikeOneProcess) {
+  const int per_rank = 2, features = 4, classes = 3;
+  auto build = [&](bool multi_node) {
+    auto mlp = std::make_shared<mncl::Sequential>();
+    mlp->emplace<mncl::Dense>(features, 6, 21);
+    if (multi_node) {
+      mlp->emplace<mncl::MultiNodeBatchNormalization>(6, comm());
+    } else {
+      mlp->emplace<mncl::BatchNormalization>(6);
+    }
+    mlp->emplace<mncl::ReLU>().emplace<mncl::Dense>(6, classes, 22);
+    return mlp;
+  };
+  auto batch = [&](int step, int first, int rows) {
+    mncl::Tensor x({rows, features});
+    std::vector<int32_t> labels(rows);
+    for (int b = 0; b < rows; ++b) {
+      for (int f = 0; f < features; ++f)
+        x.at(b, f) = std::sin(0.9f * (first + b) + 0.4f * f + step);
+      labels[b] = (first + b + step) % classes;
+    }
+    return std::make_pair(x, labels);
+  };
+  auto distributed = build(true), single = build(false);
+  const auto pd = distributed->parameters(), ps = single->parameters();
+  mncl::MultiNodeOptimizer<mncl::Sgd> opt(mncl::Sgd({0.5f}), comm());
+  mncl::Sgd plain({0.5f});
+  opt.update(mncl::value_spans(pd), mncl::grad_spans(pd));  // the first update broadcasts
+  mncl::SoftmaxCrossEntropy loss;
+  for (int step = 0; step < 3; ++step) {
+    const auto [x, labels] = batch(step, rank() * per_rank, per_rank);
+    loss.forward(distributed->forward(x), labels);
+    distributed->backward(loss.backward());
+    opt.update(mncl::value_spans(pd), mncl::grad_spans(pd));
+    const auto [x_all, labels_all] = batch(step, 0, per_rank * size());
+    loss.forward(single->forward(x_all), labels_all);
+    single->backward(loss.backward());
+    plain.update(mncl::value_spans(ps), mncl::grad_spans(ps));
+  }
+  ASSERT_EQ(pd.size(), ps.size());
+  for (std::size_t i = 0; i < pd.size(); ++i) expect_close(pd[i]->value, ps[i]->value, "parameter");
+  const auto rd = distributed->persistents(), rs = single->persistents();
+  ASSERT_EQ(rd.size(), 2u);
+  for (std::size_t i = 0; i < rd.size(); ++i) expect_close(*rd[i], *rs[i], "running statistic");
+}
+
+// A rank whose input does not fit still takes part in the reduction, so no rank waits: it throws
+// InvalidArgument, every other rank RemoteError; the layer and the world work on afterwards.
+TEST_F(Frontends, MultiNodeBatchNormalizationBadInputOnOneRankFailsEveryRank) {
+  mncl::MultiNodeBatchNormalization bn(2, comm());
+  const bool culprit = rank() == size() - 1;
+  bn.forward(mncl::Tensor({1, 2}, {1.0f, 2.0f}));
+  bn.backward(mncl::Tensor({1, 2}, {1.0f, 1.0f}));
+  try {
+    bn.forward(mncl::Tensor({1, culprit ? 3 : 2}));
+    ADD_FAILURE() << "forward took a bad input";
+  } catch (const mncl::InvalidArgument &e) {
+    EXPECT_TRUE(culprit) << e.what();
+    EXPECT_NE(std::string(e.what()).find("{batch, 2, ...}"), std::string::npos) << e.what();
+  } catch (const mncl::RemoteError &e) {
+    EXPECT_FALSE(culprit) << e.what();
+    EXPECT_NE(std::string(e.what()).find("1 other rank"), std::string::npos) << e.what();
+  }
+  // The failed forward left nothing to go back through (not the batch before it), on every
+  // rank: all of them say so, together.
+  EXPECT_THROW(bn.backward(mncl::Tensor({1, 2}, {1.0f, 1.0f})), mncl::InvalidArgument);
+  // A shape that does not describe its data fails every rank alike, without reading past it.
+  mncl::Tensor short_data;
+  short_data.shape = {2, 2};
+  short_data.data = {1.0f};
+  try {
+    bn.forward(culprit ? short_data : mncl::Tensor({2, 2}));
+    ADD_FAILURE() << "forward took a short tensor";
+  } catch (const mncl::InvalidArgument &e) {
+    EXPECT_TRUE(culprit) << e.what();
+  } catch (const mncl::RemoteError &e) {
+    EXPECT_FALSE(culprit) << e.what();
+  }
+  const mncl::Tensor x({2, 2}, {float(rank()), 1.0f, float(rank()) + 2.0f, 3.0f});
+  const mncl::Tensor y = bn.forward(x);
+  // Channel 0 holds {r, r + 2} on every rank r: global mean (size - 1) / 2 + 1.
+  EXPECT_DOUBLE_EQ(bn.batch_mean()[0], (size() - 1) / 2.0 + 1.0);
+  EXPECT_DOUBLE_EQ(bn.batch_mean()[1], 2.0);
+  // A backward with the wrong shape on one rank fails every rank alike.
+  try {
+    bn.backward(mncl::Tensor({culprit ? 1 : 2, 2}));
+    ADD_FAILURE() << "backward took a bad gradient";
+  } catch (const mncl::InvalidArgument &e) {
+    EXPECT_TRUE(culprit) << e.what();
+  } catch (const mncl::RemoteError &e) {
+    EXPECT_FALSE(culprit) << e.what();
+  }
+  EXPECT_EQ(comm().allreduce_value(1), size());
+}
+
+// allreduce_persistent averages per-rank BatchNormalization running statistics.
+TEST_F(Frontends, AllreducePersistentAveragesRunningStatistics) {
+  auto running_after = [](int r) {
+    mncl::BatchNormalization bn(2);
+    bn.forward(mncl::Tensor({2, 2}, {float(r), 1.0f, float(3 * r), 5.0f}));
+    return std::make_pair(bn.running_mean(), bn.running_var());
+  };
+  mncl::Sequential model;
+  model.emplace<mncl::Dense>(2, 2, 1).emplace<mncl::BatchNormalization>(2);
+  auto *bn = static_cast<mncl::BatchNormalization *>(model.links()[1].get());
+  bn->forward(mncl::Tensor({2, 2}, {float(rank()), 1.0f, float(3 * rank()), 5.0f}));
+  mncl::allreduce_persistent(comm(), model);
+  for (std::size_t c = 0; c < 2; ++c) {
+    double mean = 0, var = 0;
+    for (int r = 0; r < size(); ++r) {
+      mean += running_after(r).first[c];
+      var += running_after(r).second[c];
+    }
+    EXPECT_NEAR(bn->running_mean()[c], mean / size(), 1e-6) << c;
+    EXPECT_NEAR(bn->running_var()[c], var / size(), 1e-5) << c;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {

@@ -344,6 +344,138 @@ TEST(Links, DenseRejectsWrongShapes) {
   EXPECT_THROW(dense.backward(mncl::Tensor({3, 2})), mncl::InvalidArgument);  // no forward yet
 }
 
+// Batch normalization: the loss sum_k w_k y_k (fixed weights w), so dL/dy = w; every gradient
+// against central differences, for {batch, channels} and {batch, channels, h, w} inputs.
+TEST(Links, BatchNormalizationGradientsMatchFiniteDifferences) {
+  for (const std::vector<int64_t> &shape :
+       {std::vector<int64_t>{5, 3}, std::vector<int64_t>{3, 2, 2, 3}}) {
+    mncl::BatchNormalization bn(shape[1]);
+    for (std::size_t c = 0; c < bn.gamma().value.size(); ++c) {
+      bn.gamma().value[c] = 0.5f + 0.25f * float(c);
+      bn.beta().value[c] = -0.1f * float(c);
+    }
+    const mncl::Tensor x = random_tensor(shape, 7);
+    const mncl::Tensor w = random_tensor(shape, 8);
+    auto loss_at = [&](const mncl::Tensor &input) {
+      const mncl::Tensor y = bn.forward(input);
+      double loss = 0;
+      for (std::size_t k = 0; k < y.data.size(); ++k) loss += double(w.data[k]) * y.data[k];
+      return loss;
+    };
+    loss_at(x);
+    const mncl::Tensor grad_x = bn.backward(w);
+    const std::vector<float> grad_gamma = bn.gamma().grad, grad_beta = bn.beta().grad;
+
+    const float h = 1e-2f;
+    for (std::size_t j = 0; j < x.data.size(); ++j) {
+      mncl::Tensor probe = x;
+      probe.data[j] += h;
+      const double up = loss_at(probe);
+      probe.data[j] -= 2 * h;
+      const double down = loss_at(probe);
+      EXPECT_NEAR(grad_x.data[j], (up - down) / (2 * h), 2e-3) << "input " << j;
+    }
+    for (auto *p : {&bn.gamma(), &bn.beta()}) {
+      const std::vector<float> &analytic = p == &bn.gamma() ? grad_gamma : grad_beta;
+      for (std::size_t c = 0; c < p->value.size(); ++c) {
+        const float saved = p->value[c];
+        p->value[c] = saved + h;
+        const double up = loss_at(x);
+        p->value[c] = saved - h;
+        const double down = loss_at(x);
+        p->value[c] = saved;
+        EXPECT_NEAR(analytic[c], (up - down) / (2 * h), 2e-3) << p->name << " " << c;
+      }
+    }
+  }
+}
+
+// Known values: one channel of {1, 2, 3, 4} has mean 2.5 and variance 1.25 (biased; the
+// running variance takes the unbiased 5/3).
+TEST(Links, BatchNormalizationStatisticsAndEvaluationMode) {
+  mncl::BatchNormalizationOptions options;
+  options.decay = 0.75f;
+  options.eps = 0.25f;  // 1.25 + 0.25 = 1.5
+  mncl::BatchNormalization bn(1, options);
+  const mncl::Tensor y = bn.forward(mncl::Tensor({4, 1}, {1, 2, 3, 4}));
+  for (int k = 0; k < 4; ++k) {
+    EXPECT_FLOAT_EQ(y.data[k], float((k + 1 - 2.5) / std::sqrt(1.5))) << k;
+  }
+  EXPECT_DOUBLE_EQ(bn.batch_mean()[0], 2.5);
+  EXPECT_DOUBLE_EQ(bn.batch_var()[0], 1.25);
+  EXPECT_FLOAT_EQ(bn.running_mean()[0], 0.25f * 2.5f);
+  EXPECT_FLOAT_EQ(bn.running_var()[0], 0.75f + 0.25f * (5.0f / 3.0f));
+
+  // Evaluation mode (set through a container) normalizes by the running statistics and leaves
+  // them alone; its backward is gamma / std * dy, with this batch's own sums for gamma, beta.
+  mncl::Sequential model;
+  auto shared = std::shared_ptr<mncl::BatchNormalization>(&bn, [](auto *) {});
+  model.add(shared);
+  ASSERT_EQ(model.persistents().size(), 2u);
+  EXPECT_EQ(model.persistents()[0], &bn.running_mean());
+  model.set_training(false);
+  EXPECT_FALSE(bn.training());
+  const float mean = bn.running_mean()[0], var = bn.running_var()[0];
+  bn.gamma().value[0] = 2.0f;
+  const mncl::Tensor z = model.forward(mncl::Tensor({2, 1}, {1, 3}));
+  const double inv_std = 1.0 / std::sqrt(double(var) + 0.25);
+  EXPECT_FLOAT_EQ(z.data[0], float(2.0 * (1 - mean) * inv_std));
+  EXPECT_FLOAT_EQ(z.data[1], float(2.0 * (3 - mean) * inv_std));
+  EXPECT_EQ(bn.running_mean()[0], mean);
+  const mncl::Tensor gx = model.backward(mncl::Tensor({2, 1}, {1, -3}));
+  EXPECT_FLOAT_EQ(gx.data[0], float(2.0 * inv_std));
+  EXPECT_FLOAT_EQ(gx.data[1], float(-6.0 * inv_std));
+  EXPECT_FLOAT_EQ(bn.beta().grad[0], -2.0f);
+  EXPECT_FLOAT_EQ(bn.gamma().grad[0], float((1 - mean) * inv_std - 3 * (3 - mean) * inv_std));
+}
+
+TEST(Links, BatchNormalizationRejectsBadInput) {
+  EXPECT_THROW(mncl::BatchNormalization(0), mncl::InvalidArgument);
+  mncl::BatchNormalizationOptions bad_decay;
+  bad_decay.decay = 1.5f;
+  EXPECT_THROW(mncl::BatchNormalization(2, bad_decay), mncl::InvalidArgument);
+  mncl::BatchNormalization bn(3);
+  EXPECT_THROW(bn.backward(mncl::Tensor({2, 3})), mncl::InvalidArgument);  // no forward yet
+  EXPECT_THROW(bn.forward(mncl::Tensor({2, 4})), mncl::InvalidArgument);
+  EXPECT_THROW(bn.forward(mncl::Tensor({6})), mncl::InvalidArgument);
+  // No samples at all: nothing to normalize by.
+  EXPECT_THROW(bn.forward(mncl::Tensor({0, 3})), mncl::InvalidArgument);
+  bn.forward(mncl::Tensor({2, 3}, {1, 2, 3, 4, 5, 6}));
+  EXPECT_THROW(bn.backward(mncl::Tensor({3, 3})), mncl::InvalidArgument);
+  // Shapes that do not describe their data: short, negative, overflowing; as input and as
+  // gradient (which must not be read past its end).
+  for (const std::vector<int64_t> &shape :
+       {std::vector<int64_t>{2, 3}, std::vector<int64_t>{-1, 3},
+        std::vector<int64_t>{int64_t{1} << 40, 3, int64_t{1} << 40},
+        std::vector<int64_t>{0, 3, int64_t{1} << 40, int64_t{1} << 40}}) {
+    mncl::Tensor bad;
+    bad.shape = shape;
+    bad.data = {1.0f};
+    EXPECT_THROW(bn.forward(bad), mncl::InvalidArgument) << bad.shape_string();
+  }
+  bn.forward(mncl::Tensor({2, 3}, {1, 2, 3, 4, 5, 6}));
+  mncl::Tensor short_gradient;
+  short_gradient.shape = {2, 3};
+  short_gradient.data = {1.0f};
+  EXPECT_THROW(bn.backward(short_gradient), mncl::InvalidArgument);
+  // A failed forward leaves nothing to go back through, not the batch before it.
+  EXPECT_THROW(bn.forward(mncl::Tensor({2, 4})), mncl::InvalidArgument);
+  EXPECT_THROW(bn.backward(mncl::Tensor({2, 3})), mncl::InvalidArgument);
+  // Without gamma and beta there are no parameters.
+  mncl::BatchNormalizationOptions fixed;
+  fixed.use_gamma = fixed.use_beta = false;
+  mncl::BatchNormalization plain(3, fixed);
+  EXPECT_TRUE(plain.parameters().empty());
+  // ... and the output is x_hat itself: mean 0 and (biased) variance 1 / (1 + eps / var).
+  const mncl::Tensor y = plain.forward(mncl::Tensor({2, 3}, {1, 2, 3, 5, 6, 7}));
+  for (int c = 0; c < 3; ++c) {
+    EXPECT_FLOAT_EQ(y.data[c] + y.data[3 + c], 0.0f) << c;
+    EXPECT_NEAR(y.data[3 + c], 2.0 / std::sqrt(4.0 + 2e-5), 1e-6) << c;
+  }
+  plain.backward(mncl::Tensor({2, 3}, {1, 1, 1, 1, 1, 1}));
+  EXPECT_EQ(plain.beta().grad, std::vector<float>(3, 0.0f));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Checkpoint files, on a one-rank communicator
 // ---------------------------------------------------------------------------------------------

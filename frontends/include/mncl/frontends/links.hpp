@@ -62,6 +62,12 @@ class Link {
   // also sets the parameters' gradients.
   virtual Tensor backward(const Tensor &grad_y) = 0;
   virtual std::vector<Parameter *> parameters() { return {}; }
+  // State that is learned but not trained by gradients (batch normalization's running
+  // statistics): what allreduce_persistent averages and a checkpoint should keep.
+  virtual std::vector<std::vector<float> *> persistents() { return {}; }
+  // Training (batch statistics) or evaluation (running statistics) mode, for the links that
+  // have one; containers pass it on.
+  virtual void set_training(bool /*training*/) {}
   virtual std::string name() const = 0;
 };
 
@@ -112,6 +118,8 @@ class Sequential : public Link {
   Tensor forward(const Tensor &x) override;
   Tensor backward(const Tensor &grad_y) override;
   std::vector<Parameter *> parameters() override;
+  std::vector<std::vector<float> *> persistents() override;
+  void set_training(bool training) override;
   std::string name() const override;
   const std::vector<std::shared_ptr<Link>> &links() const { return links_; }
 
@@ -143,6 +151,9 @@ GradSpans grad_spans(const std::vector<Parameter *> &params);
 std::vector<std::vector<float>> snapshot_values(const std::vector<Parameter *> &params);
 void restore_values(const std::vector<Parameter *> &params,
                     const std::vector<std::vector<float>> &values);
+// The same for a model's persistent values (running statistics).
+std::vector<std::vector<float>> snapshot_persistents(Link &model);
+void restore_persistents(Link &model, const std::vector<std::vector<float>> &values);
 
 }  // namespace mncl
 

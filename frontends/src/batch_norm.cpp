@@ -1,0 +1,281 @@
+#include "mncl/frontends/batch_norm.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
+
+#include "mncl/frontends/error.hpp"
+
+namespace mncl {
+
+namespace {
+
+// Layout of the reduced sums: [count, bad ranks, first C values, second C values].
+constexpr std::size_t kCount = 0, kBad = 1, kFirst = 2;
+
+// Samples per channel in one batch item: the product of the dimensions after the channel.
+int64_t spatial_size(const std::vector<int64_t> &shape) {
+  int64_t s = 1;
+  for (std::size_t d = 2; d < shape.size(); ++d) s *= shape[d];
+  return s;
+}
+
+// The element count `shape` describes, or nothing for a negative dimension or an overflow (so
+// that checking a shape never throws: the caller must still join the reduction).
+// The product of the non-zero dimensions must fit in int64 too, so that the loops' index
+// arithmetic cannot overflow even for an empty tensor.
+std::optional<std::size_t> checked_element_count(const std::vector<int64_t> &shape) {
+  int64_t nonzero_product = 1;
+  bool any_zero = false;
+  for (int64_t d : shape) {
+    if (d < 0) return std::nullopt;
+    if (d == 0) {
+      any_zero = true;
+    } else if (nonzero_product > std::numeric_limits<int64_t>::max() / d) {
+      return std::nullopt;
+    } else {
+      nonzero_product *= d;
+    }
+  }
+  return any_zero ? 0 : static_cast<std::size_t>(nonzero_product);
+}
+
+}  // namespace
+
+BatchNormalization::BatchNormalization(int64_t channels, BatchNormalizationOptions options)
+    : channels_(channels), options_(options) {
+  if (channels_ <= 0) throw InvalidArgument("BatchNormalization: channels must be positive");
+  if (!(options_.decay >= 0.0f && options_.decay <= 1.0f)) {
+    throw InvalidArgument("BatchNormalization: decay " + std::to_string(options_.decay) +
+                          " is outside [0, 1]");
+  }
+  if (!(options_.eps > 0.0f)) {
+    throw InvalidArgument("BatchNormalization: eps must be positive, got " +
+                          std::to_string(options_.eps));
+  }
+  const auto c = static_cast<std::size_t>(channels_);
+  gamma_.name = "gamma";
+  gamma_.value.assign(c, 1.0f);
+  gamma_.grad.assign(c, 0.0f);
+  beta_.name = "beta";
+  beta_.value.assign(c, 0.0f);
+  beta_.grad.assign(c, 0.0f);
+  running_mean_.assign(c, 0.0f);
+  running_var_.assign(c, 1.0f);
+}
+
+std::string BatchNormalization::name() const {
+  return "BatchNormalization(" + std::to_string(channels_) + ")";
+}
+
+std::string MultiNodeBatchNormalization::name() const {
+  return "MultiNodeBatchNormalization(" + std::to_string(channels()) + ")";
+}
+
+std::vector<Parameter *> BatchNormalization::parameters() {
+  std::vector<Parameter *> params;
+  if (options_.use_gamma) params.push_back(&gamma_);
+  if (options_.use_beta) params.push_back(&beta_);
+  return params;
+}
+
+void BatchNormalization::reduce_sums(std::vector<double> & /*sums*/) {}
+
+void MultiNodeBatchNormalization::reduce_sums(std::vector<double> &sums) {
+  comm_->allreduce(Span<double>(sums));
+}
+
+// Empty when `t` fits; else what is wrong with it (the caller still joins the reduction).
+std::string BatchNormalization::check_input(const Tensor &t, bool gradient) const {
+  const std::string who = name() + (gradient ? "::backward" : "::forward");
+  const std::optional<std::size_t> count = checked_element_count(t.shape);
+  if (!count || *count != t.data.size()) {
+    return who + ": shape " + t.shape_string() + " does not describe its " +
+           std::to_string(t.data.size()) + " elements";
+  }
+  if (gradient) {
+    if (input_shape_.empty()) return who + ": no forward to go back through";
+    if (t.shape != input_shape_) {
+      return who + ": gradient " + t.shape_string() + " does not match the last input " +
+             Tensor(input_shape_).shape_string();
+    }
+    return {};
+  }
+  if (t.shape.size() < 2 || t.shape[1] != channels_) {
+    return who + ": expected a {batch, " + std::to_string(channels_) + ", ...} tensor, got " +
+           t.shape_string();
+  }
+  return {};
+}
+
+void BatchNormalization::fail_together(double bad_ranks, const std::string &own_error,
+                                       const char *what) const {
+  if (!own_error.empty()) throw InvalidArgument(own_error);
+  if (bad_ranks > 0) {
+    throw RemoteError(name() + "::" + what + ": " + std::to_string(static_cast<long>(bad_ranks)) +
+                      " other rank(s) passed input this layer cannot take (their own errors "
+                      "say what)");
+  }
+}
+
+Tensor BatchNormalization::forward(const Tensor &x) {
+  const auto channel_count = static_cast<std::size_t>(channels_);
+  // Until this forward succeeds there is nothing to go back through (not the last batch).
+  input_shape_.clear();
+  forward_was_training_ = training_;
+  if (!training_) {
+    // Running statistics, no communication.
+    const std::string error = check_input(x, false);
+    if (!error.empty()) throw InvalidArgument(error);
+    const int64_t batch = x.shape[0], spatial = spatial_size(x.shape);
+    input_shape_ = x.shape;
+    inv_std_.resize(channel_count);
+    x_hat_.resize(x.data.size());
+    Tensor y(x.shape);
+    for (std::size_t c = 0; c < channel_count; ++c) {
+      inv_std_[c] = 1.0 / std::sqrt(static_cast<double>(running_var_[c]) + options_.eps);
+    }
+    for (int64_t n = 0; n < batch; ++n) {
+      for (int64_t c = 0; c < channels_; ++c) {
+        const std::size_t base = static_cast<std::size_t>((n * channels_ + c) * spatial);
+        const auto cc = static_cast<std::size_t>(c);
+        for (int64_t s = 0; s < spatial; ++s) {
+          const std::size_t k = base + static_cast<std::size_t>(s);
+          x_hat_[k] = static_cast<float>((x.data[k] - running_mean_[cc]) * inv_std_[cc]);
+          y.data[k] = gamma_.value[cc] * x_hat_[k] + beta_.value[cc];
+        }
+      }
+    }
+    return y;
+  }
+
+  const std::string error = check_input(x, false);
+  std::vector<double> sums(kFirst + 2 * channel_count, 0.0);
+  if (error.empty()) {
+    const int64_t batch = x.shape[0], spatial = spatial_size(x.shape);
+    sums[kCount] = static_cast<double>(batch * spatial);
+    for (int64_t n = 0; n < batch; ++n) {
+      for (int64_t c = 0; c < channels_; ++c) {
+        const float *v = x.data.data() + (n * channels_ + c) * spatial;
+        double sum = 0, squares = 0;
+        for (int64_t s = 0; s < spatial; ++s) {
+          sum += v[s];
+          squares += static_cast<double>(v[s]) * v[s];
+        }
+        sums[kFirst + static_cast<std::size_t>(c)] += sum;
+        sums[kFirst + channel_count + static_cast<std::size_t>(c)] += squares;
+      }
+    }
+  } else {
+    sums[kBad] = 1;
+  }
+  reduce_sums(sums);
+  fail_together(sums[kBad], error, "forward");
+  const double count = sums[kCount];
+  if (count <= 0) {
+    // Every rank sees the same total, so every rank throws this.
+    throw InvalidArgument(name() + "::forward: the batch has no samples on any rank");
+  }
+
+  input_shape_ = x.shape;
+  samples_ = count;
+  batch_mean_.resize(channel_count);
+  batch_var_.resize(channel_count);
+  inv_std_.resize(channel_count);
+  for (std::size_t c = 0; c < channel_count; ++c) {
+    const double mean = sums[kFirst + c] / count;
+    // E[x^2] - E[x]^2 in float64: exact enough unless |mean| / std exceeds ~1e5.
+    const double var = std::max(sums[kFirst + channel_count + c] / count - mean * mean, 0.0);
+    batch_mean_[c] = mean;
+    batch_var_[c] = var;
+    inv_std_[c] = 1.0 / std::sqrt(var + options_.eps);
+    const double unbiased = count > 1 ? var * count / (count - 1) : var;
+    const double decay = options_.decay;
+    running_mean_[c] = static_cast<float>(decay * running_mean_[c] + (1 - decay) * mean);
+    running_var_[c] = static_cast<float>(decay * running_var_[c] + (1 - decay) * unbiased);
+  }
+
+  const int64_t batch = x.shape[0], spatial = spatial_size(x.shape);
+  x_hat_.resize(x.data.size());
+  Tensor y(x.shape);
+  for (int64_t n = 0; n < batch; ++n) {
+    for (int64_t c = 0; c < channels_; ++c) {
+      const auto cc = static_cast<std::size_t>(c);
+      const std::size_t base = static_cast<std::size_t>((n * channels_ + c) * spatial);
+      for (int64_t s = 0; s < spatial; ++s) {
+        const std::size_t k = base + static_cast<std::size_t>(s);
+        x_hat_[k] = static_cast<float>((x.data[k] - batch_mean_[cc]) * inv_std_[cc]);
+        y.data[k] = gamma_.value[cc] * x_hat_[k] + beta_.value[cc];
+      }
+    }
+  }
+  return y;
+}
+
+Tensor BatchNormalization::backward(const Tensor &grad_y) {
+  const auto channel_count = static_cast<std::size_t>(channels_);
+  const std::string error = check_input(grad_y, true);
+  // A backward follows its forward's mode: after an evaluation forward the statistics were
+  // fixed, so there is nothing to share. Without a forward, the current mode decides whether
+  // the other ranks are to be told.
+  const bool shared = input_shape_.empty() ? training_ : forward_was_training_;
+  if (!shared && !error.empty()) throw InvalidArgument(error);
+  std::vector<double> sums(kFirst + 2 * channel_count, 0.0);
+  const int64_t batch = error.empty() ? grad_y.shape[0] : 0;
+  const int64_t spatial = error.empty() ? spatial_size(grad_y.shape) : 0;
+  for (int64_t n = 0; n < batch; ++n) {
+    for (int64_t c = 0; c < channels_; ++c) {
+      const std::size_t base = static_cast<std::size_t>((n * channels_ + c) * spatial);
+      double sum = 0, weighted = 0;
+      for (int64_t s = 0; s < spatial; ++s) {
+        const std::size_t k = base + static_cast<std::size_t>(s);
+        sum += grad_y.data[k];
+        weighted += static_cast<double>(grad_y.data[k]) * x_hat_[k];
+      }
+      sums[kFirst + static_cast<std::size_t>(c)] += sum;
+      sums[kFirst + channel_count + static_cast<std::size_t>(c)] += weighted;
+    }
+  }
+  if (!error.empty()) sums[kBad] = 1;
+  if (shared) {
+    reduce_sums(sums);
+    fail_together(sums[kBad], error, "backward");
+  }
+
+  // Parameter gradients: the global sums over the ranks (the mean of the ranks' own sums) in
+  // training mode; this rank's sums in evaluation mode.
+  const double per_rank = shared ? 1.0 / ranks() : 1.0;
+  for (std::size_t c = 0; c < channel_count; ++c) {
+    beta_.grad[c] = options_.use_beta ? static_cast<float>(sums[kFirst + c] * per_rank) : 0.0f;
+    gamma_.grad[c] =
+        options_.use_gamma ? static_cast<float>(sums[kFirst + channel_count + c] * per_rank) : 0.0f;
+  }
+
+  Tensor grad_x(grad_y.shape);
+  for (int64_t n = 0; n < batch; ++n) {
+    for (int64_t c = 0; c < channels_; ++c) {
+      const auto cc = static_cast<std::size_t>(c);
+      const std::size_t base = static_cast<std::size_t>((n * channels_ + c) * spatial);
+      const double scale = gamma_.value[cc] * inv_std_[cc];
+      // dx = gamma / std * (dy - (sum dy + x_hat * sum dy x_hat) / M) over the whole batch;
+      // with fixed statistics simply gamma / std * dy.
+      const double mean_dy = shared ? sums[kFirst + cc] / samples_ : 0.0;
+      const double mean_dy_xhat = shared ? sums[kFirst + channel_count + cc] / samples_ : 0.0;
+      for (int64_t s = 0; s < spatial; ++s) {
+        const std::size_t k = base + static_cast<std::size_t>(s);
+        grad_x.data[k] =
+            static_cast<float>(scale * (grad_y.data[k] - mean_dy - x_hat_[k] * mean_dy_xhat));
+      }
+    }
+  }
+  return grad_x;
+}
+
+void allreduce_persistent(Communicator &comm, Link &model) {
+  std::vector<Span<float>> values;
+  for (std::vector<float> *p : model.persistents()) values.emplace_back(*p);
+  if (!values.empty()) comm.allreduce_coalesced(values, ReduceOp::kAvg);
+}
+
+}  // namespace mncl
