@@ -6,6 +6,7 @@ package."""
 from ._dtypes import from_bfloat16_bits, to_bfloat16_bits
 from ._lib import library_path, version
 from .comm import Communicator, P2POp, Request
+from .datasets import scatter_dataset, scatter_index, shard_range
 from .hierarchical import HierarchicalCommunicator
 from .errors import (
     AbortedError,
@@ -23,6 +24,9 @@ from .errors import (
 __all__ = [
     "Communicator",
     "HierarchicalCommunicator",
+    "scatter_dataset",
+    "scatter_index",
+    "shard_range",
     "P2POp",
     "Request",
     "library_path",

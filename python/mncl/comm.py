@@ -20,6 +20,7 @@ import numpy as np
 from . import _lib
 from ._dtypes import dtype_code
 from ._lib import check, lib
+from ._objects import ObjectCollectives
 
 _OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "avg": 4}
 _ERR_TIMEOUT = 3  # MNCL_ERR_TIMEOUT
@@ -188,7 +189,7 @@ def _split_config(backend, timeout, device):
         _lib.FROM_ENV if device is None else device, 0)
 
 
-class Communicator:
+class Communicator(ObjectCollectives):
     """A group of ranks (mncl_comm_t). Every argument left as None comes from the environment
     (MNCL_BACKEND, MNCL_RANK/MNCL_SIZE or a launcher's variables, MNCL_STORE, MNCL_TIMEOUT...),
     which is what mncl-run sets up. Destroying is collective: call close() on every rank, or use
