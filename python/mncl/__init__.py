@@ -6,7 +6,7 @@ package."""
 from ._dtypes import from_bfloat16_bits, to_bfloat16_bits
 from ._lib import library_path, version
 from .comm import Communicator, P2POp, Request
-from .datasets import scatter_dataset, scatter_index, shard_range
+from .datasets import permutation, scatter_dataset, scatter_index, shard_range
 from .hierarchical import HierarchicalCommunicator
 from .errors import (
     AbortedError,
@@ -24,6 +24,7 @@ from .errors import (
 __all__ = [
     "Communicator",
     "HierarchicalCommunicator",
+    "permutation",
     "scatter_dataset",
     "scatter_index",
     "shard_range",

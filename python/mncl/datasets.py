@@ -2,14 +2,68 @@
 holds (scatter_dataset), or just the index range of its shard (scatter_index). The arithmetic is
 the C++ frontends' (mncl::shard_range): rank r of s gets [floor(n r / s), floor(n (r + 1) / s)),
 or, with force_equal_length, ceil(n / s) samples from floor(n r / s), so that every rank runs the
-same number of steps (the last shards then share a few samples)."""
+same number of steps (the last shards then share a few samples). The shuffle is the C++
+frontends' too (mncl::permutation: Fisher-Yates on std::mt19937_64), so a Python job and a C++
+job with the same seed cut the same shards."""
+
+import operator
+import os
 
 import numpy as np
+
+from .errors import RemoteError
+
+_MASK64 = (1 << 64) - 1
+
+
+class _MT19937_64:
+    """std::mt19937_64, which the C++ frontends shuffle with (NumPy has only the 32-bit MT)."""
+
+    _N, _M = 312, 156
+
+    def __init__(self, seed):
+        mt = [int(seed) & _MASK64]
+        for i in range(1, self._N):
+            mt.append((6364136223846793005 * (mt[-1] ^ (mt[-1] >> 62)) + i) & _MASK64)
+        self._mt, self._index = mt, self._N
+
+    def _twist(self):
+        mt, n, m = self._mt, self._N, self._M
+        for i in range(n):
+            x = (mt[i] & 0xFFFFFFFF80000000) | (mt[(i + 1) % n] & 0x7FFFFFFF)
+            mt[i] = mt[(i + m) % n] ^ (x >> 1) ^ (0xB5026F5AA96619E9 if x & 1 else 0)
+        self._index = 0
+
+    def __call__(self):
+        if self._index >= self._N:
+            self._twist()
+        y = self._mt[self._index]
+        self._index += 1
+        y ^= (y >> 29) & 0x5555555555555555
+        y ^= (y << 17) & 0x71D67FFFEDA60000
+        y ^= (y << 37) & 0xFFF7EEE000000000
+        y ^= y >> 43
+        return y & _MASK64
+
+
+def permutation(n, seed):
+    """A permutation of range(n) that depends only on the seed: mncl::permutation's (unbiased
+    bounded draws by rejection), element for element."""
+    order = list(range(int(n)))
+    engine = _MT19937_64(seed)
+    for i in range(len(order), 1, -1):
+        limit = _MASK64 - _MASK64 % i
+        draw = engine()
+        while draw >= limit:
+            draw = engine()
+        j = draw % i
+        order[i - 1], order[j] = order[j], order[i - 1]
+    return order
 
 
 def shard_range(n, size, rank, force_equal_length=True):
     """(begin, end) of rank's shard of n samples over size ranks (no communication)."""
-    n, size, rank = int(n), int(size), int(rank)
+    n, size, rank = operator.index(n), operator.index(size), operator.index(rank)
     if size <= 0 or not 0 <= rank < size:
         raise ValueError(f"mncl: shard_range: rank {rank} is out of range for size {size}")
     if n < 0:
@@ -22,28 +76,49 @@ def shard_range(n, size, rank, force_equal_length=True):
 
 def scatter_index(n, comm, root=0, force_equal_length=True):
     """Collective: (begin, end) of this rank's shard of the root's n samples (only the root's
-    n counts)."""
-    total = np.array([n if comm.rank == root else 0], np.int64)
+    n counts). A root n that is not a count (negative, not an integer, past int64) fails every
+    rank together."""
+    total = np.array([-1], np.int64)
+    error = None
+    if comm.rank == root:
+        try:
+            value = operator.index(n)
+            if not 0 <= value < 2**63:
+                raise ValueError(f"mncl: scatter_index: {value} is not a sample count")
+            total[0] = value
+        except (TypeError, ValueError) as e:
+            error = e
     comm.bcast(total, root=root)
+    if total[0] < 0:
+        if error is not None:
+            raise error
+        raise RemoteError(f"mncl: scatter_index: the root (rank {root}) passed no sample count "
+                          f"(the cause is raised there)")
     return shard_range(int(total[0]), comm.size, comm.rank, force_equal_length)
 
 
-def scatter_dataset(dataset, comm, root=0, shuffle=False, seed=None, force_equal_length=True):
+def scatter_dataset(dataset, comm, root=0, shuffle=False, seed=None, force_equal_length=True,
+                    max_buf_len=None):
     """Collective: this rank's shard of the root's dataset, as a list of samples.
 
     dataset is read on the root only (pass None elsewhere): anything with len() and indexing by
-    int, whose samples pickle. shuffle permutes the samples first, on the root, from seed (None:
-    a fresh random one). The shards travel in one scatter_obj, so the root holds the pickled
-    dataset once more while it is sent; a dataset that fails (len, indexing) or a sample that
+    int, whose samples pickle. shuffle permutes the samples first, on the root, by
+    permutation(n, seed) (seed None: a fresh random one). The shards travel in one scatter_obj
+    (in pieces of max_buf_len bytes): while they are sent the root holds the pickled shards as
+    well as the dataset. A dataset that fails on the root (len(), indexing) or a sample that
     cannot be pickled fails every rank together."""
     def shards():
         # A generator: scatter_obj runs it inside its own error handling, so a failure here
-        # (len(), indexing) fails every rank together instead of leaving them waiting.
+        # fails every rank together instead of leaving them waiting.
         n = len(dataset)
-        order = np.random.default_rng(seed).permutation(n) if shuffle else None
+        order = None
+        if shuffle:
+            order = permutation(n, int.from_bytes(os.urandom(8), "little") if seed is None
+                                else seed)
         for rank in range(comm.size):
             begin, end = shard_range(n, comm.size, rank, force_equal_length)
             indices = range(begin, end) if order is None else order[begin:end]
-            yield [dataset[int(i)] for i in indices]
+            yield [dataset[i] for i in indices]
 
-    return comm.scatter_obj(shards() if comm.rank == root else None, root=root)
+    return comm.scatter_obj(shards() if comm.rank == root else None, root=root,
+                            max_buf_len=max_buf_len)

@@ -61,6 +61,31 @@ class HierarchicalCommunicator:
         self.host_index = int(np.count_nonzero(firsts[:first_rank]))
 
     @property
+    def rank(self):
+        """The world rank (as ChainerMN's hierarchical communicators have it)."""
+        return self.world.rank
+
+    @property
+    def size(self):
+        return self.world.size
+
+    # The object collectives run on the world (so scatter_dataset(dataset, hier) works too).
+    def bcast_obj(self, obj=None, max_buf_len=None, root=0):
+        return self.world.bcast_obj(obj, max_buf_len, root)
+
+    def gather_obj(self, obj, root=0, max_buf_len=None):
+        return self.world.gather_obj(obj, root, max_buf_len)
+
+    def allgather_obj(self, obj, max_buf_len=None):
+        return self.world.allgather_obj(obj, max_buf_len)
+
+    def scatter_obj(self, objs=None, root=0, max_buf_len=None):
+        return self.world.scatter_obj(objs, root, max_buf_len)
+
+    def allreduce_obj(self, obj, op="sum", max_buf_len=None):
+        return self.world.allreduce_obj(obj, op, max_buf_len)
+
+    @property
     def intra_rank(self):
         return self.intra.rank
 

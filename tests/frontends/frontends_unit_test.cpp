@@ -228,6 +228,8 @@ TEST(ScatterIndex, PermutationIsReproducible) {
   const auto a = mncl::permutation(1000, 7);
   EXPECT_EQ(a, mncl::permutation(1000, 7));
   EXPECT_NE(a, mncl::permutation(1000, 8));
+  // Pinned: the Python package's mncl.permutation (tests/python/test_objects.py) must agree.
+  EXPECT_EQ(mncl::permutation(10, 7), (std::vector<std::size_t>{0, 7, 4, 9, 3, 1, 2, 8, 6, 5}));
   auto sorted = a;
   std::sort(sorted.begin(), sorted.end());
   for (std::size_t i = 0; i < sorted.size(); ++i) ASSERT_EQ(sorted[i], i);

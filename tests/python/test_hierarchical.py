@@ -53,6 +53,14 @@ for algorithm in algorithms:
         expect(h.intra_rank == position and h.intra_size == host_sizes[host],
                f"{algorithm}: intra rank/size")
         expect(h.num_hosts == len(host_sizes) and h.host_index == host, f"{algorithm}: hosts")
+        # As ChainerMN's: the world's rank and size, object collectives, scatter_dataset.
+        expect(h.rank == world.rank and h.size == n, f"{algorithm}: rank and size")
+        expect(h.bcast_obj({"from": n - 1} if world.rank == n - 1 else None, root=n - 1)
+               == {"from": n - 1}, f"{algorithm}: bcast_obj")
+        expect(h.allreduce_obj(world.rank) == n * (n - 1) // 2, f"{algorithm}: allreduce_obj")
+        shard = mncl.scatter_dataset(list(range(10)) if world.rank == 0 else None, h)
+        begin, end = mncl.shard_range(10, n, world.rank)
+        expect(shard == list(range(begin, end)), f"{algorithm}: scatter_dataset")
         if os.environ.get("MNCL_TEST_HAVE_SHM") == "1":
             expect(h.intra.backend == "shm", f"{algorithm}: 'auto' within a host is shm")
         expect((h.inter is not None) == (algorithm == "two_dimensional" or position == 0),

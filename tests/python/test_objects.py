@@ -1,9 +1,11 @@
 """Object collectives and dataset scattering of the mncl Python package (run under mncl-run -n N):
 bcast_obj / gather_obj / allgather_obj / scatter_obj / allreduce_obj from every root, with
 objects of different sizes per rank (empty, large, NumPy arrays, nested), against exact expected
-values; an object that cannot be pickled fails every rank together (its own error there,
-RemoteError naming it elsewhere) and the communicator works on; shard_range, scatter_index and
-scatter_dataset (plain, shuffled, unequal shards) cover every sample once."""
+values, whole and in small pieces (max_buf_len); send_obj/recv_obj around a ring; an object that
+cannot be pickled, or unpickled on one rank, fails every rank together (its own error there,
+RemoteError naming it elsewhere) and the communicator works on; shard_range, scatter_index (a bad
+n fails every rank) and scatter_dataset (plain, shuffled as the C++ mncl::permutation, unequal
+shards) cover every sample once."""
 
 import pickle
 import threading
@@ -44,22 +46,43 @@ def same(a, b):
     return a == b
 
 
-for root in range(n):
-    got = comm.bcast_obj(obj_of(root) if r == root else "ignored", root=root)
-    expect(same(got, obj_of(root)), f"bcast_obj from root {root}")
-    got = comm.gather_obj(obj_of(r), root=root)
-    if r == root:
-        expect(isinstance(got, list) and len(got) == n
-               and all(same(got[i], obj_of(i)) for i in range(n)), f"gather_obj root {root}")
-    else:
-        expect(got is None, f"gather_obj returns None off the root {root}")
-    objs = [("for", i, obj_of(i)) for i in range(n)] if r == root else None
-    expect(same(comm.scatter_obj(objs, root=root), ("for", r, obj_of(r))),
-           f"scatter_obj from root {root}")
-
-everyone = comm.allgather_obj(obj_of(r))
-expect(len(everyone) == n and all(same(everyone[i], obj_of(i)) for i in range(n)),
-       "allgather_obj")
+# Whole (the default 256 MiB pieces), and in pieces of 4099 bytes: up to ~40 rounds, in which
+# ranks run out of bytes at different rounds.
+for piece in (None, 4099):
+    for root in range(n):
+        got = comm.bcast_obj(obj_of(root) if r == root else "ignored", piece, root)
+        expect(same(got, obj_of(root)), f"bcast_obj from root {root}, pieces of {piece}")
+        got = comm.gather_obj(obj_of(r), root=root, max_buf_len=piece)
+        if r == root:
+            expect(isinstance(got, list) and len(got) == n
+                   and all(same(got[i], obj_of(i)) for i in range(n)),
+                   f"gather_obj root {root}, pieces of {piece}")
+        else:
+            expect(got is None, f"gather_obj returns None off the root {root}")
+        objs = [("for", i, obj_of(i)) for i in range(n)] if r == root else None
+        expect(same(comm.scatter_obj(objs, root=root, max_buf_len=piece), ("for", r, obj_of(r))),
+               f"scatter_obj from root {root}, pieces of {piece}")
+    everyone = comm.allgather_obj(obj_of(r), max_buf_len=piece)
+    expect(len(everyone) == n and all(same(everyone[i], obj_of(i)) for i in range(n)),
+           f"allgather_obj, pieces of {piece}")
+    # send_obj / recv_obj around a ring (even ranks send first, so a pair never waits on each
+    # other; one rank: to itself is not allowed, so nothing).
+    if n > 1:
+        right, left = (r + 1) % n, (r - 1) % n
+        if r % 2 == 0:
+            comm.send_obj(("ring", r, obj_of(r)), right, piece)
+            got = comm.recv_obj(left, piece)
+        else:
+            got = comm.recv_obj(left, piece)
+            comm.send_obj(("ring", r, obj_of(r)), right, piece)
+        expect(same(got, ("ring", left, obj_of(left))), f"send_obj/recv_obj, pieces of {piece}")
+# Pieces of 7 bytes: small objects of different lengths (rank 0's ends first).
+small = ("small", r, list(range(3 * r)))
+expect(comm.allgather_obj(small, max_buf_len=7) == [("small", q, list(range(3 * q)))
+                                                     for q in range(n)], "allgather_obj by 7 B")
+expect(comm.bcast_obj(small, 7, n - 1) == ("small", n - 1, list(range(3 * (n - 1)))),
+       "bcast_obj by 7 B")
+expect_raises(ValueError, lambda: comm.bcast_obj(1, 0), "max_buf_len 0", "max_buf_len")
 expect(comm.bcast_obj(None) is None, "bcast_obj of None")
 
 # allreduce_obj: scalars, arrays element-wise, a function; the same everywhere.
@@ -76,8 +99,41 @@ expect(comm.allreduce_obj([r], op=lambda a, b: a + b) == list(range(n)),
 expect(comm.allreduce_obj({"loss": 0.5 * r, "n": 1},
                           op=lambda a, b: {k: a[k] + b[k] for k in a})
        == {"loss": 0.5 * n * (n - 1) / 2, "n": n}, "allreduce_obj of dicts by a function")
+expect(comm.allreduce_obj(float(r), op="avg") == (n - 1) / 2, "allreduce_obj avg")
 expect_raises(ValueError, lambda: comm.allreduce_obj(1, op="median"), "unknown op",
               "unknown reduction")
+
+
+def load_fails_on(rank):
+    """Unpickling calls this: it raises on `rank` only (as a class missing there would)."""
+    if comm.rank == rank:
+        raise ImportError(f"no such class on rank {rank}")
+    return "loaded"
+
+
+class LoadsOnlyOffRank:
+    def __init__(self, rank):
+        self.rank = rank
+
+    def __reduce__(self):
+        return (load_fails_on, (self.rank,))
+
+
+# An object that pickles but cannot be unpickled on one rank: that rank raises its error, all
+# others RemoteError naming it, together (none returns while another raises).
+victim = 1 % n
+for what, call in (
+        ("bcast_obj", lambda: comm.bcast_obj(LoadsOnlyOffRank(victim), root=(victim + 1) % n)),
+        ("allgather_obj", lambda: comm.allgather_obj(LoadsOnlyOffRank(victim))),
+        ("gather_obj", lambda: comm.gather_obj(LoadsOnlyOffRank(victim), root=victim)),
+        ("scatter_obj", lambda: comm.scatter_obj([LoadsOnlyOffRank(victim)] * n, root=victim))):
+    if n == 1 and what == "bcast_obj":
+        continue  # the root does not unpickle its own object
+    if r == victim:
+        expect_raises(ImportError, call, f"{what}: the rank that cannot unpickle", "no such class")
+    else:
+        expect_raises(mncl.RemoteError, call, f"{what}: the others hear of it",
+                      f"rank {victim} could not unpickle")
 
 # An object that cannot be pickled (a lock) fails every rank together, then all goes on.
 culprit = n - 1
@@ -91,7 +147,7 @@ for what, call in (
         expect_raises(TypeError, lambda: call(obj), f"{what}: the culprit's own error", "pickle")
     else:
         expect_raises(mncl.RemoteError, lambda: call(obj), f"{what}: the others hear of it",
-                      f"rank {culprit} failed")
+                      f"rank {culprit} could not pickle")
     expect(comm.allreduce(np.array([1], np.int32))[0] == n, f"{what}: usable afterwards")
 if r == culprit:
     expect_raises(TypeError, lambda: comm.scatter_obj([threading.Lock()] * n, root=culprit),
@@ -101,7 +157,7 @@ if r == culprit:
 else:
     for _ in range(2):
         expect_raises(mncl.RemoteError, lambda: comm.scatter_obj(None, root=culprit),
-                      "scatter_obj: the others hear of it", f"rank {culprit} failed")
+                      "scatter_obj: the others hear of it", f"rank {culprit} could not provide")
 expect(comm.allreduce(np.array([1], np.int32))[0] == n, "usable after scatter_obj failures")
 
 # shard_range: every sample once (or, equal length, each shard ceil(n/s) long and all covered).
@@ -121,6 +177,22 @@ expect_raises(ValueError, lambda: mncl.shard_range(10, 3, 3), "shard_range rank 
 
 expect(mncl.scatter_index(10 if r == 0 else 999, comm) == mncl.shard_range(10, n, r),
        "scatter_index: the root's n counts")
+for bad in (None, -1, 2**70, 10.5):
+    if r == 0:
+        expect_raises((TypeError, ValueError), lambda: mncl.scatter_index(bad, comm),
+                      f"scatter_index({bad!r}): the root's own error")
+    else:
+        expect_raises(mncl.RemoteError, lambda: mncl.scatter_index(10, comm),
+                      f"scatter_index({bad!r}): the others hear of it", "rank 0")
+
+# The shuffle is the C++ frontends' mncl::permutation (std::mt19937_64, Fisher-Yates by
+# rejection): the standard's check value of mt19937_64, and permutation(10, 7) as the C++ gives
+# it (frontends_unit_test pins the same list).
+engine = mncl.datasets._MT19937_64(5489)
+for _ in range(9999):
+    engine()
+expect(engine() == 9981545732273789042, "mt19937_64: the 10000th value of the default seed")
+expect(mncl.permutation(10, 7) == [0, 7, 4, 9, 3, 1, 2, 8, 6, 5], "permutation(10, 7) as C++")
 
 dataset = [("sample", i, np.full(3, i)) for i in range(23)]
 for shuffle, equal in ((False, True), (False, False), (True, False), (True, True)):
@@ -136,13 +208,10 @@ for shuffle, equal in ((False, True), (False, False), (True, False), (True, True
     else:
         expect(sorted(flat) == list(range(23)), f"shards hold every sample once (shuffle "
                                                 f"{shuffle})")
-    if not shuffle:
-        begin, end = mncl.shard_range(23, n, r, equal)
-        expect([s[1] for s in shard] == list(range(begin, end)), "unshuffled shard in order")
-    else:
-        again = mncl.scatter_dataset(dataset if r == 0 else None, comm, shuffle=True, seed=5,
-                                     force_equal_length=equal)
-        expect([s[1] for s in again] == [s[1] for s in shard], "the seed fixes the shuffle")
+    begin, end = mncl.shard_range(23, n, r, equal)
+    order = mncl.permutation(23, 5) if shuffle else list(range(23))
+    expect([s[1] for s in shard] == order[begin:end], f"shard in order (shuffle {shuffle})")
+expect(mncl.permutation(23, 5) != list(range(23)), "the shuffle moves samples")
 
 
 class Broken:
