@@ -1,6 +1,7 @@
 #include "naive/naive_comm.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "common/coll.h"
@@ -122,9 +123,28 @@ struct Comm::Op {
   }
 };
 
+namespace {
+
+// MNCL_NAIVE_PART_BYTES: the largest store value before a message travels in parts (tests set
+// it small to take that path at every size).
+size_t part_bytes_from_env(const mncl_host_v1_t *host) {
+  const char *text = host && host->get_env ? host->get_env("MNCL_NAIVE_PART_BYTES") : nullptr;
+  if (text == nullptr || *text == '\0') return StoreClient::kDefaultPartBytes;
+  char *end = nullptr;
+  const unsigned long long value = std::strtoull(text, &end, 10);
+  if (*end != '\0' || value == 0 || value > StoreClient::kDefaultPartBytes || text[0] == '-') {
+    throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
+                     kit::format("MNCL_NAIVE_PART_BYTES='%s' is not a byte count from 1 to %zu",
+                                 text, StoreClient::kDefaultPartBytes));
+  }
+  return static_cast<size_t>(value);
+}
+
+}  // namespace
+
 Comm::Comm(const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host)
     : host_(host),
-      store_(bs.store),
+      store_(bs.store, part_bytes_from_env(host)),
       rank_(bs.rank),
       size_(bs.size),
       default_timeout_ms_(bs.timeout_ms > 0 ? bs.timeout_ms : 300000),

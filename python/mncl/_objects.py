@@ -1,7 +1,7 @@
 """Collectives on Python objects (ChainerMN's bcast_obj, gather_obj, allreduce_obj; PyTorch's
 broadcast_object_list, all_gather_object...): each object travels pickled, as bytes, in the
-array collectives, in pieces of at most max_buf_len bytes (default 256 MiB, ChainerMN's; some
-backends cap one message at 1 GiB).
+array collectives, in pieces of at most max_buf_len bytes (default 256 MiB, ChainerMN's), which
+bounds the size of each message.
 
 Every call fails on every rank together, never on some while others wait: the byte counts go
 first, so an object that cannot be pickled is known to all (its rank raises its own error, the

@@ -82,6 +82,9 @@ const std::vector<Variable> &table() {
        "and mncl_comm_abort apply, and checks a fingerprint of every collective across the "
        "ranks, so mismatched calls fail (slower); 0 uses MPI's blocking collectives, which "
        "cannot time out."},
+      {"MNCL_NAIVE_PART_BYTES", "268435456",
+       "naive: the largest store value; a longer message travels in parts of this size (the "
+       "TCP store takes at most 1 GiB per value). Small values exercise that path in tests."},
       {"MASTER_ADDR", "", "torchrun-style store host, used when MNCL_STORE is unset."},
       {"MASTER_PORT", "", "torchrun-style store port, used when MNCL_STORE is unset."},
       // Launchers' own variables, read when the MNCL_* ones are unset.
