@@ -13,6 +13,9 @@
 //   <k>/n             counter of ranks done reading the shared keys of collective <k>; barrier
 //   <k>/go            barrier release
 //   p<src>><dst>/<m>  the m-th send from src to dst (m counts per ordered pair, from 0)
+//   <key>#<i>         part i of a value longer than MNCL_NAIVE_PART_BYTES (256 MiB), written
+//                     before <key>, which then holds a manifest (store_client.h); deleting <key>
+//                     deletes its parts
 // <k> numbers this communicator's collectives (SEND/RECV excluded) from 0. Collectives are issued
 // in the same order on every rank (mncl.h), so <k> agrees everywhere and ops never collide. It is
 // counted here rather than taken from mncl_coll_v1_t.seq because seq also advances on SEND/RECV,

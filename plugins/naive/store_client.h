@@ -19,7 +19,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <deque>
+#include <iterator>
+#include <list>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -117,8 +118,10 @@ class StoreClient {
     size_t offset = 0;
     for (uint64_t i = 0; i < parts; ++i) {
       Value part;
-      // Written before the manifest: already there (a zero wait).
-      const mncl_status_t part_st = get_one(part_key(key, i), 0, &part);
+      // Written before the manifest, so already there; the caller's timeout bounds the wait all
+      // the same (stores whose clients may see files out of order, NFS).
+      const mncl_status_t part_st = get_one(part_key(key, i), timeout_ms, &part);
+      if (part_st == MNCL_ERR_ABORTED) return part_st;
       if (part_st != MNCL_OK || offset + part.size() > whole.size()) {
         throw kit::Error(
             MNCL_ERR_REMOTE,
@@ -161,7 +164,8 @@ class StoreClient {
       std::lock_guard<std::mutex> lock(mutex_);
       const auto it = parted_.find(key);
       if (it == parted_.end()) return;
-      parts = it->second;
+      parts = it->second.parts;
+      order_.erase(it->second.position);
       parted_.erase(it);
     }
     for (uint64_t i = 0; i < parts; ++i) check(store_->del(store_->ctx, part_key(key, i).c_str()));
@@ -175,13 +179,15 @@ class StoreClient {
   static std::string part_key(const std::string &key, uint64_t i) {
     return key + "#" + std::to_string(i);
   }
-  // Whoever deletes the key (its writer or a reader) removes the parts too. Readers that do not
-  // delete never forget on their own, so only the newest kRemembered keys are kept: a key is
-  // deleted within the operation that reads it.
+  // Whoever deletes the key (its writer or a reader) removes the parts too. Ranks that never
+  // delete a key they wrote or read would keep it for ever, so only the newest kRemembered keys
+  // still held are kept: a key is deleted within the operation that reads it.
   void remember(const std::string &key, uint64_t parts) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (parted_.emplace(key, parts).second) order_.push_back(key);
-    while (order_.size() > kRemembered) {
+    if (parted_.count(key) != 0) return;
+    order_.push_back(key);
+    parted_.emplace(key, Parted{parts, std::prev(order_.end())});
+    while (parted_.size() > kRemembered) {
       parted_.erase(order_.front());
       order_.pop_front();
     }
@@ -206,8 +212,12 @@ class StoreClient {
   // Keys of values held in parts that this client wrote or read, and their part counts (the
   // comm's lanes share the client).
   std::mutex mutex_;
-  std::unordered_map<std::string, uint64_t> parted_;
-  std::deque<std::string> order_;  // parted_'s keys, oldest first
+  struct Parted {
+    uint64_t parts;
+    std::list<std::string>::iterator position;  // in order_
+  };
+  std::unordered_map<std::string, Parted> parted_;
+  std::list<std::string> order_;  // parted_'s keys, oldest first
 };
 
 }  // namespace mncl::naive
