@@ -288,6 +288,39 @@ mncl::Tensor random_tensor(std::vector<int64_t> shape, uint32_t seed) {
   return t;
 }
 
+// Every analytic gradient of link's parameters, and grad_x of its input x, against central
+// differences of loss_at (a forward from an input, returning the loss). Call it right after the
+// backward: the gradients are copied first, as probing runs forwards that overwrite caches.
+template <class Loss>
+void expect_gradients_match_finite_differences(mncl::Link &link, const mncl::Tensor &x,
+                                               const mncl::Tensor &grad_x, Loss loss_at) {
+  const auto params = link.parameters();
+  std::vector<std::vector<float>> grads;
+  for (auto *p : params) grads.push_back(p->grad);
+  const float h = 1e-2f;
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    for (std::size_t j = 0; j < params[k]->value.size(); ++j) {
+      float &w = params[k]->value[j];
+      const float saved = w;
+      w = saved + h;
+      const double up = loss_at(x);
+      w = saved - h;
+      const double down = loss_at(x);
+      w = saved;
+      EXPECT_NEAR(grads[k][j], (up - down) / (2 * h), 2e-3)
+          << "parameter " << k << " (" << params[k]->name << ")[" << j << "]";
+    }
+  }
+  for (std::size_t j = 0; j < x.data.size(); ++j) {
+    mncl::Tensor probe = x;
+    probe.data[j] += h;
+    const double up = loss_at(probe);
+    probe.data[j] -= 2 * h;
+    const double down = loss_at(probe);
+    EXPECT_NEAR(grad_x.data[j], (up - down) / (2 * h), 2e-3) << "input " << j;
+  }
+}
+
 TEST(Links, DenseReluSoftmaxGradientsMatchFiniteDifferences) {
   mncl::Sequential mlp;
   mlp.emplace<mncl::Dense>(5, 7, 1).emplace<mncl::ReLU>().emplace<mncl::Dense>(7, 3, 2);
@@ -300,32 +333,7 @@ TEST(Links, DenseReluSoftmaxGradientsMatchFiniteDifferences) {
   };
   loss_fn.forward(mlp.forward(x), labels);
   const mncl::Tensor grad_x = mlp.backward(loss_fn.backward());
-  // Copy the analytic gradients before probing (forward/backward overwrite caches).
-  std::vector<std::vector<float>> grads;
-  for (auto *p : mlp.parameters()) grads.push_back(p->grad);
-
-  const float h = 1e-2f;
-  auto params = mlp.parameters();
-  for (std::size_t k = 0; k < params.size(); ++k) {
-    for (std::size_t j = 0; j < params[k]->value.size(); ++j) {
-      float &w = params[k]->value[j];
-      const float saved = w;
-      w = saved + h;
-      const double up = loss_at(x);
-      w = saved - h;
-      const double down = loss_at(x);
-      w = saved;
-      EXPECT_NEAR(grads[k][j], (up - down) / (2 * h), 2e-3) << "parameter " << k << "[" << j << "]";
-    }
-  }
-  for (std::size_t j = 0; j < x.data.size(); ++j) {
-    mncl::Tensor probe = x;
-    probe.data[j] += h;
-    const double up = loss_at(probe);
-    probe.data[j] -= 2 * h;
-    const double down = loss_at(probe);
-    EXPECT_NEAR(grad_x.data[j], (up - down) / (2 * h), 2e-3) << "input " << j;
-  }
+  expect_gradients_match_finite_differences(mlp, x, grad_x, loss_at);
 }
 
 TEST(Links, SoftmaxCrossEntropyValuesAndAccuracy) {
@@ -366,29 +374,7 @@ TEST(Links, BatchNormalizationGradientsMatchFiniteDifferences) {
     };
     loss_at(x);
     const mncl::Tensor grad_x = bn.backward(w);
-    const std::vector<float> grad_gamma = bn.gamma().grad, grad_beta = bn.beta().grad;
-
-    const float h = 1e-2f;
-    for (std::size_t j = 0; j < x.data.size(); ++j) {
-      mncl::Tensor probe = x;
-      probe.data[j] += h;
-      const double up = loss_at(probe);
-      probe.data[j] -= 2 * h;
-      const double down = loss_at(probe);
-      EXPECT_NEAR(grad_x.data[j], (up - down) / (2 * h), 2e-3) << "input " << j;
-    }
-    for (auto *p : {&bn.gamma(), &bn.beta()}) {
-      const std::vector<float> &analytic = p == &bn.gamma() ? grad_gamma : grad_beta;
-      for (std::size_t c = 0; c < p->value.size(); ++c) {
-        const float saved = p->value[c];
-        p->value[c] = saved + h;
-        const double up = loss_at(x);
-        p->value[c] = saved - h;
-        const double down = loss_at(x);
-        p->value[c] = saved;
-        EXPECT_NEAR(analytic[c], (up - down) / (2 * h), 2e-3) << p->name << " " << c;
-      }
-    }
+    expect_gradients_match_finite_differences(bn, x, grad_x, loss_at);
   }
 }
 

@@ -42,3 +42,15 @@ class Checks:
             print(f"rank {self.rank}: {self.failures} failure(s)", file=sys.stderr)
             sys.exit(1)
         print(f"rank {self.rank}: {passed_message}", flush=True)
+
+
+def world_and_checks():
+    """What every script starts with: NumPy (or exit 77), the mncl package, the world
+    communicator (from mncl-run's variables) and a Checks that names its rank."""
+    np = numpy_or_skip()
+    import mncl
+
+    comm = mncl.Communicator()
+    checks = Checks()
+    checks.rank = comm.rank
+    return np, mncl, comm, checks

@@ -7,20 +7,12 @@ two_dimensional on every rank. Exits 77 (skipped) without NumPy."""
 import os
 import sys
 
-from checks import Checks, numpy_or_skip
+from checks import world_and_checks
 
-np = numpy_or_skip()
-
-import mncl
-
-
-checks = Checks()
+np, mncl, world, checks = world_and_checks()
 expect, expect_raises = checks.expect, checks.expect_raises
-
 per_host = int(sys.argv[1])
-world = mncl.Communicator()
 r, n = world.rank, world.size
-checks.rank = r
 host, position = r // per_host, r % per_host
 host_sizes = [min(per_host, n - h * per_host) for h in range(-(-n // per_host))]
 even = len(set(host_sizes)) == 1

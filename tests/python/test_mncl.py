@@ -13,20 +13,11 @@ import sys
 import tempfile
 import weakref
 
-from checks import Checks, numpy_or_skip
+from checks import world_and_checks
 
-np = numpy_or_skip()
-
-import mncl
-
-
-checks = Checks()
+np, mncl, comm, checks = world_and_checks()
 expect, expect_raises = checks.expect, checks.expect_raises
-
-
-comm = mncl.Communicator()
 r, n = comm.rank, comm.size
-checks.rank = r
 if r == 0:
     print(f"mncl {mncl.version()} from {mncl.library_path}; package {mncl.__file__}; "
           f"backend {comm.backend}, {n} ranks", flush=True)

@@ -10,19 +10,11 @@ shards) cover every sample once."""
 import pickle
 import threading
 
-from checks import Checks, numpy_or_skip
+from checks import world_and_checks
 
-np = numpy_or_skip()
-
-import mncl
-
-
-checks = Checks()
+np, mncl, comm, checks = world_and_checks()
 expect, expect_raises = checks.expect, checks.expect_raises
-
-comm = mncl.Communicator()
 r, n = comm.rank, comm.size
-checks.rank = r
 
 
 def obj_of(rank):
