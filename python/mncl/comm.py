@@ -19,6 +19,7 @@ import numpy as np
 
 from . import _lib
 from ._dtypes import dtype_code
+from ._cuda import CudaArray, address, is_cuda_array, public, stream_of
 from ._lib import check, lib
 from ._objects import ObjectCollectives
 
@@ -39,16 +40,26 @@ def _op_code(op):
 
 
 def _input(buf, dtype):
-    """A C-contiguous array for reading (converted if needed) and its MNCL dtype."""
-    arr = np.ascontiguousarray(buf)
+    """A C-contiguous array for reading (converted if needed), or a CUDA array as it is, and its
+    MNCL dtype."""
+    if isinstance(buf, CudaArray):
+        arr = buf
+    elif is_cuda_array(buf):
+        arr = CudaArray(buf, "sendbuf", False)
+    else:
+        arr = np.ascontiguousarray(buf)
     return arr, dtype_code(arr, dtype)
 
 
 def _output(buf, name, dtype):
     """An array the library writes into (it must already be C-contiguous and writeable) and its
     MNCL dtype."""
+    if isinstance(buf, CudaArray) or is_cuda_array(buf):
+        arr = buf if isinstance(buf, CudaArray) else CudaArray(buf, name, True)
+        return arr, dtype_code(arr, dtype)
     if not isinstance(buf, np.ndarray):
-        raise TypeError(f"mncl: {name} must be a numpy.ndarray, not {type(buf).__name__}")
+        raise TypeError(f"mncl: {name} must be a numpy.ndarray or a CUDA array, not "
+                        f"{type(buf).__name__}")
     if not buf.flags.c_contiguous or not buf.flags.writeable:
         raise ValueError(f"mncl: {name} must be C-contiguous and writeable")
     return buf, dtype_code(buf, dtype)
@@ -58,6 +69,9 @@ def _matching_output(recvbuf, send, code, dtype, want, what, shape=None):
     """recvbuf checked against the input (same MNCL dtype, `want` elements), or, when None, a
     new array of the input's dtype and `shape` (default: the input's)."""
     if recvbuf is None:
+        if isinstance(send, CudaArray):
+            raise ValueError(f"mncl: {what}: a CUDA input needs a CUDA recvbuf (or the in-place "
+                             f"form): MNCL allocates no device memory")
         return np.empty(send.shape if shape is None else shape, send.dtype)
     recv, recv_code = _output(recvbuf, "recvbuf", dtype)
     if recv_code != code:
@@ -68,7 +82,7 @@ def _matching_output(recvbuf, send, code, dtype, want, what, shape=None):
 
 
 def _ptr(arr):
-    return ctypes.c_void_p(arr.ctypes.data) if arr is not None else None
+    return ctypes.c_void_p(address(arr)) if arr is not None else None
 
 
 _P2P_KINDS = {"send": _lib.P2P_SEND, "isend": _lib.P2P_SEND,
@@ -291,15 +305,15 @@ class Communicator(ObjectCollectives):
     # blocking or started as a Request.
 
     def _run(self, fn, call):
-        args, result, _ = call
-        check(fn(self._live(), *args, None))
-        return result
+        args, result, keep = call
+        check(fn(self._live(), *args, stream_of(keep)))
+        return public(result)
 
     def _start(self, fn, call):
         args, result, keep = call
         handle = _lib.c_handle()
-        check(fn(self._live(), *args, None, ctypes.byref(handle)))
-        return Request(handle, result, keep)
+        check(fn(self._live(), *args, stream_of(keep), ctypes.byref(handle)))
+        return Request(handle, public(result), keep)
 
     # --- collectives -----------------------------------------------------------------------
 
@@ -643,7 +657,7 @@ class Communicator(ObjectCollectives):
                                 f"mncl.P2POp")
         size = ctypes.sizeof(_lib.P2POp)
         array = (_lib.P2POp * len(ops))(
-            *[_lib.P2POp(size, op.kind, op.peer, op.buf.ctypes.data, op.buf.size, op.code, 0)
+            *[_lib.P2POp(size, op.kind, op.peer, address(op.buf), op.buf.size, op.code, 0)
               for op in ops])
         results = [None if op.is_send else op.buf for op in ops]
         return (array, len(ops)), results, (ops, array)
@@ -681,8 +695,8 @@ class Communicator(ObjectCollectives):
             recvs.append(_matching_output(None if recvbufs is None else recvbufs[i], send,
                                           code, dtype, send.size, what))
         n = len(sends)
-        send_ptrs = (ctypes.c_void_p * n)(*[s.ctypes.data for s, _ in sends])
-        recv_ptrs = (ctypes.c_void_p * n)(*[r.ctypes.data for r in recvs])
+        send_ptrs = (ctypes.c_void_p * n)(*[address(s) for s, _ in sends])
+        recv_ptrs = (ctypes.c_void_p * n)(*[address(r) for r in recvs])
         counts = (ctypes.c_size_t * n)(*[s.size for s, _ in sends])
         args = (send_ptrs, recv_ptrs, counts, n, code, _op_code(op))
         return args, recvs, (sends, recvs, send_ptrs, recv_ptrs, counts)

@@ -17,6 +17,7 @@ import numpy as np
 
 from ._dtypes import BFLOAT16, CODES, from_bfloat16_bits, to_bfloat16_bits
 from .comm import _OPS, _input, _matching_output, _op_code
+from ._cuda import is_cuda_array
 from .errors import InvalidArgumentError, MnclError, RemoteError
 
 _ALGORITHMS = ("hierarchical", "two_dimensional")
@@ -139,7 +140,10 @@ class HierarchicalCommunicator:
         """As Communicator.allreduce (the same ops, dtypes, raw-bit arrays and checks, the
         same result on every rank): returns recvbuf (a new array when None). float16/bfloat16
         travel as float32 and are rounded once; avg is a sum divided once by the world size
-        (integers toward zero)."""
+        (integers toward zero). Host memory only (NumPy arrays)."""
+        if is_cuda_array(sendbuf) or is_cuda_array(recvbuf):
+            raise TypeError("mncl: HierarchicalCommunicator.allreduce takes host memory only "
+                            "(NumPy arrays), not CUDA arrays")
         send, code = _input(sendbuf, dtype)
         recv = _matching_output(recvbuf, send, code, dtype, send.size, "allreduce")
         op_code = _op_code(op)

@@ -7,7 +7,8 @@
 #   3. the staging path (CUDA buffers through naive and gloo) at 2-4 ranks sharing the GPUs;
 #   4. a dead peer: an error within MNCL_TIMEOUT, not a hang (needs 2 GPUs);
 #   5. the overhead of MNCL-nccl over raw NCCL, 1 rank, 8 B to 1 GiB;
-#   6. the CPU-side CUDA tests (fake driver, fake GPU, plugin refusal) from ctest.
+#   6. the CPU-side CUDA tests (fake driver, fake GPU, plugin refusal) from ctest;
+#   7. CUDA arrays from Python (tests/python/test_cuda.py): nccl, one rank per GPU, and staging.
 # Prints one "CHECK <name>: PASS|FAIL|SKIP (<s> s) <detail>" line per check, logs in
 # $BUILD/gpu-logs, and exits non-zero if any check failed.
 #
@@ -108,6 +109,24 @@ run_check nccl-overhead 120 '^(\[r0\] )?overhead:' \
 sed -n 's/^\[r0\] //p' "$LOGS/nccl-overhead.log" | grep -E '^ *[0-9]+(Ki|Mi|Gi)? ' || true
 
 # --- 6: the CPU-side CUDA tests ----------------------------------------------------------------
-run_check cuda-cpu-tests 120 'tests passed' ctest --test-dir "$BUILD" -L cuda -LE gpu -j4
+run_check cuda-cpu-tests 120 'tests passed' ctest --test-dir "$BUILD" -L cuda -LE 'gpu|python' -j4
+
+# --- 7: CUDA arrays from Python (__cuda_array_interface__), on this GPU -------------------------
+# The package straight from the source tree; needs a python3 with NumPy (else SKIP).
+py=""
+for candidate in /usr/bin/python3 python3; do
+  if "$candidate" -c 'import numpy' 2>/dev/null; then py=$candidate; break; fi
+done
+if [ -n "$py" ]; then
+  cudart_dir=$(dirname "$(find "${CUDA_HOME:-/usr/local/cuda}/" -name 'libcudart.so.13*' 2>/dev/null | head -1)")
+  run_check python-cuda 90 'CUDA arrays on' bash -c '
+    set -e
+    export PYTHONPATH='"$PWD"'/python:'"$PWD"'/tests/python MNCL_LIBRARY='"$BUILD"'/lib/libmncl.so
+    export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}'"$cudart_dir"'
+    MNCL_BACKEND=nccl '"$RUN"' -n '"$NGPU"' -- '"$py"' tests/python/test_cuda.py
+    MNCL_BACKEND=naive '"$RUN"' -n 2 -- '"$py"' tests/python/test_cuda.py'
+else
+  summary python-cuda SKIP 0 "no python3 with NumPy here"
+fi
 
 exit $failed

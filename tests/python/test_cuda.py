@@ -1,0 +1,159 @@
+"""CUDA arrays through the mncl package (run under mncl-run -n N): device buffers exposing
+__cuda_array_interface__ (as CuPy arrays and PyTorch CUDA tensors do), allocated with whatever
+libcudart.so.13 the loader finds: the fake GPU of tests/cuda/fake_gpu in CI, a real GPU under
+tests/gpu/run.sh. On nccl they go to NCCL as they are; on host backends the core stages them.
+Exact values for allreduce (out of place, in place, non-blocking), bcast, allgather,
+reduce_scatter, allreduce_coalesced, sendrecv and a batch, on a stream of the array's; the caller's
+objects come back; a CUDA input with a host output works; a CUDA input without an output, a
+strided array and a read-only output are refused. Exits 77 (ctest: skipped) without NumPy or without a CUDA device."""
+
+import ctypes
+import os
+import sys
+
+from checks import numpy_or_skip
+
+np = numpy_or_skip()
+
+try:
+    cudart = ctypes.CDLL(os.environ.get("MNCL_TEST_CUDART", "libcudart.so.13"),
+                         mode=ctypes.RTLD_GLOBAL)
+except OSError as e:
+    print(f"SKIPPED: no CUDA runtime ({e})")
+    sys.exit(77)
+cudart.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+cudart.cudaFree.argtypes = [ctypes.c_void_p]
+cudart.cudaMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+cudart.cudaStreamCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+cudart.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]
+cudart.cudaStreamDestroy.argtypes = [ctypes.c_void_p]
+_H2D, _D2H = 1, 2
+
+
+def cuda(status, what):
+    if status != 0:
+        raise RuntimeError(f"{what} failed with CUDA error {status}")
+
+
+devices = ctypes.c_int(0)
+if cudart.cudaGetDeviceCount(ctypes.byref(devices)) != 0 or devices.value == 0:
+    print("SKIPPED: no CUDA device")
+    sys.exit(77)
+local_rank = int(os.environ.get("MNCL_LOCAL_RANK", os.environ.get("MNCL_RANK", "0")))
+cuda(cudart.cudaSetDevice(local_rank % devices.value), "cudaSetDevice")
+
+from checks import world_and_checks  # noqa: E402 (the CUDA runtime first, as an application's)
+
+np, mncl, comm, checks = world_and_checks()
+expect, expect_raises = checks.expect, checks.expect_raises
+r, n = comm.rank, comm.size
+
+
+class DeviceArray:
+    """A minimal CUDA array (what CuPy and PyTorch expose to consumers)."""
+
+    def __init__(self, host, stream=None, readonly=False, strides=None):
+        host = np.ascontiguousarray(host)
+        self.shape, self.dtype, self.nbytes = host.shape, host.dtype, host.nbytes
+        self.stream, self.readonly, self.strides = stream, readonly, strides
+        ptr = ctypes.c_void_p()
+        cuda(cudart.cudaMalloc(ctypes.byref(ptr), max(1, self.nbytes)), "cudaMalloc")
+        self.ptr = ptr.value
+        cuda(cudart.cudaMemcpy(self.ptr, host.ctypes.data, self.nbytes, _H2D), "cudaMemcpy")
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": self.shape, "typestr": self.dtype.str, "version": 3,
+                "data": (self.ptr, self.readonly), "strides": self.strides,
+                "stream": self.stream}
+
+    def get(self):
+        if self.stream:
+            cuda(cudart.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
+        cuda(cudart.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+        host = np.empty(self.shape, self.dtype)
+        cuda(cudart.cudaMemcpy(host.ctypes.data, self.ptr, self.nbytes, _D2H), "cudaMemcpy")
+        return host
+
+    def free(self):
+        cuda(cudart.cudaFree(self.ptr), "cudaFree")
+
+
+stream = ctypes.c_void_p()
+cuda(cudart.cudaStreamCreate(ctypes.byref(stream)), "cudaStreamCreate")
+if r == 0:
+    print(f"mncl {mncl.version()}: CUDA arrays on backend {comm.backend}, {n} ranks, "
+          f"{devices.value} device(s)", flush=True)
+
+total = n * (n - 1) // 2
+for on_stream in (None, stream.value):
+    where = f"stream {'yes' if on_stream else 'none'}"
+    for dtype in (np.float32, np.int64):
+        for count in (1, 7, 1000):
+            x = (np.arange(count) % 11 + r).astype(dtype)
+            want = (np.arange(count) % 11 * n + total).astype(dtype)
+            send = DeviceArray(x, on_stream)
+            recv = DeviceArray(np.zeros(count, dtype), on_stream)
+            got = comm.allreduce(send, recv)
+            expect(got is recv, f"allreduce returns the caller's recvbuf ({where})")
+            expect(np.array_equal(recv.get(), want), f"allreduce {np.dtype(dtype).name} x{count}"
+                                                     f" ({where})")
+            comm.allreduce(send, send)
+            expect(np.array_equal(send.get(), want), f"in-place allreduce x{count} ({where})")
+            req = comm.iallreduce(DeviceArray(x, on_stream), recv, op="max")
+            expect(req.wait() is recv and np.array_equal(recv.get(), x - r + n - 1),
+                   f"iallreduce max x{count} ({where})")
+            send.free()
+            recv.free()
+
+    for root in (0, n - 1):
+        buf = DeviceArray(np.full(5, 100 + r, np.int32), on_stream)
+        comm.bcast(buf, root=root)
+        expect(np.array_equal(buf.get(), np.full(5, 100 + root)), f"bcast root {root} ({where})")
+        buf.free()
+
+    mine = DeviceArray(np.full(3, r, np.float32), on_stream)
+    everyone = DeviceArray(np.zeros(3 * n, np.float32), on_stream)
+    comm.allgather(mine, everyone)
+    expect(np.array_equal(everyone.get(), np.repeat(np.arange(n), 3)), f"allgather ({where})")
+    block = DeviceArray(np.zeros(2, np.int64), on_stream)
+    comm.reduce_scatter(DeviceArray(np.arange(2 * n, dtype=np.int64) + r, on_stream), block)
+    expect(np.array_equal(block.get(), np.arange(2 * r, 2 * r + 2) * n + total),
+           f"reduce_scatter ({where})")
+    a, b = DeviceArray(np.full(4, r, np.int32)), DeviceArray(np.full(6, 2 * r, np.int32))
+    outs = comm.allreduce_coalesced([a, b], [a, b])
+    expect(outs[0] is a and outs[1] is b and np.array_equal(a.get(), np.full(4, total))
+           and np.array_equal(b.get(), np.full(6, 2 * total)), f"allreduce_coalesced ({where})")
+    if n > 1:
+        right, left = (r + 1) % n, (r - 1) % n
+        got = DeviceArray(np.zeros(8, np.int64), on_stream)
+        comm.sendrecv(DeviceArray(np.arange(8, dtype=np.int64) * (r + 1), on_stream), right, got,
+                      left)
+        expect(np.array_equal(got.get(), np.arange(8) * (left + 1)), f"sendrecv ({where})")
+        into = DeviceArray(np.zeros(2, np.float32), on_stream)
+        results = comm.sendrecv_batch([
+            mncl.P2POp("isend", DeviceArray(np.full(2, r, np.float32), on_stream), right),
+            mncl.P2POp("irecv", into, left)])
+        expect(results[1] is into and np.array_equal(into.get(), np.full(2, left)),
+               f"sendrecv_batch ({where})")
+
+# What cannot work is refused before anything moves, on the calling rank.
+dev = DeviceArray(np.ones(4, np.float32))
+expect_raises(ValueError, lambda: comm.allreduce(dev), "CUDA input without recvbuf",
+              "allocates no device memory")
+expect_raises(ValueError, lambda: comm.allreduce(dev, DeviceArray(np.ones(4, np.float32),
+                                                                  readonly=True)),
+              "read-only CUDA output", "writeable")
+expect_raises(ValueError, lambda: comm.allreduce(DeviceArray(np.ones(4, np.float32),
+                                                             strides=(8,)), dev),
+              "strided CUDA input", "C-contiguous")
+# Mixed buffers are fine: the backend (nccl) or the core's staging handles each by its kind.
+host_out = np.zeros(4, np.float32)
+expect(comm.allreduce(dev, host_out) is host_out and np.array_equal(host_out, np.full(4, n)),
+       "CUDA input, host output")
+expect(np.array_equal(comm.allreduce(np.ones(2, np.int32)), np.full(2, n)),
+       "usable afterwards")
+
+cuda(cudart.cudaStreamDestroy(stream), "cudaStreamDestroy")
+comm.close()
+checks.finish(f"CUDA arrays on {n} rank(s) passed")
