@@ -20,8 +20,9 @@ class CudaArray:
             shape = tuple(int(d) for d in cai["shape"])
             dtype = np.dtype(cai["typestr"])
             ptr, readonly = cai["data"]
-        except (AttributeError, KeyError, TypeError, ValueError) as e:
-            raise TypeError(f"mncl: {name}: a malformed __cuda_array_interface__ ({e})") from None
+        except Exception as e:  # noqa: BLE001 (PyTorch raises RuntimeError for requires_grad)
+            raise TypeError(f"mncl: {name}: no usable __cuda_array_interface__ ({e}; a PyTorch "
+                            f"tensor that requires grad needs .detach())") from None
         if cai.get("mask") is not None:
             raise ValueError(f"mncl: {name}: masked CUDA arrays are not supported")
         strides = cai.get("strides")
@@ -35,12 +36,37 @@ class CudaArray:
         self.size = int(np.prod(shape, dtype=np.int64)) if shape else 1
         self.nbytes = self.size * dtype.itemsize
         self.ptr = int(ptr or 0)
-        # Version 3: the stream the producer's work is on (None: already synchronized). The
-        # collective is ordered on it, as the interface asks of a consumer.
-        self.stream = cai.get("stream") if int(cai.get("version", 2)) >= 3 else None
+        # The MNCL dtype when the typestr cannot say it: PyTorch gives bfloat16 as "<V2".
+        self.default_dtype = ("bfloat16" if dtype.kind == "V" and dtype.itemsize == 2
+                              and str(getattr(obj, "dtype", "")) == "torch.bfloat16" else None)
+        self.stream = _stream(obj, cai, name)
 
     def __repr__(self):
         return f"<mncl CUDA array {self.dtype}{list(self.shape)} at {self.ptr:#x}>"
+
+
+def _stream(obj, cai, name):
+    """The stream the producer's work is on, which the collective is ordered on, as the interface
+    asks of a consumer: version 3's "stream" (None: nothing to wait for). PyTorch exports version
+    2 without one; its tensors are on the current stream of their device, so that is taken."""
+    if "stream" in cai and int(cai.get("version", 2)) >= 3:
+        stream = cai["stream"]
+        if stream is None:
+            return None
+        stream = int(stream)
+        if stream == 0:
+            raise ValueError(f"mncl: {name}: __cuda_array_interface__ stream 0 is not allowed "
+                             f"(1 is the legacy default stream)")
+        if stream == 2:
+            # On MNCL's worker threads it would name their own per-thread stream.
+            raise ValueError(f"mncl: {name}: the per-thread default stream (2) is not supported: "
+                             f"use an explicit stream, or synchronize first")
+        return stream
+    if type(obj).__module__.startswith("torch"):
+        import torch  # only for a torch tensor, so torch is loaded already
+
+        return int(torch.cuda.current_stream(obj.device).cuda_stream) or 1
+    return None
 
 
 def _c_contiguous(shape, strides, itemsize):
@@ -53,7 +79,12 @@ def _c_contiguous(shape, strides, itemsize):
 
 
 def is_cuda_array(buf):
-    return hasattr(buf, "__cuda_array_interface__") and not isinstance(buf, np.ndarray)
+    if isinstance(buf, np.ndarray):
+        return False
+    try:
+        return hasattr(buf, "__cuda_array_interface__")
+    except Exception:  # noqa: BLE001 (a broken interface: CudaArray says what is wrong)
+        return True
 
 
 def _cuda_arrays(objects):
@@ -67,13 +98,15 @@ def _cuda_arrays(objects):
 
 
 def stream_of(objects):
-    """The stream argument of a call on these buffers: the first CUDA array's stream (a
-    cudaStream_t value; 1 and 2 are CUDA's legacy and per-thread default streams), else None.
-    Every CUDA buffer of one call must be on that stream or already synchronized."""
-    for array in _cuda_arrays(objects):
-        if array.stream:
-            return ctypes.c_void_p(int(array.stream))
-    return None
+    """The stream argument of a call on these buffers: their CUDA arrays' stream (a cudaStream_t
+    value; 1 is CUDA's legacy default stream), else None. Arrays on different streams are
+    refused: one collective is ordered on one stream."""
+    streams = {array.stream for array in _cuda_arrays(objects) if array.stream}
+    if len(streams) > 1:
+        raise ValueError(f"mncl: the CUDA arrays of one call are on different streams "
+                         f"({', '.join(hex(s) for s in sorted(streams))}): synchronize them, or "
+                         f"put them on one stream")
+    return ctypes.c_void_p(streams.pop()) if streams else None
 
 
 def address(arr):

@@ -68,7 +68,8 @@ def dtype_code(arr, dtype=None):
     if not isinstance(dtype, str) or dtype.lower() not in CODES:
         raise ValueError(f"mncl: unknown dtype {dtype!r} (one of {', '.join(CODES)})")
     code = CODES[dtype.lower()]
-    raw_bits = (arr.dtype.kind == "u" and arr.dtype.isnative
+    # Unsigned integers, or opaque "V" items (PyTorch's CUDA bfloat16 is "<V2"), of the size.
+    raw_bits = (arr.dtype.kind in "uV" and (arr.dtype.isnative or arr.dtype.kind == "V")
                 and arr.dtype.itemsize == lib.mncl_dtype_size(code))
     if not raw_bits:
         try:

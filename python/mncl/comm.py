@@ -42,12 +42,10 @@ def _op_code(op):
 def _input(buf, dtype):
     """A C-contiguous array for reading (converted if needed), or a CUDA array as it is, and its
     MNCL dtype."""
-    if isinstance(buf, CudaArray):
-        arr = buf
-    elif is_cuda_array(buf):
-        arr = CudaArray(buf, "sendbuf", False)
-    else:
-        arr = np.ascontiguousarray(buf)
+    if isinstance(buf, CudaArray) or is_cuda_array(buf):
+        arr = buf if isinstance(buf, CudaArray) else CudaArray(buf, "sendbuf", False)
+        return arr, dtype_code(arr, dtype if dtype is not None else arr.default_dtype)
+    arr = np.ascontiguousarray(buf)
     return arr, dtype_code(arr, dtype)
 
 
@@ -56,7 +54,7 @@ def _output(buf, name, dtype):
     MNCL dtype."""
     if isinstance(buf, CudaArray) or is_cuda_array(buf):
         arr = buf if isinstance(buf, CudaArray) else CudaArray(buf, name, True)
-        return arr, dtype_code(arr, dtype)
+        return arr, dtype_code(arr, dtype if dtype is not None else arr.default_dtype)
     if not isinstance(buf, np.ndarray):
         raise TypeError(f"mncl: {name} must be a numpy.ndarray or a CUDA array, not "
                         f"{type(buf).__name__}")
@@ -624,7 +622,7 @@ class Communicator(ObjectCollectives):
     def _sendrecv_call(self, sendbuf, dest, recvbuf, source, dtype, what):
         send, code = _input(sendbuf, dtype)
         if recvbuf is None:
-            recv = np.empty(send.shape, send.dtype)
+            recv = _matching_output(None, send, code, dtype, send.size, what)
         else:
             recv, recv_code = _output(recvbuf, "recvbuf", dtype)
             if recv_code != code:

@@ -117,8 +117,11 @@ py=""
 for candidate in /usr/bin/python3 python3; do
   if "$candidate" -c 'import numpy' 2>/dev/null; then py=$candidate; break; fi
 done
-if [ -n "$py" ]; then
-  cudart_dir=$(dirname "$(find "${CUDA_HOME:-/usr/local/cuda}/" -name 'libcudart.so.13*' 2>/dev/null | head -1)")
+cudart=$(find "${CUDA_HOME:-/usr/local/cuda}/" -name 'libcudart.so.13*' 2>/dev/null | head -1)
+if [ -z "$cudart" ]; then
+  summary python-cuda SKIP 0 "no libcudart.so.13 under ${CUDA_HOME:-/usr/local/cuda}"
+elif [ -n "$py" ]; then
+  cudart_dir=$(dirname "$cudart")
   run_check python-cuda 90 'CUDA arrays on' bash -c '
     set -e
     export PYTHONPATH='"$PWD"'/python:'"$PWD"'/tests/python MNCL_LIBRARY='"$BUILD"'/lib/libmncl.so

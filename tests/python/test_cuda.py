@@ -86,8 +86,9 @@ if r == 0:
           f"{devices.value} device(s)", flush=True)
 
 total = n * (n - 1) // 2
-for on_stream in (None, stream.value):
-    where = f"stream {'yes' if on_stream else 'none'}"
+# No stream (already synchronized), the legacy default stream (1), a stream of our own.
+for on_stream in (None, 1, stream.value):
+    where = f"stream {on_stream if on_stream in (None, 1) else 'own'}"
     for dtype in (np.float32, np.int64):
         for count in (1, 7, 1000):
             x = (np.arange(count) % 11 + r).astype(dtype)
@@ -147,6 +148,21 @@ expect_raises(ValueError, lambda: comm.allreduce(dev, DeviceArray(np.ones(4, np.
 expect_raises(ValueError, lambda: comm.allreduce(DeviceArray(np.ones(4, np.float32),
                                                              strides=(8,)), dev),
               "strided CUDA input", "C-contiguous")
+# One call, one stream: arrays on two different streams are refused.
+expect_raises(ValueError, lambda: comm.allreduce(DeviceArray(np.ones(4, np.float32), 1),
+                                                 DeviceArray(np.ones(4, np.float32),
+                                                             stream.value)),
+              "arrays on two streams", "different streams")
+expect_raises(ValueError, lambda: comm.allreduce(DeviceArray(np.ones(4, np.float32), 2), dev),
+              "the per-thread default stream", "per-thread")
+expect_raises(ValueError, lambda: comm.sendrecv(dev, (r + 1) % n) if n > 1 else comm.allreduce(dev),
+              "sendrecv of a CUDA input without recvbuf", "allocates no device memory")
+# Opaque 2-byte items (PyTorch's CUDA bfloat16 is "<V2") pass as bfloat16 with dtype=.
+bits = DeviceArray(mncl.to_bfloat16_bits(np.full(3, 1.5, np.float32)).view("V2"))
+comm.allreduce(bits, bits, dtype="bfloat16")
+expect(np.array_equal(mncl.from_bfloat16_bits(bits.get().view(np.uint16)),
+                      np.full(3, 1.5 * n, np.float32)), "bfloat16 as V2 items")
+
 # Mixed buffers are fine: the backend (nccl) or the core's staging handles each by its kind.
 host_out = np.zeros(4, np.float32)
 expect(comm.allreduce(dev, host_out) is host_out and np.array_equal(host_out, np.full(4, n)),
