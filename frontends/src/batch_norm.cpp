@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <type_traits>
 
 #include "mncl/frontends/error.hpp"
 
@@ -19,6 +20,48 @@ int64_t spatial_size(const std::vector<int64_t> &shape) {
   int64_t s = 1;
   for (std::size_t d = 2; d < shape.size(); ++d) s *= shape[d];
   return s;
+}
+
+// Calls run(flat, first_channel, first_element, length) for every run of contiguous elements
+// of a {batch, channels, spatial} tensor. Element s of a run has channel first_channel + s when
+// flat (spatial 1: one run per sample, across its channels), else first_channel (one run per
+// sample and channel). `flat` is std::true_type or std::false_type, so the loops written with
+// channel_of() compile to a vectorizable channel-wise loop for {batch, C} input.
+template <class Run>
+void for_each_run(int64_t batch, int64_t channels, int64_t spatial, Run run) {
+  if (spatial == 1) {
+    for (int64_t n = 0; n < batch; ++n) {
+      run(std::true_type{}, std::size_t{0}, static_cast<std::size_t>(n * channels), channels);
+    }
+    return;
+  }
+  for (int64_t n = 0; n < batch; ++n) {
+    for (int64_t c = 0; c < channels; ++c) {
+      run(std::false_type{}, static_cast<std::size_t>(c),
+          static_cast<std::size_t>((n * channels + c) * spatial), spatial);
+    }
+  }
+}
+
+template <class Flat>
+inline std::size_t channel_of(Flat, std::size_t first_channel, int64_t s) {
+  return Flat::value ? first_channel + static_cast<std::size_t>(s) : first_channel;
+}
+
+// first[c] += v, second[c] += v * w (w = v when weights is null), over every element of
+// channel c of {batch, channels, spatial} values, in float64.
+void accumulate(const float *values, const float *weights, int64_t batch, int64_t channels,
+                int64_t spatial, double *__restrict first, double *__restrict second) {
+  for_each_run(batch, channels, spatial,
+               [&](auto flat, std::size_t c0, std::size_t k, int64_t length) {
+                 const float *__restrict v = values + k;
+                 const float *__restrict w = weights != nullptr ? weights + k : v;
+                 for (int64_t s = 0; s < length; ++s) {
+                   const std::size_t c = channel_of(flat, c0, s);
+                   first[c] += v[s];
+                   second[c] += static_cast<double>(v[s]) * w[s];
+                 }
+               });
 }
 
 // The element count `shape` describes, or nothing for a negative dimension or an overflow (so
@@ -128,26 +171,13 @@ Tensor BatchNormalization::forward(const Tensor &x) {
     // Running statistics, no communication.
     const std::string error = check_input(x, false);
     if (!error.empty()) throw InvalidArgument(error);
-    const int64_t batch = x.shape[0], spatial = spatial_size(x.shape);
     input_shape_ = x.shape;
     inv_std_.resize(channel_count);
-    x_hat_.resize(x.data.size());
-    Tensor y(x.shape);
+    const std::vector<double> mean(running_mean_.begin(), running_mean_.end());
     for (std::size_t c = 0; c < channel_count; ++c) {
       inv_std_[c] = 1.0 / std::sqrt(static_cast<double>(running_var_[c]) + options_.eps);
     }
-    for (int64_t n = 0; n < batch; ++n) {
-      for (int64_t c = 0; c < channels_; ++c) {
-        const std::size_t base = static_cast<std::size_t>((n * channels_ + c) * spatial);
-        const auto cc = static_cast<std::size_t>(c);
-        for (int64_t s = 0; s < spatial; ++s) {
-          const std::size_t k = base + static_cast<std::size_t>(s);
-          x_hat_[k] = static_cast<float>((x.data[k] - running_mean_[cc]) * inv_std_[cc]);
-          y.data[k] = gamma_.value[cc] * x_hat_[k] + beta_.value[cc];
-        }
-      }
-    }
-    return y;
+    return normalize(x, mean);
   }
 
   const std::string error = check_input(x, false);
@@ -155,18 +185,8 @@ Tensor BatchNormalization::forward(const Tensor &x) {
   if (error.empty()) {
     const int64_t batch = x.shape[0], spatial = spatial_size(x.shape);
     sums[kCount] = static_cast<double>(batch * spatial);
-    for (int64_t n = 0; n < batch; ++n) {
-      for (int64_t c = 0; c < channels_; ++c) {
-        const float *v = x.data.data() + (n * channels_ + c) * spatial;
-        double sum = 0, squares = 0;
-        for (int64_t s = 0; s < spatial; ++s) {
-          sum += v[s];
-          squares += static_cast<double>(v[s]) * v[s];
-        }
-        sums[kFirst + static_cast<std::size_t>(c)] += sum;
-        sums[kFirst + channel_count + static_cast<std::size_t>(c)] += squares;
-      }
-    }
+    accumulate(x.data.data(), nullptr, batch, channels_, spatial, sums.data() + kFirst,
+               sums.data() + kFirst + channel_count);
   } else {
     sums[kBad] = 1;
   }
@@ -196,21 +216,7 @@ Tensor BatchNormalization::forward(const Tensor &x) {
     running_var_[c] = static_cast<float>(decay * running_var_[c] + (1 - decay) * unbiased);
   }
 
-  const int64_t batch = x.shape[0], spatial = spatial_size(x.shape);
-  x_hat_.resize(x.data.size());
-  Tensor y(x.shape);
-  for (int64_t n = 0; n < batch; ++n) {
-    for (int64_t c = 0; c < channels_; ++c) {
-      const auto cc = static_cast<std::size_t>(c);
-      const std::size_t base = static_cast<std::size_t>((n * channels_ + c) * spatial);
-      for (int64_t s = 0; s < spatial; ++s) {
-        const std::size_t k = base + static_cast<std::size_t>(s);
-        x_hat_[k] = static_cast<float>((x.data[k] - batch_mean_[cc]) * inv_std_[cc]);
-        y.data[k] = gamma_.value[cc] * x_hat_[k] + beta_.value[cc];
-      }
-    }
-  }
-  return y;
+  return normalize(x, batch_mean_);
 }
 
 Tensor BatchNormalization::backward(const Tensor &grad_y) {
@@ -224,18 +230,9 @@ Tensor BatchNormalization::backward(const Tensor &grad_y) {
   std::vector<double> sums(kFirst + 2 * channel_count, 0.0);
   const int64_t batch = error.empty() ? grad_y.shape[0] : 0;
   const int64_t spatial = error.empty() ? spatial_size(grad_y.shape) : 0;
-  for (int64_t n = 0; n < batch; ++n) {
-    for (int64_t c = 0; c < channels_; ++c) {
-      const std::size_t base = static_cast<std::size_t>((n * channels_ + c) * spatial);
-      double sum = 0, weighted = 0;
-      for (int64_t s = 0; s < spatial; ++s) {
-        const std::size_t k = base + static_cast<std::size_t>(s);
-        sum += grad_y.data[k];
-        weighted += static_cast<double>(grad_y.data[k]) * x_hat_[k];
-      }
-      sums[kFirst + static_cast<std::size_t>(c)] += sum;
-      sums[kFirst + channel_count + static_cast<std::size_t>(c)] += weighted;
-    }
+  if (batch > 0) {
+    accumulate(grad_y.data.data(), x_hat_.data(), batch, channels_, spatial, sums.data() + kFirst,
+               sums.data() + kFirst + channel_count);
   }
   if (!error.empty()) sums[kBad] = 1;
   if (shared) {
@@ -252,24 +249,47 @@ Tensor BatchNormalization::backward(const Tensor &grad_y) {
         options_.use_gamma ? static_cast<float>(sums[kFirst + channel_count + c] * per_rank) : 0.0f;
   }
 
-  Tensor grad_x(grad_y.shape);
-  for (int64_t n = 0; n < batch; ++n) {
-    for (int64_t c = 0; c < channels_; ++c) {
-      const auto cc = static_cast<std::size_t>(c);
-      const std::size_t base = static_cast<std::size_t>((n * channels_ + c) * spatial);
-      const double scale = gamma_.value[cc] * inv_std_[cc];
-      // dx = gamma / std * (dy - (sum dy + x_hat * sum dy x_hat) / M) over the whole batch;
-      // with fixed statistics simply gamma / std * dy.
-      const double mean_dy = shared ? sums[kFirst + cc] / samples_ : 0.0;
-      const double mean_dy_xhat = shared ? sums[kFirst + channel_count + cc] / samples_ : 0.0;
-      for (int64_t s = 0; s < spatial; ++s) {
-        const std::size_t k = base + static_cast<std::size_t>(s);
-        grad_x.data[k] =
-            static_cast<float>(scale * (grad_y.data[k] - mean_dy - x_hat_[k] * mean_dy_xhat));
-      }
+  // dx = gamma / std * (dy - (sum dy + x_hat * sum dy x_hat) / M) over the whole batch; with
+  // fixed statistics simply gamma / std * dy.
+  std::vector<double> scale(channel_count), mean_dy(channel_count, 0.0),
+      mean_dy_xhat(channel_count, 0.0);
+  for (std::size_t c = 0; c < channel_count; ++c) {
+    scale[c] = gamma_.value[c] * inv_std_[c];
+    if (shared) {
+      mean_dy[c] = sums[kFirst + c] / samples_;
+      mean_dy_xhat[c] = sums[kFirst + channel_count + c] / samples_;
     }
   }
+  Tensor grad_x(grad_y.shape);
+  for_each_run(
+      batch, channels_, spatial, [&](auto flat, std::size_t c0, std::size_t k, int64_t length) {
+        const float *__restrict dy = grad_y.data.data() + k;
+        const float *__restrict xh = x_hat_.data() + k;
+        float *__restrict dx = grad_x.data.data() + k;
+        for (int64_t s = 0; s < length; ++s) {
+          const std::size_t c = channel_of(flat, c0, s);
+          dx[s] = static_cast<float>(scale[c] * (dy[s] - mean_dy[c] - xh[s] * mean_dy_xhat[c]));
+        }
+      });
   return grad_x;
+}
+
+// y = gamma * x_hat + beta with x_hat = (x - mean) * inv_std_, per channel; keeps x_hat.
+Tensor BatchNormalization::normalize(const Tensor &x, const std::vector<double> &mean) {
+  x_hat_.resize(x.data.size());
+  Tensor y(x.shape);
+  for_each_run(x.shape[0], channels_, spatial_size(x.shape),
+               [&](auto flat, std::size_t c0, std::size_t k, int64_t length) {
+                 const float *__restrict in = x.data.data() + k;
+                 float *__restrict xh = x_hat_.data() + k;
+                 float *__restrict out = y.data.data() + k;
+                 for (int64_t s = 0; s < length; ++s) {
+                   const std::size_t c = channel_of(flat, c0, s);
+                   xh[s] = static_cast<float>((in[s] - mean[c]) * inv_std_[c]);
+                   out[s] = gamma_.value[c] * xh[s] + beta_.value[c];
+                 }
+               });
+  return y;
 }
 
 void allreduce_persistent(Communicator &comm, Link &model) {

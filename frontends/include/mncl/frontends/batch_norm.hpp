@@ -85,6 +85,7 @@ class BatchNormalization : public Link {
 
  private:
   std::string check_input(const Tensor &t, bool gradient) const;
+  Tensor normalize(const Tensor &x, const std::vector<double> &mean);
   void fail_together(double bad_ranks, const std::string &own_error, const char *what) const;
 
   int64_t channels_;
