@@ -54,12 +54,22 @@ void accumulate(const float *values, const float *weights, int64_t batch, int64_
                 int64_t spatial, double *__restrict first, double *__restrict second) {
   for_each_run(batch, channels, spatial,
                [&](auto flat, std::size_t c0, std::size_t k, int64_t length) {
-                 const float *__restrict v = values + k;
-                 const float *__restrict w = weights != nullptr ? weights + k : v;
-                 for (int64_t s = 0; s < length; ++s) {
-                   const std::size_t c = channel_of(flat, c0, s);
-                   first[c] += v[s];
-                   second[c] += static_cast<double>(v[s]) * w[s];
+                 const float *v = values + k;
+                 const float *w = weights != nullptr ? weights + k : v;
+                 if constexpr (decltype(flat)::value) {
+                   for (int64_t s = 0; s < length; ++s) {  // one channel per element
+                     const std::size_t c = c0 + static_cast<std::size_t>(s);
+                     first[c] += v[s];
+                     second[c] += static_cast<double>(v[s]) * w[s];
+                   }
+                 } else {  // one channel for the run: sum in registers, then add
+                   double sum = 0, weighted = 0;
+                   for (int64_t s = 0; s < length; ++s) {
+                     sum += v[s];
+                     weighted += static_cast<double>(v[s]) * w[s];
+                   }
+                   first[c0] += sum;
+                   second[c0] += weighted;
                  }
                });
 }
