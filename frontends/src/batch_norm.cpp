@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "mncl/frontends/error.hpp"
+#include "shape_check.hpp"
 
 namespace mncl {
 
@@ -74,26 +75,6 @@ void accumulate(const float *values, const float *weights, int64_t batch, int64_
                });
 }
 
-// The element count `shape` describes, or nothing for a negative dimension or an overflow (so
-// that checking a shape never throws: the caller must still join the reduction).
-// The product of the non-zero dimensions must fit in int64 too, so that the loops' index
-// arithmetic cannot overflow even for an empty tensor.
-std::optional<std::size_t> checked_element_count(const std::vector<int64_t> &shape) {
-  int64_t nonzero_product = 1;
-  bool any_zero = false;
-  for (int64_t d : shape) {
-    if (d < 0) return std::nullopt;
-    if (d == 0) {
-      any_zero = true;
-    } else if (nonzero_product > std::numeric_limits<int64_t>::max() / d) {
-      return std::nullopt;
-    } else {
-      nonzero_product *= d;
-    }
-  }
-  return any_zero ? 0 : static_cast<std::size_t>(nonzero_product);
-}
-
 }  // namespace
 
 BatchNormalization::BatchNormalization(int64_t channels, BatchNormalizationOptions options)
@@ -142,7 +123,7 @@ void MultiNodeBatchNormalization::reduce_sums(std::vector<double> &sums) {
 // Empty when `t` fits; else what is wrong with it (the caller still joins the reduction).
 std::string BatchNormalization::check_input(const Tensor &t, bool gradient) const {
   const std::string who = name() + (gradient ? "::backward" : "::forward");
-  const std::optional<std::size_t> count = checked_element_count(t.shape);
+  const std::optional<std::size_t> count = internal::checked_element_count(t.shape);
   if (!count || *count != t.data.size()) {
     return who + ": shape " + t.shape_string() + " does not describe its " +
            std::to_string(t.data.size()) + " elements";

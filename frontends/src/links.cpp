@@ -11,22 +11,19 @@ namespace mncl {
 namespace {
 
 // SplitMix64: a tiny generator whose output is the same everywhere (initialisation must not
-// depend on the standard library's distributions).
-class SplitMix64 {
- public:
-  explicit SplitMix64(uint64_t seed) : state_(seed) {}
-  uint64_t next() {
-    uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [-1, 1).
-  float symmetric_unit() { return static_cast<float>((next() >> 40) * 0x1.0p-23) - 1.0f; }
-
- private:
-  uint64_t state_;
-};
+// depend on the standard library's distributions). Its state advances by a constant, so draw
+// k is computed directly: a shard of a weight matrix is initialised without the rest.
+constexpr uint64_t kSplitMixGamma = 0x9e3779b97f4a7c15ull;
+uint64_t splitmix64_draw(uint64_t seed, uint64_t k) {
+  uint64_t z = seed + (k + 1) * kSplitMixGamma;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+// Uniform in [-1, 1).
+float symmetric_unit(uint64_t bits) {
+  return static_cast<float>((bits >> 40) * 0x1.0p-23) - 1.0f;
+}
 
 void require_2d(const Tensor &t, int64_t cols, const std::string &who) {
   if (t.shape.size() != 2 || t.shape[1] != cols) {
@@ -119,9 +116,30 @@ Dense::Dense(int64_t in_features, int64_t out_features, uint64_t seed, bool comp
   bias_.name = "b";
   bias_.value.assign(static_cast<std::size_t>(out_), 0.0f);
   bias_.grad.assign(static_cast<std::size_t>(out_), 0.0f);
-  SplitMix64 rng(seed);
-  const float limit = std::sqrt(6.0f / static_cast<float>(in_));  // He-uniform, for ReLU nets
-  for (float &w : weight_.value) w = limit * rng.symmetric_unit();
+  weight_.value = initial_weights(in_, out_, seed, 0, in_, 0, out_);
+}
+
+std::vector<float> Dense::initial_weights(int64_t in_features, int64_t out_features, uint64_t seed,
+                                          int64_t row_begin, int64_t row_end, int64_t col_begin,
+                                          int64_t col_end) {
+  if (in_features <= 0 || out_features <= 0 || row_begin < 0 || row_begin > row_end ||
+      row_end > in_features || col_begin < 0 || col_begin > col_end || col_end > out_features) {
+    throw InvalidArgument("Dense::initial_weights: rows [" + std::to_string(row_begin) + ", " +
+                          std::to_string(row_end) + ") x columns [" + std::to_string(col_begin) +
+                          ", " + std::to_string(col_end) + ") are not within {" +
+                          std::to_string(in_features) + ", " + std::to_string(out_features) + "}");
+  }
+  const float limit = std::sqrt(6.0f / static_cast<float>(in_features));  // He-uniform, for ReLU
+  std::vector<float> weights;
+  weights.reserve(static_cast<std::size_t>((row_end - row_begin) * (col_end - col_begin)));
+  for (int64_t i = row_begin; i < row_end; ++i) {
+    for (int64_t j = col_begin; j < col_end; ++j) {
+      const auto k = static_cast<uint64_t>(i) * static_cast<uint64_t>(out_features) +
+                     static_cast<uint64_t>(j);  // draw k of the row-major {in, out} matrix
+      weights.push_back(limit * symmetric_unit(splitmix64_draw(seed, k)));
+    }
+  }
+  return weights;
 }
 
 std::string Dense::name() const {

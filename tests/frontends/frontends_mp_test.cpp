@@ -1260,6 +1260,245 @@ TEST_F(Frontends, AllreducePersistentAveragesRunningStatistics) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Tensor parallelism (tensor_parallel.hpp)
+// ---------------------------------------------------------------------------------------------
+
+// Small integers, so every product and sum is exact in float whatever the order: the parallel
+// layers must then equal their one-process twins exactly.
+mncl::Tensor integer_tensor(std::vector<int64_t> shape, int salt) {
+  mncl::Tensor t(std::move(shape));
+  for (std::size_t k = 0; k < t.data.size(); ++k) {
+    t.data[k] = float(int((k * 7 + std::size_t(salt) * 3) % 9) - 4);
+  }
+  return t;
+}
+void make_integer(mncl::Dense &dense, int salt) {
+  for (std::size_t k = 0; k < dense.weight().value.size(); ++k) {
+    dense.weight().value[k] = float(int((k * 5 + std::size_t(salt)) % 7) - 3);
+  }
+  for (std::size_t k = 0; k < dense.bias().value.size(); ++k) {
+    dense.bias().value[k] = float(int((k + std::size_t(salt)) % 5) - 2);
+  }
+}
+// Rows [r0, r1) x columns [c0, c1) of a row-major matrix of `cols` columns.
+std::vector<float> block_of(const std::vector<float> &m, std::size_t cols, std::size_t r0,
+                            std::size_t r1, std::size_t c0, std::size_t c1) {
+  std::vector<float> out;
+  for (std::size_t r = r0; r < r1; ++r) {
+    out.insert(out.end(), m.begin() + long(r * cols + c0), m.begin() + long(r * cols + c1));
+  }
+  return out;
+}
+
+// The Megatron MLP block (column-parallel, ReLU, row-parallel) equals Dense, ReLU, Dense on
+// one process: outputs, input gradients and every shard's parameter gradients, exactly. 7
+// hidden features split unevenly over 2, 3 and 4 ranks.
+TEST_F(Frontends, TensorParallelMlpBlockMatchesOneProcess) {
+  const int64_t in = 5, hidden = 7, out = 3;
+  mncl::Dense ref1(in, hidden, 11), ref2(hidden, out, 12);
+  mncl::ColumnParallelDense col(in, hidden, comm(), 11, mncl::ColumnParallelOptions{false, true});
+  mncl::RowParallelDense row(hidden, out, comm(), 12);
+  const mncl::ShardRange cs = col.columns(), rs = row.rows();
+  EXPECT_EQ(cs, mncl::shard_range(hidden, size(), rank(), false));
+  EXPECT_EQ(rs, cs);
+  // The shards start as the slices of the one-process layers (same seeds).
+  EXPECT_EQ(col.weight().value, block_of(ref1.weight().value, hidden, 0, in, cs.begin, cs.end));
+  EXPECT_EQ(row.weight().value, block_of(ref2.weight().value, out, rs.begin, rs.end, 0, out));
+  EXPECT_EQ(row.bias().value, ref2.bias().value);
+  make_integer(ref1, 1);
+  make_integer(ref2, 2);
+  col.weight().value = block_of(ref1.weight().value, hidden, 0, in, cs.begin, cs.end);
+  col.bias().value = block_of(ref1.bias().value, hidden, 0, 1, cs.begin, cs.end);
+  row.weight().value = block_of(ref2.weight().value, out, rs.begin, rs.end, 0, out);
+  row.bias().value = ref2.bias().value;
+
+  mncl::Sequential reference, parallel;
+  reference.add(std::shared_ptr<mncl::Link>(&ref1, [](mncl::Link *) {}))
+      .emplace<mncl::ReLU>()
+      .add(std::shared_ptr<mncl::Link>(&ref2, [](mncl::Link *) {}));
+  parallel.add(std::shared_ptr<mncl::Link>(&col, [](mncl::Link *) {}))
+      .emplace<mncl::ReLU>()
+      .add(std::shared_ptr<mncl::Link>(&row, [](mncl::Link *) {}));
+  const mncl::Tensor x = integer_tensor({4, in}, 3), dy = integer_tensor({4, out}, 4);
+  const mncl::Tensor y_ref = reference.forward(x), dx_ref = reference.backward(dy);
+  const mncl::Tensor y = parallel.forward(x);
+  EXPECT_EQ(y.shape, y_ref.shape);
+  EXPECT_EQ(y.data, y_ref.data);
+  const mncl::Tensor dx = parallel.backward(dy);
+  EXPECT_EQ(dx.shape, dx_ref.shape);
+  EXPECT_EQ(dx.data, dx_ref.data);
+  EXPECT_EQ(col.weight().grad, block_of(ref1.weight().grad, hidden, 0, in, cs.begin, cs.end));
+  EXPECT_EQ(col.bias().grad, block_of(ref1.bias().grad, hidden, 0, 1, cs.begin, cs.end));
+  EXPECT_EQ(row.weight().grad, block_of(ref2.weight().grad, out, rs.begin, rs.end, 0, out));
+  EXPECT_EQ(row.bias().grad, ref2.bias().grad);
+  EXPECT_EQ(parallel.parameters().size(), 4u);
+
+  // Each layer alone: the column-parallel one gathering its output, the row-parallel one
+  // taking the whole (replicated) input and gathering its gradient.
+  mncl::ColumnParallelDense col_gather(in, hidden, comm(), 11);
+  col_gather.weight().value = col.weight().value;
+  col_gather.bias().value = col.bias().value;
+  const mncl::Tensor h_ref = ref1.forward(x);
+  EXPECT_EQ(col_gather.forward(x).data, h_ref.data);
+  const mncl::Tensor dh = integer_tensor({4, hidden}, 5);
+  EXPECT_EQ(col_gather.backward(dh).data, ref1.backward(dh).data);
+  EXPECT_EQ(col_gather.weight().grad,
+            block_of(ref1.weight().grad, hidden, 0, in, cs.begin, cs.end));
+
+  mncl::RowParallelDense row_whole(hidden, out, comm(), 12, mncl::RowParallelOptions{false, true});
+  row_whole.weight().value = row.weight().value;
+  row_whole.bias().value = row.bias().value;
+  const mncl::Tensor h = integer_tensor({4, hidden}, 6);
+  EXPECT_EQ(row_whole.forward(h).data, ref2.forward(h).data);
+  const mncl::Tensor dh_whole = row_whole.backward(dy);
+  EXPECT_EQ(dh_whole.shape, (std::vector<int64_t>{4, hidden}));
+  EXPECT_EQ(dh_whole.data, ref2.backward(dy).data);
+  EXPECT_EQ(row_whole.bias().grad, ref2.bias().grad);
+}
+
+// The four collectives on {2, 2, f} tensors with f different on every rank (rank r holds r
+// features, so rank 0 none): gather puts them side by side, each the adjoint of the other.
+TEST_F(Frontends, TensorParallelCollectivesAndTheirAdjoints) {
+  const int total = size() * (size() - 1) / 2;  // 0 + 1 + ... + size-1 features
+  auto value = [](int row, int feature) { return float(100 * row + feature); };
+  mncl::Tensor mine({2, 2, rank()});
+  const int first = rank() * (rank() - 1) / 2;
+  for (int row = 0; row < 4; ++row) {
+    for (int f = 0; f < rank(); ++f)
+      mine.data[std::size_t(row * rank() + f)] = value(row, first + f);
+  }
+  mncl::GatherFromTensorParallel gather(comm());
+  const mncl::Tensor all = gather.forward(mine);
+  ASSERT_EQ(all.shape, (std::vector<int64_t>{2, 2, total}));
+  for (int row = 0; row < 4; ++row) {
+    for (int f = 0; f < total; ++f)
+      EXPECT_EQ(all.data[std::size_t(row * total + f)], value(row, f));
+  }
+  EXPECT_EQ(gather.backward(all).data, mine.data);  // its own columns back
+
+  // Scatter: this rank's shard of a replicated x; backward gathers the shards' gradients.
+  const mncl::Tensor x = integer_tensor({3, 5}, 7);
+  mncl::ScatterToTensorParallel scatter(comm());
+  const mncl::ShardRange shard = mncl::feature_shard(5, comm());
+  const mncl::Tensor part = scatter.forward(x);
+  EXPECT_EQ(part.data, block_of(x.data, 5, 0, 3, shard.begin, shard.end));
+  EXPECT_EQ(scatter.backward(part).data, x.data);
+
+  // Copy: identity forward, sum backward; Reduce: the sum forward, identity backward.
+  mncl::CopyToTensorParallel copy(comm());
+  mncl::ReduceFromTensorParallel reduce(comm());
+  const mncl::Tensor mine_ints = integer_tensor({2, 3}, rank());
+  mncl::Tensor sum({2, 3});
+  for (int r = 0; r < size(); ++r) {
+    const mncl::Tensor t = integer_tensor({2, 3}, r);
+    for (std::size_t k = 0; k < sum.size(); ++k) sum.data[k] += t.data[k];
+  }
+  EXPECT_EQ(copy.forward(mine_ints).data, mine_ints.data);
+  EXPECT_EQ(copy.backward(mine_ints).data, sum.data);
+  EXPECT_EQ(reduce.forward(mine_ints).data, sum.data);
+  EXPECT_EQ(reduce.backward(mine_ints).data, mine_ints.data);
+  EXPECT_THROW(reduce.backward(x), mncl::InvalidArgument);  // not the last forward's shape
+}
+
+// A wrong tensor on one rank fails every rank together (its own InvalidArgument, RemoteError
+// naming it elsewhere), ranks disagreeing on the batch fail alike, a backward after a failed
+// forward is refused everywhere, and the world works on.
+TEST_F(Frontends, TensorParallelBadInputOnOneRankFailsEveryRank) {
+  const int culprit = size() - 1;
+  const bool guilty = rank() == culprit;
+  auto expect_together = [&](auto &&call, const char *what) {
+    try {
+      call();
+      ADD_FAILURE() << what << " took a bad tensor";
+    } catch (const mncl::InvalidArgument &e) {
+      EXPECT_TRUE(guilty) << what << ": " << e.what();
+    } catch (const mncl::RemoteError &e) {
+      EXPECT_FALSE(guilty) << what << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find("rank(s) " + std::to_string(culprit)), std::string::npos)
+          << e.what();
+    }
+  };
+  mncl::ColumnParallelDense col(3, 4, comm(), 1);  // gathers its output
+  col.forward(mncl::Tensor({2, 3}, 1.0f));
+  expect_together([&] { col.forward(mncl::Tensor({2, guilty ? 4 : 3}, 1.0f)); }, "column forward");
+  // Nothing to go back through now (not the batch before), on any rank.
+  EXPECT_THROW(col.backward(mncl::Tensor({2, 4})), mncl::InvalidArgument);
+  col.forward(mncl::Tensor({2, 3}, 1.0f));
+  expect_together([&] { col.backward(mncl::Tensor({guilty ? 1 : 2, 4})); }, "column backward");
+
+  mncl::RowParallelDense row(4, 2, comm(), 2, mncl::RowParallelOptions{false, true});
+  mncl::Tensor short_data;
+  short_data.shape = {2, 4};
+  short_data.data = {1.0f};
+  expect_together([&] { row.forward(guilty ? short_data : mncl::Tensor({2, 4})); }, "row forward");
+  mncl::ReduceFromTensorParallel reduce(comm());
+  expect_together(
+      [&] {
+        reduce.forward(guilty ? mncl::Tensor() : mncl::Tensor({1, 2}));
+      },
+      "reduce forward");
+  if (size() > 1) {
+    // Every rank's tensor is fine on its own; together they disagree: all say so alike.
+    try {
+      row.forward(mncl::Tensor({guilty ? 3 : 2, 4}));
+      ADD_FAILURE() << "row forward took batches of different sizes";
+    } catch (const mncl::InvalidArgument &e) {
+      EXPECT_NE(std::string(e.what()).find("different numbers of rows"), std::string::npos)
+          << e.what();
+    }
+    mncl::Tensor uneven({2, guilty ? 1 : 2});
+    try {
+      reduce.forward(uneven);
+      ADD_FAILURE() << "reduce forward took tensors of different widths";
+    } catch (const mncl::InvalidArgument &e) {
+      EXPECT_NE(std::string(e.what()).find("different numbers of features"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_THROW(row.backward(mncl::Tensor({2, 2})), mncl::InvalidArgument);
+  EXPECT_EQ(row.forward(mncl::Tensor({2, 4}, 1.0f)).shape, (std::vector<int64_t>{2, 2}));
+  EXPECT_THROW(mncl::ColumnParallelDense(3, size() - 1, comm(), 1), mncl::InvalidArgument);
+  EXPECT_EQ(comm().allreduce_value(1), size());
+}
+
+// Three SGD steps of the parallel block stay with the one-process block (up to float sum
+// order), and the replicated bias stays bit for bit the same on every rank.
+TEST_F(Frontends, TensorParallelTrainsLikeOneProcess) {
+  mncl::Dense ref1(6, 10, 21), ref2(10, 4, 22);
+  auto col = std::make_shared<mncl::ColumnParallelDense>(6, 10, comm(), 21,
+                                                         mncl::ColumnParallelOptions{false, false});
+  auto row = std::make_shared<mncl::RowParallelDense>(10, 4, comm(), 22);
+  mncl::Sequential parallel({col, std::make_shared<mncl::ReLU>(), row});
+  mncl::Sequential reference({std::shared_ptr<mncl::Link>(&ref1, [](mncl::Link *) {}),
+                              std::make_shared<mncl::ReLU>(),
+                              std::shared_ptr<mncl::Link>(&ref2, [](mncl::Link *) {})});
+  mncl::Sgd sgd_ref({0.1f}), sgd({0.1f});
+  for (int step = 0; step < 3; ++step) {
+    mncl::Tensor x({5, 6});
+    for (std::size_t k = 0; k < x.size(); ++k) x.data[k] = std::sin(0.3f * float(k + step));
+    mncl::SoftmaxCrossEntropy loss_ref, loss;
+    const std::vector<int32_t> labels{0, 3, 1, 2, 3};
+    const float expected = loss_ref.forward(reference.forward(x), labels);
+    EXPECT_NEAR(loss.forward(parallel.forward(x), labels), expected, 1e-5f) << step;
+    reference.backward(loss_ref.backward());
+    EXPECT_TRUE(parallel.backward(loss.backward()).empty());  // no input gradient asked for
+    sgd_ref.update(mncl::value_spans(reference.parameters()),
+                   mncl::grad_spans(reference.parameters()));
+    sgd.update(mncl::value_spans(parallel.parameters()), mncl::grad_spans(parallel.parameters()));
+  }
+  const mncl::ShardRange cs = col->columns();
+  expect_near(col->weight().value, block_of(ref1.weight().value, 10, 0, 6, cs.begin, cs.end),
+              "column weights");
+  expect_near(row->bias().value, ref2.bias().value, "row bias");
+  const std::vector<float> biases = comm().allgather(row->bias().value);
+  for (int r = 0; r < size(); ++r) {
+    EXPECT_TRUE(std::equal(row->bias().value.begin(), row->bias().value.end(),
+                           biases.begin() + long(r) * 4))
+        << "rank " << r << "'s replicated bias differs";
+  }
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {

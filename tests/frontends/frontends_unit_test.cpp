@@ -356,6 +356,34 @@ TEST(Links, DenseRejectsWrongShapes) {
 
 // Batch normalization: the loss sum_k w_k y_k (fixed weights w), so dL/dy = w; every gradient
 // against central differences, for {batch, channels} and {batch, channels, h, w} inputs.
+// A shard's initial weights are that block of the whole layer's (what a tensor-parallel
+// layer starts with), and they do not change between versions: pinned values of seed 7.
+TEST(Links, DenseInitialWeightsOfABlockAreThatBlockOfTheLayer) {
+  const mncl::Dense dense(5, 7, 7);
+  const std::vector<float> &all = const_cast<mncl::Dense &>(dense).weight().value;
+  for (int64_t r0 : {0, 2}) {
+    for (int64_t c0 : {0, 3, 7}) {
+      const std::vector<float> block = mncl::Dense::initial_weights(5, 7, 7, r0, 5, c0, 7);
+      ASSERT_EQ(block.size(), std::size_t((5 - r0) * (7 - c0)));
+      for (int64_t i = r0; i < 5; ++i) {
+        for (int64_t j = c0; j < 7; ++j) {
+          EXPECT_EQ(block[std::size_t((i - r0) * (7 - c0) + (j - c0))],
+                    all[std::size_t(i * 7 + j)]);
+        }
+      }
+    }
+  }
+  const float limit = std::sqrt(6.0f / 5.0f);
+  for (float w : all) EXPECT_LT(std::fabs(w), limit);
+  // SplitMix64 draws, computed independently (the generator's reference algorithm).
+  EXPECT_EQ(all[0], -0x1.ee53f2p-3f);
+  EXPECT_EQ(all[1], -0x1.0f049ap+0f);
+  EXPECT_EQ(all[2], 0x1.c18c2ep-1f);
+  EXPECT_THROW(mncl::Dense::initial_weights(5, 7, 7, 0, 6, 0, 7), mncl::InvalidArgument);
+  EXPECT_THROW(mncl::Dense::initial_weights(5, 7, 7, 3, 2, 0, 7), mncl::InvalidArgument);
+  EXPECT_THROW(mncl::Dense::initial_weights(5, 7, 7, 0, 5, -1, 7), mncl::InvalidArgument);
+}
+
 TEST(Links, BatchNormalizationGradientsMatchFiniteDifferences) {
   for (const std::vector<int64_t> &shape :
        {std::vector<int64_t>{5, 3}, std::vector<int64_t>{3, 2, 2, 3}}) {

@@ -19,5 +19,6 @@
 #include "mncl/frontends/prefetch_loader.hpp"
 #include "mncl/frontends/serialize.hpp"
 #include "mncl/frontends/span.hpp"
+#include "mncl/frontends/tensor_parallel.hpp"
 
 #endif  // MNCL_FRONTENDS_HPP

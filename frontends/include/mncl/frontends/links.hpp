@@ -85,6 +85,13 @@ class Dense : public Link {
   Parameter &weight() { return weight_; }
   Parameter &bias() { return bias_; }
 
+  // Rows [row_begin, row_end) x columns [col_begin, col_end) of the weights Dense(in, out,
+  // seed) starts with, row-major, computed without the rest of the matrix: what a
+  // tensor-parallel shard of that layer starts with (tensor_parallel.hpp).
+  static std::vector<float> initial_weights(int64_t in_features, int64_t out_features,
+                                            uint64_t seed, int64_t row_begin, int64_t row_end,
+                                            int64_t col_begin, int64_t col_end);
+
  private:
   int64_t in_, out_;
   bool compute_input_grad_;
