@@ -23,8 +23,8 @@
 //   ReduceFromTensorParallel  forward: allreduce (sum)      backward: identity
 //   GatherFromTensorParallel  forward: allgather features   backward: this rank's slice
 //   ScatterToTensorParallel   forward: this rank's slice    backward: allgather features
-// Rank r's slice of F features is shard_range(F, size, r, false) (dataset.hpp): the first
-// F mod size ranks get one feature more, so no size has to divide anything.
+// Rank r's slice of F features is shard_range(F, size, r, false) (dataset.hpp): contiguous, in
+// rank order, sizes differing by at most one, so no size has to divide anything.
 //
 // Weights: ColumnParallelDense(in, out, group, seed) holds columns [c0, c1) of the weight and
 // bias of Dense(in, out, seed), RowParallelDense rows [r0, r1) of the weight and the whole bias

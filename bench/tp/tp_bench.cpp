@@ -1,0 +1,164 @@
+// mncl-tp-bench: what splitting an MLP block over the ranks (tensor parallelism,
+// tensor_parallel.hpp) buys and costs per training step, in one run: forward + backward of
+// the block {B, d} -> Dense(d, 4d) -> ReLU -> Dense(4d, d) on one process, against the same
+// block as ColumnParallelDense + ReLU + RowParallelDense over every rank, against the block's
+// two allreduces of {B, d} floats alone (the communication Megatron-style splitting needs),
+// and against the two [failed, rows, features] exchanges alone (what failing together costs).
+//
+//   mncl-run -n 2 -- mncl-tp-bench [--batch B] [--widths d,d,...] [--rounds R] [--iters N]
+//
+// The contenders alternate in blocks of iterations, each block timed by its slowest rank; the
+// table gives the median per step of each and the median over the rounds of the paired
+// ratios: one process / split (the speedup) and checks / split (the share of the agreement
+// exchanges). Every width is checked first: the split block's output must equal the
+// one-process block's (same seeds) up to float rounding.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <mncl/frontends.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/bench_stats.h"
+
+namespace {
+
+struct Options {
+  int64_t batch = 32;
+  std::vector<int64_t> widths = {64, 256, 512};
+  int rounds = 5;
+  int iters = 10;
+};
+
+bool parse(int argc, char **argv, Options &o) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (i + 1 >= argc) return false;
+    const char *value = argv[++i];
+    if (arg == "--batch") {
+      o.batch = std::max<int64_t>(1, std::atoll(value));
+    } else if (arg == "--widths") {
+      o.widths.clear();
+      std::stringstream list(value);
+      for (std::string item; std::getline(list, item, ',');) {
+        o.widths.push_back(std::max<int64_t>(1, std::stoll(item)));
+      }
+    } else if (arg == "--rounds") {
+      o.rounds = std::max(1, std::atoi(value));
+    } else if (arg == "--iters") {
+      o.iters = std::max(1, std::atoi(value));
+    } else {
+      return false;
+    }
+  }
+  return !o.widths.empty();
+}
+
+// Seconds per call of `step` over `iters` calls, as the slowest rank saw them.
+double timed_block(mncl::Communicator &comm, int iters, const std::function<void()> &step) {
+  comm.barrier();
+  const auto begin = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) step();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  return comm.allreduce_value(seconds, mncl::ReduceOp::kMax) / iters;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  Options o;
+  if (!parse(argc, argv, o)) {
+    std::fprintf(stderr,
+                 "usage: mncl-tp-bench [--batch B] [--widths d,d,...] [--rounds R] [--iters N]\n");
+    return 2;
+  }
+  mncl::Communicator comm;
+  const bool root = comm.rank() == 0;
+  if (root) {
+    std::printf(
+        "# mncl-tp-bench: %d rank(s), backend %s; block {%lld, d} -> 4d -> d; %d rounds of %d "
+        "steps; times are per forward + backward\n",
+        comm.size(), comm.backend().c_str(), static_cast<long long>(o.batch), o.rounds, o.iters);
+    std::printf("# %6s %14s %12s %14s %12s %12s %14s\n", "d", "1 process (us)", "split (us)",
+                "2 allreduce", "2 checks", "speedup", "checks/split");
+  }
+  int status = 0;
+  for (int64_t d : o.widths) {
+    const int64_t hidden = 4 * d;
+    if (hidden < comm.size()) {
+      if (root)
+        std::printf("# d=%lld: too narrow for %d ranks\n", static_cast<long long>(d), comm.size());
+      continue;
+    }
+    mncl::Tensor x({o.batch, d}), grad({o.batch, d});
+    for (std::size_t k = 0; k < x.data.size(); ++k) {
+      x.data[k] = std::sin(0.37f * static_cast<float>(k));
+      grad.data[k] = std::cos(0.11f * static_cast<float>(k)) / static_cast<float>(o.batch);
+    }
+    mncl::Sequential single, split;
+    single.emplace<mncl::Dense>(d, hidden, 1)
+        .emplace<mncl::ReLU>()
+        .emplace<mncl::Dense>(hidden, d, 2);
+    split.emplace<mncl::ColumnParallelDense>(d, hidden, comm, 1,
+                                             mncl::ColumnParallelOptions{false, true});
+    split.emplace<mncl::ReLU>().emplace<mncl::RowParallelDense>(hidden, d, comm, 2);
+
+    // The check: same seeds, so the same outputs up to the order of the float sums.
+    const mncl::Tensor y_single = single.forward(x), y_split = split.forward(x);
+    double worst = 0, scale = 0;
+    for (std::size_t k = 0; k < y_single.data.size(); ++k) {
+      worst = std::max(worst, static_cast<double>(std::fabs(y_single.data[k] - y_split.data[k])));
+      scale = std::max(scale, static_cast<double>(std::fabs(y_single.data[k])));
+    }
+    single.backward(grad);
+    split.backward(grad);
+    if (comm.allreduce_value(worst, mncl::ReduceOp::kMax) > 1e-5 * std::max(1.0, scale)) {
+      if (root)
+        std::printf("# d=%lld: outputs differ by %g: FAILED\n", static_cast<long long>(d), worst);
+      status = 1;
+      continue;
+    }
+
+    std::vector<float> sums(static_cast<std::size_t>(o.batch * d), 1.0f);
+    const std::vector<int64_t> header = {0, o.batch, d, -1};
+    const std::vector<std::function<void()>> contenders = {
+        [&] { single.backward(single.forward(x)); }, [&] { split.backward(split.forward(x)); },
+        [&] {
+          // kMax: the same cost as a sum, and the values never grow.
+          comm.allreduce(mncl::Span<float>(sums), mncl::ReduceOp::kMax);
+          comm.allreduce(mncl::Span<float>(sums), mncl::ReduceOp::kMax);
+        },
+        [&] {
+          if (comm.size() == 1) return;  // a group of one exchanges nothing
+          comm.allgather(header);
+          comm.allgather(header);
+        }};
+    std::vector<std::vector<double>> times(contenders.size());
+    std::vector<double> speedup, check_share;
+    for (int round = 0; round < o.rounds; ++round) {
+      std::vector<double> t(contenders.size());
+      for (std::size_t i = 0; i < contenders.size(); ++i) {
+        const std::size_t which = (i + static_cast<std::size_t>(round)) % contenders.size();
+        t[which] = timed_block(comm, o.iters, contenders[which]);
+        times[which].push_back(t[which]);
+      }
+      speedup.push_back(t[0] / t[1]);
+      check_share.push_back(t[3] / t[1]);
+    }
+    if (root) {
+      std::printf("  %6lld %14.1f %12.1f %14.1f %12.1f %12.2f %14.3f\n", static_cast<long long>(d),
+                  1e6 * mncl_bench::median(times[0]), 1e6 * mncl_bench::median(times[1]),
+                  1e6 * mncl_bench::median(times[2]), 1e6 * mncl_bench::median(times[3]),
+                  mncl_bench::median(speedup), mncl_bench::median(check_share));
+      std::fflush(stdout);
+    }
+  }
+  comm.destroy();
+  return status;
+}
