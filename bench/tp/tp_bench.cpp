@@ -3,7 +3,8 @@
 // the block {B, d} -> Dense(d, 4d) -> ReLU -> Dense(4d, d) on one process, against the same
 // block as ColumnParallelDense + ReLU + RowParallelDense over every rank, against the block's
 // two allreduces of {B, d} floats alone (the communication Megatron-style splitting needs),
-// and against the two [failed, rows, features] exchanges alone (what failing together costs).
+// and against the four [failed, rows, features, shape] exchanges alone (what failing together
+// costs).
 //
 //   mncl-run -n 2 -- mncl-tp-bench [--batch B] [--widths d,d,...] [--rounds R] [--iters N]
 //
@@ -86,7 +87,7 @@ int main(int argc, char **argv) {
         "steps; times are per forward + backward\n",
         comm.size(), comm.backend().c_str(), static_cast<long long>(o.batch), o.rounds, o.iters);
     std::printf("# %6s %14s %12s %14s %12s %12s %14s\n", "d", "1 process (us)", "split (us)",
-                "2 allreduce", "2 checks", "speedup", "checks/split");
+                "2 allreduce", "4 checks", "speedup", "checks/split");
   }
   int status = 0;
   for (int64_t d : o.widths) {
@@ -126,7 +127,7 @@ int main(int argc, char **argv) {
     }
 
     std::vector<float> sums(static_cast<std::size_t>(o.batch * d), 1.0f);
-    const std::vector<int64_t> header = {0, o.batch, d, -1};
+    const std::vector<int64_t> header = {0, o.batch, d, -1, 0};  // agree()'s record
     const std::vector<std::function<void()>> contenders = {
         [&] { single.backward(single.forward(x)); }, [&] { split.backward(split.forward(x)); },
         [&] {
@@ -136,8 +137,7 @@ int main(int argc, char **argv) {
         },
         [&] {
           if (comm.size() == 1) return;  // a group of one exchanges nothing
-          comm.allgather(header);
-          comm.allgather(header);
+          for (int pass = 0; pass < 4; ++pass) comm.allgather(header);  // 2 layers x 2 passes
         }};
     std::vector<std::vector<double>> times(contenders.size());
     std::vector<double> speedup, check_share;

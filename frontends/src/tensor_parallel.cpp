@@ -71,24 +71,46 @@ std::string per_rank(const std::vector<int64_t> &values) {
   return s;
 }
 
-// Every rank's [failed, rows, features, expected total features (-1: any)] in one allgather,
-// then the same decision on every rank (it depends only on what was gathered): the failed
-// rank throws its own error, the others RemoteError naming it; disagreeing rows (and features,
-// with same_features, or a split that does not match the expected total) throw
-// InvalidArgument everywhere with the same message. Returns the layouts when the data may move.
+// FNV-1a of the dimensions before the last: tensors of the same rows but different shapes
+// ({2, 3, f} and {3, 2, f}) must not be mixed up.
+int64_t leading_shape_hash(const Tensor &t) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (std::size_t d = 0; d + 1 < t.shape.size(); ++d) {
+    for (int byte = 0; byte < 8; ++byte) {
+      h ^= (static_cast<uint64_t>(t.shape[d]) >> (8 * byte)) & 0xff;
+      h *= 0x100000001b3ull;
+    }
+  }
+  h ^= t.shape.size();
+  return static_cast<int64_t>(h * 0x100000001b3ull);
+}
+
+// Every rank's [failed, rows, features, expected total features (-1: any), shape hash] in one
+// small allgather, then the same decision on every rank (it depends only on what was
+// gathered): the failed rank throws its own error, the others RemoteError naming it; tensors
+// of different shapes apart from the features (and of different features, with
+// same_features, or slices that are not one split of the expected total) throw
+// InvalidArgument everywhere with the same message. Every pass of every layer here runs it,
+// also the passes that move no data, so that a bad tensor on one rank never leaves the others
+// waiting in the next collective. Returns the layouts when the data may move.
 Layouts agree(Communicator &group, const std::string &who, const std::string &own_error,
               const Tensor &t, bool same_features, int64_t expected_total) {
+  constexpr std::size_t kFields = 5;
   const Matrix m = own_error.empty() ? as_matrix(t) : Matrix{};
-  const std::vector<int64_t> mine = {own_error.empty() ? 0 : 1, m.rows, m.cols, expected_total};
+  const std::vector<int64_t> mine = {own_error.empty() ? 0 : 1, m.rows, m.cols, expected_total,
+                                     own_error.empty() ? leading_shape_hash(t) : 0};
   const std::vector<int64_t> all = group.size() == 1 ? mine : group.allgather(mine);
   if (!own_error.empty()) throw InvalidArgument(own_error);
   const auto size = static_cast<std::size_t>(group.size());
   std::string failed;
   Layouts layouts;
+  std::vector<int64_t> totals, hashes;
   for (std::size_t r = 0; r < size; ++r) {
-    if (all[4 * r] != 0) failed += (failed.empty() ? "" : ", ") + std::to_string(r);
-    layouts.rows.push_back(all[4 * r + 1]);
-    layouts.cols.push_back(all[4 * r + 2]);
+    if (all[kFields * r] != 0) failed += (failed.empty() ? "" : ", ") + std::to_string(r);
+    layouts.rows.push_back(all[kFields * r + 1]);
+    layouts.cols.push_back(all[kFields * r + 2]);
+    totals.push_back(all[kFields * r + 3]);
+    hashes.push_back(all[kFields * r + 4]);
   }
   if (!failed.empty()) {
     throw RemoteError(who + ": rank(s) " + failed +
@@ -101,13 +123,21 @@ Layouts agree(Communicator &group, const std::string &who, const std::string &ow
     throw InvalidArgument(who + ": the ranks' tensors have different numbers of rows (" +
                           per_rank(layouts.rows) + ")");
   }
+  if (!all_equal(hashes)) {
+    throw InvalidArgument(who + ": the ranks' tensors differ in shape before the last dimension");
+  }
   if (same_features && !all_equal(layouts.cols)) {
     throw InvalidArgument(who + ": the ranks' tensors have different numbers of features (" +
                           per_rank(layouts.cols) + ")");
   }
+  int64_t sum = 0;
+  for (int64_t cols : layouts.cols) {
+    if (__builtin_add_overflow(sum, cols, &sum)) {
+      throw InvalidArgument(who + ": the ranks' features (" + per_rank(layouts.cols) +
+                            ") add up to more than an int64 holds");
+    }
+  }
   if (expected_total >= 0) {
-    std::vector<int64_t> totals(size);
-    for (std::size_t r = 0; r < size; ++r) totals[r] = all[4 * r + 3];
     bool split_matches = all_equal(totals);
     for (std::size_t r = 0; split_matches && r < size; ++r) {
       const ShardRange shard = shard_range(static_cast<std::size_t>(totals[0]), group.size(),
@@ -121,6 +151,13 @@ Layouts agree(Communicator &group, const std::string &who, const std::string &ow
     }
   }
   return layouts;
+}
+
+// For the passes that move no data: only the agreement (see agree), on a tensor that must be
+// the same shape on every rank (replicated) or one slice of `expected_total` features.
+void agree_without_data(Communicator &group, const std::string &who, const std::string &own_error,
+                        const Tensor &t, int64_t expected_total = -1) {
+  agree(group, who, own_error, t, expected_total < 0, expected_total);
 }
 
 // The sum over the group of every rank's `t` (same rows and features on every rank).
@@ -214,8 +251,8 @@ ShardRange feature_shard(int64_t total, const Communicator &group) {
 
 Tensor CopyToTensorParallel::forward(const Tensor &x) {
   shape_.clear();
-  const std::string error = check_tensor(x, name() + "::forward");
-  if (!error.empty()) throw InvalidArgument(error);
+  const std::string who = name() + "::forward";
+  agree_without_data(*group_, who, check_tensor(x, who), x);
   shape_ = x.shape;
   return x;
 }
@@ -234,8 +271,8 @@ Tensor ReduceFromTensorParallel::forward(const Tensor &x) {
 }
 
 Tensor ReduceFromTensorParallel::backward(const Tensor &grad_y) {
-  const std::string error = check_gradient(grad_y, shape_, name() + "::backward");
-  if (!error.empty()) throw InvalidArgument(error);
+  const std::string who = name() + "::backward";
+  agree_without_data(*group_, who, check_gradient(grad_y, shape_, who), grad_y);
   return grad_y;
 }
 
@@ -248,15 +285,15 @@ Tensor GatherFromTensorParallel::forward(const Tensor &x) {
 }
 
 Tensor GatherFromTensorParallel::backward(const Tensor &grad_y) {
-  const std::string error = check_gradient(grad_y, output_shape_, name() + "::backward");
-  if (!error.empty()) throw InvalidArgument(error);
+  const std::string who = name() + "::backward";
+  agree_without_data(*group_, who, check_gradient(grad_y, output_shape_, who), grad_y);
   return slice_features(grad_y, begin_, end_);
 }
 
 Tensor ScatterToTensorParallel::forward(const Tensor &x) {
   input_shape_.clear();
-  const std::string error = check_tensor(x, name() + "::forward");
-  if (!error.empty()) throw InvalidArgument(error);
+  const std::string who = name() + "::forward";
+  agree_without_data(*group_, who, check_tensor(x, who), x);  // x replicated
   const ShardRange shard = feature_shard(x.shape.back(), *group_);
   begin_ = static_cast<int64_t>(shard.begin);
   end_ = static_cast<int64_t>(shard.end);
@@ -295,15 +332,14 @@ std::string ColumnParallelDense::name() const {
          std::to_string(columns_.begin) + ":" + std::to_string(columns_.end) + "]";
 }
 
-// Each pass has at most one collective; a rank whose tensor is wrong still joins it, carrying
-// its error, so every rank fails together (see the header). Without a collective, a wrong
-// tensor fails this rank alone, at once.
+// Each pass has one agreement (and at most one data collective after it): a rank whose tensor
+// is wrong still joins it, carrying its error, so every rank fails together (see agree).
 Tensor ColumnParallelDense::forward(const Tensor &x) {
   forward_done_ = false;
   const std::string who = name() + "::forward";
   const std::string error = check_dense(x, in_, who);
   if (!options_.gather_output) {
-    if (!error.empty()) throw InvalidArgument(error);
+    agree_without_data(*group_, who, error, x);  // x replicated
     Tensor y = local_->forward(x);
     batch_ = x.rows();
     forward_done_ = true;
@@ -326,15 +362,16 @@ Tensor ColumnParallelDense::backward(const Tensor &grad_y) {
     error = who + ": gradient of " + std::to_string(grad_y.rows()) + " rows for a forward of " +
             std::to_string(batch_);
   }
+  if (!options_.compute_input_grad) {
+    // dy replicated when the output was gathered, else one slice of the out features.
+    agree_without_data(*group_, who, error, grad_y, options_.gather_output ? -1 : out_);
+  }
   Tensor grad_x;
   if (error.empty()) {
     const auto c0 = static_cast<int64_t>(columns_.begin), c1 = static_cast<int64_t>(columns_.end);
     grad_x = local_->backward(options_.gather_output ? slice_features(grad_y, c0, c1) : grad_y);
   }
-  if (!options_.compute_input_grad) {
-    if (!error.empty()) throw InvalidArgument(error);
-    return grad_x;
-  }
+  if (!options_.compute_input_grad) return grad_x;
   return allreduce_sum(*group_, who, error, grad_x);  // x went to every rank's columns
 }
 
@@ -387,7 +424,7 @@ Tensor RowParallelDense::backward(const Tensor &grad_y) {
   }
   // Only a replicated input's gradient needs a collective (every rank's slice of it).
   const bool gathers = options_.compute_input_grad && !options_.input_is_parallel;
-  if (!error.empty() && !gathers) throw InvalidArgument(error);
+  if (!gathers) agree_without_data(*group_, who, error, grad_y);  // dy replicated
   Tensor grad_x;
   if (error.empty()) {
     // y's gradient is the same on every rank, and so is the bias's.

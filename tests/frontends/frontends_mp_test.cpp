@@ -1462,6 +1462,82 @@ TEST_F(Frontends, TensorParallelBadInputOnOneRankFailsEveryRank) {
   EXPECT_EQ(comm().allreduce_value(1), size());
 }
 
+// A bad tensor that reaches a pass moving no data (the column-parallel layer of the MLP block
+// without gather, the row-parallel layer's backward) still fails every rank together, not one
+// rank at once and the others in the next layer's collective; so do the collective links, N-D
+// tensors of different shapes, replicated inputs of different widths and slices that are not
+// one split.
+TEST_F(Frontends, TensorParallelBadInputFailsTogetherInEveryPass) {
+  const int culprit = size() - 1;
+  const bool guilty = rank() == culprit;
+  auto expect_together = [&](auto &&call, const char *what) {
+    try {
+      call();
+      ADD_FAILURE() << what << " took a bad tensor";
+    } catch (const mncl::InvalidArgument &e) {
+      EXPECT_TRUE(guilty) << what << ": " << e.what();
+    } catch (const mncl::RemoteError &e) {
+      EXPECT_FALSE(guilty) << what << ": " << e.what();
+    }
+  };
+  auto expect_all_refuse = [&](auto &&call, const char *what, const char *why) {
+    try {
+      call();
+      ADD_FAILURE() << what << " took tensors that disagree";
+    } catch (const mncl::InvalidArgument &e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << what << ": " << e.what();
+    }
+  };
+  mncl::Sequential block;
+  block.emplace<mncl::ColumnParallelDense>(3, 6, comm(), 1, mncl::ColumnParallelOptions{false})
+      .emplace<mncl::ReLU>()
+      .emplace<mncl::RowParallelDense>(6, 2, comm(), 2);
+  expect_together([&] { block.forward(mncl::Tensor({2, guilty ? 4 : 3}, 1.0f)); }, "block forward");
+  block.forward(mncl::Tensor({2, 3}, 1.0f));
+  auto block_backward_bad = [&] { block.backward(mncl::Tensor({2, guilty ? 3 : 2}, 1.0f)); };
+  expect_together(block_backward_bad, "block backward");
+  block.forward(mncl::Tensor({2, 3}, 1.0f));
+  EXPECT_EQ(block.backward(mncl::Tensor({2, 2}, 1.0f)).shape, (std::vector<int64_t>{2, 3}));
+
+  mncl::CopyToTensorParallel copy(comm());
+  auto copy_bad = [&] { copy.forward(guilty ? mncl::Tensor() : mncl::Tensor({1, 2})); };
+  expect_together(copy_bad, "copy forward");
+  mncl::GatherFromTensorParallel gather(comm());
+  gather.forward(mncl::Tensor({2, 1}, 1.0f));
+  auto gather_bad = [&] { gather.backward(mncl::Tensor({2, size() + (guilty ? 1 : 0)})); };
+  expect_together(gather_bad, "gather backward");
+  mncl::ScatterToTensorParallel scatter(comm());
+  scatter.forward(mncl::Tensor({2, 8}, 1.0f));
+  const auto my_width = int64_t(mncl::feature_shard(8, comm()).size());
+  auto scatter_bad = [&] { scatter.backward(mncl::Tensor({guilty ? 3 : 2, my_width})); };
+  expect_together(scatter_bad, "scatter backward");
+  if (size() > 1) {
+    auto gather_shapes = [&] {
+      gather.forward(
+          mncl::Tensor(guilty ? std::vector<int64_t>{2, 3, 1} : std::vector<int64_t>{3, 2, 1}));
+    };
+    expect_all_refuse(gather_shapes, "gather forward", "differ in shape");
+    auto copy_widths = [&] { copy.forward(mncl::Tensor({2, guilty ? 5 : 4})); };
+    expect_all_refuse(copy_widths, "copy forward", "different numbers of features");
+    auto scatter_widths = [&] { scatter.forward(mncl::Tensor({2, guilty ? 5 : 4})); };
+    expect_all_refuse(scatter_widths, "scatter forward", "different numbers of features");
+    // Layers built for different widths (the culprit's 1 wider): each rank's gradient fits its
+    // own slice, but together they are no split of one width.
+    mncl::ColumnParallelDense narrow(3, 2 * size() + (guilty ? 1 : 0), comm(), 1,
+                                     mncl::ColumnParallelOptions{false, false});
+    narrow.forward(mncl::Tensor({2, 3}, 1.0f));
+    auto no_split = [&] { narrow.backward(mncl::Tensor({2, int64_t(narrow.columns().size())})); };
+    expect_all_refuse(no_split, "column backward", "not one split");
+    mncl::ColumnParallelDense column(3, 2 * size(), comm(), 1,
+                                     mncl::ColumnParallelOptions{true, false});
+    column.forward(mncl::Tensor({0, 3}));  // an empty batch is a batch
+    EXPECT_TRUE(column.backward(mncl::Tensor({0, 2 * size()})).empty());
+    auto rows_differ = [&] { column.forward(mncl::Tensor({guilty ? 1 : 0, 3})); };
+    expect_all_refuse(rows_differ, "column forward", "different numbers of rows");
+  }
+  EXPECT_EQ(comm().allreduce_value(1), size());
+}
+
 // Three SGD steps of the parallel block stay with the one-process block (up to float sum
 // order), and the replicated bias stays bit for bit the same on every rank.
 TEST_F(Frontends, TensorParallelTrainsLikeOneProcess) {
