@@ -1575,6 +1575,64 @@ TEST_F(Frontends, TensorParallelTrainsLikeOneProcess) {
   }
 }
 
+// Tensor x data parallelism: the world split into replicas (split_hybrid) of a tensor-parallel
+// group of 2 ranks (1 with an odd world), each replica on its own rows of the global batch,
+// the gradients averaged over the replicas by a MultiNodeOptimizer on the data-parallel group:
+// two SGD steps equal one process's on the whole batch.
+TEST_F(Frontends, TensorTimesDataParallelTrainsLikeOneProcessOnTheGlobalBatch) {
+  const int tensor_ranks = size() % 2 == 0 ? 2 : 1;
+  auto groups = mncl::split_hybrid(comm(), tensor_ranks);
+  const int replicas = groups.coords.replicas, replica = groups.coords.replica;
+  const int64_t rows = 3;  // per replica
+  auto global_batch = [&](int step) {
+    mncl::Tensor x({rows * replicas, 5});
+    for (std::size_t k = 0; k < x.size(); ++k) x.data[k] = std::cos(0.4f * float(k) + float(step));
+    std::vector<int32_t> labels(static_cast<std::size_t>(rows * replicas));
+    for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = int32_t((i * 7 + step) % 3);
+    return std::make_pair(x, labels);
+  };
+  mncl::Dense ref1(5, 6, 31), ref2(6, 3, 32);
+  mncl::Sequential reference({std::shared_ptr<mncl::Link>(&ref1, [](mncl::Link *) {}),
+                              std::make_shared<mncl::ReLU>(),
+                              std::shared_ptr<mncl::Link>(&ref2, [](mncl::Link *) {})});
+  auto col = std::make_shared<mncl::ColumnParallelDense>(5, 6, groups.model_parallel, 31,
+                                                         mncl::ColumnParallelOptions{false, false});
+  auto row = std::make_shared<mncl::RowParallelDense>(6, 3, groups.model_parallel, 32);
+  mncl::Sequential parallel({col, std::make_shared<mncl::ReLU>(), row});
+  mncl::Sgd sgd_ref({0.5f});
+  mncl::MultiNodeOptimizer<mncl::Sgd> opt(mncl::Sgd({0.5f}), groups.data_parallel);
+  const auto params = parallel.parameters();
+  opt.update(mncl::value_spans(params), mncl::grad_spans(params));  // broadcast, no step
+  for (int step = 0; step < 2; ++step) {
+    const auto [x, labels] = global_batch(step);
+    mncl::SoftmaxCrossEntropy loss_ref, loss;
+    loss_ref.forward(reference.forward(x), labels);
+    reference.backward(loss_ref.backward());
+    sgd_ref.update(mncl::value_spans(reference.parameters()),
+                   mncl::grad_spans(reference.parameters()));
+    // My replica's rows; the loss's mean over them, averaged over the replicas, is the global
+    // mean (equal shares).
+    mncl::Tensor mine({rows, 5});
+    std::copy(x.data.begin() + replica * rows * 5, x.data.begin() + (replica + 1) * rows * 5,
+              mine.data.begin());
+    const std::vector<int32_t> my_labels(labels.begin() + replica * rows,
+                                         labels.begin() + (replica + 1) * rows);
+    loss.forward(parallel.forward(mine), my_labels);
+    parallel.backward(loss.backward());
+    opt.update(mncl::value_spans(params), mncl::grad_spans(params));
+  }
+  const mncl::ShardRange cs = col->columns(), rs = row->rows();
+  expect_near(col->weight().value, block_of(ref1.weight().value, 6, 0, 5, cs.begin, cs.end),
+              "column weights");
+  expect_near(col->bias().value, block_of(ref1.bias().value, 6, 0, 1, cs.begin, cs.end),
+              "column bias");
+  expect_near(row->weight().value, block_of(ref2.weight().value, 3, rs.begin, rs.end, 0, 3),
+              "row weights");
+  expect_near(row->bias().value, ref2.bias().value, "row bias");
+  groups.model_parallel.destroy();
+  groups.data_parallel.destroy();
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
