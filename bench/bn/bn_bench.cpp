@@ -14,69 +14,24 @@
 // to its communication). Every size is checked once first: with the same samples on every rank,
 // the global statistics equal the local ones, so the outputs must agree.
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <mncl/frontends.hpp>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "common/bench_stats.h"
-
-namespace {
-
-struct Options {
-  int64_t batch = 32;
-  int64_t spatial = 1;
-  std::vector<int64_t> channels = {64, 256, 1024, 4096};
-  int rounds = 9;
-  int iters = 20;
-};
-
-bool parse(int argc, char **argv, Options &o) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (i + 1 >= argc) return false;
-    const char *value = argv[++i];
-    if (arg == "--batch") {
-      o.batch = std::max<int64_t>(1, std::atoll(value));
-    } else if (arg == "--spatial") {
-      o.spatial = std::max<int64_t>(1, std::atoll(value));
-    } else if (arg == "--channels") {
-      o.channels.clear();
-      std::stringstream list(value);
-      for (std::string item; std::getline(list, item, ',');) {
-        o.channels.push_back(std::max<int64_t>(1, std::stoll(item)));
-      }
-    } else if (arg == "--rounds") {
-      o.rounds = std::max(1, std::atoi(value));
-    } else if (arg == "--iters") {
-      o.iters = std::max(1, std::atoi(value));
-    } else {
-      return false;
-    }
-  }
-  return !o.channels.empty();
-}
-
-// Seconds per call of `step` over `iters` calls, as the slowest rank saw them.
-double timed_block(mncl::Communicator &comm, int iters, const std::function<void()> &step) {
-  comm.barrier();
-  const auto begin = std::chrono::steady_clock::now();
-  for (int i = 0; i < iters; ++i) step();
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
-  return comm.allreduce_value(seconds, mncl::ReduceOp::kMax) / iters;
-}
-
-}  // namespace
+#include "common/frontends_bench.h"
 
 int main(int argc, char **argv) {
-  Options o;
-  if (!parse(argc, argv, o)) {
+  mncl_bench::SweepOptions o;
+  o.sizes = {64, 256, 1024, 4096};
+  o.rounds = 9;
+  o.iters = 20;
+  int64_t spatial = 1;
+  if (!mncl_bench::parse_sweep(argc, argv, "--channels", o, {{"--spatial", &spatial}})) {
     std::fprintf(stderr,
                  "usage: mncl-bn-bench [--batch B] [--channels C,C,...] [--spatial S] "
                  "[--rounds R] [--iters N]\n");
@@ -89,13 +44,13 @@ int main(int argc, char **argv) {
         "# mncl-bn-bench: %d rank(s), backend %s; input {%lld, C, %lld} per rank; "
         "%d rounds of %d steps; times are per forward + backward\n",
         comm.size(), comm.backend().c_str(), static_cast<long long>(o.batch),
-        static_cast<long long>(o.spatial), o.rounds, o.iters);
+        static_cast<long long>(spatial), o.rounds, o.iters);
     std::printf("# %8s %12s %14s %14s %12s %16s\n", "C", "local (us)", "multi-node (us)",
                 "2 allreduce", "mn / local", "extra / allred");
   }
   int status = 0;
-  for (int64_t channels : o.channels) {
-    mncl::Tensor x({o.batch, channels, o.spatial}), grad({o.batch, channels, o.spatial});
+  for (int64_t channels : o.sizes) {
+    mncl::Tensor x({o.batch, channels, spatial}), grad({o.batch, channels, spatial});
     for (std::size_t k = 0; k < x.data.size(); ++k) {
       x.data[k] = std::sin(0.37f * static_cast<float>(k)) + 0.01f * static_cast<float>(k % 97);
       grad.data[k] = std::cos(0.11f * static_cast<float>(k));
@@ -127,18 +82,12 @@ int main(int argc, char **argv) {
           comm.allreduce(mncl::Span<double>(sums), mncl::ReduceOp::kMax);
           comm.allreduce(mncl::Span<double>(sums), mncl::ReduceOp::kMax);
         }};
-    std::vector<std::vector<double>> times(contenders.size());
     std::vector<double> ratio, extra;
-    for (int round = 0; round < o.rounds; ++round) {
-      std::vector<double> t(contenders.size());
-      for (std::size_t i = 0; i < contenders.size(); ++i) {
-        const std::size_t which = (i + static_cast<std::size_t>(round)) % contenders.size();
-        t[which] = timed_block(comm, o.iters, contenders[which]);
-        times[which].push_back(t[which]);
-      }
-      ratio.push_back(t[1] / t[0]);
-      extra.push_back((t[1] - t[0]) / t[2]);
-    }
+    const auto times = mncl_bench::alternate_rounds(comm, o.rounds, o.iters, contenders,
+                                                    [&](const std::vector<double> &t) {
+                                                      ratio.push_back(t[1] / t[0]);
+                                                      extra.push_back((t[1] - t[0]) / t[2]);
+                                                    });
     if (root) {
       std::printf("  %8lld %12.1f %14.1f %14.1f %12.2f %16.2f\n", static_cast<long long>(channels),
                   1e6 * mncl_bench::median(times[0]), 1e6 * mncl_bench::median(times[1]),

@@ -14,67 +14,22 @@
 // exchanges). Every width is checked first: the split block's output must equal the
 // one-process block's (same seeds) up to float rounding.
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <memory>
 #include <mncl/frontends.hpp>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "common/bench_stats.h"
-
-namespace {
-
-struct Options {
-  int64_t batch = 32;
-  std::vector<int64_t> widths = {64, 256, 512};
-  int rounds = 5;
-  int iters = 10;
-};
-
-bool parse(int argc, char **argv, Options &o) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (i + 1 >= argc) return false;
-    const char *value = argv[++i];
-    if (arg == "--batch") {
-      o.batch = std::max<int64_t>(1, std::atoll(value));
-    } else if (arg == "--widths") {
-      o.widths.clear();
-      std::stringstream list(value);
-      for (std::string item; std::getline(list, item, ',');) {
-        o.widths.push_back(std::max<int64_t>(1, std::stoll(item)));
-      }
-    } else if (arg == "--rounds") {
-      o.rounds = std::max(1, std::atoi(value));
-    } else if (arg == "--iters") {
-      o.iters = std::max(1, std::atoi(value));
-    } else {
-      return false;
-    }
-  }
-  return !o.widths.empty();
-}
-
-// Seconds per call of `step` over `iters` calls, as the slowest rank saw them.
-double timed_block(mncl::Communicator &comm, int iters, const std::function<void()> &step) {
-  comm.barrier();
-  const auto begin = std::chrono::steady_clock::now();
-  for (int i = 0; i < iters; ++i) step();
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
-  return comm.allreduce_value(seconds, mncl::ReduceOp::kMax) / iters;
-}
-
-}  // namespace
+#include "common/frontends_bench.h"
 
 int main(int argc, char **argv) {
-  Options o;
-  if (!parse(argc, argv, o)) {
+  mncl_bench::SweepOptions o;
+  o.sizes = {64, 256, 512};
+  if (!mncl_bench::parse_sweep(argc, argv, "--widths", o)) {
     std::fprintf(stderr,
                  "usage: mncl-tp-bench [--batch B] [--widths d,d,...] [--rounds R] [--iters N]\n");
     return 2;
@@ -90,7 +45,7 @@ int main(int argc, char **argv) {
                 "2 allreduce", "4 checks", "speedup", "checks/split");
   }
   int status = 0;
-  for (int64_t d : o.widths) {
+  for (int64_t d : o.sizes) {
     const int64_t hidden = 4 * d;
     if (hidden < comm.size()) {
       if (root)
@@ -139,18 +94,12 @@ int main(int argc, char **argv) {
           if (comm.size() == 1) return;  // a group of one exchanges nothing
           for (int pass = 0; pass < 4; ++pass) comm.allgather(header);  // 2 layers x 2 passes
         }};
-    std::vector<std::vector<double>> times(contenders.size());
     std::vector<double> speedup, check_share;
-    for (int round = 0; round < o.rounds; ++round) {
-      std::vector<double> t(contenders.size());
-      for (std::size_t i = 0; i < contenders.size(); ++i) {
-        const std::size_t which = (i + static_cast<std::size_t>(round)) % contenders.size();
-        t[which] = timed_block(comm, o.iters, contenders[which]);
-        times[which].push_back(t[which]);
-      }
-      speedup.push_back(t[0] / t[1]);
-      check_share.push_back(t[3] / t[1]);
-    }
+    const auto times = mncl_bench::alternate_rounds(comm, o.rounds, o.iters, contenders,
+                                                    [&](const std::vector<double> &t) {
+                                                      speedup.push_back(t[0] / t[1]);
+                                                      check_share.push_back(t[3] / t[1]);
+                                                    });
     if (root) {
       std::printf("  %6lld %14.1f %12.1f %14.1f %12.1f %12.2f %14.3f\n", static_cast<long long>(d),
                   1e6 * mncl_bench::median(times[0]), 1e6 * mncl_bench::median(times[1]),

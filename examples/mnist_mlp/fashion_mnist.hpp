@@ -291,17 +291,20 @@ inline void add_mlp_stage(mncl::MultiNodeChainList &chain, const Options &o, boo
   }
 }
 
+// One epoch's line, {train loss, train accuracy, test loss, test accuracy}.
+inline void print_epoch(const std::vector<double> &metrics, int epoch, double seconds) {
+  std::printf("epoch %d  train loss %.4f acc %.4f  test loss %.4f acc %.4f  time %.2f s\n", epoch,
+              metrics[0], metrics[1], metrics[2], metrics[3], seconds);
+  std::fflush(stdout);
+}
+
 // The two-stage examples' epoch report: stage 1 (rank 1 of `pipeline`) holds `metrics`, {train
 // loss, train accuracy, test loss, test accuracy}, and sends them to stage 0; `print` says
 // whether this rank prints them. Returns the test accuracy.
 inline double report_epoch(mncl::Communicator &pipeline, std::vector<double> &metrics, int epoch,
                            double seconds, bool print) {
   pipeline.bcast(metrics, 1);
-  if (print) {
-    std::printf("epoch %d  train loss %.4f acc %.4f  test loss %.4f acc %.4f  time %.2f s\n", epoch,
-                metrics[0], metrics[1], metrics[2], metrics[3], seconds);
-    std::fflush(stdout);
-  }
+  if (print) print_epoch(metrics, epoch, seconds);
   return metrics[3];
 }
 

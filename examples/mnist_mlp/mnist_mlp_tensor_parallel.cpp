@@ -109,12 +109,11 @@ int train(mncl::Communicator &comm, const Options &o, Optimizer optimizer) {
     const double seconds = fashion_mnist::seconds_since(start);
     total_seconds += seconds;
     accuracy = static_cast<double>(test_correct) / test_set.size();
+    const double trained = static_cast<double>(steps * batch_size);
     if (is_root) {
-      std::printf("epoch %d  train loss %.4f acc %.4f  test loss %.4f acc %.4f  time %.2f s\n",
-                  epoch, loss_sum / (steps * batch_size),
-                  static_cast<double>(correct) / (steps * batch_size), test_loss / test_set.size(),
-                  accuracy, seconds);
-      std::fflush(stdout);
+      fashion_mnist::print_epoch(
+          {loss_sum / trained, correct / trained, test_loss / test_set.size(), accuracy}, epoch,
+          seconds);
     }
   }
   if (is_root) fashion_mnist::print_final(accuracy, o.epochs, total_seconds);

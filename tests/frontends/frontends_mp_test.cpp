@@ -1291,6 +1291,23 @@ std::vector<float> block_of(const std::vector<float> &m, std::size_t cols, std::
   return out;
 }
 
+// `call` on every rank, where rank `culprit` passed a tensor the layer cannot take: it must
+// throw InvalidArgument there and RemoteError naming it everywhere else.
+template <class Call>
+void expect_fails_together(Call &&call, int culprit, const char *what) {
+  const bool guilty = spmd::world().rank() == culprit;
+  try {
+    call();
+    ADD_FAILURE() << what << " took a bad tensor";
+  } catch (const mncl::InvalidArgument &e) {
+    EXPECT_TRUE(guilty) << what << ": " << e.what();
+  } catch (const mncl::RemoteError &e) {
+    EXPECT_FALSE(guilty) << what << ": " << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank(s) " + std::to_string(culprit)), std::string::npos)
+        << what << ": " << e.what();
+  }
+}
+
 // The Megatron MLP block (column-parallel, ReLU, row-parallel) equals Dense, ReLU, Dense on
 // one process: outputs, input gradients and every shard's parameter gradients, exactly. 7
 // hidden features split unevenly over 2, 3 and 4 ranks.
@@ -1408,16 +1425,7 @@ TEST_F(Frontends, TensorParallelBadInputOnOneRankFailsEveryRank) {
   const int culprit = size() - 1;
   const bool guilty = rank() == culprit;
   auto expect_together = [&](auto &&call, const char *what) {
-    try {
-      call();
-      ADD_FAILURE() << what << " took a bad tensor";
-    } catch (const mncl::InvalidArgument &e) {
-      EXPECT_TRUE(guilty) << what << ": " << e.what();
-    } catch (const mncl::RemoteError &e) {
-      EXPECT_FALSE(guilty) << what << ": " << e.what();
-      EXPECT_NE(std::string(e.what()).find("rank(s) " + std::to_string(culprit)), std::string::npos)
-          << e.what();
-    }
+    expect_fails_together(call, culprit, what);
   };
   mncl::ColumnParallelDense col(3, 4, comm(), 1);  // gathers its output
   col.forward(mncl::Tensor({2, 3}, 1.0f));
@@ -1471,14 +1479,7 @@ TEST_F(Frontends, TensorParallelBadInputFailsTogetherInEveryPass) {
   const int culprit = size() - 1;
   const bool guilty = rank() == culprit;
   auto expect_together = [&](auto &&call, const char *what) {
-    try {
-      call();
-      ADD_FAILURE() << what << " took a bad tensor";
-    } catch (const mncl::InvalidArgument &e) {
-      EXPECT_TRUE(guilty) << what << ": " << e.what();
-    } catch (const mncl::RemoteError &e) {
-      EXPECT_FALSE(guilty) << what << ": " << e.what();
-    }
+    expect_fails_together(call, culprit, what);
   };
   auto expect_all_refuse = [&](auto &&call, const char *what, const char *why) {
     try {
