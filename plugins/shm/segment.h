@@ -22,8 +22,8 @@ namespace mncl::shm {
 
 constexpr uint32_t kMagic = 0x4d48534du;  // "MSHM"
 // 2: call stamps, mismatch word; 3: single-copy offers; 4: v_count; 5: scatterv's counts in the
-// root's staging (no longer in its receivers' v_count words)
-constexpr uint32_t kVersion = 5;
+// root's staging (no longer in its receivers' v_count words); 6: one call stamp per staging half
+constexpr uint32_t kVersion = 6;
 
 struct Header {
   uint32_t magic;
@@ -50,6 +50,10 @@ struct Header {
 // posts, so that a rank reading a peer's staging (or waiting on its posts) can first check
 // that the peer makes the same call (issue 9). A seqlock: `head` is kStampWriting while the
 // other words change. head = first post of the call (32 bits) | kind << 32 | dtype << 40.
+// There is one stamp per staging half, written under the half's reuse rule (after its readers
+// have posted past their last read of it) by the call whose first round uses that half: a rank
+// that waits for nobody (a bcast root) can run two calls ahead, and with a single stamp its
+// peers would find the stamp of a later call instead of the one they are checking.
 struct CallStamp {
   std::atomic<uint64_t> head;
   std::atomic<uint64_t> op_root;  // op (or -1) in the low 32 bits, root (or -1) in the high
@@ -61,7 +65,7 @@ constexpr uint64_t kStampWriting = ~0ull;
 struct alignas(128) RankCtl {
   Flag posts;                // collective progress: bumped once per phase of every collective
   std::atomic<int32_t> pid;  // for liveness checks; 0 until the rank has mapped the segment
-  CallStamp call;            // same line as posts: the reader has just loaded it anyway
+  CallStamp call[2];         // per staging half; same line as posts, which the reader has loaded
   // Gatherv: a non-root's own count, which goes with round 0 of a call, one word per staging
   // half and under the half's reuse rule (written in a round that uses half h, before the post;
   // read before the reader's next post), so that the data keep the whole half. Only the line's

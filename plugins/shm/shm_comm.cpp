@@ -442,15 +442,17 @@ void Comm::wait_flag(Op &op, Flag &f, uint32_t target, int peer, const char *wha
 }
 
 // ---------------------------------------------------------------------------------------------
-// Mismatched calls (issue 9): each rank stamps its call before the call's first post; at its
-// first wait in a call, a rank compares the stamps of the ranks it waited for with its own.
-// Matched calls start at the same post number on every rank, so a peer that has posted that
-// far has stamped this call or a later one; a stamp that started earlier means the peer is in
-// a different (longer) call, one with the same start but other fields a different call.
+// Mismatched calls (issue 9): each rank stamps its call before the call's first post, into the
+// stamp of the staging half its first round uses and under that half's reuse rule; at its first
+// wait in a call, a rank compares the stamps of the ranks it waited for, in the same half, with
+// its own. Matched calls start at the same post number and round on every rank, and a peer
+// rewrites that stamp only after this rank has posted again, so the stamp it finds is the peer's
+// call that started at the same post: anything else (an earlier call, a later one, a stamp being
+// written) means the peer is in a different call.
 // ---------------------------------------------------------------------------------------------
 
-void Comm::publish_call(const Op &op) {
-  CallStamp &s = seg_.ctl(rank_).call;
+void Comm::publish_call(const Op &op, int half) {
+  CallStamp &s = seg_.ctl(rank_).call[half];
   // A seqlock: release stores keep the "writing" mark ahead of the fields (no standalone fence,
   // which ThreadSanitizer cannot model).
   s.head.store(kStampWriting, std::memory_order_relaxed);
@@ -460,43 +462,49 @@ void Comm::publish_call(const Op &op) {
   s.head.store(op.head | (op.base + 1u), std::memory_order_release);  // the post publishes it
 }
 
-void Comm::check_peer_call(Op &op, int peer) {
-  const CallStamp &s = seg_.ctl(peer).call;
+void Comm::check_peer_call(Op &op, int peer, int half) {
+  const CallStamp &s = seg_.ctl(peer).call[half];
   const uint64_t head = s.head.load(std::memory_order_acquire);
   // Acquire loads keep the re-read of head below after the fields.
   const uint64_t op_root = s.op_root.load(std::memory_order_acquire);
   const uint64_t count = s.count.load(std::memory_order_acquire);
   const uint64_t seq = s.seq.load(std::memory_order_acquire);
-  // Being rewritten: the peer is past this call already, nothing left to check.
-  if (head == kStampWriting || s.head.load(std::memory_order_relaxed) != head) return;
-  const uint32_t first = static_cast<uint32_t>(head), mine = op.base + 1u;
-  if (first != mine && reached(first, mine)) return;  // a later call: it got past this one
+  const uint32_t mine = op.base + 1u;
   const uint64_t my_head = op.head | mine;
-  if (head == my_head && op_root == op.op_root && count == op.count && seq == op.seq) return;
   auto describe = [](uint64_t h, uint64_t o_r, uint64_t n) {
     const auto narrow = [](uint64_t b) { return b == 0xff ? -1 : static_cast<int32_t>(b); };
     return describe_call(narrow(h >> 32 & 0xff), narrow(h >> 40 & 0xff),
                          static_cast<int32_t>(o_r & 0xffffffffu), static_cast<int32_t>(o_r >> 32),
                          n);
   };
-  std::string theirs = describe(head, op_root, count),
-              ours = describe(my_head, op.op_root, op.count);
-  if (seq != op.seq || theirs == ours) {
-    theirs += kit::format(" #%llu", static_cast<unsigned long long>(seq));
-    ours += kit::format(" #%llu", static_cast<unsigned long long>(op.seq));
+  std::string ours = describe(my_head, op.op_root, op.count), theirs;
+  // Being rewritten: the peer is past the call that started at this post, so in another one.
+  if (head == kStampWriting || s.head.load(std::memory_order_relaxed) != head) {
+    theirs = "a later call";
+  } else if (head == my_head && op_root == op.op_root && count == op.count && seq == op.seq) {
+    return;
+  } else {
+    theirs = describe(head, op_root, count);
+    const uint32_t first = static_cast<uint32_t>(head);
+    if (first != mine) {
+      theirs += reached(first, mine) ? " (a later call)" : " (an earlier call)";
+    } else if (seq != op.seq || theirs == ours) {
+      theirs += kit::format(" #%llu", static_cast<unsigned long long>(seq));
+      ours += kit::format(" #%llu", static_cast<unsigned long long>(op.seq));
+    }
   }
   fail_mismatch(op, kit::format("%s: mismatched collective calls: rank %d called %s where rank %d "
                                 "calls %s",
                                 op.where().c_str(), peer, theirs.c_str(), rank_, ours.c_str()));
 }
 
-void Comm::check_calls(Op &op, Who waited, int root) {
+void Comm::check_calls(Op &op, Who waited, int root, int half) {
   if (waited == Who::kAll) {
     for (int p = 0; p < size_; ++p) {
-      if (p != rank_) check_peer_call(op, p);
+      if (p != rank_) check_peer_call(op, p, half);
     }
   } else if (waited == Who::kRoot && root != rank_) {
-    check_peer_call(op, root);
+    check_peer_call(op, root, half);
   }
 }
 
@@ -536,12 +544,11 @@ void Comm::before_writing_half(Op &op, int half) {
 template <typename Stage, typename Consume>
 void Comm::round(Op &op, bool stages, Who waits, int root, Stage stage, Consume consume) {
   const int h = static_cast<int>(rounds_++ & 1);
-  if (stages) {
-    before_writing_half(op, h);
-    stage(seg_.staging(rank_, h));
-  }
   const bool first = posts_ == op.base;
-  if (first) publish_call(op);
+  // The call stamp of half h follows the half's reuse rule, on ranks that stage nothing too.
+  if (stages || first) before_writing_half(op, h);
+  if (stages) stage(seg_.staging(rank_, h));
+  if (first) publish_call(op, h);
   post_progress();
   need_[h] = posts_ + 1;  // readers read between this post and their next one
   if (waits == Who::kAll) {
@@ -549,7 +556,7 @@ void Comm::round(Op &op, bool stages, Who waits, int root, Stage stage, Consume 
   } else if (waits == Who::kRoot) {
     wait_rank(op, root, posts_);
   }
-  if (first) check_calls(op, waits, root);  // before reading anything of theirs
+  if (first) check_calls(op, waits, root, h);  // before reading anything of theirs
   consume(h);
 }
 
@@ -713,10 +720,10 @@ void Comm::allreduce(Op &op, const void *send, void *recv, size_t count, int32_t
     before_writing_half(op, h);
     if (lo > 0) std::memcpy(mine, in, lo * es);
     if (m > hi) std::memcpy(mine + hi * es, in + hi * es, (m - hi) * es);
-    if (off == 0) publish_call(op);
+    if (off == 0) publish_call(op, h);
     post_progress();
     wait_all(op, posts_);
-    if (off == 0) check_calls(op, Who::kAll, -1);
+    if (off == 0) check_calls(op, Who::kAll, -1, h);
     if (hi > lo) {
       for (size_t p = 0; p < n; ++p) {
         src[p] = p == me ? in + lo * es : seg_.staging(static_cast<int>(p), h) + lo * es;

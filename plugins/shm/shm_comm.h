@@ -87,7 +87,8 @@
 // own; only the segment's words (abort, dead peer, mismatch) end every running call.
 //
 // Mismatched calls (issue 9, without MNCL_DEBUG_CHECKS): before the first post of a call each
-// rank stamps (kind, dtype, op, count, root, seq) into its RankCtl line; right after its first
+// rank stamps (kind, dtype, op, count, root, seq) into its RankCtl line, in the stamp of the
+// staging half its first round uses and under that half's reuse rule; right after its first
 // wait in the call, before reading any peer's staging, a rank compares the stamps of the ranks
 // it waited for with its own and fails with MNCL_ERR_REMOTE naming both calls, setting the
 // segment's mismatch word so the other ranks fail at their next wait. A rank that waits for no
@@ -203,10 +204,11 @@ class Comm {
   // Throws st; any status but MNCL_ERR_ABORTED also makes the communicator refuse new calls.
   [[noreturn]] void fail(Op &op, mncl_status_t st, const std::string &msg);
   std::string broken() const;  // the first failure's message, "" if none
-  // Mismatched calls (issue 9): stamp this call; compare the peers waited for with it.
-  void publish_call(const Op &op);
-  void check_calls(Op &op, Who waited, int root);
-  void check_peer_call(Op &op, int peer);
+  // Mismatched calls (issue 9): stamp this call into the stamp of staging half `half` (its
+  // first round's); compare the stamps of the peers waited for, in that half, with it.
+  void publish_call(const Op &op, int half);
+  void check_calls(Op &op, Who waited, int root, int half);
+  void check_peer_call(Op &op, int peer, int half);
   [[noreturn]] void fail_mismatch(Op &op, const std::string &msg);
   // A root-only argument error in a rooted call: its peers' waits fail too (MNCL_ERR_REMOTE).
   [[noreturn]] void fail_local(Op &op, const std::string &msg);

@@ -349,6 +349,36 @@ int worker_mismatch(Worker &w) {
     for (size_t k = 0; st == MNCL_OK && k < mine; ++k) {
       if (recv[k] != static_cast<int32_t>(1000 * w.rank + k)) correct = false;
     }
+  } else if (which == "run_ahead") {
+    // Root 0 bcasts 4 elements twice and returns at once (a root waits for nobody); every other
+    // rank bcasts 8 elements once. shm's root could run two calls ahead of its receivers and
+    // publish the second call over the first's stamp, so a receiver once returned MNCL_OK with
+    // the first call's 4 elements and 4 stale ones. Judged against this rank's own call: a
+    // receiver that returns MNCL_OK holds 8 elements the root never sent, so it is wrong.
+    if (w.rank == 0) {
+      st = mncl_bcast(comm, is.data(), 4, MNCL_INT32, 0, nullptr);
+      if (st == MNCL_OK) st = mncl_bcast(comm, is.data(), 4, MNCL_INT32, 0, nullptr);
+    } else {
+      st = mncl_bcast(comm, ir.data(), 8, MNCL_INT32, 0, nullptr);
+      if (st == MNCL_OK) correct = false;
+    }
+  } else if (which == "zero_count") {
+    // A bcast of 20 elements where variant B passes count 0 (and returns at once), then a
+    // matched allreduce: variant B's allreduce meets the others' bcast, and must not take its
+    // data. Judged against this rank's own calls.
+    const size_t n = b ? 0 : 20;
+    std::vector<int32_t> data(20, -1);
+    if (w.rank == 0) data = is;
+    st = mncl_bcast(comm, data.data(), n, MNCL_INT32, 0, nullptr);
+    for (size_t i = 0; st == MNCL_OK && i < n; ++i) {
+      if (data[i] != static_cast<int32_t>(i + 1)) correct = false;
+    }
+    if (st == MNCL_OK) {
+      st = mncl_allreduce(comm, is.data(), ir.data(), 20, MNCL_INT32, MNCL_SUM, nullptr);
+      for (size_t i = 0; st == MNCL_OK && i < 20; ++i) {
+        if (ir[i] != static_cast<int32_t>(w.size * (w.size + 1) / 2 * (i + 1))) correct = false;
+      }
+    }
   } else if (bcast) {
     st = f ? mncl_bcast(comm, fs.data(), count, dtype, root, nullptr)
            : mncl_bcast(comm, is.data(), count, dtype, root, nullptr);
@@ -358,8 +388,8 @@ int worker_mismatch(Worker &w) {
   }
   const int64_t t1 = now_ns();
   const bool judged = which == "allgatherv" || which == "alltoallv" || which == "gatherv" ||
-                      which == "scatterv" ||
-                      which == "batch_count";  // above, against the call's own layout
+                      which == "scatterv" || which == "batch_count" || which == "run_ahead" ||
+                      which == "zero_count";  // above, against the call's own layout
   if (st == MNCL_OK && !judged) {
     for (size_t i = 0; i < count; ++i) {
       const double expect = bcast ? static_cast<double>((root + 1) * (i + 1))
