@@ -84,9 +84,11 @@ struct alignas(64) SlotHeader {
   // this address (one copy, process_vm_readv). single_copy (atomic builtins) starts at
   // kSingleCopyOffered; the receiver claims it (kSingleCopyReading), then answers before it
   // acks: kSingleCopyDone, or kSingleCopyDeclined and the message follows through the slots.
-  // A sender whose wait fails (timeout, abort) revokes an unclaimed offer (kSingleCopyRevoked)
-  // before it hands the buffer back, and waits out a claimed one: no late receiver ever reads a
-  // buffer its owner has reused.
+  // A sender whose wait fails (timeout, abort) revokes the offer, claimed or not
+  // (kSingleCopyRevoked), before it hands the buffer back, so a stuck reader cannot hold it past
+  // its deadline; a receiver answers with a compare-and-swap from kSingleCopyReading and fails
+  // if the offer was revoked meanwhile: no receiver returns what it read from a buffer its
+  // owner may have reused.
   uint64_t remote_addr;
   uint64_t single_copy;
 };

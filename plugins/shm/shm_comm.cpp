@@ -33,6 +33,12 @@ unsigned char *bytes_at(void *p, size_t off) {
   return static_cast<unsigned char *>(p) + off;
 }
 
+// A point-to-point chunk count as its channel's flag holds it: the low 32 bits (flags compare
+// wrap-aware).
+uint32_t flag_value(uint64_t chunks) {
+  return static_cast<uint32_t>(chunks);
+}
+
 // In-place forms pass the same pointer as source and destination: nothing to copy then.
 void copy_block(void *dst, const void *src, size_t len) {
   if (dst != src && len > 0) std::memcpy(dst, src, len);
@@ -1310,29 +1316,28 @@ bool Comm::offer_single_copy(Op &op, const mncl_coll_v1_t &c, int peer, size_t b
   PeerLane &lane = send_lanes_[static_cast<size_t>(peer)];
   if (!single_copy_offers_ || lane.no_single_copy || bytes <= 2 * p2p_slot_) return false;
   Channel &ch = seg_.channel(rank_, peer);
-  const uint32_t k = lane.chunks;
+  const uint64_t k = lane.chunks;
   SlotHeader &slot = ch.slot[k & 1u];
-  if (k >= 2) wait_flag(op, ch.acked, k - 1, peer, what);
+  if (k >= 2) wait_flag(op, ch.acked, flag_value(k - 1), peer, what);
   slot.message_bytes = bytes;
   slot.chunk_bytes = 0;
   slot.count = c.count;
   slot.dtype = c.dtype;
   slot.remote_addr = reinterpret_cast<uintptr_t>(c.sendbuf);
   __atomic_store_n(&slot.single_copy, kSingleCopyOffered, __ATOMIC_RELAXED);
-  post(ch.sent, k + 1);
+  post(ch.sent, flag_value(k + 1));
   lane.chunks = k + 1;
-  // The receiver reads the buffer meanwhile: only its ack lets the caller have it back.
+  // The receiver reads the buffer meanwhile: only its answer lets the caller have it back.
   try {
-    wait_flag(op, ch.acked, k + 1, peer, what);
+    wait_flag(op, ch.acked, flag_value(k + 1), peer, what);
   } catch (...) {
-    uint64_t state = kSingleCopyOffered;
-    if (!__atomic_compare_exchange_n(&slot.single_copy, &state, kSingleCopyRevoked, false,
-                                     __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-      // Claimed: the read is a memory copy, so this ends soon (or with the reader's death).
-      const pid_t reader = seg_.ctl(peer).pid.load();
-      while (__atomic_load_n(&slot.single_copy, __ATOMIC_ACQUIRE) == kSingleCopyReading &&
-             !pid_is_dead(reader)) {
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
+    // Withdraw the offer, claimed or not, and hand the buffer back now: a reader that is stuck
+    // (stopped, swapping) must not hold this call past its deadline. A reader still copying
+    // finds the offer withdrawn when it answers and fails instead of returning what it read.
+    for (uint64_t state : {kSingleCopyOffered, kSingleCopyReading}) {
+      if (__atomic_compare_exchange_n(&slot.single_copy, &state, kSingleCopyRevoked, false,
+                                      __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        break;
       }
     }
     throw;
@@ -1377,10 +1382,10 @@ void Comm::send(Op &op, const mncl_coll_v1_t &c) {
   }
   op.chunks = static_cast<uint32_t>(chunks);
   for (size_t i = 0; i < chunks; ++i) {
-    const uint32_t k = lane.chunks;
+    const uint64_t k = lane.chunks;
     const int slot = static_cast<int>(k & 1u);
     op.chunk = static_cast<uint32_t>(i + 1);
-    if (k >= 2) wait_flag(op, ch.acked, k - 1, peer, what.c_str());
+    if (k >= 2) wait_flag(op, ch.acked, flag_value(k - 1), peer, what.c_str());
     const size_t len = std::min(p2p_slot_, bytes - i * p2p_slot_);
     if (len > 0)
       std::memcpy(seg_.p2p_slot(rank_, peer, slot), bytes_at(c.sendbuf, i * p2p_slot_), len);
@@ -1389,7 +1394,7 @@ void Comm::send(Op &op, const mncl_coll_v1_t &c) {
     ch.slot[slot].count = c.count;
     ch.slot[slot].dtype = c.dtype;
     ch.slot[slot].remote_addr = 0;
-    post(ch.sent, k + 1);
+    post(ch.sent, flag_value(k + 1));
     lane.chunks = k + 1;
   }
   ++lane.msgs;
@@ -1402,10 +1407,10 @@ void Comm::recv(Op &op, const mncl_coll_v1_t &c) {
   const std::string what = kit::format("message #%llu", static_cast<unsigned long long>(lane.msgs));
   op.chunks = static_cast<uint32_t>(chunks);
   for (size_t i = 0; i < chunks;) {
-    const uint32_t k = lane.chunks;
+    const uint64_t k = lane.chunks;
     const int slot = static_cast<int>(k & 1u);
     op.chunk = static_cast<uint32_t>(i + 1);
-    wait_flag(op, ch.sent, k + 1, peer, what.c_str());
+    wait_flag(op, ch.sent, flag_value(k + 1), peer, what.c_str());
     const SlotHeader hdr = ch.slot[slot];
     if (hdr.message_bytes != bytes || hdr.count != c.count || hdr.dtype != c.dtype) {
       const int32_t dt = static_cast<int32_t>(hdr.dtype);
@@ -1428,9 +1433,18 @@ void Comm::recv(Op &op, const mncl_coll_v1_t &c) {
       }
       const bool copied =
           single_copy_accepts_ && read_from_peer(peer, c.recvbuf, hdr.remote_addr, bytes);
-      __atomic_store_n(&ch.slot[slot].single_copy, copied ? kSingleCopyDone : kSingleCopyDeclined,
-                       __ATOMIC_RELEASE);
-      post(ch.acked, k + 1);
+      state = kSingleCopyReading;
+      if (!__atomic_compare_exchange_n(&ch.slot[slot].single_copy, &state,
+                                       copied ? kSingleCopyDone : kSingleCopyDeclined, false,
+                                       __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        // The sender's call failed meanwhile and it took its buffer back: what was read may
+        // be torn.
+        fail(op, MNCL_ERR_REMOTE,
+             kit::format("%s: rank %d withdrew message #%llu (its send failed or was aborted) "
+                         "while this receive was reading it",
+                         op.where().c_str(), peer, static_cast<unsigned long long>(lane.msgs)));
+      }
+      post(ch.acked, flag_value(k + 1));
       lane.chunks = k + 1;
       if (copied) break;
       continue;
@@ -1439,7 +1453,7 @@ void Comm::recv(Op &op, const mncl_coll_v1_t &c) {
       std::memcpy(bytes_at(c.recvbuf, i * p2p_slot_), seg_.p2p_slot(peer, rank_, slot),
                   hdr.chunk_bytes);
     }
-    post(ch.acked, k + 1);
+    post(ch.acked, flag_value(k + 1));
     lane.chunks = k + 1;
     ++i;
   }

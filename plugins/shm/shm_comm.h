@@ -182,7 +182,9 @@ class Comm {
   // One direction of the channels to one peer, used by the one SEND to (RECV from) that peer
   // running: a line of its own, since lanes to different peers run on different threads.
   struct alignas(64) PeerLane {
-    uint32_t chunks = 0;          // chunks sent (received) so far: mirrors the channel's flag
+    // Chunks sent (received) so far. The channel's 32-bit flag holds its low bits; the count
+    // itself never wraps, so "k >= 2" (a slot was used before) stays true after 2^32 chunks.
+    uint64_t chunks = 0;
     uint64_t msgs = 0;            // messages, for error messages
     bool no_single_copy = false;  // SEND: the peer declined once, so stream from now on
   };

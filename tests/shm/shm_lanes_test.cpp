@@ -15,10 +15,14 @@
 //                  failed collective a running SEND); the communicator refuses new calls after.
 //   LateReceiverOfAWithdrawnSingleCopySend  a SEND offered for a single copy that times out
 //                  withdraws the offer: the late RECV fails instead of reading the reused buffer.
+//   SenderThatFailsDuringASingleCopyReadTakesItsBufferBack  the same while the RECV is copying:
+//                  the SEND returns at its deadline, the RECV fails.
 //
 // SHM_LANES_ITERS scales the iteration counts (default 1.0; ctest sets 0.2 under TSan).
 #include <gtest/gtest.h>
 #include <mncl/mncl_plugin.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -518,6 +522,37 @@ TEST(ShmLanes, LateReceiverOfAWithdrawnSingleCopySend) {
   EXPECT_EQ(g_v2->execute(job.comm(1), &recv), MNCL_ERR_REMOTE) << t_last_error;
   EXPECT_NE(t_last_error.find("withdrew message #0"), std::string::npos) << t_last_error;
   EXPECT_TRUE(std::none_of(got.begin(), got.end(), [](uint8_t v) { return v == 0xee; }));
+}
+
+// The same when the RECV has claimed the offer and is copying: the SEND's failure (a 1 ms
+// timeout, far below the copy of 128 MiB) hands its buffer back at once instead of waiting for a
+// reader that could be stuck for ever (stopped, swapping), and the reader then fails instead of
+// returning what it read from a buffer its owner may have reused. (It once waited the read out.)
+TEST(ShmLanes, SenderThatFailsDuringASingleCopyReadTakesItsBufferBack) {
+  constexpr size_t kBytes = 128u << 20;
+  std::vector<uint8_t> buffer(kBytes, 7), got(kBytes, 0);
+  iovec local{got.data(), 64}, remote{buffer.data(), 64};
+  if (process_vm_readv(getpid(), &local, 1, &remote, 1, 0) != 64) {
+    GTEST_SKIP() << "process_vm_readv is refused here (" << std::strerror(errno)
+                 << "): messages stream, no single copy to abandon";
+  }
+  Job job(2);
+  ASSERT_TRUE(job.ok());
+  mncl_status_t recv_status = MNCL_OK;
+  std::string recv_error;
+  std::thread receiver([&] {  // already waiting when the offer comes, so it claims it at once
+    const mncl_coll_v1_t recv =
+        coll(MNCL_COLL_RECV, MNCL_UINT8, nullptr, got.data(), kBytes, 0, 0, 10000);
+    recv_status = g_v2->execute(job.comm(1), &recv);
+    recv_error = t_last_error;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const mncl_coll_v1_t send =
+      coll(MNCL_COLL_SEND, MNCL_UINT8, buffer.data(), nullptr, kBytes, 1, 0, 1);
+  EXPECT_EQ(g_v2->execute(job.comm(0), &send), MNCL_ERR_TIMEOUT) << t_last_error;
+  receiver.join();
+  EXPECT_EQ(recv_status, MNCL_ERR_REMOTE) << recv_error;
+  EXPECT_NE(recv_error.find("withdrew message #0"), std::string::npos) << recv_error;
 }
 
 }  // namespace
