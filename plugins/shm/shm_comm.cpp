@@ -477,19 +477,19 @@ void Comm::check_peer_call(Op &op, int peer, int half) {
   const uint64_t seq = s.seq.load(std::memory_order_acquire);
   const uint32_t mine = op.base + 1u;
   const uint64_t my_head = op.head | mine;
+  // Being rewritten: the peer is past the call that started at this post, so in another one.
+  const bool torn = head == kStampWriting || s.head.load(std::memory_order_relaxed) != head;
+  if (!torn && head == my_head && op_root == op.op_root && count == op.count && seq == op.seq) {
+    return;  // the fast path: no string is built unless the calls differ
+  }
   auto describe = [](uint64_t h, uint64_t o_r, uint64_t n) {
     const auto narrow = [](uint64_t b) { return b == 0xff ? -1 : static_cast<int32_t>(b); };
     return describe_call(narrow(h >> 32 & 0xff), narrow(h >> 40 & 0xff),
                          static_cast<int32_t>(o_r & 0xffffffffu), static_cast<int32_t>(o_r >> 32),
                          n);
   };
-  std::string ours = describe(my_head, op.op_root, op.count), theirs;
-  // Being rewritten: the peer is past the call that started at this post, so in another one.
-  if (head == kStampWriting || s.head.load(std::memory_order_relaxed) != head) {
-    theirs = "a later call";
-  } else if (head == my_head && op_root == op.op_root && count == op.count && seq == op.seq) {
-    return;
-  } else {
+  std::string ours = describe(my_head, op.op_root, op.count), theirs = "a later call";
+  if (!torn) {
     theirs = describe(head, op_root, count);
     const uint32_t first = static_cast<uint32_t>(head);
     if (first != mine) {
