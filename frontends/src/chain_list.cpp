@@ -15,6 +15,10 @@ void send_tensor(Communicator &comm, const Tensor &tensor, int peer) {
     throw InvalidArgument("send_tensor: " + std::to_string(tensor.shape.size()) +
                           " dimensions; at most " + std::to_string(kMaxDims) + " travel");
   }
+  if (tensor.data.size() != Tensor::element_count(tensor.shape)) {  // before anything travels
+    throw InvalidArgument("send_tensor: a tensor of shape " + tensor.shape_string() + " holds " +
+                          std::to_string(tensor.data.size()) + " elements");
+  }
   std::array<int64_t, kMaxDims + 1> header{};
   header[0] = static_cast<int64_t>(tensor.shape.size());
   std::copy(tensor.shape.begin(), tensor.shape.end(), header.begin() + 1);
@@ -29,7 +33,13 @@ Tensor recv_tensor(Communicator &comm, int peer) {
     throw RemoteError("recv_tensor: rank " + std::to_string(peer) + " sent a tensor with " +
                       std::to_string(header[0]) + " dimensions");
   }
-  Tensor tensor(std::vector<int64_t>(header.begin() + 1, header.begin() + 1 + header[0]));
+  Tensor tensor;
+  try {
+    tensor = Tensor(std::vector<int64_t>(header.begin() + 1, header.begin() + 1 + header[0]));
+  } catch (const InvalidArgument &e) {  // a shape no tensor can have: the peer is broken
+    throw RemoteError("recv_tensor: rank " + std::to_string(peer) +
+                      " sent a bad shape: " + e.what());
+  }
   if (!tensor.data.empty()) comm.recv(tensor.data, peer);
   return tensor;
 }

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <set>
 
 namespace mncl {
@@ -78,11 +79,14 @@ void sync_directory(const std::string &directory) {
 
 // "123" -> 123; anything else (empty, signs, letters, overflow) -> nullopt.
 std::optional<uint64_t> parse_iteration(const std::string &text) {
-  if (text.empty() || text.size() > 19) return std::nullopt;
+  // Every uint64 (save() takes any): up to 20 digits, with the overflow checked.
+  if (text.empty() || text.size() > 20) return std::nullopt;
   uint64_t value = 0;
   for (char c : text) {
     if (c < '0' || c > '9') return std::nullopt;
-    value = value * 10 + static_cast<uint64_t>(c - '0');
+    const auto digit = static_cast<uint64_t>(c - '0');
+    if (value > (std::numeric_limits<uint64_t>::max() - digit) / 10) return std::nullopt;
+    value = value * 10 + digit;
   }
   return value;
 }
@@ -257,26 +261,42 @@ std::optional<uint64_t> Checkpointer::resume_with(
     }
     common.swap(kept);
   }
+  // Whether `load` ran on some rank (and may have changed its state, fully or in part) for an
+  // iteration that not every rank could load.
+  std::optional<uint64_t> touched;
   for (auto it = common.rbegin(); it != common.rend(); ++it) {
-    int32_t loaded = 0;
+    // [ranks that loaded it, ranks whose load ran at all (and threw or not)]
+    std::array<int32_t, 2> counts{0, 0};
     std::string why;
     try {
       if (auto payload = read_snapshot(*it, &why)) {
+        counts[1] = 1;
         load(Span<const uint8_t>(*payload));
-        loaded = 1;
+        counts[0] = 1;
       }
     } catch (const std::exception &e) {
       why = e.what();
     }
-    if (!loaded && options_.verbose) {
+    if (!counts[0] && options_.verbose) {
       std::fprintf(stderr, "mncl checkpointer: rank %d: cannot load %s: %s\n", comm_->rank(),
                    path(*it).c_str(), why.c_str());
     }
     // Every rank must have loaded the same iteration, or none may use it.
-    if (comm_->allreduce_value(loaded, ReduceOp::kMin) == 1) {
+    comm_->allreduce(counts, ReduceOp::kSum);
+    if (counts[0] == comm_->size()) {
       remove_leftovers(*it);
       return *it;
     }
+    if (counts[1] > 0 && !touched) touched = *it;
+  }
+  if (touched) {
+    // No older snapshot replaced what a failed attempt loaded: the ranks' states now differ,
+    // and "nothing to resume" would let training go on from them. Every rank throws alike.
+    throw CheckpointError("Checkpointer::resume: the snapshot of iteration " +
+                          std::to_string(*touched) +
+                          " could not be loaded on every rank, and no older one that every "
+                          "rank holds loads; ranks that loaded it hold its state, so the "
+                          "state is not the same everywhere: rebuild it before training");
   }
   remove_leftovers(std::nullopt);
   return std::nullopt;

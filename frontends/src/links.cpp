@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "mncl/frontends/error.hpp"
+#include "shape_check.hpp"
 
 namespace mncl {
 
@@ -29,6 +30,11 @@ void require_2d(const Tensor &t, int64_t cols, const std::string &who) {
   if (t.shape.size() != 2 || t.shape[1] != cols) {
     throw InvalidArgument(who + ": expected a {batch, " + std::to_string(cols) + "} tensor, got " +
                           t.shape_string());
+  }
+  // shape and data are public: a caller may have changed one without the other.
+  if (t.data.size() != Tensor::element_count(t.shape)) {
+    throw InvalidArgument(who + ": a tensor of shape " + t.shape_string() + " holds " +
+                          std::to_string(t.data.size()) + " elements");
   }
 }
 
@@ -67,12 +73,17 @@ Tensor::Tensor(std::vector<int64_t> shape_, std::vector<float> data_)
 }
 
 std::size_t Tensor::element_count(const std::vector<int64_t> &shape) {
-  std::size_t count = 1;
   for (int64_t d : shape) {
     if (d < 0) throw InvalidArgument("Tensor: negative dimension " + std::to_string(d));
-    count *= static_cast<std::size_t>(d);
   }
-  return shape.empty() ? 0 : count;
+  // Checked: a product that wraps (say {2^62, 4} -> 0) would pass for an empty tensor.
+  const std::optional<std::size_t> count = internal::checked_element_count(shape);
+  if (!count) {
+    std::string s;
+    for (int64_t d : shape) s += (s.empty() ? "" : ", ") + std::to_string(d);
+    throw InvalidArgument("Tensor: shape {" + s + "} has more elements than int64 can count");
+  }
+  return shape.empty() ? 0 : *count;
 }
 
 std::string Tensor::shape_string() const {
@@ -85,7 +96,13 @@ void Tensor::load(InArchive &ar) {
   std::vector<int64_t> new_shape;
   std::vector<float> new_data;
   ar >> new_shape >> new_data;
-  *this = Tensor(std::move(new_shape), std::move(new_data));
+  try {
+    *this = Tensor(std::move(new_shape), std::move(new_data));
+  } catch (const SerializationError &) {
+    throw;
+  } catch (const InvalidArgument &e) {
+    throw SerializationError(std::string("Tensor::load: ") + e.what());
+  }
 }
 
 void Parameter::load(InArchive &ar) {

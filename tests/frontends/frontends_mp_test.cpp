@@ -697,6 +697,19 @@ TEST_F(Frontends, EvaluatorWeightsBySampleCount) {
 
   if (size() > 1) {  // names that differ between ranks fail on every rank alike
     EXPECT_THROW(evaluator.average({{rank() == 0 ? "a" : "b", 1.0}}, 1), mncl::InvalidArgument);
+    // So does a rank with samples but no metrics (it once counted as "not reporting": its
+    // samples divided the others' sums, and nobody was told).
+    mncl::Metrics none;
+    EXPECT_THROW(evaluator.average(rank() == 0 ? none : mncl::Metrics{{"loss", 1.0}}, 10),
+                 mncl::InvalidArgument);
+  }
+  // A rank without samples is ignored, whatever it reports: NaN means of nothing (0 / 0) too.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const auto ignored = evaluator.average({{"loss", rank() == 0 ? nan : 2.0}}, rank() == 0 ? 0 : 3);
+  if (size() > 1) {
+    EXPECT_EQ(ignored.at("loss"), 2.0);
+  } else {
+    EXPECT_TRUE(ignored.empty());
   }
 }
 
@@ -732,6 +745,44 @@ TEST_F(Frontends, CheckpointerAgreesOnTheNewestCommonIteration) {
   EXPECT_EQ(state, (std::vector<int>{rank(), 2}));
   comm().barrier();
   if (rank() == 0) std::system(("rm -rf '" + dir + "'").c_str());
+}
+
+// A snapshot that verifies but does not decode on one rank (the last): the others have loaded
+// it already. With an older snapshot every rank holds, all fall back to it; without one, every
+// rank throws (it once returned "nothing to resume" while the others kept what they loaded).
+TEST_F(Frontends, CheckpointerFailedLoadOnOneRankFailsEveryRankOrFallsBack) {
+  for (bool older : {true, false}) {
+    std::string dir = "/tmp/mncl-ckpt-mp-XXXXXX";
+    if (rank() == 0) {
+      ASSERT_NE(mkdtemp(dir.data()), nullptr);
+    }
+    comm().bcast_obj(dir);
+    mncl::Checkpointer ckpt(comm(), dir, "state", {3, false, false});
+    if (older) ckpt.save(1, std::vector<int>{rank(), 1});
+    if (rank() == size() - 1) {
+      const std::vector<uint8_t> three_bytes{1, 2, 3};  // a vector<int> needs 8 for its length
+      ckpt.save_bytes(2, mncl::Span<const uint8_t>(three_bytes));
+    } else {
+      ckpt.save(2, std::vector<int>{rank(), 2});
+    }
+    comm().barrier();
+    std::vector<int> state{-1};
+    if (older) {
+      const auto resumed = ckpt.resume(state);
+      ASSERT_TRUE(resumed.has_value());
+      EXPECT_EQ(*resumed, 1u);
+      EXPECT_EQ(state, (std::vector<int>{rank(), 1}));
+    } else {
+      try {
+        ckpt.resume(state);
+        ADD_FAILURE() << "resume returned although rank " << size() - 1 << " could not load";
+      } catch (const mncl::CheckpointError &e) {
+        EXPECT_NE(std::string(e.what()).find("iteration 2"), std::string::npos) << e.what();
+      }
+    }
+    comm().barrier();
+    if (rank() == 0) std::system(("rm -rf '" + dir + "'").c_str());
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -904,6 +955,32 @@ TEST_F(Frontends, AllreduceEveryMatchesOneLargerBatch) {
   bad.allreduce_every = 0;
   EXPECT_THROW(mncl::MultiNodeOptimizer<RecordingOptimizer>(RecordingOptimizer{}, comm(), bad),
                mncl::InvalidArgument);
+}
+
+// The float32 averages are the correctly rounded means sum / (ranks x k): with integer gradients
+// whose sums are exact, every average is exactly the mean. (They were once sums * (1 / (ranks x
+// k)), 1 ulp off for many divisors: 21 * (1 / 7.0f) = 3.0000002.)
+TEST_F(Frontends, AveragedGradientsAreTheExactMeans) {
+  for (int k : {1, 3, 5, 7, 11, 13}) {
+    mncl::MultiNodeOptimizerOptions options;
+    options.allreduce_every = k;
+    mncl::MultiNodeOptimizer<RecordingOptimizer> opt(RecordingOptimizer{}, comm(), options);
+    Model model({40}, 0.0f);
+    opt.update(model.params(), model.grad_spans());  // broadcasts
+    for (int m = 0; m < k; ++m) {
+      // Element j: the mean over ranks and micro-batches is j + 1 (rank r, micro-batch m add
+      // j + 1 + (r - (size-1)/2) * 2 + (m - (k-1)/2) * 2, integers symmetric about j + 1).
+      for (std::size_t j = 0; j < model.grads[0].size(); ++j) {
+        model.grads[0][j] = float(int(j) + 1 + (2 * rank() - (size() - 1)) + (2 * m - (k - 1)));
+      }
+      opt.update(model.params(), model.grad_spans());
+    }
+    ASSERT_EQ(opt.actual_optimizer().seen.size(), 1u) << "k " << k;
+    const auto &averaged = opt.actual_optimizer().seen[0][0];
+    for (std::size_t j = 0; j < averaged.size(); ++j) {
+      ASSERT_EQ(averaged[j], float(j + 1)) << "k " << k << ", element " << j;
+    }
+  }
 }
 
 // The same with a real MLP and Adam: k micro-batches of b samples against batches of k * b.

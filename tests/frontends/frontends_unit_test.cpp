@@ -255,6 +255,23 @@ TEST(Optimizers, SgdWithMomentum) {
                mncl::InvalidArgument);
 }
 
+// Optimizer state for fewer parameters than the update passes (the list grew, or a load restored
+// fewer arrays) is refused before any state[i] is read (it was read past its end first).
+TEST(Optimizers, StateForFewerParametersIsRefused) {
+  std::vector<float> p{1.0f}, q{2.0f, 3.0f};
+  const std::vector<float> g{0.5f}, h{0.5f, 0.5f};
+  mncl::Sgd sgd({0.1f, 0.9f, 0.0f});
+  sgd.update({Span<float>(p)}, {Span<const float>(g)});
+  try {
+    sgd.update({Span<float>(p), Span<float>(q)}, {Span<const float>(g), Span<const float>(h)});
+    ADD_FAILURE() << "a second parameter without state was accepted";
+  } catch (const mncl::InvalidArgument &e) {
+    EXPECT_NE(std::string(e.what()).find("2 parameters but optimizer state for 1"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Optimizers, AdamFirstStepMovesByLr) {
   // With bias correction the first Adam step is lr * sign(g) (up to eps).
   std::vector<float> p{0.0f, 0.0f, 0.0f};
@@ -352,6 +369,24 @@ TEST(Links, DenseRejectsWrongShapes) {
   mncl::Dense dense(4, 2, 0);
   EXPECT_THROW(dense.forward(mncl::Tensor({3, 5})), mncl::InvalidArgument);
   EXPECT_THROW(dense.backward(mncl::Tensor({3, 2})), mncl::InvalidArgument);  // no forward yet
+  mncl::Tensor short_data({3, 4});
+  short_data.data.pop_back();  // shape and data are public: they can disagree
+  EXPECT_THROW(dense.forward(short_data), mncl::InvalidArgument);
+}
+
+// A shape whose element count overflows is refused, not taken for an empty tensor ({2^62, 4}
+// once wrapped to 0 elements, and a Dense layer then wrote 2^62 rows into nothing).
+TEST(Links, TensorShapesThatOverflowAreRejected) {
+  const int64_t huge = int64_t{1} << 62;
+  EXPECT_THROW(mncl::Tensor({huge, 4}, {}), mncl::InvalidArgument);
+  EXPECT_THROW(mncl::Tensor({huge, 4}), mncl::InvalidArgument);
+  EXPECT_THROW(mncl::Tensor({4, huge, 0, huge}), mncl::InvalidArgument);
+  EXPECT_EQ(mncl::Tensor({huge, 0}).data.size(), 0u);  // empty, and its index math fits
+  mncl::OutArchive out;
+  out << std::vector<int64_t>{huge, 4} << std::vector<float>{};
+  mncl::Tensor loaded;
+  mncl::InArchive in(mncl::Span<const uint8_t>(out.bytes()));
+  EXPECT_THROW(loaded.load(in), mncl::SerializationError);
 }
 
 // A shard's initial weights are that block of the whole layer's (what a tensor-parallel
@@ -569,6 +604,44 @@ TEST_F(CheckpointFiles, SnapshotThatDoesNotDeserializeFallsBack) {
   std::vector<float> state;
   EXPECT_EQ(ckpt.resume(state), std::optional<uint64_t>(1));
   EXPECT_EQ(state, std::vector<float>{1.0f});
+}
+
+// Every uint64 iteration can be saved, listed and resumed (names of 20 digits were once never
+// listed, so such a snapshot was neither resumed nor pruned).
+TEST_F(CheckpointFiles, IterationsUpToTheLargestUint64) {
+  mncl::Checkpointer ckpt(*comm_, dir_, "m", {3, false, false});
+  const uint64_t big = 10000000000000000000ull, largest = ~uint64_t{0};
+  ckpt.save(big, std::vector<int>{1});
+  ckpt.save(largest, std::vector<int>{2});
+  EXPECT_EQ(ckpt.local_iterations(), (std::vector<uint64_t>{big, largest}));
+  std::vector<int> state;
+  EXPECT_EQ(ckpt.resume(state), std::optional<uint64_t>(largest));
+  EXPECT_EQ(state, std::vector<int>{2});
+  std::ofstream(dir_ + "/m.0.18446744073709551616") << "2^64: not an iteration";
+  EXPECT_EQ(ckpt.local_iterations(), (std::vector<uint64_t>{big, largest}));
+}
+
+// A snapshot that verifies but does not load, with nothing older: resume may have changed the
+// state, so it throws rather than report "nothing to resume".
+TEST_F(CheckpointFiles, SnapshotThatDoesNotDeserializeWithNothingOlderThrows) {
+  mncl::Checkpointer ckpt(*comm_, dir_, "m", {3, false, false});
+  ckpt.save(2, std::string("a different type"));
+  std::vector<float> state;
+  EXPECT_THROW(ckpt.resume(state), mncl::CheckpointError);
+}
+
+// An empty communicator (a split's MNCL_SPLIT_NONE) refuses alltoall with an error instead of
+// dividing by its size 0 (SIGFPE).
+TEST(Communicator, EmptyCommunicatorRefusesAlltoall) {
+  mncl::CommunicatorOptions options;
+  options.rank = 0;
+  options.size = 1;
+  mncl::Communicator comm(options);
+  mncl::Communicator none = comm.split(MNCL_SPLIT_NONE);
+  ASSERT_FALSE(none.valid());
+  std::vector<int> send(4), recv(4);
+  EXPECT_THROW(none.alltoall(send, recv), mncl::InvalidArgument);
+  EXPECT_NO_THROW(comm.alltoall(send, recv));
 }
 
 TEST(Crc32, KnownValue) {

@@ -52,7 +52,9 @@ class Checkpointer {
   }
   // Collective: loads the newest snapshot that every rank holds intact into `state` and returns
   // its iteration, or returns nullopt (state untouched) when there is none. If a snapshot that
-  // verified fails to deserialize, state may be partly overwritten before an older one loads.
+  // verified fails to deserialize on some rank, state may be partly overwritten before an older
+  // one loads; when no older one loads everywhere, every rank throws CheckpointError (some
+  // ranks' states were changed) instead of returning nullopt.
   template <class State>
   std::optional<uint64_t> resume(State &state) {
     return resume_with([&state](Span<const uint8_t> payload) { from_bytes(payload, state); });

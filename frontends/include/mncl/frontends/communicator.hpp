@@ -456,6 +456,8 @@ class Communicator {
             class = detail::EnableIfBuffer<Recv>>
   void alltoall(const Send &send, Recv &&recv) {
     auto [s, r] = detail::typed_pair(send, recv);
+    // size_ is 0 on an empty communicator (moved from, or MNCL_SPLIT_NONE): no division by it.
+    require(valid(), "alltoall", "the communicator is empty (moved from, or not in a split)");
     require(s.size() == r.size() && s.size() % size_ == 0, "alltoall",
             "the buffers must be equal in size and hold size() equal blocks");
     check(mncl_alltoall(comm_, s.data(), r.data(), s.size() / size_, dtype<decltype(r)>(), nullptr),

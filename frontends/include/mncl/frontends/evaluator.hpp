@@ -30,10 +30,11 @@ class Evaluator {
   explicit Evaluator(Communicator &comm) : comm_(&comm) {}
 
   // Collective: the sample-weighted mean over ranks of each rank's means. Ranks with samples
-  // must pass the same metric names (a mismatch throws InvalidArgument on every rank); a rank
-  // without samples may pass no metrics. With no samples anywhere the result is empty.
+  // must pass the same metric names (a mismatch, none included, throws InvalidArgument on every
+  // rank); what a rank without samples passes is ignored (no metrics, or NaN means of nothing).
+  // With no samples anywhere the result is empty.
   Metrics average(const Metrics &local_means, uint64_t local_samples) {
-    const bool reports = !local_means.empty();
+    const bool reports = local_samples > 0;
     const uint64_t hash = names_hash(local_means);
     // min(hash), max(hash) (as min of ~hash) and the first reporting rank, in one allreduce.
     constexpr uint64_t kNeutral = std::numeric_limits<uint64_t>::max();

@@ -274,10 +274,10 @@ class MultiNodeOptimizer {
   void clear_accumulator() { std::fill(accumulator_.begin(), accumulator_.end(), 0.0f); }
 
   // The divisor that turns the exchanged sums into means: ranks x accumulated micro-batches.
-  float inverse_count() const {
-    return 1.0f /
-           (static_cast<float>(comm_->size()) * static_cast<float>(options_.allreduce_every));
+  float count_divisor() const {
+    return static_cast<float>(comm_->size()) * static_cast<float>(options_.allreduce_every);
   }
+  float inverse_count() const { return 1.0f / count_divisor(); }
 
   // Packs the gradients and starts (double buffering) or runs the coalesced allreduce.
   void start_exchange(const GradSpans &grads) {
@@ -312,11 +312,13 @@ class MultiNodeOptimizer {
     request_.wait();
     stats_.wait_seconds +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
-    const float inv_size = inverse_count();
     switch (options_.grad_dtype) {
       case GradDtype::kFloat32: {
+        // A division, not a product with 1/n: sum / n is the correctly rounded mean (x * (1/7)
+        // is 1 ulp off for many x), the one a single process on the whole batch computes.
+        const float divisor = count_divisor();
         const float *sums = options_.double_buffering ? comm_f32_.data() : averaged_.data();
-        for (std::size_t j = 0; j < averaged_.size(); ++j) averaged_[j] = sums[j] * inv_size;
+        for (std::size_t j = 0; j < averaged_.size(); ++j) averaged_[j] = sums[j] / divisor;
         break;
       }
       case GradDtype::kFloat16:

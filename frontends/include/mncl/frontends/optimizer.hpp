@@ -30,6 +30,12 @@ inline void check_update_shapes(const char *who, const ParamSpans &params, const
     throw InvalidArgument(std::string(who) + ": " + std::to_string(params.size()) +
                           " parameters but " + std::to_string(grads.size()) + " gradients");
   }
+  // Before the loop reads state[i].
+  if (!state.empty() && state.size() != params.size()) {
+    throw InvalidArgument(std::string(who) + ": " + std::to_string(params.size()) +
+                          " parameters but optimizer state for " + std::to_string(state.size()) +
+                          " (the parameter list changed since the first update or the load)");
+  }
   for (std::size_t i = 0; i < params.size(); ++i) {
     if (params[i].size() != grads[i].size() ||
         (!state.empty() && state[i].size() != params[i].size())) {
@@ -38,9 +44,6 @@ inline void check_update_shapes(const char *who, const ParamSpans &params, const
                             std::to_string(grads[i].size()) +
                             (state.empty() ? "" : " (or its optimizer state another size)"));
     }
-  }
-  if (!state.empty() && state.size() != params.size()) {
-    throw InvalidArgument(std::string(who) + ": the parameter list changed since the first update");
   }
 }
 
