@@ -165,6 +165,10 @@ class MultiNodeOptimizer {
       }
     }
     layout_ready_ = false;  // rebuilt (and checked against averaged_) on the next update
+    // The spans pointed into the vectors just replaced: aim them at the loaded ones while the
+    // layout fits (averaged_grads() stays readable), else drop them until the next update.
+    averaged_spans_ = spans_over(averaged_);
+    accumulated_spans_ = spans_over(accumulator_);
   }
 
  private:
@@ -181,6 +185,16 @@ class MultiNodeOptimizer {
                             std::to_string(grads[i].size()) +
                             (grads[i].empty() ? " (no gradient: enable zero_fill)" : ""));
     }
+  }
+
+  // Spans of each parameter's part of `flat`, by the last layout; none if it does not fit.
+  GradSpans spans_over(std::vector<float> &flat) const {
+    GradSpans spans;
+    if (offsets_.empty() || offsets_.back() + sizes_.back() != flat.size()) return spans;
+    for (std::size_t i = 0; i < offsets_.size(); ++i) {
+      spans.emplace_back(flat.data() + offsets_[i], sizes_[i]);
+    }
+    return spans;
   }
 
   void broadcast_params(const ParamSpans &params) {
@@ -224,10 +238,7 @@ class MultiNodeOptimizer {
       }
       averaged_.assign(total, 0.0f);
     }
-    averaged_spans_.clear();
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      averaged_spans_.emplace_back(averaged_.data() + offsets_[i], sizes_[i]);
-    }
+    averaged_spans_ = spans_over(averaged_);
     const std::size_t element_bytes = options_.grad_dtype == GradDtype::kFloat32 ? 4 : 2;
     buckets_.clear();
     if (options_.fusion_buffer_bytes == 0) {
@@ -243,10 +254,7 @@ class MultiNodeOptimizer {
     }
     if (options_.allreduce_every > 1) {
       if (accumulator_.size() != total) accumulator_.assign(total, 0.0f);  // (a load may fill it)
-      accumulated_spans_.clear();
-      for (std::size_t i = 0; i < params.size(); ++i) {
-        accumulated_spans_.emplace_back(accumulator_.data() + offsets_[i], sizes_[i]);
-      }
+      accumulated_spans_ = spans_over(accumulator_);
     }
     switch (options_.grad_dtype) {
       case GradDtype::kFloat32:
