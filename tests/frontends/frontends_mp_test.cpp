@@ -342,6 +342,20 @@ TEST_F(Frontends, ObjectCollectivesInSmallChunks) {
     for (int r = 0; r < size(); ++r) parts.push_back(std::vector<int>(r, r));
   }
   EXPECT_EQ(comm().scatter_obj(parts, 0), std::vector<int>(rank(), rank()));
+  // A root that passes the wrong number of objects throws, and every other rank with it (they
+  // once waited for the timeout); the communicator works on.
+  const int last = size() - 1;
+  try {
+    comm().scatter_obj(rank() == last ? std::vector<int>(size() + 1, 7) : std::vector<int>{}, last);
+    ADD_FAILURE() << "scatter_obj took " << size() + 1 << " objects for " << size() << " ranks";
+  } catch (const mncl::RemoteError &e) {
+    EXPECT_NE(rank(), last) << e.what();
+    EXPECT_NE(std::string(e.what()).find("root " + std::to_string(last)), std::string::npos)
+        << e.what();
+  } catch (const mncl::InvalidArgument &e) {
+    EXPECT_EQ(rank(), last) << e.what();
+  }
+  EXPECT_EQ(comm().scatter_obj(parts, 0), std::vector<int>(rank(), rank()));
 
   if (size() > 1) {  // a ring of point-to-point objects
     const int next = (rank() + 1) % size(), prev = (rank() + size() - 1) % size();

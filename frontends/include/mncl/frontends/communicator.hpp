@@ -685,21 +685,36 @@ class Communicator {
     return layout.objects<T>(all);
   }
   // Rank r gets objs[r] of the root (objs is ignored elsewhere); only each rank's part is sent:
-  // the root broadcasts the byte lengths, then scatterv rounds as in allgather_obj.
+  // the root broadcasts the byte lengths, then scatterv rounds as in allgather_obj. If the root
+  // cannot (objs of the wrong size, an object that does not serialize) it throws the reason and
+  // every other rank RemoteError, together: a flag travels with the lengths.
   template <class T>
   T scatter_obj(const std::vector<T> &objs, int root = 0) {
-    std::vector<uint64_t> announced(size_);
+    std::vector<uint64_t> announced(static_cast<std::size_t>(size_) + 1);  // lengths, flag
     std::vector<uint8_t> all;
+    std::exception_ptr failure;
     if (rank_ == root) {
-      require(objs.size() == static_cast<std::size_t>(size_), "scatter_obj",
-              "the root must pass one object per rank");
-      for (int r = 0; r < size_; ++r) {
-        const auto bytes = to_bytes(objs[r]);
-        announced[r] = bytes.size();
-        all.insert(all.end(), bytes.begin(), bytes.end());
+      try {
+        require(objs.size() == static_cast<std::size_t>(size_), "scatter_obj",
+                "the root must pass one object per rank");
+        for (int r = 0; r < size_; ++r) {
+          const auto bytes = to_bytes(objs[r]);
+          announced[r] = bytes.size();
+          all.insert(all.end(), bytes.begin(), bytes.end());
+        }
+      } catch (...) {
+        failure = std::current_exception();
+        std::fill(announced.begin(), announced.end(), 0);
+        announced.back() = 1;
       }
     }
     bcast(announced, root);
+    if (failure) std::rethrow_exception(failure);
+    if (announced.back() != 0) {
+      throw RemoteError("scatter_obj: root " + std::to_string(root) +
+                        " could not provide the objects (it throws the reason)");
+    }
+    announced.pop_back();
     const ObjectLayout layout = object_layout(announced, "scatter_obj");
     std::vector<uint8_t> mine(layout.lengths[rank_]);
     std::vector<std::size_t> counts(size_), displs(size_);
