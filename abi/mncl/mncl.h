@@ -164,7 +164,9 @@ MNCL_API const char *mncl_op_name(mncl_op_t op);
  * `config` may be NULL (everything from the environment).
  */
 MNCL_API mncl_status_t mncl_comm_create(const mncl_config_t *config, mncl_comm_t *comm);
-/* Collective: waits (bounded by the timeout) for in-flight operations, then frees everything. */
+/* Collective: waits (bounded by the timeout) for in-flight operations, then frees everything.
+ * Requests still pending keep their operation's result for mncl_test / mncl_wait; one that
+ * destroy had to cut short (past its timeout) reports MNCL_ERR_TIMEOUT or MNCL_ERR_ABORTED. */
 MNCL_API mncl_status_t mncl_comm_destroy(mncl_comm_t comm);
 /* Local, any thread: every blocked or later operation on `comm` fails with MNCL_ERR_ABORTED.
  * The handle stays valid until mncl_comm_destroy returns. Calling it twice is harmless. During
@@ -276,6 +278,8 @@ MNCL_API mncl_status_t mncl_recv(mncl_comm_t comm, void *buf, size_t count, mncl
  * Coalesced allreduce: nbufs independent allreduces of one dtype and op in one call
  * (recvbufs[i] = op over ranks of sendbufs[i], counts[i] elements). Backends may pack them into
  * one message (the "flat" communicator of ChainerMN); the result equals nbufs single calls.
+ * In place per buffer: sendbufs[i] == recvbufs[i]. A receive buffer overlaps no other buffer of
+ * the call (send buffers may share memory); else MNCL_ERR_INVALID_ARGUMENT naming both.
  */
 MNCL_API mncl_status_t mncl_allreduce_coalesced(mncl_comm_t comm, const void *const *sendbufs,
                                                 void *const *recvbufs, const size_t *counts,
@@ -480,9 +484,10 @@ MNCL_API mncl_status_t mncl_isendrecv(mncl_comm_t comm, const void *sendbuf, siz
 /* *done = 1 when finished: the request is then freed and the operation's status returned.
  * *done = 0: still running, MNCL_OK returned. */
 MNCL_API mncl_status_t mncl_test(mncl_request_t request, int *done);
-/* Waits up to timeout_ms (-1: until the operation ends, itself bounded by the communicator's
- * timeout). Finished: frees the request and returns the operation's status. Not finished in
- * time: returns MNCL_ERR_TIMEOUT and the request stays valid (wait again, or abort the comm). */
+/* Waits up to timeout_ms (-1, or more than 2^40 ms: until the operation ends, itself bounded
+ * by the communicator's timeout counted from the call that issued it). Finished: frees the
+ * request and returns the operation's status. Not finished in time: returns MNCL_ERR_TIMEOUT
+ * and the request stays valid (wait again, or abort the comm). */
 MNCL_API mncl_status_t mncl_wait(mncl_request_t request, int64_t timeout_ms);
 
 #ifdef __cplusplus

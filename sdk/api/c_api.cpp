@@ -25,7 +25,9 @@ struct mncl_comm {
 };
 struct mncl_request {
   std::shared_ptr<mncl::core::Operation> op;
-  mncl_comm *comm;
+  // Not the handle, which mncl_comm_destroy frees (and a later mncl_comm_create may reuse):
+  // expired once the communicator is gone, by when destroy has ended every operation it issued.
+  std::weak_ptr<mncl::core::Comm> comm;
   // Set when the operation runs as another (gatherv as alltoallv): prefixes its error message.
   std::string runs_as;
 };
@@ -138,7 +140,7 @@ mncl_status_t run_blocking(mncl_comm_t comm, const mncl_coll_v1_t &coll) {
 void issue(mncl_comm_t comm, std::shared_ptr<mncl::core::Operation> op, mncl_request_t *request) {
   auto handle = std::make_unique<mncl_request>();
   handle->op = std::move(op);
-  handle->comm = comm;
+  handle->comm = comm->impl;  // comm was found live by the call that started op
   track(g_requests, handle.get());
   *request = handle.release();
 }
@@ -153,29 +155,29 @@ mncl_status_t run_nonblocking(mncl_comm_t comm, const mncl_coll_v1_t &coll,
   });
 }
 
-// Completes a finished request: frees it and returns the operation's status.
+// Completes a finished request: frees it and returns the operation's status, its message set.
+// Anything that may throw comes before the request is freed.
 mncl_status_t finish(mncl_request_t request) {
-  const auto op = request->op;
-  const std::string runs_as = request->runs_as;
+  const mncl::core::Operation &op = *request->op;
+  if (op.status != MNCL_OK) {
+    mncl::set_last_error(request->runs_as.empty() ? op.error : request->runs_as + ": " + op.error);
+  }
+  const mncl_status_t status = op.status;
   untrack(g_requests, request);
   delete request;
-  if (op->status != MNCL_OK) {
-    mncl::set_last_error(runs_as.empty() ? op->error : runs_as + ": " + op->error);
-    return op->status;
-  }
-  return MNCL_OK;
+  return status;
 }
 
 // Polls or waits for a request's operation. A request that outlived its communicator is
-// answered from its recorded result (destroy drains every operation first).
+// answered from its recorded result (destroy ends every operation first).
 bool await(mncl_request_t request, int64_t timeout_ms, const char *fn) {
-  {
-    std::lock_guard<std::mutex> lock(request->op->mutex);
-    if (request->op->finished) return true;
-  }
-  MNCL_CHECK(comm_is_live(request->comm), MNCL_ERR_INVALID_ARGUMENT,
-             "%s: the request's communicator was destroyed before it completed", fn);
-  return request->comm->impl->wait(*request->op, timeout_ms);
+  if (mncl::core::settle(*request->op)) return true;
+  // A reference, not the handle: the communicator stays whole while this call uses it, even
+  // if another thread destroys it meanwhile.
+  const std::shared_ptr<mncl::core::Comm> comm = request->comm.lock();
+  MNCL_CHECK(comm != nullptr, MNCL_ERR_INVALID_ARGUMENT,
+             "%s: the request's communicator was destroyed before the operation completed", fn);
+  return comm->wait(*request->op, timeout_ms);
 }
 
 }  // namespace
@@ -835,8 +837,9 @@ MNCL_API mncl_status_t mncl_isendrecv(mncl_comm_t comm, const void *sendbuf, siz
 
 // --- completion ------------------------------------------------------------------------------
 
+// finish() runs inside guard() too: nothing it might throw crosses the C ABI.
 MNCL_API mncl_status_t mncl_test(mncl_request_t request, int *done) {
-  bool finished = false;
+  mncl_status_t result = MNCL_OK;
   const mncl_status_t status = guard([&] {
     require_out(done, "mncl_test", "done");
     *done = 0;
@@ -844,15 +847,15 @@ MNCL_API mncl_status_t mncl_test(mncl_request_t request, int *done) {
     MNCL_CHECK(is_live(g_requests, request), MNCL_ERR_INVALID_ARGUMENT,
                "mncl_test: request %p is not pending (already completed, or never issued)",
                static_cast<void *>(request));
-    finished = await(request, 0, "mncl_test");
+    if (!await(request, 0, "mncl_test")) return;
+    result = finish(request);
+    *done = 1;
   });
-  if (status != MNCL_OK || !finished) return status;
-  *done = 1;
-  return finish(request);
+  return status != MNCL_OK ? status : result;
 }
 
 MNCL_API mncl_status_t mncl_wait(mncl_request_t request, int64_t timeout_ms) {
-  bool finished = false;
+  mncl_status_t result = MNCL_OK;
   const mncl_status_t status = guard([&] {
     MNCL_CHECK(request != nullptr, MNCL_ERR_INVALID_ARGUMENT, "mncl_wait: request is NULL");
     MNCL_CHECK(is_live(g_requests, request), MNCL_ERR_INVALID_ARGUMENT,
@@ -861,13 +864,12 @@ MNCL_API mncl_status_t mncl_wait(mncl_request_t request, int64_t timeout_ms) {
     MNCL_CHECK(timeout_ms >= -1, MNCL_ERR_INVALID_ARGUMENT,
                "mncl_wait: timeout_ms %lld is negative (use -1 to wait until the operation ends)",
                static_cast<long long>(timeout_ms));
-    finished = await(request, timeout_ms, "mncl_wait");
-    MNCL_CHECK(finished, MNCL_ERR_TIMEOUT,
+    MNCL_CHECK(await(request, timeout_ms, "mncl_wait"), MNCL_ERR_TIMEOUT,
                "mncl_wait: the operation did not finish within %lld ms (the request stays valid)",
                static_cast<long long>(timeout_ms));
+    result = finish(request);
   });
-  if (status != MNCL_OK) return status;
-  return finish(request);
+  return status != MNCL_OK ? status : result;
 }
 
 }  // extern "C"

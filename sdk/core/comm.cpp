@@ -34,6 +34,21 @@ constexpr size_t kLingerMaxBytes = 64 * 1024;
 // How long a wait on a natively posted operation polls before it starts to sleep.
 constexpr auto kNativeSpin = std::chrono::microseconds(500);
 
+// now + ms, saturating: a timeout too long for the clock means no deadline.
+Clock::time_point deadline_after(int64_t ms) {
+  const auto now = Clock::now();
+  const int64_t room =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - now).count();
+  return ms >= room ? Clock::time_point::max() : now + std::chrono::milliseconds(ms);
+}
+
+// "mncl_recv #3 (peer 1)": an operation in messages, with its peer for point to point.
+std::string describe_op(const mncl_coll_v1_t &c) {
+  std::string label = op_label(coll_function_name(c.kind), c.kind, c.seq);
+  if (c.kind == MNCL_COLL_SEND || c.kind == MNCL_COLL_RECV) label += format(" (peer %d)", c.root);
+  return label;
+}
+
 // The host this rank counts as on: MNCL_HOSTID, else the host name.
 std::string hostname() {
   if (auto id = env::get("MNCL_HOSTID")) {
@@ -399,8 +414,9 @@ void Comm::execute_now(const mncl_coll_v1_t &coll) {
   const char *fn = coll_function_name(coll.kind);
   MNCL_CHECK(!aborted_.load(), MNCL_ERR_ABORTED, "%s: the communicator was aborted",
              op_label(fn, coll.kind, coll.seq).c_str());
-  if (debug_checks_) {
-    check_fingerprints(*comm_store_, coll, rank_, size_, timeout_ms_, &aborted_);
+  if (debug_checks_) {  // within what is left of the operation's timeout (Comm::complete)
+    check_fingerprints(*comm_store_, coll, rank_, size_,
+                       coll.timeout_ms > 0 ? coll.timeout_ms : timeout_ms_, &aborted_);
   }
   // Lanes may call this at the same time: the watchdog is made once (the flag keeps the common
   // case to one load).
@@ -475,6 +491,7 @@ void Comm::run(mncl_coll_v1_t coll) {
   // Non-blocking operations are still queued: this one goes behind them, in issue order.
   auto op = std::make_shared<Operation>();
   op->coll = coll;
+  op->deadline = deadline_after(timeout_ms_);
   enqueue(lane, op);
   wait(*op, -1);
   if (op->status != MNCL_OK) throw Error(op->status, op->error);
@@ -504,6 +521,7 @@ std::shared_ptr<Operation> Comm::start(const mncl_coll_v1_t &coll_in) {
 }
 
 void Comm::launch(const std::shared_ptr<Operation> &op) {
+  op->deadline = deadline_after(timeout_ms_);  // from the issuing call, whatever runs before it
   if (table_->caps & MNCL_CAP_NATIVE_ASYNC) {
     if (needs_staging(op->coll)) {  // staging blocks: run it now (issue order)
       execute_now(op->coll);
@@ -513,15 +531,27 @@ void Comm::launch(const std::shared_ptr<Operation> &op) {
     if (debug_checks_) {
       check_fingerprints(*comm_store_, op->coll, rank_, size_, timeout_ms_, &aborted_);
     }
+    const std::string label =
+        op_label(coll_function_name(op->coll.kind), op->coll.kind, op->coll.seq);
+    std::lock_guard<std::mutex> lock(native_mutex_);
+    // Checked again under the lock: destroy drains what is tracked, so nothing may be posted
+    // once it has begun (a call racing mncl_comm_destroy on another thread).
+    MNCL_CHECK(!destroyed_.load(), MNCL_ERR_INVALID_ARGUMENT, "%s: the communicator was destroyed",
+               label.c_str());
     set_last_error("");
-    const mncl_status_t status = table_->post(plugin_comm_, &op->coll, &op->native_handle);
+    void *handle = nullptr;
+    const mncl_status_t status = table_->post(plugin_comm_, &op->coll, &handle);
     if (status != MNCL_OK) {
-      throw Error(
-          status,
-          format("%s on %s: %s",
-                 op_label(coll_function_name(op->coll.kind), op->coll.kind, op->coll.seq).c_str(),
-                 backend().c_str(), last_error()));
+      throw Error(status, format("%s on %s: %s", label.c_str(), backend().c_str(), last_error()));
     }
+    // Without a handle it could never be tested: a wait would have nothing to end it.
+    MNCL_CHECK(handle != nullptr, MNCL_ERR_INTERNAL,
+               "%s on %s: the backend's post returned MNCL_OK without a handle", label.c_str(),
+               backend().c_str());
+    op->native = true;
+    op->native_handle = handle;
+    op->native_slot = native_ops_.size();
+    native_ops_.push_back(op);
     return;
   }
   enqueue(lane_for(op->coll), op);
@@ -670,11 +700,31 @@ void Comm::complete_claimed(Operation &op, Lane &lane) {
 void Comm::complete(Operation &op, Lane &lane) {
   mncl_status_t status = MNCL_OK;
   std::string error;
+  int64_t given_ms = op.coll.timeout_ms;  // what the plugin got of the timeout
   try {
-    execute_now(op.coll);
+    // The timeout counts from the call that issued the operation, not from when its lane got
+    // to it: the plugin gets what is left, so N queued operations behind a stuck one end
+    // within one timeout, not N.
+    const auto left = op.deadline - Clock::now();
+    MNCL_CHECK(left > Clock::duration::zero(), MNCL_ERR_TIMEOUT,
+               "%s on %s (rank %d of %d): its deadline passed while it was queued behind earlier "
+               "operations (the timeout of %.1f s counts from the call that issued it); it "
+               "never started",
+               describe_op(op.coll).c_str(), backend().c_str(), rank_, size_, timeout_ms_ / 1000.0);
+    mncl_coll_v1_t coll = op.coll;
+    const auto left_ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
+    coll.timeout_ms = given_ms = std::min<int64_t>(coll.timeout_ms, left_ms);
+    execute_now(coll);
   } catch (const Error &e) {
     status = e.status();
     error = e.what();
+    // The plugin's message names the time it had: say why that was less than the timeout.
+    if (status == MNCL_ERR_TIMEOUT && given_ms < op.coll.timeout_ms) {
+      error += format(
+          " (it was queued behind earlier operations for %.3f s and ran with the %.3f s of its "
+          "timeout left: the timeout counts from the call that issued it)",
+          (op.coll.timeout_ms - given_ms) / 1000.0, given_ms / 1000.0);
+    }
   } catch (const std::exception &e) {
     status = MNCL_ERR_INTERNAL;
     error = e.what();
@@ -730,6 +780,30 @@ bool Comm::test(Operation &op) {
   return wait(op, 0);
 }
 
+bool settle(Operation &op) {
+  {
+    std::lock_guard<std::mutex> lock(op.mutex);
+    if (op.finished) return true;
+  }
+  if (op.parts.empty()) return false;
+  for (const auto &part : op.parts) {
+    std::lock_guard<std::mutex> lock(part->mutex);
+    if (!part->finished) return false;
+  }
+  std::lock_guard<std::mutex> lock(op.mutex);
+  for (size_t i = 0; i < op.parts.size(); ++i) {
+    const Operation &part = *op.parts[i];
+    if (part.status == MNCL_OK) continue;
+    op.status = part.status;
+    op.error = format("%s: op %zu (%s, peer %d) of %zu failed: %s", op.function, i,
+                      part.coll.kind == MNCL_COLL_SEND ? "send" : "recv", part.coll.root,
+                      op.parts.size(), part.error.c_str());
+    break;
+  }
+  op.finished = true;
+  return true;
+}
+
 bool Comm::wait_parts(Operation &batch, int64_t timeout_ms) {
   const auto deadline = Clock::now() + std::chrono::milliseconds(std::max<int64_t>(timeout_ms, 0));
   for (const auto &part : batch.parts) {
@@ -741,18 +815,75 @@ bool Comm::wait_parts(Operation &batch, int64_t timeout_ms) {
     }
     if (!wait(*part, left)) return false;
   }
-  std::lock_guard<std::mutex> lock(batch.mutex);
-  for (size_t i = 0; i < batch.parts.size(); ++i) {
-    const Operation &part = *batch.parts[i];
-    if (part.status == MNCL_OK) continue;
-    batch.status = part.status;
-    batch.error = format("%s: op %zu (%s, peer %d) of %zu failed: %s", batch.function, i,
-                         part.coll.kind == MNCL_COLL_SEND ? "send" : "recv", part.coll.root,
-                         batch.parts.size(), part.error.c_str());
-    break;
+  return settle(batch);
+}
+
+bool Comm::test_native(Operation &op) {
+  int32_t done = 0;
+  set_last_error("");
+  const mncl_status_t status = table_->test(plugin_comm_, op.native_handle, &done);
+  if (!done && status == MNCL_OK) return false;
+  // The ABI releases the handle with a failure too.
+  if (status == MNCL_OK) {
+    finish_native(op, status, std::string());
+  } else if (native_abort_reason_.empty()) {
+    finish_native(
+        op, status,
+        format("%s on %s: %s", describe_op(op.coll).c_str(), backend().c_str(), last_error()));
+  } else {
+    // Ended by the core's abort (police_native_ops): say so, with the backend's words.
+    const bool overdue = Clock::now() >= op.deadline;
+    finish_native(
+        op, overdue ? MNCL_ERR_TIMEOUT : MNCL_ERR_ABORTED,
+        format("%s on %s (rank %d of %d): %s; %s (backend: %s)", describe_op(op.coll).c_str(),
+               backend().c_str(), rank_, size_,
+               overdue ? "not finished within its timeout" : "still running, and cut short",
+               native_abort_reason_.c_str(), last_error()));
   }
-  batch.finished = true;
   return true;
+}
+
+void Comm::finish_native(Operation &op, mncl_status_t status, std::string error) {
+  // Swap-and-pop out of native_ops_; `keep` holds the operation until it is recorded.
+  const std::shared_ptr<Operation> keep = native_ops_[op.native_slot];
+  native_ops_[op.native_slot] = native_ops_.back();
+  native_ops_[op.native_slot]->native_slot = op.native_slot;
+  native_ops_.pop_back();
+  op.native_handle = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(op.mutex);
+    op.status = status;
+    op.error = std::move(error);
+    op.finished = true;
+  }
+  op.finished_cv.notify_all();
+}
+
+bool Comm::wait_native(Operation &op, int64_t timeout_ms) {
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::milliseconds(std::max<int64_t>(timeout_ms, 0));
+  // Polled without sleeping at first: a backend such as MPI progresses only inside its calls,
+  // and even the shortest sleep lasts tens of microseconds, which a small message would wait
+  // on each side (a 1 KiB exchange on flat took 150 us against MPI's 2). Then with backoff.
+  const auto spin_until = start + kNativeSpin;
+  auto pause = std::chrono::microseconds(10);
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(native_mutex_);
+      // Another waiter, or destroy, may have ended it meanwhile.
+      if (op.native_handle == nullptr || test_native(op)) return true;
+      police_native_ops();  // past its deadline: no wait, -1 included, lasts for ever
+      if (op.native_handle == nullptr) return true;
+    }
+    const auto now = Clock::now();
+    if (timeout_ms >= 0 && now >= deadline) return false;
+    if (now < spin_until) {
+      std::this_thread::yield();
+      continue;
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+  }
 }
 
 bool Comm::wait(Operation &op, int64_t timeout_ms) {
@@ -760,41 +891,11 @@ bool Comm::wait(Operation &op, int64_t timeout_ms) {
     std::lock_guard<std::mutex> lock(op.mutex);
     if (op.finished) return true;
   }
+  // A deadline that far ahead would overflow the clock's arithmetic (and end the wait at
+  // once): it is a wait without a limit, bounded like -1 by the operation's own timeout.
+  if (timeout_ms > kUnboundedWaitMs) timeout_ms = -1;
   if (!op.parts.empty()) return wait_parts(op, timeout_ms);
-  if (op.native_handle != nullptr) {
-    const auto start = Clock::now();
-    const auto deadline = start + std::chrono::milliseconds(timeout_ms);
-    // Polled without sleeping at first: a backend such as MPI progresses only inside its calls,
-    // and even the shortest sleep lasts tens of microseconds, which a small message would wait
-    // on each side (a 1 KiB exchange on flat took 150 us against MPI's 2). Then with backoff.
-    const auto spin_until = start + kNativeSpin;
-    auto pause = std::chrono::microseconds(10);
-    for (;;) {
-      int32_t done = 0;
-      set_last_error("");
-      const mncl_status_t status = table_->test(plugin_comm_, op.native_handle, &done);
-      if (done || status != MNCL_OK) {
-        op.native_handle = nullptr;
-        op.finished = true;
-        op.status = status;
-        if (status != MNCL_OK) {
-          op.error =
-              format("%s on %s: %s",
-                     op_label(coll_function_name(op.coll.kind), op.coll.kind, op.coll.seq).c_str(),
-                     backend().c_str(), last_error());
-        }
-        return true;
-      }
-      const auto now = Clock::now();
-      if (timeout_ms >= 0 && now >= deadline) return false;
-      if (now < spin_until) {
-        std::this_thread::yield();
-        continue;
-      }
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(1000));
-    }
-  }
+  if (op.native) return wait_native(op, timeout_ms);
   // Only an unbounded wait may run operations here: each one may take up to the timeout.
   if (timeout_ms < 0) run_queued_until(lane_for(op.coll), op);
   std::unique_lock<std::mutex> lock(op.mutex);
@@ -1181,14 +1282,76 @@ std::unique_ptr<Comm> Comm::make_child(const std::vector<int> &parent_ranks, uin
   return child;
 }
 
+void Comm::police_native_ops() {
+  if (native_ops_.empty()) return;
+  // As the watchdog does for a blocked call: a plugin gets an operation's timeout plus a grace
+  // to report its end, then its communicator is aborted (which must end every call soon), and
+  // after one more grace the core gives up on what is left.
+  const auto now = Clock::now();
+  const auto grace = std::chrono::milliseconds(Watchdog::grace_ms(timeout_ms_));
+  if (native_aborted_at_ == Clock::time_point::max()) {
+    const Operation *first = native_ops_.front().get();
+    for (const auto &op : native_ops_) {
+      if (op->deadline < first->deadline) first = op.get();
+    }
+    if (first->deadline == Clock::time_point::max() || now - first->deadline < grace) return;
+    native_abort_reason_ = format(
+        "the core aborted the backend's communicator when %s had outlived its timeout of "
+        "%.1f s by %.1f s without the backend reporting its end",
+        describe_op(first->coll).c_str(), timeout_ms_ / 1000.0, grace.count() / 1000.0);
+    MNCL_WARN("communicator %s: %s", id_.c_str(), native_abort_reason_.c_str());
+    native_aborted_at_ = now;
+    abort_plugin();  // comm_abort may come from any thread (ABI), even with this lock held
+    return;
+  }
+  if (now - native_aborted_at_ < grace) return;
+  // The backend ignores its abort: its operations are left to it (never tested again, so their
+  // handles leak), and their buffers may still be written.
+  MNCL_WARN(
+      "communicator %s: %zu posted operation(s) still running after comm_abort; abandoned "
+      "(backend %s may still use their buffers)",
+      id_.c_str(), native_ops_.size(), backend().c_str());
+  while (!native_ops_.empty()) {
+    Operation &op = *native_ops_.back();
+    finish_native(op, MNCL_ERR_TIMEOUT,
+                  format("%s on %s (rank %d of %d): not finished within its timeout of %.1f s, nor "
+                         "after %s; abandoned, the backend may still use its buffers",
+                         describe_op(op.coll).c_str(), backend().c_str(), rank_, size_,
+                         timeout_ms_ / 1000.0, native_abort_reason_.c_str()));
+  }
+}
+
+void Comm::retire_native_ops() {
+  std::unique_lock<std::mutex> lock(native_mutex_);
+  if (native_ops_.empty()) return;
+  MNCL_INFO("mncl_comm_destroy(%s): waiting for %zu posted operation(s) to end", id_.c_str(),
+            native_ops_.size());
+  auto pause = std::chrono::microseconds(10);
+  for (;;) {
+    // Backwards: finish_native moves the last operation into the slot it frees.
+    for (size_t i = native_ops_.size(); i-- > 0;) {
+      const std::shared_ptr<Operation> op = native_ops_[i];  // alive while test_native runs
+      test_native(*op);
+    }
+    police_native_ops();
+    if (native_ops_.empty()) return;
+    lock.unlock();  // a waiter on another thread may test meanwhile
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+    lock.lock();
+  }
+}
+
 void Comm::destroy() {
   if (destroyed_.exchange(true)) return;
   const bool aborted_before = aborted_.load();
-  // Let every issued operation finish (each is bounded by the timeout), then stop the threads.
+  // Let every issued operation finish (each is bounded by the timeout from its call), then stop
+  // the threads; and end those posted to the plugin, which may use their buffers until then.
   stop_lane(collectives_);
   for (auto &lane : p2p_) {
     if (lane) stop_lane(*lane);
   }
+  retire_native_ops();
   watchdog_.reset();  // before the plugin communicator it may abort goes away
 
   std::string error;

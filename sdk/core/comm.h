@@ -39,13 +39,27 @@ struct Operation {
   std::vector<std::shared_ptr<Operation>> parts;
   const char *function = nullptr;  // the public function, for a batch's messages
 
+  // Fixed when the operation is issued: it must end by then however long it waits behind
+  // others (a queued one runs with what is left, and fails unstarted once it has passed).
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+
   std::mutex mutex;
   std::condition_variable finished_cv;
   bool finished = false;
   mncl_status_t status = MNCL_OK;
   std::string error;
-  void *native_handle = nullptr;  // plugins with MNCL_CAP_NATIVE_ASYNC
+  // Posted to a plugin with MNCL_CAP_NATIVE_ASYNC (set before the operation is shared). The
+  // handle and the slot are guarded by the communicator's native_mutex_; the handle is null
+  // once the plugin reported the operation done (or the core gave up on it).
+  bool native = false;
+  void *native_handle = nullptr;
+  size_t native_slot = 0;  // its index in Comm::native_ops_ while posted
 };
+
+// True when `op` has ended: finished, or a batch run as parts whose parts all have (their
+// result is then folded into op). Needs no communicator, so that a request can be answered
+// after its communicator is gone.
+bool settle(Operation &op);
 
 class Comm {
  public:
@@ -72,8 +86,10 @@ class Comm {
   // blocking form, as run() does, which lets it check each message before receiving it (flat).
   std::shared_ptr<Operation> start_batch(const char *fn, std::vector<mncl_p2p_v4_t> ops,
                                          void *stream, bool blocking = false);
-  // true when done (status/error filled). timeout_ms < 0: until the operation ends.
+  // true when done (status/error filled). timeout_ms < 0, or too long to count on a clock
+  // (kUnboundedWaitMs): until the operation ends.
   bool wait(Operation &op, int64_t timeout_ms);
+  static constexpr int64_t kUnboundedWaitMs = int64_t{1} << 40;  // ~35 years
   bool test(Operation &op);
 
   void abort();
@@ -117,6 +133,19 @@ class Comm {
   void launch(const std::shared_ptr<Operation> &op);
   // wait() for a batch run as parts: all parts, then the first failure in op order.
   bool wait_parts(Operation &batch, int64_t timeout_ms);
+  // wait() for a natively posted operation.
+  bool wait_native(Operation &op, int64_t timeout_ms);
+  // Under native_mutex_: tests a posted operation once; true (and its result recorded) when
+  // the plugin reports it done.
+  bool test_native(Operation &op);
+  // Under native_mutex_: records a posted operation's end and stops tracking it.
+  void finish_native(Operation &op, mncl_status_t status, std::string error);
+  // Under native_mutex_, after tests left posted operations running: the watchdog's rule for
+  // plugins that do not end them themselves. Past an operation's deadline + the watchdog's
+  // grace, aborts the plugin communicator; a grace after that, gives up on what is left.
+  void police_native_ops();
+  // destroy(): tests every posted operation to its end (police_native_ops bounds it).
+  void retire_native_ops();
   // The lane coll runs on: its (peer, direction) lane for send/recv with concurrent p2p, else
   // the collectives' lane.
   Lane &lane_for(const mncl_coll_v1_t &coll);
@@ -207,6 +236,14 @@ class Comm {
   Lane collectives_;
   std::mutex lanes_mutex_;                  // guards the creation of p2p lanes
   std::vector<std::unique_ptr<Lane>> p2p_;  // [2 * peer + (recv ? 1 : 0)], made on first use
+  // Operations posted natively (MNCL_CAP_NATIVE_ASYNC) that the plugin has not reported done:
+  // destroy ends them before the plugin communicator and their buffers go. The mutex also keeps
+  // post and test calls on the plugin communicator one at a time, and away from its teardown.
+  std::mutex native_mutex_;
+  std::vector<std::shared_ptr<Operation>> native_ops_;
+  std::string native_abort_reason_;  // why police_native_ops aborted the plugin communicator
+  std::chrono::steady_clock::time_point native_aborted_at_ =
+      std::chrono::steady_clock::time_point::max();
   std::once_flag watchdog_once_;
   std::atomic<bool> watchdog_started_{false};
 };

@@ -61,6 +61,44 @@ bool overlap(Range a, Range b) {
   return !a.empty() && !b.empty() && a.begin < b.end && b.begin < a.end;
 }
 
+// Buffers of one call, each with its index in the call's numbering (a batch's op, a coalesced
+// call's buffer).
+using IndexedRanges = std::vector<std::pair<Range, size_t>>;
+// The first pair of buffers that may not overlap but do: two receive buffers, or a receive
+// buffer and a send buffer (send buffers may share memory: they are only read).
+struct Clash {
+  bool found = false;
+  bool with_send = false;  // recv overlaps send `other`, else receive buffer `other`
+  size_t recv = 0, other = 0;
+};
+// Sorts `recvs` by start: n log n for a call with thousands of buffers.
+Clash find_clash(IndexedRanges &recvs, const IndexedRanges &sends) {
+  Clash clash;
+  auto by_start = [](const auto &a, const auto &b) { return a.first.begin < b.first.begin; };
+  std::sort(recvs.begin(), recvs.end(), by_start);
+  for (size_t k = 1; k < recvs.size(); ++k) {
+    if (!overlap(recvs[k - 1].first, recvs[k].first)) continue;
+    clash.found = true;
+    clash.recv = std::min(recvs[k - 1].second, recvs[k].second);
+    clash.other = std::max(recvs[k - 1].second, recvs[k].second);
+    return clash;
+  }
+  for (const auto &s : sends) {
+    // The receives are sorted and disjoint: only the first one ending after s begins can be
+    // the first to overlap it.
+    auto it = std::lower_bound(
+        recvs.begin(), recvs.end(), s.first.begin,
+        [](const std::pair<Range, size_t> &r, uintptr_t b) { return r.first.end <= b; });
+    if (it != recvs.end() && overlap(it->first, s.first)) {
+      clash.found = clash.with_send = true;
+      clash.recv = it->second;
+      clash.other = s.second;
+      return clash;
+    }
+  }
+  return clash;
+}
+
 // count * factor * elem bytes, refusing overflow (and sizes no address space can hold).
 size_t checked_bytes(const char *fn, size_t count, size_t factor, size_t elem) {
   const size_t limit = static_cast<size_t>(std::numeric_limits<intptr_t>::max());
@@ -234,6 +272,7 @@ void validate_collective(const mncl_coll_v1_t &c, int rank, int size,
   if (c.kind == MNCL_COLL_ALLREDUCE_COALESCED) {
     MNCL_CHECK(c.nbufs == 0 || (c.sendbufs && c.recvbufs && c.counts), MNCL_ERR_INVALID_ARGUMENT,
                "%s: sendbufs, recvbufs or counts is NULL with nbufs = %zu", fn, c.nbufs);
+    IndexedRanges recvs, sends;
     for (size_t i = 0; i < c.nbufs; ++i) {
       const size_t bytes = checked_bytes(fn, c.counts[i], 1, elem);
       if (bytes == 0) continue;
@@ -242,7 +281,22 @@ void validate_collective(const mncl_coll_v1_t &c, int rank, int size,
       const Range s = range_of(c.sendbufs[i], bytes), r = range_of(c.recvbufs[i], bytes);
       MNCL_CHECK(s.begin == r.begin || !overlap(s, r), MNCL_ERR_INVALID_ARGUMENT,
                  "%s: sendbufs[%zu] and recvbufs[%zu] overlap without being equal", fn, i, i);
+      recvs.emplace_back(r, i);
+      if (s.begin != r.begin) sends.emplace_back(s, i);  // in place: its data is recvbufs[i]
     }
+    // Across buffers: the emulated form runs them one after the other, so a receive buffer
+    // that another buffer reads or writes would change that buffer's result.
+    const Clash clash = find_clash(recvs, sends);
+    if (clash.found && clash.with_send) {
+      throw Error(MNCL_ERR_INVALID_ARGUMENT,
+                  format("%s: recvbufs[%zu] overlaps sendbufs[%zu]; a receive buffer may overlap "
+                         "no other buffer but its own send buffer (when equal: in place)",
+                         fn, clash.recv, clash.other));
+    }
+    MNCL_CHECK(!clash.found, MNCL_ERR_INVALID_ARGUMENT,
+               "%s: recvbufs[%zu] and recvbufs[%zu] overlap; every buffer needs its own receive "
+               "memory",
+               fn, clash.recv, clash.other);
     return;
   }
 
@@ -439,7 +493,7 @@ void validate_batch(const char *fn, const mncl_p2p_v4_t *ops, size_t n, int rank
                     const mncl_plugin_v5_t &backend) {
   MNCL_CHECK(n == 0 || ops != nullptr, MNCL_ERR_INVALID_ARGUMENT, "%s: ops is NULL with nops = %zu",
              fn, n);
-  std::vector<std::pair<Range, size_t>> recvs, sends;  // non-empty buffers and their op index
+  IndexedRanges recvs, sends;  // non-empty buffers and their op index
   for (size_t i = 0; i < n; ++i) {
     const mncl_p2p_v4_t &op = ops[i];
     const bool send = op.kind == MNCL_COLL_SEND;
@@ -465,27 +519,16 @@ void validate_batch(const char *fn, const mncl_p2p_v4_t *ops, size_t n, int rank
     if (bytes != 0) (send ? sends : recvs).emplace_back(range_of(op.buf, bytes), i);
   }
   // A receive buffer may overlap nothing else of the batch; sends may share memory.
-  auto by_start = [](const auto &a, const auto &b) { return a.first.begin < b.first.begin; };
-  std::sort(recvs.begin(), recvs.end(), by_start);
-  for (size_t k = 1; k < recvs.size(); ++k) {
-    MNCL_CHECK(!overlap(recvs[k - 1].first, recvs[k].first), MNCL_ERR_INVALID_ARGUMENT,
-               "%s: ops %zu and %zu (recv) have overlapping receive buffers", fn,
-               std::min(recvs[k - 1].second, recvs[k].second),
-               std::max(recvs[k - 1].second, recvs[k].second));
+  const Clash clash = find_clash(recvs, sends);
+  if (clash.found && clash.with_send) {
+    throw Error(MNCL_ERR_INVALID_ARGUMENT,
+                format("%s: op %zu (recv) has a receive buffer that overlaps the send buffer of "
+                       "op %zu",
+                       fn, clash.recv, clash.other));
   }
-  for (const auto &s : sends) {
-    // The receives are sorted and disjoint: only the first one ending after s begins can be
-    // the first to overlap it.
-    auto it = std::lower_bound(
-        recvs.begin(), recvs.end(), s.first.begin,
-        [](const std::pair<Range, size_t> &r, uintptr_t b) { return r.first.end <= b; });
-    if (it != recvs.end() && overlap(it->first, s.first)) {
-      throw Error(MNCL_ERR_INVALID_ARGUMENT,
-                  format("%s: op %zu (recv) has a receive buffer that overlaps the send buffer of "
-                         "op %zu",
-                         fn, it->second, s.second));
-    }
-  }
+  MNCL_CHECK(!clash.found, MNCL_ERR_INVALID_ARGUMENT,
+             "%s: ops %zu and %zu (recv) have overlapping receive buffers", fn, clash.recv,
+             clash.other);
 }
 
 }  // namespace mncl::core

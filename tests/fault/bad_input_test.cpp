@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <string>
 #include <vector>
@@ -36,6 +37,16 @@ void check(const char *name, mncl_status_t expect, const std::function<mncl_stat
   } else if (msg.empty() || (needle && msg.find(needle) == std::string::npos)) {
     ++g.no_message;
     std::printf("  NO MESSAGE %s: '%s' lacks '%s'\n", name, msg.c_str(), needle ? needle : "");
+  }
+}
+
+// A valid call next to the refused ones: it must succeed (a check refusing too much).
+void expect_ok(const char *name, const std::function<mncl_status_t()> &call) {
+  ++g.cases;
+  const mncl_status_t st = call();
+  if (st != MNCL_OK) {
+    ++g.wrong_status;
+    std::printf("  REFUSED %s: %s: %s\n", name, mncl_status_string(st), mncl_last_error());
   }
 }
 
@@ -246,6 +257,47 @@ int main() {
                                           nullptr);
         },
         "dtype");
+  }
+  {
+    // Overlaps across the buffers of one coalesced call (the emulated form runs them one after
+    // the other, so any of them would change another buffer's result): refused, naming both.
+    float m[64] = {0};
+    const size_t counts[3] = {8, 8, 8};
+    auto coalesced = [&](std::initializer_list<const void *> s, std::initializer_list<void *> r) {
+      const std::vector<const void *> sends(s);
+      const std::vector<void *> recvs(r);
+      return [=, &comm] {
+        return mncl_allreduce_coalesced(comm, sends.data(), recvs.data(), counts, sends.size(),
+                                        MNCL_FLOAT32, MNCL_SUM, nullptr);
+      };
+    };
+    check("coalesced recvbufs[2] overlaps recvbufs[0]", I,
+          coalesced({m, m + 8, m + 16}, {m + 32, m + 48, m + 36}), "recvbufs[0] and recvbufs[2]");
+    check("coalesced recvbufs[0] == recvbufs[1]", I,
+          coalesced({m, m + 8, m + 16}, {m + 32, m + 32, m + 48}), "recvbufs[0] and recvbufs[1]");
+    check("coalesced recvbufs[0] overlaps sendbufs[1]", I,
+          coalesced({m, m + 36, m + 16}, {m + 32, m + 48, m + 56}),
+          "recvbufs[0] overlaps sendbufs[1]");
+    check("coalesced recvbufs[1] == sendbufs[0]", I,
+          coalesced({m, m + 8, m + 16}, {m + 32, m, m + 48}), "recvbufs[1] overlaps sendbufs[0]");
+    check("coalesced in-place recvbufs[0] overlaps recvbufs[1]", I,
+          coalesced({m, m + 4, m + 16}, {m, m + 4, m + 32}), "recvbufs[0] and recvbufs[1]");
+    check(
+        "icoalesced recvbufs[1] overlaps sendbufs[0]", I,
+        [&] {
+          const void *sends[2] = {m, m + 16};
+          void *recvs[2] = {m + 32, m + 4};
+          return mncl_iallreduce_coalesced(comm, sends, recvs, counts, 2, MNCL_FLOAT32, MNCL_SUM,
+                                           nullptr, &req);
+        },
+        "recvbufs[1] overlaps sendbufs[0]");
+    // Still fine: in place per buffer, send buffers sharing memory, empty buffers anywhere.
+    expect_ok("coalesced in place, shared sends, empty buffers", [&] {
+      const void *sends[4] = {m, m + 8, m + 8, m + 9};
+      void *recvs[4] = {m, m + 32, m + 40, m + 33};
+      const size_t n[4] = {8, 8, 8, 0};
+      return mncl_allreduce_coalesced(comm, sends, recvs, n, 4, MNCL_FLOAT32, MNCL_SUM, nullptr);
+    });
   }
   check(
       "iallreduce dtype 99", I,

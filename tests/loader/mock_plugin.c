@@ -37,6 +37,12 @@
  *   MOCK_HANG=1             any size; every collective but barrier blocks until comm_abort
  *                           (then MNCL_ERR_ABORTED): a plugin that ignores its timeout, for the
  *                           core's watchdog (tests/fault)
+ *   MOCK_ASYNC_STUCK=1      with MNCL_CAP_NATIVE_ASYNC in MOCK_CAPS: posted operations never end
+ *                           on their own (a plugin that ignores their timeout): test() reports
+ *                           one done (MNCL_ERR_ABORTED) only after comm_abort, and never when
+ *                           MNCL_MOCK_IGNORE_ABORT=1; comm_destroy fails while one is pending
+ *                           (its buffers would still be in use), unless aborts are ignored
+ *                           (tests/unit/native_async_destroy_test)
  *
  * The default variant serves single-rank jobs: every collective is a local copy.
  * If MNCL_MOCK_EVENTS names a file, init and finalize append "<name> init"/"<name> finalize"
@@ -203,7 +209,15 @@ typedef struct mock_comm {
   int32_t rank;
   int32_t size;
   volatile int aborted;
+  int posted; /* MOCK_ASYNC_STUCK: operations posted and not yet reported done */
 } mock_comm_t;
+
+#if defined(MOCK_ASYNC_STUCK) && MOCK_ASYNC_STUCK
+static int stuck_ignores_abort(void) {
+  const char *v = getenv("MNCL_MOCK_IGNORE_ABORT");
+  return v != NULL && strcmp(v, "1") == 0;
+}
+#endif
 
 static mncl_status_t mock_comm_create(const mncl_bootstrap_v1_t *bs, void **comm) {
 #if !MOCK_SIZES_ANY
@@ -222,12 +236,24 @@ static mncl_status_t mock_comm_create(const mncl_bootstrap_v1_t *bs, void **comm
 }
 
 static mncl_status_t mock_comm_destroy(void *comm) {
+#if defined(MOCK_ASYNC_STUCK) && MOCK_ASYNC_STUCK
+  const int pending = ((mock_comm_t *)comm)->posted;
   free(comm);
+  if (pending > 0 && !stuck_ignores_abort()) {
+    g_host->set_error(
+        "stuck: comm_destroy with %d posted operation(s) pending, whose buffers "
+        "would still be in use",
+        pending);
+    return MNCL_ERR_INTERNAL;
+  }
+#else
+  free(comm);
+#endif
   return MNCL_OK;
 }
 
 static mncl_status_t mock_comm_abort(void *comm) {
-#if defined(MOCK_HANG) && MOCK_HANG
+#if (defined(MOCK_HANG) && MOCK_HANG) || (defined(MOCK_ASYNC_STUCK) && MOCK_ASYNC_STUCK)
   __atomic_store_n(&((mock_comm_t *)comm)->aborted, 1, __ATOMIC_SEQ_CST);
 #else
   ((mock_comm_t *)comm)->aborted = 1;
@@ -413,8 +439,34 @@ static mncl_status_t mock_post(void *comm, const mncl_coll_v1_t *coll, void **ha
   return mock_execute(comm, coll);
 }
 #define MOCK_POST mock_post
+#define MOCK_TEST NULL
+#elif defined(MOCK_ASYNC_STUCK) && MOCK_ASYNC_STUCK
+/* Handles point in here: nothing to free, so nothing leaks when the core gives up on one. */
+static char g_stuck_handles[64];
+
+static mncl_status_t mock_post(void *comm, const mncl_coll_v1_t *coll, void **handle) {
+  mock_comm_t *c = (mock_comm_t *)comm;
+  (void)coll;
+  *handle = &g_stuck_handles[c->posted % (int)sizeof g_stuck_handles];
+  ++c->posted;
+  return MNCL_OK;
+}
+
+static mncl_status_t mock_test(void *comm, void *handle, int32_t *done) {
+  mock_comm_t *c = (mock_comm_t *)comm;
+  (void)handle;
+  *done = 0;
+  if (!__atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST) || stuck_ignores_abort()) return MNCL_OK;
+  *done = 1;
+  --c->posted;
+  g_host->set_error("stuck: the communicator was aborted with the operation pending");
+  return MNCL_ERR_ABORTED;
+}
+#define MOCK_POST mock_post
+#define MOCK_TEST mock_test
 #else
 #define MOCK_POST NULL
+#define MOCK_TEST NULL
 #endif
 
 /* Everything but the header, the capabilities and coll_mask, shared by the tables of every
@@ -425,7 +477,7 @@ static mncl_status_t mock_post(void *comm, const mncl_coll_v1_t *coll, void **ha
   .init = mock_init, .finalize = mock_finalize, .probe = mock_probe,                             \
   .comm_create = mock_comm_create, .comm_destroy = mock_comm_destroy,                            \
   .comm_abort = mock_comm_abort, .comm_split = NULL, .execute = MOCK_EXECUTE, .post = MOCK_POST, \
-  .test = NULL
+  .test = MOCK_TEST
 
 #if MOCK_EXPORT_V1
 MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = {.struct_size = (MOCK_STRUCT_SIZE),
