@@ -126,7 +126,8 @@ typedef struct mncl_config {
   int32_t size;          /* number of ranks; -1: MNCL_SIZE, WORLD_SIZE, ..., else 1 */
   const char *bootstrap; /* "tcp://host:port" (rank 0 hosts the store there) or "file:///dir";
                             NULL: MNCL_STORE, else MASTER_ADDR/MASTER_PORT; needed if size > 1 */
-  int64_t timeout_ms;    /* bound on every blocking step; -1: MNCL_TIMEOUT (seconds), else 300 s */
+  int64_t timeout_ms;    /* bound on every blocking step, at most one week (604800000 ms);
+                          * -1: MNCL_TIMEOUT (seconds), else 300 s */
   int32_t device;        /* accelerator ordinal; -1: MNCL_DEVICE, else the local rank */
   int32_t reserved0;     /* must be zero */
 } mncl_config_t;

@@ -147,7 +147,8 @@ std::optional<int64_t> get_timeout_ms(const char *name) {
   const double seconds = std::strtod(text->c_str(), &end);
   MNCL_CHECK(errno == 0 && end != text->c_str() && *end == '\0' && std::isfinite(seconds),
              MNCL_ERR_INVALID_ARGUMENT, "%s='%s' is not a number of seconds", name, text->c_str());
-  MNCL_CHECK(seconds > 0 && seconds <= 7 * 24 * 3600.0, MNCL_ERR_INVALID_ARGUMENT,
+  MNCL_CHECK(seconds > 0 && seconds * 1000.0 <= static_cast<double>(kMaxTimeoutMs),
+             MNCL_ERR_INVALID_ARGUMENT,
              "%s='%s' is out of range: give seconds > 0 and at most one week (604800)", name,
              text->c_str());
   return static_cast<int64_t>(std::ceil(seconds * 1000.0));

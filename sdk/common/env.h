@@ -27,6 +27,9 @@ const char *raw(const char *name);
 std::optional<std::string> get(const char *name);
 
 // Parsers that throw MNCL_ERR_INVALID_ARGUMENT naming the variable and the bad value.
+// The longest timeout MNCL takes (one week): deadlines of now + timeout stay far from any
+// clock's overflow, and poll()'s int milliseconds hold it.
+constexpr int64_t kMaxTimeoutMs = int64_t{7} * 24 * 3600 * 1000;
 // Seconds as a decimal number (fractions allowed), > 0 and <= 1 week; returns milliseconds.
 std::optional<int64_t> get_timeout_ms(const char *name);
 // A decimal integer in [lo, hi].

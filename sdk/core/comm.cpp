@@ -993,10 +993,13 @@ SplitSettings read_split_config(const mncl_config_t *user, const char *fn) {
   MNCL_CHECK(config.bootstrap == nullptr, MNCL_ERR_INVALID_ARGUMENT,
              "%s: config.bootstrap is set ('%s'); a split uses the parent's store: leave it NULL",
              fn, config.bootstrap);
-  MNCL_CHECK(config.timeout_ms == MNCL_FROM_ENV || config.timeout_ms > 0, MNCL_ERR_INVALID_ARGUMENT,
-             "%s: config.timeout_ms is %lld; give a positive number of milliseconds, or -1 for "
-             "the parent's",
-             fn, static_cast<long long>(config.timeout_ms));
+  MNCL_CHECK(config.timeout_ms == MNCL_FROM_ENV ||
+                 (config.timeout_ms > 0 && config.timeout_ms <= env::kMaxTimeoutMs),
+             MNCL_ERR_INVALID_ARGUMENT,
+             "%s: config.timeout_ms is %lld; give a positive number of milliseconds, at most %lld "
+             "(one week), or -1 for the parent's",
+             fn, static_cast<long long>(config.timeout_ms),
+             static_cast<long long>(env::kMaxTimeoutMs));
   MNCL_CHECK(config.device >= MNCL_FROM_ENV, MNCL_ERR_INVALID_ARGUMENT,
              "%s: config.device is %d; give an ordinal, or -1 for the parent's", fn,
              static_cast<int>(config.device));

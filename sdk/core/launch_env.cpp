@@ -133,9 +133,13 @@ LaunchSettings resolve_launch_settings(const mncl_config_t &config) {
              s.size, s.size);
 
   if (config.timeout_ms != MNCL_FROM_ENV) {
-    MNCL_CHECK(config.timeout_ms > 0, MNCL_ERR_INVALID_ARGUMENT,
-               "config->timeout_ms is %lld; it must be > 0 (or -1 for MNCL_TIMEOUT)",
-               static_cast<long long>(config.timeout_ms));
+    // The bound MNCL_TIMEOUT has: deadlines computed from larger values overflowed the clocks'
+    // arithmetic (create failed at once, or poll() got a negative timeout and never returned).
+    MNCL_CHECK(
+        config.timeout_ms > 0 && config.timeout_ms <= env::kMaxTimeoutMs, MNCL_ERR_INVALID_ARGUMENT,
+        "config->timeout_ms is %lld; it must be > 0 and at most %lld (one week), or -1 "
+        "for MNCL_TIMEOUT",
+        static_cast<long long>(config.timeout_ms), static_cast<long long>(env::kMaxTimeoutMs));
     s.timeout_ms = config.timeout_ms;
   } else {
     s.timeout_ms = env::get_timeout_ms("MNCL_TIMEOUT").value_or(kDefaultTimeoutMs);

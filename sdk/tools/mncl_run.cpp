@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -379,6 +380,7 @@ class Launcher {
       std::perror("mncl-run: pipe");
       return false;
     }
+    const pid_t launcher = getpid();
     pid_t pid = fork();
     if (pid < 0) {
       std::perror("mncl-run: fork");
@@ -388,6 +390,11 @@ class Launcher {
       // Own process group: the launcher can kill the rank with everything it started, and a
       // terminal's Ctrl-C reaches only the launcher, which forwards it.
       setpgid(0, 0);
+      // A launcher killed outright (SIGKILL: a CI job cancelled, timeout -k) forwards nothing:
+      // the rank dies with it instead of running on as an orphan. getppid() closes the race of
+      // a launcher that died before the prctl.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != launcher) _exit(137);
       struct sigaction dfl;
       std::memset(&dfl, 0, sizeof(dfl));
       dfl.sa_handler = SIG_DFL;

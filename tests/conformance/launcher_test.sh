@@ -88,6 +88,30 @@ kill -TERM $pid
 wait $pid
 expect_rc 7 $? "SIGTERM forwarded"
 
+# 7b. SIGKILL to the launcher (nothing to forward): the ranks die with it, not left as orphans.
+# Each rank writes its pid when it starts, then execs a long sleep.
+"$RUN" -n 2 -- sh -c "echo \$\$ > '$TMP/pid'\$MNCL_RANK; exec sleep 60" &
+pid=$!
+for _ in $(seq 100); do
+  [ -s "$TMP/pid0" ] && [ -s "$TMP/pid1" ] && break
+  sleep 0.1
+done
+kill -KILL $pid
+wait $pid 2>/dev/null
+orphans=""
+for r in 0 1; do
+  rank_pid=$(cat "$TMP/pid$r" 2>/dev/null)
+  [ -n "$rank_pid" ] || { fail "rank $r never started"; continue; }
+  for _ in $(seq 100); do  # gone (or a zombie) within 10 s
+    state=$(cut -d" " -f3 "/proc/$rank_pid/stat" 2>/dev/null)  # no ps on a bare machine
+    case "$state" in ""|Z*) break ;; esac
+    sleep 0.1
+  done
+  case "$state" in ""|Z*) ;; *) orphans="$orphans $rank_pid"; kill -KILL "$rank_pid" ;; esac
+done
+[ -z "$orphans" ] && echo "ok: ranks die with a SIGKILLed launcher" ||
+  fail "ranks outlived a SIGKILLed launcher:$orphans"
+
 # 8. Usage errors and a program that does not exist.
 "$RUN" -- true 2>/dev/null
 expect_rc 2 $? "missing -n"

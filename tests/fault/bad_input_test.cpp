@@ -357,6 +357,13 @@ int main() {
       "config timeout 0", I, [](mncl_config_t &c) { c.timeout_ms = 0; }, "timeout");
   with_config(
       "config timeout -7", I, [](mncl_config_t &c) { c.timeout_ms = -7; }, "timeout");
+  // Past the clocks' range (once: create failed at once with a bogus "did not join" timeout).
+  with_config(
+      "config timeout INT64_MAX", I,
+      [](mncl_config_t &c) { c.timeout_ms = std::numeric_limits<int64_t>::max(); }, "one week");
+  with_config(
+      "config timeout 2^32 + 1", I, [](mncl_config_t &c) { c.timeout_ms = (int64_t{1} << 32) + 1; },
+      "one week");
   with_config(
       "config device -3", I, [](mncl_config_t &c) { c.device = -3; }, "device");
   with_config(
