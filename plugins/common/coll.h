@@ -89,6 +89,15 @@ inline uint64_t mix64(uint64_t h, uint64_t v) {
   return h ^ (h >> 31);
 }
 
+// A 32-bit digest of how a coalesced allreduce splits its elements into buffers (nbufs and
+// every counts[i]): the total alone lets ranks that split it differently (2+3 vs 3+2) mix
+// elements across buffers, so backends compare this too. Ranks that agree get equal digests.
+inline uint32_t split_digest(const size_t *counts, size_t nbufs) {
+  uint64_t h = mix64(0, nbufs);
+  for (size_t i = 0; i < nbufs; ++i) h = mix64(h, counts[i]);
+  return static_cast<uint32_t>(h ^ (h >> 32));
+}
+
 // What no rank can check alone for allgatherv / alltoallv: that the sender of each block and its
 // receiver agree on its count. Each rank adds up a hash of (from, to, count) over the blocks it
 // sends (sums[0]) and over those it receives (sums[1]); summed over all ranks (one allreduce),

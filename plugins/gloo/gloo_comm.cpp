@@ -143,8 +143,11 @@ uint32_t call_digest(int32_t kind, int32_t dtype, int32_t op, int32_t root, uint
 uint32_t collective_tag(const mncl_coll_v1_t &c) {
   uint64_t count = c.count;
   if (c.kind == MNCL_COLL_ALLREDUCE_COALESCED) {
+    // The total and how it is split into buffers: ranks that split the same total differently
+    // (2+3 vs 3+2) would otherwise mix elements across buffers.
     count = 0;
     for (size_t i = 0; i < c.nbufs; ++i) count += c.counts[i];
+    count = mix64(count, kit::split_digest(c.counts, c.nbufs));
   }
   if (c.kind == MNCL_COLL_ALLGATHERV) {
     // c.count is this rank's block; every rank must agree on all of recvcounts, which size
@@ -517,6 +520,9 @@ void Comm::execute(const mncl_coll_v1_t &c) {
     const kit::VLayout v = kit::v_layout(c);
     op.desc += kit::format(" (%s, %zu sent, %zu received)", kit::dtype_name(c.dtype),
                            v_total(v.sendcounts, c.nbufs), v_total(v.recvcounts, c.nbufs));
+  } else if (c.kind == MNCL_COLL_ALLREDUCE_COALESCED) {
+    op.desc += kit::format(" (%zu x %s in %zu buffers, %s)", v_total(c.counts, c.nbufs),
+                           kit::dtype_name(c.dtype), c.nbufs, kit::op_name(c.op));
   } else if (c.kind != MNCL_COLL_BARRIER) {
     op.desc += kit::format(" (%zu x %s", c.count, kit::dtype_name(c.dtype));
     if (reduction) op.desc += kit::format(", %s", kit::op_name(c.op));
@@ -1184,25 +1190,29 @@ void Comm::barrier(Op &op) {
   gloo::barrier(opts);
 }
 
-// Zero-byte messages are skipped on both sides, so they need no message number.
+// Zero-element messages travel too (0 bytes, under their own message number): an empty
+// message still matches one call (mncl.h), and skipping it would line the pair's next message
+// up with the wrong call; its count in the tag makes an empty send against a non-empty recv
+// time out like any other mismatch. Gloo wants an address even for 0 bytes.
 void Comm::send(Op &op, const mncl_coll_v1_t &c) {
   const size_t bytes = c.count * kit::dtype_size(c.dtype);
-  if (bytes == 0) return;
   const int peer = c.root;
   const uint64_t slot =
       gloo::Slot::build(kP2PSlotPrefix, p2p_tag(sent_[static_cast<size_t>(peer)]++, c));
-  auto buf = context_->createUnboundBuffer(const_cast<void *>(c.sendbuf), bytes);
+  uint8_t none = 0;
+  void *data = bytes > 0 ? const_cast<void *>(c.sendbuf) : &none;  // Gloo only reads it
+  auto buf = context_->createUnboundBuffer(data, bytes);
   buf->send(peer, slot);
   wait_send(op, *buf, peer);
 }
 
 void Comm::recv(Op &op, const mncl_coll_v1_t &c) {
   const size_t bytes = c.count * kit::dtype_size(c.dtype);
-  if (bytes == 0) return;
   const int peer = c.root;
   const uint64_t slot =
       gloo::Slot::build(kP2PSlotPrefix, p2p_tag(received_[static_cast<size_t>(peer)]++, c));
-  auto buf = context_->createUnboundBuffer(c.recvbuf, bytes);
+  uint8_t none = 0;
+  auto buf = context_->createUnboundBuffer(bytes > 0 ? c.recvbuf : &none, bytes);
   buf->recv(peer, slot);
   wait_recv(op, *buf, peer);
 }

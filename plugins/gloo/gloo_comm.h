@@ -9,7 +9,8 @@
 //   reduce_scatter  a ring over unbound buffers (Gloo has no general one): size-1 steps, each
 //                   sending one block to rank+1 and folding the block from rank-1
 //   send / recv     unbound buffers, slot = (per-ordered-pair message number ^ digest of
-//                   count and dtype), so messages between two ranks match in issue order
+//                   count and dtype), so messages between two ranks match in issue order;
+//                   zero-element ones travel too (0 bytes), each under its own number
 //   allreduce_coalesced  packed into one buffer, one allreduce, unpacked
 //   allgatherv      gloo::allgatherv (a ring); its blocks are packed in rank order, so blocks
 //                   at other displacements go through a packed scratch buffer
@@ -17,7 +18,8 @@
 //                   then gloo::alltoallv, through packed scratch buffers where the
 //                   displacements are not packed
 // Collective tags are the low 32 bits of coll->seq xor a 32-bit digest of the call (kind,
-// dtype, op, count, root; allgatherv: all of recvcounts instead of the count; alltoallv: no
+// dtype, op, count, root; allgatherv: all of recvcounts instead of the count;
+// allreduce_coalesced: the total and a digest of nbufs and counts; alltoallv: no
 // count, its counts differ between ranks and are checked first), identical on every rank that
 // makes the same call: ranks that make mismatched calls never match each other's messages and
 // time out (MNCL_ERR_TIMEOUT naming the op) instead of exchanging wrong-sized or wrong-typed

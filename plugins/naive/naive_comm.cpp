@@ -48,8 +48,10 @@ std::string rank_list(const std::vector<int> &ranks) {
 struct Header {
   uint32_t magic;
   int32_t kind, dtype, op, root;  // op and root are -1 where the kind has none
-  uint32_t digest;  // allgatherv: a hash of recvcounts (which every rank must share); else 0
-  uint64_t count;   // elements (all buffers together for the coalesced allreduce)
+  // allgatherv: a hash of recvcounts (which every rank must share); allreduce_coalesced: of
+  // nbufs and counts (kit::split_digest); else 0
+  uint32_t digest;
+  uint64_t count;  // elements (all buffers together for the coalesced allreduce)
 
   bool operator==(const Header &o) const {
     return magic == o.magic && kind == o.kind && dtype == o.dtype && op == o.op && root == o.root &&
@@ -75,8 +77,11 @@ Header header_of(const mncl_coll_v1_t &c) {
            0,
            c.count};
   if (c.kind == MNCL_COLL_ALLREDUCE_COALESCED) {
+    // The total alone would let ranks that split it differently (2+3 vs 3+2) mix elements
+    // across buffers: the digest of the split must agree too.
     h.count = 0;
     for (size_t i = 0; i < c.nbufs; ++i) h.count += c.counts[i];
+    h.digest = kit::split_digest(c.counts, c.nbufs);
   }
   if (c.kind == MNCL_COLL_RECV) h.kind = MNCL_COLL_SEND;  // a receive matches a send
   // Allgatherv: c.count is this rank's block, which differs between ranks; the total of
@@ -110,7 +115,8 @@ struct Comm::Op {
   uint64_t key_id;   // <k>, the collective's number in store keys
   int64_t timeout_ms;
   Clock::time_point deadline;
-  Header header;  // what this rank's call stores, and expects to read
+  Header header;      // what this rank's call stores, and expects to read
+  std::string split;  // allreduce_coalesced: this rank's buffers, for messages (" {2, 3}")
 
   std::string key(const std::string &suffix) const { return std::to_string(key_id) + "/" + suffix; }
   std::string where() const {
@@ -159,7 +165,8 @@ void Comm::execute(const mncl_coll_v1_t &c) {
         p2p ? 0 : next_collective_++,
         c.timeout_ms > 0 ? c.timeout_ms : default_timeout_ms_,
         Clock::time_point(),
-        Header{}};
+        Header{},
+        std::string()};
   op.deadline = Clock::now() + std::chrono::milliseconds(op.timeout_ms);
   if (aborted_.load()) {
     throw kit::Error(MNCL_ERR_ABORTED, op.where() + ": the communicator was aborted");
@@ -196,6 +203,13 @@ void Comm::execute(const mncl_coll_v1_t &c) {
     }
   }
   op.header = header_of(c);
+  if (c.kind == MNCL_COLL_ALLREDUCE_COALESCED) {
+    op.split = " {";
+    for (size_t i = 0; i < c.nbufs && i < 8; ++i) {
+      op.split += kit::format("%s%zu", i > 0 ? ", " : "", c.counts[i]);
+    }
+    op.split += c.nbufs > 8 ? kit::format(", ... (%zu buffers)}", c.nbufs) : "}";
+  }
   MNCL_KIT_LOG(host_, MNCL_LOG_TRACE, "%s: rank %d/%d %s %s count %zu root %d", op.where().c_str(),
                rank_, size_, kit::dtype_name(c.dtype),
                is_reduction(c.kind) ? kit::op_name(c.op) : "-", c.count, c.root);
@@ -365,6 +379,17 @@ void Comm::check_length(const Op &op, int src, const Value &value, size_t len) c
                                  "%llu elements; recvcounts must be the same on every rank)",
                                  op.where().c_str(), src, rank_,
                                  static_cast<unsigned long long>(op.header.count)));
+  }
+  if (op.header.kind == MNCL_COLL_ALLREDUCE_COALESCED && theirs.kind == op.header.kind &&
+      theirs.dtype == op.header.dtype && theirs.op == op.header.op &&
+      theirs.count == op.header.count && theirs.digest != op.header.digest) {
+    throw kit::Error(
+        MNCL_ERR_REMOTE,
+        kit::format("%s: mismatched collective calls: rank %d called %s with other buffer "
+                    "counts than rank %d's %s with counts%s (same total; nbufs and counts must "
+                    "be the same on every rank)",
+                    op.where().c_str(), src, theirs.describe().c_str(), rank_,
+                    op.header.describe().c_str(), op.split.c_str()));
   }
   if (!(theirs == op.header)) {
     const size_t sent = value.size() - sizeof(Header);
@@ -703,14 +728,19 @@ void Comm::recv(Op &op, const mncl_coll_v1_t &c) {
                      kit::format("%s: bad peer %d", op.where().c_str(), peer));
   }
   const size_t len = c.count * kit::dtype_size(c.dtype);
-  const uint64_t k = received_[static_cast<size_t>(peer)];
+  // Every recv takes its message number, whatever happens: messages between a pair match in
+  // issue order (mncl.h), so a recv that failed (a mismatch, a timeout) still used up message
+  // #k, and the next recv must read #k+1, not #k again (which would match it to the wrong send).
+  const uint64_t k = received_[static_cast<size_t>(peer)]++;
   op.noun = kit::format("message #%llu", static_cast<unsigned long long>(k));
   const std::string key =
       kit::format("p%d>%d/%llu", peer, rank_, static_cast<unsigned long long>(k));
-  Value value = read_one(op, peer, key, len);
+  Value value;
+  const mncl_status_t st = store_.get(key, op.remaining_ms(), &value);
+  if (st != MNCL_OK) throw_missing(op, st, {peer});
+  store_.del(key);  // its only reader, even when the check below fails
+  check_length(op, peer, value, len);
   if (len > 0) std::memcpy(c.recvbuf, payload(value), len);
-  store_.del(key);
-  ++received_[static_cast<size_t>(peer)];
 }
 
 }  // namespace mncl::naive

@@ -28,7 +28,9 @@
 //   - barrier: the counter goes to 2*size (arrive, then leave); whoever reaches 2*size deletes.
 // Every stored value starts with a small header describing the call that stored it (kind, dtype,
 // op, root, count): a reader whose own call differs (mismatched collectives on different ranks)
-// fails with MNCL_ERR_REMOTE naming both, instead of combining bytes of another meaning.
+// fails with MNCL_ERR_REMOTE naming both, instead of combining bytes of another meaning. The
+// coalesced allreduce's header carries the total and a digest of nbufs and counts, so ranks that
+// split the same total into other buffers fail too.
 // The kinds with a count per rank (plugin ABI v3) store every block, empty ones too, and check
 // each block's length before writing it: ranks whose counts disagree fail with MNCL_ERR_REMOTE
 // rather than time out or write outside a block. Their headers say more: allgatherv's carry the
@@ -40,7 +42,11 @@
 // root for gatherv, the non-root for scatterv) fails with MNCL_ERR_REMOTE naming both counts.
 //
 // After a failure (timeout, abort) the keys of that op may remain: the communicator is unusable
-// then anyway. A send never matched by a recv also stays, as in MPI.
+// then anyway. A send never matched by a recv also stays, as in MPI. A recv takes its message
+// number m whatever happens and deletes p<src>><dst>/<m> once read, even when its check fails
+// (another count or dtype): the pair stays in step, so the next recv reads message m+1 and is
+// matched with the next send, as issue order says (a message that arrives after its recv timed
+// out stays, unread).
 //
 // Threading (plugin ABI v2, MNCL_CAP_CONCURRENT_P2P): execute() may run on several threads at
 // once, with at most one collective, one SEND per peer and one RECV per peer at a time. Every

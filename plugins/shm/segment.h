@@ -56,7 +56,9 @@ struct Header {
 // peers would find the stamp of a later call instead of the one they are checking.
 struct CallStamp {
   std::atomic<uint64_t> head;
-  std::atomic<uint64_t> op_root;  // op (or -1) in the low 32 bits, root (or -1) in the high
+  // op (or -1) in the low 32 bits, root (or -1) in the high; allreduce_coalesced: the high
+  // word is kit::split_digest of nbufs and counts (it has no root; count is the total)
+  std::atomic<uint64_t> op_root;
   std::atomic<uint64_t> count;
   std::atomic<uint64_t> seq;
 };

@@ -117,6 +117,9 @@ struct Comm::Op {
   uint32_t chunk = 0, chunks = 0;  // send/recv: the chunk being moved (from 1), for messages
   // The call's stamp words (CallStamp), minus the first post, which publish_call adds.
   uint64_t head = 0, op_root = 0, count = 0;
+  // allreduce_coalesced: the caller's counts, for messages only (valid during the call).
+  const size_t *counts = nullptr;
+  size_t nbufs = 0;
   std::string where() const {
     return kit::format("shm %s #%llu", name, static_cast<unsigned long long>(seq));
   }
@@ -484,9 +487,17 @@ void Comm::check_peer_call(Op &op, int peer, int half) {
   }
   auto describe = [](uint64_t h, uint64_t o_r, uint64_t n) {
     const auto narrow = [](uint64_t b) { return b == 0xff ? -1 : static_cast<int32_t>(b); };
-    return describe_call(narrow(h >> 32 & 0xff), narrow(h >> 40 & 0xff),
-                         static_cast<int32_t>(o_r & 0xffffffffu), static_cast<int32_t>(o_r >> 32),
-                         n);
+    const int32_t kind = narrow(h >> 32 & 0xff);
+    // allreduce_coalesced: the high word is the digest of its split, not a root.
+    const bool coalesced = kind == MNCL_COLL_ALLREDUCE_COALESCED;
+    std::string out =
+        describe_call(kind, narrow(h >> 40 & 0xff), static_cast<int32_t>(o_r & 0xffffffffu),
+                      coalesced ? -1 : static_cast<int32_t>(o_r >> 32), n);
+    if (coalesced) {
+      out.insert(out.size() - 1,
+                 kit::format(", split digest %08llx", static_cast<unsigned long long>(o_r >> 32)));
+    }
+    return out;
   };
   std::string ours = describe(my_head, op.op_root, op.count), theirs = "a later call";
   if (!torn) {
@@ -498,6 +509,13 @@ void Comm::check_peer_call(Op &op, int peer, int half) {
       theirs += kit::format(" #%llu", static_cast<unsigned long long>(seq));
       ours += kit::format(" #%llu", static_cast<unsigned long long>(op.seq));
     }
+  }
+  if (op.counts != nullptr) {  // this rank's own split (the digest alone says little)
+    ours += " with counts {";
+    for (size_t i = 0; i < op.nbufs && i < 8; ++i) {
+      ours += kit::format("%s%zu", i > 0 ? ", " : "", op.counts[i]);
+    }
+    ours += op.nbufs > 8 ? kit::format(", ... (%zu buffers)}", op.nbufs) : "}";
   }
   fail_mismatch(op, kit::format("%s: mismatched collective calls: rank %d called %s where rank %d "
                                 "calls %s",
@@ -602,6 +620,8 @@ void Comm::execute(const mncl_coll_v1_t &c) {
     if (c.kind == MNCL_COLL_ALLREDUCE_COALESCED) {
       op.count = 0;
       for (size_t i = 0; i < c.nbufs; ++i) op.count += c.counts[i];
+      op.counts = c.counts;
+      op.nbufs = c.nbufs;
     }
     // Allgatherv: c.count is this rank's block; the total of recvcounts is the same everywhere
     // (as naive's header). Alltoallv has no count every rank shares: its first round checks.
@@ -613,7 +633,12 @@ void Comm::execute(const mncl_coll_v1_t &c) {
     if (c.kind == MNCL_COLL_ALLTOALLV || is_rooted_v_kind(c.kind)) op.count = 0;
     op.head = static_cast<uint64_t>(c.kind & 0xff) << 32 | static_cast<uint64_t>(dtype & 0xff)
                                                                << 40;
-    op.op_root = static_cast<uint32_t>(o) | static_cast<uint64_t>(static_cast<uint32_t>(r)) << 32;
+    // allreduce_coalesced has no root: that word carries a digest of nbufs and counts instead,
+    // since the total alone lets ranks that split it differently mix elements across buffers.
+    const uint32_t high = c.kind == MNCL_COLL_ALLREDUCE_COALESCED
+                              ? kit::split_digest(c.counts, c.nbufs)
+                              : static_cast<uint32_t>(r);
+    op.op_root = static_cast<uint32_t>(o) | static_cast<uint64_t>(high) << 32;
   }
   check_failed(op);
   if (const std::string why = broken(); !why.empty()) {

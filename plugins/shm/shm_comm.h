@@ -87,14 +87,16 @@
 // own; only the segment's words (abort, dead peer, mismatch) end every running call.
 //
 // Mismatched calls (issue 9, without MNCL_DEBUG_CHECKS): before the first post of a call each
-// rank stamps (kind, dtype, op, count, root, seq) into its RankCtl line, in the stamp of the
-// staging half its first round uses and under that half's reuse rule; right after its first
-// wait in the call, before reading any peer's staging, a rank compares the stamps of the ranks
-// it waited for with its own and fails with MNCL_ERR_REMOTE naming both calls, setting the
-// segment's mismatch word so the other ranks fail at their next wait. A rank that waits for no
-// one in a call (bcast/scatter root, reduce/gather non-root) reads nothing of the others, so
-// its result cannot be wrong. Send/recv compare count and dtype in the slot header; a receiver
-// that finds a mismatch sets the mismatch word too, so every rank's calls fail at their next wait.
+// rank stamps (kind, dtype, op, count, root, seq; allreduce_coalesced: a digest of nbufs and
+// counts instead of the root, so a total split differently fails too) into its RankCtl line, in
+// the stamp of the staging half its first round uses and under that half's reuse rule; right
+// after its first wait in the call, before reading any peer's staging, a rank compares the
+// stamps of the ranks it waited for with its own and fails with MNCL_ERR_REMOTE naming both
+// calls, setting the segment's mismatch word so the other ranks fail at their next wait. A rank
+// that waits for no one in a call (bcast/scatter root, reduce/gather non-root) reads nothing of
+// the others, so its result cannot be wrong. Send/recv compare count and dtype in the slot
+// header; a receiver that finds a mismatch sets the mismatch word too, so every rank's calls
+// fail at their next wait.
 #pragma once
 
 #include <mncl/mncl_plugin.h>

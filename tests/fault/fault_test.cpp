@@ -18,7 +18,7 @@
 //              [--backend B] [--ranks N] [--timeout S] [--runs N] [--debug-checks 0|1]
 //              [--case
 //              allreduce_vs_bcast|count|dtype|root|allgatherv|alltoallv|gatherv|scatterv|
-//              batch_count]
+//              batch_count|run_ahead|zero_count|coalesced_split|p2p_zero|recv_after_mismatch]
 //              [--netns NS0,NS1 --hosts A0,A1]
 //              [--launcher fork|mpirun] [--mpirun PATH] [--mpirun-arg ARG]... [--expect-job-end]
 #include <fcntl.h>
@@ -276,6 +276,7 @@ int worker_mismatch(Worker &w) {
   const int64_t t0 = now_ns();
   mncl_status_t st;
   bool correct = true;
+  std::string message;  // when set: the error to report rather than mncl_last_error()
   if (which == "batch_count") {
     // A ring shift as one mncl_sendrecv_batch: variant B sends and receives 10 elements, variant
     // A 20, so (at even sizes) every receive disagrees with its sender. Judged against this
@@ -379,6 +380,69 @@ int worker_mismatch(Worker &w) {
         if (ir[i] != static_cast<int32_t>(w.size * (w.size + 1) / 2 * (i + 1))) correct = false;
       }
     }
+  } else if (which == "coalesced_split") {
+    // One allreduce_coalesced of 20 elements in two buffers: variant A splits them 8 + 12,
+    // variant B 12 + 8. The totals agree, the buffers do not: backends that compared only the
+    // total returned MNCL_OK with elements summed across buffers (an element of buffer 0 with
+    // one of buffer 1). Judged against this rank's own call: buffer j, element i is the sum over
+    // ranks of (r + 1) * (100 * j + i + 1).
+    const size_t counts[2] = {b ? 12u : 8u, b ? 8u : 12u};
+    std::vector<int32_t> s0(counts[0]), s1(counts[1]), r0(counts[0], -1), r1(counts[1], -1);
+    for (size_t i = 0; i < s0.size(); ++i) s0[i] = static_cast<int32_t>((w.rank + 1) * (i + 1));
+    for (size_t i = 0; i < s1.size(); ++i) s1[i] = static_cast<int32_t>((w.rank + 1) * (i + 101));
+    const void *sbufs[2] = {s0.data(), s1.data()};
+    void *rbufs[2] = {r0.data(), r1.data()};
+    st = mncl_allreduce_coalesced(comm, sbufs, rbufs, counts, 2, MNCL_INT32, MNCL_SUM, nullptr);
+    const int32_t factor = w.size * (w.size + 1) / 2;
+    for (size_t i = 0; st == MNCL_OK && i < r0.size(); ++i) {
+      if (r0[i] != static_cast<int32_t>(factor * (i + 1))) correct = false;
+    }
+    for (size_t i = 0; st == MNCL_OK && i < r1.size(); ++i) {
+      if (r1[i] != static_cast<int32_t>(factor * (i + 101))) correct = false;
+    }
+  } else if (which == "p2p_zero" || which == "recv_after_mismatch") {
+    // Point to point between rank 2k (sender) and 2k + 1 (receiver), two messages each:
+    //   p2p_zero: sends of 0 then 4 elements, receives of 4 then 0. Both pairs of calls
+    //     disagree; gloo skipped empty messages, so its first receive took the second send's 4
+    //     elements and returned MNCL_OK.
+    //   recv_after_mismatch: sends of 4 then 4 elements, receives of 8 (disagrees) then 4.
+    //     naive's failed first receive left the message in place, so the second one took the
+    //     first send's elements and returned MNCL_OK.
+    // Messages between a pair match in issue order (mncl.h): receive #k matches send #k
+    // whatever became of the calls before it. The receiver makes both calls even after a
+    // failure; a receive that returns MNCL_OK against a send of another count, or with data
+    // other than its own send's, is wrong. A rank without a partner (odd sizes) does nothing.
+    const bool zero = which == "p2p_zero";
+    const size_t send_n[2] = {zero ? 0u : 4u, 4};
+    const size_t recv_n[2] = {zero ? 4u : 8u, zero ? 0u : 4u};
+    const bool sender = w.rank % 2 == 0, receiver = !sender;
+    const int peer = sender ? w.rank + 1 : w.rank - 1;
+    mncl_status_t first_error = MNCL_OK;
+    std::string first_message;
+    for (int m = 0; m < 2 && peer < w.size; ++m) {
+      std::vector<int32_t> data(8, -1);
+      // Message m of sender r carries r * 1000 + 100 * m + i.
+      for (size_t i = 0; sender && i < send_n[m]; ++i) {
+        data[i] = static_cast<int32_t>(w.rank * 1000 + 100 * m + i);
+      }
+      const mncl_status_t s =
+          sender ? mncl_send(comm, data.data(), send_n[m], MNCL_INT32, peer, nullptr)
+                 : mncl_recv(comm, data.data(), recv_n[m], MNCL_INT32, peer, nullptr);
+      if (s != MNCL_OK && first_error == MNCL_OK) {
+        first_error = s;
+        first_message = mncl_last_error();
+      }
+      if (receiver && s == MNCL_OK) {
+        if (recv_n[m] != send_n[m]) correct = false;
+        for (size_t i = 0; i < recv_n[m]; ++i) {
+          if (data[i] != static_cast<int32_t>(peer * 1000 + 100 * m + i)) correct = false;
+        }
+      }
+    }
+    // A wrong result is reported with MNCL_OK (the driver counts it so); otherwise the first
+    // failure, if any, with its message (a later call may have succeeded since).
+    st = correct ? first_error : MNCL_OK;
+    message = first_message;
   } else if (bcast) {
     st = f ? mncl_bcast(comm, fs.data(), count, dtype, root, nullptr)
            : mncl_bcast(comm, is.data(), count, dtype, root, nullptr);
@@ -389,7 +453,8 @@ int worker_mismatch(Worker &w) {
   const int64_t t1 = now_ns();
   const bool judged = which == "allgatherv" || which == "alltoallv" || which == "gatherv" ||
                       which == "scatterv" || which == "batch_count" || which == "run_ahead" ||
-                      which == "zero_count";  // above, against the call's own layout
+                      which == "zero_count" || which == "coalesced_split" || which == "p2p_zero" ||
+                      which == "recv_after_mismatch";  // above, against the call's own layout
   if (st == MNCL_OK && !judged) {
     for (size_t i = 0; i < count; ++i) {
       const double expect = bcast ? static_cast<double>((root + 1) * (i + 1))
@@ -399,7 +464,7 @@ int worker_mismatch(Worker &w) {
     }
   }
   w.result(st, t1, fmt("%lld %s", static_cast<long long>(t1 - t0), correct ? "correct" : "wrong"),
-           mncl_last_error());
+           message.empty() ? mncl_last_error() : message.c_str());
   // A failed communicator is abandoned (abort + destroy skips the leave protocol).
   if (st != MNCL_OK) mncl_comm_abort(comm);
   mncl_comm_destroy(comm);
