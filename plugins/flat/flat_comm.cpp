@@ -518,6 +518,17 @@ bool Comm::test(Request &r) {
   return true;
 }
 
+// allreduce_coalesced: nbufs in the low word, kit::split_digest of nbufs and counts in the high
+// one (the total alone lets ranks that split it differently, 8+12 vs 12+8, mix elements across
+// buffers in the packed MPI_Allreduce). 0 for every other kind.
+namespace {
+uint64_t coalesced_split(const mncl_coll_v1_t &c) {
+  if (c.kind != MNCL_COLL_ALLREDUCE_COALESCED) return 0;
+  return static_cast<uint64_t>(kit::split_digest(c.counts, c.nbufs)) << 32 |
+         static_cast<uint32_t>(c.nbufs);
+}
+}  // namespace
+
 void Comm::post_fingerprint(const mncl_coll_v1_t &c, Request &r) {
   // Point to point: no other rank makes the same call (each receiver checks its sizes).
   if (c.kind == MNCL_COLL_SEND || c.kind == MNCL_COLL_RECV || c.kind == MNCL_COLL_SENDRECV_BATCH) {
@@ -541,7 +552,7 @@ void Comm::post_fingerprint(const mncl_coll_v1_t &c, Request &r) {
                                              field(kit::is_reduction(c.kind) ? c.op : -1),
                                              field(rooted ? c.root : -1),
                                              count,
-                                             c.kind == MNCL_COLL_ALLREDUCE_COALESCED ? c.nbufs : 0,
+                                             coalesced_split(c),
                                              c.seq};
   for (int i = 0; i < Request::kFields; ++i) {
     r.fingerprint_in[i] = fields[i];
@@ -625,6 +636,15 @@ void Comm::check_call(Request &r) {
         a = std::to_string(as_int(lo));
         b = std::to_string(as_int(hi));
         break;
+      case 5: {  // coalesced_split(): nbufs, and the digest of the counts
+        const auto split = [](uint64_t v) {
+          return kit::format("%u (counts digest %08x)", static_cast<unsigned>(v & 0xffffffffu),
+                             static_cast<unsigned>(v >> 32));
+        };
+        a = split(lo);
+        b = split(hi);
+        break;
+      }
       default:
         a = std::to_string(lo);
         b = std::to_string(hi);
