@@ -105,6 +105,12 @@ LaunchSettings resolve_launch_settings(const mncl_config_t &config) {
   s.local_size = static_cast<int>(
       first_int({"MNCL_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"}, 1, kMaxRanks)
           .value_or(-1));
+  // The local rank picks the GPU: one past the local size is a launcher's mistake, not a device.
+  MNCL_CHECK(s.local_rank < 0 || s.local_size < 0 || s.local_rank < s.local_size,
+             MNCL_ERR_INVALID_ARGUMENT,
+             "the local rank %d is out of range for %d local ranks (check LOCAL_RANK / "
+             "LOCAL_WORLD_SIZE or MNCL_LOCAL_RANK / MNCL_LOCAL_SIZE)",
+             s.local_rank, s.local_size);
 
   if (config.bootstrap != nullptr) {
     s.store_url = config.bootstrap;
@@ -113,8 +119,12 @@ LaunchSettings resolve_launch_settings(const mncl_config_t &config) {
   } else {
     auto addr = env::get("MASTER_ADDR");
     auto port = env::get_int("MASTER_PORT", 1, 65535);
-    if (addr && port)
-      s.store_url = format("tcp://%s:%lld", addr->c_str(), static_cast<long long>(*port));
+    if (addr && port) {
+      // torchrun takes an IPv6 MASTER_ADDR as it is; a URL needs it in brackets.
+      const bool bare_ipv6 = addr->find(':') != std::string::npos && addr->front() != '[';
+      s.store_url = format(bare_ipv6 ? "tcp://[%s]:%lld" : "tcp://%s:%lld", addr->c_str(),
+                           static_cast<long long>(*port));
+    }
   }
   // Under mpirun on a single host, no address is needed: a file store in /tmp named after the
   // Open MPI job id is private to this job and visible to all of its ranks.

@@ -394,6 +394,9 @@ int main() {
   check_env("MNCL_SIZE", "99999999999");
   check_env("MNCL_RANK", "x1");
   check_env("MNCL_RANK", "7");
+  setenv("MNCL_LOCAL_SIZE", "2", 1);  // a local rank past the local size picks no real GPU
+  check_env("MNCL_LOCAL_RANK", "2");
+  unsetenv("MNCL_LOCAL_SIZE");
   check_env("MNCL_DEVICE", "-9");
   check_env("MNCL_DEVICE", "gpu0");
   check_env("MNCL_DEBUG_CHECKS", "yes");
