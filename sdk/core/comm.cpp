@@ -1,8 +1,10 @@
 #include "core/comm.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -197,6 +199,19 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
       settings.store_url.empty()
           ? bootstrap::make_memory_store()
           : bootstrap::open_store(settings.store_url, settings.rank, settings.size, opts);
+  if (settings.store_is_private_dir) {
+    // A made-up name in /tmp that another user could have created first, to read or plant
+    // keys: the folder must be this user's, and no one else's to look into.
+    const std::string dir = settings.store_url.substr(std::strlen("file://"));
+    struct stat info {};
+    MNCL_CHECK(stat(dir.c_str(), &info) == 0 && info.st_uid == getuid(), MNCL_ERR_BOOTSTRAP,
+               "the job's private store folder %s belongs to uid %u, not to this user (%u): "
+               "someone else made it; remove it, or set MNCL_STORE",
+               dir.c_str(), static_cast<unsigned>(info.st_uid), static_cast<unsigned>(getuid()));
+    MNCL_CHECK((info.st_mode & 0077) == 0 || chmod(dir.c_str(), 0700) == 0, MNCL_ERR_BOOTSTRAP,
+               "cannot make the job's private store folder %s private: %s", dir.c_str(),
+               std::strerror(errno));
+  }
   if (settings.store_is_private_dir && settings.rank == 0) {
     // The folder MNCL made up goes away with the last communicator of the job on rank 0.
     auto inner = comm->job_store_;

@@ -1,0 +1,24 @@
+#!/bin/sh
+# One rank of `mpirun -np 2 sh private_store_folder.sh CREATE_PROBE`: the job's private file
+# store folder (/tmp/mncl-<uid>-ompi-<jobid>), made first by another user (rank 0, as root,
+# hands it to uid 65534 before anyone creates a communicator), must be refused with
+# MNCL_ERR_BOOTSTRAP instead of being used for the job's keys. Root only (chown): 77 otherwise.
+set -u
+probe=${1:?usage: private_store_folder.sh CREATE_PROBE}
+[ "$(id -u)" = 0 ] || exit 77
+d=/tmp/mncl-0-ompi-$OMPI_MCA_ess_base_jobid
+if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then
+  mkdir -p "$d" && chown 65534 "$d" && touch "$d.ready" || exit 1
+else
+  for _ in $(seq 200); do
+    [ -e "$d.ready" ] && break
+    sleep 0.05
+  done
+fi
+"$probe" --expect MNCL_ERR_BOOTSTRAP --contains "belongs to uid 65534" --max-seconds 30
+rc=$?
+if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then
+  sleep 1
+  rm -rf "$d" "$d.ready"
+fi
+exit $rc
