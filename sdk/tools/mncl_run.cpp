@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -49,8 +50,9 @@ constexpr const char *kUsage =
     "  -h, --help           show this text\n"
     "\n"
     "Every rank gets MNCL_RANK, MNCL_SIZE, MNCL_LOCAL_RANK, MNCL_LOCAL_SIZE and MNCL_STORE\n"
-    "(and MNCL_BACKEND with --backend, MNCL_HOSTID with --ranks-per-host); the rest of the\n"
-    "environment is inherited.\n"
+    "(and MNCL_BACKEND with --backend, MNCL_HOSTID with --ranks-per-host, and with a TCP store\n"
+    "a fresh random MNCL_STORE_TOKEN unless one is set); the rest of the environment is\n"
+    "inherited.\n"
     "\n"
     "Exit status: 0 if every rank exited 0; otherwise the status of the first rank that failed\n"
     "(128+N if it was killed by signal N); 124 on --timeout; 2 on a usage error. SIGINT, SIGTERM\n"
@@ -309,6 +311,21 @@ class Launcher {
         return false;
       }
       store_ = "tcp://127.0.0.1:" + std::to_string(port);
+      // Any local user can reach 127.0.0.1: without a secret, anyone could read or overwrite
+      // the job's keys. An inherited MNCL_STORE_TOKEN is kept (and passed on as it is).
+      const char *inherited = std::getenv("MNCL_STORE_TOKEN");
+      if (inherited == nullptr || *inherited == '\0') {
+        unsigned char bytes[16];
+        if (getrandom(bytes, sizeof bytes, 0) != static_cast<ssize_t>(sizeof bytes)) {
+          std::fprintf(stderr, "mncl-run: getrandom: %s\n", std::strerror(errno));
+          return false;
+        }
+        static const char kHex[] = "0123456789abcdef";
+        for (unsigned char b : bytes) {
+          token_ += kHex[b >> 4];
+          token_ += kHex[b & 15];
+        }
+      }
     }
     return true;
   }
@@ -361,6 +378,7 @@ class Launcher {
       env.push_back("MNCL_LOCAL_SIZE=" + std::to_string(opt_.np));
     }
     env.push_back("MNCL_STORE=" + store_);
+    if (!token_.empty()) env.push_back("MNCL_STORE_TOKEN=" + token_);
     if (!opt_.backend.empty()) env.push_back("MNCL_BACKEND=" + opt_.backend);
     return env;
   }
@@ -594,6 +612,7 @@ class Launcher {
   std::vector<Rank> ranks_;
   std::string store_;
   std::string store_dir_;
+  std::string token_;  // MNCL_STORE_TOKEN for the ranks of a TCP store, unless inherited
   int first_failed_ = -1;
   bool timed_out_ = false;
   bool killing_ = false;

@@ -29,6 +29,15 @@ for r in 0 1 2; do
 done
 [ "$(sed 's/.* //' "$TMP/out" | sort -u | wc -l)" -eq 1 ] || fail "ranks saw different stores"
 
+# 1b. A TCP store gets a fresh secret, the same on every rank (anyone on the host can reach
+# 127.0.0.1); a caller's MNCL_STORE_TOKEN is kept.
+"$RUN" -n 2 -- sh -c 'echo "$MNCL_STORE_TOKEN"' >"$TMP/tokens" 2>&1
+expect_rc 0 $? "store token"
+[ "$(sort -u "$TMP/tokens" | wc -l)" -eq 1 ] && grep -qE '^[0-9a-f]{32}$' "$TMP/tokens" ||
+  fail "ranks' store tokens: $(cat "$TMP/tokens")"
+out=$(MNCL_STORE_TOKEN=mine "$RUN" -n 1 -- sh -c 'echo $MNCL_STORE_TOKEN')
+[ "$out" = mine ] || fail "MNCL_STORE_TOKEN not inherited: '$out'"
+
 # 2. --backend sets MNCL_BACKEND; without it the caller's value is inherited.
 out=$(MNCL_BACKEND=inherited "$RUN" -n 1 -- sh -c 'echo $MNCL_BACKEND')
 [ "$out" = inherited ] || fail "MNCL_BACKEND not inherited: '$out'"
