@@ -669,6 +669,9 @@ void Comm::retire(std::unique_ptr<Request> r) {
   MpiLock lock;
   int done = 0;
   MPI_Testall(static_cast<int>(r->mpi.size()), r->mpi.data(), &done, MPI_STATUSES_IGNORE);
+  // Its own lock: under MPI_THREAD_MULTIPLE MpiLock locks nothing, and a failed blocking call on
+  // one thread may retire beside a posted one's test on another.
+  std::lock_guard<std::mutex> guard(orphans_mutex_);
   if (!done) orphans_.push_back(std::move(r));
 }
 

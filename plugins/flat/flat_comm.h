@@ -27,6 +27,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -199,6 +200,7 @@ class Comm {
   std::atomic<bool> broken_{false};  // an operation timed out or was abandoned
   std::atomic<int> busy_{0};
   std::vector<unsigned char> pack_;                // blocking coalesced / scratch buffer, reused
+  std::mutex orphans_mutex_;                       // retire() may run on several threads
   std::vector<std::unique_ptr<Request>> orphans_;  // abandoned, still owned by MPI
 };
 
