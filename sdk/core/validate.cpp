@@ -272,9 +272,17 @@ void validate_collective(const mncl_coll_v1_t &c, int rank, int size,
   if (c.kind == MNCL_COLL_ALLREDUCE_COALESCED) {
     MNCL_CHECK(c.nbufs == 0 || (c.sendbufs && c.recvbufs && c.counts), MNCL_ERR_INVALID_ARGUMENT,
                "%s: sendbufs, recvbufs or counts is NULL with nbufs = %zu", fn, c.nbufs);
+    // The backends pack or count all of it: the sum must not wrap.
+    for (size_t i = 0, total = 0; i < c.nbufs; ++i) {
+      const size_t bytes = checked_bytes(fn, c.counts[i], 1, elem);
+      MNCL_CHECK(bytes <= static_cast<size_t>(std::numeric_limits<intptr_t>::max()) - total,
+                 MNCL_ERR_INVALID_ARGUMENT,
+                 "%s: counts[0..%zu] add up to more bytes than the address space holds", fn, i);
+      total += bytes;
+    }
     IndexedRanges recvs, sends;
     for (size_t i = 0; i < c.nbufs; ++i) {
-      const size_t bytes = checked_bytes(fn, c.counts[i], 1, elem);
+      const size_t bytes = c.counts[i] * elem;  // checked above
       if (bytes == 0) continue;
       MNCL_CHECK(c.sendbufs[i] && c.recvbufs[i], MNCL_ERR_INVALID_ARGUMENT,
                  "%s: buffer %zu is NULL but counts[%zu] = %zu", fn, i, i, c.counts[i]);

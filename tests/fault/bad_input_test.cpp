@@ -250,6 +250,18 @@ int main() {
                                           MNCL_SUM, nullptr);
         },
         "overflow");
+    // Each count fits; their sum wraps (it once reached the backends, which pack the total).
+    const size_t quarter = size_t{1} << 62;
+    const void *three_sends[3] = {a, a, a};
+    void *three_recvs[3] = {b, b, b};
+    const size_t wrapping_counts[3] = {quarter, quarter, quarter};
+    check(
+        "coalesced counts whose sum overflows", I,
+        [&] {
+          return mncl_allreduce_coalesced(comm, three_sends, three_recvs, wrapping_counts, 3,
+                                          MNCL_UINT8, MNCL_SUM, nullptr);
+        },
+        "address space");
     check(
         "coalesced dtype 99", I,
         [&] {
