@@ -177,9 +177,11 @@ class Request:
         request stays pending: wait again, or test().
         """
         if self._handle is not None:
-            if timeout is not None and timeout < 0:
+            if timeout is not None and not timeout >= 0:  # NaN too
                 raise ValueError(f"mncl: wait: negative timeout {timeout}")
-            ms = -1 if timeout is None else int(timeout * 1000)
+            # Beyond 2^40 ms (inf included) a wait has no limit: as None (ctypes would wrap it).
+            unbounded = timeout is None or timeout * 1000 > _UNBOUNDED_WAIT_MS
+            ms = -1 if unbounded else int(timeout * 1000)
             status = lib.mncl_wait(self._handle, ms)
             if status == _ERR_TIMEOUT and ms >= 0:
                 # The wait ran out of time; the request stays valid. (An operation that itself
@@ -192,12 +194,31 @@ class Request:
         return self._result
 
 
+_INT64_MAX = (1 << 63) - 1
+_UNBOUNDED_WAIT_MS = 1 << 40  # mncl_wait: longer waits are waits without a limit (-1)
+
+
+def _config_timeout_ms(timeout):
+    """A config's timeout (seconds) in milliseconds for the C API; None: from the environment.
+    Saturates at INT64_MAX (ctypes would wrap a larger value into some other timeout) and keeps
+    a negative one negative but never -1 (which means "from the environment"), so the library
+    refuses both with its own message."""
+    if timeout is None:
+        return _lib.FROM_ENV
+    if timeout != timeout:
+        raise ValueError("mncl: timeout is NaN")
+    if timeout == float("inf"):
+        return _INT64_MAX
+    ms = min(int(timeout * 1000), _INT64_MAX)
+    return -2 if -1 <= ms < 0 else max(ms, -_INT64_MAX)
+
+
 def _split_config(backend, timeout, device):
     """The mncl_config_t of a split: None fields keep the parent's settings."""
     return _lib.Config(
         ctypes.sizeof(_lib.Config), _lib.CONFIG_MAGIC, _lib.HEADER_VERSION,
         backend.encode() if backend else None, _lib.FROM_ENV, _lib.FROM_ENV, None,
-        _lib.FROM_ENV if timeout is None else int(timeout * 1000),
+        _config_timeout_ms(timeout),
         _lib.FROM_ENV if device is None else device, 0)
 
 
@@ -220,7 +241,7 @@ class Communicator(ObjectCollectives):
                 _lib.FROM_ENV if rank is None else rank,
                 _lib.FROM_ENV if size is None else size,
                 bootstrap.encode() if bootstrap else None,
-                _lib.FROM_ENV if timeout is None else int(timeout * 1000),
+                _config_timeout_ms(timeout),
                 _lib.FROM_ENV if device is None else device,
                 0,
             )

@@ -396,6 +396,15 @@ if n > 1:
                   "isend on an aborted communicator", "aborted")
     side.close()
 
+# Timeouts past int64 milliseconds (ctypes once wrapped them into other numbers): a wait has no
+# limit then; a config's is refused by the library, naming its bound.
+for forever in (float("inf"), 1e300):
+    expect(np.array_equal(comm.iallreduce(np.ones(2)).wait(timeout=forever), np.full(2, n)),
+           f"wait(timeout={forever})")
+expect_raises(mncl.InvalidArgumentError, lambda: mncl.Communicator(timeout=1e17),
+              "a config timeout of 1e17 s", "one week")
+expect_raises(ValueError, lambda: mncl.Communicator(timeout=float("nan")), "a NaN timeout", "NaN")
+
 # Batches on any size: an empty one is valid; ops are checked before anything starts.
 expect(comm.sendrecv_batch([]) == [] and comm.batch_isend_irecv([]).wait() == [], "empty batch")
 expect_raises(mncl.InvalidArgumentError,
