@@ -175,8 +175,13 @@ bool await(mncl_request_t request, int64_t timeout_ms, const char *fn) {
   // A reference, not the handle: the communicator stays whole while this call uses it, even
   // if another thread destroys it meanwhile.
   const std::shared_ptr<mncl::core::Comm> comm = request->comm.lock();
-  MNCL_CHECK(comm != nullptr, MNCL_ERR_INVALID_ARGUMENT,
-             "%s: the request's communicator was destroyed before the operation completed", fn);
+  if (comm == nullptr) {
+    // Destroyed meanwhile (on another thread, since settle() above): destroy ends every
+    // operation before the communicator goes, so this one has its result now.
+    MNCL_CHECK(mncl::core::settle(*request->op), MNCL_ERR_INTERNAL,
+               "%s: the request's communicator was destroyed, yet its operation has no result", fn);
+    return true;
+  }
   return comm->wait(*request->op, timeout_ms);
 }
 

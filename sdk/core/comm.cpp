@@ -720,6 +720,9 @@ void Comm::complete(Operation &op, Lane &lane) {
     // The timeout counts from the call that issued the operation, not from when its lane got
     // to it: the plugin gets what is left, so N queued operations behind a stuck one end
     // within one timeout, not N.
+    // An abort first: the operations it ended report it, however long they were queued.
+    MNCL_CHECK(!aborted_.load(), MNCL_ERR_ABORTED, "%s on %s: the communicator was aborted",
+               describe_op(op.coll).c_str(), backend().c_str());
     const auto left = op.deadline - Clock::now();
     MNCL_CHECK(left > Clock::duration::zero(), MNCL_ERR_TIMEOUT,
                "%s on %s (rank %d of %d): its deadline passed while it was queued behind earlier "
@@ -846,8 +849,8 @@ bool Comm::test_native(Operation &op) {
         op, status,
         format("%s on %s: %s", describe_op(op.coll).c_str(), backend().c_str(), last_error()));
   } else {
-    // Ended by the core's abort (police_native_ops): say so, with the backend's words.
-    const bool overdue = Clock::now() >= op.deadline;
+    // Ended by an abort (police_native_ops, or the user's): say so, with the backend's words.
+    const bool overdue = !aborted_.load() && Clock::now() >= op.deadline;
     finish_native(
         op, overdue ? MNCL_ERR_TIMEOUT : MNCL_ERR_ABORTED,
         format("%s on %s (rank %d of %d): %s; %s (backend: %s)", describe_op(op.coll).c_str(),
@@ -1306,8 +1309,20 @@ void Comm::police_native_ops() {
   // to report its end, then its communicator is aborted (which must end every call soon), and
   // after one more grace the core gives up on what is left.
   const auto now = Clock::now();
+  // Every poll of every wait and test comes here: the scan below runs a few times a second at
+  // most (on every poll, n outstanding requests made a sweep of tests O(n^2)).
+  if (now < next_police_) return;
+  next_police_ = now + kPolicePeriod;
   const auto grace = std::chrono::milliseconds(Watchdog::grace_ms(timeout_ms_));
   if (native_aborted_at_ == Clock::time_point::max()) {
+    if (plugin_aborted_.load()) {
+      // Aborted already (mncl_comm_abort, the watchdog): one grace from now, not a timeout.
+      native_abort_reason_ = aborted_.load()
+                                 ? std::string("mncl_comm_abort was called")
+                                 : std::string("the watchdog aborted the backend's communicator");
+      native_aborted_at_ = now;
+      return;
+    }
     const Operation *first = native_ops_.front().get();
     for (const auto &op : native_ops_) {
       if (op->deadline < first->deadline) first = op.get();
@@ -1329,13 +1344,21 @@ void Comm::police_native_ops() {
       "communicator %s: %zu posted operation(s) still running after comm_abort; abandoned "
       "(backend %s may still use their buffers)",
       id_.c_str(), native_ops_.size(), backend().c_str());
+  const bool by_user = aborted_.load();
   while (!native_ops_.empty()) {
     Operation &op = *native_ops_.back();
-    finish_native(op, MNCL_ERR_TIMEOUT,
-                  format("%s on %s (rank %d of %d): not finished within its timeout of %.1f s, nor "
-                         "after %s; abandoned, the backend may still use its buffers",
-                         describe_op(op.coll).c_str(), backend().c_str(), rank_, size_,
-                         timeout_ms_ / 1000.0, native_abort_reason_.c_str()));
+    const std::string what =
+        by_user ? format(
+                      "the communicator was aborted (%s) and the backend did not end it "
+                      "within %.3f s",
+                      native_abort_reason_.c_str(), grace.count() / 1000.0)
+                : format("not finished within its timeout of %.3f s, nor after %s",
+                         timeout_ms_ / 1000.0, native_abort_reason_.c_str());
+    finish_native(
+        op, by_user ? MNCL_ERR_ABORTED : MNCL_ERR_TIMEOUT,
+        format("%s on %s (rank %d of %d): %s; abandoned, the backend may still use its "
+               "buffers",
+               describe_op(op.coll).c_str(), backend().c_str(), rank_, size_, what.c_str()));
   }
 }
 

@@ -244,6 +244,8 @@ class Comm {
   std::string native_abort_reason_;  // why police_native_ops aborted the plugin communicator
   std::chrono::steady_clock::time_point native_aborted_at_ =
       std::chrono::steady_clock::time_point::max();
+  std::chrono::steady_clock::time_point next_police_{};  // police_native_ops runs no sooner
+  static constexpr std::chrono::milliseconds kPolicePeriod{20};
   std::once_flag watchdog_once_;
   std::atomic<bool> watchdog_started_{false};
 };

@@ -112,6 +112,29 @@ TEST_F(NativeAsync, DestroyGivesUpWhenTheBackendIgnoresItsAbort) {
   expect_message(mncl_last_error(), "abandoned");
 }
 
+// mncl_comm_abort on a backend that ignores it: a wait on a posted operation ends with
+// MNCL_ERR_ABORTED a grace (at most 1 s) after the abort. It once waited out the operation's
+// whole timeout (here 10 minutes) and then reported a timeout.
+TEST_F(NativeAsync, AbortEndsAWaitOnABackendThatIgnoresIt) {
+  ASSERT_EQ(mncl_comm_destroy(comm_), MNCL_OK) << mncl_last_error();
+  comm_ = nullptr;
+  setenv("MNCL_MOCK_IGNORE_ABORT", "1", 1);
+  mncl_config_t config = MNCL_CONFIG_INIT;
+  config.backend = MNCL_MOCK_STUCK_PLUGIN;
+  config.timeout_ms = 600000;
+  ASSERT_EQ(mncl_comm_create(&config, &comm_), MNCL_OK) << mncl_last_error();
+  mncl_request_t req = post();
+  ASSERT_NE(req, nullptr);
+  std::thread aborter([this] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    mncl_comm_abort(comm_);
+  });
+  EXPECT_EQ(mncl_wait(req, -1), MNCL_ERR_ABORTED);
+  expect_message(mncl_last_error(), "mncl_comm_abort was called");
+  aborter.join();
+  destroy();  // while the mock still ignores aborts (it then frees what it holds)
+}
+
 TEST_F(NativeAsync, WaitsWithoutALimitEndAtTheOperationsTimeout) {
   // -1 and timeouts too long for the clock: until the operation ends, which the core bounds.
   for (const int64_t timeout : {int64_t{-1}, INT64_MAX, int64_t{9300000000000}}) {
