@@ -44,6 +44,9 @@ using Clock = std::chrono::steady_clock;
 constexpr uint8_t kReduceScatterSlotPrefix = 0x40;
 constexpr uint8_t kP2PSlotPrefix = 0x41;
 constexpr uint8_t kShutdownSlotPrefix = 0x42;
+// GATHERV / SCATTERV: each block's count (0x43) and its elements (0x44); see gatherv().
+constexpr uint8_t kBlockCountSlotPrefix = 0x43;
+constexpr uint8_t kBlockDataSlotPrefix = 0x44;
 // Tag of the barrier that ends comm_create (done before any collective's tag is used).
 constexpr uint32_t kCreateBarrierTag = 0xffffffffu;
 constexpr int64_t kFallbackTimeoutMs = 300000;
@@ -155,9 +158,21 @@ uint32_t collective_tag(const mncl_coll_v1_t &c) {
     count = 1;
     for (size_t i = 0; i < c.nbufs; ++i) count = mix64(count, c.counts[i]);
   }
-  return static_cast<uint32_t>(c.seq) ^ call_digest(c.kind, c.dtype,
-                                                    is_reduction(c.kind) ? c.op : -1,
-                                                    is_rooted(c.kind) ? c.root : -1, count);
+  // gatherv / scatterv: c.count is this rank's own block, so it differs between ranks; each
+  // block's count is checked by its receiver instead (gatherv()).
+  const bool rooted_v = kit::is_rooted_v_kind(c.kind);
+  if (rooted_v) count = 0;
+  return static_cast<uint32_t>(c.seq) ^
+         call_digest(c.kind, c.dtype, is_reduction(c.kind) ? c.op : -1,
+                     is_rooted(c.kind) || rooted_v ? c.root : -1, count);
+}
+
+// The slot of a gatherv / scatterv block's elements: the call's tag mixed with the block's
+// count, so a receiver that expects another count posts another slot and never takes the
+// message (Gloo's TCP transport answers a size mismatch with std::terminate; two counts share
+// a slot with probability 2^-32, as two calls share a tag).
+uint64_t block_data_slot(uint32_t tag, uint64_t count) {
+  return gloo::Slot::build(kBlockDataSlotPrefix, static_cast<uint32_t>(mix64(tag, count)));
 }
 
 // Point-to-point: the per-pair message number mixed with count and dtype, so a receive that
@@ -688,6 +703,12 @@ void Comm::run(Op &op, const mncl_coll_v1_t &c) {
     case MNCL_COLL_ALLTOALLV:
       alltoallv(op, c);
       return;
+    case MNCL_COLL_GATHERV:
+      gatherv(op, c);
+      return;
+    case MNCL_COLL_SCATTERV:
+      scatterv(op, c);
+      return;
     case MNCL_COLL_BARRIER:
       barrier(op);
       return;
@@ -736,6 +757,17 @@ void Comm::run_single_rank(const mncl_coll_v1_t &c) {
       const size_t es = kit::dtype_size(c.dtype), n = v.recvcounts[0];
       copy(at(static_cast<char *>(c.recvbuf), v.rdispls[0], n, es),
            at(static_cast<const char *>(c.sendbuf), v.sdispls[0], n, es), n * es);
+      return;
+    }
+    case MNCL_COLL_GATHERV:
+    case MNCL_COLL_SCATTERV: {  // in place: the block is already at its displacement
+      const kit::RootedVLayout v = kit::rooted_v_layout(c);
+      const size_t es = kit::dtype_size(c.dtype);
+      if (c.kind == MNCL_COLL_GATHERV) {
+        copy(at(static_cast<char *>(c.recvbuf), v.displs[0], c.count, es), c.sendbuf, bytes);
+      } else {
+        copy(c.recvbuf, at(static_cast<const char *>(c.sendbuf), v.displs[0], c.count, es), bytes);
+      }
       return;
     }
     case MNCL_COLL_BCAST:
@@ -1180,6 +1212,106 @@ void Comm::alltoallv(Op &op, const mncl_coll_v1_t &c) {
   for (size_t i = 0; i < n; ++i) {
     const size_t b = v.recvcounts[i] * es;
     if (b > 0) std::memcpy(recv + v.rdispls[i] * es, recv_scratch.data() + recv_offsets[i], b);
+  }
+}
+
+// GATHERV and SCATTERV move only the root's blocks: each block travels from its sender to its
+// receiver as two messages posted together, its count as the sender sees it (8 bytes, slot
+// 0x43 + the call's tag) and, unless that count is 0, its elements (slot 0x44 + the tag mixed
+// with the count, block_data_slot()), straight from and into the caller's buffers. The tag
+// carries kind, dtype, root and seq, so ranks in different calls never match and time out.
+// The receiver posts its elements' slot with the count it expects, so a block of another count
+// never lands (no write outside a block); its count message arrives all the same, and the
+// receiver compares it before waiting for the elements: a disagreement fails it with
+// MNCL_ERR_REMOTE naming the sender and both counts (the poison then fails the sender too).
+// Empty blocks send their count, so a receiver never waits out its timeout for a block of 0.
+void Comm::post_block_send(Op &op, int peer, const void *data, size_t count, size_t es, Block &b) {
+  b.count = count;
+  b.head = context_->createUnboundBuffer(&b.count, sizeof b.count);
+  b.head->send(peer, gloo::Slot::build(kBlockCountSlotPrefix, op.tag));
+  if (count == 0) return;
+  b.data = context_->createUnboundBuffer(const_cast<void *>(data), count * es);  // only read
+  b.data->send(peer, block_data_slot(op.tag, count));
+}
+
+void Comm::post_block_recv(Op &op, int peer, void *data, size_t count, size_t es, Block &b) {
+  b.count = 0;
+  b.head = context_->createUnboundBuffer(&b.count, sizeof b.count);
+  b.head->recv(peer, gloo::Slot::build(kBlockCountSlotPrefix, op.tag));
+  if (count == 0) return;
+  b.data = context_->createUnboundBuffer(data, count * es);
+  b.data->recv(peer, block_data_slot(op.tag, count));
+}
+
+void Comm::wait_block_send(Op &op, int peer, Block &b) {
+  wait_send(op, *b.head, peer);
+  if (b.data) wait_send(op, *b.data, peer);
+}
+
+// `owner`: the rank whose block this is (gatherv: the sender; scatterv: this rank).
+void Comm::wait_block_recv(Op &op, int peer, Block &b, size_t expected, int owner, bool gatherv) {
+  wait_recv(op, *b.head, peer);
+  if (b.count != expected) {
+    throw kit::Error(
+        MNCL_ERR_REMOTE,
+        kit::format("%s: rank %d sends %llu elements to rank %d, which expects %llu (does rank "
+                    "%d's count agree with the root's %s[%d]?)",
+                    op.desc.c_str(), peer, static_cast<unsigned long long>(b.count), rank_,
+                    static_cast<unsigned long long>(expected), owner,
+                    gatherv ? "recvcounts" : "sendcounts", owner));
+  }
+  if (b.data) wait_recv(op, *b.data, peer);
+}
+
+// GATHERV: every other rank sends the root its block (see post_block_send); the root posts
+// every receive at once, at recvbuf + displs[src], and copies its own block (none in place).
+void Comm::gatherv(Op &op, const mncl_coll_v1_t &c) {
+  const size_t es = kit::dtype_size(c.dtype);
+  if (rank_ != c.root) {
+    Block b;
+    post_block_send(op, c.root, c.sendbuf, c.count, es, b);
+    wait_block_send(op, c.root, b);
+    return;
+  }
+  const kit::RootedVLayout v = kit::rooted_v_layout(c);  // counts checked by the core
+  auto *recv = static_cast<char *>(c.recvbuf);
+  std::vector<Block> blocks(static_cast<size_t>(size_));  // never resized: Gloo holds &count
+  for (int src = 0; src < size_; ++src) {
+    if (src == rank_) continue;
+    post_block_recv(op, src, at(recv, v.displs[src], v.counts[src], es), v.counts[src], es,
+                    blocks[static_cast<size_t>(src)]);
+  }
+  char *own = at(recv, v.displs[rank_], c.count, es);
+  if (c.count > 0 && own != c.sendbuf) std::memcpy(own, c.sendbuf, c.count * es);
+  for (int src = 0; src < size_; ++src) {
+    if (src == rank_) continue;
+    wait_block_recv(op, src, blocks[static_cast<size_t>(src)], v.counts[src], src, true);
+  }
+}
+
+// SCATTERV: the root sends every other rank its block (send blocks may overlap: Gloo only
+// reads them) and copies its own (none in place); each receiver checks the count.
+void Comm::scatterv(Op &op, const mncl_coll_v1_t &c) {
+  const size_t es = kit::dtype_size(c.dtype);
+  if (rank_ != c.root) {
+    Block b;
+    post_block_recv(op, c.root, c.recvbuf, c.count, es, b);
+    wait_block_recv(op, c.root, b, c.count, rank_, false);
+    return;
+  }
+  const kit::RootedVLayout v = kit::rooted_v_layout(c);  // counts checked by the core
+  const auto *send = static_cast<const char *>(c.sendbuf);
+  std::vector<Block> blocks(static_cast<size_t>(size_));  // never resized: Gloo holds &count
+  for (int dst = 0; dst < size_; ++dst) {
+    if (dst == rank_) continue;
+    post_block_send(op, dst, at(send, v.displs[dst], v.counts[dst], es), v.counts[dst], es,
+                    blocks[static_cast<size_t>(dst)]);
+  }
+  const char *own = at(send, v.displs[rank_], c.count, es);
+  if (c.count > 0 && own != c.recvbuf) std::memcpy(c.recvbuf, own, c.count * es);
+  for (int dst = 0; dst < size_; ++dst) {
+    if (dst == rank_) continue;
+    wait_block_send(op, dst, blocks[static_cast<size_t>(dst)]);
   }
 }
 

@@ -17,16 +17,21 @@
 //   alltoallv       a check that every send agrees with its receive (one small allreduce),
 //                   then gloo::alltoallv, through packed scratch buffers where the
 //                   displacements are not packed
+//   gatherv / scatterv  unbound buffers between the root and each other rank only: per block
+//                   its count (slot 0x43) and its elements (slot 0x44, the tag mixed with the
+//                   count), posted together; the receiver checks the count (MNCL_ERR_REMOTE
+//                   naming both), and a block of another count never lands
 // Collective tags are the low 32 bits of coll->seq xor a 32-bit digest of the call (kind,
 // dtype, op, count, root; allgatherv: all of recvcounts instead of the count;
 // allreduce_coalesced: the total and a digest of nbufs and counts; alltoallv: no
-// count, its counts differ between ranks and are checked first), identical on every rank that
+// count, its counts differ between ranks and are checked first; gatherv / scatterv: no count,
+// each block's is checked by its receiver), identical on every rank that
 // makes the same call: ranks that make mismatched calls never match each other's messages and
 // time out (MNCL_ERR_TIMEOUT naming the op) instead of exchanging wrong-sized or wrong-typed
 // data (which Gloo's TCP transport answers with std::terminate). The classic algorithms take
 // no tag, but the tagged barrier that precedes them (see Threading) stops mismatched calls
-// before their data moves. p2p and the reduce_scatter ring use slot prefixes Gloo's own
-// collectives do not (0x41, 0x40).
+// before their data moves. p2p, the reduce_scatter ring and gatherv / scatterv use slot prefixes
+// Gloo's own collectives do not (0x41, 0x40, 0x43 and 0x44).
 //
 // Dtypes and ops: reductions use the plugin kit (kit::reduce_into) as Gloo's reduce function,
 // so every dtype and op has the semantics of mncl.h (wrapping integers, NaN-propagating
@@ -40,10 +45,10 @@
 //     posted from the caller's thread while worker threads run collectives on the same context,
 //     told apart by tags): posting a send or recv only takes the pair's and the context's locks
 //     briefly and never waits; each op then waits on the condition variable of its own
-//     UnboundBuffer. Ops stay apart by slot: p2p 0x41, the reduce_scatter ring 0x40, Gloo's
-//     collectives 0x01..0x08 with the collective's tag. A p2p message is written only once its
-//     receiver has posted the recv, so it never sits in front of other traffic on the
-//     connection.
+//     UnboundBuffer. Ops stay apart by slot: p2p 0x41, the reduce_scatter ring 0x40, and,
+//     with the collective's tag, gatherv / scatterv 0x43 / 0x44 and Gloo's collectives
+//     0x01..0x08. A p2p message is written only once its receiver has posted the recv, so it
+//     never sits in front of other traffic on the connection.
 //   - Gloo's classic algorithms (ring_chunked, halving_doubling) send their first chunks eagerly
 //     into pinned buffers; a peer that has not entered the collective yet stops reading that
 //     connection until it does, and a p2p message queued behind those chunks waits with it
@@ -76,6 +81,7 @@
 
 #include <gloo/context.h>
 #include <gloo/transport/device.h>
+#include <gloo/transport/unbound_buffer.h>
 #include <mncl/mncl_plugin.h>
 
 #include <atomic>
@@ -154,6 +160,17 @@ class Comm {
   void alltoallv(Op &op, const mncl_coll_v1_t &c);
   // Every rank returns, or every rank throws MNCL_ERR_REMOTE naming a disagreeing pair.
   void check_alltoallv_counts(Op &op, const mncl_coll_v1_t &c);
+  // One gatherv / scatterv block on the wire: its count, then its elements (gloo_comm.cpp).
+  struct Block {
+    uint64_t count = 0;  // sent, or received: the sender's count
+    std::unique_ptr<gloo::transport::UnboundBuffer> head, data;
+  };
+  void post_block_send(Op &op, int peer, const void *data, size_t count, size_t es, Block &b);
+  void post_block_recv(Op &op, int peer, void *data, size_t count, size_t es, Block &b);
+  void wait_block_send(Op &op, int peer, Block &b);
+  void wait_block_recv(Op &op, int peer, Block &b, size_t expected, int owner, bool gatherv);
+  void gatherv(Op &op, const mncl_coll_v1_t &c);
+  void scatterv(Op &op, const mncl_coll_v1_t &c);
   void barrier(Op &op);
   void send(Op &op, const mncl_coll_v1_t &c);
   void recv(Op &op, const mncl_coll_v1_t &c);

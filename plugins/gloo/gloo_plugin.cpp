@@ -101,21 +101,24 @@ mncl_status_t gloo_execute(void *comm, const mncl_coll_v1_t *coll) {
 // collectives, see "Threading" in gloo_comm.h).
 constexpr uint64_t kCaps = MNCL_CAP_HOST_MEMORY | MNCL_CAP_CONCURRENT_P2P;
 
-// Every kind, the coalesced allreduce included (packed into one allreduce), and plugin ABI v3's
-// allgatherv / alltoallv (gloo::allgatherv / gloo::alltoallv).
+// Every kind, the coalesced allreduce included (packed into one allreduce), plugin ABI v3's
+// allgatherv / alltoallv (gloo::allgatherv / gloo::alltoallv) and v5's gatherv / scatterv
+// (unbound buffers between the root and each rank); not v4's batch of sends and receives (the
+// core runs it as sends and receives on the p2p lanes).
 constexpr uint32_t kCollMask =
     MNCL_COLL_MASK_ALL_V1 | MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED) |
-    MNCL_COLL_BIT(MNCL_COLL_ALLGATHERV) | MNCL_COLL_BIT(MNCL_COLL_ALLTOALLV);
+    MNCL_COLL_BIT(MNCL_COLL_ALLGATHERV) | MNCL_COLL_BIT(MNCL_COLL_ALLTOALLV) |
+    MNCL_COLL_BIT(MNCL_COLL_GATHERV) | MNCL_COLL_BIT(MNCL_COLL_SCATTERV);
 
 }  // namespace
 
-// The v3 table, and the same functions as v2 and v1 for older cores (kit::as_v2 drops the v3
-// kinds, kit::as_v1 also MNCL_CAP_CONCURRENT_P2P). Positional initializers: keep the field
-// comments in sync with mncl_plugin_v3.h.
-MNCL_PLUGIN_EXPORT const mncl_plugin_v3_t mncl_plugin_v3 = {
-    sizeof(mncl_plugin_v3_t),  // struct_size
+// The v5 table, and the same functions as v4, v3, v2 and v1 for older cores (kit::as_v4 drops
+// gatherv and scatterv, kit::as_v2 the v3 kinds, kit::as_v1 also MNCL_CAP_CONCURRENT_P2P).
+// Positional initializers: keep the field comments in sync with mncl_plugin_v5.h.
+MNCL_PLUGIN_EXPORT const mncl_plugin_v5_t mncl_plugin_v5 = {
+    sizeof(mncl_plugin_v5_t),  // struct_size
     MNCL_PLUGIN_MAGIC,         // magic
-    MNCL_PLUGIN_ABI_V3,        // abi_version
+    MNCL_PLUGIN_ABI_V5,        // abi_version
     "gloo",                    // name
     MNCL_GLOO_VERSION_STRING,  // version
     kCaps,                     // caps
@@ -134,5 +137,7 @@ MNCL_PLUGIN_EXPORT const mncl_plugin_v3_t mncl_plugin_v3 = {
     nullptr,                   // post: no native async
     nullptr,                   // test
 };
+MNCL_PLUGIN_EXPORT const mncl_plugin_v4_t mncl_plugin_v4 = kit::as_v4(mncl_plugin_v5);
+MNCL_PLUGIN_EXPORT const mncl_plugin_v3_t mncl_plugin_v3 = kit::as_v3(mncl_plugin_v4);
 MNCL_PLUGIN_EXPORT const mncl_plugin_v2_t mncl_plugin_v2 = kit::as_v2(mncl_plugin_v3);
 MNCL_PLUGIN_EXPORT const mncl_plugin_v1_t mncl_plugin_v1 = kit::as_v1(mncl_plugin_v2);

@@ -994,8 +994,9 @@ int drive_mismatch(const Options &o) {
       test_name(o, fmt("mismatch.%s%s", o.which.c_str(), o.debug_checks ? ".checks" : ""));
   // What each side's fingerprint shows, so that the message can be checked for both. The
   // per-rank counts (gatherv, scatterv, alltoallv) are compared after the fingerprints; every
-  // rank names the first disagreement, rank 1's (the first odd rank) with root / rank 0. gloo
-  // runs gatherv and scatterv as an alltoallv, whose check names them in its own terms.
+  // rank names the first disagreement, rank 1's (the first odd rank) with root / rank 0. A
+  // backend without v5's kinds runs gatherv and scatterv as an alltoallv, whose check names
+  // them in its own terms (the second pair).
   std::map<std::string, std::vector<std::pair<std::string, std::string>>> names = {
       {"allreduce_vs_bcast", {{"allreduce(", "bcast("}}},
       {"count", {{"count 20", "count 10"}}},
