@@ -35,6 +35,9 @@ const std::vector<Variable> &table() {
        "instead of the live machine; MNCL then chooses as on that machine but never binds."},
       {"MNCL_PLUGIN_PATH", "",
        "Colon-separated folders searched for libmncl-<name>.so before <libdir>/mncl/plugins."},
+      {"MNCL_PLUGIN_ABI_MAX", "",
+       "Use no plugin table newer than this ABI version (1..newest): runs a plugin as a core of "
+       "that version would, with the core's fallbacks for newer kinds (tests, compatibility)."},
       {"MNCL_STORE", "",
        "Bootstrap store: tcp://host:port (rank 0 listens there) or file:///shared/dir. Default: "
        "tcp://MASTER_ADDR:MASTER_PORT when those are set."},

@@ -151,8 +151,20 @@ std::string validate(const abi::Table &t, const std::string &file_name) {
 // Which symbol to use, or why there is none: the newest version this core knows wins; failing
 // that, versions out of range are named so the user knows to upgrade one side.
 const abi::Adapter *find_adapter(const boost::dll::shared_library &lib, std::string *reason) {
+  // MNCL_PLUGIN_ABI_MAX: take no table newer than that, as a core of that version would (to run
+  // a plugin the way an older core or a plugin of that version is run: the core's fallbacks).
+  const auto newest = static_cast<uint32_t>(
+      env::get_int("MNCL_PLUGIN_ABI_MAX", abi::kOldest, abi::kNewest).value_or(abi::kNewest));
+  bool newer_only = false;
   for (const abi::Adapter &adapter : abi::kAdapters) {
-    if (lib.has(adapter.symbol)) return &adapter;
+    if (!lib.has(adapter.symbol)) continue;
+    if (adapter.version <= newest) return &adapter;
+    newer_only = true;
+  }
+  if (newer_only) {
+    *reason = format("exports no table of plugin ABI v%u or older (MNCL_PLUGIN_ABI_MAX=%u)", newest,
+                     newest);
+    return nullptr;
   }
   std::vector<std::string> offered;
   for (uint32_t v = 1; v <= abi::kMaxProbed; ++v) {
