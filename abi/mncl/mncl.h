@@ -482,13 +482,18 @@ MNCL_API mncl_status_t mncl_isendrecv(mncl_comm_t comm, const void *sendbuf, siz
                                       int dest, void *recvbuf, size_t recvcount, int source,
                                       mncl_dtype_t dtype, void *stream, mncl_request_t *request);
 
-/* *done = 1 when finished: the request is then freed and the operation's status returned.
+/* Requests: a handle is never reused, so a completed (freed) one is refused for good with
+ * MNCL_ERR_INVALID_ARGUMENT ("not pending"). One thread at a time may test or wait on a request;
+ * another thread's call meanwhile is refused the same way.
+ *
+ * *done = 1 when finished: the request is then freed and the operation's status returned.
  * *done = 0: still running, MNCL_OK returned. */
 MNCL_API mncl_status_t mncl_test(mncl_request_t request, int *done);
 /* Waits up to timeout_ms (-1, or more than 2^40 ms: until the operation ends, itself bounded
  * by the communicator's timeout counted from the call that issued it). Finished: frees the
  * request and returns the operation's status. Not finished in time: returns MNCL_ERR_TIMEOUT
- * and the request stays valid (wait again, or abort the comm). */
+ * and the request stays valid (wait again, or abort the comm). To tell that from an operation
+ * that itself failed with MNCL_ERR_TIMEOUT (freed), call mncl_test: it refuses a freed request. */
 MNCL_API mncl_status_t mncl_wait(mncl_request_t request, int64_t timeout_ms);
 
 #ifdef __cplusplus

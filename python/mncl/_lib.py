@@ -90,13 +90,24 @@ CONFIG_MAGIC = 0x4D4E434C
 HEADER_VERSION = 100  # MNCL_VERSION of the mncl.h this file mirrors (0.1.0)
 FROM_ENV = -1
 
-_I = ctypes.c_int
+class _CheckedInt(ctypes.c_int):
+    """A C int argument (rank, peer, root, enum) that refuses what does not fit: ctypes would
+    silently keep the low 32 bits, so peer 2**32 + 1 would reach rank 1."""
+
+    @classmethod
+    def from_param(cls, value):
+        if isinstance(value, int) and not -(1 << 31) <= value < (1 << 31):
+            raise ValueError(f"mncl: {value} does not fit a C int (rank, peer, root or enum)")
+        return ctypes.c_int.from_param(value)
+
+
+_I = _CheckedInt
 _P = ctypes.c_void_p
 _N = ctypes.c_size_t
 _R = ctypes.POINTER(c_handle)  # mncl_request_t *
 # name: (restype, argtypes); every function in mncl.h.
 _SIGNATURES = {
-    "mncl_get_version": (_I, []),
+    "mncl_get_version": (ctypes.c_int, []),
     "mncl_status_string": (ctypes.c_char_p, [c_status]),
     "mncl_last_error": (ctypes.c_char_p, []),
     "mncl_dtype_size": (_N, [_I]),
@@ -106,8 +117,8 @@ _SIGNATURES = {
     "mncl_comm_destroy": (c_status, [c_handle]),
     "mncl_comm_abort": (c_status, [c_handle]),
     "mncl_comm_split": (c_status, [c_handle, _I, _I, ctypes.POINTER(c_handle)]),
-    "mncl_comm_rank": (c_status, [c_handle, ctypes.POINTER(_I)]),
-    "mncl_comm_size": (c_status, [c_handle, ctypes.POINTER(_I)]),
+    "mncl_comm_rank": (c_status, [c_handle, ctypes.POINTER(ctypes.c_int)]),
+    "mncl_comm_size": (c_status, [c_handle, ctypes.POINTER(ctypes.c_int)]),
     "mncl_comm_backend": (c_status, [c_handle, ctypes.POINTER(ctypes.c_char_p)]),
     "mncl_allreduce": (c_status, [c_handle, _P, _P, _N, _I, _I, _P]),
     "mncl_reduce": (c_status, [c_handle, _P, _P, _N, _I, _I, _I, _P]),
@@ -156,7 +167,7 @@ _SIGNATURES = {
         c_status, [c_handle, _I, _I, ctypes.POINTER(Config), ctypes.POINTER(c_handle)]),
     "mncl_comm_split_type": (
         c_status, [c_handle, _I, _I, ctypes.POINTER(Config), ctypes.POINTER(c_handle)]),
-    "mncl_test": (c_status, [c_handle, ctypes.POINTER(_I)]),
+    "mncl_test": (c_status, [c_handle, ctypes.POINTER(ctypes.c_int)]),
     "mncl_wait": (c_status, [c_handle, ctypes.c_int64]),
 }
 # Functions a libmncl.so.1 older than their symbol version node lacks: the package still loads

@@ -14,6 +14,7 @@ sendrecv_batch's twin is also called batch_isend_irecv, as in PyTorch.
 """
 
 import ctypes
+import threading
 
 import numpy as np
 
@@ -25,6 +26,7 @@ from ._objects import ObjectCollectives
 
 _OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "avg": 4}
 _ERR_TIMEOUT = 3  # MNCL_ERR_TIMEOUT
+_ERR_INVALID_ARGUMENT = 1  # MNCL_ERR_INVALID_ARGUMENT
 
 # Requests not completed yet. Holding them here keeps their arrays alive until the operation
 # has finished even when the caller drops the Request; a request never waited for or tested to
@@ -135,6 +137,9 @@ class Request:
         self._result = result
         self._keep = keep
         self._error = None
+        # One thread at a time in test()/wait(): the library frees the request under the one
+        # that completes it (two waiters once crashed the process).
+        self._lock = threading.Lock()
         _IN_FLIGHT.add(self)
 
     def __repr__(self):
@@ -159,15 +164,16 @@ class Request:
     def test(self):
         """True when finished (the result is then in place; a failure is raised). Never
         blocks."""
-        if self._handle is None:
-            return True
-        flag = ctypes.c_int(0)
-        status = lib.mncl_test(self._handle, ctypes.byref(flag))
-        if flag.value:
-            self._complete(status)
-            return True
-        check(status)
-        return False
+        with self._lock:
+            if self._handle is None:
+                return True
+            flag = ctypes.c_int(0)
+            status = lib.mncl_test(self._handle, ctypes.byref(flag))
+            if flag.value:
+                self._complete(status)
+                return True
+            check(status)
+            return False
 
     def wait(self, timeout=None):
         """Waits for completion and returns the result (the blocking call's return value).
@@ -176,22 +182,43 @@ class Request:
         communicator's timeout). A wait that runs out of time raises mncl.TimeoutError and the
         request stays pending: wait again, or test().
         """
-        if self._handle is not None:
-            if timeout is not None and not timeout >= 0:  # NaN too
-                raise ValueError(f"mncl: wait: negative timeout {timeout}")
-            # Beyond 2^40 ms (inf included) a wait has no limit: as None (ctypes would wrap it).
-            unbounded = timeout is None or timeout * 1000 > _UNBOUNDED_WAIT_MS
-            ms = -1 if unbounded else int(timeout * 1000)
-            status = lib.mncl_wait(self._handle, ms)
-            if status == _ERR_TIMEOUT and ms >= 0:
-                # The wait ran out of time; the request stays valid. (An operation that itself
-                # fails with a timeout just then reads the same; the next wait() then reports
-                # the request as no longer pending.)
-                check(status)
+        with self._lock:
+            if self._handle is not None:
+                if timeout is not None and not timeout >= 0:  # NaN too
+                    raise ValueError(f"mncl: wait: negative timeout {timeout}")
+                # Beyond 2^40 ms (inf included) a wait has no limit: as None (ctypes would
+                # wrap it).
+                unbounded = timeout is None or timeout * 1000 > _UNBOUNDED_WAIT_MS
+                ms = -1 if unbounded else int(timeout * 1000)
+                status = lib.mncl_wait(self._handle, ms)
+                if status == _ERR_TIMEOUT and ms >= 0:
+                    self._timed_out()  # raises, unless the operation completed meanwhile
+                else:
+                    self._complete(status)
+            elif self._error is not None:
+                raise self._error
+            return self._result
+
+    def _timed_out(self):
+        """After MNCL_ERR_TIMEOUT from a bounded wait: either the wait ran out of time (the
+        request stays pending: raise, keep it) or the operation itself timed out (the library
+        freed the request: complete it with that error). mncl_test tells them apart, since it
+        refuses a freed handle (never reused)."""
+        try:
+            check(_ERR_TIMEOUT)
+        except Exception as e:
+            timeout_error = e
+        flag = ctypes.c_int(0)
+        status = lib.mncl_test(self._handle, ctypes.byref(flag))
+        if status == _ERR_INVALID_ARGUMENT:  # freed: the operation's own timeout
+            self._handle, self._keep = None, None
+            _IN_FLIGHT.discard(self)
+            self._error = timeout_error
+            raise timeout_error
+        if flag.value:  # finished just now
             self._complete(status)
-        elif self._error is not None:
-            raise self._error
-        return self._result
+            return
+        raise timeout_error
 
 
 _INT64_MAX = (1 << 63) - 1

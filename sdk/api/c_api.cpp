@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -30,6 +31,9 @@ struct mncl_request {
   std::weak_ptr<mncl::core::Comm> comm;
   // Set when the operation runs as another (gatherv as alltoallv): prefixes its error message.
   std::string runs_as;
+  // A thread is in mncl_test / mncl_wait on it (under g_handles_mutex): a second one is refused,
+  // since the first may free the request under it.
+  bool claimed = false;
 };
 
 namespace {
@@ -41,12 +45,13 @@ using mncl::format;
 std::mutex g_handles_mutex;
 std::unordered_set<const void *> g_comms;
 std::unordered_set<const void *> g_destroying;  // in g_comms, inside mncl_comm_destroy
-std::unordered_set<const void *> g_requests;
+// Requests by handle. A handle is a number from a counter, never an address: it is never
+// reused, so a completed request's handle is refused for good instead of naming a later request
+// that happened to get the same memory (a caller telling a wait that ran out of time from an
+// operation that timed out relies on that: see mncl_wait).
+std::unordered_map<uintptr_t, std::unique_ptr<mncl_request>> g_requests;
+uintptr_t g_last_request = 0;
 
-bool is_live(const std::unordered_set<const void *> &set, const void *p) {
-  std::lock_guard<std::mutex> lock(g_handles_mutex);
-  return set.count(p) != 0;
-}
 void track(std::unordered_set<const void *> &set, const void *p) {
   std::lock_guard<std::mutex> lock(g_handles_mutex);
   set.insert(p);
@@ -137,12 +142,35 @@ mncl_status_t run_blocking(mncl_comm_t comm, const mncl_coll_v1_t &coll) {
 }
 
 // Hands a started operation to the caller as a request handle.
-void issue(mncl_comm_t comm, std::shared_ptr<mncl::core::Operation> op, mncl_request_t *request) {
-  auto handle = std::make_unique<mncl_request>();
-  handle->op = std::move(op);
-  handle->comm = comm->impl;  // comm was found live by the call that started op
-  track(g_requests, handle.get());
-  *request = handle.release();
+void issue(mncl_comm_t comm, std::shared_ptr<mncl::core::Operation> op, mncl_request_t *request,
+           std::string runs_as = std::string()) {
+  auto state = std::make_unique<mncl_request>();
+  state->op = std::move(op);
+  state->comm = comm->impl;  // comm was found live by the call that started op
+  state->runs_as = std::move(runs_as);
+  std::lock_guard<std::mutex> lock(g_handles_mutex);
+  const uintptr_t id = ++g_last_request;
+  g_requests.emplace(id, std::move(state));
+  *request = reinterpret_cast<mncl_request_t>(id);
+}
+
+// The pending request behind a handle, claimed for this thread (release() when done with it);
+// throws INVALID_ARGUMENT for a handle that is not pending or that another thread is waiting on.
+mncl_request *claim(mncl_request_t handle, const char *fn) {
+  std::lock_guard<std::mutex> lock(g_handles_mutex);
+  const auto it = g_requests.find(reinterpret_cast<uintptr_t>(handle));
+  MNCL_CHECK(it != g_requests.end(), MNCL_ERR_INVALID_ARGUMENT,
+             "%s: request %p is not pending (already completed, or never issued)", fn,
+             static_cast<void *>(handle));
+  MNCL_CHECK(!it->second->claimed, MNCL_ERR_INVALID_ARGUMENT,
+             "%s: request %p is being tested or waited on by another thread", fn,
+             static_cast<void *>(handle));
+  it->second->claimed = true;
+  return it->second.get();
+}
+void release(mncl_request *request) {
+  std::lock_guard<std::mutex> lock(g_handles_mutex);
+  request->claimed = false;
 }
 
 mncl_status_t run_nonblocking(mncl_comm_t comm, const mncl_coll_v1_t &coll,
@@ -157,20 +185,23 @@ mncl_status_t run_nonblocking(mncl_comm_t comm, const mncl_coll_v1_t &coll,
 
 // Completes a finished request: frees it and returns the operation's status, its message set.
 // Anything that may throw comes before the request is freed.
-mncl_status_t finish(mncl_request_t request) {
+mncl_status_t finish(mncl_request_t handle, mncl_request *request) {
   const mncl::core::Operation &op = *request->op;
   if (op.status != MNCL_OK) {
     mncl::set_last_error(request->runs_as.empty() ? op.error : request->runs_as + ": " + op.error);
   }
   const mncl_status_t status = op.status;
-  untrack(g_requests, request);
-  delete request;
+  std::unique_ptr<mncl_request> gone;  // freed after the lock
+  std::lock_guard<std::mutex> lock(g_handles_mutex);
+  const auto it = g_requests.find(reinterpret_cast<uintptr_t>(handle));
+  gone = std::move(it->second);
+  g_requests.erase(it);
   return status;
 }
 
 // Polls or waits for a request's operation. A request that outlived its communicator is
 // answered from its recorded result (destroy ends every operation first).
-bool await(mncl_request_t request, int64_t timeout_ms, const char *fn) {
+bool await(mncl_request *request, int64_t timeout_ms, const char *fn) {
   if (mncl::core::settle(*request->op)) return true;
   // A reference, not the handle: the communicator stays whole while this call uses it, even
   // if another thread destroys it meanwhile.
@@ -538,8 +569,7 @@ mncl_status_t run_rooted_v(const char *fn, mncl_comm_t comm, const mncl::core::R
         c.run(coll);
         return;
       }
-      issue(comm, c.start(coll), request);
-      (*request)->runs_as = runs_as;
+      issue(comm, c.start(coll), request, runs_as);
     } catch (const Error &e) {
       throw Error(e.status(), runs_as + ": " + e.what());
     }
@@ -849,11 +879,19 @@ MNCL_API mncl_status_t mncl_test(mncl_request_t request, int *done) {
     require_out(done, "mncl_test", "done");
     *done = 0;
     MNCL_CHECK(request != nullptr, MNCL_ERR_INVALID_ARGUMENT, "mncl_test: request is NULL");
-    MNCL_CHECK(is_live(g_requests, request), MNCL_ERR_INVALID_ARGUMENT,
-               "mncl_test: request %p is not pending (already completed, or never issued)",
-               static_cast<void *>(request));
-    if (!await(request, 0, "mncl_test")) return;
-    result = finish(request);
+    mncl_request *state = claim(request, "mncl_test");
+    bool finished = false;
+    try {
+      finished = await(state, 0, "mncl_test");
+    } catch (...) {
+      release(state);
+      throw;
+    }
+    if (!finished) {
+      release(state);
+      return;
+    }
+    result = finish(request, state);
     *done = 1;
   });
   return status != MNCL_OK ? status : result;
@@ -863,16 +901,22 @@ MNCL_API mncl_status_t mncl_wait(mncl_request_t request, int64_t timeout_ms) {
   mncl_status_t result = MNCL_OK;
   const mncl_status_t status = guard([&] {
     MNCL_CHECK(request != nullptr, MNCL_ERR_INVALID_ARGUMENT, "mncl_wait: request is NULL");
-    MNCL_CHECK(is_live(g_requests, request), MNCL_ERR_INVALID_ARGUMENT,
-               "mncl_wait: request %p is not pending (already completed, or never issued)",
-               static_cast<void *>(request));
     MNCL_CHECK(timeout_ms >= -1, MNCL_ERR_INVALID_ARGUMENT,
                "mncl_wait: timeout_ms %lld is negative (use -1 to wait until the operation ends)",
                static_cast<long long>(timeout_ms));
-    MNCL_CHECK(await(request, timeout_ms, "mncl_wait"), MNCL_ERR_TIMEOUT,
+    mncl_request *state = claim(request, "mncl_wait");
+    bool finished = false;
+    try {
+      finished = await(state, timeout_ms, "mncl_wait");
+    } catch (...) {
+      release(state);
+      throw;
+    }
+    if (!finished) release(state);
+    MNCL_CHECK(finished, MNCL_ERR_TIMEOUT,
                "mncl_wait: the operation did not finish within %lld ms (the request stays valid)",
                static_cast<long long>(timeout_ms));
-    result = finish(request);
+    result = finish(request, state);
   });
   return status != MNCL_OK ? status : result;
 }

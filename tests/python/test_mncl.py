@@ -5,12 +5,15 @@ split, point to point (sendrecv and batches of P2POps included), and failures ra
 exceptions with the library's message. Exits 77 (ctest: skipped) when NumPy is missing; ml_dtypes
 arrays are test_ml_dtypes.py's."""
 
+import ctypes
 import gc
 import os
 import re
 import shutil
 import sys
 import tempfile
+import threading
+import time
 import weakref
 
 from checks import world_and_checks
@@ -395,6 +398,36 @@ if n > 1:
     expect_raises(mncl.AbortedError, lambda: side.isend(np.zeros(1, np.int32), nxt),
                   "isend on an aborted communicator", "aborted")
     side.close()
+
+    # A bounded wait whose operation itself times out (the communicator's 1 s): TimeoutError, and
+    # the request is done, failing again on a later wait. (It once kept the freed C handle, so a
+    # later wait could complete another request that got the same address, returning garbage.)
+    quick = comm.split_config(0, timeout=1)
+    req = quick.irecv(np.empty(2, np.int32), nxt)  # nobody sends on `quick`
+    expect_raises(mncl.TimeoutError, lambda: req.wait(timeout=30), "the operation's own timeout",
+                  "mncl_recv")
+    expect(req.done, "a request whose operation timed out is done")
+    expect_raises(mncl.TimeoutError, req.wait, "and fails again", "mncl_recv")
+    quick.abort()
+    quick.close()
+
+    # Two threads waiting on one request both get its result (the library once freed it under
+    # the second: a crash).
+    got = []
+    recv = comm.irecv(np.empty(3, np.int64), prv)
+    waiters = [threading.Thread(target=lambda: got.append(recv.wait().copy())) for _ in range(2)]
+    for t in waiters:
+        t.start()
+    time.sleep(0.2)
+    comm.send(np.full(3, r, np.int64), nxt)
+    for t in waiters:
+        t.join()
+    expect(len(got) == 2 and all(np.all(g == prv) for g in got), f"two waiters: {got}")
+
+    # Ranks, peers, roots and enums that do not fit a C int are refused (ctypes once kept the low
+    # 32 bits: peer 2**32 + 1 reached rank 1).
+    expect_raises(ctypes.ArgumentError, lambda: comm.send(np.zeros(1), 2**32 + nxt),
+                  "peer 2**32 + next", "does not fit")
 
 # Timeouts past int64 milliseconds (ctypes once wrapped them into other numbers): a wait has no
 # limit then; a config's is refused by the library, naming its bound.

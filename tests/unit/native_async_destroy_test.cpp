@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace {
 
@@ -133,6 +134,52 @@ TEST_F(NativeAsync, AbortEndsAWaitOnABackendThatIgnoresIt) {
   expect_message(mncl_last_error(), "mncl_comm_abort was called");
   aborter.join();
   destroy();  // while the mock still ignores aborts (it then frees what it holds)
+}
+
+// A bounded wait returns MNCL_ERR_TIMEOUT both when it runs out of time (the request stays
+// pending) and when the operation itself timed out (the request is complete and freed). The
+// caller tells them apart with mncl_test, which refuses a freed handle for good: handles are
+// never reused (a later request once got the freed one's address, and a stale wait completed
+// it, returning garbage as a success).
+TEST_F(NativeAsync, ACompletedRequestsHandleIsNeverReused) {
+  mncl_request_t req = post();
+  ASSERT_NE(req, nullptr);
+  EXPECT_EQ(mncl_wait(req, 1), MNCL_ERR_TIMEOUT);  // the wait's own limit
+  int done = 0;
+  EXPECT_EQ(mncl_test(req, &done), MNCL_OK) << "still pending";
+  EXPECT_EQ(done, 0);
+  EXPECT_EQ(mncl_wait(req, 60000), MNCL_ERR_TIMEOUT);  // now the operation's (500 ms + grace)
+  expect_message(mncl_last_error(), "timeout");
+  EXPECT_EQ(mncl_test(req, &done), MNCL_ERR_INVALID_ARGUMENT) << "freed";
+  EXPECT_NE(std::string(mncl_last_error()).find("not pending"), std::string::npos);
+  // Later requests (on a new communicator: this one was aborted) never take its handle.
+  destroy();
+  comm_ = create();
+  std::vector<mncl_request_t> later;
+  for (int i = 0; i < 50; ++i) {
+    later.push_back(post());
+    EXPECT_NE(later.back(), req);
+  }
+  destroy();  // ends them all (the backend's abort)
+  for (mncl_request_t r : later) EXPECT_EQ(mncl_wait(r, -1), MNCL_ERR_TIMEOUT);
+}
+
+// Two threads on one request: the second is refused while the first waits (it once freed the
+// request under the first: a double free).
+TEST_F(NativeAsync, ASecondThreadOnARequestIsRefused) {
+  mncl_request_t req = post();
+  ASSERT_NE(req, nullptr);
+  std::thread waiter([req] { EXPECT_EQ(mncl_wait(req, -1), MNCL_ERR_TIMEOUT); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  int done = 0;
+  const mncl_status_t second = mncl_test(req, &done);
+  // Refused while the waiter holds it; "not pending" if the waiter had already finished.
+  EXPECT_EQ(second, MNCL_ERR_INVALID_ARGUMENT);
+  const std::string message = mncl_last_error();
+  EXPECT_TRUE(message.find("another thread") != std::string::npos ||
+              message.find("not pending") != std::string::npos)
+      << message;
+  waiter.join();
 }
 
 TEST_F(NativeAsync, WaitsWithoutALimitEndAtTheOperationsTimeout) {
