@@ -357,6 +357,10 @@ std::vector<std::string> TcpStore::wait(const std::vector<std::string> &keys,
       Lease lease(*this);
       reply = call(lease.socket(), wire::encode_wait(missing, slice_ms(deadline)));
     }
+    // The server refuses a WAIT on an empty key.
+    if (reply.op == wire::Op::kFailed) {
+      throw Error(MNCL_ERR_INVALID_ARGUMENT, std::string(reply.message.text));
+    }
     if (reply.op != wire::Op::kMissing) unexpected_reply(url_, "WAIT", reply.op);
     // Only what is still missing is asked for next time.
     missing.assign(reply.message.keys.begin(), reply.message.keys.end());

@@ -17,6 +17,12 @@ namespace mncl::bootstrap {
 // from one thread that poll()s the listening sockets, the clients and a shutdown eventfd.
 // Waiting GETs and WAITs are parked and answered as soon as their keys are set, or with "not
 // yet" when their slice (at most wire::kMaxWaitSliceMs) runs out.
+// Limits: a connection that has not sent HELLO within 5 s is closed (and, past 1024 of them, the
+// oldest makes room for a new one); a client's replies are queued up to 16 MiB or 4096 of them,
+// then its requests are not read until it reads the replies; a WAIT names at most
+// wire::kMaxWaitKeys keys, none empty. The constructor raises the process's soft descriptor
+// limit (RLIMIT_NOFILE) to the hard one, as every rank holds a connection; if descriptors still
+// run out, accepting pauses for 100 ms at a time.
 class TcpStoreServer {
  public:
   // Binds and starts the thread. port 0 picks a free port (see port()). A non-empty token is
@@ -55,6 +61,7 @@ class TcpStore final : public Store {
   void set(const std::string &key, const void *data, size_t len) override;
   Bytes get(const std::string &key, const WaitOptions &opts) override;
   int64_t add(const std::string &key, int64_t delta) override;
+  // Throws MNCL_ERR_INVALID_ARGUMENT for an empty key or more than wire::kMaxWaitKeys keys.
   std::vector<std::string> wait(const std::vector<std::string> &keys,
                                 const WaitOptions &opts) override;
   bool erase(const std::string &key) override;

@@ -1,9 +1,15 @@
 // The TCP store's server: one thread, one poll() loop, no locks (only this thread touches the
 // data). Requests on a connection are served in order; a GET or WAIT whose keys are missing
 // parks its connection until the keys are set or its slice runs out.
+//
+// What a client can make it hold is bounded: a connection must say HELLO within kHelloTimeout,
+// at most kMaxPendingConnections may be waiting to, a connection whose replies pile up unread is
+// not read from until they drain, and a WAIT names at most wire::kMaxWaitKeys keys. Running out
+// of file descriptors pauses accepting instead of spinning on the listening socket.
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -17,6 +23,7 @@
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include "bootstrap/tcp_store.h"
 #include "bootstrap/wire.h"
@@ -38,6 +45,24 @@ constexpr size_t kMaxUnauthenticatedFrame = 64 * 1024;
 constexpr size_t kReadBudgetPerWakeup = 16 << 20;
 // An idle connection's read buffer larger than this is freed (it held a large value).
 constexpr size_t kKeepBufferBytes = 1 << 20;
+// A client sends HELLO as soon as it connects. One that has not within this long is closed, so
+// connections that never speak (port scanners, a flood) cannot hold descriptors forever.
+constexpr auto kHelloTimeout = std::chrono::seconds(5);
+// At most this many connections may be waiting for their HELLO at once. Past it, the oldest one
+// is closed if it has waited kEvictAfter (a real client is long past HELLO by then), else
+// accepting pauses: a burst of real clients is accepted in turns, not turned away.
+constexpr size_t kMaxPendingConnections = 1024;
+constexpr auto kEvictAfter = std::chrono::seconds(1);
+// After accept() fails (out of descriptors: the connection stays in the backlog, so the
+// listening socket stays readable), the listening sockets are not polled for this long.
+constexpr auto kAcceptPause = std::chrono::milliseconds(100);
+// A warning that a misbehaving peer could trigger in a loop is logged at most this often.
+constexpr auto kWarnInterval = std::chrono::seconds(10);
+// A connection whose unsent replies reach either bound is not read from until they drain: a
+// client that sends requests without reading the replies cannot make the server queue them
+// without limit. A real client has one request in flight per connection.
+constexpr size_t kMaxQueuedReplyBytes = 16 << 20;
+constexpr size_t kMaxQueuedReplies = 4096;
 
 // Incoming bytes of one connection. Grows without zero-filling, and toward the size of the
 // frame being received only as its bytes arrive, so a forged length cannot make it allocate.
@@ -92,11 +117,16 @@ struct OutChunk {
   size_t size() const { return head.size() + (value ? value->size() : 0); }
 };
 
-// A parked GET (one key) or WAIT (several).
+// A parked GET (one key) or WAIT (up to wire::kMaxWaitKeys). The keys are copied into one
+// buffer, not a string each: a parked key costs its bytes plus about 32 (two views).
 struct Waiter {
   bool is_get = false;
-  std::vector<std::string> keys;
-  std::unordered_set<std::string> missing;
+  std::unique_ptr<char[]> bytes;       // the keys, back to back; the views below point here
+  std::vector<std::string_view> keys;  // as asked, in order (the reply lists them in order)
+  // Those missing when it parked, sorted and unique, and which of them were set since.
+  std::vector<std::string_view> missing;
+  std::vector<bool> arrived;
+  size_t still_missing = 0;
   Clock::time_point deadline;
 };
 
@@ -104,12 +134,62 @@ struct Connection {
   net::UniqueFd socket;
   std::string peer;
   bool authenticated = false;
+  Clock::time_point hello_deadline;  // closed then if still not authenticated
   InBuffer in;
   std::deque<OutChunk> out;
-  std::optional<Waiter> waiter;
+  size_t out_bytes = 0;             // of the chunks in out, counted whole until sent
+  std::unique_ptr<Waiter> waiter;   // never moves, so its views stay valid
   bool close_when_flushed = false;  // after a refusal: send it, then close
   bool dead = false;                // closed at the end of this loop iteration
 };
+
+// True while c's unsent replies are over the bounds: its requests wait in the socket.
+bool backlogged(const Connection &c) {
+  return c.out_bytes >= kMaxQueuedReplyBytes || c.out.size() >= kMaxQueuedReplies;
+}
+
+// Says when a repeatable warning may be logged again.
+class WarningThrottle {
+ public:
+  // Counts n more occurrences; true if a warning may be logged now, with total: how many
+  // occurred since the last one (these n included).
+  bool allow(Clock::time_point now, size_t n, size_t &total) {
+    held_ += n;
+    if (now < next_) return false;
+    next_ = now + kWarnInterval;
+    total = std::exchange(held_, 0);
+    return true;
+  }
+
+ private:
+  Clock::time_point next_{};
+  size_t held_ = 0;
+};
+
+// Every rank keeps a connection or more to the server: a job of more ranks than the usual soft
+// limit (1024 descriptors) needs the hard one, which any process may raise its soft limit to.
+void raise_descriptor_limit(const std::string &url) {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= limit.rlim_max) return;
+  const rlim_t before = limit.rlim_cur;
+  // An unlimited hard limit still stops at fs.nr_open (2^20 by default).
+  limit.rlim_cur = limit.rlim_max == RLIM_INFINITY ? rlim_t{1} << 20 : limit.rlim_max;
+  if (limit.rlim_cur <= before) return;
+  if (setrlimit(RLIMIT_NOFILE, &limit) == 0) {
+    MNCL_INFO("store server at %s: raised this process's descriptor limit from %llu to %llu",
+              url.c_str(), static_cast<unsigned long long>(before),
+              static_cast<unsigned long long>(limit.rlim_cur));
+  } else {
+    MNCL_INFO("store server at %s: cannot raise this process's descriptor limit from %llu: %s",
+              url.c_str(), static_cast<unsigned long long>(before), net::error_text(errno).c_str());
+  }
+}
+
+unsigned long long descriptor_limit() {
+  rlimit limit{};
+  return getrlimit(RLIMIT_NOFILE, &limit) == 0 ? static_cast<unsigned long long>(limit.rlim_cur)
+                                               : 0;
+}
 
 // Constant time in the contents, so timing does not reveal how much of a guess was right.
 bool same_token(std::string_view expected, std::string_view given) {
@@ -146,25 +226,37 @@ struct TcpStoreServer::Impl {
   std::atomic<bool> refuse_new{false};
   std::unordered_map<std::string, Value> data;
   std::vector<std::unique_ptr<Connection>> connections;
-  // Connections whose wait ended: their buffered requests are served at the end of the loop.
+  size_t pending = 0;  // connections not dead and not authenticated yet
+  // The listening sockets are not polled before this (accept() failed, or too many pending).
+  Clock::time_point accept_resume{};
+  WarningThrottle accept_warnings;
+  WarningThrottle hello_warnings;
+  // Connections whose wait ended, or whose replies drained: their buffered requests are served
+  // at the end of the loop.
   std::vector<Connection *> resumable;
   std::thread thread;
 
   void bind_all(const std::string &host, uint16_t requested_port);
   void wake(const char *why);
   void run();
-  void loop_once(std::vector<pollfd> &fds);
-  void accept_all(int listener);
+  void loop_once(std::vector<pollfd> &fds, size_t polled_listeners, Clock::time_point now);
+  void accept_all(int listener, Clock::time_point now);
+  bool evict_oldest_pending(Clock::time_point now);
+  void pause_accepting(Clock::time_point now, const std::string &why);
+  void expire_handshakes(Clock::time_point now);
   void read_from(Connection &c);
   void process(Connection &c);
   void handle(Connection &c, const wire::Message &m);
+  void handle_wait(Connection &c, const wire::Message &m);
   void handle_hello(Connection &c, const wire::Message &m);
-  void park(Connection &c, Waiter waiter, uint32_t wait_ms);
+  void park(Connection &c, bool is_get, const std::vector<std::string_view> &keys,
+            uint32_t wait_ms);
   void notify(const std::string &key);
   void finish_wait(Connection &c);
   void expire_waiters(Clock::time_point now);
   int poll_timeout_ms(Clock::time_point now) const;
-  std::vector<std::string_view> missing_keys(const std::vector<std::string> &keys) const;
+  bool has(std::string_view key) const { return data.count(std::string(key)) > 0; }
+  std::vector<std::string_view> missing_keys(const std::vector<std::string_view> &keys) const;
   void reply(Connection &c, std::vector<uint8_t> head, Value value = nullptr);
   void flush(Connection &c);
   void drop(Connection &c, const std::string &why, bool warn);
@@ -174,6 +266,7 @@ TcpStoreServer::TcpStoreServer(const std::string &host, uint16_t port, std::stri
     : impl_(std::make_unique<Impl>()) {
   impl_->token = std::move(token);
   impl_->bind_all(host, port);
+  raise_descriptor_limit(impl_->url);
   impl_->wakeup.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   MNCL_CHECK(impl_->wakeup, MNCL_ERR_SYSTEM, "cannot start the store at %s: eventfd: %s",
              impl_->url.c_str(), net::error_text(errno).c_str());
@@ -269,10 +362,12 @@ void TcpStoreServer::Impl::run() {
       }
       fds.clear();
       fds.push_back({wakeup.get(), POLLIN, 0});
-      for (const auto &listener : listeners) fds.push_back({listener.get(), POLLIN, 0});
+      const size_t polled_listeners = Clock::now() >= accept_resume ? listeners.size() : 0;
+      for (size_t i = 0; i < polled_listeners; ++i) fds.push_back({listeners[i].get(), POLLIN, 0});
       for (const auto &c : connections) {
-        // A parked connection sends nothing more, but its peer may still hang up.
-        short events = c->waiter ? POLLRDHUP : POLLIN;
+        // A parked connection sends nothing more, but its peer may still hang up. A backlogged
+        // one is not read from: its requests stay in the socket until its replies drain.
+        short events = c->waiter ? POLLRDHUP : backlogged(*c) ? 0 : POLLIN;
         if (!c->out.empty()) events |= POLLOUT;
         fds.push_back({c->socket.get(), events, 0});
       }
@@ -291,8 +386,9 @@ void TcpStoreServer::Impl::run() {
         if (stopping.load()) break;
         continue;  // only asked to stop accepting: the top of the loop does that
       }
-      if (ready > 0) loop_once(fds);
+      if (ready > 0) loop_once(fds, polled_listeners, Clock::now());
       expire_waiters(Clock::now());
+      expire_handshakes(Clock::now());
       // Serving a resumed connection may resume others (it may set what they wait for).
       while (!resumable.empty()) {
         auto batch = std::move(resumable);
@@ -311,18 +407,24 @@ void TcpStoreServer::Impl::run() {
             connections.size(), data.size());
 }
 
-void TcpStoreServer::Impl::loop_once(std::vector<pollfd> &fds) {
-  const size_t first_connection = 1 + listeners.size();
+void TcpStoreServer::Impl::loop_once(std::vector<pollfd> &fds, size_t polled_listeners,
+                                     Clock::time_point now) {
+  const size_t first_connection = 1 + polled_listeners;
   // Connections accepted below are not in fds yet; they are polled from the next iteration.
   const size_t polled = fds.size() - first_connection;
-  for (size_t i = 0; i < listeners.size(); ++i) {
-    if (fds[1 + i].revents & POLLIN) accept_all(listeners[i].get());
+  for (size_t i = 0; i < polled_listeners; ++i) {
+    if (fds[1 + i].revents & POLLIN) accept_all(listeners[i].get(), now);
   }
   for (size_t i = 0; i < polled; ++i) {
     Connection &c = *connections[i];
     const short revents = fds[first_connection + i].revents;
     if (revents == 0 || c.dead) continue;
-    if (revents & POLLOUT) flush(c);
+    if (revents & POLLOUT) {
+      const bool was_backlogged = backlogged(c);
+      flush(c);
+      // Its replies drained: serve the requests it has buffered (more are read once polled).
+      if (was_backlogged && !c.dead && !backlogged(c)) resumable.push_back(&c);
+    }
     if (c.dead) continue;
     if (revents & POLLIN) {
       read_from(c);
@@ -332,31 +434,85 @@ void TcpStoreServer::Impl::loop_once(std::vector<pollfd> &fds) {
   }
 }
 
-void TcpStoreServer::Impl::accept_all(int listener) {
+void TcpStoreServer::Impl::accept_all(int listener, Clock::time_point now) {
   for (;;) {
+    if (pending >= kMaxPendingConnections && !evict_oldest_pending(now)) {
+      pause_accepting(now, format("%zu connections have not sent HELLO yet", pending));
+      return;
+    }
     sockaddr_storage address{};
     socklen_t length = sizeof address;
     const int fd = accept4(listener, reinterpret_cast<sockaddr *>(&address), &length,
                            SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) {
-        MNCL_WARN("store server at %s: accept: %s", url.c_str(), net::error_text(errno).c_str());
-      }
+      const int error = errno;
+      if (error == EINTR || error == ECONNABORTED) continue;
+      if (error == EAGAIN || error == EWOULDBLOCK) return;
+      // Out of descriptors: a connection that never said HELLO makes room for this one.
+      if ((error == EMFILE || error == ENFILE) && evict_oldest_pending(now)) continue;
+      std::string why = "accept: " + net::error_text(error);
+      if (error == EMFILE) why += format(" (limit %llu)", descriptor_limit());
+      pause_accepting(now, why);
       return;
     }
     net::set_nodelay(fd);
     auto c = std::make_unique<Connection>();
     c->socket.reset(fd);
     c->peer = net::to_string(reinterpret_cast<sockaddr *>(&address), length);
+    c->hello_deadline = now + kHelloTimeout;
     MNCL_TRACE("store server at %s: connection from %s", url.c_str(), c->peer.c_str());
     connections.push_back(std::move(c));
+    ++pending;
+  }
+}
+
+// Closes the connection that has waited longest for its HELLO, if it has waited kEvictAfter.
+bool TcpStoreServer::Impl::evict_oldest_pending(Clock::time_point now) {
+  Connection *oldest = nullptr;
+  for (const auto &c : connections) {
+    if (c->dead || c->authenticated) continue;
+    if (!oldest || c->hello_deadline < oldest->hello_deadline) oldest = c.get();
+  }
+  if (!oldest || oldest->hello_deadline - kHelloTimeout + kEvictAfter > now) return false;
+  drop(*oldest, "no HELLO yet, and a new connection needs its place", false);
+  oldest->socket.reset();  // now, not at the end of the iteration: its descriptor is needed
+  return true;
+}
+
+// Stops polling the listening sockets for kAcceptPause: the connections waiting in the backlog
+// keep them readable, and polling them would spin.
+void TcpStoreServer::Impl::pause_accepting(Clock::time_point now, const std::string &why) {
+  accept_resume = now + kAcceptPause;
+  size_t times = 0;
+  if (accept_warnings.allow(now, 1, times)) {
+    MNCL_WARN("store server at %s: not accepting connections for %lld ms: %s%s", url.c_str(),
+              static_cast<long long>(kAcceptPause.count()), why.c_str(),
+              times > 1 ? format(" (%zu times since the last warning)", times).c_str() : "");
+  }
+}
+
+void TcpStoreServer::Impl::expire_handshakes(Clock::time_point now) {
+  size_t closed = 0;
+  for (const auto &c : connections) {
+    if (c->dead || c->authenticated || c->hello_deadline > now) continue;
+    // Its HELLO may have arrived since poll() returned: read what is there first.
+    if (!c->close_when_flushed) read_from(*c);
+    if (c->dead || c->authenticated) continue;
+    drop(*c, "no HELLO within the time allowed", false);
+    ++closed;
+  }
+  size_t total = 0;
+  if (closed > 0 && hello_warnings.allow(now, closed, total)) {
+    MNCL_WARN(
+        "store server at %s: closed %zu connection%s (since the last such warning) that did "
+        "not send HELLO within %lld s",
+        url.c_str(), total, total == 1 ? "" : "s", static_cast<long long>(kHelloTimeout.count()));
   }
 }
 
 void TcpStoreServer::Impl::read_from(Connection &c) {
   size_t budget = kReadBudgetPerWakeup;
-  while (!c.dead && !c.waiter && !c.close_when_flushed && budget > 0) {
+  while (!c.dead && !c.waiter && !c.close_when_flushed && !backlogged(c) && budget > 0) {
     const size_t frame_size = wire::parse_frame(c.in.data(), c.in.size()).frame_size;
     auto [room, room_size] = c.in.space(frame_size);
     const ssize_t n = recv(c.socket.get(), room, room_size, MSG_DONTWAIT);
@@ -380,7 +536,7 @@ void TcpStoreServer::Impl::read_from(Connection &c) {
 }
 
 void TcpStoreServer::Impl::process(Connection &c) {
-  while (!c.dead && !c.waiter && !c.close_when_flushed && c.in.size() > 0) {
+  while (!c.dead && !c.waiter && !c.close_when_flushed && !backlogged(c) && c.in.size() > 0) {
     const auto parsed = wire::parse_frame(c.in.data(), c.in.size());
     if (parsed.status == wire::ParseStatus::kInvalid) {
       drop(c, "sent an invalid frame: " + parsed.error, true);
@@ -423,11 +579,7 @@ void TcpStoreServer::Impl::handle(Connection &c, const wire::Message &m) {
       } else if (m.wait_ms == 0) {
         reply(c, wire::encode_not_yet());
       } else {
-        Waiter waiter;
-        waiter.is_get = true;
-        waiter.keys = {key};
-        waiter.missing = {key};
-        park(c, std::move(waiter), m.wait_ms);
+        park(c, true, {m.text}, m.wait_ms);
       }
       break;
     }
@@ -454,23 +606,34 @@ void TcpStoreServer::Impl::handle(Connection &c, const wire::Message &m) {
       notify(key);
       break;
     }
-    case wire::Op::kWait: {
-      Waiter waiter;
-      waiter.keys.assign(m.keys.begin(), m.keys.end());
-      const auto missing = missing_keys(waiter.keys);
-      if (missing.empty() || m.wait_ms == 0) {
-        reply(c, wire::encode_missing(missing));
-      } else {
-        for (const auto key_view : missing) waiter.missing.emplace(key_view);
-        park(c, std::move(waiter), m.wait_ms);
-      }
+    case wire::Op::kWait:
+      handle_wait(c, m);
       break;
-    }
     case wire::Op::kErase:
       reply(c, wire::encode_bool(data.erase(key) > 0));
       break;
     default:
       drop(c, format("sent an unexpected %s", wire::op_name(m.op)), true);
+  }
+}
+
+void TcpStoreServer::Impl::handle_wait(Connection &c, const wire::Message &m) {
+  // No real key is empty, and a list of them is the cheapest way to make the server work.
+  for (size_t i = 0; i < m.keys.size(); ++i) {
+    if (m.keys[i].empty()) {
+      reply(c, wire::encode_failed(format("store wait: key %zu of %zu is empty (store keys must "
+                                          "not be empty)",
+                                          i, m.keys.size())));
+      return;
+    }
+  }
+  // The keys are looked at in the frame; only a parked wait copies them.
+  const bool all_set =
+      std::all_of(m.keys.begin(), m.keys.end(), [&](auto key) { return has(key); });
+  if (all_set || m.wait_ms == 0) {
+    reply(c, wire::encode_missing(missing_keys(m.keys)));
+  } else {
+    park(c, false, m.keys, m.wait_ms);
   }
 }
 
@@ -498,35 +661,66 @@ void TcpStoreServer::Impl::handle_hello(Connection &c, const wire::Message &m) {
     return;
   }
   c.authenticated = true;
+  --pending;
   reply(c, wire::encode_ok());
 }
 
-void TcpStoreServer::Impl::park(Connection &c, Waiter waiter, uint32_t wait_ms) {
-  waiter.deadline =
+// Parks c until every one of keys (some missing) is set or the slice ends. keys point into the
+// request's frame, which is consumed after this: the waiter keeps a copy.
+void TcpStoreServer::Impl::park(Connection &c, bool is_get,
+                                const std::vector<std::string_view> &keys, uint32_t wait_ms) {
+  auto waiter = std::make_unique<Waiter>();
+  waiter->is_get = is_get;
+  size_t total = 0;
+  for (const auto key : keys) total += key.size();
+  waiter->bytes.reset(new char[std::max<size_t>(total, 1)]);
+  waiter->keys.reserve(keys.size());
+  char *at = waiter->bytes.get();
+  for (const auto key : keys) {
+    std::memcpy(at, key.data(), key.size());
+    waiter->keys.emplace_back(at, key.size());
+    at += key.size();
+  }
+  for (const auto key : waiter->keys) {
+    if (!has(key)) waiter->missing.push_back(key);
+  }
+  std::sort(waiter->missing.begin(), waiter->missing.end());
+  waiter->missing.erase(std::unique(waiter->missing.begin(), waiter->missing.end()),
+                        waiter->missing.end());
+  waiter->missing.shrink_to_fit();
+  waiter->arrived.assign(waiter->missing.size(), false);
+  waiter->still_missing = waiter->missing.size();
+  waiter->deadline =
       Clock::now() + std::chrono::milliseconds(std::min(wait_ms, wire::kMaxWaitSliceMs));
   c.waiter = std::move(waiter);
 }
 
-void TcpStoreServer::Impl::notify(const std::string &key) {
+void TcpStoreServer::Impl::notify(const std::string &set_key) {
+  const std::string_view key(set_key);
   for (const auto &c : connections) {
-    if (c->dead || !c->waiter || c->waiter->missing.erase(key) == 0) continue;
-    if (c->waiter->missing.empty()) finish_wait(*c);
+    if (c->dead || !c->waiter) continue;
+    Waiter &waiter = *c->waiter;
+    const auto found = std::lower_bound(waiter.missing.begin(), waiter.missing.end(), key);
+    if (found == waiter.missing.end() || *found != key) continue;
+    const size_t index = static_cast<size_t>(found - waiter.missing.begin());
+    if (waiter.arrived[index]) continue;
+    waiter.arrived[index] = true;
+    if (--waiter.still_missing == 0) finish_wait(*c);
   }
 }
 
 // Answers a parked connection with what it waits for (or what is still missing).
 void TcpStoreServer::Impl::finish_wait(Connection &c) {
-  const Waiter waiter = std::move(*c.waiter);
-  c.waiter.reset();
-  if (waiter.is_get) {
-    const auto found = data.find(waiter.keys.front());
+  const std::unique_ptr<Waiter> waiter = std::move(c.waiter);
+  if (waiter->is_get) {
+    const auto found = data.find(std::string(waiter->keys.front()));
     if (found != data.end()) {
       reply(c, wire::encode_value_head(found->second->size()), found->second);
     } else {
       reply(c, wire::encode_not_yet());
     }
   } else {
-    reply(c, wire::encode_missing(missing_keys(waiter.keys)));
+    reply(c, wire::encode_missing(missing_keys(waiter->keys)));
   }
   resumable.push_back(&c);
 }
@@ -539,9 +733,15 @@ void TcpStoreServer::Impl::expire_waiters(Clock::time_point now) {
 
 int TcpStoreServer::Impl::poll_timeout_ms(Clock::time_point now) const {
   std::optional<Clock::time_point> earliest;
+  const auto consider = [&](Clock::time_point t) {
+    if (!earliest || t < *earliest) earliest = t;
+  };
   for (const auto &c : connections) {
-    if (c->waiter && (!earliest || c->waiter->deadline < *earliest)) earliest = c->waiter->deadline;
+    if (c->dead) continue;
+    if (c->waiter) consider(c->waiter->deadline);
+    if (!c->authenticated) consider(c->hello_deadline);
   }
+  if (!listeners.empty() && accept_resume > now) consider(accept_resume);
   if (!earliest) return -1;
   if (*earliest <= now) return 0;
   // Rounded up, so the loop never wakes just before a deadline and spins.
@@ -550,16 +750,17 @@ int TcpStoreServer::Impl::poll_timeout_ms(Clock::time_point now) const {
 }
 
 std::vector<std::string_view> TcpStoreServer::Impl::missing_keys(
-    const std::vector<std::string> &keys) const {
+    const std::vector<std::string_view> &keys) const {
   std::vector<std::string_view> missing;
-  for (const auto &key : keys) {
-    if (data.count(key) == 0) missing.push_back(key);
+  for (const auto key : keys) {
+    if (!has(key)) missing.push_back(key);
   }
   return missing;
 }
 
 void TcpStoreServer::Impl::reply(Connection &c, std::vector<uint8_t> head, Value value) {
   c.out.push_back(OutChunk{std::move(head), std::move(value), 0});
+  c.out_bytes += c.out.back().size();
   flush(c);
 }
 
@@ -592,7 +793,10 @@ void TcpStoreServer::Impl::flush(Connection &c) {
       return;
     }
     chunk.sent += static_cast<size_t>(n);
-    if (chunk.sent >= chunk.size()) c.out.pop_front();
+    if (chunk.sent >= chunk.size()) {
+      c.out_bytes -= chunk.size();
+      c.out.pop_front();
+    }
   }
   if (c.out.empty() && c.close_when_flushed) drop(c, "refused", false);
 }
@@ -607,8 +811,10 @@ void TcpStoreServer::Impl::drop(Connection &c, const std::string &why, bool warn
                why.c_str());
   }
   c.dead = true;
+  if (!c.authenticated) --pending;
   c.waiter.reset();
   c.out.clear();
+  c.out_bytes = 0;
   // The socket itself is closed when the loop sweeps dead connections.
 }
 

@@ -22,6 +22,7 @@ class Reader {
   Reader(const uint8_t *data, size_t size) : data_(data), size_(size) {}
   bool ok() const { return ok_; }
   bool at_end() const { return pos_ == size_; }
+  size_t remaining() const { return size_ - pos_; }
 
   uint8_t u8() { return take(1) ? data_[pos_ - 1] : 0; }
   uint32_t u32() { return take(4) ? load_u32(data_ + pos_ - 4) : 0; }
@@ -83,7 +84,10 @@ bool decode_body(Op op, Reader &in, Message &out) {
     case Op::kMissing: {
       if (op == Op::kWait) out.wait_ms = in.u32();
       const uint32_t count = in.u32();
-      // Each key consumes at least 4 bytes, so a huge count fails at the frame's end.
+      // Each key takes at least its 4-byte length, so the body bounds the count (parse_frame
+      // has refused a larger one already); the list is then allocated once, not regrown.
+      if (count > kMaxWaitKeys || count > in.remaining() / 4) return false;
+      out.keys.reserve(count);
       for (uint32_t i = 0; i < count && in.ok(); ++i) out.keys.push_back(in.string());
       break;
     }
@@ -164,6 +168,18 @@ class Writer {
   std::vector<uint8_t> bytes_;
 };
 
+// Checks a WAIT's or MISSING's key count; returns the size of their list on the wire, to
+// reserve (0 if over the frame limit: the Writer then throws before allocating that much).
+template <typename Keys>
+size_t key_list_size(const Keys &keys) {
+  MNCL_CHECK(keys.size() <= kMaxWaitKeys, MNCL_ERR_INVALID_ARGUMENT,
+             "a store wait for %zu keys exceeds the TCP store's limit of %zu keys per wait",
+             keys.size(), kMaxWaitKeys);
+  size_t size = 4;
+  for (const auto &key : keys) size += 4 + key.size();
+  return size <= kMaxFrameBytes ? size : 0;
+}
+
 }  // namespace
 
 bool is_request(Op op) {
@@ -221,9 +237,23 @@ ParseResult parse_frame(const uint8_t *data, size_t size) {
     result.error = format("unknown opcode %u", data[4]);
     return result;
   }
+  const auto op = static_cast<Op>(data[4]);
+  // Likewise a key count over the limit, or over what the frame's length can hold, is refused
+  // as soon as it arrives rather than after up to 1 GiB of keys has been buffered.
+  if (op == Op::kWait || op == Op::kMissing) {
+    const size_t count_end = kHeaderBytes + (op == Op::kWait ? 8 : 4);
+    if (size >= count_end && count_end <= result.frame_size) {
+      const uint32_t count = load_u32(data + count_end - 4);
+      if (count > kMaxWaitKeys || count > (result.frame_size - count_end) / 4) {
+        result.status = ParseStatus::kInvalid;
+        result.error = format("%s of %u keys in a %u-byte body (at most %zu keys, 4+ bytes each)",
+                              op_name(op), count, length - 1, kMaxWaitKeys);
+        return result;
+      }
+    }
+  }
   if (size < result.frame_size) return result;
 
-  const auto op = static_cast<Op>(data[4]);
   Reader body(data + kHeaderBytes, length - 1);
   result.message.op = op;
   if (!decode_body(op, body, result.message)) {
@@ -249,7 +279,8 @@ std::vector<uint8_t> encode_add(std::string_view key, int64_t delta) {
   return Writer(Op::kAdd, 8 + key.size()).i64(delta).rest(key).finish();
 }
 std::vector<uint8_t> encode_wait(const std::vector<std::string> &keys, uint32_t wait_ms) {
-  Writer out(Op::kWait);
+  const size_t list_size = key_list_size(keys);
+  Writer out(Op::kWait, list_size > 0 ? 4 + list_size : 0);
   out.u32(wait_ms).u32(static_cast<uint32_t>(keys.size()));
   for (const auto &key : keys) out.string(key);
   return out.finish();
@@ -270,7 +301,7 @@ std::vector<uint8_t> encode_integer(int64_t value) {
   return Writer(Op::kInteger, 8).i64(value).finish();
 }
 std::vector<uint8_t> encode_missing(const std::vector<std::string_view> &keys) {
-  Writer out(Op::kMissing);
+  Writer out(Op::kMissing, key_list_size(keys));
   out.u32(static_cast<uint32_t>(keys.size()));
   for (const auto &key : keys) out.string(key);
   return out.finish();

@@ -26,6 +26,10 @@ constexpr size_t kMaxFrameBytes = size_t{1} << 30;
 // The server answers a waiting GET or WAIT after at most this long ("not yet"), so the client
 // can check its abort flag and deadline and ask again.
 constexpr uint32_t kMaxWaitSliceMs = 100;
+// The most keys one WAIT (and so its MISSING reply) may name. The server holds a few dozen bytes
+// per key it is asked about, so without a cap a frame of empty keys (4 bytes each) would cost it
+// many times its size. A count over this is refused as soon as it arrives.
+constexpr size_t kMaxWaitKeys = size_t{1} << 20;
 
 enum class Op : uint8_t {
   // Requests, client to server.
@@ -33,7 +37,7 @@ enum class Op : uint8_t {
   kSet = 2,    // string key | value (rest)
   kGet = 3,    // u32 wait_ms | key (rest)
   kAdd = 4,    // i64 delta | key (rest)
-  kWait = 5,   // u32 wait_ms | u32 count | count x string key
+  kWait = 5,   // u32 wait_ms | u32 count (<= kMaxWaitKeys) | count x string key (non-empty)
   kErase = 6,  // key (rest)
   // Replies, server to client.
   kOk = 64,       // (empty): HELLO accepted, SET done
@@ -43,7 +47,7 @@ enum class Op : uint8_t {
   kMissing = 68,  // u32 count | count x string key: WAIT's keys still missing (none: all set)
   kBool = 69,     // u8 0 or 1: ERASE, whether the key existed
   kRefused = 70,  // reason (rest): HELLO refused ("token" or a version mismatch)
-  kFailed = 71,   // message (rest): a valid request that failed (ADD on a non-integer value)
+  kFailed = 71,   // message (rest): a request that failed (ADD on a non-integer, WAIT on "")
 };
 
 bool is_request(Op op);
@@ -79,7 +83,8 @@ ParseResult parse_frame(const uint8_t *data, size_t size);
 
 // Encoders. Each returns the complete frame, except the *_head ones, which return the frame
 // without its trailing value of value_size bytes (sent separately from the caller's memory).
-// Throw MNCL_ERR_INVALID_ARGUMENT if the frame would exceed kMaxFrameBytes.
+// Throw MNCL_ERR_INVALID_ARGUMENT if the frame would exceed kMaxFrameBytes (or name more than
+// kMaxWaitKeys keys).
 std::vector<uint8_t> encode_hello(std::string_view token);
 std::vector<uint8_t> encode_set_head(std::string_view key, size_t value_size);
 std::vector<uint8_t> encode_get(std::string_view key, uint32_t wait_ms);

@@ -646,6 +646,42 @@ TEST(Wire, MalformedBodiesAreRejected) {
   EXPECT_EQ(parse({0, 0, 0, 6, 2, 0, 0, 0, 9, 'k'}).status, wire::ParseStatus::kInvalid);
 }
 
+// A WAIT of empty keys costs the server dozens of bytes per 4 bytes of frame: the count is
+// capped, and checked as soon as it arrives, not after the keys (up to 1 GiB) were buffered.
+TEST(Wire, WaitKeyCountIsCheckedBeforeTheKeysArrive) {
+  // The start of a frame: length, opcode, then u32 fields.
+  const auto header = [](uint32_t length, uint8_t op, const std::vector<uint32_t> &fields) {
+    std::vector<uint8_t> bytes;
+    const auto put = [&](uint32_t v) {
+      for (int shift = 24; shift >= 0; shift -= 8) bytes.push_back(uint8_t(v >> shift));
+    };
+    put(length);
+    bytes.push_back(op);
+    for (const uint32_t v : fields) put(v);
+    return bytes;
+  };
+  const uint32_t over = wire::kMaxWaitKeys + 1;
+  // WAIT (wait_ms, count) and MISSING (count) naming one key too many, in a frame big enough.
+  for (const auto &bytes :
+       {header(1 + 8 + 4 * over, 5, {0, over}), header(1 + 4 + 4 * over, 68, {over})}) {
+    const auto result = parse(bytes);
+    EXPECT_EQ(result.status, wire::ParseStatus::kInvalid);
+    EXPECT_NE(result.error.find("keys"), std::string::npos) << result.error;
+  }
+  // A count its frame cannot hold (4 bytes a key at least) is refused just as early.
+  EXPECT_EQ(parse(header(1 + 8 + 4 * 9, 5, {0, 10})).status, wire::ParseStatus::kInvalid);
+  EXPECT_EQ(parse(header(1 + 8 + 4 * 10, 5, {0, 10})).status, wire::ParseStatus::kNeedMore);
+  // The limit itself is allowed; the encoders refuse more.
+  const std::vector<std::string> most(wire::kMaxWaitKeys, "k");
+  const auto frame = wire::encode_wait(most, 0);
+  const auto result = parse(frame);
+  ASSERT_EQ(result.status, wire::ParseStatus::kComplete);
+  EXPECT_EQ(result.message.keys.size(), wire::kMaxWaitKeys);
+  std::vector<std::string> too_many = most;
+  too_many.push_back("k");
+  error_of([&] { wire::encode_wait(too_many, 0); }, MNCL_ERR_INVALID_ARGUMENT);
+}
+
 TEST(Wire, EncodersRoundTrip) {
   // The parsed message points into the frame, so each frame is kept alive while it is checked.
   const std::vector<std::string> keys = {"a", "", "w/join/2"};
