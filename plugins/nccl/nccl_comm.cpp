@@ -427,6 +427,23 @@ std::shared_ptr<Pending> Comm::post(const mncl_coll_v1_t &coll) {
   return enqueue(coll, &must_wait);  // a host-buffer op has completed already
 }
 
+namespace {
+// Event queries on the application's thread, in thread-local capture mode for their duration:
+// in the default global mode, a query while any other thread captures a CUDA graph in global
+// mode is prohibited: it fails and invalidates that capture. The events queried here were
+// recorded outside any capture (as the watchdog's, which runs in that mode throughout).
+class ThreadLocalCaptureMode {
+ public:
+  ThreadLocalCaptureMode() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  ~ThreadLocalCaptureMode() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  ThreadLocalCaptureMode(const ThreadLocalCaptureMode &) = delete;
+  ThreadLocalCaptureMode &operator=(const ThreadLocalCaptureMode &) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeThreadLocal;
+};
+}  // namespace
+
 bool Comm::test(const Pending &op) {
   if (op.captured) {
     // Recorded into the caller's CUDA graph: it runs when the graph is launched, and completes
@@ -435,7 +452,11 @@ bool Comm::test(const Pending &op) {
     return true;
   }
   DeviceGuard guard(device_);
-  const cudaError_t q = cudaEventQuery(op.event);
+  cudaError_t q;
+  {
+    ThreadLocalCaptureMode mode;
+    q = cudaEventQuery(op.event);
+  }
   // Checked before success: an abort ends kernels early, so their events complete, but NCCL
   // promises nothing of the output of operations queued before an error.
   check_usable(op.what);
@@ -617,6 +638,7 @@ std::shared_ptr<Pending> Comm::enqueue(const mncl_coll_v1_t &coll, bool *must_wa
     // Ops on a stream finish in order: drop the finished ones at the front now and then, so
     // the watchdog's list stays short even at millions of calls per second.
     if (pending_.size() >= 64) {
+      ThreadLocalCaptureMode mode;
       size_t finished = 0;
       while (finished < pending_.size() &&
              cudaEventQuery(pending_[finished]->event) == cudaSuccess) {

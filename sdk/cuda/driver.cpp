@@ -48,6 +48,7 @@ struct Driver::Api {
   CUresult (*get_error_string)(CUresult, const char **);
   CUresult (*driver_get_version)(int *);
   CUresult (*stream_is_capturing)(CUstream, int *);  // optional: CUstreamCaptureStatus out
+  CUresult (*exchange_capture_mode)(int *);          // optional: CUstreamCaptureMode in/out
 };
 
 Driver &Driver::get() {
@@ -100,6 +101,8 @@ bool Driver::loaded() {
   resolve(api->driver_get_version, "cuDriverGetVersion");
   api->stream_is_capturing =
       reinterpret_cast<decltype(api->stream_is_capturing)>(dlsym(handle, "cuStreamIsCapturing"));
+  api->exchange_capture_mode = reinterpret_cast<decltype(api->exchange_capture_mode)>(
+      dlsym(handle, "cuThreadExchangeStreamCaptureMode"));
   if (!complete) {
     delete api;
     dlclose(handle);
@@ -217,7 +220,18 @@ bool Driver::capturing(void *stream) {
 }
 
 void Driver::synchronize(void *stream) {
-  check(api_.load()->stream_synchronize(static_cast<CUstream>(stream)), "cuStreamSynchronize");
+  const Api *api = api_.load();
+  // In thread-local capture mode for the call: in the default global mode, a synchronization
+  // while any other thread captures a CUDA graph in global mode is prohibited, fails, and
+  // invalidates that capture. This thread captures nothing here (staging refuses a capturing
+  // stream first), so thread-local mode lets the call through and leaves the capture alone.
+  constexpr int kThreadLocal = 1;  // CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+  int mode = kThreadLocal;
+  const bool exchanged =
+      api->exchange_capture_mode != nullptr && api->exchange_capture_mode(&mode) == kCudaSuccess;
+  const CUresult result = api->stream_synchronize(static_cast<CUstream>(stream));
+  if (exchanged) api->exchange_capture_mode(&mode);
+  check(result, "cuStreamSynchronize");
 }
 
 }  // namespace mncl::cuda

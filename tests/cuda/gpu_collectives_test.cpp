@@ -11,9 +11,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -434,6 +436,61 @@ TEST(Gpu, CollectivesInACudaGraphRunOnEveryLaunch) {
       mncl_allreduce(g_comm, after.ptr(), after.ptr(), n, MNCL_INT32, MNCL_SUM, nullptr));
   const auto ar = after.get();
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(ar[i], sum_over_ranks(i));
+}
+
+// Another thread captures a CUDA graph in global mode (touching no MNCL) while this one runs
+// ordinary collectives on its own stream, more than 64 (nccl then prunes its finished events)
+// and a non-blocking one it waits for: none of MNCL's event queries may invalidate that capture
+// (they once did: a query in global mode is prohibited while any thread captures).
+TEST(Gpu, CollectivesBesideAnotherThreadsCaptureLeaveItIntact) {
+  if (dead_peer_mode()) GTEST_SKIP();
+  const size_t n = 257;
+  int device = 0;
+  CUDA_OK(cudaGetDevice(&device));
+  cudaStream_t mine, theirs;
+  CUDA_OK(cudaStreamCreate(&mine));
+  CUDA_OK(cudaStreamCreate(&theirs));
+  Dev<int32_t> x(values<int32_t>(g_rank, n)), y(n);
+  CUDA_OK(cudaStreamSynchronize(mine));
+  MNCL_OK_OR_DIE(mncl_barrier(g_comm, nullptr));
+  std::mutex m;
+  std::condition_variable cv;
+  bool begun = false, finish = false;
+  cudaError_t begin = cudaErrorUnknown, end = cudaErrorUnknown;
+  std::thread capturer([&] {
+    cudaSetDevice(device);
+    begin = cudaStreamBeginCapture(theirs, cudaStreamCaptureModeGlobal);
+    std::unique_lock<std::mutex> lock(m);
+    begun = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return finish; });
+    cudaGraph_t graph = nullptr;
+    end = cudaStreamEndCapture(theirs, &graph);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+  });
+  {
+    std::unique_lock<std::mutex> lock(m);
+    cv.wait(lock, [&] { return begun; });
+  }
+  for (int i = 0; i < 70; ++i) {
+    MNCL_OK_OR_DIE(mncl_allreduce(g_comm, x.ptr(), y.ptr(), n, MNCL_INT32, MNCL_SUM, mine));
+  }
+  mncl_request_t r = nullptr;
+  MNCL_OK_OR_DIE(mncl_iallreduce(g_comm, x.ptr(), y.ptr(), n, MNCL_INT32, MNCL_SUM, mine, &r));
+  MNCL_OK_OR_DIE(mncl_wait(r, -1));
+  {
+    std::lock_guard<std::mutex> lock(m);
+    finish = true;
+  }
+  cv.notify_all();
+  capturer.join();
+  EXPECT_EQ(begin, cudaSuccess);
+  EXPECT_EQ(end, cudaSuccess) << "the other thread's capture was invalidated: "
+                              << cudaGetErrorString(end);
+  const auto got = y.get();
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], sum_over_ranks(i));
+  CUDA_OK(cudaStreamDestroy(mine));
+  CUDA_OK(cudaStreamDestroy(theirs));
 }
 
 // Batched point to point on device memory: a ring shift both ways in one mncl_sendrecv_batch,

@@ -210,6 +210,17 @@ FAKE_DRIVER CUresult cuStreamSynchronize(void *stream) {
   return fake_gpu::synchronize(static_cast<cudaStream_t>(stream)) ? kSuccess : kInvalidHandle;
 }
 
+// The calling thread's capture mode, shared with the runtime's
+// cudaThreadExchangeStreamCaptureMode as CUDA's is (CUstreamCaptureMode values are
+// cudaStreamCaptureMode's). Not potentially unsafe.
+FAKE_DRIVER CUresult cuThreadExchangeStreamCaptureMode(int *mode) {
+  if (mode == nullptr) return kInvalidValue;
+  auto m = static_cast<cudaStreamCaptureMode>(*mode);
+  if (cudaThreadExchangeStreamCaptureMode(&m) != cudaSuccess) return kInvalidValue;
+  *mode = static_cast<int>(m);
+  return kSuccess;
+}
+
 // The runtime's capture state of the stream (a cudaStream_t is the CUstream). Not potentially
 // unsafe: callers ask it during captures. status: a CUstreamCaptureStatus, whose values are
 // cudaStreamCaptureStatus's.
