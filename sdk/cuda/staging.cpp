@@ -104,6 +104,19 @@ void Staging::reserve(size_t bytes, void *context, int ordinal) {
              backend_.c_str());
 }
 
+namespace {
+// A copy failed after others were queued: they may still read or write the pinned buffer,
+// which goes back to the pool (and to another lane) when the call ends. Waits for them, best
+// effort: the copy's own error is the one to report.
+void settle_copies(Driver &driver, void *stream, bool queued) {
+  if (!queued) return;
+  try {
+    driver.synchronize(stream);
+  } catch (...) {
+  }
+}
+}  // namespace
+
 void Staging::run(const mncl_coll_v1_t &coll, const HostRun &host_run) {
   Driver &driver = Driver::get();
   std::vector<Slot> slots;
@@ -156,12 +169,17 @@ void Staging::run(const mncl_coll_v1_t &coll, const HostRun &host_run) {
     reserve(total, first.context, first.ordinal);
     char *pinned = static_cast<char *>(pinned_);
     bool copied = false;
-    for (const Slot &s : slots) {
-      host.set(s.index, pinned + s.offset);
-      if (s.in) {
-        driver.copy_d2h_async(pinned + s.offset, s.dev, s.bytes, stream);
-        copied = true;
+    try {
+      for (const Slot &s : slots) {
+        host.set(s.index, pinned + s.offset);
+        if (s.in) {
+          driver.copy_d2h_async(pinned + s.offset, s.dev, s.bytes, stream);
+          copied = true;
+        }
       }
+    } catch (...) {
+      settle_copies(driver, stream, copied);
+      throw;
     }
     // The host collective reads the copies: they must have landed.
     if (copied) driver.synchronize(stream);
@@ -171,10 +189,15 @@ void Staging::run(const mncl_coll_v1_t &coll, const HostRun &host_run) {
     Driver::Scope scope(driver, first.context, first.ordinal);
     char *pinned = static_cast<char *>(pinned_);
     bool copied = false;
-    for (const Slot &s : slots) {
-      if (!s.out) continue;
-      driver.copy_h2d_async(const_cast<char *>(s.dev), pinned + s.offset, s.bytes, stream);
-      copied = true;
+    try {
+      for (const Slot &s : slots) {
+        if (!s.out) continue;
+        driver.copy_h2d_async(const_cast<char *>(s.dev), pinned + s.offset, s.bytes, stream);
+        copied = true;
+      }
+    } catch (...) {
+      settle_copies(driver, stream, copied);
+      throw;
     }
     // The result is in device memory when the call returns, and the pinned buffer is free.
     if (copied) driver.synchronize(stream);

@@ -45,6 +45,7 @@ std::map<uintptr_t, Alloc> g_allocs;                 // by base address
 std::map<const void *, std::vector<Copy>> g_queues;  // pending copies per stream
 fake_cuda_counters_t g_counters{};
 std::string g_fail_next;
+int g_fail_skip = 0;  // calls of g_fail_next that still succeed first
 uintptr_t g_next_stream = 0x5000;
 thread_local std::vector<Ctx *> t_contexts;
 
@@ -81,7 +82,7 @@ void raw_copy(const Copy &c) {
 // Shared checks of the entry points: initialized, injected failure, current context.
 CUresult enter(const char *name, bool needs_context) {
   if (!g_initialized) return kNotInitialized;
-  if (!g_fail_next.empty() && g_fail_next == name) {
+  if (!g_fail_next.empty() && g_fail_next == name && g_fail_skip-- <= 0) {
     g_fail_next.clear();
     return kLaunchFailed;
   }
@@ -298,6 +299,11 @@ FAKE_EXPORT void fake_cuda_reset_counters(void) {
 }
 
 FAKE_EXPORT void fake_cuda_fail_next(const char *entry_point) {
+  fake_cuda_fail_after(entry_point, 0);
+}
+
+FAKE_EXPORT void fake_cuda_fail_after(const char *entry_point, int successes) {
   std::lock_guard<std::mutex> lock(g_mutex);
   g_fail_next = entry_point ? entry_point : "";
+  g_fail_skip = successes;
 }

@@ -47,6 +47,8 @@ void fake_cuda_reset_counters(void);
 /* The next call to the named entry point ("cuMemcpyDtoHAsync_v2") fails with
  * CUDA_ERROR_LAUNCH_FAILED (719). NULL clears it. */
 void fake_cuda_fail_next(const char *entry_point);
+/* The same after `successes` calls to it have succeeded. */
+void fake_cuda_fail_after(const char *entry_point, int successes);
 
 #ifdef __cplusplus
 }

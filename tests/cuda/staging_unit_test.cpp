@@ -38,6 +38,7 @@ struct Fake {
   void (*counters)(fake_cuda_counters_t *) = nullptr;
   void (*reset)() = nullptr;
   void (*fail_next)(const char *) = nullptr;
+  void (*fail_after)(const char *, int) = nullptr;
 
   void load() {
     const char *path = std::getenv("MNCL_CUDA_LIBRARY");
@@ -57,6 +58,7 @@ struct Fake {
     sym(counters, "fake_cuda_get_counters");
     sym(reset, "fake_cuda_reset_counters");
     sym(fail_next, "fake_cuda_fail_next");
+    sym(fail_after, "fake_cuda_fail_after");
   }
   fake_cuda_counters_t get() const {
     fake_cuda_counters_t c{};
@@ -350,6 +352,30 @@ TEST_F(StagingTest, CudaFailureIsAnErrorNamingTheCall) {
     EXPECT_NE(std::string(e.what()).find("CUDA_ERROR_LAUNCH_FAILED"), std::string::npos);
   }
   EXPECT_FALSE(ran);
+}
+
+// A copy that fails after others were queued: they are waited for before the error goes up,
+// since the pinned buffer they read or write goes back to the pool (and to another lane) then.
+TEST_F(StagingTest, CopiesQueuedBeforeAFailedOneAreWaitedFor) {
+  Staging staging(0, 1, "test");
+  DevInts a(10), b(10);
+  const void *sends[2] = {a.ptr, b.ptr};
+  void *recvs[2] = {a.ptr, b.ptr};
+  const size_t counts[2] = {10, 10};
+  mncl_coll_v1_t c = coll(MNCL_COLL_ALLREDUCE_COALESCED, nullptr, nullptr, 0);
+  c.sendbufs = sends;
+  c.recvbufs = recvs;
+  c.counts = counts;
+  c.nbufs = 2;
+  for (const char *copy : {"cuMemcpyDtoHAsync_v2", "cuMemcpyHtoDAsync_v2"}) {
+    SCOPED_TRACE(copy);
+    g_fake.reset();
+    g_fake.fail_after(copy, 1);  // the second copy of that kind fails
+    EXPECT_THROW(staging.run(c, [](const mncl_coll_v1_t &) {}), mncl::Error);
+    // Every copy in (and, for a failure on the way out, every one out) was followed by a sync.
+    const bool out = std::string(copy) == "cuMemcpyHtoDAsync_v2";
+    EXPECT_EQ(g_fake.get().syncs, out ? 2u : 1u) << "the queued copy was not waited for";
+  }
 }
 
 TEST_F(StagingTest, BackendFailurePropagatesUnchanged) {
