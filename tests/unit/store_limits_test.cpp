@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "../common/expect_error.h"
 #include "bootstrap/net.h"
 #include "bootstrap/tcp_store.h"
 #include "bootstrap/wire.h"
@@ -32,6 +33,7 @@ namespace mncl::bootstrap {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using mncl::testing::error_of;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
@@ -39,19 +41,6 @@ WaitOptions wait_for(milliseconds timeout) {
   WaitOptions opts;
   opts.timeout = timeout;
   return opts;
-}
-
-// Runs f, expecting mncl::Error with status; returns its message.
-template <typename F>
-std::string error_of(F &&f, mncl_status_t status) {
-  try {
-    f();
-  } catch (const Error &e) {
-    EXPECT_EQ(status_name(e.status()), std::string(status_name(status))) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an mncl::Error " << status_name(status);
-  return "";
 }
 
 // A plain blocking connection to 127.0.0.1:port; invalid if connecting failed.

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "../common/expect_error.h"
 #include "bootstrap/file_store.h"
 #include "bootstrap/net.h"
 #include "bootstrap/tcp_store.h"
@@ -33,6 +34,7 @@ namespace mncl::bootstrap {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using mncl::testing::error_of;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
@@ -52,19 +54,6 @@ std::string text_of(const Bytes &bytes) {
 
 void set_text(Store &store, const std::string &key, const std::string &value) {
   store.set(key, value.data(), value.size());
-}
-
-// Runs f, expecting mncl::Error with status; returns its message.
-template <typename F>
-std::string error_of(F &&f, mncl_status_t status) {
-  try {
-    f();
-  } catch (const Error &e) {
-    EXPECT_EQ(status_name(e.status()), std::string(status_name(status))) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an mncl::Error " << status_name(status);
-  return "";
 }
 
 // A port nothing listens on right now (bound to 0, then released).
