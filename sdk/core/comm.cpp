@@ -228,6 +228,22 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
   // Round 1, joining: every rank's host and pid. Grouping by host gives the local rank and
   // size (when the launcher did not) and the number of hosts, which the backend rules need.
   const std::string host = hostname();
+  // Two processes given one rank (a launcher's variable left in the shell, one MNCL_RANK for
+  // all) would both wait for the rank no one took: the second to claim it fails at once, and
+  // leaves a note that the others' join timeout quotes.
+  const std::string rank_words =
+      format("rank %d (from %s)", settings.rank, settings.rank_origin.c_str());
+  const std::string claim =
+      format("%s a second time: %s pid %d", rank_words.c_str(), host.c_str(), ::getpid());
+  if (comm->comm_store_->add("claim/" + std::to_string(settings.rank), 1) > 1) {
+    comm->comm_store_->set("claim/twice", claim.data(), claim.size());
+    throw Error(MNCL_ERR_BOOTSTRAP,
+                format("mncl_comm_create: %s is another process's already (this is %s pid %d): "
+                       "the launcher's variables give two processes one rank (or the store %s "
+                       "holds the keys of an earlier job that did not end)",
+                       rank_words.c_str(), host.c_str(), ::getpid(),
+                       comm->comm_store_->describe().c_str()));
+  }
   std::vector<std::string> joins;
   std::vector<int> absent;
   try {
@@ -235,8 +251,20 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
                      host + "\n" + std::to_string(::getpid()), settings.timeout_ms, &comm->aborted_,
                      "mncl_comm_create", &absent);
   } catch (const Error &e) {
-    if (e.status() == MNCL_ERR_TIMEOUT) comm->leave_after_failed_join(absent);
-    throw;
+    if (e.status() != MNCL_ERR_TIMEOUT) throw;
+    std::string twice;
+    try {
+      if (comm->comm_store_->wait({"claim/twice"}, wait_options(0, nullptr)).empty()) {
+        twice = bytes_to_string(comm->comm_store_->get("claim/twice", wait_options(0, nullptr)));
+      }
+    } catch (const Error &) {
+      // The store is gone too: the timeout says enough.
+    }
+    comm->leave_after_failed_join(absent);
+    if (twice.empty()) throw;
+    throw Error(MNCL_ERR_TIMEOUT, format("%s; a process claimed %s; check the launcher's rank "
+                                         "variables",
+                                         e.what(), twice.c_str()));
   }
   comm->joined_ = true;
   for (const auto &join : joins) {
@@ -1434,6 +1462,7 @@ void Comm::destroy() {
         for (int r = 0; r < size_; ++r) {
           leave.push_back("leave/" + std::to_string(r));
           cleanup.push_back("join/" + std::to_string(r));
+          cleanup.push_back("claim/" + std::to_string(r));
           cleanup.push_back(diag_key(r));
           if (r == 0) cleanup.push_back(diag_read_key());
           cleanup.push_back("choice/" + std::to_string(r));

@@ -26,6 +26,27 @@ std::optional<int64_t> first_int(std::initializer_list<const char *> names, int6
   return std::nullopt;
 }
 
+// The rank and size variables of each launcher, in the order they are looked at.
+struct LauncherVar {
+  const char *launcher;
+  const char *rank;
+  const char *size;
+};
+constexpr LauncherVar kLauncherVars[] = {
+    {"torchrun", "RANK", "WORLD_SIZE"},
+    {"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+    {"PMI", "PMI_RANK", "PMI_SIZE"},
+    {"Slurm", "SLURM_PROCID", "SLURM_NTASKS"},
+};
+
+// The first launcher whose `field` variable is set (validated as an integer >= lo).
+const LauncherVar *first_launcher_var(const char *LauncherVar::*field, int64_t lo) {
+  for (const LauncherVar &vars : kLauncherVars) {
+    if (env::get_int(vars.*field, lo, kMaxRanks)) return &vars;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 mncl_config_t read_user_config(const mncl_config_t *user) {
@@ -75,28 +96,48 @@ LaunchSettings resolve_launch_settings(const mncl_config_t &config) {
   s.launched_by_mpi =
       env::raw("OMPI_COMM_WORLD_SIZE") || env::raw("PMI_SIZE") || env::raw("PMIX_RANK");
 
-  // Size first, so the rank can be range-checked against it.
+  // Size first, so the rank can be range-checked against it. MNCL_RANK/MNCL_SIZE (and the
+  // config) are the user's own and combine with anything; a launcher's pair must come from
+  // one launcher: a RANK left in the shell by torchrun under mpirun gave every process the same
+  // rank, and the job waited out its timeout at the join.
+  const LauncherVar *size_from = nullptr, *rank_from = nullptr;
   if (config.size != MNCL_FROM_ENV) {
     MNCL_CHECK(config.size >= 1, MNCL_ERR_INVALID_ARGUMENT,
                "config->size is %d; it must be >= 1 (or -1 for the environment)", config.size);
     s.size = config.size;
+  } else if (auto size = env::get_int("MNCL_SIZE", 1, kMaxRanks)) {
+    s.size = static_cast<int>(*size);
   } else {
-    s.size = static_cast<int>(
-        first_int({"MNCL_SIZE", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"},
-                  1, kMaxRanks)
-            .value_or(1));
+    size_from = first_launcher_var(&LauncherVar::size, 1);
+    s.size = size_from ? static_cast<int>(*env::get_int(size_from->size, 1, kMaxRanks)) : 1;
   }
   if (config.rank != MNCL_FROM_ENV) {
     s.rank = config.rank;
+  } else if (auto rank = env::get_int("MNCL_RANK", 0, kMaxRanks)) {
+    s.rank = static_cast<int>(*rank);
   } else {
-    s.rank = static_cast<int>(
-        first_int({"MNCL_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}, 0,
-                  kMaxRanks)
-            .value_or(0));
+    rank_from = first_launcher_var(&LauncherVar::rank, 0);
+    s.rank = rank_from ? static_cast<int>(*env::get_int(rank_from->rank, 0, kMaxRanks)) : 0;
   }
+  if (size_from && rank_from && size_from != rank_from) {
+    throw Error(MNCL_ERR_INVALID_ARGUMENT,
+                format("the rank comes from %s=%d (%s) but the number of ranks from %s=%d "
+                       "(%s): one of them is left over from another launch; unset it, or set "
+                       "MNCL_RANK and MNCL_SIZE",
+                       rank_from->rank, s.rank, rank_from->launcher, size_from->size, s.size,
+                       size_from->launcher));
+  }
+  s.rank_origin = config.rank != MNCL_FROM_ENV ? "config->rank"
+                  : rank_from                  ? rank_from->rank
+                  : env::get("MNCL_RANK")      ? "MNCL_RANK"
+                                               : "the default";
+  const char *size_origin = config.size != MNCL_FROM_ENV ? "config->size"
+                            : size_from                  ? size_from->size
+                            : env::get("MNCL_SIZE")      ? "MNCL_SIZE"
+                                                         : "the default";
   MNCL_CHECK(s.rank >= 0 && s.rank < s.size, MNCL_ERR_INVALID_ARGUMENT,
-             "rank %d is out of range for %d ranks (check MNCL_RANK/MNCL_SIZE or the config)",
-             s.rank, s.size);
+             "rank %d (from %s) is out of range for %d ranks (from %s)", s.rank,
+             s.rank_origin.c_str(), s.size, size_origin);
 
   s.local_rank = static_cast<int>(
       first_int({"MNCL_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"}, 0,

@@ -19,7 +19,8 @@ struct LaunchSettings {
   std::string bind = "auto";    // MNCL_BIND: none, numa, core or auto (validated)
   int rank = 0;
   int size = 1;
-  int local_rank = -1;  // -1: derive from hostnames
+  std::string rank_origin = "the default";  // "MNCL_RANK", "RANK", "config->rank"... (messages)
+  int local_rank = -1;                      // -1: derive from hostnames
   int local_size = -1;
   std::string store_url;              // empty: in-process store (only for size 1)
   bool store_is_private_dir = false;  // a file store folder MNCL made up (removed at the end)

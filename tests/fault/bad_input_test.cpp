@@ -409,6 +409,28 @@ int main() {
   setenv("MNCL_LOCAL_SIZE", "2", 1);  // a local rank past the local size picks no real GPU
   check_env("MNCL_LOCAL_RANK", "2");
   unsetenv("MNCL_LOCAL_SIZE");
+  {
+    // The rank and the size from different launchers: a RANK left over from torchrun under
+    // mpirun gave every rank the same number. MNCL_SIZE is the user's and would hide it.
+    unsetenv("MNCL_SIZE");
+    setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+    setenv("RANK", "1", 1);
+    mncl_comm_t c = nullptr;
+    check(
+        "mncl_comm_create with RANK (torchrun) and OMPI_COMM_WORLD_SIZE (Open MPI)",
+        MNCL_ERR_INVALID_ARGUMENT, [&] { return mncl_comm_create(nullptr, &c); }, "left over");
+    if (c) mncl_comm_destroy(c);
+    // One launcher's pair wins whatever another left behind.
+    setenv("RANK", "0", 1);
+    setenv("WORLD_SIZE", "1", 1);
+    expect_ok("mncl_comm_create with RANK/WORLD_SIZE beside a stale OMPI_COMM_WORLD_SIZE", [&] {
+      const mncl_status_t st = mncl_comm_create(nullptr, &c);
+      if (st == MNCL_OK) mncl_comm_destroy(c);
+      return st;
+    });
+    for (const char *v : {"OMPI_COMM_WORLD_SIZE", "RANK", "WORLD_SIZE"}) unsetenv(v);
+    setenv("MNCL_SIZE", "1", 1);
+  }
   check_env("MNCL_DEVICE", "-9");
   check_env("MNCL_DEVICE", "gpu0");
   check_env("MNCL_DEBUG_CHECKS", "yes");

@@ -14,7 +14,7 @@
 // in the run's folder (mpirun passes no descriptors on), and mpirun's exit ends the wait.
 //
 //   fault_test killed|stalled|late|mismatch|abort|abort_destroy|recovery|watchdog|store_bind|
-//              store_token
+//              store_token|duplicate_rank
 //              [--backend B] [--ranks N] [--timeout S] [--runs N] [--debug-checks 0|1]
 //              [--case
 //              allreduce_vs_bcast|count|dtype|root|allgatherv|alltoallv|gatherv|scatterv|
@@ -576,6 +576,7 @@ int worker_main() {
   // Under mpirun every rank gets the same environment: the rank is mpirun's.
   w.rank = env_int("MNCL_RANK", env_int("OMPI_COMM_WORLD_RANK", -1));
   w.size = env_int("MNCL_SIZE", env_int("OMPI_COMM_WORLD_SIZE", 0));
+  w.rank = env_int("FAULT_REPORT_AS", w.rank);  // duplicate_rank: two processes of one rank
   w.fd = env_int("FAULT_RESULT_FD", -1);
   if (const std::string fifo = env_or("FAULT_RESULT_FIFO", ""); w.fd < 0 && !fifo.empty()) {
     w.fd = open(fifo.c_str(), O_WRONLY | O_CLOEXEC);  // the driver holds the read end open
@@ -591,7 +592,9 @@ int worker_main() {
   if (w.scenario == "abort") return worker_abort(w);
   if (w.scenario == "abort_destroy") return worker_abort_destroy(w);
   if (w.scenario == "watchdog") return worker_watchdog(w);
-  if (w.scenario == "store_bind" || w.scenario == "store_token") return worker_store(w);
+  if (w.scenario == "store_bind" || w.scenario == "store_token" || w.scenario == "duplicate_rank") {
+    return worker_store(w);
+  }
   std::fprintf(stderr, "worker: unknown scenario '%s'\n", w.scenario.c_str());
   return 2;
 }
@@ -1275,6 +1278,53 @@ int drive_store_token(const Options &o) {
                 fmt("%d/2 bad tokens refused (%s)", refused, detail.c_str()));
 }
 
+// Two processes given rank 1 of 3 (and none rank 2), on each kind of store: the second to
+// claim it fails at once with MNCL_ERR_BOOTSTRAP naming the rank; the others time out at the
+// join, and their message says that a rank was claimed twice.
+int drive_duplicate_rank(const Options &o) {
+  Options three = o;
+  three.backend = "naive";
+  const std::string name = "fault.duplicate_rank";
+  char tmpl[] = "/tmp/mncl-dup-store-XXXXXX";
+  if (!mkdtemp(tmpl)) return report(name, three, false, "mkdtemp failed");
+  int passed = 0;
+  std::string detail;
+  for (const std::string &store : {std::string(), "file://" + std::string(tmpl)}) {
+    std::map<std::string, std::string> env;
+    if (!store.empty()) env["MNCL_STORE"] = store;
+    Job job(three, 3, env, [](int r, std::map<std::string, std::string> &e) {
+      if (r == 2) {
+        e["MNCL_RANK"] = "1";
+        e["FAULT_REPORT_AS"] = "2";
+      }
+    });
+    job.results_from({0, 1, 2}, 60 + 2 * three.timeout_s);
+    int refused = 0, told = 0;
+    for (int r : {0, 1, 2}) {
+      auto it = job.results().find(r);
+      if (it == job.results().end()) continue;
+      const std::string m = job.message(r);
+      if (r > 0 && it->second.status == MNCL_ERR_BOOTSTRAP &&
+          m.find("rank 1 (from MNCL_RANK) is another process's already") != std::string::npos) {
+        ++refused;
+      } else if (it->second.status == MNCL_ERR_TIMEOUT &&
+                 m.find("a process claimed rank 1 (from MNCL_RANK) a second time") !=
+                     std::string::npos) {
+        ++told;
+      } else {
+        std::fprintf(stderr, "%s: process %d: %s: %s\n", name.c_str(), r,
+                     status_name(it->second.status), m.c_str());
+      }
+    }
+    const bool ok = refused == 1 && told == 2;
+    passed += ok;
+    detail += fmt("%s%s store: %d refused at once, %d timed out naming the claim",
+                  detail.empty() ? "" : "; ", store.empty() ? "tcp" : "file", refused, told);
+  }
+  std::filesystem::remove_all(tmpl);
+  return report(name, three, passed == 2, detail);
+}
+
 std::vector<std::string> split_list(const std::string &s) {
   std::vector<std::string> out;
   std::stringstream in(s);
@@ -1344,6 +1394,7 @@ int main(int argc, char **argv) {
   if (o.scenario == "watchdog") return drive_watchdog(o);
   if (o.scenario == "store_bind") return drive_store_bind(o);
   if (o.scenario == "store_token") return drive_store_token(o);
+  if (o.scenario == "duplicate_rank") return drive_duplicate_rank(o);
   std::fprintf(stderr, "unknown scenario '%s'\n", o.scenario.c_str());
   return 2;
 }
