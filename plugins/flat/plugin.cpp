@@ -2,12 +2,13 @@
 // communicator over all processes, many small allreduces packed into one (ChainerMN's "flat").
 //
 // Environment (read once at init through the core, which logs it):
-//   MNCL_FLAT_BOUNDED  0 (default): blocking calls are MPI's blocking collectives, the fastest,
-//                      but MPI has no timeout and cannot be interrupted by mncl_comm_abort.
-//                      1: blocking calls run on MPI's non-blocking collectives, polled, so the
-//                      communicator's timeout and mncl_comm_abort end them, and every
-//                      collective exchanges a fingerprint of the call next to its data, so
-//                      mismatched calls fail (slower, mostly for small messages).
+//   MNCL_FLAT_BOUNDED  1 (default): blocking calls run on MPI's non-blocking collectives,
+//                      polled, so the communicator's timeout and mncl_comm_abort end them, and
+//                      every collective exchanges a fingerprint of the call next to its data,
+//                      so mismatched calls fail (slower for small messages).
+//                      0: blocking calls are MPI's blocking collectives, the fastest, but MPI
+//                      has no timeout, cannot be interrupted by mncl_comm_abort, and returns
+//                      wrong values for mismatched calls.
 #include <mncl/mncl_plugin.h>
 
 #include <cstring>
@@ -66,7 +67,9 @@ mncl_status_t flat_init(const mncl_host_v1_t *host) {
   int major = 0, minor = 0;
   MPI_Get_version(&major, &minor);  // callable before MPI_Init
   MNCL_KIT_LOG(host, MNCL_LOG_INFO, "flat 0.1.0 on MPI %d.%d%s", major, minor,
-               g_options.bounded ? ", bounded blocking calls (MNCL_FLAT_BOUNDED=1)" : "");
+               g_options.bounded ? ""
+                                 : ", unbounded blocking calls (MNCL_FLAT_BOUNDED=0): no "
+                                   "timeout, no abort, no mismatch check");
   // MPI itself is initialized by the first comm_create: auto-selection loads every plugin,
   // and a job that picks another backend must not pay for (or be broken by) MPI_Init.
   return MNCL_OK;
