@@ -38,6 +38,13 @@ const topology::Summary &machine_summary() {
   return machine ? machine->summary() : unknown;
 }
 
+// What decides whether the core runs a call natively or through a fallback (agreement.h).
+std::string build_of(const loader::Plugin &plugin) {
+  const auto &t = plugin.table();
+  return format("plugin ABI v%u, collectives 0x%x, dtypes 0x%x, ops 0x%x", plugin.abi_version(),
+                t.coll_mask, t.dtype_mask, t.op_mask);
+}
+
 }  // namespace
 
 mncl_probe_v1_t probe_info(const LaunchSettings &settings, int local_size, int num_hosts) {
@@ -113,7 +120,11 @@ Selection select_backend(const LaunchSettings &settings, const mncl_probe_v1_t &
                             !forced ? std::string("auto")
                             : cuda  ? "MNCL_BACKEND_CUDA=" + settings.backend_cuda
                                     : "MNCL_BACKEND_HOST=" + settings.backend_host,
-                            decision.ranked};
+                            decision.ranked,
+                            {}};
+        for (const auto &plugin : loaded) {
+          selection.choice.builds[plugin->name()] = build_of(*plugin);
+        }
         return selection;
       }
       failures += "\n  auto: " + decision.reason;
@@ -127,7 +138,8 @@ Selection select_backend(const LaunchSettings &settings, const mncl_probe_v1_t &
         selection.plugin = plugin;
         selection.why = format("requested '%s' (probe score %d)", candidate.c_str(), p.score);
         selection.choice = {
-            plugin->name(), true, settings.backend_origin + "=" + spec, {plugin->name()}};
+            plugin->name(), true, settings.backend_origin + "=" + spec, {plugin->name()}, {}};
+        selection.choice.builds[plugin->name()] = build_of(*plugin);
         return selection;
       }
       failures += format("\n  %s: unusable here: %s", candidate.c_str(), p.reason.c_str());

@@ -12,7 +12,7 @@ namespace mncl::topology {
 
 namespace {
 
-constexpr const char *kMagic = "mncl-choice-v1";
+constexpr const char *kMagic = "mncl-choice-v2";
 
 // "1, 3 and 4", or "0-7" for runs, for messages.
 std::string rank_list(const std::vector<int> &ranks) {
@@ -50,6 +50,7 @@ std::string serialize(const RankChoice &c) {
   std::string out =
       std::string(kMagic) + "\n" + c.backend + "\n" + (c.forced ? "1" : "0") + "\n" + c.how + "\n";
   for (const auto &name : c.ranked) out += name + "\n";
+  for (const auto &[name, build] : c.builds) out += "@" + name + "\t" + build + "\n";
   return out;
 }
 
@@ -63,13 +64,51 @@ RankChoice parse_choice(const std::string &record) {
              MNCL_ERR_BOOTSTRAP, "malformed backend choice record from another rank ('%.40s')",
              record.c_str());
   c.forced = forced == "1";
-  for (std::string name; std::getline(in, name);) {
-    if (!name.empty()) c.ranked.push_back(name);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    if (line[0] != '@') {
+      c.ranked.push_back(line);
+      continue;
+    }
+    const size_t tab = line.find('\t');
+    MNCL_CHECK(tab != std::string::npos, MNCL_ERR_BOOTSTRAP,
+               "malformed plugin build in another rank's backend choice ('%.40s')", line.c_str());
+    c.builds[line.substr(1, tab - 1)] = line.substr(tab + 1);
   }
   return c;
 }
 
+namespace {
+
+// Every rank that says which build of `backend` it loaded must have loaded the same one.
+std::string builds_differ(const std::vector<RankChoice> &ranks, const std::string &backend) {
+  std::map<std::string, std::vector<int>> groups;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const auto it = ranks[r].builds.find(backend);
+    if (it != ranks[r].builds.end()) groups[it->second].push_back(static_cast<int>(r));
+  }
+  if (groups.size() <= 1) return "";
+  std::string out = format(
+      "ranks loaded different builds of the %s plugin, which run some calls differently "
+      "(every rank must load the same libmncl-%s.so with the same MNCL_PLUGIN_ABI_MAX):",
+      backend.c_str(), backend.c_str());
+  for (const auto &[build, members] : groups) {
+    out += format("\n  %s: %s", build.c_str(), rank_list(members).c_str());
+  }
+  return out;
+}
+
+}  // namespace
+
 Agreement agree(const std::vector<RankChoice> &ranks) {
+  Agreement a = agree_on_name(ranks);
+  if (a.backend.empty()) return a;
+  a.error = builds_differ(ranks, a.backend);
+  if (!a.error.empty()) a.backend.clear();
+  return a;
+}
+
+Agreement agree_on_name(const std::vector<RankChoice> &ranks) {
   Agreement a;
   if (ranks.empty()) {
     a.error = "no rank published a backend choice";

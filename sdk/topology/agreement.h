@@ -13,6 +13,7 @@
 //                                               name); none common -> error listing each rank.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,11 @@ struct RankChoice {
   bool forced = false;              // chosen by the user, not by the rules
   std::string how;                  // "auto", "MNCL_BACKEND=naive", "MNCL_BACKEND_HOST=gloo"
   std::vector<std::string> ranked;  // usable backends, most preferred first (auto only)
+  // The build of each backend in `ranked` this rank loaded: "plugin ABI v5, collectives 0x..,
+  // dtypes 0x.., ops 0x..". The core runs a call natively or through a fallback by these, so
+  // ranks that loaded different builds (another libmncl-<name>.so, MNCL_PLUGIN_ABI_MAX) would
+  // run one call two ways and wait on each other until the timeout.
+  std::map<std::string, std::string> builds;
 };
 
 // A text record for the store, and back. parse() throws mncl::Error(MNCL_ERR_BOOTSTRAP) on a
@@ -36,6 +42,9 @@ struct Agreement {
   std::string error;    // why they could not, naming each rank's choice
 };
 
+// The backend every rank runs, and the same build of it everywhere.
 Agreement agree(const std::vector<RankChoice> &ranks);
+// The name alone (agree() without the builds' check).
+Agreement agree_on_name(const std::vector<RankChoice> &ranks);
 
 }  // namespace mncl::topology

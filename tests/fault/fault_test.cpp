@@ -14,7 +14,7 @@
 // in the run's folder (mpirun passes no descriptors on), and mpirun's exit ends the wait.
 //
 //   fault_test killed|stalled|late|mismatch|abort|abort_destroy|recovery|watchdog|store_bind|
-//              store_token|duplicate_rank
+//              store_token|duplicate_rank|plugin_builds
 //              [--backend B] [--ranks N] [--timeout S] [--runs N] [--debug-checks 0|1]
 //              [--case
 //              allreduce_vs_bcast|count|dtype|root|allgatherv|alltoallv|gatherv|scatterv|
@@ -592,7 +592,8 @@ int worker_main() {
   if (w.scenario == "abort") return worker_abort(w);
   if (w.scenario == "abort_destroy") return worker_abort_destroy(w);
   if (w.scenario == "watchdog") return worker_watchdog(w);
-  if (w.scenario == "store_bind" || w.scenario == "store_token" || w.scenario == "duplicate_rank") {
+  if (w.scenario == "store_bind" || w.scenario == "store_token" ||
+      w.scenario == "duplicate_rank" || w.scenario == "plugin_builds") {
     return worker_store(w);
   }
   std::fprintf(stderr, "worker: unknown scenario '%s'\n", w.scenario.c_str());
@@ -1325,6 +1326,41 @@ int drive_duplicate_rank(const Options &o) {
   return report(name, three, passed == 2, detail);
 }
 
+// One rank runs the backend as a plugin of ABI v4 (MNCL_PLUGIN_ABI_MAX=4), the others as v5:
+// the first would run gatherv as the core's alltoallv, the others natively, and each would
+// wait for the other's messages. Every rank fails mncl_comm_create, naming both builds.
+int drive_plugin_builds(const Options &o) {
+  const std::string name = test_name(o, "plugin_builds");
+  Job job(o, o.ranks, {}, [](int r, std::map<std::string, std::string> &e) {
+    if (r == 1) e["MNCL_PLUGIN_ABI_MAX"] = "4";
+  });
+  std::vector<int> all = survivors(o.ranks, -1);
+  job.results_from(all, 60 + o.timeout_s);
+  int refused = 0;
+  for (int r : all) {
+    auto it = job.results().find(r);
+    const std::string m = job.message(r);
+    if (it != job.results().end() && it->second.status == MNCL_ERR_PLUGIN &&
+        m.find("different builds of the " + o.backend + " plugin") != std::string::npos &&
+        m.find("plugin ABI v4") != std::string::npos && m.find("rank 1") != std::string::npos) {
+      ++refused;
+    } else {
+      std::fprintf(stderr, "%s: rank %d: %s\n", name.c_str(), r, m.c_str());
+    }
+  }
+  // The same job with the same build everywhere is created.
+  Job same(o, o.ranks, {{"MNCL_PLUGIN_ABI_MAX", "4"}});
+  same.results_from(all, 60 + o.timeout_s);
+  int created = 0;
+  for (int r : all) {
+    created += same.results().count(r) && same.results().at(r).status == MNCL_OK;
+  }
+  return report(name, o, refused == o.ranks && created == o.ranks,
+                fmt("%d/%d ranks refused at create naming both builds; %d/%d created with one "
+                    "build everywhere",
+                    refused, o.ranks, created, o.ranks));
+}
+
 std::vector<std::string> split_list(const std::string &s) {
   std::vector<std::string> out;
   std::stringstream in(s);
@@ -1395,6 +1431,7 @@ int main(int argc, char **argv) {
   if (o.scenario == "store_bind") return drive_store_bind(o);
   if (o.scenario == "store_token") return drive_store_token(o);
   if (o.scenario == "duplicate_rank") return drive_duplicate_rank(o);
+  if (o.scenario == "plugin_builds") return drive_plugin_builds(o);
   std::fprintf(stderr, "unknown scenario '%s'\n", o.scenario.c_str());
   return 2;
 }

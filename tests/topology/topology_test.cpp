@@ -662,10 +662,14 @@ TEST(Binding, NeverAppliedFromAForeignTopology) {
 
 namespace {
 topo::RankChoice auto_choice(std::vector<std::string> ranked) {
-  return topo::RankChoice{ranked.front(), false, "auto", ranked};
+  return topo::RankChoice{ranked.front(), false, "auto", ranked, {}};
 }
 topo::RankChoice forced(const std::string &backend, const std::string &how) {
-  return topo::RankChoice{backend, true, how, {backend}};
+  return topo::RankChoice{backend, true, how, {backend}, {}};
+}
+topo::RankChoice with_builds(topo::RankChoice c, std::map<std::string, std::string> builds) {
+  c.builds = std::move(builds);
+  return c;
 }
 }  // namespace
 
@@ -680,6 +684,31 @@ TEST(Agreement, RecordsRoundTrip) {
   EXPECT_TRUE(f.forced);
   EXPECT_EQ(f.how, "MNCL_BACKEND=naive");
   EXPECT_THROW(topo::parse_choice("ok\ngloo\n"), mncl::Error);
+  const auto b = topo::parse_choice(topo::serialize(
+      with_builds(c, {{"nccl", "plugin ABI v5, collectives 0x3fff"}, {"gloo", "v4 x"}})));
+  EXPECT_EQ(b.ranked, c.ranked);
+  EXPECT_EQ(b.builds.size(), 2u);
+  EXPECT_EQ(b.builds.at("nccl"), "plugin ABI v5, collectives 0x3fff");
+  EXPECT_EQ(b.builds.at("gloo"), "v4 x");
+}
+
+// A rank that loaded another build of the agreed backend (an older .so on one host,
+// MNCL_PLUGIN_ABI_MAX on one rank) would run some calls natively where the others run the
+// core's fallback, and both sides would wait for messages that never come.
+TEST(Agreement, DifferentBuildsOfTheAgreedBackendFailEveryRankNamingEach) {
+  const std::map<std::string, std::string> v5 = {{"gloo", "plugin ABI v5"}, {"naive", "n1"}};
+  const auto gloo = auto_choice({"gloo", "naive"});
+  const auto a = topo::agree({with_builds(gloo, v5), with_builds(gloo, v5),
+                              with_builds(gloo, {{"gloo", "plugin ABI v4"}, {"naive", "n1"}})});
+  EXPECT_EQ(a.backend, "");
+  EXPECT_CONTAINS(a.error, "different builds of the gloo plugin");
+  EXPECT_CONTAINS(a.error, "plugin ABI v5: ranks 0 and 1");
+  EXPECT_CONTAINS(a.error, "plugin ABI v4: rank 2");
+  // Another backend's builds may differ: it is not the one that runs.
+  const auto b = topo::agree({with_builds(gloo, v5),
+                              with_builds(gloo, {{"gloo", "plugin ABI v5"}, {"naive", "n2"}})});
+  EXPECT_EQ(b.backend, "gloo");
+  EXPECT_TRUE(b.error.empty()) << b.error;
 }
 
 TEST(Agreement, UnanimousChoiceStands) {
