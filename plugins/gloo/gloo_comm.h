@@ -20,7 +20,8 @@
 //   gatherv / scatterv  unbound buffers between the root and each other rank only: per block
 //                   its count (slot 0x43) and its elements (slot 0x44, the tag mixed with the
 //                   count), posted together; the receiver checks the count (MNCL_ERR_REMOTE
-//                   naming both), and a block of another count never lands
+//                   naming both), and a block of another count never lands (its count is
+//                   in the elements' slot: two counts share one with probability 2^-32)
 // Collective tags are the low 32 bits of coll->seq xor a 32-bit digest of the call (kind,
 // dtype, op, count, root; allgatherv: all of recvcounts instead of the count;
 // allreduce_coalesced: the total and a digest of nbufs and counts; alltoallv: no
