@@ -94,10 +94,6 @@ TcpStore::TcpStore(const std::string &host, uint16_t port, const std::string &to
     MNCL_CHECK(Clock::now() < deadline, MNCL_ERR_BOOTSTRAP,
                "the store at %s kept closing the connection during the handshake for %.1f s",
                url_.c_str(), seconds(opts.timeout));
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      broken_.clear();
-    }
     std::this_thread::sleep_for(backoff);
   }
   MNCL_INFO("connected to the store at %s", url_.c_str());
@@ -121,17 +117,25 @@ net::UniqueFd TcpStore::acquire() {
     }
     ++opened_;
   }
-  // Every pooled connection is in use by another thread: open one more (the server is up, so
-  // the first attempt normally succeeds; a refusal means it is going away).
-  WaitOptions opts;
-  opts.timeout = io_timeout_;
-  net::UniqueFd socket = connect_with_retry(opts);
-  MNCL_CHECK(handshake(socket), MNCL_ERR_REMOTE,
-             "the store at %s closed a new connection during the handshake; rank 0, which hosts "
-             "it, may be shutting down",
-             url_.c_str());
-  MNCL_TRACE("opened connection %zu to the store at %s", connections_opened(), url_.c_str());
-  return socket;
+  // Every pooled connection is in use by another thread: open one more. The server is up, so
+  // the first attempt normally succeeds; a busy one may close a connection whose HELLO it did
+  // not read in time (out of descriptors), so a closed handshake is retried within the timeout.
+  const auto deadline = Clock::now() + io_timeout_;
+  for (auto backoff = milliseconds(10);; backoff = std::min(backoff * 2, milliseconds(200))) {
+    WaitOptions opts;
+    opts.timeout = std::max(milliseconds(1),
+                            std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
+    net::UniqueFd socket = connect_with_retry(opts);
+    if (handshake(socket)) {
+      MNCL_TRACE("opened connection %zu to the store at %s", connections_opened(), url_.c_str());
+      return socket;
+    }
+    MNCL_CHECK(Clock::now() < deadline, MNCL_ERR_REMOTE,
+               "the store at %s kept closing new connections during the handshake for %.1f s; "
+               "rank 0, which hosts it, may be shutting down",
+               url_.c_str(), seconds(io_timeout_));
+    std::this_thread::sleep_for(backoff);
+  }
 }
 
 void TcpStore::release(net::UniqueFd socket) {
@@ -182,11 +186,20 @@ net::UniqueFd TcpStore::connect_with_retry(const WaitOptions &opts) {
   }
 }
 
+namespace {
+// Set while a new connection says HELLO: its failure is that connection's alone, and must not
+// mark the whole store as lost (fail_connection).
+thread_local bool t_handshaking = false;
+}  // namespace
+
 bool TcpStore::handshake(net::UniqueFd &socket) {
   Reply reply;
   try {
+    t_handshaking = true;
     reply = call(socket, wire::encode_hello(token_));
+    t_handshaking = false;
   } catch (const Error &e) {
+    t_handshaking = false;
     MNCL_INFO("the store at %s closed the connection during the handshake: %s", url_.c_str(),
               e.what());
     return false;
@@ -297,7 +310,7 @@ void TcpStore::fail_connection(net::UniqueFd &socket, const std::string &why) {
       "have exited or failed",
       url_.c_str(), why.c_str());
   socket.reset();
-  {
+  if (!t_handshaking) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (broken_.empty()) broken_ = message;
     idle_.clear();
@@ -347,6 +360,10 @@ int64_t TcpStore::add(const std::string &key, int64_t delta) {
 
 std::vector<std::string> TcpStore::wait(const std::vector<std::string> &keys,
                                         const WaitOptions &opts) {
+  for (size_t i = 0; i < keys.size(); ++i) {
+    MNCL_CHECK(!keys[i].empty(), MNCL_ERR_INVALID_ARGUMENT, "store WAIT: key %zu of %zu is empty",
+               i, keys.size());
+  }
   const auto deadline = Clock::now() + opts.timeout;
   std::vector<std::string> missing = keys;
   while (!missing.empty()) {
@@ -357,9 +374,12 @@ std::vector<std::string> TcpStore::wait(const std::vector<std::string> &keys,
       Lease lease(*this);
       reply = call(lease.socket(), wire::encode_wait(missing, slice_ms(deadline)));
     }
-    // The server refuses a WAIT on an empty key.
+    // The server refused the request (out of memory, a limit): not the caller's argument,
+    // which was checked before it was sent.
     if (reply.op == wire::Op::kFailed) {
-      throw Error(MNCL_ERR_INVALID_ARGUMENT, std::string(reply.message.text));
+      throw Error(MNCL_ERR_REMOTE,
+                  format("the store at %s refused a WAIT: %.*s", url_.c_str(),
+                         static_cast<int>(reply.message.text.size()), reply.message.text.data()));
     }
     if (reply.op != wire::Op::kMissing) unexpected_reply(url_, "WAIT", reply.op);
     // Only what is still missing is asked for next time.

@@ -362,7 +362,10 @@ void TcpStoreServer::Impl::run() {
       }
       fds.clear();
       fds.push_back({wakeup.get(), POLLIN, 0});
-      const size_t polled_listeners = Clock::now() >= accept_resume ? listeners.size() : 0;
+      // One instant for both: with two, a pause could end between them, leaving the listeners
+      // unpolled and the pause's end uncounted (poll(-1): no accepting while the store idles).
+      const Clock::time_point polled_at = Clock::now();
+      const size_t polled_listeners = polled_at >= accept_resume ? listeners.size() : 0;
       for (size_t i = 0; i < polled_listeners; ++i) fds.push_back({listeners[i].get(), POLLIN, 0});
       for (const auto &c : connections) {
         // A parked connection sends nothing more, but its peer may still hang up. A backlogged
@@ -371,7 +374,7 @@ void TcpStoreServer::Impl::run() {
         if (!c->out.empty()) events |= POLLOUT;
         fds.push_back({c->socket.get(), events, 0});
       }
-      const int ready = poll(fds.data(), fds.size(), poll_timeout_ms(Clock::now()));
+      const int ready = poll(fds.data(), fds.size(), poll_timeout_ms(polled_at));
       if (ready < 0 && errno != EINTR) {
         MNCL_ERROR("store server at %s: poll: %s", url.c_str(), net::error_text(errno).c_str());
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -474,6 +477,14 @@ bool TcpStoreServer::Impl::evict_oldest_pending(Clock::time_point now) {
     if (!oldest || c->hello_deadline < oldest->hello_deadline) oldest = c.get();
   }
   if (!oldest || oldest->hello_deadline - kHelloTimeout + kEvictAfter > now) return false;
+  // Its HELLO may be waiting in the socket (a server loop that stalled on a large value): a
+  // rank signing in is not the connection to drop.
+  if (!oldest->close_when_flushed) read_from(*oldest);
+  if (oldest->authenticated) return evict_oldest_pending(now);
+  if (oldest->dead) {
+    oldest->socket.reset();
+    return true;
+  }
   drop(*oldest, "no HELLO yet, and a new connection needs its place", false);
   oldest->socket.reset();  // now, not at the end of the iteration: its descriptor is needed
   return true;

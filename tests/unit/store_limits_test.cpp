@@ -374,6 +374,21 @@ TEST(TcpStoreLimits, WaitOnAnEmptyKeyIsRefusedClearly) {
   error_of([&] { client.wait({"", "b"}, wait_for(seconds(5))); }, MNCL_ERR_INVALID_ARGUMENT);
   // The connection is still good.
   EXPECT_TRUE(client.wait({"a"}, wait_for(milliseconds(0))).empty());
+
+  // The client refuses before sending; the server refuses a WAIT that names one all the same,
+  // and keeps the connection.
+  net::UniqueFd raw = connect_raw(server.port());
+  say_hello(raw.get());
+  ASSERT_TRUE(send_all(raw.get(), wire::encode_wait({"a", ""}, 0)));
+  wire::Op op{};
+  std::vector<uint8_t> body;
+  ASSERT_TRUE(receive_frame(raw.get(), op, body));
+  EXPECT_EQ(op, wire::Op::kFailed);
+  const std::string text(body.begin(), body.end());
+  EXPECT_NE(text.find("empty"), std::string::npos) << text;
+  ASSERT_TRUE(send_all(raw.get(), wire::encode_wait({"a"}, 0)));
+  ASSERT_TRUE(receive_frame(raw.get(), op, body));
+  EXPECT_EQ(op, wire::Op::kMissing);
 }
 
 // A WAIT names at most wire::kMaxWaitKeys keys: the client refuses more before sending, and the
