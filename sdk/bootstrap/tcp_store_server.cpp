@@ -369,8 +369,9 @@ void TcpStoreServer::Impl::run() {
       for (size_t i = 0; i < polled_listeners; ++i) fds.push_back({listeners[i].get(), POLLIN, 0});
       for (const auto &c : connections) {
         // A parked connection sends nothing more, but its peer may still hang up. A backlogged
-        // one is not read from: its requests stay in the socket until its replies drain.
-        short events = c->waiter ? POLLRDHUP : backlogged(*c) ? 0 : POLLIN;
+        // one is not read from: its requests stay in the socket until its replies drain; nor
+        // is a refused one (whatever else it sent would wake poll() on every pass).
+        short events = c->waiter ? POLLRDHUP : backlogged(*c) || c->close_when_flushed ? 0 : POLLIN;
         if (!c->out.empty()) events |= POLLOUT;
         fds.push_back({c->socket.get(), events, 0});
       }
