@@ -4,6 +4,7 @@
 #include <climits>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "common/coll.h"
 #include "common/dtype.h"
@@ -389,16 +390,19 @@ void Comm::execute(const mncl_coll_v1_t &c) {
   // received, and the wait stays bounded by the timeout and abort (MPI_Recv's would not be).
   const bool p2p =
       c.kind == MNCL_COLL_SEND || c.kind == MNCL_COLL_RECV || c.kind == MNCL_COLL_SENDRECV_BATCH;
-  if (options_.bounded || p2p) {
+  if (p2p) {
     // Non-blocking underneath, polled here: the timeout and abort can then end the wait.
     std::unique_ptr<Request> r = post(c, true);
     try {
-      while (!test(*r)) {
-      }
+      poll_until_done(*r);
     } catch (...) {
       retire(std::move(r));
       throw;
     }
+    return;
+  }
+  if (options_.bounded) {
+    execute_bounded(c);
     return;
   }
   // On the heap: a call that fails part way (an MPI error while its point-to-point blocks are
@@ -420,6 +424,73 @@ void Comm::execute(const mncl_coll_v1_t &c) {
   finish(*r, nullptr);
 }
 
+// Spins on test(); after 50 us it yields between polls (another thread's flat calls may need
+// the MPI lock), without sleeping, which would add latency.
+void Comm::poll_until_done(Request &r) {
+  const auto spin_until = Clock::now() + std::chrono::microseconds(50);
+  while (!test(r)) {
+    if (Clock::now() > spin_until) std::this_thread::yield();
+  }
+}
+
+// Bounded blocking collectives: the checks first (fingerprint, allgatherv / alltoallv counts),
+// then the data, each polled so the timeout and abort end the wait. In that order nothing moves
+// between mismatched calls: Open MPI 4.1's shared memory writes a longer message past the end
+// of a receive buffer before it reports the truncation, and posted together the data could
+// land before the check failed. A mismatch or a refusal then fails every rank alike with the
+// communicator still usable. Device buffers (a CUDA-aware MPI): the data by MPI's blocking
+// collectives, which take device memory (its non-blocking ones do not, in Open MPI 4.x).
+void Comm::execute_bounded(const mncl_coll_v1_t &c) {
+  auto r = std::make_unique<Request>();
+  r->polled = true;
+  r->kind = c.kind;
+  r->dtype = c.dtype;
+  r->op = c.op;
+  r->seq = c.seq;
+  r->deadline = Clock::now() + std::chrono::milliseconds(c.timeout_ms > 0 ? c.timeout_ms : 300000);
+  r->checks_only = true;
+  try {
+    std::string refusal;
+    {
+      MpiLock lock;
+      post_fingerprint(c, *r);
+      if (is_v_kind(c.kind)) {
+        refusal = v_device_refusal(c);
+        post_counts_check(c, *r, !refusal.empty());
+      }
+    }
+    poll_until_done(*r);  // the checks alone: test() runs check_call once they complete
+    r->checks_only = false;
+    if (!refusal.empty()) throw kit::Error(MNCL_ERR_NOT_SUPPORTED, refusal);
+    if (options_.cuda && has_device_buffer(c)) {
+      {
+        MpiLock lock;
+        issue(c, *r, false);
+      }
+      finish(*r, nullptr);
+      return;
+    }
+    {
+      MpiLock lock;
+      issue(c, *r, true);
+    }
+    poll_until_done(*r);
+  } catch (...) {
+    retire(std::move(r));
+    throw;
+  }
+}
+
+bool Comm::has_device_buffer(const mncl_coll_v1_t &c) const {
+  if (cuda::is_device_pointer(c.sendbuf) || cuda::is_device_pointer(c.recvbuf)) return true;
+  for (size_t i = 0; c.kind == MNCL_COLL_ALLREDUCE_COALESCED && i < c.nbufs; ++i) {
+    if (cuda::is_device_pointer(c.sendbufs[i]) || cuda::is_device_pointer(c.recvbufs[i])) {
+      return true;
+    }
+  }
+  return false;
+}
+
 std::unique_ptr<Request> Comm::post(const mncl_coll_v1_t &c, bool polled) {
   BusyScope busy(busy_);
   check_usable(&c, nullptr);
@@ -438,7 +509,12 @@ std::unique_ptr<Request> Comm::post(const mncl_coll_v1_t &c, bool polled) {
       // A refusal is posted too, so that the other ranks learn of it and fail alike.
       const std::string refusal = v_device_refusal(c);
       post_counts_check(c, *r, !refusal.empty());
-      if (!refusal.empty()) throw kit::Error(MNCL_ERR_NOT_SUPPORTED, refusal);
+      if (!refusal.empty()) {
+        // The other ranks post their data beside their checks: this communicator is out of
+        // step with theirs from now on.
+        broken_.store(true);
+        throw kit::Error(MNCL_ERR_NOT_SUPPORTED, refusal);
+      }
     }
     issue(c, *r, true);
   } catch (...) {
@@ -460,12 +536,23 @@ bool Comm::test(Request &r) {
   }
   int done = 0;
   if (r.checks > 0 && !r.checked) {
+    int checks_rc;
     {
       MpiLock lock;
-      MPI_Testall(r.checks, r.mpi.data(), &done, MPI_STATUSES_IGNORE);
+      checks_rc = MPI_Testall(r.checks, r.mpi.data(), &done, MPI_STATUSES_IGNORE);
+    }
+    if (checks_rc != MPI_SUCCESS) {
+      // Its output was never written: comparing it would report a mismatch that is not one.
+      broken_.store(true);
+      throw kit::Error(
+          mpi_error_status(checks_rc),
+          kit::format("flat %s: the exchange that checks the call failed on rank %d "
+                      "of %d: %s",
+                      what().c_str(), rank_, size_, mpi_error_text(checks_rc).c_str()));
     }
     if (done) check_call(r);  // before the data are trusted, and before they hang
     done = 0;
+    if (r.checked && r.checks_only) return true;
   }
   int rc;
   std::vector<MPI_Status> statuses;
@@ -597,13 +684,16 @@ void Comm::check_counts_now(const mncl_coll_v1_t &c, const std::string &refusal)
 
 void Comm::check_call(Request &r) {
   r.checked = true;
+  // execute_bounded() checks before it issues the data: then nothing is in flight, every rank
+  // fails alike, and the communicator stays usable.
+  const bool data_in_flight = !r.checks_only;
   if (r.counts_summed && r.pair_sums_out[2] != 0) {
-    broken_.store(true);  // the data went out to ranks that never posted theirs
+    if (data_in_flight) broken_.store(true);  // the data went out to ranks that never posted
     throw kit::Error(
         MNCL_ERR_NOT_SUPPORTED,
-        kit::format("flat %s: %llu other rank(s) refused this call (see their "
-                    "errors); the communicator is unusable",
-                    request_name(r).c_str(), static_cast<unsigned long long>(r.pair_sums_out[2])));
+        kit::format("flat %s: %llu other rank(s) refused this call (see their errors); %s",
+                    request_name(r).c_str(), static_cast<unsigned long long>(r.pair_sums_out[2]),
+                    data_in_flight ? "the communicator is unusable" : "no data was moved"));
   }
   std::string differences;
   const char *const names[Request::kFields] = {
@@ -656,6 +746,12 @@ void Comm::check_call(Request &r) {
     differences = "counts: " + counts_disagreement(r.kind);
   }
   if (differences.empty()) return;
+  if (!data_in_flight) {
+    throw kit::Error(MNCL_ERR_REMOTE,
+                     kit::format("flat %s: mismatched collective calls across the ranks (%s); no "
+                                 "data was moved",
+                                 request_name(r).c_str(), differences.c_str()));
+  }
   // The data operation was issued against mismatched peers: MPI may never finish it.
   broken_.store(true);
   throw kit::Error(MNCL_ERR_REMOTE,

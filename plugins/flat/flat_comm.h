@@ -38,7 +38,7 @@ namespace mncl::flat {
 struct Options {
   // Blocking calls polled, timeout and abort apply, and every collective carries a fingerprint
   // of the call, so mismatched calls fail instead of giving wrong results. MNCL_FLAT_BOUNDED=0
-  // trades that for MPI's blocking collectives (about 4 us less per small call).
+  // trades that for MPI's blocking collectives (about 8 us less per small call).
   bool bounded = true;
   bool cuda = false;  // MNCL_CAP_CUDA_MEMORY advertised: buffers may be device pointers
 };
@@ -86,8 +86,9 @@ struct Request {
   // the data, after the fingerprint.
   bool counts_summed = false;
   uint64_t pair_sums_in[3] = {}, pair_sums_out[3] = {};
-  int checks = 0;        // leading requests of mpi that check the call (fingerprint, sums)
-  bool checked = false;  // they completed and the call passed
+  int checks = 0;            // leading requests of mpi that check the call (fingerprint, sums)
+  bool checked = false;      // they completed and the call passed
+  bool checks_only = false;  // execute_bounded: the data are issued once the checks pass
   // Receives posted (MPI_Imrecv, into mpi) only once their message has been matched by
   // MPI_Improbe and its size checked, since Open MPI may write a longer message past the end of
   // a receive buffer before it reports the truncation: gatherv / scatterv always, and RECV
@@ -145,6 +146,12 @@ class Comm {
   static Comm *adopt(MPI_Comm comm, const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host,
                      const Options &options);
   void check_usable(const mncl_coll_v1_t *c, const char *what) const;
+  // Bounded mode's blocking collectives: the checks, then the data (see the .cpp).
+  void execute_bounded(const mncl_coll_v1_t &c);
+  // test() until r completes (throws as test() does).
+  void poll_until_done(Request &r);
+  // Whether any of c's buffers is CUDA memory.
+  bool has_device_buffer(const mncl_coll_v1_t &c) const;
   // With CUDA buffers: syncs the caller's stream, refuses forms flat finishes on the host.
   void prepare_device_buffers(const mncl_coll_v1_t &c) const;
   // The MPI call(s) of c: blocking ones (r.mpi stays empty) or non-blocking ones into r.mpi.

@@ -123,6 +123,20 @@ void ensure_mpi(const mncl_host_v1_t *host) {
     MPI_Query_thread(&g_thread_level);
     MNCL_KIT_LOG(host, MNCL_LOG_INFO, "using MPI initialized by the application (%s)",
                  thread_level_name(g_thread_level));
+    // Open MPI 4.1 reports a failed non-blocking collective on MPI_COMM_WORLD (below): with the
+    // application's fatal handler there, a mismatch or a lost peer ends the job instead of
+    // returning an error. The handler is the application's to choose: say so once.
+    MPI_Errhandler world_handler = MPI_ERRHANDLER_NULL;
+    if (MPI_Comm_get_errhandler(MPI_COMM_WORLD, &world_handler) == MPI_SUCCESS) {
+      if (world_handler == MPI_ERRORS_ARE_FATAL) {
+        MNCL_KIT_LOG(host, MNCL_LOG_WARN,
+                     "MPI_COMM_WORLD's error handler is MPI_ERRORS_ARE_FATAL: Open MPI reports "
+                     "failed non-blocking collectives there, so a failed flat call ends the job "
+                     "instead of returning an error; set MPI_ERRORS_RETURN on MPI_COMM_WORLD to "
+                     "get MNCL's errors");
+      }
+      if (world_handler != MPI_ERRHANDLER_NULL) MPI_Errhandler_free(&world_handler);
+    }
   } else {
     // MULTIPLE when the library offers it: MNCL may be called from several threads (one per
     // communicator). Open MPI grants at least SERIALIZED, and MpiLock covers that case.

@@ -83,7 +83,7 @@ const std::vector<Variable> &table() {
       {"MNCL_FLAT_BOUNDED", "1",
        "flat: 1 runs blocking calls on MPI's non-blocking collectives, polled, so MNCL_TIMEOUT "
        "and mncl_comm_abort apply, and checks a fingerprint of every collective across the "
-       "ranks, so mismatched calls fail; 0 uses MPI's blocking collectives, about 4 us faster "
+       "ranks, so mismatched calls fail; 0 uses MPI's blocking collectives, about 8 us faster "
        "per small call, which cannot time out and give wrong values for mismatched calls."},
       {"MNCL_NAIVE_PART_BYTES", "268435456",
        "naive: the largest store value; a longer message travels in parts of this size (the "
