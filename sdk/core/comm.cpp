@@ -195,10 +195,20 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
             settings.backend_spec.c_str(), settings.timeout_ms / 1000.0);
 
   const auto opts = wait_options(settings.timeout_ms, &comm->aborted_);
-  comm->job_store_ =
-      settings.store_url.empty()
-          ? bootstrap::make_memory_store()
-          : bootstrap::open_store(settings.store_url, settings.rank, settings.size, opts);
+  try {
+    comm->job_store_ =
+        settings.store_url.empty()
+            ? bootstrap::make_memory_store()
+            : bootstrap::open_store(settings.store_url, settings.rank, settings.size, opts);
+  } catch (const Error &e) {
+    // Two processes that both think they are rank 0 both start the store: the second finds
+    // the address taken. Say which variable made it rank 0.
+    const bool taken = std::strstr(e.what(), "in use") != nullptr;
+    if (!(taken && settings.rank == 0 && comm->job_->tcp_store)) throw;
+    throw Error(e.status(), format("%s; is another process rank 0 too? This one is rank 0 "
+                                   "from %s",
+                                   e.what(), settings.rank_origin.c_str()));
+  }
   if (settings.store_is_private_dir) {
     // A made-up name in /tmp that another user could have created first, to read or plant
     // keys: the folder must be this user's, and no one else's to look into.
@@ -212,13 +222,17 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
                "cannot make the job's private store folder %s private: %s", dir.c_str(),
                std::strerror(errno));
   }
+  // Set once this process holds rank 0 for sure: a second "rank 0" that is refused at the join
+  // must not take the real one's folder with it.
+  auto owns_private_dir = std::make_shared<std::atomic<bool>>(false);
   if (settings.store_is_private_dir && settings.rank == 0) {
     // The folder MNCL made up goes away with the last communicator of the job on rank 0.
     auto inner = comm->job_store_;
     const std::string dir = settings.store_url.substr(std::strlen("file://"));
-    comm->job_store_ =
-        std::shared_ptr<bootstrap::Store>(inner.get(), [inner, dir](bootstrap::Store *) mutable {
+    comm->job_store_ = std::shared_ptr<bootstrap::Store>(
+        inner.get(), [inner, dir, owns_private_dir](bootstrap::Store *) mutable {
           inner.reset();
+          if (!owns_private_dir->load()) return;
           std::error_code ignored;  // best effort: it only held this job's (deleted) keys
           std::filesystem::remove_all(dir, ignored);
         });
@@ -239,11 +253,12 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
     comm->comm_store_->set("claim/twice", claim.data(), claim.size());
     throw Error(MNCL_ERR_BOOTSTRAP,
                 format("mncl_comm_create: %s is another process's already (this is %s pid %d): "
-                       "the launcher's variables give two processes one rank (or the store %s "
-                       "holds the keys of an earlier job that did not end)",
+                       "two processes were given one rank (or the store %s holds the keys of an "
+                       "earlier job that did not end)",
                        rank_words.c_str(), host.c_str(), ::getpid(),
                        comm->comm_store_->describe().c_str()));
   }
+  owns_private_dir->store(true);
   std::vector<std::string> joins;
   std::vector<int> absent;
   try {
@@ -317,6 +332,8 @@ void Comm::leave_after_failed_join(const std::vector<int> &absent) {
   // The ranks that did join time out too, each at its own deadline: the store host waits for
   // them to see their own timeout before taking the store down under them.
   try {
+    // A claim left behind would refuse this rank's next try on the same (file) store.
+    comm_store_->erase("claim/" + std::to_string(rank_));
     comm_store_->set("leave/" + std::to_string(rank_), "1", 1);
     if (rank_ != 0) return;
     std::vector<std::string> present;
@@ -326,6 +343,7 @@ void Comm::leave_after_failed_join(const std::vector<int> &absent) {
       }
     }
     comm_store_->wait(present, wait_options(timeout_ms_, nullptr));
+    comm_store_->erase("claim/twice");  // every rank that joined has read it by now
   } catch (const Error &e) {
     MNCL_INFO("mncl_comm_create: cleaning up after the failed join: %s", e.what());
   }

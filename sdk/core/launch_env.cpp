@@ -39,8 +39,26 @@ constexpr LauncherVar kLauncherVars[] = {
     {"Slurm", "SLURM_PROCID", "SLURM_NTASKS"},
 };
 
-// The first launcher whose `field` variable is set (validated as an integer >= lo).
-const LauncherVar *first_launcher_var(const char *LauncherVar::*field, int64_t lo) {
+// Where `field` comes from: the first launcher that sets both its rank and its size, so that
+// a variable another launcher left in the shell (a RANK from torchrun under mpirun gave every
+// process the same rank) cannot mix with it; else the first launcher that sets `field` (an
+// sbatch script's exported WORLD_SIZE beside srun's SLURM_PROCID). Variables of a launcher
+// looked at earlier that are ignored and disagree get a warning.
+const LauncherVar *launcher_var(const char *LauncherVar::*field, int64_t lo) {
+  for (const LauncherVar &vars : kLauncherVars) {
+    const auto value = env::get_int(vars.*field, lo, kMaxRanks);
+    if (!value || !env::get_int(vars.rank, 0, kMaxRanks) || !env::get_int(vars.size, 1, kMaxRanks))
+      continue;
+    for (const LauncherVar *earlier = kLauncherVars; earlier != &vars; ++earlier) {
+      const auto ignored = env::get_int(earlier->*field, lo, kMaxRanks);
+      if (ignored && *ignored != *value) {
+        MNCL_WARN("%s=%lld (%s) ignored: the rank and size come from %s (%s=%lld)", earlier->*field,
+                  static_cast<long long>(*ignored), earlier->launcher, vars.launcher, vars.*field,
+                  static_cast<long long>(*value));
+      }
+    }
+    return &vars;
+  }
   for (const LauncherVar &vars : kLauncherVars) {
     if (env::get_int(vars.*field, lo, kMaxRanks)) return &vars;
   }
@@ -97,9 +115,7 @@ LaunchSettings resolve_launch_settings(const mncl_config_t &config) {
       env::raw("OMPI_COMM_WORLD_SIZE") || env::raw("PMI_SIZE") || env::raw("PMIX_RANK");
 
   // Size first, so the rank can be range-checked against it. MNCL_RANK/MNCL_SIZE (and the
-  // config) are the user's own and combine with anything; a launcher's pair must come from
-  // one launcher: a RANK left in the shell by torchrun under mpirun gave every process the same
-  // rank, and the job waited out its timeout at the join.
+  // config) are the user's own and win; else the launchers' (launcher_var).
   const LauncherVar *size_from = nullptr, *rank_from = nullptr;
   if (config.size != MNCL_FROM_ENV) {
     MNCL_CHECK(config.size >= 1, MNCL_ERR_INVALID_ARGUMENT,
@@ -108,7 +124,7 @@ LaunchSettings resolve_launch_settings(const mncl_config_t &config) {
   } else if (auto size = env::get_int("MNCL_SIZE", 1, kMaxRanks)) {
     s.size = static_cast<int>(*size);
   } else {
-    size_from = first_launcher_var(&LauncherVar::size, 1);
+    size_from = launcher_var(&LauncherVar::size, 1);
     s.size = size_from ? static_cast<int>(*env::get_int(size_from->size, 1, kMaxRanks)) : 1;
   }
   if (config.rank != MNCL_FROM_ENV) {
@@ -116,16 +132,8 @@ LaunchSettings resolve_launch_settings(const mncl_config_t &config) {
   } else if (auto rank = env::get_int("MNCL_RANK", 0, kMaxRanks)) {
     s.rank = static_cast<int>(*rank);
   } else {
-    rank_from = first_launcher_var(&LauncherVar::rank, 0);
+    rank_from = launcher_var(&LauncherVar::rank, 0);
     s.rank = rank_from ? static_cast<int>(*env::get_int(rank_from->rank, 0, kMaxRanks)) : 0;
-  }
-  if (size_from && rank_from && size_from != rank_from) {
-    throw Error(MNCL_ERR_INVALID_ARGUMENT,
-                format("the rank comes from %s=%d (%s) but the number of ranks from %s=%d "
-                       "(%s): one of them is left over from another launch; unset it, or set "
-                       "MNCL_RANK and MNCL_SIZE",
-                       rank_from->rank, s.rank, rank_from->launcher, size_from->size, s.size,
-                       size_from->launcher));
   }
   s.rank_origin = config.rank != MNCL_FROM_ENV ? "config->rank"
                   : rank_from                  ? rank_from->rank

@@ -50,7 +50,9 @@ std::string serialize(const RankChoice &c) {
   std::string out =
       std::string(kMagic) + "\n" + c.backend + "\n" + (c.forced ? "1" : "0") + "\n" + c.how + "\n";
   for (const auto &name : c.ranked) out += name + "\n";
-  for (const auto &[name, build] : c.builds) out += "@" + name + "\t" + build + "\n";
+  // An empty line, then "<name>\t<build>" lines: no plugin name is empty.
+  out += "\n";
+  for (const auto &[name, build] : c.builds) out += name + "\t" + build + "\n";
   return out;
 }
 
@@ -61,19 +63,25 @@ RankChoice parse_choice(const std::string &record) {
   std::getline(in, magic);
   MNCL_CHECK(magic == kMagic && std::getline(in, c.backend) && std::getline(in, forced) &&
                  std::getline(in, c.how),
-             MNCL_ERR_BOOTSTRAP, "malformed backend choice record from another rank ('%.40s')",
-             record.c_str());
+             MNCL_ERR_BOOTSTRAP,
+             "malformed backend choice record from another rank ('%.40s'; do all ranks run the "
+             "same MNCL version? this one writes %s)",
+             record.c_str(), kMagic);
   c.forced = forced == "1";
+  bool builds = false;
   for (std::string line; std::getline(in, line);) {
-    if (line.empty()) continue;
-    if (line[0] != '@') {
+    if (line.empty()) {
+      builds = true;
+      continue;
+    }
+    if (!builds) {
       c.ranked.push_back(line);
       continue;
     }
     const size_t tab = line.find('\t');
-    MNCL_CHECK(tab != std::string::npos, MNCL_ERR_BOOTSTRAP,
+    MNCL_CHECK(tab != std::string::npos && tab > 0, MNCL_ERR_BOOTSTRAP,
                "malformed plugin build in another rank's backend choice ('%.40s')", line.c_str());
-    c.builds[line.substr(1, tab - 1)] = line.substr(tab + 1);
+    c.builds[line.substr(0, tab)] = line.substr(tab + 1);
   }
   return c;
 }

@@ -410,25 +410,34 @@ int main() {
   check_env("MNCL_LOCAL_RANK", "2");
   unsetenv("MNCL_LOCAL_SIZE");
   {
-    // The rank and the size from different launchers: a RANK left over from torchrun under
-    // mpirun gave every rank the same number. MNCL_SIZE is the user's and would hide it.
+    // A launcher that sets both its rank and size wins over another's leftovers: a RANK left
+    // from torchrun under mpirun gave every rank the same number (here: rank 1 of 1, refused).
+    // MNCL_SIZE is the user's and would hide it.
     unsetenv("MNCL_SIZE");
-    setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+    const auto create_ok = [](const char *name) {
+      expect_ok(name, [] {
+        mncl_comm_t c = nullptr;
+        const mncl_status_t st = mncl_comm_create(nullptr, &c);
+        if (st == MNCL_OK) mncl_comm_destroy(c);
+        return st;
+      });
+    };
+    setenv("OMPI_COMM_WORLD_SIZE", "1", 1);
+    setenv("OMPI_COMM_WORLD_RANK", "0", 1);
     setenv("RANK", "1", 1);
-    mncl_comm_t c = nullptr;
-    check(
-        "mncl_comm_create with RANK (torchrun) and OMPI_COMM_WORLD_SIZE (Open MPI)",
-        MNCL_ERR_INVALID_ARGUMENT, [&] { return mncl_comm_create(nullptr, &c); }, "left over");
-    if (c) mncl_comm_destroy(c);
-    // One launcher's pair wins whatever another left behind.
-    setenv("RANK", "0", 1);
+    create_ok("mncl_comm_create with Open MPI's rank and size beside a stale RANK=1");
+    // An sbatch script's exported WORLD_SIZE beside srun's pair.
+    for (const char *v : {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "RANK"}) unsetenv(v);
     setenv("WORLD_SIZE", "1", 1);
-    expect_ok("mncl_comm_create with RANK/WORLD_SIZE beside a stale OMPI_COMM_WORLD_SIZE", [&] {
-      const mncl_status_t st = mncl_comm_create(nullptr, &c);
-      if (st == MNCL_OK) mncl_comm_destroy(c);
-      return st;
-    });
-    for (const char *v : {"OMPI_COMM_WORLD_SIZE", "RANK", "WORLD_SIZE"}) unsetenv(v);
+    setenv("SLURM_PROCID", "0", 1);
+    setenv("SLURM_NTASKS", "1", 1);
+    create_ok("mncl_comm_create with WORLD_SIZE beside SLURM_PROCID/SLURM_NTASKS");
+    // No launcher sets both: each variable from the first that sets it.
+    for (const char *v : {"WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"}) unsetenv(v);
+    setenv("RANK", "0", 1);
+    setenv("OMPI_COMM_WORLD_SIZE", "1", 1);
+    create_ok("mncl_comm_create with RANK and OMPI_COMM_WORLD_SIZE alone");
+    for (const char *v : {"OMPI_COMM_WORLD_SIZE", "RANK"}) unsetenv(v);
     setenv("MNCL_SIZE", "1", 1);
   }
   check_env("MNCL_DEVICE", "-9");

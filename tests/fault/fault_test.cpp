@@ -592,8 +592,8 @@ int worker_main() {
   if (w.scenario == "abort") return worker_abort(w);
   if (w.scenario == "abort_destroy") return worker_abort_destroy(w);
   if (w.scenario == "watchdog") return worker_watchdog(w);
-  if (w.scenario == "store_bind" || w.scenario == "store_token" ||
-      w.scenario == "duplicate_rank" || w.scenario == "plugin_builds") {
+  if (w.scenario == "store_bind" || w.scenario == "store_token" || w.scenario == "duplicate_rank" ||
+      w.scenario == "plugin_builds") {
     return worker_store(w);
   }
   std::fprintf(stderr, "worker: unknown scenario '%s'\n", w.scenario.c_str());
@@ -1279,51 +1279,73 @@ int drive_store_token(const Options &o) {
                 fmt("%d/2 bad tokens refused (%s)", refused, detail.c_str()));
 }
 
-// Two processes given rank 1 of 3 (and none rank 2), on each kind of store: the second to
-// claim it fails at once with MNCL_ERR_BOOTSTRAP naming the rank; the others time out at the
-// join, and their message says that a rank was claimed twice.
+// Two processes given one rank of 3 (and none rank 2), on each kind of store. Rank 1 twice:
+// the second to claim it fails at once with MNCL_ERR_BOOTSTRAP naming the rank; the others time
+// out at the join, and their message says that a rank was claimed twice; run again in the same
+// file store folder, the same happens (the failed join took its claims back). Rank 0 twice: on
+// a file store likewise; on a TCP store the second cannot start the store, and says that
+// another process may be rank 0 too.
 int drive_duplicate_rank(const Options &o) {
   Options three = o;
   three.backend = "naive";
   const std::string name = "fault.duplicate_rank";
-  char tmpl[] = "/tmp/mncl-dup-store-XXXXXX";
-  if (!mkdtemp(tmpl)) return report(name, three, false, "mkdtemp failed");
+  struct Case {
+    int dup;
+    bool file;
+    bool again;  // in the previous case's folder
+  };
+  const Case cases[] = {
+      {1, false, false}, {1, true, false}, {1, true, true}, {0, false, false}, {0, true, false}};
   int passed = 0;
-  std::string detail;
-  for (const std::string &store : {std::string(), "file://" + std::string(tmpl)}) {
+  std::string detail, folder;
+  for (const Case &c : cases) {
+    if (c.file && !c.again) {
+      if (!folder.empty()) std::filesystem::remove_all(folder);
+      char tmpl[] = "/tmp/mncl-dup-store-XXXXXX";
+      if (!mkdtemp(tmpl)) return report(name, three, false, "mkdtemp failed");
+      folder = tmpl;
+    }
     std::map<std::string, std::string> env;
-    if (!store.empty()) env["MNCL_STORE"] = store;
-    Job job(three, 3, env, [](int r, std::map<std::string, std::string> &e) {
+    if (c.file) env["MNCL_STORE"] = "file://" + folder;
+    const int dup = c.dup;
+    Job job(three, 3, env, [dup](int r, std::map<std::string, std::string> &e) {
       if (r == 2) {
-        e["MNCL_RANK"] = "1";
+        e["MNCL_RANK"] = std::to_string(dup);
         e["FAULT_REPORT_AS"] = "2";
       }
     });
     job.results_from({0, 1, 2}, 60 + 2 * three.timeout_s);
+    const std::string rank_words = fmt("rank %d (from MNCL_RANK)", dup);
+    const bool bind_case = dup == 0 && !c.file;
     int refused = 0, told = 0;
     for (int r : {0, 1, 2}) {
       auto it = job.results().find(r);
       if (it == job.results().end()) continue;
       const std::string m = job.message(r);
-      if (r > 0 && it->second.status == MNCL_ERR_BOOTSTRAP &&
-          m.find("rank 1 (from MNCL_RANK) is another process's already") != std::string::npos) {
+      const bool claimant = r == dup || r == 2;
+      if (claimant && it->second.status == MNCL_ERR_BOOTSTRAP &&
+          m.find(bind_case ? "is another process rank 0 too? This one is rank 0 from MNCL_RANK"
+                           : rank_words + " is another process's already") != std::string::npos) {
         ++refused;
       } else if (it->second.status == MNCL_ERR_TIMEOUT &&
-                 m.find("a process claimed rank 1 (from MNCL_RANK) a second time") !=
-                     std::string::npos) {
+                 (bind_case ? m.find("did not join") != std::string::npos
+                            : m.find("a process claimed " + rank_words + " a second time") !=
+                                  std::string::npos)) {
         ++told;
       } else {
-        std::fprintf(stderr, "%s: process %d: %s: %s\n", name.c_str(), r,
+        std::fprintf(stderr, "%s: rank %d twice, process %d: %s: %s\n", name.c_str(), dup, r,
                      status_name(it->second.status), m.c_str());
       }
     }
     const bool ok = refused == 1 && told == 2;
     passed += ok;
-    detail += fmt("%s%s store: %d refused at once, %d timed out naming the claim",
-                  detail.empty() ? "" : "; ", store.empty() ? "tcp" : "file", refused, told);
+    detail += fmt("%srank %d twice, %s store%s: %d refused at once, %d timed out%s",
+                  detail.empty() ? "" : "; ", dup, c.file ? "file" : "tcp",
+                  c.again ? " (again, same folder)" : "", refused, told,
+                  bind_case ? "" : " naming the claim");
   }
-  std::filesystem::remove_all(tmpl);
-  return report(name, three, passed == 2, detail);
+  std::filesystem::remove_all(folder);
+  return report(name, three, passed == static_cast<int>(std::size(cases)), detail);
 }
 
 // One rank runs the backend as a plugin of ABI v4 (MNCL_PLUGIN_ABI_MAX=4), the others as v5:
