@@ -424,6 +424,20 @@ void Comm::execute(const mncl_coll_v1_t &c) {
   finish(*r, nullptr);
 }
 
+namespace {
+// A request for c, its deadline counted from now (the call that issues it).
+std::unique_ptr<Request> new_request(const mncl_coll_v1_t &c, bool polled) {
+  auto r = std::make_unique<Request>();
+  r->polled = polled;
+  r->kind = c.kind;
+  r->dtype = c.dtype;
+  r->op = c.op;
+  r->seq = c.seq;
+  r->deadline = Clock::now() + std::chrono::milliseconds(c.timeout_ms > 0 ? c.timeout_ms : 300000);
+  return r;
+}
+}  // namespace
+
 // Spins on test(); after 50 us it yields between polls (another thread's flat calls may need
 // the MPI lock), without sleeping, which would add latency.
 void Comm::poll_until_done(Request &r) {
@@ -441,13 +455,7 @@ void Comm::poll_until_done(Request &r) {
 // communicator still usable. Device buffers (a CUDA-aware MPI): the data by MPI's blocking
 // collectives, which take device memory (its non-blocking ones do not, in Open MPI 4.x).
 void Comm::execute_bounded(const mncl_coll_v1_t &c) {
-  auto r = std::make_unique<Request>();
-  r->polled = true;
-  r->kind = c.kind;
-  r->dtype = c.dtype;
-  r->op = c.op;
-  r->seq = c.seq;
-  r->deadline = Clock::now() + std::chrono::milliseconds(c.timeout_ms > 0 ? c.timeout_ms : 300000);
+  std::unique_ptr<Request> r = new_request(c, true);
   r->checks_only = true;
   try {
     std::string refusal;
@@ -495,13 +503,7 @@ std::unique_ptr<Request> Comm::post(const mncl_coll_v1_t &c, bool polled) {
   BusyScope busy(busy_);
   check_usable(&c, nullptr);
   if (options_.cuda) prepare_device_buffers(c);
-  auto r = std::make_unique<Request>();
-  r->polled = polled;
-  r->kind = c.kind;
-  r->dtype = c.dtype;
-  r->op = c.op;
-  r->seq = c.seq;
-  r->deadline = Clock::now() + std::chrono::milliseconds(c.timeout_ms > 0 ? c.timeout_ms : 300000);
+  std::unique_ptr<Request> r = new_request(c, polled);
   try {
     MpiLock lock;
     if (options_.bounded) post_fingerprint(c, *r);
