@@ -116,7 +116,8 @@ Selection select_backend(const LaunchSettings &settings, const mncl_probe_v1_t &
         const bool forced = decision.rule == topology::Rule::kOverride;
         selection.why = "auto: " + decision.reason;
         const bool cuda = selection.memory == topology::MemoryType::kCuda;
-        selection.choice = {decision.backend, forced,
+        selection.choice = {decision.backend,
+                            forced,
                             !forced ? std::string("auto")
                             : cuda  ? "MNCL_BACKEND_CUDA=" + settings.backend_cuda
                                     : "MNCL_BACKEND_HOST=" + settings.backend_host,
