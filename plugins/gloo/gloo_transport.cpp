@@ -47,23 +47,41 @@ void AbortRegistry::poison(const std::string &msg) {
     std::lock_guard<std::mutex> lock(mutex_);
     fn = poison_;
   }
-  if (fn) fn(msg);  // outside our lock: it takes pair and buffer locks
+  if (!fn) return;
+  // Outside mutex_ (fn takes pair and buffer locks), but no buffer may be destroyed meanwhile.
+  std::lock_guard<std::mutex> teardown(teardown_mutex_);
+  fn(msg);
+}
+
+std::unique_lock<std::mutex> AbortRegistry::lock_teardown() {
+  return std::unique_lock<std::mutex>(teardown_mutex_);
 }
 
 namespace {
 
-// An unbound buffer that is listed in the registry for as long as it lives.
-class TrackedBuffer : public tcp::UnboundBuffer {
+// The first base of TrackedBuffer, so destroyed after Gloo's buffer: the teardown lock taken
+// in ~TrackedBuffer is held until Gloo's part of the buffer is gone.
+class RegistryLink {
+ protected:
+  explicit RegistryLink(std::shared_ptr<AbortRegistry> registry) : registry_(std::move(registry)) {}
+
+  std::shared_ptr<AbortRegistry> registry_;  // declared first: outlives teardown_ below
+  std::unique_lock<std::mutex> teardown_;
+};
+
+// An unbound buffer that is listed in the registry for as long as it lives, and is never
+// destroyed while the context is being poisoned.
+class TrackedBuffer : private RegistryLink, public tcp::UnboundBuffer {
  public:
   TrackedBuffer(const std::shared_ptr<tcp::Context> &context, void *ptr, size_t size,
                 std::shared_ptr<AbortRegistry> registry)
-      : tcp::UnboundBuffer(context, ptr, size), registry_(std::move(registry)) {
+      : RegistryLink(std::move(registry)), tcp::UnboundBuffer(context, ptr, size) {
     registry_->add(this);
   }
-  ~TrackedBuffer() override { registry_->remove(this); }
-
- private:
-  std::shared_ptr<AbortRegistry> registry_;
+  ~TrackedBuffer() override {
+    registry_->remove(this);
+    teardown_ = registry_->lock_teardown();
+  }
 };
 
 class TrackingContext : public tcp::Context {

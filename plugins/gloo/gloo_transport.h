@@ -40,6 +40,10 @@ class AbortRegistry {
   void abort_waits();
   // Sets an IoException with `msg` on every pair of the context and closes its sockets.
   void poison(const std::string &msg);
+  // Held while a tracked buffer is destroyed. Gloo's pairs keep non-owning pointers to pending
+  // buffers and signal them from the poisoning thread; a buffer dying meanwhile (its op woken
+  // by an earlier pair) would have its condition variables destroyed under that signal.
+  std::unique_lock<std::mutex> lock_teardown();
 
   // Set by the device when the communicator's transport context is created.
   void set_poison(std::function<void(const std::string &)> fn);
@@ -48,6 +52,7 @@ class AbortRegistry {
   std::mutex mutex_;
   std::unordered_set<gloo::transport::tcp::UnboundBuffer *> live_;
   std::function<void(const std::string &)> poison_;
+  std::mutex teardown_mutex_;  // poison() vs buffer destruction; taken before any Gloo lock
 };
 
 struct TransportSettings {
