@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace mncl::kit {
 
@@ -72,6 +73,28 @@ inline size_t v_extent(const size_t *counts, const size_t *displs, size_t n) {
     if (counts[i] != 0 && displs[i] + counts[i] > end) end = displs[i] + counts[i];
   }
   return end;
+}
+
+// Makes c own its arrays: copies the coalesced buffers and counts, or the v kinds' counts and
+// displacements, into the vectors and points c at them, so that it outlives the call whose
+// caller passed them (a posted operation). The vectors must outlive c's use and stay unresized.
+inline void keep_arrays(mncl_coll_v1_t &c, std::vector<const void *> &sendbufs,
+                        std::vector<void *> &recvbufs, std::vector<size_t> &counts) {
+  if (c.kind == MNCL_COLL_ALLREDUCE_COALESCED && c.nbufs > 0 && c.sendbufs && c.recvbufs &&
+      c.counts) {
+    sendbufs.assign(c.sendbufs, c.sendbufs + c.nbufs);
+    recvbufs.assign(c.recvbufs, c.recvbufs + c.nbufs);
+    counts.assign(c.counts, c.counts + c.nbufs);
+    c.sendbufs = sendbufs.data();
+    c.recvbufs = recvbufs.data();
+    c.counts = counts.data();
+  } else if ((c.kind == MNCL_COLL_ALLGATHERV || c.kind == MNCL_COLL_ALLTOALLV ||
+              is_rooted_v_kind(c.kind)) &&
+             c.counts) {
+    const size_t entries = c.nbufs * (c.kind == MNCL_COLL_ALLTOALLV ? 4 : 2);
+    counts.assign(c.counts, c.counts + entries);
+    c.counts = counts.data();
+  }
 }
 
 // Elements in all blocks: the sum of n counts.

@@ -36,6 +36,24 @@ using kit::v_total;
 
 using kit::is_v_kind;
 
+// Every live communicator (Comm::progress_all). Never destroyed: a communicator an application
+// destroys from a static destructor at exit still finds it.
+struct Registry {
+  std::mutex mutex;  // taken with no MpiLock held (progress_all takes MpiLock under it)
+  std::vector<Comm *> comms;
+};
+Registry &registry() {
+  static Registry *const r = new Registry;
+  return *r;
+}
+// How many communicators have posted collectives queued.
+std::atomic<int> g_queued_comms{0};
+
+// Point to point: no other rank makes the same call, so no call check and no MPI collective.
+bool is_p2p(int32_t kind) {
+  return kind == MNCL_COLL_SEND || kind == MNCL_COLL_RECV || kind == MNCL_COLL_SENDRECV_BATCH;
+}
+
 // The counts check of allgatherv / alltoallv (kit::v_pair_sums: MPI does not compare counts; a
 // shorter message would leave part of a block unwritten, a longer one fails, and an algorithm
 // may then wait for ever). [2] counts the ranks that refuse the call (v_device_refusal), so
@@ -208,12 +226,25 @@ class BusyScope {
 // Creation, split, destruction
 // ---------------------------------------------------------------------------------------------
 
-Comm::Comm(MPI_Comm comm, const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host,
-           const Options &options)
-    : comm_(comm), rank_(bs.rank), size_(bs.size), host_(host), options_(options) {
+Comm::Comm(MPI_Comm comm, MPI_Comm checks_comm, const mncl_bootstrap_v1_t &bs,
+           const mncl_host_v1_t *host, const Options &options)
+    : comm_(comm),
+      checks_comm_(checks_comm),
+      rank_(bs.rank),
+      size_(bs.size),
+      host_(host),
+      options_(options) {
   int *tag_ub = nullptr, found = 0;
   MPI_Comm_get_attr(comm_, MPI_TAG_UB, &tag_ub, &found);
   if (found && tag_ub != nullptr && *tag_ub > tag_ub_) tag_ub_ = *tag_ub;
+}
+
+Comm *Comm::enlist(Comm *comm) {
+  if (comm != nullptr) {
+    std::lock_guard<std::mutex> guard(registry().mutex);
+    registry().comms.push_back(comm);
+  }
+  return comm;
 }
 
 Comm *Comm::create(const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host,
@@ -280,7 +311,16 @@ Comm *Comm::adopt(MPI_Comm comm, const mncl_bootstrap_v1_t &bs, const mncl_host_
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
   const std::string name = std::string("mncl-flat:") + (bs.comm_id ? bs.comm_id : "?");
   MPI_Comm_set_name(comm, name.c_str());  // shows up in MPI tools and error messages
-  return new Comm(comm, bs, host, options);
+  MPI_Comm checks = MPI_COMM_NULL;
+  const int rc = MPI_Comm_dup(comm, &checks);  // keeps the error handler
+  if (rc != MPI_SUCCESS) {
+    MPI_Comm_free(&comm);
+    throw kit::Error(mpi_error_status(rc),
+                     kit::format("flat: MPI_Comm_dup (the checks' communicator) failed: %s",
+                                 mpi_error_text(rc).c_str()));
+  }
+  MPI_Comm_set_name(checks, (name + ":checks").c_str());
+  return new Comm(comm, checks, bs, host, options);
 }
 
 Comm *Comm::split(int32_t color, const mncl_bootstrap_v1_t *bs) {
@@ -289,6 +329,10 @@ Comm *Comm::split(int32_t color, const mncl_bootstrap_v1_t *bs) {
   if (color != MNCL_SPLIT_NONE && bs == nullptr) {
     throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
                      "flat comm_split: no bootstrap for color " + std::to_string(color));
+  }
+  {
+    std::unique_lock<std::mutex> guard(deferred_mutex_);
+    settle(guard, Clock::time_point::max(), nullptr, "comm_split");  // a collective on comm_ too
   }
   MpiLock lock;
   MPI_Comm comm = MPI_COMM_NULL;
@@ -305,6 +349,13 @@ Comm *Comm::split(int32_t color, const mncl_bootstrap_v1_t *bs) {
 }
 
 Comm::~Comm() {
+  {
+    Registry &all = registry();
+    std::lock_guard<std::mutex> registered(all.mutex);
+    all.comms.erase(std::remove(all.comms.begin(), all.comms.end(), this), all.comms.end());
+    std::lock_guard<std::mutex> guard(deferred_mutex_);
+    if (!deferred_.empty()) g_queued_comms.fetch_sub(1);  // destroy ended them (the core's job)
+  }
   if (mpi_finalized()) return;  // MPI released everything already
   MpiLock lock;
   size_t leaked = 0;
@@ -323,6 +374,7 @@ Comm::~Comm() {
                  "are leaked",
                  leaked);
   }
+  MPI_Comm_free(&checks_comm_);
   MPI_Comm_free(&comm_);  // pending operations still complete, as MPI specifies
 }
 
@@ -388,9 +440,7 @@ void Comm::execute(const mncl_coll_v1_t &c) {
   if (options_.cuda) prepare_device_buffers(c);
   // Point to point always: its receives are then matched and size-checked before they are
   // received, and the wait stays bounded by the timeout and abort (MPI_Recv's would not be).
-  const bool p2p =
-      c.kind == MNCL_COLL_SEND || c.kind == MNCL_COLL_RECV || c.kind == MNCL_COLL_SENDRECV_BATCH;
-  if (p2p) {
+  if (is_p2p(c.kind)) {
     // Non-blocking underneath, polled here: the timeout and abort can then end the wait.
     std::unique_ptr<Request> r = post(c, true);
     try {
@@ -436,6 +486,26 @@ std::unique_ptr<Request> new_request(const mncl_coll_v1_t &c, bool polled) {
   r->deadline = Clock::now() + std::chrono::milliseconds(c.timeout_ms > 0 ? c.timeout_ms : 300000);
   return r;
 }
+
+// A copy of c that outlives the post() call (Request::Deferred).
+std::unique_ptr<Request::Deferred> keep_call(const mncl_coll_v1_t &c) {
+  auto d = std::make_unique<Request::Deferred>();
+  d->coll = c;
+  kit::keep_arrays(d->coll, d->sendbufs, d->recvbufs, d->counts);
+  return d;
+}
+
+std::string timeout_message(const std::string &what, int rank, int size) {
+  return kit::format(
+      "flat %s: not complete after the communicator's timeout on rank %d of %d (a "
+      "peer is missing or stuck); MPI cannot cancel it, so destroy the communicator",
+      what.c_str(), rank, size);
+}
+
+std::string checks_failed_message(const std::string &what, int rank, int size, int rc) {
+  return kit::format("flat %s: the exchange that checks the call failed on rank %d of %d: %s",
+                     what.c_str(), rank, size, mpi_error_text(rc).c_str());
+}
 }  // namespace
 
 // Spins on test(); after 50 us it yields between polls (another thread's flat calls may need
@@ -458,14 +528,13 @@ void Comm::execute_bounded(const mncl_coll_v1_t &c) {
   std::unique_ptr<Request> r = new_request(c, true);
   r->checks_only = true;
   try {
-    std::string refusal;
+    const std::string refusal = is_v_kind(c.kind) ? v_device_refusal(c) : std::string();
     {
+      std::unique_lock<std::mutex> guard(deferred_mutex_);
+      // Posted collectives' data go before this call's, on every rank.
+      settle(guard, r->deadline, &c, nullptr);
       MpiLock lock;
-      post_fingerprint(c, *r);
-      if (is_v_kind(c.kind)) {
-        refusal = v_device_refusal(c);
-        post_counts_check(c, *r, !refusal.empty());
-      }
+      post_checks(c, *r, !refusal.empty());
     }
     poll_until_done(*r);  // the checks alone: test() runs check_call once they complete
     r->checks_only = false;
@@ -504,21 +573,38 @@ std::unique_ptr<Request> Comm::post(const mncl_coll_v1_t &c, bool polled) {
   check_usable(&c, nullptr);
   if (options_.cuda) prepare_device_buffers(c);
   std::unique_ptr<Request> r = new_request(c, polled);
+  // Bounded mode: a collective's data wait for its checks (advance()), so mismatched calls
+  // move no data here either.
+  const bool defer = options_.bounded && !is_p2p(c.kind);
   try {
-    MpiLock lock;
-    if (options_.bounded) post_fingerprint(c, *r);
-    if (is_v_kind(c.kind)) {
+    std::unique_lock<std::mutex> guard(deferred_mutex_, std::defer_lock);
+    if (defer) guard.lock();
+    {
+      MpiLock lock;
       // A refusal is posted too, so that the other ranks learn of it and fail alike.
-      const std::string refusal = v_device_refusal(c);
-      post_counts_check(c, *r, !refusal.empty());
+      const std::string refusal = is_v_kind(c.kind) ? v_device_refusal(c) : std::string();
+      if (options_.bounded) {
+        post_checks(c, *r, !refusal.empty());
+      } else if (is_v_kind(c.kind)) {
+        post_counts_check(c, *r, !refusal.empty());
+      }
       if (!refusal.empty()) {
-        // The other ranks post their data beside their checks: this communicator is out of
-        // step with theirs from now on.
-        broken_.store(true);
+        // Unbounded, the other ranks post their data beside their checks: this communicator is
+        // out of step with theirs from now on. Bounded, they skip their data.
+        if (!defer) broken_.store(true);
         throw kit::Error(MNCL_ERR_NOT_SUPPORTED, refusal);
       }
+      if (!defer) issue(c, *r, true);
     }
-    issue(c, *r, true);
+    if (defer) {
+      r->checks_only = true;
+      r->deferred = keep_call(c);
+      r->data_deferred.store(true);
+      deferred_.push_back(r.get());
+      if (deferred_.size() == 1) g_queued_comms.fetch_add(1);
+      queued_.store(deferred_.size(), std::memory_order_release);
+      advance();
+    }
   } catch (...) {
     retire(std::move(r));  // chunks already started stay with MPI
     throw;
@@ -536,6 +622,23 @@ bool Comm::test(Request &r) {
                                  "in flight",
                                  what().c_str()));
   }
+  // Any test moves the queues on, this communicator's and the others': the application may
+  // be waiting on another operation (a receive whose sender waits for this data, a blocking
+  // collective on another communicator) while MPI progresses the checks.
+  if (queued_.load(std::memory_order_acquire) > 0) {
+    std::lock_guard<std::mutex> guard(deferred_mutex_);
+    advance();
+  }
+  progress_all(this);
+  if (r.data_deferred.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> guard(deferred_mutex_);
+    if (r.data_deferred.load()) {  // its checks, or those of a call posted before it, are out
+      if (Clock::now() < r.deadline) return false;
+      broken_.store(true);
+      throw kit::Error(MNCL_ERR_TIMEOUT, timeout_message(what(), rank_, size_));
+    }
+  }
+  if (r.settled_status != MNCL_OK) throw kit::Error(r.settled_status, r.settled_message);
   int done = 0;
   if (r.checks > 0 && !r.checked) {
     int checks_rc;
@@ -546,11 +649,8 @@ bool Comm::test(Request &r) {
     if (checks_rc != MPI_SUCCESS) {
       // Its output was never written: comparing it would report a mismatch that is not one.
       broken_.store(true);
-      throw kit::Error(
-          mpi_error_status(checks_rc),
-          kit::format("flat %s: the exchange that checks the call failed on rank %d "
-                      "of %d: %s",
-                      what().c_str(), rank_, size_, mpi_error_text(checks_rc).c_str()));
+      throw kit::Error(mpi_error_status(checks_rc),
+                       checks_failed_message(what(), rank_, size_, checks_rc));
     }
     if (done) check_call(r);  // before the data are trusted, and before they hang
     done = 0;
@@ -597,11 +697,7 @@ bool Comm::test(Request &r) {
   if (!done) {
     if (Clock::now() < r.deadline) return false;
     broken_.store(true);
-    throw kit::Error(MNCL_ERR_TIMEOUT,
-                     kit::format("flat %s: not complete after the communicator's timeout on rank "
-                                 "%d of %d (a peer is missing or stuck); MPI cannot cancel it, so "
-                                 "destroy the communicator",
-                                 what().c_str(), rank_, size_));
+    throw kit::Error(MNCL_ERR_TIMEOUT, timeout_message(what(), rank_, size_));
   }
   finish(r, statuses.data());
   return true;
@@ -618,11 +714,35 @@ uint64_t coalesced_split(const mncl_coll_v1_t &c) {
 }
 }  // namespace
 
-void Comm::post_fingerprint(const mncl_coll_v1_t &c, Request &r) {
-  // Point to point: no other rank makes the same call (each receiver checks its sizes).
-  if (c.kind == MNCL_COLL_SEND || c.kind == MNCL_COLL_RECV || c.kind == MNCL_COLL_SENDRECV_BATCH) {
-    return;
+namespace {
+// One check element: kSumsAt words combined by max, then the counts sums added.
+void combine_checks(void *in, void *inout, int *len, MPI_Datatype *) {
+  const auto *a = static_cast<const uint64_t *>(in);
+  auto *b = static_cast<uint64_t *>(inout);
+  for (int e = 0; e < *len; ++e, a += Request::kCheckWords, b += Request::kCheckWords) {
+    for (int i = 0; i < Request::kSumsAt; ++i) b[i] = std::max(a[i], b[i]);
+    for (int i = Request::kSumsAt; i < Request::kCheckWords; ++i) b[i] += a[i];
   }
+}
+}  // namespace
+
+// Made once MPI is up (under the MPI lock); MPI frees them at finalize.
+const Comm::CheckType &Comm::check_type() {
+  static const CheckType type = [] {
+    CheckType t;
+    // One element of kCheckWords words: MPI never splits an element between calls of the
+    // operation, which must know which word it combines.
+    MPI_Type_contiguous(Request::kCheckWords, MPI_UINT64_T, &t.datatype);
+    MPI_Type_commit(&t.datatype);
+    MPI_Op_create(combine_checks, /*commute=*/1, &t.op);
+    return t;
+  }();
+  return type;
+}
+
+void Comm::post_checks(const mncl_coll_v1_t &c, Request &r, bool refusing) {
+  // Point to point: no other rank makes the same call (each receiver checks its sizes).
+  if (is_p2p(c.kind)) return;
   const bool rooted = kit::is_rooted(c.kind) || kit::is_rooted_v_kind(c.kind);
   const bool barrier = c.kind == MNCL_COLL_BARRIER;
   uint64_t count = barrier ? 0 : c.count;
@@ -631,7 +751,7 @@ void Comm::post_fingerprint(const mncl_coll_v1_t &c, Request &r) {
     for (size_t i = 0; i < c.nbufs; ++i) count += c.counts[i];
   }
   // Per-rank counts differ between ranks: allgatherv's total must agree, alltoallv has none;
-  // post_counts_check checks each block's two ends.
+  // the counts sums check each block's two ends.
   if (c.kind == MNCL_COLL_ALLGATHERV) count = v_total(c.counts, c.nbufs);
   // Gatherv / scatterv: each rank has its own count; the receiving end checks each block's.
   if (c.kind == MNCL_COLL_ALLTOALLV || kit::is_rooted_v_kind(c.kind)) count = 0;
@@ -644,22 +764,30 @@ void Comm::post_fingerprint(const mncl_coll_v1_t &c, Request &r) {
                                              coalesced_split(c),
                                              c.seq};
   for (int i = 0; i < Request::kFields; ++i) {
-    r.fingerprint_in[i] = fields[i];
-    r.fingerprint_in[Request::kFields + i] = ~fields[i];  // max of the complement: the minimum
+    r.check_in[i] = fields[i];
+    r.check_in[Request::kFields + i] = ~fields[i];  // max of the complement: the minimum
   }
+  uint64_t *sums = r.check_in + Request::kSumsAt;
+  if (is_v_kind(c.kind)) {
+    pair_sums(c, rank_, refusing, sums);
+  } else {
+    sums[0] = sums[1] = sums[2] = 0;
+  }
+  const CheckType &type = check_type();
   r.mpi.push_back(MPI_REQUEST_NULL);
-  check(MPI_Iallreduce(r.fingerprint_in, r.fingerprint_out, 2 * Request::kFields, MPI_UINT64_T,
-                       MPI_MAX, comm_, &r.mpi.back()),
-        "MPI_Iallreduce (call fingerprint)", c);
+  check(MPI_Iallreduce(r.check_in, r.check_out, 1, type.datatype, type.op, checks_comm_,
+                       &r.mpi.back()),
+        "MPI_Iallreduce (call checks)", c);
   r.fingerprinted = true;
+  r.counts_summed = true;
   ++r.checks;
 }
 
 void Comm::post_counts_check(const mncl_coll_v1_t &c, Request &r, bool refusing) {
-  pair_sums(c, rank_, refusing, r.pair_sums_in);
+  pair_sums(c, rank_, refusing, r.check_in + Request::kSumsAt);
   r.mpi.push_back(MPI_REQUEST_NULL);
-  check(MPI_Iallreduce(r.pair_sums_in, r.pair_sums_out, 3, MPI_UINT64_T, MPI_SUM, comm_,
-                       &r.mpi.back()),
+  check(MPI_Iallreduce(r.check_in + Request::kSumsAt, r.check_out + Request::kSumsAt, 3,
+                       MPI_UINT64_T, MPI_SUM, checks_comm_, &r.mpi.back()),
         "MPI_Iallreduce (counts check)", c);
   r.counts_summed = true;
   ++r.checks;
@@ -670,7 +798,8 @@ void Comm::post_counts_check(const mncl_coll_v1_t &c, Request &r, bool refusing)
 void Comm::check_counts_now(const mncl_coll_v1_t &c, const std::string &refusal) {
   uint64_t in[3], out[3];
   pair_sums(c, rank_, !refusal.empty(), in);
-  check(MPI_Allreduce(in, out, 3, MPI_UINT64_T, MPI_SUM, comm_), "MPI_Allreduce (counts check)", c);
+  check(MPI_Allreduce(in, out, 3, MPI_UINT64_T, MPI_SUM, checks_comm_),
+        "MPI_Allreduce (counts check)", c);
   if (!refusal.empty()) throw kit::Error(MNCL_ERR_NOT_SUPPORTED, refusal);
   if (out[2] != 0) {
     throw kit::Error(MNCL_ERR_NOT_SUPPORTED,
@@ -689,12 +818,13 @@ void Comm::check_call(Request &r) {
   // execute_bounded() checks before it issues the data: then nothing is in flight, every rank
   // fails alike, and the communicator stays usable.
   const bool data_in_flight = !r.checks_only;
-  if (r.counts_summed && r.pair_sums_out[2] != 0) {
+  const uint64_t *sums = r.check_out + Request::kSumsAt;
+  if (r.counts_summed && sums[2] != 0) {
     if (data_in_flight) broken_.store(true);  // the data went out to ranks that never posted
     throw kit::Error(
         MNCL_ERR_NOT_SUPPORTED,
         kit::format("flat %s: %llu other rank(s) refused this call (see their errors); %s",
-                    request_name(r).c_str(), static_cast<unsigned long long>(r.pair_sums_out[2]),
+                    request_name(r).c_str(), static_cast<unsigned long long>(sums[2]),
                     data_in_flight ? "the communicator is unusable" : "no data was moved"));
   }
   std::string differences;
@@ -707,7 +837,7 @@ void Comm::check_call(Request &r) {
       "buffers",
       "sequence number"};
   for (int i = 0; r.fingerprinted && i < Request::kFields; ++i) {
-    const uint64_t hi = r.fingerprint_out[i], lo = ~r.fingerprint_out[Request::kFields + i];
+    const uint64_t hi = r.check_out[i], lo = ~r.check_out[Request::kFields + i];
     if (hi == lo) continue;
     const auto as_int = [](uint64_t v) { return static_cast<int32_t>(static_cast<uint32_t>(v)); };
     std::string a, b;
@@ -744,7 +874,7 @@ void Comm::check_call(Request &r) {
     differences += kit::format("%s%s %s vs %s", differences.empty() ? "" : ", ", names[i],
                                a.c_str(), b.c_str());
   }
-  if (differences.empty() && r.counts_summed && r.pair_sums_out[0] != r.pair_sums_out[1]) {
+  if (differences.empty() && r.counts_summed && sums[0] != sums[1]) {
     differences = "counts: " + counts_disagreement(r.kind);
   }
   if (differences.empty()) return;
@@ -762,8 +892,122 @@ void Comm::check_call(Request &r) {
                                request_name(r).c_str(), differences.c_str()));
 }
 
+void Comm::advance() {
+  while (!deferred_.empty()) {
+    if (aborted_.load() || broken_.load()) {
+      abandon_queue();
+      return;
+    }
+    Request &d = *deferred_.front();
+    int done = 0, rc;
+    {
+      MpiLock lock;
+      rc = MPI_Testall(d.checks, d.mpi.data(), &done, MPI_STATUSES_IGNORE);
+    }
+    if (rc == MPI_SUCCESS && !done) break;  // later calls wait for this one's data
+    deferred_.pop_front();
+    try {
+      if (rc != MPI_SUCCESS) {
+        // Its output was never written: comparing it would report a mismatch that is not one.
+        broken_.store(true);
+        throw kit::Error(mpi_error_status(rc),
+                         checks_failed_message(request_name(d), rank_, size_, rc));
+      }
+      check_call(d);  // checks_only: a mismatch leaves the communicator usable
+      const size_t issued_before = d.mpi.size();
+      try {
+        MpiLock lock;
+        issue(d.deferred->coll, d, true);
+      } catch (...) {
+        // Part of the data may have gone out (an error before any MPI call, the same on every
+        // rank for the same call, leaves the communicator usable).
+        if (d.mpi.size() > issued_before) broken_.store(true);
+        throw;
+      }
+      d.checks_only = false;
+    } catch (const kit::Error &e) {
+      d.settled_status = e.status();
+      d.settled_message = e.what();
+    } catch (const std::exception &e) {
+      broken_.store(true);
+      d.settled_status = MNCL_ERR_INTERNAL;
+      d.settled_message = kit::format("flat %s: %s", request_name(d).c_str(), e.what());
+    }
+    d.data_deferred.store(false, std::memory_order_release);
+    if (deferred_.empty()) g_queued_comms.fetch_sub(1);
+  }
+  queued_.store(deferred_.size(), std::memory_order_release);
+}
+
+void Comm::abandon_queue() {
+  const bool aborted = aborted_.load();
+  for (Request *d : deferred_) {
+    d->settled_status = aborted ? MNCL_ERR_ABORTED : MNCL_ERR_REMOTE;
+    d->settled_message =
+        kit::format("flat %s: never started: %s before its checks had passed; no data was moved",
+                    request_name(*d).c_str(),
+                    aborted ? "the communicator was aborted"
+                            : "an operation on this communicator timed out or failed inside MPI");
+    d->data_deferred.store(false, std::memory_order_release);
+  }
+  if (!deferred_.empty()) g_queued_comms.fetch_sub(1);
+  deferred_.clear();
+  queued_.store(0, std::memory_order_release);
+}
+
+void Comm::settle(std::unique_lock<std::mutex> &lock, Clock::time_point deadline,
+                  const mncl_coll_v1_t *c, const char *what) {
+  const auto spin_until = Clock::now() + std::chrono::microseconds(50);
+  for (;;) {
+    advance();  // abandons the queue on an abort: check_usable below says so
+    if (deferred_.empty()) {
+      check_usable(c, what);
+      return;
+    }
+    const Request &head = *deferred_.front();
+    const auto now = Clock::now();
+    if (now >= head.deadline || now >= deadline) {
+      // This call posted no checks where its peers may have: this rank is out of step, and
+      // what is queued fails (abandon_queue) rather than go out.
+      broken_.store(true);
+      throw kit::Error(MNCL_ERR_TIMEOUT,
+                       kit::format("flat %s: %s (posted earlier, whose data go first) did not "
+                                   "pass its checks in time on rank %d of %d (a peer is missing "
+                                   "or stuck)",
+                                   (c != nullptr ? describe(*c) : std::string(what)).c_str(),
+                                   request_name(head).c_str(), rank_, size_));
+    }
+    // Unlocked meanwhile: other threads' tests of this communicator's requests go on.
+    lock.unlock();
+    progress_all(this);
+    if (now > spin_until) std::this_thread::yield();
+    lock.lock();
+  }
+}
+
+void Comm::progress_all(const Comm *self) {
+  if (g_queued_comms.load() == 0) return;
+  Registry &all = registry();
+  std::lock_guard<std::mutex> registered(all.mutex);
+  for (Comm *other : all.comms) {
+    if (other == self || other->queued_.load(std::memory_order_acquire) == 0) continue;
+    // Never waits for another communicator's lock: its holder moves that queue itself (and
+    // may be waiting for this registry).
+    std::unique_lock<std::mutex> guard(other->deferred_mutex_, std::try_to_lock);
+    if (guard.owns_lock()) other->advance();
+  }
+}
+
 void Comm::retire(std::unique_ptr<Request> r) {
-  if (r == nullptr || r->mpi.empty() || mpi_finalized()) return;
+  if (r == nullptr) return;
+  if (r->data_deferred.load()) {
+    // Failed while queued (timed out, aborted): this rank's order of calls may no longer be its
+    // peers', so nothing queued may go out.
+    std::lock_guard<std::mutex> guard(deferred_mutex_);
+    broken_.store(true);
+    abandon_queue();
+  }
+  if (r->mpi.empty() || mpi_finalized()) return;
   MpiLock lock;
   int done = 0;
   MPI_Testall(static_cast<int>(r->mpi.size()), r->mpi.data(), &done, MPI_STATUSES_IGNORE);

@@ -14,7 +14,8 @@
 //    communicator's timeout, or MNCL_ERR_ABORTED after an abort. With bounded = true (the
 //    default; MNCL_FLAT_BOUNDED=0 turns it off) blocking calls run as non-blocking ones polled
 //    to completion, so they are bounded too, at the price of MPI's (slower) non-blocking
-//    algorithms and one small fingerprint exchange per collective. Point to
+//    algorithms and one small fingerprint exchange per collective, which completes before the
+//    data are posted (posted collectives: see Comm::advance). Point to
 //    point (send, recv, sendrecv_batch) always runs that way: bounded, and each receive is
 //    size-checked before it is received.
 //  - MPI cannot cancel a collective: a timed-out or aborted one keeps its buffers in use; the
@@ -27,6 +28,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -75,20 +77,42 @@ struct Request {
   size_t avg_count = 0;
   std::vector<Copy> copy_out;  // packed / scratch result -> the caller's buffers
   std::chrono::steady_clock::time_point deadline;
-  // Bounded mode: the call's fingerprint, exchanged by an MPI_Iallreduce (MPI_MAX of each field
-  // and of its complement) posted just before the data, as r.mpi[0]. Equal maxima and minima
-  // on every field mean every rank made the same call.
+  // The call's checks, in check_in / check_out:
+  //  - bounded mode, every collective: the call's fingerprint (words [0, kSumsAt): the maximum
+  //    of each field and of its complement; equal maxima and minima on every field mean every
+  //    rank made the same call) and the counts sums below (zero but for allgatherv /
+  //    alltoallv), in one MPI_Iallreduce of one kCheckWords-word element under an operation of
+  //    flat's own (max, then sum): one exchange per call, so mismatched kinds never leave one
+  //    rank with an exchange more than another;
+  //  - unbounded mode, allgatherv / alltoallv only: the counts sums alone (MPI_SUM).
+  // The counts sums (words [kSumsAt, kCheckWords)): each block's sender and receiver counts
+  // (see pair_sums in flat_comm.cpp), and the ranks refusing the call.
   static constexpr int kFields = 7;  // kind, dtype, op, root, count, nbufs, seq
+  static constexpr int kSumsAt = 2 * kFields;
+  static constexpr int kCheckWords = kSumsAt + 3;
   bool fingerprinted = false;
-  uint64_t fingerprint_in[2 * kFields] = {}, fingerprint_out[2 * kFields] = {};
-  // Allgatherv / alltoallv, in every mode: the counts of each block's sender and receiver
-  // (see pair_sums in flat_comm.cpp), summed over the ranks by an MPI_Iallreduce posted before
-  // the data, after the fingerprint.
   bool counts_summed = false;
-  uint64_t pair_sums_in[3] = {}, pair_sums_out[3] = {};
+  uint64_t check_in[kCheckWords] = {}, check_out[kCheckWords] = {};
   int checks = 0;            // leading requests of mpi that check the call (fingerprint, sums)
   bool checked = false;      // they completed and the call passed
-  bool checks_only = false;  // execute_bounded: the data are issued once the checks pass
+  bool checks_only = false;  // the data are issued once the checks pass (execute_bounded, and
+                             // a posted collective while data_deferred)
+  // Bounded mode, a posted collective: its call, kept to issue the data once its checks pass
+  // (Comm::advance), with copies of its arrays (kit::keep_arrays).
+  struct Deferred {
+    mncl_coll_v1_t coll;
+    std::vector<const void *> sendbufs;
+    std::vector<void *> recvbufs;
+    std::vector<size_t> counts;
+  };
+  std::unique_ptr<Deferred> deferred;  // guarded by Comm::deferred_mutex_
+  // Set while the data wait for the checks; cleared (under Comm::deferred_mutex_, with
+  // release) once they are issued or the call failed its checks: a tester that reads false
+  // may use mpi and settled_* without that lock.
+  std::atomic<bool> data_deferred{false};
+  // Why the data were never issued (the checks failed, found by Comm::advance): test() throws it.
+  mncl_status_t settled_status = MNCL_OK;
+  std::string settled_message;
   // Receives posted (MPI_Imrecv, into mpi) only once their message has been matched by
   // MPI_Improbe and its size checked, since Open MPI may write a longer message past the end of
   // a receive buffer before it reports the truncation: gatherv / scatterv always, and RECV
@@ -113,6 +137,9 @@ struct Request {
 
 class Comm {
  public:
+  // Adds a new communicator (create, split; nullptr passes through) to those whose posted
+  // calls any flat call moves on (progress_all). Call with no MpiLock held.
+  static Comm *enlist(Comm *comm);
   // Collective over all ranks of the job (comm_create). Throws kit::Error.
   static Comm *create(const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host,
                       const Options &options);
@@ -141,8 +168,8 @@ class Comm {
   int busy() const { return busy_.load(); }
 
  private:
-  Comm(MPI_Comm comm, const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host,
-       const Options &options);
+  Comm(MPI_Comm comm, MPI_Comm checks_comm, const mncl_bootstrap_v1_t &bs,
+       const mncl_host_v1_t *host, const Options &options);
   static Comm *adopt(MPI_Comm comm, const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host,
                      const Options &options);
   void check_usable(const mncl_coll_v1_t *c, const char *what) const;
@@ -189,18 +216,47 @@ class Comm {
   // After the MPI side completed: checks (statuses: requests with r.expected), AVG, copies.
   void finish(const Request &r, const MPI_Status *statuses);
   void check(int rc, const char *call, const mncl_coll_v1_t &c) const;
-  // Bounded mode: posts r's fingerprint exchange (collectives only). Under the MPI lock.
-  void post_fingerprint(const mncl_coll_v1_t &c, Request &r);
-  // Allgatherv / alltoallv: posts the counts check (post_counts_check), or runs it and throws
-  // on every rank when the counts disagree (MNCL_ERR_REMOTE) or a rank refuses the call
-  // (MNCL_ERR_NOT_SUPPORTED) (check_counts_now, blocking calls: before any data moves). Under
-  // the MPI lock.
+  // The MPI datatype and operation of the combined checks (Request::check_in).
+  struct CheckType {
+    MPI_Datatype datatype;
+    MPI_Op op;
+  };
+  static const CheckType &check_type();
+  // Bounded mode: posts r's checks, fingerprint and counts sums in one exchange (collectives
+  // only; refusing: this rank refuses the call, see v_device_refusal). Under the MPI lock.
+  void post_checks(const mncl_coll_v1_t &c, Request &r, bool refusing);
+  // Unbounded mode, allgatherv / alltoallv: posts the counts check (post_counts_check), or
+  // runs it and throws on every rank when the counts disagree (MNCL_ERR_REMOTE) or a rank
+  // refuses the call (MNCL_ERR_NOT_SUPPORTED) (check_counts_now, blocking calls: before any
+  // data moves). Under the MPI lock.
   void post_counts_check(const mncl_coll_v1_t &c, Request &r, bool refusing);
   void check_counts_now(const mncl_coll_v1_t &c, const std::string &refusal);
   // Once the checks are done: throws MNCL_ERR_REMOTE naming the fields the ranks disagree on.
   void check_call(Request &r);
+  // Bounded mode's posted collectives. Their checks go out at once, on checks_comm_ (a
+  // duplicate of comm_); their data wait in deferred_ and go out on comm_ in the order they
+  // were posted, each once its checks have passed: MPI's collectives keep one order per
+  // communicator on every rank, and nothing moves between mismatched calls. advance() issues
+  // what it can without waiting: every post and test on any flat communicator runs it (see
+  // progress_all), as MPI progresses every operation inside any MPI call. settle() waits until
+  // deferred_ is empty, unlocking `lock` (on deferred_mutex_) between polls, and returns with
+  // it held: before a blocking collective's checks (throws on the head's timeout or at
+  // `deadline`) or a split. A call that fails its checks is skipped by every rank alike: its
+  // request reports it (settled_*), the communicator stays usable. Once the communicator is
+  // broken or aborted nothing more is issued: every queued call fails (abandon_queue), since
+  // this rank's order may no longer be its peers'. advance() and abandon_queue() run under
+  // deferred_mutex_.
+  void advance();
+  void abandon_queue();
+  // c: the call that waits (or nullptr, and `what` names it), for messages.
+  void settle(std::unique_lock<std::mutex> &lock, std::chrono::steady_clock::time_point deadline,
+              const mncl_coll_v1_t *c, const char *what);
+  // Runs advance() on every flat communicator but self with queued calls whose lock is free.
+  // Takes the registry; never called under MpiLock.
+  static void progress_all(const Comm *self);
 
   MPI_Comm comm_;
+  MPI_Comm checks_comm_;  // the calls' checks (fingerprint, counts), apart from the data
   int rank_, size_;
   int tag_ub_ = 32767;  // MPI_TAG_UB of comm_ (gatherv / scatterv tags: 2 .. tag_ub_)
   const mncl_host_v1_t *host_;
@@ -208,8 +264,11 @@ class Comm {
   std::atomic<bool> aborted_{false};
   std::atomic<bool> broken_{false};  // an operation timed out or was abandoned
   std::atomic<int> busy_{0};
-  std::vector<unsigned char> pack_;                // blocking coalesced / scratch buffer, reused
-  std::mutex orphans_mutex_;                       // retire() may run on several threads
+  std::vector<unsigned char> pack_;  // blocking coalesced / scratch buffer, reused
+  std::mutex orphans_mutex_;         // retire() may run on several threads
+  std::mutex deferred_mutex_;       // deferred_, and each queued Request's deferral; before MpiLock
+  std::deque<Request *> deferred_;  // posted collectives whose data are not issued yet
+  std::atomic<size_t> queued_{0};   // deferred_.size(), for test() to skip the lock when 0
   std::vector<std::unique_ptr<Request>> orphans_;  // abandoned, still owned by MPI
 };
 

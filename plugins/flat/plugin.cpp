@@ -101,7 +101,8 @@ mncl_status_t flat_probe(const mncl_probe_v1_t *info, int32_t *score, char *reas
 // The store is not needed: MPI's launcher already wired the processes together.
 mncl_status_t flat_comm_create(const mncl_bootstrap_v1_t *bs, void **comm) {
   return kit::create_comm(
-      g_host, "flat", bs, comm, [&] { return Comm::create(*bs, g_host, g_options); }, false);
+      g_host, "flat", bs, comm, [&] { return Comm::enlist(Comm::create(*bs, g_host, g_options)); },
+      false);
 }
 
 mncl_status_t flat_comm_destroy(void *comm) {
@@ -128,7 +129,7 @@ mncl_status_t flat_comm_split(void *comm, int32_t color, int32_t key, const mncl
   (void)key;  // the core already ordered the ranks by key; bs->rank carries the result
   *newcomm = nullptr;
   return kit::guard(g_host, "flat comm_split", [&] {
-    *newcomm = static_cast<Comm *>(comm)->split(color, bs);
+    *newcomm = Comm::enlist(static_cast<Comm *>(comm)->split(color, bs));
     kit::track_comm(*newcomm);  // reachable by comm_abort (kit::LiveComms)
     return MNCL_OK;
   });

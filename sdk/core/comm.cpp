@@ -562,20 +562,7 @@ std::shared_ptr<Operation> Comm::start(const mncl_coll_v1_t &coll_in) {
   auto op = std::make_shared<Operation>();
   op->coll = coll_in;
   // The caller's arrays need not outlive the call: keep copies.
-  if (coll_in.kind == MNCL_COLL_ALLREDUCE_COALESCED && coll_in.nbufs > 0 && coll_in.sendbufs &&
-      coll_in.recvbufs && coll_in.counts) {
-    op->sendbufs.assign(coll_in.sendbufs, coll_in.sendbufs + coll_in.nbufs);
-    op->recvbufs.assign(coll_in.recvbufs, coll_in.recvbufs + coll_in.nbufs);
-    op->counts.assign(coll_in.counts, coll_in.counts + coll_in.nbufs);
-    op->coll.sendbufs = op->sendbufs.data();
-    op->coll.recvbufs = op->recvbufs.data();
-    op->coll.counts = op->counts.data();
-  } else if ((kit::is_v_kind(coll_in.kind) || kit::is_rooted_v_kind(coll_in.kind)) &&
-             coll_in.counts) {
-    const size_t entries = coll_in.nbufs * (coll_in.kind == MNCL_COLL_ALLTOALLV ? 4 : 2);
-    op->counts.assign(coll_in.counts, coll_in.counts + entries);
-    op->coll.counts = op->counts.data();
-  }
+  kit::keep_arrays(op->coll, op->sendbufs, op->recvbufs, op->counts);
   validate_and_number(op->coll);
   launch(op);
   return op;

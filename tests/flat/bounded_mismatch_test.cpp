@@ -5,12 +5,21 @@
 // nothing may be written into any receive buffer or past it, and the communicator must still
 // work: a correct allreduce right after each mismatch gives the exact sum. Cases: a bcast whose
 // root passes 4x the count of the others, an allreduce whose odd ranks pass 4x the count, and
-// an allgatherv whose rank 1 sends 4x what the other ranks' recvcounts[1] says.
+// an allgatherv whose rank 1 sends 4x what the other ranks' recvcounts[1] says; each as a
+// blocking call and as a posted one (mncl_i*, then mncl_wait), whose data wait for its checks.
+// A fourth: rank 1 calls allgatherv where the others call allreduce (one check exchange per
+// call whatever the kind, so the checks stay in step). Posted calls also keep their order: a
+// correct call posted behind a mismatched one completes first and right, a blocking
+// collective behind posted ones waits for their data, and a posted collective's data go out
+// while the application waits on a receive, or in a blocking collective on another
+// communicator, whose peer waits for that collective.
 #include <mncl/mncl.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "mismatch_harness.h"
@@ -63,16 +72,19 @@ void expect_usable(mncl_comm_t comm, int rank, int size, const char *after) {
   }
 }
 
-}  // namespace
+// A blocking call's status (request == nullptr), or a posted one's once waited for. The
+// request is read here, after the call that set it.
+mncl_status_t completed(mncl_status_t st, const mncl_request_t *request) {
+  if (request == nullptr || st != MNCL_OK) return st;
+  return mncl_wait(*request, -1);
+}
 
-int main() {
-  mncl_comm_t comm = nullptr;
-  int rank = 0, size = 0, code = 0;
-  if (!flat_test::open_world("flat_bounded_mismatch_test", &comm, &rank, &size, &code)) {
-    return code;
-  }
+// The three mismatches, blocking or posted.
+void mismatches(mncl_comm_t comm, int rank, int size, bool posted) {
   const bool odd = rank % 2 == 1;
-
+  const std::string how = posted ? " (posted)" : "";
+  mncl_request_t request = nullptr;
+  mncl_request_t *req = posted ? &request : nullptr;
   {  // bcast: the root sends kLarge elements, the others expect kSmall.
     const size_t count = rank == 0 ? kLarge : kSmall;
     std::vector<int32_t> buf(count + kGuards, kUntouched);
@@ -80,20 +92,27 @@ int main() {
     if (rank == 0) {
       for (size_t i = 0; i < count; ++i) buf[i] = static_cast<int32_t>(i);
     }
-    const mncl_status_t st = mncl_bcast(comm, buf.data(), count, MNCL_INT32, 0, nullptr);
-    expect_refused(rank, st, "bcast of 4x the count on the root");
-    if (rank != 0) expect_untouched(rank, buf, count, "bcast");
-    expect_usable(comm, rank, size, "the mismatched bcast");
+    const mncl_status_t st =
+        completed(posted ? mncl_ibcast(comm, buf.data(), count, MNCL_INT32, 0, nullptr, req)
+                         : mncl_bcast(comm, buf.data(), count, MNCL_INT32, 0, nullptr),
+                  req);
+    expect_refused(rank, st, ("bcast of 4x the count on the root" + how).c_str());
+    if (rank != 0) expect_untouched(rank, buf, count, ("bcast" + how).c_str());
+    expect_usable(comm, rank, size, ("the mismatched bcast" + how).c_str());
   }
   {  // allreduce: odd ranks pass kLarge elements, even ones kSmall.
     const size_t count = odd ? kLarge : kSmall;
     std::vector<int32_t> send(count, 1), recv(count + kGuards, kUntouched);
     for (size_t i = count; i < recv.size(); ++i) recv[i] = kGuard;
-    const mncl_status_t st =
-        mncl_allreduce(comm, send.data(), recv.data(), count, MNCL_INT32, MNCL_SUM, nullptr);
-    expect_refused(rank, st, "allreduce of 4x the count on odd ranks");
-    expect_untouched(rank, recv, count, "allreduce");
-    expect_usable(comm, rank, size, "the mismatched allreduce");
+    const mncl_status_t st = completed(
+        posted
+            ? mncl_iallreduce(comm, send.data(), recv.data(), count, MNCL_INT32, MNCL_SUM, nullptr,
+                              req)
+            : mncl_allreduce(comm, send.data(), recv.data(), count, MNCL_INT32, MNCL_SUM, nullptr),
+        req);
+    expect_refused(rank, st, ("allreduce of 4x the count on odd ranks" + how).c_str());
+    expect_untouched(rank, recv, count, ("allreduce" + how).c_str());
+    expect_usable(comm, rank, size, ("the mismatched allreduce" + how).c_str());
   }
   {  // allgatherv: rank 1 sends kLarge (and says so in its own recvcounts[1]); every other
      // rank's recvcounts[1] says kSmall.
@@ -104,17 +123,197 @@ int main() {
     for (size_t i = 0; i < n; ++i) displs[i] = i * (kLarge + kGuards);
     const size_t extent = n * (kLarge + kGuards);
     std::vector<int32_t> send(mine, rank), recv(extent, kUntouched);
-    const mncl_status_t st = mncl_allgatherv(comm, send.data(), mine, recv.data(), counts.data(),
-                                             displs.data(), MNCL_INT32, nullptr);
-    expect_refused(rank, st, "allgatherv with rank 1 sending 4x its recvcounts[1]");
+    const mncl_status_t st =
+        completed(posted ? mncl_iallgatherv(comm, send.data(), mine, recv.data(), counts.data(),
+                                            displs.data(), MNCL_INT32, nullptr, req)
+                         : mncl_allgatherv(comm, send.data(), mine, recv.data(), counts.data(),
+                                           displs.data(), MNCL_INT32, nullptr),
+                  req);
+    expect_refused(rank, st, ("allgatherv with rank 1 sending 4x its recvcounts[1]" + how).c_str());
     for (size_t e = 0; e < extent; ++e) {
       if (recv[e] != kUntouched) {
-        fail(rank, "allgatherv: element " + std::to_string(e) + " was written");
+        fail(rank, "allgatherv" + how + ": element " + std::to_string(e) + " was written");
         break;
       }
     }
-    expect_usable(comm, rank, size, "the mismatched allgatherv");
+    expect_usable(comm, rank, size, ("the mismatched allgatherv" + how).c_str());
   }
+  {  // rank 1: allgatherv of kSmall per rank; the others: allreduce of kSmall.
+    const size_t n = static_cast<size_t>(size);
+    std::vector<size_t> counts(n, kSmall), displs(n);
+    for (size_t i = 0; i < n; ++i) displs[i] = i * kSmall;
+    const size_t area = rank == 1 ? n * kSmall : kSmall;
+    std::vector<int32_t> send(kSmall, rank), recv(area + kGuards, kUntouched);
+    for (size_t i = area; i < recv.size(); ++i) recv[i] = kGuard;
+    mncl_status_t st;
+    if (rank == 1) {
+      st =
+          completed(posted ? mncl_iallgatherv(comm, send.data(), kSmall, recv.data(), counts.data(),
+                                              displs.data(), MNCL_INT32, nullptr, req)
+                           : mncl_allgatherv(comm, send.data(), kSmall, recv.data(), counts.data(),
+                                             displs.data(), MNCL_INT32, nullptr),
+                    req);
+    } else {
+      st = completed(posted ? mncl_iallreduce(comm, send.data(), recv.data(), kSmall, MNCL_INT32,
+                                              MNCL_SUM, nullptr, req)
+                            : mncl_allreduce(comm, send.data(), recv.data(), kSmall, MNCL_INT32,
+                                             MNCL_SUM, nullptr),
+                     req);
+    }
+    expect_refused(rank, st, ("allgatherv on rank 1 against allreduce" + how).c_str());
+    expect_untouched(rank, recv, area, ("allgatherv against allreduce" + how).c_str());
+    expect_usable(comm, rank, size, ("allgatherv against allreduce" + how).c_str());
+  }
+}
+
+// A mismatched allreduce posted, then a correct one behind it, waited for in reverse order.
+void correct_call_behind_a_mismatched_one(mncl_comm_t comm, int rank, int size) {
+  const size_t bad_count = rank % 2 == 1 ? kLarge : kSmall;
+  std::vector<int32_t> bad_send(bad_count, 1), bad_recv(bad_count + kGuards, kUntouched);
+  for (size_t i = bad_count; i < bad_recv.size(); ++i) bad_recv[i] = kGuard;
+  std::vector<int32_t> send(kSmall, rank + 1), recv(kSmall, 0);
+  mncl_request_t bad = nullptr, good = nullptr;
+  if (mncl_iallreduce(comm, bad_send.data(), bad_recv.data(), bad_count, MNCL_INT32, MNCL_SUM,
+                      nullptr, &bad) != MNCL_OK ||
+      mncl_iallreduce(comm, send.data(), recv.data(), kSmall, MNCL_INT32, MNCL_SUM, nullptr,
+                      &good) != MNCL_OK) {
+    fail(rank, std::string("posting two allreduces: ") + mncl_last_error());
+    return;
+  }
+  if (mncl_wait(good, -1) != MNCL_OK) {
+    fail(rank, std::string("the correct allreduce behind a mismatched one: ") + mncl_last_error());
+  } else {
+    const int32_t sum = size * (size + 1) / 2;
+    for (int32_t v : recv) {
+      if (v != sum) {
+        fail(rank, "the correct allreduce behind a mismatched one: wrong sum");
+        break;
+      }
+    }
+  }
+  expect_refused(rank, mncl_wait(bad, -1), "the mismatched allreduce, waited for second");
+  expect_untouched(rank, bad_recv, bad_count, "the mismatched allreduce, waited for second");
+  expect_usable(comm, rank, size, "two posted allreduces");
+}
+
+// Every rank but rank 1 posts at once; rank 1 after a pause, so that the others' checks are
+// still out when they return from posting (their data then wait in the queue).
+void pause_on_rank_1(int rank) {
+  if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+}
+
+// Every element is the sum over the ranks of scale * (rank + 1).
+void expect_sum(int rank, int size, const std::vector<int32_t> &recv, const char *what,
+                int32_t scale = 1) {
+  const int32_t sum = scale * size * (size + 1) / 2;
+  for (int32_t v : recv) {
+    if (v != sum) {
+      fail(rank, std::string(what) + ": wrong sum");
+      return;
+    }
+  }
+}
+
+// Two allreduces posted, then a blocking one: it waits for their data, all three right (each
+// sums other values, so calls paired out of order across the ranks would show).
+void blocking_call_behind_posted_ones(mncl_comm_t comm, int rank, int size) {
+  std::vector<int32_t> send_a(kSmall, rank + 1), send_b(kSmall, 10 * (rank + 1)),
+      send_c(kSmall, 100 * (rank + 1)), a(kSmall, 0), b(kSmall, 0), c(kSmall, 0);
+  mncl_request_t ra = nullptr, rb = nullptr;
+  pause_on_rank_1(rank);
+  if (mncl_iallreduce(comm, send_a.data(), a.data(), kSmall, MNCL_INT32, MNCL_SUM, nullptr, &ra) !=
+          MNCL_OK ||
+      mncl_iallreduce(comm, send_b.data(), b.data(), kSmall, MNCL_INT32, MNCL_SUM, nullptr, &rb) !=
+          MNCL_OK) {
+    fail(rank, std::string("posting two allreduces: ") + mncl_last_error());
+    return;
+  }
+  if (mncl_allreduce(comm, send_c.data(), c.data(), kSmall, MNCL_INT32, MNCL_SUM, nullptr) !=
+      MNCL_OK) {
+    fail(rank, std::string("a blocking allreduce behind posted ones: ") + mncl_last_error());
+  }
+  if (mncl_wait(ra, -1) != MNCL_OK || mncl_wait(rb, -1) != MNCL_OK) {
+    fail(rank, std::string("posted allreduces before a blocking one: ") + mncl_last_error());
+  }
+  expect_sum(rank, size, a, "the first posted allreduce");
+  expect_sum(rank, size, b, "the second posted allreduce", 10);
+  expect_sum(rank, size, c, "the blocking allreduce behind them", 100);
+}
+
+// Rank 0 waits in a blocking allreduce on another communicator while rank 1 first waits for a
+// posted allreduce on `comm`: rank 0's blocking call must move that allreduce's data on.
+void collective_progresses_under_another_communicator(mncl_comm_t comm, int rank, int size) {
+  mncl_comm_t other = nullptr;
+  if (mncl_comm_split(comm, 0, rank, &other) != MNCL_OK) {
+    fail(rank, std::string("mncl_comm_split: ") + mncl_last_error());
+    return;
+  }
+  std::vector<int32_t> send(kSmall, rank + 1), recv(kSmall, 0), other_recv(kSmall, 0);
+  mncl_request_t request = nullptr;
+  pause_on_rank_1(rank);
+  if (mncl_iallreduce(comm, send.data(), recv.data(), kSmall, MNCL_INT32, MNCL_SUM, nullptr,
+                      &request) != MNCL_OK) {
+    fail(rank, std::string("posting an allreduce: ") + mncl_last_error());
+    mncl_comm_destroy(other);
+    return;
+  }
+  const auto blocking_on_other = [&] {
+    if (mncl_allreduce(other, send.data(), other_recv.data(), kSmall, MNCL_INT32, MNCL_SUM,
+                       nullptr) != MNCL_OK) {
+      fail(rank, std::string("a blocking allreduce on another communicator: ") + mncl_last_error());
+    }
+  };
+  if (rank != 1) blocking_on_other();
+  if (mncl_wait(request, -1) != MNCL_OK) {
+    fail(rank, std::string("a posted allreduce beside another communicator's blocking one: ") +
+                   mncl_last_error());
+  }
+  if (rank == 1) blocking_on_other();
+  expect_sum(rank, size, recv, "a posted allreduce beside another communicator's blocking one");
+  expect_sum(rank, size, other_recv, "the blocking allreduce on another communicator");
+  mncl_comm_destroy(other);
+}
+
+// Rank 0 waits on a receive whose sender (rank 1) first waits for a posted allreduce: rank 0's
+// receive must move the allreduce's data on.
+void collective_progresses_under_a_receive(mncl_comm_t comm, int rank, int size) {
+  std::vector<int32_t> send(kSmall, rank + 1), recv(kSmall, 0);
+  mncl_request_t request = nullptr;
+  pause_on_rank_1(rank);
+  if (mncl_iallreduce(comm, send.data(), recv.data(), kSmall, MNCL_INT32, MNCL_SUM, nullptr,
+                      &request) != MNCL_OK) {
+    fail(rank, std::string("posting an allreduce: ") + mncl_last_error());
+    return;
+  }
+  int32_t token = rank == 1 ? 42 : 0;
+  if (rank == 0 && mncl_recv(comm, &token, 1, MNCL_INT32, 1, nullptr) != MNCL_OK) {
+    fail(rank, std::string("a receive beside a posted allreduce: ") + mncl_last_error());
+  }
+  if (mncl_wait(request, -1) != MNCL_OK) {
+    fail(rank, std::string("a posted allreduce beside a receive: ") + mncl_last_error());
+    return;
+  }
+  if (rank == 1 && mncl_send(comm, &token, 1, MNCL_INT32, 0, nullptr) != MNCL_OK) {
+    fail(rank, std::string("the send after the allreduce: ") + mncl_last_error());
+  }
+  if (rank == 0 && token != 42) fail(rank, "the receive beside a posted allreduce: wrong value");
+  expect_sum(rank, size, recv, "a posted allreduce beside a receive");
+}
+
+}  // namespace
+
+int main() {
+  mncl_comm_t comm = nullptr;
+  int rank = 0, size = 0, code = 0;
+  if (!flat_test::open_world("flat_bounded_mismatch_test", &comm, &rank, &size, &code)) {
+    return code;
+  }
+  mismatches(comm, rank, size, false);
+  mismatches(comm, rank, size, true);
+  correct_call_behind_a_mismatched_one(comm, rank, size);
+  blocking_call_behind_posted_ones(comm, rank, size);
+  collective_progresses_under_a_receive(comm, rank, size);
+  collective_progresses_under_another_communicator(comm, rank, size);
   mncl_comm_destroy(comm);
   std::printf("rank %d: %s\n", rank, flat_test::g_failures == 0 ? "PASS" : "FAIL");
   return flat_test::g_failures == 0 ? 0 : 1;
