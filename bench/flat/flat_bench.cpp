@@ -12,6 +12,10 @@
 // the paired figures against issue 4's targets: <= 1 us added at 8 B, <= 2 % at >= 1 MiB.
 // Part 2: 100 small buffers allreduced with one mncl_allreduce_coalesced against 100
 // mncl_allreduce calls (and the same two shapes in raw MPI, for reference).
+// Part 3: posted allreduces: mncl_iallreduce + mncl_wait against MPI_Iallreduce + MPI_Wait, one
+// at a time (8 B .. 4 MiB) and 16 buckets of 64 KiB posted before the first wait, as a
+// data-parallel step posts its gradient buckets (flat's bounded mode checks each call before
+// its data go out).
 //
 // The application initializes MPI here (as an MPI program using MNCL would); flat then uses
 // it as it finds it.
@@ -96,6 +100,12 @@ Timing compare(int rounds, int iters, const std::function<void()> &a,
           mncl_bench::median(diffs)};
 }
 
+// Calls per timed block: about 40 MB of allreduce traffic, between 2 and 2000 calls.
+int iterations_for(size_t bytes, bool quick) {
+  const int iters = static_cast<int>(std::clamp<size_t>((size_t{40} << 20) / bytes, 2, 2000));
+  return quick ? std::max(1, iters / 4) : iters;
+}
+
 uint64_t mix(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -158,9 +168,7 @@ int main(int argc, char **argv) {
   double added_8b = 0, worst_big_ratio = 0;
   for (size_t bytes : sizes) {
     const size_t count = bytes / sizeof(float);
-    // About 40 MB of allreduce traffic per block, between 2 and 2000 calls.
-    int iters = static_cast<int>(std::clamp<size_t>((size_t{40} << 20) / bytes, 2, 2000));
-    if (quick) iters = std::max(1, iters / 4);
+    const int iters = iterations_for(bytes, quick);
     const Timing t = compare(
         rounds, iters,
         [&] {
@@ -249,6 +257,65 @@ int main(int argc, char **argv) {
                 mncl.b * 1e6, mncl.b / mncl.a);
     std::printf("  MPI packed by hand          %10.1f us\n", mpi.a * 1e6);
     std::printf("  MPI per buffer (100 calls)  %10.1f us\n", mpi.b * 1e6);
+  }
+
+  // Part 3: posted allreduces.
+  if (g_rank == 0) {
+    std::printf("\nPosted allreduce, float32 sum: post, then wait\n");
+    std::printf("%16s %8s %12s %12s %10s %8s %11s\n", "shape", "iters", "MPI us", "MNCL us",
+                "diff us", "ratio", "best ratio");
+  }
+  const auto posted_row = [&](const std::string &shape, int iters, const Timing &t) {
+    if (g_rank == 0) {
+      std::printf("%16s %8d %12.2f %12.2f %+10.2f %8.3f %11.3f\n", shape.c_str(), iters, t.a * 1e6,
+                  t.b * 1e6, t.paired_diff * 1e6, t.paired_ratio, t.best_b / t.best_a);
+      std::fflush(stdout);
+    }
+  };
+  for (size_t bytes : {size_t{8}, size_t{4096}, size_t{262144}, size_t{4} << 20}) {
+    if (bytes > max_bytes) continue;
+    const size_t count = bytes / sizeof(float);
+    const int iters = iterations_for(bytes, quick);
+    const Timing t = compare(
+        rounds, iters,
+        [&] {
+          MPI_Request r;
+          MPI_Iallreduce(send.data(), recv.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, raw,
+                         &r);
+          MPI_Wait(&r, MPI_STATUS_IGNORE);
+        },
+        [&] {
+          mncl_request_t r = nullptr;
+          CHECK_MNCL(mncl_iallreduce(comm, send.data(), recv.data(), count, MNCL_FLOAT32, MNCL_SUM,
+                                     nullptr, &r));
+          CHECK_MNCL(mncl_wait(r, -1));
+        });
+    posted_row("1 x " + mncl_bench::human_bytes(bytes), iters, t);
+  }
+  const size_t buckets = 16, bucket_count = (size_t{64} << 10) / sizeof(float);
+  if (buckets * bucket_count <= send.size()) {
+    const int bucket_iters = quick ? 5 : 20;
+    std::vector<MPI_Request> mpi_requests(buckets);
+    std::vector<mncl_request_t> requests(buckets);
+    const Timing t = compare(
+        rounds, bucket_iters,
+        [&] {
+          for (size_t b = 0; b < buckets; ++b) {
+            MPI_Iallreduce(send.data() + b * bucket_count, recv.data() + b * bucket_count,
+                           static_cast<int>(bucket_count), MPI_FLOAT, MPI_SUM, raw,
+                           &mpi_requests[b]);
+          }
+          MPI_Waitall(static_cast<int>(buckets), mpi_requests.data(), MPI_STATUSES_IGNORE);
+        },
+        [&] {
+          for (size_t b = 0; b < buckets; ++b) {
+            CHECK_MNCL(mncl_iallreduce(comm, send.data() + b * bucket_count,
+                                       recv.data() + b * bucket_count, bucket_count, MNCL_FLOAT32,
+                                       MNCL_SUM, nullptr, &requests[b]));
+          }
+          for (size_t b = 0; b < buckets; ++b) CHECK_MNCL(mncl_wait(requests[b], -1));
+        });
+    posted_row("16 x 64 KiB", bucket_iters, t);
   }
 
   CHECK_MNCL(mncl_comm_destroy(comm));
