@@ -346,6 +346,9 @@ void Comm::leave_after_failed_join(const std::vector<int> &absent) {
     }
     comm_store_->wait(present, wait_options(timeout_ms_, nullptr));
     comm_store_->erase("claim/twice");  // every rank that joined has read it by now
+    // A leave key left behind would let the next try's rank 0 (same file store folder) erase
+    // claim/twice before the ranks that time out after it have read it.
+    for (const std::string &key : present) comm_store_->erase(key);
   } catch (const Error &e) {
     MNCL_INFO("mncl_comm_create: cleaning up after the failed join: %s", e.what());
   }
