@@ -615,6 +615,10 @@ std::unique_ptr<Request> Comm::post(const mncl_coll_v1_t &c, bool polled) {
 bool Comm::test(Request &r) {
   BusyScope busy(busy_);
   const auto what = [&r] { return request_name(r); };
+  // Settled while queued (never started, a mismatch): that says more than a later abort.
+  if (!r.data_deferred.load(std::memory_order_acquire) && r.settled_status != MNCL_OK) {
+    throw kit::Error(r.settled_status, r.settled_message);
+  }
   if (aborted_.load()) {
     broken_.store(true);
     throw kit::Error(MNCL_ERR_ABORTED,

@@ -12,7 +12,10 @@
 // correct call posted behind a mismatched one completes first and right, a blocking
 // collective behind posted ones waits for their data, and a posted collective's data go out
 // while the application waits on a receive, or in a blocking collective on another
-// communicator, whose peer waits for that collective.
+// communicator, whose peer waits for that collective. With --stall: rank 1 never takes part in
+// the collectives of three communicators; what rank 0 posted there fails with the timeout or the
+// abort, what was queued behind it fails "never started", no receive buffer is written, and a
+// blocking collective behind a stuck posted one times out too.
 #include <mncl/mncl.h>
 
 #include <chrono>
@@ -300,9 +303,123 @@ void collective_progresses_under_a_receive(mncl_comm_t comm, int rank, int size)
   expect_sum(rank, size, recv, "a posted allreduce beside a receive");
 }
 
+// A failure of the expected status whose message says `says` (when given).
+void expect_failure(int rank, mncl_status_t st, mncl_status_t want, const char *says,
+                    const std::string &what) {
+  const std::string message = st == MNCL_OK ? "" : mncl_last_error();
+  if (st != want || (says != nullptr && message.find(says) == std::string::npos)) {
+    fail(rank, what + ": expected " + mncl_status_string(want) +
+                   (says != nullptr ? std::string(" saying \"") + says + "\"" : "") + ", got " +
+                   mncl_status_string(st) + ": " + message);
+  } else {
+    std::printf("%s: %s\n", what.c_str(), message.c_str());
+  }
+}
+
+// Rank 0's posted allreduce whose peers never call: its buffers, and whether it was posted.
+struct Stuck {
+  std::vector<int32_t> send = std::vector<int32_t>(kSmall, 1);
+  std::vector<int32_t> recv = std::vector<int32_t>(kSmall + kGuards, kUntouched);
+  mncl_request_t request = nullptr;
+
+  bool post(mncl_comm_t comm, int rank, const char *what) {
+    for (size_t i = kSmall; i < recv.size(); ++i) recv[i] = kGuard;
+    if (mncl_iallreduce(comm, send.data(), recv.data(), kSmall, MNCL_INT32, MNCL_SUM, nullptr,
+                        &request) == MNCL_OK) {
+      return true;
+    }
+    fail(rank, std::string("posting ") + what + ": " + mncl_last_error());
+    return false;
+  }
+  void expect_untouched_after(int rank, const char *what) const {
+    expect_untouched(rank, recv, kSmall, what);
+  }
+};
+
+// --stall: rank 1 only creates and destroys the three communicators (and takes part in the
+// world's barrier); rank 0 posts collectives there that can never pass their checks.
+int stall() {
+  mncl_config_t config = MNCL_CONFIG_INIT;
+  config.timeout_ms = 1000;
+  mncl_comm_t world = nullptr, timed = nullptr, timed_blocking = nullptr, aborted = nullptr;
+  int rank = -1;
+  if (mncl_comm_create(nullptr, &world) != MNCL_OK || mncl_comm_rank(world, &rank) != MNCL_OK ||
+      mncl_comm_create(&config, &timed) != MNCL_OK ||
+      mncl_comm_create(&config, &timed_blocking) != MNCL_OK ||
+      mncl_comm_split(world, 0, rank, &aborted) != MNCL_OK) {
+    std::fprintf(stderr, "rank %d: communicators: %s\n", rank, mncl_last_error());
+    return 1;
+  }
+  if (rank == 0) {
+    {  // Two posted, the second waited for first: it times out in the queue; the first, at
+       // the head, then never starts (this rank is out of step with its peers).
+      Stuck first, second;
+      if (first.post(timed, rank, "the first allreduce") &&
+          second.post(timed, rank, "the second allreduce")) {
+        expect_failure(rank, mncl_wait(second.request, -1), MNCL_ERR_TIMEOUT, nullptr,
+                       "stall: the second posted allreduce, waited for first");
+        expect_failure(rank, mncl_wait(first.request, -1), MNCL_ERR_REMOTE, "never started",
+                       "stall: the first posted allreduce, after the second timed out");
+      }
+      first.expect_untouched_after(rank, "stall: the first posted allreduce");
+      second.expect_untouched_after(rank, "stall: the second posted allreduce");
+      std::vector<int32_t> send(kSmall, 1), recv(kSmall, kUntouched);
+      expect_failure(rank,
+                     mncl_allreduce(timed, send.data(), recv.data(), kSmall, MNCL_INT32, MNCL_SUM,
+                                    nullptr),
+                     MNCL_ERR_REMOTE, "destroy the communicator",
+                     "stall: a blocking allreduce after the timeout");
+    }
+    {  // A blocking allreduce behind a stuck posted one: it times out waiting for the posted
+       // one's checks, and the posted one never starts.
+      Stuck posted;
+      if (posted.post(timed_blocking, rank, "an allreduce")) {
+        std::vector<int32_t> send(kSmall, 1), recv(kSmall, kUntouched);
+        expect_failure(rank,
+                       mncl_allreduce(timed_blocking, send.data(), recv.data(), kSmall, MNCL_INT32,
+                                      MNCL_SUM, nullptr),
+                       MNCL_ERR_TIMEOUT, "did not pass its checks in time",
+                       "stall: a blocking allreduce behind a stuck posted one");
+        expect_failure(rank, mncl_wait(posted.request, -1), MNCL_ERR_REMOTE, "never started",
+                       "stall: the posted allreduce before a blocking one that timed out");
+      }
+      posted.expect_untouched_after(rank, "stall: the posted allreduce before a blocking one");
+    }
+    {  // Two posted, the communicator aborted from another thread: the first fails ABORTED,
+       // the second, queued behind it, never starts.
+      Stuck first, second;
+      if (first.post(aborted, rank, "the first allreduce") &&
+          second.post(aborted, rank, "the second allreduce")) {
+        std::thread aborter([aborted] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          mncl_comm_abort(aborted);
+        });
+        expect_failure(rank, mncl_wait(first.request, -1), MNCL_ERR_ABORTED, nullptr,
+                       "stall: the first posted allreduce, aborted");
+        aborter.join();
+        expect_failure(rank, mncl_wait(second.request, -1), MNCL_ERR_ABORTED, "never started",
+                       "stall: the second posted allreduce, queued behind the aborted one");
+      }
+      first.expect_untouched_after(rank, "stall: the first posted allreduce, aborted");
+      second.expect_untouched_after(rank, "stall: the second posted allreduce, aborted");
+    }
+  }
+  // In step again on the world communicator (default timeout), then done.
+  if (mncl_barrier(world, nullptr) != MNCL_OK) {
+    fail(rank, std::string("barrier: ") + mncl_last_error());
+  }
+  mncl_comm_destroy(aborted);
+  mncl_comm_destroy(timed_blocking);
+  mncl_comm_destroy(timed);
+  mncl_comm_destroy(world);
+  std::printf("rank %d: stall cases: %s\n", rank, flat_test::g_failures == 0 ? "PASS" : "FAIL");
+  return flat_test::g_failures == 0 ? 0 : 1;
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char **argv) {
+  if (argc > 1 && std::string(argv[1]) == "--stall") return stall();
   mncl_comm_t comm = nullptr;
   int rank = 0, size = 0, code = 0;
   if (!flat_test::open_world("flat_bounded_mismatch_test", &comm, &rank, &size, &code)) {
