@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <set>
 #include <sstream>
 
@@ -158,6 +159,30 @@ Selection agree_on_backend(bootstrap::Store &store, const LaunchSettings &settin
   return selection;
 }
 
+// The private store folders (file:///tmp/mncl-<uid>-ompi-<job>, made up under mpirun) that
+// this process holds rank 0 of. Removed when the process ends (or libmncl is unloaded), not
+// with a communicator: another world communicator of the job may still be using the folder,
+// and a peer that has left the last one may already be creating the next one in it. They
+// only hold this job's keys, which each communicator's rank 0 deletes at destroy.
+class PrivateStoreFolders {
+ public:
+  static void own(const std::string &dir) {
+    static PrivateStoreFolders folders;
+    std::lock_guard<std::mutex> lock(folders.mutex_);
+    folders.dirs_.insert(dir);
+  }
+  ~PrivateStoreFolders() {
+    for (const std::string &dir : dirs_) {
+      std::error_code ignored;  // best effort
+      std::filesystem::remove_all(dir, ignored);
+    }
+  }
+
+ private:
+  std::mutex mutex_;
+  std::set<std::string> dirs_;
+};
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -224,21 +249,6 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
                "cannot make the job's private store folder %s private: %s", dir.c_str(),
                std::strerror(errno));
   }
-  // Set once this process holds rank 0 for sure: a second "rank 0" that is refused at the join
-  // must not take the real one's folder with it.
-  auto owns_private_dir = std::make_shared<std::atomic<bool>>(false);
-  if (settings.store_is_private_dir && settings.rank == 0) {
-    // The folder MNCL made up goes away with the last communicator of the job on rank 0.
-    auto inner = comm->job_store_;
-    const std::string dir = settings.store_url.substr(std::strlen("file://"));
-    comm->job_store_ = std::shared_ptr<bootstrap::Store>(
-        inner.get(), [inner, dir, owns_private_dir](bootstrap::Store *) mutable {
-          inner.reset();
-          if (!owns_private_dir->load()) return;
-          std::error_code ignored;  // best effort: it only held this job's (deleted) keys
-          std::filesystem::remove_all(dir, ignored);
-        });
-  }
   comm->comm_store_ = bootstrap::make_prefix_store(comm->job_store_, comm->id_ + "/");
 
   // Round 1, joining: every rank's host and pid. Grouping by host gives the local rank and
@@ -260,7 +270,11 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
                        rank_words.c_str(), host.c_str(), ::getpid(),
                        comm->comm_store_->describe().c_str()));
   }
-  owns_private_dir->store(true);
+  // Only once this process holds rank 0 for sure: a second "rank 0" refused above must not
+  // take the real one's folder with it.
+  if (settings.store_is_private_dir && settings.rank == 0) {
+    PrivateStoreFolders::own(settings.store_url.substr(std::strlen("file://")));
+  }
   std::vector<std::string> joins;
   std::vector<int> absent;
   try {

@@ -2,8 +2,12 @@
 // come and go, and the core unloads the plugin when the last one is destroyed. So, under
 // mpirun with MNCL_BACKEND=flat: create, use and destroy a one-rank flat communicator three
 // times in each process (the plugin is unloaded and loaded again in between; MPI stays
-// initialized), then a communicator over the whole job, and exit without any MPI call of our
-// own — flat must finalize MPI at exit, or mpirun reports the rank as failed.
+// initialized), then communicators over the whole job: three in turn, then three more while
+// another one lives, which must still work afterwards (a split, and its destroy). All share
+// the job's private store folder (mpirun): a rank that destroyed one may already be creating
+// the next while rank 0 is still leaving, so the folder must stay until the process ends.
+// Then exit without any MPI call of our own — flat must finalize MPI at exit, or mpirun
+// reports the rank as failed.
 #include <mncl/mncl.h>
 
 #include <cstdint>
@@ -50,7 +54,23 @@ int main() {
   for (int round = 0; round < 3; ++round) {
     if (use_once(&self, round) != 0) return 1;
   }
-  if (use_once(nullptr, 3) != 0) return 1;  // the whole job, after three reloads
-  std::printf("recreate_test: 3 one-rank communicators and one job-wide communicator OK\n");
+  // The whole job, after three reloads. A timeout of 30 s: a key lost with its folder makes a
+  // join time out.
+  mncl_config_t job = MNCL_CONFIG_INIT;
+  job.timeout_ms = 30000;
+  for (int round = 3; round < 6; ++round) {
+    if (use_once(&job, round) != 0) return 1;
+  }
+  mncl_comm_t outer = nullptr, half = nullptr;
+  CHECK_MNCL(mncl_comm_create(&job, &outer));
+  for (int round = 6; round < 9; ++round) {
+    if (use_once(&job, round) != 0) return 1;
+  }
+  int rank = -1;
+  CHECK_MNCL(mncl_comm_rank(outer, &rank));
+  CHECK_MNCL(mncl_comm_split(outer, rank % 2, 0, &half));
+  CHECK_MNCL(mncl_comm_destroy(half));
+  CHECK_MNCL(mncl_comm_destroy(outer));
+  std::printf("recreate_test: 3 one-rank communicators and 7 job-wide ones OK\n");
   return 0;
 }
