@@ -43,6 +43,10 @@ struct Options {
   // trades that for MPI's blocking collectives (about 8 us less per small call).
   bool bounded = true;
   bool cuda = false;  // MNCL_CAP_CUDA_MEMORY advertised: buffers may be device pointers
+  // Posted operations progress on a thread of flat's while the application is outside flat
+  // (under MPI_THREAD_MULTIPLE; see ProgressBackstop). MNCL_FLAT_PROGRESS_THREAD=0: only
+  // inside MPI calls, as Open MPI itself does.
+  bool progress_thread = true;
 };
 
 // One operation: its MPI requests (none once a blocking call has returned) and what remains
@@ -133,6 +137,10 @@ struct Request {
   std::vector<std::vector<unsigned char>> drained;
   std::string mismatch;    // the first size disagreement, reported once everything completed
   size_t mismatch_op = 0;  // ... of a batch: its op (the lowest index wins)
+  // Posted for the application (post() not polled) and neither freed nor retired yet: counted
+  // process-wide, and flat's progress thread keeps MPI progressing while any is.
+  bool in_flight = false;
+  ~Request();
 };
 
 class Comm {
@@ -166,6 +174,12 @@ class Comm {
   void abort() { aborted_.store(true); }
   // Calls in progress (another thread may be blocked inside MPI on this communicator).
   int busy() const { return busy_.load(); }
+
+  // Runs advance() on every flat communicator but self (nullptr: all) with queued calls whose
+  // lock is free. Takes the registry; never called under MpiLock. The flat calls run it, and
+  // under MPI_THREAD_MULTIPLE a thread of flat's does too while anything is queued (see
+  // ProgressBackstop in flat_comm.cpp).
+  static void progress_all(const Comm *self);
 
  private:
   Comm(MPI_Comm comm, MPI_Comm checks_comm, const mncl_bootstrap_v1_t &bs,
@@ -251,9 +265,6 @@ class Comm {
   // c: the call that waits (or nullptr, and `what` names it), for messages.
   void settle(std::unique_lock<std::mutex> &lock, std::chrono::steady_clock::time_point deadline,
               const mncl_coll_v1_t *c, const char *what);
-  // Runs advance() on every flat communicator but self with queued calls whose lock is free.
-  // Takes the registry; never called under MpiLock.
-  static void progress_all(const Comm *self);
 
   MPI_Comm comm_;
   MPI_Comm checks_comm_;  // the calls' checks (fingerprint, counts), apart from the data

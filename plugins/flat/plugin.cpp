@@ -13,6 +13,7 @@
 
 #include <cstring>
 #include <memory>
+#include <utility>
 
 #include "common/dtype.h"
 #include "common/host.h"
@@ -57,12 +58,15 @@ mncl_status_t flat_init(const mncl_host_v1_t *host) {
   g_host = host;
   g_options = flat::Options{};
   g_options.cuda = (g_caps & MNCL_CAP_CUDA_MEMORY) != 0;
-  if (const char *bounded = host->get_env ? host->get_env("MNCL_FLAT_BOUNDED") : nullptr) {
-    if (std::strcmp(bounded, "0") != 0 && std::strcmp(bounded, "1") != 0) {
-      return kit::report(host, MNCL_ERR_INVALID_ARGUMENT,
-                         "MNCL_FLAT_BOUNDED='%s' is neither 0 nor 1", bounded);
+  for (auto [name, option] : {std::pair{"MNCL_FLAT_BOUNDED", &g_options.bounded},
+                              std::pair{"MNCL_FLAT_PROGRESS_THREAD", &g_options.progress_thread}}) {
+    const char *value = host->get_env ? host->get_env(name) : nullptr;
+    if (value == nullptr) continue;
+    if (std::strcmp(value, "0") != 0 && std::strcmp(value, "1") != 0) {
+      return kit::report(host, MNCL_ERR_INVALID_ARGUMENT, "%s='%s' is neither 0 nor 1", name,
+                         value);
     }
-    g_options.bounded = bounded[0] == '1';
+    *option = value[0] == '1';
   }
   int major = 0, minor = 0;
   MPI_Get_version(&major, &minor);  // callable before MPI_Init

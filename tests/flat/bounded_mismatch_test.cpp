@@ -12,11 +12,14 @@
 // correct call posted behind a mismatched one completes first and right, a blocking
 // collective behind posted ones waits for their data, and a posted collective's data go out
 // while the application waits on a receive, or in a blocking collective on another
-// communicator, whose peer waits for that collective. With --stall: rank 1 never takes part in
+// communicator, whose peer waits for that collective; and while the application waits outside
+// flat, in a raw MPI_Barrier or a naive communicator's allreduce (flat's progress thread). With
+// --stall: rank 1 never takes part in
 // the collectives of three communicators; what rank 0 posted there fails with the timeout or the
 // abort, what was queued behind it fails "never started", no receive buffer is written, and a
 // blocking collective behind a stuck posted one times out too.
 #include <mncl/mncl.h>
+#include <mpi.h>
 
 #include <chrono>
 #include <cstdint>
@@ -364,11 +367,11 @@ int stall() {
       first.expect_untouched_after(rank, "stall: the first posted allreduce");
       second.expect_untouched_after(rank, "stall: the second posted allreduce");
       std::vector<int32_t> send(kSmall, 1), recv(kSmall, kUntouched);
-      expect_failure(rank,
-                     mncl_allreduce(timed, send.data(), recv.data(), kSmall, MNCL_INT32, MNCL_SUM,
-                                    nullptr),
-                     MNCL_ERR_REMOTE, "destroy the communicator",
-                     "stall: a blocking allreduce after the timeout");
+      expect_failure(
+          rank,
+          mncl_allreduce(timed, send.data(), recv.data(), kSmall, MNCL_INT32, MNCL_SUM, nullptr),
+          MNCL_ERR_REMOTE, "destroy the communicator",
+          "stall: a blocking allreduce after the timeout");
     }
     {  // A blocking allreduce behind a stuck posted one: it times out waiting for the posted
        // one's checks, and the posted one never starts.
@@ -416,6 +419,67 @@ int stall() {
   return flat_test::g_failures == 0 ? 0 : 1;
 }
 
+// Rank 0 waits outside flat while rank 1 first waits for a posted allreduce: in a raw
+// MPI_Barrier, then in an allreduce on a naive communicator. Under MPI_THREAD_MULTIPLE flat's
+// progress thread must issue rank 0's data meanwhile (MPI's own non-blocking collectives
+// progress inside any MPI call). A 20 s timeout: without it, rank 1 fails with
+// MNCL_ERR_TIMEOUT.
+void collective_progresses_outside_flat(int rank, int size) {
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
+  if (level < MPI_THREAD_MULTIPLE) {
+    std::printf(
+        "rank %d: MPI below MPI_THREAD_MULTIPLE: no progress outside flat calls; the "
+        "cases of waiting outside flat are skipped\n",
+        rank);
+    return;
+  }
+  // A communicator of its own per case: a case that fails leaves it unusable.
+  for (const char *outside : {"MPI_Barrier", "a naive allreduce"}) {
+    const std::string where = std::string("a posted allreduce while a peer waits in ") + outside;
+    mncl_config_t config = MNCL_CONFIG_INIT;
+    config.timeout_ms = 20000;
+    mncl_comm_t comm = nullptr, naive = nullptr;
+    if (mncl_comm_create(&config, &comm) != MNCL_OK) {
+      fail(rank, where + ": mncl_comm_create: " + mncl_last_error());
+      return;
+    }
+    config.backend = "naive";
+    if (mncl_comm_split_config(comm, 0, rank, &config, &naive) != MNCL_OK) {
+      fail(rank, where + ": a naive communicator: " + mncl_last_error());
+      mncl_comm_destroy(comm);
+      return;
+    }
+    std::vector<int32_t> send(kSmall, rank + 1), recv(kSmall, 0), naive_recv(kSmall, 0);
+    mncl_request_t request = nullptr;
+    pause_on_rank_1(rank);
+    if (mncl_iallreduce(comm, send.data(), recv.data(), kSmall, MNCL_INT32, MNCL_SUM, nullptr,
+                        &request) != MNCL_OK) {
+      fail(rank, "posting " + where + ": " + mncl_last_error());
+      request = nullptr;
+    }
+    const auto wait_outside = [&] {
+      if (outside[0] == 'M') {
+        if (MPI_Barrier(MPI_COMM_WORLD) != MPI_SUCCESS) fail(rank, where + ": MPI_Barrier failed");
+      } else if (mncl_allreduce(naive, send.data(), naive_recv.data(), kSmall, MNCL_INT32, MNCL_SUM,
+                                nullptr) != MNCL_OK) {
+        fail(rank, where + ": the naive allreduce: " + mncl_last_error());
+      } else {
+        expect_sum(rank, size, naive_recv, (where + ": the naive allreduce").c_str());
+      }
+    };
+    if (rank != 1) wait_outside();
+    if (request != nullptr && mncl_wait(request, -1) != MNCL_OK) {
+      fail(rank, where + ": " + mncl_last_error());
+    } else if (request != nullptr) {
+      expect_sum(rank, size, recv, where.c_str());
+    }
+    if (rank == 1) wait_outside();
+    mncl_comm_destroy(naive);
+    mncl_comm_destroy(comm);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -431,6 +495,7 @@ int main(int argc, char **argv) {
   blocking_call_behind_posted_ones(comm, rank, size);
   collective_progresses_under_a_receive(comm, rank, size);
   collective_progresses_under_another_communicator(comm, rank, size);
+  collective_progresses_outside_flat(rank, size);
   mncl_comm_destroy(comm);
   std::printf("rank %d: %s\n", rank, flat_test::g_failures == 0 ? "PASS" : "FAIL");
   return flat_test::g_failures == 0 ? 0 : 1;
