@@ -16,6 +16,10 @@
 // at a time (8 B .. 4 MiB) and 16 buckets of 64 KiB posted before the first wait, as a
 // data-parallel step posts its gradient buckets (flat's bounded mode checks each call before
 // its data go out).
+// Part 4: the same posted shapes (4 MiB, 16 x 64 KiB) with a computation between post and wait
+// that makes no MPI call, 4x as long as a blocking MPI_Allreduce of those bytes: Open MPI moves the
+// raw MPI_Iallreduce on only inside MPI calls, flat's progress thread moves the MNCL one on
+// meanwhile (run with -x MNCL_FLAT_PROGRESS_THREAD=0 to see it without).
 //
 // The application initializes MPI here (as an MPI program using MNCL would); flat then uses
 // it as it finds it.
@@ -316,6 +320,62 @@ int main(int argc, char **argv) {
           for (size_t b = 0; b < buckets; ++b) CHECK_MNCL(mncl_wait(requests[b], -1));
         });
     posted_row("16 x 64 KiB", bucket_iters, t);
+  }
+
+  // Part 4: posted allreduces overlapped with computation (a spin of no MPI call), then waited
+  // for.
+  if (g_rank == 0) {
+    std::printf("\nPosted allreduce overlapped with computation: post, compute, wait\n");
+    std::printf("%16s %8s %12s %12s %12s %10s %8s %11s\n", "shape", "iters", "compute us", "MPI us",
+                "MNCL us", "diff us", "ratio", "best ratio");
+  }
+  // Computation 4x as long as the blocking allreduce: a backward pass between the buckets'
+  // posts and their waits. Perfect overlap would take 0.8x of post + compute + wait in turn.
+  constexpr double kComputeFactor = 4;
+  const auto compute = [](double seconds) {
+    const double end = now_s() + seconds;
+    while (now_s() < end) {
+    }
+  };
+  for (const size_t bucket_bytes : {size_t{4} << 20, size_t{64} << 10}) {
+    const size_t n = bucket_bytes == (size_t{4} << 20) ? 1 : 16;
+    const size_t bucket_count = bucket_bytes / sizeof(float);
+    if (n * bucket_count > send.size()) continue;
+    const int overlap_iters = quick ? 3 : 10;
+    const double compute_s =
+        kComputeFactor * time_block(overlap_iters, [&] {
+          MPI_Allreduce(send.data(), recv.data(), static_cast<int>(n * bucket_count), MPI_FLOAT,
+                        MPI_SUM, raw);
+        });
+    std::vector<MPI_Request> mpi_requests(n);
+    std::vector<mncl_request_t> requests(n);
+    const Timing t = compare(
+        rounds, overlap_iters,
+        [&] {
+          for (size_t b = 0; b < n; ++b) {
+            MPI_Iallreduce(send.data() + b * bucket_count, recv.data() + b * bucket_count,
+                           static_cast<int>(bucket_count), MPI_FLOAT, MPI_SUM, raw,
+                           &mpi_requests[b]);
+          }
+          compute(compute_s);
+          MPI_Waitall(static_cast<int>(n), mpi_requests.data(), MPI_STATUSES_IGNORE);
+        },
+        [&] {
+          for (size_t b = 0; b < n; ++b) {
+            CHECK_MNCL(mncl_iallreduce(comm, send.data() + b * bucket_count,
+                                       recv.data() + b * bucket_count, bucket_count, MNCL_FLOAT32,
+                                       MNCL_SUM, nullptr, &requests[b]));
+          }
+          compute(compute_s);
+          for (size_t b = 0; b < n; ++b) CHECK_MNCL(mncl_wait(requests[b], -1));
+        });
+    if (g_rank == 0) {
+      const std::string shape = std::to_string(n) + " x " + mncl_bench::human_bytes(bucket_bytes);
+      std::printf("%16s %8d %12.2f %12.2f %12.2f %+10.2f %8.3f %11.3f\n", shape.c_str(),
+                  overlap_iters, compute_s * 1e6, t.a * 1e6, t.b * 1e6, t.paired_diff * 1e6,
+                  t.paired_ratio, t.best_b / t.best_a);
+      std::fflush(stdout);
+    }
   }
 
   CHECK_MNCL(mncl_comm_destroy(comm));

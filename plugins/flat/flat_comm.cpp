@@ -61,16 +61,16 @@ void note_flat_call() {
 
 // The backstop of MPI progress for posted operations. Open MPI progresses them only inside MPI
 // calls, and a posted collective's data wait in flat's queue for its checks. So while any is
-// in flight, a thread of flat's moves every queue on and enters MPI (an MPI_Iprobe) each
-// kPeriod: the operations complete while this process computes or waits outside flat (in the
-// application's own MPI calls, in another backend, in the core's store exchanges), and a peer
-// waiting for them is not held up until the timeout. It stays out while flat calls run (a
-// wait polling its request progresses MPI already, and the thread would only contend for
-// MPI's locks: 10-15% on posted allreduces, 4 ranks on 2 cores). Only under
-// MPI_THREAD_MULTIPLE: below it
-// the application's MPI calls may not run beside ours. Stopped by whoever finalizes MPI, flat
-// at exit or the application: MPI_Finalize first deletes MPI_COMM_SELF's attributes, and the
-// one set here joins the thread, so it never calls MPI after that.
+// in flight, a thread of flat's moves every queue on and enters MPI (an MPI_Iprobe) every
+// kAwayPeriod while the application is away from flat: the operations complete while this
+// process computes or waits elsewhere (in the application's own MPI calls, in another backend,
+// in the core's store exchanges), and a peer waiting for them is not held up until the
+// timeout. While flat calls run (a wait polling its request progresses MPI itself) it only
+// looks every kPollingPeriod: each wake-up can preempt a polling rank where ranks outnumber
+// cores. Only under MPI_THREAD_MULTIPLE: below it the application's MPI calls may not run
+// beside ours. Stopped by whoever finalizes MPI, flat at exit or the application:
+// MPI_Finalize first deletes MPI_COMM_SELF's attributes, and the one set here joins the
+// thread, so it never calls MPI after that.
 class ProgressBackstop {
  public:
   static ProgressBackstop &get() {
@@ -98,7 +98,10 @@ class ProgressBackstop {
   }
 
  private:
-  static constexpr auto kPeriod = std::chrono::milliseconds(1);
+  static constexpr auto kAwayPeriod = std::chrono::microseconds(100);
+  static constexpr auto kPollingPeriod = std::chrono::milliseconds(1);
+  // A flat call this recent: the application is polling (a wait, a test loop).
+  static constexpr auto kPolling = std::chrono::microseconds(50);
 
   void run() {
     std::unique_lock<std::mutex> guard(mutex_);
@@ -111,8 +114,8 @@ class ProgressBackstop {
       const Clock::duration since_call =
           Clock::now().time_since_epoch() -
           Clock::duration(g_last_flat_call.load(std::memory_order_relaxed));
-      if (since_call < kPeriod) {
-        std::this_thread::sleep_for(kPeriod - since_call);
+      if (since_call < kPolling) {
+        std::this_thread::sleep_for(kPollingPeriod);
         guard.lock();
         continue;
       }
@@ -127,7 +130,7 @@ class ProgressBackstop {
         int flag = 0;
         MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, probe_comm_, &flag, MPI_STATUS_IGNORE);
       }
-      std::this_thread::sleep_for(kPeriod);
+      std::this_thread::sleep_for(kAwayPeriod);
       guard.lock();
     }
   }
