@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <string>
+#include <system_error>
 #include <thread>
 
 #include "common/coll.h"
@@ -92,7 +93,12 @@ class ProgressBackstop {
         stopped_ = true;  // never stopped at finalize: better none (the flat calls progress)
         return;
       }
-      thread_ = std::thread([this] { run(); });
+      try {
+        thread_ = std::thread([this] { run(); });
+      } catch (const std::system_error &) {
+        stopped_ = true;  // no thread: the flat calls progress alone
+        return;
+      }
     }
     wakeup_.notify_one();
   }
@@ -136,16 +142,24 @@ class ProgressBackstop {
   }
 
   static int on_finalize(MPI_Comm, int, void *, void *) {
-    ProgressBackstop &self = get();
-    {
-      std::lock_guard<std::mutex> guard(self.mutex_);
-      self.stopped_ = true;
-    }
-    self.wakeup_.notify_all();
-    if (self.thread_.joinable()) self.thread_.join();  // stopped_: wake() starts none any more
+    get().stop();
     return MPI_SUCCESS;
   }
 
+ public:
+  // For good (MPI cannot be initialized again): before MPI's objects are freed, at finalize.
+  void stop() {
+    {
+      std::lock_guard<std::mutex> guard(mutex_);
+      stopped_ = true;
+    }
+    wakeup_.notify_all();
+    // stopped_: wake() starts none any more. The finalizing thread only, never the thread
+    // itself (it makes no MPI call that could finalize).
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
   std::mutex mutex_;
   std::condition_variable wakeup_;
   bool stopped_ = false;
@@ -674,6 +688,10 @@ bool Comm::has_device_buffer(const mncl_coll_v1_t &c) const {
 
 Request::~Request() {
   if (in_flight) g_in_flight.fetch_sub(1);
+}
+
+void stop_progress_thread() {
+  ProgressBackstop::get().stop();
 }
 
 std::unique_ptr<Request> Comm::post(const mncl_coll_v1_t &c, bool polled) {

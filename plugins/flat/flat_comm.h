@@ -44,8 +44,8 @@ struct Options {
   bool bounded = true;
   bool cuda = false;  // MNCL_CAP_CUDA_MEMORY advertised: buffers may be device pointers
   // Posted operations progress on a thread of flat's while the application is outside flat
-  // (under MPI_THREAD_MULTIPLE; see ProgressBackstop). MNCL_FLAT_PROGRESS_THREAD=0: only
-  // inside MPI calls, as Open MPI itself does.
+  // (under MPI_THREAD_MULTIPLE; see ProgressBackstop). MNCL_FLAT_PROGRESS_THREAD=0: MPI moves
+  // them on inside MPI calls only, and a bounded collective's data go out in flat calls only.
   bool progress_thread = true;
 };
 
@@ -142,6 +142,10 @@ struct Request {
   bool in_flight = false;
   ~Request();
 };
+
+// Stops flat's progress thread for good (flat_comm.cpp), before MPI's objects are freed at
+// finalize; MPI_Finalize stops it too, whoever calls it.
+void stop_progress_thread();
 
 class Comm {
  public:

@@ -9,6 +9,7 @@
 #include "common/dtype.h"
 #include "common/host.h"
 #include "common/reduce.h"
+#include "flat/flat_comm.h"  // stop_progress_thread
 
 namespace mncl::flat {
 
@@ -64,6 +65,7 @@ void finalize_at_exit() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
+  stop_progress_thread();  // it may still issue collectives on the objects freed here
   for (auto &ops : g_half_ops) {
     for (MPI_Op &op : ops) MPI_Op_free(&op);
   }
