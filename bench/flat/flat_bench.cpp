@@ -296,29 +296,36 @@ int main(int argc, char **argv) {
         });
     posted_row("1 x " + mncl_bench::human_bytes(bytes), iters, t);
   }
+  // n buckets of bucket_count elements posted, then `between` (nothing, a computation), then
+  // waited for: raw MPI, and MNCL.
+  const auto raw_buckets = [&](size_t n, size_t bucket_count,
+                               const std::function<void()> &between) {
+    std::vector<MPI_Request> mpi_requests(n);
+    for (size_t b = 0; b < n; ++b) {
+      MPI_Iallreduce(send.data() + b * bucket_count, recv.data() + b * bucket_count,
+                     static_cast<int>(bucket_count), MPI_FLOAT, MPI_SUM, raw, &mpi_requests[b]);
+    }
+    between();
+    MPI_Waitall(static_cast<int>(n), mpi_requests.data(), MPI_STATUSES_IGNORE);
+  };
+  const auto mncl_buckets = [&](size_t n, size_t bucket_count,
+                                const std::function<void()> &between) {
+    std::vector<mncl_request_t> requests(n);
+    for (size_t b = 0; b < n; ++b) {
+      CHECK_MNCL(mncl_iallreduce(comm, send.data() + b * bucket_count,
+                                 recv.data() + b * bucket_count, bucket_count, MNCL_FLOAT32,
+                                 MNCL_SUM, nullptr, &requests[b]));
+    }
+    between();
+    for (size_t b = 0; b < n; ++b) CHECK_MNCL(mncl_wait(requests[b], -1));
+  };
+  const auto nothing = [] {};
   const size_t buckets = 16, bucket_count = (size_t{64} << 10) / sizeof(float);
   if (buckets * bucket_count <= send.size()) {
     const int bucket_iters = quick ? 5 : 20;
-    std::vector<MPI_Request> mpi_requests(buckets);
-    std::vector<mncl_request_t> requests(buckets);
     const Timing t = compare(
-        rounds, bucket_iters,
-        [&] {
-          for (size_t b = 0; b < buckets; ++b) {
-            MPI_Iallreduce(send.data() + b * bucket_count, recv.data() + b * bucket_count,
-                           static_cast<int>(bucket_count), MPI_FLOAT, MPI_SUM, raw,
-                           &mpi_requests[b]);
-          }
-          MPI_Waitall(static_cast<int>(buckets), mpi_requests.data(), MPI_STATUSES_IGNORE);
-        },
-        [&] {
-          for (size_t b = 0; b < buckets; ++b) {
-            CHECK_MNCL(mncl_iallreduce(comm, send.data() + b * bucket_count,
-                                       recv.data() + b * bucket_count, bucket_count, MNCL_FLOAT32,
-                                       MNCL_SUM, nullptr, &requests[b]));
-          }
-          for (size_t b = 0; b < buckets; ++b) CHECK_MNCL(mncl_wait(requests[b], -1));
-        });
+        rounds, bucket_iters, [&] { raw_buckets(buckets, bucket_count, nothing); },
+        [&] { mncl_buckets(buckets, bucket_count, nothing); });
     posted_row("16 x 64 KiB", bucket_iters, t);
   }
 
@@ -347,28 +354,10 @@ int main(int argc, char **argv) {
           MPI_Allreduce(send.data(), recv.data(), static_cast<int>(n * bucket_count), MPI_FLOAT,
                         MPI_SUM, raw);
         });
-    std::vector<MPI_Request> mpi_requests(n);
-    std::vector<mncl_request_t> requests(n);
+    const auto computation = [&] { compute(compute_s); };
     const Timing t = compare(
-        rounds, overlap_iters,
-        [&] {
-          for (size_t b = 0; b < n; ++b) {
-            MPI_Iallreduce(send.data() + b * bucket_count, recv.data() + b * bucket_count,
-                           static_cast<int>(bucket_count), MPI_FLOAT, MPI_SUM, raw,
-                           &mpi_requests[b]);
-          }
-          compute(compute_s);
-          MPI_Waitall(static_cast<int>(n), mpi_requests.data(), MPI_STATUSES_IGNORE);
-        },
-        [&] {
-          for (size_t b = 0; b < n; ++b) {
-            CHECK_MNCL(mncl_iallreduce(comm, send.data() + b * bucket_count,
-                                       recv.data() + b * bucket_count, bucket_count, MNCL_FLOAT32,
-                                       MNCL_SUM, nullptr, &requests[b]));
-          }
-          compute(compute_s);
-          for (size_t b = 0; b < n; ++b) CHECK_MNCL(mncl_wait(requests[b], -1));
-        });
+        rounds, overlap_iters, [&] { raw_buckets(n, bucket_count, computation); },
+        [&] { mncl_buckets(n, bucket_count, computation); });
     if (g_rank == 0) {
       const std::string shape = std::to_string(n) + " x " + mncl_bench::human_bytes(bucket_bytes);
       std::printf("%16s %8d %12.2f %12.2f %12.2f %+10.2f %8.3f %11.3f\n", shape.c_str(),
