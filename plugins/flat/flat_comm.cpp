@@ -88,8 +88,7 @@ class ProgressBackstop {
       int keyval = MPI_KEYVAL_INVALID;
       if (MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, on_finalize, &keyval, nullptr) !=
               MPI_SUCCESS ||
-          MPI_Comm_set_attr(MPI_COMM_SELF, keyval, nullptr) != MPI_SUCCESS ||
-          MPI_Comm_dup(MPI_COMM_SELF, &probe_comm_) != MPI_SUCCESS) {
+          MPI_Comm_set_attr(MPI_COMM_SELF, keyval, nullptr) != MPI_SUCCESS) {
         stopped_ = true;  // never stopped at finalize: better none (the flat calls progress)
         return;
       }
@@ -131,10 +130,12 @@ class ProgressBackstop {
         // Nothing to report it to; the flat calls progress the queues too.
       }
       if (g_in_flight.load() > 0) {
-        // Any call into MPI progresses every operation of the process; this one matches
-        // nothing (no message is ever sent on probe_comm_).
+        // Any call into MPI progresses every operation of the process. A probe receives
+        // nothing, so even a message the application sent itself on MPI_COMM_SELF stays. (Not
+        // a duplicate of it: that is a communicator creation, which Open MPI orders after
+        // those in progress on other threads.)
         int flag = 0;
-        MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, probe_comm_, &flag, MPI_STATUS_IGNORE);
+        MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_SELF, &flag, MPI_STATUS_IGNORE);
       }
       std::this_thread::sleep_for(kAwayPeriod);
       guard.lock();
@@ -164,7 +165,6 @@ class ProgressBackstop {
   std::condition_variable wakeup_;
   bool stopped_ = false;
   std::thread thread_;
-  MPI_Comm probe_comm_ = MPI_COMM_NULL;
 };
 
 // Point to point: no other rank makes the same call, so no call check and no MPI collective.
@@ -644,7 +644,9 @@ void Comm::poll_until_done(Request &r) {
 // collectives, which take device memory (its non-blocking ones do not, in Open MPI 4.x).
 void Comm::execute_bounded(const mncl_coll_v1_t &c) {
   std::unique_ptr<Request> r = new_request(c, true);
-  r->checks_only = true;
+  r->fused = fuses(c);
+  // A fused call's data come with the checks: test() finishes it (result copied out) once.
+  r->checks_only = !r->fused;
   try {
     const std::string refusal = is_v_kind(c.kind) ? v_device_refusal(c) : std::string();
     {
@@ -655,6 +657,7 @@ void Comm::execute_bounded(const mncl_coll_v1_t &c) {
       post_checks(c, *r, !refusal.empty());
     }
     poll_until_done(*r);  // the checks alone: test() runs check_call once they complete
+    if (r->fused) return;
     r->checks_only = false;
     if (!refusal.empty()) throw kit::Error(MNCL_ERR_NOT_SUPPORTED, refusal);
     if (options_.cuda && has_device_buffer(c)) {
@@ -674,6 +677,13 @@ void Comm::execute_bounded(const mncl_coll_v1_t &c) {
     retire(std::move(r));
     throw;
   }
+}
+
+bool Comm::fuses(const mncl_coll_v1_t &c) const {
+  // Not with CUDA buffers: flat's operation reduces on the host. options_.cuda, not the
+  // buffers, decides, so that a rank with device buffers and one without still agree.
+  return options_.bounded && !options_.cuda && c.kind == MNCL_COLL_ALLREDUCE &&
+         c.count <= Request::kFusedBytes / kit::dtype_size(c.dtype);
 }
 
 bool Comm::has_device_buffer(const mncl_coll_v1_t &c) const {
@@ -705,8 +715,9 @@ std::unique_ptr<Request> Comm::post(const mncl_coll_v1_t &c, bool polled) {
     if (g_in_flight.fetch_add(1) == 0) ProgressBackstop::get().wake();
   }
   // Bounded mode: a collective's data wait for its checks (advance()), so mismatched calls
-  // move no data here either.
-  const bool defer = options_.bounded && !is_p2p(c.kind);
+  // move no data here either. A fused call has no data apart from its checks: nothing waits.
+  r->fused = fuses(c);
+  const bool defer = options_.bounded && !is_p2p(c.kind) && !r->fused;
   try {
     std::unique_lock<std::mutex> guard(deferred_mutex_, std::defer_lock);
     if (defer) guard.lock();
@@ -725,7 +736,7 @@ std::unique_ptr<Request> Comm::post(const mncl_coll_v1_t &c, bool polled) {
         if (!defer) broken_.store(true);
         throw kit::Error(MNCL_ERR_NOT_SUPPORTED, refusal);
       }
-      if (!defer) issue(c, *r, true);
+      if (!defer && !r->fused) issue(c, *r, true);
     }
     if (defer) {
       r->checks_only = true;
@@ -853,11 +864,44 @@ uint64_t coalesced_split(const mncl_coll_v1_t &c) {
 }  // namespace
 
 namespace {
-// One check element: kSumsAt words combined by max, then the counts sums added.
+// The fingerprint field i of a (partly) combined element, if every rank in it gave the same.
+bool agreed_field(const uint64_t *e, int i, uint64_t *value) {
+  *value = e[i];
+  return e[i] == ~e[Request::kFields + i];
+}
+
+// Whether the fused data of elements a and b may be reduced: both agree within and with each
+// other on the call, and it is a fused allreduce (Comm::fuses); the dtype, op and count to
+// reduce with.
+bool fused_call(const uint64_t *a, const uint64_t *b, int32_t *dtype, int32_t *op, size_t *count) {
+  uint64_t fields[4];
+  const int which[4] = {0, 1, 2, 4};  // kind, dtype, op, count
+  for (int k = 0; k < 4; ++k) {
+    uint64_t other = 0;
+    if (!agreed_field(a, which[k], &fields[k]) || !agreed_field(b, which[k], &other) ||
+        other != fields[k]) {
+      return false;
+    }
+  }
+  if (fields[0] != static_cast<uint32_t>(MNCL_COLL_ALLREDUCE)) return false;
+  *dtype = static_cast<int32_t>(static_cast<uint32_t>(fields[1]));
+  *op = static_cast<int32_t>(static_cast<uint32_t>(fields[2]));
+  *count = fields[3];
+  const size_t esize = kit::dtype_size(*dtype);
+  return esize > 0 && *count <= Request::kFusedBytes / esize;
+}
+
+// One check element: kSumsAt words combined by max, then the counts sums added, then a fused
+// allreduce's data reduced (before the words: they are read from both sides' inputs).
 void combine_checks(void *in, void *inout, int *len, MPI_Datatype *) {
   const auto *a = static_cast<const uint64_t *>(in);
   auto *b = static_cast<uint64_t *>(inout);
-  for (int e = 0; e < *len; ++e, a += Request::kCheckWords, b += Request::kCheckWords) {
+  for (int e = 0; e < *len; ++e, a += Request::kElementWords, b += Request::kElementWords) {
+    int32_t dtype = 0, op = 0;
+    size_t count = 0;
+    if (fused_call(a, b, &dtype, &op, &count)) {
+      kit::reduce_into(b + Request::kCheckWords, a + Request::kCheckWords, count, dtype, op);
+    }
     for (int i = 0; i < Request::kSumsAt; ++i) b[i] = std::max(a[i], b[i]);
     for (int i = Request::kSumsAt; i < Request::kCheckWords; ++i) b[i] += a[i];
   }
@@ -868,9 +912,9 @@ void combine_checks(void *in, void *inout, int *len, MPI_Datatype *) {
 const Comm::CheckType &Comm::check_type() {
   static const CheckType type = [] {
     CheckType t;
-    // One element of kCheckWords words: MPI never splits an element between calls of the
+    // One element of kElementWords words: MPI never splits an element between calls of the
     // operation, which must know which word it combines.
-    MPI_Type_contiguous(Request::kCheckWords, MPI_UINT64_T, &t.datatype);
+    MPI_Type_contiguous(Request::kElementWords, MPI_UINT64_T, &t.datatype);
     MPI_Type_commit(&t.datatype);
     MPI_Op_create(combine_checks, /*commute=*/1, &t.op);
     return t;
@@ -910,6 +954,17 @@ void Comm::post_checks(const mncl_coll_v1_t &c, Request &r, bool refusing) {
     pair_sums(c, rank_, refusing, sums);
   } else {
     sums[0] = sums[1] = sums[2] = 0;
+  }
+  if (r.fused) {
+    // The result is copied out (after AVG's division) only once the call passed its checks.
+    const size_t bytes = c.count * kit::dtype_size(c.dtype);
+    if (bytes > 0) std::memcpy(r.check_in + Request::kCheckWords, c.sendbuf, bytes);
+    uint64_t *result = r.check_out + Request::kCheckWords;
+    if (c.op == MNCL_AVG) {
+      r.avg_buf = result;
+      r.avg_count = c.count;
+    }
+    r.copy_out.push_back({c.recvbuf, result, bytes});
   }
   const CheckType &type = check_type();
   r.mpi.push_back(MPI_REQUEST_NULL);
@@ -955,7 +1010,7 @@ void Comm::check_call(Request &r) {
   r.checked = true;
   // execute_bounded() checks before it issues the data: then nothing is in flight, every rank
   // fails alike, and the communicator stays usable.
-  const bool data_in_flight = !r.checks_only;
+  const bool data_in_flight = !r.checks_only && !r.fused;
   const uint64_t *sums = r.check_out + Request::kSumsAt;
   if (r.counts_summed && sums[2] != 0) {
     if (data_in_flight) broken_.store(true);  // the data went out to ranks that never posted

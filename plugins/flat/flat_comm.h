@@ -85,7 +85,7 @@ struct Request {
   //  - bounded mode, every collective: the call's fingerprint (words [0, kSumsAt): the maximum
   //    of each field and of its complement; equal maxima and minima on every field mean every
   //    rank made the same call) and the counts sums below (zero but for allgatherv /
-  //    alltoallv), in one MPI_Iallreduce of one kCheckWords-word element under an operation of
+  //    alltoallv), in one MPI_Iallreduce of one kElementWords-word element under an operation of
   //    flat's own (max, then sum): one exchange per call, so mismatched kinds never leave one
   //    rank with an exchange more than another;
   //  - unbounded mode, allgatherv / alltoallv only: the counts sums alone (MPI_SUM).
@@ -94,9 +94,17 @@ struct Request {
   static constexpr int kFields = 7;  // kind, dtype, op, root, count, nbufs, seq
   static constexpr int kSumsAt = 2 * kFields;
   static constexpr int kCheckWords = kSumsAt + 3;
+  // Bounded mode, an allreduce of at most kFusedBytes (host memory): its data travel inside the
+  // check element, after the check words, and flat's operation reduces them wherever both
+  // sides' fingerprints name that very call (Comm::fuses). One exchange instead of checks then
+  // data; a mismatched call reduces nothing and its result is never copied out. The area is in
+  // every check element, so that all calls exchange elements of one shape.
+  static constexpr int kFusedBytes = 1024;
+  static constexpr int kElementWords = kCheckWords + kFusedBytes / 8;
+  bool fused = false;
   bool fingerprinted = false;
   bool counts_summed = false;
-  uint64_t check_in[kCheckWords] = {}, check_out[kCheckWords] = {};
+  uint64_t check_in[kElementWords] = {}, check_out[kElementWords] = {};
   int checks = 0;            // leading requests of mpi that check the call (fingerprint, sums)
   bool checked = false;      // they completed and the call passed
   bool checks_only = false;  // the data are issued once the checks pass (execute_bounded, and
@@ -197,6 +205,9 @@ class Comm {
   void poll_until_done(Request &r);
   // Whether any of c's buffers is CUDA memory.
   bool has_device_buffer(const mncl_coll_v1_t &c) const;
+  // Whether c's data travel inside its check element (Request::fused): the same answer on
+  // every rank that makes the same call.
+  bool fuses(const mncl_coll_v1_t &c) const;
   // With CUDA buffers: syncs the caller's stream, refuses forms flat finishes on the host.
   void prepare_device_buffers(const mncl_coll_v1_t &c) const;
   // The MPI call(s) of c: blocking ones (r.mpi stays empty) or non-blocking ones into r.mpi.

@@ -4,7 +4,8 @@
 // MNCL_BACKEND=flat, every rank must fail with MNCL_ERR_REMOTE saying that no data was moved,
 // nothing may be written into any receive buffer or past it, and the communicator must still
 // work: a correct allreduce right after each mismatch gives the exact sum. Cases: a bcast whose
-// root passes 4x the count of the others, an allreduce whose odd ranks pass 4x the count, and
+// root passes 4x the count of the others, an allreduce whose odd ranks pass 4x the count (also
+// small ones, whose data travel with the checks: 16 against 64 int32, 200 against 800), and
 // an allgatherv whose rank 1 sends 4x what the other ranks' recvcounts[1] says; each as a
 // blocking call and as a posted one (mncl_i*, then mncl_wait), whose data wait for its checks.
 // A fourth: rank 1 calls allgatherv where the others call allreduce (one check exchange per
@@ -120,6 +121,24 @@ void mismatches(mncl_comm_t comm, int rank, int size, bool posted) {
     expect_refused(rank, st, ("allreduce of 4x the count on odd ranks" + how).c_str());
     expect_untouched(rank, recv, count, ("allreduce" + how).c_str());
     expect_usable(comm, rank, size, ("the mismatched allreduce" + how).c_str());
+  }
+  // Small allreduces, whose data travel inside the check exchange (up to 1 KiB): odd ranks
+  // pass 4x the count, both fused (16 and 64 int32), and one fused, one not (200 and 800).
+  for (const size_t small : {size_t{16}, size_t{200}}) {
+    const size_t count = odd ? 4 * small : small;
+    std::vector<int32_t> send(count, 1), recv(count + kGuards, kUntouched);
+    for (size_t i = count; i < recv.size(); ++i) recv[i] = kGuard;
+    const mncl_status_t st = completed(
+        posted
+            ? mncl_iallreduce(comm, send.data(), recv.data(), count, MNCL_INT32, MNCL_SUM, nullptr,
+                              req)
+            : mncl_allreduce(comm, send.data(), recv.data(), count, MNCL_INT32, MNCL_SUM, nullptr),
+        req);
+    const std::string what = "allreduce of " + std::to_string(small) + " and " +
+                             std::to_string(4 * small) + " int32" + how;
+    expect_refused(rank, st, what.c_str());
+    expect_untouched(rank, recv, count, what.c_str());
+    expect_usable(comm, rank, size, what.c_str());
   }
   {  // allgatherv: rank 1 sends kLarge (and says so in its own recvcounts[1]); every other
      // rank's recvcounts[1] says kSmall.
