@@ -680,10 +680,12 @@ void Comm::execute_bounded(const mncl_coll_v1_t &c) {
 }
 
 bool Comm::fuses(const mncl_coll_v1_t &c) const {
-  // Not with CUDA buffers: flat's operation reduces on the host. options_.cuda, not the
-  // buffers, decides, so that a rank with device buffers and one without still agree.
-  return options_.bounded && !options_.cuda && c.kind == MNCL_COLL_ALLREDUCE &&
-         c.count <= Request::kFusedBytes / kit::dtype_size(c.dtype);
+  // Not where flat advertises CUDA memory: its operation reduces on the host. options_.cuda,
+  // not the buffers, decides, so that ranks with device buffers and without agree; ranks
+  // whose options_.cuda differ fail the call's checks (the fused field).
+  const size_t esize = kit::dtype_size(c.dtype);
+  return options_.bounded && !options_.cuda && c.kind == MNCL_COLL_ALLREDUCE && esize > 0 &&
+         c.count <= Request::kFusedBytes / esize;
 }
 
 bool Comm::has_device_buffer(const mncl_coll_v1_t &c) const {
@@ -874,16 +876,16 @@ bool agreed_field(const uint64_t *e, int i, uint64_t *value) {
 // other on the call, and it is a fused allreduce (Comm::fuses); the dtype, op and count to
 // reduce with.
 bool fused_call(const uint64_t *a, const uint64_t *b, int32_t *dtype, int32_t *op, size_t *count) {
-  uint64_t fields[4];
-  const int which[4] = {0, 1, 2, 4};  // kind, dtype, op, count
-  for (int k = 0; k < 4; ++k) {
+  uint64_t fields[5];
+  const int which[5] = {0, 1, 2, 4, Request::kFusedField};  // kind, dtype, op, count, fused
+  for (int k = 0; k < 5; ++k) {
     uint64_t other = 0;
     if (!agreed_field(a, which[k], &fields[k]) || !agreed_field(b, which[k], &other) ||
         other != fields[k]) {
       return false;
     }
   }
-  if (fields[0] != static_cast<uint32_t>(MNCL_COLL_ALLREDUCE)) return false;
+  if (fields[4] != 1 || fields[0] != static_cast<uint32_t>(MNCL_COLL_ALLREDUCE)) return false;
   *dtype = static_cast<int32_t>(static_cast<uint32_t>(fields[1]));
   *op = static_cast<int32_t>(static_cast<uint32_t>(fields[2]));
   *count = fields[3];
@@ -891,14 +893,17 @@ bool fused_call(const uint64_t *a, const uint64_t *b, int32_t *dtype, int32_t *o
   return esize > 0 && *count <= Request::kFusedBytes / esize;
 }
 
-// One check element: kSumsAt words combined by max, then the counts sums added, then a fused
-// allreduce's data reduced (before the words: they are read from both sides' inputs).
+// One check element: a fused allreduce's data reduced first (fused_call reads both sides'
+// words before they are combined), then kSumsAt words combined by max and the counts sums
+// added.
 void combine_checks(void *in, void *inout, int *len, MPI_Datatype *) {
   const auto *a = static_cast<const uint64_t *>(in);
   auto *b = static_cast<uint64_t *>(inout);
   for (int e = 0; e < *len; ++e, a += Request::kElementWords, b += Request::kElementWords) {
     int32_t dtype = 0, op = 0;
     size_t count = 0;
+    // An op reduce_into does not know (the core validated it) reduces nothing: the checks
+    // still agree, so that would copy out this rank's own data; it cannot happen.
     if (fused_call(a, b, &dtype, &op, &count)) {
       kit::reduce_into(b + Request::kCheckWords, a + Request::kCheckWords, count, dtype, op);
     }
@@ -944,7 +949,8 @@ void Comm::post_checks(const mncl_coll_v1_t &c, Request &r, bool refusing) {
                                              field(rooted ? c.root : -1),
                                              count,
                                              coalesced_split(c),
-                                             c.seq};
+                                             c.seq,
+                                             r.fused ? 1u : 0u};
   for (int i = 0; i < Request::kFields; ++i) {
     r.check_in[i] = fields[i];
     r.check_in[Request::kFields + i] = ~fields[i];  // max of the complement: the minimum
@@ -1028,7 +1034,9 @@ void Comm::check_call(Request &r) {
       "root",
       r.kind == MNCL_COLL_ALLGATHERV ? "count in all" : "count",
       "buffers",
-      "sequence number"};
+      "sequence number",
+      "data inside the check (1: an allreduce of at most 1 KiB; 0 where flat advertises CUDA "
+      "memory)"};
   for (int i = 0; r.fingerprinted && i < Request::kFields; ++i) {
     const uint64_t hi = r.check_out[i], lo = ~r.check_out[Request::kFields + i];
     if (hi == lo) continue;

@@ -14,8 +14,9 @@
 //    communicator's timeout, or MNCL_ERR_ABORTED after an abort. With bounded = true (the
 //    default; MNCL_FLAT_BOUNDED=0 turns it off) blocking calls run as non-blocking ones polled
 //    to completion, so they are bounded too, at the price of MPI's (slower) non-blocking
-//    algorithms and one small fingerprint exchange per collective, which completes before the
-//    data are posted (posted collectives: see Comm::advance). Point to
+//    algorithms and one fingerprint exchange per collective (a 1.2 KiB element), which
+//    completes before the data are posted (posted collectives: see Comm::advance), or carries
+//    them itself (an allreduce of at most 1 KiB: Request::kFusedBytes). Point to
 //    point (send, recv, sendrecv_batch) always runs that way: bounded, and each receive is
 //    size-checked before it is received.
 //  - MPI cannot cancel a collective: a timed-out or aborted one keeps its buffers in use; the
@@ -91,14 +92,17 @@ struct Request {
   //  - unbounded mode, allgatherv / alltoallv only: the counts sums alone (MPI_SUM).
   // The counts sums (words [kSumsAt, kCheckWords)): each block's sender and receiver counts
   // (see pair_sums in flat_comm.cpp), and the ranks refusing the call.
-  static constexpr int kFields = 7;  // kind, dtype, op, root, count, nbufs, seq
+  // kind, dtype, op, root, count, nbufs, seq, and whether the data ride in the check (fused)
+  static constexpr int kFields = 8;
+  static constexpr int kFusedField = 7;
   static constexpr int kSumsAt = 2 * kFields;
   static constexpr int kCheckWords = kSumsAt + 3;
   // Bounded mode, an allreduce of at most kFusedBytes (host memory): its data travel inside the
-  // check element, after the check words, and flat's operation reduces them wherever both
-  // sides' fingerprints name that very call (Comm::fuses). One exchange instead of checks then
-  // data; a mismatched call reduces nothing and its result is never copied out. The area is in
-  // every check element, so that all calls exchange elements of one shape.
+  // check element, after the check words (Comm::fuses). Flat's operation reduces two elements'
+  // data when both agree, within and with each other, on kind, dtype, op, count and fusing;
+  // the result is copied out only once the whole fingerprint (seq included) passed, so data
+  // reduced across mismatched calls are never seen. One exchange instead of checks then data.
+  // The area is in every check element, so that all calls exchange elements of one shape.
   static constexpr int kFusedBytes = 1024;
   static constexpr int kElementWords = kCheckWords + kFusedBytes / 8;
   bool fused = false;
@@ -107,8 +111,8 @@ struct Request {
   uint64_t check_in[kElementWords] = {}, check_out[kElementWords] = {};
   int checks = 0;            // leading requests of mpi that check the call (fingerprint, sums)
   bool checked = false;      // they completed and the call passed
-  bool checks_only = false;  // the data are issued once the checks pass (execute_bounded, and
-                             // a posted collective while data_deferred)
+  bool checks_only = false;  // the data are issued once the checks pass (execute_bounded but
+                             // for a fused call, and a posted collective while data_deferred)
   // Bounded mode, a posted collective: its call, kept to issue the data once its checks pass
   // (Comm::advance), with copies of its arrays (kit::keep_arrays).
   struct Deferred {
@@ -205,8 +209,9 @@ class Comm {
   void poll_until_done(Request &r);
   // Whether any of c's buffers is CUDA memory.
   bool has_device_buffer(const mncl_coll_v1_t &c) const;
-  // Whether c's data travel inside its check element (Request::fused): the same answer on
-  // every rank that makes the same call.
+  // Whether c's data travel inside its check element (Request::fused). Ranks may answer
+  // differently (options_.cuda is per process): the fingerprint carries the answer, so such a
+  // call fails its checks instead of reducing with a rank whose data are not there.
   bool fuses(const mncl_coll_v1_t &c) const;
   // With CUDA buffers: syncs the caller's stream, refuses forms flat finishes on the host.
   void prepare_device_buffers(const mncl_coll_v1_t &c) const;

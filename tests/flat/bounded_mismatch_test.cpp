@@ -80,6 +80,47 @@ void expect_usable(mncl_comm_t comm, int rank, int size, const char *after) {
   }
 }
 
+// Allreduces on either side of the 1 KiB that travels inside the check exchange give exact
+// results, blocking or posted: int32 SUM of 256 (fused) and 257 elements, float64 AVG of 128
+// (fused) and 129.
+void expect_fused_exact(mncl_comm_t comm, int rank, int size, bool posted,
+                        const std::string &after) {
+  const int64_t ranks_sum = int64_t{size} * (size + 1) / 2;
+  for (const size_t n : {size_t{256}, size_t{257}, size_t{128}, size_t{129}}) {
+    const bool sum = n > 200;
+    std::vector<int32_t> isend(n), irecv(n, 0);
+    std::vector<double> dsend(n), drecv(n, 0);
+    for (size_t i = 0; i < n; ++i) {
+      isend[i] = static_cast<int32_t>((rank + 1) * static_cast<int64_t>(i + 1));
+      dsend[i] = static_cast<double>(size * (rank + 1) + static_cast<int64_t>(i));
+    }
+    void *recv = sum ? static_cast<void *>(irecv.data()) : static_cast<void *>(drecv.data());
+    const void *send =
+        sum ? static_cast<const void *>(isend.data()) : static_cast<const void *>(dsend.data());
+    const mncl_dtype_t dtype = sum ? MNCL_INT32 : MNCL_FLOAT64;
+    const mncl_op_t op = sum ? MNCL_SUM : MNCL_AVG;
+    mncl_request_t request = nullptr;
+    mncl_status_t st = posted ? mncl_iallreduce(comm, send, recv, n, dtype, op, nullptr, &request)
+                              : mncl_allreduce(comm, send, recv, n, dtype, op, nullptr);
+    if (posted && st == MNCL_OK) st = mncl_wait(request, -1);
+    const std::string what = std::string(sum ? "int32 SUM" : "float64 AVG") + " of " +
+                             std::to_string(n) + " after " + after;
+    if (st != MNCL_OK) {
+      fail(rank, what + ": " + mncl_last_error());
+      continue;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      // float64: the ranks' size * (r + 1) + i add up to size * (ranks_sum + i).
+      const bool right = sum ? irecv[i] == ranks_sum * static_cast<int64_t>(i + 1)
+                             : drecv[i] == static_cast<double>(ranks_sum + static_cast<int64_t>(i));
+      if (!right) {
+        fail(rank, what + ": wrong value at element " + std::to_string(i));
+        break;
+      }
+    }
+  }
+}
+
 // A blocking call's status (request == nullptr), or a posted one's once waited for. The
 // request is read here, after the call that set it.
 mncl_status_t completed(mncl_status_t st, const mncl_request_t *request) {
@@ -108,11 +149,18 @@ void mismatches(mncl_comm_t comm, int rank, int size, bool posted) {
     if (rank != 0) expect_untouched(rank, buf, count, ("bcast" + how).c_str());
     expect_usable(comm, rank, size, ("the mismatched bcast" + how).c_str());
   }
-  // allreduce: odd ranks pass 4x the count of even ones: past the eager limit (kSmall), and
-  // small ones whose data travel inside the check exchange (up to 1 KiB), both fused (16 and
-  // 64 int32) and one fused, one not (200 and 800).
-  for (const size_t small : {kSmall, size_t{16}, size_t{200}}) {
-    const size_t count = odd ? 4 * small : small;
+  // allreduce: some ranks pass 4x the count of the others: past the eager limit (kSmall, odd
+  // ranks), and small ones whose data travel inside the check exchange (up to 1 KiB): both
+  // fused (16 and 64 int32; odd ranks, then the last rank alone, so that the other ranks' data
+  // are reduced before the mismatch shows) and one fused, one not (200 and 800).
+  struct Mismatch {
+    size_t small;
+    bool last_only;
+  };
+  for (const Mismatch m :
+       {Mismatch{kSmall, false}, Mismatch{16, false}, Mismatch{16, true}, Mismatch{200, false}}) {
+    const bool more = m.last_only ? rank == size - 1 : odd;
+    const size_t count = more ? 4 * m.small : m.small;
     std::vector<int32_t> send(count, 1), recv(count + kGuards, kUntouched);
     for (size_t i = count; i < recv.size(); ++i) recv[i] = kGuard;
     const mncl_status_t st = completed(
@@ -121,11 +169,26 @@ void mismatches(mncl_comm_t comm, int rank, int size, bool posted) {
                               req)
             : mncl_allreduce(comm, send.data(), recv.data(), count, MNCL_INT32, MNCL_SUM, nullptr),
         req);
-    const std::string what = "allreduce of " + std::to_string(small) + " and " +
-                             std::to_string(4 * small) + " int32" + how;
+    const std::string what = "allreduce of " + std::to_string(m.small) + " and " +
+                             std::to_string(4 * m.small) + " int32" +
+                             (m.last_only ? " (the last rank)" : "") + how;
     expect_refused(rank, st, what.c_str());
     expect_untouched(rank, recv, count, what.c_str());
     expect_usable(comm, rank, size, what.c_str());
+    if (m.small != kSmall) expect_fused_exact(comm, rank, size, posted, what);
+  }
+  {  // A small allreduce whose last rank asks for AVG where the others ask for SUM.
+    const mncl_op_t op = rank == size - 1 ? MNCL_AVG : MNCL_SUM;
+    std::vector<int32_t> send(16, 1), recv(16 + kGuards, kUntouched);
+    for (size_t i = 16; i < recv.size(); ++i) recv[i] = kGuard;
+    const mncl_status_t st = completed(
+        posted ? mncl_iallreduce(comm, send.data(), recv.data(), 16, MNCL_INT32, op, nullptr, req)
+               : mncl_allreduce(comm, send.data(), recv.data(), 16, MNCL_INT32, op, nullptr),
+        req);
+    const std::string what = "allreduce of 16 int32, SUM against AVG" + how;
+    expect_refused(rank, st, what.c_str());
+    expect_untouched(rank, recv, 16, what.c_str());
+    expect_fused_exact(comm, rank, size, posted, what);
   }
   {  // allgatherv: rank 1 sends kLarge (and says so in its own recvcounts[1]); every other
      // rank's recvcounts[1] says kSmall.
