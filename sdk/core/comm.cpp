@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -85,20 +86,41 @@ bootstrap::WaitOptions wait_options(int64_t timeout_ms, const std::atomic<bool> 
   return opts;
 }
 
+// Called while an exchange still waits for the ranks named; may throw to stop waiting.
+using WhileWaiting = std::function<void(const std::vector<int> &missing_ranks)>;
+
 // Sets "<prefix><rank>" on this rank and waits for every rank's key; returns every rank's
-// value. On timeout, names the ranks that never wrote theirs.
+// value. On timeout, names the ranks that never wrote theirs. With while_waiting, waits in
+// slices of half a second and calls it after each slice that left keys missing.
 std::vector<std::string> exchange(bootstrap::Store &store, const std::string &prefix, int rank,
                                   int size, const std::string &value, int64_t timeout_ms,
                                   const std::atomic<bool> *aborted, const char *what,
-                                  std::vector<int> *missing_ranks = nullptr) {
+                                  std::vector<int> *missing_ranks = nullptr,
+                                  const WhileWaiting &while_waiting = nullptr) {
   store.set(prefix + std::to_string(rank), value.data(), value.size());
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back(prefix + std::to_string(r));
-  auto missing = store.wait(keys, wait_options(timeout_ms, aborted));
-  if (!missing.empty()) {
+  const auto ranks_of = [&](const std::vector<std::string> &missing) {
     std::vector<int> ranks;
     for (const auto &k : missing) ranks.push_back(std::stoi(k.substr(prefix.size())));
     if (missing_ranks) *missing_ranks = ranks;
+    return ranks;
+  };
+  constexpr int64_t kSliceMs = 500;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  auto missing = keys;
+  for (;;) {
+    const int64_t left_ms =
+        std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 deadline - std::chrono::steady_clock::now())
+                                 .count());
+    const bool last_slice = !while_waiting || left_ms <= kSliceMs;
+    missing = store.wait(missing, wait_options(last_slice ? left_ms : kSliceMs, aborted));
+    if (missing.empty() || last_slice) break;
+    while_waiting(ranks_of(missing));
+  }
+  if (!missing.empty()) {
+    const std::vector<int> ranks = ranks_of(missing);
     throw Error(MNCL_ERR_TIMEOUT,
                 format("%s: rank%s %s did not %s within %.1f s (store %s)", what,
                        ranks.size() > 1 ? "s" : "", list_ranks(ranks).c_str(),
@@ -221,6 +243,14 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
             settings.size, settings.store_url.empty() ? "(in-process)" : settings.store_url.c_str(),
             settings.backend_spec.c_str(), settings.timeout_ms / 1000.0);
 
+  const std::string host = hostname();
+  // Two processes given one rank (a launcher's variable left in the shell, one MNCL_RANK for
+  // all) would both wait for the rank no one took: the second to claim it fails at once, and
+  // leaves a note that makes the others stop waiting.
+  const std::string rank_words =
+      format("rank %d (from %s)", settings.rank, settings.rank_origin.c_str());
+  const std::string claim =
+      format("%s a second time: %s pid %d", rank_words.c_str(), host.c_str(), ::getpid());
   const auto opts = wait_options(settings.timeout_ms, &comm->aborted_);
   try {
     comm->job_store_ =
@@ -232,6 +262,18 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
     // the address taken. Say which variable made it rank 0.
     const bool taken = std::strstr(e.what(), "in use") != nullptr;
     if (!(taken && settings.rank == 0 && comm->job_->tcp_store)) throw;
+    if (settings.size > 1) {
+      // Leave the note in the other rank 0's store, as a client, if that is what holds the
+      // address (briefly: it may be some other program).
+      try {
+        bootstrap::make_prefix_store(bootstrap::open_store(settings.store_url, 1, settings.size,
+                                                           wait_options(2000, &comm->aborted_)),
+                                     comm->id_ + "/")
+            ->set("claim/twice", claim.data(), claim.size());
+      } catch (const Error &note_error) {
+        MNCL_INFO("mncl_comm_create: could not tell the other rank 0: %s", note_error.what());
+      }
+    }
     throw Error(e.status(), format("%s; is another process rank 0 too? This one is rank 0 "
                                    "from %s",
                                    e.what(), settings.rank_origin.c_str()));
@@ -253,14 +295,6 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
 
   // Round 1, joining: every rank's host and pid. Grouping by host gives the local rank and
   // size (when the launcher did not) and the number of hosts, which the backend rules need.
-  const std::string host = hostname();
-  // Two processes given one rank (a launcher's variable left in the shell, one MNCL_RANK for
-  // all) would both wait for the rank no one took: the second to claim it fails at once, and
-  // leaves a note that the others' join timeout quotes.
-  const std::string rank_words =
-      format("rank %d (from %s)", settings.rank, settings.rank_origin.c_str());
-  const std::string claim =
-      format("%s a second time: %s pid %d", rank_words.c_str(), host.c_str(), ::getpid());
   if (comm->comm_store_->add("claim/" + std::to_string(settings.rank), 1) > 1) {
     comm->comm_store_->set("claim/twice", claim.data(), claim.size());
     throw Error(MNCL_ERR_BOOTSTRAP,
@@ -277,11 +311,28 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
   }
   std::vector<std::string> joins;
   std::vector<int> absent;
+  // The rank no one took never joins: every rank that did gives up once the second claimant
+  // has left its note, rather than at the join timeout.
+  bool claimed_twice = false;
+  const auto stop_if_claimed_twice = [&](const std::vector<int> &missing) {
+    if (!comm->comm_store_->wait({"claim/twice"}, wait_options(0, nullptr)).empty()) return;
+    const std::string twice =
+        bytes_to_string(comm->comm_store_->get("claim/twice", wait_options(0, nullptr)));
+    claimed_twice = true;
+    throw Error(MNCL_ERR_BOOTSTRAP,
+                format("mncl_comm_create: a process claimed %s, and rank%s %s did not join: two "
+                       "processes were given one rank; check the launcher's rank variables",
+                       twice.c_str(), missing.size() > 1 ? "s" : "", list_ranks(missing).c_str()));
+  };
   try {
     joins = exchange(*comm->comm_store_, "join/", settings.rank, settings.size,
                      host + "\n" + std::to_string(::getpid()), settings.timeout_ms, &comm->aborted_,
-                     "mncl_comm_create", &absent);
+                     "mncl_comm_create", &absent, stop_if_claimed_twice);
   } catch (const Error &e) {
+    if (claimed_twice) {
+      comm->leave_after_failed_join(absent);
+      throw;
+    }
     if (e.status() != MNCL_ERR_TIMEOUT) throw;
     std::string twice;
     try {
