@@ -651,8 +651,16 @@ void Comm::execute_bounded(const mncl_coll_v1_t &c) {
     const std::string refusal = is_v_kind(c.kind) ? v_device_refusal(c) : std::string();
     {
       std::unique_lock<std::mutex> guard(deferred_mutex_);
-      // Posted collectives' data go before this call's, on every rank.
-      settle(guard, r->deadline, &c, nullptr);
+      if (r->fused) {
+        // No data on comm_ that posted collectives' data must precede: its checks follow
+        // theirs on checks_comm_, which MPI keeps in order. Their data go out as tests move
+        // the queue on, this call's own included.
+        advance();
+        check_usable(&c, nullptr);
+      } else {
+        // Posted collectives' data go before this call's, on every rank.
+        settle(guard, r->deadline, &c, nullptr);
+      }
       MpiLock lock;
       post_checks(c, *r, !refusal.empty());
     }

@@ -40,6 +40,7 @@ using flat_test::kGuards;
 
 constexpr size_t kSmall = 4096;  // int32 elements: 16 KiB, past the eager limit
 constexpr size_t kLarge = 4 * kSmall;
+constexpr size_t kFusedInts = 256;  // int32 elements: 1 KiB, the most that travels in the checks
 constexpr int32_t kUntouched = -1;
 
 // Every element of buf, receive area and guards, must still hold its initial value.
@@ -290,11 +291,13 @@ void expect_sum(int rank, int size, const std::vector<int32_t> &recv, const char
   }
 }
 
-// Two allreduces posted, then a blocking one: it waits for their data, all three right (each
-// sums other values, so calls paired out of order across the ranks would show).
+// Two allreduces posted, then a small blocking one (its data in its checks, which do not wait
+// for the posted ones' data) and a blocking one that waits for their data: all four right
+// (each sums other values, so calls paired out of order across the ranks would show).
 void blocking_call_behind_posted_ones(mncl_comm_t comm, int rank, int size) {
   std::vector<int32_t> send_a(kSmall, rank + 1), send_b(kSmall, 10 * (rank + 1)),
-      send_c(kSmall, 100 * (rank + 1)), a(kSmall, 0), b(kSmall, 0), c(kSmall, 0);
+      send_c(kSmall, 100 * (rank + 1)), send_d(kFusedInts, 1000 * (rank + 1)), a(kSmall, 0),
+      b(kSmall, 0), c(kSmall, 0), d(kFusedInts, 0);
   mncl_request_t ra = nullptr, rb = nullptr;
   pause_on_rank_1(rank);
   if (mncl_iallreduce(comm, send_a.data(), a.data(), kSmall, MNCL_INT32, MNCL_SUM, nullptr, &ra) !=
@@ -303,6 +306,10 @@ void blocking_call_behind_posted_ones(mncl_comm_t comm, int rank, int size) {
           MNCL_OK) {
     fail(rank, std::string("posting two allreduces: ") + mncl_last_error());
     return;
+  }
+  if (mncl_allreduce(comm, send_d.data(), d.data(), kFusedInts, MNCL_INT32, MNCL_SUM, nullptr) !=
+      MNCL_OK) {
+    fail(rank, std::string("a small blocking allreduce behind posted ones: ") + mncl_last_error());
   }
   if (mncl_allreduce(comm, send_c.data(), c.data(), kSmall, MNCL_INT32, MNCL_SUM, nullptr) !=
       MNCL_OK) {
@@ -314,6 +321,7 @@ void blocking_call_behind_posted_ones(mncl_comm_t comm, int rank, int size) {
   expect_sum(rank, size, a, "the first posted allreduce");
   expect_sum(rank, size, b, "the second posted allreduce", 10);
   expect_sum(rank, size, c, "the blocking allreduce behind them", 100);
+  expect_sum(rank, size, d, "the small blocking allreduce behind them", 1000);
 }
 
 // Rank 0 waits in a blocking allreduce on another communicator while rank 1 first waits for a
@@ -409,16 +417,18 @@ struct Stuck {
   }
 };
 
-// --stall: rank 1 only creates and destroys the three communicators (and takes part in the
+// --stall: rank 1 only creates and destroys the four communicators (and takes part in the
 // world's barrier); rank 0 posts collectives there that can never pass their checks.
 int stall() {
   mncl_config_t config = MNCL_CONFIG_INIT;
   config.timeout_ms = 1000;
-  mncl_comm_t world = nullptr, timed = nullptr, timed_blocking = nullptr, aborted = nullptr;
+  mncl_comm_t world = nullptr, timed = nullptr, timed_blocking = nullptr, timed_fused = nullptr,
+              aborted = nullptr;
   int rank = -1;
   if (mncl_comm_create(nullptr, &world) != MNCL_OK || mncl_comm_rank(world, &rank) != MNCL_OK ||
       mncl_comm_create(&config, &timed) != MNCL_OK ||
       mncl_comm_create(&config, &timed_blocking) != MNCL_OK ||
+      mncl_comm_create(&config, &timed_fused) != MNCL_OK ||
       mncl_comm_split(world, 0, rank, &aborted) != MNCL_OK) {
     std::fprintf(stderr, "rank %d: communicators: %s\n", rank, mncl_last_error());
     return 1;
@@ -458,6 +468,30 @@ int stall() {
       }
       posted.expect_untouched_after(rank, "stall: the posted allreduce before a blocking one");
     }
+    {  // The same with a blocking allreduce small enough to travel in its checks (which need
+       // not wait for the posted one's data): it times out on its own checks, nothing written,
+       // and the posted one fails too.
+      Stuck posted;
+      if (posted.post(timed_fused, rank, "an allreduce")) {
+        std::vector<int32_t> send(kFusedInts, 1), recv(kFusedInts + kGuards, kUntouched);
+        for (size_t i = kFusedInts; i < recv.size(); ++i) recv[i] = kGuard;
+        expect_failure(rank,
+                       mncl_allreduce(timed_fused, send.data(), recv.data(), kFusedInts, MNCL_INT32,
+                                      MNCL_SUM, nullptr),
+                       MNCL_ERR_TIMEOUT, "not complete after the communicator's timeout",
+                       "stall: a small blocking allreduce behind a stuck posted one");
+        expect_untouched(rank, recv, kFusedInts,
+                         "stall: a small blocking allreduce behind a stuck posted one");
+        const mncl_status_t status = mncl_wait(posted.request, -1);
+        if (status != MNCL_ERR_TIMEOUT && status != MNCL_ERR_REMOTE) {
+          fail(rank, std::string("stall: the posted allreduce before a small blocking one: ") +
+                         mncl_status_string(status) +
+                         ", want a timeout or REMOTE: " + mncl_last_error());
+        }
+      }
+      posted.expect_untouched_after(rank,
+                                    "stall: the posted allreduce before a small blocking one");
+    }
     {  // Two posted, the communicator aborted from another thread: the first fails ABORTED,
        // the second, queued behind it, never starts.
       Stuck first, second;
@@ -482,6 +516,7 @@ int stall() {
     fail(rank, std::string("barrier: ") + mncl_last_error());
   }
   mncl_comm_destroy(aborted);
+  mncl_comm_destroy(timed_fused);
   mncl_comm_destroy(timed_blocking);
   mncl_comm_destroy(timed);
   mncl_comm_destroy(world);
