@@ -53,6 +53,19 @@ std::atomic<int> g_queued_comms{0};
 
 // How many posted operations the application holds (Request::in_flight).
 std::atomic<int> g_in_flight{0};
+// The latest deadline of those, in steady_clock ticks: past it, every one has timed out (or
+// completed), and the progress thread rests until a new post, rather than poll for requests
+// the application may never complete (dropped after a wait timed out, a standing receive).
+std::atomic<Clock::rep> g_in_flight_until{0};
+// Extends g_in_flight_until to deadline; whether it had passed (the thread may be resting).
+bool extend_in_flight_until(Clock::time_point deadline) {
+  const Clock::rep until = deadline.time_since_epoch().count();
+  Clock::rep latest = g_in_flight_until.load();
+  const bool had_passed = latest < Clock::now().time_since_epoch().count();
+  while (latest < until && !g_in_flight_until.compare_exchange_weak(latest, until)) {
+  }
+  return had_passed;
+}
 // When a flat call last entered MPI on the application's behalf (a post or a test), in
 // steady_clock ticks: the progress thread stays out of MPI while the application polls.
 std::atomic<Clock::rep> g_last_flat_call{0};
@@ -79,7 +92,8 @@ class ProgressBackstop {
     return *backstop;
   }
 
-  // After g_queued_comms or g_in_flight went from 0 to 1. Starts the thread on first use.
+  // After g_queued_comms or g_in_flight went from 0 to 1, or a post extended
+  // g_in_flight_until past a deadline that had passed. Starts the thread on first use.
   void wake() {
     if (mpi_thread_level() < MPI_THREAD_MULTIPLE) return;
     std::lock_guard<std::mutex> guard(mutex_);
@@ -111,7 +125,8 @@ class ProgressBackstop {
   void run() {
     std::unique_lock<std::mutex> guard(mutex_);
     while (!stopped_) {
-      if (g_queued_comms.load() == 0 && g_in_flight.load() == 0) {
+      if ((g_queued_comms.load() == 0 && g_in_flight.load() == 0) ||
+          Clock::now().time_since_epoch().count() > g_in_flight_until.load()) {
         wakeup_.wait(guard);
         continue;
       }
@@ -722,7 +737,8 @@ std::unique_ptr<Request> Comm::post(const mncl_coll_v1_t &c, bool polled) {
   if (!polled && options_.progress_thread) {
     note_flat_call();
     r->in_flight = true;
-    if (g_in_flight.fetch_add(1) == 0) ProgressBackstop::get().wake();
+    const bool resting = extend_in_flight_until(r->deadline);
+    if (g_in_flight.fetch_add(1) == 0 || resting) ProgressBackstop::get().wake();
   }
   // Bounded mode: a collective's data wait for its checks (advance()), so mismatched calls
   // move no data here either. A fused call has no data apart from its checks: nothing waits.
