@@ -85,6 +85,28 @@ const std::vector<Variable> &table() {
        "and mncl_comm_abort apply, and checks a fingerprint of every collective across the "
        "ranks, so mismatched calls fail; 0 uses MPI's blocking collectives, about 8 us faster "
        "per small call, which cannot time out and give wrong values for mismatched calls."},
+      {"MNCL_FLAT_PROGRESS_THREAD", "1",
+       "flat: 1 (under MPI_THREAD_MULTIPLE) runs a thread that moves posted operations on while "
+       "the application is outside flat; 0: none, and a bounded collective's data are issued by "
+       "flat calls only."},
+      {"MNCL_SHM_CHUNK", "1M",
+       "shm: bytes per rank per pipeline round (64K..1G; K/M/G accepted); rank 0's value holds "
+       "for the communicator."},
+      {"MNCL_SHM_SMALL", "64K",
+       "shm: allreduce/reduce up to this many bytes take the single-phase exchange (at most "
+       "MNCL_SHM_CHUNK); rank 0's value holds."},
+      {"MNCL_SHM_NT_BYTES", "4M",
+       "shm: copies out of the segment of at least this many bytes bypass the caches "
+       "(non-temporal stores); rank 0's value holds."},
+      {"MNCL_SHM_SPIN", "",
+       "shm: pause-loop iterations before a waiting rank yields (default: by load, fewer when "
+       "ranks outnumber cores)."},
+      {"MNCL_SHM_YIELD_US", "",
+       "shm: microseconds a waiting rank yields before it sleeps on a futex (default: by load)."},
+      {"MNCL_SHM_SINGLE_COPY", "1",
+       "shm: 1 reads point-to-point messages above two slots straight from the sender's memory "
+       "(process_vm_readv) where allowed; 0 streams them through the segment; decline (tests) "
+       "offers but never accepts. Each rank's own."},
       {"MNCL_NAIVE_PART_BYTES", "268435456",
        "naive: the largest store value; a longer message travels in parts of this size (the "
        "TCP store takes at most 1 GiB per value). Small values exercise that path in tests."},
@@ -104,6 +126,11 @@ const std::vector<Variable> &table() {
       {"SLURM_PROCID", "", "Slurm (srun): this process's rank."},
       {"SLURM_NTASKS", "", "Slurm (srun): number of ranks."},
       {"SLURM_LOCALID", "", "Slurm (srun): rank on this host."},
+      {"MNCL_LIBRARY", "",
+       "Python package (import mncl): libmncl.so to load, a file or a folder (default: next to "
+       "the package, then the system's search path)."},
+      {"MNCL_RUN_GRACE", "5",
+       "mncl-run: seconds the other ranks get to end after one failed before they are killed."},
       // Reliability aids (tests/fault).
       {"MNCL_DEBUG_CHECKS", "0",
        "1: before each collective, every rank compares a fingerprint of its call (kind, count, "
@@ -112,6 +139,9 @@ const std::vector<Variable> &table() {
        "Then the counts that differ by rank: each gatherv/scatterv count against the root's "
        "counts[rank], each alltoallv sendcounts[j] against rank j's recvcounts[rank]; a "
        "disagreement fails every rank with MNCL_ERR_REMOTE naming both ranks and counts."},
+      {"MNCL_SHM_FAKE_HOST", "",
+       "Test hook: shm takes ranks with different values for ranks on different hosts (its "
+       "refusal of a communicator that spans hosts is tested on one machine)."},
   };
   return variables;
 }

@@ -149,7 +149,8 @@ Selection select_backend(const LaunchSettings &settings, const mncl_probe_v1_t &
     }
   }
   throw Error(MNCL_ERR_PLUGIN,
-              format("no usable backend for MNCL_BACKEND='%s':%s", spec.c_str(), failures.c_str()));
+              format("no usable backend for %s='%s':%s", settings.backend_origin.c_str(),
+                     spec.c_str(), failures.c_str()));
 }
 
 }  // namespace mncl::core
