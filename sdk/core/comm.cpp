@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -186,12 +187,20 @@ Selection agree_on_backend(bootstrap::Store &store, const LaunchSettings &settin
 // with a communicator: another world communicator of the job may still be using the folder,
 // and a peer that has left the last one may already be creating the next one in it. They
 // only hold this job's keys, which each communicator's rank 0 deletes at destroy.
+//
+// A process killed before it exits (mpirun ends the job when a rank fails) leaves its folder:
+// rank 0 writes who it is into the folder (kOwnerFile), and the next job's rank 0 removes the
+// folders of this user whose rank 0 has died since.
 class PrivateStoreFolders {
  public:
   static void own(const std::string &dir) {
     static PrivateStoreFolders folders;
-    std::lock_guard<std::mutex> lock(folders.mutex_);
-    folders.dirs_.insert(dir);
+    {
+      std::lock_guard<std::mutex> lock(folders.mutex_);
+      if (!folders.dirs_.insert(dir).second) return;
+    }
+    write_owner(dir);
+    remove_stale(dir);
   }
   ~PrivateStoreFolders() {
     for (const std::string &dir : dirs_) {
@@ -201,6 +210,67 @@ class PrivateStoreFolders {
   }
 
  private:
+  // Not a key's file name (FileStore names none with a leading dot).
+  static constexpr const char *kOwnerFile = ".rank0";
+
+  // Who owns a folder: "<boot id> <pid namespace> <pid> <start time>". A pid alone could be
+  // reused, and means nothing on another boot or in another pid namespace that shares /tmp
+  // (a container): only an owner seen from the same boot and namespace is judged.
+  static std::string owner_of(pid_t pid) {
+    std::string boot;
+    std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+    struct stat ns {};
+    if (boot.empty() || stat("/proc/self/ns/pid", &ns) != 0) return "";
+    std::string stat_line;
+    std::getline(std::ifstream(format("/proc/%d/stat", static_cast<int>(pid))), stat_line);
+    // Field 22, counted after the command's closing parenthesis (the command may hold spaces).
+    const size_t close = stat_line.rfind(')');
+    if (close == std::string::npos) return "";
+    std::istringstream fields(stat_line.substr(close + 2));
+    std::string field;
+    for (int i = 3; i <= 22 && (fields >> field); ++i) {
+    }
+    if (!fields) return "";
+    return format("%s %llu:%llu %d %s", boot.c_str(), static_cast<unsigned long long>(ns.st_dev),
+                  static_cast<unsigned long long>(ns.st_ino), static_cast<int>(pid), field.c_str());
+  }
+
+  static void write_owner(const std::string &dir) {
+    const std::string owner = owner_of(::getpid());
+    if (owner.empty()) return;
+    std::ofstream(dir + "/" + kOwnerFile) << owner << "\n";
+  }
+
+  // This user's other private folders whose owner is gone: same boot and pid namespace, and
+  // its pid no longer runs the process that wrote it. Best effort; never fails the create.
+  static void remove_stale(const std::string &own_dir) {
+    const std::string mine = owner_of(::getpid());
+    if (mine.empty()) return;
+    const std::string scope = mine.substr(0, mine.find(' ', mine.find(' ') + 1));  // boot, ns
+    const std::string prefix = format("mncl-%d-ompi-", static_cast<int>(getuid()));
+    std::error_code error;
+    for (const auto &entry : std::filesystem::directory_iterator("/tmp", error)) {
+      const std::string dir = entry.path().string();
+      struct stat info {};
+      if (entry.path().filename().string().rfind(prefix, 0) != 0 || dir == own_dir ||
+          lstat(dir.c_str(), &info) != 0 || !S_ISDIR(info.st_mode) || info.st_uid != getuid()) {
+        continue;
+      }
+      std::string owner;
+      std::getline(std::ifstream(dir + "/" + kOwnerFile), owner);
+      if (owner.rfind(scope + " ", 0) != 0) continue;  // unowned yet, or not judged from here
+      const pid_t pid = static_cast<pid_t>(std::atoi(owner.c_str() + scope.size() + 1));
+      if (pid <= 0 || owner_of(pid) == owner) continue;  // still running
+      std::error_code ignored;
+      if (std::filesystem::remove_all(dir, ignored) > 0) {
+        MNCL_INFO(
+            "removed %s, the store folder of a job whose rank 0 (pid %d) ended without "
+            "removing it",
+            dir.c_str(), static_cast<int>(pid));
+      }
+    }
+  }
+
   std::mutex mutex_;
   std::set<std::string> dirs_;
 };
