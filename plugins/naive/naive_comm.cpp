@@ -400,8 +400,9 @@ void Comm::check_length(const Op &op, int src, const Value &value, size_t len) c
     }
     throw kit::Error(
         MNCL_ERR_REMOTE,
-        kit::format("%s: mismatched collective calls: rank %d called %s where rank %d calls %s%s",
-                    op.where().c_str(), src, theirs.describe().c_str(), rank_, mine.c_str(),
+        kit::format("%s: mismatched %scalls: rank %d called %s where rank %d calls %s%s",
+                    op.where().c_str(), op.header.kind == MNCL_COLL_SEND ? "" : "collective ", src,
+                    theirs.describe().c_str(), rank_, mine.c_str(),
                     sent == len ? ""
                                 : kit::format(" (rank %d sent %zu bytes where rank %d expects %zu)",
                                               src, sent, rank_, len)

@@ -63,7 +63,7 @@ const std::vector<Variable> &table() {
       {"MNCL_TIMEOUT", "300",
        "Seconds any blocking step may take (rendezvous, each collective) before it fails."},
       {"MNCL_DEVICE", "", "Accelerator ordinal for this rank (default: the local rank)."},
-      {"MNCL_DEBUG", "warn", "Log level: none, error, warn, info or trace."},
+      {"MNCL_DEBUG", "warn", "Log level: none, error, warn, info or trace (any case), or 0..4."},
       {"MNCL_LANE_LINGER_US", "50",
        "Microseconds a worker thread that runs non-blocking operations stays awake (yielding) "
        "after one of at most 64 KiB, for the next: small back-to-back isend/irecv/iallreduce "

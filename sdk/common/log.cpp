@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
@@ -42,7 +43,8 @@ const char *short_path(const char *file) {
 
 int parse_level(const char *text) {
   if (text == nullptr || *text == '\0') return kWarn;
-  const std::string v(text);
+  std::string v(text);  // any case: MNCL_DEBUG=INFO as NCCL_DEBUG=INFO
+  for (char &c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   if (v == "none" || v == "0") return kNone;
   if (v == "error" || v == "1") return kError;
   if (v == "warn" || v == "2") return kWarn;
