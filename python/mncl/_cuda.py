@@ -9,6 +9,8 @@ import ctypes
 
 import numpy as np
 
+from ._lib import fit
+
 
 class CudaArray:
     """A view of an object's __cuda_array_interface__ (version 2 or 3): what the collectives
@@ -35,7 +37,9 @@ class CudaArray:
         self.ndim = len(shape)
         self.size = int(np.prod(shape, dtype=np.int64)) if shape else 1
         self.nbytes = self.size * dtype.itemsize
-        self.ptr = int(ptr or 0)
+        # Refused if it does not fit a pointer (ctypes.ArgumentError): c_void_p would keep its
+        # low 64 bits, another address.
+        self.ptr = fit(ptr or 0, ctypes.c_void_p, f"{name}: __cuda_array_interface__ data pointer")
         # The MNCL dtype when the typestr cannot say it: PyTorch gives bfloat16 as "<V2".
         self.default_dtype = ("bfloat16" if dtype.kind == "V" and dtype.itemsize == 2
                               and str(getattr(obj, "dtype", "")) == "torch.bfloat16" else None)
@@ -53,7 +57,7 @@ def _stream(obj, cai, name):
         stream = cai["stream"]
         if stream is None:
             return None
-        stream = int(stream)
+        stream = fit(stream, ctypes.c_void_p, f"{name}: __cuda_array_interface__ stream")
         if stream == 0:
             raise ValueError(f"mncl: {name}: __cuda_array_interface__ stream 0 is not allowed "
                              f"(1 is the legacy default stream)")
@@ -65,7 +69,8 @@ def _stream(obj, cai, name):
     if type(obj).__module__.startswith("torch"):
         import torch  # only for a torch tensor, so torch is loaded already
 
-        return int(torch.cuda.current_stream(obj.device).cuda_stream) or 1
+        return fit(torch.cuda.current_stream(obj.device).cuda_stream, ctypes.c_void_p,
+                   f"{name}: the PyTorch stream") or 1
     return None
 
 

@@ -1,6 +1,7 @@
 """Finding and describing libmncl.so.1 for ctypes: the one place that knows the C signatures."""
 
 import ctypes
+import operator
 import os
 
 from .errors import error_for
@@ -90,14 +91,49 @@ CONFIG_MAGIC = 0x4D4E434C
 HEADER_VERSION = 100  # MNCL_VERSION of the mncl.h this file mirrors (0.1.0)
 FROM_ENV = -1
 
+
+def _bounds(ctype):
+    """The smallest and largest value of a ctypes integer type (c_void_p: an address)."""
+    bits = 8 * ctypes.sizeof(ctype)
+    if ctype(-1).value == -1:
+        return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    return 0, (1 << bits) - 1
+
+
+_C_NAMES = {ctypes.c_int32: "int", ctypes.c_int64: "int64_t", ctypes.c_size_t: "size_t",
+            ctypes.c_void_p: "pointer"}
+
+
+def fit(value, ctype, what):
+    """value as a Python int that fits ctype, for a ctypes struct field or array element: ctypes
+    would silently keep the low bits there (Config(rank=2**32) was rank 0, a P2POp peer
+    2**32 + 1 reached rank 1). Refuses what does not fit, or is no integer (a float, a str),
+    with ctypes.ArgumentError, as ctypes refuses such a function argument (_CheckedInt).
+    Anything with __index__ counts as an integer (NumPy's integers, bool)."""
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise ctypes.ArgumentError(f"mncl: {what} must be an integer, not "
+                                   f"{type(value).__name__} {value!r}") from None
+    low, high = _bounds(ctype)
+    if not low <= number <= high:
+        raise ctypes.ArgumentError(f"mncl: {what} {number} does not fit a C "
+                                   f"{_C_NAMES.get(ctype, ctype.__name__)} ({low} to {high})")
+    return number
+
+
 class _CheckedInt(ctypes.c_int):
-    """A C int argument (rank, peer, root, enum) that refuses what does not fit: ctypes would
-    silently keep the low 32 bits, so peer 2**32 + 1 would reach rank 1."""
+    """A C int argument (rank, peer, root, color, key, enum) that refuses what does not fit:
+    ctypes would silently keep the low 32 bits, so peer 2**32 + 1 would reach rank 1. NumPy's
+    integers (anything with __index__) are checked too: ctypes takes them as it takes an int."""
 
     @classmethod
     def from_param(cls, value):
-        if isinstance(value, int) and not -(1 << 31) <= value < (1 << 31):
-            raise ValueError(f"mncl: {value} does not fit a C int (rank, peer, root or enum)")
+        if not isinstance(value, ctypes._SimpleCData) and hasattr(type(value), "__index__"):
+            value = operator.index(value)
+            if not -(1 << 31) <= value < (1 << 31):
+                raise ValueError(f"mncl: {value} does not fit a C int (rank, peer, root, color, "
+                                 f"key or enum)")
         return ctypes.c_int.from_param(value)
 
 

@@ -14,7 +14,9 @@ sendrecv_batch's twin is also called batch_isend_irecv, as in PyTorch.
 """
 
 import ctypes
+import math
 import threading
+from decimal import Decimal
 
 import numpy as np
 
@@ -36,7 +38,9 @@ _IN_FLIGHT = set()
 
 def _op_code(op):
     try:
-        return _OPS[op.lower()] if isinstance(op, str) else int(op)
+        # Not int(op): 1.5 would become 1. A code goes to the C int argument as it is, which
+        # refuses a non-integer or one that does not fit (ctypes.ArgumentError).
+        return _OPS[op.lower()] if isinstance(op, str) else op
     except KeyError:
         raise ValueError(f"mncl: unknown reduction '{op}' (one of {', '.join(_OPS)})") from None
 
@@ -112,7 +116,9 @@ class P2POp:
             self.buf, self.code = _input(buf, dtype)
         else:
             self.buf, self.code = _output(buf, "buf", dtype)
-        self.peer = int(peer)
+        # Checked here, where the mistake is made (ctypes would keep the low 32 bits of the
+        # struct field), and again when the batch is packed (the attribute may be changed).
+        self.peer = _lib.fit(peer, ctypes.c_int32, "P2POp peer")
 
     @property
     def is_send(self):
@@ -187,9 +193,10 @@ class Request:
                 if timeout is not None and not timeout >= 0:  # NaN too
                     raise ValueError(f"mncl: wait: negative timeout {timeout}")
                 # Beyond 2^40 ms (inf included) a wait has no limit: as None (ctypes would
-                # wrap it).
-                unbounded = timeout is None or timeout * 1000 > _UNBOUNDED_WAIT_MS
-                ms = -1 if unbounded else int(timeout * 1000)
+                # wrap it). A positive timeout is at least 1 ms (0 ms would only poll).
+                ms = -1 if timeout is None else _timeout_ms(timeout, "wait: timeout")
+                if ms > _UNBOUNDED_WAIT_MS:
+                    ms = -1
                 status = lib.mncl_wait(self._handle, ms)
                 if status == _ERR_TIMEOUT and ms >= 0:
                     self._timed_out()  # raises, unless the operation completed meanwhile
@@ -225,19 +232,37 @@ _INT64_MAX = (1 << 63) - 1
 _UNBOUNDED_WAIT_MS = 1 << 40  # mncl_wait: longer waits are waits without a limit (-1)
 
 
+def _timeout_ms(timeout, what):
+    """A timeout in seconds as whole milliseconds, rounded away from zero, as the library's
+    MNCL_TIMEOUT parser rounds up: a positive timeout never becomes 0 ms (which a config
+    refuses and a wait takes as "only poll"), a negative one never 0 either. Rounded from the
+    number's decimal form, so 0.3 s is 300 ms (0.3 * 1000 is 300.00000000000006 in binary).
+    An infinite one comes back as a float infinity, for the caller to saturate."""
+    if isinstance(timeout, (str, bytes)):
+        raise TypeError(f"mncl: {what} must be a number of seconds, not {timeout!r}")
+    try:
+        seconds = float(timeout)
+    except OverflowError:  # an int beyond a float's range
+        seconds = math.inf if timeout > 0 else -math.inf
+    if math.isnan(seconds):
+        raise ValueError(f"mncl: {what} is NaN")
+    if math.isinf(seconds):
+        return seconds
+    ms = math.ceil(abs(Decimal(repr(seconds))) * 1000)
+    return ms if seconds >= 0 else -ms
+
+
 def _config_timeout_ms(timeout):
-    """A config's timeout (seconds) in milliseconds for the C API; None: from the environment.
-    Saturates at INT64_MAX (ctypes would wrap a larger value into some other timeout) and keeps
-    a negative one negative but never -1 (which means "from the environment"), so the library
-    refuses both with its own message."""
+    """A config's timeout (seconds) in milliseconds for the C API (rounded as _timeout_ms);
+    None: from the environment. Saturates at INT64_MAX (ctypes would wrap a larger value into
+    some other timeout) and keeps a negative one negative but never -1 (which means "from the
+    environment"), so the library refuses both with its own message."""
     if timeout is None:
         return _lib.FROM_ENV
-    if timeout != timeout:
-        raise ValueError("mncl: timeout is NaN")
-    if timeout == float("inf"):
-        return _INT64_MAX
-    ms = min(int(timeout * 1000), _INT64_MAX)
-    return -2 if -1 <= ms < 0 else max(ms, -_INT64_MAX)
+    ms = _timeout_ms(timeout, "timeout")
+    if ms == -1:
+        return -2
+    return int(min(max(ms, -_INT64_MAX), _INT64_MAX))
 
 
 def _split_config(backend, timeout, device):
@@ -245,8 +270,13 @@ def _split_config(backend, timeout, device):
     return _lib.Config(
         ctypes.sizeof(_lib.Config), _lib.CONFIG_MAGIC, _lib.HEADER_VERSION,
         backend.encode() if backend else None, _lib.FROM_ENV, _lib.FROM_ENV, None,
-        _config_timeout_ms(timeout),
-        _lib.FROM_ENV if device is None else device, 0)
+        _config_timeout_ms(timeout), _config_int(device, "device"), 0)
+
+
+def _config_int(value, what):
+    """A config's int32 field: None is MNCL_FROM_ENV; what does not fit is refused
+    (ctypes.ArgumentError), as ctypes would keep its low 32 bits (rank 2**32 was rank 0)."""
+    return _lib.FROM_ENV if value is None else _lib.fit(value, ctypes.c_int32, f"config {what}")
 
 
 class Communicator(ObjectCollectives):
@@ -265,11 +295,11 @@ class Communicator(ObjectCollectives):
                 _lib.CONFIG_MAGIC,
                 _lib.HEADER_VERSION,
                 backend.encode() if backend else None,
-                _lib.FROM_ENV if rank is None else rank,
-                _lib.FROM_ENV if size is None else size,
+                _config_int(rank, "rank"),
+                _config_int(size, "size"),
                 bootstrap.encode() if bootstrap else None,
                 _config_timeout_ms(timeout),
-                _lib.FROM_ENV if device is None else device,
+                _config_int(device, "device"),
                 0,
             )
             handle = _lib.c_handle()
@@ -511,18 +541,23 @@ class Communicator(ObjectCollectives):
                            self._alltoall_call(sendbuf, recvbuf, dtype, "ialltoall"))
 
     def _packed(self, counts, what, name):
-        """A size_t array of one count per rank, and its packed displacements (prefix sums)."""
+        """A size_t array of one count per rank, and its packed displacements (prefix sums).
+        Counts (and their sum, the last displacement's bound) beyond size_t are refused with
+        ctypes.ArgumentError: the array would keep their low 64 bits."""
         counts = [int(c) for c in counts]
         if len(counts) != self.size:
             raise ValueError(f"mncl: {what}: {name} has {len(counts)} entries, expected "
                              f"{self.size} (one per rank)")
         if any(c < 0 for c in counts):
             raise ValueError(f"mncl: {what}: {name} has a negative count")
+        for i, c in enumerate(counts):
+            _lib.fit(c, ctypes.c_size_t, f"{what}: {name}[{i}]")
+        total = _lib.fit(sum(counts), ctypes.c_size_t, f"{what}: the sum of {name}")
         displs = [0] * self.size
         for i in range(1, self.size):
             displs[i] = displs[i - 1] + counts[i - 1]
         n = self.size
-        return (ctypes.c_size_t * n)(*counts), (ctypes.c_size_t * n)(*displs), sum(counts)
+        return (ctypes.c_size_t * n)(*counts), (ctypes.c_size_t * n)(*displs), total
 
     def _allgatherv_call(self, sendbuf, counts, recvbuf, dtype, what):
         send, code = _input(sendbuf, dtype)
@@ -562,7 +597,10 @@ class Communicator(ObjectCollectives):
         the blocks received from every rank, concatenated in rank order (1-D). recvcounts None
         exchanges the counts first (one more alltoall)."""
         if recvcounts is None:
-            recvcounts = self.alltoall(np.asarray([int(c) for c in sendcounts], np.int64))
+            # Checked first (negative, or beyond size_t), then exchanged as size_t values.
+            sendcounts = [int(c) for c in sendcounts]
+            self._packed(sendcounts, "alltoallv", "sendcounts")
+            recvcounts = self.alltoall(np.asarray(sendcounts, np.uint64))
         return self._run(lib.mncl_alltoallv,
                          self._alltoallv_call(sendbuf, sendcounts, recvcounts, recvbuf, dtype,
                                               "alltoallv"))
@@ -703,8 +741,9 @@ class Communicator(ObjectCollectives):
                                 f"mncl.P2POp")
         size = ctypes.sizeof(_lib.P2POp)
         array = (_lib.P2POp * len(ops))(
-            *[_lib.P2POp(size, op.kind, op.peer, address(op.buf), op.buf.size, op.code, 0)
-              for op in ops])
+            *[_lib.P2POp(size, op.kind, _lib.fit(op.peer, ctypes.c_int32, f"batch op {i}: peer"),
+                         address(op.buf), op.buf.size, op.code, 0)
+              for i, op in enumerate(ops)])
         results = [None if op.is_send else op.buf for op in ops]
         return (array, len(ops)), results, (ops, array)
 

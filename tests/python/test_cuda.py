@@ -148,6 +148,20 @@ expect_raises(ValueError, lambda: comm.allreduce(dev, DeviceArray(np.ones(4, np.
 expect_raises(ValueError, lambda: comm.allreduce(DeviceArray(np.ones(4, np.float32),
                                                              strides=(8,)), dev),
               "strided CUDA input", "C-contiguous")
+# A data pointer or stream that does not fit a pointer is refused (ctypes.ArgumentError), not
+# cut to its low 64 bits (here the array's own address and our stream: the calls ran).
+wide = DeviceArray(np.ones(4, np.float32))
+wide.ptr += 2**64
+expect_raises(ctypes.ArgumentError, lambda: comm.allreduce(dev, wide),
+              "a data pointer of address + 2**64", "does not fit a C pointer")
+wide.ptr -= 2**64
+wide.free()
+far = DeviceArray(np.ones(4, np.float32), stream.value + 2**64)
+out = DeviceArray(np.ones(4, np.float32))
+expect_raises(ctypes.ArgumentError, lambda: comm.allreduce(far, out), "a stream of ours + 2**64",
+              "does not fit a C pointer")
+far.free()
+out.free()
 # One call, one stream: arrays on two different streams are refused.
 expect_raises(ValueError, lambda: comm.allreduce(DeviceArray(np.ones(4, np.float32), 1),
                                                  DeviceArray(np.ones(4, np.float32),

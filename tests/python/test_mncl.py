@@ -1,9 +1,10 @@
 """The mncl Python package at any size (run under mncl-run -n N): every collective, blocking
 and non-blocking, on NumPy arrays with exact integer checks and float tolerances, in-place forms,
 requests (wait, test, timed waits, failures, arrays kept alive), bfloat16 as raw uint16 bits,
-split, point to point (sendrecv and batches of P2POps included), and failures raised as the right
-exceptions with the library's message. Exits 77 (ctest: skipped) when NumPy is missing; ml_dtypes
-arrays are test_ml_dtypes.py's."""
+split, point to point (sendrecv and batches of P2POps included), timeouts in milliseconds (sub-ms
+ones rounded up), integers that do not fit their C type (arguments, config and P2POp fields,
+counts) refused, and failures raised as the right exceptions with the library's message. Exits
+77 (ctest: skipped) when NumPy is missing; ml_dtypes arrays are test_ml_dtypes.py's."""
 
 import ctypes
 import gc
@@ -437,6 +438,93 @@ for forever in (float("inf"), 1e300):
 expect_raises(mncl.InvalidArgumentError, lambda: mncl.Communicator(timeout=1e17),
               "a config timeout of 1e17 s", "one week")
 expect_raises(ValueError, lambda: mncl.Communicator(timeout=float("nan")), "a NaN timeout", "NaN")
+
+# Positive sub-millisecond timeouts round up to 1 ms, as MNCL_TIMEOUT's parser does (they were
+# cut to 0 ms: a config refused "timeout_ms is 0", a wait only polled); from the decimal form, so
+# 0.3 s is 300 ms (not 301); a negative one stays negative (never -1, "from the environment").
+for seconds, ms in ((0.0001, 1), (1e-300, 1), (0.0015, 2), (0.3, 300), (2, 2000), (1.1, 1100),
+                    (-0.0001, -2), (-0.5, -500)):
+    got_ms = mncl.comm._config_timeout_ms(seconds)
+    expect(got_ms == ms, f"config timeout {seconds} s: {got_ms} ms, expected {ms}")
+store = tempfile.mkdtemp(prefix="mncl-py-")
+try:
+    with mncl.Communicator(backend="naive", rank=0, size=1, bootstrap="file://" + store,
+                           timeout=0.0001) as tiny:
+        expect(np.all(tiny.allreduce(np.ones(2)) == 1), "a communicator with a 0.1 ms timeout")
+except mncl.TimeoutError:
+    pass  # 1 ms ran out (a loaded machine): the timeout was taken, which is the point
+except mncl.MnclError as e:
+    expect(False, f"Communicator(timeout=0.0001) refused: {e}")
+shutil.rmtree(store, ignore_errors=True)
+# wait(timeout): the milliseconds mncl_wait gets, seen through a wrapper.
+waits = []
+real_wait = mncl.comm.lib.mncl_wait
+mncl.comm.lib.mncl_wait = lambda handle, ms: (waits.append(ms), real_wait(handle, ms))[1]
+try:
+    for seconds, ms in ((0.0001, 1), (1e-300, 1), (0, 0), (0.25, 250), (2**41, -1)):
+        waits.clear()
+        req = comm.iallreduce(np.ones(2))
+        try:
+            req.wait(timeout=seconds)
+        except mncl.TimeoutError:
+            pass  # not finished that soon: a positive timeout still waited, not only polled
+        expect(waits[:1] == [ms], f"wait(timeout={seconds}) waits {waits[:1]} ms, expected {ms}")
+        expect(np.all(req.wait() == n), f"wait(timeout={seconds}) result")
+finally:
+    mncl.comm.lib.mncl_wait = real_wait
+
+# Integers that do not fit their C type are refused with ctypes.ArgumentError wherever they go:
+# struct fields and size_t arrays too, where ctypes silently kept the low bits (a P2POp peer
+# 2**32 + 1 - r reached a truncated peer; Communicator(rank=2**32, size=2**32 + 1) made rank 0 of
+# 1; split_config(0, device=2**32) took device 0), and NumPy integers as Python ones.
+big = 2**32
+for peer in (big + r, -big - 1, np.int64(big + r), np.uint64(2**64 - 1)):
+    expect_raises(ctypes.ArgumentError, lambda: mncl.P2POp("send", np.zeros(1), peer),
+                  f"P2POp peer {peer}", "does not fit a C int")
+expect_raises(ctypes.ArgumentError, lambda: mncl.P2POp("recv", np.zeros(1), 1.0),
+              "P2POp peer 1.0 (a float, as send() refuses it)", "must be an integer")
+op = mncl.P2POp("send", np.zeros(1), (r + 1) % n)
+op.peer = big + r  # changed after the checks of P2POp(): packing the batch checks it again
+expect_raises(ctypes.ArgumentError, lambda: comm.sendrecv_batch([op]),
+              "a batch op whose peer became 2**32 + r", "does not fit a C int")
+expect_raises(ctypes.ArgumentError, lambda: comm.bcast(np.zeros(2), root=np.int64(big + n)),
+              "NumPy root 2**32 + size", "does not fit a C int")
+expect_raises(ctypes.ArgumentError, lambda: comm.allreduce(np.ones(2), op=1.5),
+              "reduction 1.5 (was cut to 1, prod)")
+for args, kwargs in (((np.int64(big),), {}), ((0,), {"key": np.int64(-big - 1)}),
+                     ((0,), {"device": big}), ((0,), {"device": -big - 1}),
+                     ((0,), {"device": np.int64(big)})):
+    expect_raises(ctypes.ArgumentError,
+                  lambda: comm.split_config(*args, **kwargs), f"split_config{args} {kwargs}",
+                  "does not fit")
+expect_raises(ctypes.ArgumentError, lambda: comm.split_host(device=big), "split_host device",
+              "config device")
+expect_raises(ctypes.ArgumentError, lambda: comm.split_cross_host(device=-big - 1),
+              "split_cross_host device", "config device")
+store = tempfile.mkdtemp(prefix="mncl-py-")
+for kwargs, words in (({"rank": big, "size": big + 1}, "config rank"),
+                      ({"rank": 0, "size": big + 1}, "config size"),
+                      ({"rank": np.int64(big), "size": 1}, "config rank"),
+                      ({"rank": 0, "size": 1, "device": big}, "config device"),
+                      ({"rank": 0.0, "size": 1}, "must be an integer")):
+    expect_raises(ctypes.ArgumentError,
+                  lambda: mncl.Communicator(backend="naive", bootstrap="file://" + store,
+                                            **kwargs), f"Communicator({kwargs})", words)
+shutil.rmtree(store, ignore_errors=True)
+# Counts per rank are size_t: beyond it (or a sum beyond it) they are refused, not cut.
+expect_raises(ctypes.ArgumentError, lambda: comm.allgatherv(np.zeros(1), [2**64 + 1] * n,
+                                                            np.zeros(1)),
+              "allgatherv counts of 2**64 + 1", "does not fit a C size_t")
+if n > 1:
+    expect_raises(ctypes.ArgumentError,
+                  lambda: comm.allgatherv(np.zeros(1), [2**64 - 1] + [1] * (n - 1), np.zeros(1)),
+                  "allgatherv counts adding up past size_t", "the sum of counts")
+expect_raises(ctypes.ArgumentError, lambda: comm.alltoallv(np.zeros(n), [2**64] * n),
+              "alltoallv sendcounts of 2**64 (before exchanging them)", "does not fit a C size_t")
+expect_raises(ctypes.ArgumentError,
+              lambda: comm.ialltoallv(np.zeros(n), [1] * n, [2**64 + 1] * n, np.zeros(n)),
+              "ialltoallv recvcounts of 2**64 + 1", "does not fit a C size_t")
+expect(np.all(comm.allreduce(np.ones(2)) == n), "usable after the refused calls")
 
 # Batches on any size: an empty one is valid; ops are checked before anything starts.
 expect(comm.sendrecv_batch([]) == [] and comm.batch_isend_irecv([]).wait() == [], "empty batch")
