@@ -121,9 +121,17 @@ typedef struct mncl_config {
   uint32_t version;      /* MNCL_VERSION the caller compiled against */
   const char *backend;   /* "naive", "gloo", a path to a plugin .so, a comma list of
                             fallbacks, or "auto"; NULL: MNCL_BACKEND, else "auto" */
-  int32_t rank;          /* this process's rank; -1: MNCL_RANK, RANK, OMPI_COMM_WORLD_RANK,
-                            PMI_RANK, SLURM_PROCID (first set wins), else 0 */
-  int32_t size;          /* number of ranks; -1: MNCL_SIZE, WORLD_SIZE, ..., else 1 */
+  int32_t rank;          /* this process's rank; -1: MNCL_RANK if set, else the rank of the
+                            first launcher that sets both its rank and its size, looked at in
+                            the order RANK/WORLD_SIZE (torchrun), OMPI_COMM_WORLD_RANK/
+                            OMPI_COMM_WORLD_SIZE, PMI_RANK/PMI_SIZE, SLURM_PROCID/SLURM_NTASKS
+                            (the other launchers' variables are ignored, such as a lone RANK
+                            under mpirun; one of a launcher looked at earlier gets a warning if
+                            its value differs); else, when no launcher sets both, the first of
+                            those rank variables that is set (a lone RANK is used only then);
+                            else 0 */
+  int32_t size;          /* number of ranks; -1: MNCL_SIZE if set, else the same lookup over
+                            the size variables (WORLD_SIZE, ...), else 1 */
   const char *bootstrap; /* "tcp://host:port" (rank 0 hosts the store there) or "file:///dir";
                             NULL: MNCL_STORE, else MASTER_ADDR/MASTER_PORT; needed if size > 1 */
   int64_t timeout_ms;    /* bound on every blocking step, at most one week (604800000 ms);

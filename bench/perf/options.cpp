@@ -78,7 +78,8 @@ gatherv, scatterv (-r root): size is the root's total, as for gather / scatter; 
 mean block per = size / (n * element size), and rank q's block is block q above (gatherv:
 rank q sends it, scatterv: receives it), packed on the root. In place at the root only; busbw
 factor (n-1)/n. Raw MPI: MPI_Gatherv / MPI_Scatterv with the same counts; raw Gloo: N/A (Gloo
-has none). MNCL runs both as an alltoallv, so MNCL/raw is the cost of that composition.
+has none). Every bundled backend runs both natively; a plugin without them (ABI v3/v4, or
+MNCL_PLUGIN_ABI_MAX=4) runs them as an alltoallv, whose cost MNCL/raw then shows.
 )";
 
 [[noreturn]] void usage_error(const std::string &msg) {

@@ -44,11 +44,12 @@ const std::vector<Variable> &table() {
       {"MNCL_STORE_TOKEN", "",
        "Shared secret every rank presents to the TCP store; connections without it are refused."},
       {"MNCL_RANK", "",
-       "This process's rank (else RANK, OMPI_COMM_WORLD_RANK, PMI_RANK, "
-       "SLURM_PROCID)."},
+       "This process's rank; else that of the first launcher, in the order RANK/WORLD_SIZE, "
+       "OMPI_COMM_WORLD_*, PMI_*, SLURM_PROCID/SLURM_NTASKS, that sets both rank and size; "
+       "else the first of those rank variables set; else 0."},
       {"MNCL_SIZE", "",
-       "Number of ranks (else WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE, "
-       "SLURM_NTASKS)."},
+       "Number of ranks; else that of the launcher MNCL_RANK's lookup takes; else the first "
+       "of WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS set; else 1."},
       {"MNCL_LOCAL_RANK", "",
        "Rank among the ranks on this host (else LOCAL_RANK, "
        "OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID)."},
