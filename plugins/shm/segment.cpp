@@ -157,4 +157,17 @@ std::string host_identity() {
   return id;
 }
 
+PidNamespace pid_namespace() {
+  struct stat st;
+  if (stat("/proc/self/ns/pid", &st) != 0) return {};
+  return {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
+}
+
+void publish_pid(RankCtl &ctl) {
+  const PidNamespace ns = pid_namespace();
+  ctl.pidns_dev.store(ns.dev, std::memory_order_relaxed);
+  ctl.pidns_ino.store(ns.ino, std::memory_order_relaxed);
+  ctl.pid.store(static_cast<int32_t>(getpid()), std::memory_order_release);
+}
+
 }  // namespace mncl::shm

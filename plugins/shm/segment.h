@@ -22,8 +22,9 @@ namespace mncl::shm {
 
 constexpr uint32_t kMagic = 0x4d48534du;  // "MSHM"
 // 2: call stamps, mismatch word; 3: single-copy offers; 4: v_count; 5: scatterv's counts in the
-// root's staging (no longer in its receivers' v_count words); 6: one call stamp per staging half
-constexpr uint32_t kVersion = 6;
+// root's staging (no longer in its receivers' v_count words); 6: one call stamp per staging half;
+// 7: each rank's PID namespace
+constexpr uint32_t kVersion = 7;
 
 struct Header {
   uint32_t magic;
@@ -74,6 +75,11 @@ struct alignas(128) RankCtl {
   // rank writes it (scatterv's counts travel in the root's staging instead: a rank that wrongly
   // acted as a root would otherwise overwrite the true root's words for its receivers).
   std::atomic<uint64_t> v_count[2];
+  // The PID namespace `pid` is a number in (device and inode of /proc/self/ns/pid; 0 if
+  // unknown), written with it: a peer uses `pid` (liveness checks, single-copy reads) only
+  // when its own namespace is the same. Ranks in containers that share /dev/shm but not PIDs
+  // (docker --ipc=host) pass the same-host check, and the pid would name another process.
+  std::atomic<uint64_t> pidns_dev, pidns_ino;
 };
 static_assert(sizeof(RankCtl) == 128, "RankCtl is one 128-byte line per rank");
 
@@ -162,5 +168,14 @@ constexpr const char *kNamePrefix = "mncl-shm-";
 
 // "boot id|hostname": ranks that share it share the host (and its /dev/shm).
 std::string host_identity();
+
+// This process's PID namespace: device and inode of /proc/self/ns/pid, {0, 0} if unknown.
+struct PidNamespace {
+  uint64_t dev = 0, ino = 0;
+  bool known() const { return ino != 0; }
+};
+PidNamespace pid_namespace();
+// Writes this process's pid and PID namespace into its RankCtl line.
+void publish_pid(RankCtl &ctl);
 
 }  // namespace mncl::shm

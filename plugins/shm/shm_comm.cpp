@@ -162,6 +162,33 @@ Comm::Comm(const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host, const Opti
                "shm: rank %d/%d mapped %s (%zu bytes; chunk %zu, single-phase up to %zu, %s)",
                rank_, size_, seg_.name().c_str(), seg_.layout().total, chunk_, small_,
                oversubscribed ? "oversubscribed: short spin" : "spin then sleep");
+  // Every rank published its pid and namespace before creation completed (rank 0 before
+  // shm/seg, the others before their shm/r<k> reply, which rank 0 awaits before shm/go).
+  const PidNamespace mine = pid_namespace();
+  std::vector<int> foreign;
+  pid_usable_.assign(static_cast<size_t>(size_), 0);
+  for (int p = 0; p < size_; ++p) {
+    const RankCtl &ctl = seg_.ctl(p);
+    const bool same = mine.known() && ctl.pidns_dev.load() == mine.dev &&
+                      ctl.pidns_ino.load() == mine.ino && ctl.pid.load() > 0;
+    pid_usable_[static_cast<size_t>(p)] = same;
+    if (!same && p != rank_) foreign.push_back(p);
+  }
+  if (!foreign.empty()) {
+    MNCL_KIT_LOG(host_, MNCL_LOG_INFO,
+                 "shm: rank %d: %s not in this rank's PID namespace%s: messages between them "
+                 "stream through the segment (no single copy), and a dead one is noticed only "
+                 "by the timeout",
+                 rank_, rank_list(foreign).c_str(),
+                 mine.known() ? "" : " (or this rank cannot tell: no /proc/self/ns/pid)");
+  }
+}
+
+std::string Comm::pid_text(int peer) const {
+  const int pid = static_cast<int>(seg_.ctl(peer).pid.load());
+  return pid_usable_[static_cast<size_t>(peer)]
+             ? kit::format("pid %d", pid)
+             : kit::format("pid %d in another PID namespace", pid);
 }
 
 void Comm::create_segment(const mncl_bootstrap_v1_t &bs, const Options &options) {
@@ -187,7 +214,7 @@ void Comm::create_segment(const mncl_bootstrap_v1_t &bs, const Options &options)
     h.p2p_slot = options.p2p_slot;
     h.nt_bytes = options.nt_bytes;
     h.total_bytes = layout.total;
-    seg_.ctl(0).pid.store(static_cast<int32_t>(getpid()));
+    publish_pid(seg_.ctl(0));
     if (n == 1) {
       seg_.unlink();
       return;
@@ -276,7 +303,7 @@ void Comm::create_segment(const mncl_bootstrap_v1_t &bs, const Options &options)
                         "%08x %u %d",
                         seg[0].c_str(), h.magic, h.version, h.size, kMagic, kVersion, n));
       }
-      seg_.ctl(rank_).pid.store(static_cast<int32_t>(getpid()));
+      publish_pid(seg_.ctl(rank_));
       reply = "ok\n" + me;
     } catch (const kit::Error &e) {
       local_status = e.status();
@@ -320,11 +347,14 @@ void Comm::wake_everyone() {
 }
 
 void Comm::abort() {
+  // The segment's word first: a lane of this rank that sees aborted_ then revokes a
+  // single-copy offer, and its receiver, seeing the revoke, must find the word set too.
+  if (hdr_ != nullptr) {
+    uint32_t expected = 0;
+    hdr_->abort_word.compare_exchange_strong(expected, static_cast<uint32_t>(rank_ + 1));
+  }
   aborted_.store(true);
-  if (hdr_ == nullptr) return;
-  uint32_t expected = 0;
-  hdr_->abort_word.compare_exchange_strong(expected, static_cast<uint32_t>(rank_ + 1));
-  wake_everyone();
+  if (hdr_ != nullptr) wake_everyone();
 }
 
 void Comm::fail(Op &op, mncl_status_t st, const std::string &msg) {
@@ -343,7 +373,7 @@ std::string Comm::broken() const {
 }
 
 void Comm::check_failed(Op &op) {
-  if (aborted_.load(std::memory_order_relaxed)) {
+  if (aborted_.load(std::memory_order_acquire)) {  // acquire: the abort word, see abort()
     throw kit::Error(MNCL_ERR_ABORTED, op.where() + ": the communicator was aborted");
   }
   const uint32_t a = hdr_->abort_word.load(std::memory_order_acquire);
@@ -361,9 +391,8 @@ void Comm::check_failed(Op &op) {
   if (d != 0) {
     const uint32_t by = hdr_->dead_seen_by.load();
     fail(op, MNCL_ERR_REMOTE,
-         kit::format("%s: rank %u (pid %d) died (detected by rank %u)", op.where().c_str(), d - 1,
-                     static_cast<int>(seg_.ctl(static_cast<int>(d - 1)).pid.load()),
-                     by > 0 ? by - 1 : 0));
+         kit::format("%s: rank %u (%s) died (detected by rank %u)", op.where().c_str(), d - 1,
+                     pid_text(static_cast<int>(d - 1)).c_str(), by > 0 ? by - 1 : 0));
   }
 }
 
@@ -416,8 +445,7 @@ void Comm::wait_flag(Op &op, Flag &f, uint32_t target, int peer, const char *wha
       if (missing.empty()) missing.push_back(peer);
       std::string detail;
       for (int r : missing) {
-        detail += kit::format("; rank %d (pid %d) is at step %d", r,
-                              static_cast<int>(seg_.ctl(r).pid.load()),
+        detail += kit::format("; rank %d (%s) is at step %d", r, pid_text(r).c_str(),
                               static_cast<int32_t>(seg_.ctl(r).posts.value.load() - op.base));
       }
       fail(op, MNCL_ERR_TIMEOUT,
@@ -427,7 +455,8 @@ void Comm::wait_flag(Op &op, Flag &f, uint32_t target, int peer, const char *wha
                        static_cast<double>(op.timeout_ms) / 1000.0,
                        static_cast<int32_t>(target - op.base), detail.c_str()));
     }
-    if (now >= next_liveness) {
+    // A peer in another PID namespace: its pid names some other process here (or none).
+    if (now >= next_liveness && pid_usable_[static_cast<size_t>(peer)]) {
       const pid_t pid = seg_.ctl(peer).pid.load();
       if (pid_is_dead(pid)) {
         uint32_t expected = 0;
@@ -1339,7 +1368,12 @@ Comm::P2p Comm::p2p_message(const Op &op, const mncl_coll_v1_t &c) const {
 bool Comm::offer_single_copy(Op &op, const mncl_coll_v1_t &c, int peer, size_t bytes,
                              const char *what) {
   PeerLane &lane = send_lanes_[static_cast<size_t>(peer)];
-  if (!single_copy_offers_ || lane.no_single_copy || bytes <= 2 * p2p_slot_) return false;
+  // A peer in another PID namespace cannot name this process to process_vm_readv; it would
+  // decline anyway (both sides read the same namespaces from the segment), so offer nothing.
+  if (!single_copy_offers_ || lane.no_single_copy || bytes <= 2 * p2p_slot_ ||
+      !pid_usable_[static_cast<size_t>(peer)]) {
+    return false;
+  }
   Channel &ch = seg_.channel(rank_, peer);
   const uint64_t k = lane.chunks;
   SlotHeader &slot = ch.slot[k & 1u];
@@ -1373,6 +1407,8 @@ bool Comm::offer_single_copy(Op &op, const mncl_coll_v1_t &c, int peer, size_t b
 }
 
 // process_vm_readv from the peer's memory; false if the kernel refuses or the read fails.
+// Only for a peer in this rank's PID namespace (pid_usable_): elsewhere its pid is another
+// process's, and a read could succeed with the wrong bytes.
 bool Comm::read_from_peer(int peer, void *dst, uint64_t remote_addr, size_t bytes) {
   const pid_t pid = seg_.ctl(peer).pid.load(std::memory_order_acquire);
   size_t done = 0;
@@ -1451,19 +1487,23 @@ void Comm::recv(Op &op, const mncl_coll_v1_t &c) {
       uint64_t state = kSingleCopyOffered;
       if (!__atomic_compare_exchange_n(&ch.slot[slot].single_copy, &state, kSingleCopyReading,
                                        false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        // A sender that aborted set the abort word before it revoked: MNCL_ERR_ABORTED then,
+        // as every call of an aborted communicator ends.
+        check_failed(op);
         fail(op, MNCL_ERR_REMOTE,
              kit::format("%s: rank %d withdrew message #%llu (its send failed or was aborted) "
                          "before this receive could take it",
                          op.where().c_str(), peer, static_cast<unsigned long long>(lane.msgs)));
       }
-      const bool copied =
-          single_copy_accepts_ && read_from_peer(peer, c.recvbuf, hdr.remote_addr, bytes);
+      const bool copied = single_copy_accepts_ && pid_usable_[static_cast<size_t>(peer)] &&
+                          read_from_peer(peer, c.recvbuf, hdr.remote_addr, bytes);
       state = kSingleCopyReading;
       if (!__atomic_compare_exchange_n(&ch.slot[slot].single_copy, &state,
                                        copied ? kSingleCopyDone : kSingleCopyDeclined, false,
                                        __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
         // The sender's call failed meanwhile and it took its buffer back: what was read may
-        // be torn.
+        // be torn. Aborted (the abort word is set before the revoke): MNCL_ERR_ABORTED.
+        check_failed(op);
         fail(op, MNCL_ERR_REMOTE,
              kit::format("%s: rank %d withdrew message #%llu (its send failed or was aborted) "
                          "while this receive was reading it",

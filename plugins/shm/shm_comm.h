@@ -54,7 +54,9 @@
 //                      copy: the receiver reads it straight from the sender's memory
 //                      (process_vm_readv, as Open MPI's CMA path) while the sender waits; if
 //                      the kernel refuses (no CMA, ptrace policy, seccomp) it declines and the
-//                      message streams slot by slot, as every later one to that peer.
+//                      message streams slot by slot, as every later one to that peer. Only
+//                      between ranks in one PID namespace (pid_usable_): elsewhere neither side
+//                      offers or reads, and every message streams.
 // Float reductions fold in rank order 0..n-1 in every algorithm, so results equal naive's.
 //
 // Threading (plugin ABI v2, MNCL_CAP_CONCURRENT_P2P): execute() may run on several threads at
@@ -76,7 +78,8 @@
 // and every wait checks the abort words first, so a call whose waits never block ends too.
 //
 // Failure handling: every wait is bounded by the op's deadline; while sleeping, the waited-on
-// peer's pid is checked, a dead one is recorded in the segment (every rank then fails with
+// peer's pid is checked (if it is in this rank's PID namespace; a peer in another one is left
+// to the deadline), a dead one is recorded in the segment (every rank then fails with
 // MNCL_ERR_REMOTE naming it), and comm_abort sets the segment's abort word and wakes every
 // futex so every running call of every rank ends with MNCL_ERR_ABORTED. Any other failure,
 // collective or send/recv, leaves the failed lane's counters out of step with the peers' (a
@@ -192,6 +195,7 @@ class Comm {
   };
   bool offer_single_copy(Op &op, const mncl_coll_v1_t &c, int peer, size_t bytes, const char *what);
   bool read_from_peer(int peer, void *dst, uint64_t remote_addr, size_t bytes);
+  std::string pid_text(int peer) const;  // "pid 12" or "pid 12 in another PID namespace"
 
   // One single-phase round: stage (if `stages`) into my staging half, post, wait for `waits`
   // (root = `root`), then consume(half). Returns nothing; the caller loops over rounds.
@@ -227,6 +231,10 @@ class Comm {
   size_t chunk_ = 0, small_ = 0, p2p_slot_ = 0, nt_bytes_ = 0;
   bool single_copy_offers_ = false, single_copy_accepts_ = false;
   std::atomic<bool> single_copy_refused_logged_{false};
+  // Per rank, fixed at creation: its pid is meaningful here (same PID namespace), so liveness
+  // checks and single-copy reads may use it. Otherwise no single copy with it, either way, and
+  // only the timeout notices its death.
+  std::vector<char> pid_usable_;
   int spin_ = 0;
   std::chrono::nanoseconds yield_for_{0};
 

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 
 namespace mncl::shm {
 
@@ -43,9 +44,25 @@ void futex_sleep(Flag &f, uint32_t seen, int64_t timeout_ns) {
   f.waiters.fetch_sub(1, std::memory_order_seq_cst);
 }
 
+namespace {
+
+// True if /proc numbers processes as this process's PID namespace does: a process in a child
+// namespace may still see its parent's procfs (unshare --pid without --mount-proc), where
+// /proc/<pid> is some other process.
+bool proc_is_ours() {
+  char link[32];
+  const ssize_t n = readlink("/proc/self", link, sizeof link - 1);
+  if (n <= 0) return false;
+  link[n] = '\0';
+  return std::strtol(link, nullptr, 10) == static_cast<long>(getpid());
+}
+
+}  // namespace
+
 bool pid_is_dead(pid_t pid) {
   if (pid <= 0) return false;  // unknown: never blame it
   if (kill(pid, 0) != 0 && errno == ESRCH) return true;
+  if (!proc_is_ours()) return false;  // kill() is all we can tell
   char path[64];
   std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
   FILE *f = std::fopen(path, "r");
@@ -60,7 +77,23 @@ bool pid_is_dead(pid_t pid) {
     if (*p == ')') close = p;
   }
   if (close == nullptr || close[1] != ' ') return false;
-  return close[2] == 'Z' || close[2] == 'X';
+  const char state = close[2];
+  if (state == 'X') return true;
+  if (state != 'Z') return false;
+  // 'Z' is the main thread's state only: a process whose main thread called pthread_exit shows
+  // it while its other threads run. Dead only when no thread but that zombie is left: field 20,
+  // num_threads (17 fields after the state), counts the zombie leader too.
+  const char *p = close + 3;
+  for (int field = 4; field <= 20 && *p != '\0'; ++field) {
+    while (*p == ' ') ++p;
+    if (field == 20) {
+      char *end = nullptr;
+      const long threads = std::strtol(p, &end, 10);
+      return end != p && threads <= 1;
+    }
+    while (*p != ' ' && *p != '\0') ++p;
+  }
+  return false;  // unreadable: never blame it
 }
 
 }  // namespace mncl::shm

@@ -48,7 +48,9 @@ inline void cpu_relax() {
 }
 
 // True if the process is gone: no such pid, or a zombie waiting to be reaped (kill(pid, 0)
-// still succeeds on a zombie, and a killed rank whose parent has not waited yet is one).
+// still succeeds on a zombie, and a killed rank whose parent has not waited yet is one) with no
+// thread left (a live process whose main thread called pthread_exit shows 'Z' too). The pid is
+// one of this process's PID namespace; /proc is read only if it numbers processes the same way.
 bool pid_is_dead(pid_t pid);
 
 }  // namespace mncl::shm
