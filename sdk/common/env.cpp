@@ -65,6 +65,9 @@ const std::vector<Variable> &table() {
        "Seconds any blocking step may take (rendezvous, each collective) before it fails."},
       {"MNCL_DEVICE", "", "Accelerator ordinal for this rank (default: the local rank)."},
       {"MNCL_DEBUG", "warn", "Log level: none, error, warn, info or trace (any case), or 0..4."},
+      {"MNCL_DEBUG_FILE", "",
+       "Write the log to this file (appended) instead of stderr; %h becomes the host name, %p "
+       "the process id (one file per rank: /tmp/mncl.%h.%p.log)."},
       {"MNCL_LANE_LINGER_US", "50",
        "Microseconds a worker thread that runs non-blocking operations stays awake (yielding) "
        "after one of at most 64 KiB, for the next: small back-to-back isend/irecv/iallreduce "

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cctype>
+#include <cerrno>
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
@@ -73,6 +74,42 @@ void set_rank(int rank) {
   g_rank.store(rank, std::memory_order_relaxed);
 }
 
+namespace {
+// Where lines go: stderr, or the file MNCL_DEBUG_FILE names (appended; %h: the host name,
+// %p: the process id, %%: a '%', as NCCL_DEBUG_FILE), opened at the first line.
+FILE *sink() {
+  static FILE *const out = [] {
+    const char *pattern = env::raw("MNCL_DEBUG_FILE");
+    if (pattern == nullptr || *pattern == '\0') return stderr;
+    std::string path;
+    for (const char *c = pattern; *c != '\0'; ++c) {
+      if (c[0] == '%' && c[1] == 'h') {
+        char host[256] = "host";
+        gethostname(host, sizeof host - 1);
+        path += host;
+      } else if (c[0] == '%' && c[1] == 'p') {
+        path += std::to_string(getpid());
+      } else if (c[0] == '%' && c[1] == '%') {
+        path += '%';
+      } else {
+        path += *c;
+        continue;
+      }
+      ++c;
+    }
+    FILE *file = std::fopen(path.c_str(), "ae");
+    if (file == nullptr) {
+      std::fprintf(stderr, "[mncl WARN] MNCL_DEBUG_FILE: cannot open '%s': %s; logging to stderr\n",
+                   path.c_str(), std::strerror(errno));
+      return stderr;
+    }
+    std::setvbuf(file, nullptr, _IOLBF, 0);  // whole lines, as stderr's
+    return file;
+  }();
+  return out;
+}
+}  // namespace
+
 void vwrite_tagged(int lvl, const char *tag, const char *file, int line, const char *fmt,
                    va_list args) {
   char message[2048];
@@ -82,7 +119,7 @@ void vwrite_tagged(int lvl, const char *tag, const char *file, int line, const c
     std::snprintf(rank, sizeof rank, " r%d", r);
   }
   // One fprintf per line so concurrent ranks and threads do not interleave within a line.
-  std::fprintf(stderr, "[mncl %d%s %s %s:%d] %s%s%s\n", static_cast<int>(getpid()), rank,
+  std::fprintf(sink(), "[mncl %d%s %s %s:%d] %s%s%s\n", static_cast<int>(getpid()), rank,
                level_name(lvl), short_path(file), line, tag ? tag : "", tag ? ": " : "", message);
 }
 
