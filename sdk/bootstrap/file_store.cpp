@@ -10,6 +10,7 @@
 #include <cctype>
 #include <cerrno>
 #include <charconv>
+#include <random>
 #include <thread>
 
 #include "bootstrap/net.h"
@@ -35,12 +36,19 @@ std::string system_error(const char *what, const std::string &path) {
   return format("file store: %s '%s': %s", what, path.c_str(), net::error_text(errno).c_str());
 }
 
-// A name unique across hosts, processes and threads sharing the directory.
+// A name unique across hosts, processes and threads sharing the directory. Host and pid
+// alone are not: processes in different PID namespaces (containers sharing the folder) may
+// have one pid and one host name, hence a random number drawn once per process.
 std::string temp_name() {
   static std::atomic<uint64_t> counter{0};
+  static const uint64_t nonce = [] {
+    std::random_device device;
+    return static_cast<uint64_t>(device()) << 32 | device();
+  }();
   char host[256] = "host";
   gethostname(host, sizeof host - 1);
-  return format(".tmp.%s.%d.%llu", host, static_cast<int>(getpid()),
+  return format(".tmp.%s.%d.%016llx.%llu", host, static_cast<int>(getpid()),
+                static_cast<unsigned long long>(nonce),
                 static_cast<unsigned long long>(counter.fetch_add(1)));
 }
 
