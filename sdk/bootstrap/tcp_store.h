@@ -42,6 +42,7 @@ class TcpStoreServer {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+  bool registered_ = false;  // among this process's serving addresses (under their mutex)
 };
 
 // A client of a TcpStoreServer, thread-safe. Each request runs on a connection of its own for

@@ -19,7 +19,9 @@
 #include <charconv>
 #include <cstring>
 #include <deque>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -262,10 +264,41 @@ struct TcpStoreServer::Impl {
   void drop(Connection &c, const std::string &why, bool warn);
 };
 
+namespace {
+// The addresses this process's servers listen on, until they stop accepting: a second store
+// asked for one of them is this process's own mistake (two job-wide communicators alive on
+// one address), not another program's or another rank 0's.
+std::mutex g_serving_mutex;
+std::multiset<std::string> g_serving;
+
+// Registers url (yes) or takes this server's registration back, once (*registered).
+void serving(const std::string &url, bool yes, bool *registered) {
+  std::lock_guard<std::mutex> lock(g_serving_mutex);
+  if (yes) {
+    g_serving.insert(url);
+    *registered = true;
+  } else if (*registered) {
+    g_serving.erase(g_serving.find(url));
+    *registered = false;
+  }
+}
+}  // namespace
+
 TcpStoreServer::TcpStoreServer(const std::string &host, uint16_t port, std::string token)
     : impl_(std::make_unique<Impl>()) {
   impl_->token = std::move(token);
+  if (port != 0) {
+    const std::string url = net::tcp_url(host, port);
+    std::lock_guard<std::mutex> lock(g_serving_mutex);
+    MNCL_CHECK(g_serving.count(url) == 0, MNCL_ERR_BOOTSTRAP,
+               "cannot start the store at %s: this process serves a store there already, for a "
+               "live job-wide communicator; two cannot share the address at a time (destroy "
+               "the first one, split it with mncl_comm_split, or give the second another "
+               "address)",
+               url.c_str());
+  }
   impl_->bind_all(host, port);
+  serving(impl_->url, true, &registered_);
   raise_descriptor_limit(impl_->url);
   impl_->wakeup.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   MNCL_CHECK(impl_->wakeup, MNCL_ERR_SYSTEM, "cannot start the store at %s: eventfd: %s",
@@ -276,6 +309,7 @@ TcpStoreServer::TcpStoreServer(const std::string &host, uint16_t port, std::stri
 }
 
 TcpStoreServer::~TcpStoreServer() {
+  serving(impl_->url, false, &registered_);
   impl_->stopping = true;
   impl_->wake("stop it");
   impl_->thread.join();
@@ -283,6 +317,7 @@ TcpStoreServer::~TcpStoreServer() {
 
 void TcpStoreServer::stop_accepting() {
   if (impl_->refuse_new.exchange(true)) return;
+  serving(impl_->url, false, &registered_);  // the next server may take the address
   impl_->wake("close its listening sockets");
 }
 
