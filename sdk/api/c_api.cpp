@@ -327,20 +327,21 @@ MNCL_API mncl_status_t mncl_comm_abort(mncl_comm_t comm) {
 
 MNCL_API mncl_status_t mncl_comm_split(mncl_comm_t comm, int color, int key, mncl_comm_t *newcomm) {
   return guard([&] {
-    require_out(newcomm, "mncl_comm_split", "newcomm");
-    *newcomm = nullptr;
-    adopt_child(comm_of(comm, "mncl_comm_split").split(color, key), newcomm);
+    // A NULL newcomm fails the split on every rank (Comm::split_impl), not on this one alone.
+    if (newcomm != nullptr) *newcomm = nullptr;
+    adopt_child(comm_of(comm, "mncl_comm_split")
+                    .split(color, key, nullptr, "mncl_comm_split", newcomm != nullptr),
+                newcomm);
   });
 }
 
 MNCL_API mncl_status_t mncl_comm_split_config(mncl_comm_t comm, int color, int key,
                                               const mncl_config_t *config, mncl_comm_t *newcomm) {
   return guard([&] {
-    require_out(newcomm, "mncl_comm_split_config", "newcomm");
-    *newcomm = nullptr;
-    adopt_child(
-        comm_of(comm, "mncl_comm_split_config").split(color, key, config, "mncl_comm_split_config"),
-        newcomm);
+    if (newcomm != nullptr) *newcomm = nullptr;
+    adopt_child(comm_of(comm, "mncl_comm_split_config")
+                    .split(color, key, config, "mncl_comm_split_config", newcomm != nullptr),
+                newcomm);
   });
 }
 
@@ -352,9 +353,10 @@ MNCL_API mncl_status_t mncl_comm_split_type(mncl_comm_t comm, mncl_split_type_t 
   static_assert(sizeof type == sizeof raw_type, "mncl_split_type_t is int-sized");
   std::memcpy(&raw_type, &type, sizeof raw_type);
   return guard([&] {
-    require_out(newcomm, "mncl_comm_split_type", "newcomm");
-    *newcomm = nullptr;
-    adopt_child(comm_of(comm, "mncl_comm_split_type").split_type(raw_type, key, config), newcomm);
+    if (newcomm != nullptr) *newcomm = nullptr;
+    adopt_child(
+        comm_of(comm, "mncl_comm_split_type").split_type(raw_type, key, config, newcomm != nullptr),
+        newcomm);
   });
 }
 

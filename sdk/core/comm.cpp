@@ -489,6 +489,35 @@ void Comm::leave_after_failed_join(const std::vector<int> &absent) {
   }
 }
 
+void Comm::leave_abandoned(bool last_of_job) {
+  // On a thread of its own, waited for briefly: the store may be what failed (a cut link),
+  // and then a store call only fails after the timeout, which an aborted destroy must not wait.
+  struct Done {
+    std::mutex mutex;
+    std::condition_variable cv;
+    bool done = false;
+  };
+  auto done = std::make_shared<Done>();
+  std::thread([done, store = comm_store_, job_store = job_store_, rank = rank_,
+               closing = last_of_job && job_->hosts_tcp_store] {
+    try {
+      if (closing) {  // the store's host: the other ranks' last destroy waits for this key
+        job_store->stop_accepting();
+        job_store->set("job/closing", "1", 1);
+      }
+      const std::string key = "leave/" + std::to_string(rank);
+      store->set(key, "1", 1);
+    } catch (const Error &e) {
+      MNCL_INFO("mncl_comm_destroy of an aborted communicator: could not leave: %s", e.what());
+    }
+    std::lock_guard<std::mutex> lock(done->mutex);
+    done->done = true;
+    done->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(done->mutex);
+  done->cv.wait_for(lock, std::chrono::milliseconds(500), [&] { return done->done; });
+}
+
 bool Comm::leave_job() {
   // Wait until the store's host has stopped accepting connections, so that re-creating a
   // communicator on the same address reaches the next server, not the one about to go.
@@ -1108,6 +1137,10 @@ bool Comm::wait(Operation &op, int64_t timeout_ms) {
 void Comm::abort() {
   if (aborted_.exchange(true)) return;  // a second abort is harmless
   MNCL_INFO("communicator %s aborted on rank %d", id_.c_str(), rank_);
+  {
+    std::lock_guard<std::mutex> lock(forming_mutex_);
+    if (forming_child_ != nullptr) forming_child_->plugin_stop_.store(true);
+  }
   abort_plugin();
 }
 
@@ -1230,11 +1263,13 @@ std::string describe_split(const std::string &how) {
 
 }  // namespace
 
-std::unique_ptr<Comm> Comm::split(int color, int key, const mncl_config_t *config, const char *fn) {
-  return split_impl(color, key, false, -1, config, fn);
+std::unique_ptr<Comm> Comm::split(int color, int key, const mncl_config_t *config, const char *fn,
+                                  bool has_newcomm) {
+  return split_impl(color, key, false, -1, config, fn, has_newcomm);
 }
 
-std::unique_ptr<Comm> Comm::split_type(int type, int key, const mncl_config_t *config) {
+std::unique_ptr<Comm> Comm::split_type(int type, int key, const mncl_config_t *config,
+                                       bool has_newcomm) {
   const char *fn = "mncl_comm_split_type";
   int color = 0;
   if (type == MNCL_SPLIT_TYPE_HOST) {
@@ -1249,18 +1284,21 @@ std::unique_ptr<Comm> Comm::split_type(int type, int key, const mncl_config_t *c
     for (int r = 0; r < rank_; ++r) color += members_[r].host == members_[rank_].host ? 1 : 0;
   }
   // An unknown type is reported to every rank by split_impl.
-  return split_impl(color, key, true, type, config, fn);
+  return split_impl(color, key, true, type, config, fn, has_newcomm);
 }
 
 std::unique_ptr<Comm> Comm::split_impl(int color, int key, bool by_type, int type,
-                                       const mncl_config_t *config, const char *fn) {
+                                       const mncl_config_t *config, const char *fn,
+                                       bool has_newcomm) {
   check_usable(fn);
   // A rank's own mistakes travel in the exchange, so that every rank fails alike instead of
   // the others waiting for it until the timeout.
   std::string local_error;
   mncl_status_t local_status = MNCL_ERR_INVALID_ARGUMENT;
   SplitSettings wanted;
-  if (by_type && type != MNCL_SPLIT_TYPE_HOST && type != MNCL_SPLIT_TYPE_CROSS_HOST) {
+  if (!has_newcomm) {
+    local_error = format("%s: newcomm is NULL", fn);
+  } else if (by_type && type != MNCL_SPLIT_TYPE_HOST && type != MNCL_SPLIT_TYPE_CROSS_HOST) {
     local_error = format(
         "%s: type %d is not MNCL_SPLIT_TYPE_HOST (0) or "
         "MNCL_SPLIT_TYPE_CROSS_HOST (1)",
@@ -1388,6 +1426,11 @@ std::unique_ptr<Comm> Comm::split_impl(int color, int key, bool by_type, int typ
     std::vector<int> parent_ranks;
     for (const Entry &e : group) parent_ranks.push_back(e.parent_rank);
     child = make_child(parent_ranks, split_index, color);
+    {
+      std::lock_guard<std::mutex> lock(forming_mutex_);
+      forming_child_ = child.get();
+      if (aborted_.load()) child->plugin_stop_.store(true);  // aborted since the exchange
+    }
     child->device_ = wanted.device >= 0 ? wanted.device : device_;
     child->timeout_ms_ = wanted.timeout_ms > 0 ? wanted.timeout_ms : timeout_ms_;
     bool native = false;
@@ -1426,10 +1469,22 @@ std::unique_ptr<Comm> Comm::split_impl(int color, int key, bool by_type, int typ
       leave_native_split();
       child->create_plugin_comm(child->bootstrap_for_plugin(), nullptr, 0, 0);
     }
+    {
+      std::lock_guard<std::mutex> lock(forming_mutex_);
+      forming_child_ = nullptr;
+    }
+    // A backend may finish its creation despite the abort (its store waits were done): the
+    // split still fails, as every call on an aborted communicator does.
+    MNCL_CHECK(!aborted_.load(), MNCL_ERR_ABORTED,
+               "%s: the communicator %s was aborted during the split", fn, id_.c_str());
     MNCL_INFO("split %s -> %s: rank %d of %d on backend %s", id_.c_str(), child->id_.c_str(),
               child->rank_, child->size_, child->backend().c_str());
     return child;
   } catch (...) {
+    {
+      std::lock_guard<std::mutex> lock(forming_mutex_);
+      forming_child_ = nullptr;
+    }
     // The other groups' ranks may be waiting in the native split for this one: first that
     // call, then the half-made child's teardown. That one does not wait for the group's other
     // ranks to leave: they may have made theirs and be waiting for this rank elsewhere.
@@ -1593,6 +1648,7 @@ void Comm::destroy() {
   // Counted also for an aborted communicator, so that the job's last one still closes the
   // store properly (an aborted child before its world).
   const bool last_of_job = job_ && joined_ && comm_store_ && --job_->live == 0;
+  if (comm_store_ && joined_ && aborted_before) leave_abandoned(last_of_job);
   if (comm_store_ && joined_ && !aborted_before) {
     try {
       if (last_of_job && job_->hosts_tcp_store) {

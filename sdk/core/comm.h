@@ -96,11 +96,13 @@ class Comm {
   bool aborted() const { return aborted_.load(); }
   // mncl_comm_split (config NULL) and mncl_comm_split_config: NULL / -1 config fields keep
   // the parent's settings; a backend named in config is agreed on by the group's ranks.
+  // has_newcomm false: the caller passed no newcomm; the split fails, on every rank alike.
   std::unique_ptr<Comm> split(int color, int key, const mncl_config_t *config = nullptr,
-                              const char *fn = "mncl_comm_split");
+                              const char *fn = "mncl_comm_split", bool has_newcomm = true);
   // mncl_comm_split_type: the color is this rank's host (HOST) or its position among its
   // host's ranks (CROSS_HOST), from the hosts every rank published when joining.
-  std::unique_ptr<Comm> split_type(int type, int key, const mncl_config_t *config);
+  std::unique_ptr<Comm> split_type(int type, int key, const mncl_config_t *config,
+                                   bool has_newcomm = true);
   // Collective teardown; the object may be deleted afterwards whatever it throws.
   void destroy();
 
@@ -171,7 +173,10 @@ class Comm {
   void leave_after_failed_join(const std::vector<int> &absent);
   // by_type: the color was derived from `type` (mncl_comm_split_type), checked here.
   std::unique_ptr<Comm> split_impl(int color, int key, bool by_type, int type,
-                                   const mncl_config_t *config, const char *fn);
+                                   const mncl_config_t *config, const char *fn, bool has_newcomm);
+  // destroy() of a communicator aborted before it: tells the others this rank has left,
+  // within a short bound, so that rank 0's destroy does not wait the timeout for it.
+  void leave_abandoned(bool last_of_job);
   // A child communicator of the given parent ranks (in their new order), with the parent's
   // settings and its own store views; its backend is set by the caller.
   std::unique_ptr<Comm> make_child(const std::vector<int> &parent_ranks, uint64_t split_index,
@@ -229,6 +234,10 @@ class Comm {
   uint64_t next_seq_ = 0;                                // sequence number of the next collective
   std::vector<uint64_t> next_send_seq_, next_recv_seq_;  // per peer, for send/recv
   uint64_t next_split_ = 0;                              // splits made from this communicator
+  // The child a split is making (under forming_mutex_): abort() ends its backend's store
+  // waits too, so that an abort of the parent ends the split.
+  std::mutex forming_mutex_;
+  Comm *forming_child_ = nullptr;
 
   // Non-blocking operations on plugins without MNCL_CAP_NATIVE_ASYNC run on lanes: the
   // collectives' lane, and with MNCL_CAP_CONCURRENT_P2P one lane per (peer, direction) for

@@ -36,7 +36,9 @@
  *   MOCK_NOOP=1             every collective returns MNCL_OK at once, any size (dispatch cost)
  *   MOCK_HANG=1             any size; every collective but barrier blocks until comm_abort
  *                           (then MNCL_ERR_ABORTED): a plugin that ignores its timeout, for the
- *                           core's watchdog (tests/fault)
+ *                           core's watchdog (tests/fault); comm_create first creates the file
+ *                           $MNCL_MOCK_CREATE_MARKER and takes $MNCL_MOCK_CREATE_DELAY_MS ms,
+ *                           where set (an abort during a split, tests/split)
  *   MOCK_ASYNC_STUCK=1      with MNCL_CAP_NATIVE_ASYNC in MOCK_CAPS: posted operations never end
  *                           on their own (a plugin that ignores their timeout): test() reports
  *                           one done (MNCL_ERR_ABORTED) only after comm_abort, and never when
@@ -225,6 +227,21 @@ static mncl_status_t mock_comm_create(const mncl_bootstrap_v1_t *bs, void **comm
     g_host->set_error("mock: communicator of size %d requested; only size 1 is supported",
                       (int)bs->size);
     return MNCL_ERR_NOT_SUPPORTED;
+  }
+#endif
+#if defined(MOCK_HANG) && MOCK_HANG
+  {
+    const char *marker = getenv("MNCL_MOCK_CREATE_MARKER");
+    const char *delay = getenv("MNCL_MOCK_CREATE_DELAY_MS");
+    if (marker != NULL) {
+      FILE *f = fopen(marker, "w");
+      if (f != NULL) fclose(f);
+    }
+    if (delay != NULL) {
+      const long ms = atol(delay);
+      struct timespec pause = {ms / 1000, (ms % 1000) * 1000000L};
+      nanosleep(&pause, NULL);
+    }
   }
 #endif
   mock_comm_t *c = (mock_comm_t *)calloc(1, sizeof *c);

@@ -6,12 +6,16 @@
 // that a wrong call fails on every rank alike while the parent keeps working.
 #include <gtest/gtest.h>
 #include <mncl/mncl.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -213,7 +217,28 @@ TEST(SplitErrors, OneRanksBadConfigFailsEveryRank) {
             MNCL_ERR_NOT_SUPPORTED)
       << mncl_last_error();
   EXPECT_EQ(mncl_comm_split_type(g_world, MNCL_SPLIT_TYPE_HOST, 0, nullptr, nullptr),
-            MNCL_ERR_INVALID_ARGUMENT);  // local: nothing was exchanged
+            MNCL_ERR_INVALID_ARGUMENT);
+  expect_last_error_mentions("newcomm is NULL");
+  expect_world_usable();
+}
+
+// One rank passing no newcomm fails the split on every rank, naming it, at once (before, that
+// rank alone refused it: the others timed out, and the ranks' split numbers then differed, so
+// the next split paired up stale records); the next split works.
+TEST(SplitErrors, OneRanksNullNewcommFailsEveryRank) {
+  mncl_comm_t sub = reinterpret_cast<mncl_comm_t>(&g_rank);
+  const bool last = g_rank == g_size - 1;
+  EXPECT_EQ(mncl_comm_split(g_world, 0, 0, last ? nullptr : &sub), MNCL_ERR_INVALID_ARGUMENT);
+  expect_last_error_mentions("rank " + std::to_string(g_size - 1) +
+                             ": mncl_comm_split: newcomm is NULL");
+  if (!last) {
+    EXPECT_EQ(sub, nullptr);
+  }
+  ASSERT_EQ(mncl_comm_split(g_world, 0, g_size - g_rank, &sub), MNCL_OK) << mncl_last_error();
+  std::vector<int> reversed;
+  for (int r = g_size - 1; r >= 0; --r) reversed.push_back(r);
+  expect_group(sub, reversed);
+  EXPECT_EQ(mncl_comm_destroy(sub), MNCL_OK) << mncl_last_error();
   expect_world_usable();
 }
 
@@ -295,6 +320,81 @@ TEST(SplitErrors, FlatGroupOfANonFlatParentIsRefused) {
     expect_group(sub, members);
     MNCL_OK_OR_FAIL(mncl_comm_destroy(sub));
   }
+}
+
+// A communicator of every rank (a split of the world: a second job-wide one cannot share the
+// world's TCP store address), on naive, with its own timeout.
+mncl_comm_t all_ranks(int64_t timeout_ms) {
+  mncl_config_t config = MNCL_CONFIG_INIT;
+  config.backend = "naive";
+  config.timeout_ms = timeout_ms;
+  mncl_comm_t comm = nullptr;
+  EXPECT_EQ(mncl_comm_split_config(g_world, 0, g_rank, &config, &comm), MNCL_OK)
+      << mncl_last_error();
+  return comm;
+}
+
+// An abort of the parent while the split creates the new communicator's backend fails the
+// split with MNCL_ERR_ABORTED on that rank (before, it returned the new communicator once the
+// backend was made, or timed out waiting for it): rank 0's backend (the slow mock) marks its
+// creation, during which another thread aborts the parent.
+TEST(Abort, AbortDuringTheSplitsBackendCreationFailsTheSplit) {
+  const char *slow = std::getenv("MNCL_SPLIT_TEST_SLOW_PLUGIN");
+  if (slow == nullptr || *slow == '\0') GTEST_SKIP() << "the slow mock plugin is not built";
+  mncl_comm_t parent = all_ranks(60000);
+  ASSERT_NE(parent, nullptr);
+  char dir[] = "/tmp/mncl-split-abort-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string marker = std::string(dir) + "/creating";
+  if (g_rank == 0) {
+    setenv("MNCL_MOCK_CREATE_MARKER", marker.c_str(), 1);
+    setenv("MNCL_MOCK_CREATE_DELAY_MS", "3000", 1);
+  }
+  std::thread aborter;
+  if (g_rank == 0) {
+    aborter = std::thread([parent, marker] {
+      for (int i = 0; i < 60000 && access(marker.c_str(), F_OK) != 0; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      mncl_comm_abort(parent);
+    });
+  }
+  mncl_config_t config = MNCL_CONFIG_INIT;
+  config.backend = slow;
+  mncl_comm_t sub = nullptr;
+  const mncl_status_t st = mncl_comm_split_config(parent, 0, 0, &config, &sub);
+  const std::string message = st == MNCL_OK ? "" : mncl_last_error();
+  if (aborter.joinable()) aborter.join();
+  unsetenv("MNCL_MOCK_CREATE_MARKER");
+  unsetenv("MNCL_MOCK_CREATE_DELAY_MS");
+  if (g_rank == 0) {
+    EXPECT_EQ(st, MNCL_ERR_ABORTED) << message;
+    EXPECT_NE(message.find("aborted during the split"), std::string::npos) << message;
+    EXPECT_EQ(sub, nullptr);
+  } else {
+    EXPECT_EQ(st, MNCL_OK) << message;  // their own backend communicators were made
+  }
+  if (sub != nullptr) {
+    EXPECT_EQ(mncl_comm_destroy(sub), MNCL_OK) << mncl_last_error();
+  }
+  (void)mncl_comm_destroy(parent);
+  std::remove(marker.c_str());
+  rmdir(dir);
+  expect_world_usable();
+}
+
+// A rank that aborted a communicator and destroys it still tells rank 0 it has left: rank 0's
+// destroy returns at once instead of waiting the communicator's timeout for it (ten minutes
+// here, past the test's limit).
+TEST(Abort, ARankThatAbortedDoesNotHoldUpTheOthersDestroy) {
+  if (g_size < 2) GTEST_SKIP() << "needs two ranks";
+  mncl_comm_t comm = all_ranks(600000);
+  ASSERT_NE(comm, nullptr);
+  if (g_rank != 0) {
+    EXPECT_EQ(mncl_comm_abort(comm), MNCL_OK);
+  }
+  EXPECT_EQ(mncl_comm_destroy(comm), MNCL_OK) << mncl_last_error();
+  expect_world_usable();
 }
 
 }  // namespace
