@@ -433,7 +433,13 @@ void Comm::close() {
 // been delivered when the peer's token arrives, and every peer has its token before we close.
 void Comm::quiesce() {
   if (size_ == 1 || !context_) return;
-  const auto timeout = milliseconds(default_timeout_ms_);
+  // One deadline for the whole exchange (the communicator's timeout), not one per token: a
+  // late peer after another must not stretch it to (size - 1) timeouts.
+  const auto deadline = Clock::now() + milliseconds(default_timeout_ms_);
+  const auto left = [&] {
+    return std::max(milliseconds(1),
+                    std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
+  };
   char token = 1;
   std::vector<char> tokens(static_cast<size_t>(size_));
   auto out = context_->createUnboundBuffer(&token, 1);
@@ -445,10 +451,10 @@ void Comm::quiesce() {
     out->send(peer, slot);
   }
   for (int i = 1; i < size_; ++i) {
-    if (!in->waitRecv(timeout)) throw kit::Error(MNCL_ERR_ABORTED, "aborted while closing");
+    if (!in->waitRecv(left())) throw kit::Error(MNCL_ERR_ABORTED, "aborted while closing");
   }
   for (int i = 1; i < size_; ++i) {
-    if (!out->waitSend(timeout)) throw kit::Error(MNCL_ERR_ABORTED, "aborted while closing");
+    if (!out->waitSend(left())) throw kit::Error(MNCL_ERR_ABORTED, "aborted while closing");
   }
 }
 
@@ -825,8 +831,10 @@ void Comm::allreduce_plain(Op &op, const void *in, void *out, size_t count, int3
     const bool pow2 = (size_ & (size_ - 1)) == 0;
     algo = (bytes <= kSmallAllreduceBytes && size_ > 2 && pow2) ? Algo::kBcube : Algo::kRing;
   }
-  // The classic algorithms count elements in an int.
-  if ((algo == Algo::kRingChunked || algo == Algo::kHalvingDoubling) && count > INT_MAX) {
+  // The classic algorithms count elements, and bytes, in an int (ring_chunked also adds its
+  // chunk count to the element count): past that, ring. With a margin for those additions.
+  if ((algo == Algo::kRingChunked || algo == Algo::kHalvingDoubling) &&
+      bytes > static_cast<size_t>(INT_MAX) - 1024 * static_cast<size_t>(size_)) {
     algo = Algo::kRing;
   }
 
