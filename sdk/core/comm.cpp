@@ -656,6 +656,7 @@ void Comm::execute_now(const mncl_coll_v1_t &coll) {
           std::make_unique<Watchdog>(history_, timeout_ms_, [this](const OpHistory::Record &r) {
             {
               std::lock_guard<std::mutex> lock(watchdog_mutex_);
+              watchdog_op_ = {r.kind, r.seq};
               watchdog_report_ = format(
                   "%s on %s (rank %d of %d): no result from the backend within the timeout of "
                   "%.1f s (+%.1f s grace); the watchdog aborted the backend's communicator",
@@ -674,12 +675,20 @@ void Comm::execute_now(const mncl_coll_v1_t &coll) {
     history_.end(token, status == MNCL_OK);
     if (status == MNCL_OK) return;
     std::string report;
+    bool this_op = false;
     {
       std::lock_guard<std::mutex> lock(watchdog_mutex_);
       report = watchdog_report_;
+      this_op = watchdog_op_ == std::make_pair(c.kind, c.seq);
     }
     if (!report.empty() && !aborted_.load()) {
-      throw Error(MNCL_ERR_TIMEOUT, report + diagnosis(c, MNCL_ERR_TIMEOUT));
+      if (this_op) throw Error(MNCL_ERR_TIMEOUT, report + diagnosis(c, MNCL_ERR_TIMEOUT));
+      // Another operation timed out, and this one ended in the abort of its communicator.
+      throw Error(MNCL_ERR_ABORTED,
+                  format("%s on %s (rank %d of %d): ended by the watchdog's abort of the "
+                         "backend's communicator after another operation timed out: %s",
+                         op_label(fn, c.kind, c.seq).c_str(), backend().c_str(), rank_, size_,
+                         report.c_str()));
     }
     throw Error(status, format("%s on %s (rank %d of %d): %s", op_label(fn, c.kind, c.seq).c_str(),
                                backend().c_str(), rank_, size_, last_error()) +
@@ -730,9 +739,10 @@ void Comm::run(mncl_coll_v1_t coll) {
 std::shared_ptr<Operation> Comm::start(const mncl_coll_v1_t &coll_in) {
   auto op = std::make_shared<Operation>();
   op->coll = coll_in;
-  // The caller's arrays need not outlive the call: keep copies.
-  kit::keep_arrays(op->coll, op->sendbufs, op->recvbufs, op->counts);
+  // Checked first (an impossible nbufs is the caller's error, not a failed copy), then the
+  // caller's arrays, which need not outlive the call, copied.
   validate_and_number(op->coll);
+  kit::keep_arrays(op->coll, op->sendbufs, op->recvbufs, op->counts);
   launch(op);
   return op;
 }

@@ -389,11 +389,13 @@ void validate_collective(const mncl_coll_v1_t &c, int rank, int size,
   const bool in_place = inplace_send != nullptr && c.sendbuf == inplace_send;
   if (in_place) send_bytes = 0;  // the send data lives inside recvbuf
 
+  // The parameter's name in mncl.h: send, recv and bcast have one buffer, "buf".
   MNCL_CHECK(send_bytes == 0 || c.sendbuf != nullptr, MNCL_ERR_INVALID_ARGUMENT,
-             "%s: sendbuf is NULL but %zu bytes are to be sent", fn, send_bytes);
+             "%s: %s is NULL but %zu bytes are to be sent", fn,
+             c.kind == MNCL_COLL_SEND ? "buf" : "sendbuf", send_bytes);
   MNCL_CHECK(recv_bytes == 0 || c.recvbuf != nullptr, MNCL_ERR_INVALID_ARGUMENT,
              "%s: %s is NULL but %zu bytes are to be received", fn,
-             c.kind == MNCL_COLL_BCAST ? "buf" : "recvbuf", recv_bytes);
+             c.kind == MNCL_COLL_BCAST || c.kind == MNCL_COLL_RECV ? "buf" : "recvbuf", recv_bytes);
   if (send_bytes && recv_bytes) {
     MNCL_CHECK(!overlap(range_of(c.sendbuf, send_bytes), range_of(c.recvbuf, recv_bytes)),
                MNCL_ERR_INVALID_ARGUMENT,
