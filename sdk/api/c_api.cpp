@@ -295,16 +295,23 @@ MNCL_API mncl_status_t mncl_comm_create(const mncl_config_t *config, mncl_comm_t
 
 MNCL_API mncl_status_t mncl_comm_destroy(mncl_comm_t comm) {
   return guard([&] {
-    auto &c = comm_of(comm, "mncl_comm_destroy");
+    comm_of(comm, "mncl_comm_destroy");  // the usual messages for NULL and dead handles
+    std::shared_ptr<mncl::core::Comm> c;
     {
       // From here only mncl_comm_abort still takes the handle (comm_ref), so that another
       // thread can cut destroy short (mncl.h: "at any time"); every other call, a second
-      // destroy included, is refused. The handle is freed whatever destroy() reports.
+      // destroy included, is refused. The handle is freed whatever destroy() reports. Checked
+      // again under the lock: another thread's destroy may have freed it since.
       std::lock_guard<std::mutex> lock(g_handles_mutex);
+      MNCL_CHECK(g_comms.count(comm) != 0, MNCL_ERR_INVALID_ARGUMENT,
+                 "mncl_comm_destroy: comm %p is not a live communicator (destroyed by another "
+                 "thread)",
+                 static_cast<void *>(comm));
       MNCL_CHECK(g_destroying.insert(comm).second, MNCL_ERR_INVALID_ARGUMENT,
                  "mncl_comm_destroy: comm %p is being destroyed by another thread",
                  static_cast<void *>(comm));
       g_deaths.fetch_add(1, std::memory_order_release);  // drops cached liveness answers
+      c = comm->impl;
     }
     struct Release {
       mncl_comm_t handle;
@@ -317,7 +324,7 @@ MNCL_API mncl_status_t mncl_comm_destroy(mncl_comm_t comm) {
         delete handle;  // the Comm lives on while an abort still holds it (comm_ref)
       }
     } release{comm};
-    c.destroy();
+    c->destroy();
   });
 }
 

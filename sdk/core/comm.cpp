@@ -1735,7 +1735,8 @@ void Comm::destroy() {
   plugin_store_.reset();
   comm_store_.reset();
   job_store_.reset();
-  plugin_.reset();
+  // plugin_ stays until the object goes: a mncl_wait on another thread may still hold this
+  // communicator (its operation already ended) and read table_, which unloading would free.
 
   if (!error.empty()) throw Error(status, error);
 }
