@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <system_error>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -120,6 +121,10 @@ mncl_status_t guard(Body &&body) noexcept {
     return e.status();
   } catch (const std::bad_alloc &) {
     mncl::set_last_error("out of memory");
+    return MNCL_ERR_SYSTEM;
+  } catch (const std::system_error &e) {
+    // The system refused a resource (a thread: EAGAIN at the process limit, a mutex).
+    mncl::set_last_error(format("system error: %s", e.what()));
     return MNCL_ERR_SYSTEM;
   } catch (const std::exception &e) {
     mncl::set_last_error(format("internal error: %s", e.what()));
