@@ -351,8 +351,8 @@ Comm::Comm(const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host, const Sett
   if (size_ == 1) return;  // nothing to connect: every collective is a local copy
   ignore_sigpipe_once(host_);
   device_ = create_device(settings_.transport, registry_);
-  // Only the TCP device tracks its buffers, which the watchdog needs to knock.
-  enforced_ = settings_.transport.kind == "tcp";
+  // The (TCP) device tracks its buffers, which the watchdog needs to knock.
+  enforced_ = true;
   const std::string where = kit::format("gloo comm_create ('%s', rank %d of %d, %s)",
                                         comm_id_.c_str(), rank_, size_, device_->str().c_str());
   try {
@@ -603,7 +603,7 @@ void Comm::execute(const mncl_coll_v1_t &c) {
     what = op.desc + ": out of memory";
   } catch (const gloo::IoException &e) {
     // Gloo's "Application timeout caused pair closure": an op of this context timed out in
-    // Gloo (the backstop, or ibverbs) and Gloo closed every pair; not this op's own timeout.
+    // Gloo (the backstop) and Gloo closed every pair; not this op's own timeout.
     const bool closure = std::strstr(e.what(), "pair closure") != nullptr;
     const bool timeout =
         !closure && (std::strstr(e.what(), "imed out") || std::strstr(e.what(), "imeout"));

@@ -69,8 +69,8 @@
 // buffer's wait (as abort does). The op that timed out reports MNCL_ERR_TIMEOUT naming itself;
 // every concurrent op reports MNCL_ERR_REMOTE "stopped because a concurrent operation on this
 // communicator failed: <that failure>". Gloo's own waits get timeout + kGlooBackstop only as a
-// backstop. (ibverbs has no tracked buffers, so Gloo's own timeouts stay in charge there; this
-// Gloo's ibverbs transport has no unbound buffers at all, so it runs none of these ops anyway.)
+// backstop. (TCP is the only transport: this Gloo's ibverbs transport has no unbound buffers,
+// on which every op here runs, so MNCL_GLOO_TRANSPORT=ibverbs is refused; see gloo_transport.h.)
 //
 // Errors: Gloo throws. Every gloo::IoException / timeout / enforce failure is caught here and
 // rethrown as kit::Error naming the op, its seq and the peer where one is known; after any
@@ -194,8 +194,8 @@ class Comm {
   std::shared_ptr<AbortRegistry> registry_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> context_;
-  // TCP: the watchdog enforces every op's deadline and Gloo's own timeouts are only a backstop
-  // (see Timeouts above). Set in the constructor, read-only afterwards.
+  // Set once connected (more than one rank): the watchdog enforces every op's deadline and
+  // Gloo's own timeouts are only a backstop (see Timeouts above). Read-only afterwards.
   bool enforced_ = false;
   std::atomic<bool> aborted_{false};
   // execute() calls between their entry and their exit; raised before the abort check, so an

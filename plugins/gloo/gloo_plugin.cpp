@@ -1,12 +1,12 @@
-// libmncl-gloo.so: CPU collectives over Gloo (TCP, or InfiniBand verbs when asked for).
+// libmncl-gloo.so: CPU collectives over Gloo's TCP transport.
 //
 // The ABI edge: each entry point turns exceptions (Gloo's included) into a status with
 // kit::guard; the communicator (gloo_comm.h) does the work. Environment variables, read through
 // the host at comm_create so the core logs them:
-//   MNCL_GLOO_TRANSPORT  tcp (default) | ibverbs
+//   MNCL_GLOO_TRANSPORT  tcp (default, and the only one: ibverbs is refused, by the probe and
+//                        by comm_create, see gloo_transport.h)
 //   MNCL_GLOO_IFACE      network interface to bind (default: this host's name; 127.0.0.1 when
 //                        every rank is on this host)
-//   MNCL_GLOO_IB_DEVICE  InfiniBand device for ibverbs (default: the first one)
 //   MNCL_GLOO_ALGO       auto (default) | ring | ring_chunked | halving_doubling | bcube
 #include <gloo/config.h>
 #include <mncl/mncl_plugin.h>
@@ -51,12 +51,16 @@ void gloo_finalize(void) {
 }
 
 // Host memory, any job shape: preferred over naive (10), below device-native backends.
-mncl_status_t gloo_probe(const mncl_probe_v1_t *info, int32_t *score, char *reason,
+// Unusable with MNCL_GLOO_TRANSPORT=ibverbs; a value that is no transport at all is left to
+// comm_create's MNCL_ERR_INVALID_ARGUMENT, so that a typo fails the job instead of passing gloo
+// over.
+mncl_status_t gloo_probe(const mncl_probe_v1_t * /*info*/, int32_t *score, char *reason,
                          size_t reason_len) {
-  if (env("MNCL_GLOO_TRANSPORT") == "ibverbs" && info != nullptr && info->has_infiniband == 0) {
+  std::string why;
+  if (mncl::gloo_plugin::check_transport(env("MNCL_GLOO_TRANSPORT"), &why) ==
+      MNCL_ERR_NOT_SUPPORTED) {
     *score = 0;
-    kit::copy_cstr(reason, reason_len,
-                   "MNCL_GLOO_TRANSPORT=ibverbs but this host has no InfiniBand/RoCE device");
+    kit::copy_cstr(reason, reason_len, why.c_str());
     return MNCL_OK;
   }
   *score = 50;
@@ -67,10 +71,11 @@ mncl_status_t gloo_probe(const mncl_probe_v1_t *info, int32_t *score, char *reas
 mncl_status_t gloo_comm_create(const mncl_bootstrap_v1_t *bs, void **comm) {
   return kit::create_comm(g_host, "gloo", bs, comm, [&] {
     Settings settings;
-    const std::string transport = env("MNCL_GLOO_TRANSPORT");
-    if (!transport.empty()) settings.transport.kind = transport;
+    std::string why;
+    const mncl_status_t transport =
+        mncl::gloo_plugin::check_transport(env("MNCL_GLOO_TRANSPORT"), &why);
+    if (transport != MNCL_OK) throw kit::Error(transport, "gloo comm_create: " + why);
     settings.transport.iface = env("MNCL_GLOO_IFACE");
-    settings.transport.ib_device = env("MNCL_GLOO_IB_DEVICE");
     settings.transport.loopback = bs->num_hosts == 1;
     const std::string algo = env("MNCL_GLOO_ALGO");
     if (!mncl::gloo_plugin::parse_algo(algo.c_str(), &settings.algo)) {

@@ -1,7 +1,6 @@
 #include "gloo/gloo_transport.h"
 
 #include <gloo/common/error.h>
-#include <gloo/transport/ibverbs/device.h>
 #include <gloo/transport/tcp/attr.h>
 #include <gloo/transport/tcp/context.h>
 #include <gloo/transport/tcp/device.h>
@@ -130,41 +129,26 @@ std::string this_hostname() {
 
 }  // namespace
 
+mncl_status_t check_transport(const std::string &setting, std::string *why) {
+  if (setting.empty() || setting == "tcp") {
+    why->clear();
+    return MNCL_OK;
+  }
+  if (setting == "ibverbs") {
+    *why =
+        "MNCL_GLOO_TRANSPORT=ibverbs is not supported: this Gloo's ibverbs transport has no "
+        "unbound buffers, which every MNCL gloo operation uses; use tcp (IPoIB on InfiniBand "
+        "hosts)";
+    return MNCL_ERR_NOT_SUPPORTED;
+  }
+  *why = kit::format(
+      "MNCL_GLOO_TRANSPORT='%s' is not a transport (expected tcp; ibverbs is not supported)",
+      setting.c_str());
+  return MNCL_ERR_INVALID_ARGUMENT;
+}
+
 std::shared_ptr<gloo::transport::Device> create_device(
     const TransportSettings &settings, const std::shared_ptr<AbortRegistry> &registry) {
-  if (settings.kind == "ibverbs") {
-    gloo::transport::ibverbs::attr attr;
-    attr.name = settings.ib_device;
-    attr.port = 1;
-    attr.index = 0;
-    std::vector<std::string> names;
-    try {
-      names = gloo::transport::ibverbs::getDeviceNames();
-    } catch (const std::exception &) {
-      names.clear();
-    }
-    if (names.empty()) {
-      throw kit::Error(MNCL_ERR_NOT_SUPPORTED,
-                       "gloo: MNCL_GLOO_TRANSPORT=ibverbs, but no InfiniBand/RoCE device was "
-                       "found (no /sys/class/infiniband entry usable by libibverbs); unset it "
-                       "to use TCP");
-    }
-    try {
-      return gloo::transport::ibverbs::CreateDevice(attr);
-    } catch (const std::exception &e) {
-      throw kit::Error(
-          MNCL_ERR_NOT_SUPPORTED,
-          kit::format("gloo: MNCL_GLOO_TRANSPORT=ibverbs: cannot open device '%s' "
-                      "(MNCL_GLOO_IB_DEVICE): %s",
-                      attr.name.empty() ? names[0].c_str() : attr.name.c_str(), e.what()));
-    }
-  }
-  if (settings.kind != "tcp") {
-    throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
-                     kit::format("gloo: MNCL_GLOO_TRANSPORT='%s' is not a transport "
-                                 "(expected tcp or ibverbs)",
-                                 settings.kind.c_str()));
-  }
   tcp::attr attr;
   const char *what = "";
   if (!settings.iface.empty()) {

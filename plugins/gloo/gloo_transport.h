@@ -15,9 +15,15 @@
 // poisons the context, then keeps aborting the waits of all live buffers until the operation
 // has left Gloo: any wait returns at once, and the next send/recv in the collective throws the
 // poisoned pair's exception. Everything used is public or protected API of libgloo.
+//
+// TCP is the only transport: Gloo's ibverbs transport (Debian's libgloo 0.5.0) throws "Unbound
+// buffers not supported yet for ibverbs transport" from createUnboundBuffer, and every MNCL
+// gloo operation, comm_create's closing barrier included, runs on unbound buffers. On
+// InfiniBand hosts, TCP runs over IPoIB where the hosts' addresses are on it.
 #pragma once
 
 #include <gloo/transport/device.h>
+#include <mncl/mncl_plugin.h>
 
 #include <functional>
 #include <memory>
@@ -55,16 +61,18 @@ class AbortRegistry {
   std::mutex teardown_mutex_;  // poison() vs buffer destruction; taken before any Gloo lock
 };
 
+// Checks MNCL_GLOO_TRANSPORT ("" or "tcp": TCP). MNCL_OK, or the status with the reason in
+// *why: MNCL_ERR_NOT_SUPPORTED for "ibverbs" (see above), MNCL_ERR_INVALID_ARGUMENT for
+// anything else. The probe scores 0 with that reason; comm_create refuses with it.
+mncl_status_t check_transport(const std::string &setting, std::string *why);
+
 struct TransportSettings {
-  std::string kind = "tcp";  // "tcp" or "ibverbs" (MNCL_GLOO_TRANSPORT)
-  std::string iface;         // MNCL_GLOO_IFACE
-  std::string ib_device;     // MNCL_GLOO_IB_DEVICE ("" = first device)
-  bool loopback = false;     // every rank on this host: bind 127.0.0.1
+  std::string iface;      // MNCL_GLOO_IFACE
+  bool loopback = false;  // every rank on this host: bind 127.0.0.1
 };
 
-// Creates the device, throwing kit::Error with a message naming the variable at fault.
-// `registry` is filled for TCP; for ibverbs it stays empty (abort then waits for the op's
-// timeout, see the README note in gloo_comm.h).
+// Creates the TCP device, throwing kit::Error with a message naming the variable at fault.
+// Its contexts register every unbound buffer in `registry`, for abort and the watchdog.
 std::shared_ptr<gloo::transport::Device> create_device(
     const TransportSettings &settings, const std::shared_ptr<AbortRegistry> &registry);
 

@@ -77,11 +77,12 @@ const std::vector<Variable> &table() {
        "(staged through pinned host memory for host-only backends); never loaded by MNCL "
        "itself. 'none' turns the CUDA memory path off."},
       // Backend-specific settings (read by the plugins through the host's get_env).
-      {"MNCL_GLOO_TRANSPORT", "tcp", "gloo: transport, tcp or ibverbs."},
+      {"MNCL_GLOO_TRANSPORT", "tcp",
+       "gloo: transport, tcp (the only one: this Gloo's ibverbs transport has no unbound "
+       "buffers, which every gloo operation uses, so ibverbs is refused)."},
       {"MNCL_GLOO_IFACE", "",
        "gloo: network interface to bind (default: the host name's address; loopback on one "
        "host)."},
-      {"MNCL_GLOO_IB_DEVICE", "", "gloo: InfiniBand device for ibverbs (default: the first)."},
       {"MNCL_GLOO_ALGO", "auto",
        "gloo: allreduce algorithm, auto, ring, ring_chunked, halving_doubling or bcube."},
       {"MNCL_FLAT_BOUNDED", "1",

@@ -82,8 +82,7 @@ std::vector<std::pair<std::string, int>> preferred_names(const JobFacts &f) {
   return names;
 }
 
-std::string rule_reason(Rule rule, const Candidate &c, const Summary &t, const JobFacts &f,
-                        const std::string &transport) {
+std::string rule_reason(Rule rule, const Candidate &c, const Summary &t, const JobFacts &f) {
   const bool one = single_host(f);
   switch (rule) {
     case Rule::kCudaNccl:
@@ -98,10 +97,12 @@ std::string rule_reason(Rule rule, const Candidate &c, const Summary &t, const J
                  ? "launched by MPI: flat, MPI drives the InfiniBand fabric"
                  : "launched by MPI: flat, MPI drives the network (TCP, no InfiniBand)";
     case Rule::kGloo:
+      // TCP only: Gloo's ibverbs transport has no unbound buffers (the plugin refuses it).
       return format("%s%s", f.launched_by_mpi ? "" : "not launched by MPI, ",
-                    transport == "ibverbs" ? "InfiniBand between hosts: gloo over ibverbs"
-                    : one                  ? "one host: gloo over TCP loopback"
-                                           : "no InfiniBand: gloo over TCP");
+                    one                  ? "one host: gloo over TCP loopback"
+                    : t.has_infiniband() ? "gloo over TCP (IPoIB where the hosts' addresses are "
+                                           "on InfiniBand)"
+                                         : "no InfiniBand: gloo over TCP");
     case Rule::kBestScore:
       return format("%s has the highest probe score (%d) of the remaining plugins", c.name.c_str(),
                     c.score);
@@ -160,8 +161,6 @@ Decision decide_backend(const Summary &topology, const JobFacts &facts,
                         const std::vector<Candidate> &candidates, const Overrides &overrides) {
   Decision d;
   const bool cuda = facts.memory == MemoryType::kCuda;
-  const std::string transport =
-      !single_host(facts) && topology.has_infiniband() ? "ibverbs" : "tcp";
 
   // A per-memory override is the user's word: its order, and an error if nothing in it works.
   const std::string &override_list = cuda ? overrides.cuda : overrides.host;
@@ -183,7 +182,6 @@ Decision decide_backend(const Summary &topology, const JobFacts &facts,
     }
     d.backend = d.ranked.front();
     d.rule = Rule::kOverride;
-    d.transport = d.backend == "gloo" ? transport : "";
     d.reason =
         format("%s=%s: %s%s", var, override_list.c_str(), d.backend.c_str(), refused.c_str());
     return d;
@@ -213,8 +211,7 @@ Decision decide_backend(const Summary &topology, const JobFacts &facts,
   const int best_tier = tier(best, facts);
   d.backend = best.name;
   d.rule = rule_of_tier(best_tier);
-  d.transport = d.backend == "gloo" ? transport : "";
-  d.reason = rule_reason(d.rule, best, topology, facts, transport);
+  d.reason = rule_reason(d.rule, best, topology, facts);
   if (cuda && d.rule != Rule::kCudaNccl && d.rule != Rule::kCudaCapable) {
     d.reason = "no CUDA-capable backend usable, device buffers are staged through host memory; " +
                d.reason;

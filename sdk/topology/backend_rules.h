@@ -15,8 +15,9 @@
 //   host, one host       shm, when that plugin is installed (all ranks share memory).
 //   host, under MPI      flat: mpirun/srun already wired the ranks together and MPI drives the
 //                        fabric (InfiniBand or TCP) itself.
-//   host, otherwise      gloo: over ibverbs when the ranks span hosts and this host has an
-//                        active InfiniBand/RoCE port, else over TCP (loopback on one host).
+//   host, otherwise      gloo, over TCP (loopback on one host; between hosts IPoIB where
+//                        their addresses are on InfiniBand: Gloo's ibverbs transport has no
+//                        unbound buffers, which the gloo plugin needs).
 //   anything else        the remaining plugins by probe score (third-party backends);
 //   last                 naive, the store-based reference: only when nothing else loads.
 //
@@ -67,7 +68,7 @@ enum class Rule {
   kCudaCapable,    // CUDA memory -> another plugin handling device pointers
   kSingleHostShm,  // host memory, one host -> shm
   kMpiFlat,        // host memory, launched by MPI -> flat
-  kGloo,           // host memory -> gloo (ibverbs across InfiniBand hosts, else TCP)
+  kGloo,           // host memory -> gloo (over TCP)
   kBestScore,      // a plugin the rules do not name, by probe score
   kNaive,          // nothing else usable
   kNone,           // nothing usable at all
@@ -78,8 +79,6 @@ struct Decision {
   std::string backend;  // "" when nothing is usable (reason says why)
   Rule rule = Rule::kNone;
   std::string reason;  // one line for the log and mncl-info
-  // gloo's transport these facts call for: "ibverbs" or "tcp"; "" for other backends.
-  std::string transport;
   // Every usable candidate, most preferred first (backend is ranked[0]): what a rank publishes
   // so that ranks seeing different machines can still agree (agreement.h).
   std::vector<std::string> ranked;

@@ -354,7 +354,6 @@ TEST(Rules, DgxCudaMemoryChoosesNccl) {
     EXPECT_EQ(d.backend, "nccl");
     EXPECT_EQ(d.rule, Rule::kCudaNccl);
     EXPECT_CONTAINS(d.reason, "8 NVIDIA GPUs: nccl");
-    EXPECT_EQ(d.transport, "");
     EXPECT_EQ(d.ranked.front(), "nccl");
     EXPECT_EQ(d.ranked.back(), "naive");
   }
@@ -382,7 +381,7 @@ TEST(Rules, CudaMemoryWithNothingCudaCapableStagesThroughHost) {
                         installed(false, {"flat", "gloo", "naive"}));
   EXPECT_EQ(d.backend, "gloo");
   EXPECT_EQ(d.rule, Rule::kGloo);
-  EXPECT_EQ(d.transport, "ibverbs");
+  EXPECT_CONTAINS(d.reason, "gloo over TCP (IPoIB");
   EXPECT_CONTAINS(d.reason, "staged through host memory");
   EXPECT_CONTAINS(d.reason, "nccl not installed");
 }
@@ -407,12 +406,31 @@ TEST(Rules, HostMemoryAcrossInfiniBandHostsUnderMpiChoosesFlat) {
   EXPECT_EQ(d.ranked, (std::vector<std::string>{"flat", "gloo", "naive"}));
 }
 
-TEST(Rules, HostMemoryAcrossInfiniBandHostsWithoutMpiChoosesGlooOverIbverbs) {
+// Gloo's ibverbs transport has no unbound buffers (the gloo plugin refuses it): TCP, over IPoIB
+// where the hosts' addresses are on InfiniBand.
+TEST(Rules, HostMemoryAcrossInfiniBandHostsWithoutMpiChoosesGlooOverTcp) {
   const auto d = decide(cpu2(), job(64, 4, false, MemoryType::kHost), installed(false));
   EXPECT_EQ(d.backend, "gloo");
   EXPECT_EQ(d.rule, Rule::kGloo);
-  EXPECT_EQ(d.transport, "ibverbs");
-  EXPECT_CONTAINS(d.reason, "not launched by MPI, InfiniBand between hosts: gloo over ibverbs");
+  EXPECT_CONTAINS(d.reason,
+                  "not launched by MPI, gloo over TCP (IPoIB where the hosts' "
+                  "addresses are on InfiniBand)");
+  EXPECT_EQ(d.reason.find("ibverbs"), std::string::npos) << d.reason;
+}
+
+// MNCL_GLOO_TRANSPORT=ibverbs makes the gloo probe say no: passed over, with its reason.
+TEST(Rules, GlooRefusedByItsProbeIsPassedOverWithTheReason) {
+  auto c = installed(false);
+  for (auto &candidate : c) {
+    if (candidate.name != "gloo") continue;
+    candidate.score = 0;
+    candidate.reason = "MNCL_GLOO_TRANSPORT=ibverbs is not supported: no unbound buffers";
+  }
+  const auto d = decide(cpu2(), job(64, 4, false, MemoryType::kHost), c);
+  EXPECT_EQ(d.backend, "naive");
+  EXPECT_CONTAINS(d.reason,
+                  "passed over: gloo unusable: MNCL_GLOO_TRANSPORT=ibverbs is not "
+                  "supported");
 }
 
 TEST(Rules, DgxWithHostMemoryUnderMpiChoosesFlat) {
@@ -430,11 +448,10 @@ TEST(Rules, HostMemoryOverTcpUnderMpiChoosesFlat) {
 TEST(Rules, HostMemoryOverTcpWithoutMpiChoosesGlooOverTcp) {
   const auto d = decide(laptop(), job(8, 2, false, MemoryType::kHost), installed(false));
   EXPECT_EQ(d.backend, "gloo");
-  EXPECT_EQ(d.transport, "tcp");
   EXPECT_CONTAINS(d.reason, "no InfiniBand: gloo over TCP");
   // A down InfiniBand port is no InfiniBand.
   const auto down = decide(ib_down(), job(8, 2, false, MemoryType::kHost), installed(false));
-  EXPECT_EQ(down.transport, "tcp");
+  EXPECT_CONTAINS(down.reason, "no InfiniBand: gloo over TCP");
 }
 
 TEST(Rules, MpiWithFlatUnusableFallsBackToGlooAndSaysWhy) {
@@ -467,11 +484,11 @@ TEST(Rules, SingleHostPrefersShmWhenInstalled) {
 TEST(Rules, SingleHostWithoutShmFollowsTheOtherRules) {
   const auto plain = decide(laptop(), job(4, 1, false, MemoryType::kHost), installed(false));
   EXPECT_EQ(plain.backend, "gloo");
-  EXPECT_EQ(plain.transport, "tcp");
   EXPECT_CONTAINS(plain.reason, "gloo over TCP loopback");
   EXPECT_CONTAINS(plain.reason, "shm not installed");
-  // One host with InfiniBand: still loopback, verbs buy nothing there.
-  EXPECT_EQ(decide(cpu2(), job(4, 1, false, MemoryType::kHost), installed(false)).transport, "tcp");
+  // One host with InfiniBand: still loopback.
+  EXPECT_CONTAINS(decide(cpu2(), job(4, 1, false, MemoryType::kHost), installed(false)).reason,
+                  "one host: gloo over TCP loopback");
   const auto mpi = decide(laptop(), job(4, 1, true, MemoryType::kHost), installed(true));
   EXPECT_EQ(mpi.backend, "flat");
 }
@@ -516,7 +533,6 @@ TEST(Rules, PerMemoryOverridesReplaceTheRules) {
   const auto d = decide(cpu2(), job(8, 2, false, MemoryType::kHost), installed(false), o);
   EXPECT_EQ(d.backend, "gloo");
   EXPECT_EQ(d.rule, Rule::kOverride);
-  EXPECT_EQ(d.transport, "ibverbs");
   EXPECT_CONTAINS(d.reason, "MNCL_BACKEND_HOST=flat,gloo: gloo; flat unusable");
   EXPECT_EQ(d.ranked, std::vector<std::string>{"gloo"});
   // The host override does not touch CUDA jobs, and the CUDA one not host jobs.
