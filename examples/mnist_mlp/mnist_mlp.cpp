@@ -169,7 +169,9 @@ int train(mncl::Communicator &comm, const Options &o, Optimizer inner) {
         const auto batch = loader.next();
         const float loss = loss_fn.forward(model.forward(batch->x), batch->labels);
         model.backward(loss_fn.backward());
-        optimizer.update(values, grads);  // exchanges and steps on the last micro-batch
+        // Exchanges and steps on the step's last micro-batch (the first call also broadcasts
+        // the initial model, taking no micro-batch: each step is exactly its K micro-batches).
+        optimizer.update(values, grads);
         loss_sum += static_cast<double>(loss) * micro_batch;
         correct += loss_fn.correct();
         seen += micro_batch;

@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cerrno>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -19,9 +21,12 @@ namespace mncl {
 namespace {
 
 constexpr char kMagic[8] = {'M', 'N', 'C', 'L', 'C', 'K', 'P', 'T'};
-constexpr uint32_t kFormatVersion = 1;
-// magic 8 | version 4 | rank 4 | size 4 | reserved 4 | iteration 8 | payload length 8 |
-// payload crc 4 | header crc 4 (over the 44 bytes before it)
+// magic 8 | version 4 | rank 4 | size 4 | group length 4 | iteration 8 | payload length 8 |
+// payload crc 4 | header crc 4 (over the 44 bytes before it, then the group) | group | payload.
+// Version 1 (the whole job) has no group (its length field, once "reserved", is 0), so its
+// files are byte for byte those of the checkpointers before groups; version 2 has one.
+constexpr uint32_t kWholeJobVersion = 1;
+constexpr uint32_t kGroupVersion = 2;
 constexpr std::size_t kHeaderBytes = 48;
 constexpr std::size_t kHeaderCrcOffset = 44;
 
@@ -42,6 +47,10 @@ std::string errno_text() {
 
 [[noreturn]] void fail(const std::string &what) {
   throw CheckpointError("checkpointer: " + what);
+}
+
+std::string group_name(const std::string &group) {
+  return group.empty() ? "the whole job" : "group '" + group + "'";
 }
 
 void write_all(int fd, const uint8_t *data, std::size_t size, const std::string &path) {
@@ -116,25 +125,47 @@ Checkpointer::Checkpointer(Communicator &comm, std::string directory, std::strin
     throw InvalidArgument("Checkpointer: the name '" + name_ + "' must be non-empty without '/'");
   }
   if (options_.keep == 0) throw InvalidArgument("Checkpointer: keep must be at least 1");
+  const std::string &user_group = options_.group;
+  if (!std::all_of(user_group.begin(), user_group.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+      })) {
+    throw InvalidArgument("Checkpointer: the group '" + user_group +
+                          "' may only hold letters, digits, '_' and '-'");
+  }
+  // Ranks of different groups share rank numbers: without the group in the file names they
+  // would write the same files and load each other's states.
+  const auto &path = comm_->group_path();
+  if (!path && user_group.empty()) {
+    throw InvalidArgument(
+        "Checkpointer: this communicator's group of the job is unknown (it was made by "
+        "split_host, split_cross_host or adopt), so its snapshots could not be told from other "
+        "groups' (same file names, same ranks): name the group in CheckpointerOptions::group");
+  }
+  group_ = path.value_or("") + (user_group.empty() ? "" : "u" + user_group);
   if (directory_.empty()) directory_ = ".";
   make_directories(directory_);
 }
 
+std::string Checkpointer::file_prefix() const {
+  return name_ + "." + (group_.empty() ? "" : group_ + ".") + std::to_string(comm_->rank()) + ".";
+}
+
 std::string Checkpointer::path(uint64_t iteration) const {
-  return directory_ + "/" + name_ + "." + std::to_string(comm_->rank()) + "." +
-         std::to_string(iteration);
+  return directory_ + "/" + file_prefix() + std::to_string(iteration);
 }
 
 void Checkpointer::save_bytes(uint64_t iteration, Span<const uint8_t> payload) {
   std::array<uint8_t, kHeaderBytes> header{};
   std::memcpy(header.data(), kMagic, sizeof kMagic);
-  put<uint32_t>(header.data(), 8, kFormatVersion);
+  put<uint32_t>(header.data(), 8, group_.empty() ? kWholeJobVersion : kGroupVersion);
   put<uint32_t>(header.data(), 12, static_cast<uint32_t>(comm_->rank()));
   put<uint32_t>(header.data(), 16, static_cast<uint32_t>(comm_->size()));
+  put<uint32_t>(header.data(), 20, static_cast<uint32_t>(group_.size()));
   put<uint64_t>(header.data(), 24, iteration);
   put<uint64_t>(header.data(), 32, payload.size());
   put<uint32_t>(header.data(), 40, crc32(payload.data(), payload.size()));
-  put<uint32_t>(header.data(), kHeaderCrcOffset, crc32(header.data(), kHeaderCrcOffset));
+  put<uint32_t>(header.data(), kHeaderCrcOffset,
+                crc32(group_.data(), group_.size(), crc32(header.data(), kHeaderCrcOffset)));
 
   // Written under a temporary name and renamed: a reader sees the old file or the whole new one.
   const std::string final_path = path(iteration);
@@ -143,6 +174,7 @@ void Checkpointer::save_bytes(uint64_t iteration, Span<const uint8_t> payload) {
   if (fd < 0) fail("creating " + temp_path + ": " + errno_text());
   try {
     write_all(fd, header.data(), header.size(), temp_path);
+    write_all(fd, reinterpret_cast<const uint8_t *>(group_.data()), group_.size(), temp_path);
     write_all(fd, payload.data(), payload.size(), temp_path);
     if (options_.sync && ::fsync(fd) != 0) fail("syncing " + temp_path + ": " + errno_text());
   } catch (...) {
@@ -166,7 +198,7 @@ std::vector<uint64_t> Checkpointer::listed_iterations(std::vector<std::string> *
   std::vector<uint64_t> iterations;
   DIR *dir = ::opendir(directory_.c_str());
   if (!dir) return iterations;
-  const std::string prefix = name_ + "." + std::to_string(comm_->rank()) + ".";
+  const std::string prefix = file_prefix();
   const std::string temp_suffix = ".tmp";
   while (const dirent *entry = ::readdir(dir)) {
     const std::string file = entry->d_name;
@@ -209,29 +241,43 @@ std::optional<std::vector<uint8_t>> Checkpointer::read_snapshot(uint64_t iterati
   }
   const uint8_t *h = bytes.data();
   if (std::memcmp(h, kMagic, sizeof kMagic) != 0) return reject("not an MNCL checkpoint");
-  if (get<uint32_t>(h, kHeaderCrcOffset) != crc32(h, kHeaderCrcOffset)) {
+  const std::size_t group_length = get<uint32_t>(h, 20);
+  if (group_length > bytes.size() - kHeaderBytes) {
+    return reject("truncated: the header's group of " + std::to_string(group_length) +
+                  " bytes is not all there");
+  }
+  const std::string group(reinterpret_cast<const char *>(h + kHeaderBytes), group_length);
+  if (get<uint32_t>(h, kHeaderCrcOffset) !=
+      crc32(group.data(), group.size(), crc32(h, kHeaderCrcOffset))) {
     return reject("header checksum mismatch");
   }
-  if (get<uint32_t>(h, 8) != kFormatVersion) {
-    return reject("format version " + std::to_string(get<uint32_t>(h, 8)));
+  const uint32_t version = get<uint32_t>(h, 8);
+  if (version != (group.empty() ? kWholeJobVersion : kGroupVersion)) {
+    return reject("format version " + std::to_string(version));
   }
   if (get<uint32_t>(h, 12) != static_cast<uint32_t>(comm_->rank()) ||
       get<uint64_t>(h, 24) != iteration) {
     return reject("header names rank " + std::to_string(get<uint32_t>(h, 12)) + " iteration " +
                   std::to_string(get<uint64_t>(h, 24)));
   }
+  // Another group's state, however it got this name: never loaded.
+  if (group != group_) {
+    return reject("written by " + group_name(group) + ", this rank checkpoints " +
+                  group_name(group_));
+  }
   if (get<uint32_t>(h, 16) != static_cast<uint32_t>(comm_->size())) {
     return reject("written by a job of " + std::to_string(get<uint32_t>(h, 16)) + " ranks");
   }
+  const std::size_t payload_offset = kHeaderBytes + group_length;
   const uint64_t length = get<uint64_t>(h, 32);
-  if (length != bytes.size() - kHeaderBytes) {
-    return reject("payload is " + std::to_string(bytes.size() - kHeaderBytes) +
+  if (length != bytes.size() - payload_offset) {
+    return reject("payload is " + std::to_string(bytes.size() - payload_offset) +
                   " bytes, header says " + std::to_string(length));
   }
-  if (get<uint32_t>(h, 40) != crc32(h + kHeaderBytes, length)) {
+  if (get<uint32_t>(h, 40) != crc32(h + payload_offset, length)) {
     return reject("payload checksum mismatch");
   }
-  bytes.erase(bytes.begin(), bytes.begin() + kHeaderBytes);
+  bytes.erase(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(payload_offset));
   return bytes;
 }
 

@@ -9,13 +9,18 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <numeric>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "mncl/frontends.hpp"
@@ -139,6 +144,62 @@ TEST_F(Frontends, NonBlockingRequests) {
   EXPECT_EQ(y, std::vector<float>(7, 2.0f * size()));
 }
 
+// mncl_test can fail with the request still pending (here: another thread is in mncl_wait on
+// it). Request::test then throws but keeps the request, so wait() still waits for the operation
+// (it once dropped it: wait() returned at once, with the receive still to land in the buffer).
+TEST_F(Frontends, RequestTestErrorKeepsTheRequestPending) {
+  if (size() < 2) GTEST_SKIP() << "needs two ranks";
+  if (rank() == 0) {
+    std::vector<int32_t> got(5, -1);
+    mncl_request_t raw = nullptr;
+    ASSERT_EQ(mncl_irecv(comm().handle(), got.data(), got.size(), MNCL_INT32, 1, nullptr, &raw),
+              MNCL_OK);
+    mncl::Request request(raw);
+    // Rank 1 sends only when told: until then the waits below run out of time, each holding
+    // the request for up to 200 ms, so test() here finds it held sooner or later.
+    std::atomic<bool> stop{false};
+    std::thread waiter([&] {
+      while (!stop) {
+        const mncl_status_t status = mncl_wait(raw, 200);
+        // INVALID_ARGUMENT: this call came while test() held the request.
+        if (status != MNCL_ERR_TIMEOUT && status != MNCL_ERR_INVALID_ARGUMENT) {
+          ADD_FAILURE() << "mncl_wait: " << mncl_status_string(status);
+          return;
+        }
+      }
+    });
+    bool refused = false;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!refused && std::chrono::steady_clock::now() < deadline) {
+      try {
+        if (request.test()) {
+          ADD_FAILURE() << "the receive ended before anything was sent";
+          break;
+        }
+        std::this_thread::yield();
+      } catch (const mncl::InvalidArgument &) {  // the other thread holds the request
+        refused = true;
+      }
+    }
+    stop = true;
+    waiter.join();
+    EXPECT_TRUE(refused) << "mncl_test never saw the other thread's wait";
+    EXPECT_TRUE(request.pending()) << "a failed test() dropped a request still in flight";
+    comm().send(std::vector<int32_t>{1}, 1);
+    if (request.pending()) {
+      request.wait();
+    } else {
+      (void)mncl_wait(raw, -1);  // (what the wrapper forgot: the buffer must not die under it)
+    }
+    EXPECT_EQ(got, (std::vector<int32_t>{7, 7, 7, 7, 7}));
+  } else if (rank() == 1) {
+    std::vector<int32_t> go(1);
+    comm().recv(go, 0);
+    comm().send(std::vector<int32_t>(5, 7), 0);
+  }
+  comm().barrier();
+}
+
 TEST_F(Frontends, Split) {
   mncl::Communicator half = comm().split(rank() % 2, -rank());  // reversed order inside
   ASSERT_TRUE(half.valid());
@@ -260,8 +321,9 @@ TEST_F(Frontends, SendrecvBatchMatchesSendAndRecvInOrder) {
   const int peer = 1 - rank();
   std::vector<int64_t> a(7, -1), b(9, -1), c(11, -1);
   if (rank() == 0) {  // three sends: two in one batch, then a plain send
-    comm().sendrecv_batch({mncl::isend_op(p2p_message(0, 1, 3, 7), peer),
-                           mncl::isend_op(p2p_message(0, 1, 4, 9), peer)});
+    // (Named: an op of a temporary does not compile, see NonBlockingCallsRefuseTemporaries.)
+    const auto first = p2p_message(0, 1, 3, 7), second = p2p_message(0, 1, 4, 9);
+    comm().sendrecv_batch({mncl::isend_op(first, peer), mncl::isend_op(second, peer)});
     comm().send(p2p_message(0, 1, 5, 11), peer);
   } else {  // a plain recv, then a batch of two receives
     comm().recv(a, peer);
@@ -311,6 +373,38 @@ struct Message {
   void save(mncl::OutArchive &ar) const { ar << text << numbers; }
   void load(mncl::InArchive &ar) { ar >> text >> numbers; }
 };
+
+// An object the root cannot serialize: the root throws the reason and every other rank
+// RemoteError, at once (they once waited for its bytes until the timeout). Afterwards the
+// ranks are still in step.
+struct FailsToSerialize {
+  int value = 0;
+  void save(mncl::OutArchive &) const { throw mncl::SerializationError("no bytes for this one"); }
+  void load(mncl::InArchive &ar) { ar >> value; }
+};
+
+TEST_F(Frontends, BcastObjFailureOnTheRootFailsEveryRank) {
+  const int root = size() - 1;
+  FailsToSerialize obj;
+  const auto start = std::chrono::steady_clock::now();
+  if (rank() == root) {
+    EXPECT_THROW(comm().bcast_obj(obj, root), mncl::SerializationError);
+  } else {
+    try {
+      comm().bcast_obj(obj, root);
+      ADD_FAILURE() << "bcast_obj returned although the root failed";
+    } catch (const mncl::RemoteError &e) {
+      EXPECT_NE(std::string(e.what()).find("root " + std::to_string(root)), std::string::npos)
+          << e.what();
+    }
+  }
+  // Well within the test's 20 s communicator timeout.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  EXPECT_EQ(comm().allreduce_value(1), size());
+  std::string text = rank() == root ? "still works" : "";
+  comm().bcast_obj(text, root);
+  EXPECT_EQ(text, "still works");
+}
 
 TEST_F(Frontends, ObjectCollectivesInSmallChunks) {
   const std::size_t saved = comm().max_message_bytes();
@@ -518,6 +612,9 @@ struct OptimizerCase {
 class MultiNodeOptimizerTest : public Frontends,
                                public ::testing::WithParamInterface<OptimizerCase> {};
 
+// The first update broadcasts rank 0's parameters and then steps with its gradients like any
+// other: the broadcast consumes no gradient (it once did, which shifted allreduce_every's rounds
+// by one micro-batch).
 TEST_P(MultiNodeOptimizerTest, FirstUpdateBroadcastsThenGradientsAverage) {
   const std::vector<std::size_t> sizes{1, 1021, 5, 0, 300};
   Model model(sizes, 100.0f + rank());  // every rank starts elsewhere
@@ -526,19 +623,13 @@ TEST_P(MultiNodeOptimizerTest, FirstUpdateBroadcastsThenGradientsAverage) {
   options.fusion_buffer_bytes = GetParam().fusion_bytes;
   mncl::MultiNodeOptimizer<RecordingOptimizer> opt(RecordingOptimizer{}, comm(), options);
 
-  for (auto &g : model.grads) std::fill(g.begin(), g.end(), 1e6f);  // must be ignored
-  opt.update(model.params(), model.grad_spans());
-  EXPECT_TRUE(opt.actual_optimizer().seen.empty()) << "the first update stepped";
-  for (const auto &v : model.values) {
-    for (float x : v) ASSERT_EQ(x, 100.0f) << "parameters not broadcast from rank 0";
-  }
-
   // Gradients rank, rank+1, rank+2 (cycling over the parameters) average to
   // (size-1)/2 + {0, 1, 2}.
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     std::fill(model.grads[i].begin(), model.grads[i].end(), float(rank() + int(i % 3)));
   }
-  opt.update(model.params(), model.grad_spans());
+  EXPECT_TRUE(opt.update(model.params(), model.grad_spans()));
+  EXPECT_EQ(opt.updates(), 1u);
   ASSERT_EQ(opt.actual_optimizer().seen.size(), 1u);
   const auto &averaged = opt.actual_optimizer().seen[0];
   const double tolerance = GetParam().dtype == mncl::GradDtype::kFloat32 ? 1e-6 : 2e-2;
@@ -546,6 +637,10 @@ TEST_P(MultiNodeOptimizerTest, FirstUpdateBroadcastsThenGradientsAverage) {
     ASSERT_EQ(averaged[i].size(), sizes[i]);
     const double expected = (size() - 1) / 2.0 + double(i % 3);
     for (float g : averaged[i]) ASSERT_NEAR(g, expected, tolerance * (1 + expected)) << i;
+    // Rank 0's parameters, broadcast before the step, minus the step (RecordingOptimizer).
+    for (std::size_t j = 0; j < sizes[i]; ++j) {
+      ASSERT_EQ(model.values[i][j], 100.0f - averaged[i][j]) << "parameters not broadcast";
+    }
   }
   // And every rank stepped identically.
   const auto checksum = std::accumulate(model.values[2].begin(), model.values[2].end(), 0.0);
@@ -571,12 +666,12 @@ TEST_F(Frontends, DoubleBufferingLagsExactlyOneStep) {
   const double mean_rank = (size() - 1) / 2.0;
   for (int step = 0; step < 6; ++step) {
     for (auto &g : model.grads) std::fill(g.begin(), g.end(), float(10 * step + rank()));
-    opt.update(model.params(), model.grad_spans());
+    EXPECT_EQ(opt.update(model.params(), model.grad_spans()), step > 0) << "step " << step;
     const auto &seen = opt.actual_optimizer().seen;
-    // Update 0 broadcasts, update 1 only starts an exchange, update k >= 2 applies the
-    // average of update k-1's gradients.
-    ASSERT_EQ(seen.size(), std::size_t(std::max(0, step - 1))) << "step " << step;
-    if (step >= 2) {
+    // Update 0 broadcasts and starts an exchange, update k >= 1 applies the average of update
+    // k-1's gradients.
+    ASSERT_EQ(seen.size(), std::size_t(step)) << "step " << step;
+    if (step >= 1) {
       for (const auto &g : seen.back()) {
         for (float x : g) ASSERT_DOUBLE_EQ(x, 10.0 * (step - 1) + mean_rank) << "step " << step;
       }
@@ -587,10 +682,79 @@ TEST_F(Frontends, DoubleBufferingLagsExactlyOneStep) {
   EXPECT_DOUBLE_EQ(opt.averaged_grads()[1][0], 50.0 + mean_rank);
 }
 
+// A snapshot loaded into the other double-buffering mode applies every averaged gradient once:
+// one saved with double buffering holds averages not applied yet (a run without applies them
+// at its first step, before its own), one saved without holds averages applied already (a
+// double-buffered run starts over: its first step only starts an exchange). They were once
+// applied again, or dropped.
+TEST_F(Frontends, SnapshotLoadsIntoTheOtherDoubleBufferingMode) {
+  const double mean_rank = (size() - 1) / 2.0;
+  auto run = [&](mncl::MultiNodeOptimizer<RecordingOptimizer> &opt, Model &model, int from,
+                 int to) {
+    for (int s = from; s < to; ++s) {  // the average of step s is 10 s + mean_rank
+      for (auto &g : model.grads) std::fill(g.begin(), g.end(), float(10 * s + rank()));
+      opt.update(model.params(), model.grad_spans());
+    }
+  };
+  auto applied = [](mncl::MultiNodeOptimizer<RecordingOptimizer> &opt, std::vector<double> &into) {
+    for (const auto &step : opt.actual_optimizer().seen) into.push_back(step[1][0]);
+  };
+  for (bool saved_double_buffering : {false, true}) {
+    mncl::MultiNodeOptimizerOptions saved_options, loaded_options;
+    saved_options.double_buffering = saved_double_buffering;
+    loaded_options.double_buffering = !saved_double_buffering;
+    Model model({3, 2}, 0.0f);
+    std::vector<double> averages;  // every average applied, in order, over both runs
+    std::vector<uint8_t> snapshot;
+    {
+      mncl::MultiNodeOptimizer<RecordingOptimizer> before(RecordingOptimizer{}, comm(),
+                                                          saved_options);
+      run(before, model, 0, 3);
+      before.synchronize();
+      snapshot = mncl::to_bytes(before);
+      applied(before, averages);
+    }
+    mncl::MultiNodeOptimizer<RecordingOptimizer> after(RecordingOptimizer{}, comm(),
+                                                       loaded_options);
+    mncl::from_bytes(Span<const uint8_t>(snapshot), after);
+    run(after, model, 3, 5);
+    after.synchronize();
+    applied(after, averages);
+    // Double buffered, the last exchange's averages are still to be applied (the usual lag).
+    const int last_applied = saved_double_buffering ? 4 : 3;
+    std::vector<double> want;
+    for (int s = 0; s <= last_applied; ++s) want.push_back(10.0 * s + mean_rank);
+    EXPECT_EQ(averages, want) << (saved_double_buffering ? "double buffered, then not"
+                                                         : "not double buffered, then so");
+    EXPECT_DOUBLE_EQ(model.values[1][0], -std::accumulate(want.begin(), want.end(), 0.0));
+  }
+}
+
+// allreduce_every may change between save and load at a step boundary, not inside a round.
+TEST_F(Frontends, SnapshotLoadsWithAnotherAllreduceEveryAtAStepBoundary) {
+  Model model({4}, 0.0f);
+  mncl::MultiNodeOptimizerOptions two, three;
+  two.allreduce_every = 2;
+  three.allreduce_every = 3;
+  mncl::MultiNodeOptimizer<RecordingOptimizer> saved(RecordingOptimizer{}, comm(), two);
+  for (auto &g : model.grads) std::fill(g.begin(), g.end(), 1.0f);
+  saved.update(model.params(), model.grad_spans());
+  const auto mid_round = mncl::to_bytes(saved);
+  EXPECT_TRUE(saved.update(model.params(), model.grad_spans()));
+  const auto boundary = mncl::to_bytes(saved);
+  mncl::MultiNodeOptimizer<RecordingOptimizer> loaded(RecordingOptimizer{}, comm(), three);
+  EXPECT_THROW(mncl::from_bytes(Span<const uint8_t>(mid_round), loaded), mncl::InvalidArgument);
+  mncl::from_bytes(Span<const uint8_t>(boundary), loaded);
+  for (int m = 0; m < 3; ++m) {
+    EXPECT_EQ(loaded.update(model.params(), model.grad_spans()), m == 2) << m;
+  }
+  ASSERT_EQ(loaded.actual_optimizer().seen.size(), 1u);
+  EXPECT_FLOAT_EQ(loaded.actual_optimizer().seen[0][0][0], 1.0f);  // the mean over 3, not 2
+}
+
 TEST_F(Frontends, ZeroFillForMissingGradients) {
   Model model({3, 2}, 1.0f);
   mncl::MultiNodeOptimizer<RecordingOptimizer> opt(RecordingOptimizer{}, comm());
-  opt.update(model.params(), model.grad_spans());
   // Parameter 1 has a gradient on rank 0 only.
   std::fill(model.grads[0].begin(), model.grads[0].end(), 1.0f);
   std::fill(model.grads[1].begin(), model.grads[1].end(), float(size()));
@@ -799,6 +963,64 @@ TEST_F(Frontends, CheckpointerFailedLoadOnOneRankFailsEveryRankOrFallsBack) {
   }
 }
 
+// Hybrid training checkpoints each stage's data-parallel group, whose ranks share rank numbers
+// with the other stages' groups. The files were once <name>.<rank>.<iteration> for all of them:
+// the stages wrote the same files, and a resume loaded another stage's state. Now each group
+// has its own files, and a snapshot of another group is refused by its header whatever its
+// name.
+TEST_F(Frontends, CheckpointerOnSubCommunicatorsKeepsGroupsApart) {
+  if (size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks (2 stages)";
+  std::string dir = "/tmp/mncl-ckpt-mp-XXXXXX";
+  if (rank() == 0) {
+    ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  }
+  comm().bcast_obj(dir);
+  auto groups = mncl::split_hybrid(comm(), 2);
+  const int stage = groups.coords.stage, replica = groups.coords.replica;
+  mncl::Checkpointer ckpt(groups.data_parallel, dir, "model", {3, false, false});
+  // One stage after the other: shared files would then hold stage 1's states.
+  for (int s = 0; s < 2; ++s) {
+    if (stage == s) {
+      for (uint64_t it = 1; it <= 3; ++it) ckpt.save(it, std::vector<int>{stage, replica, int(it)});
+    }
+    comm().barrier();
+  }
+  const auto paths = comm().allgather_obj(ckpt.path(3));
+  EXPECT_EQ(std::set<std::string>(paths.begin(), paths.end()).size(), std::size_t(size()))
+      << "processes share snapshot files";
+  std::vector<int> state;
+  auto resumed = ckpt.resume(state);
+  ASSERT_TRUE(resumed.has_value());
+  EXPECT_EQ(*resumed, 3u);
+  EXPECT_EQ(state, (std::vector<int>{stage, replica, 3})) << "another group's state";
+
+  // Stage 1 replaces its iteration 4 by stage 0's of the same replica (world rank ^ 1): refused
+  // on every rank of its group, which resume 3 again; stage 0 resumes its own 4.
+  ckpt.save(4, std::vector<int>{stage, replica, 4});
+  const auto fours = comm().allgather_obj(ckpt.path(4));
+  if (stage == 1) {
+    std::ifstream in(fours[rank() ^ 1], std::ios::binary);
+    ASSERT_TRUE(in.good());
+    std::ofstream(ckpt.path(4), std::ios::binary) << in.rdbuf();
+  }
+  comm().barrier();
+  if (stage == 1) {
+    std::string why;
+    EXPECT_FALSE(ckpt.read_snapshot(4, &why).has_value());
+    EXPECT_NE(why.find("written by group"), std::string::npos) << why;
+  }
+  state.clear();
+  resumed = ckpt.resume(state);
+  ASSERT_TRUE(resumed.has_value());
+  const int expected = stage == 1 ? 3 : 4;
+  EXPECT_EQ(*resumed, uint64_t(expected));
+  EXPECT_EQ(state, (std::vector<int>{stage, replica, expected}));
+  comm().barrier();
+  if (rank() == 0) std::system(("rm -rf '" + dir + "'").c_str());
+  groups.model_parallel.destroy();
+  groups.data_parallel.destroy();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Model parallelism
 // ---------------------------------------------------------------------------------------------
@@ -937,8 +1159,8 @@ TEST_F(Frontends, AllreduceEveryMatchesOneLargerBatch) {
     every_1.allreduce_every = 1;
     mncl::MultiNodeOptimizer<RecordingOptimizer> opt_k(RecordingOptimizer{}, comm(), every_k);
     mncl::MultiNodeOptimizer<RecordingOptimizer> opt_1(RecordingOptimizer{}, comm(), every_1);
-    opt_k.update(micro.params(), micro.grad_spans());  // broadcasts
-    opt_1.update(large.params(), large.grad_spans());
+    // The first k micro-batches make the first step: the first update's broadcast consumes
+    // none of them (it once did, so the rounds ran one micro-batch late).
     for (int step = 0; step < 4; ++step) {
       for (auto &g : large.grads) std::fill(g.begin(), g.end(), 0.0f);
       for (int m = 0; m < k; ++m) {
@@ -952,7 +1174,8 @@ TEST_F(Frontends, AllreduceEveryMatchesOneLargerBatch) {
         EXPECT_EQ(stepped, m == k - 1 && (!double_buffering || step > 0)) << step << " " << m;
         EXPECT_EQ(opt_k.pending_micro_batches(), (m + 1) % k);
       }
-      opt_1.update(large.params(), large.grad_spans());
+      EXPECT_EQ(opt_1.update(large.params(), large.grad_spans()), !double_buffering || step > 0);
+      EXPECT_EQ(opt_k.updates(), uint64_t(k) * (step + 1));
       for (std::size_t i = 0; i < micro.values.size(); ++i) {
         for (std::size_t j = 0; j < micro.values[i].size(); ++j) {
           const float expected = large.values[i][j];
@@ -980,8 +1203,7 @@ TEST_F(Frontends, AveragedGradientsAreTheExactMeans) {
     options.allreduce_every = k;
     mncl::MultiNodeOptimizer<RecordingOptimizer> opt(RecordingOptimizer{}, comm(), options);
     Model model({40}, 0.0f);
-    opt.update(model.params(), model.grad_spans());  // broadcasts
-    for (int m = 0; m < k; ++m) {
+    for (int m = 0; m < k; ++m) {  // the first k updates make the first step
       // Element j: the mean over ranks and micro-batches is j + 1 (rank r, micro-batch m add
       // j + 1 + (r - (size-1)/2) * 2 + (m - (k-1)/2) * 2, integers symmetric about j + 1).
       for (std::size_t j = 0; j < model.grads[0].size(); ++j) {
@@ -1032,15 +1254,13 @@ TEST_F(Frontends, AllreduceEveryTrainsLikeTheLargerBatchMlp) {
   every_k.allreduce_every = k;
   mncl::MultiNodeOptimizer<mncl::Adam> opt_k(mncl::Adam({0.01f}), comm(), every_k);
   mncl::MultiNodeOptimizer<mncl::Adam> opt_1(mncl::Adam({0.01f}), comm());
-  opt_k.update(mncl::value_spans(pm), mncl::grad_spans(pm));
-  opt_1.update(mncl::value_spans(pl), mncl::grad_spans(pl));
   mncl::SoftmaxCrossEntropy loss;
   for (int step = 0; step < 5; ++step) {
     for (int m = 0; m < k; ++m) {
       const auto [x, labels] = data(step, m * micro_batch, micro_batch);
       loss.forward(micro->forward(x), labels);
       micro->backward(loss.backward());
-      opt_k.update(mncl::value_spans(pm), mncl::grad_spans(pm));
+      EXPECT_EQ(opt_k.update(mncl::value_spans(pm), mncl::grad_spans(pm)), m == k - 1);
     }
     const auto [x, labels] = data(step, 0, k * micro_batch);
     loss.forward(large->forward(x), labels);
@@ -1052,6 +1272,8 @@ TEST_F(Frontends, AllreduceEveryTrainsLikeTheLargerBatchMlp) {
       ASSERT_NEAR(pm[i]->value[j], pl[i]->value[j], 1e-5f) << pm[i]->name << " " << j;
     }
   }
+  EXPECT_EQ(opt_k.actual_optimizer().steps(), 5u);  // no micro-batch left over
+  EXPECT_EQ(opt_k.pending_micro_batches(), 0);
 }
 
 // Each rank's loader walks its own (disjoint) shard: per epoch, every sample of the shard once,
@@ -1126,7 +1348,7 @@ TEST_F(Frontends, HybridSplitGroupsAndAveragesWithinDataParallelGroups) {
     // Gradient = world rank: averages over {stage, stage + M, ...} only.
     Model model({3, 4}, float(rank()));
     mncl::MultiNodeOptimizer<RecordingOptimizer> opt(RecordingOptimizer{}, groups.data_parallel);
-    opt.update(model.params(), model.grad_spans());
+    opt.broadcast_parameters(model.params());
     // The broadcast came from replica 0 of my stage (world rank == stage).
     EXPECT_EQ(model.values[0][0], float(c.stage));
     for (auto &g : model.grads) std::fill(g.begin(), g.end(), float(rank()));
@@ -1134,6 +1356,7 @@ TEST_F(Frontends, HybridSplitGroupsAndAveragesWithinDataParallelGroups) {
     double expected = 0;
     for (int r : mncl::data_parallel_members(c)) expected += r;
     expected /= c.replicas;
+    ASSERT_EQ(opt.actual_optimizer().seen.size(), 1u);  // no second broadcast: a step
     for (const auto &g : opt.actual_optimizer().seen.at(0)) {
       for (float x : g) ASSERT_DOUBLE_EQ(x, expected) << stages << " stages";
     }
@@ -1268,7 +1491,6 @@ TEST_F(Frontends, MultiNodeBatchNormalizationTrainsLikeOneProcess) {
   const auto pd = distributed->parameters(), ps = single->parameters();
   mncl::MultiNodeOptimizer<mncl::Sgd> opt(mncl::Sgd({0.5f}), comm());
   mncl::Sgd plain({0.5f});
-  opt.update(mncl::value_spans(pd), mncl::grad_spans(pd));  // the first update broadcasts
   mncl::SoftmaxCrossEntropy loss;
   for (int step = 0; step < 3; ++step) {
     const auto [x, labels] = batch(step, rank() * per_rank, per_rank);
@@ -1702,7 +1924,6 @@ TEST_F(Frontends, TensorTimesDataParallelTrainsLikeOneProcessOnTheGlobalBatch) {
   mncl::Sgd sgd_ref({0.5f});
   mncl::MultiNodeOptimizer<mncl::Sgd> opt(mncl::Sgd({0.5f}), groups.data_parallel);
   const auto params = parallel.parameters();
-  opt.update(mncl::value_spans(params), mncl::grad_spans(params));  // broadcast, no step
   for (int step = 0; step < 2; ++step) {
     const auto [x, labels] = global_batch(step);
     mncl::SoftmaxCrossEntropy loss_ref, loss;

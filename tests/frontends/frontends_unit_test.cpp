@@ -11,10 +11,14 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "mncl/frontends.hpp"
+#include "recording_optimizer.hpp"
 
 namespace {
 
@@ -546,6 +550,11 @@ class CheckpointFiles : public ::testing::Test {
     comm_.reset();
     std::system(("rm -rf '" + dir_ + "'").c_str());
   }
+  static void copy_file(const std::string &from, const std::string &to) {
+    std::ifstream in(from, std::ios::binary);
+    ASSERT_TRUE(in.good()) << from;
+    std::ofstream(to, std::ios::binary) << in.rdbuf();
+  }
   static void corrupt_byte(const std::string &path, long offset) {
     std::FILE *f = std::fopen(path.c_str(), "r+b");
     ASSERT_NE(f, nullptr);
@@ -628,6 +637,206 @@ TEST_F(CheckpointFiles, SnapshotThatDoesNotDeserializeWithNothingOlderThrows) {
   ckpt.save(2, std::string("a different type"));
   std::vector<float> state;
   EXPECT_THROW(ckpt.resume(state), mncl::CheckpointError);
+}
+
+// Groups of one job: two splits of the one-rank world, each the rank 0 of its group. Each
+// writes files of its own (they once were all <name>.0.<iteration>), and a file of another
+// group, or of the whole job, is refused by its header whatever its name.
+TEST_F(CheckpointFiles, GroupsOfOneJobKeepTheirOwnSnapshots) {
+  mncl::Communicator first = comm_->split(0), second = comm_->split(0);
+  const mncl::CheckpointerOptions keep_all{8, false, false};
+  mncl::Checkpointer a(first, dir_, "m", keep_all), b(second, dir_, "m", keep_all);
+  mncl::Checkpointer whole(*comm_, dir_, "m", keep_all);
+  a.save(1, std::string("first"));
+  b.save(1, std::string("second"));
+  whole.save(1, std::string("whole"));
+  EXPECT_EQ(a.path(1), dir_ + "/m.s0c0.0.1");
+  EXPECT_EQ(b.path(1), dir_ + "/m.s1c0.0.1");
+  EXPECT_EQ(whole.path(1), dir_ + "/m.0.1");  // as before groups: old snapshots still load
+  EXPECT_EQ(a.group(), "s0c0");
+  EXPECT_EQ(whole.group(), "");
+  std::string state;
+  EXPECT_EQ(a.resume(state), std::optional<uint64_t>(1));
+  EXPECT_EQ(state, "first");
+  EXPECT_EQ(b.resume(state), std::optional<uint64_t>(1));
+  EXPECT_EQ(state, "second");
+  EXPECT_EQ(whole.resume(state), std::optional<uint64_t>(1));
+  EXPECT_EQ(state, "whole");
+
+  // Newer snapshots of the others under this one's names (the iteration in the header fits).
+  a.save(4, std::string("first, 4"));
+  b.save(2, std::string("second, 2"));
+  whole.save(3, std::string("whole, 3"));
+  copy_file(b.path(2), a.path(2));
+  copy_file(whole.path(3), a.path(3));
+  copy_file(a.path(4), whole.path(4));
+  std::string why;
+  EXPECT_FALSE(a.read_snapshot(2, &why).has_value());
+  EXPECT_NE(why.find("written by group 's1c0'"), std::string::npos) << why;
+  EXPECT_FALSE(a.read_snapshot(3, &why).has_value());
+  EXPECT_NE(why.find("written by the whole job"), std::string::npos) << why;
+  EXPECT_FALSE(whole.read_snapshot(4, &why).has_value());
+  EXPECT_NE(why.find("written by group 's0c0'"), std::string::npos) << why;
+  EXPECT_EQ(a.local_iterations(), (std::vector<uint64_t>{1, 4}));
+  EXPECT_EQ(a.resume(state), std::optional<uint64_t>(4));
+  EXPECT_EQ(state, "first, 4");
+  EXPECT_EQ(whole.resume(state), std::optional<uint64_t>(3));
+  EXPECT_EQ(state, "whole, 3");
+}
+
+// A communicator that cannot tell its group (split_host, adopt) is refused, unless the group is
+// named: a guess could mix the groups' states.
+TEST_F(CheckpointFiles, GroupUnknownToTheCommunicatorMustBeNamed) {
+  mncl::Communicator host = comm_->split_host();
+  ASSERT_TRUE(host.valid());
+  try {
+    mncl::Checkpointer ckpt(host, dir_, "m", quiet_);
+    FAIL() << "a checkpointer on split_host's group was made without a group name";
+  } catch (const mncl::InvalidArgument &e) {
+    EXPECT_NE(std::string(e.what()).find("CheckpointerOptions::group"), std::string::npos)
+        << e.what();
+  }
+  mncl::Communicator below = host.split(0);  // a split of an unknown group is unknown too
+  EXPECT_THROW(mncl::Checkpointer(below, dir_, "m", quiet_), mncl::InvalidArgument);
+
+  mncl::CheckpointerOptions named = quiet_;
+  named.group = "host-0";
+  mncl::Checkpointer ckpt(host, dir_, "m", named);
+  EXPECT_EQ(ckpt.path(4), dir_ + "/m.uhost-0.0.4");
+  ckpt.save(4, 44);
+  int state = 0;
+  EXPECT_EQ(ckpt.resume(state), std::optional<uint64_t>(4));
+  EXPECT_EQ(state, 44);
+  // Appended to a known path; and only characters that are safe in a file name.
+  named.group = "x";
+  EXPECT_EQ(mncl::Checkpointer(*comm_, dir_, "m", named).path(1), dir_ + "/m.ux.0.1");
+  named.group = "a/b.c";
+  EXPECT_THROW(mncl::Checkpointer(*comm_, dir_, "m", named), mncl::InvalidArgument);
+}
+
+// Communicator::group_path: "" for the job, one "s<split>c<color>" per split(color) from it,
+// unknown (nullopt) from split_host on; moves carry it.
+TEST(Communicator, GroupPathNamesEachSplit) {
+  mncl::CommunicatorOptions options;
+  options.rank = 0;
+  options.size = 1;
+  mncl::Communicator world(options);
+  EXPECT_EQ(world.group_path(), std::optional<std::string>(""));
+  mncl::Communicator a = world.split(3);
+  mncl::Communicator b = world.split(3, 0, mncl::SplitOptions{});
+  mncl::Communicator host = world.split_host();
+  mncl::Communicator none = world.split(MNCL_SPLIT_NONE);
+  mncl::Communicator c = world.split(7);
+  EXPECT_EQ(a.group_path(), std::optional<std::string>("s0c3"));
+  EXPECT_EQ(b.group_path(), std::optional<std::string>("s1c3"));
+  EXPECT_EQ(host.group_path(), std::nullopt);
+  EXPECT_EQ(c.group_path(), std::optional<std::string>("s4c7"));  // every split counts
+  EXPECT_EQ(a.split(0).group_path(), std::optional<std::string>("s0c3s0c0"));
+  EXPECT_EQ(host.split(0).group_path(), std::nullopt);
+  mncl::Communicator moved = std::move(a);
+  EXPECT_EQ(moved.group_path(), std::optional<std::string>("s0c3"));
+  EXPECT_EQ(moved.split(1).group_path(), std::optional<std::string>("s0c3s1c1"));
+  EXPECT_EQ(mncl::Communicator::adopt(nullptr, 1024).group_path(), std::nullopt);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Compile-time refusals (the compiler's own errors: frontends.compile_fail.*)
+// ---------------------------------------------------------------------------------------------
+
+// Non-blocking calls keep pointers into their buffers past the statement, so a temporary
+// container (freed at its end) does not compile there; lvalues and views (a Span, even a
+// temporary one) do. (comm.isend(make_vector(), peer) once compiled, and the operation read
+// freed memory.)
+struct Isend {
+  template <class B>
+  auto operator()(mncl::Communicator &c, B &&b) const -> decltype(c.isend(std::forward<B>(b), 1));
+};
+struct Irecv {
+  template <class B>
+  auto operator()(mncl::Communicator &c, B &&b) const -> decltype(c.irecv(std::forward<B>(b), 1));
+};
+struct Ibcast {
+  template <class B>
+  auto operator()(mncl::Communicator &c, B &&b) const -> decltype(c.ibcast(std::forward<B>(b), 0));
+};
+struct Iallreduce {
+  template <class B>
+  auto operator()(mncl::Communicator &c, B &&b) const -> decltype(c.iallreduce(std::forward<B>(b)));
+};
+struct IsendrecvSend {  // b sent, an lvalue received
+  template <class B>
+  auto operator()(mncl::Communicator &c, B &&b, std::vector<float> &r) const
+      -> decltype(c.isendrecv(std::forward<B>(b), 1, r, 1));
+};
+struct IsendrecvRecv {  // an lvalue sent, into b
+  template <class B>
+  auto operator()(mncl::Communicator &c, B &&b, std::vector<float> &s) const
+      -> decltype(c.isendrecv(s, 1, std::forward<B>(b), 1));
+};
+struct IsendOp {
+  template <class B>
+  auto operator()(B &&b) const -> decltype(mncl::isend_op(std::forward<B>(b), 1));
+};
+struct IrecvOp {
+  template <class B>
+  auto operator()(B &&b) const -> decltype(mncl::irecv_op(std::forward<B>(b), 1));
+};
+
+template <class Call, class... Rest>
+constexpr bool takes_lasting_buffers_only() {
+  using Vector = std::vector<float>;
+  return !std::is_invocable_v<Call, Rest..., Vector> &&    // a temporary container
+         std::is_invocable_v<Call, Rest..., Vector &> &&   // an lvalue
+         std::is_invocable_v<Call, Rest..., Span<float>>;  // a view, even a temporary one
+}
+
+TEST(NonBlocking, CallsRefuseTemporaryContainers) {
+  using C = mncl::Communicator &;
+  using V = std::vector<float> &;
+  static_assert(takes_lasting_buffers_only<Isend, C>());
+  static_assert(std::is_invocable_v<Isend, C, const std::vector<float> &>);
+  static_assert(std::is_invocable_v<Isend, C, Span<const float>>);
+  static_assert(takes_lasting_buffers_only<Irecv, C>());
+  static_assert(takes_lasting_buffers_only<Ibcast, C>());
+  static_assert(takes_lasting_buffers_only<Iallreduce, C>());
+  static_assert(!std::is_invocable_v<IsendrecvSend, C, std::vector<float>, V>);
+  static_assert(std::is_invocable_v<IsendrecvSend, C, V, V>);
+  static_assert(std::is_invocable_v<IsendrecvSend, C, Span<const float>, V>);
+  static_assert(!std::is_invocable_v<IsendrecvRecv, C, std::vector<float>, V>);
+  static_assert(std::is_invocable_v<IsendrecvRecv, C, Span<float>, V>);
+  static_assert(takes_lasting_buffers_only<IsendOp>());
+  static_assert(std::is_invocable_v<IsendOp, Span<const float>>);
+  static_assert(takes_lasting_buffers_only<IrecvOp>());
+  SUCCEED();
+}
+
+// Optimizers declared stateless, by a member or by the trait; the bundled ones save their state.
+struct TheirSgd {
+  std::vector<float> scratch;  // a work buffer, not state (and not trivially copyable)
+  void update(const mncl::ParamSpans &, const mncl::GradSpans &) {}
+};
+}  // namespace
+template <>
+struct mncl::is_stateless_optimizer<TheirSgd> : std::true_type {};
+namespace {
+
+TEST(MultiNodeOptimizer, StatelessOptimizersAreDeclared) {
+  static_assert(mncl::is_stateless_optimizer<mncl_testing::RecordingOptimizer>::value);
+  static_assert(mncl::is_stateless_optimizer<TheirSgd>::value);
+  static_assert(!mncl::is_stateless_optimizer<mncl::Sgd>::value);
+  static_assert(mncl::is_serializable<mncl::Sgd>() && mncl::is_serializable<mncl::Adam>());
+  static_assert(!mncl::is_serializable<TheirSgd>());
+  // And their multi-node optimizers checkpoint (without them, save/load do not compile).
+  mncl::CommunicatorOptions options;
+  options.rank = 0;
+  options.size = 1;
+  mncl::Communicator comm(options);
+  mncl::MultiNodeOptimizer<TheirSgd> opt(TheirSgd{}, comm);
+  std::vector<float> p(2, 1.0f), g(2, 1.0f);
+  opt.update({Span<float>(p)}, {Span<const float>(g)});
+  mncl::MultiNodeOptimizer<TheirSgd> loaded(TheirSgd{}, comm);
+  mncl::from_bytes(Span<const uint8_t>(mncl::to_bytes(opt)), loaded);
+  EXPECT_EQ(loaded.updates(), 1u);
 }
 
 // An empty communicator (a split's MNCL_SPLIT_NONE) refuses alltoall with an error instead of

@@ -12,6 +12,9 @@
 namespace mncl_testing {
 
 struct RecordingOptimizer {
+  // What it records is for the tests to read, not state to checkpoint: a MultiNodeOptimizer
+  // around it may be saved and loaded (see mncl::is_stateless_optimizer).
+  static constexpr bool stateless_optimizer = true;
   std::vector<std::vector<std::vector<float>>> seen;  // per update, per parameter
   void update(const mncl::ParamSpans &params, const mncl::GradSpans &grads) {
     std::vector<std::vector<float>> copy;

@@ -6,9 +6,18 @@
 //   ...; ckpt.save(iteration, state);                     // local, every rank
 //
 // Each rank writes `<directory>/<name>.<rank>.<iteration>` atomically (a temporary file,
-// fsync, rename, fsync of the directory) with a header holding a magic, the rank, the world
-// size, the iteration, the payload length and CRC-32s of header and payload. After a save, the
-// rank keeps only its `keep` newest snapshots.
+// fsync, rename, fsync of the directory) with a header holding a magic, the rank, the
+// communicator's size, the iteration, the payload length and CRC-32s of header and payload.
+// After a save, the rank keeps only its `keep` newest snapshots.
+//
+// On a communicator of part of the job (a data-parallel group of split_hybrid, say), ranks of
+// different groups share a rank number: there the file is `<name>.<group>.<rank>.<iteration>`
+// and the header holds the group too (Communicator::group_path(), e.g. "s0c1" for color 1 of the
+// world's first split, plus "u<CheckpointerOptions::group>"), so groups never write each
+// other's files nor load each other's states. Where the communicator cannot tell its group
+// (split_host, split_cross_host, adopt), the constructor throws InvalidArgument unless
+// CheckpointerOptions::group names it. A group's path counts the splits made before it, so a
+// rerun must split in the same order to find its snapshots (else it starts afresh).
 //
 // resume() lists and verifies this rank's snapshots (a partial, truncated or corrupt file is
 // skipped with a message, never loaded), then the ranks agree on the newest iteration every
@@ -34,6 +43,10 @@ struct CheckpointerOptions {
   std::size_t keep = 2;  // snapshots each rank keeps (at least 1; 2 survives a crash mid-save)
   bool sync = true;      // fsync files and the directory (off only for tests on tmpfs)
   bool verbose = true;   // report skipped snapshots on stderr
+  // Names this rank's group: needed where the communicator cannot tell it (made by split_host,
+  // split_cross_host, or adopt without a group path), appended to its path otherwise. The ranks
+  // of one group pass the same name, different groups different ones; [A-Za-z0-9_-] only.
+  std::string group = {};
 };
 
 // CRC-32 (IEEE 802.3, the one zlib and PNG use).
@@ -42,6 +55,7 @@ uint32_t crc32(const void *data, std::size_t size, uint32_t crc = 0);
 class Checkpointer {
  public:
   // Creates `directory` if needed. `name` may not contain '/'. `comm` must outlive this object.
+  // Throws InvalidArgument for a communicator whose group is unknown, see above.
   Checkpointer(Communicator &comm, std::string directory, std::string name,
                CheckpointerOptions options = {});
 
@@ -71,6 +85,8 @@ class Checkpointer {
                                                     std::string *why = nullptr) const;
   std::string path(uint64_t iteration) const;
   const std::string &directory() const noexcept { return directory_; }
+  // Which group of the job the snapshots belong to ("" for the whole job).
+  const std::string &group() const noexcept { return group_; }
 
  private:
   // Iterations of this rank's snapshot files, verified or not (and its temporaries' paths).
@@ -79,9 +95,11 @@ class Checkpointer {
   void remove_leftovers(std::optional<uint64_t> resumed) const;
   void remove_snapshot(uint64_t iteration) const;
   void prune(uint64_t newest_kept) const;
+  // "<name>.[<group>.]<rank>.": this rank's files start with it.
+  std::string file_prefix() const;
 
   Communicator *comm_;
-  std::string directory_, name_;
+  std::string directory_, name_, group_;
   CheckpointerOptions options_;
 };
 

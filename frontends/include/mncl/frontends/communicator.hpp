@@ -15,11 +15,13 @@
 #include <mncl/mncl.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <exception>
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -96,12 +98,14 @@ class Request {
     keep_alive_.reset();
     check(status, "mncl_wait");
   }
-  // True once the operation has ended (successfully; a failure throws).
+  // True once the operation has ended (successfully; a failure throws). An error with done
+  // unset (another thread waiting on the request, say) leaves the request pending: the
+  // operation may still be using its buffers, so wait() and the destructor must still wait.
   bool test() {
     if (!request_) return true;
     int done = 0;
     const mncl_status_t status = mncl_test(request_, &done);
-    if (done || status != MNCL_OK) {
+    if (done) {
       request_ = nullptr;  // freed by mncl_test when done
       keep_alive_.reset();
     }
@@ -151,18 +155,25 @@ class P2POp {
 static_assert(sizeof(P2POp) == sizeof(mncl_p2p_op_t) && std::is_standard_layout_v<P2POp>);
 
 // Sends the buffer to peer, as part of a batch. The dtype follows the element type.
-template <class Buffer, class = detail::EnableIfBuffer<Buffer>>
-P2POp isend_op(const Buffer &buffer, int peer) noexcept {
+template <class Buffer, detail::EnableIfLastingBuffer<Buffer> = 0>
+P2POp isend_op(Buffer &&buffer, int peer) noexcept {
   return P2POp(MNCL_P2P_SEND, as_const_span(buffer), peer);
 }
 // Receives into the buffer (all of it: the sender sends as many elements) from peer.
-template <class Buffer, class = detail::EnableIfBuffer<Buffer>>
+template <class Buffer, detail::EnableIfLastingBuffer<Buffer> = 0>
 P2POp irecv_op(Buffer &&buffer, int peer) noexcept {
   auto buf = as_span(buffer);
   static_assert(!std::is_const_v<typename decltype(buf)::element_type>,
                 "irecv_op: the receive buffer must be writable");
   return P2POp(MNCL_P2P_RECV, buf, peer);
 }
+// Deleted: an op only points at its buffer, and a temporary container (isend_op(make_data(),
+// peer)) is freed at the end of the statement, before the batch uses it. Keep the data in a
+// named variable (or pass a Span over memory that lives on).
+template <class Buffer, detail::EnableIfTemporaryBuffer<Buffer> = 0>
+P2POp isend_op(Buffer &&temporary, int peer) = delete;
+template <class Buffer, detail::EnableIfTemporaryBuffer<Buffer> = 0>
+P2POp irecv_op(Buffer &&temporary, int peer) = delete;
 
 namespace detail {
 // A send and a receive buffer as spans of one element type, the receive one writable.
@@ -194,12 +205,16 @@ class Communicator {
     config.device = options.device;
     check(mncl_comm_create(&config, &comm_), "mncl_comm_create");
     max_message_bytes_ = options.max_message_bytes;
+    group_path_ = std::string();  // the whole job
     query_rank_and_size();
   }
 
   // Takes ownership of a handle created through the C API (nullptr gives an empty object).
-  static Communicator adopt(mncl_comm_t handle, std::size_t max_message_bytes) {
-    return Communicator(handle, max_message_bytes);
+  // group_path says which group of the job it is (see group_path()): "" for a communicator of
+  // the whole job; unknown by default, as the frontends cannot tell from the handle.
+  static Communicator adopt(mncl_comm_t handle, std::size_t max_message_bytes,
+                            std::optional<std::string> group_path = std::nullopt) {
+    return Communicator(handle, max_message_bytes, std::move(group_path));
   }
 
   Communicator(Communicator &&other) noexcept { *this = std::move(other); }
@@ -210,6 +225,8 @@ class Communicator {
       rank_ = other.rank_;
       size_ = other.size_;
       max_message_bytes_ = other.max_message_bytes_;
+      group_path_ = std::move(other.group_path_);
+      splits_ = other.splits_;
     }
     return *this;
   }
@@ -229,6 +246,13 @@ class Communicator {
     return name ? name : "";
   }
   std::size_t max_message_bytes() const noexcept { return max_message_bytes_; }
+  // Which group of the job this communicator is, the same on its ranks and different from any
+  // other group's (the checkpointer names its files by it): "" for the whole job (made by the
+  // constructor); a split(color) appends "s<i>c<color>", i counting the splits made from the
+  // parent so far (collective, so i agrees on the parent's ranks). nullopt where it cannot be
+  // told: split_host and split_cross_host (the library picks their groups), adopt without a
+  // group path, and whatever is split from those.
+  const std::optional<std::string> &group_path() const noexcept { return group_path_; }
   void set_max_message_bytes(std::size_t bytes) {
     if (bytes == 0) throw InvalidArgument("set_max_message_bytes: must be positive");
     max_message_bytes_ = bytes;
@@ -237,17 +261,19 @@ class Communicator {
   // Collective: the ranks passing one color form a new communicator, ordered by (key, rank).
   // MNCL_SPLIT_NONE gives an empty (invalid) Communicator.
   Communicator split(int color, int key = 0) {
+    auto path = child_path(color);
     mncl_comm_t child = nullptr;
     check(mncl_comm_split(comm_, color, key, &child), "mncl_comm_split");
-    return Communicator(child, max_message_bytes_);
+    return Communicator(child, max_message_bytes_, std::move(path));
   }
   // As split(color, key), the new communicator with its own backend, timeout or device. The
   // ranks of one group must pass the same backend (else all of them throw InvalidArgument).
   Communicator split(int color, int key, const SplitOptions &options) {
     const mncl_config_t config = split_config(options);
+    auto path = child_path(color);
     mncl_comm_t child = nullptr;
     check(mncl_comm_split_config(comm_, color, key, &config, &child), "mncl_comm_split_config");
-    return Communicator(child, max_message_bytes_);
+    return Communicator(child, max_message_bytes_, std::move(path));
   }
   // Collective: the ranks of this rank's host (hosts told apart by MNCL_HOSTID, else the host
   // name), ordered by (key, rank) -- ChainerMN's intra communicator.
@@ -529,7 +555,10 @@ class Communicator {
   // Non-blocking forms: same rules, plus the buffers stay untouched until the Request ends.
   // ------------------------------------------------------------------------------------------
 
-  template <class Buffer, class = detail::EnableIfBuffer<Buffer>>
+  // Each takes lvalues or views (Span) only: the overloads for temporary containers are
+  // deleted, since the operation outlives the statement and such a buffer does not (keep the
+  // data in a named variable until the Request ends).
+  template <class Buffer, detail::EnableIfLastingBuffer<Buffer> = 0>
   Request iallreduce(Buffer &&inout, ReduceOp op = ReduceOp::kSum) {
     auto buf = as_span(inout);
     mncl_request_t request = nullptr;
@@ -538,7 +567,9 @@ class Communicator {
           "mncl_iallreduce");
     return Request(request);
   }
-  template <class Buffer, class = detail::EnableIfBuffer<Buffer>>
+  template <class Buffer, detail::EnableIfTemporaryBuffer<Buffer> = 0>
+  Request iallreduce(Buffer &&temporary, ReduceOp op = ReduceOp::kSum) = delete;
+  template <class Buffer, detail::EnableIfLastingBuffer<Buffer> = 0>
   Request ibcast(Buffer &&buffer, int root) {
     auto buf = as_span(buffer);
     mncl_request_t request = nullptr;
@@ -547,8 +578,10 @@ class Communicator {
         "mncl_ibcast");
     return Request(request);
   }
-  template <class Buffer, class = detail::EnableIfBuffer<Buffer>>
-  Request isend(const Buffer &buffer, int peer) {
+  template <class Buffer, detail::EnableIfTemporaryBuffer<Buffer> = 0>
+  Request ibcast(Buffer &&temporary, int root) = delete;
+  template <class Buffer, detail::EnableIfLastingBuffer<Buffer> = 0>
+  Request isend(Buffer &&buffer, int peer) {
     auto buf = as_const_span(buffer);
     mncl_request_t request = nullptr;
     check(
@@ -556,7 +589,9 @@ class Communicator {
         "mncl_isend");
     return Request(request);
   }
-  template <class Buffer, class = detail::EnableIfBuffer<Buffer>>
+  template <class Buffer, detail::EnableIfTemporaryBuffer<Buffer> = 0>
+  Request isend(Buffer &&temporary, int peer) = delete;
+  template <class Buffer, detail::EnableIfLastingBuffer<Buffer> = 0>
   Request irecv(Buffer &&buffer, int peer) {
     auto buf = as_span(buffer);
     mncl_request_t request = nullptr;
@@ -565,9 +600,14 @@ class Communicator {
         "mncl_irecv");
     return Request(request);
   }
-  template <class Send, class Recv, class = detail::EnableIfBuffer<Send>,
-            class = detail::EnableIfBuffer<Recv>>
-  Request isendrecv(const Send &send, int dest, Recv &&recv, int source) {
+  template <class Buffer, detail::EnableIfTemporaryBuffer<Buffer> = 0>
+  Request irecv(Buffer &&temporary, int peer) = delete;
+  template <class Send, class Recv,
+            std::enable_if_t<detail::kIsBuffer<Send> && detail::kIsBuffer<Recv> &&
+                                 !detail::kIsTemporaryContainer<Send> &&
+                                 !detail::kIsTemporaryContainer<Recv>,
+                             int> = 0>
+  Request isendrecv(Send &&send, int dest, Recv &&recv, int source) {
     auto [s, r] = detail::typed_pair(send, recv);
     mncl_request_t request = nullptr;
     check(mncl_isendrecv(comm_, s.data(), s.size(), dest, r.data(), r.size(), source,
@@ -575,6 +615,12 @@ class Communicator {
           "mncl_isendrecv");
     return Request(request);
   }
+  template <class Send, class Recv,
+            std::enable_if_t<detail::kIsBuffer<Send> && detail::kIsBuffer<Recv> &&
+                                 (detail::kIsTemporaryContainer<Send> ||
+                                  detail::kIsTemporaryContainer<Recv>),
+                             int> = 0>
+  Request isendrecv(Send &&send, int dest, Recv &&recv, int source) = delete;
   // One Request for the whole batch; the ops themselves are read during the call only.
   Request isendrecv_batch(Span<const P2POp> ops) {
     mncl_request_t request = nullptr;
@@ -631,11 +677,31 @@ class Communicator {
     return bytes;
   }
 
+  // The root's object onto every rank. If the root cannot serialize it, it throws the reason
+  // and every other rank RemoteError, together (a flag travels with the length, as in
+  // scatter_obj), instead of the others waiting out the timeout for bytes that never come.
   template <class T>
   void bcast_obj(T &obj, int root = 0) {
     std::vector<uint8_t> bytes;
-    if (rank_ == root) bytes = to_bytes(obj);
-    bcast_bytes(bytes, root);
+    std::exception_ptr failure;
+    if (rank_ == root) {
+      try {
+        bytes = to_bytes(obj);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+    std::array<uint64_t, 2> announced{bytes.size(), failure ? 1u : 0u};  // length, flag
+    bcast(announced, root);
+    if (failure) std::rethrow_exception(failure);
+    if (announced[1] != 0) {
+      throw RemoteError("bcast_obj: root " + std::to_string(root) +
+                        " could not serialize the object (it throws the reason)");
+    }
+    if (rank_ != root) bytes.resize(checked_length(announced[0], "bcast_obj"));
+    for_each_chunk(bytes.size(), [&](std::size_t offset, std::size_t count) {
+      bcast(Span<uint8_t>(bytes.data() + offset, count), root);
+    });
     if (rank_ != root) from_bytes(Span<const uint8_t>(bytes), obj);
   }
   template <class T>
@@ -741,9 +807,17 @@ class Communicator {
   }
 
  private:
-  Communicator(mncl_comm_t handle, std::size_t max_message_bytes)
-      : comm_(handle), max_message_bytes_(max_message_bytes) {
+  Communicator(mncl_comm_t handle, std::size_t max_message_bytes,
+               std::optional<std::string> group_path)
+      : comm_(handle), max_message_bytes_(max_message_bytes), group_path_(std::move(group_path)) {
     if (comm_) query_rank_and_size();
+  }
+
+  // The path of the group that split(color) makes here (counting the split either way).
+  std::optional<std::string> child_path(int color) {
+    const uint64_t index = splits_++;
+    if (!group_path_) return std::nullopt;
+    return *group_path_ + "s" + std::to_string(index) + "c" + std::to_string(color);
   }
 
   static mncl_config_t split_config(const SplitOptions &options) {
@@ -755,14 +829,23 @@ class Communicator {
   }
   Communicator split_by_type(mncl_split_type_t type, int key, const SplitOptions &options) {
     const mncl_config_t config = split_config(options);
+    ++splits_;  // (the split's group is not known here: no path for it)
     mncl_comm_t child = nullptr;
     check(mncl_comm_split_type(comm_, type, key, &config, &child), "mncl_comm_split_type");
-    return Communicator(child, max_message_bytes_);
+    return Communicator(child, max_message_bytes_, std::nullopt);
   }
 
+  // Called from constructors, where a throw skips the destructor: the handle is freed here.
   void query_rank_and_size() {
-    check(mncl_comm_rank(comm_, &rank_), "mncl_comm_rank");
-    check(mncl_comm_size(comm_, &size_), "mncl_comm_size");
+    try {
+      check(mncl_comm_rank(comm_, &rank_), "mncl_comm_rank");
+      check(mncl_comm_size(comm_, &size_), "mncl_comm_size");
+    } catch (...) {
+      // Aborted first: the peers, fine or not, may never reach this destroy.
+      (void)mncl_comm_abort(comm_);
+      (void)mncl_comm_destroy(std::exchange(comm_, nullptr));
+      throw;
+    }
   }
 
   void release() noexcept {
@@ -872,6 +955,8 @@ class Communicator {
   int rank_ = 0;
   int size_ = 0;
   std::size_t max_message_bytes_ = kDefaultMaxMessageBytes;
+  std::optional<std::string> group_path_;  // see group_path()
+  uint64_t splits_ = 0;                    // splits made from this communicator so far
 };
 
 }  // namespace mncl

@@ -1,6 +1,9 @@
 // Multi-node evaluation (ChainerMN's create_multi_node_evaluator): every rank evaluates its own
 // shard, and the metrics are averaged over the ranks weighted by how many samples each one saw,
-// so the result equals a single-process evaluation of all shards together.
+// so the result equals a single-process evaluation of all shards together. The shards must be
+// disjoint for that: scatter_dataset's default (force_equal_length = true) gives neighbouring
+// ranks up to one sample in common, which is then counted once per rank holding it (test data:
+// ScatterOptions::force_equal_length = false, as the examples do).
 //
 //   mncl::Evaluator evaluator(comm);
 //   auto metrics = evaluator.evaluate(test_shard, 256, [&](const Sample *batch, std::size_t n) {

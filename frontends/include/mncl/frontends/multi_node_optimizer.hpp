@@ -5,30 +5,42 @@
 //   mncl::MultiNodeOptimizer<mncl::Adam> opt(mncl::Adam({1e-3f}), comm);
 //   for (...) { forward_backward(); opt.update(params, grads); }
 //
-//  - The first update() broadcasts the parameters from the root rank and does not step, so
-//    every rank starts from the same model whatever it initialised.
-//  - Every later update() averages the gradients over the ranks, then steps the wrapped
-//    optimizer with the averages. Gradients are packed into fusion buffers of at most
+//  - The first update() first broadcasts the parameters from the root rank, so every rank
+//    starts from the same model whatever it initialised; the broadcast consumes no gradient,
+//    that call's gradients are used like any other's. They were computed from this rank's own
+//    initial parameters: where the ranks initialise differently (not from the same seeds),
+//    call broadcast_parameters() before computing the first gradients.
+//  - Every update() averages the gradients over the ranks, then steps the wrapped optimizer
+//    with the averages. Gradients are packed into fusion buffers of at most
 //    fusion_buffer_bytes and exchanged by one coalesced allreduce (like Horovod/DDP buckets).
 //  - grad_dtype kFloat16/kBFloat16 sends the float32 gradients at half the bytes (scaled by
 //    1/size before the conversion so the sum cannot overflow); the averages are float32 again.
 //  - double_buffering overlaps the exchange of step t's gradients with the caller's compute of
 //    step t+1 (non-blocking allreduce): update() then steps with the averages of the *previous*
-//    update's gradients, a lag of exactly one step. The first update after the broadcast only
-//    starts an exchange.
+//    update's gradients, a lag of exactly one step. The first update (or step, with
+//    allreduce_every) only starts an exchange.
 //  - zero_fill: a parameter may have no gradient on some ranks (pass an empty grad span); it
 //    then contributes zeros, and every rank still steps it with the average. With zero_fill off
 //    a missing gradient is an error (the ranks' buffers would no longer line up).
 //  - allreduce_every = k (communication frequency): update() is called once per micro-batch;
 //    k consecutive calls accumulate their gradients locally, and the k-th exchanges their mean
 //    once and steps — the same step as one k-times larger batch (gradients being per-batch
-//    means), for 1/k of the communication. Only that call returns true. Double buffering then
-//    overlaps each exchange with the next k micro-batches.
+//    means), for 1/k of the communication. Only that call returns true. Calls 1..k form the
+//    first step, k+1..2k the second, and so on. Double buffering then overlaps each exchange
+//    with the next k micro-batches.
 //  - Built on a HierarchicalCommunicator (hierarchical.hpp), the gradients are averaged within
 //    each host first, then across the hosts; the broadcast and the divisor use its world.
 //    Without double buffering: the hierarchical allreduce has no non-blocking form.
 //  - stats() counts exchanges, bytes sent per rank's buffer and the seconds update() spent
 //    blocked on communication (the allreduce, or waiting for the one in flight).
+//  - save/load (a checkpoint) hold the wrapped optimizer's state: it needs save/load members,
+//    or must be declared stateless (is_stateless_optimizer, optimizer.hpp), else they do not
+//    compile. A snapshot loads into either double-buffering mode: one saved with double
+//    buffering holds averages exchanged but not applied yet, which a run without it applies at
+//    its first step (before that step's own); one saved without holds averages already
+//    applied, so a double-buffered run starts as at the beginning, its first step only
+//    starting an exchange. Either way every gradient is applied once. allreduce_every may
+//    differ too, if the snapshot was saved at a step boundary (else load throws).
 #ifndef MNCL_FRONTENDS_MULTI_NODE_OPTIMIZER_HPP
 #define MNCL_FRONTENDS_MULTI_NODE_OPTIMIZER_HPP
 
@@ -95,15 +107,13 @@ class MultiNodeOptimizer {
 
   // Collective. params and grads pair up by index; an empty grad span means "no gradient on this
   // rank" (see zero_fill). The parameter list must keep its shape across updates. Returns
-  // whether the parameters were stepped (false for the broadcast, for micro-batches that only
-  // accumulate, and for the first double-buffered exchange).
+  // whether the parameters were stepped (false for micro-batches that only accumulate, and for
+  // the first double-buffered exchange).
   bool update(const ParamSpans &params, const GradSpans &grads) {
     check_arguments(params, grads);
-    if (updates_ == 0) {
-      broadcast_params(params);
-      ++updates_;
-      return false;
-    }
+    // Not a step of its own: these gradients are the first micro-batch, so the first k calls
+    // make the first step, as the caller's loop over groups of k micro-batches expects.
+    if (!broadcasted_) broadcast_parameters(params);
     prepare_layout(params);
     ++updates_;
     const GradSpans *to_send = &grads;
@@ -120,12 +130,24 @@ class MultiNodeOptimizer {
       stepped = have_averaged_;
       if (stepped) optimizer_.update(params, averaged_spans_);
     } else {
+      if (!unapplied_.empty()) {  // a double-buffered snapshot's last averages (see load)
+        optimizer_.update(params, spans_over(unapplied_));
+        unapplied_.clear();
+      }
       start_exchange(*to_send);
       finish_exchange();
       optimizer_.update(params, averaged_spans_);
     }
     if (options_.allreduce_every > 1) clear_accumulator();
     return stepped;
+  }
+
+  // Collective: broadcasts the root's parameters now; the first update() does it otherwise (and
+  // then uses its gradients, computed from this rank's own initial parameters). Call it before
+  // computing the first gradients where the ranks' initial parameters differ.
+  void broadcast_parameters(const ParamSpans &params) {
+    broadcast_params(params);
+    broadcasted_ = true;
   }
 
   // Double buffering: completes the exchange in flight (before a checkpoint, or to read the
@@ -135,7 +157,7 @@ class MultiNodeOptimizer {
   // The averaged gradients the last step used (or the next double-buffered step will use).
   const GradSpans &averaged_grads() const noexcept { return averaged_spans_; }
   Optimizer &actual_optimizer() noexcept { return optimizer_; }
-  // Calls to update() so far, the broadcast included.
+  // Calls to update() so far.
   uint64_t updates() const noexcept { return updates_; }
   // Micro-batches accumulated towards the next exchange (allreduce_every > 1).
   int pending_micro_batches() const noexcept { return accumulated_; }
@@ -143,26 +165,71 @@ class MultiNodeOptimizer {
   const ExchangeStats &stats() const noexcept { return stats_; }
   void reset_stats() noexcept { stats_ = ExchangeStats{}; }
 
+  // A snapshot (checkpointer.hpp): progress, averages, accumulation and the wrapped optimizer's
+  // state (see the top of the file). Complete an exchange in flight first (synchronize()).
   void save(OutArchive &ar) const {
+    require_optimizer_state();
     if (in_flight_) {
       throw InvalidArgument(
           "MultiNodeOptimizer::save: a gradient exchange is in flight; call synchronize() first");
     }
-    ar << updates_ << have_averaged_ << averaged_;
+    // Averages loaded from a double-buffered snapshot and not applied yet are still that
+    // snapshot's state (averaged_ holds them until the step that applies them).
+    const bool pending_averages = options_.double_buffering || !unapplied_.empty();
+    ar << kSnapshotTag << kSnapshotVersion << updates_ << broadcasted_ << pending_averages
+       << static_cast<int32_t>(options_.allreduce_every) << have_averaged_ << averaged_;
     if constexpr (is_serializable<Optimizer>()) ar << optimizer_;
-    // Only with accumulation, so snapshots with allreduce_every = 1 keep their old format.
-    if (options_.allreduce_every > 1) ar << accumulated_ << accumulator_;
+    ar << accumulated_ << accumulator_;
   }
   void load(InArchive &ar) {
+    require_optimizer_state();
     finish_exchange();
-    ar >> updates_ >> have_averaged_ >> averaged_;
-    if constexpr (is_serializable<Optimizer>()) ar >> optimizer_;
-    if (options_.allreduce_every > 1) {
-      ar >> accumulated_ >> accumulator_;
-      if (accumulated_ < 0 || accumulated_ >= options_.allreduce_every ||
-          (!accumulator_.empty() && accumulator_.size() != averaged_.size())) {
-        throw SerializationError("MultiNodeOptimizer::load: inconsistent accumulation state");
+    uint64_t first = 0;
+    ar >> first;
+    // What the snapshot's run did; snapshots from before the tag did not say, and are taken as
+    // this run's settings (as they always were).
+    bool saved_double_buffering = options_.double_buffering;
+    int32_t saved_every = options_.allreduce_every;
+    if (first == kSnapshotTag) {
+      uint32_t version = 0;
+      ar >> version;
+      if (version != kSnapshotVersion) {
+        throw SerializationError("MultiNodeOptimizer::load: snapshot format " +
+                                 std::to_string(version) + " is unknown");
       }
+      ar >> updates_ >> broadcasted_ >> saved_double_buffering >> saved_every >> have_averaged_ >>
+          averaged_;
+      if constexpr (is_serializable<Optimizer>()) ar >> optimizer_;
+      ar >> accumulated_ >> accumulator_;
+    } else {
+      updates_ = first;  // (the broadcast counted as an update then)
+      broadcasted_ = updates_ > 0;
+      ar >> have_averaged_ >> averaged_;
+      if constexpr (is_serializable<Optimizer>()) ar >> optimizer_;
+      accumulated_ = 0;
+      accumulator_.clear();
+      if (options_.allreduce_every > 1) ar >> accumulated_ >> accumulator_;
+    }
+    if (saved_every < 1 || accumulated_ < 0 || accumulated_ >= saved_every ||
+        (!accumulator_.empty() && accumulator_.size() != averaged_.size())) {
+      throw SerializationError("MultiNodeOptimizer::load: inconsistent accumulation state");
+    }
+    if (saved_every != options_.allreduce_every) {
+      // Part of a round of another length cannot be finished in this run's rounds.
+      if (accumulated_ != 0) {
+        throw InvalidArgument("MultiNodeOptimizer::load: the snapshot was saved after " +
+                              std::to_string(accumulated_) + " of " + std::to_string(saved_every) +
+                              " micro-batches (allreduce_every = " + std::to_string(saved_every) +
+                              "); resume it with that allreduce_every, or save at a step boundary");
+      }
+      accumulator_.clear();  // zeros of this run's layout on the next update
+    }
+    // The other double-buffering mode: apply every exchanged gradient exactly once.
+    unapplied_.clear();
+    if (saved_double_buffering && !options_.double_buffering && have_averaged_) {
+      unapplied_ = averaged_;  // exchanged, not applied: the next step applies them first
+    } else if (!saved_double_buffering && options_.double_buffering) {
+      have_averaged_ = false;  // applied already: the next step only starts an exchange
     }
     layout_ready_ = false;  // rebuilt (and checked against averaged_) on the next update
     // The spans pointed into the vectors just replaced: aim them at the loaded ones while the
@@ -371,11 +438,27 @@ class MultiNodeOptimizer {
     }
   }
 
+  // Snapshots begin with this tag (then a version); older ones began with the update count.
+  static constexpr uint64_t kSnapshotTag = 0x4d4e434c4d4e4f50ull;  // "MNCLMNOP"
+  static constexpr uint32_t kSnapshotVersion = 2;
+  // Instantiated by save and load only: wrapping such an optimizer is fine until a checkpoint.
+  static constexpr void require_optimizer_state() {
+    static_assert(
+        is_serializable<Optimizer>() || is_stateless_optimizer<Optimizer>::value,
+        "MultiNodeOptimizer save/load: the wrapped optimizer has no save(mncl::OutArchive&) const "
+        "and load(mncl::InArchive&) members, so its state (momentum, moments) would be missing "
+        "from the snapshot and restart from zero on resume. Give it those members, or, if it "
+        "truly has no state, declare it stateless: a member `static constexpr bool "
+        "stateless_optimizer = true;` or a specialization of mncl::is_stateless_optimizer "
+        "(optimizer.hpp)");
+  }
+
   Optimizer optimizer_;
   Communicator *comm_;
   HierarchicalCommunicator *hierarchical_ = nullptr;  // set: gradients go through it
   Options options_;
   uint64_t updates_ = 0;
+  bool broadcasted_ = false;  // the root's parameters have been broadcast
 
   bool layout_ready_ = false;
   std::vector<std::size_t> offsets_, sizes_;
@@ -383,6 +466,9 @@ class MultiNodeOptimizer {
   std::vector<float> averaged_;  // the averages handed to the wrapped optimizer
   GradSpans averaged_spans_;
   bool have_averaged_ = false;
+  // Loaded from a double-buffered snapshot into a run without it: averages exchanged but not
+  // applied, which the next step applies before its own.
+  std::vector<float> unapplied_;
   // Wire buffers: float32 only needs its own when double buffering (else averaged_ is used).
   std::vector<float> comm_f32_;
   std::vector<Float16> comm_f16_;

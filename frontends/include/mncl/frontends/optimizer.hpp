@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "mncl/frontends/error.hpp"
@@ -21,6 +22,20 @@ namespace mncl {
 
 using ParamSpans = std::vector<Span<float>>;
 using GradSpans = std::vector<Span<const float>>;
+
+// Whether an optimizer has no state to checkpoint (SGD without momentum, say). A
+// MultiNodeOptimizer's snapshot holds its wrapped optimizer's state, so saving or loading one
+// around an optimizer without save/load members (serialize.hpp) does not compile: its momentum
+// or moments would be missing from the snapshot and silently restart from zero on resume.
+// An optimizer that truly has nothing to save says so, by a member
+//   static constexpr bool stateless_optimizer = true;
+// or, for a type that cannot be changed, by specializing this trait:
+//   template <> struct mncl::is_stateless_optimizer<TheirSgd> : std::true_type {};
+template <class Optimizer, class = void>
+struct is_stateless_optimizer : std::false_type {};
+template <class Optimizer>
+struct is_stateless_optimizer<Optimizer, std::enable_if_t<Optimizer::stateless_optimizer>>
+    : std::true_type {};
 
 namespace detail {
 // Sizes must match the parameters and, once state exists, the state.

@@ -7,6 +7,9 @@
 #include <cstddef>
 #include <type_traits>
 #include <utility>
+#if __cplusplus >= 202002L && __has_include(<ranges>)
+#include <ranges>
+#endif
 
 namespace mncl {
 
@@ -74,6 +77,25 @@ template <class B>
 inline constexpr bool kIsBuffer = IsBuffer<std::remove_reference_t<B>>::value;
 template <class B>
 using EnableIfBuffer = std::enable_if_t<kIsBuffer<B>>;
+
+// A view: it points at elements that outlive it (a Span; in C++20 any borrowed range, such as
+// std::span). A non-blocking call may keep a pointer past the statement into a view, or into an
+// lvalue container, but never into a temporary container (a std::vector returned by a call),
+// which is freed at the end of the statement while the operation still reads or writes it.
+template <class B>
+inline constexpr bool kIsView = IsSpan<std::remove_cv_t<std::remove_reference_t<B>>>::value
+#if __cplusplus >= 202002L && defined(__cpp_lib_ranges)
+                                || std::ranges::borrowed_range<B>
+#endif
+    ;
+// B as a forwarding reference deduces it: an lvalue reference for an lvalue argument.
+template <class B>
+inline constexpr bool kIsTemporaryContainer = !std::is_lvalue_reference_v<B> && !kIsView<B>;
+// Buffers a non-blocking call may keep (lvalues and views), and those it must refuse.
+template <class B>
+using EnableIfLastingBuffer = std::enable_if_t<kIsBuffer<B> && !kIsTemporaryContainer<B>, int>;
+template <class B>
+using EnableIfTemporaryBuffer = std::enable_if_t<kIsBuffer<B> && kIsTemporaryContainer<B>, int>;
 }  // namespace detail
 
 // The Span over a buffer, element type deduced (const for const containers).
