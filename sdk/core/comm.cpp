@@ -6,12 +6,14 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -336,10 +338,12 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
       // Leave the note in the other rank 0's store, as a client, if that is what holds the
       // address (briefly: it may be some other program).
       try {
-        bootstrap::make_prefix_store(bootstrap::open_store(settings.store_url, 1, settings.size,
-                                                           wait_options(2000, &comm->aborted_)),
-                                     comm->id_ + "/")
-            ->set("claim/twice", claim.data(), claim.size());
+        const auto store =
+            bootstrap::make_prefix_store(bootstrap::open_store(settings.store_url, 1, settings.size,
+                                                               wait_options(2000, &comm->aborted_)),
+                                         comm->id_ + "/");
+        store->add("claim/0", 1);  // the count that tells this job's note from an earlier one's
+        store->set("claim/twice", claim.data(), claim.size());
       } catch (const Error &note_error) {
         MNCL_INFO("mncl_comm_create: could not tell the other rank 0: %s", note_error.what());
       }
@@ -381,13 +385,26 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
   }
   std::vector<std::string> joins;
   std::vector<int> absent;
-  // The rank no one took never joins: every rank that did gives up once the second claimant
-  // has left its note, rather than at the join timeout.
+  // The rank no one took never joins: every rank that did gives up once the second claimant's
+  // note has stood for a grace (a missing rank may still come: a stray extra process beside a
+  // healthy job), rather than at the join timeout. Only a note whose rank this job's claims
+  // count twice: one an earlier job left in a file store folder used again stops nobody.
+  const auto grace = std::chrono::milliseconds(std::min<int64_t>(10000, settings.timeout_ms / 4));
+  std::optional<std::chrono::steady_clock::time_point> note_since;
   bool claimed_twice = false;
   const auto stop_if_claimed_twice = [&](const std::vector<int> &missing) {
     if (!comm->comm_store_->wait({"claim/twice"}, wait_options(0, nullptr)).empty()) return;
     const std::string twice =
         bytes_to_string(comm->comm_store_->get("claim/twice", wait_options(0, nullptr)));
+    // Judged once: a rank that gives up first takes its own claim back.
+    int claimed = -1;
+    if (!note_since && (std::sscanf(twice.c_str(), "rank %d", &claimed) != 1 ||
+                        comm->comm_store_->add("claim/" + std::to_string(claimed), 0) < 2)) {
+      return;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (!note_since) note_since = now;
+    if (now - *note_since < grace) return;
     claimed_twice = true;
     throw Error(MNCL_ERR_BOOTSTRAP,
                 format("mncl_comm_create: a process claimed %s, and rank%s %s did not join: two "
@@ -656,7 +673,7 @@ void Comm::execute_now(const mncl_coll_v1_t &coll) {
           std::make_unique<Watchdog>(history_, timeout_ms_, [this](const OpHistory::Record &r) {
             {
               std::lock_guard<std::mutex> lock(watchdog_mutex_);
-              watchdog_op_ = {r.kind, r.seq};
+              watchdog_op_ = r;
               watchdog_report_ = format(
                   "%s on %s (rank %d of %d): no result from the backend within the timeout of "
                   "%.1f s (+%.1f s grace); the watchdog aborted the backend's communicator",
@@ -679,7 +696,9 @@ void Comm::execute_now(const mncl_coll_v1_t &coll) {
     {
       std::lock_guard<std::mutex> lock(watchdog_mutex_);
       report = watchdog_report_;
-      this_op = watchdog_op_ == std::make_pair(c.kind, c.seq);
+      const bool p2p = c.kind == MNCL_COLL_SEND || c.kind == MNCL_COLL_RECV;
+      this_op = watchdog_op_.kind == c.kind && watchdog_op_.seq == c.seq &&
+                watchdog_op_.peer == (p2p ? c.root : -1);
     }
     if (!report.empty() && !aborted_.load()) {
       if (this_op) throw Error(MNCL_ERR_TIMEOUT, report + diagnosis(c, MNCL_ERR_TIMEOUT));
@@ -739,10 +758,12 @@ void Comm::run(mncl_coll_v1_t coll) {
 std::shared_ptr<Operation> Comm::start(const mncl_coll_v1_t &coll_in) {
   auto op = std::make_shared<Operation>();
   op->coll = coll_in;
-  // Checked first (an impossible nbufs is the caller's error, not a failed copy), then the
-  // caller's arrays, which need not outlive the call, copied.
-  validate_and_number(op->coll);
+  // Checked before the caller's arrays (which need not outlive the call) are copied: an
+  // impossible nbufs is the caller's error, not a failed copy; numbered after, so that a copy
+  // that fails uses up no sequence number (the ranks' numbers would part).
+  validate_collective(op->coll, rank_, size_, *table_);
   kit::keep_arrays(op->coll, op->sendbufs, op->recvbufs, op->counts);
+  validate_and_number(op->coll);
   launch(op);
   return op;
 }
@@ -1677,6 +1698,7 @@ void Comm::destroy() {
           leave.push_back("leave/" + std::to_string(r));
           cleanup.push_back("join/" + std::to_string(r));
           cleanup.push_back("claim/" + std::to_string(r));
+          if (r == 0) cleanup.push_back("claim/twice");  // a stray claimant's, after the join
           cleanup.push_back(diag_key(r));
           if (r == 0) cleanup.push_back(diag_read_key());
           cleanup.push_back("choice/" + std::to_string(r));

@@ -1281,8 +1281,8 @@ int drive_store_token(const Options &o) {
 
 // Two processes given one rank of 3 (and none rank 2), on each kind of store. Rank 1 twice:
 // the second to claim it fails at once with MNCL_ERR_BOOTSTRAP naming the rank; the others
-// stop waiting for rank 2 once they see its note, also with MNCL_ERR_BOOTSTRAP, naming the
-// claim and the rank that never joined (they would time out at the join with
+// stop waiting for rank 2 a grace after they see its note, also with MNCL_ERR_BOOTSTRAP,
+// naming the claim and the rank that never joined (they would time out at the join with
 // MNCL_ERR_TIMEOUT otherwise); run again in the same file store folder, the same happens (the
 // failed join took its claims back). Rank 0 twice: on a file store likewise; on a TCP store
 // the second cannot start the store, says that another process may be rank 0 too, and leaves
