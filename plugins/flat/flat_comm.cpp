@@ -57,14 +57,15 @@ std::atomic<int> g_in_flight{0};
 // completed), and the progress thread rests until a new post, rather than poll for requests
 // the application may never complete (dropped after a wait timed out, a standing receive).
 std::atomic<Clock::rep> g_in_flight_until{0};
-// Extends g_in_flight_until to deadline; whether it had passed (the thread may be resting).
+// Extends g_in_flight_until to deadline; whether the value it replaced has passed by now (the
+// thread may be resting: judged after the swap, so that a thread that saw that value pass
+// just before it is woken).
 bool extend_in_flight_until(Clock::time_point deadline) {
   const Clock::rep until = deadline.time_since_epoch().count();
   Clock::rep latest = g_in_flight_until.load();
-  const bool had_passed = latest < Clock::now().time_since_epoch().count();
   while (latest < until && !g_in_flight_until.compare_exchange_weak(latest, until)) {
   }
-  return had_passed;
+  return latest < Clock::now().time_since_epoch().count();
 }
 // When a flat call last entered MPI on the application's behalf (a post or a test), in
 // steady_clock ticks: the progress thread stays out of MPI while the application polls.

@@ -298,12 +298,12 @@ TcpStoreServer::TcpStoreServer(const std::string &host, uint16_t port, std::stri
                url.c_str());
   }
   impl_->bind_all(host, port);
-  serving(impl_->url, true, &registered_);
   raise_descriptor_limit(impl_->url);
   impl_->wakeup.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   MNCL_CHECK(impl_->wakeup, MNCL_ERR_SYSTEM, "cannot start the store at %s: eventfd: %s",
              impl_->url.c_str(), net::error_text(errno).c_str());
   impl_->thread = std::thread([impl = impl_.get()] { impl->run(); });
+  serving(impl_->url, true, &registered_);  // last: a constructor that throws never deregisters
   MNCL_INFO("store server listening at %s%s", impl_->url.c_str(),
             impl_->token.empty() ? "" : " (token required)");
 }

@@ -225,8 +225,8 @@ class Comm {
   OpHistory history_;                    // last operations, for the watchdog and messages
   std::unique_ptr<Watchdog> watchdog_;   // started by the first operation
   std::mutex watchdog_mutex_;
-  std::string watchdog_report_;  // set when the watchdog fired (under the mutex)
-  std::pair<int32_t, uint64_t> watchdog_op_{-1, 0};  // the kind and seq it fired for
+  std::string watchdog_report_;    // set when the watchdog fired (under the mutex)
+  OpHistory::Record watchdog_op_;  // the operation it fired for (kind, seq, peer)
   // Set once every rank has joined: from then on rank 0 keeps the store up at destroy until all
   // ranks have left (even when creation fails later); before it, nobody waits for anybody.
   bool joined_ = false;

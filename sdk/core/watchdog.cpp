@@ -66,6 +66,8 @@ size_t OpHistory::begin(const mncl_coll_v1_t &coll) {
   }
   slot->seq.store(coll.seq, std::memory_order_relaxed);
   slot->kind.store(coll.kind, std::memory_order_relaxed);
+  const bool p2p = coll.kind == MNCL_COLL_SEND || coll.kind == MNCL_COLL_RECV;
+  slot->peer.store(p2p ? coll.root : -1, std::memory_order_relaxed);
   slot->bytes.store(coll_bytes(coll), std::memory_order_relaxed);
   slot->start_ns.store(now_ns(), std::memory_order_relaxed);
   slot->state.store(State::kRunning, std::memory_order_release);  // publishes the slot
@@ -84,6 +86,7 @@ OpHistory::Record OpHistory::read(const Slot &slot) const {
   r.state = slot.state.load(std::memory_order_acquire);
   r.seq = slot.seq.load(std::memory_order_relaxed);
   r.kind = slot.kind.load(std::memory_order_relaxed);
+  r.peer = slot.peer.load(std::memory_order_relaxed);
   r.bytes = slot.bytes.load(std::memory_order_relaxed);
   r.start = Clock::time_point(std::chrono::duration_cast<Clock::duration>(
       std::chrono::nanoseconds(slot.start_ns.load(std::memory_order_relaxed))));

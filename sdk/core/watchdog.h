@@ -35,6 +35,7 @@ class OpHistory {
   struct Record {
     uint64_t seq = 0;
     int kind = 0;
+    int peer = -1;  // send/recv: their sequence numbers count per peer
     size_t bytes = 0;
     State state = State::kRunning;
     std::chrono::steady_clock::time_point start;
@@ -63,6 +64,7 @@ class OpHistory {
   struct Slot {
     std::atomic<uint64_t> seq{0};
     std::atomic<int> kind{0};
+    std::atomic<int> peer{-1};
     std::atomic<size_t> bytes{0};
     std::atomic<State> state{State::kEmpty};
     std::atomic<int64_t> start_ns{0};    // steady_clock
