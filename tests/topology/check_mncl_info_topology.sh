@@ -5,20 +5,15 @@
 set -u
 info=$1
 dir=$2
-status=0
+# expect / refute, and status
+source "$(dirname "$0")/expect_lines.sh"
 run() {  # run <description> <env...>: mncl-info --topology under the given environment
-  local what=$1
+  what=$1
   shift
   out=$(env "$@" "$info" --topology 2>&1)
   rc=$?
   echo "=== $what"
   echo "$out"
-}
-expect() {
-  if ! grep -Eq -- "$1" <<<"$out"; then
-    echo "MISSING in '$what': a line matching /$1/" >&2
-    status=1
-  fi
 }
 
 run "this machine"

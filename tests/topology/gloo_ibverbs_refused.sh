@@ -10,7 +10,8 @@ info=$1
 run=$2
 probe=$3
 dir=$4
-status=0
+# expect / refute, and status
+source "$(dirname "$0")/expect_lines.sh"
 why='MNCL_GLOO_TRANSPORT=ibverbs is not supported: .*no unbound buffers, which every MNCL gloo operation uses; use tcp'
 check() {  # check <description> <command...>: runs it, keeping its output in $out
   what=$1
@@ -19,18 +20,6 @@ check() {  # check <description> <command...>: runs it, keeping its output in $o
   rc=$?
   echo "=== $what (exit $rc)"
   echo "$out"
-}
-expect() {
-  if ! grep -Eq -- "$1" <<<"$out"; then
-    echo "MISSING in '$what': a line matching /$1/" >&2
-    status=1
-  fi
-}
-refute() {
-  if grep -Eq -- "$1" <<<"$out"; then
-    echo "UNEXPECTED in '$what': a line matching /$1/" >&2
-    status=1
-  fi
 }
 
 check "mncl-info --plugins, ibverbs" env MNCL_GLOO_TRANSPORT=ibverbs "$info" --plugins
