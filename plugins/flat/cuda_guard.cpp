@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "common/host.h"
+
 namespace mncl::flat::cuda {
 
 namespace {
@@ -11,13 +13,14 @@ namespace {
 // The few driver API declarations used (cuda.h is not needed to build flat).
 using CUresult = int;
 using PointerGetAttribute = CUresult (*)(void *data, int attribute, unsigned long long ptr);
-using StreamSynchronize = CUresult (*)(void *stream);
+using StreamQuery = CUresult (*)(void *stream);
+constexpr CUresult kNotReady = 600;      // CUDA_ERROR_NOT_READY
 constexpr int kAttributeMemoryType = 2;  // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
 constexpr unsigned kMemoryTypeHost = 1;  // CU_MEMORYTYPE_HOST
 
 struct Driver {
   PointerGetAttribute get_attribute = nullptr;
-  StreamSynchronize synchronize = nullptr;
+  StreamQuery query = nullptr;
 };
 
 const Driver &driver() {
@@ -28,7 +31,7 @@ const Driver &driver() {
     if (lib != nullptr) {
       out.get_attribute =
           reinterpret_cast<PointerGetAttribute>(dlsym(lib, "cuPointerGetAttribute"));
-      out.synchronize = reinterpret_cast<StreamSynchronize>(dlsym(lib, "cuStreamSynchronize"));
+      out.query = reinterpret_cast<StreamQuery>(dlsym(lib, "cuStreamQuery"));
     }
     return out;
   }();
@@ -47,9 +50,21 @@ bool is_device_pointer(const void *p) {
   return type != kMemoryTypeHost;
 }
 
-bool synchronize(void *stream) {
-  if (stream == nullptr || driver().synchronize == nullptr) return true;
-  return driver().synchronize(stream) == 0;
+kit::PollResult wait_for_stream(void *stream, std::chrono::steady_clock::time_point deadline,
+                                const std::atomic<bool> *aborted) {
+  if (driver().query == nullptr) return kit::PollResult::kReady;
+  return kit::poll_until(
+      [&] {
+        const CUresult result = driver().query(stream);
+        if (result != 0 && result != kNotReady) {
+          throw kit::Error(MNCL_ERR_SYSTEM,
+                           kit::format("cuStreamQuery on the caller's stream failed with CUDA "
+                                       "error %d",
+                                       result));
+        }
+        return result == 0;
+      },
+      deadline, aborted);
 }
 
 }  // namespace mncl::flat::cuda

@@ -6,15 +6,24 @@
 // host: the AVG division, the coalesced pack, the in-place reduce_scatter copy, the pack of
 // allgatherv / alltoallv blocks whose displacements do not fit MPI's int. Those forms
 // are refused on device memory with MNCL_ERR_NOT_SUPPORTED rather than crashing; the rest runs
-// after the caller's stream has been synchronized (MPI does not order itself with streams).
+// after the caller's stream has finished its queued work (MPI does not order itself with
+// streams).
 #pragma once
+
+#include <atomic>
+#include <chrono>
+
+#include "common/poll.h"
 
 namespace mncl::flat::cuda {
 
 // True if p is CUDA device (or managed) memory. False for host memory, NULL, or no CUDA here.
 bool is_device_pointer(const void *p);
-// Waits for the work queued on `stream` (a cudaStream_t / CUstream). No-op for NULL or no CUDA.
-// Returns false if CUDA reported an error.
-bool synchronize(void *stream);
+// Waits for the work queued on `stream` (a cudaStream_t / CUstream; NULL is the legacy default
+// stream), polling cuStreamQuery so that the wait ends at `deadline` (kTimedOut) or once
+// *aborted is true (kStopped). kReady at once without CUDA. A CUDA error throws kit::Error
+// (MNCL_ERR_SYSTEM) naming it.
+kit::PollResult wait_for_stream(void *stream, std::chrono::steady_clock::time_point deadline,
+                                const std::atomic<bool> *aborted);
 
 }  // namespace mncl::flat::cuda

@@ -22,6 +22,8 @@ namespace kit = mncl::kit;
 namespace {
 
 using Clock = std::chrono::steady_clock;
+// A descriptor without a timeout (only from a caller of the plugin itself: the core sets one).
+constexpr int64_t kDefaultTimeoutMs = 300000;
 
 // MPI counts are ints: element-wise operations are cut into chunks of at most this many.
 constexpr size_t kMaxChunk = INT_MAX;
@@ -533,10 +535,26 @@ void Comm::check_usable(const mncl_coll_v1_t *c, const char *what) const {
 }
 
 void Comm::prepare_device_buffers(const mncl_coll_v1_t &c) const {
-  if (!cuda::synchronize(c.stream)) {
-    throw kit::Error(MNCL_ERR_SYSTEM, kit::format("flat %s: cuStreamSynchronize on the caller's "
-                                                  "stream failed",
-                                                  describe(c).c_str()));
+  // MPI reads the buffers now: the work the caller queued on its stream before must be done.
+  const int64_t timeout_ms = c.timeout_ms > 0 ? c.timeout_ms : kDefaultTimeoutMs;
+  kit::PollResult waited;
+  try {
+    waited = cuda::wait_for_stream(c.stream, Clock::now() + std::chrono::milliseconds(timeout_ms),
+                                   &aborted_);
+  } catch (const kit::Error &e) {
+    throw kit::Error(e.status(), kit::format("flat %s: %s", describe(c).c_str(), e.what()));
+  }
+  if (waited == kit::PollResult::kTimedOut) {
+    throw kit::Error(MNCL_ERR_TIMEOUT,
+                     kit::format("flat %s: the caller's CUDA stream did not finish the work "
+                                 "queued on it before the call within the operation's timeout "
+                                 "of %.1f s",
+                                 describe(c).c_str(), static_cast<double>(timeout_ms) / 1000.0));
+  }
+  if (waited == kit::PollResult::kStopped) {
+    throw kit::Error(MNCL_ERR_ABORTED, kit::format("flat %s: the communicator was aborted while "
+                                                   "waiting for the caller's CUDA stream",
+                                                   describe(c).c_str()));
   }
   // Forms whose last step runs on the host: AVG's division, the coalesced pack, the copy of
   // an in-place reduce_scatter result.
@@ -617,7 +635,8 @@ std::unique_ptr<Request> new_request(const mncl_coll_v1_t &c, bool polled) {
   r->dtype = c.dtype;
   r->op = c.op;
   r->seq = c.seq;
-  r->deadline = Clock::now() + std::chrono::milliseconds(c.timeout_ms > 0 ? c.timeout_ms : 300000);
+  r->deadline =
+      Clock::now() + std::chrono::milliseconds(c.timeout_ms > 0 ? c.timeout_ms : kDefaultTimeoutMs);
   return r;
 }
 

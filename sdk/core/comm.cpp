@@ -713,6 +713,11 @@ void Comm::execute_now(const mncl_coll_v1_t &coll) {
                                backend().c_str(), rank_, size_, last_error()) +
                             diagnosis(c, status));
   };
+  // Staging's waits on the caller's stream get the operation's timeout, and end on an abort.
+  auto bounds = [&](const mncl_coll_v1_t &c) {
+    return cuda::Staging::WaitBounds{c.timeout_ms > 0 ? c.timeout_ms : timeout_ms_, &aborted_,
+                                     op_label(fn, c.kind, c.seq)};
+  };
   if (coll.kind == MNCL_COLL_ALLREDUCE_COALESCED &&
       !(table_->coll_mask & MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED))) {
     for (size_t i = 0; i < coll.nbufs; ++i) {
@@ -726,11 +731,11 @@ void Comm::execute_now(const mncl_coll_v1_t &coll) {
       single.recvbufs = nullptr;
       single.counts = nullptr;
       single.seq = coll.seq + i;
-      needs_staging(single) ? staging_->run(single, call) : call(single);
+      needs_staging(single) ? staging_->run(single, call, bounds(single)) : call(single);
     }
     return;
   }
-  needs_staging(coll) ? staging_->run(coll, call) : call(coll);
+  needs_staging(coll) ? staging_->run(coll, call, bounds(coll)) : call(coll);
 }
 
 void Comm::run(mncl_coll_v1_t coll) {

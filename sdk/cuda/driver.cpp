@@ -3,6 +3,8 @@
 #include <dlfcn.h>
 #include <link.h>
 
+#include <chrono>
+
 #include "common/env.h"
 #include "common/error.h"
 #include "common/log.h"
@@ -20,6 +22,7 @@ constexpr CUpointer_attribute kAttrDeviceOrdinal = 9;
 constexpr unsigned kMemoryTypeDevice = 2;
 constexpr unsigned kMemoryTypeUnified = 4;
 constexpr unsigned kHostAllocPortable = 0x01;
+constexpr CUresult kCudaErrorNotReady = 600;
 
 constexpr const char *kDefaultLibrary = "libcuda.so.1";
 
@@ -43,7 +46,7 @@ struct Driver::Api {
   CUresult (*mem_free_host)(void *);
   CUresult (*memcpy_dtoh_async)(void *, CUdeviceptr, size_t, CUstream);
   CUresult (*memcpy_htod_async)(CUdeviceptr, const void *, size_t, CUstream);
-  CUresult (*stream_synchronize)(CUstream);
+  CUresult (*stream_query)(CUstream);
   CUresult (*get_error_name)(CUresult, const char **);
   CUresult (*get_error_string)(CUresult, const char **);
   CUresult (*driver_get_version)(int *);
@@ -95,7 +98,7 @@ bool Driver::loaded() {
   resolve(api->mem_free_host, "cuMemFreeHost");
   resolve(api->memcpy_dtoh_async, "cuMemcpyDtoHAsync_v2");
   resolve(api->memcpy_htod_async, "cuMemcpyHtoDAsync_v2");
-  resolve(api->stream_synchronize, "cuStreamSynchronize");
+  resolve(api->stream_query, "cuStreamQuery");
   resolve(api->get_error_name, "cuGetErrorName");
   resolve(api->get_error_string, "cuGetErrorString");
   resolve(api->driver_get_version, "cuDriverGetVersion");
@@ -219,19 +222,33 @@ bool Driver::capturing(void *stream) {
   return status != kCaptureStatusNone;
 }
 
-void Driver::synchronize(void *stream) {
+kit::PollResult Driver::synchronize(void *stream, int64_t timeout_ms,
+                                    const std::atomic<bool> *aborted) {
+  using Clock = std::chrono::steady_clock;
   const Api *api = api_.load();
-  // In thread-local capture mode for the call: in the default global mode, a synchronization
+  // In thread-local capture mode for the wait: in the default global mode, a stream query
   // while any other thread captures a CUDA graph in global mode is prohibited, fails, and
   // invalidates that capture. This thread captures nothing here (staging refuses a capturing
-  // stream first), so thread-local mode lets the call through and leaves the capture alone.
+  // stream first), so thread-local mode lets the calls through and leaves the capture alone.
   constexpr int kThreadLocal = 1;  // CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
   int mode = kThreadLocal;
   const bool exchanged =
       api->exchange_capture_mode != nullptr && api->exchange_capture_mode(&mode) == kCudaSuccess;
-  const CUresult result = api->stream_synchronize(static_cast<CUstream>(stream));
-  if (exchanged) api->exchange_capture_mode(&mode);
-  check(result, "cuStreamSynchronize");
+  struct Restore {
+    const Api *api;
+    bool exchanged;
+    int &mode;
+    ~Restore() {
+      if (exchanged) api->exchange_capture_mode(&mode);
+    }
+  } restore{api, exchanged, mode};
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  const auto ready = [&] {
+    const CUresult result = api->stream_query(static_cast<CUstream>(stream));
+    if (result != kCudaErrorNotReady) check(result, "cuStreamQuery");
+    return result == kCudaSuccess;
+  };
+  return kit::poll_until(ready, deadline, aborted);
 }
 
 }  // namespace mncl::cuda

@@ -21,6 +21,8 @@
 #include <mutex>
 #include <string>
 
+#include "common/poll.h"  // the plugin kit's
+
 namespace mncl::cuda {
 
 // Driver-API types and constants used here (cuda.h values; stable ABI).
@@ -73,7 +75,11 @@ class Driver {
   void host_free(void *ptr) noexcept;
   void copy_d2h_async(void *dst, const void *src, size_t bytes, void *stream);
   void copy_h2d_async(void *dst, const void *src, size_t bytes, void *stream);
-  void synchronize(void *stream);
+
+  // Waits until `stream` has finished all the work queued on it. It polls (cuStreamQuery)
+  // rather than blocking in cuStreamSynchronize, so that the wait can end: kTimedOut after
+  // timeout_ms, kStopped once *aborted (may be null) is true. A CUDA error throws.
+  kit::PollResult synchronize(void *stream, int64_t timeout_ms, const std::atomic<bool> *aborted);
 
   // Finds the library if the process has loaded it since the last look; false: no buffer can
   // be CUDA memory yet.

@@ -104,20 +104,52 @@ void Staging::reserve(size_t bytes, void *context, int ordinal) {
              backend_.c_str());
 }
 
-namespace {
-// A copy failed after others were queued: they may still read or write the pinned buffer,
-// which goes back to the pool (and to another lane) when the call ends. Waits for them, best
-// effort: the copy's own error is the one to report.
-void settle_copies(Driver &driver, void *stream, bool queued) {
-  if (!queued) return;
-  try {
-    driver.synchronize(stream);
-  } catch (...) {
+void Staging::abandon_pinned() noexcept {
+  if (pinned_ == nullptr) return;
+  MNCL_WARN(
+      "CUDA staging: %zu bytes of pinned host memory are abandoned (not freed): copies still "
+      "queued on the caller's stream may use them",
+      capacity_);
+  pinned_ = nullptr;
+  capacity_ = 0;
+}
+
+void Staging::wait_for_stream(void *stream, const WaitBounds &bounds, const char *pending) {
+  switch (Driver::get().synchronize(stream, bounds.timeout_ms, bounds.aborted)) {
+    case kit::PollResult::kReady:
+      return;
+    case kit::PollResult::kTimedOut:
+      abandon_pinned();
+      throw Error(MNCL_ERR_TIMEOUT,
+                  format("%s on %s: CUDA staging: the caller's stream (%p) did not finish %s "
+                         "within the operation's timeout of %.1f s (is work queued on that "
+                         "stream stuck?)",
+                         bounds.what.c_str(), backend_.c_str(), stream, pending,
+                         static_cast<double>(bounds.timeout_ms) / 1000.0));
+    case kit::PollResult::kStopped:
+      abandon_pinned();
+      throw Error(MNCL_ERR_ABORTED,
+                  format("%s on %s: the communicator was aborted while CUDA staging waited "
+                         "for the caller's stream (%p) to finish %s",
+                         bounds.what.c_str(), backend_.c_str(), stream, pending));
   }
 }
-}  // namespace
 
-void Staging::run(const mncl_coll_v1_t &coll, const HostRun &host_run) {
+// A copy failed after others were queued: they may still read or write the pinned buffer,
+// which goes back to the pool (and to another lane) when the call ends. Waits for them, best
+// effort (the copy's own error is the one to report), or abandons the buffer.
+void Staging::settle_copies(void *stream, const WaitBounds &bounds) noexcept {
+  try {
+    if (Driver::get().synchronize(stream, bounds.timeout_ms, bounds.aborted) ==
+        kit::PollResult::kReady) {
+      return;
+    }
+  } catch (...) {
+  }
+  abandon_pinned();
+}
+
+void Staging::run(const mncl_coll_v1_t &coll, const HostRun &host_run, const WaitBounds &bounds) {
   Driver &driver = Driver::get();
   std::vector<Slot> slots;
   PointerInfo first;
@@ -178,11 +210,14 @@ void Staging::run(const mncl_coll_v1_t &coll, const HostRun &host_run) {
         }
       }
     } catch (...) {
-      settle_copies(driver, stream, copied);
+      if (copied) settle_copies(stream, bounds);
       throw;
     }
     // The host collective reads the copies: they must have landed.
-    if (copied) driver.synchronize(stream);
+    if (copied) {
+      wait_for_stream(stream, bounds,
+                      "the work queued on it before the call and the copies of the device inputs");
+    }
   }
   host_run(host.coll);
   {
@@ -196,11 +231,11 @@ void Staging::run(const mncl_coll_v1_t &coll, const HostRun &host_run) {
         copied = true;
       }
     } catch (...) {
-      settle_copies(driver, stream, copied);
+      if (copied) settle_copies(stream, bounds);
       throw;
     }
     // The result is in device memory when the call returns, and the pinned buffer is free.
-    if (copied) driver.synchronize(stream);
+    if (copied) wait_for_stream(stream, bounds, "the copies of the results to device memory");
   }
 }
 
@@ -215,7 +250,8 @@ bool StagingPool::needed(const mncl_coll_v1_t &coll) const {
   return probe_.needed(coll);
 }
 
-void StagingPool::run(const mncl_coll_v1_t &coll, const Staging::HostRun &host_run) {
+void StagingPool::run(const mncl_coll_v1_t &coll, const Staging::HostRun &host_run,
+                      const Staging::WaitBounds &bounds) {
   std::unique_ptr<Staging> staging = borrow();
   // Given back however run() ends: its buffer is sound after a failure too.
   struct Return {
@@ -223,7 +259,7 @@ void StagingPool::run(const mncl_coll_v1_t &coll, const Staging::HostRun &host_r
     std::unique_ptr<Staging> &staging;
     ~Return() { pool.give_back(std::move(staging)); }
   } give_back_on_exit{*this, staging};
-  staging->run(coll, host_run);
+  staging->run(coll, host_run, bounds);
 }
 
 std::unique_ptr<Staging> StagingPool::borrow() {

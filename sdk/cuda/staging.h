@@ -4,11 +4,12 @@
 // For one collective whose buffers include device (or managed) memory, Staging::run
 //   1. copies every device input into pinned host memory, asynchronously on the caller's
 //      stream (coll.stream, NULL = the legacy default stream), so the copy sees every kernel
-//      the caller queued before the call, then synchronizes that stream;
+//      the caller queued before the call, then waits for that stream (within the operation's
+//      timeout, see run());
 //   2. runs the host collective on a copy of the descriptor whose device pointers are replaced
 //      by their pinned stand-ins (in-place forms stay in place: overlapping buffers share one
 //      stand-in, at the same offsets);
-//   3. copies every device output back on the same stream and synchronizes it again, so the
+//   3. copies every device output back on the same stream and waits for it again, so the
 //      call returns with the result in device memory, like any blocking host collective, and
 //      the pinned buffer is free for the next call.
 // The pinned buffer belongs to the Staging object, grows to the largest collective seen and is
@@ -24,7 +25,9 @@
 
 #include <mncl/mncl_plugin_v1.h>
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -53,14 +56,30 @@ class Staging {
   // Runs coll through host_run with device buffers staged as described above. host_run gets a
   // descriptor with host pointers only (stream unchanged) and reports failure by throwing; its
   // exception propagates unchanged. CUDA failures throw mncl::Error(MNCL_ERR_SYSTEM).
+  //
+  // Each wait on the caller's stream is bounded by `bounds`: past its timeout the call throws
+  // mncl::Error(MNCL_ERR_TIMEOUT), once its abort flag is set MNCL_ERR_ABORTED. Copies may
+  // then still be queued on the stream, reading or writing the pinned buffer, so the buffer
+  // is abandoned (never freed or reused; the next call allocates a new one).
   using HostRun = std::function<void(const mncl_coll_v1_t &)>;
-  void run(const mncl_coll_v1_t &coll, const HostRun &host_run);
+  struct WaitBounds {
+    int64_t timeout_ms;                // > 0
+    const std::atomic<bool> *aborted;  // the communicator's abort flag, or null
+    std::string what;                  // names the operation in messages ("mncl_allreduce #3")
+  };
+  void run(const mncl_coll_v1_t &coll, const HostRun &host_run, const WaitBounds &bounds);
 
   // Bytes of pinned host memory held (for tests).
   size_t pinned_bytes() const { return capacity_; }
 
  private:
   void reserve(size_t bytes, void *context, int ordinal);
+  // Waits for the caller's stream within bounds; `pending` names what it waits for.
+  void wait_for_stream(void *stream, const WaitBounds &bounds, const char *pending);
+  // After a failed copy call: waits for the copies queued before it, best effort.
+  void settle_copies(void *stream, const WaitBounds &bounds) noexcept;
+  // Forgets the pinned buffer without freeing it (copies may still be using it).
+  void abandon_pinned() noexcept;
 
   int rank_;
   int size_;
@@ -82,7 +101,8 @@ class StagingPool {
   // As Staging::needed.
   bool needed(const mncl_coll_v1_t &coll) const;
   // As Staging::run, on a borrowed Staging.
-  void run(const mncl_coll_v1_t &coll, const Staging::HostRun &host_run);
+  void run(const mncl_coll_v1_t &coll, const Staging::HostRun &host_run,
+           const Staging::WaitBounds &bounds);
   // Pinned bytes held between calls, and by how many Staging objects (for tests).
   size_t idle_pinned_bytes() const;
   size_t idle_count() const;

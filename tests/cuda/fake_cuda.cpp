@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -20,7 +21,7 @@ namespace {
 
 using CUresult = int;
 constexpr CUresult kSuccess = 0, kInvalidValue = 1, kNotInitialized = 3, kInvalidContext = 201,
-                   kLaunchFailed = 719;
+                   kNotReady = 600, kLaunchFailed = 719;
 struct Ctx;  // a context is just a distinct address: one per device
 Ctx *context_of(int ordinal) {
   return reinterpret_cast<Ctx *>(0x1000 + 16 * ordinal);
@@ -43,6 +44,7 @@ std::mutex g_mutex;
 bool g_initialized = false;
 std::map<uintptr_t, Alloc> g_allocs;                 // by base address
 std::map<const void *, std::vector<Copy>> g_queues;  // pending copies per stream
+std::set<const void *> g_held;                       // streams whose work never finishes
 fake_cuda_counters_t g_counters{};
 std::string g_fail_next;
 int g_fail_skip = 0;  // calls of g_fail_next that still succeed first
@@ -122,6 +124,9 @@ FAKE_EXPORT CUresult cuGetErrorName(CUresult error, const char **name) {
       break;
     case kInvalidContext:
       *name = "CUDA_ERROR_INVALID_CONTEXT";
+      break;
+    case kNotReady:
+      *name = "CUDA_ERROR_NOT_READY";
       break;
     case kLaunchFailed:
       *name = "CUDA_ERROR_LAUNCH_FAILED";
@@ -236,9 +241,12 @@ FAKE_EXPORT CUresult cuMemcpyHtoDAsync_v2(unsigned long long dst, const void *sr
   return kSuccess;
 }
 
-FAKE_EXPORT CUresult cuStreamSynchronize(void *stream) {
+// The queued copies happen when a query finds the stream done; a held stream is never done.
+FAKE_EXPORT CUresult cuStreamQuery(void *stream) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  if (CUresult r = enter("cuStreamSynchronize", true)) return r;
+  if (CUresult r = enter("cuStreamQuery", true)) return r;
+  ++g_counters.queries;
+  if (g_held.count(stream) != 0) return kNotReady;
   ++g_counters.syncs;
   for (const Copy &c : g_queues[stream]) raw_copy(c);
   g_queues.erase(stream);
@@ -296,6 +304,15 @@ FAKE_EXPORT void fake_cuda_reset_counters(void) {
   const int64_t depth = g_counters.ctx_depth;
   g_counters = fake_cuda_counters_t{};
   g_counters.ctx_depth = depth;
+}
+
+FAKE_EXPORT void fake_cuda_hold_stream(void *stream, int held) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (held) {
+    g_held.insert(stream);
+  } else {
+    g_held.erase(stream);
+  }
 }
 
 FAKE_EXPORT void fake_cuda_fail_next(const char *entry_point) {

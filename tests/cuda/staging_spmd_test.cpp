@@ -7,10 +7,12 @@
 #include <gtest/gtest.h>
 #include <mncl/mncl.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fake_cuda.h"
@@ -28,6 +30,7 @@ struct Fake {
   void (*read)(void *, const void *, size_t);
   void *(*stream)();
   void (*counters)(fake_cuda_counters_t *);
+  void (*hold)(void *, int);
 } g_fake;
 
 bool load_fake() {
@@ -47,6 +50,7 @@ bool load_fake() {
   g_fake.stream = reinterpret_cast<void *(*)()>(dlsym(h, "fake_cuda_stream_create"));
   g_fake.counters =
       reinterpret_cast<void (*)(fake_cuda_counters_t *)>(dlsym(h, "fake_cuda_get_counters"));
+  g_fake.hold = reinterpret_cast<void (*)(void *, int)>(dlsym(h, "fake_cuda_hold_stream"));
   return g_fake.init() == 0;
 }
 
@@ -258,6 +262,47 @@ TEST(CudaStaging, ExchangeWithEveryPeerAtOncePoolsPinnedBuffers) {
   g_fake.counters(&k);
   EXPECT_LE(k.host_allocs - k.host_frees, kKeptIdle)
       << k.host_allocs << " pinned allocations, " << k.host_frees << " frees";
+  MNCL_OK_OR_DIE(mncl_barrier(g_comm, nullptr));
+}
+
+// Work on the caller's stream that never finishes (a hung kernel): every rank's staging wait
+// ends at the communicator's timeout with MNCL_ERR_TIMEOUT, or at once on mncl_comm_abort with
+// MNCL_ERR_ABORTED, instead of blocking forever in a stream synchronization. No rank reached
+// the backend, so the communicator still works once the stream moves again.
+TEST(CudaStaging, AStuckStreamTimesOutOrIsAbortedInsteadOfHanging) {
+  mncl_config_t config = MNCL_CONFIG_INIT;
+  config.timeout_ms = 300;
+  mncl_comm_t short_lived = nullptr;
+  MNCL_OK_OR_DIE(mncl_comm_split_config(g_comm, 0, g_rank, &config, &short_lived));
+  Dev buf(values(g_rank, 64));
+  void *stream = g_fake.stream();
+  g_fake.hold(stream, 1);
+  mncl_status_t st =
+      mncl_allreduce(short_lived, buf.ptr(), buf.ptr(), 64, MNCL_INT64, MNCL_SUM, stream);
+  EXPECT_EQ(st, MNCL_ERR_TIMEOUT) << mncl_last_error();
+  const std::string message = mncl_last_error();
+  EXPECT_NE(message.find("mncl_allreduce #"), std::string::npos) << message;
+  EXPECT_NE(message.find("CUDA staging: the caller's stream"), std::string::npos) << message;
+  EXPECT_NE(message.find("timeout of 0.3 s"), std::string::npos) << message;
+  g_fake.hold(stream, 0);
+  MNCL_OK_OR_DIE(
+      mncl_allreduce(short_lived, buf.ptr(), buf.ptr(), 64, MNCL_INT64, MNCL_SUM, stream));
+  for (size_t i = 0; i < 64; ++i) ASSERT_EQ(buf.get()[i], sum_over_ranks(i)) << i;
+
+  config.timeout_ms = 600000;
+  mncl_comm_t aborted = nullptr;
+  MNCL_OK_OR_DIE(mncl_comm_split_config(g_comm, 0, g_rank, &config, &aborted));
+  g_fake.hold(stream, 1);
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    mncl_comm_abort(aborted);
+  });
+  st = mncl_allreduce(aborted, buf.ptr(), buf.ptr(), 64, MNCL_INT64, MNCL_SUM, stream);
+  aborter.join();
+  EXPECT_EQ(st, MNCL_ERR_ABORTED) << mncl_last_error();
+  g_fake.hold(stream, 0);
+  mncl_comm_destroy(aborted);
+  MNCL_OK_OR_DIE(mncl_comm_destroy(short_lived));
   MNCL_OK_OR_DIE(mncl_barrier(g_comm, nullptr));
 }
 

@@ -6,6 +6,8 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -39,6 +41,7 @@ struct Fake {
   void (*reset)() = nullptr;
   void (*fail_next)(const char *) = nullptr;
   void (*fail_after)(const char *, int) = nullptr;
+  void (*hold)(void *, int) = nullptr;
 
   void load() {
     const char *path = std::getenv("MNCL_CUDA_LIBRARY");
@@ -59,6 +62,7 @@ struct Fake {
     sym(reset, "fake_cuda_reset_counters");
     sym(fail_next, "fake_cuda_fail_next");
     sym(fail_after, "fake_cuda_fail_after");
+    sym(hold, "fake_cuda_hold_stream");
   }
   fake_cuda_counters_t get() const {
     fake_cuda_counters_t c{};
@@ -96,6 +100,9 @@ std::vector<int> range(size_t n, int first) {
 mncl_coll_v1_t coll(int kind, const void *send, void *recv, size_t count, int root = -1) {
   return mncl::kit::make_coll(kind, MNCL_INT32, MNCL_SUM, root, send, recv, count);
 }
+
+// What bounds the waits on the caller's stream in the tests that do not test them.
+const Staging::WaitBounds kBounds{60000, nullptr, "mncl_test #1"};
 
 const int *ints(const void *p) {
   return static_cast<const int *>(p);
@@ -165,16 +172,19 @@ TEST_F(StagingTest, AllreduceOutOfPlaceCopiesInThenOutOnTheCallersStream) {
   auto c = coll(MNCL_COLL_ALLREDUCE, send.ptr, recv.ptr, 100);
   c.stream = stream;
   bool ran = false;
-  staging.run(c, [&](const mncl_coll_v1_t &h) {
-    ran = true;
-    EXPECT_FALSE(mncl::cuda::is_device_pointer(h.sendbuf));
-    EXPECT_FALSE(mncl::cuda::is_device_pointer(h.recvbuf));
-    EXPECT_NE(h.sendbuf, h.recvbuf);
-    EXPECT_EQ(h.stream, stream);
-    // The input has landed (the fake only copies at cuStreamSynchronize of this stream).
-    EXPECT_EQ(std::vector<int>(ints(h.sendbuf), ints(h.sendbuf) + 100), range(100, 1));
-    for (int i = 0; i < 100; ++i) ints(h.recvbuf)[i] = ints(h.sendbuf)[i] * 2;
-  });
+  staging.run(
+      c,
+      [&](const mncl_coll_v1_t &h) {
+        ran = true;
+        EXPECT_FALSE(mncl::cuda::is_device_pointer(h.sendbuf));
+        EXPECT_FALSE(mncl::cuda::is_device_pointer(h.recvbuf));
+        EXPECT_NE(h.sendbuf, h.recvbuf);
+        EXPECT_EQ(h.stream, stream);
+        // The input has landed (the fake only copies when a query finds this stream done).
+        EXPECT_EQ(std::vector<int>(ints(h.sendbuf), ints(h.sendbuf) + 100), range(100, 1));
+        for (int i = 0; i < 100; ++i) ints(h.recvbuf)[i] = ints(h.sendbuf)[i] * 2;
+      },
+      kBounds);
   EXPECT_TRUE(ran);
   const auto r = recv.get();
   for (int i = 0; i < 100; ++i) ASSERT_EQ(r[i], 2 * (i + 1));
@@ -208,11 +218,14 @@ TEST_F(StagingTest, InPlaceFormsStayInPlace) {
     SCOPED_TRACE(k.kind);
     DevInts buf(k.total, 100);
     auto c = coll(k.kind, buf.ptr + k.send_offset, buf.ptr + k.recv_offset, n, k.root);
-    staging.run(c, [&](const mncl_coll_v1_t &h) {
-      EXPECT_FALSE(mncl::cuda::is_device_pointer(h.sendbuf));
-      EXPECT_EQ(ints(h.sendbuf) - ints(h.recvbuf),
-                static_cast<ptrdiff_t>(k.send_offset) - static_cast<ptrdiff_t>(k.recv_offset));
-    });
+    staging.run(
+        c,
+        [&](const mncl_coll_v1_t &h) {
+          EXPECT_FALSE(mncl::cuda::is_device_pointer(h.sendbuf));
+          EXPECT_EQ(ints(h.sendbuf) - ints(h.recvbuf),
+                    static_cast<ptrdiff_t>(k.send_offset) - static_cast<ptrdiff_t>(k.recv_offset));
+        },
+        kBounds);
   }
 }
 
@@ -222,12 +235,16 @@ TEST_F(StagingTest, InPlaceAllgatherKeepsOwnBlockAndReturnsAll) {
   Staging staging(rank, size, "test");
   DevInts buf(size * n, 0);
   auto c = coll(MNCL_COLL_ALLGATHER, buf.ptr + rank * n, buf.ptr, n);
-  staging.run(c, [&](const mncl_coll_v1_t &h) {
-    for (size_t i = 0; i < n; ++i) EXPECT_EQ(ints(h.sendbuf)[i], static_cast<int>(rank * n + i));
-    for (size_t i = 0; i < size * n; ++i) {
-      if (i / n != static_cast<size_t>(rank)) ints(h.recvbuf)[i] = 1000 + static_cast<int>(i);
-    }
-  });
+  staging.run(
+      c,
+      [&](const mncl_coll_v1_t &h) {
+        for (size_t i = 0; i < n; ++i)
+          EXPECT_EQ(ints(h.sendbuf)[i], static_cast<int>(rank * n + i));
+        for (size_t i = 0; i < size * n; ++i) {
+          if (i / n != static_cast<size_t>(rank)) ints(h.recvbuf)[i] = 1000 + static_cast<int>(i);
+        }
+      },
+      kBounds);
   const auto r = buf.get();
   for (size_t i = 0; i < size * n; ++i) {
     EXPECT_EQ(r[i], i / n == static_cast<size_t>(rank) ? static_cast<int>(i)
@@ -240,10 +257,13 @@ TEST_F(StagingTest, BcastCopiesOnlyTheWayDataFlows) {
   DevInts buf(16, 7);
   {
     Staging root(0, 2, "test");
-    root.run(coll(MNCL_COLL_BCAST, buf.ptr, buf.ptr, 16, 0), [&](const mncl_coll_v1_t &h) {
-      EXPECT_EQ(h.sendbuf, h.recvbuf);
-      EXPECT_EQ(ints(h.recvbuf)[0], 7);
-    });
+    root.run(
+        coll(MNCL_COLL_BCAST, buf.ptr, buf.ptr, 16, 0),
+        [&](const mncl_coll_v1_t &h) {
+          EXPECT_EQ(h.sendbuf, h.recvbuf);
+          EXPECT_EQ(ints(h.recvbuf)[0], 7);
+        },
+        kBounds);
   }
   auto k = g_fake.get();
   EXPECT_EQ(k.d2h_copies, 1u);
@@ -251,9 +271,12 @@ TEST_F(StagingTest, BcastCopiesOnlyTheWayDataFlows) {
   g_fake.reset();
   {
     Staging other(1, 2, "test");
-    other.run(coll(MNCL_COLL_BCAST, buf.ptr, buf.ptr, 16, 0), [&](const mncl_coll_v1_t &h) {
-      for (int i = 0; i < 16; ++i) ints(h.recvbuf)[i] = 42;
-    });
+    other.run(
+        coll(MNCL_COLL_BCAST, buf.ptr, buf.ptr, 16, 0),
+        [&](const mncl_coll_v1_t &h) {
+          for (int i = 0; i < 16; ++i) ints(h.recvbuf)[i] = 42;
+        },
+        kBounds);
   }
   k = g_fake.get();
   EXPECT_EQ(k.d2h_copies, 0u);
@@ -266,10 +289,13 @@ TEST_F(StagingTest, MixedHostAndDeviceOnlyStagesTheDeviceSide) {
   Staging staging(0, 1, "test");
   DevInts send(8, 3);
   std::vector<int> recv(8, 0);
-  staging.run(coll(MNCL_COLL_ALLREDUCE, send.ptr, recv.data(), 8), [&](const mncl_coll_v1_t &h) {
-    EXPECT_EQ(h.recvbuf, recv.data());  // host buffers pass through untouched
-    std::memcpy(h.recvbuf, h.sendbuf, 8 * sizeof(int));
-  });
+  staging.run(
+      coll(MNCL_COLL_ALLREDUCE, send.ptr, recv.data(), 8),
+      [&](const mncl_coll_v1_t &h) {
+        EXPECT_EQ(h.recvbuf, recv.data());  // host buffers pass through untouched
+        std::memcpy(h.recvbuf, h.sendbuf, 8 * sizeof(int));
+      },
+      kBounds);
   EXPECT_EQ(recv, range(8, 3));
   EXPECT_EQ(g_fake.get().h2d_copies, 0u);
 }
@@ -277,17 +303,24 @@ TEST_F(StagingTest, MixedHostAndDeviceOnlyStagesTheDeviceSide) {
 TEST_F(StagingTest, PointToPointAndIgnoredBuffers) {
   Staging staging(1, 2, "test");
   DevInts buf(4, 9);
-  staging.run(coll(MNCL_COLL_SEND, buf.ptr, nullptr, 4, 0), [&](const mncl_coll_v1_t &h) {
-    EXPECT_EQ(ints(h.sendbuf)[3], 12);
-    EXPECT_EQ(h.recvbuf, nullptr);
-  });
-  staging.run(coll(MNCL_COLL_RECV, nullptr, buf.ptr, 4, 0), [&](const mncl_coll_v1_t &h) {
-    for (int i = 0; i < 4; ++i) ints(h.recvbuf)[i] = -i;
-  });
+  staging.run(
+      coll(MNCL_COLL_SEND, buf.ptr, nullptr, 4, 0),
+      [&](const mncl_coll_v1_t &h) {
+        EXPECT_EQ(ints(h.sendbuf)[3], 12);
+        EXPECT_EQ(h.recvbuf, nullptr);
+      },
+      kBounds);
+  staging.run(
+      coll(MNCL_COLL_RECV, nullptr, buf.ptr, 4, 0),
+      [&](const mncl_coll_v1_t &h) {
+        for (int i = 0; i < 4; ++i) ints(h.recvbuf)[i] = -i;
+      },
+      kBounds);
   EXPECT_EQ(buf.get(), (std::vector<int>{0, -1, -2, -3}));
   // Non-root reduce: the device recvbuf is ignored and handed through as is.
-  staging.run(coll(MNCL_COLL_REDUCE, buf.ptr, buf.ptr + 2, 2, 0),
-              [&](const mncl_coll_v1_t &h) { EXPECT_EQ(h.recvbuf, buf.ptr + 2); });
+  staging.run(
+      coll(MNCL_COLL_REDUCE, buf.ptr, buf.ptr + 2, 2, 0),
+      [&](const mncl_coll_v1_t &h) { EXPECT_EQ(h.recvbuf, buf.ptr + 2); }, kBounds);
 }
 
 TEST_F(StagingTest, CoalescedStagesEachDeviceBuffer) {
@@ -302,17 +335,20 @@ TEST_F(StagingTest, CoalescedStagesEachDeviceBuffer) {
   c.sendbufs = sends;
   c.recvbufs = recvs;
   c.counts = counts;
-  staging.run(c, [&](const mncl_coll_v1_t &h) {
-    for (size_t i = 0; i < 3; ++i) {
-      EXPECT_FALSE(mncl::cuda::is_device_pointer(h.sendbufs[i]));
-      if (i < 2) {
-        EXPECT_EQ(h.sendbufs[i], h.recvbufs[i]);
-      }
-      for (size_t j = 0; j < counts[i]; ++j) {
-        ints(h.recvbufs[i])[j] = ints(h.sendbufs[i])[j] + 1;
-      }
-    }
-  });
+  staging.run(
+      c,
+      [&](const mncl_coll_v1_t &h) {
+        for (size_t i = 0; i < 3; ++i) {
+          EXPECT_FALSE(mncl::cuda::is_device_pointer(h.sendbufs[i]));
+          if (i < 2) {
+            EXPECT_EQ(h.sendbufs[i], h.recvbufs[i]);
+          }
+          for (size_t j = 0; j < counts[i]; ++j) {
+            ints(h.recvbufs[i])[j] = ints(h.sendbufs[i])[j] + 1;
+          }
+        }
+      },
+      kBounds);
   EXPECT_EQ(sends[0], a.ptr);  // the caller's arrays are not modified
   EXPECT_EQ(a.get(), range(3, 2));
   EXPECT_EQ(b.get(), range(5, 11));
@@ -326,8 +362,12 @@ TEST_F(StagingTest, PinnedBufferIsReusedAndFreed) {
     StagingPool pool(0, 1, "test");
     DevInts buf(1000);
     for (int i = 0; i < 3; ++i) {
-      staging.run(coll(MNCL_COLL_ALLREDUCE, buf.ptr, buf.ptr, 1000), [](const mncl_coll_v1_t &) {});
-      pool.run(coll(MNCL_COLL_ALLREDUCE, buf.ptr, buf.ptr, 1000), [](const mncl_coll_v1_t &) {});
+      staging.run(
+          coll(MNCL_COLL_ALLREDUCE, buf.ptr, buf.ptr, 1000), [](const mncl_coll_v1_t &) {},
+          kBounds);
+      pool.run(
+          coll(MNCL_COLL_ALLREDUCE, buf.ptr, buf.ptr, 1000), [](const mncl_coll_v1_t &) {},
+          kBounds);
     }
     EXPECT_EQ(g_fake.get().host_allocs, 2u);
     EXPECT_GE(staging.pinned_bytes(), 4000u);
@@ -343,8 +383,9 @@ TEST_F(StagingTest, CudaFailureIsAnErrorNamingTheCall) {
   g_fake.fail_next("cuMemcpyDtoHAsync_v2");
   bool ran = false;
   try {
-    staging.run(coll(MNCL_COLL_ALLREDUCE, buf.ptr, buf.ptr, 10),
-                [&](const mncl_coll_v1_t &) { ran = true; });
+    staging.run(
+        coll(MNCL_COLL_ALLREDUCE, buf.ptr, buf.ptr, 10),
+        [&](const mncl_coll_v1_t &) { ran = true; }, kBounds);
     FAIL() << "no error";
   } catch (const mncl::Error &e) {
     EXPECT_EQ(e.status(), MNCL_ERR_SYSTEM);
@@ -371,21 +412,112 @@ TEST_F(StagingTest, CopiesQueuedBeforeAFailedOneAreWaitedFor) {
     SCOPED_TRACE(copy);
     g_fake.reset();
     g_fake.fail_after(copy, 1);  // the second copy of that kind fails
-    EXPECT_THROW(staging.run(c, [](const mncl_coll_v1_t &) {}), mncl::Error);
+    EXPECT_THROW(staging.run(
+                     c, [](const mncl_coll_v1_t &) {}, kBounds),
+                 mncl::Error);
     // Every copy in (and, for a failure on the way out, every one out) was followed by a sync.
     const bool out = std::string(copy) == "cuMemcpyHtoDAsync_v2";
     EXPECT_EQ(g_fake.get().syncs, out ? 2u : 1u) << "the queued copy was not waited for";
   }
 }
 
+// Work on the caller's stream that never finishes (a hung kernel before the call): the wait is
+// bounded by the operation's timeout, and the pinned buffer, which the copies still queued
+// behind that work will write, is abandoned rather than reused or freed.
+TEST_F(StagingTest, AStreamThatNeverFinishesTimesOutAndItsPinnedBufferIsAbandoned) {
+  Staging staging(0, 1, "test");
+  DevInts buf(10);
+  mncl_coll_v1_t c = coll(MNCL_COLL_ALLREDUCE, buf.ptr, buf.ptr, 10);
+  c.stream = g_fake.stream();
+  g_fake.hold(c.stream, 1);
+  bool ran = false;
+  try {
+    staging.run(
+        c, [&](const mncl_coll_v1_t &) { ran = true; },
+        Staging::WaitBounds{200, nullptr, "mncl_allreduce #7"});
+    FAIL() << "no error";
+  } catch (const mncl::Error &e) {
+    const std::string what = e.what();
+    EXPECT_EQ(e.status(), MNCL_ERR_TIMEOUT) << what;
+    EXPECT_NE(what.find("mncl_allreduce #7 on test"), std::string::npos) << what;
+    EXPECT_NE(what.find("did not finish the work queued on it before the call"), std::string::npos)
+        << what;
+    EXPECT_NE(what.find("timeout of 0.2 s"), std::string::npos) << what;
+  }
+  EXPECT_FALSE(ran);
+  EXPECT_GT(g_fake.get().queries, 1u) << "the stream was not polled";
+  EXPECT_EQ(staging.pinned_bytes(), 0u);
+  EXPECT_EQ(g_fake.get().host_frees, 0u) << "a buffer that queued copies still use was freed";
+  // Once the stream moves again the next call stages through a new buffer.
+  g_fake.hold(c.stream, 0);
+  staging.run(
+      c, [&](const mncl_coll_v1_t &h) { ints(h.recvbuf)[0] = 42; }, kBounds);
+  EXPECT_EQ(buf.get(0, 1), std::vector<int>{42});
+  EXPECT_EQ(g_fake.get().host_allocs, 2u);
+}
+
+TEST_F(StagingTest, ResultCopiesThatNeverFinishTimeOut) {
+  Staging staging(0, 1, "test");
+  DevInts buf(10);
+  mncl_coll_v1_t c = coll(MNCL_COLL_ALLREDUCE, buf.ptr, buf.ptr, 10);
+  c.stream = g_fake.stream();
+  try {
+    staging.run(
+        c,
+        [&](const mncl_coll_v1_t &h) {
+          ints(h.recvbuf)[0] = 42;
+          g_fake.hold(c.stream, 1);  // something queued there meanwhile hangs
+        },
+        Staging::WaitBounds{200, nullptr, "mncl_allreduce #8"});
+    FAIL() << "no error";
+  } catch (const mncl::Error &e) {
+    EXPECT_EQ(e.status(), MNCL_ERR_TIMEOUT) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the copies of the results to device memory"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(staging.pinned_bytes(), 0u);
+  EXPECT_EQ(buf.get(0, 1), std::vector<int>{0}) << "the result copy had not happened";
+  g_fake.hold(c.stream, 0);
+}
+
+// The communicator's abort ends the wait at once, whatever is left of the timeout.
+TEST_F(StagingTest, AnAbortEndsTheWaitForTheStream) {
+  Staging staging(0, 1, "test");
+  DevInts buf(10);
+  mncl_coll_v1_t c = coll(MNCL_COLL_ALLREDUCE, buf.ptr, buf.ptr, 10);
+  c.stream = g_fake.stream();
+  g_fake.hold(c.stream, 1);
+  std::atomic<bool> aborted{false};
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    aborted.store(true);
+  });
+  try {
+    staging.run(
+        c, [](const mncl_coll_v1_t &) {},
+        Staging::WaitBounds{600000, &aborted, "mncl_allreduce #9"});
+    ADD_FAILURE() << "no error";
+  } catch (const mncl::Error &e) {
+    EXPECT_EQ(e.status(), MNCL_ERR_ABORTED) << e.what();
+    EXPECT_NE(std::string(e.what()).find("was aborted while CUDA staging waited"),
+              std::string::npos)
+        << e.what();
+  }
+  aborter.join();
+  EXPECT_EQ(staging.pinned_bytes(), 0u);
+  g_fake.hold(c.stream, 0);
+}
+
 TEST_F(StagingTest, BackendFailurePropagatesUnchanged) {
   Staging staging(0, 1, "test");
   DevInts buf(10);
-  EXPECT_THROW(staging.run(coll(MNCL_COLL_ALLREDUCE, buf.ptr, buf.ptr, 10),
-                           [](const mncl_coll_v1_t &) {
-                             throw mncl::Error(MNCL_ERR_REMOTE, "peer 1 went away");
-                           }),
-               mncl::Error);
+  EXPECT_THROW(
+      staging.run(
+          coll(MNCL_COLL_ALLREDUCE, buf.ptr, buf.ptr, 10),
+          [](const mncl_coll_v1_t &) { throw mncl::Error(MNCL_ERR_REMOTE, "peer 1 went away"); },
+          kBounds),
+      mncl::Error);
   EXPECT_EQ(g_fake.get().h2d_copies, 0u);
 }
 
@@ -403,15 +535,17 @@ TEST_F(StagingTest, PoolKeepsTheLargestFewAfterConcurrentCalls) {
   std::vector<std::thread> lanes;
   for (int i = 0; i < kLanes; ++i) {
     lanes.emplace_back([&, i] {
-      pool->run(coll(MNCL_COLL_ALLREDUCE, bufs[i]->ptr, bufs[i]->ptr, bufs[i]->n),
-                [&](const mncl_coll_v1_t &host) {
-                  for (size_t k = 0; k < bufs[i]->n; ++k) ints(host.recvbuf)[k] *= 2;
-                  std::unique_lock<std::mutex> lock(mutex);
-                  ++inside;
-                  cv.notify_all();
-                  // Bounded, so that a pool serializing its callers fails instead of hanging.
-                  cv.wait_for(lock, std::chrono::seconds(30), [&] { return inside == kLanes; });
-                });
+      pool->run(
+          coll(MNCL_COLL_ALLREDUCE, bufs[i]->ptr, bufs[i]->ptr, bufs[i]->n),
+          [&](const mncl_coll_v1_t &host) {
+            for (size_t k = 0; k < bufs[i]->n; ++k) ints(host.recvbuf)[k] *= 2;
+            std::unique_lock<std::mutex> lock(mutex);
+            ++inside;
+            cv.notify_all();
+            // Bounded, so that a pool serializing its callers fails instead of hanging.
+            cv.wait_for(lock, std::chrono::seconds(30), [&] { return inside == kLanes; });
+          },
+          kBounds);
     });
   }
   for (auto &t : lanes) t.join();

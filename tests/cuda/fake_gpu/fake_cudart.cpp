@@ -165,6 +165,10 @@ class Stream {
     std::unique_lock<std::mutex> lock(mutex_);
     idle_cv_.wait(lock, [&] { return queue_.empty() && !running_; });
   }
+  bool idle() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return queue_.empty() && !running_;
+  }
 
  private:
   void loop() {
@@ -429,6 +433,13 @@ bool synchronize(cudaStream_t stream) {
   Stream *s = find_stream(stream);
   if (s == nullptr) return false;
   s->synchronize();
+  return true;
+}
+
+bool idle(cudaStream_t stream, bool *idle) {
+  Stream *s = find_stream(stream);
+  if (s == nullptr) return false;
+  *idle = s->idle();
   return true;
 }
 

@@ -17,7 +17,8 @@ namespace {
 
 using CUresult = int;
 constexpr CUresult kSuccess = 0, kInvalidValue = 1, kOutOfMemory = 2, kNotInitialized = 3,
-                   kInvalidContext = 201, kInvalidHandle = 400, kCaptureUnsupported = 900;
+                   kInvalidContext = 201, kInvalidHandle = 400, kNotReady = 600,
+                   kCaptureUnsupported = 900;
 
 struct Ctx;  // a context is a distinct address per device
 Ctx *context_of(int device) {
@@ -85,6 +86,9 @@ FAKE_DRIVER CUresult cuGetErrorName(CUresult error, const char **name) {
       return kSuccess;
     case kInvalidHandle:
       *name = "CUDA_ERROR_INVALID_HANDLE";
+      return kSuccess;
+    case kNotReady:
+      *name = "CUDA_ERROR_NOT_READY";
       return kSuccess;
     case kCaptureUnsupported:
       *name = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED";
@@ -203,11 +207,14 @@ FAKE_DRIVER CUresult cuMemcpyHtoDAsync_v2(unsigned long long dst, const void *sr
   return copy_async(reinterpret_cast<void *>(dst), src, bytes, stream, true);
 }
 
-// Potentially unsafe during a capture, as the runtime's (see fake_gpu.h).
-FAKE_DRIVER CUresult cuStreamSynchronize(void *stream) {
+// Potentially unsafe during a capture, as the runtime's (see fake_gpu.h): what the core's
+// staging polls.
+FAKE_DRIVER CUresult cuStreamQuery(void *stream) {
   if (CUresult r = enter(true)) return r;
   if (fake_gpu::prohibited(static_cast<cudaStream_t>(stream))) return kCaptureUnsupported;
-  return fake_gpu::synchronize(static_cast<cudaStream_t>(stream)) ? kSuccess : kInvalidHandle;
+  bool idle = false;
+  if (!fake_gpu::idle(static_cast<cudaStream_t>(stream), &idle)) return kInvalidHandle;
+  return idle ? kSuccess : kNotReady;
 }
 
 // The calling thread's capture mode, shared with the runtime's

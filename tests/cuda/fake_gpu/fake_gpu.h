@@ -32,7 +32,7 @@
 //    launching into a capture), per-thread default stream capture, captured host callbacks.
 // The driver (fake_driver.cpp, libcuda.so.1), which the runtime loads as the real one does:
 //  - what the core's staging path calls (cuPointerGetAttributes, primary contexts, pinned
-//    memory, cuMemcpy*Async_v2, cuStreamSynchronize, cuStreamIsCapturing) on the runtime's
+//    memory, cuMemcpy*Async_v2, cuStreamQuery, cuStreamIsCapturing) on the runtime's
 //    memory and streams, with its capture rules;
 //  - a copy from pinned memory reads it when the stream gets there (DMA), not at the call.
 // What it models (fake_nccl.cpp): see there.
@@ -82,6 +82,8 @@ FAKE_GPU_EXPORT int current_device();
 FAKE_GPU_EXPORT void fault(const char *what);
 // Waits until the stream has run everything queued so far. false: unknown stream.
 FAKE_GPU_EXPORT bool synchronize(cudaStream_t stream);
+// Whether the stream has run everything queued so far, without waiting. false: unknown stream.
+FAKE_GPU_EXPORT bool idle(cudaStream_t stream, bool *idle);
 // The device whose primary context the runtime made current on this thread (cudaSetDevice or
 // the first call that needs one), or -1.
 FAKE_GPU_EXPORT int runtime_context_device();
