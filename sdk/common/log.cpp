@@ -118,6 +118,14 @@ void vwrite_tagged(int lvl, const char *tag, const char *file, int line, const c
   if (int r = g_rank.load(std::memory_order_relaxed); r >= 0) {
     std::snprintf(rank, sizeof rank, " r%d", r);
   }
+  // A plugin's message that already starts with its name ("shm: rank 1 ...", "gloo 0.1.0 ...")
+  // is not tagged a second time.
+  if (tag != nullptr) {
+    const size_t n = std::strlen(tag);
+    if (std::strncmp(message, tag, n) == 0 && (message[n] == ':' || message[n] == ' ')) {
+      tag = nullptr;
+    }
+  }
   // One fprintf per line so concurrent ranks and threads do not interleave within a line.
   std::fprintf(sink(), "[mncl %d%s %s %s:%d] %s%s%s\n", static_cast<int>(getpid()), rank,
                level_name(lvl), short_path(file), line, tag ? tag : "", tag ? ": " : "", message);
