@@ -2,10 +2,12 @@
 tensors, Numba device arrays). Their device pointer goes to the C library as it is: a backend
 that takes CUDA memory (nccl) uses it directly, and the core stages it through pinned host memory
 for the host-only ones (naive, gloo, shm, flat without CUDA-aware MPI), ordered on the array's
-stream. Nothing here touches the device: MNCL allocates no device memory from Python, so a CUDA
-input needs a CUDA output (or the in-place form)."""
+stream, or on the stream the caller names with a call's ``stream=`` (explicit_stream). Nothing here
+touches the device: MNCL allocates no device memory from Python, so a CUDA input needs a CUDA
+output (or the in-place form)."""
 
 import ctypes
+import operator
 
 import numpy as np
 
@@ -112,6 +114,62 @@ def stream_of(objects):
                          f"({', '.join(hex(s) for s in sorted(streams))}): synchronize them, or "
                          f"put them on one stream")
     return ctypes.c_void_p(streams.pop()) if streams else None
+
+
+def explicit_stream(stream):
+    """The cudaStream_t value (an int, never 0) of a call's ``stream=`` argument: an int, the
+    stream's address (0 and 1: the legacy default stream, which reaches the library as 1,
+    cudaStreamLegacy, as PyTorch's default stream does when taken from a tensor), or a stream
+    object: anything with an int ``cuda_stream`` (torch.cuda.Stream, torch.cuda.ExternalStream)
+    or ``ptr`` (cupy.cuda.Stream, cupy.cuda.ExternalStream; Stream.null is 0). Anything else is a
+    TypeError naming the argument; an address that does not fit a pointer is refused with
+    ctypes.ArgumentError, and the per-thread default stream (2, CuPy's Stream.ptds) with
+    ValueError, as for a CUDA array's own stream."""
+    if isinstance(stream, bool) or is_cuda_array(stream):
+        raise _stream_type_error(stream)
+    source = "stream"
+    for attr in ("cuda_stream", "ptr"):
+        try:
+            handle = getattr(stream, attr)
+        except AttributeError:
+            continue
+        except Exception as e:  # noqa: BLE001 (a property that fails: say which)
+            raise TypeError(f"mncl: stream: reading {type(stream).__name__}.{attr} failed "
+                            f"({e})") from None
+        source = f"stream.{attr}"
+        try:
+            if isinstance(handle, bool):
+                raise TypeError
+            stream = operator.index(handle)
+        except TypeError:
+            raise TypeError(f"mncl: {source} must be an int (a cudaStream_t address), not "
+                            f"{type(handle).__name__}") from None
+        break
+    else:
+        try:
+            stream = operator.index(stream)
+        except TypeError:
+            raise _stream_type_error(stream) from None
+    value = fit(stream, ctypes.c_void_p, source)
+    if value == 2:
+        # On MNCL's worker threads it would name their own per-thread stream.
+        raise ValueError(f"mncl: {source}: the per-thread default stream (2) is not supported: "
+                         f"pass a stream of your own, or 0 (the legacy default stream)")
+    return value or 1
+
+
+def _stream_type_error(stream):
+    return TypeError(f"mncl: stream must be None, an int (a cudaStream_t address; 0: the legacy "
+                     f"default stream) or a stream object with a cuda_stream (torch.cuda.Stream) "
+                     f"or ptr (cupy.cuda.Stream) attribute, not {type(stream).__name__}")
+
+
+def call_stream(stream, objects):
+    """The stream argument of a C call: the explicit ``stream=`` (explicit_stream) when it is
+    not None, else the stream of the call's CUDA arrays (stream_of)."""
+    if stream is None:
+        return stream_of(objects)
+    return ctypes.c_void_p(explicit_stream(stream))
 
 
 def address(arr):

@@ -11,6 +11,26 @@ Passing the same array as input and output selects the in-place form.
 Each collective has a non-blocking twin named with an `i` in front (iallreduce, ...): it takes
 the same arguments and returns a Request whose wait() returns what the blocking call returns.
 sendrecv_batch's twin is also called batch_isend_irecv, as in PyTorch.
+
+Every collective and point-to-point method (blocking and non-blocking, barrier and the batches
+included) also takes a keyword-only `stream`, the CUDA stream the call is ordered on (the C
+call's `stream` argument):
+
+- None (the default): the stream of the call's CUDA arrays: the __cuda_array_interface__
+  "stream" (version 3), or a PyTorch tensor's current stream; no stream (NULL) for host arrays.
+- an int: a cudaStream_t address; 0 (and 1) is the legacy default stream, passed on as 1
+  (cudaStreamLegacy).
+- a stream object: its `cuda_stream` (torch.cuda.Stream, torch.cuda.ExternalStream) or else its
+  `ptr` (cupy.cuda.Stream, cupy.cuda.ExternalStream) attribute, an int as above.
+
+An explicit stream replaces the inferred one: the arrays' own streams are then not looked at
+(nor required to agree), so work that produced them on another stream must be ordered before it
+by the caller (torch's ``stream.wait_stream(...)``, an event). Anything else (a bool, a float, a
+string, a CUDA array) is a TypeError naming `stream`; an address that does not fit a pointer is
+a ctypes.ArgumentError; the per-thread default stream (2, CuPy's Stream.ptds) a ValueError. The
+stream object is kept alive with a non-blocking call's arrays until its Request completes. With
+host arrays only, a host backend (naive, gloo, shm) has nothing to order and the stream changes
+nothing.
 """
 
 import ctypes
@@ -22,7 +42,7 @@ import numpy as np
 
 from . import _lib
 from ._dtypes import dtype_code
-from ._cuda import CudaArray, address, is_cuda_array, public, stream_of
+from ._cuda import CudaArray, address, call_stream, explicit_stream, is_cuda_array, public
 from ._lib import check, lib
 from ._objects import ObjectCollectives
 
@@ -283,7 +303,13 @@ class Communicator(ObjectCollectives):
     """A group of ranks (mncl_comm_t). Every argument left as None comes from the environment
     (MNCL_BACKEND, MNCL_RANK/MNCL_SIZE or a launcher's variables, MNCL_STORE, MNCL_TIMEOUT...),
     which is what mncl-run sets up. Destroying is collective: call close() on every rank, or use
-    the communicator as a context manager."""
+    the communicator as a context manager.
+
+    Every collective and point-to-point method takes the keyword-only ``dtype`` (an MNCL dtype
+    name for raw-bit arrays) and ``stream``: None orders the call on its CUDA arrays' stream (no
+    stream for host arrays); an int (a cudaStream_t address, 0 = the legacy default stream) or
+    an object with ``cuda_stream`` (torch.cuda.Stream) or ``ptr`` (cupy.cuda.Stream) overrides
+    it. See the module docstring."""
 
     def __init__(self, backend=None, rank=None, size=None, bootstrap=None, timeout=None,
                  device=None, _handle=None):
@@ -378,18 +404,22 @@ class Communicator(ObjectCollectives):
     #
     # Each collective's arguments are prepared once, as (C arguments between the communicator
     # and the stream, the result to return, the objects the C call reads or writes), then run
-    # blocking or started as a Request.
+    # blocking or started as a Request. The stream argument is the caller's stream= when given
+    # (explicit_stream), else the CUDA arrays' stream (stream_of; None for host arrays).
 
-    def _run(self, fn, call):
+    def _run(self, fn, call, stream=None):
         args, result, keep = call
-        check(fn(self._live(), *args, stream_of(keep)))
+        check(fn(self._live(), *args, call_stream(stream, keep)))
         return public(result)
 
-    def _start(self, fn, call):
+    def _start(self, fn, call, stream=None):
         args, result, keep = call
+        c_stream = call_stream(stream, keep)
         handle = _lib.c_handle()
-        check(fn(self._live(), *args, stream_of(keep), ctypes.byref(handle)))
-        return Request(handle, public(result), keep)
+        check(fn(self._live(), *args, c_stream, ctypes.byref(handle)))
+        # The stream object (a torch.cuda.Stream, ...) is kept alive with the arrays: the
+        # library may still queue work on it until the request completes.
+        return Request(handle, public(result), keep if stream is None else (keep, stream))
 
     # --- collectives -----------------------------------------------------------------------
 
@@ -398,15 +428,17 @@ class Communicator(ObjectCollectives):
         recv = _matching_output(recvbuf, send, code, dtype, send.size, what)
         return (_ptr(send), _ptr(recv), send.size, code, _op_code(op)), recv, (send, recv)
 
-    def allreduce(self, sendbuf, recvbuf=None, op="sum", *, dtype=None):
+    def allreduce(self, sendbuf, recvbuf=None, op="sum", *, dtype=None, stream=None):
         """Element-wise reduction over ranks, on every rank. Returns recvbuf."""
         return self._run(lib.mncl_allreduce,
-                         self._allreduce_call(sendbuf, recvbuf, op, dtype, "allreduce"))
+                         self._allreduce_call(sendbuf, recvbuf, op, dtype, "allreduce"),
+                         stream=stream)
 
-    def iallreduce(self, sendbuf, recvbuf=None, op="sum", *, dtype=None):
+    def iallreduce(self, sendbuf, recvbuf=None, op="sum", *, dtype=None, stream=None):
         """Non-blocking allreduce: a Request whose wait() returns recvbuf."""
         return self._start(lib.mncl_iallreduce,
-                           self._allreduce_call(sendbuf, recvbuf, op, dtype, "iallreduce"))
+                           self._allreduce_call(sendbuf, recvbuf, op, dtype, "iallreduce"),
+                           stream=stream)
 
     def _reduce_call(self, sendbuf, recvbuf, op, root, dtype, what):
         send, code = _input(sendbuf, dtype)
@@ -416,28 +448,30 @@ class Communicator(ObjectCollectives):
         args = (_ptr(send), _ptr(recv), send.size, code, _op_code(op), root)
         return args, recv, (send, recv)
 
-    def reduce(self, sendbuf, recvbuf=None, op="sum", root=0, *, dtype=None):
+    def reduce(self, sendbuf, recvbuf=None, op="sum", root=0, *, dtype=None, stream=None):
         """Reduction onto root: returns recvbuf there, None elsewhere."""
         return self._run(lib.mncl_reduce,
-                         self._reduce_call(sendbuf, recvbuf, op, root, dtype, "reduce"))
+                         self._reduce_call(sendbuf, recvbuf, op, root, dtype, "reduce"),
+                         stream=stream)
 
-    def ireduce(self, sendbuf, recvbuf=None, op="sum", root=0, *, dtype=None):
+    def ireduce(self, sendbuf, recvbuf=None, op="sum", root=0, *, dtype=None, stream=None):
         """Non-blocking reduce: a Request whose wait() returns recvbuf on root, None
         elsewhere."""
         return self._start(lib.mncl_ireduce,
-                           self._reduce_call(sendbuf, recvbuf, op, root, dtype, "ireduce"))
+                           self._reduce_call(sendbuf, recvbuf, op, root, dtype, "ireduce"),
+                           stream=stream)
 
     def _bcast_call(self, buf, root, dtype):
         arr, code = _output(buf, "buf", dtype)
         return (_ptr(arr), arr.size, code, root), arr, (arr,)
 
-    def bcast(self, buf, root=0, *, dtype=None):
+    def bcast(self, buf, root=0, *, dtype=None, stream=None):
         """In place: buf on every rank becomes root's buf. Returns buf."""
-        return self._run(lib.mncl_bcast, self._bcast_call(buf, root, dtype))
+        return self._run(lib.mncl_bcast, self._bcast_call(buf, root, dtype), stream=stream)
 
-    def ibcast(self, buf, root=0, *, dtype=None):
+    def ibcast(self, buf, root=0, *, dtype=None, stream=None):
         """Non-blocking bcast: a Request whose wait() returns buf."""
-        return self._start(lib.mncl_ibcast, self._bcast_call(buf, root, dtype))
+        return self._start(lib.mncl_ibcast, self._bcast_call(buf, root, dtype), stream=stream)
 
     def _allgather_call(self, sendbuf, recvbuf, dtype, what):
         send, code = _input(sendbuf, dtype)
@@ -445,15 +479,16 @@ class Communicator(ObjectCollectives):
                                 shape=(self.size,) + send.shape)
         return (_ptr(send), _ptr(recv), send.size, code), recv, (send, recv)
 
-    def allgather(self, sendbuf, recvbuf=None, *, dtype=None):
+    def allgather(self, sendbuf, recvbuf=None, *, dtype=None, stream=None):
         """Every rank's sendbuf, stacked: shape (size,) + sendbuf.shape."""
         return self._run(lib.mncl_allgather,
-                         self._allgather_call(sendbuf, recvbuf, dtype, "allgather"))
+                         self._allgather_call(sendbuf, recvbuf, dtype, "allgather"), stream=stream)
 
-    def iallgather(self, sendbuf, recvbuf=None, *, dtype=None):
+    def iallgather(self, sendbuf, recvbuf=None, *, dtype=None, stream=None):
         """Non-blocking allgather: a Request whose wait() returns recvbuf."""
         return self._start(lib.mncl_iallgather,
-                           self._allgather_call(sendbuf, recvbuf, dtype, "iallgather"))
+                           self._allgather_call(sendbuf, recvbuf, dtype, "iallgather"),
+                           stream=stream)
 
     def _gather_call(self, sendbuf, recvbuf, root, dtype, what):
         send, code = _input(sendbuf, dtype)
@@ -463,17 +498,18 @@ class Communicator(ObjectCollectives):
                                     shape=(self.size,) + send.shape)
         return (_ptr(send), _ptr(recv), send.size, code, root), recv, (send, recv)
 
-    def gather(self, sendbuf, recvbuf=None, root=0, *, dtype=None):
+    def gather(self, sendbuf, recvbuf=None, root=0, *, dtype=None, stream=None):
         """Every rank's sendbuf onto root, stacked: shape (size,) + sendbuf.shape there; None
         elsewhere."""
         return self._run(lib.mncl_gather,
-                         self._gather_call(sendbuf, recvbuf, root, dtype, "gather"))
+                         self._gather_call(sendbuf, recvbuf, root, dtype, "gather"), stream=stream)
 
-    def igather(self, sendbuf, recvbuf=None, root=0, *, dtype=None):
+    def igather(self, sendbuf, recvbuf=None, root=0, *, dtype=None, stream=None):
         """Non-blocking gather: a Request whose wait() returns recvbuf on root, None
         elsewhere."""
         return self._start(lib.mncl_igather,
-                           self._gather_call(sendbuf, recvbuf, root, dtype, "igather"))
+                           self._gather_call(sendbuf, recvbuf, root, dtype, "igather"),
+                           stream=stream)
 
     def _scatter_call(self, sendbuf, recvbuf, root, dtype, what):
         recv, code = _output(recvbuf, "recvbuf", dtype)
@@ -487,16 +523,18 @@ class Communicator(ObjectCollectives):
                                  f"{recv.size * self.size}")
         return (_ptr(send), _ptr(recv), recv.size, code, root), recv, (send, recv)
 
-    def scatter(self, sendbuf, recvbuf, root=0, *, dtype=None):
+    def scatter(self, sendbuf, recvbuf, root=0, *, dtype=None, stream=None):
         """Block r (recvbuf.size elements) of root's sendbuf lands in rank r's recvbuf.
         sendbuf is only read on root (pass None elsewhere). Returns recvbuf."""
         return self._run(lib.mncl_scatter,
-                         self._scatter_call(sendbuf, recvbuf, root, dtype, "scatter"))
+                         self._scatter_call(sendbuf, recvbuf, root, dtype, "scatter"),
+                         stream=stream)
 
-    def iscatter(self, sendbuf, recvbuf, root=0, *, dtype=None):
+    def iscatter(self, sendbuf, recvbuf, root=0, *, dtype=None, stream=None):
         """Non-blocking scatter: a Request whose wait() returns recvbuf."""
         return self._start(lib.mncl_iscatter,
-                           self._scatter_call(sendbuf, recvbuf, root, dtype, "iscatter"))
+                           self._scatter_call(sendbuf, recvbuf, root, dtype, "iscatter"),
+                           stream=stream)
 
     def _reduce_scatter_call(self, sendbuf, recvbuf, op, dtype, what):
         send, code = _input(sendbuf, dtype)
@@ -508,18 +546,18 @@ class Communicator(ObjectCollectives):
         recv = _matching_output(recvbuf, send, code, dtype, count, what, shape=shape)
         return (_ptr(send), _ptr(recv), count, code, _op_code(op)), recv, (send, recv)
 
-    def reduce_scatter(self, sendbuf, recvbuf=None, op="sum", *, dtype=None):
+    def reduce_scatter(self, sendbuf, recvbuf=None, op="sum", *, dtype=None, stream=None):
         """sendbuf holds size blocks; rank r receives the reduction of block r. The default
         recvbuf has shape sendbuf.shape[1:] when sendbuf.shape[0] == size, else is flat."""
         return self._run(lib.mncl_reduce_scatter,
                          self._reduce_scatter_call(sendbuf, recvbuf, op, dtype,
-                                                   "reduce_scatter"))
+                                                   "reduce_scatter"), stream=stream)
 
-    def ireduce_scatter(self, sendbuf, recvbuf=None, op="sum", *, dtype=None):
+    def ireduce_scatter(self, sendbuf, recvbuf=None, op="sum", *, dtype=None, stream=None):
         """Non-blocking reduce_scatter: a Request whose wait() returns recvbuf."""
         return self._start(lib.mncl_ireduce_scatter,
                            self._reduce_scatter_call(sendbuf, recvbuf, op, dtype,
-                                                     "ireduce_scatter"))
+                                                     "ireduce_scatter"), stream=stream)
 
     def _alltoall_call(self, sendbuf, recvbuf, dtype, what):
         send, code = _input(sendbuf, dtype)
@@ -530,15 +568,15 @@ class Communicator(ObjectCollectives):
         args = (_ptr(send), _ptr(recv), send.size // self.size, code)
         return args, recv, (send, recv)
 
-    def alltoall(self, sendbuf, recvbuf=None, *, dtype=None):
+    def alltoall(self, sendbuf, recvbuf=None, *, dtype=None, stream=None):
         """Block j of rank i's sendbuf lands in block i of rank j's recvbuf (size blocks)."""
         return self._run(lib.mncl_alltoall,
-                         self._alltoall_call(sendbuf, recvbuf, dtype, "alltoall"))
+                         self._alltoall_call(sendbuf, recvbuf, dtype, "alltoall"), stream=stream)
 
-    def ialltoall(self, sendbuf, recvbuf=None, *, dtype=None):
+    def ialltoall(self, sendbuf, recvbuf=None, *, dtype=None, stream=None):
         """Non-blocking alltoall: a Request whose wait() returns recvbuf."""
         return self._start(lib.mncl_ialltoall,
-                           self._alltoall_call(sendbuf, recvbuf, dtype, "ialltoall"))
+                           self._alltoall_call(sendbuf, recvbuf, dtype, "ialltoall"), stream=stream)
 
     def _packed(self, counts, what, name):
         """A size_t array of one count per rank, and its packed displacements (prefix sums).
@@ -566,20 +604,24 @@ class Communicator(ObjectCollectives):
         args = (_ptr(send), send.size, _ptr(recv), c_counts, c_displs, code)
         return args, recv, (send, recv, c_counts, c_displs)
 
-    def allgatherv(self, sendbuf, counts=None, recvbuf=None, *, dtype=None):
+    def allgatherv(self, sendbuf, counts=None, recvbuf=None, *, dtype=None, stream=None):
         """Every rank's sendbuf (of any size), concatenated in rank order: a 1-D array of
         sum(counts) elements. counts[i] is rank i's element count; None exchanges the sizes
         first (one more allgather)."""
         send, _ = _input(sendbuf, dtype)
         if counts is None:
+            if stream is not None:
+                explicit_stream(stream)  # refused before the sizes are exchanged
             counts = self.allgather(np.array([send.size], np.int64)).ravel()
         return self._run(lib.mncl_allgatherv,
-                         self._allgatherv_call(send, counts, recvbuf, dtype, "allgatherv"))
+                         self._allgatherv_call(send, counts, recvbuf, dtype, "allgatherv"),
+                         stream=stream)
 
-    def iallgatherv(self, sendbuf, counts, recvbuf=None, *, dtype=None):
+    def iallgatherv(self, sendbuf, counts, recvbuf=None, *, dtype=None, stream=None):
         """Non-blocking allgatherv (counts required): a Request whose wait() returns recvbuf."""
         return self._start(lib.mncl_iallgatherv,
-                           self._allgatherv_call(sendbuf, counts, recvbuf, dtype, "iallgatherv"))
+                           self._allgatherv_call(sendbuf, counts, recvbuf, dtype, "iallgatherv"),
+                           stream=stream)
 
     def _alltoallv_call(self, sendbuf, sendcounts, recvcounts, recvbuf, dtype, what):
         send, code = _input(sendbuf, dtype)
@@ -592,25 +634,28 @@ class Communicator(ObjectCollectives):
         args = (_ptr(send), c_send, c_sdispls, _ptr(recv), c_recv, c_rdispls, code)
         return args, recv, (send, recv, c_send, c_sdispls, c_recv, c_rdispls)
 
-    def alltoallv(self, sendbuf, sendcounts, recvcounts=None, recvbuf=None, *, dtype=None):
+    def alltoallv(self, sendbuf, sendcounts, recvcounts=None, recvbuf=None,
+                  *, dtype=None, stream=None):
         """sendbuf holds one block per rank, in rank order, of sendcounts[j] elements; returns
         the blocks received from every rank, concatenated in rank order (1-D). recvcounts None
         exchanges the counts first (one more alltoall)."""
         if recvcounts is None:
+            if stream is not None:
+                explicit_stream(stream)  # refused before the counts are exchanged
             # Checked first (negative, or beyond size_t), then exchanged as size_t values.
             sendcounts = [int(c) for c in sendcounts]
             self._packed(sendcounts, "alltoallv", "sendcounts")
             recvcounts = self.alltoall(np.asarray(sendcounts, np.uint64))
         return self._run(lib.mncl_alltoallv,
                          self._alltoallv_call(sendbuf, sendcounts, recvcounts, recvbuf, dtype,
-                                              "alltoallv"))
+                                              "alltoallv"), stream=stream)
 
-    def ialltoallv(self, sendbuf, sendcounts, recvcounts, recvbuf=None, *, dtype=None):
+    def ialltoallv(self, sendbuf, sendcounts, recvcounts, recvbuf=None, *, dtype=None, stream=None):
         """Non-blocking alltoallv (recvcounts required): a Request whose wait() returns
         recvbuf."""
         return self._start(lib.mncl_ialltoallv,
                            self._alltoallv_call(sendbuf, sendcounts, recvcounts, recvbuf, dtype,
-                                                "ialltoallv"))
+                                                "ialltoallv"), stream=stream)
 
     def _gatherv_call(self, sendbuf, counts, recvbuf, root, dtype, what):
         send, code = _input(sendbuf, dtype)
@@ -624,19 +669,21 @@ class Communicator(ObjectCollectives):
         args = (_ptr(send), send.size, _ptr(recv), c_counts, c_displs, code, root)
         return args, recv, (send, recv, c_counts, c_displs)
 
-    def gatherv(self, sendbuf, counts, recvbuf=None, root=0, *, dtype=None):
+    def gatherv(self, sendbuf, counts, recvbuf=None, root=0, *, dtype=None, stream=None):
         """Every rank's sendbuf (of any size) onto root, concatenated in rank order: a 1-D array
         of sum(counts) elements there, None elsewhere. counts[i] is rank i's element count, read
         on root only (pass None elsewhere). A root that does not know them gathers them first:
         ``comm.gather(np.array([x.size]), root=root)`` on every rank."""
         return self._run(lib.mncl_gatherv,
-                         self._gatherv_call(sendbuf, counts, recvbuf, root, dtype, "gatherv"))
+                         self._gatherv_call(sendbuf, counts, recvbuf, root, dtype, "gatherv"),
+                         stream=stream)
 
-    def igatherv(self, sendbuf, counts, recvbuf=None, root=0, *, dtype=None):
+    def igatherv(self, sendbuf, counts, recvbuf=None, root=0, *, dtype=None, stream=None):
         """Non-blocking gatherv: a Request whose wait() returns recvbuf on root, None
         elsewhere."""
         return self._start(lib.mncl_igatherv,
-                           self._gatherv_call(sendbuf, counts, recvbuf, root, dtype, "igatherv"))
+                           self._gatherv_call(sendbuf, counts, recvbuf, root, dtype, "igatherv"),
+                           stream=stream)
 
     def _scatterv_call(self, sendbuf, counts, recvbuf, root, dtype, what):
         recv, code = _output(recvbuf, "recvbuf", dtype)
@@ -654,27 +701,29 @@ class Communicator(ObjectCollectives):
         args = (_ptr(send), c_counts, c_displs, _ptr(recv), recv.size, code, root)
         return args, recv, (send, recv, c_counts, c_displs)
 
-    def scatterv(self, sendbuf, counts, recvbuf, root=0, *, dtype=None):
+    def scatterv(self, sendbuf, counts, recvbuf, root=0, *, dtype=None, stream=None):
         """Root's sendbuf holds one block per rank, in rank order, of counts[i] elements; block r
         lands in rank r's recvbuf, which holds exactly counts[r]. sendbuf and counts are read on
         root only (pass None elsewhere). Returns recvbuf."""
         return self._run(lib.mncl_scatterv,
-                         self._scatterv_call(sendbuf, counts, recvbuf, root, dtype, "scatterv"))
+                         self._scatterv_call(sendbuf, counts, recvbuf, root, dtype, "scatterv"),
+                         stream=stream)
 
-    def iscatterv(self, sendbuf, counts, recvbuf, root=0, *, dtype=None):
+    def iscatterv(self, sendbuf, counts, recvbuf, root=0, *, dtype=None, stream=None):
         """Non-blocking scatterv: a Request whose wait() returns recvbuf."""
         return self._start(lib.mncl_iscatterv,
                            self._scatterv_call(sendbuf, counts, recvbuf, root, dtype,
-                                               "iscatterv"))
+                                               "iscatterv"), stream=stream)
 
-    def barrier(self):
-        """Returns once every rank has entered the barrier."""
-        self._run(lib.mncl_barrier, ((), None, ()))
+    def barrier(self, *, stream=None):
+        """Returns once every rank has entered the barrier. stream: as for every collective (None
+        passes no stream: a barrier has no arrays to take one from)."""
+        self._run(lib.mncl_barrier, ((), None, ()), stream=stream)
 
-    def ibarrier(self):
+    def ibarrier(self, *, stream=None):
         """Non-blocking barrier: a Request whose wait() returns None once every rank has
         entered it."""
-        return self._start(lib.mncl_ibarrier, ((), None, ()))
+        return self._start(lib.mncl_ibarrier, ((), None, ()), stream=stream)
 
     # --- point to point --------------------------------------------------------------------
 
@@ -688,22 +737,22 @@ class Communicator(ObjectCollectives):
         arr, code = _output(buf, "buf", dtype)
         return (_ptr(arr), arr.size, code, peer), arr, (arr,)
 
-    def send(self, buf, peer, *, dtype=None):
+    def send(self, buf, peer, *, dtype=None, stream=None):
         """Sends buf to peer (not this rank). Messages between a pair of ranks match their
         receives in issue order."""
-        self._run(lib.mncl_send, self._send_call(buf, peer, dtype))
+        self._run(lib.mncl_send, self._send_call(buf, peer, dtype), stream=stream)
 
-    def isend(self, buf, peer, *, dtype=None):
+    def isend(self, buf, peer, *, dtype=None, stream=None):
         """Non-blocking send: a Request whose wait() returns None once buf may be reused."""
-        return self._start(lib.mncl_isend, self._send_call(buf, peer, dtype))
+        return self._start(lib.mncl_isend, self._send_call(buf, peer, dtype), stream=stream)
 
-    def recv(self, buf, peer, *, dtype=None):
+    def recv(self, buf, peer, *, dtype=None, stream=None):
         """Receives into buf (its size and dtype must match the send). Returns buf."""
-        return self._run(lib.mncl_recv, self._recv_call(buf, peer, dtype))
+        return self._run(lib.mncl_recv, self._recv_call(buf, peer, dtype), stream=stream)
 
-    def irecv(self, buf, peer, *, dtype=None):
+    def irecv(self, buf, peer, *, dtype=None, stream=None):
         """Non-blocking recv: a Request whose wait() returns buf."""
-        return self._start(lib.mncl_irecv, self._recv_call(buf, peer, dtype))
+        return self._start(lib.mncl_irecv, self._recv_call(buf, peer, dtype), stream=stream)
 
     def _sendrecv_call(self, sendbuf, dest, recvbuf, source, dtype, what):
         send, code = _input(sendbuf, dtype)
@@ -717,20 +766,21 @@ class Communicator(ObjectCollectives):
         args = (_ptr(send), send.size, dest, _ptr(recv), recv.size, source, code)
         return args, recv, (send, recv)
 
-    def sendrecv(self, sendbuf, dest, recvbuf=None, source=None, *, dtype=None):
+    def sendrecv(self, sendbuf, dest, recvbuf=None, source=None, *, dtype=None, stream=None):
         """MPI_Sendrecv: sends sendbuf to dest while receiving recvbuf from source (default:
         dest; never this rank), both at once, so a ring shift ``sendrecv(x, (r + 1) % n,
         source=(r - 1) % n)`` on every rank cannot deadlock, on any backend. recvbuf None
         receives an array like sendbuf; the sizes may differ by direction (each matches the
         peer's). Returns recvbuf."""
         return self._run(lib.mncl_sendrecv,
-                         self._sendrecv_call(sendbuf, dest, recvbuf, source, dtype, "sendrecv"))
+                         self._sendrecv_call(sendbuf, dest, recvbuf, source, dtype, "sendrecv"),
+                         stream=stream)
 
-    def isendrecv(self, sendbuf, dest, recvbuf=None, source=None, *, dtype=None):
+    def isendrecv(self, sendbuf, dest, recvbuf=None, source=None, *, dtype=None, stream=None):
         """Non-blocking sendrecv: a Request whose wait() returns recvbuf."""
         return self._start(lib.mncl_isendrecv,
                            self._sendrecv_call(sendbuf, dest, recvbuf, source, dtype,
-                                               "isendrecv"))
+                                               "isendrecv"), stream=stream)
 
     @staticmethod
     def _batch_call(ops):
@@ -747,7 +797,7 @@ class Communicator(ObjectCollectives):
         results = [None if op.is_send else op.buf for op in ops]
         return (array, len(ops)), results, (ops, array)
 
-    def sendrecv_batch(self, ops):
+    def sendrecv_batch(self, ops, *, stream=None):
         """Runs a batch of P2POps (sends and receives to and from any peers) and returns when
         all have completed: PyTorch's batch_isend_irecv followed by waiting for every request.
         All ops progress together (NCCL's ncclGroupStart/End), so a ring, a halo exchange or a
@@ -755,12 +805,12 @@ class Communicator(ObjectCollectives):
         matches the peer's send/recv (or batch op) in issue order, per direction; receive
         buffers must overlap neither each other nor a send buffer of the batch. Returns a list
         with, for each op, its receive buffer, or None for a send."""
-        return self._run(lib.mncl_sendrecv_batch, self._batch_call(ops))
+        return self._run(lib.mncl_sendrecv_batch, self._batch_call(ops), stream=stream)
 
-    def batch_isend_irecv(self, ops):
+    def batch_isend_irecv(self, ops, *, stream=None):
         """Non-blocking sendrecv_batch: one Request for the whole batch (not one per op, as
         PyTorch's), whose wait() returns the list sendrecv_batch returns."""
-        return self._start(lib.mncl_isendrecv_batch, self._batch_call(ops))
+        return self._start(lib.mncl_isendrecv_batch, self._batch_call(ops), stream=stream)
 
     isendrecv_batch = batch_isend_irecv
 
@@ -786,16 +836,16 @@ class Communicator(ObjectCollectives):
         args = (send_ptrs, recv_ptrs, counts, n, code, _op_code(op))
         return args, recvs, (sends, recvs, send_ptrs, recv_ptrs, counts)
 
-    def allreduce_coalesced(self, sendbufs, recvbufs=None, op="sum", *, dtype=None):
+    def allreduce_coalesced(self, sendbufs, recvbufs=None, op="sum", *, dtype=None, stream=None):
         """Several allreduces of one dtype in one call (backends may pack them). Returns the
         list of results."""
         return self._run(lib.mncl_allreduce_coalesced,
                          self._coalesced_call(sendbufs, recvbufs, op, dtype,
-                                              "allreduce_coalesced"))
+                                              "allreduce_coalesced"), stream=stream)
 
-    def iallreduce_coalesced(self, sendbufs, recvbufs=None, op="sum", *, dtype=None):
+    def iallreduce_coalesced(self, sendbufs, recvbufs=None, op="sum", *, dtype=None, stream=None):
         """Non-blocking allreduce_coalesced: a Request whose wait() returns the list of
         results."""
         return self._start(lib.mncl_iallreduce_coalesced,
                            self._coalesced_call(sendbufs, recvbufs, op, dtype,
-                                                "iallreduce_coalesced"))
+                                                "iallreduce_coalesced"), stream=stream)

@@ -3,9 +3,11 @@ __cuda_array_interface__ (as CuPy arrays and PyTorch CUDA tensors do), allocated
 libcudart.so.13 the loader finds: the fake GPU of tests/cuda/fake_gpu in CI, a real GPU under
 tests/gpu/run.sh. On nccl they go to NCCL as they are; on host backends the core stages them.
 Exact values for allreduce (out of place, in place, non-blocking), bcast, allgather,
-reduce_scatter, allreduce_coalesced, sendrecv and a batch, on a stream of the array's; the caller's
-objects come back; a CUDA input with a host output works; a CUDA input without an output, a
-strided array and a read-only output are refused. Exits 77 (ctest: skipped) without NumPy or without a CUDA device."""
+reduce_scatter, allreduce_coalesced, sendrecv and a batch, on a stream of the array's, and on a
+stream named by stream= (over the arrays' own, and arrays on two streams; on a host backend a
+capturing stream so named is refused); the caller's objects come back; a CUDA input with a host
+output works; a CUDA input without an output, a strided array and a read-only output are
+refused. Exits 77 (ctest: skipped) without NumPy or without a CUDA device."""
 
 import ctypes
 import os
@@ -137,6 +139,72 @@ for on_stream in (None, 1, stream.value):
             mncl.P2POp("irecv", into, left)])
         expect(results[1] is into and np.array_equal(into.get(), np.full(2, left)),
                f"sendrecv_batch ({where})")
+
+# stream=: a stream named by the call (our own, as its address) orders it in place of the arrays'
+# (none, or the legacy default stream); stream=0 is the legacy default stream.
+for arrays_stream, call_stream in ((None, stream.value), (1, stream.value), (None, 0)):
+    where = f"stream={'own' if call_stream else 0} over array stream {arrays_stream}"
+    x = np.arange(100, dtype=np.float32) + r
+    want = np.arange(100, dtype=np.float32) * n + total
+    send = DeviceArray(x, arrays_stream)
+    recv = DeviceArray(np.zeros(100, np.float32), arrays_stream)
+    expect(comm.allreduce(send, recv, stream=call_stream) is recv, f"allreduce returns recvbuf "
+                                                                    f"({where})")
+    cuda(cudart.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
+    expect(np.array_equal(recv.get(), want), f"allreduce ({where})")
+    req = comm.iallreduce(send, recv, op="max", stream=call_stream)
+    expect(req.wait() is recv, f"iallreduce returns recvbuf ({where})")
+    cuda(cudart.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
+    expect(np.array_equal(recv.get(), x - r + n - 1), f"iallreduce max ({where})")
+    buf = DeviceArray(np.full(5, 100 + r, np.int32), arrays_stream)
+    comm.bcast(buf, root=n - 1, stream=call_stream)
+    cuda(cudart.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
+    expect(np.array_equal(buf.get(), np.full(5, 100 + n - 1)), f"bcast ({where})")
+    if n > 1:
+        right, left = (r + 1) % n, (r - 1) % n
+        into = DeviceArray(np.zeros(2, np.float32), arrays_stream)
+        comm.sendrecv_batch([
+            mncl.P2POp("isend", DeviceArray(np.full(2, r, np.float32), arrays_stream), right),
+            mncl.P2POp("irecv", into, left)], stream=call_stream)
+        cuda(cudart.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
+        expect(np.array_equal(into.get(), np.full(2, left)), f"sendrecv_batch ({where})")
+        into.free()
+    comm.barrier(stream=call_stream)
+    send.free()
+    recv.free()
+    buf.free()
+# Arrays on two streams are refused, unless the call names the stream (the caller ordered them).
+on_legacy = DeviceArray(np.full(4, r, np.float32), 1)
+on_own = DeviceArray(np.zeros(4, np.float32), stream.value)
+comm.allreduce(on_legacy, on_own, stream=stream.value)
+expect(np.array_equal(on_own.get(), np.full(4, total)), "arrays on two streams with stream=")
+expect_raises(TypeError, lambda: comm.allreduce(on_legacy, on_own, stream="own"),
+              "stream='own'", "stream")
+on_legacy.free()
+on_own.free()
+# The stream named reaches the library: on a host backend, a call on a stream that is capturing a
+# CUDA graph is refused (NotSupportedError, the capture left intact), though its arrays have none.
+if comm.backend != "nccl":
+    cudart.cudaStreamBeginCapture.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    cudart.cudaStreamEndCapture.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
+    cudart.cudaGraphDestroy.argtypes = [ctypes.c_void_p]
+    a, b = DeviceArray(np.ones(4, np.float32)), DeviceArray(np.zeros(4, np.float32))
+    _THREAD_LOCAL = 1  # cudaStreamCaptureModeThreadLocal
+    cuda(cudart.cudaStreamBeginCapture(stream, _THREAD_LOCAL), "cudaStreamBeginCapture")
+    try:
+        expect_raises(mncl.NotSupportedError, lambda: comm.allreduce(a, b, stream=stream.value),
+                      "allreduce(stream=a capturing stream) on a host backend",
+                      "capturing a CUDA graph")
+    finally:
+        graph = ctypes.c_void_p()
+        cuda(cudart.cudaStreamEndCapture(stream, ctypes.byref(graph)), "cudaStreamEndCapture "
+                                                                       "(the capture is intact)")
+        if graph.value:
+            cuda(cudart.cudaGraphDestroy(graph), "cudaGraphDestroy")
+    comm.allreduce(a, b, stream=stream.value)
+    expect(np.array_equal(b.get(), np.full(4, n)), "allreduce on the stream after its capture")
+    a.free()
+    b.free()
 
 # What cannot work is refused before anything moves, on the calling rank.
 dev = DeviceArray(np.ones(4, np.float32))
