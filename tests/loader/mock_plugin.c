@@ -38,7 +38,12 @@
  *                           (then MNCL_ERR_ABORTED): a plugin that ignores its timeout, for the
  *                           core's watchdog (tests/fault); comm_create first creates the file
  *                           $MNCL_MOCK_CREATE_MARKER and takes $MNCL_MOCK_CREATE_DELAY_MS ms,
- *                           where set (an abort during a split, tests/split)
+ *                           where set (an abort during a split, tests/split). Each call that
+ *                           blocks first appends "<name> blocked rank <r> kind <k> #<seq>" to
+ *                           MNCL_MOCK_EVENTS, so a test knows it is in the backend before it
+ *                           issues the next one. With MOCK_EXPORT_V2 and SEND/RECV in
+ *                           MOCK_V2_COLL_MASK, sends and receives block too, each on its own
+ *                           p2p lane beside the collectives (tests/unit/op_history_test)
  *   MOCK_ASYNC_STUCK=1      with MNCL_CAP_NATIVE_ASYNC in MOCK_CAPS: posted operations never end
  *                           on their own (a plugin that ignores their timeout): test() reports
  *                           one done (MNCL_ERR_ABORTED) only after comm_abort, and never when
@@ -49,6 +54,7 @@
  * The default variant serves single-rank jobs: every collective is a local copy.
  * If MNCL_MOCK_EVENTS names a file, init and finalize append "<name> init"/"<name> finalize"
  * lines to it, so tests can count loads without the plugin exporting anything but its table,
+ * MOCK_HANG's blocking calls append "<name> blocked ..." lines (see above),
  * every SENDRECV_BATCH appends "<name> batch rank <r>: <ops>" (see mock_batch), and every
  * GATHERV or SCATTERV "<name> gatherv rank <r> root <R> count <n>" (or scatterv; see
  * mock_rooted_v), so a test can tell the native kind from the core's alltoallv form.
@@ -395,6 +401,8 @@ static mncl_status_t mock_execute(void *comm, const mncl_coll_v1_t *coll) {
    * so that the job can line up before the hang. */
   if (coll->kind != MNCL_COLL_BARRIER) {
     const struct timespec pause = {0, 5 * 1000 * 1000};
+    record("blocked rank %d kind %d #%llu", (int)((mock_comm_t *)comm)->rank, (int)coll->kind,
+           (unsigned long long)coll->seq);
     while (!__atomic_load_n(&((mock_comm_t *)comm)->aborted, __ATOMIC_SEQ_CST)) {
       nanosleep(&pause, NULL);
     }

@@ -1,18 +1,30 @@
 // OpHistory and Watchdog (sdk/core/watchdog.h): the watchdog must see every running operation,
 // however many newer ones the other lanes finish meanwhile. Before slots of running operations
 // were kept, an operation outlived by 16 newer ones left its view: a backend hung in it was
-// never aborted.
+// never aborted. And, through a communicator (Comm::execute_now), what its abort reports: the
+// operation that timed out MNCL_ERR_TIMEOUT, every other one it ended MNCL_ERR_ABORTED.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "common/coll.h"  // plugin kit
+#include "common/error.h"
+#include "core/comm.h"
 #include "core/watchdog.h"
 
 namespace mncl::core {
@@ -151,6 +163,156 @@ TEST(Watchdog, FiresForAnOperationOutlivedByManyNewerOnes) {
   EXPECT_TRUE(watchdog.fired());
   history.end(hung, false);
 }
+
+#ifdef MNCL_MOCK_HANG_P2P_PLUGIN
+// Whether `path` has a line equal to `line`, polled until it does; the bound only keeps a
+// broken scenario from hanging the test.
+bool wait_for_line(const std::string &path, const std::string &line) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < give_up) {
+    std::ifstream in(path);
+    for (std::string l; std::getline(in, l);) {
+      if (l == line) return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+// The watchdog times out one operation and aborts the backend's communicator, which ends every
+// other operation running beside it: only the one that ran out of time reports
+// MNCL_ERR_TIMEOUT; the others report MNCL_ERR_ABORTED, saying that the watchdog's abort after
+// another operation's timeout ended them (not a timeout of their own, nor the user's abort).
+// Rank 0 of 2 (rank 1, a forked process, only joins and leaves) on the "hangp2p" mock, which
+// blocks every operation until aborted and ignores its timeout: a non-blocking send, blocked
+// on its own p2p lane, then a blocking allreduce beside it on the collectives lane. The send
+// is in the backend before the allreduce starts, so it is the one the watchdog times out.
+TEST(Watchdog, OperationsEndedByItsAbortReportAbortedOnlyTheTimedOutOneTimeout) {
+  constexpr int64_t kTimeoutMs = 2000;  // the watchdog fires ~2.2 s after the send began
+  char dir_template[] = "/tmp/mncl_watchdog_XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  const std::string events = dir + "/events";
+  const std::string store = "file://" + dir + "/store";
+  setenv("MNCL_MOCK_EVENTS", events.c_str(), 1);
+  struct Cleanup {
+    std::string dir;
+    ~Cleanup() {
+      unsetenv("MNCL_MOCK_EVENTS");
+      std::error_code ignored;
+      std::filesystem::remove_all(dir, ignored);
+    }
+  } cleanup{dir};
+  auto config_for = [&](int rank) {
+    mncl_config_t config = MNCL_CONFIG_INIT;
+    config.backend = MNCL_MOCK_HANG_P2P_PLUGIN;
+    config.rank = rank;
+    config.size = 2;
+    config.bootstrap = store.c_str();
+    config.timeout_ms = kTimeoutMs;
+    return config;
+  };
+
+  std::unique_ptr<Comm> comm;  // rank 0's; goes after rank 1 is let go (below)
+
+  // Rank 1: joins, waits until rank 0 closes the pipe (or exits), leaves.
+  int release[2];
+  ASSERT_EQ(pipe(release), 0);
+  std::fflush(nullptr);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(release[1]);
+    int rc = 0;
+    try {
+      const mncl_config_t config = config_for(1);
+      const std::unique_ptr<Comm> peer = Comm::create(&config);
+      char byte = 0;
+      for (ssize_t n; (n = read(release[0], &byte, 1)) != 0;) {
+        if (n < 0 && errno != EINTR) break;
+      }
+      peer->destroy();
+    } catch (const std::exception &e) {
+      std::fprintf(stderr, "rank 1: %s\n", e.what());
+      rc = 1;
+    }
+    _exit(rc);
+  }
+  close(release[0]);
+  // Whatever happens below, rank 1 is let go and reaped (and the files are removed).
+  struct Rank1 {
+    int fd;
+    pid_t pid;
+    int status = -1;
+    void release() {
+      if (fd >= 0) close(fd);
+      fd = -1;
+    }
+    int reap() {
+      release();
+      if (pid > 0) {
+        while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+        }
+        pid = -1;
+      }
+      return status;
+    }
+    ~Rank1() { reap(); }
+  } rank1{release[1], child};
+
+  const mncl_config_t config = config_for(0);
+  try {
+    comm = Comm::create(&config);
+  } catch (const std::exception &e) {
+    FAIL() << "rank 0: " << e.what();
+  }
+  int32_t value = 1, result = 0;
+  const std::shared_ptr<Operation> send =
+      comm->start(kit::make_coll(MNCL_COLL_SEND, MNCL_INT32, -1, /*peer=*/1, &value, nullptr, 1));
+  ASSERT_TRUE(wait_for_line(
+      events, "hangp2p blocked rank 0 kind " + std::to_string(MNCL_COLL_SEND) + " #0"))
+      << "the send never reached the backend";
+
+  mncl_status_t allreduce_status = MNCL_OK;
+  std::string allreduce_error;
+  try {
+    comm->run(kit::make_coll(MNCL_COLL_ALLREDUCE, MNCL_INT32, MNCL_SUM, -1, &value, &result, 1));
+  } catch (const Error &e) {
+    allreduce_status = e.status();
+    allreduce_error = e.what();
+  }
+  ASSERT_TRUE(comm->wait(*send, -1));
+
+  // The send ran out of time: its own timeout, named as the watchdog's.
+  EXPECT_EQ(send->status, MNCL_ERR_TIMEOUT) << send->error;
+  EXPECT_EQ(send->error.rfind("mncl_send #0 on hangp2p (rank 0 of 2): no result from the backend "
+                              "within the timeout",
+                              0),
+            0u)
+      << send->error;
+  EXPECT_NE(send->error.find("the watchdog aborted the backend's communicator"), std::string::npos)
+      << send->error;
+  EXPECT_EQ(send->error.find("ended by the watchdog's abort"), std::string::npos) << send->error;
+  // The allreduce was ended by that abort: ABORTED, naming itself, the abort and the send.
+  EXPECT_EQ(allreduce_status, MNCL_ERR_ABORTED) << allreduce_error;
+  EXPECT_EQ(allreduce_error.rfind("mncl_allreduce #0 on hangp2p (rank 0 of 2): ended by the "
+                                  "watchdog's abort of the backend's communicator after another "
+                                  "operation timed out: ",
+                                  0),
+            0u)
+      << allreduce_error;
+  EXPECT_NE(allreduce_error.find("timed out: mncl_send #0 on hangp2p (rank 0 of 2): no result from "
+                                 "the backend within the timeout"),
+            std::string::npos)
+      << allreduce_error;
+
+  rank1.release();
+  EXPECT_NO_THROW(comm->destroy());
+  comm.reset();
+  const int status = rank1.reap();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank 1: wait status " << status;
+}
+#endif  // MNCL_MOCK_HANG_P2P_PLUGIN
 
 }  // namespace
 }  // namespace mncl::core
