@@ -643,18 +643,78 @@ bool Comm::needs_staging(const mncl_coll_v1_t &coll) {
   return !(table_->caps & MNCL_CAP_CUDA_MEMORY) && staging_->needed(coll);
 }
 
-Comm::Lane &Comm::lane_for(const mncl_coll_v1_t &coll) {
+bool Comm::uses_p2p_lanes() const {
   // The capability means nothing to plugins that order their own work (mncl_plugin_v2.h).
-  const bool concurrent_p2p = (table_->caps & MNCL_CAP_CONCURRENT_P2P) &&
-                              !(table_->caps & (MNCL_CAP_NATIVE_ASYNC | MNCL_CAP_STREAM_ORDERED));
-  if (!concurrent_p2p || (coll.kind != MNCL_COLL_SEND && coll.kind != MNCL_COLL_RECV)) {
-    return collectives_;
-  }
-  const size_t index = 2 * static_cast<size_t>(coll.root) + (coll.kind == MNCL_COLL_RECV ? 1 : 0);
+  return (table_->caps & MNCL_CAP_CONCURRENT_P2P) &&
+         !(table_->caps & (MNCL_CAP_NATIVE_ASYNC | MNCL_CAP_STREAM_ORDERED));
+}
+
+Comm::Lane &Comm::p2p_lane(int32_t kind, int peer) {
+  const size_t index = 2 * static_cast<size_t>(peer) + (kind == MNCL_COLL_RECV ? 1 : 0);
   std::lock_guard<std::mutex> lock(lanes_mutex_);
   if (p2p_.empty()) p2p_.resize(2 * static_cast<size_t>(size_));
   if (!p2p_[index]) p2p_[index] = std::make_unique<Lane>();
   return *p2p_[index];
+}
+
+Comm::Lane &Comm::lane_for(const mncl_coll_v1_t &coll) {
+  if (!uses_p2p_lanes() || (coll.kind != MNCL_COLL_SEND && coll.kind != MNCL_COLL_RECV)) {
+    return collectives_;
+  }
+  return p2p_lane(coll.kind, coll.root);
+}
+
+void Comm::gate_peer_lanes(Operation &batch) {
+  std::vector<Lane *> lanes;
+  for (const mncl_p2p_v4_t &o : batch.p2p) {
+    Lane *lane = &p2p_lane(o.kind, o.peer);
+    if (std::find(lanes.begin(), lanes.end(), lane) == lanes.end()) lanes.push_back(lane);
+  }
+  batch.gate = std::make_shared<LaneGate>();
+  batch.gate->tokens = lanes.size();
+  for (Lane *lane : lanes) {
+    auto token = std::make_shared<Operation>();
+    token->coll = batch.coll;
+    token->gate = batch.gate;
+    token->gate_token = true;
+    enqueue(*lane, token);
+  }
+}
+
+void Comm::pass_gate(Operation &token, Lane &lane) {
+  LaneGate &gate = *token.gate;
+  {
+    std::unique_lock<std::mutex> lock(gate.mutex);
+    ++gate.arrived;
+    gate.cv.notify_all();
+    // The batch releases its tokens however it ends (it runs on the collectives' lane, whose
+    // operations all end within their deadlines); an abort ends the wait here too.
+    while (!gate.cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return gate.released; })) {
+      if (aborted_.load()) break;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(token.mutex);
+    token.finished = true;
+  }
+  --lane.outstanding;
+  token.finished_cv.notify_all();
+}
+
+void Comm::await_gate(const Operation &batch) {
+  LaneGate &gate = *batch.gate;
+  std::unique_lock<std::mutex> lock(gate.mutex);
+  while (!gate.cv.wait_for(lock, std::chrono::milliseconds(100),
+                           [&] { return gate.arrived == gate.tokens; })) {
+    MNCL_CHECK(!aborted_.load(), MNCL_ERR_ABORTED, "%s on %s: the communicator was aborted",
+               describe_op(batch.coll).c_str(), backend().c_str());
+    MNCL_CHECK(Clock::now() < batch.deadline, MNCL_ERR_TIMEOUT,
+               "%s on %s (rank %d of %d): its sends and receives were still queued behind "
+               "earlier point-to-point operations with the same peers when its timeout of "
+               "%.1f s ran out; it never started",
+               describe_op(batch.coll).c_str(), backend().c_str(), rank_, size_,
+               timeout_ms_ / 1000.0);
+  }
 }
 
 void Comm::execute_now(const mncl_coll_v1_t &coll) {
@@ -807,6 +867,9 @@ void Comm::launch(const std::shared_ptr<Operation> &op) {
     native_ops_.push_back(op);
     return;
   }
+  if (op->coll.kind == MNCL_COLL_SENDRECV_BATCH && uses_p2p_lanes() && !op->p2p.empty()) {
+    gate_peer_lanes(*op);
+  }
   enqueue(lane_for(op->coll), op);
 }
 
@@ -951,6 +1014,22 @@ void Comm::complete_claimed(Operation &op, Lane &lane) {
 }
 
 void Comm::complete(Operation &op, Lane &lane) {
+  if (op.gate_token) {
+    pass_gate(op, lane);
+    return;
+  }
+  // A gated batch releases its tokens however it ends.
+  struct Release {
+    LaneGate *gate;
+    ~Release() {
+      if (gate == nullptr) return;
+      {
+        std::lock_guard<std::mutex> lock(gate->mutex);
+        gate->released = true;
+      }
+      gate->cv.notify_all();
+    }
+  } release{op.gate.get()};
   mncl_status_t status = MNCL_OK;
   std::string error;
   int64_t given_ms = op.coll.timeout_ms;  // what the plugin got of the timeout
@@ -961,6 +1040,7 @@ void Comm::complete(Operation &op, Lane &lane) {
     // An abort first: the operations it ended report it, however long they were queued.
     MNCL_CHECK(!aborted_.load(), MNCL_ERR_ABORTED, "%s on %s: the communicator was aborted",
                describe_op(op.coll).c_str(), backend().c_str());
+    if (op.gate) await_gate(op);
     const auto left = op.deadline - Clock::now();
     MNCL_CHECK(left > Clock::duration::zero(), MNCL_ERR_TIMEOUT,
                "%s on %s (rank %d of %d): its deadline passed while it was queued behind earlier "

@@ -25,6 +25,19 @@
 
 namespace mncl::core {
 
+// A native SENDRECV_BATCH on a backend with per-peer lanes (MNCL_CAP_CONCURRENT_P2P) runs on
+// the collectives' lane, yet its sends and receives must keep their places in their peers'
+// lanes too (mncl_plugin_v2.h: one SEND to a peer at a time, in seq order; the same for
+// RECVs). A token queued in each of those lanes stops it at the batch's place; the batch runs
+// once every token has arrived, and releases them when it ends, however it ends.
+struct LaneGate {
+  std::mutex mutex;
+  std::condition_variable cv;
+  size_t tokens = 0;   // lanes held for the batch
+  size_t arrived = 0;  // tokens that reached the front of their lane
+  bool released = false;
+};
+
 // One non-blocking operation. Shared by the user's handle and the communicator's queue.
 struct Operation {
   mncl_coll_v1_t coll{};
@@ -54,6 +67,9 @@ struct Operation {
   bool native = false;
   void *native_handle = nullptr;
   size_t native_slot = 0;  // its index in Comm::native_ops_ while posted
+  // A gated batch, or (gate_token) one of its tokens in a peer's lane (see LaneGate).
+  std::shared_ptr<LaneGate> gate;
+  bool gate_token = false;
 };
 
 // True when `op` has ended: finished, or a batch run as parts whose parts all have (their
@@ -151,6 +167,15 @@ class Comm {
   // The lane coll runs on: its (peer, direction) lane for send/recv with concurrent p2p, else
   // the collectives' lane.
   Lane &lane_for(const mncl_coll_v1_t &coll);
+  // Whether send/recv run on per-peer lanes; the lane of (SEND or RECV, peer).
+  bool uses_p2p_lanes() const;
+  Lane &p2p_lane(int32_t kind, int peer);
+  // Queues a gate token in the lane of every (direction, peer) of batch (see LaneGate).
+  void gate_peer_lanes(Operation &batch);
+  // complete() of a gate token: arrives, then holds its lane until the batch releases it.
+  void pass_gate(Operation &token, Lane &lane);
+  // complete() of a gated batch, before it runs: waits for every token, within its deadline.
+  void await_gate(const Operation &batch);
   void execute_now(const mncl_coll_v1_t &coll);
   // Host-only backend and a CUDA buffer in coll: it goes through staging_.
   bool needs_staging(const mncl_coll_v1_t &coll);

@@ -44,6 +44,14 @@
  *                           issues the next one. With MOCK_EXPORT_V2 and SEND/RECV in
  *                           MOCK_V2_COLL_MASK, sends and receives block too, each on its own
  *                           p2p lane beside the collectives (tests/unit/op_history_test)
+ *   MOCK_P2P_LANES=1        with MOCK_ANY_SIZE, v4's batch kind and SEND/RECV in the v4 mask:
+ *                           sends, receives and batches move no data but take 100 ms, and
+ *                           check the v2 rule the core must keep (mncl_plugin_v2.h): at most
+ *                           one SEND to a peer at a time (one RECV from it), in seq order, a
+ *                           batch's ops counting too. Each appends "<name> <kind> <peer> #<seq>"
+ *                           when it starts (kind send, recv, "batch send", "batch recv"), and
+ *                           "<name> overlap ..." / "<name> out of order ..." on a breach
+ *                           (tests/unit/op_history_test)
  *   MOCK_ASYNC_STUCK=1      with MNCL_CAP_NATIVE_ASYNC in MOCK_CAPS: posted operations never end
  *                           on their own (a plugin that ignores their timeout): test() reports
  *                           one done (MNCL_ERR_ABORTED) only after comm_abort, and never when
@@ -218,6 +226,10 @@ typedef struct mock_comm {
   int32_t size;
   volatile int aborted;
   int posted; /* MOCK_ASYNC_STUCK: operations posted and not yet reported done */
+  /* MOCK_P2P_LANES, per direction (0 send, 1 recv) and peer (< 64): operations running, and
+   * the seq the next one must have. */
+  int p2p_running[2][64];
+  unsigned long long p2p_next_seq[2][64];
 } mock_comm_t;
 
 #if defined(MOCK_ASYNC_STUCK) && MOCK_ASYNC_STUCK
@@ -390,6 +402,50 @@ static mncl_status_t mock_rooted_v(const mock_comm_t *comm, const mncl_coll_v1_t
 }
 #endif
 
+#if defined(MOCK_P2P_LANES) && MOCK_P2P_LANES
+/* One op of a send, receive or batch starting (begin != 0) or ending, checked against the v2
+ * rule (see MOCK_P2P_LANES above). */
+static void p2p_lane_step(mock_comm_t *comm, int32_t kind, int32_t peer, unsigned long long seq,
+                          const char *prefix, int begin) {
+  const int dir = kind == MNCL_COLL_RECV;
+  const char *what = dir ? "recv" : "send";
+  if (peer < 0 || peer >= 64) return;
+  if (!begin) {
+    __atomic_sub_fetch(&comm->p2p_running[dir][peer], 1, __ATOMIC_SEQ_CST);
+    return;
+  }
+  if (__atomic_add_fetch(&comm->p2p_running[dir][peer], 1, __ATOMIC_SEQ_CST) > 1) {
+    record("overlap %s %d #%llu", what, (int)peer, seq);
+  }
+  if (seq != comm->p2p_next_seq[dir][peer]) {
+    record("out of order %s %d #%llu, expected #%llu", what, (int)peer, seq,
+           comm->p2p_next_seq[dir][peer]);
+  }
+  comm->p2p_next_seq[dir][peer] = seq + 1;
+  record("%s%s %d #%llu", prefix, what, (int)peer, seq);
+}
+
+static mncl_status_t mock_p2p_lanes(mock_comm_t *comm, const mncl_coll_v1_t *coll) {
+  const struct timespec pause = {0, 100 * 1000 * 1000};
+  const mncl_p2p_v4_t *ops = (const mncl_p2p_v4_t *)coll->sendbuf;
+  size_t i;
+  if (coll->kind != MNCL_COLL_SENDRECV_BATCH) {
+    p2p_lane_step(comm, coll->kind, coll->root, coll->seq, "", 1);
+    nanosleep(&pause, NULL);
+    p2p_lane_step(comm, coll->kind, coll->root, coll->seq, "", 0);
+    return MNCL_OK;
+  }
+  for (i = 0; i < coll->nbufs; ++i) {
+    p2p_lane_step(comm, ops[i].kind, ops[i].peer, ops[i].seq, "batch ", 1);
+  }
+  nanosleep(&pause, NULL);
+  for (i = 0; i < coll->nbufs; ++i) {
+    p2p_lane_step(comm, ops[i].kind, ops[i].peer, ops[i].seq, "batch ", 0);
+  }
+  return MNCL_OK;
+}
+#endif
+
 static mncl_status_t mock_execute(void *comm, const mncl_coll_v1_t *coll) {
 #if defined(MOCK_NOOP) && MOCK_NOOP
   (void)comm;
@@ -412,6 +468,12 @@ static mncl_status_t mock_execute(void *comm, const mncl_coll_v1_t *coll) {
   }
 #endif
   if (((mock_comm_t *)comm)->aborted) return MNCL_ERR_ABORTED;
+#if defined(MOCK_P2P_LANES) && MOCK_P2P_LANES
+  if (coll->kind == MNCL_COLL_SEND || coll->kind == MNCL_COLL_RECV ||
+      coll->kind == MNCL_COLL_SENDRECV_BATCH) {
+    return mock_p2p_lanes((mock_comm_t *)comm, coll);
+  }
+#endif
   const size_t elem = dtype_size(coll->dtype);
   size_t i;
   /* With one rank every collective reduces to "my contribution is the result". */

@@ -18,6 +18,7 @@
 #include <fstream>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -164,7 +165,7 @@ TEST(Watchdog, FiresForAnOperationOutlivedByManyNewerOnes) {
   history.end(hung, false);
 }
 
-#ifdef MNCL_MOCK_HANG_P2P_PLUGIN
+#if defined(MNCL_MOCK_HANG_P2P_PLUGIN) && defined(MNCL_MOCK_P2P_LANES_PLUGIN)
 // Whether `path` has a line equal to `line`, polled until it does; the bound only keeps a
 // broken scenario from hanging the test.
 bool wait_for_line(const std::string &path, const std::string &line) {
@@ -179,109 +180,142 @@ bool wait_for_line(const std::string &path, const std::string &line) {
   return false;
 }
 
+// The mock's lines in `path` but its "init" and "finalize" (each rank loads it).
+std::vector<std::string> operation_lines(const std::string &path) {
+  std::vector<std::string> lines;
+  std::ifstream in(path);
+  for (std::string l; std::getline(in, l);) {
+    const size_t space = l.rfind(' ');
+    const std::string last = space == std::string::npos ? l : l.substr(space + 1);
+    if (last != "init" && last != "finalize") lines.push_back(l);
+  }
+  return lines;
+}
+
+// A job of two ranks on a mock plugin: rank 0 is a Comm in this process (`comm`), rank 1 a
+// forked process that only joins, and leaves once finish() lets it go. The mock's events go to
+// `events`; the temporary folder goes with the object.
+class TwoRanks {
+ public:
+  TwoRanks(const char *plugin, int64_t timeout_ms) {
+    char dir_template[] = "/tmp/mncl_lanes_XXXXXX";
+    if (mkdtemp(dir_template) == nullptr) throw std::runtime_error("mkdtemp failed");
+    dir_ = dir_template;
+    events = dir_ + "/events";
+    store_ = "file://" + dir_ + "/store";
+    setenv("MNCL_MOCK_EVENTS", events.c_str(), 1);
+    plugin_ = plugin;
+    timeout_ms_ = timeout_ms;
+    int release[2];
+    if (pipe(release) != 0) throw std::runtime_error("pipe failed");
+    std::fflush(nullptr);
+    pid_ = fork();
+    if (pid_ < 0) throw std::runtime_error("fork failed");
+    if (pid_ == 0) {  // rank 1: joins, waits until rank 0 closes the pipe (or exits), leaves
+      close(release[1]);
+      int rc = 0;
+      try {
+        const mncl_config_t config = config_for(1);
+        const std::unique_ptr<Comm> peer = Comm::create(&config);
+        char byte = 0;
+        for (ssize_t n; (n = read(release[0], &byte, 1)) != 0;) {
+          if (n < 0 && errno != EINTR) break;
+        }
+        peer->destroy();
+      } catch (const std::exception &e) {
+        std::fprintf(stderr, "rank 1: %s\n", e.what());
+        rc = 1;
+      }
+      _exit(rc);
+    }
+    close(release[0]);
+    release_fd_ = release[1];
+    const mncl_config_t config = config_for(0);
+    comm = Comm::create(&config);
+  }
+  // Destroys rank 0's communicator, lets rank 1 go and returns its wait status.
+  int finish() {
+    release();
+    if (comm) {
+      comm->destroy();
+      comm.reset();
+    }
+    if (pid_ > 0) {
+      while (waitpid(pid_, &status_, 0) < 0 && errno == EINTR) {
+      }
+      pid_ = -1;
+    }
+    return status_;
+  }
+  ~TwoRanks() {
+    try {
+      finish();
+    } catch (...) {
+    }
+    unsetenv("MNCL_MOCK_EVENTS");
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+
+  std::unique_ptr<Comm> comm;
+  std::string events;
+
+ private:
+  mncl_config_t config_for(int rank) const {
+    mncl_config_t config = MNCL_CONFIG_INIT;
+    config.backend = plugin_;
+    config.rank = rank;
+    config.size = 2;
+    config.bootstrap = store_.c_str();
+    config.timeout_ms = timeout_ms_;
+    return config;
+  }
+  void release() {
+    if (release_fd_ >= 0) close(release_fd_);
+    release_fd_ = -1;
+  }
+
+  std::string dir_, store_;
+  const char *plugin_ = nullptr;
+  int64_t timeout_ms_ = 0;
+  pid_t pid_ = -1;
+  int release_fd_ = -1;
+  int status_ = -1;
+};
+
 // The watchdog times out one operation and aborts the backend's communicator, which ends every
 // other operation running beside it: only the one that ran out of time reports
 // MNCL_ERR_TIMEOUT; the others report MNCL_ERR_ABORTED, saying that the watchdog's abort after
 // another operation's timeout ended them (not a timeout of their own, nor the user's abort).
-// Rank 0 of 2 (rank 1, a forked process, only joins and leaves) on the "hangp2p" mock, which
-// blocks every operation until aborted and ignores its timeout: a non-blocking send, blocked
-// on its own p2p lane, then a blocking allreduce beside it on the collectives lane. The send
-// is in the backend before the allreduce starts, so it is the one the watchdog times out.
+// Rank 0 of 2 on the "hangp2p" mock, which blocks every operation until aborted and ignores
+// its timeout: a non-blocking send, blocked on its own p2p lane, then a blocking allreduce
+// beside it on the collectives lane. The send is in the backend before the allreduce starts,
+// so it is the one the watchdog times out.
 TEST(Watchdog, OperationsEndedByItsAbortReportAbortedOnlyTheTimedOutOneTimeout) {
   constexpr int64_t kTimeoutMs = 2000;  // the watchdog fires ~2.2 s after the send began
-  char dir_template[] = "/tmp/mncl_watchdog_XXXXXX";
-  ASSERT_NE(mkdtemp(dir_template), nullptr);
-  const std::string dir = dir_template;
-  const std::string events = dir + "/events";
-  const std::string store = "file://" + dir + "/store";
-  setenv("MNCL_MOCK_EVENTS", events.c_str(), 1);
-  struct Cleanup {
-    std::string dir;
-    ~Cleanup() {
-      unsetenv("MNCL_MOCK_EVENTS");
-      std::error_code ignored;
-      std::filesystem::remove_all(dir, ignored);
-    }
-  } cleanup{dir};
-  auto config_for = [&](int rank) {
-    mncl_config_t config = MNCL_CONFIG_INIT;
-    config.backend = MNCL_MOCK_HANG_P2P_PLUGIN;
-    config.rank = rank;
-    config.size = 2;
-    config.bootstrap = store.c_str();
-    config.timeout_ms = kTimeoutMs;
-    return config;
-  };
-
-  std::unique_ptr<Comm> comm;  // rank 0's; goes after rank 1 is let go (below)
-
-  // Rank 1: joins, waits until rank 0 closes the pipe (or exits), leaves.
-  int release[2];
-  ASSERT_EQ(pipe(release), 0);
-  std::fflush(nullptr);
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    close(release[1]);
-    int rc = 0;
-    try {
-      const mncl_config_t config = config_for(1);
-      const std::unique_ptr<Comm> peer = Comm::create(&config);
-      char byte = 0;
-      for (ssize_t n; (n = read(release[0], &byte, 1)) != 0;) {
-        if (n < 0 && errno != EINTR) break;
-      }
-      peer->destroy();
-    } catch (const std::exception &e) {
-      std::fprintf(stderr, "rank 1: %s\n", e.what());
-      rc = 1;
-    }
-    _exit(rc);
-  }
-  close(release[0]);
-  // Whatever happens below, rank 1 is let go and reaped (and the files are removed).
-  struct Rank1 {
-    int fd;
-    pid_t pid;
-    int status = -1;
-    void release() {
-      if (fd >= 0) close(fd);
-      fd = -1;
-    }
-    int reap() {
-      release();
-      if (pid > 0) {
-        while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-        }
-        pid = -1;
-      }
-      return status;
-    }
-    ~Rank1() { reap(); }
-  } rank1{release[1], child};
-
-  const mncl_config_t config = config_for(0);
+  std::unique_ptr<TwoRanks> job;
   try {
-    comm = Comm::create(&config);
+    job = std::make_unique<TwoRanks>(MNCL_MOCK_HANG_P2P_PLUGIN, kTimeoutMs);
   } catch (const std::exception &e) {
     FAIL() << "rank 0: " << e.what();
   }
+  Comm &comm = *job->comm;
   int32_t value = 1, result = 0;
   const std::shared_ptr<Operation> send =
-      comm->start(kit::make_coll(MNCL_COLL_SEND, MNCL_INT32, -1, /*peer=*/1, &value, nullptr, 1));
+      comm.start(kit::make_coll(MNCL_COLL_SEND, MNCL_INT32, -1, /*peer=*/1, &value, nullptr, 1));
   ASSERT_TRUE(wait_for_line(
-      events, "hangp2p blocked rank 0 kind " + std::to_string(MNCL_COLL_SEND) + " #0"))
+      job->events, "hangp2p blocked rank 0 kind " + std::to_string(MNCL_COLL_SEND) + " #0"))
       << "the send never reached the backend";
 
   mncl_status_t allreduce_status = MNCL_OK;
   std::string allreduce_error;
   try {
-    comm->run(kit::make_coll(MNCL_COLL_ALLREDUCE, MNCL_INT32, MNCL_SUM, -1, &value, &result, 1));
+    comm.run(kit::make_coll(MNCL_COLL_ALLREDUCE, MNCL_INT32, MNCL_SUM, -1, &value, &result, 1));
   } catch (const Error &e) {
     allreduce_status = e.status();
     allreduce_error = e.what();
   }
-  ASSERT_TRUE(comm->wait(*send, -1));
+  ASSERT_TRUE(comm.wait(*send, -1));
 
   // The send ran out of time: its own timeout, named as the watchdog's.
   EXPECT_EQ(send->status, MNCL_ERR_TIMEOUT) << send->error;
@@ -306,13 +340,45 @@ TEST(Watchdog, OperationsEndedByItsAbortReportAbortedOnlyTheTimedOutOneTimeout) 
             std::string::npos)
       << allreduce_error;
 
-  rank1.release();
-  EXPECT_NO_THROW(comm->destroy());
-  comm.reset();
-  const int status = rank1.reap();
+  int status = -1;
+  EXPECT_NO_THROW(status = job->finish());
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank 1: wait status " << status;
 }
-#endif  // MNCL_MOCK_HANG_P2P_PLUGIN
+
+// A native batch on a backend with per-peer lanes runs on the collectives' lane, yet keeps its
+// place in its peers' lanes (mncl_plugin_v2.h: one SEND to a peer at a time, in seq order). On
+// the "p2planes" mock, whose sends and batches take 100 ms and which records any breach: a send
+// to rank 1, then a batch with a send to rank 1, then another send. Before the lanes were
+// gated the batch ran at once, beside the first send (an overlap), and the last send beside
+// the batch.
+TEST(Lanes, ANativeBatchKeepsItsPlaceInItsPeersLanes) {
+  std::unique_ptr<TwoRanks> job;
+  try {
+    job = std::make_unique<TwoRanks>(MNCL_MOCK_P2P_LANES_PLUGIN, 30000);
+  } catch (const std::exception &e) {
+    FAIL() << "rank 0: " << e.what();
+  }
+  Comm &comm = *job->comm;
+  int32_t a = 1, b = 2, c = 3, d = 4;
+  const auto first =
+      comm.start(kit::make_coll(MNCL_COLL_SEND, MNCL_INT32, -1, /*peer=*/1, &a, nullptr, 1));
+  const mncl_p2p_v4_t ops[2] = {{MNCL_COLL_SEND, 1, MNCL_INT32, 0, &b, 1, 0},
+                                {MNCL_COLL_RECV, 1, MNCL_INT32, 0, &d, 1, 0}};
+  const auto batch = comm.start_batch("mncl_isendrecv_batch", {ops[0], ops[1]}, nullptr, false);
+  const auto last =
+      comm.start(kit::make_coll(MNCL_COLL_SEND, MNCL_INT32, -1, /*peer=*/1, &c, nullptr, 1));
+  for (const auto &op : {last, batch, first}) {
+    ASSERT_TRUE(comm.wait(*op, -1));
+    EXPECT_EQ(op->status, MNCL_OK) << op->error;
+  }
+  EXPECT_EQ(operation_lines(job->events),
+            (std::vector<std::string>{"p2planes send 1 #0", "p2planes batch send 1 #1",
+                                      "p2planes batch recv 1 #0", "p2planes send 1 #2"}));
+  int status = -1;
+  EXPECT_NO_THROW(status = job->finish());
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank 1: wait status " << status;
+}
+#endif
 
 }  // namespace
 }  // namespace mncl::core
