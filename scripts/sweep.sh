@@ -4,7 +4,8 @@
 # the paths of the combined JSON, CSV and PNG. Extra arguments go to mncl-perf (e.g. -C all).
 #
 # Environment: MNCL_BUILD_DIR (default build), MNCL_SWEEP_OUT (default <build>/sweep),
-# MNCL_SWEEP_BACKENDS (default naive,flat,gloo,shm; missing ones are skipped and listed).
+# MNCL_SWEEP_BACKENDS (default naive,flat,gloo,shm; missing or unusable ones, e.g. nccl without
+# a GPU, are skipped and listed with their reason). mncl-perf measures host buffers only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,7 +27,7 @@ out=${MNCL_SWEEP_OUT:-$build_dir/sweep}
 # Open MPI refuses root unless told otherwise (containers, CI); harmless for other users.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # The budget: under 10 minutes in all on 2 cores. Every size gets at most ~0.25 s per placement
-# (fewer than -n iterations for the slow sizes, printed per row), and the naive backend, whose
+# (fewer than -n iterations for the slow sizes: the tables' iters column), and the naive backend, whose
 # data goes through the TCP store, stops at 4 MiB (said so in its table and the summary).
 exec "$build_dir/bin/mncl-perf" --backends "${MNCL_SWEEP_BACKENDS:-naive,flat,gloo,shm}" --np 4 \
   -b 8 -e 64M -f 2 -n 20 -w 3 -c 1 -C allreduce --size-budget-ms 250 \

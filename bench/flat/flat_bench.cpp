@@ -33,10 +33,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "common/bench_stats.h"
+#include "common/parse_size.h"
 
 namespace {
 
@@ -128,7 +130,13 @@ int main(int argc, char **argv) {
       quick = true;
       rounds = 5;
     } else if (arg == "--max-bytes" && i + 1 < argc) {
-      max_bytes = std::strtoull(argv[++i], nullptr, 10);
+      try {
+        max_bytes = mncl::bench::parse_size(argv[++i]);
+        if (max_bytes == 0) throw std::invalid_argument(std::string("'") + argv[i] + "' is 0");
+      } catch (const std::invalid_argument &e) {
+        std::fprintf(stderr, "flat_bench: --max-bytes: %s\n", e.what());
+        return 2;
+      }
     } else if (arg == "--rounds" && i + 1 < argc) {
       rounds = std::max(1, std::atoi(argv[++i]));
     } else {

@@ -5,7 +5,8 @@
 //
 // Both sides run float32 SUM, out of place, from one send buffer into one receive buffer, with
 // the same Gloo algorithm (MNCL_GLOO_ALGO is set to --algo before the communicator exists; the
-// raw side calls gloo::allreduce with the matching algorithm and gloo::sum<float>). The raw
+// raw side calls gloo::allreduce with the matching algorithm and gloo::sum<float>; with auto it
+// applies the plugin's rule per size: bcube up to 64 KiB on 4, 8, ... ranks, else ring). The raw
 // Gloo context is rendezvoused through MNCL itself (a rendezvous::Store whose waits are MNCL
 // exchanges), so the program runs wherever MNCL does. Per size, single calls of the two sides
 // alternate, each after a barrier, so drifting machine load hits both alike; a call's time is
@@ -28,6 +29,8 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "common/parse_size.h"
 
 namespace {
 
@@ -104,14 +107,16 @@ class MnclStore : public gloo::rendezvous::Store {
   std::map<std::string, std::vector<char>> pending_, all_;
 };
 
-size_t parse_bytes(const char *s) {
-  char *end = nullptr;
-  double v = std::strtod(s, &end);
-  std::string unit = end;
-  if (unit == "Ki" || unit == "K") v *= 1024;
-  if (unit == "Mi" || unit == "M") v *= 1024 * 1024;
-  if (unit == "Gi" || unit == "G") v *= 1024.0 * 1024 * 1024;
-  return static_cast<size_t>(v);
+// A size for --min-bytes / --max-bytes (mncl-perf's parser): 0 and malformed values exit.
+size_t parse_bytes(const char *flag, const char *s) {
+  try {
+    const size_t v = mncl::bench::parse_size(s);
+    if (v == 0) throw std::invalid_argument(std::string("'") + s + "' is 0");
+    return v;
+  } catch (const std::invalid_argument &e) {
+    std::fprintf(stderr, "mncl-bench-gloo: %s: %s\n", flag, e.what());
+    std::exit(2);
+  }
 }
 
 double now_s() {
@@ -133,9 +138,9 @@ int main(int argc, char **argv) {
       return argv[++i];
     };
     if (a == "--min-bytes") {
-      min_bytes = parse_bytes(next());
+      min_bytes = parse_bytes("--min-bytes", next());
     } else if (a == "--max-bytes") {
-      max_bytes = parse_bytes(next());
+      max_bytes = parse_bytes("--max-bytes", next());
     } else if (a == "--algo") {
       algo = next();
     } else if (a == "--host") {
@@ -147,6 +152,11 @@ int main(int argc, char **argv) {
                    argv[0]);
       return 2;
     }
+  }
+  if (min_bytes > max_bytes) {
+    std::fprintf(stderr, "mncl-bench-gloo: --min-bytes (%zu) is above --max-bytes (%zu)\n",
+                 min_bytes, max_bytes);
+    return 2;
   }
   if (algo != "ring" && algo != "bcube" && algo != "auto") {
     std::fprintf(stderr, "mncl-bench-gloo: --algo must be ring, bcube or auto\n");
@@ -177,13 +187,21 @@ int main(int argc, char **argv) {
     std::fprintf(stderr, "mncl-bench-gloo: raw gloo rendezvous failed: %s\n", e.what());
     return 1;
   }
-  // The raw side with auto compares against ring (what MNCL picks at >= 64 KiB).
-  const auto raw_algo = algo == "bcube" ? gloo::AllreduceOptions::Algorithm::BCUBE
-                                        : gloo::AllreduceOptions::Algorithm::RING;
+  // The raw side runs the algorithm the plugin runs. With auto that is the plugin's rule
+  // (plugins/gloo/gloo_comm.cpp, Comm::allreduce_plain): bcube up to 64 KiB on a power-of-two
+  // number of ranks above 2, ring otherwise; mncl-perf's raw Gloo baseline mirrors it the same way.
+  auto raw_algo = [&](size_t n) {
+    const size_t bytes = n * sizeof(float);
+    const bool pow2 = (size & (size - 1)) == 0;
+    const bool bcube =
+        algo == "bcube" || (algo == "auto" && bytes <= 64 * 1024 && size > 2 && pow2);
+    return bcube ? gloo::AllreduceOptions::Algorithm::BCUBE
+                 : gloo::AllreduceOptions::Algorithm::RING;
+  };
   uint32_t raw_tag = 0;
   auto raw_allreduce = [&](const float *in, float *out, size_t n) {
     gloo::AllreduceOptions opts(raw);
-    opts.setAlgorithm(raw_algo);
+    opts.setAlgorithm(raw_algo(n));
     opts.setInput(const_cast<float *>(in), n);
     opts.setOutput(out, n);
     opts.setReduceFunction(

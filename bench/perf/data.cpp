@@ -120,8 +120,22 @@ double tolerance(const Call &c) {
 
 }  // namespace
 
+// splitmix64's finaliser: every input bit affects every output bit.
+uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// A hash of (rank, index, round), so that no two ranks, blocks or rounds hold the same data (a
+// linear formula repeats every few ranks/elements, which lets a result taken from the wrong rank
+// or block pass the check). The range stays small (PROD: 1..2, else 11 values) so that sums and
+// products over the ranks stay exact in every dtype, half/bf16/int8 included.
 double input_value(mncl_dtype_t dtype, mncl_op_t op, int rank, size_t index, int round) {
-  const size_t mix = static_cast<size_t>(rank) * 7 + index * 13 + static_cast<size_t>(round) * 3;
+  const uint64_t mix =
+      mix64(mix64(mix64(static_cast<uint64_t>(rank)) ^ static_cast<uint64_t>(index)) ^
+            static_cast<uint64_t>(static_cast<uint32_t>(round)));
   if (op == MNCL_PROD) return 1 + static_cast<double>(mix % 2);
   const double v = static_cast<double>(mix % 11);
   return is_unsigned(dtype) ? v : v - 5;

@@ -6,9 +6,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -124,14 +126,15 @@ struct BackendRun {
   int status = 0;
   double seconds = 0;
   std::string json, csv, txt;
+  std::string unusable;  // file where the ranks write why the backend is unusable here
 };
 
 // One line per backend at a few sizes: what the closing notes quote.
 void print_summary(const std::vector<BackendRun> &runs) {
-  const char *want[] = {"8", "1048576", "67108864"};
+  const unsigned long long want[] = {8, 1048576, 67108864};
   std::printf(
-      "\n# Summary: out-of-place, sizes 8 B / 1 MiB / 64 MiB (first collective of each "
-      "run)\n");
+      "\n# Summary: out-of-place, sizes 8 B / 1 MiB / 64 MiB or the nearest measured below (first "
+      "collective of each run)\n");
   std::printf("# %-8s %-14s %12s %10s %10s %10s %8s\n", "backend", "collective", "size(B)", "busbw",
               "raw busbw", "MNCL/raw", "%lim");
   std::printf("# %-8s %-14s %12s %10s %10s %10s %8s\n", "", "", "", "(GB/s)", "(GB/s)", "(time)",
@@ -143,10 +146,24 @@ void print_summary(const std::vector<BackendRun> &runs) {
     std::getline(f, line);  // header
     std::vector<std::vector<std::string>> rows;
     while (std::getline(f, line)) rows.push_back(split_csv_line(line));
-    for (const char *size : want) {
+    for (const auto &c : rows)
+      if (c.size() >= 23 && first_coll.empty()) first_coll = c[1];
+    // Sizes are rounded down to a multiple of the ranks (times the element size), so the
+    // requested sizes may not appear: take the largest measured size not above each one.
+    std::vector<std::string> picked;
+    for (unsigned long long w : want) {
+      unsigned long long best = 0;
+      bool found = false;
+      for (const auto &c : rows) {
+        if (c.size() < 23 || c[1] != first_coll || c[2] != "out-of-place") continue;
+        const unsigned long long sz = std::strtoull(c[3].c_str(), nullptr, 10);
+        if (sz <= w && (!found || sz > best)) best = sz, found = true;
+      }
+      const std::string size = std::to_string(best);
+      if (!found || std::find(picked.begin(), picked.end(), size) != picked.end()) continue;
+      picked.push_back(size);
       for (const auto &c : rows) {
         if (c.size() < 23) continue;
-        if (first_coll.empty()) first_coll = c[1];
         if (c[1] != first_coll || c[2] != "out-of-place" || c[3] != size) continue;
         auto num = [](const std::string &cell, const char *f) {
           if (cell.empty()) return std::string("-");
@@ -184,7 +201,22 @@ int run_sweep(const Options &o, int argc, char **argv) {
   const std::string mpirun = which("mpirun");
   const bool tty = isatty(2);
 
-  mkdir(o.out_dir.c_str(), 0755);
+  {
+    std::error_code ec;
+    std::filesystem::create_directories(o.out_dir, ec);
+    if (ec || !std::filesystem::is_directory(o.out_dir)) {
+      std::fprintf(stderr, "mncl-perf: cannot create --out-dir %s: %s\n", o.out_dir.c_str(),
+                   ec ? ec.message().c_str() : "not a directory");
+      return 1;
+    }
+    const std::string probe = o.out_dir + "/.mncl-perf-write-test";
+    std::ofstream t(probe);
+    if (!(t << "x") || (t.close(), !t)) {
+      std::fprintf(stderr, "mncl-perf: --out-dir %s is not writable\n", o.out_dir.c_str());
+      return 1;
+    }
+    std::remove(probe.c_str());
+  }
   std::string command;
   for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
 
@@ -222,8 +254,10 @@ int run_sweep(const Options &o, int argc, char **argv) {
     r.json = base + ".json";
     r.csv = base + ".csv";
     r.txt = base + ".txt";
+    r.unusable = base + ".unusable";
     std::remove(r.json.c_str());
     std::remove(r.csv.c_str());
+    std::remove(r.unusable.c_str());
     std::vector<std::string> args;
     if (via_mpi) {
       args = {mpirun, "-np", std::to_string(o.nranks), "--oversubscribe"};
@@ -246,12 +280,27 @@ int run_sweep(const Options &o, int argc, char **argv) {
                  format_size(ro.min_bytes).c_str(), format_size(ro.max_bytes).c_str(),
                  r.capped.empty() ? "" : " (capped)");
     setenv("MNCL_PERF_PROGRESS", tty ? "tty" : "lines", 1);
+    setenv("MNCL_PERF_UNUSABLE_FILE", r.unusable.c_str(), 1);
     const double t0 = now_s();
     r.status = spawn(args, r.txt);
     r.seconds = now_s() - t0;
+    unsetenv("MNCL_PERF_UNUSABLE_FILE");
     if (tty) std::fputs("\r\033[K", stderr);
     std::fputs(read_file(r.txt).c_str(), stdout);
     std::fflush(stdout);
+    // Built but unusable here (nccl without a GPU, a plugin's probe refusing): the ranks wrote
+    // why at mncl_comm_create. That is a skip, like a backend that is not built, not a failure.
+    if (r.status != 0 && exists(r.unusable)) {
+      std::string why = read_file(r.unusable);
+      why = why.substr(0, why.find('\n'));
+      r.skipped = "unusable here: " + (why.empty() ? std::string("mncl_comm_create failed") : why);
+      std::remove(r.unusable.c_str());
+      std::fprintf(stderr, "[sweep %zu/%zu] %s: skipped: %s\n", bi + 1, o.backends.size(),
+                   r.backend.c_str(), r.skipped.c_str());
+      runs.push_back(r);
+      continue;
+    }
+    std::remove(r.unusable.c_str());
     std::fprintf(
         stderr, "[sweep %zu/%zu] %s: %s in %.0f s\n", bi + 1, o.backends.size(), r.backend.c_str(),
         r.status == 0 ? "done" : ("FAILED (exit status " + std::to_string(r.status) + ")").c_str(),
@@ -263,6 +312,7 @@ int run_sweep(const Options &o, int argc, char **argv) {
   // One combined JSON (each run's document under "runs") and one CSV.
   const std::string json_path = o.out_dir + "/sweep.json", csv_path = o.out_dir + "/sweep.csv",
                     png_path = o.out_dir + "/sweep.png";
+  bool json_ok = false, csv_ok = false;
   {
     std::ofstream j(json_path);
     char host[256] = "";
@@ -285,6 +335,8 @@ int run_sweep(const Options &o, int argc, char **argv) {
       j << ",\"run\":" << (doc.empty() ? "null" : doc) << "}";
     }
     j << "\n]}\n";
+    j.close();
+    json_ok = static_cast<bool>(j);
   }
   {
     std::ofstream c(csv_path);
@@ -296,7 +348,11 @@ int run_sweep(const Options &o, int argc, char **argv) {
       std::getline(f, line);
       while (std::getline(f, line)) c << line << "\n";
     }
+    c.close();
+    csv_ok = static_cast<bool>(c);
   }
+  if (!json_ok) std::fprintf(stderr, "mncl-perf: cannot write %s\n", json_path.c_str());
+  if (!csv_ok) std::fprintf(stderr, "mncl-perf: cannot write %s\n", csv_path.c_str());
   print_summary(runs);
 
   // The plot: the script picks matplotlib or gnuplot, and says so when it has neither.
@@ -306,7 +362,9 @@ int run_sweep(const Options &o, int argc, char **argv) {
     script = exists(installed) ? installed : MNCL_PERF_PLOT_SCRIPT;
   }
   bool have_png = false;
-  if (!script.empty() && exists(script)) {
+  if (!csv_ok) {
+    std::fprintf(stderr, "mncl-perf: no combined CSV; no PNG\n");
+  } else if (!script.empty() && exists(script)) {
     std::remove(png_path.c_str());
     const int st = spawn({"/bin/sh", script, csv_path, png_path}, "");
     have_png = st == 0 && exists(png_path);
@@ -314,14 +372,20 @@ int run_sweep(const Options &o, int argc, char **argv) {
     std::fprintf(stderr, "mncl-perf: no plotting script found (--plot-script); no PNG\n");
   }
 
+  const char *not_written = "(NOT written, see the message above)";
   std::printf("\n# Sweep finished in %.0f s. Results:\n#   JSON: %s\n#   CSV:  %s\n#   PNG:  %s\n",
-              now_s() - t_start, json_path.c_str(), csv_path.c_str(),
+              now_s() - t_start, json_ok ? json_path.c_str() : not_written,
+              csv_ok ? csv_path.c_str() : not_written,
               have_png ? png_path.c_str() : "(not produced, see the message above)");
   for (const BackendRun &r : runs)
     if (!r.skipped.empty())
       std::printf("#   %s skipped: %s\n", r.backend.c_str(), r.skipped.c_str());
+  for (const BackendRun &r : runs)
+    if (r.skipped.empty() && r.status != 0)
+      std::printf("#   %s FAILED (exit status %d), its output: %s\n", r.backend.c_str(), r.status,
+                  r.txt.c_str());
   std::fflush(stdout);
-  return failures == 0 ? 0 : 1;
+  return failures == 0 && json_ok && csv_ok ? 0 : 1;
 }
 
 }  // namespace mncl::perf

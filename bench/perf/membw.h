@@ -19,9 +19,14 @@ struct MemBandwidth {
   double bytes_per_s = 0;  // all ranks together (read + write)
   double per_rank_bytes_per_s = 0;
   size_t buffer_bytes = 0;  // copied per rank per pass
+  // The ranks run on more than one host (MNCL_HOSTID, else the host name, differs): one host's
+  // steady_clock says nothing about another's, and the limit is a one-host bound anyway, so
+  // nothing is measured (bytes_per_s stays 0) and the outputs say N/A.
+  bool multi_host = false;
 };
 
-// Collective over `comm`: returns the best of a few synchronized trials. Throws on an MNCL error.
+// Collective over `comm`: returns multi_host (and nothing measured) when the ranks span hosts,
+// else the best of a few synchronized trials. Throws on an MNCL error.
 MemBandwidth measure_membw(mncl_comm_t comm, int nranks, size_t bytes);
 
 }  // namespace mncl::perf

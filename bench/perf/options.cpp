@@ -9,6 +9,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "common/parse_size.h"
+
 namespace mncl::perf {
 
 namespace {
@@ -46,7 +48,8 @@ MNCL options:
   -J, --json FILE           write the results as JSON
   --csv FILE                write the results as CSV
   --size-budget-ms MS       cap warm-up + timed iterations of a size at about MS milliseconds
-                            (at least one of each); the iteration count is printed per row
+                            (at least one of each); each row's iters column gives the
+                            timed iterations it got
   --no-membw                skip the memory-bandwidth measurement (no "% of limit" column)
   --membw-bytes SIZE        per-rank working set of the copy test (default 64M)
   --progress                rank 0 prints a line per finished size on stderr
@@ -61,7 +64,12 @@ Sweep driver:
   --plot-script PATH        the plotting script (default: the one from the source tree)
   -h, --help                this text
 
-Columns: time in microseconds per call; algbw = size / time; busbw = algbw times the
+Buffers: mncl-perf benchmarks host memory only. Under a device backend (nccl) its figures
+include the host<->device copies the backend makes for host buffers; mncl-bench-nccl measures
+nccl on device buffers, the fair comparison.
+
+Columns: iters = timed iterations of the row (fewer than -n where --size-budget-ms cut them);
+time in microseconds per call; algbw = size / time; busbw = algbw times the
 nccl-tests factor (allreduce 2(n-1)/n; reduce_scatter, allgather, alltoall, scatter, gather
 and their v forms (n-1)/n; bcast, reduce, sendrecv 1); MNCL/raw = MNCL time / raw time; %lim = algbw as a share
 of the memory-bandwidth limit for the collective (see bench/perf/README.md).
@@ -173,25 +181,7 @@ enum LongOnly {
 }  // namespace
 
 size_t parse_size(const std::string &text) {
-  char *end = nullptr;
-  errno = 0;
-  const double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || end == text.c_str() || errno != 0 || !(v >= 0))
-    throw std::invalid_argument("'" + text + "' is not a size (like 8, 64K, 1M, 2G)");
-  double mult = 1;
-  const std::string suffix = end;
-  if (suffix == "K" || suffix == "k" || suffix == "KB" || suffix == "KiB") {
-    mult = 1024.0;
-  } else if (suffix == "M" || suffix == "m" || suffix == "MB" || suffix == "MiB") {
-    mult = 1024.0 * 1024;
-  } else if (suffix == "G" || suffix == "g" || suffix == "GB" || suffix == "GiB") {
-    mult = 1024.0 * 1024 * 1024;
-  } else if (!suffix.empty() && suffix != "B") {
-    throw std::invalid_argument("'" + text + "': unknown suffix '" + suffix + "'");
-  }
-  const double bytes = v * mult;
-  if (bytes > 1e15) throw std::invalid_argument("'" + text + "' is too large");
-  return static_cast<size_t>(std::llround(bytes));
+  return bench::parse_size(text);
 }
 
 std::string format_size(size_t bytes) {

@@ -53,7 +53,7 @@ std::string json_timing(const Timing &t) {
 std::string placement_cells(const Result &r, bool with_raw, bool with_limit) {
   char buf[256];
   if (!r.measured) {
-    std::snprintf(buf, sizeof buf, "  %9s %7s %7s %6s", "N/A", "N/A", "N/A", "N/A");
+    std::snprintf(buf, sizeof buf, "  %6s %9s %7s %7s %6s", "N/A", "N/A", "N/A", "N/A", "N/A");
     std::string s = buf;
     if (with_raw) {
       std::snprintf(buf, sizeof buf, "  %9s %8s", "N/A", "N/A");
@@ -62,8 +62,11 @@ std::string placement_cells(const Result &r, bool with_raw, bool with_limit) {
     if (with_limit) s += "    N/A";
     return s;
   }
-  std::snprintf(buf, sizeof buf, "  %9s %7.2f %7.2f %6s", time_str(r.time.reported).c_str(),
-                r.algbw, r.busbw, r.wrong < 0 ? "N/A" : std::to_string(r.wrong).c_str());
+  const std::string algbw = r.no_bandwidth ? "N/A" : fmt("%.2f", r.algbw),
+                    busbw = r.no_bandwidth ? "N/A" : fmt("%.2f", r.busbw);
+  std::snprintf(buf, sizeof buf, "  %6d %9s %7s %7s %6s", r.iters,
+                time_str(r.time.reported).c_str(), algbw.c_str(), busbw.c_str(),
+                r.wrong < 0 ? "N/A" : std::to_string(r.wrong).c_str());
   std::string s = buf;
   if (with_raw) {
     if (r.has_raw)
@@ -73,7 +76,10 @@ std::string placement_cells(const Result &r, bool with_raw, bool with_limit) {
     s += buf;
   }
   if (with_limit) {
-    std::snprintf(buf, sizeof buf, " %6.1f", r.pct_limit);
+    if (r.no_bandwidth || r.pct_limit <= 0)
+      std::snprintf(buf, sizeof buf, " %6s", "N/A");
+    else
+      std::snprintf(buf, sizeof buf, " %6.1f", r.pct_limit);
     s += buf;
   }
   return s;
@@ -92,7 +98,8 @@ void derive(Result &res, CollKind kind, size_t bytes, int nranks, double membw_b
             : 0;
     res.ratio = res.raw_time.reported > 0 ? res.time.reported / res.raw_time.reported : 0;
   }
-  if (membw_bytes_per_s > 0) {
+  if (res.no_bandwidth) res.algbw = res.busbw = res.raw_busbw = 0;
+  if (membw_bytes_per_s > 0 && !res.no_bandwidth) {
     const double limit = membw_bytes_per_s / 1e9 / traffic_factor(kind, nranks);
     res.pct_limit = 100.0 * res.algbw / limit;
   }
@@ -119,6 +126,10 @@ void Reporter::begin() {
                  "%.2f GB/s => allreduce algbw limit B_mem/(2*%d) = %.2f GB/s\n",
                  info_.nranks, (std::to_string(info_.membw.buffer_bytes >> 20) + " MiB").c_str(),
                  info_.membw.bytes_per_s / 1e9, info_.nranks, limit_algbw(CollKind::kAllreduce));
+  } else if (info_.membw.multi_host) {
+    std::fprintf(out_,
+                 "#   memory bandwidth: N/A (the ranks span more than one host: their clocks "
+                 "cannot time one copy span, and the limit is a one-host bound); %%lim N/A\n");
   } else {
     std::fprintf(out_, "#   memory bandwidth: not measured (--no-membw)\n");
   }
@@ -133,14 +144,15 @@ void Reporter::begin() {
 }
 
 void Reporter::begin_collective(CollKind kind) {
-  const bool raw = !info_.baseline.empty(), lim = info_.membw.bytes_per_s > 0;
-  std::string group = "  %9s %7s %7s %6s";
+  const bool raw = !info_.baseline.empty(),
+             lim = info_.membw.bytes_per_s > 0 || info_.membw.multi_host;
+  std::string group = "  %6s %9s %7s %7s %6s";
   std::string cols;
   char buf[256];
-  std::snprintf(buf, sizeof buf, group.c_str(), "time", "algbw", "busbw", "#wrong");
+  std::snprintf(buf, sizeof buf, group.c_str(), "iters", "time", "algbw", "busbw", "#wrong");
   cols += buf;
   std::string units;
-  std::snprintf(buf, sizeof buf, group.c_str(), "(us)", "(GB/s)", "(GB/s)", "");
+  std::snprintf(buf, sizeof buf, group.c_str(), "", "(us)", "(GB/s)", "(GB/s)", "");
   units += buf;
   if (raw) {
     std::snprintf(buf, sizeof buf, "  %9s %8s", "raw", "MNCL/raw");
@@ -154,7 +166,9 @@ void Reporter::begin_collective(CollKind kind) {
   }
   const int width = static_cast<int>(cols.size());
   std::fprintf(out_, "#\n# %s, %s\n", spec_of(kind).name,
-               lim ? ("memory limit: algbw <= " + fmt("%.2f", limit_algbw(kind)) + " GB/s").c_str()
+               info_.membw.multi_host ? "memory limit N/A (ranks on more than one host)"
+               : lim
+                   ? ("memory limit: algbw <= " + fmt("%.2f", limit_algbw(kind)) + " GB/s").c_str()
                    : "memory limit not measured");
   std::fprintf(out_, "# %-8s %12s %12s %8s %6s %6s %*s %*s\n", "", "", "", "", "", "", -width,
                "   out-of-place", -width, "   in-place");
@@ -167,7 +181,8 @@ void Reporter::begin_collective(CollKind kind) {
 
 void Reporter::row(const Row &r) {
   rows_.push_back(r);
-  const bool raw = !info_.baseline.empty(), lim = info_.membw.bytes_per_s > 0;
+  const bool raw = !info_.baseline.empty(),
+             lim = info_.membw.bytes_per_s > 0 || info_.membw.multi_host;
   const CollSpec &s = spec_of(r.kind);
   std::fprintf(out_, "  %-8s %12zu %12zu %8s %6s %6d%s%s\n", info_.backend.c_str(), r.layout.bytes,
                r.layout.count, info_.dtype.c_str(), s.reduces ? info_.op.c_str() : "none",
@@ -184,6 +199,7 @@ int64_t Reporter::end() {
     for (const Result *res : {&r.oop, &r.ip}) {
       if (!res->measured) continue;
       if (res->wrong > 0) wrong += res->wrong;
+      if (res->no_bandwidth) continue;  // N/A: not part of the average
       bw += res->busbw;
       ++n;
     }
@@ -217,15 +233,16 @@ void Reporter::write_csv(const std::string &path) const {
         << r.layout.bytes << ',' << r.layout.count << ',' << info_.dtype << ','
         << (s.reduces ? info_.op : "none") << ',' << (s.rooted ? r.root : -1) << ',' << info_.nranks
         << ',' << res.iters << ',' << json_num(res.time.reported) << ',' << json_num(res.time.min)
-        << ',' << json_num(res.time.max) << ',' << json_num(res.algbw) << ',' << json_num(res.busbw)
-        << ',' << (res.wrong < 0 ? "" : std::to_string(res.wrong)) << ','
+        << ',' << json_num(res.time.max) << ',' << (res.no_bandwidth ? "" : json_num(res.algbw))
+        << ',' << (res.no_bandwidth ? "" : json_num(res.busbw)) << ','
+        << (res.wrong < 0 ? "" : std::to_string(res.wrong)) << ','
         << (res.has_raw ? info_.baseline : "") << ','
         << (res.has_raw ? json_num(res.raw_time.reported) : "") << ','
-        << (res.has_raw ? json_num(res.raw_busbw) : "") << ','
+        << (res.has_raw && !res.no_bandwidth ? json_num(res.raw_busbw) : "") << ','
         << (res.has_raw ? json_num(res.ratio) : "") << ','
         << (info_.membw.bytes_per_s > 0 ? json_num(info_.membw.bytes_per_s / 1e9) : "") << ','
         << (limit_bus > 0 ? json_num(limit_bus) : "") << ','
-        << (limit_bus > 0 ? json_num(res.pct_limit) : "") << "\n";
+        << (limit_bus > 0 && !res.no_bandwidth ? json_num(res.pct_limit) : "") << "\n";
     }
   }
   if (!f) throw std::runtime_error("cannot write " + path);
@@ -247,6 +264,8 @@ void Reporter::write_json(const std::string &path) const {
       << ",\"per_rank_GBps\":" << json_num(info_.membw.per_rank_bytes_per_s / 1e9)
       << ",\"buffer_bytes\":" << info_.membw.buffer_bytes
       << ",\"convention\":\"read+write bytes of all ranks copying at once\"},";
+  else if (info_.membw.multi_host)
+    j << "\"membw\":null,\"membw_why\":\"ranks on more than one host\",";
   else
     j << "\"membw\":null,";
   if (!info_.baseline.empty())
@@ -266,19 +285,20 @@ void Reporter::write_json(const std::string &path) const {
         << (p == 0 ? "out-of-place" : "in-place") << "\",\"size\":" << r.layout.bytes
         << ",\"count\":" << r.layout.count << ",\"root\":" << (s.rooted ? r.root : -1)
         << ",\"iters\":" << res.iters << ",\"time_us\":" << json_timing(res.time)
-        << ",\"algbw_GBps\":" << json_num(res.algbw) << ",\"busbw_GBps\":" << json_num(res.busbw)
+        << ",\"algbw_GBps\":" << (res.no_bandwidth ? "null" : json_num(res.algbw))
+        << ",\"busbw_GBps\":" << (res.no_bandwidth ? "null" : json_num(res.busbw))
         << ",\"busbw_factor\":" << json_num(busbw_factor(r.kind, info_.nranks))
         << ",\"wrong\":" << (res.wrong < 0 ? "null" : std::to_string(res.wrong));
       if (res.has_raw)
         j << ",\"raw\":{\"library\":\"" << info_.baseline
           << "\",\"time_us\":" << json_timing(res.raw_time)
-          << ",\"busbw_GBps\":" << json_num(res.raw_busbw)
+          << ",\"busbw_GBps\":" << (res.no_bandwidth ? "null" : json_num(res.raw_busbw))
           << ",\"mncl_over_raw_time\":" << json_num(res.ratio) << "}";
       else
         j << ",\"raw\":null";
       if (info_.membw.bytes_per_s > 0)
         j << ",\"limit_algbw_GBps\":" << json_num(limit_algbw(r.kind))
-          << ",\"pct_of_limit\":" << json_num(res.pct_limit);
+          << ",\"pct_of_limit\":" << (res.no_bandwidth ? "null" : json_num(res.pct_limit));
       j << "}";
     }
   }

@@ -30,6 +30,9 @@ struct Result {
   double raw_busbw = 0;
   double ratio = 0;      // MNCL time / raw time (1.00 = parity, above 1 = MNCL slower)
   double pct_limit = 0;  // algbw / (B_mem / traffic factor) * 100; 0 when not measured
+  // No bandwidth to report (sendrecv on one rank copies nothing): algbw, busbw and %lim are
+  // N/A, and the row stays out of the average.
+  bool no_bandwidth = false;
 };
 
 struct Row {

@@ -27,6 +27,9 @@ const char *kTimeSources[] = {"rank 0", "avg", "min", "max"};
 struct Plan {
   int warmup;
   int iters;
+  // With a budget, plan_for makes one untimed MNCL call to size the plan: time_raw then makes
+  // one untimed raw call as well, so that neither side's timed loop contains a cold first call.
+  int probe_calls = 0;
 };
 
 class Run {
@@ -151,6 +154,8 @@ class Run {
       r.time = timing(p * 3);
       if (r.has_raw) r.raw_time = timing(p * 3 + 1);
       r.wrong = o_.check > 0 ? static_cast<int64_t>(sum[p * 3 + 2]) : -1;
+      // sendrecv on one rank sends to itself: nothing moves, a bandwidth would be meaningless.
+      r.no_bandwidth = kind == CollKind::kSendrecv && nranks_ == 1;
       derive(r, kind, row.layout.bytes, nranks_, membw_);
     }
     return row;
@@ -163,6 +168,7 @@ class Run {
     if (o_.size_budget_ms <= 0) return plan;
     const double t0 = now_s();
     must(run_mncl(comm_, c), spec_of(c.kind).name);
+    plan.probe_calls = 1;
     std::vector<double> t = {now_s() - t0};
     allreduce_doubles(comm_, t, MNCL_MAX);
     const double budget_s = o_.size_budget_ms * 1e-3, one = std::max(t[0], 1e-9);
@@ -184,7 +190,8 @@ class Run {
   }
 
   double time_raw(const Call &c, const Plan &plan) {
-    for (int i = 0; i < plan.warmup; ++i) baseline_->run(c);
+    // The same untimed calls MNCL got: the budget probe plus the warm-ups.
+    for (int i = 0; i < plan.probe_calls + plan.warmup; ++i) baseline_->run(c);
     baseline_->barrier();
     const double t0 = now_s();
     for (int i = 0; i < plan.iters; ++i) baseline_->run(c);
@@ -220,6 +227,20 @@ int run_rank(const Options &o, const std::string &command_line) {
   if (st != MNCL_OK) {
     std::fprintf(stderr, "mncl-perf: mncl_comm_create: %s: %s\n", mncl_status_string(st),
                  mncl_last_error());
+    // Under the sweep driver: no usable plugin (not built for this machine, its probe refused,
+    // e.g. nccl without a GPU) makes the backend a skip, not a failure. Tell the driver why.
+    if (const char *f = std::getenv("MNCL_PERF_UNUSABLE_FILE"); f && *f && st == MNCL_ERR_PLUGIN) {
+      std::string why = mncl_last_error();
+      for (size_t p; (p = why.find("\n")) != std::string::npos;) {
+        size_t e = p + 1;
+        while (e < why.size() && why[e] == ' ') ++e;
+        why.replace(p, e - p, p > 0 && why[p - 1] == ':' ? " " : "; ");
+      }
+      if (FILE *out = std::fopen(f, "a")) {
+        std::fprintf(out, "%s\n", why.c_str());
+        std::fclose(out);
+      }
+    }
     return 1;
   }
   int rank = -1;

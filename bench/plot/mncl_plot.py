@@ -40,6 +40,8 @@ def main():
             if size == 0:
                 continue
             b = r["backend"]
+            if not r["busbw_GBps"]:  # N/A (one-rank sendrecv: no data moves)
+                continue
             series[(b, "mncl")].append((size, float(r["busbw_GBps"]), float(r["time_us"])))
             if r["raw_time_us"]:
                 series[(b, r["baseline"])].append(
