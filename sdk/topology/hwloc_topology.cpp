@@ -9,6 +9,10 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include "common/env.h"
 #include "common/error.h"
@@ -80,9 +84,27 @@ std::vector<hwloc_obj_t> os_children(hwloc_obj_t obj) {
   return out;
 }
 
+// The indices CUDA_VISIBLE_DEVICES lists, in its order; nullopt when it is unset or names
+// devices otherwise (GPU-<uuid>, MIG-...), which only the driver can map to PCI addresses.
+// As CUDA does, the list ends at the first entry that is not a device index ("0,1,-1,2" is
+// 0 and 1; "" and "-1" hide every device).
+std::optional<std::vector<int>> visible_device_indices() {
+  const char *value = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (value == nullptr) return std::nullopt;
+  std::vector<int> indices;
+  std::stringstream in(value);
+  for (std::string item; std::getline(in, item, ',');) {
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    if (item.empty() || item[0] == '-') break;
+    if (item.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+    indices.push_back(std::atoi(item.c_str()));
+  }
+  return indices;
+}
+
 void read_gpus(hwloc_topology_t topo, Summary &s) {
-  bool all_have_cuda_index = true;
-  std::vector<int> cuda_index;
+  std::vector<int> cuda_index;  // hwloc's cudaN, -1 where it has none
   for (hwloc_obj_t pci = hwloc_get_next_pcidev(topo, nullptr); pci != nullptr;
        pci = hwloc_get_next_pcidev(topo, pci)) {
     const auto &a = pci->attr->pcidev;
@@ -99,23 +121,40 @@ void read_gpus(hwloc_topology_t topo, Summary &s) {
       if (const std::string model = info(os, "GPUModel"); !model.empty()) gpu.model = model;
       if (os->name && std::strncmp(os->name, "cuda", 4) == 0) index = std::atoi(os->name + 4);
     }
-    all_have_cuda_index = all_have_cuda_index && index >= 0;
     cuda_index.push_back(index);
     s.gpus.push_back(gpu);
   }
-  // Without hwloc's CUDA component, number GPUs in PCI order, as CUDA_DEVICE_ORDER=PCI_BUS_ID.
-  std::vector<size_t> order(s.gpus.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t x, size_t y) {
-    return all_have_cuda_index ? cuda_index[x] < cuda_index[y]
-                               : s.gpus[x].pci_bus_id < s.gpus[y].pci_bus_id;
-  });
-  std::vector<Gpu> sorted;
-  for (size_t i = 0; i < order.size(); ++i) {
-    sorted.push_back(s.gpus[order[i]]);
-    sorted.back().ordinal = all_have_cuda_index ? cuda_index[order[i]] : static_cast<int>(i);
+  const bool hwloc_numbered =
+      std::any_of(cuda_index.begin(), cuda_index.end(), [](int i) { return i >= 0; });
+  std::vector<Gpu> numbered;
+  if (hwloc_numbered) {
+    // hwloc's CUDA component asked the CUDA runtime of this process, which numbers only the
+    // devices CUDA_VISIBLE_DEVICES lets it see: the others are not this process's GPUs.
+    for (size_t i = 0; i < s.gpus.size(); ++i) {
+      if (cuda_index[i] < 0) continue;
+      numbered.push_back(s.gpus[i]);
+      numbered.back().ordinal = cuda_index[i];
+    }
+  } else {
+    // Without it (Debian's hwloc has none), number the GPUs in PCI order, as
+    // CUDA_DEVICE_ORDER=PCI_BUS_ID does, then as CUDA_VISIBLE_DEVICES renumbers them when it
+    // lists indices: CUDA ordinal k is the k-th listed device.
+    std::sort(s.gpus.begin(), s.gpus.end(),
+              [](const Gpu &x, const Gpu &y) { return x.pci_bus_id < y.pci_bus_id; });
+    const auto visible = visible_device_indices();
+    if (visible) {
+      for (int index : *visible) {
+        if (index >= static_cast<int>(s.gpus.size())) break;  // CUDA stops at an invalid one
+        numbered.push_back(s.gpus[static_cast<size_t>(index)]);
+      }
+    } else {
+      numbered = s.gpus;
+    }
+    for (size_t i = 0; i < numbered.size(); ++i) numbered[i].ordinal = static_cast<int>(i);
   }
-  s.gpus = std::move(sorted);
+  std::sort(numbered.begin(), numbered.end(),
+            [](const Gpu &x, const Gpu &y) { return x.ordinal < y.ordinal; });
+  s.gpus = std::move(numbered);
 }
 
 // hwloc 2.9 records no link layer for OpenFabrics ports: ask sysfs on the live machine; in an

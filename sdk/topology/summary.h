@@ -32,10 +32,12 @@ struct Locality {
 };
 
 struct Gpu {
-  int ordinal = -1;        // CUDA ordinal: from hwloc's cudaN device if present, else PCI order
-  std::string pci_bus_id;  // "0000:07:00.0", the form nvidia-smi and NCCL print
-  uint16_t device_id = 0;  // PCI device id (vendor is always 0x10de)
-  std::string model;       // "NVIDIA A100-SXM4-80GB" when hwloc knows it, else ""
+  int ordinal =
+      -1;  // CUDA ordinal: hwloc's cudaN if present, else PCI order as CUDA_VISIBLE_DEVICES
+           // renumbers it (only devices it lists; by UUID: PCI order, unmapped)
+  std::string pci_bus_id;               // "0000:07:00.0", the form nvidia-smi and NCCL print
+  uint16_t device_id = 0;               // PCI device id (vendor is always 0x10de)
+  std::string model;                    // "NVIDIA A100-SXM4-80GB" when hwloc knows it, else ""
   std::vector<std::string> os_devices;  // "cuda0", "nvml0", "card1"... as hwloc named them
   Locality locality;
 };

@@ -35,11 +35,15 @@ std::string xml(const char *name) {
   return std::string(MNCL_TOPOLOGY_DIR) + "/" + name;
 }
 
-// Each XML file is parsed once for the whole suite.
+// Each XML file is parsed once for the whole suite, as a process that sees every GPU (a
+// CUDA_VISIBLE_DEVICES of the machine running the tests would hide some).
 const topo::Summary &machine(const char *name) {
   static std::map<std::string, std::unique_ptr<topo::Topology>> loaded;
   auto &slot = loaded[name];
-  if (!slot) slot = topo::Topology::load_xml(xml(name));
+  if (!slot) {
+    unsetenv("CUDA_VISIBLE_DEVICES");
+    slot = topo::Topology::load_xml(xml(name));
+  }
   return slot->summary();
 }
 const topo::Summary &dgx() {
@@ -232,6 +236,36 @@ TEST(Load, GpusWithoutCudaDevicesAreNumberedInPciOrder) {
   EXPECT_EQ(t.gpus[1].ordinal, 1);
   EXPECT_EQ(t.gpus[0].os_devices, std::vector<std::string>{"card0"});
   EXPECT_EQ(t.gpus[0].locality.cpus, t.all_cpus);
+}
+
+// Without hwloc's CUDA component, CUDA ordinals follow CUDA_VISIBLE_DEVICES: ordinal k is the
+// k-th device it lists (in PCI order), and the devices it hides are not this process's GPUs.
+// A list by UUID cannot be mapped without the driver: PCI order, every GPU.
+TEST(Load, CudaVisibleDevicesRenumbersGpusWithoutCudaDevices) {
+  struct Restore {
+    ~Restore() { unsetenv("CUDA_VISIBLE_DEVICES"); }
+  } restore;
+  const auto load = [](const char *visible) {
+    setenv("CUDA_VISIBLE_DEVICES", visible, 1);
+    return topo::Topology::load_xml(xml("gpu_workstation.xml"));
+  };
+  auto t = load("1");
+  ASSERT_EQ(t->summary().num_gpus(), 1);
+  EXPECT_EQ(t->summary().gpu(0)->pci_bus_id, "0000:2d:00.0");
+  t = load("1,0");
+  ASSERT_EQ(t->summary().num_gpus(), 2);
+  EXPECT_EQ(t->summary().gpu(0)->pci_bus_id, "0000:2d:00.0");
+  EXPECT_EQ(t->summary().gpu(1)->pci_bus_id, "0000:0b:00.0");
+  EXPECT_EQ(load("")->summary().num_gpus(), 0);
+  EXPECT_EQ(load("-1")->summary().num_gpus(), 0);
+  EXPECT_EQ(load("0,-1,1")->summary().num_gpus(), 1);  // CUDA stops at the first invalid entry
+  EXPECT_EQ(load("0,7")->summary().num_gpus(), 1);
+  t = load("GPU-8f9e3c1a-0000-0000-0000-000000000000");
+  ASSERT_EQ(t->summary().num_gpus(), 2);
+  EXPECT_EQ(t->summary().gpu(0)->pci_bus_id, "0000:0b:00.0");
+  // hwloc's CUDA component numbered the DGX's GPUs itself: the variable changes nothing there.
+  setenv("CUDA_VISIBLE_DEVICES", "3", 1);
+  EXPECT_EQ(topo::Topology::load_xml(xml("dgx_a100.xml"))->summary().num_gpus(), 8);
 }
 
 TEST(Load, InfiniBandWithEveryPortDownIsNotUsable) {
