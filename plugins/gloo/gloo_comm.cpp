@@ -44,9 +44,11 @@ using Clock = std::chrono::steady_clock;
 constexpr uint8_t kReduceScatterSlotPrefix = 0x40;
 constexpr uint8_t kP2PSlotPrefix = 0x41;
 constexpr uint8_t kShutdownSlotPrefix = 0x42;
-// GATHERV / SCATTERV: each block's count (0x43) and its elements (0x44); see gatherv().
+// GATHERV / SCATTERV: each block's count as its sender sees it (0x43), its elements (0x44),
+// and its count as its receiver sees it (0x45); see post_block().
 constexpr uint8_t kBlockCountSlotPrefix = 0x43;
 constexpr uint8_t kBlockDataSlotPrefix = 0x44;
+constexpr uint8_t kBlockExpectSlotPrefix = 0x45;
 // Tag of the barrier that ends comm_create (done before any collective's tag is used).
 constexpr uint32_t kCreateBarrierTag = 0xffffffffu;
 constexpr int64_t kFallbackTimeoutMs = 300000;
@@ -1224,103 +1226,136 @@ void Comm::alltoallv(Op &op, const mncl_coll_v1_t &c) {
 }
 
 // GATHERV and SCATTERV move only the root's blocks: each block travels from its sender to its
-// receiver as two messages posted together, its count as the sender sees it (8 bytes, slot
-// 0x43 + the call's tag) and, unless that count is 0, its elements (slot 0x44 + the tag mixed
-// with the count, block_data_slot()), straight from and into the caller's buffers. The tag
-// carries kind, dtype, root and seq, so ranks in different calls never match and time out.
-// The receiver posts its elements' slot with the count it expects, so a block of another count
-// never lands (no write outside a block); its count message arrives all the same, and the
-// receiver compares it before waiting for the elements: a disagreement fails it with
-// MNCL_ERR_REMOTE naming the sender and both counts (the poison then fails the sender too).
-// Empty blocks send their count, so a receiver never waits out its timeout for a block of 0.
-void Comm::post_block_send(Op &op, int peer, const void *data, size_t count, size_t es, Block &b) {
-  b.count = count;
-  b.head = context_->createUnboundBuffer(&b.count, sizeof b.count);
-  b.head->send(peer, gloo::Slot::build(kBlockCountSlotPrefix, op.tag));
+// receiver, straight from and into the caller's buffers, with both ends' counts of it: the
+// sender posts its count (8 bytes, slot 0x43 + the call's tag) and, unless that count is 0, the
+// elements (slot 0x44 + the tag mixed with the count, block_data_slot()); the receiver posts the
+// count it expects (slot 0x45 + the tag) and a receive for that many elements. The tag carries
+// kind, dtype, root and seq, so ranks in different calls never match and time out. A block of
+// another count than its receiver expects never lands (another slot: no write outside a block),
+// and each end, comparing the other's count with its own before it waits for the elements,
+// fails with MNCL_ERR_REMOTE naming both ranks and both counts: the sender of a block that can
+// never be taken learns why from the receiver's count, not from the closed connection of the
+// receiver's poison (a plain "connection to a peer lost"). Each end posts its receive of the
+// other's count before its own count, so when an end has the other's count, its own is on its
+// way (the other end's receive notice came first on the pair); a failing end waits until its
+// count has left before it fails and poisons the context. Empty blocks send their count, so no
+// end waits out its timeout for a block of 0.
+void Comm::post_block(Op &op, int peer, bool source, void *data, size_t count, size_t es,
+                      Block &b) {
+  b.peer = peer;
+  b.source = source;
+  b.mine = count;
+  b.theirs = 0;
+  b.in = context_->createUnboundBuffer(&b.theirs, sizeof b.theirs);
+  b.in->recv(peer,
+             gloo::Slot::build(source ? kBlockExpectSlotPrefix : kBlockCountSlotPrefix, op.tag));
+  b.out = context_->createUnboundBuffer(&b.mine, sizeof b.mine);
+  b.out->send(peer,
+              gloo::Slot::build(source ? kBlockCountSlotPrefix : kBlockExpectSlotPrefix, op.tag));
   if (count == 0) return;
-  b.data = context_->createUnboundBuffer(const_cast<void *>(data), count * es);  // only read
-  b.data->send(peer, block_data_slot(op.tag, count));
-}
-
-void Comm::post_block_recv(Op &op, int peer, void *data, size_t count, size_t es, Block &b) {
-  b.count = 0;
-  b.head = context_->createUnboundBuffer(&b.count, sizeof b.count);
-  b.head->recv(peer, gloo::Slot::build(kBlockCountSlotPrefix, op.tag));
-  if (count == 0) return;
-  b.data = context_->createUnboundBuffer(data, count * es);
-  b.data->recv(peer, block_data_slot(op.tag, count));
-}
-
-void Comm::wait_block_send(Op &op, int peer, Block &b) {
-  wait_send(op, *b.head, peer);
-  if (b.data) wait_send(op, *b.data, peer);
-}
-
-// `owner`: the rank whose block this is (gatherv: the sender; scatterv: this rank).
-void Comm::wait_block_recv(Op &op, int peer, Block &b, size_t expected, int owner, bool gatherv) {
-  wait_recv(op, *b.head, peer);
-  if (b.count != expected) {
-    throw kit::Error(
-        MNCL_ERR_REMOTE,
-        kit::format("%s: rank %d sends %llu elements to rank %d, which expects %llu (does rank "
-                    "%d's count agree with the root's %s[%d]?)",
-                    op.desc.c_str(), peer, static_cast<unsigned long long>(b.count), rank_,
-                    static_cast<unsigned long long>(expected), owner,
-                    gatherv ? "recvcounts" : "sendcounts", owner));
+  b.data = context_->createUnboundBuffer(data, count * es);  // a sender's is only read
+  if (source) {
+    b.data->send(peer, block_data_slot(op.tag, count));
+  } else {
+    b.data->recv(peer, block_data_slot(op.tag, count));
   }
-  if (b.data) wait_recv(op, *b.data, peer);
 }
 
-// GATHERV: every other rank sends the root its block (see post_block_send); the root posts
-// every receive at once, at recvbuf + displs[src], and copies its own block (none in place).
+std::string Comm::finish_block(Op &op, Block &b, bool gatherv) {
+  wait_recv(op, *b.in, b.peer);
+  if (b.theirs != b.mine) {
+    // The other end has this count once it has left (see above), whatever this rank does next.
+    wait_send(op, *b.out, b.peer);
+    const int from = b.source ? rank_ : b.peer, to = b.source ? b.peer : rank_;
+    const int owner = gatherv ? from : to;  // the non-root whose block this is
+    return kit::format(
+        "rank %d sends %llu elements to rank %d, which expects %llu (does rank "
+        "%d's count agree with the root's %s[%d]?)",
+        from, static_cast<unsigned long long>(b.source ? b.mine : b.theirs), to,
+        static_cast<unsigned long long>(b.source ? b.theirs : b.mine), owner,
+        gatherv ? "recvcounts" : "sendcounts", owner);
+  }
+  wait_send(op, *b.out, b.peer);
+  if (b.data) {
+    if (b.source) {
+      wait_send(op, *b.data, b.peer);
+    } else {
+      wait_recv(op, *b.data, b.peer);
+    }
+  }
+  return "";
+}
+
+// The root's side of either kind: every block, then the first disagreement, if any. The root
+// compares every block's counts before it fails (so every rank whose count disagrees learns it
+// from the root's count) and moves the blocks that agree.
+void Comm::finish_root_blocks(Op &op, std::vector<Block> &blocks, bool gatherv) {
+  std::string first;
+  int disagree = 0;
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    std::string why = finish_block(op, blocks[static_cast<size_t>(p)], gatherv);
+    if (why.empty()) continue;
+    if (disagree++ == 0) first = std::move(why);
+  }
+  if (disagree == 0) return;
+  throw kit::Error(
+      MNCL_ERR_REMOTE,
+      kit::format(
+          "%s: %s%s", op.desc.c_str(), first.c_str(),
+          disagree > 1 ? kit::format("; %d blocks disagree in all", disagree).c_str() : ""));
+}
+
+// A non-root's one block (with the root).
+void Comm::finish_own_block(Op &op, Block &b, bool gatherv) {
+  const std::string why = finish_block(op, b, gatherv);
+  if (!why.empty()) throw kit::Error(MNCL_ERR_REMOTE, op.desc + ": " + why);
+}
+
+// GATHERV: every other rank sends the root its block (see post_block); the root posts every
+// block at once, at recvbuf + displs[src], and copies its own (none in place).
 void Comm::gatherv(Op &op, const mncl_coll_v1_t &c) {
   const size_t es = kit::dtype_size(c.dtype);
   if (rank_ != c.root) {
     Block b;
-    post_block_send(op, c.root, c.sendbuf, c.count, es, b);
-    wait_block_send(op, c.root, b);
+    post_block(op, c.root, true, const_cast<void *>(c.sendbuf), c.count, es, b);  // only read
+    finish_own_block(op, b, true);
     return;
   }
   const kit::RootedVLayout v = kit::rooted_v_layout(c);  // counts checked by the core
   auto *recv = static_cast<char *>(c.recvbuf);
-  std::vector<Block> blocks(static_cast<size_t>(size_));  // never resized: Gloo holds &count
+  std::vector<Block> blocks(static_cast<size_t>(size_));  // never resized: Gloo holds &mine
   for (int src = 0; src < size_; ++src) {
     if (src == rank_) continue;
-    post_block_recv(op, src, at(recv, v.displs[src], v.counts[src], es), v.counts[src], es,
-                    blocks[static_cast<size_t>(src)]);
+    post_block(op, src, false, at(recv, v.displs[src], v.counts[src], es), v.counts[src], es,
+               blocks[static_cast<size_t>(src)]);
   }
   char *own = at(recv, v.displs[rank_], c.count, es);
   if (c.count > 0 && own != c.sendbuf) std::memcpy(own, c.sendbuf, c.count * es);
-  for (int src = 0; src < size_; ++src) {
-    if (src == rank_) continue;
-    wait_block_recv(op, src, blocks[static_cast<size_t>(src)], v.counts[src], src, true);
-  }
+  finish_root_blocks(op, blocks, true);
 }
 
 // SCATTERV: the root sends every other rank its block (send blocks may overlap: Gloo only
-// reads them) and copies its own (none in place); each receiver checks the count.
+// reads them) and copies its own (none in place).
 void Comm::scatterv(Op &op, const mncl_coll_v1_t &c) {
   const size_t es = kit::dtype_size(c.dtype);
   if (rank_ != c.root) {
     Block b;
-    post_block_recv(op, c.root, c.recvbuf, c.count, es, b);
-    wait_block_recv(op, c.root, b, c.count, rank_, false);
+    post_block(op, c.root, false, c.recvbuf, c.count, es, b);
+    finish_own_block(op, b, false);
     return;
   }
   const kit::RootedVLayout v = kit::rooted_v_layout(c);  // counts checked by the core
-  const auto *send = static_cast<const char *>(c.sendbuf);
-  std::vector<Block> blocks(static_cast<size_t>(size_));  // never resized: Gloo holds &count
+  auto *send = const_cast<char *>(static_cast<const char *>(c.sendbuf));  // only read
+  std::vector<Block> blocks(static_cast<size_t>(size_));  // never resized: Gloo holds &mine
   for (int dst = 0; dst < size_; ++dst) {
     if (dst == rank_) continue;
-    post_block_send(op, dst, at(send, v.displs[dst], v.counts[dst], es), v.counts[dst], es,
-                    blocks[static_cast<size_t>(dst)]);
+    post_block(op, dst, true, at(send, v.displs[dst], v.counts[dst], es), v.counts[dst], es,
+               blocks[static_cast<size_t>(dst)]);
   }
   const char *own = at(send, v.displs[rank_], c.count, es);
   if (c.count > 0 && own != c.recvbuf) std::memcpy(c.recvbuf, own, c.count * es);
-  for (int dst = 0; dst < size_; ++dst) {
-    if (dst == rank_) continue;
-    wait_block_send(op, dst, blocks[static_cast<size_t>(dst)]);
-  }
+  finish_root_blocks(op, blocks, false);
 }
 
 void Comm::barrier(Op &op) {

@@ -161,15 +161,21 @@ class Comm {
   void alltoallv(Op &op, const mncl_coll_v1_t &c);
   // Every rank returns, or every rank throws MNCL_ERR_REMOTE naming a disagreeing pair.
   void check_alltoallv_counts(Op &op, const mncl_coll_v1_t &c);
-  // One gatherv / scatterv block on the wire: its count, then its elements (gloo_comm.cpp).
+  // One gatherv / scatterv block on the wire: each end's count of it, both ways, then its
+  // elements (gloo_comm.cpp).
   struct Block {
-    uint64_t count = 0;  // sent, or received: the sender's count
-    std::unique_ptr<gloo::transport::UnboundBuffer> head, data;
+    int peer = -1;
+    bool source = false;  // this end sends the elements
+    uint64_t mine = 0;    // this end's count, sent to the other end
+    uint64_t theirs = 0;  // the other end's count, received
+    std::unique_ptr<gloo::transport::UnboundBuffer> out, in, data;
   };
-  void post_block_send(Op &op, int peer, const void *data, size_t count, size_t es, Block &b);
-  void post_block_recv(Op &op, int peer, void *data, size_t count, size_t es, Block &b);
-  void wait_block_send(Op &op, int peer, Block &b);
-  void wait_block_recv(Op &op, int peer, Block &b, size_t expected, int owner, bool gatherv);
+  void post_block(Op &op, int peer, bool source, void *data, size_t count, size_t es, Block &b);
+  // Moves the block, or returns the disagreement (the ends' counts differ) once this end's
+  // count has left, so that the other end names it too; "" when the block moved.
+  std::string finish_block(Op &op, Block &b, bool gatherv);
+  void finish_root_blocks(Op &op, std::vector<Block> &blocks, bool gatherv);
+  void finish_own_block(Op &op, Block &b, bool gatherv);
   void gatherv(Op &op, const mncl_coll_v1_t &c);
   void scatterv(Op &op, const mncl_coll_v1_t &c);
   void barrier(Op &op);

@@ -23,8 +23,11 @@ namespace mncl::shm {
 constexpr uint32_t kMagic = 0x4d48534du;  // "MSHM"
 // 2: call stamps, mismatch word; 3: single-copy offers; 4: v_count; 5: scatterv's counts in the
 // root's staging (no longer in its receivers' v_count words); 6: one call stamp per staging half;
-// 7: each rank's PID namespace
-constexpr uint32_t kVersion = 7;
+// 7: each rank's PID namespace; 8: the mismatch note
+constexpr uint32_t kVersion = 8;
+
+// Bytes of Header::note (the text is cut to fit, NUL included).
+constexpr size_t kNoteBytes = 2048;
 
 struct Header {
   uint32_t magic;
@@ -42,10 +45,16 @@ struct Header {
   // rank+1 of the first peer found dead, and rank+1 of who found it.
   std::atomic<uint32_t> dead_word;
   std::atomic<uint32_t> dead_seen_by;
-  // rank+1 of the first rank that found mismatched collective calls, 0 if none: the others
-  // then fail at once instead of waiting for their timeout.
+  // rank+1 of the rank that found mismatched calls (or a root-only argument error in a rooted
+  // call) and wrote `note`, 0 if none: the others then fail at once instead of waiting for
+  // their timeout, quoting the note. Stored (release) only after the note is written.
   std::atomic<uint32_t> mismatch_word;
+  // rank+1 of the first rank to claim `note`, 0 if none: only that rank writes the note, and
+  // then sets mismatch_word; a rank that finds mismatch_word set (acquire) reads a whole note.
+  std::atomic<uint32_t> note_owner;
+  char note[kNoteBytes];  // that rank's error message, NUL-terminated
 };
+static_assert(sizeof(Header) <= 4096, "the header keeps to its 4 KiB page");
 
 // The collective a rank is in, published before the first post of every collective that
 // posts, so that a rank reading a peer's staging (or waiting on its posts) can first check

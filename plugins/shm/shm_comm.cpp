@@ -376,16 +376,22 @@ void Comm::check_failed(Op &op) {
   if (aborted_.load(std::memory_order_acquire)) {  // acquire: the abort word, see abort()
     throw kit::Error(MNCL_ERR_ABORTED, op.where() + ": the communicator was aborted");
   }
-  const uint32_t a = hdr_->abort_word.load(std::memory_order_acquire);
-  if (a != 0) {
-    fail(op, MNCL_ERR_ABORTED,
-         kit::format("%s: the communicator was aborted by rank %u", op.where().c_str(), a - 1));
-  }
+  // A recorded mismatch or dead peer before a peer's abort: a rank that failed on either
+  // typically aborts next (the documented way out), and the ranks still in the call must get
+  // the cause, not "aborted by rank N".
   const uint32_t m = hdr_->mismatch_word.load(std::memory_order_acquire);
   if (m != 0) {
+    // Written before mismatch_word was set (note_failure()), never after. It starts with the
+    // noting rank's call ("shm gatherv #3: "), which is left out when it is this one (a
+    // collective: send/recv numbers count per peer, so they name no call across ranks).
+    std::string note(hdr_->note, strnlen(hdr_->note, kNoteBytes));
+    const std::string prefix = op.where() + ": ";
+    const bool same_call = !op.p2p && note.compare(0, prefix.size(), prefix) == 0;
+    if (same_call) note.erase(0, prefix.size());
+    if (note.empty()) note = "mismatched calls (its error names both)";
     fail(op, MNCL_ERR_REMOTE,
-         kit::format("%s: rank %u found mismatched calls (its error names both)",
-                     op.where().c_str(), m - 1));
+         kit::format("%s: rank %u failed %s: %s", op.where().c_str(), m - 1,
+                     same_call ? "the call" : "another call", note.c_str()));
   }
   const uint32_t d = hdr_->dead_word.load(std::memory_order_acquire);
   if (d != 0) {
@@ -393,6 +399,11 @@ void Comm::check_failed(Op &op) {
     fail(op, MNCL_ERR_REMOTE,
          kit::format("%s: rank %u (%s) died (detected by rank %u)", op.where().c_str(), d - 1,
                      pid_text(static_cast<int>(d - 1)).c_str(), by > 0 ? by - 1 : 0));
+  }
+  const uint32_t a = hdr_->abort_word.load(std::memory_order_acquire);
+  if (a != 0) {
+    fail(op, MNCL_ERR_ABORTED,
+         kit::format("%s: the communicator was aborted by rank %u", op.where().c_str(), a - 1));
   }
 }
 
@@ -561,11 +572,23 @@ void Comm::check_calls(Op &op, Who waited, int root, int half) {
   }
 }
 
-// Marks the segment so that every rank's next wait fails at once, then fails this call.
-void Comm::fail_mismatch(Op &op, const std::string &msg) {
+// Marks the segment so that every rank's next wait fails at once, quoting msg: the first rank
+// to claim the note writes msg there and only then sets the mismatch word (a later one leaves
+// both to the first, whose error is the cause).
+void Comm::note_failure(const std::string &msg) {
   uint32_t expected = 0;
-  hdr_->mismatch_word.compare_exchange_strong(expected, static_cast<uint32_t>(rank_ + 1));
+  if (hdr_->note_owner.compare_exchange_strong(expected, static_cast<uint32_t>(rank_ + 1))) {
+    const size_t n = std::min(msg.size(), kNoteBytes - 1);
+    std::memcpy(hdr_->note, msg.data(), n);
+    hdr_->note[n] = '\0';
+    hdr_->mismatch_word.store(static_cast<uint32_t>(rank_ + 1), std::memory_order_release);
+  }
   wake_everyone();
+}
+
+// Mismatched calls: every rank fails (see note_failure), this one with MNCL_ERR_REMOTE.
+void Comm::fail_mismatch(Op &op, const std::string &msg) {
+  note_failure(msg);
   fail(op, MNCL_ERR_REMOTE, msg);
 }
 
@@ -573,9 +596,7 @@ void Comm::fail_mismatch(Op &op, const std::string &msg) {
 // marks the segment as fail_mismatch does, so that their waits fail at once instead of timing
 // out, and fails this call with MNCL_ERR_INVALID_ARGUMENT.
 void Comm::fail_local(Op &op, const std::string &msg) {
-  uint32_t expected = 0;
-  hdr_->mismatch_word.compare_exchange_strong(expected, static_cast<uint32_t>(rank_ + 1));
-  wake_everyone();
+  note_failure(msg);
   fail(op, MNCL_ERR_INVALID_ARGUMENT, msg);
 }
 
@@ -1243,15 +1264,15 @@ void Comm::gatherv(Op &op, const mncl_coll_v1_t &c) {
         const unsigned char *theirs = seg_.staging(root, h);
         const uint64_t expects = load_word(theirs, me);
         if (expects != c.count) {
-          // Not fail_mismatch: the root, the rank receiving the block, has this rank's count
-          // (published before this check) and finds the same disagreement; it then names it
-          // itself and sets the mismatch word for the others, instead of failing at its wait
-          // with "rank N found mismatched calls".
-          fail(op, MNCL_ERR_REMOTE,
-               kit::format("%s: mismatched counts: root %d expects recvcounts[%d] = "
-                           "%llu elements from rank %d, which sends %zu",
-                           op.where().c_str(), root, rank_,
-                           static_cast<unsigned long long>(expects), rank_, c.count));
+          // The root has this rank's count (published before this check) and finds the same
+          // disagreement, unless a wait ends its call first: on this rank's note, or on the
+          // abort this rank's caller may send next (the documented way out of a failed call),
+          // which without the note would leave the root a bare "aborted by rank N". With the
+          // note (whichever rank writes it first), every rank's error names the counts.
+          fail_mismatch(op, kit::format("%s: mismatched counts: root %d expects recvcounts[%d] = "
+                                        "%llu elements from rank %d, which sends %zu",
+                                        op.where().c_str(), root, rank_,
+                                        static_cast<unsigned long long>(expects), rank_, c.count));
         }
         for (size_t p = 0; p < n; ++p) {
           if (p != static_cast<size_t>(root)) {

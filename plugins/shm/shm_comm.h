@@ -208,7 +208,7 @@ class Comm {
   void wait_rank(Op &op, int peer, uint32_t target);  // one peer's posts >= target
   void before_writing_half(Op &op, int half);         // staging reuse hazard
   void wait_flag(Op &op, Flag &f, uint32_t target, int peer, const char *what);
-  void check_failed(Op &op);  // abort / dead-peer / mismatch words, local abort
+  void check_failed(Op &op);  // local abort, then the mismatch / dead-peer / abort words
   // Throws st; any status but MNCL_ERR_ABORTED also makes the communicator refuse new calls.
   [[noreturn]] void fail(Op &op, mncl_status_t st, const std::string &msg);
   std::string broken() const;  // the first failure's message, "" if none
@@ -217,6 +217,7 @@ class Comm {
   void publish_call(const Op &op, int half);
   void check_calls(Op &op, Who waited, int root, int half);
   void check_peer_call(Op &op, int peer, int half);
+  void note_failure(const std::string &msg);  // the mismatch word and its note (every rank fails)
   [[noreturn]] void fail_mismatch(Op &op, const std::string &msg);
   // A root-only argument error in a rooted call: its peers' waits fail too (MNCL_ERR_REMOTE).
   [[noreturn]] void fail_local(Op &op, const std::string &msg);

@@ -18,7 +18,8 @@
 //              [--backend B] [--ranks N] [--timeout S] [--runs N] [--debug-checks 0|1]
 //              [--case
 //              allreduce_vs_bcast|count|dtype|root|allgatherv|alltoallv|gatherv|scatterv|
-//              batch_count|run_ahead|zero_count|coalesced_split|p2p_zero|recv_after_mismatch]
+//              gatherv_large|scatterv_large|batch_count|run_ahead|zero_count|coalesced_split|
+//              p2p_zero|recv_after_mismatch]
 //              [--netns NS0,NS1 --hosts A0,A1]
 //              [--launcher fork|mpirun] [--mpirun PATH] [--mpirun-arg ARG]... [--expect-job-end]
 #include <fcntl.h>
@@ -32,6 +33,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -140,6 +142,14 @@ struct Worker {
   }
   // The pid: under mpirun the driver learns its victim's process only from this line.
   void ready() { line(fmt("ready %d %d", rank, static_cast<int>(getpid()))); }
+  // Returns once the driver has every rank's result (Job::release), or after limit_s.
+  void linger(double limit_s) const {
+    const std::string done = dir + "/reported";
+    for (const int64_t end = now_ns() + static_cast<int64_t>(limit_s * 1e9);
+         access(done.c_str(), F_OK) != 0 && now_ns() < end;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
   // Reports a call's outcome: status, the instant it returned, extra words; the message goes
   // to <dir>/msg.<rank>.
   void result(mncl_status_t st, int64_t t, const std::string &extra = "-",
@@ -247,6 +257,19 @@ int worker_late(Worker &w) {
   return 0;
 }
 
+// The mismatch cases of gatherv / scatterv: a block of `full` elements in root 0's arrays, half
+// of that on the odd ranks. _large takes blocks of 1000000 int32 (4 MB): shm stages them in many
+// rounds, so ranks whose own block agrees are still in the call when the others fail.
+bool is_rooted_v_case(const std::string &which) {
+  return which == "gatherv" || which == "scatterv" || which == "gatherv_large" ||
+         which == "scatterv_large";
+}
+size_t rooted_v_full(const std::string &which) {
+  return which == "gatherv_large" || which == "scatterv_large" ? 1000000 : 20;
+}
+// Element k of rank r's block holds r * kRankStride + k (k < 1000000 in every case).
+constexpr int32_t kRankStride = 1000000;
+
 // One mismatched call: odd ranks make variant B of the case, even ranks variant A.
 int worker_mismatch(Worker &w) {
   mncl_comm_t comm = nullptr;
@@ -319,36 +342,46 @@ int worker_mismatch(Worker &w) {
         if (recv[displs[i] + k] != static_cast<int32_t>(i * 1000 + first + k)) correct = false;
       }
     }
-  } else if (which == "gatherv") {
-    // Variant B sends 10 elements to root 0, which (even: variant A) expects 20 from every rank.
-    // Judged against this rank's own call: on the root, block i holds rank i's first 20.
-    const size_t n = static_cast<size_t>(w.size), mine = b ? 10 : 20;
-    std::vector<size_t> counts(n, 20), displs(n);
-    for (size_t i = 0; i < n; ++i) displs[i] = 20 * i;
-    std::vector<int32_t> send(mine), recv(20 * n, -1);
-    for (size_t i = 0; i < mine; ++i) send[i] = static_cast<int32_t>(w.rank * 1000 + i);
+  } else if (which == "gatherv" || which == "gatherv_large") {
+    // Variant B sends 10 elements to root 0, which (even: variant A) expects 20 from every rank
+    // (_large: 500000 and 1000000, so that shm runs many rounds). Judged against this rank's own
+    // call: on the root, block i holds rank i's first `full` elements.
+    const size_t n = static_cast<size_t>(w.size), full = rooted_v_full(which),
+                 mine = b ? full / 2 : full;
+    std::vector<size_t> counts(n, full), displs(n);
+    for (size_t i = 0; i < n; ++i) displs[i] = full * i;
+    std::vector<int32_t> send(mine), recv(full * n, -1);
+    for (size_t i = 0; i < mine; ++i) send[i] = static_cast<int32_t>(w.rank * kRankStride + i);
     st = mncl_gatherv(comm, send.data(), mine, recv.data(), counts.data(), displs.data(),
                       MNCL_INT32, 0, nullptr);
-    for (size_t i = 0; st == MNCL_OK && w.rank == 0 && i < n; ++i) {
-      for (size_t k = 0; k < 20; ++k) {
-        if (recv[20 * i + k] != static_cast<int32_t>(i * 1000 + k)) correct = false;
+    for (size_t i = 0; st == MNCL_OK && w.rank == 0 && i < n && correct; ++i) {
+      for (size_t k = 0; k < full; ++k) {
+        if (recv[full * i + k] != static_cast<int32_t>(i * kRankStride + k)) {
+          correct = false;
+          break;
+        }
       }
     }
-  } else if (which == "scatterv") {
-    // Root 0 (even: variant A) sends 20 elements to every rank; variant B expects 10. A rank
-    // that accepts a block of another size without an error has a wrong result, even when the
-    // elements it kept are right.
-    const size_t n = static_cast<size_t>(w.size), mine = b ? 10 : 20;
-    std::vector<size_t> counts(n, 20), displs(n);
-    for (size_t i = 0; i < n; ++i) displs[i] = 20 * i;
-    std::vector<int32_t> send(20 * n), recv(mine, -1);
-    for (size_t i = 0; i < send.size(); ++i)
-      send[i] = static_cast<int32_t>(1000 * (i / 20) + i % 20);
+  } else if (which == "scatterv" || which == "scatterv_large") {
+    // Root 0 (even: variant A) sends 20 elements to every rank; variant B expects 10 (_large:
+    // 1000000 and 500000). A rank that accepts a block of another size without an error has a
+    // wrong result, even when the elements it kept are right.
+    const size_t n = static_cast<size_t>(w.size), full = rooted_v_full(which),
+                 mine = b ? full / 2 : full;
+    std::vector<size_t> counts(n, full), displs(n);
+    for (size_t i = 0; i < n; ++i) displs[i] = full * i;
+    std::vector<int32_t> send(full * n), recv(mine, -1);
+    for (size_t i = 0; i < send.size(); ++i) {
+      send[i] = static_cast<int32_t>(kRankStride * (i / full) + i % full);
+    }
     st = mncl_scatterv(comm, send.data(), counts.data(), displs.data(), recv.data(), mine,
                        MNCL_INT32, 0, nullptr);
-    if (st == MNCL_OK && mine != 20) correct = false;
+    if (st == MNCL_OK && mine != full) correct = false;
     for (size_t k = 0; st == MNCL_OK && k < mine; ++k) {
-      if (recv[k] != static_cast<int32_t>(1000 * w.rank + k)) correct = false;
+      if (recv[k] != static_cast<int32_t>(kRankStride * w.rank + k)) {
+        correct = false;
+        break;
+      }
     }
   } else if (which == "run_ahead") {
     // Root 0 bcasts 4 elements twice and returns at once (a root waits for nobody); every other
@@ -451,9 +484,9 @@ int worker_mismatch(Worker &w) {
            : mncl_allreduce(comm, is.data(), ir.data(), count, dtype, MNCL_SUM, nullptr);
   }
   const int64_t t1 = now_ns();
-  const bool judged = which == "allgatherv" || which == "alltoallv" || which == "gatherv" ||
-                      which == "scatterv" || which == "batch_count" || which == "run_ahead" ||
-                      which == "zero_count" || which == "coalesced_split" || which == "p2p_zero" ||
+  const bool judged = which == "allgatherv" || which == "alltoallv" || is_rooted_v_case(which) ||
+                      which == "batch_count" || which == "run_ahead" || which == "zero_count" ||
+                      which == "coalesced_split" || which == "p2p_zero" ||
                       which == "recv_after_mismatch";  // above, against the call's own layout
   if (st == MNCL_OK && !judged) {
     for (size_t i = 0; i < count; ++i) {
@@ -467,6 +500,10 @@ int worker_mismatch(Worker &w) {
            message.empty() ? mncl_last_error() : message.c_str());
   // A failed communicator is abandoned (abort + destroy skips the leave protocol).
   if (st != MNCL_OK) mncl_comm_abort(comm);
+  // Rank 0's process hosts the TCP store: it stays until every rank has reported, or a rank
+  // still in the call would fail on the lost store (naive keeps every message there) rather
+  // than with the call's own verdict.
+  w.linger(2.0 * env_int("MNCL_TIMEOUT", 3) + 30);
   mncl_comm_destroy(comm);
   return 0;
 }
@@ -748,6 +785,8 @@ class Job {
     });
   }
   std::string message(int rank) const { return read_file(dir_ + "/msg." + std::to_string(rank)); }
+  // Lets ranks that wait in Worker::linger go on.
+  void release() const { std::ofstream(dir_ + "/reported") << "1\n"; }
   // Under mpirun: the pid the rank reported with "ready" (-1 before that).
   pid_t pid(int rank) const {
     if (launcher_ <= 0) return pids_[static_cast<size_t>(rank)];
@@ -1020,13 +1059,35 @@ int drive_mismatch(const Options &o) {
     }
     return false;
   };
-  int wrong = 0, errors = 0, oks = 0, slow = 0, unnamed = 0, lost = 0, not_remote = 0;
+  // gatherv / scatterv without the checks: every rank that fails (any may complete: its own
+  // block agreed, or it sent its block before the receiver checked it) fails with
+  // MNCL_ERR_REMOTE naming both counts of a disagreeing block, the root's and the rank's,
+  // whoever found it: not a lost connection, an abort or a bare "rank N found mismatched calls"
+  // (gloo's sender once got the receiver's poison, shm's others a peer's abort).
+  const bool rooted_v = !o.debug_checks && is_rooted_v_case(o.which);
+  const size_t full = rooted_v_full(o.which);
+  const auto names_counts = [&](const std::string &m) {
+    const auto has_number = [&](size_t v) {
+      const std::string d = std::to_string(v);
+      for (size_t at = m.find(d); at != std::string::npos; at = m.find(d, at + 1)) {
+        const size_t end = at + d.size();
+        if ((at == 0 || !std::isdigit(static_cast<unsigned char>(m[at - 1]))) &&
+            (end == m.size() || !std::isdigit(static_cast<unsigned char>(m[end])))) {
+          return true;
+        }
+      }
+      return false;
+    };
+    return m.find("elements") != std::string::npos && has_number(full) && has_number(full / 2);
+  };
+  int wrong = 0, errors = 0, oks = 0, slow = 0, unnamed = 0, lost = 0, not_remote = 0, vague = 0;
   double max_fail_s = 0;
   std::map<std::string, int> statuses;
   for (int run = 0; run < o.runs; ++run) {
     Job job(o, o.ranks, {{"FAULT_CASE", o.which}});
     std::vector<int> all = survivors(o.ranks, -1);
     job.results_from(all, 2 * o.timeout_s + 30);
+    job.release();
     for (int r : all) {
       auto it = job.results().find(r);
       if (it == job.results().end()) {
@@ -1046,6 +1107,18 @@ int drive_mismatch(const Options &o) {
       }
       ++errors;
       max_fail_s = std::max(max_fail_s, took);
+      // A failure before the call (the barrier ahead of it: a slow rank may still be in it when
+      // the others fail and abort) says nothing about the call.
+      const bool before = !e.extra.empty() && e.extra[0] == "create-failed";
+      if (rooted_v && !before) {
+        const std::string m = job.message(r);
+        if (e.status != MNCL_ERR_REMOTE || !names_counts(m)) {
+          ++vague;
+          std::fprintf(stderr,
+                       "%s: rank %d failed with %s without naming both counts (%zu, %zu): %s\n",
+                       name.c_str(), r, status_name(e.status), full, full / 2, m.c_str());
+        }
+      }
       if (o.debug_checks) {
         const std::string m = job.message(r);
         if (took > 1.0) ++slow;
@@ -1074,10 +1147,13 @@ int drive_mismatch(const Options &o) {
             "s), %d messages without both fingerprints or counts [%s]",
             o.runs, errors, o.runs * o.ranks, not_remote, max_fail_s, unnamed, st.c_str()));
   }
-  return report(name, o, wrong == 0 && lost == 0,
-                fmt("%d runs: %d wrong results, %d errors/timeouts, %d correct-under-own-call, "
-                    "%d rank processes died without a result [%s]",
-                    o.runs, wrong, errors, oks, lost, st.c_str()));
+  return report(
+      name, o, wrong == 0 && lost == 0 && vague == 0,
+      fmt("%d runs: %d wrong results, %d errors/timeouts, %d correct-under-own-call, "
+          "%d rank processes died without a result%s [%s]",
+          o.runs, wrong, errors, oks, lost,
+          rooted_v ? fmt(", %d failures not REMOTE naming both counts", vague).c_str() : "",
+          st.c_str()));
 }
 
 // The abort scenarios: rank 0 reports the status of the call that another of its threads

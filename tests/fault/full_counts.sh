@@ -44,6 +44,11 @@ for b in $backends; do
         --runs "$check_runs"
     done
   done
+  # A block whose counts disagree, without the checks: no wrong result, and every rank that
+  # fails names both counts (the _large cases run many shm rounds).
+  for c in gatherv scatterv gatherv_large scatterv_large; do
+    run bin/fault_test mismatch "${f[@]}" --case "$c" --timeout 10 --runs "$runs"
+  done
   run bin/fault_test abort "${f[@]}" --ranks 2
   [ "$b" = flat ] || run bin/fault_test recovery "${f[@]}"
 done
