@@ -1,8 +1,11 @@
 #include "core/selection.h"
 
+#include <cxxabi.h>
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <exception>
+#include <optional>
 #include <sstream>
 
 #include "common/error.h"
@@ -73,10 +76,30 @@ ProbeResult probe(const loader::Plugin &plugin, const mncl_probe_v1_t &info) {
   result.caps = plugin.table().caps;
   char reason[512] = "";
   int32_t score = 0;
-  const mncl_status_t status = plugin.table().probe(&info, &score, reason, sizeof reason);
+  mncl_status_t status = MNCL_ERR_INTERNAL;
+  std::optional<std::string> thrown;
+  // The probe reports through the thread's last error (host->set_error); a probe that fails
+  // without a message must not show one left by an earlier call, and the caller's stays intact.
+  const std::string saved_error = last_error();
+  set_last_error("");
+  try {
+    status = plugin.table().probe(&info, &score, reason, sizeof reason);
+  } catch (abi::__forced_unwind &) {
+    set_last_error(saved_error);
+    throw;  // thread cancellation: never swallowed
+  } catch (const std::exception &e) {
+    thrown = e.what();
+  } catch (...) {
+    thrown = "an exception that is not a std::exception";
+  }
+  const std::string message = last_error();
+  set_last_error(saved_error);
   reason[sizeof reason - 1] = '\0';
-  if (status != MNCL_OK) {
-    result.reason = format("probe failed: %s: %s", status_name(status), last_error());
+  if (thrown) {
+    result.reason = "probe threw: " + *thrown;
+  } else if (status != MNCL_OK) {
+    result.reason = format("probe failed: %s: %s", status_name(status),
+                           message.empty() ? "(no message)" : message.c_str());
   } else {
     result.score = std::max(score, 0);
     result.reason = reason;
@@ -95,11 +118,17 @@ Selection select_backend(const LaunchSettings &settings, const mncl_probe_v1_t &
       std::vector<std::shared_ptr<loader::Plugin>> loaded;
       std::vector<topology::Candidate> candidates;
       for (const auto &report : loader::discover()) {
-        if (!report.loaded) continue;
+        if (!report.loaded) {
+          // Unusable, with the loader's reason: an override naming it, or a rule preferring it,
+          // says why it was passed over instead of "not installed".
+          selection.probed.push_back({report.name, report.caps, 0, "refused: " + report.reason});
+          candidates.push_back({report.name, report.caps, 0, "", report.reason});
+          continue;
+        }
         ProbeResult p = probe(*report.plugin, info);
         selection.probed.push_back(p);
         loaded.push_back(report.plugin);
-        candidates.push_back({p.name, p.caps, p.score, p.reason});
+        candidates.push_back({p.name, p.caps, p.score, p.reason, ""});
       }
       topology::JobFacts facts;
       facts.size = info.size;
@@ -129,6 +158,11 @@ Selection select_backend(const LaunchSettings &settings, const mncl_probe_v1_t &
         return selection;
       }
       failures += "\n  auto: " + decision.reason;
+      if (loaded.empty()) {
+        std::string folders;
+        for (const auto &dir : loader::search_path()) folders += (folders.empty() ? "" : ":") + dir;
+        failures += "\n  plugin folders searched: " + folders;
+      }
       continue;
     }
     try {

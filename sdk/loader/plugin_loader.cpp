@@ -2,9 +2,9 @@
 #include "loader/plugin_loader.h"
 
 #include <dlfcn.h>
+#include <link.h>
 
 #include <algorithm>
-#include <boost/dll/runtime_symbol_info.hpp>
 #include <boost/dll/shared_library.hpp>
 #include <boost/filesystem.hpp>
 #include <condition_variable>
@@ -20,6 +20,15 @@
 
 #ifndef MNCL_PLUGIN_SUBDIR
 #define MNCL_PLUGIN_SUBDIR "mncl/plugins"
+#endif
+// For a program linking the static core (mncl-info, in <bindir>): the plugin folder relative to
+// its folder, in an install tree (<libdir>/mncl/plugins, whatever CMAKE_INSTALL_LIBDIR is) and
+// in the build tree (bin/ beside lib/mncl/plugins). sdk/CMakeLists.txt computes both.
+#ifndef MNCL_PLUGIN_DIR_FROM_BINDIR
+#define MNCL_PLUGIN_DIR_FROM_BINDIR "../lib/" MNCL_PLUGIN_SUBDIR
+#endif
+#ifndef MNCL_BUILD_PLUGIN_DIR_FROM_BINDIR
+#define MNCL_BUILD_PLUGIN_DIR_FROM_BINDIR "../lib/" MNCL_PLUGIN_SUBDIR
 #endif
 
 namespace mncl::loader {
@@ -226,6 +235,8 @@ PluginReport try_load(const std::string &path) {
 
   if (std::string reason = check_elf(path); !reason.empty()) return refuse(reason);
 
+  // Before dlopen runs the file's static initializers: one that kills the process is named.
+  MNCL_INFO("loading %s", path.c_str());
   boost::dll::shared_library lib;
   boost::dll::fs::error_code dll_ec;  // std:: or boost:: flavour, as Boost.DLL is configured
   lib.load(path, dll_ec, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
@@ -278,6 +289,62 @@ bool is_file_entry(const fs::path &p) {
   return fs::exists(fs::symlink_status(p, ec));
 }
 
+// The module holding this code: libmncl.so (or another shared object linking the static core),
+// or a program linking the static core (mncl-info, the white-box tests).
+struct Module {
+  std::string dir;  // its folder, absolute; "" when it cannot be located (error says why)
+  bool program = false;
+  std::string error;
+};
+
+Module locate_module() {
+  Module self;
+  Dl_info info{};
+  void *map = nullptr;
+  if (dladdr1(reinterpret_cast<const void *>(&locate_module), &info, &map, RTLD_DL_LINKMAP) == 0 ||
+      info.dli_fname == nullptr) {
+    self.error = "dladdr found no module holding the loader";
+    return self;
+  }
+  // The main program has no name of its own: dladdr reports argv[0], which may be relative or
+  // a bare name found through PATH. The kernel knows the file.
+  const auto *link = static_cast<const struct link_map *>(map);
+  self.program = link != nullptr && (link->l_name == nullptr || link->l_name[0] == '\0');
+  fs::path file;
+  if (self.program) {
+    boost::system::error_code ec;
+    file = fs::read_symlink("/proc/self/exe", ec);
+    if (ec) {
+      self.error = "cannot read /proc/self/exe: " + ec.message();
+      return self;
+    }
+  } else {
+    // The name the library was loaded by: relative when dlopen or LD_LIBRARY_PATH named it so,
+    // and then relative to the working directory of that moment (see this_module()).
+    file = info.dli_fname;
+    if (!file.is_absolute()) {
+      boost::system::error_code ec;
+      const fs::path cwd = fs::current_path(ec);
+      if (ec) {
+        self.error = format("%s is a relative name and the working directory is unreadable (%s)",
+                            info.dli_fname, ec.message().c_str());
+        return self;
+      }
+      file = cwd / file;
+    }
+  }
+  self.dir = file.parent_path().lexically_normal().string();
+  return self;
+}
+
+// Located once, while the module is being loaded (the initializer below): a library loaded by a
+// relative name stays found after the application changes its working directory.
+const Module &this_module() {
+  static const Module self = locate_module();
+  return self;
+}
+[[maybe_unused]] const Module &g_module_at_load = this_module();
+
 }  // namespace
 
 std::vector<std::string> search_path() {
@@ -297,16 +364,17 @@ std::vector<std::string> search_path() {
       start = end + 1;
     }
   }
-  // The module holding this code: libmncl.so, or an executable linking the static core.
-  boost::dll::fs::error_code ec;
-  const boost::dll::fs::path self = boost::dll::this_line_location(ec);
-  if (!ec) {
-    const fs::path dir = fs::path(self.string()).parent_path();
-    add(dir / MNCL_PLUGIN_SUBDIR);
-    add(dir / ".." / "lib" / MNCL_PLUGIN_SUBDIR);
-  } else {
+  const Module &self = this_module();
+  if (!self.error.empty()) {
     MNCL_WARN("cannot locate the MNCL module (%s); only MNCL_PLUGIN_PATH is searched",
-              ec.message().c_str());
+              self.error.c_str());
+  } else if (self.program) {
+    // A program linking the static core, in <bindir>: the install tree's plugin folder, then
+    // the build tree's (the same folder unless CMAKE_INSTALL_LIBDIR is not "lib").
+    add(fs::path(self.dir) / MNCL_PLUGIN_DIR_FROM_BINDIR);
+    add(fs::path(self.dir) / MNCL_BUILD_PLUGIN_DIR_FROM_BINDIR);
+  } else {
+    add(fs::path(self.dir) / MNCL_PLUGIN_SUBDIR);  // libmncl.so in <libdir>
   }
   return dirs;
 }

@@ -1,9 +1,19 @@
 // Finding, loading and checking backend plugins (libmncl-<name>.so) with Boost.DLL.
 //
-// Search order: every folder of MNCL_PLUGIN_PATH (colon-separated), then <dir>/mncl/plugins and
-// <dir>/../lib/mncl/plugins where <dir> is the folder of the module holding this code
-// (libmncl.so, or a tool's executable), so the build tree and an install tree both work and
-// tests never see an installed plugin. The first file found for a name wins.
+// Search order: every folder of MNCL_PLUGIN_PATH (colon-separated; a relative entry is taken
+// from the working directory at each search), then the default folder, beside the module
+// holding this code: <libdir>/mncl/plugins for libmncl.so (its own folder + /mncl/plugins); for
+// a program linking the static core (mncl-info, in <bindir>), the install tree's
+// <bindir>/../<CMAKE_INSTALL_LIBDIR>/mncl/plugins, then the build tree's <bin>/../lib/mncl/plugins
+// (one folder when the install's libdir is "lib"). So the build tree and an install tree both
+// work and tests never see an installed plugin. The module's folder is made absolute once, when
+// the module is loaded: a libmncl loaded by a relative name (dlopen, LD_LIBRARY_PATH=lib) keeps
+// finding its plugins after the application changes its working directory; a program's folder
+// is that of /proc/self/exe (symbolic links resolved, whatever argv[0] says). The first file
+// found for a name wins.
+//
+// Each file is logged (info) as "loading <path>" before dlopen runs its static initializers, so
+// one that kills the process is named (MNCL_DEBUG=info).
 //
 // Loading checks, in order, each refusal logged (warn) with the file and the reason:
 //   not a regular file / not an ELF file / ELF of the wrong class or machine /

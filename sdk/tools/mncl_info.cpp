@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <string>
 
 #include "common/env.h"
@@ -61,7 +62,9 @@ void print_usage() {
       "why each was refused), the backend it would choose with the current environment, the\n"
       "machine's topology (hwloc; HWLOC_XMLFILE=file.xml shows another machine's) with the\n"
       "choice and process binding it implies, and every MNCL environment variable. With no\n"
-      "option, prints everything.");
+      "option, prints everything.\n"
+      "Exit status: 0; 1 for a bad MNCL_* setting or an internal error; 2 for a bad option;\n"
+      "3 when no backend is usable here (--plugins, --topology: the decision is \"none\").");
 }
 
 void print_plugins(const mncl_probe_v1_t &info) {
@@ -92,20 +95,26 @@ void print_plugins(const mncl_probe_v1_t &info) {
   }
 }
 
-void print_selection(const mncl::core::LaunchSettings &settings, const mncl_probe_v1_t &info) {
+// False when no backend is usable (the decision is "none").
+bool print_selection(const mncl::core::LaunchSettings &settings, const mncl_probe_v1_t &info) {
   std::printf("\nBackend selection for this environment (MNCL_BACKEND=%s, %d rank%s):\n",
               settings.backend_spec.c_str(), settings.size, settings.size == 1 ? "" : "s");
   try {
     const auto selection = mncl::core::select_backend(settings, info);
     std::printf("  -> %s: %s\n", selection.plugin->name().c_str(), selection.why.c_str());
+    return true;
   } catch (const mncl::Error &e) {
     std::printf("  -> none: %s\n", e.what());
+  } catch (const std::exception &e) {  // not the core's: a bug, reported rather than fatal
+    std::printf("  -> none: internal error: %s\n", e.what());
   }
+  return false;
 }
 
 // The summary, each plugin's probe with this host's facts, the decision and why, and the
-// binding this process would get as local rank 0 (or the launcher's local rank).
-void print_topology(const mncl::core::LaunchSettings &settings, const mncl_probe_v1_t &info) {
+// binding this process would get as local rank 0 (or the launcher's local rank). False when no
+// backend is usable.
+bool print_topology(const mncl::core::LaunchSettings &settings, const mncl_probe_v1_t &info) {
   namespace topo = mncl::topology;
   std::printf("\nTopology (hwloc):\n");
   const topo::Topology *machine = topo::this_machine();
@@ -147,10 +156,15 @@ void print_topology(const mncl::core::LaunchSettings &settings, const mncl_probe
       std::printf("\n  Process binding: %s\n",
                   topo::compute_binding(machine->summary(), request).reason.c_str());
     }
+    return true;
   } catch (const mncl::Error &e) {
     std::printf("\n  Decision (MNCL_BACKEND=%s): none: %s\n", settings.backend_spec.c_str(),
                 e.what());
+  } catch (const std::exception &e) {
+    std::printf("\n  Decision (MNCL_BACKEND=%s): none: internal error: %s\n",
+                settings.backend_spec.c_str(), e.what());
   }
+  return false;
 }
 
 void print_env() {
@@ -198,14 +212,19 @@ int main(int argc, char **argv) {
       const auto config = mncl::core::read_user_config(nullptr);
       const auto settings = mncl::core::resolve_launch_settings(config);
       const auto info = mncl::core::probe_info(settings);
+      bool usable = true;
       if (plugins) {
         print_plugins(info);
-        print_selection(settings, info);
+        usable = print_selection(settings, info) && usable;
       }
-      if (topology) print_topology(settings, info);
+      if (topology) usable = print_topology(settings, info) && usable;
+      if (!usable) status = 3;
     } catch (const mncl::Error &e) {
       // A bad environment (MNCL_TIMEOUT=abc) is reported, and the rest still printed.
       std::printf("\nConfiguration error: %s: %s\n", mncl::status_name(e.status()), e.what());
+      status = 1;
+    } catch (const std::exception &e) {
+      std::printf("\nInternal error: %s\n", e.what());
       status = 1;
     }
   }

@@ -45,6 +45,7 @@ const Candidate *find(const std::vector<Candidate> &candidates, const std::strin
 // Why a candidate cannot serve this job; "" when it can.
 std::string unusable_because(const Candidate *c, MemoryType memory) {
   if (c == nullptr) return "not installed";
+  if (!c->refused.empty()) return "refused: " + c->refused;
   if (c->score <= 0) return "unusable: " + (c->reason.empty() ? "probe said no" : c->reason);
   if (memory == MemoryType::kHost && !(c->caps & MNCL_CAP_HOST_MEMORY)) {
     return "does not handle host memory";

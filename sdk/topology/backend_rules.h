@@ -23,7 +23,8 @@
 //
 // Probe scores decide usability and order the plugins these rules do not name; the rules,
 // not raw scores, order the ones they name, because independently written plugins cannot know
-// each other's scores.
+// each other's scores. A plugin the loader refused (Candidate::refused) is a candidate too,
+// never usable, so that an override naming it, or a rule preferring it, reports why.
 #pragma once
 
 #include <cstdint>
@@ -55,6 +56,10 @@ struct Candidate {
   uint64_t caps = 0;   // MNCL_CAP_* of its table
   int score = 0;       // its probe's score; 0: unusable
   std::string reason;  // its probe's reason (why unusable, or a remark)
+  // Why the loader refused the file (dlopen failed, init() refused, ...): a plugin that is
+  // installed but unusable, never "not installed". "" for a plugin that loaded (the
+  // initializer lets {name, caps, score, reason} leave it out without a warning).
+  std::string refused{};
 };
 
 struct Overrides {

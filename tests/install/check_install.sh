@@ -2,11 +2,13 @@
 # Installs the build tree into a temporary prefix (cmake --install <build> --prefix <tmp>),
 # checks the layout, then builds a consumer project against the INSTALLED tree with
 # find_package(mncl CONFIG) and with pkg-config, and runs each as one rank on the installed
-# naive plugin, which the installed libmncl must find next to itself (<libdir>/mncl/plugins).
+# naive plugin, which the installed libmncl must find next to itself (<libdir>/mncl/plugins),
+# and the installed mncl-info (static core, in bin/) at bin/../<libdir>/mncl/plugins.
 #
 # Usage: check_install.sh <build dir> <work dir> <consumer source dir> <C compiler> <C++ compiler>
+#                         [<CMAKE_INSTALL_LIBDIR>, default lib]
 set -euo pipefail
-build=$1 work=$2 src=$3 cc=$4 cxx=$5
+build=$1 work=$2 src=$3 cc=$4 cxx=$5 libdir=${6:-lib}
 prefix=$work/prefix
 rm -rf "$work"
 mkdir -p "$work"
@@ -21,10 +23,10 @@ expect_file() {
   done
 }
 expect_file include/mncl/mncl.h include/mncl/mncl_plugin.h include/mncl/mncl_plugin_v1.h \
-  include/mncl/frontends/communicator.hpp lib/libmncl.so lib/libmncl.so.1 \
-  lib/mncl/plugins/libmncl-naive.so lib/libmncl_frontends.a bin/mncl-info bin/mncl-run \
-  bin/mncl-perf lib/cmake/mncl/mnclConfig.cmake lib/cmake/mncl/mnclConfigVersion.cmake \
-  lib/cmake/mncl/mnclTargets.cmake lib/pkgconfig/mncl.pc
+  include/mncl/frontends/communicator.hpp $libdir/libmncl.so $libdir/libmncl.so.1 \
+  $libdir/mncl/plugins/libmncl-naive.so $libdir/libmncl_frontends.a bin/mncl-info bin/mncl-run \
+  bin/mncl-perf $libdir/cmake/mncl/mnclConfig.cmake $libdir/cmake/mncl/mnclConfigVersion.cmake \
+  $libdir/cmake/mncl/mnclTargets.cmake $libdir/pkgconfig/mncl.pc
 # Nothing from the tests (mock plugins, test programs) is installed.
 if find "$prefix" -name '*mock*' -o -name '*_test' | grep .; then
   echo "  test files were installed" >&2
@@ -39,8 +41,13 @@ export MNCL_BACKEND=naive
 echo "--- installed mncl-info finds the installed plugins"
 "$prefix/bin/mncl-info" --plugins 2>&1 | tee "$work/info.txt"
 grep -Eq "naive +loaded" "$work/info.txt" || { echo "mncl-info: naive not loaded" >&2; exit 1; }
-grep -q "$prefix/lib/mncl/plugins" "$work/info.txt" ||
+grep -q "^  $prefix/$libdir/mncl/plugins\$" "$work/info.txt" ||
   { echo "mncl-info: the installed plugin folder is not listed" >&2; exit 1; }
+# The folder of a library, never one made from the program's own (bin/mncl/plugins).
+if grep -q "^  $prefix/bin/" "$work/info.txt"; then
+  echo "mncl-info: searches a plugin folder under bin/" >&2
+  exit 1
+fi
 
 echo "--- find_package(mncl CONFIG)"
 cmake -S "$src" -B "$work/cmake-build" -DCMAKE_PREFIX_PATH="$prefix" \
@@ -53,7 +60,7 @@ cmake --build "$work/cmake-build" >"$work/cmake-build.log" 2>&1 ||
 "$work/cmake-build/consumer_cxx"
 
 echo "--- pkg-config mncl"
-export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
+export PKG_CONFIG_PATH=$prefix/$libdir/pkgconfig
 flags=$(pkg-config --cflags --libs mncl)
 echo "pkg-config --cflags --libs mncl: $flags (version $(pkg-config --modversion mncl))"
 libdir=$(pkg-config --variable=libdir mncl)

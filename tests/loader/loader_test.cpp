@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <boost/filesystem.hpp>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +21,8 @@
 #include "common/coll.h"  // the plugin kit's descriptor builders
 #include "common/error.h"
 #include "common/log.h"
+#include "core/launch_env.h"
+#include "core/selection.h"
 #include "loader/plugin_abi.h"
 #include "loader/plugin_loader.h"
 #include "mncl_plugin_v6_test.h"
@@ -568,21 +571,44 @@ TEST(Loader, NameAndPathShareOneInstance) {
   EXPECT_EQ(by_name.get(), by_odd_path.get());
 }
 
-TEST(Loader, SearchPathStartsWithThePluginPathThenTheModuleFolders) {
+// This program links the static core, as mncl-info does: after MNCL_PLUGIN_PATH come the
+// install tree's plugin folder relative to its bin folder (<bindir>/../<CMAKE_INSTALL_LIBDIR>/
+// mncl/plugins, computed by sdk/CMakeLists.txt), then the build tree's (bin/../lib/mncl/plugins)
+// when that differs; never <bindir>/mncl/plugins, which only libmncl.so's rule would give.
+TEST(Loader, SearchPathStartsWithThePluginPathThenTheProgramsPluginFolders) {
   const auto dirs = search_path();
-  ASSERT_GE(dirs.size(), 3u);
+  ASSERT_GE(dirs.size(), 2u);
   EXPECT_EQ(dirs[0], kMockDir);
   char exe[4096] = {};
   ASSERT_GT(readlink("/proc/self/exe", exe, sizeof exe - 1), 0);
   const std::string exe_dir = std::string(exe).substr(0, std::string(exe).rfind('/'));
-  EXPECT_EQ(dirs[1], exe_dir + "/mncl/plugins");
-  EXPECT_EQ(dirs[2].substr(dirs[2].size() - std::strlen("/lib/mncl/plugins")), "/lib/mncl/plugins");
+  const auto normal = [](const std::string &p) {
+    return boost::filesystem::path(p).lexically_normal().string();
+  };
+  const std::string installed = normal(exe_dir + "/" MNCL_PLUGIN_DIR_FROM_BINDIR);
+  const std::string built = normal(exe_dir + "/" MNCL_BUILD_PLUGIN_DIR_FROM_BINDIR);
+  EXPECT_EQ(dirs[1], installed);
+  if (built == installed) {
+    EXPECT_EQ(dirs.size(), 2u);
+  } else {
+    ASSERT_EQ(dirs.size(), 3u);
+    EXPECT_EQ(dirs[2], built);
+  }
+  EXPECT_EQ(built, boost::filesystem::canonical(MNCL_BUILD_DIR).string() + "/lib/mncl/plugins");
+  for (const auto &dir : dirs) EXPECT_NE(dir, exe_dir + "/mncl/plugins");
+}
+
+// The build folder as named, or with its symbolic links resolved (this program's folder is
+// read from /proc/self/exe).
+bool in_build_tree(const std::string &path) {
+  const std::string build = MNCL_BUILD_DIR;
+  const std::string real = boost::filesystem::canonical(build).string();
+  return path.rfind(build + "/", 0) == 0 || path.rfind(real + "/", 0) == 0;
 }
 
 TEST(Loader, NothingOutsideTheBuildTreeIsSearched) {
-  const std::string build = MNCL_BUILD_DIR;
-  for (const auto &dir : search_path()) EXPECT_EQ(dir.rfind(build + "/", 0), 0u) << dir;
-  for (const auto &r : discover()) EXPECT_EQ(r.path.rfind(build + "/", 0), 0u) << r.path;
+  for (const auto &dir : search_path()) EXPECT_TRUE(in_build_tree(dir)) << dir;
+  for (const auto &r : discover()) EXPECT_TRUE(in_build_tree(r.path)) << r.path;
 }
 
 TEST(Loader, FirstFolderWinsAndEmptyEntriesAreIgnored) {
@@ -749,6 +775,126 @@ TEST(Loader, RefusedInitKeepsTheCallersLastError) {
   set_last_error("earlier error");
   EXPECT_THROW(load("initfail"), Error);
   EXPECT_STREQ(last_error(), "earlier error");
+}
+
+// ----------------------------------------------------------------------------------------------
+// Probes that misbehave, and plugins refused at load, in the backend choice (core/selection.h).
+// Their mocks live in folders of their own, searched only here.
+
+const std::string kProbeDir = MNCL_PROBE_MOCK_DIR;
+const std::string kRefusedDir = MNCL_REFUSED_MOCK_DIR;
+
+// MNCL_PLUGIN_PATH=<folder> for the scope (the build tree's real plugins stay reachable through
+// this program's folder).
+class PluginPath {
+ public:
+  explicit PluginPath(const std::string &folder) : saved_(kMockDir) {
+    if (const char *now = getenv("MNCL_PLUGIN_PATH")) saved_ = now;
+    setenv("MNCL_PLUGIN_PATH", folder.c_str(), 1);
+  }
+  ~PluginPath() { setenv("MNCL_PLUGIN_PATH", saved_.c_str(), 1); }
+
+ private:
+  std::string saved_;
+};
+
+core::LaunchSettings one_rank(const std::string &spec) {
+  core::LaunchSettings settings;
+  settings.backend_spec = spec;
+  settings.memory = "host";
+  return settings;
+}
+
+const core::ProbeResult *find_probed(const core::Selection &s, const std::string &name) {
+  for (const auto &p : s.probed) {
+    if (p.name == name) return &p;
+  }
+  return nullptr;
+}
+
+TEST(Probe, ThrowingProbeIsUnusableWithWhatItThrew) {
+  auto plugin = load(kProbeDir + "/libmncl-pthrow.so");
+  core::ProbeResult r;
+  ASSERT_NO_THROW(r = core::probe(*plugin, core::probe_info(one_rank("pthrow"))));
+  EXPECT_EQ(r.name, "pthrow");
+  EXPECT_EQ(r.score, 0);
+  EXPECT_EQ(r.reason, "probe threw: probe of pthrow threw");
+}
+
+TEST(Probe, ProbeThrowingWhatIsNotAStdExceptionIsUnusable) {
+  auto plugin = load(kProbeDir + "/libmncl-pthrowint.so");
+  core::ProbeResult r;
+  ASSERT_NO_THROW(r = core::probe(*plugin, core::probe_info(one_rank("pthrowint"))));
+  EXPECT_EQ(r.score, 0);
+  EXPECT_EQ(r.reason, "probe threw: an exception that is not a std::exception");
+}
+
+TEST(Probe, SilentFailureShowsNoEarlierMessageAndKeepsTheCallers) {
+  auto plugin = load(kProbeDir + "/libmncl-psilent.so");
+  set_last_error("earlier error");
+  const core::ProbeResult r = core::probe(*plugin, core::probe_info(one_rank("psilent")));
+  EXPECT_EQ(r.score, 0);
+  EXPECT_EQ(r.reason, "probe failed: MNCL_ERR_INTERNAL: (no message)");
+  EXPECT_STREQ(last_error(), "earlier error");
+}
+
+TEST(Probe, ThrowingProbeKeepsTheCallersLastError) {
+  auto plugin = load(kProbeDir + "/libmncl-pthrow.so");
+  set_last_error("earlier error");
+  core::probe(*plugin, core::probe_info(one_rank("pthrow")));
+  EXPECT_STREQ(last_error(), "earlier error");
+}
+
+TEST(Selection, AutoPassesOverThrowingProbes) {
+  PluginPath path(kProbeDir);
+  const auto settings = one_rank("auto");
+  core::Selection s;
+  ASSERT_NO_THROW(s = core::select_backend(settings, core::probe_info(settings)));
+  ASSERT_NE(s.plugin, nullptr);
+  for (const char *name : {"pthrow", "pthrowint", "psilent"}) {
+    const core::ProbeResult *p = find_probed(s, name);
+    ASSERT_NE(p, nullptr) << name;
+    EXPECT_EQ(p->score, 0) << name;
+    EXPECT_NE(s.plugin->name(), name);
+  }
+  EXPECT_EQ(find_probed(s, "pthrow")->reason, "probe threw: probe of pthrow threw");
+}
+
+TEST(Selection, NamedThrowingProbesFailWithTheirReasons) {
+  PluginPath path(kProbeDir);
+  const auto settings = one_rank("pthrow,pthrowint");
+  const std::string message =
+      error_of([&] { core::select_backend(settings, core::probe_info(settings)); });
+  EXPECT_CONTAINS(message, "pthrow: unusable here: probe threw: probe of pthrow threw");
+  EXPECT_CONTAINS(message,
+                  "pthrowint: unusable here: probe threw: an exception that is not a "
+                  "std::exception");
+}
+
+TEST(Selection, RefusedPluginNamedByAnOverrideIsReportedWithItsReason) {
+  PluginPath path(kRefusedDir);
+  auto settings = one_rank("auto");
+  settings.backend_host = "undef";
+  const std::string message =
+      error_of([&] { core::select_backend(settings, core::probe_info(settings)); });
+  EXPECT_CONTAINS(message,
+                  "MNCL_BACKEND_HOST=undef: nothing in it is usable here; undef refused: "
+                  "dlopen failed: " +
+                      kRefusedDir +
+                      "/libmncl-undef.so: undefined symbol: mncl_mock_missing_symbol");
+  EXPECT_EQ(message.find("not installed"), std::string::npos) << message;
+}
+
+TEST(Selection, RefusedPluginIsAnUnusableCandidateInAuto) {
+  PluginPath path(kRefusedDir);
+  const auto settings = one_rank("auto");
+  const core::Selection s = core::select_backend(settings, core::probe_info(settings));
+  const core::ProbeResult *undef = find_probed(s, "undef");
+  ASSERT_NE(undef, nullptr);
+  EXPECT_EQ(undef->score, 0);
+  EXPECT_EQ(undef->reason.rfind("refused: dlopen failed: ", 0), 0u) << undef->reason;
+  ASSERT_NE(s.plugin, nullptr);
+  EXPECT_NE(s.plugin->name(), "undef");
 }
 
 // ----------------------------------------------------------------------------------------------

@@ -31,6 +31,14 @@
  *                           more than one rank only batches are meaningful (see mock_batch):
  *                           every other collective still returns this rank's own contribution
  *   MOCK_INIT_FAILS=1       init() refuses with a message
+ *   MOCK_PROBE_THROWS=1     probe() throws std::runtime_error("probe of <name> threw"); =2: it
+ *                           throws an int (not a std::exception). Built with mock_throw.cpp, the
+ *                           C++ that throws, and -fexceptions (CMakeLists.txt)
+ *   MOCK_PROBE_FAILS_SILENTLY=1  probe() returns MNCL_ERR_INTERNAL without host->set_error
+ *   MOCK_UNDEFINED_SYMBOL=1 references a function no library defines (linked without
+ *                           --no-undefined): dlopen refuses the file
+ *   MOCK_CTOR_EXITS=1       a static initializer prints a line to stderr and _exit(97)s: loading
+ *                           the file kills the process
  *   MOCK_NO_EXECUTE=1       execute is NULL
  *   MOCK_POST_ONLY=1        post without test
  *   MOCK_NOOP=1             every collective returns MNCL_OK at once, any size (dispatch cost)
@@ -73,6 +81,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "mncl_plugin_v6_test.h"
 
@@ -159,6 +168,23 @@
 
 static const mncl_host_v1_t *g_host;
 
+#if defined(MOCK_PROBE_THROWS) && MOCK_PROBE_THROWS
+/* mock_throw.cpp: throws std::runtime_error(what), or an int when what is NULL. */
+void mock_throw(const char *what);
+#endif
+#if defined(MOCK_UNDEFINED_SYMBOL) && MOCK_UNDEFINED_SYMBOL
+int mncl_mock_missing_symbol(void);
+/* Taken at load time (a data relocation), so even lazy binding cannot defer the failure. */
+int (*volatile mock_missing_symbol_ref)(void) = &mncl_mock_missing_symbol;
+#endif
+#if defined(MOCK_CTOR_EXITS) && MOCK_CTOR_EXITS
+__attribute__((constructor)) static void mock_ctor_exits(void) {
+  static const char line[] = MOCK_NAME ": static initializer exits the process (MOCK_CTOR_EXITS)\n";
+  if (write(2, line, sizeof line - 1) < 0) _exit(98);
+  _exit(97);
+}
+#endif
+
 /* Appends "<MOCK_NAME> <event>" to MNCL_MOCK_EVENTS, if set (one write: ranks in several
  * processes may share the file). */
 static void record(const char *format, ...) {
@@ -200,7 +226,18 @@ static void mock_finalize(void) {
 
 static mncl_status_t mock_probe(const mncl_probe_v1_t *info, int32_t *score, char *reason,
                                 size_t reason_len) {
-#if defined(MOCK_HANG) && MOCK_HANG
+#if defined(MOCK_PROBE_THROWS) && MOCK_PROBE_THROWS
+  (void)info;
+  *score = 10;
+  snprintf(reason, reason_len, "never returned");
+  mock_throw(MOCK_PROBE_THROWS == 1 ? "probe of " MOCK_NAME " threw" : NULL);
+#elif defined(MOCK_PROBE_FAILS_SILENTLY) && MOCK_PROBE_FAILS_SILENTLY
+  (void)info;
+  (void)score;
+  (void)reason;
+  (void)reason_len;
+  return MNCL_ERR_INTERNAL;
+#elif defined(MOCK_HANG) && MOCK_HANG
   (void)info;
   *score = 1;
   snprintf(reason, reason_len, "hang: blocks in every collective until aborted");

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# mncl-info with plugins that misbehave: a probe that throws (a std::exception or an int) or
+# fails without a message makes that plugin unusable, with the reason, and mncl-info goes on; a
+# plugin dlopen refuses is named with its reason where a backend list asks for it; mncl-info
+# exits 3 when no backend is usable (0 when one is); and with MNCL_DEBUG=info the file being
+# loaded is named before its static initializer kills the process.
+# Usage: check_mncl_info_failures.sh <mncl-info> <probe mock folder> <refused mock folder>
+#                                    <fatal mock folder>
+set -u
+info=$1 probe=$2 refused=$3 fatal=$4
+status=0
+run() {  # run <description> <env...>: mncl-info under that environment; sets out, err and rc
+  local what=$1
+  shift
+  out=$(env "$@" "$info" --plugins --topology 2>"$tmp")
+  rc=$?
+  err=$(cat "$tmp")
+  echo "=== $what (exit $rc)"
+  echo "$out"
+  echo "--- stderr"
+  echo "$err"
+}
+expect() {
+  if ! grep -Eq -- "$1" <<<"$out"; then
+    echo "MISSING: a line matching /$1/" >&2
+    status=1
+  fi
+}
+expect_rc() {
+  if [ "$rc" -ne "$1" ]; then
+    echo "FAIL: exit status $rc, expected $1" >&2
+    status=1
+  fi
+}
+tmp=$(mktemp)
+trap 'rm -f "$tmp"' EXIT
+
+run "probes that throw or fail silently, asked for by name" MNCL_PLUGIN_PATH="$probe" \
+  MNCL_BACKEND=pthrow,pthrowint,psilent MNCL_MEMORY=host
+expect '^  pthrow +loaded '
+expect '^ +probe score 0: probe threw: probe of pthrow threw$'
+expect '^ +probe score 0: probe threw: an exception that is not a std::exception$'
+expect '^ +probe score 0: probe failed: MNCL_ERR_INTERNAL: \(no message\)$'
+expect '^  -> none: no usable backend for MNCL_BACKEND='
+expect '^  pthrow: unusable here: probe threw: probe of pthrow threw$'
+expect '^  pthrowint: unusable here: probe threw: an exception that is not a std::exception$'
+expect '^  psilent: unusable here: probe failed: MNCL_ERR_INTERNAL: \(no message\)$'
+expect '^  Decision \(MNCL_BACKEND=pthrow,pthrowint,psilent\): none: '
+if grep -q 'terminate called' <<<"$err"; then
+  echo "FAIL: mncl-info terminated on a throwing probe" >&2
+  status=1
+fi
+expect_rc 3
+
+run "the same plugins beside a usable one" MNCL_PLUGIN_PATH="$probe" MNCL_BACKEND=auto \
+  MNCL_MEMORY=host
+expect '^ +pthrow +score +0  probe threw: probe of pthrow threw$'
+expect '^  Decision \(MNCL_BACKEND=auto, host memory\): [a-z]+$'
+expect_rc 0
+
+run "a plugin dlopen refuses, named by MNCL_BACKEND_HOST" MNCL_PLUGIN_PATH="$refused" \
+  MNCL_BACKEND=auto MNCL_BACKEND_HOST=undef MNCL_MEMORY=host
+expect '^  undef +REFUSED .*dlopen failed: .*undefined symbol: mncl_mock_missing_symbol$'
+expect 'MNCL_BACKEND_HOST=undef: nothing in it is usable here; undef refused: dlopen failed: .*undefined symbol: mncl_mock_missing_symbol$'
+if grep -q 'undef not installed' <<<"$out"; then
+  echo "FAIL: a refused plugin is reported as not installed" >&2
+  status=1
+fi
+expect_rc 3
+
+run "a static initializer that exits, MNCL_DEBUG=info" MNCL_PLUGIN_PATH="$fatal" MNCL_DEBUG=info
+expect_rc 97
+last=$(grep -E ' INFO .*\] loading ' <<<"$err" | tail -n 1)
+if [[ "$last" != *"] loading $fatal/libmncl-ctorexit.so" ]]; then
+  echo "FAIL: the last file named before the exit is not the fatal plugin (got: '$last')" >&2
+  status=1
+fi
+
+[ "$status" -eq 0 ] && echo PASS || echo FAIL
+exit $status
