@@ -145,11 +145,20 @@ Selection agree_on_backend(bootstrap::Store &store, const LaunchSettings &settin
                            int num_hosts, const std::atomic<bool> *aborted, const char *fn) {
   Selection selection;
   std::string local_error;
+  mncl_status_t local_status = MNCL_ERR_PLUGIN;
+  // Any failure is published, so that the other ranks end at once too instead of waiting out
+  // the timeout for this rank's record.
   try {
     selection = select_backend(settings, probe_info(settings, local_size, num_hosts));
     MNCL_INFO("backend %s chosen: %s", selection.plugin->name().c_str(), selection.why.c_str());
   } catch (const Error &e) {
-    local_error = e.what();
+    local_error = e.what();  // MNCL_ERR_PLUGIN, whatever the cause: a backend could not be had
+  } catch (const std::exception &e) {
+    local_error = format("internal error while choosing the backend: %s", e.what());
+    local_status = MNCL_ERR_INTERNAL;
+  } catch (...) {
+    local_error = "internal error while choosing the backend (an unknown exception)";
+    local_status = MNCL_ERR_INTERNAL;
   }
   const std::string record = local_error.empty() ? "ok\n" + topology::serialize(selection.choice)
                                                  : "error\n" + local_error;
@@ -166,7 +175,7 @@ Selection agree_on_backend(bootstrap::Store &store, const LaunchSettings &settin
       choices.push_back(topology::parse_choice(rec.substr(3)));
     }
   }
-  if (!local_error.empty()) throw Error(MNCL_ERR_PLUGIN, format("%s: %s", fn, local_error.c_str()));
+  if (!local_error.empty()) throw Error(local_status, format("%s: %s", fn, local_error.c_str()));
   if (!failures.empty()) {
     std::string all;
     for (const auto &f : failures) all += "\n  " + f;
@@ -321,8 +330,21 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
   // leaves a note that makes the others stop waiting.
   const std::string rank_words =
       format("rank %d (from %s)", settings.rank, settings.rank_origin.c_str());
-  const std::string claim =
-      format("%s a second time: %s pid %d", rank_words.c_str(), host.c_str(), ::getpid());
+  // The job's size travels in the note: a process of another job that happens to use the
+  // same store address (another job's "rank 0" on the same MASTER_ADDR:MASTER_PORT) must not
+  // stop this one.
+  const std::string claim = format("%s a second time: %s pid %d (a job of %d ranks)",
+                                   rank_words.c_str(), host.c_str(), ::getpid(), settings.size);
+  const auto note_of_this_job = [&](const std::string &note) {
+    const size_t at = note.find("(a job of ");
+    int size = -1;
+    return at != std::string::npos && std::sscanf(note.c_str() + at, "(a job of %d", &size) == 1 &&
+           size == settings.size;
+  };
+  // What a second rank 0 that found the TCP store's address taken appends to its note. It
+  // claims nothing in the store (it may be another job's, whose rank 0 has not claimed yet):
+  // a TCP store lives as long as its job, so its note is no earlier job's.
+  static constexpr const char *kStoreTaken = "; it found the store's address taken";
   const auto opts = wait_options(settings.timeout_ms, &comm->aborted_);
   try {
     comm->job_store_ =
@@ -342,8 +364,8 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
             bootstrap::make_prefix_store(bootstrap::open_store(settings.store_url, 1, settings.size,
                                                                wait_options(2000, &comm->aborted_)),
                                          comm->id_ + "/");
-        store->add("claim/0", 1);  // the count that tells this job's note from an earlier one's
-        store->set("claim/twice", claim.data(), claim.size());
+        const std::string note = claim + kStoreTaken;
+        store->set("claim/twice", note.data(), note.size());
       } catch (const Error &note_error) {
         MNCL_INFO("mncl_comm_create: could not tell the other rank 0: %s", note_error.what());
       }
@@ -387,8 +409,9 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
   std::vector<int> absent;
   // The rank no one took never joins: every rank that did gives up once the second claimant's
   // note has stood for a grace (a missing rank may still come: a stray extra process beside a
-  // healthy job), rather than at the join timeout. Only a note whose rank this job's claims
-  // count twice: one an earlier job left in a file store folder used again stops nobody.
+  // healthy job), rather than at the join timeout. Only a note of a job of this size, and one
+  // whose rank this job's claims count twice unless a second rank 0 left it in the TCP store:
+  // one an earlier job left in a file store folder used again stops nobody.
   const auto grace = std::chrono::milliseconds(std::min<int64_t>(10000, settings.timeout_ms / 4));
   std::optional<std::chrono::steady_clock::time_point> note_since;
   bool claimed_twice = false;
@@ -398,8 +421,10 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
         bytes_to_string(comm->comm_store_->get("claim/twice", wait_options(0, nullptr)));
     // Judged once: a rank that gives up first takes its own claim back.
     int claimed = -1;
-    if (!note_since && (std::sscanf(twice.c_str(), "rank %d", &claimed) != 1 ||
-                        comm->comm_store_->add("claim/" + std::to_string(claimed), 0) < 2)) {
+    if (!note_since &&
+        (!note_of_this_job(twice) || std::sscanf(twice.c_str(), "rank %d", &claimed) != 1 ||
+         (twice.find(kStoreTaken) == std::string::npos &&
+          comm->comm_store_->add("claim/" + std::to_string(claimed), 0) < 2))) {
       return;
     }
     const auto now = std::chrono::steady_clock::now();
@@ -425,6 +450,7 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
     try {
       if (comm->comm_store_->wait({"claim/twice"}, wait_options(0, nullptr)).empty()) {
         twice = bytes_to_string(comm->comm_store_->get("claim/twice", wait_options(0, nullptr)));
+        if (!note_of_this_job(twice)) twice.clear();
       }
     } catch (const Error &) {
       // The store is gone too: the timeout says enough.
@@ -1283,7 +1309,9 @@ std::string Comm::diagnosis(const mncl_coll_v1_t &coll, mncl_status_t status) {
     return "";
   }
   // A native gatherv/scatterv's REMOTE is a block of the wrong size, which the plugin's message
-  // names; its sender may well have completed, so "no report" from it would mislead.
+  // names on every rank that fails (gloo: both ends exchange their counts; shm: the others
+  // quote the noting rank's message); a sender, or a rank whose block agreed, may well have
+  // completed, so "no report" from it would mislead.
   if (status == MNCL_ERR_REMOTE && kit::is_rooted_v_kind(coll.kind)) return "";
   // On a helper thread, bounded: when the store itself is unreachable (a cut link), a store
   // call only fails after the full timeout, and the error must not wait for that.

@@ -1424,7 +1424,43 @@ int drive_duplicate_rank(const Options &o) {
             c.again ? " (again, same folder)" : "", refused, told);
   }
   std::filesystem::remove_all(folder);
-  return report(name, three, passed == static_cast<int>(std::size(cases)), detail);
+  // Another job's "rank 0" (a job of 4) on this job's TCP address: whichever of the two rank 0s
+  // binds second is refused at once, and its note in the other's store names a job of another
+  // size, so it stops no one: the ranks left wait for their missing peers until the timeout,
+  // and none of them blames a second claim of its rank.
+  {
+    Job job(three, 3, {}, [](int r, std::map<std::string, std::string> &e) {
+      if (r == 2) {
+        e["MNCL_RANK"] = "0";
+        e["MNCL_SIZE"] = "4";
+        e["FAULT_REPORT_AS"] = "2";
+      }
+    });
+    job.results_from({0, 1, 2}, 60 + 2 * three.timeout_s);
+    int refused = 0, timed_out = 0;
+    for (int r : {0, 1, 2}) {
+      auto it = job.results().find(r);
+      if (it == job.results().end()) continue;
+      const std::string m = job.message(r);
+      if (it->second.status == MNCL_ERR_BOOTSTRAP &&
+          m.find("is another process rank 0 too?") != std::string::npos) {
+        ++refused;
+      } else if (it->second.status == MNCL_ERR_TIMEOUT &&
+                 m.find("a process claimed") == std::string::npos) {
+        ++timed_out;
+      } else {
+        std::fprintf(stderr, "%s: another job's rank 0, process %d: %s: %s\n", name.c_str(), r,
+                     status_name(it->second.status), m.c_str());
+      }
+    }
+    const bool ok = refused == 1 && timed_out == 2;
+    passed += ok;
+    detail +=
+        fmt("; another job's rank 0 on the address: %d refused at once, %d timed out "
+            "without blaming a second claim",
+            refused, timed_out);
+  }
+  return report(name, three, passed == static_cast<int>(std::size(cases)) + 1, detail);
 }
 
 // One rank runs the backend as a plugin of ABI v4 (MNCL_PLUGIN_ABI_MAX=4), the others as v5:
