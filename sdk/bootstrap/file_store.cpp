@@ -139,7 +139,8 @@ std::string key_file_name(const std::string &key) {
   return name + format("~%016llx", static_cast<unsigned long long>(hash));
 }
 
-FileStore::FileStore(std::string dir) : dir_(std::move(dir)) {
+FileStore::FileStore(std::string dir, std::chrono::milliseconds lock_timeout)
+    : dir_(std::move(dir)), lock_timeout_(lock_timeout) {
   while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
   MNCL_CHECK(!dir_.empty() && dir_.front() == '/', MNCL_ERR_INVALID_ARGUMENT,
              "file store: '%s' is not an absolute directory", dir_.c_str());
@@ -190,9 +191,20 @@ int64_t FileStore::add(const std::string &key, int64_t delta) {
   // Each call opens its own descriptor, so flock() excludes other threads as well as processes.
   net::UniqueFd lock(open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
   MNCL_CHECK(lock, MNCL_ERR_SYSTEM, "%s", system_error("cannot open", lock_path).c_str());
-  while (flock(lock.get(), LOCK_EX) != 0) {
-    MNCL_CHECK(errno == EINTR, MNCL_ERR_SYSTEM, "%s",
+  // Polled, not blocking: a holder that never lets go (a stopped process, a lock an NFS server
+  // lost track of) must fail this call at the store's timeout, not hang it.
+  const auto deadline = Clock::now() + lock_timeout_;
+  auto interval = kFirstPoll;
+  while (flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
+    MNCL_CHECK(errno == EINTR || errno == EWOULDBLOCK, MNCL_ERR_SYSTEM, "%s",
                system_error("cannot lock", lock_path).c_str());
+    if (errno == EINTR) continue;
+    MNCL_CHECK(Clock::now() < deadline, MNCL_ERR_TIMEOUT,
+               "file store: cannot add to key '%s': the lock file %s stayed locked for %.1f s "
+               "(its holder, another process or thread, is stopped or hung, or the file "
+               "system's locks are stale)",
+               key.c_str(), lock_path.c_str(), seconds(lock_timeout_));
+    back_off(interval, deadline);
   }
   int64_t value = 0;
   Bytes current;

@@ -1,8 +1,10 @@
 // The file store: one file per key in a directory every rank can see (NFS, Lustre, /tmp).
 // Writes are atomic (temp file + rename); readers poll with backoff (1 ms doubling to 20 ms);
-// add() serialises on flock() of a lock file in the directory, across threads and processes.
+// add() serialises on flock() of a lock file in the directory, across threads and processes,
+// polled with the same backoff: a lock held past lock_timeout fails with MNCL_ERR_TIMEOUT.
 #pragma once
 
+#include <chrono>
 #include <string>
 
 #include "bootstrap/store.h"
@@ -12,7 +14,9 @@ namespace mncl::bootstrap {
 class FileStore final : public Store {
  public:
   // Creates dir (and its parents) if missing. Throws MNCL_ERR_BOOTSTRAP if it cannot be used.
-  explicit FileStore(std::string dir);
+  // lock_timeout bounds add()'s wait for the lock (open_store passes the job's timeout).
+  explicit FileStore(std::string dir,
+                     std::chrono::milliseconds lock_timeout = std::chrono::milliseconds(300000));
 
   void set(const std::string &key, const void *data, size_t len) override;
   Bytes get(const std::string &key, const WaitOptions &opts) override;
@@ -26,6 +30,7 @@ class FileStore final : public Store {
   std::string path_of(const std::string &key) const;
 
   std::string dir_;
+  std::chrono::milliseconds lock_timeout_;
 };
 
 // The file name of a key: "k_" then the key with bytes other than [A-Za-z0-9._-] as %XX. Names

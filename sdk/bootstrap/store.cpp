@@ -1,12 +1,15 @@
 // open_store(): url parsing and the choice of store; make_prefix_store().
 #include "bootstrap/store.h"
 
+#include <arpa/inet.h>
+
 #include <cctype>
 
 #include "bootstrap/file_store.h"
 #include "bootstrap/tcp_store.h"
 #include "common/env.h"
 #include "common/error.h"
+#include "common/log.h"
 
 namespace mncl::bootstrap {
 
@@ -22,6 +25,25 @@ constexpr const char *kAcceptedForms =
 
 bool starts_with(const std::string &text, const char *prefix) {
   return text.rfind(prefix, 0) == 0;
+}
+
+// A host that says outright it is this host only: a loopback address written as one
+// (127.0.0.1, ::1; mncl-run's store) or a localhost name. A job given one means to stay here.
+bool names_loopback(const std::string &host) {
+  in6_addr scratch{};
+  if (inet_pton(AF_INET, host.c_str(), &scratch) == 1 ||
+      inet_pton(AF_INET6, host.c_str(), &scratch) == 1) {
+    return true;
+  }
+  std::string name = host;
+  for (char &c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (!name.empty() && name.back() == '.') name.pop_back();
+  const auto ends_with = [&](const std::string &suffix) {
+    return name.size() >= suffix.size() &&
+           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  return name == "localhost" || ends_with(".localhost") || starts_with(name, "localhost.") ||
+         name == "ip6-localhost" || name == "ip6-loopback";
 }
 
 struct TcpAddress {
@@ -104,13 +126,27 @@ std::shared_ptr<Store> open_store(const std::string &url, int rank, int size,
     const TcpAddress address = parse_tcp_url(url);
     const std::string token = env::get("MNCL_STORE_TOKEN").value_or("");
     std::shared_ptr<TcpStoreServer> server;
-    if (rank == 0) server = std::make_shared<TcpStoreServer>(address.host, address.port, token);
+    if (rank == 0) {
+      server = std::make_shared<TcpStoreServer>(address.host, address.port, token);
+      if (size > 1 && server->loopback_only() && !names_loopback(address.host)) {
+        // A host name that resolves to loopback on this host (MASTER_ADDR=$(hostname) where
+        // /etc/hosts maps it to 127.0.1.1): what it binds is kept, since all ranks may be here.
+        MNCL_WARN(
+            "the store at %s listens only on loopback addresses (%s), which '%s' resolves "
+            "to on this host: ranks on other hosts cannot connect to it. For a job across "
+            "hosts, set MASTER_ADDR (or MNCL_STORE=tcp://<address>:%u) to an address the "
+            "other hosts reach: this host's network address, or a name that resolves to "
+            "it (not to 127.x, as /etc/hosts maps the host name to 127.0.1.1 on Debian)",
+            url.c_str(), server->listening_on().c_str(), address.host.c_str(),
+            static_cast<unsigned>(address.port));
+      }
+    }
     return std::make_shared<TcpStore>(address.host, address.port, token, opts, std::move(server));
   }
   if (starts_with(url, "file://")) {
     const std::string dir = url.substr(7);
     if (!starts_with(dir, "/")) bad_url(url, "the directory must be an absolute path");
-    return std::make_shared<FileStore>(dir);
+    return std::make_shared<FileStore>(dir, opts.timeout);
   }
   bad_url(url, "unknown scheme");
 }

@@ -51,7 +51,10 @@ class Store {
 // Opens the store named by url for a rank of a job of `size` ranks. For tcp://, rank 0 starts
 // the server (bound to exactly that host's address) before connecting. Clients retry the
 // connection until opts.timeout; failing that, MNCL_ERR_BOOTSTRAP names the address and that
-// rank 0 never came up. Throws MNCL_ERR_INVALID_ARGUMENT for a malformed url.
+// rank 0 never came up; another program on the port fails at once ("not an MNCL store"). Rank 0
+// of a job of several ranks warns when its server listens on loopback addresses only, from a
+// host name that resolves to them (no other host could connect). A file store's add() waits for
+// its lock at most opts.timeout. Throws MNCL_ERR_INVALID_ARGUMENT for a malformed url.
 std::shared_ptr<Store> open_store(const std::string &url, int rank, int size,
                                   const WaitOptions &opts);
 

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <thread>
 
@@ -45,6 +46,28 @@ bool is_self_connection(int fd) {
     return false;
   }
   return local_length == peer_length && std::memcmp(&local, &peer, local_length) == 0;
+}
+
+// Set while a new connection says HELLO: its failure is that connection's alone, and must not
+// mark the whole store as lost (fail_connection).
+thread_local bool t_handshaking = false;
+
+// An answer to HELLO that is no frame of this protocol: the address is another program's (an
+// SSH server's banner, an HTTP server's error page). Not retried: it will not become a store.
+class NotAStore : public Error {
+ public:
+  using Error::Error;
+};
+
+// The first bytes of a reply, printable, for the message ("SSH-2").
+std::string printable(const uint8_t *data, size_t size) {
+  std::string text;
+  for (size_t i = 0; i < size; ++i) {
+    const auto c = static_cast<char>(data[i]);
+    text += std::isprint(static_cast<unsigned char>(c)) ? std::string(1, c)
+                                                        : format("\\x%02x", data[i]);
+  }
+  return text;
 }
 
 }  // namespace
@@ -186,18 +209,15 @@ net::UniqueFd TcpStore::connect_with_retry(const WaitOptions &opts) {
   }
 }
 
-namespace {
-// Set while a new connection says HELLO: its failure is that connection's alone, and must not
-// mark the whole store as lost (fail_connection).
-thread_local bool t_handshaking = false;
-}  // namespace
-
 bool TcpStore::handshake(net::UniqueFd &socket) {
   Reply reply;
   try {
     t_handshaking = true;
     reply = call(socket, wire::encode_hello(token_));
     t_handshaking = false;
+  } catch (const NotAStore &) {
+    t_handshaking = false;
+    throw;
   } catch (const Error &e) {
     t_handshaking = false;
     MNCL_INFO("the store at %s closed the connection during the handshake: %s", url_.c_str(),
@@ -253,12 +273,10 @@ TcpStore::Reply TcpStore::call(net::UniqueFd &socket, const std::vector<uint8_t>
   uint8_t header[wire::kHeaderBytes];
   receive_all(socket, header, sizeof header);
   const auto parsed = wire::parse_frame(header, sizeof header);
-  if (parsed.status == wire::ParseStatus::kInvalid) {
-    fail_connection(socket, "invalid reply: " + parsed.error);
-  }
+  if (parsed.status == wire::ParseStatus::kInvalid) invalid_reply(socket, parsed.error, header);
   reply.op = static_cast<wire::Op>(header[4]);
   if (wire::is_request(reply.op)) {
-    fail_connection(socket, format("invalid reply: a %s request", wire::op_name(reply.op)));
+    invalid_reply(socket, format("a %s request", wire::op_name(reply.op)), header);
   }
   // The parser has checked the length (at most kMaxFrameBytes) and the opcode.
   const size_t body_size = parsed.frame_size - sizeof header;
@@ -268,16 +286,13 @@ TcpStore::Reply TcpStore::call(net::UniqueFd &socket, const std::vector<uint8_t>
     return reply;
   }
   if (body_size > kMaxControlReply) {
-    fail_connection(socket,
-                    format("invalid reply: a %zu-byte %s", body_size, wire::op_name(reply.op)));
+    invalid_reply(socket, format("a %zu-byte %s", body_size, wire::op_name(reply.op)), header);
   }
   reply.frame.resize(parsed.frame_size);
   std::memcpy(reply.frame.data(), header, sizeof header);
   receive_all(socket, reply.frame.data() + sizeof header, body_size);
   auto full = wire::parse_frame(reply.frame.data(), reply.frame.size());
-  if (full.status != wire::ParseStatus::kComplete) {
-    fail_connection(socket, "invalid reply: " + full.error);
-  }
+  if (full.status != wire::ParseStatus::kComplete) invalid_reply(socket, full.error, header);
   reply.message = std::move(full.message);
   return reply;
 }
@@ -300,6 +315,21 @@ void TcpStore::receive_all(net::UniqueFd &socket, void *data, size_t size) {
       fail_connection(socket, net::error_text(errno));
     }
   }
+}
+
+void TcpStore::invalid_reply(net::UniqueFd &socket, const std::string &why,
+                             const uint8_t (&header)[wire::kHeaderBytes]) {
+  // The answer to HELLO breaks the protocol: whatever listens there is not an MNCL store, and
+  // retrying until the timeout would only end in a vaguer message.
+  if (t_handshaking) {
+    socket.reset();
+    throw NotAStore(MNCL_ERR_BOOTSTRAP,
+                    format("the service at %s is not an MNCL store (invalid reply: %s; it began "
+                           "\"%s\"): check the store's address (MNCL_STORE, or MASTER_ADDR and "
+                           "MASTER_PORT), which another program holds",
+                           url_.c_str(), why.c_str(), printable(header, sizeof header).c_str()));
+  }
+  fail_connection(socket, "invalid reply: " + why);
 }
 
 void TcpStore::fail_connection(net::UniqueFd &socket, const std::string &why) {

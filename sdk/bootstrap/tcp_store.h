@@ -34,6 +34,12 @@ class TcpStoreServer {
   TcpStoreServer &operator=(const TcpStoreServer &) = delete;
 
   uint16_t port() const;
+  // Whether every address it listens on is a loopback one (127.0.0.0/8, ::1): no other host
+  // can connect. MASTER_ADDR=$(hostname) does that where /etc/hosts maps the host name to
+  // 127.0.1.1 (Debian, Ubuntu).
+  bool loopback_only() const;
+  // The addresses it listens on, for messages: "127.0.1.1:29500, [::1]:29500".
+  std::string listening_on() const;
   // Closes the listening sockets; connected clients keep being served. Used when the job's
   // last communicator on rank 0 is being destroyed, so that a rank that already re-creates one
   // on the same address waits for the next server instead of joining this dying one.
@@ -53,7 +59,9 @@ class TcpStoreServer {
 class TcpStore final : public Store {
  public:
   // Connects to host:port, retrying (10 ms doubling to 200 ms) until opts.timeout, then sends
-  // HELLO with token. server, if given, is kept alive as long as this object (rank 0's case).
+  // HELLO with token. An answer that is no frame of the protocol (another program on the port:
+  // an SSH banner, an HTTP error) fails at once with MNCL_ERR_BOOTSTRAP "the service at ... is
+  // not an MNCL store". server, if given, is kept alive as long as this object (rank 0's case).
   // opts.timeout also bounds any later wait for the server to make progress on a request.
   TcpStore(const std::string &host, uint16_t port, const std::string &token,
            const WaitOptions &opts, std::shared_ptr<TcpStoreServer> server = nullptr);
@@ -85,6 +93,11 @@ class TcpStore final : public Store {
   void release(net::UniqueFd socket);
   void receive_all(net::UniqueFd &socket, void *data, size_t size);
   [[noreturn]] void fail_connection(net::UniqueFd &socket, const std::string &why);
+  // A reply that breaks the protocol (header: its first bytes): during the handshake, throws
+  // MNCL_ERR_BOOTSTRAP "the service at ... is not an MNCL store", not retried; else as
+  // fail_connection.
+  [[noreturn]] void invalid_reply(net::UniqueFd &socket, const std::string &why,
+                                  const uint8_t (&header)[5]);
   net::UniqueFd connect_with_retry(const WaitOptions &opts);
   // false if the connection was lost before an answer (retryable); throws if refused.
   bool handshake(net::UniqueFd &socket);

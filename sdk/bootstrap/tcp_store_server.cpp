@@ -112,6 +112,20 @@ class InBuffer {
   size_t end_ = 0;
 };
 
+// 127.0.0.0/8, ::1, or ::ffff:127.x.y.z: an address no other host reaches.
+bool is_loopback(const sockaddr *address) {
+  if (address->sa_family == AF_INET) {
+    const auto *in = reinterpret_cast<const sockaddr_in *>(address);
+    return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (address->sa_family == AF_INET6) {
+    const auto &in6 = reinterpret_cast<const sockaddr_in6 *>(address)->sin6_addr;
+    if (IN6_IS_ADDR_LOOPBACK(&in6)) return true;
+    return IN6_IS_ADDR_V4MAPPED(&in6) && in6.s6_addr[12] == 127;
+  }
+  return false;
+}
+
 struct OutChunk {
   std::vector<uint8_t> head;
   Value value;  // sent after head, straight from the map's copy
@@ -223,6 +237,9 @@ struct TcpStoreServer::Impl {
   std::string token;
   uint16_t port = 0;
   std::vector<net::UniqueFd> listeners;
+  // Set by bind_all: whether every address listened on is a loopback one, and which they are.
+  bool loopback_only = true;
+  std::string listening_on;
   net::UniqueFd wakeup;  // an eventfd written to wake the loop: to stop, or to stop accepting
   std::atomic<bool> stopping{false};
   std::atomic<bool> refuse_new{false};
@@ -333,6 +350,14 @@ uint16_t TcpStoreServer::port() const {
   return impl_->port;
 }
 
+bool TcpStoreServer::loopback_only() const {
+  return impl_->loopback_only;
+}
+
+std::string TcpStoreServer::listening_on() const {
+  return impl_->listening_on;
+}
+
 void TcpStoreServer::Impl::bind_all(const std::string &host, uint16_t requested_port) {
   url = net::tcp_url(host, requested_port);
   std::string error;
@@ -380,6 +405,14 @@ void TcpStoreServer::Impl::bind_all(const std::string &host, uint16_t requested_
   MNCL_CHECK(!listeners.empty(), MNCL_ERR_BOOTSTRAP,
              "cannot start the store at %s: cannot listen on %s", url.c_str(), failures.c_str());
   url = net::tcp_url(host, port);
+  for (const auto &listener : listeners) {
+    sockaddr_storage bound{};
+    socklen_t length = sizeof bound;
+    if (getsockname(listener.get(), reinterpret_cast<sockaddr *>(&bound), &length) != 0) continue;
+    const auto *address = reinterpret_cast<const sockaddr *>(&bound);
+    loopback_only = loopback_only && is_loopback(address);
+    listening_on += (listening_on.empty() ? "" : ", ") + net::to_string(address, length);
+  }
   if (!failures.empty()) {
     MNCL_WARN("the store at %s listens on only some addresses of '%s'; failed: %s", url.c_str(),
               host.c_str(), failures.c_str());

@@ -1,8 +1,10 @@
 #include "common/env.h"
 
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <set>
 
@@ -45,17 +47,19 @@ const std::vector<Variable> &table() {
        "Shared secret every rank presents to the TCP store; connections without it are refused."},
       {"MNCL_RANK", "",
        "This process's rank; else that of the first launcher, in the order RANK/WORLD_SIZE, "
-       "OMPI_COMM_WORLD_*, PMI_*, SLURM_PROCID/SLURM_NTASKS, that sets both rank and size; "
-       "else the first of those rank variables set; else 0."},
+       "OMPI_COMM_WORLD_*, PMI_*, SLURM_PROCID/SLURM_NTASKS, that sets both rank and size "
+       "(another launcher that sets both and differs is an error, unless it started that one: "
+       "srun around torchrun or mpirun); else the first of those rank variables set; else 0. "
+       "MNCL_RANK and MNCL_SIZE settle a disagreement."},
       {"MNCL_SIZE", "",
        "Number of ranks; else that of the launcher MNCL_RANK's lookup takes; else the first "
        "of WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS set; else 1."},
       {"MNCL_LOCAL_RANK", "",
-       "Rank among the ranks on this host (else LOCAL_RANK, "
-       "OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID)."},
+       "Rank among the ranks on this host; else that of the launcher that gave the rank "
+       "(LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK or SLURM_LOCALID); else from the host names."},
       {"MNCL_LOCAL_SIZE", "",
-       "Ranks on this host (else LOCAL_WORLD_SIZE, "
-       "OMPI_COMM_WORLD_LOCAL_SIZE, SLURM_NTASKS_PER_NODE)."},
+       "Ranks on this host; else that of the launcher that gave the rank (LOCAL_WORLD_SIZE or "
+       "OMPI_COMM_WORLD_LOCAL_SIZE); else from the host names (under srun and PMI launchers)."},
       {"MNCL_HOSTID", "",
        "What this rank counts as its host when ranks are grouped by host (local rank and size, "
        "mncl_comm_split_type, the backend rules); default: the host name. Ranks with the same "
@@ -116,12 +120,20 @@ const std::vector<Variable> &table() {
        "naive: the largest store value; a longer message travels in parts of this size (the "
        "TCP store takes at most 1 GiB per value). Small values exercise that path in tests."},
       {"MASTER_ADDR", "", "torchrun-style store host, used when MNCL_STORE is unset."},
-      {"MASTER_PORT", "", "torchrun-style store port, used when MNCL_STORE is unset."},
+      {"MASTER_PORT", "",
+       "torchrun-style store port, used when MNCL_STORE is unset (and the job has more than one "
+       "rank: a job of one uses no store)."},
       // Launchers' own variables, read when the MNCL_* ones are unset.
       {"RANK", "", "torchrun: this process's rank."},
       {"WORLD_SIZE", "", "torchrun: number of ranks."},
       {"LOCAL_RANK", "", "torchrun: rank on this host."},
       {"LOCAL_WORLD_SIZE", "", "torchrun: ranks on this host."},
+      {"TORCHELASTIC_RUN_ID", "",
+       "torchrun: set by its agent; tells its RANK/WORLD_SIZE from a pair left in the shell, so "
+       "that srun's or mpirun's own variables around torchrun are not a disagreement."},
+      {"TORCHELASTIC_USE_AGENT_STORE", "",
+       "torchrun: True when its agent serves its own store on MASTER_PORT; MNCL then refuses "
+       "that port for its store (set MNCL_STORE=tcp://MASTER_ADDR:<another port>)."},
       {"OMPI_COMM_WORLD_RANK", "", "Open MPI (mpirun): this process's rank."},
       {"OMPI_COMM_WORLD_SIZE", "", "Open MPI (mpirun): number of ranks."},
       {"OMPI_COMM_WORLD_LOCAL_RANK", "", "Open MPI (mpirun): rank on this host."},
@@ -162,6 +174,20 @@ const char *raw(const char *name) {
   return secure_getenv(name);
 }
 
+bool is_secret(const std::string &name) {
+  std::string upper = name;
+  for (char &c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  for (const char *word : {"TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL"}) {
+    if (upper.find(word) != std::string::npos) return true;
+  }
+  return false;
+}
+
+std::string shown_value(const std::string &name, const char *value) {
+  if (value == nullptr) return "(unset)";
+  return is_secret(name) ? "set (hidden)" : std::string(value);
+}
+
 std::optional<std::string> get(const char *name) {
   const char *value = raw(name);
   if (value == nullptr || *value == '\0') return std::nullopt;
@@ -170,8 +196,16 @@ std::optional<std::string> get(const char *name) {
   {
     std::lock_guard<std::mutex> lock(mutex);
     if (logged.insert(name).second) {
-      MNCL_INFO("%s set by environment to %s", name, value);
-      if (find(name) == nullptr) MNCL_WARN("%s is not a documented MNCL variable", name);
+      if (is_secret(name)) {
+        MNCL_INFO("%s set by environment (value hidden)", name);
+      } else {
+        MNCL_INFO("%s set by environment to %s", name, value);
+      }
+      // Plugins read their own variables (GLOO_SOCKET_IFNAME...) through the host's get_env:
+      // only a name in MNCL's own namespace that the table lacks is a likely typo.
+      if (std::strncmp(name, "MNCL_", 5) == 0 && find(name) == nullptr) {
+        MNCL_WARN("%s is not a documented MNCL variable (mncl-info --env lists them)", name);
+      }
     }
   }
   return std::string(value);

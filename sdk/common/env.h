@@ -1,6 +1,7 @@
 // Every environment variable MNCL reads is declared once, in the table in env.cpp, with its
 // default and documentation; mncl-info prints that table. Values are read with secure_getenv
-// (ignored in setuid programs) and logged once at info level when set.
+// (ignored in setuid programs) and logged once at info level when set (secrets: only that
+// they are set).
 #pragma once
 
 #include <cstdint>
@@ -23,8 +24,15 @@ const Variable *find(const std::string &name);
 
 // secure_getenv without logging or validation (for the logger itself).
 const char *raw(const char *name);
-// The value if set and non-empty; logs "NAME set by environment to VALUE" the first time.
+// The value if set and non-empty; logs "NAME set by environment to VALUE" the first time
+// (the value hidden for a secret: is_secret), and warns once for an MNCL_* name the table
+// lacks (names outside MNCL_*, such as a plugin's own, draw no warning).
 std::optional<std::string> get(const char *name);
+// Whether a variable's value must never be printed: its name contains TOKEN, SECRET,
+// PASSWORD, PASSWD, KEY or CREDENTIAL (any case), as MNCL_STORE_TOKEN.
+bool is_secret(const std::string &name);
+// The value as logs and tools may show it: "set (hidden)" for a secret, "(unset)" for nullptr.
+std::string shown_value(const std::string &name, const char *value);
 
 // Parsers that throw MNCL_ERR_INVALID_ARGUMENT naming the variable and the bad value.
 // The longest timeout MNCL takes (one week): deadlines of now + timeout stay far from any

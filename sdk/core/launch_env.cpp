@@ -2,8 +2,12 @@
 
 #include <unistd.h>
 
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <string>
 
 #include "common/env.h"
 #include "common/error.h"
@@ -17,52 +21,140 @@ namespace {
 constexpr int64_t kDefaultTimeoutMs = 300000;
 constexpr int64_t kMaxRanks = 1 << 24;
 
-// The first of several launcher variables that is set, as an integer in [lo, hi].
-std::optional<int64_t> first_int(std::initializer_list<const char *> names, int64_t lo,
-                                 int64_t hi) {
-  for (const char *name : names) {
-    if (auto v = env::get_int(name, lo, hi)) return v;
-  }
-  return std::nullopt;
-}
-
-// The rank and size variables of each launcher, in the order they are looked at.
-struct LauncherVar {
-  const char *launcher;
+// One launcher's variables. local_rank / local_size: nullptr where it has none (the local
+// rank and size then come from grouping the ranks by host).
+struct Launcher {
+  const char *name;
   const char *rank;
   const char *size;
+  const char *local_rank;
+  const char *local_size;
 };
-constexpr LauncherVar kLauncherVars[] = {
-    {"torchrun", "RANK", "WORLD_SIZE"},
-    {"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
-    {"PMI", "PMI_RANK", "PMI_SIZE"},
-    {"Slurm", "SLURM_PROCID", "SLURM_NTASKS"},
+// In the order they are looked at: the first that sets both its rank and its size gives them.
+constexpr Launcher kLaunchers[] = {
+    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+    {"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE"},
+    {"PMI", "PMI_RANK", "PMI_SIZE", nullptr, nullptr},
+    // SLURM_NTASKS_PER_NODE is what was asked for, not this node's count: the size comes from
+    // grouping by host.
+    {"Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr},
+};
+constexpr const Launcher &kTorchrun = kLaunchers[0];
+constexpr const Launcher &kOpenMpi = kLaunchers[1];
+constexpr const Launcher &kPmi = kLaunchers[2];
+constexpr const Launcher &kSlurm = kLaunchers[3];
+
+struct RankSize {
+  int64_t rank = 0;
+  int64_t size = 1;
+  bool operator==(const RankSize &o) const { return rank == o.rank && size == o.size; }
 };
 
-// Where `field` comes from: the first launcher that sets both its rank and its size, so that
-// a variable another launcher left in the shell (a RANK from torchrun under mpirun gave every
-// process the same rank) cannot mix with it; else the first launcher that sets `field` (an
-// sbatch script's exported WORLD_SIZE beside srun's SLURM_PROCID). Variables of a launcher
-// looked at earlier that are ignored and disagree get a warning.
-const LauncherVar *launcher_var(const char *LauncherVar::*field, int64_t lo) {
-  for (const LauncherVar &vars : kLauncherVars) {
-    const auto value = env::get_int(vars.*field, lo, kMaxRanks);
-    if (!value || !env::get_int(vars.rank, 0, kMaxRanks) || !env::get_int(vars.size, 1, kMaxRanks))
-      continue;
-    for (const LauncherVar *earlier = kLauncherVars; earlier != &vars; ++earlier) {
-      const auto ignored = env::get_int(earlier->*field, lo, kMaxRanks);
-      if (ignored && *ignored != *value) {
-        MNCL_WARN("%s=%lld (%s) ignored: the rank and size come from %s (%s=%lld)", earlier->*field,
-                  static_cast<long long>(*ignored), earlier->launcher, vars.launcher, vars.*field,
-                  static_cast<long long>(*value));
-      }
+// A launcher's rank and size, if it sets both.
+std::optional<RankSize> complete(const Launcher &l) {
+  const auto rank = env::get_int(l.rank, 0, kMaxRanks);
+  const auto size = env::get_int(l.size, 1, kMaxRanks);
+  if (!rank || !size) return std::nullopt;
+  return RankSize{*rank, *size};
+}
+
+std::string describe(const Launcher &l, const RankSize &v) {
+  return format("%s=%lld %s=%lld (%s)", l.rank, static_cast<long long>(v.rank), l.size,
+                static_cast<long long>(v.size), l.name);
+}
+
+bool truthy(const char *name) {
+  const char *v = env::raw(name);
+  if (v == nullptr) return false;
+  std::string text(v);
+  for (char &c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return text == "true" || text == "1" || text == "yes";
+}
+
+// Whether `outer`'s variables, disagreeing with those of `inner` (the launcher that gives the
+// rank), are those of a launcher that started `inner`'s: srun or an sbatch/salloc step around
+// torchrun or mpirun (one Slurm task per node, each starting several ranks), or mpirun around
+// torchrun. torchrun counts as inner only when its agent's own variable is there
+// (TORCHELASTIC_RUN_ID): a RANK/WORLD_SIZE pair typed by hand or left in the shell is not.
+bool encloses(const Launcher &outer, const Launcher &inner) {
+  if (&inner == &kTorchrun) return env::raw("TORCHELASTIC_RUN_ID") != nullptr;
+  return &outer == &kSlurm && (&inner == &kOpenMpi || &inner == &kPmi);
+}
+
+// The launcher whose rank and size are used: the first that sets both. Every other launcher
+// that sets both must agree with it, unless it started that one (encloses): a RANK=0
+// WORLD_SIZE=1 left in the shell under mpirun made every process a job of one rank. Only the
+// user's MNCL_RANK/MNCL_SIZE (or the config) settle a disagreement. nullptr: none sets both.
+const Launcher *choose_launcher() {
+  const Launcher *chosen = nullptr;
+  RankSize values;
+  for (const Launcher &l : kLaunchers) {
+    if (auto v = complete(l)) {
+      chosen = &l;
+      values = *v;
+      break;
     }
-    return &vars;
   }
-  for (const LauncherVar &vars : kLauncherVars) {
-    if (env::get_int(vars.*field, lo, kMaxRanks)) return &vars;
+  if (chosen == nullptr) return nullptr;
+  for (const Launcher &other : kLaunchers) {
+    if (&other == chosen) continue;
+    const auto v = complete(other);
+    if (v) {
+      if (*v == values) continue;
+      if (encloses(other, *chosen)) {
+        MNCL_INFO("%s ignored: the rank and size come from %s, run under %s",
+                  describe(other, *v).c_str(), describe(*chosen, values).c_str(), other.name);
+        continue;
+      }
+      throw Error(MNCL_ERR_INVALID_ARGUMENT,
+                  format("the launchers' variables disagree: %s but %s; one pair was left in the "
+                         "environment by another launch. Unset the variables of the launcher "
+                         "that did not start this process (%s and %s, or %s and %s), or set "
+                         "MNCL_RANK and MNCL_SIZE to the rank and size to use",
+                         describe(*chosen, values).c_str(), describe(other, *v).c_str(),
+                         chosen->rank, chosen->size, other.rank, other.size));
+    }
+    // A lone variable of a launcher looked at earlier (a RANK without WORLD_SIZE under
+    // mpirun) is ignored, with a warning where it differs.
+    if (&other > chosen) continue;
+    const auto lone_rank = env::get_int(other.rank, 0, kMaxRanks);
+    const auto lone_size = env::get_int(other.size, 1, kMaxRanks);
+    if (lone_rank && *lone_rank != values.rank) {
+      MNCL_WARN("%s=%lld (%s) ignored: the rank and size come from %s", other.rank,
+                static_cast<long long>(*lone_rank), other.name, describe(*chosen, values).c_str());
+    }
+    if (lone_size && *lone_size != values.size) {
+      MNCL_WARN("%s=%lld (%s) ignored: the rank and size come from %s", other.size,
+                static_cast<long long>(*lone_size), other.name, describe(*chosen, values).c_str());
+    }
+  }
+  return chosen;
+}
+
+// With no launcher setting both: the first that sets this one variable.
+const Launcher *first_setting(const char *Launcher::*field, int64_t lo) {
+  for (const Launcher &l : kLaunchers) {
+    if (env::get_int(l.*field, lo, kMaxRanks)) return &l;
   }
   return nullptr;
+}
+
+// Whether the job's rank and size are those of an MPI launcher (Open MPI, PMI, or PMIx under
+// srun --mpi=pmix): not merely that such variables are around (mncl-run started from an
+// mpirun'ed shell, a stale RANK/WORLD_SIZE pair...).
+bool from_mpi(const RankSize &job) {
+  for (const Launcher *l : {&kOpenMpi, &kPmi}) {
+    if (auto v = complete(*l); v && *v == job) return true;
+  }
+  const char *pmix = env::raw("PMIX_RANK");
+  if (pmix == nullptr || *pmix == '\0') return false;
+  char *end = nullptr;
+  errno = 0;
+  const long long pmix_rank = std::strtoll(pmix, &end, 10);
+  if (errno != 0 || *end != '\0' || pmix_rank != job.rank) return false;
+  auto slurm = complete(kSlurm);
+  return slurm && *slurm == job;
 }
 
 }  // namespace
@@ -111,12 +203,12 @@ LaunchSettings resolve_launch_settings(const mncl_config_t &config) {
   s.bind = env::get("MNCL_BIND").value_or("auto");
   topology::parse_bind_mode(s.bind);  // throws, naming MNCL_BIND and the bad value
 
-  s.launched_by_mpi =
-      env::raw("OMPI_COMM_WORLD_SIZE") || env::raw("PMI_SIZE") || env::raw("PMIX_RANK");
-
   // Size first, so the rank can be range-checked against it. MNCL_RANK/MNCL_SIZE (and the
-  // config) are the user's own and win; else the launchers' (launcher_var).
-  const LauncherVar *size_from = nullptr, *rank_from = nullptr;
+  // config) are the user's own and win, unchecked; else the launchers' (choose_launcher).
+  const bool explicit_rank = config.rank != MNCL_FROM_ENV || env::get("MNCL_RANK");
+  const bool explicit_size = config.size != MNCL_FROM_ENV || env::get("MNCL_SIZE");
+  const Launcher *chosen = explicit_rank && explicit_size ? nullptr : choose_launcher();
+  const Launcher *size_from = nullptr, *rank_from = nullptr;
   if (config.size != MNCL_FROM_ENV) {
     MNCL_CHECK(config.size >= 1, MNCL_ERR_INVALID_ARGUMENT,
                "config->size is %d; it must be >= 1 (or -1 for the environment)", config.size);
@@ -124,7 +216,7 @@ LaunchSettings resolve_launch_settings(const mncl_config_t &config) {
   } else if (auto size = env::get_int("MNCL_SIZE", 1, kMaxRanks)) {
     s.size = static_cast<int>(*size);
   } else {
-    size_from = launcher_var(&LauncherVar::size, 1);
+    size_from = chosen ? chosen : first_setting(&Launcher::size, 1);
     s.size = size_from ? static_cast<int>(*env::get_int(size_from->size, 1, kMaxRanks)) : 1;
   }
   if (config.rank != MNCL_FROM_ENV) {
@@ -132,64 +224,114 @@ LaunchSettings resolve_launch_settings(const mncl_config_t &config) {
   } else if (auto rank = env::get_int("MNCL_RANK", 0, kMaxRanks)) {
     s.rank = static_cast<int>(*rank);
   } else {
-    rank_from = launcher_var(&LauncherVar::rank, 0);
+    rank_from = chosen ? chosen : first_setting(&Launcher::rank, 0);
     s.rank = rank_from ? static_cast<int>(*env::get_int(rank_from->rank, 0, kMaxRanks)) : 0;
   }
   s.rank_origin = config.rank != MNCL_FROM_ENV ? "config->rank"
                   : rank_from                  ? rank_from->rank
-                  : env::get("MNCL_RANK")      ? "MNCL_RANK"
+                  : explicit_rank              ? "MNCL_RANK"
                                                : "the default";
-  const char *size_origin = config.size != MNCL_FROM_ENV ? "config->size"
-                            : size_from                  ? size_from->size
-                            : env::get("MNCL_SIZE")      ? "MNCL_SIZE"
-                                                         : "the default";
+  const std::string size_origin = config.size != MNCL_FROM_ENV ? "config->size"
+                                  : size_from                  ? size_from->size
+                                  : explicit_size              ? "MNCL_SIZE"
+                                                               : "the default";
   MNCL_CHECK(s.rank >= 0 && s.rank < s.size, MNCL_ERR_INVALID_ARGUMENT,
              "rank %d (from %s) is out of range for %d ranks (from %s)", s.rank,
-             s.rank_origin.c_str(), s.size, size_origin);
+             s.rank_origin.c_str(), s.size, size_origin.c_str());
+  const RankSize job{s.rank, s.size};
+  s.launched_by_mpi = from_mpi(job);
 
-  s.local_rank = static_cast<int>(
-      first_int({"MNCL_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"}, 0,
-                kMaxRanks)
-          .value_or(-1));
-  s.local_size = static_cast<int>(
-      first_int({"MNCL_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"}, 1, kMaxRanks)
-          .value_or(-1));
+  // The local rank and size: the user's, else those of the launcher that gave the rank (never
+  // a leftover LOCAL_RANK beside mpirun's); with a rank the user set, those of a launcher whose
+  // rank and size are the same; else -1: from grouping the ranks by host.
+  const Launcher *local_from = rank_from;
+  if (local_from == nullptr && explicit_rank) {
+    for (const Launcher &l : kLaunchers) {
+      if (auto v = complete(l); v && *v == job) {
+        local_from = &l;
+        break;
+      }
+    }
+  }
+  const char *local_rank_name = "MNCL_LOCAL_RANK", *local_size_name = "MNCL_LOCAL_SIZE";
+  if (auto v = env::get_int("MNCL_LOCAL_RANK", 0, kMaxRanks)) {
+    s.local_rank = static_cast<int>(*v);
+  } else if (local_from != nullptr && local_from->local_rank != nullptr) {
+    local_rank_name = local_from->local_rank;
+    s.local_rank = static_cast<int>(env::get_int(local_rank_name, 0, kMaxRanks).value_or(-1));
+  }
+  if (auto v = env::get_int("MNCL_LOCAL_SIZE", 1, kMaxRanks)) {
+    s.local_size = static_cast<int>(*v);
+  } else if (local_from != nullptr && local_from->local_size != nullptr) {
+    local_size_name = local_from->local_size;
+    s.local_size = static_cast<int>(env::get_int(local_size_name, 1, kMaxRanks).value_or(-1));
+  }
   // The local rank picks the GPU: one past the local size is a launcher's mistake, not a device.
   MNCL_CHECK(s.local_rank < 0 || s.local_size < 0 || s.local_rank < s.local_size,
              MNCL_ERR_INVALID_ARGUMENT,
-             "the local rank %d is out of range for %d local ranks (check LOCAL_RANK / "
-             "LOCAL_WORLD_SIZE or MNCL_LOCAL_RANK / MNCL_LOCAL_SIZE)",
-             s.local_rank, s.local_size);
+             "the local rank %d (from %s) is out of range for %d local ranks (from %s); set "
+             "MNCL_LOCAL_RANK and MNCL_LOCAL_SIZE to override",
+             s.local_rank, local_rank_name, s.local_size, local_size_name);
 
+  // The bootstrap store: the config's or MNCL_STORE, else torchrun's MASTER_ADDR:MASTER_PORT.
+  const auto master_addr = env::get("MASTER_ADDR");
+  const auto master_port = env::get_int("MASTER_PORT", 1, 65535);
+  std::string master_url;
+  if (master_addr && master_port) {
+    // torchrun takes an IPv6 MASTER_ADDR as it is; a URL needs it in brackets.
+    const bool bare_ipv6 =
+        master_addr->find(':') != std::string::npos && master_addr->front() != '[';
+    master_url = format(bare_ipv6 ? "tcp://[%s]:%lld" : "tcp://%s:%lld", master_addr->c_str(),
+                        static_cast<long long>(*master_port));
+  }
   if (config.bootstrap != nullptr) {
     s.store_url = config.bootstrap;
   } else if (auto url = env::get("MNCL_STORE")) {
     s.store_url = *url;
-  } else {
-    auto addr = env::get("MASTER_ADDR");
-    auto port = env::get_int("MASTER_PORT", 1, 65535);
-    if (addr && port) {
-      // torchrun takes an IPv6 MASTER_ADDR as it is; a URL needs it in brackets.
-      const bool bare_ipv6 = addr->find(':') != std::string::npos && addr->front() != '[';
-      s.store_url = format(bare_ipv6 ? "tcp://[%s]:%lld" : "tcp://%s:%lld", addr->c_str(),
-                           static_cast<long long>(*port));
-    }
+  } else if (s.size > 1) {
+    // A job of one rank needs no store: torchrun --nproc-per-node=1 sets MASTER_ADDR and
+    // MASTER_PORT all the same, where its agent's own store may already listen.
+    s.store_url = master_url;
+  }
+  // torchrun's agent serves its own store on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True):
+  // rank 0 could not listen there, and the other ranks would talk to torch's store.
+  if (s.size > 1 && !master_url.empty() && s.store_url == master_url &&
+      truthy("TORCHELASTIC_USE_AGENT_STORE")) {
+    const std::string host = master_url.substr(6, master_url.rfind(':') - 6);
+    throw Error(MNCL_ERR_BOOTSTRAP,
+                format("%s is torchrun's own store (TORCHELASTIC_USE_AGENT_STORE=%s: torchrun's "
+                       "agent already listens on MASTER_PORT=%lld), so MNCL cannot start its "
+                       "store there: set MNCL_STORE=tcp://%s:<another free port>, the same on "
+                       "every rank (rank 0 listens there)",
+                       master_url.c_str(), env::raw("TORCHELASTIC_USE_AGENT_STORE"),
+                       static_cast<long long>(*master_port), host.c_str()));
   }
   // Under mpirun on a single host, no address is needed: a file store in /tmp named after the
   // Open MPI job id is private to this job and visible to all of its ranks.
-  if (s.store_url.empty() && s.size > 1 && s.launched_by_mpi) {
-    const char *job = env::raw("OMPI_MCA_ess_base_jobid");
+  if (s.store_url.empty() && s.size > 1) {
+    const char *job_id = env::raw("OMPI_MCA_ess_base_jobid");
+    const auto ompi = complete(kOpenMpi);
     const auto local_size = env::get_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1, kMaxRanks);
-    if (job != nullptr && local_size && *local_size == s.size) {
-      s.store_url = format("file:///tmp/mncl-%d-ompi-%s", static_cast<int>(getuid()), job);
+    if (job_id != nullptr && ompi && *ompi == job && local_size && *local_size == s.size) {
+      s.store_url = format("file:///tmp/mncl-%d-ompi-%s", static_cast<int>(getuid()), job_id);
       s.store_is_private_dir = true;
     }
   }
-  MNCL_CHECK(s.size == 1 || !s.store_url.empty(), MNCL_ERR_BOOTSTRAP,
-             "a job of %d ranks needs a bootstrap store: set MNCL_STORE=tcp://host:port (rank 0 "
-             "listens there) or file:///shared/dir, or MASTER_ADDR and MASTER_PORT, or launch "
-             "with mncl-run -n %d",
-             s.size, s.size);
+  if (s.size > 1 && s.store_url.empty()) {
+    std::string hint;
+    if (master_addr && !master_port) {
+      hint = format("; MASTER_ADDR is set (%s) but MASTER_PORT is not: set it too",
+                    master_addr->c_str());
+    } else if (!master_addr && master_port) {
+      hint = format("; MASTER_PORT is set (%lld) but MASTER_ADDR is not: set it too",
+                    static_cast<long long>(*master_port));
+    }
+    throw Error(MNCL_ERR_BOOTSTRAP,
+                format("a job of %d ranks (from %s) needs a bootstrap store: set "
+                       "MNCL_STORE=tcp://host:port (rank 0 listens there) or file:///shared/dir, "
+                       "or MASTER_ADDR and MASTER_PORT, or launch with mncl-run -n %d%s",
+                       s.size, size_origin.c_str(), s.size, hint.c_str()));
+  }
 
   if (config.timeout_ms != MNCL_FROM_ENV) {
     // The bound MNCL_TIMEOUT has: deadlines computed from larger values overflowed the clocks'

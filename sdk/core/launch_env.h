@@ -20,19 +20,25 @@ struct LaunchSettings {
   int rank = 0;
   int size = 1;
   std::string rank_origin = "the default";  // "MNCL_RANK", "RANK", "config->rank"... (messages)
-  int local_rank = -1;                      // -1: derive from hostnames
+  // MNCL_LOCAL_*, else those of the launcher that gave the rank; -1: derive from hostnames.
+  int local_rank = -1;
   int local_size = -1;
   std::string store_url;              // empty: in-process store (only for size 1)
   bool store_is_private_dir = false;  // a file store folder MNCL made up (removed at the end)
   int64_t timeout_ms = 300000;
   int device = -1;
+  // The rank and size are Open MPI's, PMI's, or PMIx's under srun (not merely that such
+  // variables are set).
   bool launched_by_mpi = false;
 };
 
 // Copies min(caller size, own size) of a caller's config (NULL: all defaults) after checking
 // struct_size and magic; rejects a non-zero tail this library does not understand.
 mncl_config_t read_user_config(const mncl_config_t *user);
-// Applies the documented precedence: config field, then environment, then default.
+// Applies the documented precedence: config field, then environment, then default. Throws
+// MNCL_ERR_INVALID_ARGUMENT when two launchers that each set a rank and a size disagree (and
+// MNCL_RANK/MNCL_SIZE do not settle it), MNCL_ERR_BOOTSTRAP when a job of several ranks has no
+// store, or only torchrun's agent's (TORCHELASTIC_USE_AGENT_STORE).
 LaunchSettings resolve_launch_settings(const mncl_config_t &config);
 
 }  // namespace mncl::core

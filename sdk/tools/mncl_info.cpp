@@ -171,12 +171,12 @@ void print_env() {
   std::printf("\nEnvironment variables:\n");
   for (const auto &v : mncl::env::table()) {
     const char *value = mncl::env::raw(v.name);
-    std::printf("  %-28s = %s\n", v.name,
-                value
-                    ? value
-                    : (std::string("(unset") +
-                       (*v.default_value ? std::string(", default ") + v.default_value : "") + ")")
-                          .c_str());
+    // A secret (MNCL_STORE_TOKEN) is shown as set, never by its value.
+    const std::string shown =
+        value ? mncl::env::shown_value(v.name, value)
+              : std::string("(unset") +
+                    (*v.default_value ? std::string(", default ") + v.default_value : "") + ")";
+    std::printf("  %-28s = %s\n", v.name, shown.c_str());
     std::printf("      %s\n", v.doc);
   }
 }

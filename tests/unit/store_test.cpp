@@ -3,11 +3,13 @@
 #include "bootstrap/store.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdlib.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -30,6 +32,7 @@
 #include "bootstrap/tcp_store.h"
 #include "bootstrap/wire.h"
 #include "common/error.h"
+#include "common/log.h"
 
 namespace mncl::bootstrap {
 namespace {
@@ -540,6 +543,126 @@ TEST(TcpStore, GarbageClosesOnlyThatConnection) {
   EXPECT_EQ(text_of(client.get("still", wait_for(seconds(1)))), "serving");
 }
 
+// Another program on the store's port: each connection gets `reply` (after reading what the
+// client sent first, if read_first), then is held open.
+class OtherService {
+ public:
+  OtherService(std::string reply, bool read_first)
+      : reply_(std::move(reply)), read_first_(read_first) {
+    listener_.reset(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof address;
+    EXPECT_EQ(bind(listener_.get(), reinterpret_cast<sockaddr *>(&address), sizeof address), 0);
+    EXPECT_EQ(listen(listener_.get(), 16), 0);
+    getsockname(listener_.get(), reinterpret_cast<sockaddr *>(&address), &length);
+    port_ = ntohs(address.sin_port);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~OtherService() {
+    stop_ = true;
+    thread_.join();
+  }
+  uint16_t port() const { return port_; }
+  int connections() const { return connections_; }
+
+ private:
+  void serve() {
+    std::vector<net::UniqueFd> held;
+    while (!stop_) {
+      pollfd p{listener_.get(), POLLIN, 0};
+      if (poll(&p, 1, 50) <= 0) continue;
+      net::UniqueFd fd(accept(listener_.get(), nullptr, nullptr));
+      if (!fd) continue;
+      ++connections_;
+      if (read_first_) {
+        char buffer[256];
+        pollfd in{fd.get(), POLLIN, 0};
+        if (poll(&in, 1, 5000) == 1) (void)recv(fd.get(), buffer, sizeof buffer, 0);
+      }
+      (void)send(fd.get(), reply_.data(), reply_.size(), MSG_NOSIGNAL);
+      held.push_back(std::move(fd));
+    }
+  }
+
+  std::string reply_;
+  bool read_first_;
+  net::UniqueFd listener_;
+  uint16_t port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> connections_{0};
+  std::thread thread_;
+};
+
+// An SSH server (it speaks first) or an HTTP server (it answers the HELLO with an error page) on
+// the port: the first answer says so, rather than retrying until the timeout and then blaming
+// the connection.
+TEST(TcpStore, AnotherProgramOnThePortIsNamedAtOnce) {
+  for (const bool ssh : {true, false}) {
+    OtherService service(
+        ssh ? "SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n" : "HTTP/1.1 400 Bad Request\r\n\r\n", !ssh);
+    const std::string url = "tcp://127.0.0.1:" + std::to_string(service.port());
+    const auto message =
+        error_of([&] { open_store(url, 1, 2, wait_for(seconds(20))); }, MNCL_ERR_BOOTSTRAP);
+    EXPECT_NE(message.find("the service at " + url + " is not an MNCL store (invalid reply: "),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find(ssh ? "\"SSH-2\"" : "\"HTTP/\""), std::string::npos) << message;
+    EXPECT_EQ(message.find("kept closing"), std::string::npos) << message;
+    EXPECT_EQ(service.connections(), 1) << "the client retried";
+  }
+}
+
+// Whether every address host resolves to is a loopback one (and it resolves at all).
+bool resolves_to_loopback_only(const std::string &host) {
+  std::string error;
+  const auto endpoints = net::resolve(host, 1, error);
+  for (const auto &endpoint : endpoints) {
+    const auto *address = reinterpret_cast<const sockaddr *>(&endpoint.address);
+    if (address->sa_family != AF_INET ||
+        (ntohl(reinterpret_cast<const sockaddr_in *>(address)->sin_addr.s_addr) >> 24) != 127) {
+      return false;
+    }
+  }
+  return !endpoints.empty();
+}
+
+// What open_store logs for rank 0 of a job of `size` on url.
+std::string logged_by_rank_zero(const std::string &url, int size) {
+  ::testing::internal::CaptureStderr();
+  { auto host = open_store(url, 0, size, wait_for(seconds(5))); }
+  return ::testing::internal::GetCapturedStderr();
+}
+
+// MASTER_ADDR=$(hostname) where /etc/hosts maps the name to 127.0.1.1 (Debian): the store listens
+// on loopback only, where no other host can reach it. Rank 0 says so, and binds as asked.
+TEST(TcpStore, StoreOnLoopbackOnlyForSeveralRanksIsWarnedAbout) {
+  if (log::level() < log::kWarn) GTEST_SKIP() << "warnings are not logged (MNCL_DEBUG)";
+  {
+    TcpStoreServer server("127.0.0.1", 0, "");
+    EXPECT_TRUE(server.loopback_only());
+    EXPECT_EQ(server.listening_on(), "127.0.0.1:" + std::to_string(server.port()));
+  }
+  // An address written as loopback (mncl-run's store), or a job of one rank: nothing to say.
+  const std::string literal = "tcp://127.0.0.1:" + std::to_string(free_port());
+  EXPECT_EQ(logged_by_rank_zero(literal, 2).find("cannot connect"), std::string::npos);
+
+  char name[256] = "";
+  ASSERT_EQ(gethostname(name, sizeof name - 1), 0);
+  const std::string host = name;
+  if (!resolves_to_loopback_only(host)) {
+    GTEST_SKIP() << "this host's name (" << host << ") resolves to a non-loopback address";
+  }
+  const std::string url = "tcp://" + host + ":" + std::to_string(free_port());
+  EXPECT_EQ(logged_by_rank_zero(url, 1).find("cannot connect"), std::string::npos);
+  const std::string text = logged_by_rank_zero(url, 2);
+  EXPECT_NE(text.find("WARN"), std::string::npos) << text;
+  EXPECT_NE(text.find("listens only on loopback addresses"), std::string::npos) << text;
+  EXPECT_NE(text.find("ranks on other hosts cannot connect"), std::string::npos) << text;
+  EXPECT_NE(text.find("MASTER_ADDR"), std::string::npos) << text;
+}
+
 TEST(TcpStore, ValuesOfHundredsOfMegabytes) {
   // Generous bounds: under ThreadSanitizer on a loaded 2-core CI machine, moving 300 MB through
   // the server took more than 20 s (the bound is a hang guard, not a speed requirement).
@@ -596,6 +719,35 @@ TEST(FileStore, CreatesMissingDirectories) {
   set_text(*store, "k", "v");
   EXPECT_TRUE(std::filesystem::is_directory(dir));
   std::filesystem::remove_all(root);
+}
+
+// A lock file someone holds and never releases (a stopped process, a stale NFS lock): add fails
+// at the store's timeout naming the lock file, instead of blocking in flock() for ever. Run in a
+// child that an alarm ends, so a hang fails this test instead of the whole suite.
+TEST(FileStore, AddFailsAtTheTimeoutWhileTheLockIsHeld) {
+  const std::string dir = make_temp_dir();
+  const std::string lock_path = dir + "/.lock";
+  run_in_children(1, [&](int) {
+    alarm(120);
+    net::UniqueFd holder(open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+    if (!holder || flock(holder.get(), LOCK_EX) != 0) throw std::runtime_error("cannot lock");
+    auto store = open_store("file://" + dir, 0, 2, wait_for(milliseconds(200)));
+    try {
+      store->add("counter", 1);
+    } catch (const Error &e) {
+      const std::string message = e.what();
+      if (e.status() != MNCL_ERR_TIMEOUT || message.find(lock_path) == std::string::npos ||
+          message.find("'counter'") == std::string::npos) {
+        throw std::runtime_error("wrong error: " + message);
+      }
+      // Released, the lock is taken again.
+      holder.reset();
+      if (store->add("counter", 5) != 5) throw std::runtime_error("add after the release");
+      return;
+    }
+    throw std::runtime_error("add succeeded while another descriptor held the lock");
+  });
+  std::filesystem::remove_all(dir);
 }
 
 TEST(FileStore, KeyFileNamesAreSafe) {

@@ -1,0 +1,385 @@
+// Tests of the launcher environment (sdk/core/launch_env.cpp): which launcher's variables give
+// the rank, the size and the local rank, when they disagree, whether the job counts as launched
+// by MPI, and the bootstrap store it needs; and of env::get's logging (sdk/common/env.cpp):
+// secrets are never printed, and only unknown MNCL_* names draw a warning.
+#include "core/launch_env.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <map>
+#include <optional>
+#include <string>
+
+#include "../common/expect_error.h"
+#include "common/env.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "loader/plugin_loader.h"
+
+namespace mncl::core {
+namespace {
+
+using mncl::testing::error_of;
+
+// env::get logs at info level: set before anything in this process reads the level.
+const bool kInfoLogs = [] {
+  setenv("MNCL_DEBUG", "info", 1);
+  return true;
+}();
+
+// Every variable these tests set, or that would change what they resolve.
+constexpr const char *kVariables[] = {"MNCL_RANK",
+                                      "MNCL_SIZE",
+                                      "MNCL_LOCAL_RANK",
+                                      "MNCL_LOCAL_SIZE",
+                                      "MNCL_STORE",
+                                      "RANK",
+                                      "WORLD_SIZE",
+                                      "LOCAL_RANK",
+                                      "LOCAL_WORLD_SIZE",
+                                      "OMPI_COMM_WORLD_RANK",
+                                      "OMPI_COMM_WORLD_SIZE",
+                                      "OMPI_COMM_WORLD_LOCAL_RANK",
+                                      "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                      "OMPI_MCA_ess_base_jobid",
+                                      "PMI_RANK",
+                                      "PMI_SIZE",
+                                      "PMIX_RANK",
+                                      "SLURM_PROCID",
+                                      "SLURM_NTASKS",
+                                      "SLURM_LOCALID",
+                                      "MASTER_ADDR",
+                                      "MASTER_PORT",
+                                      "TORCHELASTIC_RUN_ID",
+                                      "TORCHELASTIC_USE_AGENT_STORE",
+                                      "MNCL_BACKEND",
+                                      "MNCL_DEVICE",
+                                      "MNCL_BIND",
+                                      "MNCL_MEMORY"};
+
+// Starts every test from an environment without any launcher, and puts it back after.
+class LaunchEnv : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char *name : kVariables) {
+      if (const char *value = getenv(name)) saved_[name] = value;
+    }
+    clear();
+  }
+  void TearDown() override {
+    clear();
+    for (const auto &[name, value] : saved_) setenv(name.c_str(), value.c_str(), 1);
+  }
+  // Back to an environment without any launcher, within a test; with a store named (not
+  // opened here), so jobs of several ranks resolve, except in the store's own tests.
+  static void clear() {
+    for (const char *name : kVariables) unsetenv(name);
+    setenv("MNCL_STORE", "file:///tmp/mncl-launch-env-test-never-opened", 1);
+  }
+  static void set(const char *name, const std::string &value) { setenv(name, value.c_str(), 1); }
+  static LaunchSettings resolve() {
+    const mncl_config_t config = MNCL_CONFIG_INIT;
+    return resolve_launch_settings(config);
+  }
+  static void mpirun(int rank, int size, int local_rank, int local_size) {
+    set("OMPI_COMM_WORLD_RANK", std::to_string(rank));
+    set("OMPI_COMM_WORLD_SIZE", std::to_string(size));
+    set("OMPI_COMM_WORLD_LOCAL_RANK", std::to_string(local_rank));
+    set("OMPI_COMM_WORLD_LOCAL_SIZE", std::to_string(local_size));
+    set("PMIX_RANK", std::to_string(rank));
+  }
+
+ private:
+  std::map<std::string, std::string> saved_;
+};
+
+bool contains(const std::string &text, const std::string &part) {
+  return text.find(part) != std::string::npos;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rank and size.
+// ---------------------------------------------------------------------------------------------
+
+// RANK=0 WORLD_SIZE=1 left in the shell under mpirun made each process a job of one rank.
+TEST_F(LaunchEnv, StaleTorchrunPairUnderMpirunIsRefusedNamingBoth) {
+  set("RANK", "0");
+  set("WORLD_SIZE", "1");
+  for (int rank = 0; rank < 2; ++rank) {
+    mpirun(rank, 2, rank, 2);
+    const auto message = error_of([] { resolve(); }, MNCL_ERR_INVALID_ARGUMENT);
+    EXPECT_TRUE(contains(message, "RANK=0 WORLD_SIZE=1 (torchrun)")) << message;
+    EXPECT_TRUE(contains(message, "OMPI_COMM_WORLD_RANK=" + std::to_string(rank) +
+                                      " OMPI_COMM_WORLD_SIZE=2 (Open MPI)"))
+        << message;
+    EXPECT_TRUE(contains(message, "Unset")) << message;
+    EXPECT_TRUE(contains(message, "MNCL_RANK and MNCL_SIZE")) << message;
+  }
+}
+
+// The launcher looked at later disagreeing is as much an error as the one looked at earlier.
+TEST_F(LaunchEnv, DisagreementIsRefusedWhicheverLauncherComesFirst) {
+  mpirun(0, 2, 0, 2);
+  set("PMI_RANK", "1");
+  set("PMI_SIZE", "3");
+  const auto message = error_of([] { resolve(); }, MNCL_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(message, "PMI_RANK=1 PMI_SIZE=3 (PMI)")) << message;
+  EXPECT_TRUE(contains(message, "(Open MPI)")) << message;
+
+  // A RANK/WORLD_SIZE pair typed by hand (no torchrun agent) beside srun's own.
+  clear();
+  set("RANK", "3");
+  set("WORLD_SIZE", "4");
+  set("SLURM_PROCID", "0");
+  set("SLURM_NTASKS", "1");
+  const auto slurm = error_of([] { resolve(); }, MNCL_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(slurm, "SLURM_PROCID=0 SLURM_NTASKS=1 (Slurm)")) << slurm;
+}
+
+TEST_F(LaunchEnv, ExplicitMnclRankAndSizeWinSilently) {
+  set("RANK", "0");
+  set("WORLD_SIZE", "1");
+  mpirun(1, 2, 1, 2);
+  set("MNCL_RANK", "1");
+  set("MNCL_SIZE", "2");
+  const auto s = resolve();
+  EXPECT_EQ(s.rank, 1);
+  EXPECT_EQ(s.size, 2);
+  EXPECT_EQ(s.rank_origin, "MNCL_RANK");
+  // The local rank of the launcher whose rank and size they are.
+  EXPECT_EQ(s.local_rank, 1);
+  EXPECT_EQ(s.local_size, 2);
+  EXPECT_TRUE(s.launched_by_mpi);
+}
+
+TEST_F(LaunchEnv, AgreeingLaunchersAreFine) {
+  mpirun(1, 2, 1, 2);
+  set("PMI_RANK", "1");
+  set("PMI_SIZE", "2");
+  set("RANK", "1");
+  set("WORLD_SIZE", "2");
+  const auto s = resolve();
+  EXPECT_EQ(s.rank, 1);
+  EXPECT_EQ(s.size, 2);
+}
+
+// An allocation's Slurm variables around mpirun (in an sbatch script) or around torchrun (srun
+// torchrun: one Slurm task per node) describe the launcher that started this one's.
+TEST_F(LaunchEnv, SlurmAroundMpirunOrTorchrunIsNoDisagreement) {
+  mpirun(3, 4, 1, 2);
+  set("SLURM_PROCID", "0");
+  set("SLURM_NTASKS", "1");
+  set("SLURM_LOCALID", "0");
+  auto s = resolve();
+  EXPECT_EQ(s.rank, 3);
+  EXPECT_EQ(s.size, 4);
+  EXPECT_EQ(s.local_rank, 1);
+  EXPECT_EQ(s.local_size, 2);
+
+  clear();
+  set("RANK", "5");
+  set("WORLD_SIZE", "8");
+  set("LOCAL_RANK", "1");
+  set("LOCAL_WORLD_SIZE", "4");
+  set("TORCHELASTIC_RUN_ID", "job7");
+  set("SLURM_PROCID", "1");
+  set("SLURM_NTASKS", "2");
+  set("SLURM_LOCALID", "0");
+  s = resolve();
+  EXPECT_EQ(s.rank, 5);
+  EXPECT_EQ(s.size, 8);
+  EXPECT_EQ(s.local_rank, 1);
+  EXPECT_EQ(s.local_size, 4);
+  EXPECT_EQ(s.rank_origin, "RANK");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Local rank and size.
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(LaunchEnv, LocalRankComesFromTheLauncherThatGaveTheRank) {
+  set("LOCAL_RANK", "0");  // left in the shell: not mpirun's
+  set("LOCAL_WORLD_SIZE", "1");
+  mpirun(1, 2, 1, 2);
+  auto s = resolve();
+  EXPECT_EQ(s.local_rank, 1);
+  EXPECT_EQ(s.local_size, 2);
+
+  // Slurm has a local rank, no local size (grouping by host gives it: -1).
+  clear();
+  set("LOCAL_RANK", "0");
+  set("OMPI_COMM_WORLD_LOCAL_SIZE", "1");
+  set("SLURM_PROCID", "3");
+  set("SLURM_NTASKS", "4");
+  set("SLURM_LOCALID", "1");
+  s = resolve();
+  EXPECT_EQ(s.local_rank, 1);
+  EXPECT_EQ(s.local_size, -1);
+
+  // The user's own win.
+  set("MNCL_LOCAL_RANK", "0");
+  set("MNCL_LOCAL_SIZE", "3");
+  s = resolve();
+  EXPECT_EQ(s.local_rank, 0);
+  EXPECT_EQ(s.local_size, 3);
+}
+
+TEST_F(LaunchEnv, LocalRankOutOfRangeNamesItsVariables) {
+  mpirun(1, 2, 2, 2);
+  const auto message = error_of([] { resolve(); }, MNCL_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(message, "OMPI_COMM_WORLD_LOCAL_RANK")) << message;
+  EXPECT_TRUE(contains(message, "OMPI_COMM_WORLD_LOCAL_SIZE")) << message;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Launched by MPI.
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(LaunchEnv, LaunchedByMpiOnlyWhenRankAndSizeComeFromMpi) {
+  mpirun(0, 2, 0, 2);
+  EXPECT_TRUE(resolve().launched_by_mpi);
+
+  // mncl-run started from a process mpirun launched: its own rank and size.
+  clear();
+  mpirun(0, 1, 0, 1);
+  set("MNCL_RANK", "2");
+  set("MNCL_SIZE", "4");
+  EXPECT_FALSE(resolve().launched_by_mpi);
+
+  // Only a lone Open MPI size, the rank from elsewhere.
+  clear();
+  set("RANK", "0");
+  set("OMPI_COMM_WORLD_SIZE", "1");
+  EXPECT_FALSE(resolve().launched_by_mpi);
+
+  // srun --mpi=pmix: PMIx's rank is Slurm's.
+  clear();
+  set("SLURM_PROCID", "2");
+  set("SLURM_NTASKS", "4");
+  set("PMIX_RANK", "2");
+  EXPECT_TRUE(resolve().launched_by_mpi);
+  set("PMIX_RANK", "0");
+  EXPECT_FALSE(resolve().launched_by_mpi);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The bootstrap store.
+// ---------------------------------------------------------------------------------------------
+
+// torchrun --nproc-per-node=1 sets MASTER_ADDR/MASTER_PORT, where its agent's store listens.
+TEST_F(LaunchEnv, OneRankJobNeedsNoStoreUnlessNamed) {
+  unsetenv("MNCL_STORE");
+  set("RANK", "0");
+  set("WORLD_SIZE", "1");
+  set("MASTER_ADDR", "127.0.0.1");
+  set("MASTER_PORT", "29500");
+  set("TORCHELASTIC_USE_AGENT_STORE", "True");
+  EXPECT_EQ(resolve().store_url, "");
+  set("MNCL_STORE", "tcp://127.0.0.1:29501");
+  EXPECT_EQ(resolve().store_url, "tcp://127.0.0.1:29501");
+}
+
+TEST_F(LaunchEnv, TorchrunAgentStorePortIsRefusedAtOnce) {
+  unsetenv("MNCL_STORE");
+  set("RANK", "1");
+  set("WORLD_SIZE", "2");
+  set("MASTER_ADDR", "node0");
+  set("MASTER_PORT", "29500");
+  set("TORCHELASTIC_RUN_ID", "job7");
+  set("TORCHELASTIC_USE_AGENT_STORE", "True");
+  const auto message = error_of([] { resolve(); }, MNCL_ERR_BOOTSTRAP);
+  EXPECT_TRUE(contains(message, "torchrun")) << message;
+  EXPECT_TRUE(contains(message, "MNCL_STORE=tcp://node0:<another")) << message;
+  // Named outright, the same address is refused too.
+  set("MNCL_STORE", "tcp://node0:29500");
+  error_of([] { resolve(); }, MNCL_ERR_BOOTSTRAP);
+  set("MNCL_STORE", "tcp://node0:29501");
+  EXPECT_EQ(resolve().store_url, "tcp://node0:29501");
+  unsetenv("MNCL_STORE");
+  set("TORCHELASTIC_USE_AGENT_STORE", "False");
+  EXPECT_EQ(resolve().store_url, "tcp://node0:29500");
+}
+
+TEST_F(LaunchEnv, MissingStoreSaysWhereTheSizeCameFromAndWhatIsMissing) {
+  unsetenv("MNCL_STORE");
+  set("SLURM_PROCID", "0");
+  set("SLURM_NTASKS", "4");
+  auto message = error_of([] { resolve(); }, MNCL_ERR_BOOTSTRAP);
+  EXPECT_TRUE(contains(message, "a job of 4 ranks (from SLURM_NTASKS)")) << message;
+
+  set("MASTER_ADDR", "node0");
+  message = error_of([] { resolve(); }, MNCL_ERR_BOOTSTRAP);
+  EXPECT_TRUE(contains(message, "MASTER_ADDR is set (node0) but MASTER_PORT is not")) << message;
+
+  unsetenv("MASTER_ADDR");
+  set("MASTER_PORT", "29500");
+  message = error_of([] { resolve(); }, MNCL_ERR_BOOTSTRAP);
+  EXPECT_TRUE(contains(message, "MASTER_PORT is set (29500) but MASTER_ADDR is not")) << message;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The variables' table and env::get's log lines.
+// ---------------------------------------------------------------------------------------------
+
+TEST(EnvTable, LocalSizeHelpNamesOnlyVariablesThatAreRead) {
+  const auto *local_size = env::find("MNCL_LOCAL_SIZE");
+  ASSERT_NE(local_size, nullptr);
+  EXPECT_FALSE(contains(local_size->doc, "SLURM_NTASKS_PER_NODE")) << local_size->doc;
+  for (const char *name : {"TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID"}) {
+    EXPECT_NE(env::find(name), nullptr) << name;
+  }
+}
+
+// What env::get logs the first time this process reads name.
+std::string logged_by_get(const char *name) {
+  ::testing::internal::CaptureStderr();
+  env::get(name);
+  return ::testing::internal::GetCapturedStderr();
+}
+
+TEST(EnvLog, SecretValuesAreNeverLogged) {
+  ASSERT_GE(log::level(), log::kInfo) << "MNCL_DEBUG=info is set before main";
+  setenv("MNCL_STORE_TOKEN", "3858b2a4c0ffee11", 1);
+  const std::string text = logged_by_get("MNCL_STORE_TOKEN");
+  EXPECT_TRUE(contains(text, "MNCL_STORE_TOKEN")) << text;
+  EXPECT_FALSE(contains(text, "3858b2a4")) << text;
+  // Any name that says it is one: a plugin's own.
+  setenv("ACME_PLUGIN_API_KEY", "hunter2-topsecret", 1);
+  const std::string plugin = logged_by_get("ACME_PLUGIN_API_KEY");
+  EXPECT_FALSE(contains(plugin, "hunter2")) << plugin;
+  // An ordinary value is still shown.
+  setenv("MNCL_LANE_LINGER_US", "77", 1);
+  EXPECT_TRUE(contains(logged_by_get("MNCL_LANE_LINGER_US"), "77"));
+  unsetenv("MNCL_STORE_TOKEN");
+  unsetenv("ACME_PLUGIN_API_KEY");
+  unsetenv("MNCL_LANE_LINGER_US");
+
+  EXPECT_EQ(env::shown_value("MNCL_STORE_TOKEN", "abc"), "set (hidden)");
+  EXPECT_EQ(env::shown_value("db_password", "abc"), "set (hidden)");
+  EXPECT_EQ(env::shown_value("MNCL_TIMEOUT", "30"), "30");
+  EXPECT_EQ(env::shown_value("MNCL_TIMEOUT", nullptr), "(unset)");
+}
+
+// A third-party plugin reads its own variables through the host's get_env: no warning for
+// them; an MNCL_* name the table lacks (a typo) still gets one.
+TEST(EnvLog, OnlyUnknownMnclNamesDrawAWarning) {
+  const mncl_host_v1_t *host = loader::host_services();
+  setenv("ACME_FABRIC_IFNAME", "eth9", 1);
+  ::testing::internal::CaptureStderr();
+  EXPECT_STREQ(host->get_env("ACME_FABRIC_IFNAME"), "eth9");
+  std::string text = ::testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(contains(text, "not a documented")) << text;
+
+  setenv("MNCL_NO_SUCH_KNOB_FOR_TESTS", "1", 1);
+  ::testing::internal::CaptureStderr();
+  EXPECT_STREQ(host->get_env("MNCL_NO_SUCH_KNOB_FOR_TESTS"), "1");
+  text = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(contains(text, "MNCL_NO_SUCH_KNOB_FOR_TESTS is not a documented MNCL variable"))
+      << text;
+  unsetenv("ACME_FABRIC_IFNAME");
+  unsetenv("MNCL_NO_SUCH_KNOB_FOR_TESTS");
+}
+
+}  // namespace
+}  // namespace mncl::core
