@@ -421,14 +421,27 @@ TEST_F(StagingTest, CopiesQueuedBeforeAFailedOneAreWaitedFor) {
   }
 }
 
+// Waits on a stream whose work never finishes (the fake's held stream): an allreduce of 10
+// ints in place on its own stream.
+class StuckStreamTest : public StagingTest {
+ protected:
+  void SetUp() override {
+    StagingTest::SetUp();
+    c.stream = g_fake.stream();
+  }
+  void TearDown() override {
+    g_fake.hold(c.stream, 0);
+    StagingTest::TearDown();
+  }
+  Staging staging{0, 1, "test"};
+  DevInts buf{10};
+  mncl_coll_v1_t c = coll(MNCL_COLL_ALLREDUCE, buf.ptr, buf.ptr, 10);
+};
+
 // Work on the caller's stream that never finishes (a hung kernel before the call): the wait is
 // bounded by the operation's timeout, and the pinned buffer, which the copies still queued
 // behind that work will write, is abandoned rather than reused or freed.
-TEST_F(StagingTest, AStreamThatNeverFinishesTimesOutAndItsPinnedBufferIsAbandoned) {
-  Staging staging(0, 1, "test");
-  DevInts buf(10);
-  mncl_coll_v1_t c = coll(MNCL_COLL_ALLREDUCE, buf.ptr, buf.ptr, 10);
-  c.stream = g_fake.stream();
+TEST_F(StuckStreamTest, TimesOutAndItsPinnedBufferIsAbandoned) {
   g_fake.hold(c.stream, 1);
   bool ran = false;
   try {
@@ -456,11 +469,7 @@ TEST_F(StagingTest, AStreamThatNeverFinishesTimesOutAndItsPinnedBufferIsAbandone
   EXPECT_EQ(g_fake.get().host_allocs, 2u);
 }
 
-TEST_F(StagingTest, ResultCopiesThatNeverFinishTimeOut) {
-  Staging staging(0, 1, "test");
-  DevInts buf(10);
-  mncl_coll_v1_t c = coll(MNCL_COLL_ALLREDUCE, buf.ptr, buf.ptr, 10);
-  c.stream = g_fake.stream();
+TEST_F(StuckStreamTest, ResultCopiesThatNeverFinishTimeOut) {
   try {
     staging.run(
         c,
@@ -478,15 +487,10 @@ TEST_F(StagingTest, ResultCopiesThatNeverFinishTimeOut) {
   }
   EXPECT_EQ(staging.pinned_bytes(), 0u);
   EXPECT_EQ(buf.get(0, 1), std::vector<int>{0}) << "the result copy had not happened";
-  g_fake.hold(c.stream, 0);
 }
 
 // The communicator's abort ends the wait at once, whatever is left of the timeout.
-TEST_F(StagingTest, AnAbortEndsTheWaitForTheStream) {
-  Staging staging(0, 1, "test");
-  DevInts buf(10);
-  mncl_coll_v1_t c = coll(MNCL_COLL_ALLREDUCE, buf.ptr, buf.ptr, 10);
-  c.stream = g_fake.stream();
+TEST_F(StuckStreamTest, AnAbortEndsTheWait) {
   g_fake.hold(c.stream, 1);
   std::atomic<bool> aborted{false};
   std::thread aborter([&] {
@@ -506,7 +510,6 @@ TEST_F(StagingTest, AnAbortEndsTheWaitForTheStream) {
   }
   aborter.join();
   EXPECT_EQ(staging.pinned_bytes(), 0u);
-  g_fake.hold(c.stream, 0);
 }
 
 TEST_F(StagingTest, BackendFailurePropagatesUnchanged) {
