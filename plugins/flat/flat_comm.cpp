@@ -535,6 +535,33 @@ void Comm::check_usable(const mncl_coll_v1_t *c, const char *what) const {
 }
 
 void Comm::prepare_device_buffers(const mncl_coll_v1_t &c) const {
+  bool device = cuda::is_device_pointer(c.sendbuf) || cuda::is_device_pointer(c.recvbuf);
+  for (size_t i = 0; !device && c.kind == MNCL_COLL_ALLREDUCE_COALESCED && i < c.nbufs; ++i) {
+    device = cuda::is_device_pointer(c.sendbufs[i]) || cuda::is_device_pointer(c.recvbufs[i]);
+  }
+  if (c.kind == MNCL_COLL_SENDRECV_BATCH) {
+    const auto *ops = static_cast<const mncl_p2p_v4_t *>(c.sendbuf);
+    for (size_t i = 0; !device && i < c.nbufs; ++i) device = cuda::is_device_pointer(ops[i].buf);
+  }
+  // Host buffers: nothing of the caller's stream is MPI's business (as for the core's own
+  // host path).
+  if (!device) return;
+  // Forms whose last step runs on the host: AVG's division, the coalesced pack, the copy of
+  // an in-place reduce_scatter result.
+  const bool packs = c.kind == MNCL_COLL_ALLREDUCE_COALESCED && c.nbufs > 1;
+  const bool copies =
+      c.kind == MNCL_COLL_REDUCE_SCATTER &&
+      static_cast<const char *>(c.sendbuf) + c.count * kit::dtype_size(c.dtype) * rank_ ==
+          c.recvbuf;
+  if ((kit::is_reduction(c.kind) && c.op == MNCL_AVG) || packs || copies) {
+    throw kit::Error(MNCL_ERR_NOT_SUPPORTED,
+                     kit::format("flat %s: %s on CUDA memory is not supported (flat would finish "
+                                 "it on the host); use host buffers, or SUM and scale",
+                                 describe(c).c_str(),
+                                 packs    ? "a coalesced allreduce of several buffers"
+                                 : copies ? "an in-place reduce_scatter"
+                                          : "AVG"));
+  }
   // MPI reads the buffers now: the work the caller queued on its stream before must be done.
   const int64_t timeout_ms = c.timeout_ms > 0 ? c.timeout_ms : kDefaultTimeoutMs;
   kit::PollResult waited;
@@ -555,27 +582,6 @@ void Comm::prepare_device_buffers(const mncl_coll_v1_t &c) const {
     throw kit::Error(MNCL_ERR_ABORTED, kit::format("flat %s: the communicator was aborted while "
                                                    "waiting for the caller's CUDA stream",
                                                    describe(c).c_str()));
-  }
-  // Forms whose last step runs on the host: AVG's division, the coalesced pack, the copy of
-  // an in-place reduce_scatter result.
-  const bool packs = c.kind == MNCL_COLL_ALLREDUCE_COALESCED && c.nbufs > 1;
-  const bool copies =
-      c.kind == MNCL_COLL_REDUCE_SCATTER &&
-      static_cast<const char *>(c.sendbuf) + c.count * kit::dtype_size(c.dtype) * rank_ ==
-          c.recvbuf;
-  if (!(kit::is_reduction(c.kind) && c.op == MNCL_AVG) && !packs && !copies) return;
-  bool device = cuda::is_device_pointer(c.sendbuf) || cuda::is_device_pointer(c.recvbuf);
-  for (size_t i = 0; !device && c.kind == MNCL_COLL_ALLREDUCE_COALESCED && i < c.nbufs; ++i) {
-    device = cuda::is_device_pointer(c.sendbufs[i]) || cuda::is_device_pointer(c.recvbufs[i]);
-  }
-  if (device) {
-    throw kit::Error(MNCL_ERR_NOT_SUPPORTED,
-                     kit::format("flat %s: %s on CUDA memory is not supported (flat would finish "
-                                 "it on the host); use host buffers, or SUM and scale",
-                                 describe(c).c_str(),
-                                 packs    ? "a coalesced allreduce of several buffers"
-                                 : copies ? "an in-place reduce_scatter"
-                                          : "AVG"));
   }
 }
 

@@ -700,11 +700,21 @@ void Comm::gate_peer_lanes(Operation &batch) {
   batch.gate->tokens = lanes.size();
   for (Lane *lane : lanes) {
     auto token = std::make_shared<Operation>();
-    token->coll = batch.coll;
+    // Not the batch's descriptor: a token may outlive the batch's copy of its ops.
+    token->coll = kit::make_batch_coll(nullptr, 0);
+    token->deadline = batch.deadline;
     token->gate = batch.gate;
     token->gate_token = true;
     enqueue(*lane, token);
   }
+}
+
+void Comm::release_gate(LaneGate &gate) {
+  {
+    std::lock_guard<std::mutex> lock(gate.mutex);
+    gate.released = true;
+  }
+  gate.cv.notify_all();
 }
 
 void Comm::pass_gate(Operation &token, Lane &lane) {
@@ -714,9 +724,12 @@ void Comm::pass_gate(Operation &token, Lane &lane) {
     ++gate.arrived;
     gate.cv.notify_all();
     // The batch releases its tokens however it ends (it runs on the collectives' lane, whose
-    // operations all end within their deadlines); an abort ends the wait here too.
+    // operations all end within their deadlines); an abort ends the wait here too, and so
+    // does the batch's deadline and a grace, should the batch never run.
+    const auto give_up =
+        token.deadline + std::chrono::milliseconds(Watchdog::grace_ms(timeout_ms_));
     while (!gate.cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return gate.released; })) {
-      if (aborted_.load()) break;
+      if (aborted_.load() || Clock::now() > give_up) break;
     }
   }
   {
@@ -894,7 +907,14 @@ void Comm::launch(const std::shared_ptr<Operation> &op) {
     return;
   }
   if (op->coll.kind == MNCL_COLL_SENDRECV_BATCH && uses_p2p_lanes() && !op->p2p.empty()) {
-    gate_peer_lanes(*op);
+    try {
+      gate_peer_lanes(*op);
+      enqueue(lane_for(op->coll), op);
+    } catch (...) {
+      if (op->gate) release_gate(*op->gate);  // the tokens already queued must not hold lanes
+      throw;
+    }
+    return;
   }
   enqueue(lane_for(op->coll), op);
 }
@@ -1046,16 +1066,12 @@ void Comm::complete(Operation &op, Lane &lane) {
   }
   // A gated batch releases its tokens however it ends.
   struct Release {
+    Comm &comm;
     LaneGate *gate;
     ~Release() {
-      if (gate == nullptr) return;
-      {
-        std::lock_guard<std::mutex> lock(gate->mutex);
-        gate->released = true;
-      }
-      gate->cv.notify_all();
+      if (gate != nullptr) comm.release_gate(*gate);
     }
-  } release{op.gate.get()};
+  } release{*this, op.gate.get()};
   mncl_status_t status = MNCL_OK;
   std::string error;
   int64_t given_ms = op.coll.timeout_ms;  // what the plugin got of the timeout

@@ -176,6 +176,8 @@ class Comm {
   void pass_gate(Operation &token, Lane &lane);
   // complete() of a gated batch, before it runs: waits for every token, within its deadline.
   void await_gate(const Operation &batch);
+  // Lets the batch's tokens go (the batch ended, or could not be queued).
+  void release_gate(LaneGate &gate);
   void execute_now(const mncl_coll_v1_t &coll);
   // Host-only backend and a CUDA buffer in coll: it goes through staging_.
   bool needs_staging(const mncl_coll_v1_t &coll);

@@ -74,12 +74,20 @@ bool truthy(const char *name) {
 
 // Whether `outer`'s variables, disagreeing with those of `inner` (the launcher that gives the
 // rank), are those of a launcher that started `inner`'s: srun or an sbatch/salloc step around
-// torchrun or mpirun (one Slurm task per node, each starting several ranks), or mpirun around
-// torchrun. torchrun counts as inner only when its agent's own variable is there
-// (TORCHELASTIC_RUN_ID): a RANK/WORLD_SIZE pair typed by hand or left in the shell is not.
-bool encloses(const Launcher &outer, const Launcher &inner) {
+// mpirun, or around any launcher of more ranks than Slurm has tasks (one Slurm task per node,
+// each starting several ranks), or anything around torchrun. torchrun counts as inner only when its
+// agent's own variable is there (TORCHELASTIC_RUN_ID): a RANK/WORLD_SIZE pair typed by hand or left
+// in the shell is not.
+bool encloses(const Launcher &outer, const RankSize &outer_values, const Launcher &inner,
+              const RankSize &inner_values) {
+  if (&outer == &kSlurm) {
+    if (&inner == &kOpenMpi || &inner == &kPmi) return true;
+    // Fewer Slurm tasks than ranks: each task starts several workers (DeepSpeed's launcher,
+    // mp.spawn). A stale pair of a smaller job (RANK=0 WORLD_SIZE=1 under srun -n 2) is not.
+    if (outer_values.size < inner_values.size) return true;
+  }
   if (&inner == &kTorchrun) return env::raw("TORCHELASTIC_RUN_ID") != nullptr;
-  return &outer == &kSlurm && (&inner == &kOpenMpi || &inner == &kPmi);
+  return false;
 }
 
 // The launcher whose rank and size are used: the first that sets both. Every other launcher
@@ -102,7 +110,7 @@ const Launcher *choose_launcher() {
     const auto v = complete(other);
     if (v) {
       if (*v == values) continue;
-      if (encloses(other, *chosen)) {
+      if (encloses(other, *v, *chosen, values)) {
         MNCL_INFO("%s ignored: the rank and size come from %s, run under %s",
                   describe(other, *v).c_str(), describe(*chosen, values).c_str(), other.name);
         continue;

@@ -222,9 +222,8 @@ bool Driver::capturing(void *stream) {
   return status != kCaptureStatusNone;
 }
 
-kit::PollResult Driver::synchronize(void *stream, int64_t timeout_ms,
+kit::PollResult Driver::synchronize(void *stream, std::chrono::steady_clock::time_point deadline,
                                     const std::atomic<bool> *aborted) {
-  using Clock = std::chrono::steady_clock;
   const Api *api = api_.load();
   // In thread-local capture mode for the wait: in the default global mode, a stream query
   // while any other thread captures a CUDA graph in global mode is prohibited, fails, and
@@ -242,7 +241,6 @@ kit::PollResult Driver::synchronize(void *stream, int64_t timeout_ms,
       if (exchanged) api->exchange_capture_mode(&mode);
     }
   } restore{api, exchanged, mode};
-  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   const auto ready = [&] {
     const CUresult result = api->stream_query(static_cast<CUstream>(stream));
     if (result != kCudaErrorNotReady) check(result, "cuStreamQuery");

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -77,9 +78,10 @@ class Driver {
   void copy_h2d_async(void *dst, const void *src, size_t bytes, void *stream);
 
   // Waits until `stream` has finished all the work queued on it. It polls (cuStreamQuery)
-  // rather than blocking in cuStreamSynchronize, so that the wait can end: kTimedOut after
-  // timeout_ms, kStopped once *aborted (may be null) is true. A CUDA error throws.
-  kit::PollResult synchronize(void *stream, int64_t timeout_ms, const std::atomic<bool> *aborted);
+  // rather than blocking in cuStreamSynchronize, so that the wait can end: kTimedOut at
+  // deadline, kStopped once *aborted (may be null) is true. A CUDA error throws.
+  kit::PollResult synchronize(void *stream, std::chrono::steady_clock::time_point deadline,
+                              const std::atomic<bool> *aborted);
 
   // Finds the library if the process has loaded it since the last look; false: no buffer can
   // be CUDA memory yet.

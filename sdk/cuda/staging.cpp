@@ -1,6 +1,7 @@
 #include "cuda/staging.h"
 
 #include <algorithm>
+#include <chrono>
 #include <mutex>
 #include <vector>
 
@@ -12,6 +13,8 @@
 namespace mncl::cuda {
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
 
 using kit::for_each_buffer;
 using kit::kRecv;
@@ -114,8 +117,9 @@ void Staging::abandon_pinned() noexcept {
   capacity_ = 0;
 }
 
-void Staging::wait_for_stream(void *stream, const WaitBounds &bounds, const char *pending) {
-  switch (Driver::get().synchronize(stream, bounds.timeout_ms, bounds.aborted)) {
+void Staging::wait_for_stream(void *stream, const WaitBounds &bounds, Deadline deadline,
+                              const char *pending) {
+  switch (Driver::get().synchronize(stream, deadline, bounds.aborted)) {
     case kit::PollResult::kReady:
       return;
     case kit::PollResult::kTimedOut:
@@ -138,10 +142,9 @@ void Staging::wait_for_stream(void *stream, const WaitBounds &bounds, const char
 // A copy failed after others were queued: they may still read or write the pinned buffer,
 // which goes back to the pool (and to another lane) when the call ends. Waits for them, best
 // effort (the copy's own error is the one to report), or abandons the buffer.
-void Staging::settle_copies(void *stream, const WaitBounds &bounds) noexcept {
+void Staging::settle_copies(void *stream, const WaitBounds &bounds, Deadline deadline) noexcept {
   try {
-    if (Driver::get().synchronize(stream, bounds.timeout_ms, bounds.aborted) ==
-        kit::PollResult::kReady) {
+    if (Driver::get().synchronize(stream, deadline, bounds.aborted) == kit::PollResult::kReady) {
       return;
     }
   } catch (...) {
@@ -196,6 +199,8 @@ void Staging::run(const mncl_coll_v1_t &coll, const HostRun &host_run, const Wai
 
   HostColl host(coll);
   void *stream = coll.stream;
+  // One deadline for the whole call: the waits and the backend share the timeout.
+  const Deadline deadline = Clock::now() + std::chrono::milliseconds(bounds.timeout_ms);
   {
     Driver::Scope scope(driver, first.context, first.ordinal);
     reserve(total, first.context, first.ordinal);
@@ -210,15 +215,18 @@ void Staging::run(const mncl_coll_v1_t &coll, const HostRun &host_run, const Wai
         }
       }
     } catch (...) {
-      if (copied) settle_copies(stream, bounds);
+      if (copied) settle_copies(stream, bounds, deadline);
       throw;
     }
     // The host collective reads the copies: they must have landed.
     if (copied) {
-      wait_for_stream(stream, bounds,
+      wait_for_stream(stream, bounds, deadline,
                       "the work queued on it before the call and the copies of the device inputs");
     }
   }
+  // The backend gets what is left of the timeout, as a queued operation does.
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  host.coll.timeout_ms = std::max<int64_t>(1, std::min<int64_t>(host.coll.timeout_ms, left));
   host_run(host.coll);
   {
     Driver::Scope scope(driver, first.context, first.ordinal);
@@ -231,11 +239,13 @@ void Staging::run(const mncl_coll_v1_t &coll, const HostRun &host_run, const Wai
         copied = true;
       }
     } catch (...) {
-      if (copied) settle_copies(stream, bounds);
+      if (copied) settle_copies(stream, bounds, deadline);
       throw;
     }
     // The result is in device memory when the call returns, and the pinned buffer is free.
-    if (copied) wait_for_stream(stream, bounds, "the copies of the results to device memory");
+    if (copied) {
+      wait_for_stream(stream, bounds, deadline, "the copies of the results to device memory");
+    }
   }
 }
 

@@ -26,6 +26,7 @@
 #include <mncl/mncl_plugin_v1.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -57,7 +58,8 @@ class Staging {
   // descriptor with host pointers only (stream unchanged) and reports failure by throwing; its
   // exception propagates unchanged. CUDA failures throw mncl::Error(MNCL_ERR_SYSTEM).
   //
-  // Each wait on the caller's stream is bounded by `bounds`: past its timeout the call throws
+  // The call's waits on the caller's stream and host_run share `bounds`' timeout (host_run's
+  // descriptor carries what is left of it): past it the call throws
   // mncl::Error(MNCL_ERR_TIMEOUT), once its abort flag is set MNCL_ERR_ABORTED. Copies may
   // then still be queued on the stream, reading or writing the pinned buffer, so the buffer
   // is abandoned (never freed or reused; the next call allocates a new one).
@@ -74,10 +76,13 @@ class Staging {
 
  private:
   void reserve(size_t bytes, void *context, int ordinal);
-  // Waits for the caller's stream within bounds; `pending` names what it waits for.
-  void wait_for_stream(void *stream, const WaitBounds &bounds, const char *pending);
+  using Deadline = std::chrono::steady_clock::time_point;
+  // Waits for the caller's stream until the call's deadline (or bounds' abort); `pending`
+  // names what it waits for.
+  void wait_for_stream(void *stream, const WaitBounds &bounds, Deadline deadline,
+                       const char *pending);
   // After a failed copy call: waits for the copies queued before it, best effort.
-  void settle_copies(void *stream, const WaitBounds &bounds) noexcept;
+  void settle_copies(void *stream, const WaitBounds &bounds, Deadline deadline) noexcept;
   // Forgets the pinned buffer without freeing it (copies may still be using it).
   void abandon_pinned() noexcept;
 

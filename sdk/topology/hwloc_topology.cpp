@@ -295,9 +295,13 @@ std::unique_ptr<Topology> Topology::load_this_machine() {
              "hwloc could not read this machine's topology: %s", std::strerror(errno));
   // hwloc itself honours HWLOC_XMLFILE; say so, or the summary would pass for this machine.
   const auto xml = env::get("HWLOC_XMLFILE");
-  const std::string source = xml && hwloc_topology_is_thissystem(handle->topo) != 1
-                                 ? "XML file " + *xml + " (HWLOC_XMLFILE)"
-                                 : "this machine";
+  const bool from_xml = xml && hwloc_topology_is_thissystem(handle->topo) != 1;
+  // hwloc falls back to this machine, silently, when it cannot read the file.
+  if (xml && !from_xml) {
+    MNCL_WARN("HWLOC_XMLFILE=%s could not be loaded (hwloc read this machine instead)",
+              xml->c_str());
+  }
+  const std::string source = from_xml ? "XML file " + *xml + " (HWLOC_XMLFILE)" : "this machine";
   return std::unique_ptr<Topology>(new Topology(std::move(handle), source));
 }
 

@@ -53,6 +53,10 @@ run "laptop, host override" HWLOC_XMLFILE="$dir/laptop.xml" MNCL_BACKEND_HOST=na
 expect '^  Decision \(MNCL_BACKEND=auto, host memory\): naive$'
 expect '^    why: auto: MNCL_BACKEND_HOST=naive: naive'
 
+run "HWLOC_XMLFILE that cannot be read" HWLOC_XMLFILE=/nonexistent/mncl-topology.xml
+expect 'HWLOC_XMLFILE=/nonexistent/mncl-topology.xml could not be loaded \(hwloc read this machine instead\)'
+expect '^  source +this machine$'
+
 run "bad MNCL_BIND" MNCL_BIND=socket
 expect "MNCL_BIND='socket' is not none, numa, core or auto"
 [ "$rc" -ne 0 ] || { echo "mncl-info accepted MNCL_BIND=socket" >&2; status=1; }

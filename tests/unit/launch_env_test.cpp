@@ -127,14 +127,15 @@ TEST_F(LaunchEnv, DisagreementIsRefusedWhicheverLauncherComesFirst) {
   EXPECT_TRUE(contains(message, "PMI_RANK=1 PMI_SIZE=3 (PMI)")) << message;
   EXPECT_TRUE(contains(message, "(Open MPI)")) << message;
 
-  // A RANK/WORLD_SIZE pair typed by hand (no torchrun agent) beside srun's own.
+  // A RANK/WORLD_SIZE pair typed by hand (no torchrun agent) beside the srun of a larger job
+  // (one of fewer ranks than Slurm's tasks cannot have been started by them).
   clear();
   set("RANK", "3");
   set("WORLD_SIZE", "4");
   set("SLURM_PROCID", "0");
-  set("SLURM_NTASKS", "1");
+  set("SLURM_NTASKS", "8");
   const auto slurm = error_of([] { resolve(); }, MNCL_ERR_INVALID_ARGUMENT);
-  EXPECT_TRUE(contains(slurm, "SLURM_PROCID=0 SLURM_NTASKS=1 (Slurm)")) << slurm;
+  EXPECT_TRUE(contains(slurm, "SLURM_PROCID=0 SLURM_NTASKS=8 (Slurm)")) << slurm;
 }
 
 TEST_F(LaunchEnv, ExplicitMnclRankAndSizeWinSilently) {
@@ -192,6 +193,25 @@ TEST_F(LaunchEnv, SlurmAroundMpirunOrTorchrunIsNoDisagreement) {
   EXPECT_EQ(s.local_rank, 1);
   EXPECT_EQ(s.local_size, 4);
   EXPECT_EQ(s.rank_origin, "RANK");
+
+  // One Slurm task per node starting 4 workers without torchrun (DeepSpeed's launcher,
+  // mp.spawn): fewer Slurm tasks than ranks, so Slurm started them.
+  clear();
+  set("RANK", "6");
+  set("WORLD_SIZE", "8");
+  set("SLURM_PROCID", "1");
+  set("SLURM_NTASKS", "2");
+  s = resolve();
+  EXPECT_EQ(s.rank, 6);
+  EXPECT_EQ(s.size, 8);
+
+  // A stale pair of a smaller job under srun -n 2 is still refused.
+  clear();
+  set("RANK", "0");
+  set("WORLD_SIZE", "1");
+  set("SLURM_PROCID", "1");
+  set("SLURM_NTASKS", "2");
+  error_of([] { resolve(); }, MNCL_ERR_INVALID_ARGUMENT);
 }
 
 // ---------------------------------------------------------------------------------------------
