@@ -89,6 +89,15 @@ class LaunchEnv : public ::testing::Test {
     set("OMPI_COMM_WORLD_LOCAL_SIZE", std::to_string(local_size));
     set("PMIX_RANK", std::to_string(rank));
   }
+  // A RANK/WORLD_SIZE pair (torchrun's variables), and srun's task variables.
+  static void torchrun_pair(int rank, int size) {
+    set("RANK", std::to_string(rank));
+    set("WORLD_SIZE", std::to_string(size));
+  }
+  static void srun(int procid, int ntasks) {
+    set("SLURM_PROCID", std::to_string(procid));
+    set("SLURM_NTASKS", std::to_string(ntasks));
+  }
 
  private:
   std::map<std::string, std::string> saved_;
@@ -104,8 +113,7 @@ bool contains(const std::string &text, const std::string &part) {
 
 // RANK=0 WORLD_SIZE=1 left in the shell under mpirun made each process a job of one rank.
 TEST_F(LaunchEnv, StaleTorchrunPairUnderMpirunIsRefusedNamingBoth) {
-  set("RANK", "0");
-  set("WORLD_SIZE", "1");
+  torchrun_pair(0, 1);
   for (int rank = 0; rank < 2; ++rank) {
     mpirun(rank, 2, rank, 2);
     const auto message = error_of([] { resolve(); }, MNCL_ERR_INVALID_ARGUMENT);
@@ -130,17 +138,14 @@ TEST_F(LaunchEnv, DisagreementIsRefusedWhicheverLauncherComesFirst) {
   // A RANK/WORLD_SIZE pair typed by hand (no torchrun agent) beside the srun of a larger job
   // (one of fewer ranks than Slurm's tasks cannot have been started by them).
   clear();
-  set("RANK", "3");
-  set("WORLD_SIZE", "4");
-  set("SLURM_PROCID", "0");
-  set("SLURM_NTASKS", "8");
+  torchrun_pair(3, 4);
+  srun(0, 8);
   const auto slurm = error_of([] { resolve(); }, MNCL_ERR_INVALID_ARGUMENT);
   EXPECT_TRUE(contains(slurm, "SLURM_PROCID=0 SLURM_NTASKS=8 (Slurm)")) << slurm;
 }
 
 TEST_F(LaunchEnv, ExplicitMnclRankAndSizeWinSilently) {
-  set("RANK", "0");
-  set("WORLD_SIZE", "1");
+  torchrun_pair(0, 1);
   mpirun(1, 2, 1, 2);
   set("MNCL_RANK", "1");
   set("MNCL_SIZE", "2");
@@ -158,8 +163,7 @@ TEST_F(LaunchEnv, AgreeingLaunchersAreFine) {
   mpirun(1, 2, 1, 2);
   set("PMI_RANK", "1");
   set("PMI_SIZE", "2");
-  set("RANK", "1");
-  set("WORLD_SIZE", "2");
+  torchrun_pair(1, 2);
   const auto s = resolve();
   EXPECT_EQ(s.rank, 1);
   EXPECT_EQ(s.size, 2);
@@ -169,8 +173,7 @@ TEST_F(LaunchEnv, AgreeingLaunchersAreFine) {
 // torchrun: one Slurm task per node) describe the launcher that started this one's.
 TEST_F(LaunchEnv, SlurmAroundMpirunOrTorchrunIsNoDisagreement) {
   mpirun(3, 4, 1, 2);
-  set("SLURM_PROCID", "0");
-  set("SLURM_NTASKS", "1");
+  srun(0, 1);
   set("SLURM_LOCALID", "0");
   auto s = resolve();
   EXPECT_EQ(s.rank, 3);
@@ -179,13 +182,11 @@ TEST_F(LaunchEnv, SlurmAroundMpirunOrTorchrunIsNoDisagreement) {
   EXPECT_EQ(s.local_size, 2);
 
   clear();
-  set("RANK", "5");
-  set("WORLD_SIZE", "8");
+  torchrun_pair(5, 8);
   set("LOCAL_RANK", "1");
   set("LOCAL_WORLD_SIZE", "4");
   set("TORCHELASTIC_RUN_ID", "job7");
-  set("SLURM_PROCID", "1");
-  set("SLURM_NTASKS", "2");
+  srun(1, 2);
   set("SLURM_LOCALID", "0");
   s = resolve();
   EXPECT_EQ(s.rank, 5);
@@ -197,20 +198,16 @@ TEST_F(LaunchEnv, SlurmAroundMpirunOrTorchrunIsNoDisagreement) {
   // One Slurm task per node starting 4 workers without torchrun (DeepSpeed's launcher,
   // mp.spawn): fewer Slurm tasks than ranks, so Slurm started them.
   clear();
-  set("RANK", "6");
-  set("WORLD_SIZE", "8");
-  set("SLURM_PROCID", "1");
-  set("SLURM_NTASKS", "2");
+  torchrun_pair(6, 8);
+  srun(1, 2);
   s = resolve();
   EXPECT_EQ(s.rank, 6);
   EXPECT_EQ(s.size, 8);
 
   // A stale pair of a smaller job under srun -n 2 is still refused.
   clear();
-  set("RANK", "0");
-  set("WORLD_SIZE", "1");
-  set("SLURM_PROCID", "1");
-  set("SLURM_NTASKS", "2");
+  torchrun_pair(0, 1);
+  srun(1, 2);
   error_of([] { resolve(); }, MNCL_ERR_INVALID_ARGUMENT);
 }
 
@@ -230,8 +227,7 @@ TEST_F(LaunchEnv, LocalRankComesFromTheLauncherThatGaveTheRank) {
   clear();
   set("LOCAL_RANK", "0");
   set("OMPI_COMM_WORLD_LOCAL_SIZE", "1");
-  set("SLURM_PROCID", "3");
-  set("SLURM_NTASKS", "4");
+  srun(3, 4);
   set("SLURM_LOCALID", "1");
   s = resolve();
   EXPECT_EQ(s.local_rank, 1);
@@ -275,8 +271,7 @@ TEST_F(LaunchEnv, LaunchedByMpiOnlyWhenRankAndSizeComeFromMpi) {
 
   // srun --mpi=pmix: PMIx's rank is Slurm's.
   clear();
-  set("SLURM_PROCID", "2");
-  set("SLURM_NTASKS", "4");
+  srun(2, 4);
   set("PMIX_RANK", "2");
   EXPECT_TRUE(resolve().launched_by_mpi);
   set("PMIX_RANK", "0");
@@ -290,8 +285,7 @@ TEST_F(LaunchEnv, LaunchedByMpiOnlyWhenRankAndSizeComeFromMpi) {
 // torchrun --nproc-per-node=1 sets MASTER_ADDR/MASTER_PORT, where its agent's store listens.
 TEST_F(LaunchEnv, OneRankJobNeedsNoStoreUnlessNamed) {
   unsetenv("MNCL_STORE");
-  set("RANK", "0");
-  set("WORLD_SIZE", "1");
+  torchrun_pair(0, 1);
   set("MASTER_ADDR", "127.0.0.1");
   set("MASTER_PORT", "29500");
   set("TORCHELASTIC_USE_AGENT_STORE", "True");
@@ -302,8 +296,7 @@ TEST_F(LaunchEnv, OneRankJobNeedsNoStoreUnlessNamed) {
 
 TEST_F(LaunchEnv, TorchrunAgentStorePortIsRefusedAtOnce) {
   unsetenv("MNCL_STORE");
-  set("RANK", "1");
-  set("WORLD_SIZE", "2");
+  torchrun_pair(1, 2);
   set("MASTER_ADDR", "node0");
   set("MASTER_PORT", "29500");
   set("TORCHELASTIC_RUN_ID", "job7");
@@ -323,8 +316,7 @@ TEST_F(LaunchEnv, TorchrunAgentStorePortIsRefusedAtOnce) {
 
 TEST_F(LaunchEnv, MissingStoreSaysWhereTheSizeCameFromAndWhatIsMissing) {
   unsetenv("MNCL_STORE");
-  set("SLURM_PROCID", "0");
-  set("SLURM_NTASKS", "4");
+  srun(0, 4);
   auto message = error_of([] { resolve(); }, MNCL_ERR_BOOTSTRAP);
   EXPECT_TRUE(contains(message, "a job of 4 ranks (from SLURM_NTASKS)")) << message;
 
