@@ -36,6 +36,18 @@ Call call(CollKind k, const Layout &l, Buffers &b, int rank, int n) {
                    n);
 }
 
+// Fills block q (of l.count elements) of b.recv with rank src(q)'s input from element `first`
+// on: what a gather-like collective delivers, right or wrong.
+template <typename Source>
+void fill_blocks(Buffers &b, const Layout &l, int n, int round, size_t first, Source src) {
+  for (int q = 0; q < n; ++q) {
+    for (size_t i = 0; i < l.count; ++i) {
+      b.recv[q * l.count + i] =
+          float(input_value(MNCL_FLOAT32, MNCL_SUM, src(q), first + i, round));
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -62,14 +74,9 @@ int main() {
     for (int r = 1; r < n; ++r) {
       Buffers b(l);
       const Call c = call(CollKind::kAlltoall, l, b, r, n);
-      for (int q = 0; q < n; ++q)
-        for (size_t i = 0; i < l.count; ++i)
-          b.recv[q * l.count + i] =
-              float(input_value(MNCL_FLOAT32, MNCL_SUM, q, r * l.count + i, round));
+      fill_blocks(b, l, n, round, r * l.count, [](int q) { return q; });
       expect(count_wrong(c, l, round) == 0, "alltoall n=4 176 B correct", count_wrong(c, l, round));
-      for (int q = 0; q < n; ++q)
-        for (size_t i = 0; i < l.count; ++i)
-          b.recv[q * l.count + i] = float(input_value(MNCL_FLOAT32, MNCL_SUM, q, i, round));
+      fill_blocks(b, l, n, round, 0, [](int q) { return q; });
       expect(count_wrong(c, l, round) > 0, "alltoall n=4 176 B rank 0's blocks",
              count_wrong(c, l, round));
     }
@@ -80,11 +87,8 @@ int main() {
     const Layout l = layout_for(CollKind::kAllgather, 4096, 4, n);
     Buffers b(l);
     const Call c = call(CollKind::kAllgather, l, b, 5, n);
-    for (int q = 0; q < n; ++q) {
-      const int src = q == 0 ? 11 : q == 11 ? 0 : q;
-      for (size_t i = 0; i < l.count; ++i)
-        b.recv[q * l.count + i] = float(input_value(MNCL_FLOAT32, MNCL_SUM, src, i, round));
-    }
+    const auto swapped = [](int q) { return q == 0 ? 11 : q == 11 ? 0 : q; };
+    fill_blocks(b, l, n, round, 0, swapped);
     expect(count_wrong(c, l, round) > 0, "allgather n=16 blocks of ranks 0 and 11 swapped",
            count_wrong(c, l, round));
   }

@@ -8,9 +8,10 @@
 #                                    <fatal mock folder>
 set -u
 info=$1 probe=$2 refused=$3 fatal=$4
-status=0
-run() {  # run <description> <env...>: mncl-info under that environment; sets out, err and rc
-  local what=$1
+# expect / refute on $out, and status
+source "$(dirname "$0")/../topology/expect_lines.sh"
+run() {  # run <description> <env...>: mncl-info under that environment; sets what, out, err, rc
+  what=$1
   shift
   out=$(env "$@" "$info" --plugins --topology 2>"$tmp")
   rc=$?
@@ -19,12 +20,6 @@ run() {  # run <description> <env...>: mncl-info under that environment; sets ou
   echo "$out"
   echo "--- stderr"
   echo "$err"
-}
-expect() {
-  if ! grep -Eq -- "$1" <<<"$out"; then
-    echo "MISSING: a line matching /$1/" >&2
-    status=1
-  fi
 }
 expect_rc() {
   if [ "$rc" -ne "$1" ]; then
@@ -46,10 +41,7 @@ expect '^  pthrow: unusable here: probe threw: probe of pthrow threw$'
 expect '^  pthrowint: unusable here: probe threw: an exception that is not a std::exception$'
 expect '^  psilent: unusable here: probe failed: MNCL_ERR_INTERNAL: \(no message\)$'
 expect '^  Decision \(MNCL_BACKEND=pthrow,pthrowint,psilent\): none: '
-if grep -q 'terminate called' <<<"$err"; then
-  echo "FAIL: mncl-info terminated on a throwing probe" >&2
-  status=1
-fi
+out=$err refute 'terminate called'  # mncl-info must not die on a throwing probe
 expect_rc 3
 
 run "the same plugins beside a usable one" MNCL_PLUGIN_PATH="$probe" MNCL_BACKEND=auto \
@@ -62,10 +54,7 @@ run "a plugin dlopen refuses, named by MNCL_BACKEND_HOST" MNCL_PLUGIN_PATH="$ref
   MNCL_BACKEND=auto MNCL_BACKEND_HOST=undef MNCL_MEMORY=host
 expect '^  undef +REFUSED .*dlopen failed: .*undefined symbol: mncl_mock_missing_symbol$'
 expect 'MNCL_BACKEND_HOST=undef: nothing in it is usable here; undef refused: dlopen failed: .*undefined symbol: mncl_mock_missing_symbol$'
-if grep -q 'undef not installed' <<<"$out"; then
-  echo "FAIL: a refused plugin is reported as not installed" >&2
-  status=1
-fi
+refute 'undef not installed'  # a refused plugin is named with its reason
 expect_rc 3
 
 run "a static initializer that exits, MNCL_DEBUG=info" MNCL_PLUGIN_PATH="$fatal" MNCL_DEBUG=info

@@ -94,9 +94,10 @@ class LaunchEnv : public ::testing::Test {
     set("RANK", std::to_string(rank));
     set("WORLD_SIZE", std::to_string(size));
   }
-  static void srun(int procid, int ntasks) {
+  static void srun(int procid, int ntasks, int localid = -1) {
     set("SLURM_PROCID", std::to_string(procid));
     set("SLURM_NTASKS", std::to_string(ntasks));
+    if (localid >= 0) set("SLURM_LOCALID", std::to_string(localid));
   }
 
  private:
@@ -173,8 +174,7 @@ TEST_F(LaunchEnv, AgreeingLaunchersAreFine) {
 // torchrun: one Slurm task per node) describe the launcher that started this one's.
 TEST_F(LaunchEnv, SlurmAroundMpirunOrTorchrunIsNoDisagreement) {
   mpirun(3, 4, 1, 2);
-  srun(0, 1);
-  set("SLURM_LOCALID", "0");
+  srun(0, 1, 0);
   auto s = resolve();
   EXPECT_EQ(s.rank, 3);
   EXPECT_EQ(s.size, 4);
@@ -186,8 +186,7 @@ TEST_F(LaunchEnv, SlurmAroundMpirunOrTorchrunIsNoDisagreement) {
   set("LOCAL_RANK", "1");
   set("LOCAL_WORLD_SIZE", "4");
   set("TORCHELASTIC_RUN_ID", "job7");
-  srun(1, 2);
-  set("SLURM_LOCALID", "0");
+  srun(1, 2, 0);
   s = resolve();
   EXPECT_EQ(s.rank, 5);
   EXPECT_EQ(s.size, 8);
@@ -227,8 +226,7 @@ TEST_F(LaunchEnv, LocalRankComesFromTheLauncherThatGaveTheRank) {
   clear();
   set("LOCAL_RANK", "0");
   set("OMPI_COMM_WORLD_LOCAL_SIZE", "1");
-  srun(3, 4);
-  set("SLURM_LOCALID", "1");
+  srun(3, 4, 1);
   s = resolve();
   EXPECT_EQ(s.local_rank, 1);
   EXPECT_EQ(s.local_size, -1);
