@@ -17,6 +17,7 @@
 #include "common/env.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "topology/gpu_inventory.h"
 
 namespace mncl::topology {
 
@@ -84,27 +85,10 @@ std::vector<hwloc_obj_t> os_children(hwloc_obj_t obj) {
   return out;
 }
 
-// The indices CUDA_VISIBLE_DEVICES lists, in its order; nullopt when it is unset or names
-// devices otherwise (GPU-<uuid>, MIG-...), which only the driver can map to PCI addresses.
-// As CUDA does, the list ends at the first entry that is not a device index ("0,1,-1,2" is
-// 0 and 1; "" and "-1" hide every device).
-std::optional<std::vector<int>> visible_device_indices() {
-  const char *value = std::getenv("CUDA_VISIBLE_DEVICES");
-  if (value == nullptr) return std::nullopt;
-  std::vector<int> indices;
-  std::stringstream in(value);
-  for (std::string item; std::getline(in, item, ',');) {
-    item.erase(0, item.find_first_not_of(" \t"));
-    item.erase(item.find_last_not_of(" \t") + 1);
-    if (item.empty() || item[0] == '-') break;
-    if (item.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
-    indices.push_back(std::atoi(item.c_str()));
-  }
-  return indices;
-}
-
-void read_gpus(hwloc_topology_t topo, Summary &s) {
-  std::vector<int> cuda_index;  // hwloc's cudaN, -1 where it has none
+// hwloc's NVIDIA GPUs, with `ordinal` set to hwloc's cudaN index where its CUDA component
+// named one, else -1; gpu_inventory.h turns them into this process's GPUs.
+std::vector<Gpu> read_gpus(hwloc_topology_t topo) {
+  std::vector<Gpu> gpus;
   for (hwloc_obj_t pci = hwloc_get_next_pcidev(topo, nullptr); pci != nullptr;
        pci = hwloc_get_next_pcidev(topo, pci)) {
     const auto &a = pci->attr->pcidev;
@@ -115,46 +99,16 @@ void read_gpus(hwloc_topology_t topo, Summary &s) {
     gpu.device_id = a.device_id;
     gpu.model = info(pci, "PCIDevice");
     gpu.locality = locality_of(topo, pci);
-    int index = -1;
     for (hwloc_obj_t os : os_children(pci)) {
       gpu.os_devices.push_back(os->name ? os->name : "?");
       if (const std::string model = info(os, "GPUModel"); !model.empty()) gpu.model = model;
-      if (os->name && std::strncmp(os->name, "cuda", 4) == 0) index = std::atoi(os->name + 4);
+      // hwloc's NVML component (not in Debian's hwloc) records the UUID.
+      if (const std::string uuid = info(os, "NVIDIAUUID"); !uuid.empty()) gpu.uuid = uuid;
+      if (os->name && std::strncmp(os->name, "cuda", 4) == 0) gpu.ordinal = std::atoi(os->name + 4);
     }
-    cuda_index.push_back(index);
-    s.gpus.push_back(gpu);
+    gpus.push_back(gpu);
   }
-  const bool hwloc_numbered =
-      std::any_of(cuda_index.begin(), cuda_index.end(), [](int i) { return i >= 0; });
-  std::vector<Gpu> numbered;
-  if (hwloc_numbered) {
-    // hwloc's CUDA component asked the CUDA runtime of this process, which numbers only the
-    // devices CUDA_VISIBLE_DEVICES lets it see: the others are not this process's GPUs.
-    for (size_t i = 0; i < s.gpus.size(); ++i) {
-      if (cuda_index[i] < 0) continue;
-      numbered.push_back(s.gpus[i]);
-      numbered.back().ordinal = cuda_index[i];
-    }
-  } else {
-    // Without it (Debian's hwloc has none), number the GPUs in PCI order, as
-    // CUDA_DEVICE_ORDER=PCI_BUS_ID does, then as CUDA_VISIBLE_DEVICES renumbers them when it
-    // lists indices: CUDA ordinal k is the k-th listed device.
-    std::sort(s.gpus.begin(), s.gpus.end(),
-              [](const Gpu &x, const Gpu &y) { return x.pci_bus_id < y.pci_bus_id; });
-    const auto visible = visible_device_indices();
-    if (visible) {
-      for (int index : *visible) {
-        if (index >= static_cast<int>(s.gpus.size())) break;  // CUDA stops at an invalid one
-        numbered.push_back(s.gpus[static_cast<size_t>(index)]);
-      }
-    } else {
-      numbered = s.gpus;
-    }
-    for (size_t i = 0; i < numbered.size(); ++i) numbered[i].ordinal = static_cast<int>(i);
-  }
-  std::sort(numbered.begin(), numbered.end(),
-            [](const Gpu &x, const Gpu &y) { return x.ordinal < y.ordinal; });
-  s.gpus = std::move(numbered);
+  return gpus;
 }
 
 // hwloc 2.9 records no link layer for OpenFabrics ports: ask sysfs on the live machine; in an
@@ -267,7 +221,15 @@ Summary summarize(hwloc_topology_t topo, const std::string &source) {
     core.pus = to_cpuset(c->cpuset);
     if (!core.pus.empty()) s.cores.push_back(core);
   }
-  read_gpus(topo, s);
+  // Only on the live machine does the NVIDIA driver's view describe the topology's GPUs.
+  std::vector<Gpu> seen = read_gpus(topo);
+  const size_t seen_by_hwloc = seen.size();
+  const auto driver = s.is_this_system ? read_driver_gpus() : std::nullopt;
+  s.gpus = number_gpus(std::move(seen), driver, std::getenv("CUDA_VISIBLE_DEVICES"));
+  if (driver && driver->size() != seen_by_hwloc) {
+    MNCL_INFO("hwloc sees %zu NVIDIA GPU(s), the NVIDIA driver %zu; this process can use %zu",
+              seen_by_hwloc, driver->size(), s.gpus.size());
+  }
   read_nics(topo, s);
   return s;
 }

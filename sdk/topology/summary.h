@@ -32,13 +32,15 @@ struct Locality {
 };
 
 struct Gpu {
-  int ordinal =
-      -1;  // CUDA ordinal: hwloc's cudaN if present, else PCI order as CUDA_VISIBLE_DEVICES
-           // renumbers it (only devices it lists; by UUID: PCI order, unmapped)
-  std::string pci_bus_id;               // "0000:07:00.0", the form nvidia-smi and NCCL print
-  uint16_t device_id = 0;               // PCI device id (vendor is always 0x10de)
-  std::string model;                    // "NVIDIA A100-SXM4-80GB" when hwloc knows it, else ""
-  std::vector<std::string> os_devices;  // "cuda0", "nvml0", "card1"... as hwloc named them
+  // CUDA ordinal: hwloc's cudaN if present, else PCI order as CUDA_VISIBLE_DEVICES renumbers
+  // it (only the devices it lists, by index or UUID); see gpu_inventory.h.
+  int ordinal = -1;
+  std::string pci_bus_id;  // "0000:07:00.0", the form nvidia-smi and NCCL print
+  std::string uuid;        // "GPU-8f9e3c1a-...", "" when unknown
+  uint16_t device_id = 0;  // PCI device id (vendor is always 0x10de)
+  std::string model;       // "NVIDIA A100-SXM4-80GB" when hwloc knows it, else ""
+  // "cuda0", "nvml0", "card1"... as hwloc named them; "nvidia3": its NVIDIA device node
+  std::vector<std::string> os_devices;
   Locality locality;
 };
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check for issue 5, for a machine with NVIDIA GPUs, the CUDA toolkit and NCCL:
 # builds MNCL with the nccl plugin and runs, within about 5 minutes,
+#   0. that MNCL's GPUs are nvidia-smi's (hwloc checked against the NVIDIA driver's list), also
+#      with CUDA_VISIBLE_DEVICES given as a UUID prefix;
 #   1. the conformance suite on the nccl backend, one rank per GPU (every GPU);
 #   2. collectives and batched point to point on CUDA buffers on the nccl backend, one rank
 #      per GPU (plain and under CUDA graph capture);
@@ -75,6 +77,24 @@ BIN=$BUILD/bin
 export MNCL_PLUGIN_PATH=$BUILD/lib/mncl/plugins MNCL_TIMEOUT=60
 RUN="$BIN/mncl-run --timeout 240 --tag-output"
 has_gloo=$([ -f "$MNCL_PLUGIN_PATH/libmncl-gloo.so" ] && echo 1 || echo 0)
+
+# --- 0: MNCL's GPUs are nvidia-smi's, and CUDA_VISIBLE_DEVICES by UUID maps ------------------
+# hwloc's view is checked against the NVIDIA driver's list (sdk/topology/gpu_inventory.h).
+if [ -d /proc/driver/nvidia/gpus ]; then
+  run_check topology-gpus 30 '^GPUs:' env -u CUDA_VISIBLE_DEVICES bash -c '
+    set -e
+    count() { sed -n "s/^  GPUs *\([0-9]*\) NVIDIA.*/\1/p"; }
+    seen=$('"$BIN"'/mncl-info --topology | count)
+    uuid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | tail -1)
+    bus=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader | tail -1 | tr A-F a-f)
+    one=$(CUDA_VISIBLE_DEVICES=${uuid:0:12} '"$BIN"'/mncl-info --topology)
+    first=$(echo "$one" | sed -n "s/^    GPU 0 *\([0-9a-f:.]*\) .*/\1/p")
+    echo "GPUs: nvidia-smi '"$NGPU"', mncl-info ${seen:-0}; CUDA_VISIBLE_DEVICES=${uuid:0:12}:" \
+      "$(echo "$one" | count) GPU, GPU 0 at ${first:-none} (nvidia-smi: $bus)"
+    [ "${seen:-0}" = '"$NGPU"' ] && [ "$(echo "$one" | count)" = 1 ] && [ "${bus: -12}" = "$first" ]'
+else
+  summary topology-gpus SKIP 0 "no /proc/driver/nvidia/gpus (no NVIDIA kernel driver view here)"
+fi
 
 # --- 1-2: the nccl backend, one rank per GPU ------------------------------------------------
 run_check nccl-conformance 150 'PASSED|tests ran' \

@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -18,6 +20,7 @@
 #include "topology/backend_rules.h"
 #include "topology/binding.h"
 #include "topology/cpuset.h"
+#include "topology/gpu_inventory.h"
 #include "topology/hwloc_topology.h"
 #include "topology/report.h"
 
@@ -240,7 +243,8 @@ TEST(Load, GpusWithoutCudaDevicesAreNumberedInPciOrder) {
 
 // Without hwloc's CUDA component, CUDA ordinals follow CUDA_VISIBLE_DEVICES: ordinal k is the
 // k-th device it lists (in PCI order), and the devices it hides are not this process's GPUs.
-// A list by UUID cannot be mapped without the driver: PCI order, every GPU.
+// A list by UUID cannot be mapped without the UUIDs (an XML topology without hwloc's NVML
+// component has none): PCI order, every GPU.
 TEST(Load, CudaVisibleDevicesRenumbersGpusWithoutCudaDevices) {
   struct Restore {
     ~Restore() { unsetenv("CUDA_VISIBLE_DEVICES"); }
@@ -266,6 +270,192 @@ TEST(Load, CudaVisibleDevicesRenumbersGpusWithoutCudaDevices) {
   // hwloc's CUDA component numbered the DGX's GPUs itself: the variable changes nothing there.
   setenv("CUDA_VISIBLE_DEVICES", "3", 1);
   EXPECT_EQ(topo::Topology::load_xml(xml("dgx_a100.xml"))->summary().num_gpus(), 8);
+}
+
+// The NVIDIA driver's procfs view, in a folder laid out as /proc/driver/nvidia/gpus, /dev and
+// /sys/bus/pci/devices are on a live machine.
+class DriverView : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = std::filesystem::temp_directory_path() /
+            ("mncl-driver-view-" + std::to_string(::getpid()) + "-" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(root_);
+    paths_.gpus = (root_ / "gpus").string();
+    paths_.dev = (root_ / "dev").string();
+    paths_.pci_devices = (root_ / "pci").string();
+    std::filesystem::create_directories(paths_.gpus);
+    std::filesystem::create_directories(paths_.dev);
+  }
+  void TearDown() override { std::filesystem::remove_all(root_); }
+
+  static void write(const std::filesystem::path &path, const std::string &text) {
+    std::filesystem::create_directories(path.parent_path());
+    std::ofstream(path) << text;
+  }
+  // A GPU as the driver lists it; cpus and numa go to sysfs ("" / -1: no such file).
+  void add_gpu(const std::string &bus_id, int minor, const std::string &uuid,
+               const std::string &cpus = "", int numa = -1) {
+    write(root_ / "gpus" / bus_id / "information",
+          "Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:   \t\t 123\nGPU UUID: \t " + uuid +
+              "\nVideo BIOS: \t 96.00.30.00.01\nBus Type: \t PCIe\nBus Location: \t " + bus_id +
+              "\nDevice Minor: \t " + std::to_string(minor) + "\nGPU Excluded:\t No\n");
+    write(root_ / "pci" / bus_id / "device", "0x2330\n");
+    if (!cpus.empty()) write(root_ / "pci" / bus_id / "local_cpulist", cpus + "\n");
+    if (numa >= 0) write(root_ / "pci" / bus_id / "numa_node", std::to_string(numa) + "\n");
+  }
+  void make_node(const std::string &name) { write(root_ / "dev" / name, ""); }
+
+  std::filesystem::path root_;
+  topo::DriverPaths paths_;
+};
+
+// A GPU as hwloc would report it (no cudaN: Debian's hwloc).
+topo::Gpu hwloc_gpu(const std::string &bus_id) {
+  topo::Gpu g;
+  g.pci_bus_id = bus_id;
+  g.model = "GH100 [H100 SXM5 80GB]";
+  g.os_devices = {"card0"};
+  return g;
+}
+
+std::vector<std::string> bus_ids(const std::vector<topo::Gpu> &gpus) {
+  std::vector<std::string> ids;
+  for (const auto &g : gpus) ids.push_back(g.pci_bus_id);
+  return ids;
+}
+
+TEST_F(DriverView, ReadsEachGpusInformationAndSysfsLocality) {
+  add_gpu("0000:4e:00.0", 1, "GPU-bbbb2222-0000-0000-0000-000000000000", "16-31", 1);
+  add_gpu("0000:07:00.0", 0, "GPU-aaaa1111-0000-0000-0000-000000000000", "0-15", 0);
+  write(root_ / "gpus" / "0000:99:00.0" / "not-information", "");  // unreadable: left out
+  const auto gpus = topo::read_driver_gpus(paths_);
+  ASSERT_TRUE(gpus);
+  ASSERT_EQ(gpus->size(), 2u);
+  const topo::DriverGpu &first = gpus->front();  // PCI order
+  EXPECT_EQ(first.pci_bus_id, "0000:07:00.0");
+  EXPECT_EQ(first.model, "NVIDIA H100 80GB HBM3");
+  EXPECT_EQ(first.uuid, "GPU-aaaa1111-0000-0000-0000-000000000000");
+  EXPECT_EQ(first.minor, 0);
+  EXPECT_EQ(first.device_id, 0x2330);
+  EXPECT_EQ(first.locality.cpus, CpuSet::parse("0-15"));
+  EXPECT_EQ(first.locality.numa, 0);
+  EXPECT_EQ((*gpus)[1].minor, 1);
+  // No /dev/nvidiactl: the driver's nodes are not made yet, so /dev tells nothing.
+  EXPECT_TRUE(first.reachable);
+  EXPECT_TRUE((*gpus)[1].reachable);
+}
+
+TEST_F(DriverView, OnceTheDriversNodesExistAGpuWithoutItsNodeIsNotReachable) {
+  add_gpu("0000:07:00.0", 0, "GPU-aaaa");
+  add_gpu("0000:4e:00.0", 1, "GPU-bbbb");
+  make_node("nvidiactl");
+  make_node("nvidia1");  // a container given the second GPU only
+  const auto gpus = topo::read_driver_gpus(paths_);
+  ASSERT_TRUE(gpus);
+  ASSERT_EQ(gpus->size(), 2u);
+  EXPECT_FALSE((*gpus)[0].reachable);
+  EXPECT_TRUE((*gpus)[1].reachable);
+}
+
+TEST_F(DriverView, NoDriverFolderLeavesHwlocsView) {
+  paths_.gpus = (root_ / "absent").string();
+  EXPECT_FALSE(topo::read_driver_gpus(paths_));
+  const auto gpus = topo::number_gpus({hwloc_gpu("0000:0b:00.0")}, std::nullopt, nullptr);
+  ASSERT_EQ(gpus.size(), 1u);
+  EXPECT_EQ(gpus[0].ordinal, 0);
+  EXPECT_EQ(gpus[0].model, "GH100 [H100 SXM5 80GB]");
+}
+
+// hwloc without its PCI component sees no GPU; the driver's GPUs stand in, with sysfs's
+// locality, so MNCL_MEMORY=auto is cuda and each rank binds near its GPU.
+TEST_F(DriverView, GpusHwlocMissedAreAddedFromTheDriver) {
+  add_gpu("0000:4e:00.0", 1, "GPU-bbbb", "16-31", 1);
+  add_gpu("0000:07:00.0", 0, "GPU-aaaa", "0-15", 0);
+  const auto gpus = topo::number_gpus({}, topo::read_driver_gpus(paths_), nullptr);
+  ASSERT_EQ(gpus.size(), 2u);
+  EXPECT_EQ(gpus[0].ordinal, 0);
+  EXPECT_EQ(gpus[0].pci_bus_id, "0000:07:00.0");
+  EXPECT_EQ(gpus[0].model, "NVIDIA H100 80GB HBM3");
+  EXPECT_EQ(gpus[0].uuid, "GPU-aaaa");
+  EXPECT_EQ(gpus[0].device_id, 0x2330);
+  EXPECT_EQ(gpus[0].os_devices, std::vector<std::string>{"nvidia0"});
+  EXPECT_EQ(gpus[1].locality.cpus, CpuSet::parse("16-31"));
+  EXPECT_EQ(gpus[1].locality.numa, 1);
+  topo::Summary s;
+  s.gpus = gpus;
+  EXPECT_EQ(topo::resolve_memory("auto", s), MemoryType::kCuda);
+}
+
+// In a container hwloc reads the host's sysfs: every GPU of the host. Only those whose device
+// node the container has, and that the NVIDIA driver manages, are the process's.
+TEST_F(DriverView, OnlyReachableGpusTheDriverManagesRemain) {
+  add_gpu("0000:07:00.0", 0, "GPU-aaaa");
+  add_gpu("0000:4e:00.0", 1, "GPU-bbbb");
+  add_gpu("0000:87:00.0", 2, "GPU-cccc");
+  make_node("nvidiactl");
+  make_node("nvidia1");
+  make_node("nvidia2");
+  // 0000:bd:00.0 is bound to vfio-pci (passed to a VM): not in the driver's list.
+  auto gpus = topo::number_gpus({hwloc_gpu("0000:BD:00.0"), hwloc_gpu("0000:87:00.0"),
+                                 hwloc_gpu("0000:4e:00.0"), hwloc_gpu("0000:07:00.0")},
+                                topo::read_driver_gpus(paths_), nullptr);
+  EXPECT_EQ(bus_ids(gpus), (std::vector<std::string>{"0000:4e:00.0", "0000:87:00.0"}));
+  EXPECT_EQ(gpus[1].ordinal, 1);
+  EXPECT_EQ(gpus[1].uuid, "GPU-cccc");
+  EXPECT_EQ(gpus[1].os_devices, (std::vector<std::string>{"card0", "nvidia2"}));
+  // No GPU given to the container: host memory for MNCL_MEMORY=auto.
+  std::filesystem::remove(root_ / "dev" / "nvidia1");
+  std::filesystem::remove(root_ / "dev" / "nvidia2");
+  gpus = topo::number_gpus({hwloc_gpu("0000:07:00.0")}, topo::read_driver_gpus(paths_), nullptr);
+  EXPECT_TRUE(gpus.empty());
+}
+
+// Slurm and Kubernetes set CUDA_VISIBLE_DEVICES to UUIDs; the driver's UUIDs map them.
+TEST_F(DriverView, CudaVisibleDevicesByUuidIsMapped) {
+  add_gpu("0000:07:00.0", 0, "GPU-aaaa1111-0000-0000-0000-000000000000");
+  add_gpu("0000:4e:00.0", 1, "GPU-bbbb2222-0000-0000-0000-000000000000");
+  add_gpu("0000:87:00.0", 2, "GPU-bbbb3333-0000-0000-0000-000000000000");
+  const auto driver = topo::read_driver_gpus(paths_);
+  const auto visible = [&](const char *value) {
+    return bus_ids(topo::number_gpus({}, driver, value));
+  };
+  EXPECT_EQ(visible("GPU-bbbb3333-0000-0000-0000-000000000000,GPU-aaaa1111"),
+            (std::vector<std::string>{"0000:87:00.0", "0000:07:00.0"}));
+  // A prefix naming two devices, or none, ends the list, as an invalid index does.
+  EXPECT_EQ(visible("GPU-aaaa,GPU-bbbb,GPU-bbbb2"), std::vector<std::string>{"0000:07:00.0"});
+  EXPECT_EQ(visible("GPU-ffff,GPU-aaaa"), std::vector<std::string>{});
+  // The first entry decides the kind: an index among UUIDs ends it, and the other way round.
+  EXPECT_EQ(visible("GPU-bbbb2,1"), std::vector<std::string>{"0000:4e:00.0"});
+  EXPECT_EQ(visible("2,GPU-aaaa"), std::vector<std::string>{"0000:87:00.0"});
+  // A device listed twice hides every device; an index is the number an entry starts with.
+  EXPECT_EQ(visible("GPU-aaaa,GPU-aaaa1111"), std::vector<std::string>{});
+  EXPECT_EQ(visible("1,1"), std::vector<std::string>{});
+  EXPECT_EQ(visible("1gpu,0"), (std::vector<std::string>{"0000:4e:00.0", "0000:07:00.0"}));
+  // MIG instances cannot be mapped to a GPU here: every GPU, PCI order.
+  EXPECT_EQ(visible("MIG-4a1b9d4e-0000-0000-0000-000000000000").size(), 3u);
+  // Without the driver's view the UUIDs are unknown: every GPU, PCI order.
+  EXPECT_EQ(topo::number_gpus({hwloc_gpu("0000:4e:00.0"), hwloc_gpu("0000:07:00.0")}, std::nullopt,
+                              "GPU-bbbb2222")
+                .size(),
+            2u);
+}
+
+// hwloc's own CUDA numbering (its CUDA component asked the runtime) is kept; the driver's
+// view still removes a GPU the process cannot reach.
+TEST_F(DriverView, HwlocsCudaNumberingStands) {
+  add_gpu("0000:07:00.0", 0, "GPU-aaaa");
+  add_gpu("0000:4e:00.0", 1, "GPU-bbbb");
+  topo::Gpu first = hwloc_gpu("0000:07:00.0"), second = hwloc_gpu("0000:4e:00.0");
+  first.ordinal = 1;
+  second.ordinal = 0;
+  auto gpus = topo::number_gpus({first, second}, topo::read_driver_gpus(paths_), "0");
+  EXPECT_EQ(bus_ids(gpus), (std::vector<std::string>{"0000:4e:00.0", "0000:07:00.0"}));
+  make_node("nvidiactl");
+  make_node("nvidia0");
+  gpus = topo::number_gpus({first, second}, topo::read_driver_gpus(paths_), nullptr);
+  ASSERT_EQ(gpus.size(), 1u);
+  EXPECT_EQ(gpus[0].ordinal, 1);
 }
 
 TEST(Load, InfiniBandWithEveryPortDownIsNotUsable) {
