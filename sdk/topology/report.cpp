@@ -58,10 +58,10 @@ std::string describe(const Summary &s) {
   } else {
     out += format("  GPUs         %zu NVIDIA\n", s.gpus.size());
     for (const auto &g : s.gpus) {
-      out += format("    GPU %-7d %s  %s [10de:%04x]  %s%s%s\n", g.ordinal, g.pci_bus_id.c_str(),
-                    g.model.empty() ? "NVIDIA GPU" : g.model.c_str(), g.device_id,
-                    where(g.locality).c_str(), g.os_devices.empty() ? "" : "  ",
-                    joined(g.os_devices).c_str());
+      out += format("    GPU %-7d %s  %s [10de:%04x]  %s%s%s%s%s\n", g.ordinal,
+                    g.pci_bus_id.c_str(), g.model.empty() ? "NVIDIA GPU" : g.model.c_str(),
+                    g.device_id, where(g.locality).c_str(), g.os_devices.empty() ? "" : "  ",
+                    joined(g.os_devices).c_str(), g.uuid.empty() ? "" : "  ", g.uuid.c_str());
     }
   }
   if (s.nics.empty()) {

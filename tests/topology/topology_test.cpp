@@ -1005,4 +1005,16 @@ TEST(Report, DescribesEachMachine) {
                   "cpu-node-17: 2 packages, 2 NUMA nodes, 32 cores, 64 PUs, no NVIDIA GPU, "
                   "1 InfiniBand/RoCE device");
   EXPECT_CONTAINS(topo::one_line(ib_down()), "InfiniBand/RoCE ports down");
+  // A GPU's UUID, when known (the NVIDIA driver's list), for CUDA_VISIBLE_DEVICES=GPU-...
+  topo::Summary one = laptop();
+  topo::Gpu gpu;
+  gpu.ordinal = 0;
+  gpu.pci_bus_id = "0000:01:00.0";
+  gpu.device_id = 0x2330;
+  gpu.os_devices = {"nvidia0"};
+  gpu.uuid = "GPU-8f9e3c1a-0000-0000-0000-000000000000";
+  one.gpus = {gpu};
+  EXPECT_CONTAINS(topo::describe(one),
+                  "GPU 0       0000:01:00.0  NVIDIA GPU [10de:2330]  CPUs ?  nvidia0  "
+                  "GPU-8f9e3c1a-0000-0000-0000-000000000000\n");
 }
