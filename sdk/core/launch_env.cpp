@@ -315,13 +315,21 @@ LaunchSettings resolve_launch_settings(const mncl_config_t &config) {
                        static_cast<long long>(*master_port), host.c_str()));
   }
   // Under mpirun on a single host, no address is needed: a file store in /tmp named after the
-  // Open MPI job id is private to this job and visible to all of its ranks.
+  // Open MPI job id is private to this job and visible to all of its ranks. The job id holds
+  // only 16 bits that differ between runs of mpirun, so the folder's name also carries the
+  // job's random 128-bit transport key (mpirun sets it for every job): a folder left by a
+  // killed job of the same id is then never taken for this job's.
   if (s.store_url.empty() && s.size > 1) {
     const char *job_id = env::raw("OMPI_MCA_ess_base_jobid");
     const auto ompi = complete(kOpenMpi);
     const auto local_size = env::get_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1, kMaxRanks);
     if (job_id != nullptr && ompi && *ompi == job && local_size && *local_size == s.size) {
-      s.store_url = format("file:///tmp/mncl-%d-ompi-%s", static_cast<int>(getuid()), job_id);
+      std::string key = env::raw("OMPI_MCA_orte_precondition_transports")
+                            ? env::raw("OMPI_MCA_orte_precondition_transports")
+                            : "";
+      if (key.find_first_not_of("0123456789abcdefABCDEF-") != std::string::npos) key.clear();
+      s.store_url = format("file:///tmp/mncl-%d-ompi-%s%s%s", static_cast<int>(getuid()), job_id,
+                           key.empty() ? "" : "-", key.c_str());
       s.store_is_private_dir = true;
     }
   }

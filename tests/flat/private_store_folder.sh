@@ -1,12 +1,12 @@
 #!/bin/sh
 # One rank of `mpirun -np 2 sh private_store_folder.sh CREATE_PROBE`: the job's private file
-# store folder (/tmp/mncl-<uid>-ompi-<jobid>), made first by another user (rank 0, as root,
-# hands it to uid 65534 before anyone creates a communicator), must be refused with
+# store folder (/tmp/mncl-<uid>-ompi-<jobid>-<transport key>), made first by another user (rank
+# 0, as root, hands it to uid 65534 before anyone creates a communicator), must be refused with
 # MNCL_ERR_BOOTSTRAP instead of being used for the job's keys. Root only (chown): 77 otherwise.
 set -u
 probe=${1:?usage: private_store_folder.sh CREATE_PROBE}
 [ "$(id -u)" = 0 ] || exit 77
-d=/tmp/mncl-0-ompi-$OMPI_MCA_ess_base_jobid
+d=/tmp/mncl-0-ompi-$OMPI_MCA_ess_base_jobid${OMPI_MCA_orte_precondition_transports:+-$OMPI_MCA_orte_precondition_transports}
 if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then
   mkdir -p "$d" && chown 65534 "$d" && touch "$d.ready" || exit 1
 else
