@@ -90,6 +90,8 @@ typedef enum mncl_dtype {
  * by the communicator size (integer division truncating toward zero for integer types).
  * FLOAT16 and BFLOAT16 may be accumulated in float32 and rounded once at the end; results of
  * floating-point reductions may differ in the last bits between backends (summation order).
+ * Floating-point MIN and MAX propagate NaN (a NaN on any rank gives NaN), as torch.min/max do,
+ * on every bundled host backend; on nccl, NCCL's own rules apply.
  */
 typedef enum mncl_op {
   MNCL_SUM = 0,

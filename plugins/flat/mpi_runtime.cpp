@@ -27,20 +27,49 @@ std::mutex g_mpi_mutex;  // see MpiLock
 
 MPI_Datatype g_half_types[2] = {MPI_DATATYPE_NULL, MPI_DATATYPE_NULL};  // float16, bfloat16
 MPI_Op g_half_ops[2][4];                                                // [dtype][sum..max]
+// Where MPI's built-in op breaks the ABI's rules, on Open MPI 4.1's op/avx component (chosen
+// at run time on any x86 CPU with AVX): it adds 8-bit integers with saturation (100+100+100 is
+// 127 in int8, not the wrapped 44), and its float MIN/MAX drop a NaN. Flat's own ops, the
+// plugin kit's kernels that its small calls already use, make every count agree with naive.
+MPI_Op g_int8_sum_ops[2] = {MPI_OP_NULL, MPI_OP_NULL};  // int8, uint8
+MPI_Op g_float_ops[2][2] = {{MPI_OP_NULL, MPI_OP_NULL},
+                            {MPI_OP_NULL, MPI_OP_NULL}};  // [float32, float64][min, max]
 
-// inout[i] = in[i] op inout[i] for fp16/bf16, computed in float32 by the plugin kit (one
-// rounding per step). The ops are commutative, so the kit's dst = dst op src is the same.
+// inout[i] = in[i] op inout[i] by the plugin kit: fp16/bf16 computed in float32 (one rounding
+// per step), integer SUM wrapping, float MIN/MAX propagating NaN. The ops are commutative, so
+// the kit's dst = dst op src is the same.
 template <int32_t Dtype, int32_t Op>
-void half_reduce(void *in, void *inout, int *len, MPI_Datatype *) {
+void kit_reduce(void *in, void *inout, int *len, MPI_Datatype *) {
   kit::reduce_into(inout, in, static_cast<size_t>(*len), Dtype, Op);
 }
 
 template <int32_t Dtype>
 void create_half_ops(MPI_Op *ops) {
-  MPI_Op_create(&half_reduce<Dtype, MNCL_SUM>, 1, &ops[MNCL_SUM]);
-  MPI_Op_create(&half_reduce<Dtype, MNCL_PROD>, 1, &ops[MNCL_PROD]);
-  MPI_Op_create(&half_reduce<Dtype, MNCL_MIN>, 1, &ops[MNCL_MIN]);
-  MPI_Op_create(&half_reduce<Dtype, MNCL_MAX>, 1, &ops[MNCL_MAX]);
+  MPI_Op_create(&kit_reduce<Dtype, MNCL_SUM>, 1, &ops[MNCL_SUM]);
+  MPI_Op_create(&kit_reduce<Dtype, MNCL_PROD>, 1, &ops[MNCL_PROD]);
+  MPI_Op_create(&kit_reduce<Dtype, MNCL_MIN>, 1, &ops[MNCL_MIN]);
+  MPI_Op_create(&kit_reduce<Dtype, MNCL_MAX>, 1, &ops[MNCL_MAX]);
+}
+
+void create_kit_ops() {
+  create_half_ops<MNCL_FLOAT16>(g_half_ops[0]);
+  create_half_ops<MNCL_BFLOAT16>(g_half_ops[1]);
+  MPI_Op_create(&kit_reduce<MNCL_INT8, MNCL_SUM>, 1, &g_int8_sum_ops[0]);
+  MPI_Op_create(&kit_reduce<MNCL_UINT8, MNCL_SUM>, 1, &g_int8_sum_ops[1]);
+  MPI_Op_create(&kit_reduce<MNCL_FLOAT32, MNCL_MIN>, 1, &g_float_ops[0][0]);
+  MPI_Op_create(&kit_reduce<MNCL_FLOAT32, MNCL_MAX>, 1, &g_float_ops[0][1]);
+  MPI_Op_create(&kit_reduce<MNCL_FLOAT64, MNCL_MIN>, 1, &g_float_ops[1][0]);
+  MPI_Op_create(&kit_reduce<MNCL_FLOAT64, MNCL_MAX>, 1, &g_float_ops[1][1]);
+}
+
+void free_kit_ops() {
+  for (auto &ops : g_half_ops) {
+    for (MPI_Op &op : ops) MPI_Op_free(&op);
+  }
+  for (MPI_Op &op : g_int8_sum_ops) MPI_Op_free(&op);
+  for (auto &ops : g_float_ops) {
+    for (MPI_Op &op : ops) MPI_Op_free(&op);
+  }
 }
 
 const char *thread_level_name(int level) {
@@ -66,9 +95,7 @@ void finalize_at_exit() {
   MPI_Finalized(&finalized);
   if (finalized) return;
   stop_progress_thread();  // it may still issue collectives on the objects freed here
-  for (auto &ops : g_half_ops) {
-    for (MPI_Op &op : ops) MPI_Op_free(&op);
-  }
+  free_kit_ops();
   for (MPI_Datatype &t : g_half_types) MPI_Type_free(&t);
   MPI_Finalize();
 }
@@ -170,8 +197,7 @@ void ensure_mpi(const mncl_host_v1_t *host) {
     MPI_Type_set_name(g_half_types[i], names[i]);
     MPI_Type_commit(&g_half_types[i]);
   }
-  create_half_ops<MNCL_FLOAT16>(g_half_ops[0]);
-  create_half_ops<MNCL_BFLOAT16>(g_half_ops[1]);
+  create_kit_ops();
   g_ready = true;
 }
 
@@ -225,7 +251,14 @@ MPI_Op mpi_op(int32_t dtype, int32_t op) {
   if (dtype == MNCL_FLOAT16 || dtype == MNCL_BFLOAT16) {
     return g_half_ops[dtype == MNCL_BFLOAT16 ? 1 : 0][base];
   }
-  // Built-in ops: MIN/MAX on MPI_UINT*_T compare as unsigned, and integer SUM/PROD wrap.
+  if ((dtype == MNCL_INT8 || dtype == MNCL_UINT8) && base == MNCL_SUM) {
+    return g_int8_sum_ops[dtype == MNCL_UINT8 ? 1 : 0];
+  }
+  if ((dtype == MNCL_FLOAT32 || dtype == MNCL_FLOAT64) && (base == MNCL_MIN || base == MNCL_MAX)) {
+    return g_float_ops[dtype == MNCL_FLOAT64 ? 1 : 0][base == MNCL_MAX ? 1 : 0];
+  }
+  // Built-in ops otherwise: MIN/MAX on MPI_UINT*_T compare as unsigned, wider integer SUM and
+  // every integer PROD wrap (op/avx saturates only 8-bit sums).
   static const MPI_Op kBuiltin[] = {MPI_SUM, MPI_PROD, MPI_MIN, MPI_MAX};
   return kBuiltin[base];
 }

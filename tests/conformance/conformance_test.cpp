@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <mutex>
 #include <regex>
 #include <set>
@@ -2890,13 +2891,85 @@ TEST_F(Conformance, ErrorsBadConfig) {
 }
 
 // Integer SUM wraps modulo 2^bits (a documented guarantee): 100 per rank in int8 / uint8.
+// At every count and through every reduction kind: Open MPI 4.1's op/avx component adds 8-bit
+// integers with saturation past 16 elements (127, not 44, for 3 x 100), which flat must not use.
 TEST_F(Conformance, IntegerSumWraps) {
-  int8_t s8 = 100, r8 = 0;
-  uint8_t su8 = 200, ru8 = 0;
-  MNCL_CALL(mncl_allreduce(g_comm, &s8, &r8, 1, MNCL_INT8, MNCL_SUM, nullptr));
-  MNCL_CALL(mncl_allreduce(g_comm, &su8, &ru8, 1, MNCL_UINT8, MNCL_SUM, nullptr));
-  EXPECT_EQ(r8, static_cast<int8_t>(static_cast<uint8_t>(100 * g_size)));
-  EXPECT_EQ(ru8, static_cast<uint8_t>(200 * g_size));
+  const auto wrapped8 = [](int each) {
+    return static_cast<int8_t>(static_cast<uint8_t>(each * g_size));
+  };
+  const auto wrappedu8 = [](int each) { return static_cast<uint8_t>(each * g_size); };
+  for (size_t count : {size_t{1}, size_t{16}, size_t{17}, size_t{1021}, size_t{2000}}) {
+    SCOPED_TRACE("count " + std::to_string(count));
+    std::vector<int8_t> s8(count), r8(count);
+    for (size_t i = 0; i < count; ++i) s8[i] = i % 2 ? -100 : 100;
+    std::vector<uint8_t> su8(count, 200), ru8(count);
+    MNCL_CALL(mncl_allreduce(g_comm, s8.data(), r8.data(), count, MNCL_INT8, MNCL_SUM, nullptr));
+    MNCL_CALL(mncl_allreduce(g_comm, su8.data(), ru8.data(), count, MNCL_UINT8, MNCL_SUM, nullptr));
+    for (size_t i = 0; i < count; ++i) {
+      ASSERT_EQ(r8[i], wrapped8(i % 2 ? -100 : 100)) << "allreduce int8 element " << i;
+      ASSERT_EQ(ru8[i], wrappedu8(200)) << "allreduce uint8 element " << i;
+    }
+    // AVG divides the wrapped sum.
+    MNCL_CALL(mncl_allreduce(g_comm, su8.data(), ru8.data(), count, MNCL_UINT8, MNCL_AVG, nullptr));
+    EXPECT_EQ(ru8[count - 1], wrappedu8(200) / g_size) << "allreduce uint8 AVG";
+    const int root = g_size - 1;
+    std::fill(r8.begin(), r8.end(), 0);
+    MNCL_CALL(mncl_reduce(g_comm, s8.data(), r8.data(), count, MNCL_INT8, MNCL_SUM, root, nullptr));
+    if (g_rank == root) {
+      EXPECT_EQ(r8[count - 1], wrapped8(count % 2 ? 100 : -100)) << "reduce";
+    }
+    std::vector<uint8_t> block_send(count * static_cast<size_t>(g_size), 200);
+    MNCL_CALL(mncl_reduce_scatter(g_comm, block_send.data(), ru8.data(), count, MNCL_UINT8,
+                                  MNCL_SUM, nullptr));
+    EXPECT_EQ(ru8[count - 1], wrappedu8(200)) << "reduce_scatter";
+    const void *sendbufs[2] = {s8.data(), s8.data()};
+    std::vector<int8_t> other(count);
+    void *recvbufs[2] = {r8.data(), other.data()};
+    const size_t counts[2] = {count, count};
+    MNCL_CALL(mncl_allreduce_coalesced(g_comm, sendbufs, recvbufs, counts, 2, MNCL_INT8, MNCL_SUM,
+                                       nullptr));
+    EXPECT_EQ(r8[0], wrapped8(100)) << "allreduce_coalesced";
+    EXPECT_EQ(other[count - 1], wrapped8(count % 2 ? 100 : -100)) << "allreduce_coalesced";
+  }
+}
+
+// Float MIN/MAX propagate a NaN from any rank at every count (mncl.h). Open MPI's op/avx MIN/MAX
+// drop it, which flat must not use.
+TEST_F(Conformance, FloatMinMaxPropagateNaN) {
+  const char *backend = nullptr;
+  MNCL_CALL(mncl_comm_backend(g_comm, &backend));
+  if (std::string(backend) == "nccl") {
+    GTEST_SKIP() << "on nccl, NCCL's own MIN/MAX rules for NaN apply (mncl.h)";
+  }
+  for (size_t count : {size_t{1}, size_t{257}, size_t{2000}}) {
+    for (mncl_op_t op : {MNCL_MIN, MNCL_MAX}) {
+      SCOPED_TRACE("count " + std::to_string(count) + " " + op_str(op));
+      // Rank r puts a NaN at nan_at(r) only (which operand a kernel returns for NaN decides
+      // whether it survives, so every rank's turn counts); the other elements are finite.
+      const auto nan_at = [count](int r) {
+        return count * static_cast<size_t>(r + 1) / static_cast<size_t>(g_size + 1);
+      };
+      std::vector<float> f(count), rf(count);
+      std::vector<double> d(count), rd(count);
+      for (size_t i = 0; i < count; ++i) f[i] = static_cast<float>(d[i] = g_rank + 0.5 * (i % 7));
+      f[nan_at(g_rank)] = std::numeric_limits<float>::quiet_NaN();
+      d[nan_at(g_rank)] = std::numeric_limits<double>::quiet_NaN();
+      MNCL_CALL(mncl_allreduce(g_comm, f.data(), rf.data(), count, MNCL_FLOAT32, op, nullptr));
+      MNCL_CALL(mncl_allreduce(g_comm, d.data(), rd.data(), count, MNCL_FLOAT64, op, nullptr));
+      std::vector<bool> has_nan(count, false);
+      for (int r = 0; r < g_size; ++r) has_nan[nan_at(r)] = true;
+      for (size_t i = 0; i < count; ++i) {
+        if (has_nan[i]) {
+          ASSERT_TRUE(std::isnan(rf[i])) << "float32 element " << i << " got " << rf[i];
+          ASSERT_TRUE(std::isnan(rd[i])) << "float64 element " << i << " got " << rd[i];
+        } else {
+          const double want = (op == MNCL_MIN ? 0 : g_size - 1) + 0.5 * (i % 7);
+          ASSERT_EQ(rd[i], want) << "float64 element " << i;
+          ASSERT_EQ(rf[i], static_cast<float>(want)) << "float32 element " << i;
+        }
+      }
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
