@@ -24,11 +24,28 @@ Binding unbound(const std::string &reason) {
   return Binding{CpuSet(), reason};
 }
 
-Binding spread_over_numa(const Summary &t, const BindRequest &r, const std::string &prefix) {
+// The NUMA nodes that are CPU domains of their own: a memory-only node (HBM beside each DDR
+// node, a CXL expander behind a package or the machine) carries the PUs of the object it hangs
+// from in hwloc 2, the same as a node's or the union of several, and counting it would give a
+// rank the whole machine or pile two ranks on one node. Kept: the nodes with CPUs that hold no
+// other node's CPUs as a strict subset, the first of several with the same CPUs.
+std::vector<const NumaNode *> cpu_domains(const Summary &t) {
   std::vector<const NumaNode *> nodes;
   for (const auto &n : t.numa_nodes) {
-    if (!n.cpus.empty()) nodes.push_back(&n);
+    if (n.cpus.empty()) continue;
+    const bool covers_another =
+        std::any_of(t.numa_nodes.begin(), t.numa_nodes.end(), [&](const NumaNode &m) {
+          return !m.cpus.empty() && m.cpus != n.cpus && n.cpus.includes(m.cpus);
+        });
+    const bool same_as_kept = std::any_of(nodes.begin(), nodes.end(),
+                                          [&](const NumaNode *m) { return m->cpus == n.cpus; });
+    if (!covers_another && !same_as_kept) nodes.push_back(&n);
   }
+  return nodes;
+}
+
+Binding spread_over_numa(const Summary &t, const BindRequest &r, const std::string &prefix) {
+  const std::vector<const NumaNode *> nodes = cpu_domains(t);
   if (nodes.empty()) return unbound(prefix + "no NUMA node with CPUs is known: not bound");
   const auto [first, last] = block(r.local_rank, r.local_size, static_cast<int>(nodes.size()));
   CpuSet cpus;
@@ -102,6 +119,13 @@ Binding compute_binding(const Summary &t, const BindRequest &r) {
   }
   if (r.gpu >= 0) {
     const Gpu *gpu = t.gpu(r.gpu);
+    if (gpu == nullptr && t.num_gpus() > 0 && r.local_size > t.num_gpus()) {
+      // Fewer GPUs visible than ranks on the host: each process was given its own subset
+      // (CUDA_VISIBLE_DEVICES per task: Slurm's --gpus-per-task), and the nccl plugin takes
+      // device gpu % count of it in turn; so does the placement.
+      gpu = t.gpu(r.gpu % t.num_gpus());
+      prefix += format("device %d of %d visible: ", r.gpu, t.num_gpus());
+    }
     if (gpu != nullptr && !gpu->locality.cpus.empty() && gpu->locality.cpus != t.all_cpus &&
         t.all_cpus.includes(gpu->locality.cpus)) {
       const std::string numa =
@@ -110,8 +134,13 @@ Binding compute_binding(const Summary &t, const BindRequest &r) {
                                                 gpu->ordinal, gpu->pci_bus_id.c_str(), numa.c_str(),
                                                 gpu->locality.cpus.to_string().c_str())};
     }
-    prefix += gpu == nullptr ? format("GPU %d not in the topology, ", r.gpu)
-                             : format("GPU %d is near every CPU, ", r.gpu);
+    const int ordinal = gpu != nullptr ? gpu->ordinal : r.gpu;
+    prefix += gpu == nullptr               ? format("GPU %d not in the topology, ", ordinal)
+              : gpu->locality.cpus.empty() ? format("GPU %d's CPUs unknown, ", ordinal)
+              : !t.all_cpus.includes(gpu->locality.cpus)
+                  ? format("GPU %d's CPUs %s not all allowed here, ", ordinal,
+                           gpu->locality.cpus.to_string().c_str())
+                  : format("GPU %d is near every CPU, ", ordinal);
   }
   return spread_over_numa(t, r, prefix);
 }

@@ -1,6 +1,7 @@
 #include "topology/cpuset.h"
 
 #include <algorithm>
+#include <iterator>
 #include <stdexcept>
 
 namespace mncl::topology {
@@ -66,6 +67,13 @@ CpuSet CpuSet::operator|(const CpuSet &other) const {
   std::vector<int> all = pus_;
   all.insert(all.end(), other.pus_.begin(), other.pus_.end());
   return CpuSet(std::move(all));
+}
+
+CpuSet CpuSet::operator&(const CpuSet &other) const {
+  std::vector<int> both;
+  std::set_intersection(pus_.begin(), pus_.end(), other.pus_.begin(), other.pus_.end(),
+                        std::back_inserter(both));
+  return CpuSet(std::move(both));
 }
 
 }  // namespace mncl::topology

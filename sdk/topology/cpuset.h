@@ -24,6 +24,7 @@ class CpuSet {
   bool includes(const CpuSet &other) const;  // other is a subset of this
   bool intersects(const CpuSet &other) const;
   CpuSet operator|(const CpuSet &other) const;
+  CpuSet operator&(const CpuSet &other) const;
   bool operator==(const CpuSet &other) const { return pus_ == other.pus_; }
   bool operator!=(const CpuSet &other) const { return pus_ != other.pus_; }
 

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -28,6 +29,11 @@ bool exists(const std::string &path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
+// Whether this process may open a device node for reading and writing; nothing is opened.
+bool may_open(const std::string &path) {
+  return ::access(path.c_str(), R_OK | W_OK) == 0;
+}
+
 // The first line of a small sysfs file, trimmed; "" when it cannot be read.
 std::string first_line(const std::string &path) {
   std::ifstream in(path);
@@ -49,6 +55,8 @@ bool read_information(const std::string &path, DriverGpu &gpu) {
       gpu.model = value;
     } else if (key == "GPU UUID") {
       gpu.uuid = value;
+    } else if (key == "GPU Excluded") {
+      gpu.excluded = value == "Yes";
     } else if (key == "Device Minor") {
       char *end = nullptr;
       const long minor = std::strtol(value.c_str(), &end, 10);
@@ -93,14 +101,14 @@ std::vector<Gpu> reconcile(std::vector<Gpu> seen, const std::vector<DriverGpu> &
   std::vector<Gpu> kept;
   for (Gpu &gpu : seen) {
     const DriverGpu *known = find_by_bus_id(driver, gpu.pci_bus_id);
-    if (known == nullptr || !known->reachable) continue;
+    if (known == nullptr || !known->reachable || known->excluded) continue;
     if (!known->model.empty()) gpu.model = known->model;
     if (!known->uuid.empty()) gpu.uuid = known->uuid;
     if (known->minor >= 0) gpu.os_devices.push_back("nvidia" + std::to_string(known->minor));
     kept.push_back(std::move(gpu));
   }
   for (const DriverGpu &known : driver) {
-    if (!known.reachable) continue;
+    if (!known.reachable || known.excluded) continue;
     const bool seen_by_hwloc = std::any_of(kept.begin(), kept.end(), [&](const Gpu &g) {
       return lower(g.pci_bus_id) == known.pci_bus_id;
     });
@@ -181,7 +189,7 @@ std::optional<std::vector<DriverGpu>> read_driver_gpus(const DriverPaths &paths)
   const bool nodes_made = exists(paths.dev + "/nvidiactl");
   for (DriverGpu &gpu : gpus) {
     gpu.reachable = !nodes_made ||
-                    (gpu.minor >= 0 && exists(paths.dev + "/nvidia" + std::to_string(gpu.minor)));
+                    (gpu.minor >= 0 && may_open(paths.dev + "/nvidia" + std::to_string(gpu.minor)));
   }
   std::sort(gpus.begin(), gpus.end(),
             [](const DriverGpu &a, const DriverGpu &b) { return a.pci_bus_id < b.pci_bus_id; });

@@ -28,9 +28,12 @@ struct DriverGpu {
   std::string model;       // "Model:" ("NVIDIA H100 80GB HBM3"), "" if absent
   std::string uuid;        // "GPU UUID:" ("GPU-8f9e3c1a-..."), "" if absent
   int minor = -1;          // "Device Minor:": the GPU's device node is /dev/nvidia<minor>
-  // Whether this process can open the GPU: its /dev/nvidia<minor> exists, or the driver's
-  // nodes are not made yet (no /dev/nvidiactl: they are made on first use, as on a host
-  // without udev rules, and then nothing can be told from /dev).
+  // "GPU Excluded: Yes" (NVreg_ExcludedGpus): the driver keeps it from CUDA altogether.
+  bool excluded = false;
+  // Whether this process may open the GPU: its /dev/nvidia<minor> is there and readable and
+  // writable for it (access(), which a device cgroup's rules answer too: Slurm's
+  // ConstrainDevices), or the driver's nodes are not made yet (no /dev/nvidiactl: they are
+  // made on first use, as on a host without udev rules, and then /dev tells nothing).
   bool reachable = true;
   uint16_t device_id = 0;  // PCI device id from sysfs, 0 if unreadable
   Locality locality;       // from sysfs (local_cpulist, numa_node); empty if unreadable
@@ -54,9 +57,9 @@ std::optional<std::vector<DriverGpu>> read_driver_gpus(const DriverPaths &paths 
 //  driver: read_driver_gpus() on the live machine; nullopt for an XML topology (another
 //        machine's) or when the driver's view is unavailable.
 //  cuda_visible_devices: the variable's value; nullptr when unset.
-// With the driver's view, a GPU hwloc saw but the driver does not manage, or one this process
-// cannot reach, is left out, and a reachable GPU hwloc missed is added. Without hwloc's cudaN
-// names the GPUs are numbered in PCI order (CUDA_DEVICE_ORDER=PCI_BUS_ID), then as
+// With the driver's view, a GPU hwloc saw but the driver does not manage, excludes or this
+// process cannot reach is left out, and a reachable GPU hwloc missed is added. Without hwloc's
+// cudaN names the GPUs are numbered in PCI order (CUDA_DEVICE_ORDER=PCI_BUS_ID), then as
 // CUDA_VISIBLE_DEVICES renumbers them: by index, or by UUID (a unique prefix, as CUDA takes it)
 // when the UUIDs are known. As in CUDA, the list ends at its first entry that names no device.
 // A MIG-... entry, or a UUID without known UUIDs, cannot be mapped: every GPU, PCI order.

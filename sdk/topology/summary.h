@@ -14,7 +14,9 @@ namespace mncl::topology {
 struct NumaNode {
   int os_index = -1;          // Linux node number (numactl -N)
   uint64_t memory_bytes = 0;  // local memory
-  CpuSet cpus;                // PUs local to it (empty for a CPU-less memory node: HBM, CXL)
+  // PUs local to it. hwloc 2 gives a memory-only node (HBM, CXL) the PUs of the object it hangs
+  // from: those of a node with CPUs of its own, or of several (binding.cpp tells them apart).
+  CpuSet cpus;
 };
 
 struct Core {

@@ -141,6 +141,8 @@ TEST(CpuSet, SetOperations) {
   EXPECT_TRUE(a.intersects(b));
   EXPECT_FALSE(a.intersects(c));
   EXPECT_EQ((a | c).to_string(), "0-9");
+  EXPECT_EQ((a & CpuSet::parse("6-9")).to_string(), "6-7");
+  EXPECT_TRUE((a & c).empty());
   EXPECT_TRUE(a.contains(7));
   EXPECT_FALSE(a.contains(8));
 }
@@ -295,11 +297,12 @@ class DriverView : public ::testing::Test {
   }
   // A GPU as the driver lists it; cpus and numa go to sysfs ("" / -1: no such file).
   void add_gpu(const std::string &bus_id, int minor, const std::string &uuid,
-               const std::string &cpus = "", int numa = -1) {
+               const std::string &cpus = "", int numa = -1, bool excluded = false) {
     write(root_ / "gpus" / bus_id / "information",
           "Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:   \t\t 123\nGPU UUID: \t " + uuid +
               "\nVideo BIOS: \t 96.00.30.00.01\nBus Type: \t PCIe\nBus Location: \t " + bus_id +
-              "\nDevice Minor: \t " + std::to_string(minor) + "\nGPU Excluded:\t No\n");
+              "\nDevice Minor: \t " + std::to_string(minor) + "\nGPU Excluded:\t " +
+              (excluded ? "Yes" : "No") + "\n");
     write(root_ / "pci" / bus_id / "device", "0x2330\n");
     if (!cpus.empty()) write(root_ / "pci" / bus_id / "local_cpulist", cpus + "\n");
     if (numa >= 0) write(root_ / "pci" / bus_id / "numa_node", std::to_string(numa) + "\n");
@@ -409,6 +412,25 @@ TEST_F(DriverView, OnlyReachableGpusTheDriverManagesRemain) {
   std::filesystem::remove(root_ / "dev" / "nvidia2");
   gpus = topo::number_gpus({hwloc_gpu("0000:07:00.0")}, topo::read_driver_gpus(paths_), nullptr);
   EXPECT_TRUE(gpus.empty());
+}
+
+// A GPU the driver excludes (NVreg_ExcludedGpus) is no CUDA device: it neither counts nor
+// shifts the ordinals of the others.
+TEST_F(DriverView, ExcludedGpusAreNotCudaDevices) {
+  add_gpu("0000:07:00.0", 0, "GPU-aaaa", "0-15", 0, /*excluded=*/true);
+  add_gpu("0000:87:00.0", 1, "GPU-bbbb", "16-31", 1);
+  const auto driver = topo::read_driver_gpus(paths_);
+  ASSERT_TRUE(driver);
+  EXPECT_TRUE(driver->front().excluded);
+  EXPECT_FALSE(driver->back().excluded);
+  for (const auto &seen :
+       {std::vector<topo::Gpu>{},
+        std::vector<topo::Gpu>{hwloc_gpu("0000:07:00.0"), hwloc_gpu("0000:87:00.0")}}) {
+    const auto gpus = topo::number_gpus(seen, driver, "0");
+    ASSERT_EQ(gpus.size(), 1u);
+    EXPECT_EQ(gpus[0].pci_bus_id, "0000:87:00.0");
+    EXPECT_EQ(gpus[0].ordinal, 0);
+  }
 }
 
 // Slurm and Kubernetes set CUDA_VISIBLE_DEVICES to UUIDs; the driver's UUIDs map them.
@@ -852,6 +874,55 @@ TEST(Binding, LaptopAutoDoesNotBindButCoreModeDoes) {
   const auto shared = bind(t, BindMode::kCore, 7, 8);
   EXPECT_EQ(shared.cpus.to_string(), "3,7");
   EXPECT_CONTAINS(shared.reason, "more ranks than cores");
+}
+
+// Two packages of 4 PUs, each with its DDR node; `extra` adds memory-only nodes, whose PUs
+// hwloc 2 reports as those of the object they hang from.
+topo::Summary two_packages(const std::vector<std::string> &extra = {}) {
+  topo::Summary s;
+  s.is_this_system = false;
+  s.all_cpus = CpuSet::parse("0-7");
+  s.numa_nodes = {{0, 1u << 30, CpuSet::parse("0-3")}, {1, 1u << 30, CpuSet::parse("4-7")}};
+  int os_index = 2;
+  for (const std::string &cpus : extra)
+    s.numa_nodes.push_back({os_index++, 1u << 30, CpuSet::parse(cpus)});
+  return s;
+}
+
+// HBM beside each DDR node (Xeon Max, flat mode), a CXL expander behind a package or the whole
+// machine: memory-only nodes are not CPU domains of their own. Counted as such, they gave both
+// ranks the whole machine (not bound), or one rank a package and the other everything.
+TEST(Binding, MemoryOnlyNumaNodesAreNotCpuDomains) {
+  for (const auto &extra : std::vector<std::vector<std::string>>{
+           {}, {"0-3", "4-7"}, {"0-3"}, {"0-7"}, {"0-7", "4-7"}}) {
+    const topo::Summary t = two_packages(extra);
+    SCOPED_TRACE(std::to_string(t.numa_nodes.size()) + " NUMA nodes");
+    EXPECT_EQ(bind(t, BindMode::kAuto, 0, 2).cpus, CpuSet::parse("0-3"));
+    EXPECT_EQ(bind(t, BindMode::kAuto, 1, 2).cpus, CpuSet::parse("4-7"));
+    EXPECT_EQ(bind(t, BindMode::kNuma, 1, 4).cpus, CpuSet::parse("0-3"));
+    EXPECT_EQ(bind(t, BindMode::kNuma, 3, 4).cpus, CpuSet::parse("4-7"));
+  }
+}
+
+// One GPU per process (CUDA_VISIBLE_DEVICES per task): local rank 1 drives device 1 % 1 = 0,
+// as the nccl plugin takes it, and binds near that GPU instead of spreading by local rank.
+TEST(Binding, APerProcessGpuSetBindsNearTheProcesssGpu) {
+  topo::Summary t = two_packages();
+  topo::Gpu gpu;
+  gpu.ordinal = 0;
+  gpu.pci_bus_id = "0000:90:00.0";
+  gpu.locality = {CpuSet::parse("0-3"), 0};
+  t.gpus = {gpu};
+  auto b = bind(t, BindMode::kAuto, 1, 2, 1);
+  EXPECT_EQ(b.cpus, CpuSet::parse("0-3")) << b.reason;
+  EXPECT_CONTAINS(b.reason, "device 1 of 1 visible: near GPU 0 (0000:90:00.0, NUMA node 0)");
+  // As many GPUs as local ranks: device 1 is a GPU the process does not have.
+  b = bind(t, BindMode::kAuto, 0, 1, 1);
+  EXPECT_CONTAINS(b.reason, "GPU 1 not in the topology");
+  // A GPU whose CPUs this process may not use all of (sysfs ignores its cpuset): said so.
+  t.gpus[0].locality.cpus = CpuSet::parse("4-11");
+  b = bind(t, BindMode::kAuto, 0, 2, 0);
+  EXPECT_CONTAINS(b.reason, "GPU 0's CPUs 4-11 not all allowed here");
 }
 
 TEST(Binding, GpuAttachedToTheWholeMachineGivesNoPreference) {
