@@ -119,7 +119,7 @@ class PrefixStore final : public Store {
 }  // namespace
 
 std::shared_ptr<Store> open_store(const std::string &url, int rank, int size,
-                                  const WaitOptions &opts) {
+                                  const WaitOptions &opts, TcpListen listen) {
   MNCL_CHECK(size >= 1 && rank >= 0 && rank < size, MNCL_ERR_INVALID_ARGUMENT,
              "open_store: rank %d is out of range for %d ranks", rank, size);
   if (starts_with(url, "tcp://")) {
@@ -127,16 +127,23 @@ std::shared_ptr<Store> open_store(const std::string &url, int rank, int size,
     const std::string token = env::get("MNCL_STORE_TOKEN").value_or("");
     std::shared_ptr<TcpStoreServer> server;
     if (rank == 0) {
-      server = std::make_shared<TcpStoreServer>(address.host, address.port, token);
+      server = std::make_shared<TcpStoreServer>(address.host, address.port, token, listen);
+      // Only a store on the addresses its name resolves to (kNamedHost: one the user named) can
+      // be on loopback alone. One on every address never is, and whether another host reaches
+      // it depends on what that host resolves the name to, which rank 0 cannot see; the case
+      // this warned about for MASTER_ADDR, a host name Debian's /etc/hosts maps to 127.0.1.1 on
+      // this host only, works there.
       if (size > 1 && server->loopback_only() && !names_loopback(address.host)) {
-        // A host name that resolves to loopback on this host (MASTER_ADDR=$(hostname) where
-        // /etc/hosts maps it to 127.0.1.1): what it binds is kept, since all ranks may be here.
+        // A host name that resolves to loopback on this host (MNCL_STORE=tcp://$(hostname):port
+        // where /etc/hosts maps it to 127.0.1.1): what it binds is kept, since all ranks may be
+        // here.
         MNCL_WARN(
             "the store at %s listens only on loopback addresses (%s), which '%s' resolves "
             "to on this host: ranks on other hosts cannot connect to it. For a job across "
-            "hosts, set MASTER_ADDR (or MNCL_STORE=tcp://<address>:%u) to an address the "
-            "other hosts reach: this host's network address, or a name that resolves to "
-            "it (not to 127.x, as /etc/hosts maps the host name to 127.0.1.1 on Debian)",
+            "hosts, name an address they reach (MNCL_STORE=tcp://<address>:%u, or the "
+            "config's bootstrap): this host's network address, or a name that resolves to it "
+            "(not to 127.x, as /etc/hosts maps the host name to 127.0.1.1 on Debian); or name "
+            "none, for MASTER_ADDR:MASTER_PORT, whose store listens on every address",
             url.c_str(), server->listening_on().c_str(), address.host.c_str(),
             static_cast<unsigned>(address.port));
       }

@@ -1,7 +1,8 @@
 // The bootstrap key-value store: how ranks find each other before any backend exists.
 //
-//   tcp://host:port  — TcpStore: rank 0 listens on host:port (that address only) and every rank,
-//                      rank 0 included, connects to it as a client.
+//   tcp://host:port  — TcpStore: rank 0 listens on host:port (that address only, or every address
+//                      of its host: TcpListen) and every rank, rank 0 included, connects to it as
+//                      a client.
 //   file:///dir      — FileStore: one file per key in a shared directory (NFS, Lustre, /tmp).
 //
 // All methods are thread-safe and throw mncl::Error on failure: MNCL_ERR_TIMEOUT (naming the
@@ -48,15 +49,30 @@ class Store {
   virtual void stop_accepting() {}
 };
 
+// Where rank 0's TCP store server listens; the clients connect to the url's host either way.
+enum class TcpListen {
+  // On each address the url's host resolves to on rank 0, and only there: an address the user
+  // named (MNCL_STORE, mncl-run's tcp://127.0.0.1:port) is kept to, so a store meant for this
+  // host alone is not offered to the network.
+  kNamedHost,
+  // On every address of rank 0's host (the wildcard "::", dual-stack, or 0.0.0.0 where IPv6 is
+  // unavailable), on the url's port, as PyTorch's TCPStore does for torchrun's MASTER_ADDR:
+  // rank 0 may resolve the name to another address than the other hosts do (127.0.1.1 from
+  // Debian's /etc/hosts for its own host name), and they must reach it all the same.
+  kEveryAddress,
+};
+
 // Opens the store named by url for a rank of a job of `size` ranks. For tcp://, rank 0 starts
-// the server (bound to exactly that host's address) before connecting. Clients retry the
-// connection until opts.timeout; failing that, MNCL_ERR_BOOTSTRAP names the address and that
-// rank 0 never came up; another program on the port fails at once ("not an MNCL store"). Rank 0
-// of a job of several ranks warns when its server listens on loopback addresses only, from a
-// host name that resolves to them (no other host could connect). A file store's add() waits for
-// its lock at most opts.timeout. Throws MNCL_ERR_INVALID_ARGUMENT for a malformed url.
+// the server (listening as `listen` says) before connecting. Clients retry the connection until
+// opts.timeout; failing that, MNCL_ERR_BOOTSTRAP names the address and that rank 0 never came
+// up; another program on the port fails at once ("not an MNCL store"). Rank 0 of a job of
+// several ranks warns when its server listens on loopback addresses only, from a host name that
+// resolves to them (no other host could connect; never the case with kEveryAddress). A file
+// store's add() waits for its lock at most opts.timeout. Throws MNCL_ERR_INVALID_ARGUMENT for a
+// malformed url.
 std::shared_ptr<Store> open_store(const std::string &url, int rank, int size,
-                                  const WaitOptions &opts);
+                                  const WaitOptions &opts,
+                                  TcpListen listen = TcpListen::kNamedHost);
 
 // A view of another store with every key prefixed ("w/" + key). Shares the underlying store.
 std::shared_ptr<Store> make_prefix_store(std::shared_ptr<Store> base, const std::string &prefix);

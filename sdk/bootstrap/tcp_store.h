@@ -13,8 +13,9 @@
 
 namespace mncl::bootstrap {
 
-// Serves the store on every address host resolves to (never a wildcard unless host is one),
-// from one thread that poll()s the listening sockets, the clients and a shutdown eventfd.
+// Serves the store on every address host resolves to (never a wildcard unless host is one), or
+// with TcpListen::kEveryAddress on the wildcard address, from one thread that poll()s the
+// listening sockets, the clients and a shutdown eventfd.
 // Waiting GETs and WAITs are parked and answered as soon as their keys are set, or with "not
 // yet" when their slice (at most wire::kMaxWaitSliceMs) runs out.
 // Limits: a connection that has not sent HELLO within 5 s is closed (and, past 1024 of them, the
@@ -26,8 +27,12 @@ namespace mncl::bootstrap {
 class TcpStoreServer {
  public:
   // Binds and starts the thread. port 0 picks a free port (see port()). A non-empty token is
-  // required from every client. Throws MNCL_ERR_BOOTSTRAP naming the address if it cannot bind.
-  TcpStoreServer(const std::string &host, uint16_t port, std::string token);
+  // required from every client. Throws MNCL_ERR_BOOTSTRAP naming the address if it cannot bind
+  // ("Address already in use" where another process listens on the port: for kEveryAddress, on
+  // any address of this host). host names the store in messages (and is resolved only to check
+  // that it resolves, with kEveryAddress).
+  TcpStoreServer(const std::string &host, uint16_t port, std::string token,
+                 TcpListen listen = TcpListen::kNamedHost);
   // Stops the thread and closes every socket; clients see MNCL_ERR_REMOTE on their next call.
   ~TcpStoreServer();
   TcpStoreServer(const TcpStoreServer &) = delete;
@@ -35,10 +40,11 @@ class TcpStoreServer {
 
   uint16_t port() const;
   // Whether every address it listens on is a loopback one (127.0.0.0/8, ::1): no other host
-  // can connect. MASTER_ADDR=$(hostname) does that where /etc/hosts maps the host name to
-  // 127.0.1.1 (Debian, Ubuntu).
+  // can connect. A host name does that where /etc/hosts maps it to 127.0.1.1 (Debian, Ubuntu),
+  // with kNamedHost; never with kEveryAddress.
   bool loopback_only() const;
-  // The addresses it listens on, for messages: "127.0.1.1:29500, [::1]:29500".
+  // The addresses it listens on, for messages: "127.0.1.1:29500, [::1]:29500", or "[::]:29500"
+  // (every address).
   std::string listening_on() const;
   // Closes the listening sockets; connected clients keep being served. Used when the job's
   // last communicator on rank 0 is being destroyed, so that a rank that already re-creates one

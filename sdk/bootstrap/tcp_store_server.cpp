@@ -21,11 +21,11 @@
 #include <deque>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
+#include <vector>
 
 #include "bootstrap/tcp_store.h"
 #include "bootstrap/wire.h"
@@ -124,6 +124,25 @@ bool is_loopback(const sockaddr *address) {
     return IN6_IS_ADDR_V4MAPPED(&in6) && in6.s6_addr[12] == 127;
   }
   return false;
+}
+
+// A listening socket on address, or none with *error set to the errno of the step that failed.
+// ipv6_only: an IPv6 socket takes IPv6 connections only; else IPv4 ones too (as
+// ::ffff:a.b.c.d), which is how "::" covers every address of both families.
+net::UniqueFd listen_on(const sockaddr *address, socklen_t length, bool ipv6_only, int *error) {
+  net::UniqueFd fd(socket(address->sa_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  // SO_REUSEADDR lets a new server take a port whose last connections linger in TIME_WAIT; it
+  // never lets two sockets listen on one address and port (the second fails: EADDRINUSE).
+  const int one = 1;
+  const int v6only = ipv6_only ? 1 : 0;
+  bool ok = bool(fd) && setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0;
+  if (ok && address->sa_family == AF_INET6) {
+    ok = setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &v6only, sizeof v6only) == 0;
+  }
+  ok = ok && bind(fd.get(), address, length) == 0 && listen(fd.get(), SOMAXCONN) == 0;
+  if (ok) return fd;
+  *error = errno;
+  return net::UniqueFd();
 }
 
 struct OutChunk {
@@ -230,6 +249,22 @@ Value make_value(std::string_view bytes) {
   return std::make_shared<const Bytes>(bytes.begin(), bytes.end());
 }
 
+// A store this process serves: a second store asked for one of its addresses is this process's
+// own mistake (two job-wide communicators alive on one address), not another program's or
+// another rank 0's. A server on every address holds its port on all of them, so it and any
+// other server of that port share an address.
+struct Serving {
+  std::string url;
+  uint16_t port = 0;
+  bool every_address = false;
+  bool operator==(const Serving &other) const {
+    return url == other.url && port == other.port && every_address == other.every_address;
+  }
+  bool overlaps(const Serving &other) const {
+    return url == other.url || (port == other.port && (every_address || other.every_address));
+  }
+};
+
 }  // namespace
 
 struct TcpStoreServer::Impl {
@@ -240,6 +275,8 @@ struct TcpStoreServer::Impl {
   // Set by bind_all: whether every address listened on is a loopback one, and which they are.
   bool loopback_only = true;
   std::string listening_on;
+  bool every_address = false;  // TcpListen::kEveryAddress
+  Serving registration() const { return {url, port, every_address}; }
   net::UniqueFd wakeup;  // an eventfd written to wake the loop: to stop, or to stop accepting
   std::atomic<bool> stopping{false};
   std::atomic<bool> refuse_new{false};
@@ -255,7 +292,11 @@ struct TcpStoreServer::Impl {
   std::vector<Connection *> resumable;
   std::thread thread;
 
-  void bind_all(const std::string &host, uint16_t requested_port);
+  void bind_all(const std::string &host, uint16_t requested_port, TcpListen listen);
+  // Listens on the wildcard address at `port` (0: a free one); returns why it could not.
+  std::string listen_on_every_address();
+  // Sets port from the first listening socket, when it was 0 (a free port was asked for).
+  void take_bound_port(int fd);
   void wake(const char *why);
   void run();
   void loop_once(std::vector<pollfd> &fds, size_t polled_listeners, Clock::time_point now);
@@ -282,51 +323,55 @@ struct TcpStoreServer::Impl {
 };
 
 namespace {
-// The addresses this process's servers listen on, until they stop accepting: a second store
-// asked for one of them is this process's own mistake (two job-wide communicators alive on
-// one address), not another program's or another rank 0's.
+// The stores this process's servers serve (Serving), until they stop accepting.
 std::mutex g_serving_mutex;
-std::multiset<std::string> g_serving;
+std::vector<Serving> g_serving;
 
-// Registers url (yes) or takes this server's registration back, once (*registered).
-void serving(const std::string &url, bool yes, bool *registered) {
+// Registers entry (yes) or takes this server's registration back, once (*registered).
+void serving(const Serving &entry, bool yes, bool *registered) {
   std::lock_guard<std::mutex> lock(g_serving_mutex);
   if (yes) {
-    g_serving.insert(url);
+    g_serving.push_back(entry);
     *registered = true;
   } else if (*registered) {
-    g_serving.erase(g_serving.find(url));
+    g_serving.erase(std::find(g_serving.begin(), g_serving.end(), entry));
     *registered = false;
   }
 }
 }  // namespace
 
-TcpStoreServer::TcpStoreServer(const std::string &host, uint16_t port, std::string token)
+TcpStoreServer::TcpStoreServer(const std::string &host, uint16_t port, std::string token,
+                               TcpListen listen)
     : impl_(std::make_unique<Impl>()) {
   impl_->token = std::move(token);
+  const bool every_address = listen == TcpListen::kEveryAddress;
   if (port != 0) {
-    const std::string url = net::tcp_url(host, port);
+    const Serving asked{net::tcp_url(host, port), port, every_address};
     std::lock_guard<std::mutex> lock(g_serving_mutex);
-    MNCL_CHECK(g_serving.count(url) == 0, MNCL_ERR_BOOTSTRAP,
-               "cannot start the store at %s: this process serves a store there already, for a "
-               "live job-wide communicator; two cannot share the address at a time (destroy "
-               "the first one, split it with mncl_comm_split, or give the second another "
-               "address)",
-               url.c_str());
+    const auto found = std::find_if(g_serving.begin(), g_serving.end(),
+                                    [&](const Serving &s) { return s.overlaps(asked); });
+    MNCL_CHECK(found == g_serving.end(), MNCL_ERR_BOOTSTRAP,
+               "cannot start the store at %s: this process serves a store there already (%s%s), "
+               "for a live job-wide communicator; two cannot share the address at a time "
+               "(destroy the first one, split it with mncl_comm_split, or give the second "
+               "another address)",
+               asked.url.c_str(), found == g_serving.end() ? "" : found->url.c_str(),
+               found != g_serving.end() && found->every_address ? ", on every address" : "");
   }
-  impl_->bind_all(host, port);
+  impl_->bind_all(host, port, listen);
   raise_descriptor_limit(impl_->url);
   impl_->wakeup.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   MNCL_CHECK(impl_->wakeup, MNCL_ERR_SYSTEM, "cannot start the store at %s: eventfd: %s",
              impl_->url.c_str(), net::error_text(errno).c_str());
   impl_->thread = std::thread([impl = impl_.get()] { impl->run(); });
-  serving(impl_->url, true, &registered_);  // last: a constructor that throws never deregisters
-  MNCL_INFO("store server listening at %s%s", impl_->url.c_str(),
-            impl_->token.empty() ? "" : " (token required)");
+  // Last: a constructor that throws never deregisters.
+  serving(impl_->registration(), true, &registered_);
+  MNCL_INFO("store server listening at %s (on %s)%s", impl_->url.c_str(),
+            impl_->listening_on.c_str(), impl_->token.empty() ? "" : " (token required)");
 }
 
 TcpStoreServer::~TcpStoreServer() {
-  serving(impl_->url, false, &registered_);
+  serving(impl_->registration(), false, &registered_);
   impl_->stopping = true;
   impl_->wake("stop it");
   impl_->thread.join();
@@ -334,7 +379,7 @@ TcpStoreServer::~TcpStoreServer() {
 
 void TcpStoreServer::stop_accepting() {
   if (impl_->refuse_new.exchange(true)) return;
-  serving(impl_->url, false, &registered_);  // the next server may take the address
+  serving(impl_->registration(), false, &registered_);  // the next server may take the address
   impl_->wake("close its listening sockets");
 }
 
@@ -358,49 +403,45 @@ std::string TcpStoreServer::listening_on() const {
   return impl_->listening_on;
 }
 
-void TcpStoreServer::Impl::bind_all(const std::string &host, uint16_t requested_port) {
+void TcpStoreServer::Impl::bind_all(const std::string &host, uint16_t requested_port,
+                                    TcpListen listen) {
   url = net::tcp_url(host, requested_port);
+  every_address = listen == TcpListen::kEveryAddress;
   std::string error;
+  // Resolved with kEveryAddress too: a name this host cannot resolve, its own client could not
+  // connect to either, and saying so now is clearer than its connection timing out.
   const auto endpoints = net::resolve(host, requested_port, error);
   MNCL_CHECK(!endpoints.empty(), MNCL_ERR_BOOTSTRAP,
              "cannot start the store at %s: cannot resolve '%s': %s", url.c_str(), host.c_str(),
              error.c_str());
-  // Listen on each address the host resolves to ("localhost" may be ::1 and 127.0.0.1), and
-  // only there: clients of a store bound to 127.0.0.1 must not find it on another address.
   std::string failures;
-  std::unordered_set<std::string> seen;
   port = requested_port;
-  for (auto endpoint : endpoints) {
-    auto *address = reinterpret_cast<sockaddr *>(&endpoint.address);
-    // With port 0, the first bind picks the port and the other addresses reuse it.
-    if (endpoint.family == AF_INET) {
-      reinterpret_cast<sockaddr_in *>(address)->sin_port = htons(port);
-    } else if (endpoint.family == AF_INET6) {
-      reinterpret_cast<sockaddr_in6 *>(address)->sin6_port = htons(port);
+  if (every_address) {
+    failures = listen_on_every_address();
+  } else {
+    // Listen on each address the host resolves to ("localhost" may be ::1 and 127.0.0.1), and
+    // only there: clients of a store bound to 127.0.0.1 must not find it on another address.
+    std::unordered_set<std::string> seen;
+    for (auto endpoint : endpoints) {
+      auto *address = reinterpret_cast<sockaddr *>(&endpoint.address);
+      // With port 0, the first bind picks the port and the other addresses reuse it.
+      if (endpoint.family == AF_INET) {
+        reinterpret_cast<sockaddr_in *>(address)->sin_port = htons(port);
+      } else if (endpoint.family == AF_INET6) {
+        reinterpret_cast<sockaddr_in6 *>(address)->sin6_port = htons(port);
+      }
+      const std::string name = net::to_string(address, endpoint.length);
+      if (!seen.insert(name).second) continue;
+      int failure = 0;
+      // IPv6-only: otherwise an IPv6 socket would also take the IPv4 addresses of the port.
+      net::UniqueFd fd = listen_on(address, endpoint.length, true, &failure);
+      if (!fd) {
+        failures += (failures.empty() ? "" : "; ") + name + ": " + net::error_text(failure);
+        continue;
+      }
+      take_bound_port(fd.get());
+      listeners.push_back(std::move(fd));
     }
-    const std::string name = net::to_string(address, endpoint.length);
-    if (!seen.insert(name).second) continue;
-
-    net::UniqueFd fd(socket(endpoint.family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    const int one = 1;
-    bool ok = bool(fd) && setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0;
-    // Otherwise an IPv6 socket would also take the IPv4 addresses of the port.
-    if (ok && endpoint.family == AF_INET6) {
-      ok = setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one) == 0;
-    }
-    ok = ok && bind(fd.get(), address, endpoint.length) == 0 && listen(fd.get(), SOMAXCONN) == 0;
-    if (!ok) {
-      failures += (failures.empty() ? "" : "; ") + name + ": " + net::error_text(errno);
-      continue;
-    }
-    if (port == 0) {
-      sockaddr_storage bound{};
-      socklen_t length = sizeof bound;
-      getsockname(fd.get(), reinterpret_cast<sockaddr *>(&bound), &length);
-      port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6 *>(&bound)->sin6_port
-                                               : reinterpret_cast<sockaddr_in *>(&bound)->sin_port);
-    }
-    listeners.push_back(std::move(fd));
   }
   MNCL_CHECK(!listeners.empty(), MNCL_ERR_BOOTSTRAP,
              "cannot start the store at %s: cannot listen on %s", url.c_str(), failures.c_str());
@@ -417,6 +458,51 @@ void TcpStoreServer::Impl::bind_all(const std::string &host, uint16_t requested_
     MNCL_WARN("the store at %s listens on only some addresses of '%s'; failed: %s", url.c_str(),
               host.c_str(), failures.c_str());
   }
+}
+
+std::string TcpStoreServer::Impl::listen_on_every_address() {
+  // "::" with IPV6_V6ONLY off takes IPv4 connections too: one socket for every address of both
+  // families, as PyTorch's TCPStore listens.
+  sockaddr_in6 any6{};
+  any6.sin6_family = AF_INET6;
+  any6.sin6_addr = in6addr_any;
+  any6.sin6_port = htons(port);
+  int failure = 0;
+  net::UniqueFd fd = listen_on(reinterpret_cast<sockaddr *>(&any6), sizeof any6, false, &failure);
+  if (!fd && failure == EADDRINUSE) {
+    // Another socket holds the port (another rank 0, another program): the caller says so. Not
+    // a reason to try 0.0.0.0, which would at best take the port for IPv4 alone.
+    return format("[::]:%u: %s", static_cast<unsigned>(port), net::error_text(failure).c_str());
+  }
+  if (!fd) {
+    // No IPv6 here (a kernel without it, ipv6.disable=1) or no dual-stack socket: IPv4's
+    // wildcard, which covers every address this host can be reached on.
+    const std::string ipv6_failure = net::error_text(failure);
+    sockaddr_in any4{};
+    any4.sin_family = AF_INET;
+    any4.sin_addr.s_addr = htonl(INADDR_ANY);
+    any4.sin_port = htons(port);
+    fd = listen_on(reinterpret_cast<sockaddr *>(&any4), sizeof any4, false, &failure);
+    if (!fd) {
+      return format("[::]:%u: %s; 0.0.0.0:%u: %s", static_cast<unsigned>(port),
+                    ipv6_failure.c_str(), static_cast<unsigned>(port),
+                    net::error_text(failure).c_str());
+    }
+    MNCL_INFO("a store server listens on 0.0.0.0, IPv4 addresses only: [::] (IPv6): %s",
+              ipv6_failure.c_str());
+  }
+  take_bound_port(fd.get());
+  listeners.push_back(std::move(fd));
+  return {};
+}
+
+void TcpStoreServer::Impl::take_bound_port(int fd) {
+  if (port != 0) return;
+  sockaddr_storage bound{};
+  socklen_t length = sizeof bound;
+  getsockname(fd, reinterpret_cast<sockaddr *>(&bound), &length);
+  port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6 *>(&bound)->sin6_port
+                                           : reinterpret_cast<sockaddr_in *>(&bound)->sin_port);
 }
 
 void TcpStoreServer::Impl::run() {

@@ -146,10 +146,13 @@ Selection agree_on_backend(bootstrap::Store &store, const LaunchSettings &settin
   Selection selection;
   std::string local_error;
   mncl_status_t local_status = MNCL_ERR_PLUGIN;
+  // The plugin folders as this creation found them: searched once, for the choice and for the
+  // agreed backend (see loader::Discovery).
+  loader::Discovery plugins;
   // Any failure is published, so that the other ranks end at once too instead of waiting out
   // the timeout for this rank's record.
   try {
-    selection = select_backend(settings, probe_info(settings, local_size, num_hosts));
+    selection = select_backend(settings, probe_info(settings, local_size, num_hosts), &plugins);
     MNCL_INFO("backend %s chosen: %s", selection.plugin->name().c_str(), selection.why.c_str());
   } catch (const Error &e) {
     local_error = e.what();  // MNCL_ERR_PLUGIN, whatever the cause: a backend could not be had
@@ -188,7 +191,7 @@ Selection agree_on_backend(bootstrap::Store &store, const LaunchSettings &settin
   if (agreement.backend != selection.plugin->name()) {
     MNCL_INFO("backend %s instead of %s: %s", agreement.backend.c_str(),
               selection.plugin->name().c_str(), agreement.why.c_str());
-    selection.plugin = loader::load(agreement.backend);  // in this rank's usable list
+    selection.plugin = loader::load(agreement.backend, &plugins);  // in this rank's usable list
   }
   return selection;
 }
@@ -346,11 +349,17 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
   // a TCP store lives as long as its job, so its note is no earlier job's.
   static constexpr const char *kStoreTaken = "; it found the store's address taken";
   const auto opts = wait_options(settings.timeout_ms, &comm->aborted_);
+  // torchrun's MASTER_ADDR:MASTER_PORT (a store no one named) is served on every address of
+  // rank 0's host, as PyTorch's TCPStore does: MASTER_ADDR=$(hostname) may resolve to 127.0.1.1
+  // on rank 0 (Debian's /etc/hosts) and to the host's network address elsewhere. An address
+  // the user named is kept to (mncl-run's tcp://127.0.0.1:port stays off the network).
+  const auto listen = settings.store_from_master ? bootstrap::TcpListen::kEveryAddress
+                                                 : bootstrap::TcpListen::kNamedHost;
   try {
     comm->job_store_ =
         settings.store_url.empty()
             ? bootstrap::make_memory_store()
-            : bootstrap::open_store(settings.store_url, settings.rank, settings.size, opts);
+            : bootstrap::open_store(settings.store_url, settings.rank, settings.size, opts, listen);
   } catch (const Error &e) {
     // Two processes that both think they are rank 0 both start the store: the second finds
     // the address taken. Say which variable made it rank 0.

@@ -300,6 +300,7 @@ LaunchSettings resolve_launch_settings(const mncl_config_t &config) {
     // A job of one rank needs no store: torchrun --nproc-per-node=1 sets MASTER_ADDR and
     // MASTER_PORT all the same, where its agent's own store may already listen.
     s.store_url = master_url;
+    s.store_from_master = !master_url.empty();
   }
   // torchrun's agent serves its own store on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True):
   // rank 0 could not listen there, and the other ranks would talk to torch's store.

@@ -25,6 +25,7 @@ struct LaunchSettings {
   int local_size = -1;
   std::string store_url;              // empty: in-process store (only for size 1)
   bool store_is_private_dir = false;  // a file store folder MNCL made up (removed at the end)
+  bool store_from_master = false;     // store_url is MASTER_ADDR:MASTER_PORT (no one named one)
   int64_t timeout_ms = 300000;
   int device = -1;
   // The rank and size are Open MPI's, PMI's, or PMIx's under srun (not merely that such

@@ -107,9 +107,14 @@ ProbeResult probe(const loader::Plugin &plugin, const mncl_probe_v1_t &info) {
   return result;
 }
 
-Selection select_backend(const LaunchSettings &settings, const mncl_probe_v1_t &info) {
+Selection select_backend(const LaunchSettings &settings, const mncl_probe_v1_t &info,
+                         loader::Discovery *discovery) {
   const std::string &spec = settings.backend_spec;
   const topology::Summary &machine = machine_summary();
+  // One search for the whole list: "auto" and an unknown name's list of the available ones
+  // (each search loads and initializes every plugin, and logs each refusal).
+  loader::Discovery own;
+  loader::Discovery &plugins = discovery ? *discovery : own;
   Selection selection;
   selection.memory = topology::resolve_memory(settings.memory, machine);
   std::string failures;
@@ -117,7 +122,7 @@ Selection select_backend(const LaunchSettings &settings, const mncl_probe_v1_t &
     if (candidate == "auto") {
       std::vector<std::shared_ptr<loader::Plugin>> loaded;
       std::vector<topology::Candidate> candidates;
-      for (const auto &report : loader::discover()) {
+      for (const auto &report : plugins.reports()) {
         if (!report.loaded) {
           // Unusable, with the loader's reason: an override naming it, or a rule preferring it,
           // says why it was passed over instead of "not installed".
@@ -166,7 +171,7 @@ Selection select_backend(const LaunchSettings &settings, const mncl_probe_v1_t &
       continue;
     }
     try {
-      auto plugin = loader::load(candidate);
+      auto plugin = loader::load(candidate, &plugins);
       ProbeResult p = probe(*plugin, info);
       selection.probed.push_back(p);
       if (p.score > 0) {

@@ -41,7 +41,10 @@ mncl_probe_v1_t probe_info(const LaunchSettings &settings, int local_size = -1, 
 // Probes one loaded plugin (a throwing or misbehaving probe counts as unusable).
 ProbeResult probe(const loader::Plugin &plugin, const mncl_probe_v1_t &info);
 // Throws mncl::Error(MNCL_ERR_PLUGIN) explaining each candidate when none is usable, and
-// MNCL_ERR_INVALID_ARGUMENT for a bad MNCL_MEMORY.
-Selection select_backend(const LaunchSettings &settings, const mncl_probe_v1_t &info);
+// MNCL_ERR_INVALID_ARGUMENT for a bad MNCL_MEMORY. The plugin folders are searched at most once,
+// through discovery (a communicator's creation passes its own, which the agreement then uses
+// too), or through one of this call's without one.
+Selection select_backend(const LaunchSettings &settings, const mncl_probe_v1_t &info,
+                         loader::Discovery *discovery = nullptr);
 
 }  // namespace mncl::core

@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <utility>
 
 #include "common/env.h"
 #include "common/error.h"
@@ -193,6 +194,16 @@ const abi::Adapter *find_adapter(const boost::dll::shared_library &lib, std::str
   return nullptr;
 }
 
+// Whether this process meets the refusal of the file at path for reason for the first time
+// (and notes it). Every communicator's creation searches the plugin folders again, and a
+// refusal is warned about once, not at each. Leaked on purpose, as the registry.
+bool first_refusal(const std::string &path, const std::string &reason) {
+  static auto *mutex = new std::mutex;
+  static auto *seen = new std::set<std::pair<std::string, std::string>>;
+  std::lock_guard<std::mutex> lock(*mutex);
+  return seen->emplace(path, reason).second;
+}
+
 // Loads, checks and initializes one file, or finds it already loaded. Never throws for a bad
 // plugin: the report says why. Must not be called with the registry lock held.
 PluginReport try_load(const std::string &path) {
@@ -200,7 +211,12 @@ PluginReport try_load(const std::string &path) {
   report.path = path;
   report.name = name_from_file(path);
   auto refuse = [&report](std::string reason) {
-    MNCL_WARN("skipping plugin %s: %s", report.path.c_str(), reason.c_str());
+    if (first_refusal(report.path, reason)) {
+      MNCL_WARN("skipping plugin %s: %s", report.path.c_str(), reason.c_str());
+    } else {
+      MNCL_INFO("skipping plugin %s: %s (warned about earlier)", report.path.c_str(),
+                reason.c_str());
+    }
     report.reason = std::move(reason);
     return report;
   };
@@ -403,16 +419,22 @@ std::vector<PluginReport> discover() {
   return reports;
 }
 
-std::vector<std::string> available_names() {
+const std::vector<PluginReport> &Discovery::reports() {
+  if (!reports_) reports_ = discover();
+  return *reports_;
+}
+
+std::vector<std::string> available_names(Discovery *discovery) {
+  Discovery own;
   std::vector<std::string> names;
-  for (const PluginReport &r : discover()) {
+  for (const PluginReport &r : (discovery ? discovery : &own)->reports()) {
     if (r.loaded) names.push_back(r.name);
   }
   std::sort(names.begin(), names.end());
   return names;
 }
 
-std::shared_ptr<Plugin> load(const std::string &name_or_path) {
+std::shared_ptr<Plugin> load(const std::string &name_or_path, Discovery *discovery) {
   if (name_or_path.find('/') != std::string::npos) {
     PluginReport r = try_load(name_or_path);
     if (!r.loaded) {
@@ -433,7 +455,7 @@ std::shared_ptr<Plugin> load(const std::string &name_or_path) {
     }
     return r.plugin;
   }
-  const std::vector<std::string> names = available_names();
+  const std::vector<std::string> names = available_names(discovery);
   throw Error(MNCL_ERR_PLUGIN,
               format("unknown backend '%s'; available: %s (searched %s)", name_or_path.c_str(),
                      names.empty() ? "none" : join(names, ", ").c_str(), join(dirs, ":").c_str()));

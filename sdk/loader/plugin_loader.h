@@ -15,7 +15,10 @@
 // Each file is logged (info) as "loading <path>" before dlopen runs its static initializers, so
 // one that kills the process is named (MNCL_DEBUG=info).
 //
-// Loading checks, in order, each refusal logged (warn) with the file and the reason:
+// Loading checks, in order, each refusal logged with the file and the reason: at warn the first
+// time this process meets it (that path, that reason), at info after, since every
+// communicator's creation searches the folders again (a refusal of a plugin asked for by name or
+// path is an error that carries the reason too):
 //   not a regular file / not an ELF file / ELF of the wrong class or machine /
 //   dlopen failed (dlerror text) / no mncl_plugin_vN symbol / only newer ABI versions than this
 //   core supports (naming both ranges) / bad magic, struct_size or abi_version in the table /
@@ -26,6 +29,7 @@
 #include <mncl/mncl_plugin.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,14 +62,31 @@ struct PluginReport {
 
 // Folders searched, in order.
 std::vector<std::string> search_path();
-// Every libmncl-*.so in the search path (first per name), loaded and checked.
+// Every libmncl-*.so in the search path (first per name), loaded and checked. Nothing is
+// cached: each call searches the folders of that moment (MNCL_PLUGIN_PATH may have changed) and
+// loads and initializes each plugin not loaded already (plugins unload with their last user).
 std::vector<PluginReport> discover();
+
+// One search of the plugin folders, run when first needed and then kept, with the plugins it
+// loaded: what one communicator's creation (or one mncl-info run) decides with, so that it
+// searches once however many of its steps need the list (each entry of a backend list, the
+// available names in an error, the agreed backend). Not thread-safe.
+class Discovery {
+ public:
+  const std::vector<PluginReport> &reports();
+
+ private:
+  std::optional<std::vector<PluginReport>> reports_;
+};
+
 // Loads one plugin by name ("naive": searched) or by path (contains '/'). Throws
 // mncl::Error(MNCL_ERR_PLUGIN) with the reason; for an unknown name the message lists the
-// available backends. Plugins already loaded by this process are shared.
-std::shared_ptr<Plugin> load(const std::string &name_or_path);
-// Names of the plugins in the search path that load (for error messages).
-std::vector<std::string> available_names();
+// available backends (discovery's, or a search of its own without one). Plugins already loaded
+// by this process are shared.
+std::shared_ptr<Plugin> load(const std::string &name_or_path, Discovery *discovery = nullptr);
+// Names of the plugins in the search path that load (for error messages): discovery's, or a
+// search of its own without one.
+std::vector<std::string> available_names(Discovery *discovery = nullptr);
 
 // The host services handed to plugin init() (logging tagged with the plugin name, set_error
 // into mncl_last_error, get_env through the env table).

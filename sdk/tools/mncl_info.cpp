@@ -67,11 +67,11 @@ void print_usage() {
       "3 when no backend is usable here (--plugins, --topology: the decision is \"none\").");
 }
 
-void print_plugins(const mncl_probe_v1_t &info) {
+void print_plugins(const mncl_probe_v1_t &info, mncl::loader::Discovery &plugins) {
   std::printf("Plugin search path (first match per name wins):\n");
   for (const auto &dir : mncl::loader::search_path()) std::printf("  %s\n", dir.c_str());
   std::printf("\nPlugins:\n");
-  const auto reports = mncl::loader::discover();
+  const auto &reports = plugins.reports();
   if (reports.empty()) std::printf("  (none found)\n");
   for (const auto &r : reports) {
     if (!r.loaded) {
@@ -96,11 +96,12 @@ void print_plugins(const mncl_probe_v1_t &info) {
 }
 
 // False when no backend is usable (the decision is "none").
-bool print_selection(const mncl::core::LaunchSettings &settings, const mncl_probe_v1_t &info) {
+bool print_selection(const mncl::core::LaunchSettings &settings, const mncl_probe_v1_t &info,
+                     mncl::loader::Discovery &plugins) {
   std::printf("\nBackend selection for this environment (MNCL_BACKEND=%s, %d rank%s):\n",
               settings.backend_spec.c_str(), settings.size, settings.size == 1 ? "" : "s");
   try {
-    const auto selection = mncl::core::select_backend(settings, info);
+    const auto selection = mncl::core::select_backend(settings, info, &plugins);
     std::printf("  -> %s: %s\n", selection.plugin->name().c_str(), selection.why.c_str());
     return true;
   } catch (const mncl::Error &e) {
@@ -114,7 +115,8 @@ bool print_selection(const mncl::core::LaunchSettings &settings, const mncl_prob
 // The summary, each plugin's probe with this host's facts, the decision and why, and the
 // binding this process would get as local rank 0 (or the launcher's local rank). False when no
 // backend is usable.
-bool print_topology(const mncl::core::LaunchSettings &settings, const mncl_probe_v1_t &info) {
+bool print_topology(const mncl::core::LaunchSettings &settings, const mncl_probe_v1_t &info,
+                    mncl::loader::Discovery &plugins) {
   namespace topo = mncl::topology;
   std::printf("\nTopology (hwloc):\n");
   const topo::Topology *machine = topo::this_machine();
@@ -130,14 +132,14 @@ bool print_topology(const mncl::core::LaunchSettings &settings, const mncl_probe
   std::printf("\n  Probes (%d rank%s, %s on this host, %s, %s):\n", info.size,
               info.size == 1 ? "" : "s", local.c_str(), hosts.c_str(),
               info.launched_by_mpi ? "launched by MPI" : "not launched by MPI");
-  for (const auto &r : mncl::loader::discover()) {
+  for (const auto &r : plugins.reports()) {
     if (!r.loaded) continue;
     const auto p = mncl::core::probe(*r.plugin, info);
     std::printf("    %-10s score %3d%s%s\n", p.name.c_str(), p.score, p.reason.empty() ? "" : "  ",
                 p.reason.c_str());
   }
   try {
-    const auto selection = mncl::core::select_backend(settings, info);
+    const auto selection = mncl::core::select_backend(settings, info, &plugins);
     std::printf("\n  Decision (MNCL_BACKEND=%s, %s memory): %s\n    why: %s\n",
                 settings.backend_spec.c_str(), topo::memory_name(selection.memory),
                 selection.plugin->name().c_str(), selection.why.c_str());
@@ -212,12 +214,14 @@ int main(int argc, char **argv) {
       const auto config = mncl::core::read_user_config(nullptr);
       const auto settings = mncl::core::resolve_launch_settings(config);
       const auto info = mncl::core::probe_info(settings);
+      // One search of the plugin folders for every section (each refusal logged once).
+      mncl::loader::Discovery discovery;
       bool usable = true;
       if (plugins) {
-        print_plugins(info);
-        usable = print_selection(settings, info) && usable;
+        print_plugins(info, discovery);
+        usable = print_selection(settings, info, discovery) && usable;
       }
-      if (topology) usable = print_topology(settings, info) && usable;
+      if (topology) usable = print_topology(settings, info, discovery) && usable;
       if (!usable) status = 3;
     } catch (const mncl::Error &e) {
       // A bad environment (MNCL_TIMEOUT=abc) is reported, and the rest still printed.

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -21,6 +22,7 @@
 #include "common/coll.h"  // the plugin kit's descriptor builders
 #include "common/error.h"
 #include "common/log.h"
+#include "core/comm.h"
 #include "core/launch_env.h"
 #include "core/selection.h"
 #include "loader/plugin_abi.h"
@@ -174,15 +176,30 @@ TEST_P(RefusedPlugin, InDiscover) {
   EXPECT_CONTAINS(r->reason, GetParam().reason);
 }
 
-TEST_P(RefusedPlugin, LoggedAtWarnWithFileAndReason) {
+// The first refusal of a file in this process is logged at warn, naming the file and the
+// reason; a later one of the same file for the same reason only at info (every communicator's
+// creation searches the folders again), while the error still carries the reason. The file is
+// copied to a folder of its own first: the tests above have met the mock folder's already.
+TEST_P(RefusedPlugin, LoggedAtWarnOnceWithFileAndReason) {
   if (log::level() < log::kWarn) GTEST_SKIP() << "MNCL_DEBUG hides warnings";
-  const std::string path = mock_path(GetParam().file);
+  const std::string dir = std::string(MNCL_LOADER_TEST_TMP) + "/warned." +
+                          std::to_string(getpid()) + "." + GetParam().file;
+  ASSERT_EQ(system(("rm -rf '" + dir + "' && mkdir -p '" + dir + "' && cp -R '" +
+                    mock_path(GetParam().file) + "' '" + dir + "/'")
+                       .c_str()),
+            0);
+  const std::string path = dir + "/libmncl-" + GetParam().file + ".so";
   ::testing::internal::CaptureStderr();
   EXPECT_THROW(load(path), Error);
-  const std::string err = ::testing::internal::GetCapturedStderr();
+  std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_CONTAINS(err, " WARN ");
   EXPECT_CONTAINS(err, "skipping plugin " + path + ": ");
   EXPECT_CONTAINS(err, GetParam().reason);
+  ::testing::internal::CaptureStderr();
+  EXPECT_CONTAINS(error_of([&] { load(path); }), GetParam().reason);
+  err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(err.find(" WARN "), std::string::npos) << err;
+  ASSERT_EQ(system(("rm -rf '" + dir + "'").c_str()), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, RefusedPlugin, ::testing::ValuesIn(refusals()),
@@ -895,6 +912,103 @@ TEST(Selection, RefusedPluginIsAnUnusableCandidateInAuto) {
   EXPECT_EQ(undef->reason.rfind("refused: dlopen failed: ", 0), 0u) << undef->reason;
   ASSERT_NE(s.plugin, nullptr);
   EXPECT_NE(s.plugin->name(), "undef");
+}
+
+// A folder of its own (no other test searches it) holding a plugin the loader refuses,
+// libmncl-junk.so (not an ELF file), and a link to the good mock, whose init and finalize are
+// counted in the events file.
+std::string folder_with_a_refused_plugin(const std::string &what) {
+  const std::string dir =
+      std::string(MNCL_LOADER_TEST_TMP) + "/" + what + "." + std::to_string(getpid());
+  EXPECT_EQ(system(("rm -rf '" + dir + "' && mkdir -p '" + dir + "'").c_str()), 0);
+  std::ofstream(dir + "/libmncl-junk.so") << "This is not a plugin\n";
+  EXPECT_EQ(symlink(mock_path("mock").c_str(), (dir + "/libmncl-mock.so").c_str()), 0);
+  return dir;
+}
+
+// The lines of err that warn about the refusal of the plugin at path.
+size_t refusal_warnings(const std::string &err, const std::string &path) {
+  size_t count = 0;
+  std::istringstream lines(err);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find(" WARN ") != std::string::npos &&
+        line.find("skipping plugin " + path + ": ") != std::string::npos) {
+      ++count;
+    }
+  }
+  return count;
+}
+
+size_t count_of(const std::vector<std::string> &items, const std::string &item) {
+  return static_cast<size_t>(std::count(items.begin(), items.end(), item));
+}
+
+// One backend choice searches the plugin folders once (each search loads and initializes every
+// plugin): for its whole list, "auto" and the list of available backends that an unknown name's
+// message gives alike. A plugin the loader refuses is warned about once in this process, not
+// at every choice, and each choice still reports why it was passed over.
+TEST(Selection, OneChoiceSearchesOnceAndARefusalIsWarnedAboutOnce) {
+  if (log::level() < log::kWarn) GTEST_SKIP() << "MNCL_DEBUG hides warnings";
+  const std::string dir = folder_with_a_refused_plugin("choice");
+  const std::string junk = dir + "/libmncl-junk.so";
+  PluginPath path(dir);
+  const auto settings = one_rank("absent,auto");
+  constexpr size_t kChoices = 2;
+  std::vector<std::string> refused_because;
+  clear_events();
+  ::testing::internal::CaptureStderr();
+  for (size_t i = 0; i < kChoices; ++i) {
+    try {
+      // Released before the next choice, which then loads the mock afresh.
+      const core::Selection choice = core::select_backend(settings, core::probe_info(settings));
+      const core::ProbeResult *refused = find_probed(choice, "junk");
+      refused_because.push_back(refused ? refused->reason : "(not among the candidates)");
+    } catch (const std::exception &e) {
+      ADD_FAILURE() << "choice " << i << ": " << e.what();
+    }
+  }
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(refusal_warnings(err, junk), 1u) << err;
+  EXPECT_EQ(count_of(events("mock"), "init"), kChoices) << "searched more than once";
+  ASSERT_EQ(refused_because.size(), kChoices);
+  for (const std::string &reason : refused_because) {
+    EXPECT_EQ(reason.rfind("refused: not an ELF file", 0), 0u) << reason;
+  }
+  EXPECT_EQ(system(("rm -rf '" + dir + "'").c_str()), 0);
+}
+
+// The same through communicators: each creation (the choice and the agreement) searches once,
+// and the refusal is warned about at the first creation only.
+TEST(Selection, EachCommunicatorCreationSearchesOnceAndARefusalIsWarnedAboutOnce) {
+  if (log::level() < log::kWarn) GTEST_SKIP() << "MNCL_DEBUG hides warnings";
+  const std::string dir = folder_with_a_refused_plugin("creation");
+  const std::string junk = dir + "/libmncl-junk.so";
+  PluginPath path(dir);
+  const std::string memory = getenv("MNCL_MEMORY") ? getenv("MNCL_MEMORY") : "";
+  setenv("MNCL_MEMORY", "host", 1);
+  mncl_config_t config = MNCL_CONFIG_INIT;
+  config.backend = "absent,auto";
+  config.rank = 0;
+  config.size = 1;
+  constexpr size_t kCreations = 2;
+  clear_events();
+  ::testing::internal::CaptureStderr();
+  for (size_t i = 0; i < kCreations; ++i) {
+    try {
+      core::Comm::create(&config)->destroy();
+    } catch (const std::exception &e) {
+      ADD_FAILURE() << "creation " << i << ": " << e.what();
+    }
+  }
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  if (memory.empty()) {
+    unsetenv("MNCL_MEMORY");
+  } else {
+    setenv("MNCL_MEMORY", memory.c_str(), 1);
+  }
+  EXPECT_EQ(refusal_warnings(err, junk), 1u) << err;
+  EXPECT_EQ(count_of(events("mock"), "init"), kCreations) << "searched more than once";
+  EXPECT_EQ(system(("rm -rf '" + dir + "'").c_str()), 0);
 }
 
 // ----------------------------------------------------------------------------------------------

@@ -20,10 +20,12 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "../common/expect_error.h"
@@ -33,6 +35,7 @@
 #include "bootstrap/wire.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "core/comm.h"
 
 namespace mncl::bootstrap {
 namespace {
@@ -478,16 +481,125 @@ TEST(TcpStore, ServerOnLoopbackIsNotReachableOnAnotherAddress) {
   EXPECT_EQ(try_connect(reinterpret_cast<sockaddr *>(&loopback), sizeof loopback), 0);
 }
 
-TEST(TcpStore, Ipv6Loopback) {
-  {
-    net::UniqueFd probe(socket(AF_INET6, SOCK_STREAM, 0));
-    sockaddr_in6 address{};
-    address.sin6_family = AF_INET6;
-    address.sin6_addr = in6addr_loopback;
-    if (!probe || bind(probe.get(), reinterpret_cast<sockaddr *>(&address), sizeof address) != 0) {
-      GTEST_SKIP() << "this machine has no IPv6 loopback (::1)";
-    }
+// Whether a socket can be bound to ::1 here (no IPv6 in the kernel, or ipv6.disable=1: none).
+bool has_ipv6_loopback() {
+  net::UniqueFd probe(socket(AF_INET6, SOCK_STREAM, 0));
+  sockaddr_in6 address{};
+  address.sin6_family = AF_INET6;
+  address.sin6_addr = in6addr_loopback;
+  return probe && bind(probe.get(), reinterpret_cast<sockaddr *>(&address), sizeof address) == 0;
+}
+
+std::string numeric_host(const sockaddr_in &address) {
+  char name[INET_ADDRSTRLEN] = "";
+  inet_ntop(AF_INET, &address.sin_addr, name, sizeof name);
+  return name;
+}
+
+// torchrun's MASTER_ADDR (TcpListen::kEveryAddress): rank 0 may resolve the name to loopback
+// (127.0.1.1, from Debian's /etc/hosts) where the other hosts resolve it to its network
+// address, so the server listens on every address of this host, as PyTorch's TCPStore does:
+// one started for "localhost" answers on 127.0.0.1, on ::1 where this host has IPv6, and on
+// another address of this host, where a server for the named host (above) does not.
+TEST(TcpStore, ServerOnEveryAddressIsReachableOnEachAddressOfThisHost) {
+  TcpStoreServer server("localhost", 0, "", TcpListen::kEveryAddress);
+  EXPECT_FALSE(server.loopback_only());
+  const std::string port = std::to_string(server.port());
+  EXPECT_TRUE(server.listening_on() == "[::]:" + port || server.listening_on() == "0.0.0.0:" + port)
+      << server.listening_on();
+  sockaddr_in loopback{};
+  loopback.sin_family = AF_INET;
+  loopback.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  loopback.sin_port = htons(server.port());
+  EXPECT_EQ(try_connect(reinterpret_cast<sockaddr *>(&loopback), sizeof loopback), 0);
+  if (has_ipv6_loopback()) {
+    sockaddr_in6 loopback6{};
+    loopback6.sin6_family = AF_INET6;
+    loopback6.sin6_addr = in6addr_loopback;
+    loopback6.sin6_port = htons(server.port());
+    EXPECT_EQ(try_connect(reinterpret_cast<sockaddr *>(&loopback6), sizeof loopback6), 0)
+        << "the store on every address did not answer on [::1]";
   }
+  auto other = other_local_ipv4();
+  if (!other) GTEST_SKIP() << "this machine has no IPv4 address besides 127.0.0.1";
+  other->sin_port = htons(server.port());
+  EXPECT_EQ(try_connect(reinterpret_cast<sockaddr *>(&*other), sizeof *other), 0)
+      << "the store on every address did not answer on " << numeric_host(*other);
+  // A rank that resolved the name to that other address is served like any other.
+  TcpStore client(numeric_host(*other), server.port(), "", wait_for(seconds(5)));
+  set_text(client, "k", "from afar");
+  EXPECT_EQ(text_of(client.get("k", wait_for(seconds(1)))), "from afar");
+}
+
+// A second rank 0 on the port of a store on every address (another process given rank 0, or
+// another job on the same MASTER_PORT) cannot listen there, whatever address it asks for: its
+// error says "Address already in use", which mncl_comm_create takes for the address taken (it
+// then asks whether another process is rank 0 too). In this process, the registry says so first.
+TEST(TcpStore, SecondServerOnThePortOfAServerOnEveryAddressIsRefused) {
+  // The other process is forked before the first server exists, so that it does not inherit
+  // this process's registry of served addresses: only the bind can stop it.
+  int port_pipe[2];
+  ASSERT_EQ(pipe(port_pipe), 0);
+  std::fflush(nullptr);
+  const pid_t other = fork();
+  ASSERT_GE(other, 0);
+  if (other == 0) {
+    close(port_pipe[1]);
+    uint16_t port = 0;
+    if (read(port_pipe[0], &port, sizeof port) != sizeof port) _exit(2);
+    int code = 0;
+    for (const TcpListen listen : {TcpListen::kEveryAddress, TcpListen::kNamedHost}) {
+      try {
+        TcpStoreServer second("localhost", port, "", listen);
+        fprintf(stderr, "a second server listened on the port of the first\n");
+        code = 1;
+      } catch (const Error &e) {
+        if (e.status() != MNCL_ERR_BOOTSTRAP || std::strstr(e.what(), "in use") == nullptr) {
+          fprintf(stderr, "wrong error: %s\n", e.what());
+          code = 1;
+        }
+      }
+    }
+    _exit(code);
+  }
+  close(port_pipe[0]);
+  TcpStoreServer first("localhost", 0, "", TcpListen::kEveryAddress);
+  const uint16_t port = first.port();
+  ASSERT_EQ(write(port_pipe[1], &port, sizeof port), ssize_t(sizeof port));
+  close(port_pipe[1]);
+  int status = 0;
+  ASSERT_EQ(waitpid(other, &status, 0), other);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+  for (const TcpListen listen : {TcpListen::kEveryAddress, TcpListen::kNamedHost}) {
+    const auto message =
+        error_of([&] { TcpStoreServer second("127.0.0.1", port, "", listen); }, MNCL_ERR_BOOTSTRAP);
+    EXPECT_NE(message.find("this process serves a store there already"), std::string::npos)
+        << message;
+  }
+}
+
+// The other way round: where another program (or a rank 0 that listens on one address) holds
+// the port on 127.0.0.1, a store on every address cannot take the port and says why.
+TEST(TcpStore, ServerOnEveryAddressCannotTakeAPortHeldOnOneAddress) {
+  net::UniqueFd taken(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  ASSERT_TRUE(taken);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  ASSERT_EQ(bind(taken.get(), reinterpret_cast<sockaddr *>(&address), sizeof address), 0);
+  ASSERT_EQ(listen(taken.get(), 1), 0);
+  ASSERT_EQ(getsockname(taken.get(), reinterpret_cast<sockaddr *>(&address), &length), 0);
+  const uint16_t port = ntohs(address.sin_port);
+  const auto message =
+      error_of([&] { TcpStoreServer second("localhost", port, "", TcpListen::kEveryAddress); },
+               MNCL_ERR_BOOTSTRAP);
+  EXPECT_NE(message.find("tcp://localhost:" + std::to_string(port)), std::string::npos) << message;
+  EXPECT_NE(message.find("Address already in use"), std::string::npos) << message;
+}
+
+TEST(TcpStore, Ipv6Loopback) {
+  if (!has_ipv6_loopback()) GTEST_SKIP() << "this machine has no IPv6 loopback (::1)";
   TcpStoreServer server("::1", 0, "");
   const std::string url = "tcp://[::1]:" + std::to_string(server.port());
   auto store = open_store(url, 1, 2, wait_for(seconds(5)));
@@ -629,14 +741,16 @@ bool resolves_to_loopback_only(const std::string &host) {
 }
 
 // What open_store logs for rank 0 of a job of `size` on url.
-std::string logged_by_rank_zero(const std::string &url, int size) {
+std::string logged_by_rank_zero(const std::string &url, int size,
+                                TcpListen listen = TcpListen::kNamedHost) {
   ::testing::internal::CaptureStderr();
-  { auto host = open_store(url, 0, size, wait_for(seconds(5))); }
+  { auto host = open_store(url, 0, size, wait_for(seconds(5)), listen); }
   return ::testing::internal::GetCapturedStderr();
 }
 
-// MASTER_ADDR=$(hostname) where /etc/hosts maps the name to 127.0.1.1 (Debian): the store listens
-// on loopback only, where no other host can reach it. Rank 0 says so, and binds as asked.
+// MNCL_STORE=tcp://$(hostname):port where /etc/hosts maps the name to 127.0.1.1 (Debian): the
+// store listens on loopback only, where no other host can reach it. Rank 0 says so, and binds
+// as asked.
 TEST(TcpStore, StoreOnLoopbackOnlyForSeveralRanksIsWarnedAbout) {
   if (log::level() < log::kWarn) GTEST_SKIP() << "warnings are not logged (MNCL_DEBUG)";
   {
@@ -660,7 +774,12 @@ TEST(TcpStore, StoreOnLoopbackOnlyForSeveralRanksIsWarnedAbout) {
   EXPECT_NE(text.find("WARN"), std::string::npos) << text;
   EXPECT_NE(text.find("listens only on loopback addresses"), std::string::npos) << text;
   EXPECT_NE(text.find("ranks on other hosts cannot connect"), std::string::npos) << text;
+  EXPECT_NE(text.find("MNCL_STORE=tcp://<address>:"), std::string::npos) << text;
   EXPECT_NE(text.find("MASTER_ADDR"), std::string::npos) << text;
+  // torchrun's MASTER_ADDR: the store listens on every address, so the other hosts reach it
+  // whatever this host resolves the name to. Nothing to warn about.
+  const std::string every = logged_by_rank_zero(url, 2, TcpListen::kEveryAddress);
+  EXPECT_EQ(every.find("cannot connect"), std::string::npos) << every;
 }
 
 TEST(TcpStore, ValuesOfHundredsOfMegabytes) {
@@ -705,6 +824,87 @@ TEST(TcpStore, ThreadsShareOneClient) {
     });
   }
   for (auto &thread : threads) thread.join();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The TCP store a communicator starts (core/comm.cpp), for ranks in processes of their own.
+// ---------------------------------------------------------------------------------------------
+
+// Forks rank `rank` of a job of two on the naive backend, with `env` set over the caller's
+// environment less every store and launcher variable; it creates one communicator, destroys
+// it, and exits 0 if both succeeded.
+pid_t start_rank(int rank, const std::vector<std::pair<std::string, std::string>> &env) {
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid != 0) return pid;
+  int code = 0;
+  try {
+    for (const char *name : {"MNCL_STORE", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
+                             "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_USE_AGENT_STORE"}) {
+      unsetenv(name);
+    }
+    setenv("MNCL_RANK", std::to_string(rank).c_str(), 1);
+    setenv("MNCL_SIZE", "2", 1);
+    setenv("MNCL_BACKEND", "naive", 1);
+    for (const auto &[name, value] : env) setenv(name.c_str(), value.c_str(), 1);
+    const auto comm = core::Comm::create(nullptr);
+    comm->destroy();
+  } catch (const std::exception &e) {
+    fprintf(stderr, "rank %d: %s\n", rank, e.what());
+    code = 1;
+  }
+  _exit(code);
+}
+
+// The exit code of a process start_rank forked, or -1 if it did not exit.
+int exit_code(pid_t pid) {
+  int status = 0;
+  if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
+}
+
+// torchrun's MASTER_ADDR=$(hostname) where Debian's /etc/hosts maps the name to 127.0.1.1 on
+// rank 0's host: rank 0 resolves it to loopback ("localhost" here), a rank on another host to
+// the host's network address (another address of this host here). Rank 0 listens on every
+// address, so that rank joins.
+TEST(CommStore, MasterAddrStoreIsReachableOnAnotherAddressOfRankZerosHost) {
+  const auto other = other_local_ipv4();
+  if (!other) GTEST_SKIP() << "this machine has no IPv4 address besides 127.0.0.1";
+  const std::string port = std::to_string(free_port());
+  const pid_t rank0 = start_rank(0, {{"MASTER_ADDR", "localhost"}, {"MASTER_PORT", port}});
+  const pid_t rank1 = start_rank(1, {{"MASTER_ADDR", numeric_host(*other)}, {"MASTER_PORT", port}});
+  EXPECT_EQ(exit_code(rank0), 0) << "rank 0 failed (its error is above)";
+  EXPECT_EQ(exit_code(rank1), 0) << "rank 1, given MASTER_ADDR=" << numeric_host(*other)
+                                 << ", failed (its error is above)";
+}
+
+// An address the user named (MNCL_STORE, over MASTER_ADDR) is kept to: rank 0's store answers
+// there and not on the host's other addresses (mncl-run's tcp://127.0.0.1:port stays off the
+// network).
+TEST(CommStore, NamedStoreListensOnlyWhereItIsNamed) {
+  auto other = other_local_ipv4();
+  if (!other) GTEST_SKIP() << "this machine has no IPv4 address besides 127.0.0.1";
+  const uint16_t port = free_port();
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(port);
+  const pid_t rank0 = start_rank(0, {{"MNCL_STORE", url},
+                                     {"MASTER_ADDR", numeric_host(*other)},
+                                     {"MASTER_PORT", std::to_string(port)}});
+  sockaddr_in named{};
+  named.sin_family = AF_INET;
+  named.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  named.sin_port = htons(port);
+  bool up = false;  // once rank 0's store is up (the bound only keeps a failure from hanging)
+  for (int i = 0; i < 3000 && !up; ++i) {
+    up = try_connect(reinterpret_cast<sockaddr *>(&named), sizeof named) == 0;
+    if (!up) std::this_thread::sleep_for(milliseconds(10));
+  }
+  EXPECT_TRUE(up) << "rank 0's store never answered at " << url;
+  other->sin_port = htons(port);
+  EXPECT_NE(try_connect(reinterpret_cast<sockaddr *>(&*other), sizeof *other), 0)
+      << "the store named " << url << " answered on " << numeric_host(*other);
+  const pid_t rank1 = start_rank(1, {{"MNCL_STORE", url}});
+  EXPECT_EQ(exit_code(rank0), 0) << "rank 0 failed (its error is above)";
+  EXPECT_EQ(exit_code(rank1), 0) << "rank 1 failed (its error is above)";
 }
 
 // ---------------------------------------------------------------------------------------------
