@@ -1011,6 +1011,13 @@ std::shared_ptr<Operation> Comm::start_batch(const char *fn, std::vector<mncl_p2
 }
 
 void Comm::enqueue(Lane &lane, std::shared_ptr<Operation> op) {
+  // cudaStreamPerThread names the issuing thread's default stream, but a queued operation runs
+  // on a lane's thread (or a waiter's): staged there on that thread's own stream, its copies
+  // would not wait for the caller's kernels (stale inputs, silently). The legacy default stream
+  // waits for every blocking stream's work, the caller's per-thread stream included.
+  if (op->coll.stream == cuda::kPerThreadStream && needs_staging(op->coll)) {
+    op->coll.stream = cuda::kLegacyStream;
+  }
   {
     std::lock_guard<std::mutex> lock(lane.mutex);
     if (!lane.worker_alive) {

@@ -34,6 +34,11 @@ using CUcontext = struct CUctx_st *;
 using CUstream = struct CUstream_st *;
 constexpr CUresult kCudaSuccess = 0;
 constexpr CUresult kCudaErrorNotInitialized = 3;
+// The special stream handles (cuda.h's CU_STREAM_LEGACY, CU_STREAM_PER_THREAD): the legacy
+// default stream, which waits for all work of the context's blocking streams and they for it,
+// and the calling thread's own default stream, a blocking stream (cudaStreamPerThread).
+inline void *const kLegacyStream = reinterpret_cast<void *>(0x1);
+inline void *const kPerThreadStream = reinterpret_cast<void *>(0x2);
 
 // What a pointer is, from cuPointerGetAttributes.
 struct PointerInfo {
