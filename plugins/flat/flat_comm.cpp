@@ -526,12 +526,28 @@ void Comm::check_usable(const mncl_coll_v1_t *c, const char *what) const {
                      kit::format("flat %s: the communicator was aborted", op.c_str()));
   }
   if (broken_.load()) {
+    std::string why;
+    {
+      std::lock_guard<std::mutex> lock(broken_mutex_);
+      why = broken_why_;
+    }
     throw kit::Error(MNCL_ERR_REMOTE,
-                     kit::format("flat %s: an earlier operation on this communicator timed out "
-                                 "or was aborted inside MPI, which cannot cancel it; destroy the "
-                                 "communicator",
-                                 op.c_str()));
+                     kit::format("flat %s: the communicator is unusable since an earlier "
+                                 "operation failed with data it could not take back (%s); "
+                                 "destroy the communicator",
+                                 op.c_str(), why.empty() ? "an abort or timeout" : why.c_str()));
   }
+}
+
+void Comm::mark_broken(const std::string &why) {
+  std::lock_guard<std::mutex> lock(broken_mutex_);
+  if (broken_why_.empty()) broken_why_ = why;
+  broken_.store(true);
+}
+
+void Comm::throw_broken(mncl_status_t status, const std::string &message) {
+  mark_broken(message);
+  throw kit::Error(status, message);
 }
 
 void Comm::prepare_device_buffers(const mncl_coll_v1_t &c) const {
@@ -785,7 +801,7 @@ std::unique_ptr<Request> Comm::post(const mncl_coll_v1_t &c, bool polled) {
       if (!refusal.empty()) {
         // Unbounded, the other ranks post their data beside their checks: this communicator is
         // out of step with theirs from now on. Bounded, they skip their data.
-        if (!defer) broken_.store(true);
+        if (!defer) mark_broken(refusal);
         throw kit::Error(MNCL_ERR_NOT_SUPPORTED, refusal);
       }
       if (!defer && !r->fused) issue(c, *r, true);
@@ -817,7 +833,7 @@ bool Comm::test(Request &r) {
     throw kit::Error(r.settled_status, r.settled_message);
   }
   if (aborted_.load()) {
-    broken_.store(true);
+    mark_broken(what() + " was aborted");
     throw kit::Error(MNCL_ERR_ABORTED,
                      kit::format("flat %s: the communicator was aborted while the operation was "
                                  "in flight",
@@ -835,8 +851,7 @@ bool Comm::test(Request &r) {
     std::lock_guard<std::mutex> guard(deferred_mutex_);
     if (r.data_deferred.load()) {  // its checks, or those of a call posted before it, are out
       if (Clock::now() < r.deadline) return false;
-      broken_.store(true);
-      throw kit::Error(MNCL_ERR_TIMEOUT, timeout_message(what(), rank_, size_));
+      throw_broken(MNCL_ERR_TIMEOUT, timeout_message(what(), rank_, size_));
     }
   }
   if (r.settled_status != MNCL_OK) throw kit::Error(r.settled_status, r.settled_message);
@@ -849,9 +864,8 @@ bool Comm::test(Request &r) {
     }
     if (checks_rc != MPI_SUCCESS) {
       // Its output was never written: comparing it would report a mismatch that is not one.
-      broken_.store(true);
-      throw kit::Error(mpi_error_status(checks_rc),
-                       checks_failed_message(what(), rank_, size_, checks_rc));
+      throw_broken(mpi_error_status(checks_rc),
+                   checks_failed_message(what(), rank_, size_, checks_rc));
     }
     if (done) check_call(r);  // before the data are trusted, and before they hang
     done = 0;
@@ -897,8 +911,7 @@ bool Comm::test(Request &r) {
   }
   if (!done) {
     if (Clock::now() < r.deadline) return false;
-    broken_.store(true);
-    throw kit::Error(MNCL_ERR_TIMEOUT, timeout_message(what(), rank_, size_));
+    throw_broken(MNCL_ERR_TIMEOUT, timeout_message(what(), rank_, size_));
   }
   finish(r, statuses.data());
   return true;
@@ -1069,12 +1082,12 @@ void Comm::check_call(Request &r) {
   const bool data_in_flight = !r.checks_only && !r.fused;
   const uint64_t *sums = r.check_out + Request::kSumsAt;
   if (r.counts_summed && sums[2] != 0) {
-    if (data_in_flight) broken_.store(true);  // the data went out to ranks that never posted
-    throw kit::Error(
-        MNCL_ERR_NOT_SUPPORTED,
+    const std::string message =
         kit::format("flat %s: %llu other rank(s) refused this call (see their errors); %s",
                     request_name(r).c_str(), static_cast<unsigned long long>(sums[2]),
-                    data_in_flight ? "the communicator is unusable" : "no data was moved"));
+                    data_in_flight ? "the communicator is unusable" : "no data was moved");
+    if (data_in_flight) mark_broken(message);  // the data went out to ranks that never posted
+    throw kit::Error(MNCL_ERR_NOT_SUPPORTED, message);
   }
   std::string differences;
   const char *const names[Request::kFields] = {
@@ -1136,11 +1149,10 @@ void Comm::check_call(Request &r) {
                                  request_name(r).c_str(), differences.c_str()));
   }
   // The data operation was issued against mismatched peers: MPI may never finish it.
-  broken_.store(true);
-  throw kit::Error(MNCL_ERR_REMOTE,
-                   kit::format("flat %s: mismatched collective calls across the ranks (%s); "
-                               "the result buffers are undefined and the communicator unusable",
-                               request_name(r).c_str(), differences.c_str()));
+  throw_broken(MNCL_ERR_REMOTE,
+               kit::format("flat %s: mismatched collective calls across the ranks (%s); "
+                           "the result buffers are undefined and the communicator unusable",
+                           request_name(r).c_str(), differences.c_str()));
 }
 
 void Comm::advance() {
@@ -1160,19 +1172,21 @@ void Comm::advance() {
     try {
       if (rc != MPI_SUCCESS) {
         // Its output was never written: comparing it would report a mismatch that is not one.
-        broken_.store(true);
-        throw kit::Error(mpi_error_status(rc),
-                         checks_failed_message(request_name(d), rank_, size_, rc));
+        throw_broken(mpi_error_status(rc),
+                     checks_failed_message(request_name(d), rank_, size_, rc));
       }
       check_call(d);  // checks_only: a mismatch leaves the communicator usable
       const size_t issued_before = d.mpi.size();
       try {
         MpiLock lock;
         issue(d.deferred->coll, d, true);
-      } catch (...) {
+      } catch (const std::exception &e) {
         // Part of the data may have gone out (an error before any MPI call, the same on every
         // rank for the same call, leaves the communicator usable).
-        if (d.mpi.size() > issued_before) broken_.store(true);
+        if (d.mpi.size() > issued_before) mark_broken(e.what());
+        throw;
+      } catch (...) {
+        if (d.mpi.size() > issued_before) mark_broken("an unknown error while issuing its data");
         throw;
       }
       d.checks_only = false;
@@ -1180,9 +1194,9 @@ void Comm::advance() {
       d.settled_status = e.status();
       d.settled_message = e.what();
     } catch (const std::exception &e) {
-      broken_.store(true);
       d.settled_status = MNCL_ERR_INTERNAL;
       d.settled_message = kit::format("flat %s: %s", request_name(d).c_str(), e.what());
+      mark_broken(d.settled_message);
     }
     d.data_deferred.store(false, std::memory_order_release);
     if (deferred_.empty()) g_queued_comms.fetch_sub(1);
@@ -1220,13 +1234,12 @@ void Comm::settle(std::unique_lock<std::mutex> &lock, Clock::time_point deadline
     if (now >= head.deadline || now >= deadline) {
       // This call posted no checks where its peers may have: this rank is out of step, and
       // what is queued fails (abandon_queue) rather than go out.
-      broken_.store(true);
-      throw kit::Error(MNCL_ERR_TIMEOUT,
-                       kit::format("flat %s: %s (posted earlier, whose data go first) did not "
-                                   "pass its checks in time on rank %d of %d (a peer is missing "
-                                   "or stuck)",
-                                   (c != nullptr ? describe(*c) : std::string(what)).c_str(),
-                                   request_name(head).c_str(), rank_, size_));
+      throw_broken(MNCL_ERR_TIMEOUT,
+                   kit::format("flat %s: %s (posted earlier, whose data go first) did not "
+                               "pass its checks in time on rank %d of %d (a peer is missing "
+                               "or stuck)",
+                               (c != nullptr ? describe(*c) : std::string(what)).c_str(),
+                               request_name(head).c_str(), rank_, size_));
     }
     // Unlocked meanwhile: other threads' tests of this communicator's requests go on.
     lock.unlock();
@@ -1259,7 +1272,7 @@ void Comm::retire(std::unique_ptr<Request> r) {
     // Failed while queued (timed out, aborted): this rank's order of calls may no longer be its
     // peers', so nothing queued may go out.
     std::lock_guard<std::mutex> guard(deferred_mutex_);
-    broken_.store(true);
+    mark_broken(request_name(*r) + " failed while queued behind other posted calls");
     abandon_queue();
   }
   if (r->mpi.empty() || mpi_finalized()) return;
@@ -1752,10 +1765,11 @@ bool Comm::progress_probes(Request &r) {
     if (rc == MPI_SUCCESS) return;
     // Messages of MNCL's point-to-point tag left unreceived would be taken by the next receive
     // from their sender (an operation's own tag, gatherv's, strands nothing).
-    if (r.tag == kTag && r.unmatched > 0) broken_.store(true);
-    throw kit::Error(mpi_error_status(rc),
-                     kit::format("flat %s: %s failed on rank %d of %d: %s", request_name(r).c_str(),
-                                 call, rank_, size_, mpi_error_text(rc).c_str()));
+    const std::string message =
+        kit::format("flat %s: %s failed on rank %d of %d: %s", request_name(r).c_str(), call, rank_,
+                    size_, mpi_error_text(rc).c_str());
+    if (r.tag == kTag && r.unmatched > 0) mark_broken(message);
+    throw kit::Error(mpi_error_status(rc), message);
   };
   for (size_t i = 0; i < r.probes.size() && r.unmatched > 0; ++i) {
     Request::Probe &p = r.probes[i];
@@ -1806,11 +1820,10 @@ bool Comm::progress_probes(Request &r) {
         n = bytes;
         as = MPI_BYTE;
       } else {
-        broken_.store(true);  // a message that fits no int count stays unreceived
-        throw kit::Error(MNCL_ERR_REMOTE,
-                         kit::format("flat %s: %s (do the ranks' counts agree?); the "
-                                     "communicator is unusable",
-                                     request_name(r).c_str(), r.mismatch.c_str()));
+        // A message that fits no int count stays unreceived.
+        throw_broken(MNCL_ERR_REMOTE, kit::format("flat %s: %s (do the ranks' counts agree?); the "
+                                                  "communicator is unusable",
+                                                  request_name(r).c_str(), r.mismatch.c_str()));
       }
     }
     r.mpi.push_back(MPI_REQUEST_NULL);

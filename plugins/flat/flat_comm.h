@@ -203,6 +203,10 @@ class Comm {
   static Comm *adopt(MPI_Comm comm, const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host,
                      const Options &options);
   void check_usable(const mncl_coll_v1_t *c, const char *what) const;
+  // Marks the communicator unusable; the first reason given is what later calls report.
+  void mark_broken(const std::string &why);
+  // mark_broken(message), then throws kit::Error(status, message).
+  [[noreturn]] void throw_broken(mncl_status_t status, const std::string &message);
   // Bounded mode's blocking collectives: the checks, then the data (see the .cpp).
   void execute_bounded(const mncl_coll_v1_t &c);
   // test() until r completes (throws as test() does).
@@ -294,6 +298,9 @@ class Comm {
   Options options_;
   std::atomic<bool> aborted_{false};
   std::atomic<bool> broken_{false};  // an operation timed out or was abandoned
+  // Why broken_ was first set, for every later call's error (set once, under broken_mutex_).
+  mutable std::mutex broken_mutex_;
+  std::string broken_why_;
   std::atomic<int> busy_{0};
   std::vector<unsigned char> pack_;  // blocking coalesced / scratch buffer, reused
   std::mutex orphans_mutex_;         // retire() may run on several threads
