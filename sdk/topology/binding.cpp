@@ -117,7 +117,10 @@ Binding compute_binding(const Summary &t, const BindRequest &r) {
     return unbound(mode + format("already bound to CPUs %s (by the launcher?): left alone",
                                  r.current.to_string().c_str()));
   }
-  if (r.gpu >= 0) {
+  if (r.gpu >= 0 && !t.gpu_order_caveat.empty()) {
+    // Binding near the wrong GPU is worse than spreading: another rank's GPU, its node shared.
+    prefix += format("GPU %d unknown (%s), ", r.gpu, t.gpu_order_caveat.c_str());
+  } else if (r.gpu >= 0) {
     const Gpu *gpu = t.gpu(r.gpu);
     if (gpu == nullptr && t.num_gpus() > 0 && r.local_size > t.num_gpus()) {
       // Fewer GPUs visible than ranks on the host: each process was given its own subset

@@ -198,7 +198,9 @@ std::optional<std::vector<DriverGpu>> read_driver_gpus(const DriverPaths &paths)
 
 std::vector<Gpu> number_gpus(std::vector<Gpu> seen,
                              const std::optional<std::vector<DriverGpu>> &driver,
-                             const char *cuda_visible_devices) {
+                             const char *cuda_visible_devices, const char *cuda_device_order,
+                             std::string *order_caveat) {
+  if (order_caveat != nullptr) order_caveat->clear();
   if (driver) seen = reconcile(std::move(seen), *driver);
   const bool hwloc_numbered =
       std::any_of(seen.begin(), seen.end(), [](const Gpu &g) { return g.ordinal >= 0; });
@@ -215,6 +217,19 @@ std::vector<Gpu> number_gpus(std::vector<Gpu> seen,
     const auto visible = cuda_visible_devices != nullptr
                              ? visible_positions(cuda_visible_devices, seen)
                              : std::nullopt;
+    // UUIDs name devices whatever CUDA's order; indices and the unfiltered list follow it.
+    const bool by_uuid = visible && trimmed(cuda_visible_devices).compare(0, 4, "GPU-") == 0;
+    const bool mixed = std::any_of(seen.begin(), seen.end(), [&](const Gpu &g) {
+      return g.device_id != seen.front().device_id;
+    });
+    const bool pci_order =
+        cuda_device_order != nullptr && std::string(cuda_device_order) == "PCI_BUS_ID";
+    if (order_caveat != nullptr && mixed && !pci_order && !by_uuid) {
+      *order_caveat =
+          "CUDA numbers GPUs of different models fastest first unless CUDA_DEVICE_ORDER="
+          "PCI_BUS_ID, an order not known here: these ordinals are PCI order and may not be "
+          "CUDA's";
+    }
     if (visible) {
       for (size_t position : *visible) numbered.push_back(seen[position]);
     } else {

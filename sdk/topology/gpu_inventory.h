@@ -63,8 +63,13 @@ std::optional<std::vector<DriverGpu>> read_driver_gpus(const DriverPaths &paths 
 // CUDA_VISIBLE_DEVICES renumbers them: by index, or by UUID (a unique prefix, as CUDA takes it)
 // when the UUIDs are known. As in CUDA, the list ends at its first entry that names no device.
 // A MIG-... entry, or a UUID without known UUIDs, cannot be mapped: every GPU, PCI order.
+// PCI order is CUDA's own with CUDA_DEVICE_ORDER=PCI_BUS_ID, or among GPUs of one model; CUDA's
+// default (FASTEST_FIRST) puts the fastest of mixed models first, which cannot be told from
+// here: then *order_caveat (may be null) says so, and the ordinals are PCI order regardless.
 std::vector<Gpu> number_gpus(std::vector<Gpu> seen,
                              const std::optional<std::vector<DriverGpu>> &driver,
-                             const char *cuda_visible_devices);
+                             const char *cuda_visible_devices,
+                             const char *cuda_device_order = nullptr,
+                             std::string *order_caveat = nullptr);
 
 }  // namespace mncl::topology

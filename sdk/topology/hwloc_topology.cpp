@@ -225,7 +225,8 @@ Summary summarize(hwloc_topology_t topo, const std::string &source) {
   std::vector<Gpu> seen = read_gpus(topo);
   const size_t seen_by_hwloc = seen.size();
   const auto driver = s.is_this_system ? read_driver_gpus() : std::nullopt;
-  s.gpus = number_gpus(std::move(seen), driver, std::getenv("CUDA_VISIBLE_DEVICES"));
+  s.gpus = number_gpus(std::move(seen), driver, std::getenv("CUDA_VISIBLE_DEVICES"),
+                       std::getenv("CUDA_DEVICE_ORDER"), &s.gpu_order_caveat);
   // sysfs's local_cpulist (a GPU only the driver listed) ignores this process's cpuset.
   for (Gpu &gpu : s.gpus) gpu.locality.cpus = gpu.locality.cpus & s.all_cpus;
   if (driver && driver->size() != seen_by_hwloc) {

@@ -63,6 +63,7 @@ std::string describe(const Summary &s) {
                     g.device_id, where(g.locality).c_str(), g.os_devices.empty() ? "" : "  ",
                     joined(g.os_devices).c_str(), g.uuid.empty() ? "" : "  ", g.uuid.c_str());
     }
+    if (!s.gpu_order_caveat.empty()) out += format("    note: %s\n", s.gpu_order_caveat.c_str());
   }
   if (s.nics.empty()) {
     out += "  NICs         none seen\n";

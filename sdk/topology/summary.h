@@ -74,6 +74,7 @@ struct Summary {
   std::vector<Core> cores;           // in hwloc's logical order (package, then NUMA node)
   CpuSet all_cpus;                   // every PU this process may use
   std::vector<Gpu> gpus;             // NVIDIA GPUs, by ordinal
+  std::string gpu_order_caveat;      // why the ordinals may not be CUDA's; "" when they are
   std::vector<Nic> nics;             // OpenFabrics devices first, then plain network devices
 
   int num_pus() const { return static_cast<int>(all_cpus.size()); }

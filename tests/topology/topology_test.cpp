@@ -111,6 +111,19 @@ topo::Binding bind(const topo::Summary &t, BindMode mode, int local_rank, int lo
   return topo::compute_binding(t, r);
 }
 
+// Two packages of 4 PUs, each with its DDR node; `extra` adds memory-only nodes, whose PUs
+// hwloc 2 reports as those of the object they hang from.
+topo::Summary two_packages(const std::vector<std::string> &extra = {}) {
+  topo::Summary s;
+  s.is_this_system = false;
+  s.all_cpus = CpuSet::parse("0-7");
+  s.numa_nodes = {{0, 1u << 30, CpuSet::parse("0-3")}, {1, 1u << 30, CpuSet::parse("4-7")}};
+  int os_index = 2;
+  for (const std::string &cpus : extra)
+    s.numa_nodes.push_back({os_index++, 1u << 30, CpuSet::parse(cpus)});
+  return s;
+}
+
 bool contains(const std::string &text, const std::string &part) {
   return text.find(part) != std::string::npos;
 }
@@ -461,6 +474,44 @@ TEST_F(DriverView, CudaVisibleDevicesByUuidIsMapped) {
                               "GPU-bbbb2222")
                 .size(),
             2u);
+}
+
+// CUDA's default order puts the fastest of mixed GPU models first: PCI order is CUDA's only
+// with CUDA_DEVICE_ORDER=PCI_BUS_ID or one model, or where UUIDs name the devices. Otherwise the
+// summary says so, and no rank binds near a GPU that may be another's.
+TEST_F(DriverView, MixedGpuModelsHaveNoKnownOrderWithoutPciBusIdOrder) {
+  add_gpu("0000:07:00.0", 0, "GPU-aaaa", "0-15", 0);
+  add_gpu("0000:87:00.0", 1, "GPU-bbbb", "16-31", 1);
+  topo::Gpu display = hwloc_gpu("0000:07:00.0"), compute = hwloc_gpu("0000:87:00.0");
+  display.device_id = 0x2204;
+  compute.device_id = 0x20b0;
+  std::string caveat;
+  const auto number = [&](const std::vector<topo::Gpu> &seen, const char *visible,
+                          const char *order) {
+    return topo::number_gpus(seen, std::nullopt, visible, order, &caveat);
+  };
+  EXPECT_EQ(number({display, compute}, nullptr, nullptr).size(), 2u);
+  EXPECT_NE(caveat.find("CUDA_DEVICE_ORDER=PCI_BUS_ID"), std::string::npos) << caveat;
+  number({display, compute}, "1", nullptr);  // which one "1" is depends on CUDA's order too
+  EXPECT_FALSE(caveat.empty());
+  number({display, compute}, nullptr, "PCI_BUS_ID");
+  EXPECT_TRUE(caveat.empty()) << caveat;
+  number({compute, compute}, nullptr, nullptr);
+  EXPECT_TRUE(caveat.empty()) << caveat;
+  display.uuid = "GPU-aaaa";
+  compute.uuid = "GPU-bbbb";
+  EXPECT_EQ(bus_ids(number({display, compute}, "GPU-bbbb", nullptr)),
+            std::vector<std::string>{"0000:87:00.0"});
+  EXPECT_TRUE(caveat.empty()) << caveat;
+
+  topo::Summary t = two_packages();
+  t.gpus = number({display, compute}, nullptr, nullptr);
+  t.gpus[1].locality = {CpuSet::parse("4-7"), 1};
+  t.gpu_order_caveat = caveat;
+  const auto b = bind(t, BindMode::kAuto, 1, 2, 1);
+  EXPECT_EQ(b.cpus, CpuSet::parse("4-7")) << b.reason;  // spread by local rank instead
+  EXPECT_CONTAINS(b.reason, "GPU 1 unknown (CUDA numbers GPUs of different models fastest first");
+  EXPECT_CONTAINS(topo::describe(t), "note: CUDA numbers GPUs of different models");
 }
 
 // hwloc's own CUDA numbering (its CUDA component asked the runtime) is kept; the driver's
@@ -874,19 +925,6 @@ TEST(Binding, LaptopAutoDoesNotBindButCoreModeDoes) {
   const auto shared = bind(t, BindMode::kCore, 7, 8);
   EXPECT_EQ(shared.cpus.to_string(), "3,7");
   EXPECT_CONTAINS(shared.reason, "more ranks than cores");
-}
-
-// Two packages of 4 PUs, each with its DDR node; `extra` adds memory-only nodes, whose PUs
-// hwloc 2 reports as those of the object they hang from.
-topo::Summary two_packages(const std::vector<std::string> &extra = {}) {
-  topo::Summary s;
-  s.is_this_system = false;
-  s.all_cpus = CpuSet::parse("0-7");
-  s.numa_nodes = {{0, 1u << 30, CpuSet::parse("0-3")}, {1, 1u << 30, CpuSet::parse("4-7")}};
-  int os_index = 2;
-  for (const std::string &cpus : extra)
-    s.numa_nodes.push_back({os_index++, 1u << 30, CpuSet::parse(cpus)});
-  return s;
 }
 
 // HBM beside each DDR node (Xeon Max, flat mode), a CXL expander behind a package or the whole
