@@ -63,16 +63,28 @@ void set_text(Store &store, const std::string &key, const std::string &value) {
   store.set(key, value.data(), value.size());
 }
 
-// A port nothing listens on right now (bound to 0, then released).
-uint16_t free_port() {
-  net::UniqueFd fd(socket(AF_INET, SOCK_STREAM, 0));
+// A socket bound to a free port of 127.0.0.1 (*port), listening when backlog > 0.
+net::UniqueFd bound_on_loopback(uint16_t *port, int backlog) {
+  net::UniqueFd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  EXPECT_TRUE(fd);
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   EXPECT_EQ(bind(fd.get(), reinterpret_cast<sockaddr *>(&address), sizeof address), 0);
+  if (backlog > 0) {
+    EXPECT_EQ(listen(fd.get(), backlog), 0);
+  }
   socklen_t length = sizeof address;
-  getsockname(fd.get(), reinterpret_cast<sockaddr *>(&address), &length);
-  return ntohs(address.sin_port);
+  EXPECT_EQ(getsockname(fd.get(), reinterpret_cast<sockaddr *>(&address), &length), 0);
+  *port = ntohs(address.sin_port);
+  return fd;
+}
+
+// A port nothing listens on right now (bound to 0, then released).
+uint16_t free_port() {
+  uint16_t port = 0;
+  bound_on_loopback(&port, 0);
+  return port;
 }
 
 // Connects a plain socket, waiting at most 2 s; returns the errno (0: connected).
@@ -581,16 +593,9 @@ TEST(TcpStore, SecondServerOnThePortOfAServerOnEveryAddressIsRefused) {
 // The other way round: where another program (or a rank 0 that listens on one address) holds
 // the port on 127.0.0.1, a store on every address cannot take the port and says why.
 TEST(TcpStore, ServerOnEveryAddressCannotTakeAPortHeldOnOneAddress) {
-  net::UniqueFd taken(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  uint16_t port = 0;
+  const net::UniqueFd taken = bound_on_loopback(&port, 1);
   ASSERT_TRUE(taken);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof address;
-  ASSERT_EQ(bind(taken.get(), reinterpret_cast<sockaddr *>(&address), sizeof address), 0);
-  ASSERT_EQ(listen(taken.get(), 1), 0);
-  ASSERT_EQ(getsockname(taken.get(), reinterpret_cast<sockaddr *>(&address), &length), 0);
-  const uint16_t port = ntohs(address.sin_port);
   const auto message =
       error_of([&] { TcpStoreServer second("localhost", port, "", TcpListen::kEveryAddress); },
                MNCL_ERR_BOOTSTRAP);
@@ -661,15 +666,7 @@ class OtherService {
  public:
   OtherService(std::string reply, bool read_first)
       : reply_(std::move(reply)), read_first_(read_first) {
-    listener_.reset(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t length = sizeof address;
-    EXPECT_EQ(bind(listener_.get(), reinterpret_cast<sockaddr *>(&address), sizeof address), 0);
-    EXPECT_EQ(listen(listener_.get(), 16), 0);
-    getsockname(listener_.get(), reinterpret_cast<sockaddr *>(&address), &length);
-    port_ = ntohs(address.sin_port);
+    listener_ = bound_on_loopback(&port_, 16);
     thread_ = std::thread([this] { serve(); });
   }
   ~OtherService() {
