@@ -99,7 +99,29 @@ BindMode parse_bind_mode(const std::string &text) {
   return BindMode::kAuto;
 }
 
+namespace {
+
+Binding compute_binding_with_isolated(const Summary &t, const BindRequest &r);
+
+}  // namespace
+
+// The binding without the isolated CPUs (isolcpus=): the scheduler does not balance threads
+// onto them, so a thread that lands there stays, beside the work they were set aside for.
 Binding compute_binding(const Summary &t, const BindRequest &r) {
+  Binding b = compute_binding_with_isolated(t, r);
+  if (!b.cpus.empty() && !t.isolated_cpus.empty() && b.cpus.intersects(t.isolated_cpus)) {
+    const CpuSet kept = b.cpus - t.isolated_cpus;
+    if (kept.empty()) return unbound(b.reason + ", all of them isolated (isolcpus): not bound");
+    b.reason +=
+        format(" (without the isolated CPUs %s)", (b.cpus & t.isolated_cpus).to_string().c_str());
+    b.cpus = kept;
+  }
+  return b;
+}
+
+namespace {
+
+Binding compute_binding_with_isolated(const Summary &t, const BindRequest &r) {
   const std::string mode = format("MNCL_BIND=%s: ", bind_mode_name(r.mode));
   if (r.mode == BindMode::kNone) return unbound(mode + "not bound");
   if (r.ranks_in_process > 1) {
@@ -112,8 +134,10 @@ Binding compute_binding(const Summary &t, const BindRequest &r) {
   if (r.mode == BindMode::kNuma) return spread_over_numa(t, r, prefix);
   if (r.mode == BindMode::kCore) return spread_over_cores(t, r, prefix);
 
-  // auto: the launcher's binding wins; it knows the whole job's placement.
-  if (!r.current.empty() && r.current != t.all_cpus && t.all_cpus.includes(r.current)) {
+  // auto: the launcher's binding wins; it knows the whole job's placement. Every CPU but the
+  // isolated ones (isolcpus=) is the kernel's default affinity, not a launcher's choice.
+  if (!r.current.empty() && r.current != t.all_cpus && r.current != t.all_cpus - t.isolated_cpus &&
+      t.all_cpus.includes(r.current)) {
     return unbound(mode + format("already bound to CPUs %s (by the launcher?): left alone",
                                  r.current.to_string().c_str()));
   }
@@ -147,5 +171,7 @@ Binding compute_binding(const Summary &t, const BindRequest &r) {
   }
   return spread_over_numa(t, r, prefix);
 }
+
+}  // namespace
 
 }  // namespace mncl::topology

@@ -69,6 +69,13 @@ CpuSet CpuSet::operator|(const CpuSet &other) const {
   return CpuSet(std::move(all));
 }
 
+CpuSet CpuSet::operator-(const CpuSet &other) const {
+  std::vector<int> left;
+  std::set_difference(pus_.begin(), pus_.end(), other.pus_.begin(), other.pus_.end(),
+                      std::back_inserter(left));
+  return CpuSet(std::move(left));
+}
+
 CpuSet CpuSet::operator&(const CpuSet &other) const {
   std::vector<int> both;
   std::set_intersection(pus_.begin(), pus_.end(), other.pus_.begin(), other.pus_.end(),

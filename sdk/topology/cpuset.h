@@ -25,6 +25,7 @@ class CpuSet {
   bool intersects(const CpuSet &other) const;
   CpuSet operator|(const CpuSet &other) const;
   CpuSet operator&(const CpuSet &other) const;
+  CpuSet operator-(const CpuSet &other) const;  // the PUs of this set not in other
   bool operator==(const CpuSet &other) const { return pus_ == other.pus_; }
   bool operator!=(const CpuSet &other) const { return pus_ != other.pus_; }
 

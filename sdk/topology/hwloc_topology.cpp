@@ -194,6 +194,15 @@ Summary summarize(hwloc_topology_t topo, const std::string &source) {
     if (::gethostname(name, sizeof name - 1) == 0) s.hostname = name;
   }
   s.all_cpus = to_cpuset(hwloc_topology_get_topology_cpuset(topo));
+  if (s.is_this_system) {
+    std::string isolated;
+    std::getline(std::ifstream("/sys/devices/system/cpu/isolated"), isolated);
+    try {
+      s.isolated_cpus = CpuSet::parse(isolated) & s.all_cpus;
+    } catch (const std::exception &) {
+      s.isolated_cpus = CpuSet();  // unreadable: none known
+    }
+  }
   s.packages = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_PACKAGE);
   if (s.packages > 0) {
     s.cpu_model = info(hwloc_get_obj_by_type(topo, HWLOC_OBJ_PACKAGE, 0), "CPUModel");

@@ -73,9 +73,12 @@ struct Summary {
   std::vector<NumaNode> numa_nodes;  // by os_index
   std::vector<Core> cores;           // in hwloc's logical order (package, then NUMA node)
   CpuSet all_cpus;                   // every PU this process may use
-  std::vector<Gpu> gpus;             // NVIDIA GPUs, by ordinal
-  std::string gpu_order_caveat;      // why the ordinals may not be CUDA's; "" when they are
-  std::vector<Nic> nics;             // OpenFabrics devices first, then plain network devices
+  // PUs the kernel keeps off the scheduler (isolcpus=): outside every process's default
+  // affinity, used only by threads pinned there on purpose. Never in a binding MNCL makes.
+  CpuSet isolated_cpus;
+  std::vector<Gpu> gpus;         // NVIDIA GPUs, by ordinal
+  std::string gpu_order_caveat;  // why the ordinals may not be CUDA's; "" when they are
+  std::vector<Nic> nics;         // OpenFabrics devices first, then plain network devices
 
   int num_pus() const { return static_cast<int>(all_cpus.size()); }
   int num_cores() const { return static_cast<int>(cores.size()); }

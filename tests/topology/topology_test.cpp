@@ -155,6 +155,7 @@ TEST(CpuSet, SetOperations) {
   EXPECT_FALSE(a.intersects(c));
   EXPECT_EQ((a | c).to_string(), "0-9");
   EXPECT_EQ((a & CpuSet::parse("6-9")).to_string(), "6-7");
+  EXPECT_EQ((a - CpuSet::parse("2-5")).to_string(), "0-1,6-7");
   EXPECT_TRUE((a & c).empty());
   EXPECT_TRUE(a.contains(7));
   EXPECT_FALSE(a.contains(8));
@@ -961,6 +962,23 @@ TEST(Binding, APerProcessGpuSetBindsNearTheProcesssGpu) {
   t.gpus[0].locality.cpus = CpuSet::parse("4-11");
   b = bind(t, BindMode::kAuto, 0, 2, 0);
   EXPECT_CONTAINS(b.reason, "GPU 0's CPUs 4-11 not all allowed here");
+}
+
+// isolcpus=6-7: the kernel's default affinity is CPUs 0-5, which is no launcher's binding; and
+// no binding MNCL makes includes an isolated CPU.
+TEST(Binding, IsolatedCpusAreNeitherALauncherBindingNorBoundTo) {
+  topo::Summary t = two_packages();
+  t.isolated_cpus = CpuSet::parse("6-7");
+  auto b = bind(t, BindMode::kAuto, 1, 2, -1, CpuSet::parse("0-5"));
+  EXPECT_EQ(b.cpus, CpuSet::parse("4-5")) << b.reason;
+  EXPECT_CONTAINS(b.reason, "NUMA node 1 (CPUs 4-7) (without the isolated CPUs 6-7)");
+  EXPECT_EQ(bind(t, BindMode::kAuto, 0, 2, -1, CpuSet::parse("0-5")).cpus, CpuSet::parse("0-3"));
+  // A launcher's binding is still left alone.
+  EXPECT_TRUE(bind(t, BindMode::kAuto, 1, 2, -1, CpuSet::parse("4-5")).cpus.empty());
+  t.isolated_cpus = CpuSet::parse("4-7");
+  b = bind(t, BindMode::kAuto, 1, 2, -1, CpuSet::parse("0-3"));
+  EXPECT_TRUE(b.cpus.empty());
+  EXPECT_CONTAINS(b.reason, "all of them isolated (isolcpus): not bound");
 }
 
 TEST(Binding, GpuAttachedToTheWholeMachineGivesNoPreference) {
