@@ -52,7 +52,38 @@ struct Driver::Api {
   CUresult (*driver_get_version)(int *);
   CUresult (*stream_is_capturing)(CUstream, int *);  // optional: CUstreamCaptureStatus out
   CUresult (*exchange_capture_mode)(int *);          // optional: CUstreamCaptureMode in/out
+  // Optional (Driver::mark): without them an abandoned staging buffer is never freed.
+  CUresult (*event_create)(void **, unsigned);
+  CUresult (*event_record)(void *, CUstream);
+  CUresult (*event_query)(void *);
+  CUresult (*event_destroy)(void *);
 };
+
+namespace {
+
+// This thread in thread-local capture mode for the object's life: in the default global mode,
+// a query or record while any other thread captures a CUDA graph in global mode is
+// prohibited, fails, and invalidates that capture. The calls made under it capture nothing.
+class ThreadLocalCapture {
+ public:
+  explicit ThreadLocalCapture(CUresult (*exchange)(int *)) : exchange_(exchange) {
+    constexpr int kThreadLocal = 1;  // CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+    mode_ = kThreadLocal;
+    exchanged_ = exchange_ != nullptr && exchange_(&mode_) == kCudaSuccess;
+  }
+  ~ThreadLocalCapture() {
+    if (exchanged_) exchange_(&mode_);
+  }
+  ThreadLocalCapture(const ThreadLocalCapture &) = delete;
+  ThreadLocalCapture &operator=(const ThreadLocalCapture &) = delete;
+
+ private:
+  CUresult (*exchange_)(int *);
+  int mode_;
+  bool exchanged_ = false;
+};
+
+}  // namespace
 
 Driver &Driver::get() {
   static Driver *driver = new Driver();  // never destroyed: used until the process ends
@@ -106,6 +137,11 @@ bool Driver::loaded() {
       reinterpret_cast<decltype(api->stream_is_capturing)>(dlsym(handle, "cuStreamIsCapturing"));
   api->exchange_capture_mode = reinterpret_cast<decltype(api->exchange_capture_mode)>(
       dlsym(handle, "cuThreadExchangeStreamCaptureMode"));
+  api->event_create = reinterpret_cast<decltype(api->event_create)>(dlsym(handle, "cuEventCreate"));
+  api->event_record = reinterpret_cast<decltype(api->event_record)>(dlsym(handle, "cuEventRecord"));
+  api->event_query = reinterpret_cast<decltype(api->event_query)>(dlsym(handle, "cuEventQuery"));
+  api->event_destroy =
+      reinterpret_cast<decltype(api->event_destroy)>(dlsym(handle, "cuEventDestroy_v2"));
   if (!complete) {
     delete api;
     dlclose(handle);
@@ -210,6 +246,35 @@ void Driver::copy_h2d_async(void *dst, const void *src, size_t bytes, void *stre
         "cuMemcpyHtoDAsync");
 }
 
+void *Driver::mark(void *stream) noexcept {
+  const Api *api = api_.load(std::memory_order_acquire);
+  if (api == nullptr || api->event_create == nullptr || api->event_record == nullptr ||
+      api->event_query == nullptr || api->event_destroy == nullptr) {
+    return nullptr;
+  }
+  constexpr unsigned kDisableTiming = 0x2;  // CU_EVENT_DISABLE_TIMING: the cheapest kind
+  const ThreadLocalCapture mode(api->exchange_capture_mode);
+  void *event = nullptr;
+  if (api->event_create(&event, kDisableTiming) != kCudaSuccess) return nullptr;
+  if (api->event_record(event, static_cast<CUstream>(stream)) != kCudaSuccess) {
+    api->event_destroy(event);
+    return nullptr;
+  }
+  return event;
+}
+
+bool Driver::marked_done(void *marker) noexcept {
+  const Api *api = api_.load(std::memory_order_acquire);
+  if (marker == nullptr || api == nullptr) return false;
+  const ThreadLocalCapture mode(api->exchange_capture_mode);
+  return api->event_query(marker) == kCudaSuccess;
+}
+
+void Driver::drop_mark(void *marker) noexcept {
+  const Api *api = api_.load(std::memory_order_acquire);
+  if (marker != nullptr && api != nullptr) api->event_destroy(marker);
+}
+
 bool Driver::capturing(void *stream) {
   if (stream == nullptr || !loaded()) return false;
   const Api *api = api_.load(std::memory_order_acquire);
@@ -225,22 +290,9 @@ bool Driver::capturing(void *stream) {
 kit::PollResult Driver::synchronize(void *stream, std::chrono::steady_clock::time_point deadline,
                                     const std::atomic<bool> *aborted) {
   const Api *api = api_.load();
-  // In thread-local capture mode for the wait: in the default global mode, a stream query
-  // while any other thread captures a CUDA graph in global mode is prohibited, fails, and
-  // invalidates that capture. This thread captures nothing here (staging refuses a capturing
-  // stream first), so thread-local mode lets the calls through and leaves the capture alone.
-  constexpr int kThreadLocal = 1;  // CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
-  int mode = kThreadLocal;
-  const bool exchanged =
-      api->exchange_capture_mode != nullptr && api->exchange_capture_mode(&mode) == kCudaSuccess;
-  struct Restore {
-    const Api *api;
-    bool exchanged;
-    int &mode;
-    ~Restore() {
-      if (exchanged) api->exchange_capture_mode(&mode);
-    }
-  } restore{api, exchanged, mode};
+  // This thread captures nothing here (staging refuses a capturing stream first), so
+  // thread-local mode lets the queries through and leaves another thread's capture alone.
+  const ThreadLocalCapture mode(api->exchange_capture_mode);
   const auto ready = [&] {
     const CUresult result = api->stream_query(static_cast<CUstream>(stream));
     if (result != kCudaErrorNotReady) check(result, "cuStreamQuery");

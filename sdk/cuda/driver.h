@@ -88,6 +88,14 @@ class Driver {
   kit::PollResult synchronize(void *stream, std::chrono::steady_clock::time_point deadline,
                               const std::atomic<bool> *aborted);
 
+  // A marker (a CUDA event) recorded after the work queued on `stream` so far, to learn later
+  // whether that work is done without touching the stream, which its owner may destroy
+  // meanwhile. nullptr when the driver lacks events or the record fails. Inside a Scope.
+  void *mark(void *stream) noexcept;
+  // Whether the work before `marker` is done; false while it is not, or on any error.
+  bool marked_done(void *marker) noexcept;
+  void drop_mark(void *marker) noexcept;
+
   // Finds the library if the process has loaded it since the last look; false: no buffer can
   // be CUDA memory yet.
   bool loaded();

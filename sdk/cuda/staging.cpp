@@ -61,7 +61,52 @@ size_t align_up(size_t n, size_t a) {
   return (n + a - 1) / a * a;
 }
 
+// Pinned buffers abandoned after a wait on a stuck stream, each with a marker after the copies
+// that may still use it: freed once those are done (looked at by later staged calls). Leaked
+// on purpose, as the driver: one still in use at exit stays reachable, never freed under it.
+struct Abandoned {
+  void *pinned;
+  size_t bytes;
+  void *context;
+  int ordinal;
+  void *marker;
+};
+std::mutex &graveyard_mutex() {
+  static auto *mutex = new std::mutex;
+  return *mutex;
+}
+std::vector<Abandoned> &graveyard() {
+  static auto *buried = new std::vector<Abandoned>;
+  return *buried;
+}
+
 }  // namespace
+
+size_t free_abandoned_pinned() noexcept {
+  std::lock_guard<std::mutex> lock(graveyard_mutex());
+  auto &buried = graveyard();
+  if (buried.empty()) return 0;
+  Driver &driver = Driver::get();
+  for (auto it = buried.begin(); it != buried.end();) {
+    try {
+      Driver::Scope scope(driver, static_cast<CUcontext>(it->context), it->ordinal);
+      if (!driver.marked_done(it->marker)) {
+        ++it;
+        continue;
+      }
+      driver.drop_mark(it->marker);
+      driver.host_free(it->pinned);
+      MNCL_INFO(
+          "CUDA staging: freed %zu bytes of pinned host memory abandoned earlier: the "
+          "copies queued on it are done",
+          it->bytes);
+      it = buried.erase(it);
+    } catch (const std::exception &) {
+      ++it;  // no context now: looked at again next time
+    }
+  }
+  return buried.size();
+}
 
 bool is_device_pointer(const void *ptr) {
   return Driver::get().classify(ptr).device;
@@ -107,12 +152,30 @@ void Staging::reserve(size_t bytes, void *context, int ordinal) {
              backend_.c_str());
 }
 
-void Staging::abandon_pinned() noexcept {
+void Staging::abandon_pinned(void *stream) noexcept {
   if (pinned_ == nullptr) return;
+  void *marker = nullptr;
+  try {
+    Driver &driver = Driver::get();
+    Driver::Scope scope(driver, static_cast<CUcontext>(pinned_context_), pinned_ordinal_);
+    marker = driver.mark(stream);
+  } catch (const std::exception &) {
+    marker = nullptr;
+  }
+  if (marker != nullptr) {
+    try {
+      std::lock_guard<std::mutex> lock(graveyard_mutex());
+      graveyard().push_back({pinned_, capacity_, pinned_context_, pinned_ordinal_, marker});
+    } catch (const std::exception &) {
+      marker = nullptr;  // out of memory: it stays abandoned
+    }
+  }
   MNCL_WARN(
-      "CUDA staging: %zu bytes of pinned host memory are abandoned (not freed): copies still "
-      "queued on the caller's stream may use them",
-      capacity_);
+      "CUDA staging: %zu bytes of pinned host memory are abandoned: copies still queued on "
+      "the caller's stream may use them; %s",
+      capacity_,
+      marker != nullptr ? "freed once they are done"
+                        : "never freed (this CUDA driver gives no event to tell when)");
   pinned_ = nullptr;
   capacity_ = 0;
 }
@@ -123,7 +186,7 @@ void Staging::wait_for_stream(void *stream, const WaitBounds &bounds, Deadline d
     case kit::PollResult::kReady:
       return;
     case kit::PollResult::kTimedOut:
-      abandon_pinned();
+      abandon_pinned(stream);
       throw Error(MNCL_ERR_TIMEOUT,
                   format("%s on %s: CUDA staging: the caller's stream (%p) did not finish %s "
                          "within the operation's timeout of %.1f s (is work queued on that "
@@ -131,7 +194,7 @@ void Staging::wait_for_stream(void *stream, const WaitBounds &bounds, Deadline d
                          bounds.what.c_str(), backend_.c_str(), stream, pending,
                          static_cast<double>(bounds.timeout_ms) / 1000.0));
     case kit::PollResult::kStopped:
-      abandon_pinned();
+      abandon_pinned(stream);
       throw Error(MNCL_ERR_ABORTED,
                   format("%s on %s: the communicator was aborted while CUDA staging waited "
                          "for the caller's stream (%p) to finish %s",
@@ -149,7 +212,7 @@ void Staging::settle_copies(void *stream, const WaitBounds &bounds, Deadline dea
     }
   } catch (...) {
   }
-  abandon_pinned();
+  abandon_pinned(stream);
 }
 
 void Staging::run(const mncl_coll_v1_t &coll, const HostRun &host_run, const WaitBounds &bounds) {
@@ -168,6 +231,7 @@ void Staging::run(const mncl_coll_v1_t &coll, const HostRun &host_run, const Wai
     host_run(coll);
     return;
   }
+  free_abandoned_pinned();
   static std::once_flag logged;
   std::call_once(logged, [&] {
     MNCL_WARN(

@@ -41,6 +41,10 @@ namespace mncl::cuda {
 // whenever CUDA is not loaded and initialized in this process).
 bool is_device_pointer(const void *ptr);
 
+// Frees the pinned buffers abandoned after stuck-stream waits (Staging::run) whose copies are
+// done; returns how many are still in use. Staged calls do this first; never throws.
+size_t free_abandoned_pinned() noexcept;
+
 class Staging {
  public:
   // The rank and size of the communicator (buffer extents depend on them) and the backend's
@@ -62,7 +66,8 @@ class Staging {
   // descriptor carries what is left of it): past it the call throws
   // mncl::Error(MNCL_ERR_TIMEOUT), once its abort flag is set MNCL_ERR_ABORTED. Copies may
   // then still be queued on the stream, reading or writing the pinned buffer, so the buffer
-  // is abandoned (never freed or reused; the next call allocates a new one).
+  // is abandoned: never reused (the next call allocates a new one), freed once a CUDA event
+  // recorded after those copies has completed.
   using HostRun = std::function<void(const mncl_coll_v1_t &)>;
   struct WaitBounds {
     int64_t timeout_ms;                // > 0
@@ -83,8 +88,9 @@ class Staging {
                        const char *pending);
   // After a failed copy call: waits for the copies queued before it, best effort.
   void settle_copies(void *stream, const WaitBounds &bounds, Deadline deadline) noexcept;
-  // Forgets the pinned buffer without freeing it (copies may still be using it).
-  void abandon_pinned() noexcept;
+  // Gives up the pinned buffer, which copies queued on `stream` may still use: it is freed
+  // once they are done (a marker after them), looked at by later staged calls.
+  void abandon_pinned(void *stream) noexcept;
 
   int rank_;
   int size_;

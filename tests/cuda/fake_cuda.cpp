@@ -253,6 +253,45 @@ FAKE_EXPORT CUresult cuStreamQuery(void *stream) {
   return kSuccess;
 }
 
+// Events mark a stream's work so far: done when the stream is (a held stream never is).
+struct FakeEvent {
+  const void *stream = nullptr;
+};
+
+FAKE_EXPORT CUresult cuEventCreate(void **event, unsigned flags) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (CUresult r = enter("cuEventCreate", true)) return r;
+  (void)flags;
+  *event = new FakeEvent;
+  ++g_counters.events;
+  return kSuccess;
+}
+
+FAKE_EXPORT CUresult cuEventRecord(void *event, void *stream) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (CUresult r = enter("cuEventRecord", true)) return r;
+  static_cast<FakeEvent *>(event)->stream = stream;
+  return kSuccess;
+}
+
+FAKE_EXPORT CUresult cuEventQuery(void *event) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (CUresult r = enter("cuEventQuery", true)) return r;
+  const void *stream = static_cast<FakeEvent *>(event)->stream;
+  if (g_held.count(stream) != 0) return kNotReady;
+  for (const Copy &c : g_queues[stream]) raw_copy(c);
+  g_queues.erase(stream);
+  return kSuccess;
+}
+
+FAKE_EXPORT CUresult cuEventDestroy_v2(void *event) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (CUresult r = enter("cuEventDestroy_v2", false)) return r;
+  delete static_cast<FakeEvent *>(event);
+  --g_counters.events;
+  return kSuccess;
+}
+
 // ---- test controls --------------------------------------------------------------------------
 
 FAKE_EXPORT int fake_cuda_init(void) {
@@ -301,9 +340,10 @@ FAKE_EXPORT void fake_cuda_get_counters(fake_cuda_counters_t *out) {
 
 FAKE_EXPORT void fake_cuda_reset_counters(void) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  const int64_t depth = g_counters.ctx_depth;
+  const int64_t depth = g_counters.ctx_depth, events = g_counters.events;
   g_counters = fake_cuda_counters_t{};
   g_counters.ctx_depth = depth;
+  g_counters.events = events;
 }
 
 FAKE_EXPORT void fake_cuda_hold_stream(void *stream, int held) {

@@ -1,6 +1,6 @@
 // The test-only controls of libmncl-fake-cuda.so, a stand-in for the CUDA driver (libcuda.so.1)
 // that runs without a GPU. It exports the driver entry points the core's staging path uses
-// (cuPointerGetAttributes, cuMemHostAlloc, cuMemcpy*Async_v2, cuStreamQuery, contexts...)
+// (cuPointerGetAttributes, cuMemHostAlloc, cuMemcpy*Async_v2, cuStreamQuery, events, contexts...)
 // with the driver's behaviour where the core depends on it:
 //  - "device memory" is host memory mapped PROT_NONE, so any direct host access (a host
 //    backend handed a device pointer) crashes as it would on a GPU;
@@ -31,6 +31,7 @@ typedef struct fake_cuda_counters {
   uint64_t attr_queries; /* cuPointerGetAttributes calls */
   uint64_t bad_context;  /* calls refused for lack of a current context */
   int64_t ctx_depth;     /* contexts pushed and not popped, over all threads */
+  int64_t events;        /* events created and not destroyed */
 } fake_cuda_counters_t;
 
 /* cuInit(0), as the application's CUDA runtime would do. */
@@ -43,7 +44,7 @@ void fake_cuda_write(void *dev, const void *src, size_t bytes);
 void fake_cuda_read(void *dst, const void *dev, size_t bytes);
 /* A distinct stream handle (streams are just names to the fake). */
 void *fake_cuda_stream_create(void);
-/* Copies of the counters; reset zeroes them (ctx_depth excepted). */
+/* Copies of the counters; reset zeroes them (ctx_depth and events excepted). */
 void fake_cuda_get_counters(fake_cuda_counters_t *out);
 void fake_cuda_reset_counters(void);
 /* While held != 0 the stream's work never finishes: cuStreamQuery says CUDA_ERROR_NOT_READY

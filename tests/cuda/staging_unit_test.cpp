@@ -431,6 +431,8 @@ class StuckStreamTest : public StagingTest {
   }
   void TearDown() override {
     g_fake.hold(c.stream, 0);
+    // The stream moved again: what the test abandoned is freed, before later tests count.
+    EXPECT_EQ(mncl::cuda::free_abandoned_pinned(), 0u);
     StagingTest::TearDown();
   }
   Staging staging{0, 1, "test"};
@@ -467,6 +469,28 @@ TEST_F(StuckStreamTest, TimesOutAndItsPinnedBufferIsAbandoned) {
       c, [&](const mncl_coll_v1_t &h) { ints(h.recvbuf)[0] = 42; }, kBounds);
   EXPECT_EQ(buf.get(0, 1), std::vector<int>{42});
   EXPECT_EQ(g_fake.get().host_allocs, 2u);
+}
+
+// The abandoned buffer is freed once the copies queued before its marker are done, by a later
+// staged call: not while the stream is still stuck.
+TEST_F(StuckStreamTest, AnAbandonedBufferIsFreedOnceItsCopiesAreDone) {
+  g_fake.hold(c.stream, 1);
+  EXPECT_THROW(staging.run(
+                   c, [](const mncl_coll_v1_t &) {},
+                   Staging::WaitBounds{100, nullptr, "mncl_allreduce #10"}),
+               mncl::Error);
+  EXPECT_EQ(g_fake.get().events, 1) << "no marker after the abandoned buffer's copies";
+  mncl_coll_v1_t elsewhere = c;
+  elsewhere.stream = g_fake.stream();
+  Staging other{0, 1, "test"};
+  other.run(
+      elsewhere, [](const mncl_coll_v1_t &) {}, kBounds);
+  EXPECT_EQ(g_fake.get().host_frees, 0u) << "freed while copies on the stuck stream may use it";
+  g_fake.hold(c.stream, 0);
+  other.run(
+      elsewhere, [](const mncl_coll_v1_t &) {}, kBounds);
+  EXPECT_EQ(g_fake.get().host_frees, 1u);
+  EXPECT_EQ(g_fake.get().events, 0);
 }
 
 TEST_F(StuckStreamTest, ResultCopiesThatNeverFinishTimeOut) {
