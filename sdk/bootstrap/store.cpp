@@ -127,13 +127,30 @@ std::shared_ptr<Store> open_store(const std::string &url, int rank, int size,
     const std::string token = env::get("MNCL_STORE_TOKEN").value_or("");
     std::shared_ptr<TcpStoreServer> server;
     if (rank == 0) {
-      server = std::make_shared<TcpStoreServer>(address.host, address.port, token, listen);
-      // Only a store on the addresses its name resolves to (kNamedHost: one the user named) can
-      // be on loopback alone. One on every address never is, and whether another host reaches
-      // it depends on what that host resolves the name to, which rank 0 cannot see; the case
-      // this warned about for MASTER_ADDR, a host name Debian's /etc/hosts maps to 127.0.1.1 on
-      // this host only, works there.
-      if (size > 1 && server->loopback_only() && !names_loopback(address.host)) {
+      const bool widen = listen == TcpListen::kEveryAddressForAHostNameOnLoopback;
+      server = std::make_shared<TcpStoreServer>(address.host, address.port, token,
+                                                widen ? TcpListen::kNamedHost : listen);
+      // Binding the named addresses first keeps a MASTER_ADDR that is not this host's failing
+      // at once ("cannot listen on ..."), and one on loopback on loopback.
+      if (widen && size > 1 && server->loopback_only() && !names_loopback(address.host)) {
+        const std::string was = server->listening_on();
+        server.reset();  // the same port, now on every address
+        server = std::make_shared<TcpStoreServer>(address.host, address.port, token,
+                                                  TcpListen::kEveryAddress);
+        const char *const text =
+            "the store at %s listens on every address of this host (%s), as PyTorch's "
+            "TCPStore does: '%s' resolves to loopback addresses only here (%s), where the "
+            "other hosts could not connect%s";
+        if (token.empty()) {
+          MNCL_WARN(text, url.c_str(), server->listening_on().c_str(), address.host.c_str(),
+                    was.c_str(),
+                    "; any host that reaches this one can join the job: set MNCL_STORE_TOKEN, "
+                    "the same on every rank, to admit only its ranks");
+        } else {
+          MNCL_INFO(text, url.c_str(), server->listening_on().c_str(), address.host.c_str(),
+                    was.c_str(), "");
+        }
+      } else if (size > 1 && server->loopback_only() && !names_loopback(address.host)) {
         // A host name that resolves to loopback on this host (MNCL_STORE=tcp://$(hostname):port
         // where /etc/hosts maps it to 127.0.1.1): what it binds is kept, since all ranks may be
         // here.
@@ -143,7 +160,7 @@ std::shared_ptr<Store> open_store(const std::string &url, int rank, int size,
             "hosts, name an address they reach (MNCL_STORE=tcp://<address>:%u, or the "
             "config's bootstrap): this host's network address, or a name that resolves to it "
             "(not to 127.x, as /etc/hosts maps the host name to 127.0.1.1 on Debian); or name "
-            "none, for MASTER_ADDR:MASTER_PORT, whose store listens on every address",
+            "none, for MASTER_ADDR:MASTER_PORT, whose store then listens on every address",
             url.c_str(), server->listening_on().c_str(), address.host.c_str(),
             static_cast<unsigned>(address.port));
       }

@@ -56,10 +56,15 @@ enum class TcpListen {
   // host alone is not offered to the network.
   kNamedHost,
   // On every address of rank 0's host (the wildcard "::", dual-stack, or 0.0.0.0 where IPv6 is
-  // unavailable), on the url's port, as PyTorch's TCPStore does for torchrun's MASTER_ADDR:
-  // rank 0 may resolve the name to another address than the other hosts do (127.0.1.1 from
-  // Debian's /etc/hosts for its own host name), and they must reach it all the same.
+  // unavailable), on the url's port, as PyTorch's TCPStore does.
   kEveryAddress,
+  // torchrun's MASTER_ADDR (open_store only): kNamedHost, except where the name resolves to
+  // loopback addresses only on rank 0's host though it names no loopback address (its host
+  // name, which Debian's /etc/hosts maps to 127.0.1.1): there the other hosts, which resolve
+  // it to the host's network address, could not connect, so the store listens on every address
+  // instead. MASTER_ADDR=127.0.0.1 or localhost stays on loopback; an address that is not this
+  // host's fails at once.
+  kEveryAddressForAHostNameOnLoopback,
 };
 
 // Opens the store named by url for a rank of a job of `size` ranks. For tcp://, rank 0 starts
@@ -67,7 +72,8 @@ enum class TcpListen {
 // opts.timeout; failing that, MNCL_ERR_BOOTSTRAP names the address and that rank 0 never came
 // up; another program on the port fails at once ("not an MNCL store"). Rank 0 of a job of
 // several ranks warns when its server listens on loopback addresses only, from a host name that
-// resolves to them (no other host could connect; never the case with kEveryAddress). A file
+// resolves to them (no other host could connect), unless it listens on every address instead
+// (kEveryAddressForAHostNameOnLoopback; warned about without MNCL_STORE_TOKEN). A file
 // store's add() waits for its lock at most opts.timeout. Throws MNCL_ERR_INVALID_ARGUMENT for a
 // malformed url.
 std::shared_ptr<Store> open_store(const std::string &url, int rank, int size,

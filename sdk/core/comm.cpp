@@ -349,12 +349,13 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
   // a TCP store lives as long as its job, so its note is no earlier job's.
   static constexpr const char *kStoreTaken = "; it found the store's address taken";
   const auto opts = wait_options(settings.timeout_ms, &comm->aborted_);
-  // torchrun's MASTER_ADDR:MASTER_PORT (a store no one named) is served on every address of
-  // rank 0's host, as PyTorch's TCPStore does: MASTER_ADDR=$(hostname) may resolve to 127.0.1.1
-  // on rank 0 (Debian's /etc/hosts) and to the host's network address elsewhere. An address
-  // the user named is kept to (mncl-run's tcp://127.0.0.1:port stays off the network).
-  const auto listen = settings.store_from_master ? bootstrap::TcpListen::kEveryAddress
-                                                 : bootstrap::TcpListen::kNamedHost;
+  // torchrun's MASTER_ADDR:MASTER_PORT (a store no one named): MASTER_ADDR=$(hostname) may
+  // resolve to 127.0.1.1 on rank 0 (Debian's /etc/hosts) and to the host's network address
+  // elsewhere; only then is the store served on every address of rank 0's host. An address the
+  // user named is kept to (mncl-run's tcp://127.0.0.1:port stays off the network).
+  const auto listen = settings.store_from_master
+                          ? bootstrap::TcpListen::kEveryAddressForAHostNameOnLoopback
+                          : bootstrap::TcpListen::kNamedHost;
   try {
     comm->job_store_ =
         settings.store_url.empty()

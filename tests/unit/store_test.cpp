@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <ifaddrs.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdlib.h>
@@ -860,48 +861,98 @@ int exit_code(pid_t pid) {
   return WEXITSTATUS(status);
 }
 
-// torchrun's MASTER_ADDR=$(hostname) where Debian's /etc/hosts maps the name to 127.0.1.1 on
-// rank 0's host: rank 0 resolves it to loopback ("localhost" here), a rank on another host to
-// the host's network address (another address of this host here). Rank 0 listens on every
-// address, so that rank joins.
-TEST(CommStore, MasterAddrStoreIsReachableOnAnotherAddressOfRankZerosHost) {
-  const auto other = other_local_ipv4();
-  if (!other) GTEST_SKIP() << "this machine has no IPv4 address besides 127.0.0.1";
-  const std::string port = std::to_string(free_port());
-  const pid_t rank0 = start_rank(0, {{"MASTER_ADDR", "localhost"}, {"MASTER_PORT", port}});
-  const pid_t rank1 = start_rank(1, {{"MASTER_ADDR", numeric_host(*other)}, {"MASTER_PORT", port}});
-  EXPECT_EQ(exit_code(rank0), 0) << "rank 0 failed (its error is above)";
-  EXPECT_EQ(exit_code(rank1), 0) << "rank 1, given MASTER_ADDR=" << numeric_host(*other)
-                                 << ", failed (its error is above)";
+// This host's name, where it resolves to loopback addresses only (as Debian's /etc/hosts maps
+// it to 127.0.1.1); nullopt where it resolves to a network address too, or not at all.
+std::optional<std::string> host_name_on_loopback() {
+  char name[256] = "";
+  if (gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return std::nullopt;
+  addrinfo hints{}, *found = nullptr;
+  hints.ai_socktype = SOCK_STREAM;
+  if (getaddrinfo(name, nullptr, &hints, &found) != 0) return std::nullopt;
+  bool loopback_only = true;
+  for (addrinfo *a = found; a != nullptr; a = a->ai_next) {
+    if (a->ai_family == AF_INET) {
+      const auto *v4 = reinterpret_cast<const sockaddr_in *>(a->ai_addr);
+      loopback_only = loopback_only && (ntohl(v4->sin_addr.s_addr) >> 24) == 127;
+    } else if (a->ai_family == AF_INET6) {
+      const auto *v6 = reinterpret_cast<const sockaddr_in6 *>(a->ai_addr);
+      loopback_only = loopback_only && IN6_IS_ADDR_LOOPBACK(&v6->sin6_addr);
+    }
+  }
+  freeaddrinfo(found);
+  if (!loopback_only) return std::nullopt;
+  return std::string(name);
 }
 
-// An address the user named (MNCL_STORE, over MASTER_ADDR) is kept to: rank 0's store answers
-// there and not on the host's other addresses (mncl-run's tcp://127.0.0.1:port stays off the
-// network).
-TEST(CommStore, NamedStoreListensOnlyWhereItIsNamed) {
-  auto other = other_local_ipv4();
-  if (!other) GTEST_SKIP() << "this machine has no IPv4 address besides 127.0.0.1";
-  const uint16_t port = free_port();
-  const std::string url = "tcp://127.0.0.1:" + std::to_string(port);
-  const pid_t rank0 = start_rank(0, {{"MNCL_STORE", url},
-                                     {"MASTER_ADDR", numeric_host(*other)},
-                                     {"MASTER_PORT", std::to_string(port)}});
-  sockaddr_in named{};
-  named.sin_family = AF_INET;
-  named.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  named.sin_port = htons(port);
+// Starts rank 0 with rank0_env, waits until its store answers at 127.0.0.1:port, checks
+// whether it answers on this host's other address too, then lets rank 1 join with rank1_env.
+void expect_master_store(const std::vector<std::pair<std::string, std::string>> &rank0_env,
+                         const std::vector<std::pair<std::string, std::string>> &rank1_env,
+                         uint16_t port, sockaddr_in other, bool answers_on_other) {
+  const pid_t rank0 = start_rank(0, rank0_env);
+  sockaddr_in loopback{};
+  loopback.sin_family = AF_INET;
+  loopback.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  loopback.sin_port = htons(port);
   bool up = false;  // once rank 0's store is up (the bound only keeps a failure from hanging)
   for (int i = 0; i < 3000 && !up; ++i) {
-    up = try_connect(reinterpret_cast<sockaddr *>(&named), sizeof named) == 0;
+    up = try_connect(reinterpret_cast<sockaddr *>(&loopback), sizeof loopback) == 0;
     if (!up) std::this_thread::sleep_for(milliseconds(10));
   }
-  EXPECT_TRUE(up) << "rank 0's store never answered at " << url;
-  other->sin_port = htons(port);
-  EXPECT_NE(try_connect(reinterpret_cast<sockaddr *>(&*other), sizeof *other), 0)
-      << "the store named " << url << " answered on " << numeric_host(*other);
-  const pid_t rank1 = start_rank(1, {{"MNCL_STORE", url}});
+  EXPECT_TRUE(up) << "rank 0's store never answered at 127.0.0.1:" << port;
+  other.sin_port = htons(port);
+  EXPECT_EQ(try_connect(reinterpret_cast<sockaddr *>(&other), sizeof other) == 0, answers_on_other)
+      << "rank 0's store on " << numeric_host(other) << ":" << port;
+  const pid_t rank1 = start_rank(1, rank1_env);
   EXPECT_EQ(exit_code(rank0), 0) << "rank 0 failed (its error is above)";
   EXPECT_EQ(exit_code(rank1), 0) << "rank 1 failed (its error is above)";
+}
+
+// torchrun's MASTER_ADDR=$(hostname), where rank 0's /etc/hosts maps the name to loopback only
+// (127.0.1.1 on Debian) and the other hosts resolve it to its network address: the store
+// listens on every address of rank 0's host, so that they can connect, as PyTorch's does.
+TEST(CommStore, MasterAddrHostNameOnLoopbackIsServedOnEveryAddress) {
+  const auto other = other_local_ipv4();
+  if (!other) GTEST_SKIP() << "this machine has no IPv4 address besides 127.0.0.1";
+  const auto name = host_name_on_loopback();
+  if (!name) GTEST_SKIP() << "this host's name does not resolve to loopback addresses only";
+  const uint16_t port = free_port();
+  const std::string port_text = std::to_string(port);
+  expect_master_store({{"MASTER_ADDR", *name}, {"MASTER_PORT", port_text}},
+                      {{"MASTER_ADDR", numeric_host(*other)}, {"MASTER_PORT", port_text}}, port,
+                      *other, true);
+}
+
+// MASTER_ADDR=127.0.0.1 (or localhost): one host, and the store stays off the network. The
+// same for an address the user named (MNCL_STORE, over MASTER_ADDR; mncl-run's
+// tcp://127.0.0.1:port).
+TEST(CommStore, LoopbackMasterAddrAndNamedStoresListenOnlyWhereNamed) {
+  const auto other = other_local_ipv4();
+  if (!other) GTEST_SKIP() << "this machine has no IPv4 address besides 127.0.0.1";
+  uint16_t port = free_port();
+  std::string port_text = std::to_string(port);
+  expect_master_store({{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port_text}},
+                      {{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port_text}}, port, *other,
+                      false);
+  port = free_port();
+  port_text = std::to_string(port);
+  const std::string url = "tcp://127.0.0.1:" + port_text;
+  expect_master_store(
+      {{"MNCL_STORE", url}, {"MASTER_ADDR", numeric_host(*other)}, {"MASTER_PORT", port_text}},
+      {{"MNCL_STORE", url}}, port, *other, false);
+}
+
+// A MASTER_ADDR that is no address of rank 0's host fails at once, naming it, instead of rank 0
+// waiting out the timeout as a client of a store that is not there (or of another job's).
+TEST(CommStore, MasterAddrOfAnotherHostFailsAtOnceOnRankZero) {
+  const std::string url = "tcp://198.51.100.254:" + std::to_string(free_port());  // TEST-NET-2
+  const std::string message = error_of(
+      [&] {
+        open_store(url, 0, 2, wait_for(seconds(60)),
+                   TcpListen::kEveryAddressForAHostNameOnLoopback);
+      },
+      MNCL_ERR_BOOTSTRAP);
+  EXPECT_NE(message.find("cannot listen on 198.51.100.254"), std::string::npos) << message;
 }
 
 // ---------------------------------------------------------------------------------------------
