@@ -766,7 +766,11 @@ void Comm::await_gate(const Operation &batch) {
   }
 }
 
-void Comm::execute_now(const mncl_coll_v1_t &coll) {
+Operation::~Operation() {
+  if (inputs_ready != nullptr) cuda::Driver::get().drop_mark(inputs_ready);
+}
+
+void Comm::execute_now(const mncl_coll_v1_t &coll, void *inputs_ready) {
   const char *fn = coll_function_name(coll.kind);
   MNCL_CHECK(!aborted_.load(), MNCL_ERR_ABORTED, "%s: the communicator was aborted",
              op_label(fn, coll.kind, coll.seq).c_str());
@@ -825,7 +829,7 @@ void Comm::execute_now(const mncl_coll_v1_t &coll) {
   // Staging's waits on the caller's stream get the operation's timeout, and end on an abort.
   auto bounds = [&](const mncl_coll_v1_t &c) {
     return cuda::Staging::WaitBounds{c.timeout_ms > 0 ? c.timeout_ms : timeout_ms_, &aborted_,
-                                     op_label(fn, c.kind, c.seq)};
+                                     op_label(fn, c.kind, c.seq), inputs_ready};
   };
   if (coll.kind == MNCL_COLL_ALLREDUCE_COALESCED &&
       !(table_->coll_mask & MNCL_COLL_BIT(MNCL_COLL_ALLREDUCE_COALESCED))) {
@@ -1014,10 +1018,14 @@ std::shared_ptr<Operation> Comm::start_batch(const char *fn, std::vector<mncl_p2
 void Comm::enqueue(Lane &lane, std::shared_ptr<Operation> op) {
   // cudaStreamPerThread names the issuing thread's default stream, but a queued operation runs
   // on a lane's thread (or a waiter's): staged there on that thread's own stream, its copies
-  // would not wait for the caller's kernels (stale inputs, silently). The legacy default stream
-  // waits for every blocking stream's work, the caller's per-thread stream included.
-  if (op->coll.stream == cuda::kPerThreadStream && needs_staging(op->coll)) {
-    op->coll.stream = cuda::kLegacyStream;
+  // would not wait for the caller's kernels (stale inputs, silently). A marker recorded here,
+  // on the issuing thread, is what the lane waits for before it copies. Without events, the
+  // legacy default stream, which waits for every blocking stream's work (the caller's
+  // per-thread stream included, and all others too).
+  if (op->coll.stream == cuda::kPerThreadStream && op->inputs_ready == nullptr &&
+      needs_staging(op->coll)) {
+    op->inputs_ready = staging_->mark_stream(op->coll);
+    if (op->inputs_ready == nullptr) op->coll.stream = cuda::kLegacyStream;
   }
   {
     std::lock_guard<std::mutex> lock(lane.mutex);
@@ -1109,7 +1117,7 @@ void Comm::complete(Operation &op, Lane &lane) {
     mncl_coll_v1_t coll = op.coll;
     const auto left_ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
     coll.timeout_ms = given_ms = std::min<int64_t>(coll.timeout_ms, left_ms);
-    execute_now(coll);
+    execute_now(coll, op.inputs_ready);
   } catch (const Error &e) {
     status = e.status();
     error = e.what();

@@ -70,6 +70,14 @@ struct Operation {
   // A gated batch, or (gate_token) one of its tokens in a peer's lane (see LaneGate).
   std::shared_ptr<LaneGate> gate;
   bool gate_token = false;
+  // Staged on cudaStreamPerThread and queued: a marker (CUDA event) recorded on the issuing
+  // thread's stream, which the lane waits for before it copies the inputs (Comm::enqueue).
+  void *inputs_ready = nullptr;
+
+  Operation() = default;
+  ~Operation();  // drops inputs_ready
+  Operation(const Operation &) = delete;
+  Operation &operator=(const Operation &) = delete;
 };
 
 // True when `op` has ended: finished, or a batch run as parts whose parts all have (their
@@ -178,7 +186,8 @@ class Comm {
   void await_gate(const Operation &batch);
   // Lets the batch's tokens go (the batch ended, or could not be queued).
   void release_gate(LaneGate &gate);
-  void execute_now(const mncl_coll_v1_t &coll);
+  // inputs_ready: Operation::inputs_ready, waited for before staged inputs are copied.
+  void execute_now(const mncl_coll_v1_t &coll, void *inputs_ready = nullptr);
   // Host-only backend and a CUDA buffer in coll: it goes through staging_.
   bool needs_staging(const mncl_coll_v1_t &coll);
   void enqueue(Lane &lane, std::shared_ptr<Operation> op);

@@ -215,6 +215,28 @@ void Staging::settle_copies(void *stream, const WaitBounds &bounds, Deadline dea
   abandon_pinned(stream);
 }
 
+void Staging::wait_for_inputs(const WaitBounds &bounds, Deadline deadline) {
+  if (bounds.inputs_ready == nullptr) return;
+  Driver &driver = Driver::get();
+  const auto done = [&] { return driver.marked_done(bounds.inputs_ready); };
+  switch (kit::poll_until(done, deadline, bounds.aborted)) {
+    case kit::PollResult::kReady:
+      return;
+    case kit::PollResult::kTimedOut:
+      throw Error(MNCL_ERR_TIMEOUT,
+                  format("%s on %s: CUDA staging: the work queued on the caller's stream before "
+                         "the call did not finish within the operation's timeout of %.1f s (is "
+                         "work queued on that stream stuck?)",
+                         bounds.what.c_str(), backend_.c_str(),
+                         static_cast<double>(bounds.timeout_ms) / 1000.0));
+    case kit::PollResult::kStopped:
+      throw Error(MNCL_ERR_ABORTED,
+                  format("%s on %s: the communicator was aborted while CUDA staging waited for "
+                         "the work queued on the caller's stream before the call",
+                         bounds.what.c_str(), backend_.c_str()));
+  }
+}
+
 void Staging::run(const mncl_coll_v1_t &coll, const HostRun &host_run, const WaitBounds &bounds) {
   Driver &driver = Driver::get();
   std::vector<Slot> slots;
@@ -268,6 +290,7 @@ void Staging::run(const mncl_coll_v1_t &coll, const HostRun &host_run, const Wai
   {
     Driver::Scope scope(driver, first.context, first.ordinal);
     reserve(total, first.context, first.ordinal);
+    wait_for_inputs(bounds, deadline);
     char *pinned = static_cast<char *>(pinned_);
     bool copied = false;
     try {
@@ -334,6 +357,22 @@ void StagingPool::run(const mncl_coll_v1_t &coll, const Staging::HostRun &host_r
     ~Return() { pool.give_back(std::move(staging)); }
   } give_back_on_exit{*this, staging};
   staging->run(coll, host_run, bounds);
+}
+
+void *StagingPool::mark_stream(const mncl_coll_v1_t &coll) const noexcept {
+  try {
+    Driver &driver = Driver::get();
+    PointerInfo first;
+    for_each_buffer(coll, rank_, size_, [&](size_t, const void *ptr, size_t bytes, bool, bool) {
+      if (first.device || bytes == 0) return;
+      first = driver.classify(ptr);
+    });
+    if (!first.device) return nullptr;
+    Driver::Scope scope(driver, first.context, first.ordinal);
+    return driver.mark(coll.stream);
+  } catch (const std::exception &) {
+    return nullptr;
+  }
 }
 
 std::unique_ptr<Staging> StagingPool::borrow() {

@@ -73,6 +73,9 @@ class Staging {
     int64_t timeout_ms;                // > 0
     const std::atomic<bool> *aborted;  // the communicator's abort flag, or null
     std::string what;                  // names the operation in messages ("mncl_allreduce #3")
+    // A marker (StagingPool::mark_stream) to wait for before the inputs are copied: the
+    // caller's work when the copies go on another thread's stream. May be null.
+    void *inputs_ready = nullptr;
   };
   void run(const mncl_coll_v1_t &coll, const HostRun &host_run, const WaitBounds &bounds);
 
@@ -86,6 +89,8 @@ class Staging {
   // names what it waits for.
   void wait_for_stream(void *stream, const WaitBounds &bounds, Deadline deadline,
                        const char *pending);
+  // Waits for bounds.inputs_ready (if any) until the call's deadline or an abort.
+  void wait_for_inputs(const WaitBounds &bounds, Deadline deadline);
   // After a failed copy call: waits for the copies queued before it, best effort.
   void settle_copies(void *stream, const WaitBounds &bounds, Deadline deadline) noexcept;
   // Gives up the pinned buffer, which copies queued on `stream` may still use: it is freed
@@ -114,6 +119,10 @@ class StagingPool {
   // As Staging::run, on a borrowed Staging.
   void run(const mncl_coll_v1_t &coll, const Staging::HostRun &host_run,
            const Staging::WaitBounds &bounds);
+  // A marker after the work queued so far on coll.stream, as this thread sees that stream
+  // (cudaStreamPerThread is this thread's), recorded in the context of coll's first device
+  // buffer; nullptr when the driver has no events or the record fails. For WaitBounds.
+  void *mark_stream(const mncl_coll_v1_t &coll) const noexcept;
   // Pinned bytes held between calls, and by how many Staging objects (for tests).
   size_t idle_pinned_bytes() const;
   size_t idle_count() const;

@@ -50,6 +50,16 @@ std::string g_fail_next;
 int g_fail_skip = 0;  // calls of g_fail_next that still succeed first
 uintptr_t g_next_stream = 0x5000;
 thread_local std::vector<Ctx *> t_contexts;
+thread_local char t_per_thread_stream;  // its address names this thread's default stream
+
+// The stream a handle names: cudaStreamPerThread (0x2) is the calling thread's own default
+// stream, the legacy handle (0x1) the NULL stream. (The fake does not model the legacy
+// stream's synchronization with the others.)
+const void *stream_of(const void *handle) {
+  if (handle == reinterpret_cast<const void *>(0x2)) return &t_per_thread_stream;
+  if (handle == reinterpret_cast<const void *>(0x1)) return nullptr;
+  return handle;
+}
 
 // The allocation containing p, or nullptr. Caller holds g_mutex.
 std::pair<const uintptr_t, Alloc> *find(const void *p) {
@@ -225,7 +235,7 @@ FAKE_EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dst, unsigned long long src, siz
   if (CUresult r = enter("cuMemcpyDtoHAsync_v2", true)) return r;
   const auto *s = reinterpret_cast<const void *>(src);
   if (!is_device(s, bytes) || is_device(dst, bytes)) return kInvalidValue;
-  g_queues[stream].push_back(Copy{dst, s, bytes, false});
+  g_queues[stream_of(stream)].push_back(Copy{dst, s, bytes, false});
   ++g_counters.d2h_copies;
   return kSuccess;
 }
@@ -236,13 +246,14 @@ FAKE_EXPORT CUresult cuMemcpyHtoDAsync_v2(unsigned long long dst, const void *sr
   if (CUresult r = enter("cuMemcpyHtoDAsync_v2", true)) return r;
   auto *d = reinterpret_cast<void *>(dst);
   if (!is_device(d, bytes) || is_device(src, bytes)) return kInvalidValue;
-  g_queues[stream].push_back(Copy{d, src, bytes, true});
+  g_queues[stream_of(stream)].push_back(Copy{d, src, bytes, true});
   ++g_counters.h2d_copies;
   return kSuccess;
 }
 
 // The queued copies happen when a query finds the stream done; a held stream is never done.
-FAKE_EXPORT CUresult cuStreamQuery(void *stream) {
+FAKE_EXPORT CUresult cuStreamQuery(void *handle) {
+  const void *stream = stream_of(handle);
   std::lock_guard<std::mutex> lock(g_mutex);
   if (CUresult r = enter("cuStreamQuery", true)) return r;
   ++g_counters.queries;
@@ -270,7 +281,7 @@ FAKE_EXPORT CUresult cuEventCreate(void **event, unsigned flags) {
 FAKE_EXPORT CUresult cuEventRecord(void *event, void *stream) {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (CUresult r = enter("cuEventRecord", true)) return r;
-  static_cast<FakeEvent *>(event)->stream = stream;
+  static_cast<FakeEvent *>(event)->stream = stream_of(stream);
   return kSuccess;
 }
 
@@ -346,7 +357,8 @@ FAKE_EXPORT void fake_cuda_reset_counters(void) {
   g_counters.events = events;
 }
 
-FAKE_EXPORT void fake_cuda_hold_stream(void *stream, int held) {
+FAKE_EXPORT void fake_cuda_hold_stream(void *handle, int held) {
+  const void *stream = stream_of(handle);
   std::lock_guard<std::mutex> lock(g_mutex);
   if (held) {
     g_held.insert(stream);

@@ -48,7 +48,8 @@ void *fake_cuda_stream_create(void);
 void fake_cuda_get_counters(fake_cuda_counters_t *out);
 void fake_cuda_reset_counters(void);
 /* While held != 0 the stream's work never finishes: cuStreamQuery says CUDA_ERROR_NOT_READY
- * and its queued copies wait. */
+ * and its queued copies wait. cudaStreamPerThread (0x2) is the calling thread's stream, here
+ * and in every entry point. */
 void fake_cuda_hold_stream(void *stream, int held);
 /* The next call to the named entry point ("cuMemcpyDtoHAsync_v2") fails with
  * CUDA_ERROR_LAUNCH_FAILED (719). NULL clears it. */

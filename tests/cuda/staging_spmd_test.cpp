@@ -308,20 +308,19 @@ TEST(CudaStaging, AStuckStreamTimesOutOrIsAbortedInsteadOfHanging) {
 
 // cudaStreamPerThread (handle 0x2) names the calling thread's default stream. A non-blocking
 // operation runs on a lane's thread, where staging on 0x2 would copy on that thread's stream,
-// unordered with the caller's kernels (stale inputs, silently). It stages on the legacy
-// default stream (0x1) instead, which CUDA orders after all blocking streams' work, the
-// caller's per-thread stream included: with the fake's legacy stream held, nothing finishes.
-TEST(CudaStaging, APerThreadStreamIsStagedOnTheLegacyStreamOffTheCallersThread) {
+// unordered with the caller's kernels (stale inputs, silently). The lane waits for a marker
+// recorded on the caller's stream when the operation was issued: with the caller's stream held
+// (the fake's 0x2 is per thread, as CUDA's), nothing finishes.
+TEST(CudaStaging, APerThreadStreamQueuedToALaneWaitsForTheCallersWork) {
   void *const per_thread = reinterpret_cast<void *>(0x2);
-  void *const legacy = reinterpret_cast<void *>(0x1);
   Dev buf(values(g_rank, 64));
-  g_fake.hold(legacy, 1);
+  g_fake.hold(per_thread, 1);
   mncl_request_t request = nullptr;
   MNCL_OK_OR_DIE(mncl_iallreduce(g_comm, buf.ptr(), buf.ptr(), 64, MNCL_INT64, MNCL_SUM, per_thread,
                                  &request));
-  // Its inputs wait for the legacy stream: not finished, however long it is given.
+  // Its inputs wait for the caller's stream: not finished, however long it is given.
   EXPECT_EQ(mncl_wait(request, 300), MNCL_ERR_TIMEOUT) << mncl_last_error();
-  g_fake.hold(legacy, 0);
+  g_fake.hold(per_thread, 0);
   MNCL_OK_OR_DIE(mncl_wait(request, -1));
   for (size_t i = 0; i < 64; ++i) ASSERT_EQ(buf.get()[i], sum_over_ranks(i)) << i;
   MNCL_OK_OR_DIE(mncl_barrier(g_comm, nullptr));
