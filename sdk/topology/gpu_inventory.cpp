@@ -219,9 +219,13 @@ std::vector<Gpu> number_gpus(std::vector<Gpu> seen,
                              : std::nullopt;
     // UUIDs name devices whatever CUDA's order; indices and the unfiltered list follow it.
     const bool by_uuid = visible && trimmed(cuda_visible_devices).compare(0, 4, "GPU-") == 0;
-    const bool mixed = std::any_of(seen.begin(), seen.end(), [&](const Gpu &g) {
-      return g.device_id != seen.front().device_id;
-    });
+    // Device id 0: unknown (sysfs unreadable), which says nothing of the model.
+    std::vector<uint16_t> models;
+    for (const Gpu &g : seen) {
+      if (g.device_id != 0) models.push_back(g.device_id);
+    }
+    const bool mixed = std::any_of(models.begin(), models.end(),
+                                   [&](uint16_t id) { return id != models.front(); });
     const bool pci_order =
         cuda_device_order != nullptr && std::string(cuda_device_order) == "PCI_BUS_ID";
     if (order_caveat != nullptr && mixed && !pci_order && !by_uuid) {

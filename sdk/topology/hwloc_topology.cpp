@@ -236,8 +236,6 @@ Summary summarize(hwloc_topology_t topo, const std::string &source) {
   const auto driver = s.is_this_system ? read_driver_gpus() : std::nullopt;
   s.gpus = number_gpus(std::move(seen), driver, std::getenv("CUDA_VISIBLE_DEVICES"),
                        std::getenv("CUDA_DEVICE_ORDER"), &s.gpu_order_caveat);
-  // sysfs's local_cpulist (a GPU only the driver listed) ignores this process's cpuset.
-  for (Gpu &gpu : s.gpus) gpu.locality.cpus = gpu.locality.cpus & s.all_cpus;
   if (driver && driver->size() != seen_by_hwloc) {
     MNCL_INFO("hwloc sees %zu NVIDIA GPU(s), the NVIDIA driver %zu; this process can use %zu",
               seen_by_hwloc, driver->size(), s.gpus.size());

@@ -6,6 +6,7 @@
 set -u
 probe=${1:?usage: private_store_folder.sh CREATE_PROBE}
 [ "$(id -u)" = 0 ] || exit 77
+[ -n "${OMPI_MCA_ess_base_jobid:-}" ] || exit 77  # not Open MPI 4's mpirun: no private folder
 d=/tmp/mncl-0-ompi-$OMPI_MCA_ess_base_jobid${OMPI_MCA_orte_precondition_transports:+-$OMPI_MCA_orte_precondition_transports}
 if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then
   mkdir -p "$d" && chown 65534 "$d" && touch "$d.ready" || exit 1

@@ -7,6 +7,7 @@
 set -u
 probe=${1:?usage: same_job_id_folder.sh CREATE_PROBE}
 [ "$(id -u)" = 0 ] || exit 77
+[ -n "${OMPI_MCA_ess_base_jobid:-}" ] || exit 77  # not Open MPI 4's mpirun: no private folder
 if [ -z "${OMPI_MCA_orte_precondition_transports:-}" ]; then
   echo "FAIL: mpirun set no OMPI_MCA_orte_precondition_transports"
   exit 1

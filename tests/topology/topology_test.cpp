@@ -499,6 +499,9 @@ TEST_F(DriverView, MixedGpuModelsHaveNoKnownOrderWithoutPciBusIdOrder) {
   EXPECT_TRUE(caveat.empty()) << caveat;
   number({compute, compute}, nullptr, nullptr);
   EXPECT_TRUE(caveat.empty()) << caveat;
+  topo::Gpu unknown = hwloc_gpu("0000:c0:00.0");  // device id 0: sysfs could not say
+  number({compute, unknown}, nullptr, nullptr);
+  EXPECT_TRUE(caveat.empty()) << caveat;
   display.uuid = "GPU-aaaa";
   compute.uuid = "GPU-bbbb";
   EXPECT_EQ(bus_ids(number({display, compute}, "GPU-bbbb", nullptr)),
