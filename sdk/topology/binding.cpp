@@ -141,6 +141,11 @@ Binding compute_binding_with_isolated(const Summary &t, const BindRequest &r) {
     return unbound(mode + format("already bound to CPUs %s (by the launcher?): left alone",
                                  r.current.to_string().c_str()));
   }
+  if (r.threads_bound_apart) {
+    return unbound(mode +
+                   "the process's threads are bound to different CPUs (by OpenMP or "
+                   "another runtime?): left alone");
+  }
   if (r.gpu >= 0 && !t.gpu_order_caveat.empty()) {
     // Binding near the wrong GPU is worse than spreading: another rank's GPU, its node shared.
     prefix += format("GPU %d unknown (%s), ", r.gpu, t.gpu_order_caveat.c_str());

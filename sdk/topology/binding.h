@@ -32,8 +32,11 @@ struct BindRequest {
   BindMode mode = BindMode::kAuto;
   int local_rank = -1;  // -1: unknown
   int local_size = -1;
-  int gpu = -1;              // CUDA ordinal this rank drives; -1: none (host-memory job)
-  CpuSet current;            // the process's binding now; empty: unknown
+  int gpu = -1;    // CUDA ordinal this rank drives; -1: none (host-memory job)
+  CpuSet current;  // the process's binding now; empty: unknown
+  // Some threads of the process are bound to other CPUs than others: a runtime placed them
+  // one by one (OpenMP's OMP_PROC_BIND, MKL), which a process binding would undo.
+  bool threads_bound_apart = false;
   int ranks_in_process = 1;  // ranks of the communicator living in this very process
 };
 

@@ -1,6 +1,8 @@
 #include "topology/hwloc_topology.h"
 
+#include <dirent.h>
 #include <hwloc.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -301,6 +303,29 @@ CpuSet Topology::current_binding() const {
   return out;
 }
 
+bool Topology::threads_bound_apart() const {
+  if (!summary_.is_this_system) return false;
+  DIR *tasks = ::opendir("/proc/self/task");
+  if (tasks == nullptr) return false;
+  bool first = true, apart = false;
+  cpu_set_t seen;
+  CPU_ZERO(&seen);
+  while (const dirent *entry = ::readdir(tasks)) {
+    const pid_t tid = static_cast<pid_t>(std::atoi(entry->d_name));
+    cpu_set_t mask;
+    if (tid <= 0 || sched_getaffinity(tid, sizeof mask, &mask) != 0) continue;  // gone since
+    if (first) {
+      seen = mask;
+      first = false;
+    } else if (!CPU_EQUAL(&seen, &mask)) {
+      apart = true;
+      break;
+    }
+  }
+  ::closedir(tasks);
+  return apart;
+}
+
 void Topology::bind(const CpuSet &cpus) const {
   MNCL_CHECK(summary_.is_this_system, MNCL_ERR_INVALID_ARGUMENT,
              "cannot bind from a topology that is not this machine's (%s)",
@@ -340,6 +365,7 @@ Binding bind_this_process(const Topology *machine, BindRequest request) {
     first.reason = "topology unknown: not bound";
   } else {
     request.current = machine->current_binding();
+    request.threads_bound_apart = machine->threads_bound_apart();
     first = compute_binding(machine->summary(), request);
     if (!first.cpus.empty() && !machine->summary().is_this_system) {
       first.reason +=

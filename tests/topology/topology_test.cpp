@@ -7,12 +7,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/error.h"
@@ -982,6 +985,51 @@ TEST(Binding, IsolatedCpusAreNeitherALauncherBindingNorBoundTo) {
   b = bind(t, BindMode::kAuto, 1, 2, -1, CpuSet::parse("0-3"));
   EXPECT_TRUE(b.cpus.empty());
   EXPECT_CONTAINS(b.reason, "all of them isolated (isolcpus): not bound");
+}
+
+// Threads a runtime pinned one by one (OpenMP's OMP_PROC_BIND) look unbound as a process (the
+// union of their CPUs): binding the process would undo their placement.
+TEST(Binding, ThreadsBoundApartAreLeftAlone) {
+  topo::BindRequest r;
+  r.local_rank = 1;
+  r.local_size = 2;
+  r.threads_bound_apart = true;
+  auto b = topo::compute_binding(two_packages(), r);
+  EXPECT_TRUE(b.cpus.empty()) << b.reason;
+  EXPECT_CONTAINS(b.reason, "threads are bound to different CPUs");
+  r.mode = BindMode::kNuma;  // asked for: done
+  EXPECT_EQ(topo::compute_binding(two_packages(), r).cpus, CpuSet::parse("4-7"));
+}
+
+TEST(Load, ThreadsBoundApartAreSeenOnThisMachine) {
+  const auto machine = topo::Topology::load_this_machine();
+  if (machine->summary().num_pus() < 2) GTEST_SKIP() << "needs 2 CPUs";
+  EXPECT_FALSE(machine->threads_bound_apart());
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool pinned = false, done = false;
+  std::thread pinned_thread([&] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(machine->summary().all_cpus.pus().front(), &one);
+    sched_setaffinity(0, sizeof one, &one);  // this thread only
+    std::unique_lock<std::mutex> lock(mutex);
+    pinned = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return done; });
+  });
+  {
+    std::unique_lock<std::mutex> lock(mutex);
+    cv.wait(lock, [&] { return pinned; });
+  }
+  EXPECT_TRUE(machine->threads_bound_apart());
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    done = true;
+  }
+  cv.notify_all();
+  pinned_thread.join();
+  EXPECT_FALSE(machine->threads_bound_apart());
 }
 
 TEST(Binding, GpuAttachedToTheWholeMachineGivesNoPreference) {
