@@ -62,6 +62,19 @@ std::vector<Endpoint> resolve(const std::string &host, uint16_t port, std::strin
   return endpoints;
 }
 
+bool is_loopback(const sockaddr *address) {
+  if (address->sa_family == AF_INET) {
+    const auto *in = reinterpret_cast<const sockaddr_in *>(address);
+    return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (address->sa_family == AF_INET6) {
+    const auto &in6 = reinterpret_cast<const sockaddr_in6 *>(address)->sin6_addr;
+    if (IN6_IS_ADDR_LOOPBACK(&in6)) return true;
+    return IN6_IS_ADDR_V4MAPPED(&in6) && in6.s6_addr[12] == 127;
+  }
+  return false;
+}
+
 std::string error_text(int error) {
   char buffer[256];
   // The GNU strerror_r may return a static string instead of filling buffer.

@@ -44,6 +44,8 @@ std::string tcp_url(const std::string &host, uint16_t port);
 std::string to_string(const sockaddr *address, socklen_t length);
 // Every TCP address of host:port (getaddrinfo). On failure returns none and sets error.
 std::vector<Endpoint> resolve(const std::string &host, uint16_t port, std::string &error);
+// 127.0.0.0/8, ::1, or ::ffff:127.x.y.z: an address no other host reaches.
+bool is_loopback(const sockaddr *address);
 // strerror_r, thread-safe.
 std::string error_text(int error);
 

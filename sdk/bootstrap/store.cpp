@@ -3,9 +3,11 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <cctype>
 
 #include "bootstrap/file_store.h"
+#include "bootstrap/net.h"
 #include "bootstrap/tcp_store.h"
 #include "common/env.h"
 #include "common/error.h"
@@ -127,16 +129,32 @@ std::shared_ptr<Store> open_store(const std::string &url, int rank, int size,
     const std::string token = env::get("MNCL_STORE_TOKEN").value_or("");
     std::shared_ptr<TcpStoreServer> server;
     if (rank == 0) {
-      const bool widen = listen == TcpListen::kEveryAddressForAHostNameOnLoopback;
-      server = std::make_shared<TcpStoreServer>(address.host, address.port, token,
-                                                widen ? TcpListen::kNamedHost : listen);
-      // Binding the named addresses first keeps a MASTER_ADDR that is not this host's failing
-      // at once ("cannot listen on ..."), and one on loopback on loopback.
-      if (widen && size > 1 && server->loopback_only() && !names_loopback(address.host)) {
-        const std::string was = server->listening_on();
-        server.reset();  // the same port, now on every address
-        server = std::make_shared<TcpStoreServer>(address.host, address.port, token,
-                                                  TcpListen::kEveryAddress);
+      // Decided before anything listens: a server started and then replaced would take the
+      // connections of this host's ranks with it. A name resolving to addresses that are not
+      // all loopback gets kNamedHost, where one that is not this host's fails at once.
+      TcpListen how = listen;
+      std::string was;  // the loopback addresses the name resolves to, when widened
+      if (listen == TcpListen::kEveryAddressForAHostNameOnLoopback) {
+        how = TcpListen::kNamedHost;
+        std::string error;
+        const auto endpoints = size > 1 && !names_loopback(address.host)
+                                   ? net::resolve(address.host, address.port, error)
+                                   : std::vector<net::Endpoint>{};
+        const bool loopback_only =
+            !endpoints.empty() &&
+            std::all_of(endpoints.begin(), endpoints.end(), [](const net::Endpoint &e) {
+              return net::is_loopback(reinterpret_cast<const sockaddr *>(&e.address));
+            });
+        if (loopback_only) {
+          how = TcpListen::kEveryAddress;
+          for (const auto &e : endpoints) {
+            was += (was.empty() ? "" : ", ") +
+                   net::to_string(reinterpret_cast<const sockaddr *>(&e.address), e.length);
+          }
+        }
+      }
+      server = std::make_shared<TcpStoreServer>(address.host, address.port, token, how);
+      if (!was.empty()) {
         const char *const text =
             "the store at %s listens on every address of this host (%s), as PyTorch's "
             "TCPStore does: '%s' resolves to loopback addresses only here (%s), where the "

@@ -112,20 +112,6 @@ class InBuffer {
   size_t end_ = 0;
 };
 
-// 127.0.0.0/8, ::1, or ::ffff:127.x.y.z: an address no other host reaches.
-bool is_loopback(const sockaddr *address) {
-  if (address->sa_family == AF_INET) {
-    const auto *in = reinterpret_cast<const sockaddr_in *>(address);
-    return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
-  }
-  if (address->sa_family == AF_INET6) {
-    const auto &in6 = reinterpret_cast<const sockaddr_in6 *>(address)->sin6_addr;
-    if (IN6_IS_ADDR_LOOPBACK(&in6)) return true;
-    return IN6_IS_ADDR_V4MAPPED(&in6) && in6.s6_addr[12] == 127;
-  }
-  return false;
-}
-
 // A listening socket on address, or none with *error set to the errno of the step that failed.
 // ipv6_only: an IPv6 socket takes IPv6 connections only; else IPv4 ones too (as
 // ::ffff:a.b.c.d), which is how "::" covers every address of both families.
@@ -451,7 +437,7 @@ void TcpStoreServer::Impl::bind_all(const std::string &host, uint16_t requested_
     socklen_t length = sizeof bound;
     if (getsockname(listener.get(), reinterpret_cast<sockaddr *>(&bound), &length) != 0) continue;
     const auto *address = reinterpret_cast<const sockaddr *>(&bound);
-    loopback_only = loopback_only && is_loopback(address);
+    loopback_only = loopback_only && net::is_loopback(address);
     listening_on += (listening_on.empty() ? "" : ", ") + net::to_string(address, length);
   }
   if (!failures.empty()) {

@@ -353,7 +353,9 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
   // resolve to 127.0.1.1 on rank 0 (Debian's /etc/hosts) and to the host's network address
   // elsewhere; only then is the store served on every address of rank 0's host. An address the
   // user named is kept to (mncl-run's tcp://127.0.0.1:port stays off the network).
-  const auto listen = settings.store_from_master
+  // A job whose ranks are all on this host (LOCAL_WORLD_SIZE = WORLD_SIZE) needs no other.
+  const bool one_host = settings.local_size >= 1 && settings.local_size >= settings.size;
+  const auto listen = settings.store_from_master && !one_host
                           ? bootstrap::TcpListen::kEveryAddressForAHostNameOnLoopback
                           : bootstrap::TcpListen::kNamedHost;
   try {

@@ -921,6 +921,12 @@ TEST(CommStore, MasterAddrHostNameOnLoopbackIsServedOnEveryAddress) {
   expect_master_store({{"MASTER_ADDR", *name}, {"MASTER_PORT", port_text}},
                       {{"MASTER_ADDR", numeric_host(*other)}, {"MASTER_PORT", port_text}}, port,
                       *other, true);
+  // Every rank on this host (LOCAL_WORLD_SIZE = WORLD_SIZE): no other host needs the store.
+  const uint16_t one_host_port = free_port();
+  const std::string one_host = std::to_string(one_host_port);
+  expect_master_store({{"MASTER_ADDR", *name}, {"MASTER_PORT", one_host}, {"MNCL_LOCAL_SIZE", "2"}},
+                      {{"MASTER_ADDR", *name}, {"MASTER_PORT", one_host}, {"MNCL_LOCAL_SIZE", "2"}},
+                      one_host_port, *other, false);
 }
 
 // MASTER_ADDR=127.0.0.1 (or localhost): one host, and the store stays off the network. The
