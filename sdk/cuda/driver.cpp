@@ -270,6 +270,15 @@ bool Driver::marked_done(void *marker) noexcept {
   return api->event_query(marker) == kCudaSuccess;
 }
 
+bool Driver::marked_done_or_throw(void *marker) {
+  const Api *api = api_.load(std::memory_order_acquire);
+  const ThreadLocalCapture mode(api->exchange_capture_mode);
+  const CUresult result = api->event_query(marker);
+  if (result == kCudaErrorNotReady) return false;
+  check(result, "cuEventQuery");
+  return true;
+}
+
 void Driver::drop_mark(void *marker) noexcept {
   const Api *api = api_.load(std::memory_order_acquire);
   if (marker != nullptr && api != nullptr) api->event_destroy(marker);

@@ -94,6 +94,9 @@ class Driver {
   void *mark(void *stream) noexcept;
   // Whether the work before `marker` is done; false while it is not, or on any error.
   bool marked_done(void *marker) noexcept;
+  // The same, but a CUDA error (a fault of the work before it) throws mncl::Error naming it,
+  // instead of looking like work that never ends. Inside a Scope.
+  bool marked_done_or_throw(void *marker);
   void drop_mark(void *marker) noexcept;
 
   // Finds the library if the process has loaded it since the last look; false: no buffer can

@@ -218,7 +218,7 @@ void Staging::settle_copies(void *stream, const WaitBounds &bounds, Deadline dea
 void Staging::wait_for_inputs(const WaitBounds &bounds, Deadline deadline) {
   if (bounds.inputs_ready == nullptr) return;
   Driver &driver = Driver::get();
-  const auto done = [&] { return driver.marked_done(bounds.inputs_ready); };
+  const auto done = [&] { return driver.marked_done_or_throw(bounds.inputs_ready); };
   switch (kit::poll_until(done, deadline, bounds.aborted)) {
     case kit::PollResult::kReady:
       return;

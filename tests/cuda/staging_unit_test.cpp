@@ -20,6 +20,7 @@
 
 #include "common/coll.h"  // plugin kit
 #include "common/error.h"
+#include "cuda/driver.h"
 #include "cuda/staging.h"
 #include "fake_cuda.h"
 
@@ -491,6 +492,46 @@ TEST_F(StuckStreamTest, AnAbandonedBufferIsFreedOnceItsCopiesAreDone) {
       elsewhere, [](const mncl_coll_v1_t &) {}, kBounds);
   EXPECT_EQ(g_fake.get().host_frees, 1u);
   EXPECT_EQ(g_fake.get().events, 0);
+}
+
+// The inputs wait for a marker on the caller's stream (a queued cudaStreamPerThread call): up
+// to the timeout while that stream is stuck, and a CUDA error there is reported as one at once,
+// not as work that never ends.
+TEST_F(StuckStreamTest, InputsWaitForTheCallersMarker) {
+  StagingPool pool(0, 1, "test");
+  g_fake.hold(c.stream, 1);
+  void *marker = pool.mark_stream(c);
+  ASSERT_NE(marker, nullptr);
+  Staging::WaitBounds bounds{200, nullptr, "mncl_allreduce #11"};
+  bounds.inputs_ready = marker;
+  bool ran = false;
+  try {
+    staging.run(
+        c, [&](const mncl_coll_v1_t &) { ran = true; }, bounds);
+    ADD_FAILURE() << "no error";
+  } catch (const mncl::Error &e) {
+    EXPECT_EQ(e.status(), MNCL_ERR_TIMEOUT) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the work queued on the caller's stream before the call"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(ran);
+  g_fake.fail_next("cuEventQuery");
+  bounds.timeout_ms = 600000;
+  try {
+    staging.run(
+        c, [&](const mncl_coll_v1_t &) { ran = true; }, bounds);
+    ADD_FAILURE() << "no error";
+  } catch (const mncl::Error &e) {
+    EXPECT_EQ(e.status(), MNCL_ERR_SYSTEM) << e.what();
+    EXPECT_NE(std::string(e.what()).find("cuEventQuery failed"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(ran);
+  g_fake.hold(c.stream, 0);
+  staging.run(
+      c, [&](const mncl_coll_v1_t &) { ran = true; }, bounds);
+  EXPECT_TRUE(ran);
+  mncl::cuda::Driver::get().drop_mark(marker);
 }
 
 TEST_F(StuckStreamTest, ResultCopiesThatNeverFinishTimeOut) {
