@@ -34,8 +34,8 @@ struct BindRequest {
   int local_size = -1;
   int gpu = -1;    // CUDA ordinal this rank drives; -1: none (host-memory job)
   CpuSet current;  // the process's binding now; empty: unknown
-  // Some threads of the process are bound to other CPUs than others: a runtime placed them
-  // one by one (OpenMP's OMP_PROC_BIND, MKL), which a process binding would undo.
+  // A runtime placed the process's threads one by one (OpenMP's OMP_PROC_BIND: the main thread
+  // on fewer CPUs than the threads together), which a process binding would undo.
   bool threads_bound_apart = false;
   int ranks_in_process = 1;  // ranks of the communicator living in this very process
 };

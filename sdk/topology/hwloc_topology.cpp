@@ -305,25 +305,22 @@ CpuSet Topology::current_binding() const {
 
 bool Topology::threads_bound_apart() const {
   if (!summary_.is_this_system) return false;
+  // OpenMP (OMP_PROC_BIND) binds the initial thread to its first place and the others to the
+  // rest: the main thread holds fewer CPUs than its threads together. NCCL's init, which gives
+  // its own threads the GPU's CPUs and restores the caller's, leaves the main thread alone.
+  cpu_set_t main_thread, all;
+  CPU_ZERO(&all);
+  if (sched_getaffinity(::getpid(), sizeof main_thread, &main_thread) != 0) return false;
   DIR *tasks = ::opendir("/proc/self/task");
   if (tasks == nullptr) return false;
-  bool first = true, apart = false;
-  cpu_set_t seen;
-  CPU_ZERO(&seen);
   while (const dirent *entry = ::readdir(tasks)) {
     const pid_t tid = static_cast<pid_t>(std::atoi(entry->d_name));
     cpu_set_t mask;
     if (tid <= 0 || sched_getaffinity(tid, sizeof mask, &mask) != 0) continue;  // gone since
-    if (first) {
-      seen = mask;
-      first = false;
-    } else if (!CPU_EQUAL(&seen, &mask)) {
-      apart = true;
-      break;
-    }
+    CPU_OR(&all, &all, &mask);
   }
   ::closedir(tasks);
-  return apart;
+  return !CPU_EQUAL(&main_thread, &all);
 }
 
 void Topology::bind(const CpuSet &cpus) const {

@@ -25,8 +25,8 @@ class Topology {
 
   // The PUs this process is bound to now (empty when unknown, e.g. an XML topology).
   CpuSet current_binding() const;
-  // Whether some of this process's threads are bound to other PUs than others (false when
-  // unknown, e.g. an XML topology).
+  // Whether a runtime placed this process's threads one by one: the main thread is bound to
+  // fewer PUs than its threads together (false when unknown, e.g. an XML topology).
   bool threads_bound_apart() const;
   // Binds every thread of this process to cpus (hwloc_set_cpubind, HWLOC_CPUBIND_PROCESS).
   // Throws mncl::Error: MNCL_ERR_INVALID_ARGUMENT for an XML topology (not this machine) or an

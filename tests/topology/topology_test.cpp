@@ -1001,35 +1001,41 @@ TEST(Binding, ThreadsBoundApartAreLeftAlone) {
   EXPECT_EQ(topo::compute_binding(two_packages(), r).cpus, CpuSet::parse("4-7"));
 }
 
+// The main thread on one CPU while another thread keeps them all, as OpenMP places them; not a
+// thread of its own on fewer CPUs (NCCL's proxy threads on the GPU's node).
 TEST(Load, ThreadsBoundApartAreSeenOnThisMachine) {
   const auto machine = topo::Topology::load_this_machine();
   if (machine->summary().num_pus() < 2) GTEST_SKIP() << "needs 2 CPUs";
   EXPECT_FALSE(machine->threads_bound_apart());
+  cpu_set_t everything, one;
+  ASSERT_EQ(sched_getaffinity(0, sizeof everything, &everything), 0);
+  CPU_ZERO(&one);
+  CPU_SET(machine->summary().all_cpus.pus().front(), &one);
   std::mutex mutex;
   std::condition_variable cv;
-  bool pinned = false, done = false;
-  std::thread pinned_thread([&] {
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    CPU_SET(machine->summary().all_cpus.pus().front(), &one);
-    sched_setaffinity(0, sizeof one, &one);  // this thread only
+  bool started = false, done = false;
+  std::thread other([&] {  // keeps every CPU; pins itself only when asked (step 2)
     std::unique_lock<std::mutex> lock(mutex);
-    pinned = true;
+    started = true;
     cv.notify_all();
     cv.wait(lock, [&] { return done; });
   });
   {
     std::unique_lock<std::mutex> lock(mutex);
-    cv.wait(lock, [&] { return pinned; });
+    cv.wait(lock, [&] { return started; });
   }
+  ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);  // the main thread only
   EXPECT_TRUE(machine->threads_bound_apart());
+  ASSERT_EQ(sched_setaffinity(0, sizeof everything, &everything), 0);
+  EXPECT_FALSE(machine->threads_bound_apart());
+  ASSERT_EQ(pthread_setaffinity_np(other.native_handle(), sizeof one, &one), 0);
+  EXPECT_FALSE(machine->threads_bound_apart()) << "a thread of its own on fewer CPUs";
   {
     std::lock_guard<std::mutex> lock(mutex);
     done = true;
   }
   cv.notify_all();
-  pinned_thread.join();
-  EXPECT_FALSE(machine->threads_bound_apart());
+  other.join();
 }
 
 TEST(Binding, GpuAttachedToTheWholeMachineGivesNoPreference) {
