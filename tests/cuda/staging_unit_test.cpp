@@ -439,6 +439,22 @@ class StuckStreamTest : public StagingTest {
   Staging staging{0, 1, "test"};
   DevInts buf{10};
   mncl_coll_v1_t c = coll(MNCL_COLL_ALLREDUCE, buf.ptr, buf.ptr, 10);
+
+  // Runs c through the staging with `bounds`, which must fail with `status` and a message
+  // containing `text`; returns the message.
+  std::string expect_failure(
+      const Staging::WaitBounds &bounds, mncl_status_t status, const std::string &text,
+      const Staging::HostRun &host_run = [](const mncl_coll_v1_t &) {}) {
+    try {
+      staging.run(c, host_run, bounds);
+    } catch (const mncl::Error &e) {
+      EXPECT_EQ(e.status(), status) << e.what();
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+      return e.what();
+    }
+    ADD_FAILURE() << "no error";
+    return "";
+  }
 };
 
 // Work on the caller's stream that never finishes (a hung kernel before the call): the wait is
@@ -447,19 +463,12 @@ class StuckStreamTest : public StagingTest {
 TEST_F(StuckStreamTest, TimesOutAndItsPinnedBufferIsAbandoned) {
   g_fake.hold(c.stream, 1);
   bool ran = false;
-  try {
-    staging.run(
-        c, [&](const mncl_coll_v1_t &) { ran = true; },
-        Staging::WaitBounds{200, nullptr, "mncl_allreduce #7"});
-    FAIL() << "no error";
-  } catch (const mncl::Error &e) {
-    const std::string what = e.what();
-    EXPECT_EQ(e.status(), MNCL_ERR_TIMEOUT) << what;
-    EXPECT_NE(what.find("mncl_allreduce #7 on test"), std::string::npos) << what;
-    EXPECT_NE(what.find("did not finish the work queued on it before the call"), std::string::npos)
-        << what;
-    EXPECT_NE(what.find("timeout of 0.2 s"), std::string::npos) << what;
-  }
+  const std::string what =
+      expect_failure(Staging::WaitBounds{200, nullptr, "mncl_allreduce #7"}, MNCL_ERR_TIMEOUT,
+                     "did not finish the work queued on it before the call",
+                     [&](const mncl_coll_v1_t &) { ran = true; });
+  EXPECT_NE(what.find("mncl_allreduce #7 on test"), std::string::npos) << what;
+  EXPECT_NE(what.find("timeout of 0.2 s"), std::string::npos) << what;
   EXPECT_FALSE(ran);
   EXPECT_GT(g_fake.get().queries, 1u) << "the stream was not polled";
   EXPECT_EQ(staging.pinned_bytes(), 0u);
@@ -505,27 +514,12 @@ TEST_F(StuckStreamTest, InputsWaitForTheCallersMarker) {
   Staging::WaitBounds bounds{200, nullptr, "mncl_allreduce #11"};
   bounds.inputs_ready = marker;
   bool ran = false;
-  try {
-    staging.run(
-        c, [&](const mncl_coll_v1_t &) { ran = true; }, bounds);
-    ADD_FAILURE() << "no error";
-  } catch (const mncl::Error &e) {
-    EXPECT_EQ(e.status(), MNCL_ERR_TIMEOUT) << e.what();
-    EXPECT_NE(std::string(e.what()).find("the work queued on the caller's stream before the call"),
-              std::string::npos)
-        << e.what();
-  }
-  EXPECT_FALSE(ran);
+  const auto run = [&](const mncl_coll_v1_t &) { ran = true; };
+  expect_failure(bounds, MNCL_ERR_TIMEOUT, "the work queued on the caller's stream before the call",
+                 run);
   g_fake.fail_next("cuEventQuery");
   bounds.timeout_ms = 600000;
-  try {
-    staging.run(
-        c, [&](const mncl_coll_v1_t &) { ran = true; }, bounds);
-    ADD_FAILURE() << "no error";
-  } catch (const mncl::Error &e) {
-    EXPECT_EQ(e.status(), MNCL_ERR_SYSTEM) << e.what();
-    EXPECT_NE(std::string(e.what()).find("cuEventQuery failed"), std::string::npos) << e.what();
-  }
+  expect_failure(bounds, MNCL_ERR_SYSTEM, "cuEventQuery failed", run);
   EXPECT_FALSE(ran);
   g_fake.hold(c.stream, 0);
   staging.run(
@@ -535,21 +529,11 @@ TEST_F(StuckStreamTest, InputsWaitForTheCallersMarker) {
 }
 
 TEST_F(StuckStreamTest, ResultCopiesThatNeverFinishTimeOut) {
-  try {
-    staging.run(
-        c,
-        [&](const mncl_coll_v1_t &h) {
-          ints(h.recvbuf)[0] = 42;
-          g_fake.hold(c.stream, 1);  // something queued there meanwhile hangs
-        },
-        Staging::WaitBounds{200, nullptr, "mncl_allreduce #8"});
-    FAIL() << "no error";
-  } catch (const mncl::Error &e) {
-    EXPECT_EQ(e.status(), MNCL_ERR_TIMEOUT) << e.what();
-    EXPECT_NE(std::string(e.what()).find("the copies of the results to device memory"),
-              std::string::npos)
-        << e.what();
-  }
+  expect_failure(Staging::WaitBounds{200, nullptr, "mncl_allreduce #8"}, MNCL_ERR_TIMEOUT,
+                 "the copies of the results to device memory", [&](const mncl_coll_v1_t &h) {
+                   ints(h.recvbuf)[0] = 42;
+                   g_fake.hold(c.stream, 1);  // something queued there meanwhile hangs
+                 });
   EXPECT_EQ(staging.pinned_bytes(), 0u);
   EXPECT_EQ(buf.get(0, 1), std::vector<int>{0}) << "the result copy had not happened";
 }
@@ -562,17 +546,8 @@ TEST_F(StuckStreamTest, AnAbortEndsTheWait) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     aborted.store(true);
   });
-  try {
-    staging.run(
-        c, [](const mncl_coll_v1_t &) {},
-        Staging::WaitBounds{600000, &aborted, "mncl_allreduce #9"});
-    ADD_FAILURE() << "no error";
-  } catch (const mncl::Error &e) {
-    EXPECT_EQ(e.status(), MNCL_ERR_ABORTED) << e.what();
-    EXPECT_NE(std::string(e.what()).find("was aborted while CUDA staging waited"),
-              std::string::npos)
-        << e.what();
-  }
+  expect_failure(Staging::WaitBounds{600000, &aborted, "mncl_allreduce #9"}, MNCL_ERR_ABORTED,
+                 "was aborted while CUDA staging waited");
   aborter.join();
   EXPECT_EQ(staging.pinned_bytes(), 0u);
 }

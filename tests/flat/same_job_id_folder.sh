@@ -5,6 +5,7 @@
 # name also carries the job's random transport key. Both stand-ins belong to another user, which
 # fails a job that takes one for its own. Root only (chown): 77 otherwise.
 set -u
+. "$(dirname "$0")/rank0_ready.sh"
 probe=${1:?usage: same_job_id_folder.sh CREATE_PROBE}
 [ "$(id -u)" = 0 ] || exit 77
 [ -n "${OMPI_MCA_ess_base_jobid:-}" ] || exit 77  # not Open MPI 4's mpirun: no private folder
@@ -15,12 +16,9 @@ fi
 old=/tmp/mncl-0-ompi-$OMPI_MCA_ess_base_jobid  # the name before the key was added
 other=$old-0123456789abcdef-0123456789abcdef     # the same job id, another run's key
 if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then
-  mkdir -p "$old" "$other" && chown 65534 "$old" "$other" && touch "$old.ready" || exit 1
+  mkdir -p "$old" "$other" && chown 65534 "$old" "$other" && rank0_ready "$old.ready" || exit 1
 else
-  for _ in $(seq 200); do
-    [ -e "$old.ready" ] && break
-    sleep 0.05
-  done
+  wait_for_rank0 "$old.ready"
 fi
 "$probe" --allreduce
 rc=$?

@@ -4,6 +4,7 @@
 # recorded in .rank0) are removed by the next job's rank 0; a folder whose owner still runs,
 # one with no owner yet, and one whose owner is judged from another pid namespace stay.
 set -u
+. "$(dirname "$0")/rank0_ready.sh"
 probe=${1:?usage: stale_store_folders.sh CREATE_PROBE}
 base=/tmp/mncl-$(id -u)-ompi-stale-test-$OMPI_MCA_ess_base_jobid
 if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then
@@ -16,12 +17,9 @@ if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then
   echo "$boot $ns $$ 1" >"$base-reused/.rank0"  # this pid, another process's start time
   echo "$boot $ns $$ $start" >"$base-alive/.rank0"
   echo "$boot 1:1 $dead 12345" >"$base-elsewhere/.rank0"
-  touch "$base.ready"
+  rank0_ready "$base.ready"
 else
-  for _ in $(seq 200); do
-    [ -e "$base.ready" ] && break
-    sleep 0.05
-  done
+  wait_for_rank0 "$base.ready"
 fi
 "$probe" --allreduce
 rc=$?
