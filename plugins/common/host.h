@@ -5,14 +5,17 @@
 //   throw kit::Error(MNCL_ERR_REMOTE, kit::format("rank %d sent %zu bytes", r, n));
 //   return kit::guard(host, "naive execute", [&] { ...; return MNCL_OK; });  // at the ABI edge
 //   kit::copy_cstr(reason, reason_len, "no InfiniBand device");        // into caller buffers
+//   kit::read_size(host, "MNCL_SHM_CHUNK", 64 << 10, 1 << 30, &chunk);  // "1M": byte settings
 #pragma once
 
 #include <mncl/mncl_plugin.h>
 
+#include <cerrno>
 #include <condition_variable>
 #include <cstdarg>
 #include <cstddef>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <mutex>
@@ -92,6 +95,37 @@ __attribute__((format(printf, 3, 4))) inline mncl_status_t report(const mncl_hos
     host->set_error("%s", message.c_str());  // never pass text as a format string
   }
   return status;
+}
+
+// "65536", "64K", "1M", "1G": a byte count. False if malformed.
+inline bool parse_bytes(const char *text, size_t *out) {
+  errno = 0;
+  char *end = nullptr;
+  const unsigned long long v = std::strtoull(text, &end, 10);
+  if (errno != 0 || end == text) return false;
+  unsigned long long mult = 1;
+  if (*end == 'K' || *end == 'k') mult = 1ull << 10;
+  if (*end == 'M' || *end == 'm') mult = 1ull << 20;
+  if (*end == 'G' || *end == 'g') mult = 1ull << 30;
+  if (mult != 1) ++end;
+  if (*end != '\0' || text[0] == '-') return false;
+  *out = static_cast<size_t>(v * mult);
+  return true;
+}
+
+// A byte-count setting read through the host (parse_bytes), between lo and hi; *value is left
+// alone when it is unset. MNCL_ERR_INVALID_ARGUMENT naming it when malformed or out of range.
+inline mncl_status_t read_size(const mncl_host_v1_t *host, const char *name, size_t lo, size_t hi,
+                               size_t *value) {
+  const char *text = host->get_env ? host->get_env(name) : nullptr;
+  if (text == nullptr) return MNCL_OK;
+  size_t v = 0;
+  if (!parse_bytes(text, &v) || v < lo || v > hi) {
+    return report(host, MNCL_ERR_INVALID_ARGUMENT,
+                  "%s='%s' is not a byte count between %zu and %zu", name, text, lo, hi);
+  }
+  *value = v;
+  return MNCL_OK;
 }
 
 // Copies src into a caller's buffer of dst_len bytes, truncating, always NUL-terminated

@@ -913,6 +913,7 @@ bool Comm::test(Request &r) {
     if (Clock::now() < r.deadline) return false;
     throw_broken(MNCL_ERR_TIMEOUT, timeout_message(what(), rank_, size_));
   }
+  if (r.ring != nullptr && !advance_ring(r)) return false;  // its next step is out
   finish(r, statuses.data());
   return true;
 }
@@ -1024,6 +1025,7 @@ void Comm::post_checks(const mncl_coll_v1_t &c, Request &r, bool refusing) {
   } else {
     sums[0] = sums[1] = sums[2] = 0;
   }
+  r.check_in[Request::kRingVotes] = offers_ring(c, r, count) ? 0 : 1;
   if (r.fused) {
     // The result is copied out (after AVG's division) only once the call passed its checks.
     const size_t bytes = c.count * kit::dtype_size(c.dtype);
@@ -1333,6 +1335,15 @@ void Comm::issue(const mncl_coll_v1_t &c, Request &r, bool nonblocking) {
       [[fallthrough]];
     case MNCL_COLL_ALLREDUCE: {
       const size_t count = c.kind == MNCL_COLL_ALLREDUCE ? c.count : c.counts[0];
+      if (avg) {
+        r.avg_buf = recv;
+        r.avg_count = count;
+      }
+      if (nonblocking && ring_agreed(r)) {
+        start_ring(r, send, recv, count);
+        return;
+      }
+      note_ring_declined(r);
       const void *s = send == recv ? MPI_IN_PLACE : send;
       for_chunks(count, [&](size_t first, int n) {
         const void *cs = shift(s, first, esize);
@@ -1341,10 +1352,6 @@ void Comm::issue(const mncl_coll_v1_t &c, Request &r, bool nonblocking) {
                           : MPI_Allreduce(cs, cr, n, type, op, comm_),
               "MPI_Allreduce", c);
       });
-      if (avg) {
-        r.avg_buf = recv;
-        r.avg_count = count;
-      }
       return;
     }
     case MNCL_COLL_REDUCE: {
@@ -1471,16 +1478,129 @@ void Comm::issue(const mncl_coll_v1_t &c, Request &r, bool nonblocking) {
     r.copy_out.push_back({c.recvbufs[i], packed + offset, bytes});
     offset += bytes;
   }
+  if (avg) {
+    r.avg_buf = packed;
+    r.avg_count = total;
+  }
+  if (nonblocking && ring_agreed(r)) {
+    start_ring(r, packed, packed, total);
+    return;
+  }
+  note_ring_declined(r);
   for_chunks(total, [&](size_t first, int n) {
     void *b = shift(packed, first, esize);
     check(nonblocking ? MPI_Iallreduce(MPI_IN_PLACE, b, n, type, op, comm_, next())
                       : MPI_Allreduce(MPI_IN_PLACE, b, n, type, op, comm_),
           "MPI_Allreduce", c);
   });
-  if (avg) {
-    r.avg_buf = packed;
-    r.avg_count = total;
+}
+
+namespace {
+// The ring's point-to-point messages, on checks_comm_ (whose point-to-point space carries
+// nothing else): one ring at a time per communicator (only blocking calls ring), and each
+// neighbour's messages match in step order.
+constexpr int kRingTag = 1;
+
+// Chunk i of a ring over count elements among size ranks: [ring_begin(i), ring_begin(i + 1)).
+size_t ring_begin(size_t count, int size, int i) {
+  return count / static_cast<size_t>(size) * static_cast<size_t>(i) +
+         std::min(count % static_cast<size_t>(size), static_cast<size_t>(i));
+}
+
+// (a mod size) for a in (-size, 2 size).
+int ring_index(int a, int size) {
+  return (a % size + size) % size;
+}
+}  // namespace
+
+bool Comm::offers_ring(const mncl_coll_v1_t &c, const Request &r, size_t count) const {
+  if (!options_.bounded || options_.cuda || !r.polled || r.fused || size_ < 2) return false;
+  if (c.kind != MNCL_COLL_ALLREDUCE && c.kind != MNCL_COLL_ALLREDUCE_COALESCED) return false;
+  const size_t esize = kit::dtype_size(c.dtype);
+  const size_t bytes = count * esize;
+  // A chunk's bytes are one message's int count (MPI_BYTE); bigger ones keep MPI's chunking.
+  const size_t largest_chunk = (count / static_cast<size_t>(size_) + 1) * esize;
+  return options_.ring_min_bytes > 0 && bytes >= options_.ring_min_bytes &&
+         largest_chunk <= static_cast<size_t>(INT_MAX);
+}
+
+bool Comm::ring_agreed(const Request &r) {
+  return r.fingerprinted && r.checked && r.check_out[Request::kRingVotes] == 0;
+}
+
+void Comm::start_ring(Request &r, const char *send, char *recv, size_t count) {
+  auto ring = std::make_unique<Request::Ring>();
+  ring->send = send;
+  ring->recv = recv;
+  ring->count = count;
+  ring->esize = kit::dtype_size(r.dtype);
+  if (send == recv) ring->incoming.resize((count / static_cast<size_t>(size_) + 1) * ring->esize);
+  ring->first_request = r.mpi.size();
+  r.mpi.push_back(MPI_REQUEST_NULL);
+  r.mpi.push_back(MPI_REQUEST_NULL);
+  r.ring = std::move(ring);
+  MNCL_KIT_LOG(host_, MNCL_LOG_TRACE, "flat %s: flat's ring over %d ranks, %zu bytes",
+               request_name(r).c_str(), size_, count * r.ring->esize);
+  post_ring_step(r);
+}
+
+void Comm::note_ring_declined(const Request &r) const {
+  if (!r.fingerprinted || !r.checked || r.check_in[Request::kRingVotes] != 0) return;
+  MNCL_KIT_LOG(host_, MNCL_LOG_TRACE,
+               "flat %s: %llu rank(s) declined flat's ring (a posted call, their "
+               "MNCL_FLAT_RING_MIN_BYTES or a CUDA-aware MPI): MPI_Iallreduce",
+               request_name(r).c_str(),
+               static_cast<unsigned long long>(r.check_out[Request::kRingVotes]));
+}
+
+void Comm::post_ring_step(Request &r) {
+  Request::Ring &g = *r.ring;
+  const int steps_to_reduce = size_ - 1;
+  const bool reducing = g.step < steps_to_reduce;
+  // Reduce-scatter: step s sends chunk (rank - s), reduced over s + 1 ranks, and receives chunk
+  // (rank - s - 1) to reduce. Allgather: step t sends chunk (rank + 1 - t), which is complete,
+  // and receives chunk (rank - t) into place.
+  const int t = reducing ? g.step : g.step - steps_to_reduce;
+  const int out = reducing ? ring_index(rank_ - t, size_) : ring_index(rank_ + 1 - t, size_);
+  const int in = reducing ? ring_index(rank_ - t - 1, size_) : ring_index(rank_ - t, size_);
+  const auto offset = [&](int chunk) { return ring_begin(g.count, size_, chunk) * g.esize; };
+  const auto bytes = [&](int chunk) { return static_cast<int>(offset(chunk + 1) - offset(chunk)); };
+  const char *source = (g.step == 0 ? g.send : g.recv) + offset(out);
+  char *target = reducing && !g.incoming.empty() ? reinterpret_cast<char *>(g.incoming.data())
+                                                 : g.recv + offset(in);
+  const int left = ring_index(rank_ - 1, size_), right = ring_index(rank_ + 1, size_);
+  int rc =
+      MPI_Irecv(target, bytes(in), MPI_BYTE, left, kRingTag, checks_comm_, &r.mpi[g.first_request]);
+  if (rc == MPI_SUCCESS) {
+    rc = MPI_Isend(source, bytes(out), MPI_BYTE, right, kRingTag, checks_comm_,
+                   &r.mpi[g.first_request + 1]);
   }
+  if (rc != MPI_SUCCESS) {
+    // Its neighbours wait for this step: the communicator is out of step with theirs.
+    throw_broken(
+        mpi_error_status(rc),
+        kit::format("flat %s: posting step %d of its ring failed on rank %d of %d: %s",
+                    request_name(r).c_str(), g.step, rank_, size_, mpi_error_text(rc).c_str()));
+  }
+}
+
+bool Comm::advance_ring(Request &r) {
+  Request::Ring &g = *r.ring;
+  if (g.step < size_ - 1) {
+    const int in = ring_index(rank_ - g.step - 1, size_);
+    const size_t first = ring_begin(g.count, size_, in);
+    const size_t n = ring_begin(g.count, size_, in + 1) - first;
+    char *own = g.recv + first * g.esize;
+    // Out of place the chunk was received into the result, and this rank's input is added;
+    // in place the result still holds the input there, and the chunk came into `incoming`.
+    const void *other = g.incoming.empty() ? static_cast<const void *>(g.send + first * g.esize)
+                                           : static_cast<const void *>(g.incoming.data());
+    kit::reduce_into(own, other, n, r.dtype, r.op);
+  }
+  if (++g.step == 2 * (size_ - 1)) return true;
+  MpiLock lock;
+  post_ring_step(r);
+  return false;
 }
 
 void Comm::issue_v(const mncl_coll_v1_t &c, Request &r, bool nonblocking) {

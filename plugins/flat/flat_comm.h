@@ -14,7 +14,8 @@
 //    communicator's timeout, or MNCL_ERR_ABORTED after an abort. With bounded = true (the
 //    default; MNCL_FLAT_BOUNDED=0 turns it off) blocking calls run as non-blocking ones polled
 //    to completion, so they are bounded too, at the price of MPI's (slower) non-blocking
-//    algorithms and one fingerprint exchange per collective (a 1.2 KiB element), which
+//    algorithms (but for large allreduces: flat's own ring, Request::Ring) and one fingerprint
+//    exchange per collective (a 1.2 KiB element), which
 //    completes before the data are posted (posted collectives: see Comm::advance), or carries
 //    them itself (an allreduce of at most 1 KiB: Request::kFusedBytes). Point to
 //    point (send, recv, sendrecv_batch) always runs that way: bounded, and each receive is
@@ -48,6 +49,9 @@ struct Options {
   // (under MPI_THREAD_MULTIPLE; see ProgressBackstop). MNCL_FLAT_PROGRESS_THREAD=0: MPI moves
   // them on inside MPI calls only, and a bounded collective's data go out in flat calls only.
   bool progress_thread = true;
+  // Bounded mode: a blocking allreduce of at least this many bytes runs on flat's own ring
+  // (Request::Ring) when every rank's call is blocking too; 0: never (MNCL_FLAT_RING_MIN_BYTES).
+  size_t ring_min_bytes = size_t{256} << 10;
 };
 
 // One operation: its MPI requests (none once a blocking call has returned) and what remains
@@ -91,12 +95,14 @@ struct Request {
   //    rank with an exchange more than another;
   //  - unbounded mode, allgatherv / alltoallv only: the counts sums alone (MPI_SUM).
   // The counts sums (words [kSumsAt, kCheckWords)): each block's sender and receiver counts
-  // (see pair_sums in flat_comm.cpp), and the ranks refusing the call.
+  // (see pair_sums in flat_comm.cpp), the ranks refusing the call, and the ranks that will not
+  // run this call on flat's ring (Comm::offers_ring): the ring only when that sum is 0.
   // kind, dtype, op, root, count, nbufs, seq, and whether the data ride in the check (fused)
   static constexpr int kFields = 8;
   static constexpr int kFusedField = 7;
   static constexpr int kSumsAt = 2 * kFields;
-  static constexpr int kCheckWords = kSumsAt + 3;
+  static constexpr int kCheckWords = kSumsAt + 4;
+  static constexpr int kRingVotes = kSumsAt + 3;
   // Bounded mode, an allreduce of at most kFusedBytes (host memory): its data travel inside the
   // check element, after the check words (Comm::fuses). Flat's operation reduces two elements'
   // data when both agree, within and with each other, on kind, dtype, op, count and fusing;
@@ -149,6 +155,24 @@ struct Request {
   std::vector<std::vector<unsigned char>> drained;
   std::string mismatch;    // the first size disagreement, reported once everything completed
   size_t mismatch_op = 0;  // ... of a batch: its op (the lowest index wins)
+  // Bounded mode, a large allreduce whose ranks all block in it (Comm::offers_ring): flat's own
+  // ring over point-to-point messages on checks_comm_, stepped by test(), in place of
+  // MPI_Iallreduce, whose algorithms (libnbc) are slower than MPI_Allreduce's for large messages.
+  // The buffer is cut into size chunks; in 2 (size - 1) steps each rank receives a chunk from
+  // its left neighbour while it sends one to its right: first (reduce-scatter) reducing what it
+  // receives into its own chunk, until each rank holds one chunk reduced over every rank, then
+  // (allgather) passing the reduced chunks on. Each chunk is reduced on one rank only, so every
+  // rank ends with the same bits.
+  struct Ring {
+    const char *send = nullptr;  // the input (== recv in place)
+    char *recv = nullptr;        // the result
+    size_t count = 0;            // elements
+    size_t esize = 0;
+    int step = 0;                         // of 2 (size - 1)
+    size_t first_request = 0;             // this step's receive in mpi; its send follows
+    std::vector<unsigned char> incoming;  // in place: a received chunk, before it is reduced
+  };
+  std::unique_ptr<Ring> ring;
   // Posted for the application (post() not polled) and neither freed nor retired yet: counted
   // process-wide, and flat's progress thread keeps MPI progressing while any is.
   bool in_flight = false;
@@ -211,6 +235,23 @@ class Comm {
   void execute_bounded(const mncl_coll_v1_t &c);
   // test() until r completes (throws as test() does).
   void poll_until_done(Request &r);
+  // Whether this rank would run c (count: its elements in all) on flat's ring: a blocking
+  // (polled) allreduce of at least options_.ring_min_bytes on host memory, on 2 ranks or more.
+  // Each rank's answer is a vote in c's checks (Request::kRingVotes): the ring runs only if
+  // every rank would, so ranks blocking and ranks posting the same call (or configured apart)
+  // still meet in MPI_Iallreduce.
+  bool offers_ring(const mncl_coll_v1_t &c, const Request &r, size_t count) const;
+  // Whether every rank voted for the ring in r's checks (which have passed).
+  static bool ring_agreed(const Request &r);
+  // Trace log: this rank offered the ring for r and another declined it.
+  void note_ring_declined(const Request &r) const;
+  // Starts r's ring over count elements (send == recv: in place). Under the MPI lock.
+  void start_ring(Request &r, const char *send, char *recv, size_t count);
+  // Posts the receive and send of the ring's current step. Under the MPI lock.
+  void post_ring_step(Request &r);
+  // Once the current step's messages are done: reduces what it received (reduce-scatter) and
+  // posts the next step; true when the ring is complete.
+  bool advance_ring(Request &r);
   // Whether any of c's buffers is CUDA memory.
   bool has_device_buffer(const mncl_coll_v1_t &c) const;
   // Whether c's data travel inside its check element (Request::fused). Ranks may answer

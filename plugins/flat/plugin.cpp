@@ -9,8 +9,13 @@
 //                      0: blocking calls are MPI's blocking collectives, the fastest, but MPI
 //                      has no timeout, cannot be interrupted by mncl_comm_abort, and returns
 //                      wrong values for mismatched calls.
+//   MNCL_FLAT_RING_MIN_BYTES  bounded mode: a blocking allreduce of at least this many bytes
+//                      (default 256K; K/M/G accepted) runs on flat's own ring over point-to-point
+//                      messages when every rank's call is blocking (MPI's non-blocking allreduce is
+//                      slower than its blocking one there); 0: never.
 #include <mncl/mncl_plugin.h>
 
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <utility>
@@ -68,6 +73,9 @@ mncl_status_t flat_init(const mncl_host_v1_t *host) {
     }
     *option = value[0] == '1';
   }
+  const mncl_status_t st =
+      kit::read_size(host, "MNCL_FLAT_RING_MIN_BYTES", 0, SIZE_MAX / 2, &g_options.ring_min_bytes);
+  if (st != MNCL_OK) return st;
   int major = 0, minor = 0;
   MPI_Get_version(&major, &minor);  // callable before MPI_Init
   MNCL_KIT_LOG(host, MNCL_LOG_INFO, "flat 0.1.0 on MPI %d.%d%s", major, minor,

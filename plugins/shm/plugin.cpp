@@ -14,7 +14,6 @@
 //                      decline: offer but never accept (tests the fallback). Per rank.
 #include <mncl/mncl_plugin.h>
 
-#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -32,32 +31,8 @@ namespace kit = mncl::kit;
 const mncl_host_v1_t *g_host = nullptr;
 mncl::shm::Options g_options;
 
-// "65536", "64K", "1M": a byte count. False if malformed.
-bool parse_bytes(const char *text, size_t *out) {
-  errno = 0;
-  char *end = nullptr;
-  const unsigned long long v = std::strtoull(text, &end, 10);
-  if (errno != 0 || end == text) return false;
-  unsigned long long mult = 1;
-  if (*end == 'K' || *end == 'k') mult = 1ull << 10;
-  if (*end == 'M' || *end == 'm') mult = 1ull << 20;
-  if (*end == 'G' || *end == 'g') mult = 1ull << 30;
-  if (mult != 1) ++end;
-  if (*end != '\0' || text[0] == '-') return false;
-  *out = static_cast<size_t>(v * mult);
-  return true;
-}
-
 mncl_status_t read_size(const char *name, size_t lo, size_t hi, size_t *value) {
-  const char *text = g_host->get_env ? g_host->get_env(name) : nullptr;
-  if (text == nullptr) return MNCL_OK;
-  size_t v = 0;
-  if (!parse_bytes(text, &v) || v < lo || v > hi) {
-    return kit::report(g_host, MNCL_ERR_INVALID_ARGUMENT,
-                       "%s='%s' is not a byte count between %zu and %zu", name, text, lo, hi);
-  }
-  *value = v;
-  return MNCL_OK;
+  return kit::read_size(g_host, name, lo, hi, value);
 }
 
 mncl_status_t shm_init(const mncl_host_v1_t *host) {

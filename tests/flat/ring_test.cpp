@@ -1,0 +1,249 @@
+// flat's own ring allreduce (bounded mode: a blocking allreduce of at least
+// MNCL_FLAT_RING_MIN_BYTES, default 256 KiB, when every rank's call is blocking).
+//
+//   ring_test                      every rank offers the ring: the ring runs, exact results
+//   ring_test --threshold-differs  rank 1 sets MNCL_FLAT_RING_MIN_BYTES=0 (no ring): every
+//                                  rank falls back to MPI_Iallreduce, exact results
+//
+// Cases: int32 SUM over a count whose chunks differ in size, out of place and in place; int8
+// SUM that wraps; float32 AVG, MAX with a NaN, int32 PROD and MIN; a coalesced allreduce of
+// three buffers; then an allreduce that rank 0 posts (mncl_iallreduce + mncl_wait) while the
+// others block in it, where the ring must give way to MPI_Iallreduce on every rank (ranks in
+// two algorithms would never meet). Whether the ring ran is read from this rank's own trace log
+// (MNCL_DEBUG=trace, stderr sent to a file): "flat's ring over" per ring, "declined flat's ring"
+// per call this rank offered and another declined.
+#include <mncl/mncl.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "mismatch_harness.h"
+
+namespace {
+
+using flat_test::fail;
+
+int g_rank = 0, g_size = 1;
+
+// Past the default threshold (65536 int32), with a remainder so that the chunks differ.
+constexpr size_t kCount = 65536 + 7;
+
+int32_t value(int rank, size_t i) {
+  return static_cast<int32_t>((i * 7 + static_cast<size_t>(rank) * 13) % 1000) - 300;
+}
+
+template <typename T>
+void expect_equal(const char *what, const std::vector<T> &got, const std::vector<T> &want) {
+  for (size_t i = 0; i < want.size(); ++i) {
+    const bool both_nan =
+        std::isnan(static_cast<double>(got[i])) && std::isnan(static_cast<double>(want[i]));
+    if (got[i] != want[i] && !both_nan) {
+      std::ostringstream m;
+      m << what << ": element " << i << " is " << +got[i] << ", want " << +want[i];
+      fail(g_rank, m.str());
+      return;
+    }
+  }
+}
+
+void check_status(const char *what, mncl_status_t st) {
+  if (st != MNCL_OK) {
+    fail(g_rank, std::string(what) + ": " + mncl_status_string(st) + ": " + mncl_last_error());
+  }
+}
+
+// The int32 cases; returns how many calls were made.
+int int32_cases(mncl_comm_t comm) {
+  std::vector<int32_t> send(kCount), recv(kCount, -1), sum(kCount), prod(kCount), min(kCount);
+  for (size_t i = 0; i < kCount; ++i) {
+    send[i] = value(g_rank, i);
+    sum[i] = 0;
+    prod[i] = 1;
+    min[i] = value(0, i);
+    for (int r = 0; r < g_size; ++r) {
+      sum[i] += value(r, i);
+      prod[i] = static_cast<int32_t>(static_cast<uint32_t>(prod[i]) *
+                                     static_cast<uint32_t>(value(r, i) % 7));
+      min[i] = std::min(min[i], value(r, i));
+    }
+  }
+  check_status("int32 sum", mncl_allreduce(comm, send.data(), recv.data(), kCount, MNCL_INT32,
+                                           MNCL_SUM, nullptr));
+  expect_equal("int32 sum, out of place", recv, sum);
+  std::vector<int32_t> in_place = send;
+  check_status("int32 sum in place", mncl_allreduce(comm, in_place.data(), in_place.data(), kCount,
+                                                    MNCL_INT32, MNCL_SUM, nullptr));
+  expect_equal("int32 sum, in place", in_place, sum);
+  for (size_t i = 0; i < kCount; ++i) send[i] = value(g_rank, i) % 7;
+  check_status("int32 prod", mncl_allreduce(comm, send.data(), recv.data(), kCount, MNCL_INT32,
+                                            MNCL_PROD, nullptr));
+  expect_equal("int32 prod", recv, prod);
+  for (size_t i = 0; i < kCount; ++i) send[i] = value(g_rank, i);
+  check_status("int32 min", mncl_allreduce(comm, send.data(), recv.data(), kCount, MNCL_INT32,
+                                           MNCL_MIN, nullptr));
+  expect_equal("int32 min", recv, min);
+  return 4;
+}
+
+// int8 SUM that wraps, float32 AVG and MAX with a NaN on the last rank; returns the calls made.
+int other_dtype_cases(mncl_comm_t comm) {
+  const size_t n8 = 4 * kCount;  // as many bytes as the int32 cases
+  std::vector<int8_t> send8(n8, 100), recv8(n8, 0),
+      want8(n8, static_cast<int8_t>(static_cast<uint8_t>(100 * g_size)));
+  check_status("int8 sum",
+               mncl_allreduce(comm, send8.data(), recv8.data(), n8, MNCL_INT8, MNCL_SUM, nullptr));
+  expect_equal("int8 sum (wraps)", recv8, want8);
+
+  std::vector<float> sendf(kCount), recvf(kCount), avg(kCount), max(kCount);
+  for (size_t i = 0; i < kCount; ++i) {
+    sendf[i] = static_cast<float>(value(g_rank, i) * g_size);  // sums divide exactly
+    float total = 0;
+    max[i] = -1e30f;
+    for (int r = 0; r < g_size; ++r) {
+      total += static_cast<float>(value(r, i) * g_size);
+      max[i] = std::max(max[i], static_cast<float>(value(r, i) * g_size));
+    }
+    avg[i] = total / static_cast<float>(g_size);
+  }
+  check_status("float32 avg", mncl_allreduce(comm, sendf.data(), recvf.data(), kCount, MNCL_FLOAT32,
+                                             MNCL_AVG, nullptr));
+  expect_equal("float32 avg", recvf, avg);
+  const size_t nan_at = kCount - 1;  // in the last chunk
+  if (g_rank == g_size - 1) sendf[nan_at] = std::nanf("");
+  max[nan_at] = std::nanf("");
+  check_status("float32 max", mncl_allreduce(comm, sendf.data(), recvf.data(), kCount, MNCL_FLOAT32,
+                                             MNCL_MAX, nullptr));
+  expect_equal("float32 max (a NaN on the last rank)", recvf, max);
+  return 3;
+}
+
+// Three buffers packed into one ring; returns the calls made.
+int coalesced_case(mncl_comm_t comm) {
+  const size_t counts[3] = {1000, kCount, 3};
+  std::vector<std::vector<int32_t>> send(3), recv(3), want(3);
+  const void *sendbufs[3];
+  void *recvbufs[3];
+  for (size_t b = 0; b < 3; ++b) {
+    send[b].resize(counts[b]);
+    recv[b].assign(counts[b], -1);
+    want[b].assign(counts[b], 0);
+    for (size_t i = 0; i < counts[b]; ++i) {
+      send[b][i] = value(g_rank, i + b);
+      for (int r = 0; r < g_size; ++r) want[b][i] += value(r, i + b);
+    }
+    sendbufs[b] = send[b].data();
+    recvbufs[b] = recv[b].data();
+  }
+  check_status("coalesced", mncl_allreduce_coalesced(comm, sendbufs, recvbufs, counts, 3,
+                                                     MNCL_INT32, MNCL_SUM, nullptr));
+  for (size_t b = 0; b < 3; ++b) expect_equal("coalesced buffer", recv[b], want[b]);
+  return 1;
+}
+
+// Rank 0 posts the allreduce, the others block in it: MPI_Iallreduce on every rank.
+void posted_beside_blocking(mncl_comm_t comm) {
+  std::vector<int32_t> send(kCount), recv(kCount, -1), sum(kCount, 0);
+  for (size_t i = 0; i < kCount; ++i) {
+    send[i] = value(g_rank, i);
+    for (int r = 0; r < g_size; ++r) sum[i] += value(r, i);
+  }
+  if (g_rank == 0) {
+    mncl_request_t request = nullptr;
+    mncl_status_t st = mncl_iallreduce(comm, send.data(), recv.data(), kCount, MNCL_INT32, MNCL_SUM,
+                                       nullptr, &request);
+    if (st == MNCL_OK) st = mncl_wait(request, 120000);
+    check_status("posted allreduce", st);
+  } else {
+    check_status(
+        "blocking allreduce beside a posted one",
+        mncl_allreduce(comm, send.data(), recv.data(), kCount, MNCL_INT32, MNCL_SUM, nullptr));
+  }
+  expect_equal("posted beside blocking", recv, sum);
+}
+
+int count_lines(const std::string &path, const char *needle) {
+  std::ifstream in(path);
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) n += line.find(needle) != std::string::npos ? 1 : 0;
+  return n;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  const bool threshold_differs = argc > 1 && std::strcmp(argv[1], "--threshold-differs") == 0;
+  const char *world_rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  const int launch_rank = world_rank != nullptr ? std::atoi(world_rank) : 0;
+  if (threshold_differs && launch_rank == 1) setenv("MNCL_FLAT_RING_MIN_BYTES", "0", 1);
+  setenv("MNCL_DEBUG", "trace", 1);
+  // This rank's log into a file of its own, read back at the end.
+  const std::string log_path = "/tmp/mncl-ring-test-" + std::to_string(getpid()) + ".log";
+  const int saved_stderr = dup(2);
+  if (std::freopen(log_path.c_str(), "w", stderr) == nullptr) {
+    std::perror("freopen");
+    return 1;
+  }
+
+  mncl_comm_t comm = nullptr;
+  int exit_code = 0;
+  const bool opened = flat_test::open_world("flat_ring_test", &comm, &g_rank, &g_size, &exit_code);
+  int calls = 0;
+  if (opened) {
+    calls += int32_cases(comm);
+    calls += other_dtype_cases(comm);
+    calls += coalesced_case(comm);
+  }
+  std::fflush(stderr);
+  const int rings = count_lines(log_path, "flat's ring over");
+  const int declined = count_lines(log_path, "declined flat's ring");
+  if (opened) posted_beside_blocking(comm);
+  std::fflush(stderr);
+  const int rings_after = count_lines(log_path, "flat's ring over") - rings;
+  const int declined_after = count_lines(log_path, "declined flat's ring") - declined;
+  if (opened) mncl_comm_destroy(comm);
+
+  // Back to the real stderr, failures above included.
+  std::fflush(stderr);
+  dup2(saved_stderr, 2);
+  {
+    std::ifstream in(log_path);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.find("FAIL") != std::string::npos || line.find("ERROR") != std::string::npos) {
+        std::fprintf(stderr, "%s\n", line.c_str());
+      }
+    }
+  }
+  std::remove(log_path.c_str());
+  if (!opened) return exit_code;
+
+  const bool declines = threshold_differs && g_rank != 1;  // rank 1 offers nothing
+  const int want_rings = threshold_differs ? 0 : calls;
+  const int want_declined = declines ? calls : 0;
+  if (rings != want_rings || declined != want_declined) {
+    fail(g_rank, "blocking calls: " + std::to_string(rings) + " ring(s) and " +
+                     std::to_string(declined) + " decline(s) logged for " + std::to_string(calls) +
+                     " calls, want " + std::to_string(want_rings) + " and " +
+                     std::to_string(want_declined));
+  }
+  // Rank 0 posted: it offers nothing; every other rank that offered sees it declined.
+  const int want_declined_after = g_rank == 0 || (threshold_differs && g_rank == 1) ? 0 : 1;
+  if (rings_after != 0 || declined_after != want_declined_after) {
+    fail(g_rank, "posted beside blocking: " + std::to_string(rings_after) + " ring(s) and " +
+                     std::to_string(declined_after) + " decline(s) logged, want 0 and " +
+                     std::to_string(want_declined_after));
+  }
+  std::printf("rank %d: %d ring(s), %d decline(s), then %d decline(s) beside a posted call: %s\n",
+              g_rank, rings, declined, declined_after,
+              flat_test::g_failures == 0 ? "PASS" : "FAIL");
+  return flat_test::g_failures == 0 ? 0 : 1;
+}
