@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <cstdarg>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -99,16 +100,17 @@ __attribute__((format(printf, 3, 4))) inline mncl_status_t report(const mncl_hos
 
 // "65536", "64K", "1M", "1G": a byte count. False if malformed.
 inline bool parse_bytes(const char *text, size_t *out) {
+  if (text[0] < '0' || text[0] > '9') return false;  // strtoull takes " -1" (as 2^64 - 1)
   errno = 0;
   char *end = nullptr;
   const unsigned long long v = std::strtoull(text, &end, 10);
-  if (errno != 0 || end == text) return false;
+  if (errno != 0) return false;
   unsigned long long mult = 1;
   if (*end == 'K' || *end == 'k') mult = 1ull << 10;
   if (*end == 'M' || *end == 'm') mult = 1ull << 20;
   if (*end == 'G' || *end == 'g') mult = 1ull << 30;
   if (mult != 1) ++end;
-  if (*end != '\0' || text[0] == '-') return false;
+  if (*end != '\0' || v > SIZE_MAX / mult) return false;
   *out = static_cast<size_t>(v * mult);
   return true;
 }

@@ -905,9 +905,12 @@ bool Comm::test(Request &r) {
                                                       what().c_str(), longer.c_str()));
       }
     }
-    throw kit::Error(mpi_error_status(code),
-                     kit::format("flat %s: MPI_Testall failed on rank %d of %d: %s", what().c_str(),
-                                 rank_, size_, mpi_error_text(code).c_str()));
+    const std::string message =
+        kit::format("flat %s: MPI_Testall failed on rank %d of %d: %s", what().c_str(), rank_,
+                    size_, mpi_error_text(code).c_str());
+    // A ring's neighbours wait for its next steps, and its other message may still be posted.
+    if (r.ring != nullptr) throw_broken(mpi_error_status(code), message);
+    throw kit::Error(mpi_error_status(code), message);
   }
   if (!done) {
     if (Clock::now() < r.deadline) return false;
@@ -1516,12 +1519,17 @@ int ring_index(int a, int size) {
 bool Comm::offers_ring(const mncl_coll_v1_t &c, const Request &r, size_t count) const {
   if (!options_.bounded || options_.cuda || !r.polled || r.fused || size_ < 2) return false;
   if (c.kind != MNCL_COLL_ALLREDUCE && c.kind != MNCL_COLL_ALLREDUCE_COALESCED) return false;
-  const size_t esize = kit::dtype_size(c.dtype);
-  const size_t bytes = count * esize;
-  // A chunk's bytes are one message's int count (MPI_BYTE); bigger ones keep MPI's chunking.
-  const size_t largest_chunk = (count / static_cast<size_t>(size_) + 1) * esize;
-  return options_.ring_min_bytes > 0 && bytes >= options_.ring_min_bytes &&
+  // Per rank: the ring takes 2 (size - 1) steps of one chunk each, so more ranks need more
+  // bytes before its steps stop being latency bound. A chunk's bytes are also one message's int
+  // count (MPI_BYTE); bigger ones keep MPI's chunking.
+  const size_t largest_chunk = ring_chunk_bytes(count, kit::dtype_size(c.dtype));
+  return options_.ring_min_bytes > 0 && largest_chunk >= options_.ring_min_bytes &&
          largest_chunk <= static_cast<size_t>(INT_MAX);
+}
+
+size_t Comm::ring_chunk_bytes(size_t count, size_t esize) const {
+  const size_t n = static_cast<size_t>(size_);
+  return (count / n + (count % n != 0 ? 1 : 0)) * esize;
 }
 
 bool Comm::ring_agreed(const Request &r) {
@@ -1534,7 +1542,20 @@ void Comm::start_ring(Request &r, const char *send, char *recv, size_t count) {
   ring->recv = recv;
   ring->count = count;
   ring->esize = kit::dtype_size(r.dtype);
-  if (send == recv) ring->incoming.resize((count / static_cast<size_t>(size_) + 1) * ring->esize);
+  if (send == recv) {
+    // In place: the scratch of the last ring, kept (tens of MiB, which glibc would map and
+    // page-fault anew on every call), or a larger one; never zero-filled.
+    const size_t bytes = ring_chunk_bytes(count, ring->esize);
+    std::lock_guard<std::mutex> guard(ring_scratch_mutex_);
+    if (ring_scratch_bytes_ >= bytes) {
+      ring->incoming = std::move(ring_scratch_);
+      ring->incoming_bytes = ring_scratch_bytes_;
+      ring_scratch_bytes_ = 0;
+    } else {
+      ring->incoming.reset(new unsigned char[bytes]);
+      ring->incoming_bytes = bytes;
+    }
+  }
   ring->first_request = r.mpi.size();
   r.mpi.push_back(MPI_REQUEST_NULL);
   r.mpi.push_back(MPI_REQUEST_NULL);
@@ -1566,8 +1587,8 @@ void Comm::post_ring_step(Request &r) {
   const auto offset = [&](int chunk) { return ring_begin(g.count, size_, chunk) * g.esize; };
   const auto bytes = [&](int chunk) { return static_cast<int>(offset(chunk + 1) - offset(chunk)); };
   const char *source = (g.step == 0 ? g.send : g.recv) + offset(out);
-  char *target = reducing && !g.incoming.empty() ? reinterpret_cast<char *>(g.incoming.data())
-                                                 : g.recv + offset(in);
+  char *target = reducing && g.incoming != nullptr ? reinterpret_cast<char *>(g.incoming.get())
+                                                   : g.recv + offset(in);
   const int left = ring_index(rank_ - 1, size_), right = ring_index(rank_ + 1, size_);
   int rc =
       MPI_Irecv(target, bytes(in), MPI_BYTE, left, kRingTag, checks_comm_, &r.mpi[g.first_request]);
@@ -1593,11 +1614,20 @@ bool Comm::advance_ring(Request &r) {
     char *own = g.recv + first * g.esize;
     // Out of place the chunk was received into the result, and this rank's input is added;
     // in place the result still holds the input there, and the chunk came into `incoming`.
-    const void *other = g.incoming.empty() ? static_cast<const void *>(g.send + first * g.esize)
-                                           : static_cast<const void *>(g.incoming.data());
+    const void *other = g.incoming == nullptr ? static_cast<const void *>(g.send + first * g.esize)
+                                              : static_cast<const void *>(g.incoming.get());
     kit::reduce_into(own, other, n, r.dtype, r.op);
   }
-  if (++g.step == 2 * (size_ - 1)) return true;
+  if (++g.step == 2 * (size_ - 1)) {
+    if (g.incoming != nullptr) {  // done with it: the next in-place ring takes it
+      std::lock_guard<std::mutex> guard(ring_scratch_mutex_);
+      if (g.incoming_bytes > ring_scratch_bytes_) {
+        ring_scratch_ = std::move(g.incoming);
+        ring_scratch_bytes_ = g.incoming_bytes;
+      }
+    }
+    return true;
+  }
   MpiLock lock;
   post_ring_step(r);
   return false;

@@ -1,6 +1,7 @@
 // A flat communicator: one MPI communicator over all ranks, split from MPI_COMM_WORLD (or from
 // its parent) with MNCL's rank as the key, so MPI rank == MNCL rank. Every collective is one
-// MPI call (several only beyond MPI's int count), blocking or non-blocking; many small
+// MPI call (several only beyond MPI's int count), blocking or non-blocking, but for large
+// blocking allreduces in bounded mode, which run on flat's own ring (Request::Ring); many small
 // allreduces (ALLREDUCE_COALESCED) are packed into one buffer and one MPI_Allreduce, the
 // "flat" communicator of ChainerMN. ALLGATHERV / ALLTOALLV (plugin ABI v3) are
 // MPI_Allgatherv / MPI_Alltoallv, or point-to-point messages in chunks when a count or a
@@ -49,9 +50,10 @@ struct Options {
   // (under MPI_THREAD_MULTIPLE; see ProgressBackstop). MNCL_FLAT_PROGRESS_THREAD=0: MPI moves
   // them on inside MPI calls only, and a bounded collective's data go out in flat calls only.
   bool progress_thread = true;
-  // Bounded mode: a blocking allreduce of at least this many bytes runs on flat's own ring
-  // (Request::Ring) when every rank's call is blocking too; 0: never (MNCL_FLAT_RING_MIN_BYTES).
-  size_t ring_min_bytes = size_t{256} << 10;
+  // Bounded mode: a blocking allreduce of at least this many bytes per rank (its bytes / the
+  // ranks: each rank's chunk) runs on flat's own ring (Request::Ring) when every rank's call
+  // would; 0: never (MNCL_FLAT_RING_MIN_BYTES).
+  size_t ring_min_bytes = size_t{128} << 10;
 };
 
 // One operation: its MPI requests (none once a blocking call has returned) and what remains
@@ -168,9 +170,12 @@ struct Request {
     char *recv = nullptr;        // the result
     size_t count = 0;            // elements
     size_t esize = 0;
-    int step = 0;                         // of 2 (size - 1)
-    size_t first_request = 0;             // this step's receive in mpi; its send follows
-    std::vector<unsigned char> incoming;  // in place: a received chunk, before it is reduced
+    int step = 0;              // of 2 (size - 1)
+    size_t first_request = 0;  // this step's receive in mpi; its send follows
+    // In place: a received chunk, before it is reduced (from Comm::ring_scratch_, and back
+    // there once the ring is done; an orphaned request keeps it).
+    std::unique_ptr<unsigned char[]> incoming;
+    size_t incoming_bytes = 0;
   };
   std::unique_ptr<Ring> ring;
   // Posted for the application (post() not polled) and neither freed nor retired yet: counted
@@ -236,11 +241,14 @@ class Comm {
   // test() until r completes (throws as test() does).
   void poll_until_done(Request &r);
   // Whether this rank would run c (count: its elements in all) on flat's ring: a blocking
-  // (polled) allreduce of at least options_.ring_min_bytes on host memory, on 2 ranks or more.
+  // (polled) allreduce on host memory, on 2 ranks or more, whose chunk per rank has at least
+  // options_.ring_min_bytes and at most INT_MAX bytes.
   // Each rank's answer is a vote in c's checks (Request::kRingVotes): the ring runs only if
   // every rank would, so ranks blocking and ranks posting the same call (or configured apart)
   // still meet in MPI_Iallreduce.
   bool offers_ring(const mncl_coll_v1_t &c, const Request &r, size_t count) const;
+  // The bytes of a ring's largest chunk (count elements of esize bytes cut into size_ chunks).
+  size_t ring_chunk_bytes(size_t count, size_t esize) const;
   // Whether every rank voted for the ring in r's checks (which have passed).
   static bool ring_agreed(const Request &r);
   // Trace log: this rank offered the ring for r and another declined it.
@@ -349,6 +357,10 @@ class Comm {
   std::deque<Request *> deferred_;  // posted collectives whose data are not issued yet
   std::atomic<size_t> queued_{0};   // deferred_.size(), for test() to skip the lock when 0
   std::vector<std::unique_ptr<Request>> orphans_;  // abandoned, still owned by MPI
+  // The in-place ring's scratch, kept between calls (Request::Ring::incoming).
+  std::mutex ring_scratch_mutex_;
+  std::unique_ptr<unsigned char[]> ring_scratch_;
+  size_t ring_scratch_bytes_ = 0;
 };
 
 }  // namespace mncl::flat

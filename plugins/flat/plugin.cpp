@@ -10,9 +10,10 @@
 //                      has no timeout, cannot be interrupted by mncl_comm_abort, and returns
 //                      wrong values for mismatched calls.
 //   MNCL_FLAT_RING_MIN_BYTES  bounded mode: a blocking allreduce of at least this many bytes
-//                      (default 256K; K/M/G accepted) runs on flat's own ring over point-to-point
-//                      messages when every rank's call is blocking (MPI's non-blocking allreduce is
-//                      slower than its blocking one there); 0: never.
+//                      per rank (its bytes / the ranks; default 128K; K/M/G accepted) runs on
+//                      flat's own ring over point-to-point messages when every rank's call would
+//                      (MPI's non-blocking allreduce is slower than its blocking one there);
+//                      0: never.
 #include <mncl/mncl_plugin.h>
 
 #include <cstdint>

@@ -1,7 +1,8 @@
 // flat's own ring allreduce (bounded mode: a blocking allreduce of at least
 // MNCL_FLAT_RING_MIN_BYTES, default 256 KiB, when every rank's call is blocking).
 //
-//   ring_test                      every rank offers the ring: the ring runs, exact results
+//   ring_test                      every rank offers the ring (MNCL_FLAT_RING_MIN_BYTES=64K,
+//                                  set here): the ring runs, exact results
 //   ring_test --threshold-differs  rank 1 sets MNCL_FLAT_RING_MIN_BYTES=0 (no ring): every
 //                                  rank falls back to MPI_Iallreduce, exact results
 //
@@ -10,8 +11,8 @@
 // three buffers; then an allreduce that rank 0 posts (mncl_iallreduce + mncl_wait) while the
 // others block in it, where the ring must give way to MPI_Iallreduce on every rank (ranks in
 // two algorithms would never meet). Whether the ring ran is read from this rank's own trace log
-// (MNCL_DEBUG=trace, stderr sent to a file): "flat's ring over" per ring, "declined flat's ring"
-// per call this rank offered and another declined.
+// (MNCL_DEBUG=trace, stderr sent to an unlinked file): "flat's ring over" per ring, "declined
+// flat's ring" per call this rank offered and another declined.
 #include <mncl/mncl.h>
 #include <unistd.h>
 
@@ -33,8 +34,9 @@ using flat_test::fail;
 
 int g_rank = 0, g_size = 1;
 
-// Past the default threshold (65536 int32), with a remainder so that the chunks differ.
-constexpr size_t kCount = 65536 + 7;
+// 64 KiB per rank at 4 ranks (the threshold set in main), with a remainder so that the chunks
+// differ.
+constexpr size_t kCount = 4 * 16384 + 7;
 
 int32_t value(int rank, size_t i) {
   return static_cast<int32_t>((i * 7 + static_cast<size_t>(rank) * 13) % 1000) - 300;
@@ -96,8 +98,14 @@ int int32_cases(mncl_comm_t comm) {
 // int8 SUM that wraps, float32 AVG and MAX with a NaN on the last rank; returns the calls made.
 int other_dtype_cases(mncl_comm_t comm) {
   const size_t n8 = 4 * kCount;  // as many bytes as the int32 cases
-  std::vector<int8_t> send8(n8, 100), recv8(n8, 0),
-      want8(n8, static_cast<int8_t>(static_cast<uint8_t>(100 * g_size)));
+  std::vector<int8_t> send8(n8), recv8(n8, 0), want8(n8);
+  for (size_t i = 0; i < n8; ++i) {
+    const auto v8 = [i](int r) { return static_cast<uint8_t>(90 + (i * 7 + r * 5) % 37); };
+    send8[i] = static_cast<int8_t>(v8(g_rank));
+    uint8_t sum8 = 0;  // 90..126 on each rank: the sum wraps from 3 ranks on
+    for (int r = 0; r < g_size; ++r) sum8 = static_cast<uint8_t>(sum8 + v8(r));
+    want8[i] = static_cast<int8_t>(sum8);
+  }
   check_status("int8 sum",
                mncl_allreduce(comm, send8.data(), recv8.data(), n8, MNCL_INT8, MNCL_SUM, nullptr));
   expect_equal("int8 sum (wraps)", recv8, want8);
@@ -170,6 +178,7 @@ void posted_beside_blocking(mncl_comm_t comm) {
 }
 
 int count_lines(const std::string &path, const char *needle) {
+  std::fflush(stderr);
   std::ifstream in(path);
   std::string line;
   int n = 0;
@@ -181,17 +190,32 @@ int count_lines(const std::string &path, const char *needle) {
 
 int main(int argc, char **argv) {
   const bool threshold_differs = argc > 1 && std::strcmp(argv[1], "--threshold-differs") == 0;
-  const char *world_rank = std::getenv("OMPI_COMM_WORLD_RANK");
-  const int launch_rank = world_rank != nullptr ? std::atoi(world_rank) : 0;
-  if (threshold_differs && launch_rank == 1) setenv("MNCL_FLAT_RING_MIN_BYTES", "0", 1);
-  setenv("MNCL_DEBUG", "trace", 1);
-  // This rank's log into a file of its own, read back at the end.
-  const std::string log_path = "/tmp/mncl-ring-test-" + std::to_string(getpid()) + ".log";
-  const int saved_stderr = dup(2);
-  if (std::freopen(log_path.c_str(), "w", stderr) == nullptr) {
-    std::perror("freopen");
+  // flat reads its settings when the first communicator is made: the rank comes from the
+  // launcher's variables.
+  int launch_rank = -1;
+  for (const char *name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}) {
+    if (launch_rank < 0 && std::getenv(name) != nullptr) launch_rank = std::atoi(std::getenv(name));
+  }
+  if (threshold_differs && launch_rank < 0) {
+    std::fprintf(stderr,
+                 "ring_test --threshold-differs: no launcher rank variable "
+                 "(OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK): run it under mpirun\n");
     return 1;
   }
+  setenv("MNCL_FLAT_RING_MIN_BYTES", threshold_differs && launch_rank == 1 ? "0" : "64K", 1);
+  setenv("MNCL_DEBUG", "trace", 1);
+  unsetenv("MNCL_DEBUG_FILE");  // the log must reach stderr
+  // This rank's log into a file of its own, unlinked at once (nothing left behind, whatever
+  // happens) and read back through /proc.
+  char name[] = "/tmp/mncl-ring-test-XXXXXX";
+  const int file = mkstemp(name);
+  const int saved_stderr = dup(2);
+  if (file < 0 || saved_stderr < 0 || dup2(file, 2) < 0) {
+    std::perror("ring_test: the log file");
+    return 1;
+  }
+  unlink(name);
+  const std::string log_path = "/proc/self/fd/" + std::to_string(file);
 
   mncl_comm_t comm = nullptr;
   int exit_code = 0;
@@ -223,7 +247,7 @@ int main(int argc, char **argv) {
       }
     }
   }
-  std::remove(log_path.c_str());
+  close(file);
   if (!opened) return exit_code;
 
   const bool declines = threshold_differs && g_rank != 1;  // rank 1 offers nothing

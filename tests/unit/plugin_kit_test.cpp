@@ -485,4 +485,44 @@ TEST(Host, ReportGuardLogCopy) {
   kit::copy_cstr(nullptr, 10, "x");
 }
 
+// Byte-count settings (MNCL_SHM_CHUNK, MNCL_FLAT_RING_MIN_BYTES): suffixes, and no value that
+// wraps around or hides a sign is taken for another.
+TEST(Host, ParseBytes) {
+  size_t v = 7;
+  EXPECT_TRUE(kit::parse_bytes("65536", &v));
+  EXPECT_EQ(v, 65536u);
+  EXPECT_TRUE(kit::parse_bytes("0", &v));
+  EXPECT_EQ(v, 0u);
+  EXPECT_TRUE(kit::parse_bytes("64K", &v));
+  EXPECT_EQ(v, size_t{64} << 10);
+  EXPECT_TRUE(kit::parse_bytes("1m", &v));
+  EXPECT_EQ(v, size_t{1} << 20);
+  EXPECT_TRUE(kit::parse_bytes("2G", &v));
+  EXPECT_EQ(v, size_t{2} << 30);
+  v = 7;
+  for (const char *bad : {"", "K", "-1", " -1", " 5", "+5", "5KB", "5 K", "1.5M",
+                          "17179869184G",             // 2^64 bytes: would wrap to 0
+                          "17179869185G",             // would wrap to 1 GiB
+                          "18446744073709551616"}) {  // past unsigned long long
+    EXPECT_FALSE(kit::parse_bytes(bad, &v)) << bad;
+  }
+  EXPECT_EQ(v, 7u);  // untouched by a refusal
+
+  mncl_host_v1_t host{sizeof(mncl_host_v1_t), MNCL_VERSION, MNCL_LOG_WARN, test_log,
+                      test_set_error,         nullptr};
+  static const char *g_value;
+  g_value = nullptr;
+  host.get_env = [](const char *) -> const char * { return g_value; };
+  size_t setting = 99;
+  EXPECT_EQ(kit::read_size(&host, "MNCL_X", 1, 100, &setting), MNCL_OK);  // unset: left alone
+  EXPECT_EQ(setting, 99u);
+  g_value = "64";
+  EXPECT_EQ(kit::read_size(&host, "MNCL_X", 1, 100, &setting), MNCL_OK);
+  EXPECT_EQ(setting, 64u);
+  g_value = "1K";
+  EXPECT_EQ(kit::read_size(&host, "MNCL_X", 1, 100, &setting), MNCL_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(g_error, "MNCL_X='1K' is not a byte count between 1 and 100");
+  EXPECT_EQ(setting, 64u);
+}
+
 }  // namespace
