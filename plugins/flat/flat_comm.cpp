@@ -1336,27 +1336,10 @@ void Comm::issue(const mncl_coll_v1_t &c, Request &r, bool nonblocking) {
       send = static_cast<const char *>(c.sendbufs[0]);
       recv = static_cast<char *>(c.recvbufs[0]);
       [[fallthrough]];
-    case MNCL_COLL_ALLREDUCE: {
-      const size_t count = c.kind == MNCL_COLL_ALLREDUCE ? c.count : c.counts[0];
-      if (avg) {
-        r.avg_buf = recv;
-        r.avg_count = count;
-      }
-      if (nonblocking && ring_agreed(r)) {
-        start_ring(r, send, recv, count);
-        return;
-      }
-      note_ring_declined(r);
-      const void *s = send == recv ? MPI_IN_PLACE : send;
-      for_chunks(count, [&](size_t first, int n) {
-        const void *cs = shift(s, first, esize);
-        void *cr = shift(recv, first, esize);
-        check(nonblocking ? MPI_Iallreduce(cs, cr, n, type, op, comm_, next())
-                          : MPI_Allreduce(cs, cr, n, type, op, comm_),
-              "MPI_Allreduce", c);
-      });
+    case MNCL_COLL_ALLREDUCE:
+      issue_allreduce(c, r, send, recv, c.kind == MNCL_COLL_ALLREDUCE ? c.count : c.counts[0],
+                      nonblocking);
       return;
-    }
     case MNCL_COLL_REDUCE: {
       const void *s = is_root && send == recv ? MPI_IN_PLACE : send;
       char *rb = is_root ? recv : nullptr;  // ignored elsewhere, possibly NULL
@@ -1481,20 +1464,33 @@ void Comm::issue(const mncl_coll_v1_t &c, Request &r, bool nonblocking) {
     r.copy_out.push_back({c.recvbufs[i], packed + offset, bytes});
     offset += bytes;
   }
-  if (avg) {
-    r.avg_buf = packed;
-    r.avg_count = total;
+  issue_allreduce(c, r, packed, packed, total, nonblocking);
+}
+
+void Comm::issue_allreduce(const mncl_coll_v1_t &c, Request &r, const char *send, char *recv,
+                           size_t count, bool nonblocking) {
+  const MPI_Datatype type = mpi_datatype(c.dtype);
+  const size_t esize = kit::dtype_size(c.dtype);
+  if (c.op == MNCL_AVG) {
+    r.avg_buf = recv;
+    r.avg_count = count;
   }
   if (nonblocking && ring_agreed(r)) {
-    start_ring(r, packed, packed, total);
+    start_ring(r, send, recv, count);
     return;
   }
   note_ring_declined(r);
-  for_chunks(total, [&](size_t first, int n) {
-    void *b = shift(packed, first, esize);
-    check(nonblocking ? MPI_Iallreduce(MPI_IN_PLACE, b, n, type, op, comm_, next())
-                      : MPI_Allreduce(MPI_IN_PLACE, b, n, type, op, comm_),
-          "MPI_Allreduce", c);
+  const MPI_Op op = mpi_op(c.dtype, c.op);
+  const void *s = send == recv ? MPI_IN_PLACE : send;
+  for_chunks(count, [&](size_t first, int n) {
+    const void *cs = shift(s, first, esize);
+    void *cr = shift(recv, first, esize);
+    if (!nonblocking) {
+      check(MPI_Allreduce(cs, cr, n, type, op, comm_), "MPI_Allreduce", c);
+      return;
+    }
+    r.mpi.push_back(MPI_REQUEST_NULL);
+    check(MPI_Iallreduce(cs, cr, n, type, op, comm_, &r.mpi.back()), "MPI_Iallreduce", c);
   });
 }
 

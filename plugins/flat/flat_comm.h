@@ -270,6 +270,11 @@ class Comm {
   void prepare_device_buffers(const mncl_coll_v1_t &c) const;
   // The MPI call(s) of c: blocking ones (r.mpi stays empty) or non-blocking ones into r.mpi.
   void issue(const mncl_coll_v1_t &c, Request &r, bool nonblocking);
+  // ALLREDUCE (and a coalesced one, packed): count elements from send into recv (== send in
+  // place), on flat's ring when every rank voted for it, else MPI_(I)allreduce in chunks of at
+  // most INT_MAX elements.
+  void issue_allreduce(const mncl_coll_v1_t &c, Request &r, const char *send, char *recv,
+                       size_t count, bool nonblocking);
   // ALLGATHERV / ALLTOALLV: MPI_(I)allgatherv / MPI_(I)alltoallv; blocks beyond
   // INT_MAX / size elements as point-to-point messages beside it (see v_big in the .cpp).
   void issue_v(const mncl_coll_v1_t &c, Request &r, bool nonblocking);
