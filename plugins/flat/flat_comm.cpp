@@ -1341,6 +1341,15 @@ void Comm::issue(const mncl_coll_v1_t &c, Request &r, bool nonblocking) {
                       nonblocking);
       return;
     case MNCL_COLL_REDUCE: {
+      if (avg && is_root) {
+        r.avg_buf = recv;
+        r.avg_count = c.count;
+      }
+      if (nonblocking && ring_agreed(r)) {
+        start_ring(r, send, is_root ? recv : nullptr, c.count, c.root);
+        return;
+      }
+      note_ring_declined(r);
       const void *s = is_root && send == recv ? MPI_IN_PLACE : send;
       char *rb = is_root ? recv : nullptr;  // ignored elsewhere, possibly NULL
       for_chunks(c.count, [&](size_t first, int n) {
@@ -1350,10 +1359,6 @@ void Comm::issue(const mncl_coll_v1_t &c, Request &r, bool nonblocking) {
                           : MPI_Reduce(cs, cr, n, type, op, c.root, comm_),
               "MPI_Reduce", c);
       });
-      if (avg && is_root) {
-        r.avg_buf = recv;
-        r.avg_count = c.count;
-      }
       return;
     }
     case MNCL_COLL_BCAST:
@@ -1476,7 +1481,7 @@ void Comm::issue_allreduce(const mncl_coll_v1_t &c, Request &r, const char *send
     r.avg_count = count;
   }
   if (nonblocking && ring_agreed(r)) {
-    start_ring(r, send, recv, count);
+    start_ring(r, send, recv, count, -1);
     return;
   }
   note_ring_declined(r);
@@ -1514,7 +1519,10 @@ int ring_index(int a, int size) {
 
 bool Comm::offers_ring(const mncl_coll_v1_t &c, const Request &r, size_t count) const {
   if (!options_.bounded || options_.cuda || !r.polled || r.fused || size_ < 2) return false;
-  if (c.kind != MNCL_COLL_ALLREDUCE && c.kind != MNCL_COLL_ALLREDUCE_COALESCED) return false;
+  if (c.kind != MNCL_COLL_ALLREDUCE && c.kind != MNCL_COLL_ALLREDUCE_COALESCED &&
+      c.kind != MNCL_COLL_REDUCE) {
+    return false;
+  }
   // Per rank: the ring takes 2 (size - 1) steps of one chunk each, so more ranks need more
   // bytes before its steps stop being latency bound. A chunk's bytes are also one message's int
   // count (MPI_BYTE); bigger ones keep MPI's chunking.
@@ -1532,29 +1540,36 @@ bool Comm::ring_agreed(const Request &r) {
   return r.fingerprinted && r.checked && r.check_out[Request::kRingVotes] == 0;
 }
 
-void Comm::start_ring(Request &r, const char *send, char *recv, size_t count) {
+void Comm::start_ring(Request &r, const char *send, char *recv, size_t count, int root) {
   auto ring = std::make_unique<Request::Ring>();
   ring->send = send;
   ring->recv = recv;
   ring->count = count;
   ring->esize = kit::dtype_size(r.dtype);
-  if (send == recv) {
-    // In place: the scratch of the last ring, kept (tens of MiB, which glibc would map and
-    // page-fault anew on every call), or a larger one; never zero-filled.
-    const size_t bytes = ring_chunk_bytes(count, ring->esize);
+  ring->root = root;
+  ring->steps = root < 0 ? 2 * (size_ - 1) : size_;
+  ring->in_place = send == recv;
+  // In place, a chunk; a reduce's non-root, the whole buffer (its partial sums).
+  const size_t scratch_bytes = ring->in_place    ? ring_chunk_bytes(count, ring->esize)
+                               : recv == nullptr ? count * ring->esize
+                                                 : 0;
+  if (scratch_bytes > 0) {
+    // The scratch of the last ring, kept (tens of MiB, which glibc would map and page-fault
+    // anew on every call), or a larger one; never zero-filled.
     std::lock_guard<std::mutex> guard(ring_scratch_mutex_);
-    if (ring_scratch_bytes_ >= bytes) {
-      ring->incoming = std::move(ring_scratch_);
-      ring->incoming_bytes = ring_scratch_bytes_;
+    if (ring_scratch_bytes_ >= scratch_bytes) {
+      ring->scratch = std::move(ring_scratch_);
+      ring->scratch_bytes = ring_scratch_bytes_;
       ring_scratch_bytes_ = 0;
     } else {
-      ring->incoming.reset(new unsigned char[bytes]);
-      ring->incoming_bytes = bytes;
+      ring->scratch.reset(new unsigned char[scratch_bytes]);
+      ring->scratch_bytes = scratch_bytes;
     }
+    if (recv == nullptr) ring->recv = reinterpret_cast<char *>(ring->scratch.get());
   }
+  // A reduce's root receives every other rank's chunk in its last step.
   ring->first_request = r.mpi.size();
-  r.mpi.push_back(MPI_REQUEST_NULL);
-  r.mpi.push_back(MPI_REQUEST_NULL);
+  r.mpi.resize(r.mpi.size() + static_cast<size_t>(std::max(2, size_ - 1)), MPI_REQUEST_NULL);
   r.ring = std::move(ring);
   MNCL_KIT_LOG(host_, MNCL_LOG_TRACE, "flat %s: flat's ring over %d ranks, %zu bytes",
                request_name(r).c_str(), size_, count * r.ring->esize);
@@ -1565,7 +1580,7 @@ void Comm::note_ring_declined(const Request &r) const {
   if (!r.fingerprinted || !r.checked || r.check_in[Request::kRingVotes] != 0) return;
   MNCL_KIT_LOG(host_, MNCL_LOG_TRACE,
                "flat %s: %llu rank(s) declined flat's ring (a posted call, their "
-               "MNCL_FLAT_RING_MIN_BYTES or a CUDA-aware MPI): MPI_Iallreduce",
+               "MNCL_FLAT_RING_MIN_BYTES or a CUDA-aware MPI): MPI's own",
                request_name(r).c_str(),
                static_cast<unsigned long long>(r.check_out[Request::kRingVotes]));
 }
@@ -1574,17 +1589,43 @@ void Comm::post_ring_step(Request &r) {
   Request::Ring &g = *r.ring;
   const int steps_to_reduce = size_ - 1;
   const bool reducing = g.step < steps_to_reduce;
+  const auto offset = [&](int chunk) { return ring_begin(g.count, size_, chunk) * g.esize; };
+  const auto bytes = [&](int chunk) { return static_cast<int>(offset(chunk + 1) - offset(chunk)); };
+  const auto failed = [&](int rc) {
+    // Its neighbours wait for this step: the communicator is out of step with theirs.
+    throw_broken(
+        mpi_error_status(rc),
+        kit::format("flat %s: posting step %d of its ring failed on rank %d of %d: %s",
+                    request_name(r).c_str(), g.step, rank_, size_, mpi_error_text(rc).c_str()));
+  };
+  if (!reducing && g.root >= 0) {
+    // A reduce's last step: each rank's reduced chunk, (rank + 1), to the root.
+    const int own = ring_index(rank_ + 1, size_);
+    if (rank_ != g.root) {
+      const int rc = MPI_Isend(g.recv + offset(own), bytes(own), MPI_BYTE, g.root, kRingTag,
+                               checks_comm_, &r.mpi[g.first_request]);
+      if (rc != MPI_SUCCESS) failed(rc);
+      return;
+    }
+    size_t slot = g.first_request;
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      const int chunk = ring_index(peer + 1, size_);
+      const int rc = MPI_Irecv(g.recv + offset(chunk), bytes(chunk), MPI_BYTE, peer, kRingTag,
+                               checks_comm_, &r.mpi[slot++]);
+      if (rc != MPI_SUCCESS) failed(rc);
+    }
+    return;
+  }
   // Reduce-scatter: step s sends chunk (rank - s), reduced over s + 1 ranks, and receives chunk
   // (rank - s - 1) to reduce. Allgather: step t sends chunk (rank + 1 - t), which is complete,
   // and receives chunk (rank - t) into place.
   const int t = reducing ? g.step : g.step - steps_to_reduce;
   const int out = reducing ? ring_index(rank_ - t, size_) : ring_index(rank_ + 1 - t, size_);
   const int in = reducing ? ring_index(rank_ - t - 1, size_) : ring_index(rank_ - t, size_);
-  const auto offset = [&](int chunk) { return ring_begin(g.count, size_, chunk) * g.esize; };
-  const auto bytes = [&](int chunk) { return static_cast<int>(offset(chunk + 1) - offset(chunk)); };
   const char *source = (g.step == 0 ? g.send : g.recv) + offset(out);
-  char *target = reducing && g.incoming != nullptr ? reinterpret_cast<char *>(g.incoming.get())
-                                                   : g.recv + offset(in);
+  char *target =
+      reducing && g.in_place ? reinterpret_cast<char *>(g.scratch.get()) : g.recv + offset(in);
   const int left = ring_index(rank_ - 1, size_), right = ring_index(rank_ + 1, size_);
   int rc =
       MPI_Irecv(target, bytes(in), MPI_BYTE, left, kRingTag, checks_comm_, &r.mpi[g.first_request]);
@@ -1592,13 +1633,7 @@ void Comm::post_ring_step(Request &r) {
     rc = MPI_Isend(source, bytes(out), MPI_BYTE, right, kRingTag, checks_comm_,
                    &r.mpi[g.first_request + 1]);
   }
-  if (rc != MPI_SUCCESS) {
-    // Its neighbours wait for this step: the communicator is out of step with theirs.
-    throw_broken(
-        mpi_error_status(rc),
-        kit::format("flat %s: posting step %d of its ring failed on rank %d of %d: %s",
-                    request_name(r).c_str(), g.step, rank_, size_, mpi_error_text(rc).c_str()));
-  }
+  if (rc != MPI_SUCCESS) failed(rc);
 }
 
 bool Comm::advance_ring(Request &r) {
@@ -1609,17 +1644,17 @@ bool Comm::advance_ring(Request &r) {
     const size_t n = ring_begin(g.count, size_, in + 1) - first;
     char *own = g.recv + first * g.esize;
     // Out of place the chunk was received into the result, and this rank's input is added;
-    // in place the result still holds the input there, and the chunk came into `incoming`.
-    const void *other = g.incoming == nullptr ? static_cast<const void *>(g.send + first * g.esize)
-                                              : static_cast<const void *>(g.incoming.get());
+    // in place the result still holds the input there, and the chunk came into the scratch.
+    const void *other = g.in_place ? static_cast<const void *>(g.scratch.get())
+                                   : static_cast<const void *>(g.send + first * g.esize);
     kit::reduce_into(own, other, n, r.dtype, r.op);
   }
-  if (++g.step == 2 * (size_ - 1)) {
-    if (g.incoming != nullptr) {  // done with it: the next in-place ring takes it
+  if (++g.step == g.steps) {
+    if (g.scratch != nullptr) {  // done with it: the next ring takes it
       std::lock_guard<std::mutex> guard(ring_scratch_mutex_);
-      if (g.incoming_bytes > ring_scratch_bytes_) {
-        ring_scratch_ = std::move(g.incoming);
-        ring_scratch_bytes_ = g.incoming_bytes;
+      if (g.scratch_bytes > ring_scratch_bytes_) {
+        ring_scratch_ = std::move(g.scratch);
+        ring_scratch_bytes_ = g.scratch_bytes;
       }
     }
     return true;

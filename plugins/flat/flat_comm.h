@@ -1,9 +1,9 @@
 // A flat communicator: one MPI communicator over all ranks, split from MPI_COMM_WORLD (or from
 // its parent) with MNCL's rank as the key, so MPI rank == MNCL rank. Every collective is one
 // MPI call (several only beyond MPI's int count), blocking or non-blocking, but for large
-// blocking allreduces in bounded mode, which run on flat's own ring (Request::Ring); many small
-// allreduces (ALLREDUCE_COALESCED) are packed into one buffer and one MPI_Allreduce, the
-// "flat" communicator of ChainerMN. ALLGATHERV / ALLTOALLV (plugin ABI v3) are
+// blocking allreduces and reduces in bounded mode, which run on flat's own ring (Request::Ring);
+// many small allreduces (ALLREDUCE_COALESCED) are packed into one buffer and one MPI_Allreduce,
+// the "flat" communicator of ChainerMN. ALLGATHERV / ALLTOALLV (plugin ABI v3) are
 // MPI_Allgatherv / MPI_Alltoallv, or point-to-point messages in chunks when a count or a
 // displacement does not fit MPI's int. GATHERV / SCATTERV (plugin ABI v5) are point-to-point
 // messages between the root and every other rank, each checked for its count by its receiver.
@@ -15,12 +15,11 @@
 //    communicator's timeout, or MNCL_ERR_ABORTED after an abort. With bounded = true (the
 //    default; MNCL_FLAT_BOUNDED=0 turns it off) blocking calls run as non-blocking ones polled
 //    to completion, so they are bounded too, at the price of MPI's (slower) non-blocking
-//    algorithms (but for large allreduces: flat's own ring, Request::Ring) and one fingerprint
-//    exchange per collective (a 1.2 KiB element), which
-//    completes before the data are posted (posted collectives: see Comm::advance), or carries
-//    them itself (an allreduce of at most 1 KiB: Request::kFusedBytes). Point to
-//    point (send, recv, sendrecv_batch) always runs that way: bounded, and each receive is
-//    size-checked before it is received.
+//    algorithms (but for large allreduces and reduces: flat's own ring, Request::Ring) and one
+//    fingerprint exchange per collective (a 1.2 KiB element), which completes before the data
+//    are posted (posted collectives: see Comm::advance), or carries them itself (an allreduce
+//    of at most 1 KiB: Request::kFusedBytes). Point to point (send, recv, sendrecv_batch)
+//    always runs that way: bounded, and each receive is size-checked before it is received.
 //  - MPI cannot cancel a collective: a timed-out or aborted one keeps its buffers in use; the
 //    communicator then refuses further work and should be destroyed.
 #pragma once
@@ -50,9 +49,9 @@ struct Options {
   // (under MPI_THREAD_MULTIPLE; see ProgressBackstop). MNCL_FLAT_PROGRESS_THREAD=0: MPI moves
   // them on inside MPI calls only, and a bounded collective's data go out in flat calls only.
   bool progress_thread = true;
-  // Bounded mode: a blocking allreduce of at least this many bytes per rank (its bytes / the
-  // ranks: each rank's chunk) runs on flat's own ring (Request::Ring) when every rank's call
-  // would; 0: never (MNCL_FLAT_RING_MIN_BYTES).
+  // Bounded mode: a blocking allreduce or reduce of at least this many bytes per rank (its
+  // bytes / the ranks: each rank's chunk) runs on flat's own ring (Request::Ring) when every
+  // rank's call would; 0: never (MNCL_FLAT_RING_MIN_BYTES).
   size_t ring_min_bytes = size_t{128} << 10;
 };
 
@@ -157,25 +156,29 @@ struct Request {
   std::vector<std::vector<unsigned char>> drained;
   std::string mismatch;    // the first size disagreement, reported once everything completed
   size_t mismatch_op = 0;  // ... of a batch: its op (the lowest index wins)
-  // Bounded mode, a large allreduce whose ranks all block in it (Comm::offers_ring): flat's own
-  // ring over point-to-point messages on checks_comm_, stepped by test(), in place of
-  // MPI_Iallreduce, whose algorithms (libnbc) are slower than MPI_Allreduce's for large messages.
-  // The buffer is cut into size chunks; in 2 (size - 1) steps each rank receives a chunk from
-  // its left neighbour while it sends one to its right: first (reduce-scatter) reducing what it
-  // receives into its own chunk, until each rank holds one chunk reduced over every rank, then
-  // (allgather) passing the reduced chunks on. Each chunk is reduced on one rank only, so every
-  // rank ends with the same bits.
+  // Bounded mode, a large allreduce or reduce whose ranks all block in it (Comm::offers_ring):
+  // flat's own ring over point-to-point messages on checks_comm_, stepped by test(), in place of
+  // MPI_Iallreduce / MPI_Ireduce, whose algorithms (libnbc) are slower than the blocking ones
+  // for large messages. The buffer is cut into size chunks; in size - 1 steps each rank
+  // receives a chunk from its left neighbour while it sends one to its right, reducing what it
+  // receives into its own chunk (reduce-scatter), until each rank holds one chunk reduced over
+  // every rank. An allreduce then passes the reduced chunks on around the ring (allgather,
+  // size - 1 more steps); a reduce sends them to the root (one step). Each chunk is reduced on
+  // one rank only, so every rank ends with the same bits.
   struct Ring {
     const char *send = nullptr;  // the input (== recv in place)
-    char *recv = nullptr;        // the result
+    char *recv = nullptr;        // the result (a reduce's non-root: scratch, the partial sums)
     size_t count = 0;            // elements
     size_t esize = 0;
-    int step = 0;              // of 2 (size - 1)
-    size_t first_request = 0;  // this step's receive in mpi; its send follows
-    // In place: a received chunk, before it is reduced (from Comm::ring_scratch_, and back
-    // there once the ring is done; an orphaned request keeps it).
-    std::unique_ptr<unsigned char[]> incoming;
-    size_t incoming_bytes = 0;
+    int root = -1;             // a reduce's root; -1: allreduce
+    int step = 0;              // of steps
+    int steps = 0;             // 2 (size - 1) for an allreduce, size for a reduce
+    size_t first_request = 0;  // this step's requests in mpi (receive(s), then a send)
+    bool in_place = false;     // send == recv: a received chunk goes to scratch first
+    // In place: a received chunk, before it is reduced; a reduce's non-root: recv. From
+    // Comm::ring_scratch_, and back there once the ring is done; an orphaned request keeps it.
+    std::unique_ptr<unsigned char[]> scratch;
+    size_t scratch_bytes = 0;
   };
   std::unique_ptr<Ring> ring;
   // Posted for the application (post() not polled) and neither freed nor retired yet: counted
@@ -241,11 +244,10 @@ class Comm {
   // test() until r completes (throws as test() does).
   void poll_until_done(Request &r);
   // Whether this rank would run c (count: its elements in all) on flat's ring: a blocking
-  // (polled) allreduce on host memory, on 2 ranks or more, whose chunk per rank has at least
-  // options_.ring_min_bytes and at most INT_MAX bytes.
-  // Each rank's answer is a vote in c's checks (Request::kRingVotes): the ring runs only if
-  // every rank would, so ranks blocking and ranks posting the same call (or configured apart)
-  // still meet in MPI_Iallreduce.
+  // (polled) allreduce or reduce on host memory, on 2 ranks or more, whose chunk per rank has at
+  // least options_.ring_min_bytes and at most INT_MAX bytes. Each rank's answer is a vote in c's
+  // checks (Request::kRingVotes): the ring runs only if every rank would, so ranks blocking and
+  // ranks posting the same call (or configured apart) still meet in MPI_Iallreduce.
   bool offers_ring(const mncl_coll_v1_t &c, const Request &r, size_t count) const;
   // The bytes of a ring's largest chunk (count elements of esize bytes cut into size_ chunks).
   size_t ring_chunk_bytes(size_t count, size_t esize) const;
@@ -253,8 +255,9 @@ class Comm {
   static bool ring_agreed(const Request &r);
   // Trace log: this rank offered the ring for r and another declined it.
   void note_ring_declined(const Request &r) const;
-  // Starts r's ring over count elements (send == recv: in place). Under the MPI lock.
-  void start_ring(Request &r, const char *send, char *recv, size_t count);
+  // Starts r's ring over count elements (send == recv: in place; root: a reduce's, whose
+  // other ranks pass recv == nullptr; -1: allreduce). Under the MPI lock.
+  void start_ring(Request &r, const char *send, char *recv, size_t count, int root);
   // Posts the receive and send of the ring's current step. Under the MPI lock.
   void post_ring_step(Request &r);
   // Once the current step's messages are done: reduces what it received (reduce-scatter) and
@@ -362,7 +365,7 @@ class Comm {
   std::deque<Request *> deferred_;  // posted collectives whose data are not issued yet
   std::atomic<size_t> queued_{0};   // deferred_.size(), for test() to skip the lock when 0
   std::vector<std::unique_ptr<Request>> orphans_;  // abandoned, still owned by MPI
-  // The in-place ring's scratch, kept between calls (Request::Ring::incoming).
+  // The rings' scratch, kept between calls (Request::Ring::scratch).
   std::mutex ring_scratch_mutex_;
   std::unique_ptr<unsigned char[]> ring_scratch_;
   size_t ring_scratch_bytes_ = 0;

@@ -1,5 +1,5 @@
-// flat's own ring allreduce (bounded mode: a blocking allreduce of at least
-// MNCL_FLAT_RING_MIN_BYTES, default 256 KiB, when every rank's call is blocking).
+// flat's own ring (bounded mode: a blocking allreduce or reduce of at least
+// MNCL_FLAT_RING_MIN_BYTES per rank, default 128 KiB, when every rank's call would ring).
 //
 //   ring_test                      every rank offers the ring (MNCL_FLAT_RING_MIN_BYTES=64K,
 //                                  set here): the ring runs, exact results
@@ -8,11 +8,12 @@
 //
 // Cases: int32 SUM over a count whose chunks differ in size, out of place and in place; int8
 // SUM that wraps; float32 AVG, MAX with a NaN, int32 PROD and MIN; a coalesced allreduce of
-// three buffers; then an allreduce that rank 0 posts (mncl_iallreduce + mncl_wait) while the
-// others block in it, where the ring must give way to MPI_Iallreduce on every rank (ranks in
-// two algorithms would never meet). Whether the ring ran is read from this rank's own trace log
-// (MNCL_DEBUG=trace, stderr sent to an unlinked file): "flat's ring over" per ring, "declined
-// flat's ring" per call this rank offered and another declined.
+// three buffers; reduces to the first rank (no receive buffer elsewhere) and, in place, to the
+// last (the other ranks' buffers untouched); then an allreduce that rank 0 posts (mncl_iallreduce +
+// mncl_wait) while the others block in it, where the ring must give way to MPI_Iallreduce on every
+// rank (ranks in two algorithms would never meet). Whether the ring ran is read from this rank's
+// own trace log (MNCL_DEBUG=trace, stderr sent to an unlinked file): "flat's ring over" per ring,
+// "declined flat's ring" per call this rank offered and another declined.
 #include <mncl/mncl.h>
 #include <unistd.h>
 
@@ -156,6 +157,32 @@ int coalesced_case(mncl_comm_t comm) {
   return 1;
 }
 
+// Reduces: to rank 0 out of place, the other ranks passing no receive buffer; to the last rank
+// in place. Returns the calls made.
+int reduce_cases(mncl_comm_t comm) {
+  std::vector<int32_t> send(kCount), sum(kCount, 0), max(kCount);
+  for (size_t i = 0; i < kCount; ++i) {
+    send[i] = value(g_rank, i);
+    max[i] = value(0, i);
+    for (int r = 0; r < g_size; ++r) {
+      sum[i] += value(r, i);
+      max[i] = std::max(max[i], value(r, i));
+    }
+  }
+  std::vector<int32_t> recv(kCount, -1);
+  check_status("reduce to rank 0",
+               mncl_reduce(comm, send.data(), g_rank == 0 ? recv.data() : nullptr, kCount,
+                           MNCL_INT32, MNCL_SUM, 0, nullptr));
+  if (g_rank == 0) expect_equal("reduce sum to rank 0", recv, sum);
+  const int last = g_size - 1;
+  std::vector<int32_t> in_place = send;
+  check_status("reduce in place to the last rank",
+               mncl_reduce(comm, in_place.data(), in_place.data(), kCount, MNCL_INT32, MNCL_MAX,
+                           last, nullptr));
+  expect_equal("reduce max in place to the last rank", in_place, g_rank == last ? max : send);
+  return 2;
+}
+
 // Rank 0 posts the allreduce, the others block in it: MPI_Iallreduce on every rank.
 void posted_beside_blocking(mncl_comm_t comm) {
   std::vector<int32_t> send(kCount), recv(kCount, -1), sum(kCount, 0);
@@ -225,6 +252,7 @@ int main(int argc, char **argv) {
     calls += int32_cases(comm);
     calls += other_dtype_cases(comm);
     calls += coalesced_case(comm);
+    calls += reduce_cases(comm);
   }
   std::fflush(stderr);
   const int rings = count_lines(log_path, "flat's ring over");
