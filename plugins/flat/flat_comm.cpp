@@ -1505,6 +1505,9 @@ namespace {
 // neighbour's messages match in step order.
 constexpr int kRingTag = 1;
 
+// The largest ring scratch a communicator keeps between calls.
+constexpr size_t kKeptRingScratch = size_t{256} << 20;
+
 // Chunk i of a ring over count elements among size ranks: [ring_begin(i), ring_begin(i + 1)).
 size_t ring_begin(size_t count, int size, int i) {
   return count / static_cast<size_t>(size) * static_cast<size_t>(i) +
@@ -1650,7 +1653,8 @@ bool Comm::advance_ring(Request &r) {
     kit::reduce_into(own, other, n, r.dtype, r.op);
   }
   if (++g.step == g.steps) {
-    if (g.scratch != nullptr) {  // done with it: the next ring takes it
+    // Done with it: the next ring takes it, unless it is too large to keep idle.
+    if (g.scratch != nullptr && g.scratch_bytes <= kKeptRingScratch) {
       std::lock_guard<std::mutex> guard(ring_scratch_mutex_);
       if (g.scratch_bytes > ring_scratch_bytes_) {
         ring_scratch_ = std::move(g.scratch);

@@ -9,7 +9,8 @@
 // Cases: int32 SUM over a count whose chunks differ in size, out of place and in place; int8
 // SUM that wraps; float32 AVG, MAX with a NaN, int32 PROD and MIN; a coalesced allreduce of
 // three buffers; reduces to the first rank (no receive buffer elsewhere) and, in place, to the
-// last (the other ranks' buffers untouched); then an allreduce that rank 0 posts (mncl_iallreduce +
+// last (the other ranks' buffers untouched); an allreduce past the threshold in total but not
+// per rank, which must not ring; then an allreduce that rank 0 posts (mncl_iallreduce +
 // mncl_wait) while the others block in it, where the ring must give way to MPI_Iallreduce on every
 // rank (ranks in two algorithms would never meet). Whether the ring ran is read from this rank's
 // own trace log (MNCL_DEBUG=trace, stderr sent to an unlinked file): "flat's ring over" per ring,
@@ -183,6 +184,20 @@ int reduce_cases(mncl_comm_t comm) {
   return 2;
 }
 
+// 64 KiB in all, past the threshold (64 KiB) in total but not per rank: no ring, and no rank
+// offers it (nothing declined either). Makes no call the ring counts.
+void below_threshold_per_rank(mncl_comm_t comm) {
+  const size_t n = 16384;
+  std::vector<int32_t> send(n), recv(n, -1), sum(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    send[i] = value(g_rank, i);
+    for (int r = 0; r < g_size; ++r) sum[i] += value(r, i);
+  }
+  check_status("allreduce below the threshold per rank",
+               mncl_allreduce(comm, send.data(), recv.data(), n, MNCL_INT32, MNCL_SUM, nullptr));
+  expect_equal("allreduce below the threshold per rank", recv, sum);
+}
+
 // Rank 0 posts the allreduce, the others block in it: MPI_Iallreduce on every rank.
 void posted_beside_blocking(mncl_comm_t comm) {
   std::vector<int32_t> send(kCount), recv(kCount, -1), sum(kCount, 0);
@@ -253,6 +268,7 @@ int main(int argc, char **argv) {
     calls += other_dtype_cases(comm);
     calls += coalesced_case(comm);
     calls += reduce_cases(comm);
+    below_threshold_per_rank(comm);
   }
   std::fflush(stderr);
   const int rings = count_lines(log_path, "flat's ring over");
