@@ -1526,9 +1526,9 @@ bool Comm::offers_ring(const mncl_coll_v1_t &c, const Request &r, size_t count) 
       c.kind != MNCL_COLL_REDUCE) {
     return false;
   }
-  // Per rank: the ring takes 2 (size - 1) steps of one chunk each, so more ranks need more
-  // bytes before its steps stop being latency bound. A chunk's bytes are also one message's int
-  // count (MPI_BYTE); bigger ones keep MPI's chunking.
+  // Per rank: the ring takes 2 (size - 1) steps (a reduce: size) of one chunk each, so more
+  // ranks need more bytes before its steps stop being latency bound. A chunk's bytes are also
+  // one message's int count (MPI_BYTE); bigger ones keep MPI's chunking.
   const size_t largest_chunk = ring_chunk_bytes(count, kit::dtype_size(c.dtype));
   return options_.ring_min_bytes > 0 && largest_chunk >= options_.ring_min_bytes &&
          largest_chunk <= static_cast<size_t>(INT_MAX);
@@ -1552,10 +1552,11 @@ void Comm::start_ring(Request &r, const char *send, char *recv, size_t count, in
   ring->root = root;
   ring->steps = root < 0 ? 2 * (size_ - 1) : size_;
   ring->in_place = send == recv;
-  // In place, a chunk; a reduce's non-root, the whole buffer (its partial sums).
-  const size_t scratch_bytes = ring->in_place    ? ring_chunk_bytes(count, ring->esize)
-                               : recv == nullptr ? count * ring->esize
-                                                 : 0;
+  // In place, one chunk; a reduce's non-root, which has no result buffer, two: it receives
+  // the partial sums of one step into one while it sends the last step's from the other.
+  const size_t chunk_bytes = ring_chunk_bytes(count, ring->esize);
+  if (recv == nullptr) ring->half = chunk_bytes;
+  const size_t scratch_bytes = ring->in_place ? chunk_bytes : 2 * ring->half;
   if (scratch_bytes > 0) {
     // The scratch of the last ring, kept (tens of MiB, which glibc would map and page-fault
     // anew on every call), or a larger one; never zero-filled.
@@ -1568,7 +1569,6 @@ void Comm::start_ring(Request &r, const char *send, char *recv, size_t count, in
       ring->scratch.reset(new unsigned char[scratch_bytes]);
       ring->scratch_bytes = scratch_bytes;
     }
-    if (recv == nullptr) ring->recv = reinterpret_cast<char *>(ring->scratch.get());
   }
   // A reduce's root receives every other rank's chunk in its last step.
   ring->first_request = r.mpi.size();
@@ -1605,7 +1605,7 @@ void Comm::post_ring_step(Request &r) {
     // A reduce's last step: each rank's reduced chunk, (rank + 1), to the root.
     const int own = ring_index(rank_ + 1, size_);
     if (rank_ != g.root) {
-      const int rc = MPI_Isend(g.recv + offset(own), bytes(own), MPI_BYTE, g.root, kRingTag,
+      const int rc = MPI_Isend(g.partial(size_ - 2), bytes(own), MPI_BYTE, g.root, kRingTag,
                                checks_comm_, &r.mpi[g.first_request]);
       if (rc != MPI_SUCCESS) failed(rc);
       return;
@@ -1626,9 +1626,13 @@ void Comm::post_ring_step(Request &r) {
   const int t = reducing ? g.step : g.step - steps_to_reduce;
   const int out = reducing ? ring_index(rank_ - t, size_) : ring_index(rank_ + 1 - t, size_);
   const int in = reducing ? ring_index(rank_ - t - 1, size_) : ring_index(rank_ - t, size_);
-  const char *source = (g.step == 0 ? g.send : g.recv) + offset(out);
-  char *target =
-      reducing && g.in_place ? reinterpret_cast<char *>(g.scratch.get()) : g.recv + offset(in);
+  const char *source = g.step == 0  ? g.send + offset(out)
+                       : g.half > 0 ? g.partial(g.step - 1)
+                                    : g.recv + offset(out);
+  char *target = !reducing    ? g.recv + offset(in)
+                 : g.half > 0 ? g.partial(g.step)
+                 : g.in_place ? reinterpret_cast<char *>(g.scratch.get())
+                              : g.recv + offset(in);
   const int left = ring_index(rank_ - 1, size_), right = ring_index(rank_ + 1, size_);
   int rc =
       MPI_Irecv(target, bytes(in), MPI_BYTE, left, kRingTag, checks_comm_, &r.mpi[g.first_request]);
@@ -1645,9 +1649,10 @@ bool Comm::advance_ring(Request &r) {
     const int in = ring_index(rank_ - g.step - 1, size_);
     const size_t first = ring_begin(g.count, size_, in);
     const size_t n = ring_begin(g.count, size_, in + 1) - first;
-    char *own = g.recv + first * g.esize;
-    // Out of place the chunk was received into the result, and this rank's input is added;
-    // in place the result still holds the input there, and the chunk came into the scratch.
+    char *own = g.half > 0 ? g.partial(g.step) : g.recv + first * g.esize;
+    // Out of place the chunk was received into the result (a reduce's non-root: into this
+    // step's half of the scratch), and this rank's input is added; in place the result still
+    // holds the input there, and the chunk came into the scratch.
     const void *other = g.in_place ? static_cast<const void *>(g.scratch.get())
                                    : static_cast<const void *>(g.send + first * g.esize);
     kit::reduce_into(own, other, n, r.dtype, r.op);

@@ -164,10 +164,10 @@ struct Request {
   // receives into its own chunk (reduce-scatter), until each rank holds one chunk reduced over
   // every rank. An allreduce then passes the reduced chunks on around the ring (allgather,
   // size - 1 more steps); a reduce sends them to the root (one step). Each chunk is reduced on
-  // one rank only, so every rank ends with the same bits.
+  // one rank only, so every rank of an allreduce ends with the same bits.
   struct Ring {
     const char *send = nullptr;  // the input (== recv in place)
-    char *recv = nullptr;        // the result (a reduce's non-root: scratch, the partial sums)
+    char *recv = nullptr;        // the result (a reduce's non-root: none)
     size_t count = 0;            // elements
     size_t esize = 0;
     int root = -1;             // a reduce's root; -1: allreduce
@@ -175,10 +175,15 @@ struct Request {
     int steps = 0;             // 2 (size - 1) for an allreduce, size for a reduce
     size_t first_request = 0;  // this step's requests in mpi (receive(s), then a send)
     bool in_place = false;     // send == recv: a received chunk goes to scratch first
-    // In place: a received chunk, before it is reduced; a reduce's non-root: recv. From
+    // In place: a received chunk, before it is reduced; a reduce's non-root: two halves of
+    // `half` bytes, the partial sums received at even and at odd steps. From
     // Comm::ring_scratch_, and back there once the ring is done; an orphaned request keeps it.
     std::unique_ptr<unsigned char[]> scratch;
     size_t scratch_bytes = 0;
+    size_t half = 0;  // a reduce's non-root: the largest chunk's bytes; else 0
+    char *partial(int step) const {
+      return reinterpret_cast<char *>(scratch.get()) + static_cast<size_t>(step % 2) * half;
+    }
   };
   std::unique_ptr<Ring> ring;
   // Posted for the application (post() not polled) and neither freed nor retired yet: counted
@@ -247,7 +252,7 @@ class Comm {
   // (polled) allreduce or reduce on host memory, on 2 ranks or more, whose chunk per rank has at
   // least options_.ring_min_bytes and at most INT_MAX bytes. Each rank's answer is a vote in c's
   // checks (Request::kRingVotes): the ring runs only if every rank would, so ranks blocking and
-  // ranks posting the same call (or configured apart) still meet in MPI_Iallreduce.
+  // ranks posting the same call (or configured apart) still meet in MPI's collective.
   bool offers_ring(const mncl_coll_v1_t &c, const Request &r, size_t count) const;
   // The bytes of a ring's largest chunk (count elements of esize bytes cut into size_ chunks).
   size_t ring_chunk_bytes(size_t count, size_t esize) const;

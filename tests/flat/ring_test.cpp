@@ -2,22 +2,25 @@
 // MNCL_FLAT_RING_MIN_BYTES per rank, default 128 KiB, when every rank's call would ring).
 //
 //   ring_test                      every rank offers the ring (MNCL_FLAT_RING_MIN_BYTES=64K,
-//                                  set here): the ring runs, exact results
+//                                  set here): the ring runs, exact results (2 to 4 ranks: the
+//                                  cases are sized for 64 KiB per rank at 4)
 //   ring_test --threshold-differs  rank 1 sets MNCL_FLAT_RING_MIN_BYTES=0 (no ring): every
 //                                  rank falls back to MPI_Iallreduce, exact results
 //
 // Cases: int32 SUM over a count whose chunks differ in size, out of place and in place; int8
 // SUM that wraps; float32 AVG, MAX with a NaN, int32 PROD and MIN; a coalesced allreduce of
-// three buffers; reduces to the first rank (no receive buffer elsewhere) and, in place, to the
-// last (the other ranks' buffers untouched); an allreduce past the threshold in total but not
-// per rank, which must not ring; then an allreduce that rank 0 posts (mncl_iallreduce +
-// mncl_wait) while the others block in it, where the ring must give way to MPI_Iallreduce on every
-// rank (ranks in two algorithms would never meet). Whether the ring ran is read from this rank's
+// three buffers; reduces to the first rank (no receive buffer elsewhere, its input untouched),
+// in place to the last (the other ranks' buffers untouched) and AVG to the second; an allreduce
+// past the threshold in total but not per rank, which must not ring; then an allreduce and a
+// reduce that rank 0 posts (mncl_iallreduce / mncl_ireduce + mncl_wait) while the others block
+// in them, where the ring must give way to MPI's collective on every rank (ranks in two
+// algorithms would never meet). Whether the ring ran is read from this rank's
 // own trace log (MNCL_DEBUG=trace, stderr sent to an unlinked file): "flat's ring over" per ring,
 // "declined flat's ring" per call this rank offered and another declined.
 #include <mncl/mncl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -171,17 +174,33 @@ int reduce_cases(mncl_comm_t comm) {
     }
   }
   std::vector<int32_t> recv(kCount, -1);
+  const std::vector<int32_t> input = send;
   check_status("reduce to rank 0",
                mncl_reduce(comm, send.data(), g_rank == 0 ? recv.data() : nullptr, kCount,
                            MNCL_INT32, MNCL_SUM, 0, nullptr));
   if (g_rank == 0) expect_equal("reduce sum to rank 0", recv, sum);
+  expect_equal("reduce to rank 0: the input", send, input);
   const int last = g_size - 1;
   std::vector<int32_t> in_place = send;
   check_status("reduce in place to the last rank",
                mncl_reduce(comm, in_place.data(), in_place.data(), kCount, MNCL_INT32, MNCL_MAX,
                            last, nullptr));
   expect_equal("reduce max in place to the last rank", in_place, g_rank == last ? max : send);
-  return 2;
+
+  // AVG to rank 1 % size, whose division happens at the root only; the others pass a buffer of
+  // their own, which stays untouched.
+  const int root = 1 % g_size;
+  std::vector<float> sendf(kCount), recvf(kCount, -1.0f), avg(kCount);
+  for (size_t i = 0; i < kCount; ++i) {
+    sendf[i] = static_cast<float>(value(g_rank, i) * g_size);
+    float total = 0;
+    for (int r = 0; r < g_size; ++r) total += static_cast<float>(value(r, i) * g_size);
+    avg[i] = total / static_cast<float>(g_size);
+  }
+  check_status("reduce avg", mncl_reduce(comm, sendf.data(), recvf.data(), kCount, MNCL_FLOAT32,
+                                         MNCL_AVG, root, nullptr));
+  expect_equal("reduce avg", recvf, g_rank == root ? avg : std::vector<float>(kCount, -1.0f));
+  return 3;
 }
 
 // 64 KiB in all, past the threshold (64 KiB) in total but not per rank: no ring, and no rank
@@ -198,7 +217,8 @@ void below_threshold_per_rank(mncl_comm_t comm) {
   expect_equal("allreduce below the threshold per rank", recv, sum);
 }
 
-// Rank 0 posts the allreduce, the others block in it: MPI_Iallreduce on every rank.
+// Rank 0 posts an allreduce and a reduce, the others block in them: MPI's collectives on every
+// rank.
 void posted_beside_blocking(mncl_comm_t comm) {
   std::vector<int32_t> send(kCount), recv(kCount, -1), sum(kCount, 0);
   for (size_t i = 0; i < kCount; ++i) {
@@ -217,6 +237,21 @@ void posted_beside_blocking(mncl_comm_t comm) {
         mncl_allreduce(comm, send.data(), recv.data(), kCount, MNCL_INT32, MNCL_SUM, nullptr));
   }
   expect_equal("posted beside blocking", recv, sum);
+
+  const int root = g_size - 1;
+  std::fill(recv.begin(), recv.end(), -1);
+  if (g_rank == 0) {
+    mncl_request_t request = nullptr;
+    mncl_status_t st = mncl_ireduce(comm, send.data(), recv.data(), kCount, MNCL_INT32, MNCL_SUM,
+                                    root, nullptr, &request);
+    if (st == MNCL_OK) st = mncl_wait(request, 120000);
+    check_status("posted reduce", st);
+  } else {
+    check_status(
+        "blocking reduce beside a posted one",
+        mncl_reduce(comm, send.data(), recv.data(), kCount, MNCL_INT32, MNCL_SUM, root, nullptr));
+  }
+  if (g_rank == root) expect_equal("posted reduce beside blocking", recv, sum);
 }
 
 int count_lines(const std::string &path, const char *needle) {
@@ -303,8 +338,8 @@ int main(int argc, char **argv) {
                      " calls, want " + std::to_string(want_rings) + " and " +
                      std::to_string(want_declined));
   }
-  // Rank 0 posted: it offers nothing; every other rank that offered sees it declined.
-  const int want_declined_after = g_rank == 0 || (threshold_differs && g_rank == 1) ? 0 : 1;
+  // Rank 0 posted both: it offers nothing; every other rank that offered sees them declined.
+  const int want_declined_after = g_rank == 0 || (threshold_differs && g_rank == 1) ? 0 : 2;
   if (rings_after != 0 || declined_after != want_declined_after) {
     fail(g_rank, "posted beside blocking: " + std::to_string(rings_after) + " ring(s) and " +
                      std::to_string(declined_after) + " decline(s) logged, want 0 and " +
