@@ -1,7 +1,8 @@
 // A flat communicator: one MPI communicator over all ranks, split from MPI_COMM_WORLD (or from
 // its parent) with MNCL's rank as the key, so MPI rank == MNCL rank. Every collective is one
 // MPI call (several only beyond MPI's int count), blocking or non-blocking, but for large
-// blocking allreduces and reduces in bounded mode, which run on flat's own ring (Request::Ring);
+// blocking allreduces, reduces, reduce-scatters and allgathers in bounded mode, which run on
+// flat's own ring (Request::Ring);
 // many small allreduces (ALLREDUCE_COALESCED) are packed into one buffer and one MPI_Allreduce,
 // the "flat" communicator of ChainerMN. ALLGATHERV / ALLTOALLV (plugin ABI v3) are
 // MPI_Allgatherv / MPI_Alltoallv, or point-to-point messages in chunks when a count or a
@@ -15,7 +16,8 @@
 //    communicator's timeout, or MNCL_ERR_ABORTED after an abort. With bounded = true (the
 //    default; MNCL_FLAT_BOUNDED=0 turns it off) blocking calls run as non-blocking ones polled
 //    to completion, so they are bounded too, at the price of MPI's (slower) non-blocking
-//    algorithms (but for large allreduces and reduces: flat's own ring, Request::Ring) and one
+//    algorithms (but for large allreduces, reduces, reduce-scatters and allgathers: flat's own
+//    ring, Request::Ring) and one
 //    fingerprint exchange per collective (a 1.2 KiB element), which completes before the data
 //    are posted (posted collectives: see Comm::advance), or carries them itself (an allreduce
 //    of at most 1 KiB: Request::kFusedBytes). Point to point (send, recv, sendrecv_batch)
@@ -49,8 +51,9 @@ struct Options {
   // (under MPI_THREAD_MULTIPLE; see ProgressBackstop). MNCL_FLAT_PROGRESS_THREAD=0: MPI moves
   // them on inside MPI calls only, and a bounded collective's data go out in flat calls only.
   bool progress_thread = true;
-  // Bounded mode: a blocking allreduce or reduce of at least this many bytes per rank (its
-  // bytes / the ranks: each rank's chunk) runs on flat's own ring (Request::Ring) when every
+  // Bounded mode: a blocking allreduce, reduce, reduce-scatter or allgather of at least this
+  // many bytes per rank (each rank's chunk: an allreduce's or reduce's bytes / the ranks, a
+  // reduce-scatter's or allgather's block) runs on flat's own ring (Request::Ring) when every
   // rank's call would; 0: never (MNCL_FLAT_RING_MIN_BYTES).
   size_t ring_min_bytes = size_t{128} << 10;
 };
@@ -156,31 +159,41 @@ struct Request {
   std::vector<std::vector<unsigned char>> drained;
   std::string mismatch;    // the first size disagreement, reported once everything completed
   size_t mismatch_op = 0;  // ... of a batch: its op (the lowest index wins)
-  // Bounded mode, a large allreduce or reduce whose ranks all block in it (Comm::offers_ring):
-  // flat's own ring over point-to-point messages on checks_comm_, stepped by test(), in place of
-  // MPI_Iallreduce / MPI_Ireduce, whose algorithms (libnbc) are slower than the blocking ones
-  // for large messages. The buffer is cut into size chunks; in size - 1 steps each rank
-  // receives a chunk from its left neighbour while it sends one to its right, reducing what it
-  // receives into its own chunk (reduce-scatter), until each rank holds one chunk reduced over
-  // every rank. An allreduce then passes the reduced chunks on around the ring (allgather,
-  // size - 1 more steps); a reduce sends them to the root (one step). Each chunk is reduced on
-  // one rank only, so every rank of an allreduce ends with the same bits.
+  // Bounded mode, a large allreduce, reduce, reduce-scatter or allgather whose ranks all block
+  // in it (Comm::offers_ring): flat's own ring over point-to-point messages on checks_comm_,
+  // stepped by test(), in place of MPI's non-blocking collectives, whose algorithms (libnbc) are
+  // slower than the blocking ones for large messages (and MPI_Reduce_scatter_block, blocking or
+  // not, reduces everything at one rank before it scatters). The buffer is cut into size
+  // chunks (reduce-scatter, allgather: the ranks' blocks); in size - 1 steps each rank receives
+  // a chunk from its left neighbour while it sends one to its right, reducing what it receives
+  // into its own chunk (reduce-scatter), until each rank holds one chunk reduced over every
+  // rank: chunk rank + 1 (shift 0), or its own block (shift -1, a reduce-scatter). An allreduce
+  // then passes the reduced chunks on around the ring (allgather, size - 1 more steps), as an
+  // allgather passes the ranks' blocks; a reduce sends them to the root (one step). Each chunk
+  // is reduced on one rank only, so every rank of an allreduce ends with the same bits.
   struct Ring {
-    const char *send = nullptr;  // the input (== recv in place)
-    char *recv = nullptr;        // the result (a reduce's non-root: none)
-    size_t count = 0;            // elements
+    int32_t kind = 0;            // MNCL_COLL_*; a coalesced allreduce: MNCL_COLL_ALLREDUCE
+    const char *send = nullptr;  // the input (allgather: this rank's block)
+    char *recv = nullptr;        // the result (a reduce's non-root: none; reduce-scatter: a block)
+    size_t count = 0;            // elements of all the chunks
     size_t esize = 0;
-    int root = -1;             // a reduce's root; -1: allreduce
+    int root = -1;             // a reduce's root; -1: none
+    int shift = 0;             // chunk (rank + 1 + shift) is this rank's once reduced
+    int reduce_steps = 0;      // size - 1, or 0 (allgather)
+    int gather_steps = 0;      // size - 1 (allreduce, allgather), or 0
     int step = 0;              // of steps
-    int steps = 0;             // 2 (size - 1) for an allreduce, size for a reduce
+    int steps = 0;             // reduce_steps + gather_steps (a reduce: + 1, to the root)
     size_t first_request = 0;  // this step's requests in mpi (receive(s), then a send)
-    bool in_place = false;     // send == recv: a received chunk goes to scratch first
-    // In place: a received chunk, before it is reduced; a reduce's non-root: two halves of
-    // `half` bytes, the partial sums received at even and at odd steps. From
-    // Comm::ring_scratch_, and back there once the ring is done; an orphaned request keeps it.
+    // In place (allgather: nothing to copy): a chunk received to reduce cannot go where the
+    // input still is; it goes to scratch first.
+    bool in_place = false;
+    // In place: a received chunk, before it is reduced; with no result buffer for the partial
+    // sums (a reduce's non-root, a reduce-scatter), two halves of `half` bytes, the partial
+    // sums received at even and at odd steps. From Comm::ring_scratch_, and back there once the
+    // ring is done; an orphaned request keeps it.
     std::unique_ptr<unsigned char[]> scratch;
     size_t scratch_bytes = 0;
-    size_t half = 0;  // a reduce's non-root: the largest chunk's bytes; else 0
+    size_t half = 0;  // partial sums in scratch: the largest chunk's bytes; else 0
     char *partial(int step) const {
       return reinterpret_cast<char *>(scratch.get()) + static_cast<size_t>(step % 2) * half;
     }
@@ -248,9 +261,10 @@ class Comm {
   void execute_bounded(const mncl_coll_v1_t &c);
   // test() until r completes (throws as test() does).
   void poll_until_done(Request &r);
-  // Whether this rank would run c (count: its elements in all) on flat's ring: a blocking
-  // (polled) allreduce or reduce on host memory, on 2 ranks or more, whose chunk per rank has at
-  // least options_.ring_min_bytes and at most INT_MAX bytes. Each rank's answer is a vote in c's
+  // Whether this rank would run c (count: an allreduce's or reduce's elements in all) on flat's
+  // ring: a blocking (polled) allreduce, reduce, reduce-scatter or allgather on host memory, on 2
+  // ranks or more, whose chunk per rank has at least options_.ring_min_bytes and at most INT_MAX
+  // bytes. Each rank's answer is a vote in c's
   // checks (Request::kRingVotes): the ring runs only if every rank would, so ranks blocking and
   // ranks posting the same call (or configured apart) still meet in MPI's collective.
   bool offers_ring(const mncl_coll_v1_t &c, const Request &r, size_t count) const;
@@ -260,8 +274,9 @@ class Comm {
   static bool ring_agreed(const Request &r);
   // Trace log: this rank offered the ring for r and another declined it.
   void note_ring_declined(const Request &r) const;
-  // Starts r's ring over count elements (send == recv: in place; root: a reduce's, whose
-  // other ranks pass recv == nullptr; -1: allreduce). Under the MPI lock.
+  // Starts r's ring over count elements in all (a reduce-scatter's or allgather's: size blocks)
+  // from send into recv, both as the collective r.kind takes them (root: a reduce's, whose other
+  // ranks pass recv == nullptr; else -1). Under the MPI lock.
   void start_ring(Request &r, const char *send, char *recv, size_t count, int root);
   // Posts the receive and send of the ring's current step. Under the MPI lock.
   void post_ring_step(Request &r);

@@ -9,11 +9,12 @@
 //                      0: blocking calls are MPI's blocking collectives, the fastest, but MPI
 //                      has no timeout, cannot be interrupted by mncl_comm_abort, and returns
 //                      wrong values for mismatched calls.
-//   MNCL_FLAT_RING_MIN_BYTES  bounded mode: a blocking allreduce or reduce of at least this
-//                      many bytes per rank (its bytes / the ranks; default 128K; K/M/G
-//                      accepted) runs on flat's own ring over point-to-point messages when
-//                      every rank's call would (MPI's non-blocking ones are slower than its
-//                      blocking ones there); 0: never.
+//   MNCL_FLAT_RING_MIN_BYTES  bounded mode: a blocking allreduce, reduce or allgather of at
+//                      least this many bytes per rank (its bytes / the ranks, an allgather's
+//                      block; default 128K; K/M/G accepted), or a reduce-scatter of a quarter
+//                      of that per block, runs on flat's own ring over point-to-point messages
+//                      when every rank's call would (MPI's non-blocking ones are slower than
+//                      its blocking ones there); 0: never.
 #include <mncl/mncl_plugin.h>
 
 #include <cstdint>

@@ -95,11 +95,12 @@ const std::vector<Variable> &table() {
        "ranks, so mismatched calls fail; 0 uses MPI's blocking collectives, about 8 us faster "
        "per small call, which cannot time out and give wrong values for mismatched calls."},
       {"MNCL_FLAT_RING_MIN_BYTES", "128K",
-       "flat, bounded mode: a blocking allreduce or reduce of at least this many bytes per rank "
-       "(its bytes / the ranks; K/M/G accepted) runs on flat's own ring (reduce-scatter, then "
-       "allgather or a gather to the root, over point-to-point messages) when every rank's call "
-       "would: MPI's non-blocking ones are slower than its blocking ones for large messages. "
-       "0: never."},
+       "flat, bounded mode: a blocking allreduce, reduce or allgather of at least this many bytes "
+       "per rank (its bytes / the ranks; an allgather's block; K/M/G accepted), or a "
+       "reduce-scatter of a quarter of that per block, runs on flat's own ring (reduce-scatter "
+       "and/or allgather, or a gather to the root, over point-to-point messages) when every "
+       "rank's call would: MPI's non-blocking ones are slower than its blocking ones for large "
+       "messages, and its reduce-scatter reduces everything at one rank. 0: never."},
       {"MNCL_FLAT_PROGRESS_THREAD", "1",
        "flat: 1 (under MPI_THREAD_MULTIPLE) runs a thread that moves posted operations on while "
        "the application is outside flat; 0: none, and a bounded collective's data are issued by "

@@ -1,17 +1,21 @@
-// flat's own ring (bounded mode: a blocking allreduce or reduce of at least
-// MNCL_FLAT_RING_MIN_BYTES per rank, default 128 KiB, when every rank's call would ring).
+// flat's own ring (bounded mode: a blocking allreduce, reduce or allgather of at least
+// MNCL_FLAT_RING_MIN_BYTES per rank, default 128 KiB, a reduce-scatter of a quarter of that,
+// when every rank's call would ring).
 //
 //   ring_test                      every rank offers the ring (MNCL_FLAT_RING_MIN_BYTES=64K,
 //                                  set here): the ring runs, exact results (2 to 4 ranks: the
 //                                  cases are sized for 64 KiB per rank at 4)
 //   ring_test --threshold-differs  rank 1 sets MNCL_FLAT_RING_MIN_BYTES=0 (no ring): every
-//                                  rank falls back to MPI_Iallreduce, exact results
+//                                  rank falls back to MPI's collectives, exact results
 //
 // Cases: int32 SUM over a count whose chunks differ in size, out of place and in place; int8
 // SUM that wraps; float32 AVG, MAX with a NaN, int32 PROD and MIN; a coalesced allreduce of
 // three buffers; reduces to the first rank (no receive buffer elsewhere, its input untouched),
-// in place to the last (the other ranks' buffers untouched) and AVG to the second; an allreduce
-// past the threshold in total but not per rank, which must not ring; then an allreduce and a
+// in place to the last (the other ranks' buffers untouched) and AVG to the second;
+// reduce-scatters (int32 SUM out of place and in place, float32 AVG) and allgathers (out of
+// place, in place) of 64 KiB blocks, and a reduce-scatter of 32 KiB blocks (it rings from a
+// quarter of the threshold); an allreduce past the threshold in total but not per rank and an
+// allgather of 32 KiB blocks, which must not ring; then an allreduce and a
 // reduce that rank 0 posts (mncl_iallreduce / mncl_ireduce + mncl_wait) while the others block
 // in them, where the ring must give way to MPI's collective on every rank (ranks in two
 // algorithms would never meet). Whether the ring ran is read from this rank's
@@ -203,8 +207,73 @@ int reduce_cases(mncl_comm_t comm) {
   return 3;
 }
 
+// Reduce-scatters and allgathers over blocks of kBlock int32 (64 KiB and 12 bytes per rank: a
+// ring at any size), out of place and in place (MNCL's forms: the result at this rank's block of
+// the input, the input at this rank's block of the result); then a reduce-scatter of 32 KiB
+// blocks, which rings from a quarter of the threshold. Returns the calls made.
+constexpr size_t kBlock = 16384 + 3;
+
+int block_cases(mncl_comm_t comm) {
+  const size_t total = kBlock * static_cast<size_t>(g_size);
+  const size_t mine = kBlock * static_cast<size_t>(g_rank);
+  std::vector<int32_t> input(total), sums(kBlock, 0), gathered(total);
+  for (size_t i = 0; i < total; ++i) {
+    input[i] = value(g_rank, i);
+    gathered[i] = value(static_cast<int>(i / kBlock), i % kBlock);
+  }
+  for (size_t i = 0; i < kBlock; ++i) {
+    for (int r = 0; r < g_size; ++r) sums[i] += value(r, mine + i);
+  }
+  std::vector<int32_t> recv(kBlock, -1);
+  check_status("reduce_scatter", mncl_reduce_scatter(comm, input.data(), recv.data(), kBlock,
+                                                     MNCL_INT32, MNCL_SUM, nullptr));
+  expect_equal("reduce_scatter sum, out of place", recv, sums);
+  std::vector<int32_t> in_place = input;
+  check_status("reduce_scatter in place",
+               mncl_reduce_scatter(comm, in_place.data(), in_place.data() + mine, kBlock,
+                                   MNCL_INT32, MNCL_SUM, nullptr));
+  std::vector<int32_t> want_in_place = input;  // the other blocks untouched
+  std::copy(sums.begin(), sums.end(), want_in_place.begin() + static_cast<ptrdiff_t>(mine));
+  expect_equal("reduce_scatter sum, in place", in_place, want_in_place);
+
+  std::vector<float> inputf(total), avg(kBlock), recvf(kBlock, -1.0f);
+  for (size_t i = 0; i < total; ++i) inputf[i] = static_cast<float>(value(g_rank, i) * g_size);
+  for (size_t i = 0; i < kBlock; ++i) {
+    float sum = 0;
+    for (int r = 0; r < g_size; ++r) sum += static_cast<float>(value(r, mine + i) * g_size);
+    avg[i] = sum / static_cast<float>(g_size);
+  }
+  check_status("reduce_scatter avg", mncl_reduce_scatter(comm, inputf.data(), recvf.data(), kBlock,
+                                                         MNCL_FLOAT32, MNCL_AVG, nullptr));
+  expect_equal("reduce_scatter float32 avg", recvf, avg);
+
+  std::vector<int32_t> all(total, -1);
+  const std::vector<int32_t> block(input.begin(), input.begin() + static_cast<ptrdiff_t>(kBlock));
+  check_status("allgather",
+               mncl_allgather(comm, block.data(), all.data(), kBlock, MNCL_INT32, nullptr));
+  expect_equal("allgather, out of place", all, gathered);
+  std::fill(all.begin(), all.end(), -1);
+  std::copy(block.begin(), block.end(), all.begin() + static_cast<ptrdiff_t>(mine));
+  check_status("allgather in place",
+               mncl_allgather(comm, all.data() + mine, all.data(), kBlock, MNCL_INT32, nullptr));
+  expect_equal("allgather, in place", all, gathered);
+
+  // 32 KiB blocks: below the threshold, but a reduce-scatter rings from a quarter of it.
+  const size_t small = 8192;
+  std::vector<int32_t> small_sums(small, 0), small_recv(small, -1);
+  for (size_t i = 0; i < small; ++i) {
+    for (int r = 0; r < g_size; ++r) small_sums[i] += value(r, small * g_rank + i);
+  }
+  check_status("reduce_scatter of 32 KiB blocks",
+               mncl_reduce_scatter(comm, input.data(), small_recv.data(), small, MNCL_INT32,
+                                   MNCL_SUM, nullptr));
+  expect_equal("reduce_scatter of 32 KiB blocks", small_recv, small_sums);
+  return 6;
+}
+
 // 64 KiB in all, past the threshold (64 KiB) in total but not per rank: no ring, and no rank
-// offers it (nothing declined either). Makes no call the ring counts.
+// offers it (nothing declined either); nor an allgather of 32 KiB blocks. Makes no call the
+// ring counts.
 void below_threshold_per_rank(mncl_comm_t comm) {
   const size_t n = 16384;
   std::vector<int32_t> send(n), recv(n, -1), sum(n, 0);
@@ -215,6 +284,14 @@ void below_threshold_per_rank(mncl_comm_t comm) {
   check_status("allreduce below the threshold per rank",
                mncl_allreduce(comm, send.data(), recv.data(), n, MNCL_INT32, MNCL_SUM, nullptr));
   expect_equal("allreduce below the threshold per rank", recv, sum);
+
+  const size_t block = 8192;
+  std::vector<int32_t> all(block * static_cast<size_t>(g_size), -1), want(all.size());
+  for (size_t i = 0; i < all.size(); ++i) want[i] = value(static_cast<int>(i / block), i % block);
+  check_status(
+      "allgather of 32 KiB blocks",
+      mncl_allgather(comm, want.data() + block * g_rank, all.data(), block, MNCL_INT32, nullptr));
+  expect_equal("allgather of 32 KiB blocks", all, want);
 }
 
 // Rank 0 posts an allreduce and a reduce, the others block in them: MPI's collectives on every
@@ -303,6 +380,7 @@ int main(int argc, char **argv) {
     calls += other_dtype_cases(comm);
     calls += coalesced_case(comm);
     calls += reduce_cases(comm);
+    calls += block_cases(comm);
     below_threshold_per_rank(comm);
   }
   std::fflush(stderr);
