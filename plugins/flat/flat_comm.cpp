@@ -373,6 +373,24 @@ Comm::Comm(MPI_Comm comm, MPI_Comm checks_comm, const mncl_bootstrap_v1_t &bs,
   int *tag_ub = nullptr, found = 0;
   MPI_Comm_get_attr(comm_, MPI_TAG_UB, &tag_ub, &found);
   if (found && tag_ub != nullptr && *tag_ub > tag_ub_) tag_ub_ = *tag_ub;
+  // The check exchange: recursive doubling among the largest power of two of ranks, pof2. The
+  // first 2 rem ranks (rem = size - pof2) pair up first: each even one hands its element to the
+  // odd one above it, which takes part for both, and gets the result back at the end.
+  int pof2 = 1;
+  while (pof2 <= size_ / 2) pof2 *= 2;
+  const int rem = size_ - pof2;
+  if (rank_ < 2 * rem && rank_ % 2 == 0) {
+    exchange_plan_.push_back({rank_ + 1, rank_ + 1, false});
+    return;
+  }
+  if (rank_ < 2 * rem) exchange_plan_.push_back({-1, rank_ - 1, true});
+  const int group_rank = rank_ < 2 * rem ? rank_ / 2 : rank_ - rem;
+  for (int mask = 1; mask < pof2; mask *= 2) {
+    const int partner = group_rank ^ mask;
+    const int peer = partner < rem ? 2 * partner + 1 : partner + rem;
+    exchange_plan_.push_back({peer, peer, true});
+  }
+  if (rank_ < 2 * rem) exchange_plan_.push_back({rank_ - 1, -1, false});
 }
 
 Comm *Comm::enlist(Comm *comm) {
@@ -490,7 +508,11 @@ Comm::~Comm() {
     std::lock_guard<std::mutex> registered(all.mutex);
     all.comms.erase(std::remove(all.comms.begin(), all.comms.end(), this), all.comms.end());
     std::lock_guard<std::mutex> guard(deferred_mutex_);
-    if (!deferred_.empty()) g_queued_comms.fetch_sub(1);  // destroy ended them (the core's job)
+    // Destroy ended them (the core's job); exchanges left are orphans' (freed below or leaked).
+    deferred_.clear();
+    for (Request *r : exchanges_) r->exchanging.store(false);
+    exchanges_.clear();
+    update_queued();
   }
   if (mpi_finalized()) return;  // MPI released everything already
   MpiLock lock;
@@ -710,8 +732,8 @@ void Comm::execute_bounded(const mncl_coll_v1_t &c) {
       std::unique_lock<std::mutex> guard(deferred_mutex_);
       if (r->fused) {
         // No data on comm_ that posted collectives' data must precede: its checks follow
-        // theirs on checks_comm_, which MPI keeps in order. Their data go out as tests move
-        // the queue on, this call's own included.
+        // theirs on checks_comm_, which step_exchanges keeps in order. Their data go out as tests
+        // move the queue on, this call's own included.
         advance();
         check_usable(&c, nullptr);
       } else {
@@ -785,10 +807,12 @@ std::unique_ptr<Request> Comm::post(const mncl_coll_v1_t &c, bool polled) {
   // Bounded mode: a collective's data wait for its checks (advance()), so mismatched calls
   // move no data here either. A fused call has no data apart from its checks: nothing waits.
   r->fused = fuses(c);
-  const bool defer = options_.bounded && !is_p2p(c.kind) && !r->fused;
+  const bool checked = options_.bounded && !is_p2p(c.kind);
+  const bool defer = checked && !r->fused;
   try {
+    // The check exchanges and the queue of data (start_exchange, advance).
     std::unique_lock<std::mutex> guard(deferred_mutex_, std::defer_lock);
-    if (defer) guard.lock();
+    if (checked) guard.lock();
     {
       MpiLock lock;
       // A refusal is posted too, so that the other ranks learn of it and fail alike.
@@ -811,12 +835,9 @@ std::unique_ptr<Request> Comm::post(const mncl_coll_v1_t &c, bool polled) {
       r->deferred = keep_call(c);
       r->data_deferred.store(true);
       deferred_.push_back(r.get());
-      if (deferred_.size() == 1 && g_queued_comms.fetch_add(1) == 0 && options_.progress_thread) {
-        ProgressBackstop::get().wake();
-      }
-      queued_.store(deferred_.size(), std::memory_order_release);
-      advance();
+      if (update_queued() && options_.progress_thread) ProgressBackstop::get().wake();
     }
+    if (checked) advance();  // sends the exchange's first step
   } catch (...) {
     retire(std::move(r));  // chunks already started stay with MPI
     throw;
@@ -855,6 +876,20 @@ bool Comm::test(Request &r) {
     }
   }
   if (r.settled_status != MNCL_OK) throw kit::Error(r.settled_status, r.settled_message);
+  if (r.fingerprinted && !r.checked) {
+    // Its exchange is stepped by advance() above (queued_ counts it while it is queued).
+    if (r.exchanging.load(std::memory_order_acquire)) {
+      if (Clock::now() < r.deadline) return false;
+      throw_broken(MNCL_ERR_TIMEOUT, timeout_message(what(), rank_, size_));
+    }
+    if (r.exchange_rc != MPI_SUCCESS) {
+      // Its output was never complete: comparing it would report a mismatch that is not one.
+      throw_broken(mpi_error_status(r.exchange_rc),
+                   checks_failed_message(what(), rank_, size_, r.exchange_rc));
+    }
+    check_call(r);  // before the data are trusted, and before they hang
+    if (r.checks_only) return true;
+  }
   int done = 0;
   if (r.checks > 0 && !r.checked) {
     int checks_rc;
@@ -963,35 +998,115 @@ bool fused_call(const uint64_t *a, const uint64_t *b, int32_t *dtype, int32_t *o
 // One check element: a fused allreduce's data reduced first (fused_call reads both sides'
 // words before they are combined), then kSumsAt words combined by max and the counts sums
 // added.
-void combine_checks(void *in, void *inout, int *len, MPI_Datatype *) {
-  const auto *a = static_cast<const uint64_t *>(in);
-  auto *b = static_cast<uint64_t *>(inout);
-  for (int e = 0; e < *len; ++e, a += Request::kElementWords, b += Request::kElementWords) {
-    int32_t dtype = 0, op = 0;
-    size_t count = 0;
-    // An op reduce_into does not know (the core validated it) reduces nothing: the checks
-    // still agree, so that would copy out this rank's own data; it cannot happen.
-    if (fused_call(a, b, &dtype, &op, &count)) {
-      kit::reduce_into(b + Request::kCheckWords, a + Request::kCheckWords, count, dtype, op);
-    }
-    for (int i = 0; i < Request::kSumsAt; ++i) b[i] = std::max(a[i], b[i]);
-    for (int i = Request::kSumsAt; i < Request::kCheckWords; ++i) b[i] += a[i];
+// Commutative, bit for bit (reduce_into is on the fused data), so that both ends of a step of
+// the exchange get the same element.
+void combine_checks(const uint64_t *a, uint64_t *b) {
+  int32_t dtype = 0, op = 0;
+  size_t count = 0;
+  // An op reduce_into does not know (the core validated it) reduces nothing: the checks
+  // still agree, so that would copy out this rank's own data; it cannot happen.
+  if (fused_call(a, b, &dtype, &op, &count)) {
+    kit::reduce_into(b + Request::kCheckWords, a + Request::kCheckWords, count, dtype, op);
   }
+  for (int i = 0; i < Request::kSumsAt; ++i) b[i] = std::max(a[i], b[i]);
+  for (int i = Request::kSumsAt; i < Request::kCheckWords; ++i) b[i] += a[i];
 }
 }  // namespace
 
-// Made once MPI is up (under the MPI lock); MPI frees them at finalize.
-const Comm::CheckType &Comm::check_type() {
-  static const CheckType type = [] {
-    CheckType t;
-    // One element of kElementWords words: MPI never splits an element between calls of the
-    // operation, which must know which word it combines.
-    MPI_Type_contiguous(Request::kElementWords, MPI_UINT64_T, &t.datatype);
-    MPI_Type_commit(&t.datatype);
-    MPI_Op_create(combine_checks, /*commute=*/1, &t.op);
-    return t;
-  }();
-  return type;
+namespace {
+// The check exchange's messages, on checks_comm_'s point-to-point space (beside the ring's).
+constexpr int kCheckTag = 2;
+}  // namespace
+
+void Comm::start_exchange(const mncl_coll_v1_t &c, Request &r) {
+  // The element so far is this rank's own; a fused call's data are its count's words.
+  r.send_words = Request::kCheckWords;
+  if (r.fused) r.send_words += static_cast<int>((c.count * kit::dtype_size(c.dtype) + 7) / 8);
+  std::memcpy(r.check_out, r.check_in, static_cast<size_t>(r.send_words) * sizeof(uint64_t));
+  if (exchange_plan_.empty()) return;  // one rank: that is the result
+  size_t combining = 0;
+  for (const ExchangeStep &step : exchange_plan_) combining += step.combine ? 1 : 0;
+  if (combining > 0) r.incoming.reset(new uint64_t[combining * Request::kElementWords]);
+  r.exchange_first = r.mpi.size();
+  r.mpi.resize(r.mpi.size() + 2 * exchange_plan_.size(), MPI_REQUEST_NULL);
+  // Every receive now: each peer's messages then match this rank's calls in the order they
+  // were started (the sends keep that order too: step_exchanges).
+  uint64_t *incoming = r.incoming.get();
+  for (size_t k = 0; k < exchange_plan_.size(); ++k) {
+    const ExchangeStep &step = exchange_plan_[k];
+    if (step.recv_from < 0) continue;
+    uint64_t *target = step.combine ? incoming : r.check_out;
+    if (step.combine) incoming += Request::kElementWords;
+    const int rc = MPI_Irecv(target, Request::kElementWords, MPI_UINT64_T, step.recv_from,
+                             kCheckTag, checks_comm_, &r.mpi[r.exchange_first + 2 * k]);
+    // Receives already posted would take a later call's messages: out of step from here on.
+    if (rc != MPI_SUCCESS) {
+      throw_broken(mpi_error_status(rc),
+                   kit::format("flat %s: MPI_Irecv (call checks) failed on rank %d of %d: %s",
+                               describe(c).c_str(), rank_, size_, mpi_error_text(rc).c_str()));
+    }
+  }
+  r.exchanging.store(true);
+  exchanges_.push_back(&r);
+  update_queued();
+}
+
+void Comm::step_exchanges() {
+  if (exchanges_.empty()) return;
+  const int steps = static_cast<int>(exchange_plan_.size());
+  int bound = steps;  // the steps the exchange before may have entered
+  MpiLock lock;
+  for (auto it = exchanges_.begin(); it != exchanges_.end();) {
+    Request &r = **it;
+    while (r.exchange_rc == MPI_SUCCESS && r.steps_finished < steps) {
+      const size_t k = static_cast<size_t>(r.steps_finished);
+      MPI_Request *requests = &r.mpi[r.exchange_first + 2 * k];
+      if (r.steps_entered == r.steps_finished) {
+        if (r.steps_entered >= bound) break;  // the exchange before has not sent this step yet
+        const ExchangeStep &step = exchange_plan_[k];
+        if (step.send_to >= 0) {
+          // The result's receiver (an even rank of the pairs) sends its own element: its
+          // check_out is where the result comes.
+          const uint64_t *element = step.combine || step.recv_from < 0 ? r.check_out : r.check_in;
+          r.exchange_rc = MPI_Isend(element, r.send_words, MPI_UINT64_T, step.send_to, kCheckTag,
+                                    checks_comm_, &requests[1]);
+          if (r.exchange_rc != MPI_SUCCESS) break;
+        }
+        ++r.steps_entered;
+      }
+      int done = 0;
+      r.exchange_rc = MPI_Testall(2, requests, &done, MPI_STATUSES_IGNORE);
+      if (r.exchange_rc != MPI_SUCCESS || !done) break;
+      if (exchange_plan_[k].combine) {
+        size_t index = 0;  // among the combining steps
+        for (size_t j = 0; j < k; ++j) index += exchange_plan_[j].combine ? 1 : 0;
+        combine_checks(r.incoming.get() + index * Request::kElementWords, r.check_out);
+      }
+      ++r.steps_finished;
+    }
+    bound = r.steps_entered;
+    if (r.exchange_rc == MPI_SUCCESS && r.steps_finished < steps) {
+      ++it;
+      continue;
+    }
+    // Over: a failed one leaves its peers waiting for messages, and the next call's would
+    // match this one's receives.
+    if (r.exchange_rc != MPI_SUCCESS) {
+      mark_broken(checks_failed_message(request_name(r), rank_, size_, r.exchange_rc));
+    }
+    it = exchanges_.erase(it);
+    r.exchanging.store(false, std::memory_order_release);
+  }
+  update_queued();
+}
+
+bool Comm::update_queued() {
+  const size_t now = deferred_.size() + exchanges_.size();
+  const size_t before = queued_.load(std::memory_order_relaxed);
+  queued_.store(now, std::memory_order_release);
+  if (before == 0 && now > 0) return g_queued_comms.fetch_add(1) == 0;
+  if (before > 0 && now == 0) g_queued_comms.fetch_sub(1);
+  return false;
 }
 
 void Comm::post_checks(const mncl_coll_v1_t &c, Request &r, bool refusing) {
@@ -1040,14 +1155,9 @@ void Comm::post_checks(const mncl_coll_v1_t &c, Request &r, bool refusing) {
     }
     r.copy_out.push_back({c.recvbuf, result, bytes});
   }
-  const CheckType &type = check_type();
-  r.mpi.push_back(MPI_REQUEST_NULL);
-  check(MPI_Iallreduce(r.check_in, r.check_out, 1, type.datatype, type.op, checks_comm_,
-                       &r.mpi.back()),
-        "MPI_Iallreduce (call checks)", c);
+  start_exchange(c, r);
   r.fingerprinted = true;
   r.counts_summed = true;
-  ++r.checks;
 }
 
 void Comm::post_counts_check(const mncl_coll_v1_t &c, Request &r, bool refusing) {
@@ -1161,19 +1271,17 @@ void Comm::check_call(Request &r) {
 }
 
 void Comm::advance() {
+  // Even once aborted or broken: peers may still wait for this rank's part of an exchange.
+  step_exchanges();
   while (!deferred_.empty()) {
     if (aborted_.load() || broken_.load()) {
       abandon_queue();
       return;
     }
     Request &d = *deferred_.front();
-    int done = 0, rc;
-    {
-      MpiLock lock;
-      rc = MPI_Testall(d.checks, d.mpi.data(), &done, MPI_STATUSES_IGNORE);
-    }
-    if (rc == MPI_SUCCESS && !done) break;  // later calls wait for this one's data
+    if (d.exchanging.load(std::memory_order_relaxed)) break;  // later calls wait for its data
     deferred_.pop_front();
+    const int rc = d.exchange_rc;
     try {
       if (rc != MPI_SUCCESS) {
         // Its output was never written: comparing it would report a mismatch that is not one.
@@ -1204,9 +1312,8 @@ void Comm::advance() {
       mark_broken(d.settled_message);
     }
     d.data_deferred.store(false, std::memory_order_release);
-    if (deferred_.empty()) g_queued_comms.fetch_sub(1);
   }
-  queued_.store(deferred_.size(), std::memory_order_release);
+  update_queued();
 }
 
 void Comm::abandon_queue() {
@@ -1220,9 +1327,8 @@ void Comm::abandon_queue() {
                             : "an operation on this communicator timed out or failed inside MPI");
     d->data_deferred.store(false, std::memory_order_release);
   }
-  if (!deferred_.empty()) g_queued_comms.fetch_sub(1);
   deferred_.clear();
-  queued_.store(0, std::memory_order_release);
+  update_queued();
 }
 
 void Comm::settle(std::unique_lock<std::mutex> &lock, Clock::time_point deadline,
@@ -1273,12 +1379,24 @@ void Comm::retire(std::unique_ptr<Request> r) {
     r->in_flight = false;
     g_in_flight.fetch_sub(1);
   }
-  if (r->data_deferred.load()) {
-    // Failed while queued (timed out, aborted): this rank's order of calls may no longer be its
-    // peers', so nothing queued may go out.
+  bool exchanging = false;
+  if (r->data_deferred.load() || r->exchanging.load()) {
     std::lock_guard<std::mutex> guard(deferred_mutex_);
-    mark_broken(request_name(*r) + " failed while queued behind other posted calls");
-    abandon_queue();
+    if (r->data_deferred.load()) {
+      // Failed while queued (timed out, aborted): this rank's order of calls may no longer be
+      // its peers', so nothing queued may go out.
+      mark_broken(request_name(*r) + " failed while queued behind other posted calls");
+      abandon_queue();
+    }
+    exchanging = r->exchanging.load();
+  }
+  if (exchanging) {
+    // Its exchange goes on (step_exchanges tests its requests): the peers wait for its part
+    // (a refusal is posted so that they learn of it and fail alike), and the next call's
+    // exchange follows it.
+    std::lock_guard<std::mutex> guard(orphans_mutex_);
+    orphans_.push_back(std::move(r));
+    return;
   }
   if (r->mpi.empty() || mpi_finalized()) return;
   MpiLock lock;
@@ -1528,7 +1646,7 @@ size_t ring_begin(size_t count, int size, int i) {
          std::min(count % static_cast<size_t>(size), static_cast<size_t>(i));
 }
 
-// (a mod size) for a in (-size, 2 size).
+// (a mod size) for a in [-size, 2 size).
 int ring_index(int a, int size) {
   return (a % size + size) % size;
 }
@@ -1592,8 +1710,9 @@ void Comm::start_ring(Request &r, const char *send, char *recv, size_t count, in
   // reduce-scatter's last step receives into the result, or in place into one of them.
   size_t scratch_bytes = g.in_place && !allgather ? chunk_bytes : 0;
   if ((root >= 0 && recv == nullptr) || scatter) {
-    g.half = chunk_bytes;
-    scratch_bytes = scatter && g.reduce_steps == 1 ? scratch_bytes : 2 * chunk_bytes;
+    // A reduce-scatter on 2 ranks has one step, the last: out of place it needs no scratch.
+    if (!scatter || g.reduce_steps > 1) scratch_bytes = 2 * chunk_bytes;
+    if (scratch_bytes > 0) g.half = chunk_bytes;
   }
   if (scratch_bytes > 0) {
     // The scratch of the last ring, kept (tens of MiB, which glibc would map and page-fault

@@ -17,10 +17,10 @@
 //    default; MNCL_FLAT_BOUNDED=0 turns it off) blocking calls run as non-blocking ones polled
 //    to completion, so they are bounded too, at the price of MPI's (slower) non-blocking
 //    algorithms (but for large allreduces, reduces, reduce-scatters and allgathers: flat's own
-//    ring, Request::Ring) and one
-//    fingerprint exchange per collective (a 1.2 KiB element), which completes before the data
-//    are posted (posted collectives: see Comm::advance), or carries them itself (an allreduce
-//    of at most 1 KiB: Request::kFusedBytes). Point to point (send, recv, sendrecv_batch)
+//    ring, Request::Ring) and one fingerprint exchange per collective (flat's own, over
+//    point-to-point messages: Comm::step_exchanges), which completes before the data are
+//    posted (posted collectives: see Comm::advance), or carries them itself (an allreduce of at
+//    most 1 KiB: Request::kFusedBytes). Point to point (send, recv, sendrecv_batch)
 //    always runs that way: bounded, and each receive is size-checked before it is received.
 //  - MPI cannot cancel a collective: a timed-out or aborted one keeps its buffers in use; the
 //    communicator then refuses further work and should be destroyed.
@@ -44,17 +44,17 @@ namespace mncl::flat {
 struct Options {
   // Blocking calls polled, timeout and abort apply, and every collective carries a fingerprint
   // of the call, so mismatched calls fail instead of giving wrong results. MNCL_FLAT_BOUNDED=0
-  // trades that for MPI's blocking collectives (about 8 us less per small call).
+  // trades that for MPI's blocking collectives (1-3 us less per small call at 2 ranks).
   bool bounded = true;
   bool cuda = false;  // MNCL_CAP_CUDA_MEMORY advertised: buffers may be device pointers
   // Posted operations progress on a thread of flat's while the application is outside flat
   // (under MPI_THREAD_MULTIPLE; see ProgressBackstop). MNCL_FLAT_PROGRESS_THREAD=0: MPI moves
   // them on inside MPI calls only, and a bounded collective's data go out in flat calls only.
   bool progress_thread = true;
-  // Bounded mode: a blocking allreduce, reduce, reduce-scatter or allgather of at least this
-  // many bytes per rank (each rank's chunk: an allreduce's or reduce's bytes / the ranks, a
-  // reduce-scatter's or allgather's block) runs on flat's own ring (Request::Ring) when every
-  // rank's call would; 0: never (MNCL_FLAT_RING_MIN_BYTES).
+  // Bounded mode: a blocking allreduce, reduce or allgather of at least this many bytes per
+  // rank (each rank's chunk: an allreduce's or reduce's bytes / the ranks, an allgather's
+  // block), or a reduce-scatter of a quarter of that per block, runs on flat's own ring
+  // (Request::Ring) when every rank's call would; 0: never (MNCL_FLAT_RING_MIN_BYTES).
   size_t ring_min_bytes = size_t{128} << 10;
 };
 
@@ -94,9 +94,10 @@ struct Request {
   //  - bounded mode, every collective: the call's fingerprint (words [0, kSumsAt): the maximum
   //    of each field and of its complement; equal maxima and minima on every field mean every
   //    rank made the same call) and the counts sums below (zero but for allgatherv /
-  //    alltoallv), in one MPI_Iallreduce of one kElementWords-word element under an operation of
-  //    flat's own (max, then sum): one exchange per call, so mismatched kinds never leave one
-  //    rank with an exchange more than another;
+  //    alltoallv), in one element combined over the ranks by flat's own exchange (Comm::
+  //    step_exchanges: recursive doubling over point-to-point messages, max, then sum): one
+  //    exchange per call, so mismatched kinds never leave one rank with an exchange more than
+  //    another;
   //  - unbounded mode, allgatherv / alltoallv only: the counts sums alone (MPI_SUM).
   // The counts sums (words [kSumsAt, kCheckWords)): each block's sender and receiver counts
   // (see pair_sums in flat_comm.cpp), the ranks refusing the call, and the ranks that will not
@@ -112,15 +113,27 @@ struct Request {
   // data when both agree, within and with each other, on kind, dtype, op, count and fusing;
   // the result is copied out only once the whole fingerprint (seq included) passed, so data
   // reduced across mismatched calls are never seen. One exchange instead of checks then data.
-  // The area is in every check element, so that all calls exchange elements of one shape.
+  // A message carries the check words and the call's own data only: a receive takes any
+  // element (kElementWords), and only data both sides agree on are ever read.
   static constexpr int kFusedBytes = 1024;
   static constexpr int kElementWords = kCheckWords + kFusedBytes / 8;
   bool fused = false;
   bool fingerprinted = false;
   bool counts_summed = false;
   uint64_t check_in[kElementWords] = {}, check_out[kElementWords] = {};
-  int checks = 0;            // leading requests of mpi that check the call (fingerprint, sums)
-  bool checked = false;      // they completed and the call passed
+  int checks = 0;        // unbounded mode: leading requests of mpi that sum the counts
+  bool checked = false;  // the checks completed and the call passed
+  // Bounded mode: the check element's exchange (Comm::start_exchange), which combines the
+  // element into check_out. Its requests are mpi[exchange_first, + 2 steps): each step's
+  // receive, then its send. exchanging: queued in Comm::exchanges_ (set and cleared under
+  // Comm::deferred_mutex_, cleared with release once the fields below are final).
+  std::atomic<bool> exchanging{false};
+  size_t exchange_first = 0;
+  int steps_entered = 0;                 // sends posted (one per step)
+  int steps_finished = 0;                // steps whose messages completed and were combined
+  int exchange_rc = MPI_SUCCESS;         // the MPI error that ended the exchange
+  int send_words = 0;                    // the words of this rank's element that go out
+  std::unique_ptr<uint64_t[]> incoming;  // one element per combining step
   bool checks_only = false;  // the data are issued once the checks pass (execute_bounded but
                              // for a fused call, and a posted collective while data_deferred)
   // Bounded mode, a posted collective: its call, kept to issue the data once its checks pass
@@ -188,12 +201,13 @@ struct Request {
     // input still is; it goes to scratch first.
     bool in_place = false;
     // In place: a received chunk, before it is reduced; with no result buffer for the partial
-    // sums (a reduce's non-root, a reduce-scatter), two halves of `half` bytes, the partial
-    // sums received at even and at odd steps. From Comm::ring_scratch_, and back there once the
-    // ring is done; an orphaned request keeps it.
+    // sums (a reduce's non-root, a reduce-scatter on 3 ranks or more), two halves of `half`
+    // bytes, the partial sums received at even and at odd steps (a reduce-scatter on 2 ranks:
+    // in place one chunk for its one step, out of place none). From Comm::ring_scratch_, and back
+    // there once the ring is done; an orphaned request keeps it.
     std::unique_ptr<unsigned char[]> scratch;
     size_t scratch_bytes = 0;
-    size_t half = 0;  // partial sums in scratch: the largest chunk's bytes; else 0
+    size_t half = 0;  // halves in scratch: the largest chunk's bytes; else 0 (no scratch)
     char *partial(int step) const {
       return reinterpret_cast<char *>(scratch.get()) + static_cast<size_t>(step % 2) * half;
     }
@@ -263,8 +277,8 @@ class Comm {
   void poll_until_done(Request &r);
   // Whether this rank would run c (count: an allreduce's or reduce's elements in all) on flat's
   // ring: a blocking (polled) allreduce, reduce, reduce-scatter or allgather on host memory, on 2
-  // ranks or more, whose chunk per rank has at least options_.ring_min_bytes and at most INT_MAX
-  // bytes. Each rank's answer is a vote in c's
+  // ranks or more, whose chunk per rank has at least options_.ring_min_bytes (a reduce-scatter's
+  // block: a quarter of it) and at most INT_MAX bytes. Each rank's answer is a vote in c's
   // checks (Request::kRingVotes): the ring runs only if every rank would, so ranks blocking and
   // ranks posting the same call (or configured apart) still meet in MPI's collective.
   bool offers_ring(const mncl_coll_v1_t &c, const Request &r, size_t count) const;
@@ -331,12 +345,18 @@ class Comm {
   // After the MPI side completed: checks (statuses: requests with r.expected), AVG, copies.
   void finish(const Request &r, const MPI_Status *statuses);
   void check(int rc, const char *call, const mncl_coll_v1_t &c) const;
-  // The MPI datatype and operation of the combined checks (Request::check_in).
-  struct CheckType {
-    MPI_Datatype datatype;
-    MPI_Op op;
-  };
-  static const CheckType &check_type();
+  // Bounded mode: starts r's check exchange (r.check_in, combined over every rank into
+  // r.check_out): posts its receives and queues it in exchanges_. Under deferred_mutex_ and the
+  // MPI lock.
+  void start_exchange(const mncl_coll_v1_t &c, Request &r);
+  // Moves every queued exchange on as far as it can without waiting, in the order they were
+  // started: an exchange posts its step k send only once the one before it has, so that each
+  // pair of ranks' messages (one per call and step) match in call order; an MPI error ends an
+  // exchange (Request::exchange_rc) and marks the communicator unusable. Under deferred_mutex_.
+  void step_exchanges();
+  // queued_ = deferred_ + exchanges_, and g_queued_comms; true when that made the first
+  // communicator with anything queued. Under deferred_mutex_.
+  bool update_queued();
   // Bounded mode: posts r's checks, fingerprint and counts sums in one exchange (collectives
   // only; refusing: this rank refuses the call, see v_device_refusal). Under the MPI lock.
   void post_checks(const mncl_coll_v1_t &c, Request &r, bool refusing);
@@ -348,19 +368,19 @@ class Comm {
   void check_counts_now(const mncl_coll_v1_t &c, const std::string &refusal);
   // Once the checks are done: throws MNCL_ERR_REMOTE naming the fields the ranks disagree on.
   void check_call(Request &r);
-  // Bounded mode's posted collectives. Their checks go out at once, on checks_comm_ (a
+  // Bounded mode's posted collectives. Their checks start at once, on checks_comm_ (a
   // duplicate of comm_); their data wait in deferred_ and go out on comm_ in the order they
   // were posted, each once its checks have passed: MPI's collectives keep one order per
-  // communicator on every rank, and nothing moves between mismatched calls. advance() issues
-  // what it can without waiting: every post and test on any flat communicator runs it (see
-  // progress_all), as MPI progresses every operation inside any MPI call. settle() waits until
-  // deferred_ is empty, unlocking `lock` (on deferred_mutex_) between polls, and returns with
-  // it held: before a blocking collective's checks (throws on the head's timeout or at
-  // `deadline`) or a split. A call that fails its checks is skipped by every rank alike: its
-  // request reports it (settled_*), the communicator stays usable. Once the communicator is
-  // broken or aborted nothing more is issued: every queued call fails (abandon_queue), since
-  // this rank's order may no longer be its peers'. advance() and abandon_queue() run under
-  // deferred_mutex_.
+  // communicator on every rank, and nothing moves between mismatched calls. advance() steps
+  // every check exchange (step_exchanges) and issues what it can without waiting: every post and
+  // test on any flat communicator runs it (see progress_all), as MPI progresses every operation
+  // inside any MPI call. settle() waits until deferred_ is empty, unlocking `lock` (on
+  // deferred_mutex_) between polls, and returns with it held: before a blocking collective's checks
+  // (throws on the head's timeout or at `deadline`) or a split. A call that fails its checks is
+  // skipped by every rank alike: its request reports it (settled_*), the communicator stays usable.
+  // Once the communicator is broken or aborted nothing more is issued: every queued call fails
+  // (abandon_queue), since this rank's order may no longer be its peers'. advance() and
+  // abandon_queue() run under deferred_mutex_.
   void advance();
   void abandon_queue();
   // c: the call that waits (or nullptr, and `what` names it), for messages.
@@ -383,7 +403,17 @@ class Comm {
   std::mutex orphans_mutex_;         // retire() may run on several threads
   std::mutex deferred_mutex_;       // deferred_, and each queued Request's deferral; before MpiLock
   std::deque<Request *> deferred_;  // posted collectives whose data are not issued yet
-  std::atomic<size_t> queued_{0};   // deferred_.size(), for test() to skip the lock when 0
+  // Check exchanges in flight, in the order they started (under deferred_mutex_).
+  std::deque<Request *> exchanges_;
+  // The steps of this rank's check exchange, the same for every call (see the .cpp).
+  struct ExchangeStep {
+    int send_to = -1;      // the peer this step sends to, or -1
+    int recv_from = -1;    // the peer it receives from, or -1
+    bool combine = false;  // the element received is combined in (else it is the result)
+  };
+  std::vector<ExchangeStep> exchange_plan_;
+  // deferred_ + exchanges_, for test() to skip the lock when 0
+  std::atomic<size_t> queued_{0};
   std::vector<std::unique_ptr<Request>> orphans_;  // abandoned, still owned by MPI
   // The rings' scratch, kept between calls (Request::Ring::scratch).
   std::mutex ring_scratch_mutex_;

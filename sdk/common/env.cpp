@@ -92,8 +92,8 @@ const std::vector<Variable> &table() {
       {"MNCL_FLAT_BOUNDED", "1",
        "flat: 1 runs blocking calls on MPI's non-blocking collectives, polled, so MNCL_TIMEOUT "
        "and mncl_comm_abort apply, and checks a fingerprint of every collective across the "
-       "ranks, so mismatched calls fail; 0 uses MPI's blocking collectives, about 8 us faster "
-       "per small call, which cannot time out and give wrong values for mismatched calls."},
+       "ranks, so mismatched calls fail; 0 uses MPI's blocking collectives, 1-3 us faster per "
+       "small call at 2 ranks, which cannot time out and give wrong values for mismatched calls."},
       {"MNCL_FLAT_RING_MIN_BYTES", "128K",
        "flat, bounded mode: a blocking allreduce, reduce or allgather of at least this many bytes "
        "per rank (its bytes / the ranks; an allgather's block; K/M/G accepted), or a "

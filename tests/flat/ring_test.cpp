@@ -8,19 +8,21 @@
 //   ring_test --threshold-differs  rank 1 sets MNCL_FLAT_RING_MIN_BYTES=0 (no ring): every
 //                                  rank falls back to MPI's collectives, exact results
 //
-// Cases: int32 SUM over a count whose chunks differ in size, out of place and in place; int8
-// SUM that wraps; float32 AVG, MAX with a NaN, int32 PROD and MIN; a coalesced allreduce of
-// three buffers; reduces to the first rank (no receive buffer elsewhere, its input untouched),
-// in place to the last (the other ranks' buffers untouched) and AVG to the second;
-// reduce-scatters (int32 SUM out of place and in place, float32 AVG) and allgathers (out of
-// place, in place) of 64 KiB blocks, and a reduce-scatter of 32 KiB blocks (it rings from a
-// quarter of the threshold); an allreduce past the threshold in total but not per rank and an
-// allgather of 32 KiB blocks, which must not ring; then an allreduce and a
-// reduce that rank 0 posts (mncl_iallreduce / mncl_ireduce + mncl_wait) while the others block
-// in them, where the ring must give way to MPI's collective on every rank (ranks in two
-// algorithms would never meet). Whether the ring ran is read from this rank's
-// own trace log (MNCL_DEBUG=trace, stderr sent to an unlinked file): "flat's ring over" per ring,
-// "declined flat's ring" per call this rank offered and another declined.
+// Cases, first (on the communicator's first rings, whose scratch is allocated for them):
+// reduce-scatters (int32 SUM out of place, its input untouched, and in place; float32 AVG) and
+// allgathers (out of place, in place) of 64 KiB blocks, and a reduce-scatter of 16 KiB blocks
+// (it rings from a quarter of the threshold). Then int32 SUM over a count whose chunks differ
+// in size, out of place and in place; int8 SUM that wraps; float32 AVG, MAX with a NaN, int32
+// PROD and MIN; a coalesced allreduce of three buffers; reduces to the first rank (no receive
+// buffer elsewhere, its input untouched), in place to the last (the other ranks' buffers
+// untouched) and AVG to the second. Calls that must not ring: an allreduce past the threshold
+// in total but not per rank, an allgather of 32 KiB blocks, a reduce-scatter of 16 KiB less 4
+// bytes. Then an allreduce, a reduce, a reduce-scatter and an allgather that rank 0 posts
+// (mncl_i* + mncl_wait) while the others block in them, where the ring must give way to MPI's
+// collective on every rank (ranks in two algorithms would never meet). Whether the ring ran is
+// read from this rank's own trace log (MNCL_DEBUG=trace, stderr sent to an unlinked file):
+// "flat's ring over" per ring, "declined flat's ring" per call this rank offered and another
+// declined.
 #include <mncl/mncl.h>
 #include <unistd.h>
 
@@ -208,9 +210,12 @@ int reduce_cases(mncl_comm_t comm) {
 }
 
 // Reduce-scatters and allgathers over blocks of kBlock int32 (64 KiB and 12 bytes per rank: a
-// ring at any size), out of place and in place (MNCL's forms: the result at this rank's block of
-// the input, the input at this rank's block of the result); then a reduce-scatter of 32 KiB
-// blocks, which rings from a quarter of the threshold. Returns the calls made.
+// ring at any size), out of place (the input untouched) and in place (MNCL's forms: the result
+// at this rank's block of the input, the input at this rank's block of the result); then a
+// reduce-scatter of 16 KiB blocks, which rings from a quarter of the threshold (one of 16 KiB
+// less 4 bytes does not: below_threshold_per_rank). Run first, on the communicator's first
+// rings: the scratch they need is then allocated for them, not left by a larger ring before.
+// Returns the calls made.
 constexpr size_t kBlock = 16384 + 3;
 
 int block_cases(mncl_comm_t comm) {
@@ -225,9 +230,11 @@ int block_cases(mncl_comm_t comm) {
     for (int r = 0; r < g_size; ++r) sums[i] += value(r, mine + i);
   }
   std::vector<int32_t> recv(kBlock, -1);
+  const std::vector<int32_t> kept = input;
   check_status("reduce_scatter", mncl_reduce_scatter(comm, input.data(), recv.data(), kBlock,
                                                      MNCL_INT32, MNCL_SUM, nullptr));
   expect_equal("reduce_scatter sum, out of place", recv, sums);
+  expect_equal("reduce_scatter, out of place: the input", input, kept);
   std::vector<int32_t> in_place = input;
   check_status("reduce_scatter in place",
                mncl_reduce_scatter(comm, in_place.data(), in_place.data() + mine, kBlock,
@@ -258,22 +265,22 @@ int block_cases(mncl_comm_t comm) {
                mncl_allgather(comm, all.data() + mine, all.data(), kBlock, MNCL_INT32, nullptr));
   expect_equal("allgather, in place", all, gathered);
 
-  // 32 KiB blocks: below the threshold, but a reduce-scatter rings from a quarter of it.
-  const size_t small = 8192;
+  // 16 KiB blocks: below the threshold, but a reduce-scatter rings from a quarter of it.
+  const size_t small = 4096;
   std::vector<int32_t> small_sums(small, 0), small_recv(small, -1);
   for (size_t i = 0; i < small; ++i) {
     for (int r = 0; r < g_size; ++r) small_sums[i] += value(r, small * g_rank + i);
   }
-  check_status("reduce_scatter of 32 KiB blocks",
+  check_status("reduce_scatter of 16 KiB blocks",
                mncl_reduce_scatter(comm, input.data(), small_recv.data(), small, MNCL_INT32,
                                    MNCL_SUM, nullptr));
-  expect_equal("reduce_scatter of 32 KiB blocks", small_recv, small_sums);
+  expect_equal("reduce_scatter of 16 KiB blocks", small_recv, small_sums);
   return 6;
 }
 
 // 64 KiB in all, past the threshold (64 KiB) in total but not per rank: no ring, and no rank
-// offers it (nothing declined either); nor an allgather of 32 KiB blocks. Makes no call the
-// ring counts.
+// offers it (nothing declined either); nor an allgather of 32 KiB blocks, nor a reduce-scatter
+// of 16 KiB less 4 bytes. Makes no call the ring counts.
 void below_threshold_per_rank(mncl_comm_t comm) {
   const size_t n = 16384;
   std::vector<int32_t> send(n), recv(n, -1), sum(n, 0);
@@ -292,10 +299,21 @@ void below_threshold_per_rank(mncl_comm_t comm) {
       "allgather of 32 KiB blocks",
       mncl_allgather(comm, want.data() + block * g_rank, all.data(), block, MNCL_INT32, nullptr));
   expect_equal("allgather of 32 KiB blocks", all, want);
+
+  const size_t under = 4095;  // int32: 4 bytes short of a quarter of the threshold
+  std::vector<int32_t> input(under * static_cast<size_t>(g_size)), got(under, -1), sums(under, 0);
+  for (size_t i = 0; i < input.size(); ++i) input[i] = value(g_rank, i);
+  for (size_t i = 0; i < under; ++i) {
+    for (int r = 0; r < g_size; ++r) sums[i] += value(r, under * g_rank + i);
+  }
+  check_status(
+      "reduce_scatter of 16 KiB less 4 bytes",
+      mncl_reduce_scatter(comm, input.data(), got.data(), under, MNCL_INT32, MNCL_SUM, nullptr));
+  expect_equal("reduce_scatter of 16 KiB less 4 bytes", got, sums);
 }
 
-// Rank 0 posts an allreduce and a reduce, the others block in them: MPI's collectives on every
-// rank.
+// Rank 0 posts an allreduce, a reduce, a reduce-scatter and an allgather, the others block in
+// them: MPI's collectives on every rank.
 void posted_beside_blocking(mncl_comm_t comm) {
   std::vector<int32_t> send(kCount), recv(kCount, -1), sum(kCount, 0);
   for (size_t i = 0; i < kCount; ++i) {
@@ -329,6 +347,36 @@ void posted_beside_blocking(mncl_comm_t comm) {
         mncl_reduce(comm, send.data(), recv.data(), kCount, MNCL_INT32, MNCL_SUM, root, nullptr));
   }
   if (g_rank == root) expect_equal("posted reduce beside blocking", recv, sum);
+
+  // A reduce-scatter and an allgather of kBlock per rank.
+  const size_t total = kBlock * static_cast<size_t>(g_size);
+  std::vector<int32_t> input(total), block_sums(kBlock, 0), got(kBlock, -1), all(total, -1),
+      gathered(total);
+  for (size_t i = 0; i < total; ++i) {
+    input[i] = value(g_rank, i);
+    gathered[i] = value(static_cast<int>(i / kBlock), i % kBlock);
+  }
+  for (size_t i = 0; i < kBlock; ++i) {
+    for (int r = 0; r < g_size; ++r) block_sums[i] += value(r, kBlock * g_rank + i);
+  }
+  if (g_rank == 0) {
+    mncl_request_t request = nullptr;
+    mncl_status_t st = mncl_ireduce_scatter(comm, input.data(), got.data(), kBlock, MNCL_INT32,
+                                            MNCL_SUM, nullptr, &request);
+    if (st == MNCL_OK) st = mncl_wait(request, 120000);
+    check_status("posted reduce_scatter", st);
+    st = mncl_iallgather(comm, input.data(), all.data(), kBlock, MNCL_INT32, nullptr, &request);
+    if (st == MNCL_OK) st = mncl_wait(request, 120000);
+    check_status("posted allgather", st);
+  } else {
+    check_status(
+        "blocking reduce_scatter beside a posted one",
+        mncl_reduce_scatter(comm, input.data(), got.data(), kBlock, MNCL_INT32, MNCL_SUM, nullptr));
+    check_status("blocking allgather beside a posted one",
+                 mncl_allgather(comm, input.data(), all.data(), kBlock, MNCL_INT32, nullptr));
+  }
+  expect_equal("posted reduce_scatter beside blocking", got, block_sums);
+  expect_equal("posted allgather beside blocking", all, gathered);
 }
 
 int count_lines(const std::string &path, const char *needle) {
@@ -376,11 +424,11 @@ int main(int argc, char **argv) {
   const bool opened = flat_test::open_world("flat_ring_test", &comm, &g_rank, &g_size, &exit_code);
   int calls = 0;
   if (opened) {
+    calls += block_cases(comm);
     calls += int32_cases(comm);
     calls += other_dtype_cases(comm);
     calls += coalesced_case(comm);
     calls += reduce_cases(comm);
-    calls += block_cases(comm);
     below_threshold_per_rank(comm);
   }
   std::fflush(stderr);
@@ -416,8 +464,8 @@ int main(int argc, char **argv) {
                      " calls, want " + std::to_string(want_rings) + " and " +
                      std::to_string(want_declined));
   }
-  // Rank 0 posted both: it offers nothing; every other rank that offered sees them declined.
-  const int want_declined_after = g_rank == 0 || (threshold_differs && g_rank == 1) ? 0 : 2;
+  // Rank 0 posted all four: it offers nothing; every other rank that offered sees them declined.
+  const int want_declined_after = g_rank == 0 || (threshold_differs && g_rank == 1) ? 0 : 4;
   if (rings_after != 0 || declined_after != want_declined_after) {
     fail(g_rank, "posted beside blocking: " + std::to_string(rings_after) + " ring(s) and " +
                      std::to_string(declined_after) + " decline(s) logged, want 0 and " +
