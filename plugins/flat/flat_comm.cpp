@@ -34,6 +34,11 @@ constexpr int kTag = 0;
 // The tag of the v kinds' point-to-point fallback: apart from MNCL's own messages (kTag).
 constexpr int kVTag = 1;
 
+// Up to this many ranks, a call's check element goes from every rank to every other at once
+// (Comm::direct_exchange_): one round of messages where recursive doubling takes log2 of them
+// (and a pairing step around them below a power of two), which MPI completes unaided.
+constexpr int kDirectExchangeRanks = 8;
+
 using kit::kind_name;
 
 using kit::v_total;
@@ -363,16 +368,18 @@ class BusyScope {
 // ---------------------------------------------------------------------------------------------
 
 Comm::Comm(MPI_Comm comm, MPI_Comm checks_comm, const mncl_bootstrap_v1_t &bs,
-           const mncl_host_v1_t *host, const Options &options)
+           const mncl_host_v1_t *host, const Options &options, bool direct_exchange)
     : comm_(comm),
       checks_comm_(checks_comm),
       rank_(bs.rank),
       size_(bs.size),
       host_(host),
-      options_(options) {
+      options_(options),
+      direct_exchange_(direct_exchange) {
   int *tag_ub = nullptr, found = 0;
   MPI_Comm_get_attr(comm_, MPI_TAG_UB, &tag_ub, &found);
   if (found && tag_ub != nullptr && *tag_ub > tag_ub_) tag_ub_ = *tag_ub;
+  if (direct_exchange_) return;
   // The check exchange: recursive doubling among the largest power of two of ranks, pof2. The
   // first 2 rem ranks (rem = size - pof2) pair up first: each even one hands its element to the
   // odd one above it, which takes part for both, and gets the result back at the end.
@@ -474,7 +481,25 @@ Comm *Comm::adopt(MPI_Comm comm, const mncl_bootstrap_v1_t &bs, const mncl_host_
                                  mpi_error_text(rc).c_str()));
   }
   MPI_Comm_set_name(checks, (name + ":checks").c_str());
-  return new Comm(comm, checks, bs, host, options);
+  // Recursive doubling's later steps go out only from flat's calls and its progress thread:
+  // beyond kDirectExchangeRanks, only if every rank has that thread (a posted call's check must
+  // not wait for a rank that is in the application's own MPI calls), or where every rank asks
+  // for it (Options::exchange). The ranks agree here.
+  const bool threads = options.progress_thread && mpi_thread_level() >= MPI_THREAD_MULTIPLE;
+  using Exchange = Options::Exchange;
+  int doubling = options.exchange == Exchange::kDoubling || (options.exchange == Exchange::kAuto &&
+                                                             size > kDirectExchangeRanks && threads)
+                     ? 1
+                     : 0;
+  const int agreed = MPI_Allreduce(MPI_IN_PLACE, &doubling, 1, MPI_INT, MPI_MIN, checks);
+  if (agreed != MPI_SUCCESS) {
+    MPI_Comm_free(&checks);
+    MPI_Comm_free(&comm);
+    throw kit::Error(mpi_error_status(agreed),
+                     kit::format("flat: MPI_Allreduce (the check exchange's form) failed: %s",
+                                 mpi_error_text(agreed).c_str()));
+  }
+  return new Comm(comm, checks, bs, host, options, doubling == 0);
 }
 
 Comm *Comm::split(int32_t color, const mncl_bootstrap_v1_t *bs) {
@@ -834,8 +859,8 @@ std::unique_ptr<Request> Comm::post(const mncl_coll_v1_t &c, bool polled) {
       r->checks_only = true;
       r->deferred = keep_call(c);
       r->data_deferred.store(true);
-      deferred_.push_back(r.get());
-      if (update_queued() && options_.progress_thread) ProgressBackstop::get().wake();
+      deferred_.push_back(r.get());  // the thread was woken above for the posted request
+      update_queued();
     }
     if (checked) advance();  // sends the exchange's first step
   } catch (...) {
@@ -1023,26 +1048,42 @@ void Comm::start_exchange(const mncl_coll_v1_t &c, Request &r) {
   r.send_words = Request::kCheckWords;
   if (r.fused) r.send_words += static_cast<int>((c.count * kit::dtype_size(c.dtype) + 7) / 8);
   std::memcpy(r.check_out, r.check_in, static_cast<size_t>(r.send_words) * sizeof(uint64_t));
-  if (exchange_plan_.empty()) return;  // one rank: that is the result
-  size_t combining = 0;
-  for (const ExchangeStep &step : exchange_plan_) combining += step.combine ? 1 : 0;
-  if (combining > 0) r.incoming.reset(new uint64_t[combining * Request::kElementWords]);
+  if (size_ == 1) return;  // that is the result
+  // Every receive now (direct: every send too): each peer's messages then match this rank's
+  // calls in the order they were started (recursive doubling's sends keep that order too:
+  // step_exchanges). Zeroed: a peer's shorter element (a mismatched call) leaves the rest.
+  const size_t steps = direct_exchange_ ? static_cast<size_t>(size_ - 1) : exchange_plan_.size();
+  size_t combining = steps;
+  if (!direct_exchange_) {
+    combining = 0;
+    for (const ExchangeStep &step : exchange_plan_) combining += step.combine ? 1 : 0;
+  }
+  if (combining > 0) r.incoming.reset(new uint64_t[combining * Request::kElementWords]());
   r.exchange_first = r.mpi.size();
-  r.mpi.resize(r.mpi.size() + 2 * exchange_plan_.size(), MPI_REQUEST_NULL);
-  // Every receive now: each peer's messages then match this rank's calls in the order they
-  // were started (the sends keep that order too: step_exchanges).
+  r.mpi.resize(r.mpi.size() + 2 * steps, MPI_REQUEST_NULL);
   uint64_t *incoming = r.incoming.get();
-  for (size_t k = 0; k < exchange_plan_.size(); ++k) {
-    const ExchangeStep &step = exchange_plan_[k];
-    if (step.recv_from < 0) continue;
-    uint64_t *target = step.combine ? incoming : r.check_out;
-    if (step.combine) incoming += Request::kElementWords;
-    const int rc = MPI_Irecv(target, Request::kElementWords, MPI_UINT64_T, step.recv_from,
-                             kCheckTag, checks_comm_, &r.mpi[r.exchange_first + 2 * k]);
-    // Receives already posted would take a later call's messages: out of step from here on.
+  for (size_t k = 0; k < steps; ++k) {
+    MPI_Request *requests = &r.mpi[r.exchange_first + 2 * k];
+    int rc = MPI_SUCCESS;
+    if (direct_exchange_) {  // slot k: the peer k, or k + 1 from this rank on
+      const int peer = static_cast<int>(k) < rank_ ? static_cast<int>(k) : static_cast<int>(k) + 1;
+      rc = MPI_Irecv(incoming + k * Request::kElementWords, Request::kElementWords, MPI_UINT64_T,
+                     peer, kCheckTag, checks_comm_, &requests[0]);
+      if (rc == MPI_SUCCESS) {
+        rc = MPI_Isend(r.check_in, r.send_words, MPI_UINT64_T, peer, kCheckTag, checks_comm_,
+                       &requests[1]);
+      }
+    } else if (exchange_plan_[k].recv_from >= 0) {
+      const ExchangeStep &step = exchange_plan_[k];
+      uint64_t *target = step.combine ? incoming : r.check_out;
+      if (step.combine) incoming += Request::kElementWords;
+      rc = MPI_Irecv(target, Request::kElementWords, MPI_UINT64_T, step.recv_from, kCheckTag,
+                     checks_comm_, &requests[0]);
+    }
+    // Messages already posted would meet a later call's: out of step from here on.
     if (rc != MPI_SUCCESS) {
       throw_broken(mpi_error_status(rc),
-                   kit::format("flat %s: MPI_Irecv (call checks) failed on rank %d of %d: %s",
+                   kit::format("flat %s: posting the call's checks failed on rank %d of %d: %s",
                                describe(c).c_str(), rank_, size_, mpi_error_text(rc).c_str()));
     }
   }
@@ -1051,14 +1092,49 @@ void Comm::start_exchange(const mncl_coll_v1_t &c, Request &r) {
   update_queued();
 }
 
+namespace {
+// MPI_Testall over n requests; its error, that of the first failed request where MPI says
+// MPI_ERR_IN_STATUS.
+int test_all(int n, MPI_Request *requests, int *done) {
+  MPI_Status statuses[2 * 8];  // enough for the direct exchange's and a step's requests
+  std::vector<MPI_Status> more;
+  MPI_Status *st = statuses;
+  if (n > static_cast<int>(sizeof statuses / sizeof statuses[0])) {
+    more.resize(static_cast<size_t>(n));
+    st = more.data();
+  }
+  int rc = MPI_Testall(n, requests, done, st);
+  if (rc == MPI_ERR_IN_STATUS) first_failure(st, static_cast<size_t>(n), rc);
+  return rc;
+}
+}  // namespace
+
 void Comm::step_exchanges() {
   if (exchanges_.empty()) return;
-  const int steps = static_cast<int>(exchange_plan_.size());
-  int bound = steps;  // the steps the exchange before may have entered
+  const int steps = direct_exchange_ ? 1 : static_cast<int>(exchange_plan_.size());
+  // The steps the exchange before may have entered; none after a failed one, whose peers
+  // would take a later call's messages as its.
+  int bound = exchange_failed_ ? 0 : steps;
   MpiLock lock;
   for (auto it = exchanges_.begin(); it != exchanges_.end();) {
     Request &r = **it;
-    while (r.exchange_rc == MPI_SUCCESS && r.steps_finished < steps) {
+    if (direct_exchange_ && r.exchange_rc == MPI_SUCCESS) {
+      // Everything was posted at the start: MPI completes it unaided. Combined in rank order,
+      // so that every rank computes the same bits.
+      int done = 0;
+      r.exchange_rc = test_all(2 * (size_ - 1), &r.mpi[r.exchange_first], &done);
+      if (r.exchange_rc == MPI_SUCCESS && done) {
+        const auto element = [&](int q) -> const uint64_t * {
+          if (q == rank_) return r.check_in;
+          return r.incoming.get() +
+                 static_cast<size_t>(q < rank_ ? q : q - 1) * Request::kElementWords;
+        };
+        std::memcpy(r.check_out, element(0), sizeof r.check_out);
+        for (int q = 1; q < size_; ++q) combine_checks(element(q), r.check_out);
+        r.steps_entered = r.steps_finished = 1;
+      }
+    }
+    while (!direct_exchange_ && r.exchange_rc == MPI_SUCCESS && r.steps_finished < steps) {
       const size_t k = static_cast<size_t>(r.steps_finished);
       MPI_Request *requests = &r.mpi[r.exchange_first + 2 * k];
       if (r.steps_entered == r.steps_finished) {
@@ -1075,12 +1151,21 @@ void Comm::step_exchanges() {
         ++r.steps_entered;
       }
       int done = 0;
-      r.exchange_rc = MPI_Testall(2, requests, &done, MPI_STATUSES_IGNORE);
+      r.exchange_rc = test_all(2, requests, &done);
       if (r.exchange_rc != MPI_SUCCESS || !done) break;
-      if (exchange_plan_[k].combine) {
+      const ExchangeStep &step = exchange_plan_[k];
+      if (step.combine) {
         size_t index = 0;  // among the combining steps
         for (size_t j = 0; j < k; ++j) index += exchange_plan_[j].combine ? 1 : 0;
-        combine_checks(r.incoming.get() + index * Request::kElementWords, r.check_out);
+        uint64_t *in = r.incoming.get() + index * Request::kElementWords;
+        // The lower rank's element first on both ends (reduce_into keeps its destination's
+        // zero on a MIN / MAX tie, its NaN payload), so that both compute the same bits.
+        if (step.recv_from < rank_) {
+          combine_checks(r.check_out, in);
+          std::memcpy(r.check_out, in, sizeof r.check_out);
+        } else {
+          combine_checks(in, r.check_out);
+        }
       }
       ++r.steps_finished;
     }
@@ -1092,6 +1177,8 @@ void Comm::step_exchanges() {
     // Over: a failed one leaves its peers waiting for messages, and the next call's would
     // match this one's receives.
     if (r.exchange_rc != MPI_SUCCESS) {
+      exchange_failed_ = true;
+      bound = 0;
       mark_broken(checks_failed_message(request_name(r), rank_, size_, r.exchange_rc));
     }
     it = exchanges_.erase(it);

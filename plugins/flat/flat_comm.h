@@ -56,6 +56,11 @@ struct Options {
   // block), or a reduce-scatter of a quarter of that per block, runs on flat's own ring
   // (Request::Ring) when every rank's call would; 0: never (MNCL_FLAT_RING_MIN_BYTES).
   size_t ring_min_bytes = size_t{128} << 10;
+  // Bounded mode, how each call's check element goes round the ranks (Comm::direct_exchange_,
+  // MNCL_FLAT_CHECK_EXCHANGE): direct up to 8 ranks or where a rank has no progress thread,
+  // else recursive doubling (kAuto); or one of them. Doubling only if every rank asks for it.
+  enum class Exchange { kAuto, kDirect, kDoubling };
+  Exchange exchange = Exchange::kAuto;
 };
 
 // One operation: its MPI requests (none once a blocking call has returned) and what remains
@@ -95,7 +100,8 @@ struct Request {
   //    of each field and of its complement; equal maxima and minima on every field mean every
   //    rank made the same call) and the counts sums below (zero but for allgatherv /
   //    alltoallv), in one element combined over the ranks by flat's own exchange (Comm::
-  //    step_exchanges: recursive doubling over point-to-point messages, max, then sum): one
+  //    start_exchange: direct or recursive doubling over point-to-point messages, max, then
+  //    sum): one
   //    exchange per call, so mismatched kinds never leave one rank with an exchange more than
   //    another;
   //  - unbounded mode, allgatherv / alltoallv only: the counts sums alone (MPI_SUM).
@@ -263,7 +269,7 @@ class Comm {
 
  private:
   Comm(MPI_Comm comm, MPI_Comm checks_comm, const mncl_bootstrap_v1_t &bs,
-       const mncl_host_v1_t *host, const Options &options);
+       const mncl_host_v1_t *host, const Options &options, bool direct_exchange);
   static Comm *adopt(MPI_Comm comm, const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host,
                      const Options &options);
   void check_usable(const mncl_coll_v1_t *c, const char *what) const;
@@ -346,13 +352,14 @@ class Comm {
   void finish(const Request &r, const MPI_Status *statuses);
   void check(int rc, const char *call, const mncl_coll_v1_t &c) const;
   // Bounded mode: starts r's check exchange (r.check_in, combined over every rank into
-  // r.check_out): posts its receives and queues it in exchanges_. Under deferred_mutex_ and the
-  // MPI lock.
+  // r.check_out): posts its receives (direct: its sends too) and queues it in exchanges_. Under
+  // deferred_mutex_ and the MPI lock.
   void start_exchange(const mncl_coll_v1_t &c, Request &r);
   // Moves every queued exchange on as far as it can without waiting, in the order they were
-  // started: an exchange posts its step k send only once the one before it has, so that each
-  // pair of ranks' messages (one per call and step) match in call order; an MPI error ends an
-  // exchange (Request::exchange_rc) and marks the communicator unusable. Under deferred_mutex_.
+  // started (direct: combines those whose messages all arrived): a doubling exchange posts its
+  // step k send only once the one before it has, so that each pair of ranks' messages (one per
+  // call and step) match in call order; an MPI error ends an exchange (Request::exchange_rc),
+  // marks the communicator unusable and stops every later one. Under deferred_mutex_.
   void step_exchanges();
   // queued_ = deferred_ + exchanges_, and g_queued_comms; true when that made the first
   // communicator with anything queued. Under deferred_mutex_.
@@ -405,7 +412,12 @@ class Comm {
   std::deque<Request *> deferred_;  // posted collectives whose data are not issued yet
   // Check exchanges in flight, in the order they started (under deferred_mutex_).
   std::deque<Request *> exchanges_;
-  // The steps of this rank's check exchange, the same for every call (see the .cpp).
+  // The check exchange: every rank's element to every other at once, combined in rank order
+  // (direct: up to kDirectExchangeRanks ranks, or beyond when a rank has no progress thread,
+  // since MPI then completes it unaided), or recursive doubling in exchange_plan_'s steps, the
+  // same for every call (see the .cpp), which flat's calls and progress thread step.
+  bool direct_exchange_;
+  bool exchange_failed_ = false;  // an MPI error ended one: no later one sends any more
   struct ExchangeStep {
     int send_to = -1;      // the peer this step sends to, or -1
     int recv_from = -1;    // the peer it receives from, or -1

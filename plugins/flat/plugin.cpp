@@ -15,6 +15,11 @@
 //                      of that per block, runs on flat's own ring over point-to-point messages
 //                      when every rank's call would (MPI's non-blocking ones are slower than
 //                      its blocking ones there); 0: never.
+//   MNCL_FLAT_CHECK_EXCHANGE  bounded mode, how each call's check goes round the ranks: auto
+//                      (default: direct up to 8 ranks, or where a rank has no progress thread;
+//                      else doubling), direct (every rank's element to every other at once) or
+//                      doubling (recursive doubling, stepped by flat's calls and its progress
+//                      thread). Doubling only if every rank asks for it (agreed at comm_create).
 #include <mncl/mncl_plugin.h>
 
 #include <cstdint>
@@ -78,6 +83,22 @@ mncl_status_t flat_init(const mncl_host_v1_t *host) {
   const mncl_status_t st =
       kit::read_size(host, "MNCL_FLAT_RING_MIN_BYTES", 0, SIZE_MAX / 2, &g_options.ring_min_bytes);
   if (st != MNCL_OK) return st;
+  if (const char *value = host->get_env ? host->get_env("MNCL_FLAT_CHECK_EXCHANGE") : nullptr) {
+    const std::pair<const char *, flat::Options::Exchange> forms[] = {
+        {"auto", flat::Options::Exchange::kAuto},
+        {"direct", flat::Options::Exchange::kDirect},
+        {"doubling", flat::Options::Exchange::kDoubling}};
+    bool known = false;
+    for (const auto &[name, form] : forms) {
+      if (std::strcmp(value, name) != 0) continue;
+      g_options.exchange = form;
+      known = true;
+    }
+    if (!known) {
+      return kit::report(host, MNCL_ERR_INVALID_ARGUMENT,
+                         "MNCL_FLAT_CHECK_EXCHANGE='%s' is none of auto, direct, doubling", value);
+    }
+  }
   int major = 0, minor = 0;
   MPI_Get_version(&major, &minor);  // callable before MPI_Init
   MNCL_KIT_LOG(host, MNCL_LOG_INFO, "flat 0.1.0 on MPI %d.%d%s", major, minor,

@@ -105,6 +105,12 @@ const std::vector<Variable> &table() {
        "flat: 1 (under MPI_THREAD_MULTIPLE) runs a thread that moves posted operations on while "
        "the application is outside flat; 0: none, and a bounded collective's data are issued by "
        "flat calls only."},
+      {"MNCL_FLAT_CHECK_EXCHANGE", "auto",
+       "flat, bounded mode: how each collective's check goes round the ranks. auto: direct up to "
+       "8 ranks or where a rank has no progress thread, else doubling; direct: every rank's "
+       "element to every other at once (MPI completes it unaided); doubling: recursive "
+       "doubling, log2 rounds stepped by flat's calls and progress thread (used only if every "
+       "rank asks for it)."},
       {"MNCL_SHM_CHUNK", "1M",
        "shm: bytes per rank per pipeline round (64K..1G; K/M/G accepted); rank 0's value holds "
        "for the communicator."},

@@ -529,6 +529,37 @@ int stall() {
 // progress thread must issue rank 0's data meanwhile (MPI's own non-blocking collectives
 // progress inside any MPI call). A 20 s timeout: without it, rank 1 fails with
 // MNCL_ERR_TIMEOUT.
+// A small allreduce (its data inside its check) posted by a rank that then waits outside flat,
+// in MPI_Barrier, while its peers wait for the allreduce first. Up to 8 ranks its check goes
+// from every rank to every other at once (MNCL_FLAT_CHECK_EXCHANGE=auto), which MPI completes
+// inside the barrier: with or without flat's progress thread.
+void small_collective_progresses_outside_flat(int rank, int size) {
+  mncl_config_t config = MNCL_CONFIG_INIT;
+  config.timeout_ms = 20000;
+  mncl_comm_t comm = nullptr;
+  if (mncl_comm_create(&config, &comm) != MNCL_OK) {
+    fail(rank, std::string("a small posted allreduce: mncl_comm_create: ") + mncl_last_error());
+    return;
+  }
+  std::vector<int32_t> send(2, rank + 1), recv(2, 0);
+  mncl_request_t request = nullptr;
+  mncl_status_t st = mncl_iallreduce(comm, send.data(), recv.data(), send.size(), MNCL_INT32,
+                                     MNCL_SUM, nullptr, &request);
+  const auto barrier = [&] {
+    if (MPI_Barrier(MPI_COMM_WORLD) != MPI_SUCCESS) fail(rank, "small posted: MPI_Barrier failed");
+  };
+  if (st == MNCL_OK && rank == 1) barrier();
+  if (st == MNCL_OK) st = mncl_wait(request, -1);
+  if (rank != 1) barrier();
+  if (st != MNCL_OK) {
+    fail(rank, std::string("a small allreduce posted while a peer waits in MPI_Barrier: ") +
+                   mncl_status_string(st) + ": " + mncl_last_error());
+  } else if (recv != std::vector<int32_t>(2, size * (size + 1) / 2)) {
+    fail(rank, "a small allreduce posted while a peer waits in MPI_Barrier: wrong result");
+  }
+  mncl_comm_destroy(comm);
+}
+
 void collective_progresses_outside_flat(int rank, int size) {
   // flat asks for MPI_THREAD_MULTIPLE, which Open MPI grants: below it there is no thread.
   int level = MPI_THREAD_SINGLE;
@@ -606,6 +637,13 @@ int main(int argc, char **argv) {
   blocking_call_behind_posted_ones(comm, rank, size);
   collective_progresses_under_a_receive(comm, rank, size);
   collective_progresses_under_another_communicator(comm, rank, size);
+  // Recursive doubling without the thread (asked for) would leave it to flat calls.
+  const char *exchange = std::getenv("MNCL_FLAT_CHECK_EXCHANGE");
+  const char *thread = std::getenv("MNCL_FLAT_PROGRESS_THREAD");
+  if (exchange == nullptr || std::string(exchange) != "doubling" || thread == nullptr ||
+      std::string(thread) != "0") {
+    small_collective_progresses_outside_flat(rank, size);
+  }
   // MNCL_FLAT_PROGRESS_THREAD=0 (flat.bounded_mismatch_no_progress_thread.np3): the cases
   // above progress by flat calls alone; waiting outside flat would time out.
   const char *progress_thread = std::getenv("MNCL_FLAT_PROGRESS_THREAD");

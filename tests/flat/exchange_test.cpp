@@ -1,15 +1,18 @@
 // flat's check exchange (bounded mode: each collective's fingerprint, and an allreduce of at
-// most 1 KiB itself, combined over the ranks by recursive doubling over point-to-point messages,
-// the odd ranks above a power of two paired up first): many exchanges in flight at once, started
-// in one order on every rank but stepped at different paces, must each meet their own call's
-// messages.
+// most 1 KiB itself, combined over the ranks over point-to-point messages: direct, every rank's
+// element to every other, up to 8 ranks; recursive doubling beyond, or where
+// MNCL_FLAT_CHECK_EXCHANGE=doubling, the odd ranks above a power of two paired up first): many
+// exchanges in flight at once, started in one order on every rank but stepped at different
+// paces, must each meet their own call's messages.
 //
 // Each round, every rank posts kPosted small allreduces (fused into their exchanges) of counts
 // and values that differ per call, a broadcast and a reduce-scatter (whose data wait for their
 // exchanges) among them, then a blocking small allreduce behind them all; ranks pause for
 // different times between posts, and complete the posted calls in an order of their own
 // (reverse, by mncl_test polling, or mncl_wait). Every result is exact. Then float32 sums that
-// round: every rank must get the same bits (the combination is commutative at each step).
+// round, and MIN / MAX / SUM of signed zeros and of NaNs whose payloads differ: every rank must
+// get the same bits (direct: every rank combines in rank order; doubling: both ends of a step
+// put the lower rank's element first).
 #include <mncl/mncl.h>
 
 #include <chrono>
@@ -119,7 +122,21 @@ void round_of_calls(mncl_comm_t comm, int round) {
   }
 }
 
-// Float32 sums that round differently in each order: the same bits on every rank.
+// Whether every rank got this rank's n floats, bit for bit (an allgather of them).
+void expect_same_bits(mncl_comm_t comm, const char *what, const float *mine, size_t n) {
+  std::vector<float> all(n * static_cast<size_t>(g_size));
+  check(std::string(what) + ": allgather",
+        mncl_allgather(comm, mine, all.data(), n, MNCL_FLOAT32, nullptr));
+  for (int r = 0; r < g_size; ++r) {
+    if (std::memcmp(all.data() + n * r, mine, n * sizeof(float)) != 0) {
+      fail(g_rank, std::string(what) + ": rank " + std::to_string(r) + " got other bits");
+    }
+  }
+}
+
+// Float32 sums that round differently in each order, and MIN / MAX of -0 against +0 and of
+// NaNs whose payloads differ (flat's kernels keep their destination's on a tie): the same bits
+// on every rank.
 void same_bits_everywhere(mncl_comm_t comm) {
   const size_t n = 200;
   std::vector<float> send(n), recv(n);
@@ -129,13 +146,18 @@ void same_bits_everywhere(mncl_comm_t comm) {
   }
   check("float32 sum",
         mncl_allreduce(comm, send.data(), recv.data(), n, MNCL_FLOAT32, MNCL_SUM, nullptr));
-  std::vector<float> all(n * static_cast<size_t>(g_size));
-  check("allgather of the sums",
-        mncl_allgather(comm, recv.data(), all.data(), n, MNCL_FLOAT32, nullptr));
-  for (int r = 0; r < g_size; ++r) {
-    if (std::memcmp(all.data() + n * r, recv.data(), n * sizeof(float)) != 0) {
-      fail(g_rank, "float32 sum: rank " + std::to_string(r) + " got other bits than this rank");
-    }
+  expect_same_bits(comm, "float32 sum", recv.data(), n);
+
+  float ties[2];
+  ties[0] = g_rank % 2 == 0 ? -0.0f : 0.0f;
+  const uint32_t nan = 0x7fc00000u | static_cast<uint32_t>(g_rank + 1);
+  std::memcpy(&ties[1], &nan, sizeof nan);
+  for (mncl_op_t op : {MNCL_MIN, MNCL_MAX, MNCL_SUM}) {
+    float result[2];
+    const char *name = op == MNCL_MIN ? "MIN" : op == MNCL_MAX ? "MAX" : "SUM";
+    const std::string what = std::string("float32 ") + name + " of signed zeros and NaN payloads";
+    check(what, mncl_allreduce(comm, ties, result, 2, MNCL_FLOAT32, op, nullptr));
+    expect_same_bits(comm, what.c_str(), result, 2);
   }
 }
 
