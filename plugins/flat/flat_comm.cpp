@@ -38,6 +38,9 @@ constexpr int kVTag = 1;
 // (Comm::direct_exchange_): one round of messages where recursive doubling takes log2 of them
 // (and a pairing step around them below a power of two), which MPI completes unaided.
 constexpr int kDirectExchangeRanks = 8;
+// Beyond kDirectExchangeRanks, direct still where a rank has no progress thread (MPI completes
+// it unaided), up to this many ranks.
+constexpr int kDirectExchangeMaxRanks = 64;
 
 using kit::kind_name;
 
@@ -481,17 +484,19 @@ Comm *Comm::adopt(MPI_Comm comm, const mncl_bootstrap_v1_t &bs, const mncl_host_
                                  mpi_error_text(rc).c_str()));
   }
   MPI_Comm_set_name(checks, (name + ":checks").c_str());
-  // Recursive doubling's later steps go out only from flat's calls and its progress thread:
-  // beyond kDirectExchangeRanks, only if every rank has that thread (a posted call's check must
-  // not wait for a rank that is in the application's own MPI calls), or where every rank asks
-  // for it (Options::exchange). The ranks agree here.
-  const bool threads = options.progress_thread && mpi_thread_level() >= MPI_THREAD_MULTIPLE;
+  // The check exchange's form, agreed by the ranks (every create and split): direct up to
+  // kDirectExchangeRanks; beyond, recursive doubling where every rank has flat's progress
+  // thread (its later steps go out only from flat's calls and that thread: a posted call's check
+  // must not wait for a rank that is in the application's own MPI calls), else direct up to
+  // kDirectExchangeMaxRanks (its n (n - 1) messages a call), doubling past that with a warning.
+  // MNCL_FLAT_CHECK_EXCHANGE: direct if any rank asks for it; doubling if every rank does, as
+  // far as the progress threads allow.
   using Exchange = Options::Exchange;
-  int doubling = options.exchange == Exchange::kDoubling || (options.exchange == Exchange::kAuto &&
-                                                             size > kDirectExchangeRanks && threads)
-                     ? 1
-                     : 0;
-  const int agreed = MPI_Allreduce(MPI_IN_PLACE, &doubling, 1, MPI_INT, MPI_MIN, checks);
+  int votes[2] = {options.exchange == Exchange::kDirect ? 0
+                  : options.exchange == Exchange::kAuto ? 1
+                                                        : 2,
+                  options.progress_thread && mpi_thread_level() >= MPI_THREAD_MULTIPLE ? 1 : 0};
+  const int agreed = MPI_Allreduce(MPI_IN_PLACE, votes, 2, MPI_INT, MPI_MIN, checks);
   if (agreed != MPI_SUCCESS) {
     MPI_Comm_free(&checks);
     MPI_Comm_free(&comm);
@@ -499,7 +504,22 @@ Comm *Comm::adopt(MPI_Comm comm, const mncl_bootstrap_v1_t &bs, const mncl_host_
                      kit::format("flat: MPI_Allreduce (the check exchange's form) failed: %s",
                                  mpi_error_text(agreed).c_str()));
   }
-  return new Comm(comm, checks, bs, host, options, doubling == 0);
+  const bool threads = votes[1] == 1;
+  const bool doubling =
+      votes[0] > 0 && ((threads && (votes[0] == 2 || size > kDirectExchangeRanks)) ||
+                       size > kDirectExchangeMaxRanks);
+  if (doubling && !threads) {
+    MNCL_KIT_LOG(host, MNCL_LOG_WARN,
+                 "flat %s: a rank has no progress thread (MPI below MPI_THREAD_MULTIPLE, or "
+                 "MNCL_FLAT_PROGRESS_THREAD=0), and %d ranks are too many to check each call "
+                 "with a message to every rank: a posted call's check moves on only inside flat "
+                 "calls, so a rank that waits elsewhere holds up its peers",
+                 name.c_str(), size);
+  } else {
+    MNCL_KIT_LOG(host, MNCL_LOG_INFO, "flat %s: each call's check goes %s", name.c_str(),
+                 doubling ? "by recursive doubling" : "from every rank to every other");
+  }
+  return new Comm(comm, checks, bs, host, options, !doubling);
 }
 
 Comm *Comm::split(int32_t color, const mncl_bootstrap_v1_t *bs) {
@@ -1169,7 +1189,7 @@ void Comm::step_exchanges() {
       }
       ++r.steps_finished;
     }
-    bound = r.steps_entered;
+    bound = exchange_failed_ ? 0 : r.steps_entered;
     if (r.exchange_rc == MPI_SUCCESS && r.steps_finished < steps) {
       ++it;
       continue;

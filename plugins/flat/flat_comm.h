@@ -57,8 +57,8 @@ struct Options {
   // (Request::Ring) when every rank's call would; 0: never (MNCL_FLAT_RING_MIN_BYTES).
   size_t ring_min_bytes = size_t{128} << 10;
   // Bounded mode, how each call's check element goes round the ranks (Comm::direct_exchange_,
-  // MNCL_FLAT_CHECK_EXCHANGE): direct up to 8 ranks or where a rank has no progress thread,
-  // else recursive doubling (kAuto); or one of them. Doubling only if every rank asks for it.
+  // MNCL_FLAT_CHECK_EXCHANGE, agreed in Comm::adopt): direct up to 8 ranks (64 where a rank has
+  // no progress thread), else recursive doubling (kAuto); or one of them where the ranks agree.
   enum class Exchange { kAuto, kDirect, kDoubling };
   Exchange exchange = Exchange::kAuto;
 };
@@ -413,9 +413,9 @@ class Comm {
   // Check exchanges in flight, in the order they started (under deferred_mutex_).
   std::deque<Request *> exchanges_;
   // The check exchange: every rank's element to every other at once, combined in rank order
-  // (direct: up to kDirectExchangeRanks ranks, or beyond when a rank has no progress thread,
-  // since MPI then completes it unaided), or recursive doubling in exchange_plan_'s steps, the
-  // same for every call (see the .cpp), which flat's calls and progress thread step.
+  // (direct, which MPI completes unaided), or recursive doubling in exchange_plan_'s steps, the
+  // same for every call (see the .cpp), which flat's calls and progress thread step. Agreed in
+  // adopt().
   bool direct_exchange_;
   bool exchange_failed_ = false;  // an MPI error ended one: no later one sends any more
   struct ExchangeStep {

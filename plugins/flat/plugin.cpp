@@ -16,10 +16,11 @@
 //                      when every rank's call would (MPI's non-blocking ones are slower than
 //                      its blocking ones there); 0: never.
 //   MNCL_FLAT_CHECK_EXCHANGE  bounded mode, how each call's check goes round the ranks: auto
-//                      (default: direct up to 8 ranks, or where a rank has no progress thread;
+//                      (default: direct up to 8 ranks, 64 where a rank has no progress thread;
 //                      else doubling), direct (every rank's element to every other at once) or
 //                      doubling (recursive doubling, stepped by flat's calls and its progress
-//                      thread). Doubling only if every rank asks for it (agreed at comm_create).
+//                      thread). Direct if any rank asks; doubling if every rank asks and has
+//                      the thread (agreed when a communicator is made: create, split).
 #include <mncl/mncl_plugin.h>
 
 #include <cstdint>

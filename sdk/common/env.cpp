@@ -107,10 +107,10 @@ const std::vector<Variable> &table() {
        "flat calls only."},
       {"MNCL_FLAT_CHECK_EXCHANGE", "auto",
        "flat, bounded mode: how each collective's check goes round the ranks. auto: direct up to "
-       "8 ranks or where a rank has no progress thread, else doubling; direct: every rank's "
-       "element to every other at once (MPI completes it unaided); doubling: recursive "
-       "doubling, log2 rounds stepped by flat's calls and progress thread (used only if every "
-       "rank asks for it)."},
+       "8 ranks (64 where a rank has no progress thread), else doubling; direct: every rank's "
+       "element to every other at once (MPI completes it unaided; used if any rank asks); "
+       "doubling: recursive doubling, log2 rounds stepped by flat's calls and progress thread "
+       "(used if every rank asks and has that thread)."},
       {"MNCL_SHM_CHUNK", "1M",
        "shm: bytes per rank per pipeline round (64K..1G; K/M/G accepted); rank 0's value holds "
        "for the communicator."},

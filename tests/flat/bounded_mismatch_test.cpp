@@ -530,9 +530,9 @@ int stall() {
 // progress inside any MPI call). A 20 s timeout: without it, rank 1 fails with
 // MNCL_ERR_TIMEOUT.
 // A small allreduce (its data inside its check) posted by a rank that then waits outside flat,
-// in MPI_Barrier, while its peers wait for the allreduce first. Up to 8 ranks its check goes
-// from every rank to every other at once (MNCL_FLAT_CHECK_EXCHANGE=auto), which MPI completes
-// inside the barrier: with or without flat's progress thread.
+// in MPI_Barrier, while its peers wait for the allreduce first. Without flat's progress thread
+// its check goes from every rank to every other at once (also where MNCL_FLAT_CHECK_EXCHANGE=
+// doubling), which MPI completes inside the barrier; with it, the thread steps the exchange.
 void small_collective_progresses_outside_flat(int rank, int size) {
   mncl_config_t config = MNCL_CONFIG_INIT;
   config.timeout_ms = 20000;
@@ -637,13 +637,7 @@ int main(int argc, char **argv) {
   blocking_call_behind_posted_ones(comm, rank, size);
   collective_progresses_under_a_receive(comm, rank, size);
   collective_progresses_under_another_communicator(comm, rank, size);
-  // Recursive doubling without the thread (asked for) would leave it to flat calls.
-  const char *exchange = std::getenv("MNCL_FLAT_CHECK_EXCHANGE");
-  const char *thread = std::getenv("MNCL_FLAT_PROGRESS_THREAD");
-  if (exchange == nullptr || std::string(exchange) != "doubling" || thread == nullptr ||
-      std::string(thread) != "0") {
-    small_collective_progresses_outside_flat(rank, size);
-  }
+  small_collective_progresses_outside_flat(rank, size);
   // MNCL_FLAT_PROGRESS_THREAD=0 (flat.bounded_mismatch_no_progress_thread.np3): the cases
   // above progress by flat calls alone; waiting outside flat would time out.
   const char *progress_thread = std::getenv("MNCL_FLAT_PROGRESS_THREAD");
