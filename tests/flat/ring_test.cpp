@@ -312,6 +312,19 @@ void below_threshold_per_rank(mncl_comm_t comm) {
   expect_equal("reduce_scatter of 16 KiB less 4 bytes", got, sums);
 }
 
+// Rank 0 posts the call (`post`, then mncl_wait) while every other rank blocks in it.
+template <typename Post, typename Block>
+void beside_a_posted_one(const std::string &what, Post post, Block block) {
+  if (g_rank != 0) {
+    check_status(("blocking " + what + " beside a posted one").c_str(), block());
+    return;
+  }
+  mncl_request_t request = nullptr;
+  mncl_status_t st = post(&request);
+  if (st == MNCL_OK) st = mncl_wait(request, 120000);
+  check_status(("posted " + what).c_str(), st);
+}
+
 // Rank 0 posts an allreduce, a reduce, a reduce-scatter and an allgather, the others block in
 // them: MPI's collectives on every rank.
 void posted_beside_blocking(mncl_comm_t comm) {
@@ -320,32 +333,30 @@ void posted_beside_blocking(mncl_comm_t comm) {
     send[i] = value(g_rank, i);
     for (int r = 0; r < g_size; ++r) sum[i] += value(r, i);
   }
-  if (g_rank == 0) {
-    mncl_request_t request = nullptr;
-    mncl_status_t st = mncl_iallreduce(comm, send.data(), recv.data(), kCount, MNCL_INT32, MNCL_SUM,
-                                       nullptr, &request);
-    if (st == MNCL_OK) st = mncl_wait(request, 120000);
-    check_status("posted allreduce", st);
-  } else {
-    check_status(
-        "blocking allreduce beside a posted one",
-        mncl_allreduce(comm, send.data(), recv.data(), kCount, MNCL_INT32, MNCL_SUM, nullptr));
-  }
+  beside_a_posted_one(
+      "allreduce",
+      [&](mncl_request_t *q) {
+        return mncl_iallreduce(comm, send.data(), recv.data(), kCount, MNCL_INT32, MNCL_SUM,
+                               nullptr, q);
+      },
+      [&] {
+        return mncl_allreduce(comm, send.data(), recv.data(), kCount, MNCL_INT32, MNCL_SUM,
+                              nullptr);
+      });
   expect_equal("posted beside blocking", recv, sum);
 
   const int root = g_size - 1;
   std::fill(recv.begin(), recv.end(), -1);
-  if (g_rank == 0) {
-    mncl_request_t request = nullptr;
-    mncl_status_t st = mncl_ireduce(comm, send.data(), recv.data(), kCount, MNCL_INT32, MNCL_SUM,
-                                    root, nullptr, &request);
-    if (st == MNCL_OK) st = mncl_wait(request, 120000);
-    check_status("posted reduce", st);
-  } else {
-    check_status(
-        "blocking reduce beside a posted one",
-        mncl_reduce(comm, send.data(), recv.data(), kCount, MNCL_INT32, MNCL_SUM, root, nullptr));
-  }
+  beside_a_posted_one(
+      "reduce",
+      [&](mncl_request_t *q) {
+        return mncl_ireduce(comm, send.data(), recv.data(), kCount, MNCL_INT32, MNCL_SUM, root,
+                            nullptr, q);
+      },
+      [&] {
+        return mncl_reduce(comm, send.data(), recv.data(), kCount, MNCL_INT32, MNCL_SUM, root,
+                           nullptr);
+      });
   if (g_rank == root) expect_equal("posted reduce beside blocking", recv, sum);
 
   // A reduce-scatter and an allgather of kBlock per rank.
@@ -359,22 +370,22 @@ void posted_beside_blocking(mncl_comm_t comm) {
   for (size_t i = 0; i < kBlock; ++i) {
     for (int r = 0; r < g_size; ++r) block_sums[i] += value(r, kBlock * g_rank + i);
   }
-  if (g_rank == 0) {
-    mncl_request_t request = nullptr;
-    mncl_status_t st = mncl_ireduce_scatter(comm, input.data(), got.data(), kBlock, MNCL_INT32,
-                                            MNCL_SUM, nullptr, &request);
-    if (st == MNCL_OK) st = mncl_wait(request, 120000);
-    check_status("posted reduce_scatter", st);
-    st = mncl_iallgather(comm, input.data(), all.data(), kBlock, MNCL_INT32, nullptr, &request);
-    if (st == MNCL_OK) st = mncl_wait(request, 120000);
-    check_status("posted allgather", st);
-  } else {
-    check_status(
-        "blocking reduce_scatter beside a posted one",
-        mncl_reduce_scatter(comm, input.data(), got.data(), kBlock, MNCL_INT32, MNCL_SUM, nullptr));
-    check_status("blocking allgather beside a posted one",
-                 mncl_allgather(comm, input.data(), all.data(), kBlock, MNCL_INT32, nullptr));
-  }
+  beside_a_posted_one(
+      "reduce_scatter",
+      [&](mncl_request_t *q) {
+        return mncl_ireduce_scatter(comm, input.data(), got.data(), kBlock, MNCL_INT32, MNCL_SUM,
+                                    nullptr, q);
+      },
+      [&] {
+        return mncl_reduce_scatter(comm, input.data(), got.data(), kBlock, MNCL_INT32, MNCL_SUM,
+                                   nullptr);
+      });
+  beside_a_posted_one(
+      "allgather",
+      [&](mncl_request_t *q) {
+        return mncl_iallgather(comm, input.data(), all.data(), kBlock, MNCL_INT32, nullptr, q);
+      },
+      [&] { return mncl_allgather(comm, input.data(), all.data(), kBlock, MNCL_INT32, nullptr); });
   expect_equal("posted reduce_scatter beside blocking", got, block_sums);
   expect_equal("posted allgather beside blocking", all, gathered);
 }
