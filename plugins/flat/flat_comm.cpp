@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <system_error>
@@ -1746,6 +1747,22 @@ constexpr int kRingTag = 1;
 
 // The largest ring scratch a communicator keeps between calls.
 constexpr size_t kKeptRingScratch = size_t{256} << 20;
+constexpr size_t kPageBytes = 4096;
+}  // namespace
+
+void FreeDeleter::operator()(unsigned char *p) const noexcept {
+  std::free(p);
+}
+
+PageAlignedBytes allocate_page_aligned(size_t bytes) {
+  // aligned_alloc wants a multiple of the alignment.
+  const size_t rounded = (std::max<size_t>(bytes, 1) + kPageBytes - 1) / kPageBytes * kPageBytes;
+  void *p = std::aligned_alloc(kPageBytes, rounded);
+  if (p == nullptr) throw std::bad_alloc();
+  return PageAlignedBytes(static_cast<unsigned char *>(p));
+}
+
+namespace {
 
 // Chunk i of a ring over count elements among size ranks: [ring_begin(i), ring_begin(i + 1)).
 size_t ring_begin(size_t count, int size, int i) {
@@ -1815,11 +1832,16 @@ void Comm::start_ring(Request &r, const char *send, char *recv, size_t count, in
   // buffer for the partial sums (a reduce's non-root, a reduce-scatter), two: one step's
   // partial sums are received into one while the last step's go out from the other; a
   // reduce-scatter's last step receives into the result, or in place into one of them.
-  size_t scratch_bytes = g.in_place && !allgather ? chunk_bytes : 0;
+  constexpr size_t align = Request::Ring::kScratchAlign;
+  const size_t slot_bytes = (chunk_bytes + align - 1) / align * align + align;
+  size_t scratch_bytes = g.in_place && !allgather ? slot_bytes : 0;
   if ((root >= 0 && recv == nullptr) || scatter) {
     // A reduce-scatter on 2 ranks has one step, the last: out of place it needs no scratch.
-    if (!scatter || g.reduce_steps > 1) scratch_bytes = 2 * chunk_bytes;
-    if (scratch_bytes > 0) g.half = chunk_bytes;
+    if (!scatter || g.reduce_steps > 1) scratch_bytes = 2 * slot_bytes;
+    if (scratch_bytes > 0) {
+      g.half = chunk_bytes;
+      g.slot = slot_bytes;
+    }
   }
   if (scratch_bytes > 0) {
     // The scratch of the last ring, kept (tens of MiB, which glibc would map and page-fault
@@ -1830,7 +1852,7 @@ void Comm::start_ring(Request &r, const char *send, char *recv, size_t count, in
       g.scratch_bytes = ring_scratch_bytes_;
       ring_scratch_bytes_ = 0;
     } else {
-      g.scratch.reset(new unsigned char[scratch_bytes]);
+      g.scratch = allocate_page_aligned(scratch_bytes);
       g.scratch_bytes = scratch_bytes;
     }
   }
@@ -1870,8 +1892,8 @@ void Comm::post_ring_step(Request &r) {
     // A reduce's last step: each rank's reduced chunk, (rank + 1), to the root.
     const int own = ring_index(rank_ + 1, size_);
     if (rank_ != g.root) {
-      const int rc = MPI_Isend(g.partial(size_ - 2), bytes(own), MPI_BYTE, g.root, kRingTag,
-                               checks_comm_, &r.mpi[g.first_request]);
+      const int rc = MPI_Isend(g.partial(size_ - 2, offset(own)), bytes(own), MPI_BYTE, g.root,
+                               kRingTag, checks_comm_, &r.mpi[g.first_request]);
       if (rc != MPI_SUCCESS) failed(rc);
       return;
     }
@@ -1897,17 +1919,16 @@ void Comm::post_ring_step(Request &r) {
   if (reducing && g.step == 0) {
     source = g.send + offset(out);
   } else if (reducing && g.half > 0) {
-    source = g.partial(g.step - 1);
+    source = g.partial(g.step - 1, offset(out));  // the chunk received in the step before
   } else if (g.reduce_steps == 0 && t == 0) {
     source = g.send;  // an allgather's own block
   } else {
     source = g.recv + offset(out);
   }
-  char *target = !reducing           ? g.recv + offset(in)
-                 : last_scatter_step ? (g.in_place ? g.partial(g.step) : g.recv)
-                 : g.half > 0        ? g.partial(g.step)
-                 : g.in_place        ? reinterpret_cast<char *>(g.scratch.get())
-                                     : g.recv + offset(in);
+  char *target = !reducing                  ? g.recv + offset(in)
+                 : last_scatter_step        ? (g.in_place ? g.partial(g.step, offset(in)) : g.recv)
+                 : g.half > 0 || g.in_place ? g.partial(g.step, offset(in))
+                                            : g.recv + offset(in);
   const int left = ring_index(rank_ - 1, size_), right = ring_index(rank_ + 1, size_);
   int rc =
       MPI_Irecv(target, bytes(in), MPI_BYTE, left, kRingTag, checks_comm_, &r.mpi[g.first_request]);
@@ -1928,14 +1949,14 @@ bool Comm::advance_ring(Request &r) {
     // Out of place the chunk was received into the result (partial sums without a result: into
     // this step's half of the scratch), and this rank's input is added; in place the result
     // still holds the input there, and the chunk came into the scratch.
-    char *own = g.half > 0 ? g.partial(g.step) : g.recv + first * g.esize;
-    const void *other = g.in_place ? static_cast<const void *>(g.scratch.get()) : input;
+    char *own = g.half > 0 ? g.partial(g.step, first * g.esize) : g.recv + first * g.esize;
+    const void *other = g.in_place ? g.partial(g.step, first * g.esize) : input;
     if (g.kind == MNCL_COLL_REDUCE_SCATTER) {
       // Its partial sums all in scratch, but the last: received into the result, or in place
       // (where the result holds this rank's input) into scratch.
       const bool last = g.step == g.reduce_steps - 1;
-      own = last ? g.recv : g.partial(g.step);
-      other = last && g.in_place ? static_cast<const void *>(g.partial(g.step)) : input;
+      own = last ? g.recv : g.partial(g.step, first * g.esize);
+      other = last && g.in_place ? g.partial(g.step, first * g.esize) : input;
     }
     kit::reduce_into(own, other, n, r.dtype, r.op);
   }

@@ -63,6 +63,13 @@ struct Options {
   Exchange exchange = Exchange::kAuto;
 };
 
+// Heap bytes on a page boundary (std::free'd).
+struct FreeDeleter {
+  void operator()(unsigned char *p) const noexcept;
+};
+using PageAlignedBytes = std::unique_ptr<unsigned char[], FreeDeleter>;
+PageAlignedBytes allocate_page_aligned(size_t bytes);  // throws std::bad_alloc
+
 // One operation: its MPI requests (none once a blocking call has returned) and what remains
 // to do when they complete, in order: check received sizes, divide for AVG, copy results out.
 struct Request {
@@ -211,11 +218,20 @@ struct Request {
     // bytes, the partial sums received at even and at odd steps (a reduce-scatter on 2 ranks:
     // in place one chunk for its one step, out of place none). From Comm::ring_scratch_, and back
     // there once the ring is done; an orphaned request keeps it.
-    std::unique_ptr<unsigned char[]> scratch;
+    // Page-aligned, and a chunk lies in its slot at its offset in the buffer modulo
+    // kScratchAlign: MPI's single copy between processes (CMA) ran at under half speed where
+    // the scratch sat 16 bytes off the application's buffers (malloc's alignment): at 2 ranks a
+    // 4 MiB reduce, or in-place allreduce, took 1250-1330 us instead of 500-640.
+    static constexpr size_t kScratchAlign = 64;
+    PageAlignedBytes scratch;
     size_t scratch_bytes = 0;
-    size_t half = 0;  // halves in scratch: the largest chunk's bytes; else 0 (no scratch)
-    char *partial(int step) const {
-      return reinterpret_cast<char *>(scratch.get()) + static_cast<size_t>(step % 2) * half;
+    size_t half = 0;  // halves in scratch: the largest chunk's bytes; else 0 (one slot, or none)
+    size_t slot = 0;  // bytes from one half's slot to the other's
+    // Where the chunk at chunk_offset in the buffer goes in scratch: step's half when there are
+    // two (the partial sums received at step, sent at step + 1), else the one slot.
+    char *partial(int step, size_t chunk_offset) const {
+      return reinterpret_cast<char *>(scratch.get()) + static_cast<size_t>(step % 2) * slot +
+             chunk_offset % kScratchAlign;
     }
   };
   std::unique_ptr<Ring> ring;
@@ -429,7 +445,7 @@ class Comm {
   std::vector<std::unique_ptr<Request>> orphans_;  // abandoned, still owned by MPI
   // The rings' scratch, kept between calls (Request::Ring::scratch).
   std::mutex ring_scratch_mutex_;
-  std::unique_ptr<unsigned char[]> ring_scratch_;
+  PageAlignedBytes ring_scratch_;
   size_t ring_scratch_bytes_ = 0;
 };
 
