@@ -1791,10 +1791,16 @@ bool Comm::offers_ring(const mncl_coll_v1_t &c, const Request &r, size_t count) 
   // MPI's reduce-scatter reduces the whole input at one rank before it scatters the result,
   // moving about size times the ring's bytes: the ring pays from a quarter of the threshold
   // (measured: 0.2-0.4x MPI's time from 64 KiB per rank at 2 to 4 ranks, 1.2-2x below 16 KiB).
-  const size_t min_bytes = c.kind == MNCL_COLL_REDUCE_SCATTER ? (options_.ring_min_bytes + 3) / 4
-                                                              : options_.ring_min_bytes;
-  return options_.ring_min_bytes > 0 && largest_chunk >= min_bytes &&
+  const size_t threshold = ring_min_bytes(c.kind);
+  const size_t min_bytes = c.kind == MNCL_COLL_REDUCE_SCATTER ? (threshold + 3) / 4 : threshold;
+  return threshold > 0 && largest_chunk >= min_bytes &&
          largest_chunk <= static_cast<size_t>(INT_MAX);
+}
+
+size_t Comm::ring_min_bytes(int32_t kind) const {
+  if (options_.ring_min_bytes != Options::kRingMinAuto) return options_.ring_min_bytes;
+  if (size_ != 2) return size_t{128} << 10;
+  return kind == MNCL_COLL_REDUCE ? size_t{32} << 10 : size_t{2} << 10;
 }
 
 size_t Comm::ring_chunk_bytes(size_t count, size_t esize) const {

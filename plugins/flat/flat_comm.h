@@ -55,7 +55,10 @@ struct Options {
   // rank (each rank's chunk: an allreduce's or reduce's bytes / the ranks, an allgather's
   // block), or a reduce-scatter of a quarter of that per block, runs on flat's own ring
   // (Request::Ring) when every rank's call would; 0: never (MNCL_FLAT_RING_MIN_BYTES).
-  size_t ring_min_bytes = size_t{128} << 10;
+  // kRingMinAuto (unset): on 2 ranks 2 KiB (a reduce 32 KiB), 128 KiB beyond
+  // (Comm::ring_min_bytes).
+  static constexpr size_t kRingMinAuto = SIZE_MAX;
+  size_t ring_min_bytes = kRingMinAuto;
   // Bounded mode, how each call's check element goes round the ranks (Comm::direct_exchange_,
   // MNCL_FLAT_CHECK_EXCHANGE, agreed in Comm::adopt): direct up to 8 ranks (64 where a rank has
   // no progress thread), else recursive doubling (kAuto); or one of them where the ranks agree.
@@ -299,11 +302,17 @@ class Comm {
   void poll_until_done(Request &r);
   // Whether this rank would run c (count: an allreduce's or reduce's elements in all) on flat's
   // ring: a blocking (polled) allreduce, reduce, reduce-scatter or allgather on host memory, on 2
-  // ranks or more, whose chunk per rank has at least options_.ring_min_bytes (a reduce-scatter's
+  // ranks or more, whose chunk per rank has at least ring_min_bytes() (a reduce-scatter's
   // block: a quarter of it) and at most INT_MAX bytes. Each rank's answer is a vote in c's
   // checks (Request::kRingVotes): the ring runs only if every rank would, so ranks blocking and
   // ranks posting the same call (or configured apart) still meet in MPI's collective.
   bool offers_ring(const mncl_coll_v1_t &c, const Request &r, size_t count) const;
+  // kind's threshold: options_.ring_min_bytes, or where unset, on 2 ranks 2 KiB (each phase of
+  // the ring is then one exchange of halves, Rabenseifner's algorithm, which beat MPI's
+  // non-blocking collectives from there, 1.3-1.8x faster at 8-32 KiB) and 32 KiB for a reduce
+  // (MPI_Ireduce was faster below, 2-3x slower above); 128 KiB beyond 2 ranks (2 (size - 1)
+  // latency-bound steps, which lost below that at 3-4 ranks on 2 cores).
+  size_t ring_min_bytes(int32_t kind) const;
   // The bytes of a ring's largest chunk (count elements of esize bytes cut into size_ chunks).
   size_t ring_chunk_bytes(size_t count, size_t esize) const;
   // Whether every rank voted for the ring in r's checks (which have passed).

@@ -11,10 +11,11 @@
 //                      wrong values for mismatched calls.
 //   MNCL_FLAT_RING_MIN_BYTES  bounded mode: a blocking allreduce, reduce or allgather of at
 //                      least this many bytes per rank (its bytes / the ranks, an allgather's
-//                      block; default 128K; K/M/G accepted), or a reduce-scatter of a quarter
-//                      of that per block, runs on flat's own ring over point-to-point messages
-//                      when every rank's call would (MPI's non-blocking ones are slower than
-//                      its blocking ones there); 0: never.
+//                      block; default 2K on 2 ranks, a reduce 32K, and 128K on more; K/M/G
+//                      accepted), or a reduce-scatter of a quarter of that per block, runs on
+//                      flat's own ring over point-to-point messages when every rank's call
+//                      would (MPI's non-blocking ones are slower than its blocking ones
+//                      there); 0: never.
 //   MNCL_FLAT_CHECK_EXCHANGE  bounded mode, how each call's check goes round the ranks: auto
 //                      (default: direct up to 8 ranks, 64 where a rank has no progress thread;
 //                      else doubling), direct (every rank's element to every other at once) or

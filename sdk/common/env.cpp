@@ -94,13 +94,14 @@ const std::vector<Variable> &table() {
        "and mncl_comm_abort apply, and checks a fingerprint of every collective across the "
        "ranks, so mismatched calls fail; 0 uses MPI's blocking collectives, 1-3 us faster per "
        "small call at 2 ranks, which cannot time out and give wrong values for mismatched calls."},
-      {"MNCL_FLAT_RING_MIN_BYTES", "128K",
+      {"MNCL_FLAT_RING_MIN_BYTES", "auto",
        "flat, bounded mode: a blocking allreduce, reduce or allgather of at least this many bytes "
        "per rank (its bytes / the ranks; an allgather's block; K/M/G accepted), or a "
        "reduce-scatter of a quarter of that per block, runs on flat's own ring (reduce-scatter "
        "and/or allgather, or a gather to the root, over point-to-point messages) when every "
        "rank's call would: MPI's non-blocking ones are slower than its blocking ones for large "
-       "messages, and its reduce-scatter reduces everything at one rank. 0: never."},
+       "messages, and its reduce-scatter reduces everything at one rank. 0: never. Unset: 2K "
+       "on 2 ranks (a reduce 32K), 128K on more."},
       {"MNCL_FLAT_PROGRESS_THREAD", "1",
        "flat: 1 (under MPI_THREAD_MULTIPLE) runs a thread that moves posted operations on while "
        "the application is outside flat; 0: none, and a bounded collective's data are issued by "

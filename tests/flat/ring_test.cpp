@@ -7,6 +7,10 @@
 //                                  cases are sized for 64 KiB per rank at 4)
 //   ring_test --threshold-differs  rank 1 sets MNCL_FLAT_RING_MIN_BYTES=0 (no ring): every
 //                                  rank falls back to MPI's collectives, exact results
+//   ring_test --auto-threshold     MNCL_FLAT_RING_MIN_BYTES unset: each kind rings from its
+//                                  default (2 ranks: 2 KiB per rank, a reduce 32 KiB, a
+//                                  reduce-scatter 512 B blocks; more ranks: 128 KiB, 32 KiB),
+//                                  not one element below; exact results
 //
 // Cases, first (on the communicator's first rings, whose scratch is allocated for them):
 // reduce-scatters (int32 SUM out of place, its input untouched, and in place; float32 AVG) and
@@ -399,10 +403,79 @@ int count_lines(const std::string &path, const char *needle) {
   return n;
 }
 
+// Calls at the default thresholds (MNCL_FLAT_RING_MIN_BYTES unset) and one chunk element
+// below, each with this rank's rings counted in its log around it.
+void auto_threshold_cases(mncl_comm_t comm, const std::string &log_path) {
+  const size_t n = static_cast<size_t>(g_size);
+  const size_t chunk = g_size == 2 ? 2048 : 128 << 10;  // bytes per rank
+  const size_t reduce_chunk = g_size == 2 ? 32 << 10 : 128 << 10;
+  enum class Kind { kAllreduce, kReduce, kAllgather, kReduceScatter };
+  struct Case {
+    const char *what;
+    Kind kind;
+    size_t count;  // int32 elements: the call's count (reduce-scatter, allgather: a block's)
+    bool rings;
+  };
+  const Case cases[] = {
+      {"allreduce at the threshold", Kind::kAllreduce, n * chunk / 4, true},
+      {"allreduce a chunk element below", Kind::kAllreduce, n * (chunk / 4 - 1), false},
+      {"reduce at the threshold", Kind::kReduce, n * reduce_chunk / 4, true},
+      {"reduce a chunk element below", Kind::kReduce, n * (reduce_chunk / 4 - 1), false},
+      {"allgather at the threshold", Kind::kAllgather, chunk / 4, true},
+      {"allgather an element below", Kind::kAllgather, chunk / 4 - 1, false},
+      {"reduce-scatter at a quarter of it", Kind::kReduceScatter, chunk / 16, true},
+      {"reduce-scatter an element below", Kind::kReduceScatter, chunk / 16 - 1, false},
+  };
+  for (const Case &k : cases) {
+    const bool blocks = k.kind == Kind::kAllgather || k.kind == Kind::kReduceScatter;
+    const size_t total = blocks ? k.count * n : k.count;
+    std::vector<int32_t> send(k.kind == Kind::kAllgather ? k.count : total);
+    std::vector<int32_t> recv(k.kind == Kind::kReduceScatter ? k.count : total, -1);
+    std::vector<int32_t> want(recv.size());
+    for (size_t i = 0; i < send.size(); ++i) send[i] = value(g_rank, i);
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (k.kind == Kind::kAllgather) {
+        want[i] = value(static_cast<int>(i / k.count), i % k.count);
+        continue;
+      }
+      const size_t at =
+          k.kind == Kind::kReduceScatter ? static_cast<size_t>(g_rank) * k.count + i : i;
+      want[i] = 0;
+      for (int r = 0; r < g_size; ++r) want[i] += value(r, at);
+    }
+    const int before = count_lines(log_path, "flat's ring over");
+    mncl_status_t st = MNCL_OK;
+    switch (k.kind) {
+      case Kind::kAllreduce:
+        st = mncl_allreduce(comm, send.data(), recv.data(), k.count, MNCL_INT32, MNCL_SUM, nullptr);
+        break;
+      case Kind::kReduce:
+        st = mncl_reduce(comm, send.data(), recv.data(), k.count, MNCL_INT32, MNCL_SUM, 0, nullptr);
+        if (g_rank != 0) want = recv;  // untouched there
+        break;
+      case Kind::kAllgather:
+        st = mncl_allgather(comm, send.data(), recv.data(), k.count, MNCL_INT32, nullptr);
+        break;
+      default:
+        st = mncl_reduce_scatter(comm, send.data(), recv.data(), k.count, MNCL_INT32, MNCL_SUM,
+                                 nullptr);
+        break;
+    }
+    check_status(k.what, st);
+    const int rings = count_lines(log_path, "flat's ring over") - before;
+    if (rings != (k.rings ? 1 : 0)) {
+      fail(g_rank, std::string(k.what) + " (" + std::to_string(k.count) + " int32): " +
+                       std::to_string(rings) + " ring(s) logged, want " + (k.rings ? "1" : "0"));
+    }
+    expect_equal(k.what, recv, want);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
   const bool threshold_differs = argc > 1 && std::strcmp(argv[1], "--threshold-differs") == 0;
+  const bool auto_threshold = argc > 1 && std::strcmp(argv[1], "--auto-threshold") == 0;
   // flat reads its settings when the first communicator is made: the rank comes from the
   // launcher's variables.
   int launch_rank = -1;
@@ -415,7 +488,11 @@ int main(int argc, char **argv) {
                  "(OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK): run it under mpirun\n");
     return 1;
   }
-  setenv("MNCL_FLAT_RING_MIN_BYTES", threshold_differs && launch_rank == 1 ? "0" : "64K", 1);
+  if (auto_threshold) {
+    unsetenv("MNCL_FLAT_RING_MIN_BYTES");
+  } else {
+    setenv("MNCL_FLAT_RING_MIN_BYTES", threshold_differs && launch_rank == 1 ? "0" : "64K", 1);
+  }
   setenv("MNCL_DEBUG", "trace", 1);
   unsetenv("MNCL_DEBUG_FILE");  // the log must reach stderr
   // This rank's log into a file of its own, unlinked at once (nothing left behind, whatever
@@ -434,7 +511,8 @@ int main(int argc, char **argv) {
   int exit_code = 0;
   const bool opened = flat_test::open_world("flat_ring_test", &comm, &g_rank, &g_size, &exit_code);
   int calls = 0;
-  if (opened) {
+  if (opened && auto_threshold) auto_threshold_cases(comm, log_path);
+  if (opened && !auto_threshold) {
     calls += block_cases(comm);
     calls += int32_cases(comm);
     calls += other_dtype_cases(comm);
@@ -445,7 +523,7 @@ int main(int argc, char **argv) {
   std::fflush(stderr);
   const int rings = count_lines(log_path, "flat's ring over");
   const int declined = count_lines(log_path, "declined flat's ring");
-  if (opened) posted_beside_blocking(comm);
+  if (opened && !auto_threshold) posted_beside_blocking(comm);
   std::fflush(stderr);
   const int rings_after = count_lines(log_path, "flat's ring over") - rings;
   const int declined_after = count_lines(log_path, "declined flat's ring") - declined;
@@ -465,6 +543,11 @@ int main(int argc, char **argv) {
   }
   close(file);
   if (!opened) return exit_code;
+  if (auto_threshold) {
+    std::printf("rank %d: default thresholds at %d ranks: %s\n", g_rank, g_size,
+                flat_test::g_failures == 0 ? "PASS" : "FAIL");
+    return flat_test::g_failures == 0 ? 0 : 1;
+  }
 
   const bool declines = threshold_differs && g_rank != 1;  // rank 1 offers nothing
   const int want_rings = threshold_differs ? 0 : calls;
