@@ -1469,7 +1469,14 @@ void Comm::settle(std::unique_lock<std::mutex> &lock, Clock::time_point deadline
 }
 
 void Comm::progress_all(const Comm *self) {
-  if (g_queued_comms.load() == 0) return;
+  // None queued, or only self (a blocking call's own exchange, which its caller steps): no
+  // other communicator to move on, and no registry lock for each poll of every thread. Read
+  // without the locks: a queue that starts meanwhile is seen at the next poll.
+  const int queued = g_queued_comms.load();
+  if (queued == 0 ||
+      (queued == 1 && self != nullptr && self->queued_.load(std::memory_order_acquire) > 0)) {
+    return;
+  }
   Registry &all = registry();
   std::lock_guard<std::mutex> registered(all.mutex);
   for (Comm *other : all.comms) {
