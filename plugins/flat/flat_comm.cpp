@@ -1072,14 +1072,26 @@ void Comm::start_exchange(const mncl_coll_v1_t &c, Request &r) {
   if (size_ == 1) return;  // that is the result
   // Every receive now (direct: every send too): each peer's messages then match this rank's
   // calls in the order they were started (recursive doubling's sends keep that order too:
-  // step_exchanges). Zeroed: a peer's shorter element (a mismatched call) leaves the rest.
+  // step_exchanges).
   const size_t steps = direct_exchange_ ? static_cast<size_t>(size_ - 1) : exchange_plan_.size();
   size_t combining = steps;
   if (!direct_exchange_) {
     combining = 0;
     for (const ExchangeStep &step : exchange_plan_) combining += step.combine ? 1 : 0;
   }
-  if (combining > 0) r.incoming.reset(new uint64_t[combining * Request::kElementWords]());
+  if (combining > 0) {
+    // Not zeroed: a peer's shorter element (a mismatched call) leaves stale words after it,
+    // which only calls that agree on everything (and so send alike) would read.
+    const size_t words = combining * Request::kElementWords;
+    if (spare_incoming_words_ >= words) {
+      r.incoming = std::move(spare_incoming_);
+      r.incoming_words = spare_incoming_words_;
+      spare_incoming_words_ = 0;
+    } else {
+      r.incoming.reset(new uint64_t[words]);
+      r.incoming_words = words;
+    }
+  }
   r.exchange_first = r.mpi.size();
   r.mpi.resize(r.mpi.size() + 2 * steps, MPI_REQUEST_NULL);
   uint64_t *incoming = r.incoming.get();
@@ -1150,7 +1162,7 @@ void Comm::step_exchanges() {
           return r.incoming.get() +
                  static_cast<size_t>(q < rank_ ? q : q - 1) * Request::kElementWords;
         };
-        std::memcpy(r.check_out, element(0), sizeof r.check_out);
+        std::memcpy(r.check_out, element(0), static_cast<size_t>(r.send_words) * sizeof(uint64_t));
         for (int q = 1; q < size_; ++q) combine_checks(element(q), r.check_out);
         r.steps_entered = r.steps_finished = 1;
       }
@@ -1183,7 +1195,7 @@ void Comm::step_exchanges() {
         // zero on a MIN / MAX tie, its NaN payload), so that both compute the same bits.
         if (step.recv_from < rank_) {
           combine_checks(r.check_out, in);
-          std::memcpy(r.check_out, in, sizeof r.check_out);
+          std::memcpy(r.check_out, in, static_cast<size_t>(r.send_words) * sizeof(uint64_t));
         } else {
           combine_checks(in, r.check_out);
         }
@@ -1203,6 +1215,12 @@ void Comm::step_exchanges() {
       mark_broken(checks_failed_message(request_name(r), rank_, size_, r.exchange_rc));
     }
     it = exchanges_.erase(it);
+    if (r.exchange_rc == MPI_SUCCESS && r.incoming_words > spare_incoming_words_) {
+      // Every receive completed: the next exchange takes the buffers.
+      spare_incoming_ = std::move(r.incoming);
+      spare_incoming_words_ = r.incoming_words;
+      r.incoming_words = 0;
+    }
     r.exchanging.store(false, std::memory_order_release);
   }
   update_queued();
@@ -1255,6 +1273,8 @@ void Comm::post_checks(const mncl_coll_v1_t &c, Request &r, bool refusing) {
   if (r.fused) {
     // The result is copied out (after AVG's division) only once the call passed its checks.
     const size_t bytes = c.count * kit::dtype_size(c.dtype);
+    // The last word's bytes past the data go out too: defined ones.
+    if (bytes % 8 != 0) r.check_in[Request::kCheckWords + bytes / 8] = 0;
     if (bytes > 0) std::memcpy(r.check_in + Request::kCheckWords, c.sendbuf, bytes);
     uint64_t *result = r.check_out + Request::kCheckWords;
     if (c.op == MNCL_AVG) {
@@ -1321,8 +1341,8 @@ void Comm::check_call(Request &r) {
       r.kind == MNCL_COLL_ALLGATHERV ? "count in all" : "count",
       "buffers",
       "sequence number",
-      "data inside the check (1: an allreduce of at most 1 KiB; 0 where flat advertises CUDA "
-      "memory)"};
+      "data inside the check (1: an allreduce of at most 3840 bytes; 0 where flat advertises "
+      "CUDA memory)"};
   for (int i = 0; r.fingerprinted && i < Request::kFields; ++i) {
     const uint64_t hi = r.check_out[i], lo = ~r.check_out[Request::kFields + i];
     if (hi == lo) continue;

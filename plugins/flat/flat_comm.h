@@ -20,7 +20,7 @@
 //    ring, Request::Ring) and one fingerprint exchange per collective (flat's own, over
 //    point-to-point messages: Comm::step_exchanges), which completes before the data are
 //    posted (posted collectives: see Comm::advance), or carries them itself (an allreduce of at
-//    most 1 KiB: Request::kFusedBytes). Point to point (send, recv, sendrecv_batch)
+//    most 3840 bytes: Request::kFusedBytes). Point to point (send, recv, sendrecv_batch)
 //    always runs that way: bounded, and each receive is size-checked before it is received.
 //  - MPI cannot cancel a collective: a timed-out or aborted one keeps its buffers in use; the
 //    communicator then refuses further work and should be destroyed.
@@ -131,12 +131,17 @@ struct Request {
   // reduced across mismatched calls are never seen. One exchange instead of checks then data.
   // A message carries the check words and the call's own data only: a receive takes any
   // element (kElementWords), and only data both sides agree on are ever read.
-  static constexpr int kFusedBytes = 1024;
+  // 3840: a message of the check words and these data is 4000 bytes, under Open MPI's
+  // shared-memory eager limit (4096 bytes with its header), past which a message takes the
+  // rendezvous protocol (about 5 us here against 1.2).
+  static constexpr int kFusedBytes = 3840;
   static constexpr int kElementWords = kCheckWords + kFusedBytes / 8;
   bool fused = false;
   bool fingerprinted = false;
   bool counts_summed = false;
-  uint64_t check_in[kElementWords] = {}, check_out[kElementWords] = {};
+  // Not zeroed (8 KiB a call): only the words a call writes are read (kCheckWords, and a
+  // fused call's data where every rank's call agrees, so every element carries them).
+  uint64_t check_in[kElementWords], check_out[kElementWords];
   int checks = 0;        // unbounded mode: leading requests of mpi that sum the counts
   bool checked = false;  // the checks completed and the call passed
   // Bounded mode: the check element's exchange (Comm::start_exchange), which combines the
@@ -149,7 +154,8 @@ struct Request {
   int steps_finished = 0;                // steps whose messages completed and were combined
   int exchange_rc = MPI_SUCCESS;         // the MPI error that ended the exchange
   int send_words = 0;                    // the words of this rank's element that go out
-  std::unique_ptr<uint64_t[]> incoming;  // one element per combining step
+  std::unique_ptr<uint64_t[]> incoming;  // one element per combining step (Comm::take_incoming)
+  size_t incoming_words = 0;
   bool checks_only = false;  // the data are issued once the checks pass (execute_bounded but
                              // for a fused call, and a posted collective while data_deferred)
   // Bounded mode, a posted collective: its call, kept to issue the data once its checks pass
@@ -238,6 +244,9 @@ struct Request {
     }
   };
   std::unique_ptr<Ring> ring;
+  // User-provided: std::make_unique<Request>() would value-initialize, zeroing the check
+  // elements above.
+  Request() {}
   // Posted for the application (post() not polled) and neither freed nor retired yet: counted
   // process-wide, and flat's progress thread keeps MPI progressing while any is.
   bool in_flight = false;
@@ -452,6 +461,10 @@ class Comm {
   // deferred_ + exchanges_, for test() to skip the lock when 0
   std::atomic<size_t> queued_{0};
   std::vector<std::unique_ptr<Request>> orphans_;  // abandoned, still owned by MPI
+  // The check exchange's receive buffers of the last exchange that completed, for the next
+  // (Request::incoming); guarded by deferred_mutex_.
+  std::unique_ptr<uint64_t[]> spare_incoming_;
+  size_t spare_incoming_words_ = 0;
   // The rings' scratch, kept between calls (Request::Ring::scratch).
   std::mutex ring_scratch_mutex_;
   PageAlignedBytes ring_scratch_;

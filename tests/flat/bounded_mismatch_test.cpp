@@ -40,7 +40,8 @@ using flat_test::kGuards;
 
 constexpr size_t kSmall = 4096;  // int32 elements: 16 KiB, past the eager limit
 constexpr size_t kLarge = 4 * kSmall;
-constexpr size_t kFusedInts = 256;  // int32 elements: 1 KiB, the most that travels in the checks
+constexpr size_t kFusedInts =
+    960;  // int32 elements: 3840 bytes, the most that travels in the checks
 constexpr int32_t kUntouched = -1;
 
 // Every element of buf, receive area and guards, must still hold its initial value.
@@ -81,14 +82,14 @@ void expect_usable(mncl_comm_t comm, int rank, int size, const char *after) {
   }
 }
 
-// Allreduces on either side of the 1 KiB that travels inside the check exchange give exact
-// results, blocking or posted: int32 SUM of 256 (fused) and 257 elements, float64 AVG of 128
-// (fused) and 129.
+// Allreduces on either side of the 3840 bytes that travel inside the check exchange give exact
+// results, blocking or posted: int32 SUM of 960 (fused) and 961 elements, float64 AVG of 480
+// (fused) and 481.
 void expect_fused_exact(mncl_comm_t comm, int rank, int size, bool posted,
                         const std::string &after) {
   const int64_t ranks_sum = int64_t{size} * (size + 1) / 2;
-  for (const size_t n : {size_t{256}, size_t{257}, size_t{128}, size_t{129}}) {
-    const bool sum = n > 200;
+  for (const size_t n : {size_t{960}, size_t{961}, size_t{480}, size_t{481}}) {
+    const bool sum = n > 700;
     std::vector<int32_t> isend(n), irecv(n, 0);
     std::vector<double> dsend(n), drecv(n, 0);
     for (size_t i = 0; i < n; ++i) {
@@ -151,15 +152,16 @@ void mismatches(mncl_comm_t comm, int rank, int size, bool posted) {
     expect_usable(comm, rank, size, ("the mismatched bcast" + how).c_str());
   }
   // allreduce: some ranks pass 4x the count of the others: past the eager limit (kSmall, odd
-  // ranks), and small ones whose data travel inside the check exchange (up to 1 KiB): both
+  // ranks), and small ones whose data travel inside the check exchange (up to 3840 bytes): both
   // fused (16 and 64 int32; odd ranks, then the last rank alone, so that the other ranks' data
-  // are reduced before the mismatch shows) and one fused, one not (200 and 800).
+  // are reduced before the mismatch shows; 240 and 960, the largest element) and one fused, one
+  // not (600 and 2400).
   struct Mismatch {
     size_t small;
     bool last_only;
   };
-  for (const Mismatch m :
-       {Mismatch{kSmall, false}, Mismatch{16, false}, Mismatch{16, true}, Mismatch{200, false}}) {
+  for (const Mismatch m : {Mismatch{kSmall, false}, Mismatch{16, false}, Mismatch{16, true},
+                           Mismatch{240, false}, Mismatch{600, false}}) {
     const bool more = m.last_only ? rank == size - 1 : odd;
     const size_t count = more ? 4 * m.small : m.small;
     std::vector<int32_t> send(count, 1), recv(count + kGuards, kUntouched);

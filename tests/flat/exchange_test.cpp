@@ -1,6 +1,6 @@
 // flat's check exchange (bounded mode: each collective's fingerprint, and an allreduce of at
-// most 1 KiB itself, combined over the ranks over point-to-point messages: direct, every rank's
-// element to every other, up to 8 ranks; recursive doubling beyond, or where
+// most 3840 bytes itself, combined over the ranks over point-to-point messages: direct, every
+// rank's element to every other, up to 8 ranks; recursive doubling beyond, or where
 // MNCL_FLAT_CHECK_EXCHANGE=doubling, the odd ranks above a power of two paired up first): many
 // exchanges in flight at once, started in one order on every rank but stepped at different
 // paces, must each meet their own call's messages.
@@ -77,8 +77,8 @@ void round_of_calls(mncl_comm_t comm, int round) {
       check(p.what + " (ireduce_scatter)",
             mncl_ireduce_scatter(comm, p.send.data(), p.recv.data(), n, MNCL_INT32, MNCL_SUM,
                                  nullptr, &p.request));
-    } else {  // 1 to 256 int32: inside the exchange (at most 1 KiB)
-      const size_t n = 1 + static_cast<size_t>(call * 37 % 256);
+    } else {  // 1 to 960 int32: inside the exchange (at most 3840 bytes)
+      const size_t n = 1 + static_cast<size_t>(call * 37 % 960);
       p.send.resize(n);
       p.recv.assign(n, -1);
       p.want.assign(n, 0);
