@@ -223,24 +223,26 @@ struct Request {
     // input still is; it goes to scratch first.
     bool in_place = false;
     // In place: a received chunk, before it is reduced; with no result buffer for the partial
-    // sums (a reduce's non-root, a reduce-scatter on 3 ranks or more), two halves of `half`
-    // bytes, the partial sums received at even and at odd steps (a reduce-scatter on 2 ranks:
-    // in place one chunk for its one step, out of place none). From Comm::ring_scratch_, and back
-    // there once the ring is done; an orphaned request keeps it.
-    // Page-aligned, and a chunk lies in its slot at its offset in the buffer modulo
-    // kScratchAlign: MPI's single copy between processes (CMA) ran at under half speed where
-    // the scratch sat 16 bytes off the application's buffers (malloc's alignment): at 2 ranks a
-    // 4 MiB reduce, or in-place allreduce, took 1250-1330 us instead of 500-640.
+    // sums (a reduce's non-root, a reduce-scatter on 3 ranks or more), two slots, the partial
+    // sums received at even and at odd steps (a reduce-scatter on 2 ranks: in place one chunk
+    // for its one step, out of place none). From Comm::ring_scratch_, and back there once the
+    // ring is done; an orphaned request keeps it.
+    // Page-aligned, and a chunk lies in its slot at the address of the same chunk of the input
+    // (send) modulo kScratchAlign, which is where the peers' copies of it most likely lie too
+    // (the same program, the same allocator): MPI's single copy between processes (CMA) ran at
+    // under half speed between buffers whose addresses differ modulo 64 (malloc's chunks start
+    // 16 bytes past a page, posix_memalign's on it): at 2 ranks a 4 MiB reduce, or in-place
+    // allreduce, took 1250-1330 us instead of 500-640.
     static constexpr size_t kScratchAlign = 64;
     PageAlignedBytes scratch;
     size_t scratch_bytes = 0;
-    size_t half = 0;  // halves in scratch: the largest chunk's bytes; else 0 (one slot, or none)
-    size_t slot = 0;  // bytes from one half's slot to the other's
-    // Where the chunk at chunk_offset in the buffer goes in scratch: step's half when there are
+    size_t half = 0;  // the largest chunk's bytes where there are two slots; else 0
+    size_t slot = 0;  // bytes from one slot to the other's (round_up(chunk, 64) + 64)
+    // Where the chunk at chunk_offset in the buffer goes in scratch: step's slot when there are
     // two (the partial sums received at step, sent at step + 1), else the one slot.
     char *partial(int step, size_t chunk_offset) const {
-      return reinterpret_cast<char *>(scratch.get()) + static_cast<size_t>(step % 2) * slot +
-             chunk_offset % kScratchAlign;
+      const size_t phase = (reinterpret_cast<uintptr_t>(send) + chunk_offset) % kScratchAlign;
+      return reinterpret_cast<char *>(scratch.get()) + static_cast<size_t>(step % 2) * slot + phase;
     }
   };
   std::unique_ptr<Ring> ring;

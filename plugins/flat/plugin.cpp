@@ -11,8 +11,8 @@
 //                      wrong values for mismatched calls.
 //   MNCL_FLAT_RING_MIN_BYTES  bounded mode: a blocking allreduce, reduce or allgather of at
 //                      least this many bytes per rank (its bytes / the ranks, an allgather's
-//                      block; default 2K on 2 ranks, a reduce 32K, and 128K on more; K/M/G
-//                      accepted), or a reduce-scatter of a quarter of that per block, runs on
+//                      block; default (auto) 2K on 2 ranks, a reduce 32K, and 128K on more;
+//                      K/M/G accepted), or a reduce-scatter of a quarter of that per block, runs on
 //                      flat's own ring over point-to-point messages when every rank's call
 //                      would (MPI's non-blocking ones are slower than its blocking ones
 //                      there); 0: never.
@@ -82,9 +82,12 @@ mncl_status_t flat_init(const mncl_host_v1_t *host) {
     }
     *option = value[0] == '1';
   }
-  const mncl_status_t st =
-      kit::read_size(host, "MNCL_FLAT_RING_MIN_BYTES", 0, SIZE_MAX / 2, &g_options.ring_min_bytes);
-  if (st != MNCL_OK) return st;
+  const char *ring_min = host->get_env ? host->get_env("MNCL_FLAT_RING_MIN_BYTES") : nullptr;
+  if (ring_min == nullptr || std::strcmp(ring_min, "auto") != 0) {  // auto: the default
+    const mncl_status_t st = kit::read_size(host, "MNCL_FLAT_RING_MIN_BYTES", 0, SIZE_MAX / 2,
+                                            &g_options.ring_min_bytes);
+    if (st != MNCL_OK) return st;
+  }
   if (const char *value = host->get_env ? host->get_env("MNCL_FLAT_CHECK_EXCHANGE") : nullptr) {
     const std::pair<const char *, flat::Options::Exchange> forms[] = {
         {"auto", flat::Options::Exchange::kAuto},

@@ -1,6 +1,6 @@
 // flat's own ring (bounded mode: a blocking allreduce, reduce or allgather of at least
-// MNCL_FLAT_RING_MIN_BYTES per rank, default 128 KiB, a reduce-scatter of a quarter of that,
-// when every rank's call would ring).
+// MNCL_FLAT_RING_MIN_BYTES per rank, by default 128 KiB (on 2 ranks 2 KiB, a reduce 32 KiB), a
+// reduce-scatter of a quarter of that, when every rank's call would ring).
 //
 //   ring_test                      every rank offers the ring (MNCL_FLAT_RING_MIN_BYTES=64K,
 //                                  set here): the ring runs, exact results (2 to 4 ranks: the
@@ -433,6 +433,7 @@ void auto_threshold_cases(mncl_comm_t comm, const std::string &log_path) {
     std::vector<int32_t> recv(k.kind == Kind::kReduceScatter ? k.count : total, -1);
     std::vector<int32_t> want(recv.size());
     for (size_t i = 0; i < send.size(); ++i) send[i] = value(g_rank, i);
+    const std::vector<int32_t> input = send;
     for (size_t i = 0; i < want.size(); ++i) {
       if (k.kind == Kind::kAllgather) {
         want[i] = value(static_cast<int>(i / k.count), i % k.count);
@@ -451,7 +452,7 @@ void auto_threshold_cases(mncl_comm_t comm, const std::string &log_path) {
         break;
       case Kind::kReduce:
         st = mncl_reduce(comm, send.data(), recv.data(), k.count, MNCL_INT32, MNCL_SUM, 0, nullptr);
-        if (g_rank != 0) want = recv;  // untouched there
+        if (g_rank != 0) want.assign(want.size(), -1);  // untouched there
         break;
       case Kind::kAllgather:
         st = mncl_allgather(comm, send.data(), recv.data(), k.count, MNCL_INT32, nullptr);
@@ -468,6 +469,7 @@ void auto_threshold_cases(mncl_comm_t comm, const std::string &log_path) {
                        std::to_string(rings) + " ring(s) logged, want " + (k.rings ? "1" : "0"));
     }
     expect_equal(k.what, recv, want);
+    expect_equal((std::string(k.what) + ", its input").c_str(), send, input);
   }
 }
 
