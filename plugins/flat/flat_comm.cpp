@@ -817,8 +817,30 @@ bool Comm::fuses(const mncl_coll_v1_t &c) const {
   // not the buffers, decides, so that ranks with device buffers and without agree; ranks
   // whose options_.cuda differ fail the call's checks (the fused field).
   const size_t esize = kit::dtype_size(c.dtype);
-  return options_.bounded && !options_.cuda && c.kind == MNCL_COLL_ALLREDUCE && esize > 0 &&
-         c.count <= Request::kFusedBytes / esize;
+  if (!options_.bounded || options_.cuda || esize == 0) return false;
+  const size_t most = Request::kFusedBytes / esize;  // elements in one element's data
+  switch (c.kind) {
+    case MNCL_COLL_ALLREDUCE:
+    case MNCL_COLL_REDUCE:
+      return c.count <= most;
+    case MNCL_COLL_REDUCE_SCATTER:  // its whole input, reduced as an allreduce's
+      return c.count <= most / static_cast<size_t>(size_);
+    case MNCL_COLL_BCAST:
+    case MNCL_COLL_ALLGATHER:
+      // Each rank's data differ: only the direct exchange hands every rank every element.
+      return direct_exchange_ && c.count <= most;
+    default:
+      return false;
+  }
+}
+
+size_t Comm::fused_elements(const mncl_coll_v1_t &c) const {
+  return c.kind == MNCL_COLL_REDUCE_SCATTER ? c.count * static_cast<size_t>(size_) : c.count;
+}
+
+const uint64_t *Comm::direct_element(const Request &r, int q) const {
+  if (q == rank_) return r.check_in;
+  return r.incoming.get() + static_cast<size_t>(q < rank_ ? q : q - 1) * Request::kElementWords;
 }
 
 bool Comm::has_device_buffer(const mncl_coll_v1_t &c) const {
@@ -1021,8 +1043,8 @@ bool agreed_field(const uint64_t *e, int i, uint64_t *value) {
 }
 
 // Whether the fused data of elements a and b may be reduced: both agree within and with each
-// other on the call, and it is a fused allreduce (Comm::fuses); the dtype, op and count to
-// reduce with.
+// other on the call, and it is a fused reduction (an allreduce, reduce or reduce-scatter:
+// Comm::fuses); the dtype, op and count (the fused field less one) to reduce with.
 bool fused_call(const uint64_t *a, const uint64_t *b, int32_t *dtype, int32_t *op, size_t *count) {
   uint64_t fields[5];
   const int which[5] = {0, 1, 2, 4, Request::kFusedField};  // kind, dtype, op, count, fused
@@ -1033,15 +1055,31 @@ bool fused_call(const uint64_t *a, const uint64_t *b, int32_t *dtype, int32_t *o
       return false;
     }
   }
-  if (fields[4] != 1 || fields[0] != static_cast<uint32_t>(MNCL_COLL_ALLREDUCE)) return false;
+  const int32_t kind = static_cast<int32_t>(static_cast<uint32_t>(fields[0]));
+  if (fields[4] == 0 || (kind != MNCL_COLL_ALLREDUCE && kind != MNCL_COLL_REDUCE &&
+                         kind != MNCL_COLL_REDUCE_SCATTER)) {
+    return false;
+  }
   *dtype = static_cast<int32_t>(static_cast<uint32_t>(fields[1]));
   *op = static_cast<int32_t>(static_cast<uint32_t>(fields[2]));
-  *count = fields[3];
+  *count = fields[4] - 1;
   const size_t esize = kit::dtype_size(*dtype);
   return esize > 0 && *count <= Request::kFusedBytes / esize;
 }
 
-// One check element: a fused allreduce's data reduced first (fused_call reads both sides'
+// The words of element e that hold something: its check words, and a fused reduction's data
+// where e agrees within itself on it (an element combined from calls that disagree carries
+// only its check words on). Copies and doubling's sends take these, so that no word this call
+// never wrote moves between elements or ranks; an element that claims data received them,
+// since its sender sent the same count.
+int element_words(const uint64_t *e) {
+  int32_t dtype = 0, op = 0;
+  size_t count = 0;
+  if (!fused_call(e, e, &dtype, &op, &count)) return Request::kCheckWords;
+  return Request::kCheckWords + static_cast<int>((count * kit::dtype_size(dtype) + 7) / 8);
+}
+
+// One check element: a fused reduction's data reduced first (fused_call reads both sides'
 // words before they are combined), then kSumsAt words combined by max and the counts sums
 // added.
 // Commutative, bit for bit (reduce_into is on the fused data), so that both ends of a step of
@@ -1065,9 +1103,12 @@ constexpr int kCheckTag = 2;
 }  // namespace
 
 void Comm::start_exchange(const mncl_coll_v1_t &c, Request &r) {
-  // The element so far is this rank's own; a fused call's data are its count's words.
+  // The element so far is this rank's own; a fused call's data are its words (a broadcast's
+  // other ranks send none).
   r.send_words = Request::kCheckWords;
-  if (r.fused) r.send_words += static_cast<int>((c.count * kit::dtype_size(c.dtype) + 7) / 8);
+  if (r.fused && !(c.kind == MNCL_COLL_BCAST && c.root != rank_)) {
+    r.send_words += static_cast<int>((fused_elements(c) * kit::dtype_size(c.dtype) + 7) / 8);
+  }
   std::memcpy(r.check_out, r.check_in, static_cast<size_t>(r.send_words) * sizeof(uint64_t));
   if (size_ == 1) return;  // that is the result
   // Every receive now (direct: every send too): each peer's messages then match this rank's
@@ -1081,7 +1122,7 @@ void Comm::start_exchange(const mncl_coll_v1_t &c, Request &r) {
   }
   if (combining > 0) {
     // Not zeroed: a peer's shorter element (a mismatched call) leaves stale words after it,
-    // which only calls that agree on everything (and so send alike) would read.
+    // which nothing reads (element_words).
     const size_t words = combining * Request::kElementWords;
     if (spare_incoming_words_ >= words) {
       r.incoming = std::move(spare_incoming_);
@@ -1157,13 +1198,10 @@ void Comm::step_exchanges() {
       int done = 0;
       r.exchange_rc = test_all(2 * (size_ - 1), &r.mpi[r.exchange_first], &done);
       if (r.exchange_rc == MPI_SUCCESS && done) {
-        const auto element = [&](int q) -> const uint64_t * {
-          if (q == rank_) return r.check_in;
-          return r.incoming.get() +
-                 static_cast<size_t>(q < rank_ ? q : q - 1) * Request::kElementWords;
-        };
-        std::memcpy(r.check_out, element(0), static_cast<size_t>(r.send_words) * sizeof(uint64_t));
-        for (int q = 1; q < size_; ++q) combine_checks(element(q), r.check_out);
+        // A broadcast's and an allgather's data are copied out of each element.
+        const uint64_t *first = direct_element(r, 0);
+        std::memcpy(r.check_out, first, static_cast<size_t>(element_words(first)) * 8);
+        for (int q = 1; q < size_; ++q) combine_checks(direct_element(r, q), r.check_out);
         r.steps_entered = r.steps_finished = 1;
       }
     }
@@ -1177,8 +1215,8 @@ void Comm::step_exchanges() {
           // The result's receiver (an even rank of the pairs) sends its own element: its
           // check_out is where the result comes.
           const uint64_t *element = step.combine || step.recv_from < 0 ? r.check_out : r.check_in;
-          r.exchange_rc = MPI_Isend(element, r.send_words, MPI_UINT64_T, step.send_to, kCheckTag,
-                                    checks_comm_, &requests[1]);
+          r.exchange_rc = MPI_Isend(element, element_words(element), MPI_UINT64_T, step.send_to,
+                                    kCheckTag, checks_comm_, &requests[1]);
           if (r.exchange_rc != MPI_SUCCESS) break;
         }
         ++r.steps_entered;
@@ -1195,7 +1233,7 @@ void Comm::step_exchanges() {
         // zero on a MIN / MAX tie, its NaN payload), so that both compute the same bits.
         if (step.recv_from < rank_) {
           combine_checks(r.check_out, in);
-          std::memcpy(r.check_out, in, static_cast<size_t>(r.send_words) * sizeof(uint64_t));
+          std::memcpy(r.check_out, in, static_cast<size_t>(element_words(in)) * 8);
         } else {
           combine_checks(in, r.check_out);
         }
@@ -1215,7 +1253,8 @@ void Comm::step_exchanges() {
       mark_broken(checks_failed_message(request_name(r), rank_, size_, r.exchange_rc));
     }
     it = exchanges_.erase(it);
-    if (r.exchange_rc == MPI_SUCCESS && r.incoming_words > spare_incoming_words_) {
+    if (r.exchange_rc == MPI_SUCCESS && !r.data_in_elements &&
+        r.incoming_words > spare_incoming_words_) {
       // Every receive completed: the next exchange takes the buffers.
       spare_incoming_ = std::move(r.incoming);
       spare_incoming_words_ = r.incoming_words;
@@ -1258,7 +1297,7 @@ void Comm::post_checks(const mncl_coll_v1_t &c, Request &r, bool refusing) {
                                              count,
                                              coalesced_split(c),
                                              c.seq,
-                                             r.fused ? 1u : 0u};
+                                             r.fused ? 1 + fused_elements(c) : 0};
   for (int i = 0; i < Request::kFields; ++i) {
     r.check_in[i] = fields[i];
     r.check_in[Request::kFields + i] = ~fields[i];  // max of the complement: the minimum
@@ -1271,19 +1310,51 @@ void Comm::post_checks(const mncl_coll_v1_t &c, Request &r, bool refusing) {
   }
   r.check_in[Request::kRingVotes] = offers_ring(c, r, count) ? 0 : 1;
   if (r.fused) {
-    // The result is copied out (after AVG's division) only once the call passed its checks.
-    const size_t bytes = c.count * kit::dtype_size(c.dtype);
+    // This rank's data into its element (a broadcast's: the root's buffer; its other ranks
+    // send none).
+    const size_t esize = kit::dtype_size(c.dtype);
+    const bool sends = !(c.kind == MNCL_COLL_BCAST && c.root != rank_);
+    const size_t bytes = sends ? fused_elements(c) * esize : 0;
+    const void *data = c.kind == MNCL_COLL_BCAST ? c.recvbuf : c.sendbuf;
     // The last word's bytes past the data go out too: defined ones.
     if (bytes % 8 != 0) r.check_in[Request::kCheckWords + bytes / 8] = 0;
-    if (bytes > 0) std::memcpy(r.check_in + Request::kCheckWords, c.sendbuf, bytes);
-    uint64_t *result = r.check_out + Request::kCheckWords;
-    if (c.op == MNCL_AVG) {
+    if (bytes > 0) std::memcpy(r.check_in + Request::kCheckWords, data, bytes);
+    r.data_in_elements = c.kind == MNCL_COLL_BCAST || c.kind == MNCL_COLL_ALLGATHER;
+  }
+  start_exchange(c, r);
+  if (r.fused) {
+    // The result is copied out (after AVG's division) only once the call passed its checks:
+    // a reduction's from check_out, a broadcast's and an allgather's from each rank's element.
+    const size_t esize = kit::dtype_size(c.dtype);
+    const size_t block = c.count * esize;
+    char *result = reinterpret_cast<char *>(r.check_out + Request::kCheckWords);
+    char *recv = static_cast<char *>(c.recvbuf);
+    const auto data_of = [&](int q) { return direct_element(r, q) + Request::kCheckWords; };
+    const bool averages = c.op == MNCL_AVG && kit::is_reduction(c.kind);
+    switch (c.kind) {
+      case MNCL_COLL_REDUCE_SCATTER:  // this rank's block of the reduced input
+        result += static_cast<size_t>(rank_) * block;
+        r.copy_out.push_back({recv, result, block});
+        break;
+      case MNCL_COLL_REDUCE:
+        if (rank_ == c.root) r.copy_out.push_back({recv, result, block});
+        break;
+      case MNCL_COLL_BCAST:
+        if (rank_ != c.root) r.copy_out.push_back({recv, data_of(c.root), block});
+        break;
+      case MNCL_COLL_ALLGATHER:
+        for (int q = 0; q < size_; ++q) {
+          r.copy_out.push_back({recv + static_cast<size_t>(q) * block, data_of(q), block});
+        }
+        break;
+      default:
+        r.copy_out.push_back({recv, result, block});
+    }
+    if (averages && !r.copy_out.empty()) {
       r.avg_buf = result;
       r.avg_count = c.count;
     }
-    r.copy_out.push_back({c.recvbuf, result, bytes});
   }
-  start_exchange(c, r);
   r.fingerprinted = true;
   r.counts_summed = true;
 }
@@ -1341,8 +1412,9 @@ void Comm::check_call(Request &r) {
       r.kind == MNCL_COLL_ALLGATHERV ? "count in all" : "count",
       "buffers",
       "sequence number",
-      "data inside the check (1: an allreduce of at most 3840 bytes; 0 where flat advertises "
-      "CUDA memory)"};
+      "elements inside the check, plus one (0: none; an allreduce, reduce or reduce-scatter of "
+      "at most 3840 bytes in all, a broadcast or allgather block of at most 3840 bytes up to 8 "
+      "ranks; never where flat advertises CUDA memory)"};
   for (int i = 0; r.fingerprinted && i < Request::kFields; ++i) {
     const uint64_t hi = r.check_out[i], lo = ~r.check_out[Request::kFields + i];
     if (hi == lo) continue;
@@ -1827,7 +1899,18 @@ bool Comm::offers_ring(const mncl_coll_v1_t &c, const Request &r, size_t count) 
 size_t Comm::ring_min_bytes(int32_t kind) const {
   if (options_.ring_min_bytes != Options::kRingMinAuto) return options_.ring_min_bytes;
   if (size_ != 2) return size_t{128} << 10;
-  return kind == MNCL_COLL_REDUCE ? size_t{32} << 10 : size_t{2} << 10;
+  // Past what the check exchange carries (Request::kFusedBytes): allreduces of 4 KiB, allgather
+  // blocks of 4 KiB, reduce-scatter blocks of 2 KiB (a quarter of the value).
+  switch (kind) {
+    case MNCL_COLL_REDUCE:
+      return size_t{32} << 10;
+    case MNCL_COLL_ALLGATHER:
+      return size_t{4} << 10;
+    case MNCL_COLL_REDUCE_SCATTER:
+      return size_t{8} << 10;
+    default:
+      return size_t{2} << 10;
+  }
 }
 
 size_t Comm::ring_chunk_bytes(size_t count, size_t esize) const {

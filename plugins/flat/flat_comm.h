@@ -19,8 +19,9 @@
 //    algorithms (but for large allreduces, reduces, reduce-scatters and allgathers: flat's own
 //    ring, Request::Ring) and one fingerprint exchange per collective (flat's own, over
 //    point-to-point messages: Comm::step_exchanges), which completes before the data are
-//    posted (posted collectives: see Comm::advance), or carries them itself (an allreduce of at
-//    most 3840 bytes: Request::kFusedBytes). Point to point (send, recv, sendrecv_batch)
+//    posted (posted collectives: see Comm::advance), or carries them itself (an allreduce,
+//    reduce or reduce-scatter of at most 3840 bytes, a broadcast or allgather of at most 3840
+//    bytes a block: Request::kFusedBytes, Comm::fuses). Point to point (send, recv, sendrecv_batch)
 //    always runs that way: bounded, and each receive is size-checked before it is received.
 //  - MPI cannot cancel a collective: a timed-out or aborted one keeps its buffers in use; the
 //    communicator then refuses further work and should be destroyed.
@@ -55,8 +56,8 @@ struct Options {
   // rank (each rank's chunk: an allreduce's or reduce's bytes / the ranks, an allgather's
   // block), or a reduce-scatter of a quarter of that per block, runs on flat's own ring
   // (Request::Ring) when every rank's call would; 0: never (MNCL_FLAT_RING_MIN_BYTES).
-  // kRingMinAuto (unset): on 2 ranks 2 KiB (a reduce 32 KiB), 128 KiB beyond
-  // (Comm::ring_min_bytes).
+  // kRingMinAuto (unset): on 2 ranks 2 KiB (a reduce 32 KiB; an allgather, a reduce-scatter
+  // more), 128 KiB beyond (Comm::ring_min_bytes).
   static constexpr size_t kRingMinAuto = SIZE_MAX;
   size_t ring_min_bytes = kRingMinAuto;
   // Bounded mode, how each call's check element goes round the ranks (Comm::direct_exchange_,
@@ -139,8 +140,9 @@ struct Request {
   bool fused = false;
   bool fingerprinted = false;
   bool counts_summed = false;
-  // Not zeroed (8 KiB a call): only the words a call writes are read (kCheckWords, and a
-  // fused call's data where every rank's call agrees, so every element carries them).
+  // Not zeroed (8 KiB a call): only the words a call writes are read, copied or sent on
+  // (kCheckWords, and a fused reduction's data where the element agrees on it: element_words
+  // in the .cpp).
   uint64_t check_in[kElementWords], check_out[kElementWords];
   int checks = 0;        // unbounded mode: leading requests of mpi that sum the counts
   bool checked = false;  // the checks completed and the call passed
@@ -156,6 +158,9 @@ struct Request {
   int send_words = 0;                    // the words of this rank's element that go out
   std::unique_ptr<uint64_t[]> incoming;  // one element per combining step (Comm::take_incoming)
   size_t incoming_words = 0;
+  // A fused broadcast or allgather: its result is copied out of each rank's element (in
+  // incoming, kept with the request), not combined into check_out.
+  bool data_in_elements = false;
   bool checks_only = false;  // the data are issued once the checks pass (execute_bounded but
                              // for a fused call, and a posted collective while data_deferred)
   // Bounded mode, a posted collective: its call, kept to issue the data once its checks pass
@@ -320,9 +325,11 @@ class Comm {
   bool offers_ring(const mncl_coll_v1_t &c, const Request &r, size_t count) const;
   // kind's threshold: options_.ring_min_bytes, or where unset, on 2 ranks 2 KiB (each phase of
   // the ring is then one exchange of halves, Rabenseifner's algorithm, which beat MPI's
-  // non-blocking collectives from there, 1.3-1.8x faster at 8-32 KiB) and 32 KiB for a reduce
-  // (MPI_Ireduce was faster below, 2-3x slower above); 128 KiB beyond 2 ranks (2 (size - 1)
-  // latency-bound steps, which lost below that at 3-4 ranks on 2 cores).
+  // non-blocking collectives from there, 1.3-1.8x faster at 8-32 KiB; an allgather 4 KiB and
+  // a reduce-scatter 8 KiB, a quarter of which is its block: past what the check exchange
+  // carries), and 32 KiB for a reduce (MPI_Ireduce was faster below, 2-3x slower above); 128
+  // KiB beyond 2 ranks (2 (size - 1) latency-bound steps, which lost below that at 3-4 ranks
+  // on 2 cores).
   size_t ring_min_bytes(int32_t kind) const;
   // The bytes of a ring's largest chunk (count elements of esize bytes cut into size_ chunks).
   size_t ring_chunk_bytes(size_t count, size_t esize) const;
@@ -341,10 +348,18 @@ class Comm {
   bool advance_ring(Request &r);
   // Whether any of c's buffers is CUDA memory.
   bool has_device_buffer(const mncl_coll_v1_t &c) const;
-  // Whether c's data travel inside its check element (Request::fused). Ranks may answer
-  // differently (options_.cuda is per process): the fingerprint carries the answer, so such a
-  // call fails its checks instead of reducing with a rank whose data are not there.
+  // Whether c's data travel inside its check element (Request::fused): an allreduce, reduce
+  // or reduce-scatter of at most kFusedBytes in all, reduced as the elements combine; with the
+  // direct exchange, a broadcast or an allgather of at most kFusedBytes a block, copied out of
+  // each rank's element. Ranks may answer differently (options_.cuda is per process): the
+  // fingerprint carries the answer, so such a call fails its checks instead of reducing with a
+  // rank whose data are not there.
   bool fuses(const mncl_coll_v1_t &c) const;
+  // The elements a fused c carries in its check (the fused field, less one): a
+  // reduce-scatter's whole input, else its count.
+  size_t fused_elements(const mncl_coll_v1_t &c) const;
+  // The direct exchange's element of rank q (this rank's: check_in).
+  const uint64_t *direct_element(const Request &r, int q) const;
   // With CUDA buffers: syncs the caller's stream, refuses forms flat finishes on the host.
   void prepare_device_buffers(const mncl_coll_v1_t &c) const;
   // The MPI call(s) of c: blocking ones (r.mpi stays empty) or non-blocking ones into r.mpi.

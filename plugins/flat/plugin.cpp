@@ -11,7 +11,8 @@
 //                      wrong values for mismatched calls.
 //   MNCL_FLAT_RING_MIN_BYTES  bounded mode: a blocking allreduce, reduce or allgather of at
 //                      least this many bytes per rank (its bytes / the ranks, an allgather's
-//                      block; default (auto) 2K on 2 ranks, a reduce 32K, and 128K on more;
+//                      block; default (auto) 2K on 2 ranks (a reduce 32K, an allgather 4K, a
+//                      reduce-scatter 8K), and 128K on more;
 //                      K/M/G accepted), or a reduce-scatter of a quarter of that per block, runs on
 //                      flat's own ring over point-to-point messages when every rank's call
 //                      would (MPI's non-blocking ones are slower than its blocking ones

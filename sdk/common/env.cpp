@@ -101,7 +101,8 @@ const std::vector<Variable> &table() {
        "and/or allgather, or a gather to the root, over point-to-point messages) when every "
        "rank's call would: MPI's non-blocking ones are slower than its blocking ones for large "
        "messages, and its reduce-scatter reduces everything at one rank. 0: never. auto (or "
-       "unset): 2K on 2 ranks (a reduce 32K), 128K on more."},
+       "unset): 2K on 2 ranks (a reduce 32K, an allgather 4K, a reduce-scatter 8K), 128K on "
+       "more."},
       {"MNCL_FLAT_PROGRESS_THREAD", "1",
        "flat: 1 (under MPI_THREAD_MULTIPLE) runs a thread that moves posted operations on while "
        "the application is outside flat; 0: none, and a bounded collective's data are issued by "

@@ -22,6 +22,7 @@
 #include <mncl/mncl.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -192,6 +193,44 @@ void mismatches(mncl_comm_t comm, int rank, int size, bool posted) {
     expect_refused(rank, st, what.c_str());
     expect_untouched(rank, recv, 16, what.c_str());
     expect_fused_exact(comm, rank, size, posted, what);
+  }
+  // Small calls of the other kinds whose data travel inside the check exchange (a broadcast
+  // and an allgather with the direct exchange, a reduce, a reduce-scatter): odd ranks pass 4x
+  // the count of the others (16 and 64 int32, both fused). Nothing may be written anywhere.
+  for (const std::string kind : {"bcast", "allgather", "reduce", "reduce_scatter"}) {
+    const size_t count = odd ? 64 : 16, n = static_cast<size_t>(size);
+    const size_t in = kind == "reduce_scatter" ? n * count : count;
+    const size_t out = kind == "allgather" ? n * count : count;
+    std::vector<int32_t> send(in, rank + 1), recv(out + kGuards, kUntouched);
+    for (size_t i = out; i < recv.size(); ++i) recv[i] = kGuard;
+    if (kind == "bcast" && rank == 0) std::fill(recv.begin(), recv.begin() + out, 7);
+    mncl_status_t st = MNCL_OK;
+    if (kind == "bcast") {
+      st = completed(posted ? mncl_ibcast(comm, recv.data(), count, MNCL_INT32, 0, nullptr, req)
+                            : mncl_bcast(comm, recv.data(), count, MNCL_INT32, 0, nullptr),
+                     req);
+    } else if (kind == "allgather") {
+      st = completed(
+          posted ? mncl_iallgather(comm, send.data(), recv.data(), count, MNCL_INT32, nullptr, req)
+                 : mncl_allgather(comm, send.data(), recv.data(), count, MNCL_INT32, nullptr),
+          req);
+    } else if (kind == "reduce") {
+      st = completed(posted ? mncl_ireduce(comm, send.data(), recv.data(), count, MNCL_INT32,
+                                           MNCL_SUM, 0, nullptr, req)
+                            : mncl_reduce(comm, send.data(), recv.data(), count, MNCL_INT32,
+                                          MNCL_SUM, 0, nullptr),
+                     req);
+    } else {
+      st = completed(posted ? mncl_ireduce_scatter(comm, send.data(), recv.data(), count,
+                                                   MNCL_INT32, MNCL_SUM, nullptr, req)
+                            : mncl_reduce_scatter(comm, send.data(), recv.data(), count, MNCL_INT32,
+                                                  MNCL_SUM, nullptr),
+                     req);
+    }
+    const std::string what = kind + " of 16 and 64 int32" + how;
+    expect_refused(rank, st, what.c_str());
+    if (!(kind == "bcast" && rank == 0)) expect_untouched(rank, recv, out, what.c_str());
+    expect_usable(comm, rank, size, ("the mismatched " + what).c_str());
   }
   {  // allgatherv: rank 1 sends kLarge (and says so in its own recvcounts[1]); every other
      // rank's recvcounts[1] says kSmall.

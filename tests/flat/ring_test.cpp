@@ -1,6 +1,6 @@
 // flat's own ring (bounded mode: a blocking allreduce, reduce or allgather of at least
-// MNCL_FLAT_RING_MIN_BYTES per rank, by default 128 KiB (on 2 ranks 2 KiB, a reduce 32 KiB), a
-// reduce-scatter of a quarter of that, when every rank's call would ring).
+// MNCL_FLAT_RING_MIN_BYTES per rank, by default 128 KiB (on 2 ranks less: Comm::ring_min_bytes),
+// a reduce-scatter of a quarter of that, when every rank's call would ring).
 //
 //   ring_test                      every rank offers the ring (MNCL_FLAT_RING_MIN_BYTES=64K,
 //                                  set here): the ring runs, exact results (2 to 4 ranks: the
@@ -8,9 +8,10 @@
 //   ring_test --threshold-differs  rank 1 sets MNCL_FLAT_RING_MIN_BYTES=0 (no ring): every
 //                                  rank falls back to MPI's collectives, exact results
 //   ring_test --auto-threshold     MNCL_FLAT_RING_MIN_BYTES unset: each kind rings from its
-//                                  default (2 ranks: 2 KiB per rank, a reduce 32 KiB, a
-//                                  reduce-scatter 512 B blocks; more ranks: 128 KiB, 32 KiB),
-//                                  not one element below; exact results
+//                                  default (2 ranks: 2 KiB per rank, a reduce 32 KiB, an
+//                                  allgather 4 KiB blocks, a reduce-scatter 2 KiB blocks; more
+//                                  ranks: 128 KiB, a reduce-scatter 32 KiB blocks), not one
+//                                  element below; exact results
 //
 // Cases, first (on the communicator's first rings, whose scratch is allocated for them):
 // reduce-scatters (int32 SUM out of place, its input untouched, and in place; float32 AVG) and
@@ -407,8 +408,13 @@ int count_lines(const std::string &path, const char *needle) {
 // below, each with this rank's rings counted in its log around it.
 void auto_threshold_cases(mncl_comm_t comm, const std::string &log_path) {
   const size_t n = static_cast<size_t>(g_size);
-  const size_t chunk = g_size == 2 ? 2048 : 128 << 10;  // bytes per rank
-  const size_t reduce_chunk = g_size == 2 ? 32 << 10 : 128 << 10;
+  // Bytes per rank: an allreduce's and a reduce's chunk, an allgather's and a reduce-scatter's
+  // block (2 ranks: past the 3840 bytes the check exchange carries itself).
+  const bool two = g_size == 2;
+  const size_t chunk = two ? 2048 : 128 << 10;
+  const size_t reduce_chunk = two ? 32 << 10 : 128 << 10;
+  const size_t gather_block = two ? 4096 : 128 << 10;
+  const size_t scatter_block = two ? 2048 : 32 << 10;
   enum class Kind { kAllreduce, kReduce, kAllgather, kReduceScatter };
   struct Case {
     const char *what;
@@ -421,10 +427,10 @@ void auto_threshold_cases(mncl_comm_t comm, const std::string &log_path) {
       {"allreduce a chunk element below", Kind::kAllreduce, n * (chunk / 4 - 1), false},
       {"reduce at the threshold", Kind::kReduce, n * reduce_chunk / 4, true},
       {"reduce a chunk element below", Kind::kReduce, n * (reduce_chunk / 4 - 1), false},
-      {"allgather at the threshold", Kind::kAllgather, chunk / 4, true},
-      {"allgather an element below", Kind::kAllgather, chunk / 4 - 1, false},
-      {"reduce-scatter at a quarter of it", Kind::kReduceScatter, chunk / 16, true},
-      {"reduce-scatter an element below", Kind::kReduceScatter, chunk / 16 - 1, false},
+      {"allgather at the threshold", Kind::kAllgather, gather_block / 4, true},
+      {"allgather an element below", Kind::kAllgather, gather_block / 4 - 1, false},
+      {"reduce-scatter at the threshold", Kind::kReduceScatter, scatter_block / 4, true},
+      {"reduce-scatter an element below", Kind::kReduceScatter, scatter_block / 4 - 1, false},
   };
   for (const Case &k : cases) {
     const bool blocks = k.kind == Kind::kAllgather || k.kind == Kind::kReduceScatter;
