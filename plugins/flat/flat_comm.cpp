@@ -1413,8 +1413,8 @@ void Comm::check_call(Request &r) {
       "buffers",
       "sequence number",
       "elements inside the check, plus one (0: none; an allreduce, reduce or reduce-scatter of "
-      "at most 3840 bytes in all, a broadcast or allgather block of at most 3840 bytes up to 8 "
-      "ranks; never where flat advertises CUDA memory)"};
+      "at most 3840 bytes in all; with the direct exchange, a broadcast or allgather block of at "
+      "most 3840 bytes; never where flat advertises CUDA memory)"};
   for (int i = 0; r.fingerprinted && i < Request::kFields; ++i) {
     const uint64_t hi = r.check_out[i], lo = ~r.check_out[Request::kFields + i];
     if (hi == lo) continue;
