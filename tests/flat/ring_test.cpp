@@ -330,6 +330,22 @@ void beside_a_posted_one(const std::string &what, Post post, Block block) {
   check_status(("posted " + what).c_str(), st);
 }
 
+// beside_a_posted_one for an int32 SUM of count elements through a pair of the same shape
+// (allreduce, reduce-scatter: comm, send, recv, count, dtype, op, stream).
+using PostedSum = mncl_status_t (*)(mncl_comm_t, const void *, void *, size_t, mncl_dtype_t,
+                                    mncl_op_t, void *, mncl_request_t *);
+using BlockingSum = mncl_status_t (*)(mncl_comm_t, const void *, void *, size_t, mncl_dtype_t,
+                                      mncl_op_t, void *);
+void sum_beside_a_posted_one(const std::string &what, PostedSum post, BlockingSum block,
+                             mncl_comm_t comm, const int32_t *send, int32_t *recv, size_t count) {
+  beside_a_posted_one(
+      what,
+      [&](mncl_request_t *q) {
+        return post(comm, send, recv, count, MNCL_INT32, MNCL_SUM, nullptr, q);
+      },
+      [&] { return block(comm, send, recv, count, MNCL_INT32, MNCL_SUM, nullptr); });
+}
+
 // Rank 0 posts an allreduce, a reduce, a reduce-scatter and an allgather, the others block in
 // them: MPI's collectives on every rank.
 void posted_beside_blocking(mncl_comm_t comm) {
@@ -338,16 +354,8 @@ void posted_beside_blocking(mncl_comm_t comm) {
     send[i] = value(g_rank, i);
     for (int r = 0; r < g_size; ++r) sum[i] += value(r, i);
   }
-  beside_a_posted_one(
-      "allreduce",
-      [&](mncl_request_t *q) {
-        return mncl_iallreduce(comm, send.data(), recv.data(), kCount, MNCL_INT32, MNCL_SUM,
-                               nullptr, q);
-      },
-      [&] {
-        return mncl_allreduce(comm, send.data(), recv.data(), kCount, MNCL_INT32, MNCL_SUM,
-                              nullptr);
-      });
+  sum_beside_a_posted_one("allreduce", mncl_iallreduce, mncl_allreduce, comm, send.data(),
+                          recv.data(), kCount);
   expect_equal("posted beside blocking", recv, sum);
 
   const int root = g_size - 1;
@@ -375,16 +383,8 @@ void posted_beside_blocking(mncl_comm_t comm) {
   for (size_t i = 0; i < kBlock; ++i) {
     for (int r = 0; r < g_size; ++r) block_sums[i] += value(r, kBlock * g_rank + i);
   }
-  beside_a_posted_one(
-      "reduce_scatter",
-      [&](mncl_request_t *q) {
-        return mncl_ireduce_scatter(comm, input.data(), got.data(), kBlock, MNCL_INT32, MNCL_SUM,
-                                    nullptr, q);
-      },
-      [&] {
-        return mncl_reduce_scatter(comm, input.data(), got.data(), kBlock, MNCL_INT32, MNCL_SUM,
-                                   nullptr);
-      });
+  sum_beside_a_posted_one("reduce_scatter", mncl_ireduce_scatter, mncl_reduce_scatter, comm,
+                          input.data(), got.data(), kBlock);
   beside_a_posted_one(
       "allgather",
       [&](mncl_request_t *q) {
