@@ -111,6 +111,26 @@ int free_port() {
   return port;
 }
 
+// The local addresses (as /proc/net/tcp writes them) listening on a TCP port.
+std::vector<std::string> listeners(int port) {
+  std::vector<std::string> out;
+  for (const char *file : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(file);
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      std::istringstream ls(line);
+      std::string sl, local, remote, state;
+      ls >> sl >> local >> remote >> state;
+      const auto colon = local.rfind(':');
+      if (state != "0A" || colon == std::string::npos) continue;  // 0A: LISTEN
+      if (std::stoi(local.substr(colon + 1), nullptr, 16) != port) continue;
+      out.push_back(local.substr(0, colon));
+    }
+  }
+  return out;
+}
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -594,6 +614,15 @@ int worker_watchdog(Worker &w) {
 
 // Creates a communicator and reports; the driver inspects the listening sockets meanwhile.
 int worker_store(Worker &w) {
+  if (env_int("FAULT_AFTER_LISTEN", 0)) {
+    // duplicate_rank: start only once another process serves the store, so that the test
+    // chooses which of two "rank 0"s binds the address first.
+    const std::string url = env_or("MNCL_STORE", "");
+    const int port = std::atoi(url.substr(url.rfind(':') + 1).c_str());
+    for (int i = 0; i < 3000 && listeners(port).empty(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
   mncl_comm_t comm = nullptr;
   const int64_t t0 = now_ns();
   const mncl_status_t st = mncl_comm_create(nullptr, &comm);
@@ -1284,25 +1313,6 @@ int drive_watchdog(const Options &o) {
 }
 
 // (9) the TCP store listens on the requested address only; a wrong or missing token is refused.
-std::vector<std::string> listeners(int port) {
-  std::vector<std::string> out;
-  for (const char *file : {"/proc/net/tcp", "/proc/net/tcp6"}) {
-    std::ifstream in(file);
-    std::string line;
-    std::getline(in, line);  // header
-    while (std::getline(in, line)) {
-      std::istringstream ls(line);
-      std::string sl, local, remote, state;
-      ls >> sl >> local >> remote >> state;
-      const auto colon = local.rfind(':');
-      if (state != "0A" || colon == std::string::npos) continue;  // 0A: LISTEN
-      if (std::stoi(local.substr(colon + 1), nullptr, 16) != port) continue;
-      out.push_back(local.substr(0, colon));
-    }
-  }
-  return out;
-}
-
 int drive_store_bind(const Options &o) {
   Options one = o;
   one.backend = "naive";
@@ -1424,28 +1434,40 @@ int drive_duplicate_rank(const Options &o) {
             c.again ? " (again, same folder)" : "", refused, told);
   }
   std::filesystem::remove_all(folder);
-  // Another job's "rank 0" (a job of 4) on this job's TCP address: whichever of the two rank 0s
-  // binds second is refused at once, and its note in the other's store names a job of another
-  // size, so it stops no one: the ranks left wait for their missing peers until the timeout,
-  // and none of them blames a second claim of its rank.
-  {
-    Job job(three, 3, {}, [](int r, std::map<std::string, std::string> &e) {
+  // Another job's "rank 0" (a job of 4) on this job's TCP address, run twice so that each of
+  // the two rank 0s binds it first once (the other starts once the address listens). The one
+  // that binds second is refused at once and leaves its note in the other's store:
+  // - this job's rank 0 first: the foreign one's note names a job of 4, so it stops no one:
+  //   ranks 0 and 1 wait for their missing peers until the timeout, blaming no second claim;
+  // - the foreign one first: rank 0's note names this job's size, so rank 1 (which joined the
+  //   foreign store) stops at the grace and names the claim and the address found taken; the
+  //   foreign rank 0 waits out its timeout blaming no one.
+  for (const bool ours_first : {true, false}) {
+    Job job(three, 3, {}, [ours_first](int r, std::map<std::string, std::string> &e) {
       if (r == 2) {
         e["MNCL_RANK"] = "0";
         e["MNCL_SIZE"] = "4";
         e["FAULT_REPORT_AS"] = "2";
       }
+      if ((r == 2) == ours_first) e["FAULT_AFTER_LISTEN"] = "1";
     });
     job.results_from({0, 1, 2}, 60 + 2 * three.timeout_s);
-    int refused = 0, timed_out = 0;
+    const int second = ours_first ? 2 : 0;  // the process refused at the bind
+    int refused = 0, timed_out = 0, told = 0;
     for (int r : {0, 1, 2}) {
       auto it = job.results().find(r);
       if (it == job.results().end()) continue;
       const std::string m = job.message(r);
-      if (it->second.status == MNCL_ERR_BOOTSTRAP &&
+      if (r == second && it->second.status == MNCL_ERR_BOOTSTRAP &&
           m.find("is another process rank 0 too?") != std::string::npos) {
         ++refused;
-      } else if (it->second.status == MNCL_ERR_TIMEOUT &&
+      } else if (!ours_first && r == 1 && it->second.status == MNCL_ERR_BOOTSTRAP &&
+                 m.find("a process claimed rank 0 (from MNCL_RANK) a second time") !=
+                     std::string::npos &&
+                 m.find("(a job of 3 ranks); it found the store's address taken") !=
+                     std::string::npos) {
+        ++told;
+      } else if (r != second && it->second.status == MNCL_ERR_TIMEOUT &&
                  m.find("a process claimed") == std::string::npos) {
         ++timed_out;
       } else {
@@ -1453,14 +1475,15 @@ int drive_duplicate_rank(const Options &o) {
                      status_name(it->second.status), m.c_str());
       }
     }
-    const bool ok = refused == 1 && timed_out == 2;
+    const bool ok =
+        refused == 1 && timed_out == (ours_first ? 2 : 1) && told == (ours_first ? 0 : 1);
     passed += ok;
     detail +=
-        fmt("; another job's rank 0 on the address: %d refused at once, %d timed out "
-            "without blaming a second claim",
-            refused, timed_out);
+        fmt("; another job's rank 0 on the address, %s bound first: process %d refused at "
+            "once (%d), %d timed out without blaming a second claim, %d named the claim",
+            ours_first ? "this job's" : "the other job's", second, refused, timed_out, told);
   }
-  return report(name, three, passed == static_cast<int>(std::size(cases)) + 1, detail);
+  return report(name, three, passed == static_cast<int>(std::size(cases)) + 2, detail);
 }
 
 // One rank runs the backend as a plugin of ABI v4 (MNCL_PLUGIN_ABI_MAX=4), the others as v5:
