@@ -46,6 +46,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -1442,15 +1443,22 @@ int drive_duplicate_rank(const Options &o) {
   // - the foreign one first: rank 0's note names this job's size, so rank 1 (which joined the
   //   foreign store) stops at the grace and names the claim and the address found taken; the
   //   foreign rank 0 waits out its timeout blaming no one.
+  // The two jobs run side by side (each on a port of its own): both wait out a timeout.
+  std::unique_ptr<Job> jobs[2];
   for (const bool ours_first : {true, false}) {
-    Job job(three, 3, {}, [ours_first](int r, std::map<std::string, std::string> &e) {
-      if (r == 2) {
-        e["MNCL_RANK"] = "0";
-        e["MNCL_SIZE"] = "4";
-        e["FAULT_REPORT_AS"] = "2";
-      }
-      if ((r == 2) == ours_first) e["FAULT_AFTER_LISTEN"] = "1";
-    });
+    jobs[ours_first] =
+        std::make_unique<Job>(three, 3, std::map<std::string, std::string>{},
+                              [ours_first](int r, std::map<std::string, std::string> &e) {
+                                if (r == 2) {
+                                  e["MNCL_RANK"] = "0";
+                                  e["MNCL_SIZE"] = "4";
+                                  e["FAULT_REPORT_AS"] = "2";
+                                }
+                                if ((r == 2) == ours_first) e["FAULT_AFTER_LISTEN"] = "1";
+                              });
+  }
+  for (const bool ours_first : {true, false}) {
+    Job &job = *jobs[ours_first];
     job.results_from({0, 1, 2}, 60 + 2 * three.timeout_s);
     const int second = ours_first ? 2 : 0;  // the process refused at the bind
     int refused = 0, timed_out = 0, told = 0;
