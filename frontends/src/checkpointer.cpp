@@ -29,6 +29,8 @@ constexpr uint32_t kWholeJobVersion = 1;
 constexpr uint32_t kGroupVersion = 2;
 constexpr std::size_t kHeaderBytes = 48;
 constexpr std::size_t kHeaderCrcOffset = 44;
+// How read_snapshot() refuses an intact snapshot of a job of another size.
+constexpr char kAnotherJobSize[] = "written by a job of ";
 
 template <class T>
 void put(uint8_t *out, std::size_t offset, T value) {
@@ -169,6 +171,12 @@ void Checkpointer::save_bytes(uint64_t iteration, Span<const uint8_t> payload) {
 
   // Written under a temporary name and renamed: a reader sees the old file or the whole new one.
   const std::string final_path = path(iteration);
+  if (const auto size = written_job_size(iteration);
+      size && *size != static_cast<uint32_t>(comm_->size())) {
+    fail(final_path + " holds a snapshot of a job of " + std::to_string(*size) +
+         " ranks; this job has " + std::to_string(comm_->size()) +
+         ": checkpoint to another directory or name (it was not overwritten)");
+  }
   const std::string temp_path = final_path + ".tmp";
   const int fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail("creating " + temp_path + ": " + errno_text());
@@ -218,24 +226,12 @@ std::vector<uint64_t> Checkpointer::listed_iterations(std::vector<std::string> *
   return iterations;
 }
 
-std::optional<std::vector<uint8_t>> Checkpointer::read_snapshot(uint64_t iteration,
-                                                                std::string *why) const {
-  auto reject = [why](const std::string &reason) -> std::optional<std::vector<uint8_t>> {
+std::optional<std::size_t> Checkpointer::check_header(const std::vector<uint8_t> &bytes,
+                                                      uint64_t iteration, std::string *why) const {
+  auto reject = [why](const std::string &reason) -> std::optional<std::size_t> {
     if (why) *why = reason;
     return std::nullopt;
   };
-  const std::string file = path(iteration);
-  std::FILE *f = std::fopen(file.c_str(), "rb");
-  if (!f) return reject("cannot open: " + errno_text());
-  std::vector<uint8_t> bytes;
-  std::array<uint8_t, 1 << 16> block;
-  std::size_t n;
-  while ((n = std::fread(block.data(), 1, block.size(), f)) > 0) {
-    bytes.insert(bytes.end(), block.data(), block.data() + n);
-  }
-  const bool read_error = std::ferror(f) != 0;
-  std::fclose(f);
-  if (read_error) return reject("read error");
   if (bytes.size() < kHeaderBytes) {
     return reject("truncated: " + std::to_string(bytes.size()) + " bytes, no complete header");
   }
@@ -265,54 +261,123 @@ std::optional<std::vector<uint8_t>> Checkpointer::read_snapshot(uint64_t iterati
     return reject("written by " + group_name(group) + ", this rank checkpoints " +
                   group_name(group_));
   }
-  if (get<uint32_t>(h, 16) != static_cast<uint32_t>(comm_->size())) {
-    return reject("written by a job of " + std::to_string(get<uint32_t>(h, 16)) + " ranks");
+  return kHeaderBytes + group_length;
+}
+
+std::optional<uint32_t> Checkpointer::written_job_size(uint64_t iteration) const {
+  const int fd = ::open(path(iteration).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  std::vector<uint8_t> head(kHeaderBytes);
+  auto read_into = [fd](uint8_t *out, std::size_t size) {
+    while (size > 0) {
+      const ssize_t n = ::read(fd, out, size);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return false;
+      out += n;
+      size -= static_cast<std::size_t>(n);
+    }
+    return true;
+  };
+  bool complete = read_into(head.data(), head.size());
+  if (complete) {
+    // The group follows the fixed part (at most a few dozen bytes; a corrupt length fails the
+    // checksum after a bounded read).
+    const std::size_t group_length = std::min<std::size_t>(get<uint32_t>(head.data(), 20), 4096);
+    head.resize(kHeaderBytes + group_length);
+    complete = read_into(head.data() + kHeaderBytes, group_length);
   }
-  const std::size_t payload_offset = kHeaderBytes + group_length;
+  ::close(fd);
+  if (!complete || !check_header(head, iteration, nullptr)) return std::nullopt;
+  return get<uint32_t>(head.data(), 16);
+}
+
+bool Checkpointer::of_another_job_size(uint64_t iteration) const {
+  const auto size = written_job_size(iteration);
+  return size && *size != static_cast<uint32_t>(comm_->size());
+}
+
+std::optional<std::vector<uint8_t>> Checkpointer::read_snapshot(uint64_t iteration,
+                                                                std::string *why) const {
+  auto reject = [why](const std::string &reason) -> std::optional<std::vector<uint8_t>> {
+    if (why) *why = reason;
+    return std::nullopt;
+  };
+  const std::string file = path(iteration);
+  std::FILE *f = std::fopen(file.c_str(), "rb");
+  if (!f) return reject("cannot open: " + errno_text());
+  std::vector<uint8_t> bytes;
+  std::array<uint8_t, 1 << 16> block;
+  std::size_t n;
+  while ((n = std::fread(block.data(), 1, block.size(), f)) > 0) {
+    bytes.insert(bytes.end(), block.data(), block.data() + n);
+  }
+  const bool read_error = std::ferror(f) != 0;
+  std::fclose(f);
+  if (read_error) return reject("read error");
+  const auto payload_offset = check_header(bytes, iteration, why);
+  if (!payload_offset) return std::nullopt;
+  const uint8_t *h = bytes.data();
   const uint64_t length = get<uint64_t>(h, 32);
-  if (length != bytes.size() - payload_offset) {
-    return reject("payload is " + std::to_string(bytes.size() - payload_offset) +
+  if (length != bytes.size() - *payload_offset) {
+    return reject("payload is " + std::to_string(bytes.size() - *payload_offset) +
                   " bytes, header says " + std::to_string(length));
   }
-  if (get<uint32_t>(h, 40) != crc32(h + payload_offset, length)) {
+  if (get<uint32_t>(h, 40) != crc32(h + *payload_offset, length)) {
     return reject("payload checksum mismatch");
   }
-  bytes.erase(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(payload_offset));
+  // Checked last: a snapshot refused for its job's size alone is intact (resume() says so
+  // rather than starting afresh, and nothing deletes or overwrites it).
+  if (get<uint32_t>(h, 16) != static_cast<uint32_t>(comm_->size())) {
+    return reject(std::string(kAnotherJobSize) + std::to_string(get<uint32_t>(h, 16)) + " ranks");
+  }
+  bytes.erase(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(*payload_offset));
   return bytes;
 }
 
-std::vector<uint64_t> Checkpointer::local_iterations() const {
-  std::vector<uint64_t> valid;
+Checkpointer::Scan Checkpointer::scan() const {
+  Scan found;
   for (uint64_t iteration : listed_iterations()) {
     std::string why;
     if (read_snapshot(iteration, &why)) {
-      valid.push_back(iteration);
-    } else if (options_.verbose) {
+      found.valid.push_back(iteration);
+      continue;
+    }
+    if (why.compare(0, std::strlen(kAnotherJobSize), kAnotherJobSize) == 0) {
+      found.another_job.emplace_back(iteration, written_job_size(iteration).value_or(0));
+    }
+    if (options_.verbose) {
       std::fprintf(stderr, "mncl checkpointer: rank %d: skipping %s: %s\n", comm_->rank(),
                    path(iteration).c_str(), why.c_str());
     }
   }
-  return valid;
+  return found;
+}
+
+std::vector<uint64_t> Checkpointer::local_iterations() const {
+  return scan().valid;
 }
 
 std::optional<uint64_t> Checkpointer::resume_with(
     const std::function<void(Span<const uint8_t>)> &load) {
+  const Scan mine = scan();
   // Iterations every rank holds intact, newest first.
-  const auto everyone = comm_->allgather_obj(local_iterations());
+  const auto everyone = comm_->allgather_obj(mine.valid);
   std::set<uint64_t> common(everyone.front().begin(), everyone.front().end());
-  for (const auto &mine : everyone) {
+  for (const auto &theirs : everyone) {
     std::set<uint64_t> kept;
-    for (uint64_t iteration : mine) {
+    for (uint64_t iteration : theirs) {
       if (common.count(iteration)) kept.insert(iteration);
     }
     common.swap(kept);
   }
   // Whether `load` ran on some rank (and may have changed its state, fully or in part) for an
-  // iteration that not every rank could load.
+  // iteration that not every rank could load, and the ranks' reasons.
   std::optional<uint64_t> touched;
+  std::string touched_why;
   for (auto it = common.rbegin(); it != common.rend(); ++it) {
-    // [ranks that loaded it, ranks whose load ran at all (and threw or not)]
-    std::array<int32_t, 2> counts{0, 0};
+    // [ranks that loaded it, ranks whose load ran at all (and threw or not), ranks whose load
+    //  refused this run's configuration]
+    std::array<int32_t, 3> counts{0, 0, 0};
     std::string why;
     try {
       if (auto payload = read_snapshot(*it, &why)) {
@@ -320,6 +385,13 @@ std::optional<uint64_t> Checkpointer::resume_with(
         load(Span<const uint8_t>(*payload));
         counts[0] = 1;
       }
+    } catch (const SerializationError &e) {
+      why = e.what();
+    } catch (const InvalidArgument &e) {
+      // Decoded, but not for this configuration (MultiNodeOptimizer's allreduce_every, say):
+      // an older snapshot would roll training back, and resuming deletes newer ones.
+      why = e.what();
+      counts[2] = 1;
     } catch (const std::exception &e) {
       why = e.what();
     }
@@ -333,26 +405,66 @@ std::optional<uint64_t> Checkpointer::resume_with(
       remove_leftovers(*it);
       return *it;
     }
-    if (counts[1] > 0 && !touched) touched = *it;
+    // Every rank takes the same branches from here: the counts are the same everywhere.
+    const std::string first_why = first_reason(why);
+    if (counts[2] > 0) {
+      throw InvalidArgument(
+          "Checkpointer::resume: the snapshot of iteration " + std::to_string(*it) +
+          " does not fit this run (" + first_why +
+          "); no older one was loaded and nothing was deleted: resume with the settings it was "
+          "saved with (the ranks whose load ran may hold its state in part)");
+    }
+    if (counts[1] > 0 && !touched) {
+      touched = *it;
+      touched_why = first_why + "; " + std::to_string(counts[1]) + " of " +
+                    std::to_string(comm_->size()) + " ranks ran its load, " +
+                    std::to_string(counts[0]) + " loaded it whole";
+    }
   }
   if (touched) {
     // No older snapshot replaced what a failed attempt loaded: the ranks' states now differ,
     // and "nothing to resume" would let training go on from them. Every rank throws alike.
     throw CheckpointError("Checkpointer::resume: the snapshot of iteration " +
-                          std::to_string(*touched) +
-                          " could not be loaded on every rank, and no older one that every "
-                          "rank holds loads; ranks that loaded it hold its state, so the "
-                          "state is not the same everywhere: rebuild it before training");
+                          std::to_string(*touched) + " could not be loaded on every rank (" +
+                          touched_why +
+                          "), and no older one that every rank holds loads; the ranks whose "
+                          "load ran may hold its state in part or whole, so the state is not "
+                          "the same everywhere: rebuild it before training");
+  }
+  // Nothing to resume here, but intact snapshots of a job of another size: starting afresh
+  // would let the first saves overwrite them (same names). Every rank throws alike.
+  const auto another_job = comm_->allgather_obj(mine.another_job);
+  for (int rank = 0; rank < comm_->size(); ++rank) {
+    if (another_job[rank].empty()) continue;
+    const auto [newest, size] = another_job[rank].back();
+    throw CheckpointError(
+        "Checkpointer::resume: " + directory_ + " holds snapshots of '" + name_ +
+        "' that a job of " + std::to_string(size) + " ranks wrote (rank " + std::to_string(rank) +
+        "'s newest: iteration " + std::to_string(newest) + ") and none that this job of " +
+        std::to_string(comm_->size()) +
+        " ranks can resume: run with the job size that wrote them, or checkpoint to another "
+        "directory or name; nothing was loaded or deleted");
   }
   remove_leftovers(std::nullopt);
   return std::nullopt;
 }
 
+std::string Checkpointer::first_reason(const std::string &mine) const {
+  const auto reasons = comm_->allgather_obj(mine);
+  for (int rank = 0; rank < comm_->size(); ++rank) {
+    if (!reasons[rank].empty()) return "rank " + std::to_string(rank) + ": " + reasons[rank];
+  }
+  return "no rank said why";
+}
+
 void Checkpointer::remove_leftovers(std::optional<uint64_t> resumed) const {
   std::vector<std::string> temporaries;
   for (uint64_t iteration : listed_iterations(&temporaries)) {
-    // Newer than what everyone resumed from: a run that did not finish them on every rank.
-    if (resumed && iteration > *resumed) remove_snapshot(iteration);
+    // Newer than what everyone resumed from: a run that did not finish them on every rank
+    // (a job of another size's are kept).
+    if (resumed && iteration > *resumed && !of_another_job_size(iteration)) {
+      remove_snapshot(iteration);
+    }
   }
   // Half-written files of a writer that died (only this rank ever writes its files).
   for (const auto &file : temporaries) ::unlink(file.c_str());
@@ -368,6 +480,8 @@ void Checkpointer::remove_snapshot(uint64_t iteration) const {
 void Checkpointer::prune(uint64_t newest_kept) const {
   std::vector<uint64_t> kept;
   for (uint64_t iteration : listed_iterations()) {
+    // A job of another size wrote it: neither this job's to count nor to delete.
+    if (of_another_job_size(iteration)) continue;
     if (iteration > newest_kept) {
       remove_snapshot(iteration);  // an abandoned future: it must never win a resume
     } else {

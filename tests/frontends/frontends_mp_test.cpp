@@ -955,12 +955,138 @@ TEST_F(Frontends, CheckpointerFailedLoadOnOneRankFailsEveryRankOrFallsBack) {
         ckpt.resume(state);
         ADD_FAILURE() << "resume returned although rank " << size() - 1 << " could not load";
       } catch (const mncl::CheckpointError &e) {
-        EXPECT_NE(std::string(e.what()).find("iteration 2"), std::string::npos) << e.what();
+        const std::string what = e.what();
+        EXPECT_NE(what.find("iteration 2"), std::string::npos) << what;
+        // The failing rank's reason, on every rank; the others did load it.
+        EXPECT_NE(what.find("rank " + std::to_string(size() - 1) + ": "), std::string::npos)
+            << what;
+        EXPECT_NE(what.find(std::to_string(size() - 1) + " loaded it whole"), std::string::npos)
+            << what;
       }
     }
     comm().barrier();
     if (rank() == 0) std::system(("rm -rf '" + dir + "'").c_str());
   }
+}
+
+// A snapshot that decodes but does not fit this run (load throws InvalidArgument, as
+// MultiNodeOptimizer's does for another allreduce_every mid-round), on every rank or on one:
+// every rank throws InvalidArgument naming it and the reason, without falling back to an older
+// snapshot (which rolled training back) or deleting the newer one.
+TEST_F(Frontends, CheckpointerMisfitSnapshotFailsEveryRankAndDeletesNothing) {
+  for (bool everywhere : {true, false}) {
+    std::string dir = "/tmp/mncl-ckpt-mp-XXXXXX";
+    if (rank() == 0) {
+      ASSERT_NE(mkdtemp(dir.data()), nullptr);
+    }
+    comm().bcast_obj(dir);
+    mncl::Checkpointer ckpt(comm(), dir, "state", {3, false, false});
+    for (uint64_t it = 1; it <= 2; ++it) ckpt.save(it, std::vector<int>{rank(), int(it)});
+    const int refusing = everywhere ? -1 : size() - 1;
+    std::vector<uint64_t> loaded;
+    try {
+      ckpt.resume_with([&](mncl::Span<const uint8_t> payload) {
+        std::vector<int> state;
+        mncl::from_bytes(payload, state);
+        loaded.push_back(static_cast<uint64_t>(state.at(1)));
+        if (state.at(1) == 2 && (refusing < 0 || rank() == refusing)) {
+          throw mncl::InvalidArgument("saved with another setting");
+        }
+      });
+      ADD_FAILURE() << "resume returned although iteration 2 did not fit";
+    } catch (const mncl::InvalidArgument &e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("iteration 2"), std::string::npos) << what;
+      EXPECT_NE(what.find("rank " + std::to_string(refusing < 0 ? 0 : refusing) +
+                          ": saved with another setting"),
+                std::string::npos)
+          << what;
+    }
+    EXPECT_EQ(loaded, std::vector<uint64_t>{2}) << "an older snapshot was loaded";
+    EXPECT_EQ(ckpt.local_iterations(), (std::vector<uint64_t>{1, 2})) << "a snapshot was deleted";
+    comm().barrier();
+    if (rank() == 0) std::system(("rm -rf '" + dir + "'").c_str());
+  }
+}
+
+namespace {
+// Rewrites a snapshot's header as a job of `job_size` ranks would have written it (the size
+// field and the header's checksum: magic 8 | version 4 | rank 4 | size 4 | group length 4 |
+// ... | header crc at 44 over the 44 bytes before it, then the group).
+void rewrite_job_size(const std::string &path, uint32_t job_size) {
+  std::vector<uint8_t> bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  ASSERT_GE(bytes.size(), 48u) << path;
+  std::memcpy(bytes.data() + 16, &job_size, sizeof job_size);
+  uint32_t group_length;
+  std::memcpy(&group_length, bytes.data() + 20, sizeof group_length);
+  const uint32_t crc = mncl::crc32(bytes.data() + 48, group_length, mncl::crc32(bytes.data(), 44));
+  std::memcpy(bytes.data() + 44, &crc, sizeof crc);
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      .write(reinterpret_cast<const char *>(bytes.data()),
+             static_cast<std::streamsize>(bytes.size()));
+}
+}  // namespace
+
+// A rerun with another number of ranks in the same directory: its resume once skipped every
+// snapshot ("written by a job of N ranks") and returned nullopt, and its first saves then
+// pruned and overwrote the bigger job's files (same names). Now resume throws on every rank,
+// saves never overwrite nor prune a snapshot of another job size, and nothing is lost.
+TEST_F(Frontends, CheckpointerKeepsSnapshotsOfAnotherJobSize) {
+  std::string dir = "/tmp/mncl-ckpt-mp-XXXXXX";
+  if (rank() == 0) {
+    ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  }
+  comm().bcast_obj(dir);
+  mncl::Checkpointer ckpt(comm(), dir, "state", {3, false, false});
+  const uint32_t other_size = static_cast<uint32_t>(size()) + 1;
+  for (uint64_t it = 2; it <= 4; ++it) {
+    ckpt.save(it, std::vector<int>{rank(), int(it)});
+    rewrite_job_size(ckpt.path(it), other_size);
+  }
+  std::string why;
+  EXPECT_FALSE(ckpt.read_snapshot(4, &why).has_value());
+  EXPECT_NE(why.find("written by a job of " + std::to_string(other_size) + " ranks"),
+            std::string::npos)
+      << why;
+  std::vector<int> state{-1};
+  try {
+    ckpt.resume(state);
+    ADD_FAILURE() << "resume returned although the directory holds another job size's snapshots";
+  } catch (const mncl::CheckpointError &e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("a job of " + std::to_string(other_size) + " ranks wrote"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("iteration 4"), std::string::npos) << what;
+  }
+  EXPECT_EQ(state, std::vector<int>{-1});
+  // Not overwritten (same name)...
+  EXPECT_THROW(ckpt.save(3, std::vector<int>{rank(), 3}), mncl::CheckpointError);
+  // ... nor pruned as older than the 3 kept, nor as newer than what was just saved.
+  ckpt.save(5, std::vector<int>{rank(), 5});
+  ckpt.save(6, std::vector<int>{rank(), 6});
+  ckpt.save(7, std::vector<int>{rank(), 7});
+  ckpt.save(8, std::vector<int>{rank(), 8});
+  ckpt.save(1, std::vector<int>{rank(), 1});  // 5-8 now an abandoned future: deleted
+  for (uint64_t it = 2; it <= 4; ++it) {
+    EXPECT_FALSE(ckpt.read_snapshot(it, &why).has_value());
+    EXPECT_NE(why.find("written by a job of"), std::string::npos) << it << ": " << why;
+  }
+  EXPECT_EQ(ckpt.local_iterations(), std::vector<uint64_t>{1});
+  // This job's own snapshot resumes; the others stay.
+  const auto resumed = ckpt.resume(state);
+  ASSERT_TRUE(resumed.has_value());
+  EXPECT_EQ(*resumed, 1u);
+  EXPECT_EQ(state, (std::vector<int>{rank(), 1}));
+  for (uint64_t it = 2; it <= 4; ++it) {
+    EXPECT_TRUE(std::ifstream(ckpt.path(it)).good()) << ckpt.path(it) << " was deleted";
+  }
+  comm().barrier();
+  if (rank() == 0) std::system(("rm -rf '" + dir + "'").c_str());
 }
 
 // Hybrid training checkpoints each stage's data-parallel group, whose ranks share rank numbers

@@ -25,6 +25,14 @@
 // it (else they try the next older one). Snapshots newer than the agreed one belonged to an
 // abandoned run and are deleted, as are temporaries left by a writer that died. The state type
 // follows the serialization concept.
+//
+// What is never lost: an intact snapshot of a job of another size (same names: its ranks'
+// files) is neither loaded, overwritten (save throws CheckpointError), pruned nor deleted, and
+// a resume that finds nothing else throws CheckpointError on every rank naming that size
+// instead of starting afresh. A snapshot whose load throws InvalidArgument (it decodes but
+// does not fit this run's settings; SerializationError, a subclass, means it does not decode)
+// makes every rank throw InvalidArgument naming the rank and reason, with nothing deleted and
+// no older snapshot loaded in its place.
 #ifndef MNCL_FRONTENDS_CHECKPOINTER_HPP
 #define MNCL_FRONTENDS_CHECKPOINTER_HPP
 
@@ -32,6 +40,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mncl/frontends/communicator.hpp"
@@ -68,7 +77,9 @@ class Checkpointer {
   // its iteration, or returns nullopt (state untouched) when there is none. If a snapshot that
   // verified fails to deserialize on some rank, state may be partly overwritten before an older
   // one loads; when no older one loads everywhere, every rank throws CheckpointError (some
-  // ranks' states were changed) instead of returning nullopt.
+  // ranks' states were changed) instead of returning nullopt. Throws InvalidArgument when the
+  // newest one's load refuses this run's settings, and CheckpointError when there is nothing
+  // to resume but snapshots of a job of another size (see above).
   template <class State>
   std::optional<uint64_t> resume(State &state) {
     return resume_with([&state](Span<const uint8_t> payload) { from_bytes(payload, state); });
@@ -89,6 +100,22 @@ class Checkpointer {
   const std::string &group() const noexcept { return group_; }
 
  private:
+  // This rank's snapshots: those that verify, and those intact but of a job of another size
+  // (oldest first).
+  struct Scan {
+    std::vector<uint64_t> valid;
+    std::vector<std::pair<uint64_t, uint32_t>> another_job;  // iteration, job size
+  };
+  Scan scan() const;
+  // The header's checks (magic, checksum, version, rank, iteration, group); the payload's
+  // offset, or nullopt with the reason in *why.
+  std::optional<std::size_t> check_header(const std::vector<uint8_t> &bytes, uint64_t iteration,
+                                          std::string *why) const;
+  // The job size in a snapshot's header that verifies (read alone, not the payload).
+  std::optional<uint32_t> written_job_size(uint64_t iteration) const;
+  bool of_another_job_size(uint64_t iteration) const;
+  // Collective: the first rank's non-empty reason, as "rank r: reason".
+  std::string first_reason(const std::string &mine) const;
   // Iterations of this rank's snapshot files, verified or not (and its temporaries' paths).
   std::vector<uint64_t> listed_iterations(std::vector<std::string> *temporaries = nullptr) const;
   // After resume: snapshots newer than the resumed one, and temporaries of dead writers.
