@@ -39,6 +39,18 @@ class Frontends : public ::testing::Test {
   mncl::Communicator &comm() { return spmd::world(); }
   int rank() const { return spmd::world().rank(); }
   int size() const { return spmd::world().size(); }
+  // A fresh folder that rank 0 made, named on every rank; empty if mkdtemp failed.
+  std::string checkpoint_dir() {
+    std::string dir = "/tmp/mncl-ckpt-mp-XXXXXX";
+    if (rank() == 0 && mkdtemp(dir.data()) == nullptr) dir.clear();
+    comm().bcast_obj(dir);
+    return dir;
+  }
+  // Once every rank is done with it.
+  void remove_checkpoint_dir(const std::string &dir) {
+    comm().barrier();
+    if (rank() == 0) std::system(("rm -rf '" + dir + "'").c_str());
+  }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -896,11 +908,8 @@ TEST_F(Frontends, EvaluatorWeightsBySampleCount) {
 // ---------------------------------------------------------------------------------------------
 
 TEST_F(Frontends, CheckpointerAgreesOnTheNewestCommonIteration) {
-  std::string dir = "/tmp/mncl-ckpt-mp-XXXXXX";
-  if (rank() == 0) {
-    ASSERT_NE(mkdtemp(dir.data()), nullptr);
-  }
-  comm().bcast_obj(dir);
+  const std::string dir = checkpoint_dir();
+  ASSERT_FALSE(dir.empty());
   mncl::Checkpointer ckpt(comm(), dir, "state", {3, false, false});
   for (uint64_t it = 1; it <= 4; ++it) {
     // The last rank "dies" before saving 4; rank 0's 3 is corrupt.
@@ -921,8 +930,7 @@ TEST_F(Frontends, CheckpointerAgreesOnTheNewestCommonIteration) {
   ASSERT_TRUE(resumed.has_value());
   EXPECT_EQ(*resumed, 2u);
   EXPECT_EQ(state, (std::vector<int>{rank(), 2}));
-  comm().barrier();
-  if (rank() == 0) std::system(("rm -rf '" + dir + "'").c_str());
+  remove_checkpoint_dir(dir);
 }
 
 // A snapshot that verifies but does not decode on one rank (the last): the others have loaded
@@ -930,11 +938,8 @@ TEST_F(Frontends, CheckpointerAgreesOnTheNewestCommonIteration) {
 // rank throws (it once returned "nothing to resume" while the others kept what they loaded).
 TEST_F(Frontends, CheckpointerFailedLoadOnOneRankFailsEveryRankOrFallsBack) {
   for (bool older : {true, false}) {
-    std::string dir = "/tmp/mncl-ckpt-mp-XXXXXX";
-    if (rank() == 0) {
-      ASSERT_NE(mkdtemp(dir.data()), nullptr);
-    }
-    comm().bcast_obj(dir);
+    const std::string dir = checkpoint_dir();
+    ASSERT_FALSE(dir.empty());
     mncl::Checkpointer ckpt(comm(), dir, "state", {3, false, false});
     if (older) ckpt.save(1, std::vector<int>{rank(), 1});
     if (rank() == size() - 1) {
@@ -964,8 +969,7 @@ TEST_F(Frontends, CheckpointerFailedLoadOnOneRankFailsEveryRankOrFallsBack) {
             << what;
       }
     }
-    comm().barrier();
-    if (rank() == 0) std::system(("rm -rf '" + dir + "'").c_str());
+    remove_checkpoint_dir(dir);
   }
 }
 
@@ -975,11 +979,8 @@ TEST_F(Frontends, CheckpointerFailedLoadOnOneRankFailsEveryRankOrFallsBack) {
 // snapshot (which rolled training back) or deleting the newer one.
 TEST_F(Frontends, CheckpointerMisfitSnapshotFailsEveryRankAndDeletesNothing) {
   for (bool everywhere : {true, false}) {
-    std::string dir = "/tmp/mncl-ckpt-mp-XXXXXX";
-    if (rank() == 0) {
-      ASSERT_NE(mkdtemp(dir.data()), nullptr);
-    }
-    comm().bcast_obj(dir);
+    const std::string dir = checkpoint_dir();
+    ASSERT_FALSE(dir.empty());
     mncl::Checkpointer ckpt(comm(), dir, "state", {3, false, false});
     for (uint64_t it = 1; it <= 2; ++it) ckpt.save(it, std::vector<int>{rank(), int(it)});
     const int refusing = everywhere ? -1 : size() - 1;
@@ -1004,8 +1005,7 @@ TEST_F(Frontends, CheckpointerMisfitSnapshotFailsEveryRankAndDeletesNothing) {
     }
     EXPECT_EQ(loaded, std::vector<uint64_t>{2}) << "an older snapshot was loaded";
     EXPECT_EQ(ckpt.local_iterations(), (std::vector<uint64_t>{1, 2})) << "a snapshot was deleted";
-    comm().barrier();
-    if (rank() == 0) std::system(("rm -rf '" + dir + "'").c_str());
+    remove_checkpoint_dir(dir);
   }
 }
 
@@ -1036,11 +1036,8 @@ void rewrite_job_size(const std::string &path, uint32_t job_size) {
 // pruned and overwrote the bigger job's files (same names). Now resume throws on every rank,
 // saves never overwrite nor prune a snapshot of another job size, and nothing is lost.
 TEST_F(Frontends, CheckpointerKeepsSnapshotsOfAnotherJobSize) {
-  std::string dir = "/tmp/mncl-ckpt-mp-XXXXXX";
-  if (rank() == 0) {
-    ASSERT_NE(mkdtemp(dir.data()), nullptr);
-  }
-  comm().bcast_obj(dir);
+  const std::string dir = checkpoint_dir();
+  ASSERT_FALSE(dir.empty());
   mncl::Checkpointer ckpt(comm(), dir, "state", {3, false, false});
   const uint32_t other_size = static_cast<uint32_t>(size()) + 1;
   for (uint64_t it = 2; it <= 4; ++it) {
@@ -1085,8 +1082,7 @@ TEST_F(Frontends, CheckpointerKeepsSnapshotsOfAnotherJobSize) {
   for (uint64_t it = 2; it <= 4; ++it) {
     EXPECT_TRUE(std::ifstream(ckpt.path(it)).good()) << ckpt.path(it) << " was deleted";
   }
-  comm().barrier();
-  if (rank() == 0) std::system(("rm -rf '" + dir + "'").c_str());
+  remove_checkpoint_dir(dir);
 }
 
 // Hybrid training checkpoints each stage's data-parallel group, whose ranks share rank numbers
@@ -1096,11 +1092,8 @@ TEST_F(Frontends, CheckpointerKeepsSnapshotsOfAnotherJobSize) {
 // name.
 TEST_F(Frontends, CheckpointerOnSubCommunicatorsKeepsGroupsApart) {
   if (size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks (2 stages)";
-  std::string dir = "/tmp/mncl-ckpt-mp-XXXXXX";
-  if (rank() == 0) {
-    ASSERT_NE(mkdtemp(dir.data()), nullptr);
-  }
-  comm().bcast_obj(dir);
+  const std::string dir = checkpoint_dir();
+  ASSERT_FALSE(dir.empty());
   auto groups = mncl::split_hybrid(comm(), 2);
   const int stage = groups.coords.stage, replica = groups.coords.replica;
   mncl::Checkpointer ckpt(groups.data_parallel, dir, "model", {3, false, false});
@@ -1141,8 +1134,7 @@ TEST_F(Frontends, CheckpointerOnSubCommunicatorsKeepsGroupsApart) {
   const int expected = stage == 1 ? 3 : 4;
   EXPECT_EQ(*resumed, uint64_t(expected));
   EXPECT_EQ(state, (std::vector<int>{stage, replica, expected}));
-  comm().barrier();
-  if (rank() == 0) std::system(("rm -rf '" + dir + "'").c_str());
+  remove_checkpoint_dir(dir);
   groups.model_parallel.destroy();
   groups.data_parallel.destroy();
 }
