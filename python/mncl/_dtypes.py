@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 
+from ._cuda import CudaArray
 from ._lib import lib
 
 # mncl_dtype_t, by name (mncl_dtype_name's names).
@@ -54,7 +55,8 @@ def dtype_code(arr, dtype=None):
 
     dtype None: from the array's own dtype. Otherwise an MNCL dtype name ("bfloat16", ...) that
     the array either already has, or holds as raw bits in an unsigned integer array of the same
-    item size (uint16 for bfloat16 or float16, uint32 for float32, ...).
+    item size (uint16 for bfloat16 or float16, uint32 for float32, ...; for a CUDA array, also
+    opaque items of that size, as PyTorch's bfloat16). Any other array is a TypeError.
     """
     if dtype is None:
         if not arr.dtype.isnative:
@@ -68,9 +70,13 @@ def dtype_code(arr, dtype=None):
     if not isinstance(dtype, str) or dtype.lower() not in CODES:
         raise ValueError(f"mncl: unknown dtype {dtype!r} (one of {', '.join(CODES)})")
     code = CODES[dtype.lower()]
-    # Unsigned integers, or opaque "V" items (PyTorch's CUDA bfloat16 is "<V2"), of the size.
-    raw_bits = (arr.dtype.kind in "uV" and (arr.dtype.isnative or arr.dtype.kind == "V")
-                and arr.dtype.itemsize == lib.mncl_dtype_size(code))
+    # Native unsigned integers of the size, or, in a CUDA array only, opaque "V" items of the
+    # size (PyTorch's CUDA bfloat16 is "<V2": its typestr says no more). A NumPy array of "V"
+    # kind is some other type (ml_dtypes' bfloat16, float8...): not raw bits.
+    kind = arr.dtype.kind
+    raw_bits = (arr.dtype.itemsize == lib.mncl_dtype_size(code)
+                and ((kind == "u" and arr.dtype.isnative)
+                     or (kind == "V" and isinstance(arr, CudaArray))))
     if not raw_bits:
         try:
             same = dtype_code(arr) == code

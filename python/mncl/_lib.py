@@ -3,6 +3,7 @@
 import ctypes
 import operator
 import os
+import re
 
 from .errors import error_for
 
@@ -10,18 +11,31 @@ SONAME = "libmncl.so.1"
 ABI_MAJOR = 1  # the SONAME's number; mncl.h's MNCL_ABI_MAJOR
 
 
+def _explicit():
+    """The library MNCL_LIBRARY names (a file, or the SONAME in a folder), or None."""
+    env = os.environ.get("MNCL_LIBRARY")
+    if not env:
+        return None
+    return os.path.join(env, SONAME) if os.path.isdir(env) else env
+
+
 def _candidates():
     """Where libmncl may be, most explicit first."""
-    env = os.environ.get("MNCL_LIBRARY")
-    if env:
-        yield os.path.join(env, SONAME) if os.path.isdir(env) else env
+    explicit = _explicit()
+    if explicit:
+        yield explicit
     here = os.path.dirname(os.path.abspath(__file__))
-    for rel in (
+    rels = [
         ".",  # bundled next to the package
         "../../..",  # <prefix>/lib/pythonX.Y/site-packages/mncl -> <prefix>/lib
-        "../../../../lib",  # <prefix>/local/lib/pythonX.Y/dist-packages/mncl
-        "../../build/lib",  # a source checkout: python/mncl -> build/lib
-    ):
+    ]
+    # Debian's pip --prefix P installs into P/local/lib/pythonX.Y/dist-packages/mncl: -> P/lib,
+    # where `cmake --install --prefix P` puts the library (in that layout only: five levels up
+    # from anywhere else is no prefix).
+    if re.search(r"/local/lib/python[0-9.]+/dist-packages/mncl$", here.replace(os.sep, "/")):
+        rels.append("../../../../../lib")
+    rels.append("../../build/lib")  # a source checkout: python/mncl -> build/lib
+    for rel in rels:
         path = os.path.normpath(os.path.join(here, rel, SONAME))
         if os.path.exists(path):
             yield path
@@ -30,13 +44,17 @@ def _candidates():
 
 def _load():
     errors = []
+    explicit = _explicit()
     for path in _candidates():
         try:
             return ctypes.CDLL(path), path
         except OSError as e:
             errors.append(f"{path}: {e}")
-            if path == os.environ.get("MNCL_LIBRARY"):
-                break  # an explicit choice that fails is not silently replaced
+            if path == explicit:
+                # An explicit choice that fails is not silently replaced: a file, or a folder
+                # without the library.
+                errors[-1] += f" (from MNCL_LIBRARY={os.environ['MNCL_LIBRARY']})"
+                break
     raise ImportError(
         "mncl: cannot load libmncl (set MNCL_LIBRARY to its path); tried:\n  "
         + "\n  ".join(errors)
@@ -104,17 +122,24 @@ _C_NAMES = {ctypes.c_int32: "int", ctypes.c_int64: "int64_t", ctypes.c_size_t: "
             ctypes.c_void_p: "pointer"}
 
 
+def integer(value, what):
+    """value as a Python int, refusing what is no integer (a float, a str: never truncated nor
+    parsed) with ctypes.ArgumentError, as ctypes refuses such a function argument
+    (_CheckedInt). Anything with __index__ counts as an integer (NumPy's integers, bool)."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ctypes.ArgumentError(f"mncl: {what} must be an integer, not "
+                                   f"{type(value).__name__} {value!r}") from None
+
+
 def fit(value, ctype, what):
     """value as a Python int that fits ctype, for a ctypes struct field or array element: ctypes
     would silently keep the low bits there (Config(rank=2**32) was rank 0, a P2POp peer
     2**32 + 1 reached rank 1). Refuses what does not fit, or is no integer (a float, a str),
     with ctypes.ArgumentError, as ctypes refuses such a function argument (_CheckedInt).
     Anything with __index__ counts as an integer (NumPy's integers, bool)."""
-    try:
-        number = operator.index(value)
-    except TypeError:
-        raise ctypes.ArgumentError(f"mncl: {what} must be an integer, not "
-                                   f"{type(value).__name__} {value!r}") from None
+    number = integer(value, what)
     low, high = _bounds(ctype)
     if not low <= number <= high:
         raise ctypes.ArgumentError(f"mncl: {what} {number} does not fit a C "
@@ -182,6 +207,7 @@ _SIGNATURES = {
     "mncl_irecv": (c_status, [c_handle, _P, _N, _I, _I, _P, _R]),
     "mncl_iallreduce_coalesced": (
         c_status, [c_handle, c_voidp_p, c_voidp_p, c_size_p, _N, _I, _I, _P, _R]),
+    # MNCL_1.1: collectives with a count per rank.
     "mncl_allgatherv": (c_status, [c_handle, _P, _N, _P, c_size_p, c_size_p, _I, _P]),
     "mncl_alltoallv": (
         c_status, [c_handle, _P, c_size_p, c_size_p, _P, c_size_p, c_size_p, _I, _P]),
@@ -209,6 +235,10 @@ _SIGNATURES = {
 # Functions a libmncl.so.1 older than their symbol version node lacks: the package still loads
 # with such a library, and calling one of them raises NotSupportedError.
 _ADDED_IN = {
+    "mncl_allgatherv": "1.1",
+    "mncl_alltoallv": "1.1",
+    "mncl_iallgatherv": "1.1",
+    "mncl_ialltoallv": "1.1",
     "mncl_sendrecv_batch": "1.2",
     "mncl_isendrecv_batch": "1.2",
     "mncl_sendrecv": "1.2",

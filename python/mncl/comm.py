@@ -71,7 +71,8 @@ def _input(buf, dtype):
     if isinstance(buf, CudaArray) or is_cuda_array(buf):
         arr = buf if isinstance(buf, CudaArray) else CudaArray(buf, "sendbuf", False)
         return arr, dtype_code(arr, dtype if dtype is not None else arr.default_dtype)
-    arr = np.ascontiguousarray(buf)
+    # Not np.ascontiguousarray: it makes a 0-d input 1-d, and the result's shape with it.
+    arr = np.asarray(buf, order="C")
     return arr, dtype_code(arr, dtype)
 
 
@@ -303,7 +304,8 @@ class Communicator(ObjectCollectives):
     """A group of ranks (mncl_comm_t). Every argument left as None comes from the environment
     (MNCL_BACKEND, MNCL_RANK/MNCL_SIZE or a launcher's variables, MNCL_STORE, MNCL_TIMEOUT...),
     which is what mncl-run sets up. Destroying is collective: call close() on every rank, or use
-    the communicator as a context manager.
+    the communicator as a context manager (whose block, left by an exception, aborts it
+    instead: see _abandon).
 
     Every collective and point-to-point method takes the keyword-only ``dtype`` (an MNCL dtype
     name for raw-bit arrays) and ``stream``: None orders the call on its CUDA arrays' stream (no
@@ -350,11 +352,27 @@ class Communicator(ObjectCollectives):
         """Local, any thread: pending and later operations fail with mncl.AbortedError."""
         check(lib.mncl_comm_abort(self._live()))
 
+    def _abandon(self):
+        """Local: aborts and frees the communicator without waiting for the other ranks, whose
+        pending and next calls on it then fail where the backend passes the abort on (shm:
+        AbortedError, gloo: RemoteError) instead of at their timeout. For a rank leaving on an
+        exception; the library's statuses are dropped: that exception is the one to see."""
+        if self._handle is not None:
+            handle, self._handle = self._handle, None
+            lib.mncl_comm_abort(handle)
+            lib.mncl_comm_destroy(handle)
+
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        # Leaving on an exception, this rank may never reach the collective that the others
+        # are in (or about to start): a collective close() would wait for them there, and they
+        # for it, until the timeout. Abort instead.
+        if exc_type is not None:
+            self._abandon()
+        else:
+            self.close()
 
     def __repr__(self):
         state = "closed" if self._handle is None else f"rank {self.rank} of {self.size}"
@@ -582,7 +600,8 @@ class Communicator(ObjectCollectives):
         """A size_t array of one count per rank, and its packed displacements (prefix sums).
         Counts (and their sum, the last displacement's bound) beyond size_t are refused with
         ctypes.ArgumentError: the array would keep their low 64 bits."""
-        counts = [int(c) for c in counts]
+        # Not int(c): 4.9 would become 4, "4" would be parsed (ctypes.ArgumentError instead).
+        counts = [_lib.integer(c, f"{what}: {name}[{i}]") for i, c in enumerate(counts)]
         if len(counts) != self.size:
             raise ValueError(f"mncl: {what}: {name} has {len(counts)} entries, expected "
                              f"{self.size} (one per rank)")
@@ -643,7 +662,8 @@ class Communicator(ObjectCollectives):
             if stream is not None:
                 explicit_stream(stream)  # refused before the counts are exchanged
             # Checked first (negative, or beyond size_t), then exchanged as size_t values.
-            sendcounts = [int(c) for c in sendcounts]
+            sendcounts = [_lib.integer(c, f"alltoallv: sendcounts[{i}]")
+                          for i, c in enumerate(sendcounts)]
             self._packed(sendcounts, "alltoallv", "sendcounts")
             recvcounts = self.alltoall(np.asarray(sendcounts, np.uint64))
         return self._run(lib.mncl_alltoallv,

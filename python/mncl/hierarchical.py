@@ -88,11 +88,17 @@ class HierarchicalCommunicator:
 
     @property
     def intra_rank(self):
-        return self.intra.rank
+        return self._live().rank
 
     @property
     def intra_size(self):
-        return self.intra.size
+        return self._live().size
+
+    def _live(self):
+        """intra (every rank has one while open), or the closed communicator's ValueError."""
+        if self.intra is None:
+            raise ValueError("mncl: the HierarchicalCommunicator is closed")
+        return self.intra
 
     def close(self):
         """Collective: frees both communicators (intra even when closing inter fails)."""
@@ -107,8 +113,16 @@ class HierarchicalCommunicator:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+            return
+        # Leaving on an exception: abort both (local) rather than a collective close that would
+        # wait for the other ranks, which may be blocked in a collective this rank never joins.
+        inter, intra, self.inter, self.intra = self.inter, self.intra, None, None
+        for comm in (inter, intra):
+            if comm is not None:
+                comm._abandon()
 
     def _everywhere(self, what, make):
         """make() on every rank, then a vote over the world: a rank that failed re-raises its
@@ -144,6 +158,7 @@ class HierarchicalCommunicator:
         if is_cuda_array(sendbuf) or is_cuda_array(recvbuf):
             raise TypeError("mncl: HierarchicalCommunicator.allreduce takes host memory only "
                             "(NumPy arrays), not CUDA arrays")
+        self._live()
         send, code = _input(sendbuf, dtype)
         recv = _matching_output(recvbuf, send, code, dtype, send.size, "allreduce")
         op_code = _op_code(op)

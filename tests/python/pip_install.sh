@@ -25,6 +25,22 @@ if [ -n "${MNCL_LIBRARY:-}" ]; then
   env -u MNCL_LIBRARY LD_LIBRARY_PATH="$(dirname "$MNCL_LIBRARY")" PYTHONPATH="$work/site" "$py" -c \
     'import mncl; assert mncl.library_path == "libmncl.so.1", mncl.library_path; print("found through LD_LIBRARY_PATH: libmncl", mncl.version())'
 fi
+# Installed with --prefix P next to a library in P/lib (`cmake --install --prefix P`), the package
+# finds it there; Debian's pip puts the package in P/local/lib/pythonX.Y/dist-packages.
+if [ -n "${MNCL_LIBRARY:-}" ]; then
+  rm -rf "$work/prefix"
+  mkdir -p "$work/prefix/lib"
+  cp "$MNCL_LIBRARY" "$work/prefix/lib/libmncl.so.1"
+  PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore "$py" -m pip install -q \
+    --no-build-isolation --no-deps --no-index --no-cache-dir --prefix "$work/prefix" "$work/src"
+  pkg=$(cd "$work/prefix" && find . -path '*-packages/mncl/__init__.py' | head -n 1)
+  pkg=${pkg#./}
+  [ -n "$pkg" ] || { echo "pip install --prefix: no mncl package under $work/prefix"; exit 1; }
+  env -u MNCL_LIBRARY -u LD_LIBRARY_PATH PYTHONPATH="$work/prefix/${pkg%/mncl/__init__.py}" \
+    "$py" -c 'import mncl, os, sys; want = os.path.join(sys.argv[1], "lib/libmncl.so.1")
+assert mncl.library_path == want, (mncl.library_path, want)
+print("found in the prefix:", mncl.__file__, "->", mncl.library_path)' "$work/prefix"
+fi
 # Optional: ml_dtypes for test_ml_dtypes.py, from PyPI when it is reachable (never required:
 # without it those tests skip with the reason). 0.4.1 is the last release that imports with
 # Debian 12's numpy 1.24.

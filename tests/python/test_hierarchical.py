@@ -1,11 +1,13 @@
 """mncl.HierarchicalCommunicator (run under mncl-run -n N --ranks-per-host M, M as the first
 argument): the layout it sees, and allreduce by both algorithms against exact expectations for
 every op, several dtypes and counts, in and out of place; float16 AVG that would overflow as a
-16-bit partial sum; a group failing on one host; hosts of different sizes refused by
-two_dimensional on every rank. Exits 77 (skipped) without NumPy."""
+16-bit partial sum; the closed error after close(); a `with` block left by an exception on one
+rank, which aborts rather than holds up its host; a group failing on one host; hosts of
+different sizes refused by two_dimensional on every rank. Exits 77 (skipped) without NumPy."""
 
 import os
 import sys
+import time
 
 from checks import world_and_checks
 
@@ -95,6 +97,36 @@ for algorithm in algorithms:
                       "recvbuf of another size", "elements")
         expect_raises(mncl.InvalidArgumentError, lambda: h.allreduce(np.zeros(2), op=9),
                       "op 9", "unknown reduction")
+    # Closed (by the with block): the package's "closed" error, not an AttributeError of None.
+    expect_raises(ValueError, lambda: h.allreduce(np.ones(2)),
+                  f"{algorithm}: allreduce after close", "closed")
+    for attribute in ("intra_rank", "intra_size"):
+        expect_raises(ValueError, lambda: getattr(h, attribute),
+                      f"{algorithm}: {attribute} after close", "closed")
+
+# A rank leaving a `with` block on an exception aborts both groups (local) rather than closing
+# them collectively, which waited for its host's ranks while they waited in their allreduce for
+# it: they fail at once (their intra group is shm), not with a TimeoutError. The other hosts
+# leave normally: their close is not held up by the rank that aborted.
+# (naive passes no abort on: on it, they would still wait out the timeout.)
+if os.environ.get("MNCL_TEST_HAVE_SHM") == "1":
+    short = world.split_config(0, timeout=5)
+    try:
+        with mncl.HierarchicalCommunicator(short, intra_backend="shm") as h:
+            if r == 0:
+                time.sleep(0.1)  # its host's ranks are in their allreduce by now
+                raise KeyError("a bug on rank 0")
+            if host == 0:
+                h.allreduce(np.ones(2))
+        expect(host != 0, "an allreduce on rank 0's host finished without rank 0")
+    except KeyError:
+        expect(r == 0, "the KeyError on the rank that raised it")
+    except (mncl.AbortedError, mncl.RemoteError):
+        expect(host == 0 and r != 0, "AbortedError/RemoteError on rank 0's host")
+    except mncl.MnclError as e:
+        expect(False, f"an exception in a `with` block: {type(e).__name__}: {e}")
+    expect(h.intra is None and h.inter is None, "left on an exception, both groups are freed")
+    short.close()
 
 # A group failing on one host: its error there, RemoteError elsewhere, the world goes on.
 try:

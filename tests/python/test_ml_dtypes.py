@@ -1,7 +1,9 @@
 """bfloat16 as ml_dtypes.bfloat16 arrays through the mncl Python package, at any size (run under
 mncl-run -n N), with exact checks on the bit patterns. ml_dtypes is optional for mncl: without it
 (or without NumPy) this exits 77, which ctest reports as skipped with the reason printed here.
-The raw-bits form (uint16 arrays with dtype="bfloat16") is tested by test_mncl.py either way."""
+ml_dtypes arrays passed as another dtype of their item size (bfloat16 as float16, float8 as uint8)
+are refused, by Communicator and HierarchicalCommunicator. The raw-bits form (uint16 arrays with
+dtype="bfloat16") is tested by test_mncl.py either way."""
 
 import sys
 
@@ -19,7 +21,7 @@ import mncl
 
 bf16 = np.dtype(ml_dtypes.bfloat16)
 checks = Checks()
-expect = checks.expect
+expect, expect_raises = checks.expect, checks.expect_raises
 
 
 def bits(arr):
@@ -74,6 +76,21 @@ expect(comm.allreduce(x, raw, dtype="bfloat16") is raw
 out = np.empty(2, bf16)
 comm.allreduce(bits(x).copy(), out, dtype="bfloat16")
 expect(np.all(out.astype(np.float32) == n * (n + 1) // 2), "raw bits in, bf16 out")
+
+# Raw bits come from unsigned integer arrays only: an ml_dtypes array (NumPy kind "V", as the
+# opaque items of PyTorch's CUDA bfloat16) passed as another dtype of its item size is refused,
+# not reduced as those bits (bfloat16 as float16, float8 as uint8).
+f8 = np.ones(2, ml_dtypes.float8_e4m3fn)
+for arr, name in ((x, "float16"), (f8, "uint8"), (f8, "int8")):
+    expect_raises(TypeError, lambda: comm.allreduce(arr, dtype=name),
+                  f"{arr.dtype} array as dtype={name!r}", "cannot be passed as")
+with mncl.HierarchicalCommunicator(comm, intra_backend="shm") as h:
+    expect_raises(TypeError, lambda: h.allreduce(x, dtype="float16"),
+                  "HierarchicalCommunicator: a bfloat16 array as dtype='float16'",
+                  "cannot be passed as")
+    got = h.allreduce(x, dtype="bfloat16")
+    expect(got.dtype == bf16 and np.all(got.astype(np.float32) == n * (n + 1) // 2),
+           "HierarchicalCommunicator: bfloat16 array")
 
 # Non-blocking collectives on ml_dtypes arrays.
 got = comm.iallreduce(np.array([r, 0.5], bf16)).wait()

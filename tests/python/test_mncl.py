@@ -3,14 +3,19 @@ and non-blocking, on NumPy arrays with exact integer checks and float tolerances
 requests (wait, test, timed waits, failures, arrays kept alive), bfloat16 as raw uint16 bits,
 split, point to point (sendrecv and batches of P2POps included), timeouts in milliseconds (sub-ms
 ones rounded up), integers that do not fit their C type (arguments, config and P2POp fields,
-counts) refused, and failures raised as the right exceptions with the library's message. Exits
-77 (ctest: skipped) when NumPy is missing; ml_dtypes arrays are test_ml_dtypes.py's."""
+counts; counts that are no integers) refused, 0-d inputs keeping their shape, the functions of
+each symbol version node known (NotSupportedError with an older libmncl), an MNCL_LIBRARY folder
+without the library failing the import, a `with` block left by an exception aborting rather
+than holding up the others, and failures raised as the right exceptions with the library's
+message. Exits 77 (ctest: skipped) when NumPy is missing; ml_dtypes arrays are
+test_ml_dtypes.py's."""
 
 import ctypes
 import gc
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -77,6 +82,17 @@ a2a = comm.alltoall(np.arange(n * 2, dtype=np.int32) + 100 * r)
 want = np.array([100 * j + 2 * r + k for j in range(n) for k in range(2)])
 expect(np.array_equal(a2a, want), "alltoall")
 
+# 0-d inputs (NumPy scalars, 0-d arrays) keep their shape: a 0-d result, (size,) from allgather
+# and gather (they came back as (1,) and (size, 1)).
+y = comm.allreduce(np.float32(r + 1))
+expect(y.shape == () and y == n * (n + 1) // 2, f"allreduce of a NumPy scalar: shape {y.shape}")
+y = comm.iallreduce(np.array(r, np.int64), op="max").wait()
+expect(y.shape == () and y == n - 1, f"iallreduce of a 0-d array: shape {y.shape}")
+ag = comm.allgather(np.array(float(r)))
+expect(ag.shape == (n,) and np.array_equal(ag, np.arange(n)), f"allgather 0-d: shape {ag.shape}")
+g = comm.gather(np.int32(r), root=0)
+expect(g is None if r else g.shape == (n,) and np.array_equal(g, np.arange(n)), "gather 0-d")
+
 # allgatherv / alltoallv: uneven blocks (rank 0's may be empty), packed in rank order.
 agv = comm.allgatherv(np.arange(r, dtype=np.int32) + 10 * r)  # counts exchanged first
 want = np.concatenate([np.arange(i, dtype=np.int32) + 10 * i for i in range(n)])
@@ -96,6 +112,19 @@ expect_raises(ValueError, lambda: comm.alltoallv(send, too_many, [0] * n), "send
               "add up to")
 expect_raises(ValueError, lambda: comm.allgatherv(np.zeros(1), [1] * (n + 1)),
               "one count per rank", "one per rank")
+# Counts are integers (Python's or NumPy's): a float or a string is refused, never cut (4.9 was
+# taken as 4) nor parsed ("4" was taken as 4).
+for bad in (4.9, "1", np.float64(1.0)):
+    expect_raises(ctypes.ArgumentError,
+                  lambda: comm.allgatherv(np.zeros(1), [bad] * n, np.zeros(n)),
+                  f"allgatherv counts of {bad!r}", "must be an integer")
+    expect_raises(ctypes.ArgumentError, lambda: comm.alltoallv(np.zeros(n), [bad] * n),
+                  f"alltoallv sendcounts of {bad!r} (before exchanging them)", "must be an integer")
+    expect_raises(ctypes.ArgumentError,
+                  lambda: comm.ialltoallv(np.zeros(n), [1] * n, [bad] * n, np.zeros(n)),
+                  f"ialltoallv recvcounts of {bad!r}", "must be an integer")
+agv = comm.allgatherv(np.full(1, r, np.int32), [np.uint8(1)] * n)
+expect(np.array_equal(agv, np.arange(n)), "allgatherv counts as NumPy integers")
 
 # gatherv / scatterv: rank r's block has r elements (rank 0's is empty); the last rank is root.
 root = n - 1
@@ -217,6 +246,39 @@ nonblocking = {name[len("mncl_"):] for name in c_functions
                if name.startswith("mncl_i") and name != "mncl_init"}
 missing = {name for name in nonblocking if not callable(getattr(comm, name, None))}
 expect(not missing, f"non-blocking collectives without a Communicator method: {sorted(missing)}")
+# Every function added after MNCL_1.0 (a node of its own in libmncl.map) is in _ADDED_IN, so
+# that the package still imports with an older libmncl and raises NotSupportedError on use.
+mapfile = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../sdk/api/libmncl.map")
+with open(mapfile) as f:
+    version_script = re.sub(r"/\*.*?\*/", "", f.read(), flags=re.S)
+added = {name: node for node, body in re.findall(r"MNCL_(\d+\.\d+)\s*\{(.*?)\}", version_script,
+                                                 re.S)
+         if node != "1.0" for name in re.findall(r"\b(mncl_\w+)\s*;", body)}
+have = mncl._lib._ADDED_IN
+expect(len(added) >= 4 and have == added,
+       f"_ADDED_IN differs from {mapfile}: lacks or misnames "
+       f"{sorted(set(added.items()) - set(have.items()))}, has besides "
+       f"{sorted(set(have.items()) - set(added.items()))}")
+real_allgatherv = mncl.comm.lib.mncl_allgatherv
+try:
+    mncl.comm.lib.mncl_allgatherv = mncl._lib._missing("mncl_allgatherv")  # as if predating 1.1
+    expect_raises(mncl.NotSupportedError, lambda: comm.allgatherv(np.zeros(1), [1] * n),
+                  "allgatherv with a libmncl older than MNCL_1.1", "MNCL_1.1")
+finally:
+    mncl.comm.lib.mncl_allgatherv = real_allgatherv
+
+# A folder in MNCL_LIBRARY without the library fails the import, naming it, as a file that fails
+# does; it is not replaced by another copy (here one the dynamic loader would find).
+if r == 0:
+    empty = tempfile.mkdtemp(prefix="mncl-py-")
+    env = dict(os.environ, MNCL_LIBRARY=empty,
+               LD_LIBRARY_PATH=os.path.dirname(os.path.realpath(mncl.library_path)))
+    proc = subprocess.run([sys.executable, "-c", "import mncl; print(mncl.library_path)"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    expect(proc.returncode != 0 and "ImportError" in proc.stderr
+           and os.path.join(empty, "libmncl.so.1") in proc.stderr,
+           f"MNCL_LIBRARY={empty} (no library there): {proc.stdout!r} {proc.stderr[-300:]!r}")
+    shutil.rmtree(empty, ignore_errors=True)
 
 # non-blocking: each against the exact values of its blocking twin
 req = comm.iallreduce(np.full(16, r, dtype=np.int64))
@@ -411,6 +473,26 @@ if n > 1:
     expect_raises(mncl.TimeoutError, req.wait, "and fails again", "mncl_recv")
     quick.abort()
     quick.close()
+
+    # A rank leaving a `with` block on an exception aborts the communicator (local) instead of a
+    # collective close that waited for the others, while they waited in their allreduce for it:
+    # they fail at once (shm: AbortedError, gloo: RemoteError), not with a TimeoutError. (naive
+    # passes no abort on: its ranks would still wait out the timeout.)
+    short = comm.split_config(0, backend="shm", timeout=5)
+    try:
+        with short:
+            if r == n - 1:
+                time.sleep(0.1)  # the others are in their allreduce by now
+                raise KeyError("a bug on the last rank")
+            short.allreduce(np.ones(2))
+        expect(False, "an allreduce without the last rank finished")
+    except KeyError:
+        expect(r == n - 1, "the KeyError on the rank that raised it")
+    except (mncl.AbortedError, mncl.RemoteError):
+        expect(r != n - 1, "AbortedError/RemoteError on the other ranks")
+    except mncl.MnclError as e:
+        expect(False, f"an exception in a `with` block: the others got {type(e).__name__}: {e}")
+    expect("closed" in repr(short), "left on an exception, the communicator is freed")
 
     # Two threads waiting on one request both get its result (the library once freed it under
     # the second: a crash).
