@@ -49,8 +49,10 @@ const std::vector<Variable> &table() {
        "This process's rank; else that of the first launcher, in the order RANK/WORLD_SIZE, "
        "OMPI_COMM_WORLD_*, PMI_*, SLURM_PROCID/SLURM_NTASKS, that sets both rank and size "
        "(another launcher that sets both and differs is an error, unless it started that one: "
-       "srun around torchrun or mpirun); else the first of those rank variables set; else 0. "
-       "MNCL_RANK and MNCL_SIZE settle a disagreement."},
+       "Slurm around a launcher of more ranks than its tasks, any around torchrun's agent); "
+       "else the first of those rank variables set; else 0. MNCL_RANK and MNCL_SIZE settle a "
+       "disagreement. Slurm's count in an srun step only (SLURM_STEP_ID set), not in an sbatch "
+       "script."},
       {"MNCL_SIZE", "",
        "Number of ranks; else that of the launcher MNCL_RANK's lookup takes; else the first "
        "of WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS set; else 1."},
@@ -158,6 +160,9 @@ const std::vector<Variable> &table() {
       {"SLURM_PROCID", "", "Slurm (srun): this process's rank."},
       {"SLURM_NTASKS", "", "Slurm (srun): number of ranks."},
       {"SLURM_LOCALID", "", "Slurm (srun): rank on this host."},
+      {"SLURM_STEP_ID", "",
+       "Slurm: the srun step's id (or SLURM_STEPID); without it (an sbatch script, salloc's "
+       "shell) the SLURM_* rank variables are not used."},
       {"MNCL_LIBRARY", "",
        "Python package (import mncl): libmncl.so to load, a file or a folder (default: next to "
        "the package, then the system's search path)."},

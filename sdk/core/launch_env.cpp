@@ -1,5 +1,7 @@
 #include "core/launch_env.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -19,7 +21,9 @@ namespace mncl::core {
 namespace {
 
 constexpr int64_t kDefaultTimeoutMs = 300000;
-constexpr int64_t kMaxRanks = 1 << 24;
+// The TCP store waits for at most 2^20 keys at once (one per rank when joining): a larger job
+// could never start, and rank 0 would first allocate for it.
+constexpr int64_t kMaxRanks = 1 << 20;
 
 // One launcher's variables. local_rank / local_size: nullptr where it has none (the local
 // rank and size then come from grouping the ranks by host).
@@ -51,12 +55,46 @@ struct RankSize {
   bool operator==(const RankSize &o) const { return rank == o.rank && size == o.size; }
 };
 
+// Whether this process is a task of an srun step (SLURM_STEP_ID, or the older SLURM_STEPID, a
+// normal step's id). An sbatch script (the batch step) has SLURM_PROCID=0 and SLURM_NTASKS of
+// the whole allocation too: a program it runs (preprocessing, or a launcher of its own) is no
+// rank of N. So are salloc's shell (the interactive step) and the extern step.
+bool in_slurm_step() {
+  constexpr int64_t kMaxNormalStepId = 0xfffffff0;  // slurm.h's SLURM_MAX_NORMAL_STEP_ID
+  for (const char *name : {"SLURM_STEP_ID", "SLURM_STEPID"}) {
+    const char *v = env::raw(name);
+    if (v == nullptr || *v == '\0') continue;
+    char *end = nullptr;
+    errno = 0;
+    const long long id = std::strtoll(v, &end, 10);
+    return errno == 0 && *end == '\0' && id >= 0 && id < kMaxNormalStepId;
+  }
+  return false;
+}
+
+// Whether the launcher's variables count at all (Slurm's only in an srun step).
+bool counts(const Launcher &l) {
+  return &l != &kSlurm || in_slurm_step();
+}
+
 // A launcher's rank and size, if it sets both.
 std::optional<RankSize> complete(const Launcher &l) {
+  if (!counts(l)) return std::nullopt;
   const auto rank = env::get_int(l.rank, 0, kMaxRanks);
   const auto size = env::get_int(l.size, 1, kMaxRanks);
   if (!rank || !size) return std::nullopt;
   return RankSize{*rank, *size};
+}
+
+// As complete(), for a launcher only looked at, not used: a malformed value of it (RANK=abc
+// beside mncl-run's MNCL_RANK/MNCL_SIZE) is ignored with a warning instead of failing.
+std::optional<RankSize> complete_if_valid(const Launcher &l) {
+  try {
+    return complete(l);
+  } catch (const Error &e) {
+    MNCL_WARN("%s's variables ignored: %s", l.name, e.what());
+    return std::nullopt;
+  }
 }
 
 std::string describe(const Launcher &l, const RankSize &v) {
@@ -81,9 +119,10 @@ bool truthy(const char *name) {
 bool encloses(const Launcher &outer, const RankSize &outer_values, const Launcher &inner,
               const RankSize &inner_values) {
   if (&outer == &kSlurm) {
-    if (&inner == &kOpenMpi || &inner == &kPmi) return true;
-    // Fewer Slurm tasks than ranks: each task starts several workers (DeepSpeed's launcher,
-    // mp.spawn). A stale pair of a smaller job (RANK=0 WORLD_SIZE=1 under srun -n 2) is not.
+    // Fewer Slurm tasks than ranks: each task starts several workers (mpirun, DeepSpeed's
+    // launcher, mp.spawn). A stale pair of a smaller job (RANK=0 WORLD_SIZE=1, or
+    // OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=1, under srun -n 2) is not. (mpirun in an
+    // sbatch script is no srun step: Slurm's variables do not count there, see counts().)
     if (outer_values.size < inner_values.size) return true;
   }
   if (&inner == &kTorchrun) return env::raw("TORCHELASTIC_RUN_ID") != nullptr;
@@ -143,7 +182,7 @@ const Launcher *choose_launcher() {
 // With no launcher setting both: the first that sets this one variable.
 const Launcher *first_setting(const char *Launcher::*field, int64_t lo) {
   for (const Launcher &l : kLaunchers) {
-    if (env::get_int(l.*field, lo, kMaxRanks)) return &l;
+    if (counts(l) && env::get_int(l.*field, lo, kMaxRanks)) return &l;
   }
   return nullptr;
 }
@@ -153,7 +192,7 @@ const Launcher *first_setting(const char *Launcher::*field, int64_t lo) {
 // mpirun'ed shell, a stale RANK/WORLD_SIZE pair...).
 bool from_mpi(const RankSize &job) {
   for (const Launcher *l : {&kOpenMpi, &kPmi}) {
-    if (auto v = complete(*l); v && *v == job) return true;
+    if (auto v = complete_if_valid(*l); v && *v == job) return true;
   }
   const char *pmix = env::raw("PMIX_RANK");
   if (pmix == nullptr || *pmix == '\0') return false;
@@ -161,8 +200,43 @@ bool from_mpi(const RankSize &job) {
   errno = 0;
   const long long pmix_rank = std::strtoll(pmix, &end, 10);
   if (errno != 0 || *end != '\0' || pmix_rank != job.rank) return false;
-  auto slurm = complete(kSlurm);
+  auto slurm = complete_if_valid(kSlurm);
   return slurm && *slurm == job;
+}
+
+// tcp://MASTER_ADDR:MASTER_PORT, MASTER_ADDR checked here so that a mistake names it (the
+// URL's parser would name a URL the user never wrote, and "host:port" in MASTER_ADDR would
+// pass as an IPv6 address that then resolves nowhere, every rank but 0 waiting out the timeout).
+std::string master_store_url(const std::string &addr, int64_t port) {
+  const auto refuse = [&](const char *why) {
+    throw Error(MNCL_ERR_INVALID_ARGUMENT,
+                format("MASTER_ADDR='%s' %s (it names rank 0's host: a host name, an IPv4 "
+                       "address or an IPv6 address, with the port in MASTER_PORT)",
+                       addr.c_str(), why));
+  };
+  if (addr.empty()) refuse("is empty");
+  for (char c : addr) {
+    if (std::isspace(static_cast<unsigned char>(c)) || c == '/' || c == '@') {
+      refuse("holds a space, '/' or '@'");
+    }
+  }
+  // torchrun takes an IPv6 MASTER_ADDR as it is; a URL needs it in brackets.
+  std::string host = addr;
+  const bool bracketed = host.front() == '[' && host.back() == ']' && host.size() > 2;
+  if (bracketed) host = host.substr(1, host.size() - 2);
+  if (host.find(':') != std::string::npos || bracketed) {
+    in6_addr ipv6{};
+    if (inet_pton(AF_INET6, host.c_str(), &ipv6) != 1) {
+      refuse(host.find(':') != std::string::npos && host.find(':') == host.rfind(':')
+                 ? "is no IPv6 address (a port after ':' belongs in MASTER_PORT)"
+                 : "is no IPv6 address");
+    }
+  } else if (host.find_first_of("[]") != std::string::npos) {
+    refuse("has unbalanced brackets");
+  }
+  const bool ipv6 = host.find(':') != std::string::npos;
+  return format(ipv6 ? "tcp://[%s]:%lld" : "tcp://%s:%lld", host.c_str(),
+                static_cast<long long>(port));
 }
 
 }  // namespace
@@ -255,7 +329,7 @@ LaunchSettings resolve_launch_settings(const mncl_config_t &config) {
   const Launcher *local_from = rank_from;
   if (local_from == nullptr && explicit_rank) {
     for (const Launcher &l : kLaunchers) {
-      if (auto v = complete(l); v && *v == job) {
+      if (auto v = complete_if_valid(l); v && *v == job) {
         local_from = &l;
         break;
       }
@@ -281,16 +355,23 @@ LaunchSettings resolve_launch_settings(const mncl_config_t &config) {
              "MNCL_LOCAL_RANK and MNCL_LOCAL_SIZE to override",
              s.local_rank, local_rank_name, s.local_size, local_size_name);
 
-  // The bootstrap store: the config's or MNCL_STORE, else torchrun's MASTER_ADDR:MASTER_PORT.
-  const auto master_addr = env::get("MASTER_ADDR");
-  const auto master_port = env::get_int("MASTER_PORT", 1, 65535);
+  // The bootstrap store: the config's or MNCL_STORE, else torchrun's MASTER_ADDR:MASTER_PORT
+  // (checked strictly only then: a stray MASTER_PORT=abc fails no job of one rank, nor one that
+  // names its store).
+  const bool store_named = config.bootstrap != nullptr || env::get("MNCL_STORE");
+  const bool store_from_master = !store_named && s.size > 1;
+  std::optional<std::string> master_addr;
+  int64_t master_port = 0;  // 0: not set
   std::string master_url;
-  if (master_addr && master_port) {
-    // torchrun takes an IPv6 MASTER_ADDR as it is; a URL needs it in brackets.
-    const bool bare_ipv6 =
-        master_addr->find(':') != std::string::npos && master_addr->front() != '[';
-    master_url = format(bare_ipv6 ? "tcp://[%s]:%lld" : "tcp://%s:%lld", master_addr->c_str(),
-                        static_cast<long long>(*master_port));
+  try {
+    master_addr = env::get("MASTER_ADDR");
+    master_port = env::get_int("MASTER_PORT", 1, 65535).value_or(0);
+    if (master_addr && master_port > 0) master_url = master_store_url(*master_addr, master_port);
+  } catch (const Error &) {
+    if (store_from_master) throw;
+    master_addr.reset();  // not used: only compared with the store named below
+    master_port = 0;
+    master_url.clear();
   }
   if (config.bootstrap != nullptr) {
     s.store_url = config.bootstrap;
@@ -313,7 +394,7 @@ LaunchSettings resolve_launch_settings(const mncl_config_t &config) {
                        "store there: set MNCL_STORE=tcp://%s:<another free port>, the same on "
                        "every rank (rank 0 listens there)",
                        master_url.c_str(), env::raw("TORCHELASTIC_USE_AGENT_STORE"),
-                       static_cast<long long>(*master_port), host.c_str()));
+                       static_cast<long long>(master_port), host.c_str()));
   }
   // Under mpirun on a single host, no address is needed: a file store in /tmp named after the
   // Open MPI job id is private to this job and visible to all of its ranks. The job id holds
@@ -336,12 +417,12 @@ LaunchSettings resolve_launch_settings(const mncl_config_t &config) {
   }
   if (s.size > 1 && s.store_url.empty()) {
     std::string hint;
-    if (master_addr && !master_port) {
+    if (master_addr && master_port == 0) {
       hint = format("; MASTER_ADDR is set (%s) but MASTER_PORT is not: set it too",
                     master_addr->c_str());
-    } else if (!master_addr && master_port) {
+    } else if (!master_addr && master_port > 0) {
       hint = format("; MASTER_PORT is set (%lld) but MASTER_ADDR is not: set it too",
-                    static_cast<long long>(*master_port));
+                    static_cast<long long>(master_port));
     }
     throw Error(MNCL_ERR_BOOTSTRAP,
                 format("a job of %d ranks (from %s) needs a bootstrap store: set "

@@ -119,7 +119,10 @@ double parse_seconds(const std::string &flag, const std::string &value) {
 
 Options parse_args(int argc, char **argv) {
   Options o;
-  if (const char *g = std::getenv("MNCL_RUN_GRACE")) o.grace_s = parse_seconds("MNCL_RUN_GRACE", g);
+  // Empty counts as unset, as for the library's variables.
+  if (const char *g = std::getenv("MNCL_RUN_GRACE"); g && *g) {
+    o.grace_s = parse_seconds("MNCL_RUN_GRACE", g);
+  }
   int i = 1;
   // Accepts "--flag value" and "--flag=value".
   auto value_of = [&](const std::string &arg,
@@ -301,7 +304,15 @@ class Launcher {
         std::fprintf(stderr, "mncl-run: mkdtemp(%s): %s\n", templ.c_str(), std::strerror(errno));
         return false;
       }
-      store_dir_ = buf.data();
+      // A file store's URL needs an absolute path (a relative TMPDIR gave a relative one).
+      char *absolute = realpath(buf.data(), nullptr);
+      if (absolute == nullptr) {
+        std::fprintf(stderr, "mncl-run: realpath(%s): %s\n", buf.data(), std::strerror(errno));
+        rmdir(buf.data());
+        return false;
+      }
+      store_dir_ = absolute;
+      std::free(absolute);
       store_ = "file://" + store_dir_;
     } else {
       int port = pick_free_port();

@@ -429,11 +429,14 @@ int main() {
     // An sbatch script's exported WORLD_SIZE beside srun's pair.
     for (const char *v : {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "RANK"}) unsetenv(v);
     setenv("WORLD_SIZE", "1", 1);
+    setenv("SLURM_STEP_ID", "0", 1);
     setenv("SLURM_PROCID", "0", 1);
     setenv("SLURM_NTASKS", "1", 1);
     create_ok("mncl_comm_create with WORLD_SIZE beside SLURM_PROCID/SLURM_NTASKS");
     // No launcher sets both: each variable from the first that sets it.
-    for (const char *v : {"WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"}) unsetenv(v);
+    for (const char *v : {"WORLD_SIZE", "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_NTASKS"}) {
+      unsetenv(v);
+    }
     setenv("RANK", "0", 1);
     setenv("OMPI_COMM_WORLD_SIZE", "1", 1);
     create_ok("mncl_comm_create with RANK and OMPI_COMM_WORLD_SIZE alone");

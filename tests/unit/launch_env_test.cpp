@@ -49,6 +49,8 @@ constexpr const char *kVariables[] = {"MNCL_RANK",
                                       "SLURM_PROCID",
                                       "SLURM_NTASKS",
                                       "SLURM_LOCALID",
+                                      "SLURM_STEP_ID",
+                                      "SLURM_STEPID",
                                       "MASTER_ADDR",
                                       "MASTER_PORT",
                                       "TORCHELASTIC_RUN_ID",
@@ -94,10 +96,18 @@ class LaunchEnv : public ::testing::Test {
     set("RANK", std::to_string(rank));
     set("WORLD_SIZE", std::to_string(size));
   }
+  // A task of an srun step (step 0).
   static void srun(int procid, int ntasks, int localid = -1) {
+    set("SLURM_STEP_ID", "0");
     set("SLURM_PROCID", std::to_string(procid));
     set("SLURM_NTASKS", std::to_string(ntasks));
     if (localid >= 0) set("SLURM_LOCALID", std::to_string(localid));
+  }
+  // An sbatch script of `ntasks` tasks (the batch step: task 0 of the allocation, no step id).
+  static void sbatch_script(int ntasks) {
+    set("SLURM_PROCID", "0");
+    set("SLURM_NTASKS", std::to_string(ntasks));
+    set("SLURM_LOCALID", "0");
   }
 
  private:
@@ -174,8 +184,15 @@ TEST_F(LaunchEnv, AgreeingLaunchersAreFine) {
 // torchrun: one Slurm task per node) describe the launcher that started this one's.
 TEST_F(LaunchEnv, SlurmAroundMpirunOrTorchrunIsNoDisagreement) {
   mpirun(3, 4, 1, 2);
-  srun(0, 1, 0);
+  sbatch_script(4);
   auto s = resolve();
+  EXPECT_EQ(s.rank, 3);
+  EXPECT_EQ(s.size, 4);
+  EXPECT_EQ(s.local_rank, 1);
+  EXPECT_EQ(s.local_size, 2);
+  // srun -n 1 mpirun -np 4: one Slurm task started the 4 ranks.
+  srun(0, 1, 0);
+  s = resolve();
   EXPECT_EQ(s.rank, 3);
   EXPECT_EQ(s.size, 4);
   EXPECT_EQ(s.local_rank, 1);
@@ -203,11 +220,45 @@ TEST_F(LaunchEnv, SlurmAroundMpirunOrTorchrunIsNoDisagreement) {
   EXPECT_EQ(s.rank, 6);
   EXPECT_EQ(s.size, 8);
 
-  // A stale pair of a smaller job under srun -n 2 is still refused.
+  // A stale pair of a smaller job under srun -n 2 is still refused, whichever launcher's: an
+  // Open MPI pair (from an mpirun'd shell) made each task a job of one rank, silently.
   clear();
   torchrun_pair(0, 1);
   srun(1, 2);
   error_of([] { resolve(); }, MNCL_ERR_INVALID_ARGUMENT);
+  clear();
+  mpirun(0, 1, 0, 1);
+  srun(1, 2);
+  const auto message = error_of([] { resolve(); }, MNCL_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(message, "SLURM_PROCID=1 SLURM_NTASKS=2 (Slurm)")) << message;
+}
+
+// An sbatch script's own variables (the batch step: SLURM_PROCID=0, SLURM_NTASKS of the whole
+// allocation, no step id) made a program it runs rank 0 of a job of N that waited for ranks
+// that never come, and refused every hand-launched rank but 0 as "left by another launch".
+TEST_F(LaunchEnv, SbatchScriptIsNoLauncher) {
+  sbatch_script(4);
+  auto s = resolve();
+  EXPECT_EQ(s.rank, 0);
+  EXPECT_EQ(s.size, 1);
+  EXPECT_EQ(s.rank_origin, "the default");
+  EXPECT_EQ(s.local_rank, -1);  // SLURM_LOCALID is no local rank there either
+  // Workers started by a launcher of its own, as many as the allocation's tasks.
+  for (int rank = 0; rank < 4; ++rank) {
+    torchrun_pair(rank, 4);
+    s = resolve();
+    EXPECT_EQ(s.rank, rank);
+    EXPECT_EQ(s.size, 4);
+  }
+  // The special steps (salloc's interactive step, the extern step) are no srun step either;
+  // the older SLURM_STEPID counts like SLURM_STEP_ID.
+  clear();
+  sbatch_script(4);
+  set("SLURM_STEP_ID", std::to_string(0xfffffffaLL));
+  EXPECT_EQ(resolve().size, 1);
+  unsetenv("SLURM_STEP_ID");
+  set("SLURM_STEPID", "3");
+  EXPECT_EQ(resolve().size, 4);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -290,6 +341,65 @@ TEST_F(LaunchEnv, OneRankJobNeedsNoStoreUnlessNamed) {
   EXPECT_EQ(resolve().store_url, "");
   set("MNCL_STORE", "tcp://127.0.0.1:29501");
   EXPECT_EQ(resolve().store_url, "tcp://127.0.0.1:29501");
+}
+
+// MASTER_ADDR is checked where it makes the store's URL, naming it: "host:port" passed as an
+// IPv6 address that resolved nowhere (every rank but 0 waited out the timeout), and other
+// mistakes were reported as a URL the user never wrote.
+TEST_F(LaunchEnv, MasterAddrMistakesNameTheVariable) {
+  unsetenv("MNCL_STORE");
+  torchrun_pair(1, 2);
+  set("MASTER_PORT", "29500");
+  for (const char *bad : {"127.0.0.1:29500", "node0 ", "[::1", "[node0]", "fe80::1::2"}) {
+    set("MASTER_ADDR", bad);
+    const auto message = error_of([] { resolve(); }, MNCL_ERR_INVALID_ARGUMENT);
+    EXPECT_TRUE(contains(message, std::string("MASTER_ADDR='") + bad + "'")) << message;
+  }
+  set("MASTER_ADDR", "127.0.0.1:29500");
+  EXPECT_TRUE(contains(error_of([] { resolve(); }, MNCL_ERR_INVALID_ARGUMENT), "MASTER_PORT"));
+  const std::pair<const char *, const char *> good[] = {{"node0", "tcp://node0:29500"},
+                                                        {"10.0.0.1", "tcp://10.0.0.1:29500"},
+                                                        {"::1", "tcp://[::1]:29500"},
+                                                        {"[::1]", "tcp://[::1]:29500"}};
+  for (const auto &[addr, url] : good) {
+    set("MASTER_ADDR", addr);
+    EXPECT_EQ(resolve().store_url, url) << addr;
+  }
+}
+
+// Variables that give nothing to this job are not held against it: a malformed MASTER_PORT
+// beside a named store or in a job of one rank, a malformed RANK beside MNCL_RANK/MNCL_SIZE
+// (mncl-run's).
+TEST_F(LaunchEnv, UnusedMalformedVariablesFailNothing) {
+  set("MASTER_PORT", "abc");
+  set("MASTER_ADDR", "127.0.0.1:1");
+  torchrun_pair(1, 2);
+  EXPECT_EQ(resolve().store_url, "file:///tmp/mncl-launch-env-test-never-opened");
+  unsetenv("MNCL_STORE");
+  error_of([] { resolve(); }, MNCL_ERR_INVALID_ARGUMENT);  // now the store comes from them
+  torchrun_pair(0, 1);
+  EXPECT_EQ(resolve().store_url, "");
+
+  clear();
+  set("RANK", "abc");
+  set("WORLD_SIZE", "2");
+  set("MNCL_RANK", "1");
+  set("MNCL_SIZE", "2");
+  const auto s = resolve();
+  EXPECT_EQ(s.rank, 1);
+  EXPECT_EQ(s.size, 2);
+  unsetenv("MNCL_RANK");
+  unsetenv("MNCL_SIZE");
+  EXPECT_TRUE(contains(error_of([] { resolve(); }, MNCL_ERR_INVALID_ARGUMENT), "RANK='abc'"));
+}
+
+// A job the TCP store could never start (it waits for at most 2^20 keys at once) is refused
+// by its variable, before rank 0 allocates for it.
+TEST_F(LaunchEnv, SizeBeyondTheStoreIsRefusedByItsVariable) {
+  torchrun_pair(0, (1 << 20) + 1);
+  EXPECT_TRUE(contains(error_of([] { resolve(); }, MNCL_ERR_INVALID_ARGUMENT), "WORLD_SIZE"));
+  torchrun_pair(0, 1 << 20);
+  EXPECT_EQ(resolve().size, 1 << 20);
 }
 
 TEST_F(LaunchEnv, TorchrunAgentStorePortIsRefusedAtOnce) {
