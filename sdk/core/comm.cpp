@@ -449,9 +449,10 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
                        twice.c_str(), missing.size() > 1 ? "s" : "", list_ranks(missing).c_str()));
   };
   try {
-    joins = exchange(*comm->comm_store_, "join/", settings.rank, settings.size,
-                     host + "\n" + std::to_string(::getpid()), settings.timeout_ms, &comm->aborted_,
-                     "mncl_comm_create", &absent, stop_if_claimed_twice);
+    joins = exchange(
+        *comm->comm_store_, "join/", settings.rank, settings.size,
+        host + "\n" + std::to_string(::getpid()) + "\n" + std::to_string(settings.local_rank),
+        settings.timeout_ms, &comm->aborted_, "mncl_comm_create", &absent, stop_if_claimed_twice);
   } catch (const Error &e) {
     if (claimed_twice) {
       comm->leave_after_failed_join(absent);
@@ -474,25 +475,48 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
                                          e.what(), twice.c_str()));
   }
   comm->joined_ = true;
+  // "host\npid\nlocal rank given (-1: none)".
+  std::vector<int> given_local_ranks;
   for (const auto &join : joins) {
     const size_t newline = join.find('\n');
+    const size_t second = newline == std::string::npos ? newline : join.find('\n', newline + 1);
     comm->members_.push_back(
         Member{join.substr(0, newline),
                newline == std::string::npos ? 0 : std::atoi(join.c_str() + newline + 1)});
+    given_local_ranks.push_back(second == std::string::npos ? -1
+                                                            : std::atoi(join.c_str() + second + 1));
   }
   std::set<std::string> hosts;
   int same_host_before = 0, same_host = 0, same_process = 0;
+  std::map<int, int> given_on_host;  // local rank given -> the first rank of this host given it
+  std::string collision;
   for (int r = 0; r < settings.size; ++r) {
     hosts.insert(comm->members_[r].host);
     if (comm->members_[r].host == host) {
       ++same_host;
       if (r < settings.rank) ++same_host_before;
       if (comm->members_[r].pid == ::getpid()) ++same_process;
+      const int given = given_local_ranks[r];
+      if (given >= 0 && collision.empty() && !given_on_host.emplace(given, r).second) {
+        collision =
+            format("ranks %d and %d were both given local rank %d", given_on_host[given], r, given);
+      }
     }
   }
   comm->num_hosts_ = static_cast<int>(hosts.size());
-  comm->local_rank_ = settings.local_rank >= 0 ? settings.local_rank : same_host_before;
-  comm->local_size_ = settings.local_size >= 1 ? settings.local_size : same_host;
+  // Two processes of one host given one local rank (a LOCAL_RANK left in the shell of a launch
+  // by hand) would share a core and a GPU: every rank of the host sees the same joins, and all
+  // take their order on the host instead.
+  const bool trust_given = settings.local_rank >= 0 && collision.empty();
+  if (settings.local_rank >= 0 && !trust_given) {
+    MNCL_WARN(
+        "the local ranks given on host %s collide (%s, from %s): ignored; local rank %d of "
+        "%d by the ranks' order on the host",
+        host.c_str(), collision.c_str(), settings.local_rank_origin.c_str(), same_host_before,
+        same_host);
+  }
+  comm->local_rank_ = trust_given ? settings.local_rank : same_host_before;
+  comm->local_size_ = trust_given && settings.local_size >= 1 ? settings.local_size : same_host;
   if (comm->device_ < 0) comm->device_ = comm->local_rank_;
 
   // Round 2, the backend (see agree_on_backend).

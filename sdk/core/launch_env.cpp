@@ -348,6 +348,7 @@ LaunchSettings resolve_launch_settings(const mncl_config_t &config) {
     local_size_name = local_from->local_size;
     s.local_size = static_cast<int>(env::get_int(local_size_name, 1, kMaxRanks).value_or(-1));
   }
+  s.local_rank_origin = local_rank_name;
   // The local rank picks the GPU: one past the local size is a launcher's mistake, not a device.
   MNCL_CHECK(s.local_rank < 0 || s.local_size < 0 || s.local_rank < s.local_size,
              MNCL_ERR_INVALID_ARGUMENT,

@@ -23,7 +23,8 @@ struct LaunchSettings {
   // MNCL_LOCAL_*, else those of the launcher that gave the rank; -1: derive from hostnames.
   int local_rank = -1;
   int local_size = -1;
-  std::string store_url;              // empty: in-process store (only for size 1)
+  std::string local_rank_origin = "MNCL_LOCAL_RANK";  // or the launcher's variable (messages)
+  std::string store_url;                              // empty: in-process store (only for size 1)
   bool store_is_private_dir = false;  // a file store folder MNCL made up (removed at the end)
   bool store_from_master = false;     // store_url is MASTER_ADDR:MASTER_PORT (no one named one)
   int64_t timeout_ms = 300000;
