@@ -29,8 +29,6 @@ constexpr uint32_t kWholeJobVersion = 1;
 constexpr uint32_t kGroupVersion = 2;
 constexpr std::size_t kHeaderBytes = 48;
 constexpr std::size_t kHeaderCrcOffset = 44;
-// How read_snapshot() refuses an intact snapshot of a job of another size.
-constexpr char kAnotherJobSize[] = "written by a job of ";
 
 template <class T>
 void put(uint8_t *out, std::size_t offset, T value) {
@@ -325,10 +323,10 @@ std::optional<std::vector<uint8_t>> Checkpointer::read_snapshot(uint64_t iterati
   if (get<uint32_t>(h, 40) != crc32(h + *payload_offset, length)) {
     return reject("payload checksum mismatch");
   }
-  // Checked last: a snapshot refused for its job's size alone is intact (resume() says so
-  // rather than starting afresh, and nothing deletes or overwrites it).
+  // Never loaded into a job of another size (resume() says so rather than starting afresh, and
+  // nothing deletes or overwrites it).
   if (get<uint32_t>(h, 16) != static_cast<uint32_t>(comm_->size())) {
-    return reject(std::string(kAnotherJobSize) + std::to_string(get<uint32_t>(h, 16)) + " ranks");
+    return reject("written by a job of " + std::to_string(get<uint32_t>(h, 16)) + " ranks");
   }
   bytes.erase(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(*payload_offset));
   return bytes;
@@ -342,8 +340,11 @@ Checkpointer::Scan Checkpointer::scan() const {
       found.valid.push_back(iteration);
       continue;
     }
-    if (why.compare(0, std::strlen(kAnotherJobSize), kAnotherJobSize) == 0) {
-      found.another_job.emplace_back(iteration, written_job_size(iteration).value_or(0));
+    // Whose header names another job size, the payload intact or not: as save() and prune()
+    // judge it (they read the header alone).
+    if (const auto size = written_job_size(iteration);
+        size && *size != static_cast<uint32_t>(comm_->size())) {
+      found.another_job.emplace_back(iteration, *size);
     }
     if (options_.verbose) {
       std::fprintf(stderr, "mncl checkpointer: rank %d: skipping %s: %s\n", comm_->rank(),
@@ -400,13 +401,16 @@ std::optional<uint64_t> Checkpointer::resume_with(
                    path(*it).c_str(), why.c_str());
     }
     // Every rank must have loaded the same iteration, or none may use it.
+    const bool refused_settings = counts[2] != 0;
     comm_->allreduce(counts, ReduceOp::kSum);
     if (counts[0] == comm_->size()) {
       remove_leftovers(*it);
       return *it;
     }
     // Every rank takes the same branches from here: the counts are the same everywhere.
-    const std::string first_why = first_reason(why);
+    // The reason of a rank that refused the settings, where one did (not a corrupt one's).
+    const std::string first_why =
+        first_reason(counts[2] == 0 || refused_settings ? why : std::string());
     if (counts[2] > 0) {
       throw InvalidArgument(
           "Checkpointer::resume: the snapshot of iteration " + std::to_string(*it) +

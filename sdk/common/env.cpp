@@ -49,7 +49,8 @@ const std::vector<Variable> &table() {
        "This process's rank; else that of the first launcher, in the order RANK/WORLD_SIZE, "
        "OMPI_COMM_WORLD_*, PMI_*, SLURM_PROCID/SLURM_NTASKS, that sets both rank and size "
        "(another launcher that sets both and differs is an error, unless it started that one: "
-       "Slurm around a launcher of more ranks than its tasks, any around torchrun's agent); "
+       "Slurm around mpirun or a launcher of more ranks than its tasks, any around torchrun's "
+       "agent); "
        "else the first of those rank variables set; else 0. MNCL_RANK and MNCL_SIZE settle a "
        "disagreement. Slurm's count in an srun step only (SLURM_STEP_ID set), not in an sbatch "
        "script."},

@@ -119,10 +119,12 @@ bool truthy(const char *name) {
 bool encloses(const Launcher &outer, const RankSize &outer_values, const Launcher &inner,
               const RankSize &inner_values) {
   if (&outer == &kSlurm) {
-    // Fewer Slurm tasks than ranks: each task starts several workers (mpirun, DeepSpeed's
-    // launcher, mp.spawn). A stale pair of a smaller job (RANK=0 WORLD_SIZE=1, or
-    // OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=1, under srun -n 2) is not. (mpirun in an
-    // sbatch script is no srun step: Slurm's variables do not count there, see counts().)
+    // mpirun in an sbatch script starts its daemons with srun (Open MPI 3 and later, MPICH's
+    // hydra): its ranks inherit the daemons' step, SLURM_PROCID the node's index and
+    // SLURM_NTASKS the number of nodes, whatever -np and the mapping.
+    if (&inner == &kOpenMpi || &inner == &kPmi) return true;
+    // Fewer Slurm tasks than ranks: each task starts several workers (DeepSpeed's launcher,
+    // mp.spawn). A stale pair of a smaller job (RANK=0 WORLD_SIZE=1 under srun -n 2) is not.
     if (outer_values.size < inner_values.size) return true;
   }
   if (&inner == &kTorchrun) return env::raw("TORCHELASTIC_RUN_ID") != nullptr;
@@ -222,19 +224,28 @@ std::string master_store_url(const std::string &addr, int64_t port) {
   }
   // torchrun takes an IPv6 MASTER_ADDR as it is; a URL needs it in brackets.
   std::string host = addr;
-  const bool bracketed = host.front() == '[' && host.back() == ']' && host.size() > 2;
-  if (bracketed) host = host.substr(1, host.size() - 2);
-  if (host.find(':') != std::string::npos || bracketed) {
-    in6_addr ipv6{};
-    if (inet_pton(AF_INET6, host.c_str(), &ipv6) != 1) {
-      refuse(host.find(':') != std::string::npos && host.find(':') == host.rfind(':')
-                 ? "is no IPv6 address (a port after ':' belongs in MASTER_PORT)"
-                 : "is no IPv6 address");
-    }
+  const bool bracketed = host.front() == '[';
+  if (bracketed) {
+    const size_t close = host.find(']');
+    if (close == std::string::npos) refuse("has unbalanced brackets");
+    if (close + 1 != host.size()) refuse("has more after ']' (a port belongs in MASTER_PORT)");
+    host = host.substr(1, close - 1);
   } else if (host.find_first_of("[]") != std::string::npos) {
     refuse("has unbalanced brackets");
   }
   const bool ipv6 = host.find(':') != std::string::npos;
+  if (ipv6) {
+    in6_addr address{};
+    const std::string unscoped = host.substr(0, host.find('%'));  // fe80::1%eth0
+    if (inet_pton(AF_INET6, unscoped.c_str(), &address) != 1) {
+      refuse(!bracketed && host.find(':') == host.rfind(':')
+                 ? "is no IPv6 address (a port after ':' belongs in MASTER_PORT)"
+                 : "is no IPv6 address");
+    }
+  } else if (bracketed) {
+    in_addr address{};
+    if (inet_pton(AF_INET, host.c_str(), &address) != 1) refuse("is no address in brackets");
+  }
   return format(ipv6 ? "tcp://[%s]:%lld" : "tcp://%s:%lld", host.c_str(),
                 static_cast<long long>(port));
 }
@@ -369,7 +380,9 @@ LaunchSettings resolve_launch_settings(const mncl_config_t &config) {
     master_port = env::get_int("MASTER_PORT", 1, 65535).value_or(0);
     if (master_addr && master_port > 0) master_url = master_store_url(*master_addr, master_port);
   } catch (const Error &) {
-    if (store_from_master) throw;
+    // Held against the job only where they make its store (MASTER_ADDR set: a lone malformed
+    // MASTER_PORT beside mpirun's private file store gives nothing).
+    if (store_from_master && env::get("MASTER_ADDR")) throw;
     master_addr.reset();  // not used: only compared with the store named below
     master_port = 0;
     master_url.clear();

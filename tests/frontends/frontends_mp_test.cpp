@@ -978,7 +978,11 @@ TEST_F(Frontends, CheckpointerFailedLoadOnOneRankFailsEveryRankOrFallsBack) {
 // every rank throws InvalidArgument naming it and the reason, without falling back to an older
 // snapshot (which rolled training back) or deleting the newer one.
 TEST_F(Frontends, CheckpointerMisfitSnapshotFailsEveryRankAndDeletesNothing) {
-  for (bool everywhere : {true, false}) {
+  // The last rank refuses the settings; everywhere: every rank does; with the last rank
+  // refusing, rank 0 may also fail to decode it (the message names the refusal, not that).
+  for (const char *mode : {"everywhere", "last", "last, rank 0 corrupt"}) {
+    const bool everywhere = std::strcmp(mode, "everywhere") == 0;
+    const bool rank0_corrupt = std::strcmp(mode, "last, rank 0 corrupt") == 0 && size() > 1;
     const std::string dir = checkpoint_dir();
     ASSERT_FALSE(dir.empty());
     mncl::Checkpointer ckpt(comm(), dir, "state", {3, false, false});
@@ -993,6 +997,9 @@ TEST_F(Frontends, CheckpointerMisfitSnapshotFailsEveryRankAndDeletesNothing) {
         if (state.at(1) == 2 && (refusing < 0 || rank() == refusing)) {
           throw mncl::InvalidArgument("saved with another setting");
         }
+        if (state.at(1) == 2 && rank() == 0 && rank0_corrupt) {
+          throw mncl::SerializationError("does not decode");
+        }
       });
       ADD_FAILURE() << "resume returned although iteration 2 did not fit";
     } catch (const mncl::InvalidArgument &e) {
@@ -1001,7 +1008,7 @@ TEST_F(Frontends, CheckpointerMisfitSnapshotFailsEveryRankAndDeletesNothing) {
       EXPECT_NE(what.find("rank " + std::to_string(refusing < 0 ? 0 : refusing) +
                           ": saved with another setting"),
                 std::string::npos)
-          << what;
+          << mode << ": " << what;
     }
     EXPECT_EQ(loaded, std::vector<uint64_t>{2}) << "an older snapshot was loaded";
     EXPECT_EQ(ckpt.local_iterations(), (std::vector<uint64_t>{1, 2})) << "a snapshot was deleted";
@@ -1049,6 +1056,13 @@ TEST_F(Frontends, CheckpointerKeepsSnapshotsOfAnotherJobSize) {
   EXPECT_NE(why.find("written by a job of " + std::to_string(other_size) + " ranks"),
             std::string::npos)
       << why;
+  // The payload need not be intact: save() and prune() read the header alone, and resume()
+  // judges alike (it once started afresh where saves then refused that iteration).
+  {
+    std::fstream f(ckpt.path(4), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-1, std::ios::end);
+    f.put('!');
+  }
   std::vector<int> state{-1};
   try {
     ckpt.resume(state);
@@ -1071,7 +1085,8 @@ TEST_F(Frontends, CheckpointerKeepsSnapshotsOfAnotherJobSize) {
   ckpt.save(1, std::vector<int>{rank(), 1});  // 5-8 now an abandoned future: deleted
   for (uint64_t it = 2; it <= 4; ++it) {
     EXPECT_FALSE(ckpt.read_snapshot(it, &why).has_value());
-    EXPECT_NE(why.find("written by a job of"), std::string::npos) << it << ": " << why;
+    EXPECT_NE(why.find(it < 4 ? "written by a job of" : "payload checksum"), std::string::npos)
+        << it << ": " << why;
   }
   EXPECT_EQ(ckpt.local_iterations(), std::vector<uint64_t>{1});
   // This job's own snapshot resumes; the others stay.

@@ -26,13 +26,13 @@
 // abandoned run and are deleted, as are temporaries left by a writer that died. The state type
 // follows the serialization concept.
 //
-// What is never lost: an intact snapshot of a job of another size (same names: its ranks'
-// files) is neither loaded, overwritten (save throws CheckpointError), pruned nor deleted, and
-// a resume that finds nothing else throws CheckpointError on every rank naming that size
-// instead of starting afresh. A snapshot whose load throws InvalidArgument (it decodes but
-// does not fit this run's settings; SerializationError, a subclass, means it does not decode)
-// makes every rank throw InvalidArgument naming the rank and reason, with nothing deleted and
-// no older snapshot loaded in its place.
+// What is never lost: a snapshot whose header (checksummed) names a job of another size (same
+// names: its ranks' files) is neither loaded, overwritten (save throws CheckpointError, on the
+// ranks that hold such a file), pruned nor deleted, and a resume that finds nothing else
+// throws CheckpointError on every rank naming that size instead of starting afresh. A snapshot
+// whose load throws InvalidArgument (it decodes but does not fit this run's settings;
+// SerializationError, a subclass, means it does not decode) makes every rank throw InvalidArgument
+// naming the rank and reason, with nothing deleted and no older snapshot loaded in its place.
 #ifndef MNCL_FRONTENDS_CHECKPOINTER_HPP
 #define MNCL_FRONTENDS_CHECKPOINTER_HPP
 
@@ -100,8 +100,8 @@ class Checkpointer {
   const std::string &group() const noexcept { return group_; }
 
  private:
-  // This rank's snapshots: those that verify, and those intact but of a job of another size
-  // (oldest first).
+  // This rank's snapshots: those that verify, and those whose header names a job of another
+  // size (oldest first).
   struct Scan {
     std::vector<uint64_t> valid;
     std::vector<std::pair<uint64_t, uint32_t>> another_job;  // iteration, job size
