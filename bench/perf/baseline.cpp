@@ -13,12 +13,27 @@ std::vector<std::string> available_baselines() {
   return names;
 }
 
-void baseline_process_init(int *argc, char ***argv) {
+void baseline_process_init(int *argc, char ***argv, const std::string &backend_spec) {
 #ifdef MNCL_PERF_HAVE_MPI
-  mpi_process_init(argc, argv);
+  // flat (MPI itself) may run unless every candidate names another backend ("auto" may pick
+  // flat under mpirun).
+  bool flat_possible = false;
+  size_t start = 0;
+  for (;;) {
+    const size_t comma = backend_spec.find(',', start);
+    std::string name =
+        backend_spec.substr(start, comma == std::string::npos ? comma : comma - start);
+    name.erase(0, name.find_first_not_of(" \t"));
+    name.erase(name.find_last_not_of(" \t") + 1);
+    if (name.empty() || name == "auto" || name == "flat") flat_possible = true;
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  mpi_process_init(argc, argv, flat_possible);
 #else
   (void)argc;
   (void)argv;
+  (void)backend_spec;
 #endif
 }
 

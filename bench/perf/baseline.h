@@ -22,6 +22,8 @@ class Baseline {
  public:
   virtual ~Baseline() = default;
   virtual const char *name() const = 0;
+  // How the library runs, for the header and the JSON (e.g. MPI's thread level); may be "".
+  virtual std::string detail() const { return ""; }
   virtual bool supports(const Call &c) const = 0;
   // Runs one call to completion; throws std::runtime_error on failure.
   virtual void run(const Call &c) = 0;
@@ -32,8 +34,9 @@ class Baseline {
 std::vector<std::string> available_baselines();
 
 // Called first thing in main: a baseline that needs process-wide setup (MPI_Init) does it
-// here, before libmncl creates any communicator. Returns false if none applies.
-void baseline_process_init(int *argc, char ***argv);
+// here, before libmncl creates any communicator. `backend_spec` is the run's backend (--backend,
+// else MNCL_BACKEND, else "auto"; a comma list of candidates), which decides MPI's thread level.
+void baseline_process_init(int *argc, char ***argv, const std::string &backend_spec);
 void baseline_process_finalize();
 
 // `which`: "none", "mpi", "gloo" or "auto" (the library under `backend`: flat -> mpi,
@@ -45,7 +48,8 @@ std::unique_ptr<Baseline> make_baseline(const std::string &which, const std::str
 // Per library (compiled in only when found by CMake).
 std::unique_ptr<Baseline> make_mpi_baseline(mncl_comm_t comm, std::string *why);
 std::unique_ptr<Baseline> make_gloo_baseline(mncl_comm_t comm, std::string *why);
-bool mpi_process_init(int *argc, char ***argv);
+// `mpi_backend_possible`: the run may pick flat, which needs MPI_THREAD_MULTIPLE.
+bool mpi_process_init(int *argc, char ***argv, bool mpi_backend_possible);
 void mpi_process_finalize();
 
 }  // namespace mncl::perf

@@ -1,17 +1,26 @@
 // The raw Gloo baseline: Gloo's own collectives on a Gloo context of the same ranks, on the same
 // buffers. The context is rendezvoused through a gloo::rendezvous::FileStore in a temporary
 // directory that rank 0 creates and names to the others through MNCL (so: ranks on one host,
-// or a shared /tmp). Allreduce uses the algorithm the gloo plugin picks by default (bcube up to
-// 64 KiB on a power-of-two size above 2, ring otherwise; MNCL_GLOO_ALGO=ring|bcube forces one),
-// so the ratio measures MNCL, not an algorithm choice. Sendrecv posts Gloo's unbound-buffer
-// receive and send and waits for both, the calls the gloo plugin makes for mncl_irecv/isend.
-// Allgatherv and alltoallv call gloo::allgatherv / gloo::alltoallv directly: mncl-perf's blocks
-// are packed in rank order, which is Gloo's own layout, so no copy is involved (the plugin adds
-// its cross-rank count check to alltoallv, which this baseline has no need for). Gloo has no
-// gatherv or scatterv: their raw column is N/A, as reduce_scatter's.
+// or a shared /tmp). Allreduce runs the algorithm the gloo plugin runs, so the ratio measures
+// MNCL, not an algorithm choice: by default bcube up to 64 KiB on a power-of-two size above 2,
+// ring otherwise; MNCL_GLOO_ALGO=ring|bcube forces one of those, and
+// MNCL_GLOO_ALGO=ring_chunked|halving_doubling Gloo's classic gloo::AllreduceRingChunked /
+// gloo::AllreduceHalvingDoubling, in place on the output after a copy of the input when out of
+// place, constructed for each call as the plugin does (past INT_MAX bytes, where their int
+// counts end, ring, as the plugin). The plugin also runs a barrier before each classic call (its
+// own need: a cross-rank argument check, and keeping its point-to-point messages clear of the
+// classic algorithms' untagged chunks); a raw Gloo user running one allreduce after another has
+// no such need, so it stays out of the raw column and MNCL/raw shows what it costs. Sendrecv posts
+// Gloo's unbound-buffer receive and send and waits for both, the calls the gloo plugin makes for
+// mncl_irecv/isend. Allgatherv and alltoallv call gloo::allgatherv / gloo::alltoallv directly:
+// mncl-perf's blocks are packed in rank order, which is Gloo's own layout, so no copy is involved
+// (the plugin adds its cross-rank count check to alltoallv, which this baseline has no need for).
+// Gloo has no gatherv or scatterv: their raw column is N/A, as reduce_scatter's.
 #include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
+#include <gloo/allreduce_halving_doubling.h>
+#include <gloo/allreduce_ring_chunked.h>
 #include <gloo/alltoall.h>
 #include <gloo/alltoallv.h>
 #include <gloo/barrier.h>
@@ -26,6 +35,7 @@
 #include <gloo/transport/unbound_buffer.h>
 #include <unistd.h>
 
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -87,12 +97,37 @@ Func reduce_func(mncl_dtype_t d, mncl_op_t op) {
   }
 }
 
+// Gloo's own element-wise functions for its classic algorithms.
+template <typename T>
+const gloo::ReductionFunction<T> *classic_fn(mncl_op_t op) {
+  switch (op) {
+    case MNCL_PROD:
+      return gloo::ReductionFunction<T>::product;
+    case MNCL_MIN:
+      return gloo::ReductionFunction<T>::min;
+    case MNCL_MAX:
+      return gloo::ReductionFunction<T>::max;
+    default:
+      return gloo::ReductionFunction<T>::sum;
+  }
+}
+
+// The plugin's MNCL_GLOO_ALGO values (plugins/gloo: parse_algo); empty or unknown: auto.
+enum class Algo { kAuto, kRing, kBcube, kRingChunked, kHalvingDoubling };
+
+Algo parse_algo(const char *text) {
+  const std::string s = text ? text : "";
+  if (s == "ring") return Algo::kRing;
+  if (s == "bcube") return Algo::kBcube;
+  if (s == "ring_chunked") return Algo::kRingChunked;
+  if (s == "halving_doubling") return Algo::kHalvingDoubling;
+  return Algo::kAuto;
+}
+
 class GlooBaseline : public Baseline {
  public:
-  explicit GlooBaseline(std::shared_ptr<gloo::Context> ctx) : ctx_(std::move(ctx)) {
-    const char *algo = std::getenv("MNCL_GLOO_ALGO");
-    forced_ = algo ? algo : "";
-  }
+  explicit GlooBaseline(std::shared_ptr<gloo::Context> ctx)
+      : ctx_(std::move(ctx)), forced_(parse_algo(std::getenv("MNCL_GLOO_ALGO"))) {}
   const char *name() const override { return "gloo"; }
 
   bool supports(const Call &c) const override {
@@ -142,9 +177,14 @@ class GlooBaseline : public Baseline {
     W *recv = static_cast<W *>(c.recvbuf);
     switch (c.kind) {
       case CollKind::kAllreduce: {
+        const Algo algo = algo_for(count * sizeof(W));
+        if (algo == Algo::kRingChunked || algo == Algo::kHalvingDoubling) {
+          run_classic(c, algo == Algo::kRingChunked);
+          break;
+        }
         gloo::AllreduceOptions o(ctx_);
-        o.setAlgorithm(use_bcube(count * sizeof(W)) ? gloo::AllreduceOptions::Algorithm::BCUBE
-                                                    : gloo::AllreduceOptions::Algorithm::RING);
+        o.setAlgorithm(algo == Algo::kBcube ? gloo::AllreduceOptions::Algorithm::BCUBE
+                                            : gloo::AllreduceOptions::Algorithm::RING);
         if (!c.inplace) o.setInput(send, count);
         o.setOutput(recv, count);
         o.setReduceFunction(reduce_func(c.dtype, c.op));
@@ -250,15 +290,60 @@ class GlooBaseline : public Baseline {
   }
 
  private:
-  bool use_bcube(size_t bytes) const {
-    if (forced_ == "bcube") return true;
-    if (!forced_.empty() && forced_ != "auto") return false;
-    const int n = ctx_->size;
-    return bytes <= 64 * 1024 && n > 2 && (n & (n - 1)) == 0;
+  // What the plugin runs for an allreduce of `bytes` (plugins/gloo: Comm::allreduce_plain).
+  Algo algo_for(size_t bytes) const {
+    const size_t n = static_cast<size_t>(ctx_->size);
+    if (forced_ == Algo::kAuto)
+      return bytes <= 64 * 1024 && n > 2 && (n & (n - 1)) == 0 ? Algo::kBcube : Algo::kRing;
+    // The classic algorithms count elements and bytes in an int: beyond, ring (same margin).
+    if ((forced_ == Algo::kRingChunked || forced_ == Algo::kHalvingDoubling) &&
+        bytes > static_cast<size_t>(INT_MAX) - 1024 * n)
+      return Algo::kRing;
+    return forced_;
+  }
+
+  // gloo::AllreduceRingChunked / AllreduceHalvingDoubling on the real element type (Gloo's
+  // functions are typed), in place on recvbuf.
+  void run_classic(const Call &c, bool chunked) {
+    switch (c.dtype) {
+      case MNCL_INT8:
+        return classic<int8_t>(c, chunked);
+      case MNCL_UINT8:
+        return classic<uint8_t>(c, chunked);
+      case MNCL_INT32:
+        return classic<int32_t>(c, chunked);
+      case MNCL_UINT32:
+        return classic<uint32_t>(c, chunked);
+      case MNCL_INT64:
+        return classic<int64_t>(c, chunked);
+      case MNCL_UINT64:
+        return classic<uint64_t>(c, chunked);
+      case MNCL_FLOAT32:
+        return classic<float>(c, chunked);
+      case MNCL_FLOAT64:
+        return classic<double>(c, chunked);
+      default:
+        throw std::runtime_error("raw gloo: no classic allreduce for this dtype");
+    }
+  }
+
+  template <typename T>
+  void classic(const Call &c, bool chunked) {
+    T *out = static_cast<T *>(c.recvbuf);
+    if (!c.inplace) std::memcpy(out, c.sendbuf, c.count * sizeof(T));
+    const std::vector<T *> ptrs{out};
+    const int count = static_cast<int>(c.count);
+    if (chunked) {
+      gloo::AllreduceRingChunked<T> a(ctx_, ptrs, count, classic_fn<T>(c.op));
+      a.run();
+    } else {
+      gloo::AllreduceHalvingDoubling<T> a(ctx_, ptrs, count, classic_fn<T>(c.op));
+      a.run();
+    }
   }
 
   std::shared_ptr<gloo::Context> ctx_;
-  std::string forced_;
+  Algo forced_;
   uint32_t tag_ = 1;
 };
 

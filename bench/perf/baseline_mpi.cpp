@@ -1,5 +1,7 @@
 // The raw MPI baseline: the same calls as MNCL's, through MPI_COMM_WORLD's duplicate, on the
-// same buffers. Only usable when the job was launched by mpirun (MPI then owns the ranks).
+// same buffers. Only usable when the job was launched by mpirun (MPI then owns the ranks). MPI
+// runs at MPI_THREAD_MULTIPLE when the backend may be flat, else MPI_THREAD_FUNNELED (see
+// mpi_process_init).
 // The C API only: the C++ bindings add nothing here and warn under -Wextra.
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
@@ -82,6 +84,21 @@ class MpiBaseline : public Baseline {
   explicit MpiBaseline(MPI_Comm comm) : comm_(comm) {}
   ~MpiBaseline() override { MPI_Comm_free(&comm_); }
   const char *name() const override { return "mpi"; }
+  std::string detail() const override {
+    int level = -1;
+    MPI_Query_thread(&level);
+    switch (level) {
+      case MPI_THREAD_SINGLE:
+        return "MPI_THREAD_SINGLE";
+      case MPI_THREAD_FUNNELED:
+        return "MPI_THREAD_FUNNELED";
+      case MPI_THREAD_SERIALIZED:
+        return "MPI_THREAD_SERIALIZED";
+      case MPI_THREAD_MULTIPLE:
+        return "MPI_THREAD_MULTIPLE";
+    }
+    return "";
+  }
 
   bool supports(const Call &c) const override {
     const bool reduces = spec_of(c.kind).reduces;
@@ -201,15 +218,21 @@ class MpiBaseline : public Baseline {
 
 }  // namespace
 
-bool mpi_process_init(int *argc, char ***argv) {
+bool mpi_process_init(int *argc, char ***argv, bool mpi_backend_possible) {
   if (!launched_by_mpi()) return false;
   int inited = 0;
   MPI_Initialized(&inited);
   if (inited) return true;
-  // MULTIPLE: the flat plugin, loaded later into this process, may call MPI from the core's
-  // worker thread; raw MPI then runs under the same thread level as MNCL-flat.
+  // One MPI_Init serves both the raw baseline and, under flat, the plugin, which finds MPI
+  // initialized and uses it as is (plugins/flat/README.md, "MPI lifetime"). When the run may
+  // use flat: MULTIPLE, as flat would ask for itself (it calls MPI from the core's worker
+  // thread), so raw MPI runs under the same thread level as MNCL-flat. Otherwise (shm, gloo,
+  // naive...: MPI is only the raw baseline) the level a plain MPI program would use: FUNNELED,
+  // as only this (main) thread calls MPI while libmncl's own threads never do. MULTIPLE would
+  // make Open MPI lock on every call and slow the raw column down for nothing.
   int provided = 0;
-  if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) return false;
+  const int wanted = mpi_backend_possible ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED;
+  if (MPI_Init_thread(argc, argv, wanted, &provided) != MPI_SUCCESS) return false;
   g_we_initialized = true;
   return true;
 }

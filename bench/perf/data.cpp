@@ -103,19 +103,47 @@ double reduced_value(const Call &c, size_t index, int round) {
   return roundtrip(c.dtype, acc);
 }
 
-// Floating-point AVG is rounded once by the backend; everything else must be exact.
-double tolerance(const Call &c) {
-  if (!is_float(c.dtype) || !spec_of(c.kind).reduces) return 0;
-  switch (c.dtype) {
+// Significand bits, the implicit one included: integers up to 2^p in magnitude are exact.
+int significand_bits(mncl_dtype_t d) {
+  switch (d) {
     case MNCL_FLOAT16:
-      return 2e-3;
+      return 11;
     case MNCL_BFLOAT16:
-      return 1.6e-2;
+      return 8;
     case MNCL_FLOAT32:
-      return 1e-6;
+      return 24;
     default:
-      return 1e-12;
+      return 53;
   }
+}
+
+// The absolute error a correct backend may show in element `index` of a reduction's result: 0
+// (an exact comparison) unless the order of operations can change the rounding. mncl.h lets
+// floating-point reductions differ in the last bits between backends (summation order; 16-bit
+// floats may be accumulated in float32), so what matters is whether any order rounds:
+// * integers: exact (they wrap, in any order);
+// * MIN, MAX: a selection, exact;
+// * PROD: the inputs are 1 or 2, so every partial product is a power of two, exact in any order;
+//   an overflow (float16 at 16+ ranks: 2^16 > 65504) gives infinity in any order too, as all
+//   factors are >= 1, and infinity must compare equal to infinity;
+// * SUM: the inputs are small integers, so while the sum of their magnitudes A stays within 2^p
+//   (bfloat16 256, float16 2048: 51 / 409 ranks at |input| <= 5) every partial sum is an integer
+//   the dtype holds exactly, in any order; beyond that the order changes the rounding, and the
+//   bound of any order of n-1 additions, n * 2^-p * A, applies (as nccl-tests, which checks
+//   floating-point sums with a tolerance);
+// * floating-point AVG: the sum, then a division by n that may round differently (in float32,
+//   then narrowed; by a multiplication with 1/n; each input divided first): (n + 4) * 2^-p * A / n
+//   covers those and any summation order.
+double tolerance(const Call &c, size_t index, int round) {
+  if (!is_float(c.dtype) || !spec_of(c.kind).reduces) return 0;
+  if (c.op != MNCL_SUM && c.op != MNCL_AVG) return 0;
+  double a = 0;  // sum of the magnitudes of the inputs
+  for (int q = 0; q < c.nranks; ++q)
+    a += std::fabs(roundtrip(c.dtype, input_value(c.dtype, c.op, q, index, round)));
+  const int p = significand_bits(c.dtype);
+  const double u = std::ldexp(1.0, -p), n = c.nranks;
+  if (c.op == MNCL_SUM) return a <= std::ldexp(1.0, p) ? 0 : n * u * a;
+  return (n + 4) * u * a / n;
 }
 
 }  // namespace
@@ -131,7 +159,8 @@ uint64_t mix64(uint64_t x) {
 // A hash of (rank, index, round), so that no two ranks, blocks or rounds hold the same data (a
 // linear formula repeats every few ranks/elements, which lets a result taken from the wrong rank
 // or block pass the check). The range stays small (PROD: 1..2, else 11 values) so that sums and
-// products over the ranks stay exact in every dtype, half/bf16/int8 included.
+// products over the ranks stay exact in every dtype, half/bf16/int8 included (up to the bounds
+// tolerance() gives: float16 products overflow to infinity at 16+ ranks, exactly so in any order).
 double input_value(mncl_dtype_t dtype, mncl_op_t op, int rank, size_t index, int round) {
   const uint64_t mix =
       mix64(mix64(mix64(static_cast<uint64_t>(rank)) ^ static_cast<uint64_t>(index)) ^
@@ -168,15 +197,20 @@ void fill_for_check(const Call &c, const Layout &l, void *send, void *recv, int 
 
 int64_t count_wrong(const Call &c, const Layout &l, int round) {
   const size_t n = static_cast<size_t>(c.nranks), r = static_cast<size_t>(c.rank);
-  const double tol = tolerance(c);
   const mncl_dtype_t d = c.dtype;
   int64_t wrong = 0;
-  auto check = [&](size_t i, double expected) {
+  // Equal values (equal infinities included) pass; NaN only where NaN is expected; else the
+  // difference must be within the tolerance, which is 0 except for some reductions.
+  auto check_tol = [&](size_t i, double expected, double tol) {
     const double got = get(d, c.recvbuf, i);
-    const bool ok = tol == 0
-                        ? got == expected
-                        : std::fabs(got - expected) <= tol * std::max(1.0, std::fabs(expected));
+    const bool ok = got == expected || (std::isnan(got) && std::isnan(expected)) ||
+                    (tol > 0 && std::fabs(got - expected) <= tol);
     if (!ok) ++wrong;
+  };
+  auto check = [&](size_t i, double expected) { check_tol(i, expected, 0); };
+  // Element i of the result holds the reduction of the inputs' element `index`.
+  auto check_reduced = [&](size_t i, size_t index) {
+    check_tol(i, reduced_value(c, index, round), tolerance(c, index, round));
   };
   auto in = [&](size_t rank, size_t index) {
     return roundtrip(d, input_value(d, c.op, static_cast<int>(rank), index, round));
@@ -184,11 +218,11 @@ int64_t count_wrong(const Call &c, const Layout &l, int round) {
   const size_t per = l.count;
   switch (c.kind) {
     case CollKind::kAllreduce:
-      for (size_t i = 0; i < l.count; ++i) check(i, reduced_value(c, i, round));
+      for (size_t i = 0; i < l.count; ++i) check_reduced(i, i);
       break;
     case CollKind::kReduce:
       if (c.rank == c.root)
-        for (size_t i = 0; i < l.count; ++i) check(i, reduced_value(c, i, round));
+        for (size_t i = 0; i < l.count; ++i) check_reduced(i, i);
       break;
     case CollKind::kBcast:
       for (size_t i = 0; i < l.count; ++i) check(i, in(c.root, i));
@@ -206,7 +240,7 @@ int64_t count_wrong(const Call &c, const Layout &l, int round) {
         for (size_t i = 0; i < per; ++i) check(q * per + i, in(q, i));
       break;
     case CollKind::kReduceScatter:
-      for (size_t i = 0; i < per; ++i) check(i, reduced_value(c, r * per + i, round));
+      for (size_t i = 0; i < per; ++i) check_reduced(i, r * per + i);
       break;
     case CollKind::kAlltoall:
       for (size_t q = 0; q < n; ++q)

@@ -2,8 +2,11 @@
 // verifies its own output without extra communication (as nccl-tests does).
 //
 // Inputs are small integers (in [-5, 5], [0, 10] for unsigned types, {1, 2} for PROD): exact in
-// every dtype, including float16 and bfloat16, so sums are exact whatever the summation order
-// and only AVG (one division) needs a tolerance on floating-point types.
+// every dtype, including float16 and bfloat16, so MIN, MAX, PROD (powers of two, float16's
+// overflow to infinity included) and SUM (while the inputs' magnitudes add up to at most 2^p,
+// p the significand bits) come out the same whatever the order of operations and are compared
+// exactly; only floating-point AVG (its division) and floating-point SUM beyond that bound get a
+// tolerance (data.cpp, tolerance()).
 #pragma once
 
 #include <mncl/mncl.h>

@@ -1,6 +1,7 @@
 // mncl-perf: nccl-tests-style benchmark of MNCL collectives, with raw-library baselines and the
 // memory-bandwidth limit measured in the same run; or, with --backends, a sweep over backends.
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <string>
 
@@ -18,7 +19,11 @@ int main(int argc, char **argv) {
   try {
     // Before libmncl: under mpirun, MPI belongs to the application (the raw baseline), and
     // the flat plugin then finds it initialized.
-    baseline_process_init(&argc, &argv);
+    const char *env_backend = std::getenv("MNCL_BACKEND");
+    baseline_process_init(&argc, &argv,
+                          !o.backend.empty() ? o.backend
+                          : env_backend      ? std::string(env_backend)
+                                             : std::string("auto"));
     const int rc = run_rank(o, command);
     baseline_process_finalize();
     return rc;

@@ -29,6 +29,11 @@ Sizes and iterations (nccl-tests flags):
   -i, --stepbytes SIZE      or add SIZE each step
   -n, --iters N             timed iterations per size (default 20)
   -w, --warmup_iters N      warm-up iterations per size (default 5)
+      --warmup-calls N      untimed calls of each collective before its first size, MNCL's
+                            then the raw library's (default 32; 0: none), so that neither
+                            side's first size carries a cold start (e.g. Open MPI's shared
+                            memory switches a peer to its fast path after 16 messages); out of
+                            place, at the smallest size with 2 elements per block, <= 64K
   -c, --check N             checked iterations per size, each on fresh data (default 1; 0: off)
   -d, --datatype TYPE       int8 uint8 int32 uint32 int64 uint64 float16 (half) bfloat16
                             float32 (float) float64 (double); default float32
@@ -176,6 +181,7 @@ enum LongOnly {
   kOutDir,
   kBackendTimeout,
   kPlotScript,
+  kWarmupCalls,
 };
 
 }  // namespace
@@ -222,10 +228,10 @@ std::vector<std::string> run_flags(const Options &o) {
   } else {
     f.insert(f.end(), {"-f", num(o.step_factor)});
   }
-  f.insert(f.end(),
-           {"-n", std::to_string(o.iters), "-w", std::to_string(o.warmup), "-c",
-            std::to_string(o.check), "-d", mncl_dtype_name(o.dtype), "-o", mncl_op_name(o.op), "-r",
-            std::to_string(o.root), "-a", std::to_string(o.average)});
+  f.insert(f.end(), {"-n", std::to_string(o.iters), "-w", std::to_string(o.warmup), "-c",
+                     std::to_string(o.check), "-d", mncl_dtype_name(o.dtype), "-o",
+                     mncl_op_name(o.op), "-r", std::to_string(o.root), "-a",
+                     std::to_string(o.average), "--warmup-calls", std::to_string(o.warmup_calls)});
   if (o.timeout_s > 0) f.insert(f.end(), {"-T", num(o.timeout_s)});
   std::string colls;
   for (CollKind k : o.colls) colls += (colls.empty() ? "" : ",") + std::string(spec_of(k).name);
@@ -269,6 +275,7 @@ Options parse_options(int argc, char **argv) {
                                  {"out-dir", required_argument, nullptr, kOutDir},
                                  {"backend-timeout", required_argument, nullptr, kBackendTimeout},
                                  {"plot-script", required_argument, nullptr, kPlotScript},
+                                 {"warmup-calls", required_argument, nullptr, kWarmupCalls},
                                  {nullptr, 0, nullptr, 0}};
   opterr = 0;
   int ch;
@@ -384,6 +391,9 @@ Options parse_options(int argc, char **argv) {
         break;
       case kPlotScript:
         o.plot_script = optarg;
+        break;
+      case kWarmupCalls:
+        o.warmup_calls = static_cast<int>(parse_int("--warmup-calls", optarg, 0, 1 << 20));
         break;
       case ':':
         usage_error(std::string("option ") + argv[optind - 1] + " needs a value");

@@ -21,6 +21,7 @@ struct Options {
   size_t step_bytes = 0;                // -i
   int iters = 20;                       // -n
   int warmup = 5;                       // -w
+  int warmup_calls = 32;                // --warmup-calls: before each collective's first size
   int check = 1;                        // -c: checked iterations per size (0: none)
   mncl_dtype_t dtype = MNCL_FLOAT32;    // -d
   mncl_op_t op = MNCL_SUM;              // -o

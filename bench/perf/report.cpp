@@ -44,9 +44,11 @@ std::string json_num(double v) {
   return buf;
 }
 
+// "reported" is the time the table shows and algbw / busbw / MNCL/raw come from: -a's pick (the
+// run's "time" field names it), which with -a 0 (rank 0's) is none of avg, min, max.
 std::string json_timing(const Timing &t) {
   return "{\"avg\":" + json_num(t.avg) + ",\"min\":" + json_num(t.min) +
-         ",\"max\":" + json_num(t.max) + "}";
+         ",\"max\":" + json_num(t.max) + ",\"reported\":" + json_num(t.reported) + "}";
 }
 
 // The text columns of one placement, or N/A.
@@ -117,6 +119,14 @@ void Reporter::begin() {
       out_, "#   iters %d, warmup %d, check %d, time = %s over ranks%s\n", info_.iters,
       info_.warmup, info_.check, info_.time_source,
       info_.size_budget_ms > 0 ? ", fewer iterations where one exceeds the size budget" : "");
+  if (info_.warmup_calls > 0)
+    std::fprintf(
+        out_,
+        "#   before each collective's first size: %d untimed calls of MNCL%s (--warmup-calls)\n",
+        info_.warmup_calls,
+        info_.baseline.empty() ? "" : (", then as many of raw " + info_.baseline).c_str());
+  else
+    std::fprintf(out_, "#   no warm-up before the first size (--warmup-calls 0)\n");
   if (info_.size_budget_ms > 0)
     std::fprintf(out_, "#   size budget %.0f ms per size and placement\n", info_.size_budget_ms);
   if (!info_.note.empty()) std::fprintf(out_, "#   note: %s\n", info_.note.c_str());
@@ -135,15 +145,16 @@ void Reporter::begin() {
   }
   if (!info_.baseline.empty())
     std::fprintf(out_,
-                 "#   baseline: raw %s on the same buffers in the same run; MNCL/raw = MNCL "
+                 "#   baseline: raw %s%s on the same buffers in the same run; MNCL/raw = MNCL "
                  "time / raw time (above 1: MNCL slower)\n",
-                 info_.baseline.c_str());
+                 info_.baseline.c_str(),
+                 info_.baseline_detail.empty() ? "" : (" (" + info_.baseline_detail + ")").c_str());
   else
     std::fprintf(out_, "#   baseline: none (%s)\n", info_.baseline_why.c_str());
   std::fflush(out_);
 }
 
-void Reporter::begin_collective(CollKind kind) {
+void Reporter::begin_collective(CollKind kind, const Warmup &w) {
   const bool raw = !info_.baseline.empty(),
              lim = info_.membw.bytes_per_s > 0 || info_.membw.multi_host;
   std::string group = "  %6s %9s %7s %7s %6s";
@@ -165,11 +176,20 @@ void Reporter::begin_collective(CollKind kind) {
     units += "       ";
   }
   const int width = static_cast<int>(cols.size());
-  std::fprintf(out_, "#\n# %s, %s\n", spec_of(kind).name,
+  // The warm-up calls as made (raw: N/A where the library has no equivalent of the call).
+  std::string warm;
+  if (w.mncl_calls > 0)
+    warm = "; warm-up: " + std::to_string(w.mncl_calls) + " MNCL" +
+           (!w.has_raw        ? std::string()
+            : w.raw_calls > 0 ? " + " + std::to_string(w.raw_calls) + " raw"
+                              : std::string(" (raw N/A)")) +
+           " calls at " + std::to_string(w.bytes) + " B";
+  std::fprintf(out_, "#\n# %s, %s%s\n", spec_of(kind).name,
                info_.membw.multi_host ? "memory limit N/A (ranks on more than one host)"
                : lim
                    ? ("memory limit: algbw <= " + fmt("%.2f", limit_algbw(kind)) + " GB/s").c_str()
-                   : "memory limit not measured");
+                   : "memory limit not measured",
+               warm.c_str());
   std::fprintf(out_, "# %-8s %12s %12s %8s %6s %6s %*s %*s\n", "", "", "", "", "", "", -width,
                "   out-of-place", -width, "   in-place");
   std::fprintf(out_, "# %-8s %12s %12s %8s %6s %6s%s%s\n", "backend", "size", "count", "type",
@@ -254,9 +274,9 @@ void Reporter::write_json(const std::string &path) const {
   j << "\"backend\":\"" << json_escape(info_.backend) << "\",\"backend_version\":\""
     << json_escape(info_.backend_version) << "\",\"ranks\":" << info_.nranks << ",";
   j << "\"dtype\":\"" << info_.dtype << "\",\"op\":\"" << info_.op << "\",\"iters\":" << info_.iters
-    << ",\"warmup\":" << info_.warmup << ",\"check\":" << info_.check
-    << ",\"size_budget_ms\":" << json_num(info_.size_budget_ms) << ",\"time\":\""
-    << info_.time_source << "\",";
+    << ",\"warmup\":" << info_.warmup << ",\"warmup_calls\":" << info_.warmup_calls
+    << ",\"check\":" << info_.check << ",\"size_budget_ms\":" << json_num(info_.size_budget_ms)
+    << ",\"time\":\"" << info_.time_source << "\",";
   j << "\"command\":\"" << json_escape(info_.command) << "\",\"note\":\"" << json_escape(info_.note)
     << "\",";
   if (info_.membw.bytes_per_s > 0)
@@ -269,9 +289,19 @@ void Reporter::write_json(const std::string &path) const {
   else
     j << "\"membw\":null,";
   if (!info_.baseline.empty())
-    j << "\"baseline\":\"" << json_escape(info_.baseline) << "\",";
+    j << "\"baseline\":\"" << json_escape(info_.baseline) << "\",\"baseline_detail\":\""
+      << json_escape(info_.baseline_detail) << "\",";
   else
     j << "\"baseline\":null,\"baseline_why\":\"" << json_escape(info_.baseline_why) << "\",";
+  // The warm-up calls made before each collective's first size (--warmup-calls).
+  j << "\"warmups\":[";
+  for (size_t i = 0; i < warmups_.size(); ++i) {
+    const Warmup &w = warmups_[i];
+    j << (i ? "," : "") << "{\"collective\":\"" << spec_of(w.kind).name << "\",\"size\":" << w.bytes
+      << ",\"mncl_calls\":" << w.mncl_calls
+      << ",\"raw_calls\":" << (w.has_raw ? std::to_string(w.raw_calls) : "null") << "}";
+  }
+  j << "],";
   j << "\"results\":[";
   bool first = true;
   for (const Row &r : rows_) {

@@ -15,7 +15,8 @@ namespace mncl::perf {
 // Seconds per iteration across ranks, in microseconds.
 struct Timing {
   double avg = 0, min = 0, max = 0;
-  double reported = 0;  // the one -a picks (rank 0, avg, min or max)
+  double reported = 0;  // the one -a picks (rank 0, avg, min or max): the table's time, from
+                        // which algbw, busbw and MNCL/raw are computed
 };
 
 // One placement (out-of-place or in-place) of one size.
@@ -35,6 +36,15 @@ struct Result {
   bool no_bandwidth = false;
 };
 
+// --warmup-calls: the untimed calls made before a collective's first size (counted as made).
+struct Warmup {
+  CollKind kind = CollKind::kAllreduce;
+  size_t bytes = 0;    // the size they ran at
+  int mncl_calls = 0;  // MNCL calls made
+  bool has_raw = false;
+  int raw_calls = 0;  // raw-library calls made (0 where it has no equivalent)
+};
+
 struct Row {
   CollKind kind;
   Layout layout;
@@ -49,11 +59,13 @@ struct RunInfo {
   int nranks = 0;
   std::string dtype, op;
   int iters = 0, warmup = 0, check = 0;
+  int warmup_calls = 0;  // --warmup-calls
   double size_budget_ms = 0;
   const char *time_source = "avg";
-  std::string baseline;      // "mpi", "gloo" or "" when none
-  std::string baseline_why;  // why none
-  MemBandwidth membw;        // bytes_per_s == 0: not measured
+  std::string baseline;         // "mpi", "gloo" or "" when none
+  std::string baseline_why;     // why none
+  std::string baseline_detail;  // how it runs (raw MPI: its thread level), or ""
+  MemBandwidth membw;           // bytes_per_s == 0: not measured
   std::string note;
   std::string command;
 };
@@ -62,7 +74,8 @@ class Reporter {
  public:
   Reporter(RunInfo info, std::FILE *out) : info_(std::move(info)), out_(out) {}
   void begin();
-  void begin_collective(CollKind kind);
+  void begin_collective(CollKind kind, const Warmup &w);
+  void add_warmup(const Warmup &w) { warmups_.push_back(w); }
   void row(const Row &r);
   // Prints the footer; returns the total of wrong values.
   int64_t end();
@@ -77,6 +90,7 @@ class Reporter {
   RunInfo info_;
   std::FILE *out_;
   std::vector<Row> rows_;
+  std::vector<Warmup> warmups_;
 };
 
 // Fills algbw, busbw, ratio and % of limit from the timings.

@@ -53,11 +53,13 @@ class Run {
     info.op = mncl_op_name(o_.op);
     info.iters = o_.iters;
     info.warmup = o_.warmup;
+    info.warmup_calls = o_.warmup_calls;
     info.check = o_.check;
     info.size_budget_ms = o_.size_budget_ms;
     info.time_source = kTimeSources[o_.average];
     info.baseline = baseline_ ? baseline_->name() : "";
     info.baseline_why = baseline_why_;
+    info.baseline_detail = baseline_ ? baseline_->detail() : "";
     info.note = o_.note;
     info.command = command_line;
     if (o_.membw) info.membw = measure_membw(comm_, nranks_, o_.membw_bytes);
@@ -78,7 +80,11 @@ class Run {
     const char *mode = std::getenv("MNCL_PERF_PROGRESS");
     const bool tty_progress = mode != nullptr && std::string(mode) == "tty";
     for (CollKind kind : o_.colls) {
-      if (rank_ == 0) rep.begin_collective(kind);
+      const Warmup w = warm_up(kind, sizes);
+      if (rank_ == 0) {
+        rep.begin_collective(kind, w);
+        rep.add_warmup(w);
+      }
       for (size_t bytes : sizes) {
         Row row = measure(kind, bytes);
         if (rank_ == 0) {
@@ -159,6 +165,42 @@ class Run {
       derive(r, kind, row.layout.bytes, nranks_, membw_);
     }
     return row;
+  }
+
+  // --warmup-calls: before a collective's first size, untimed calls of MNCL and then of the raw
+  // library, so that neither side's first row carries a cold start: connections and lazy setup,
+  // and thresholds that only switch to a fast path after some messages (Open MPI's vader BTL
+  // gives a peer its fast box after btl_vader_fbox_threshold = 16 sends). The size -w alone
+  // would not pass them (3 calls in scripts/sweep.sh, fewer under --size-budget-ms), so the
+  // first size's time, raw MPI's especially, included that slow start. Cheap and the same for
+  // both sides: out of place, at the smallest swept size where every block holds 2 elements (the
+  // largest swept size if none does), at most kWarmupMaxBytes. nccl-tests warms up at its
+  // largest size instead, which would cost seconds per collective at 64 MiB.
+  static constexpr size_t kWarmupMaxBytes = 64 * 1024;
+  Warmup warm_up(CollKind kind, const std::vector<size_t> &sizes) {
+    Warmup w;
+    w.kind = kind;
+    if (o_.warmup_calls <= 0 || sizes.empty()) return w;
+    const size_t elem = mncl_dtype_size(o_.dtype);
+    size_t bytes = sizes.back();
+    for (size_t s : sizes) {
+      if (layout_for(kind, s, elem, nranks_).count >= 2) {
+        bytes = s;
+        break;
+      }
+    }
+    bytes = std::min(bytes, kWarmupMaxBytes);
+    const Layout l = layout_for(kind, bytes, elem, nranks_);
+    w.bytes = l.bytes;
+    const Call c = make_call(kind, l, false, send_.get(), recv_.get(), elem, o_.dtype, o_.op,
+                             o_.root, rank_, nranks_);
+    maybe_hang();
+    for (int i = 0; i < o_.warmup_calls; ++i, ++w.mncl_calls)
+      must(run_mncl(comm_, c), spec_of(kind).name);
+    if (baseline_ && baseline_->supports(c))
+      for (int i = 0; i < o_.warmup_calls; ++i, ++w.raw_calls) baseline_->run(c);
+    w.has_raw = baseline_ != nullptr;
+    return w;
   }
 
   // Without a budget: -w and -n as given. With one, the first warm-up iteration's time (the
