@@ -16,7 +16,7 @@ std::vector<std::string> available_baselines() {
 void baseline_process_init(int *argc, char ***argv, const std::string &backend_spec) {
 #ifdef MNCL_PERF_HAVE_MPI
   // flat (MPI itself) may run unless every candidate names another backend ("auto" may pick
-  // flat under mpirun).
+  // flat under mpirun; a plugin's path may be flat's).
   bool flat_possible = false;
   size_t start = 0;
   for (;;) {
@@ -25,7 +25,10 @@ void baseline_process_init(int *argc, char ***argv, const std::string &backend_s
         backend_spec.substr(start, comma == std::string::npos ? comma : comma - start);
     name.erase(0, name.find_first_not_of(" \t"));
     name.erase(name.find_last_not_of(" \t") + 1);
-    if (name.empty() || name == "auto" || name == "flat") flat_possible = true;
+    // A path (the loader takes any name with a '/') may be flat's plugin.
+    if (name.empty() || name == "auto" || name == "flat" || name.find('/') != std::string::npos) {
+      flat_possible = true;
+    }
     if (comma == std::string::npos) break;
     start = comma + 1;
   }

@@ -125,7 +125,8 @@ _C_NAMES = {ctypes.c_int32: "int", ctypes.c_int64: "int64_t", ctypes.c_size_t: "
 def integer(value, what):
     """value as a Python int, refusing what is no integer (a float, a str: never truncated nor
     parsed) with ctypes.ArgumentError, as ctypes refuses such a function argument
-    (_CheckedInt). Anything with __index__ counts as an integer (NumPy's integers, bool)."""
+    (_CheckedInt). Anything with __index__ counts as an integer (NumPy's integers, Python's
+    bool; NumPy 1.24 deprecates np.bool_ there)."""
     try:
         return operator.index(value)
     except TypeError:
@@ -138,7 +139,8 @@ def fit(value, ctype, what):
     would silently keep the low bits there (Config(rank=2**32) was rank 0, a P2POp peer
     2**32 + 1 reached rank 1). Refuses what does not fit, or is no integer (a float, a str),
     with ctypes.ArgumentError, as ctypes refuses such a function argument (_CheckedInt).
-    Anything with __index__ counts as an integer (NumPy's integers, bool)."""
+    Anything with __index__ counts as an integer (NumPy's integers, Python's bool; NumPy 1.24
+    deprecates np.bool_ there)."""
     number = integer(value, what)
     low, high = _bounds(ctype)
     if not low <= number <= high:
