@@ -877,7 +877,39 @@ void Comm::execute_now(const mncl_coll_v1_t &coll, void *inputs_ready) {
   needs_staging(coll) ? staging_->run(coll, call, bounds(coll)) : call(coll);
 }
 
+Comm::Inside::Inside(Comm &comm, const char *fn) : comm_(comm) {
+  // Sequentially consistent, as destroy's store of destroyed_ and load of the count: either
+  // destroy sees this call inside, or this call sees destroy begun.
+  comm_.callers_inside_.fetch_add(1);
+  if (comm_.destroyed_.load()) {
+    comm_.callers_inside_.fetch_sub(1);
+    throw Error(MNCL_ERR_INVALID_ARGUMENT,
+                format("%s: the communicator is being destroyed (by another thread)", fn));
+  }
+}
+
+void Comm::wait_for_callers() {
+  if (callers_inside_.load() == 0) return;
+  // Each such call ends by its own timeout (the watchdog ends a backend call that does not,
+  // after a grace), or at once after an abort.
+  const auto give_up =
+      Clock::now() + std::chrono::milliseconds(timeout_ms_) + std::chrono::seconds(30);
+  MNCL_INFO("mncl_comm_destroy(%s): waiting for %d call(s) of other threads to return", id_.c_str(),
+            callers_inside_.load());
+  while (callers_inside_.load() != 0) {
+    if (Clock::now() > give_up) {
+      throw Error(MNCL_ERR_INTERNAL,
+                  format("mncl_comm_destroy: %d call(s) of other threads on this communicator "
+                         "did not return within its timeout of %.1f s (+30 s); the backend's "
+                         "communicator is left to the process's exit",
+                         callers_inside_.load(), timeout_ms_ / 1000.0));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
 void Comm::run(mncl_coll_v1_t coll) {
+  const Inside inside(*this, coll_function_name(coll.kind));
   validate_and_number(coll);
   if (table_->caps & MNCL_CAP_NATIVE_ASYNC) {
     execute_now(coll);
@@ -900,6 +932,7 @@ void Comm::run(mncl_coll_v1_t coll) {
 }
 
 std::shared_ptr<Operation> Comm::start(const mncl_coll_v1_t &coll_in) {
+  const Inside inside(*this, coll_function_name(coll_in.kind));
   auto op = std::make_shared<Operation>();
   op->coll = coll_in;
   // Checked before the caller's arrays (which need not outlive the call) are copied: an
@@ -961,6 +994,7 @@ void Comm::launch(const std::shared_ptr<Operation> &op) {
 
 std::shared_ptr<Operation> Comm::start_batch(const char *fn, std::vector<mncl_p2p_v4_t> ops,
                                              void *stream, bool blocking) {
+  const Inside inside(*this, fn);
   check_usable(fn);
   validate_batch(fn, ops.data(), ops.size(), rank_, size_, *table_);
   auto batch = std::make_shared<Operation>();
@@ -1835,6 +1869,15 @@ void Comm::destroy() {
     if (lane) stop_lane(*lane);
   }
   retire_native_ops();
+  // A blocking call of another thread may still be inside the backend (its own timeout ends
+  // it): freeing the backend's communicator under it crashed (shm unmapped its segment).
+  bool callers_left = false;
+  try {
+    wait_for_callers();
+  } catch (const Error &e) {
+    MNCL_WARN("%s", e.what());
+    callers_left = true;
+  }
   watchdog_.reset();  // before the plugin communicator it may abort goes away
 
   std::string error;
@@ -1844,7 +1887,7 @@ void Comm::destroy() {
     // cannot guard the end of its own comm_destroy). An abort meanwhile still ends the
     // backend's store waits, and the core's own waits below.
     std::lock_guard<std::mutex> gate(plugin_gate_);
-    if (plugin_comm_ != nullptr) {
+    if (plugin_comm_ != nullptr && !callers_left) {
       set_last_error("");
       status = table_->comm_destroy(plugin_comm_);
       if (status != MNCL_OK) {

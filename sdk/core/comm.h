@@ -130,6 +130,21 @@ class Comm {
   // Collective teardown; the object may be deleted afterwards whatever it throws.
   void destroy();
 
+  // Held by a call that starts or runs an operation on the caller's thread (run, start,
+  // start_batch): destroy() waits for every such call to leave before it frees the backend's
+  // communicator, which a blocking call on another thread (a recv waiting for its message) may
+  // still be inside. Refuses a call that starts once destroy has begun.
+  class Inside {
+   public:
+    Inside(Comm &comm, const char *fn);
+    ~Inside() { comm_.callers_inside_.fetch_sub(1); }  // the last touch of the Comm
+    Inside(const Inside &) = delete;
+    Inside &operator=(const Inside &) = delete;
+
+   private:
+    Comm &comm_;
+  };
+
  private:
   struct Member {  // what every rank published when joining
     std::string host;
@@ -250,6 +265,9 @@ class Comm {
 
   std::atomic<bool> aborted_{false};
   std::atomic<bool> destroyed_{false};
+  std::atomic<int> callers_inside_{0};  // see Inside
+  // Before the backend's communicator goes: until every Inside is gone (bounded).
+  void wait_for_callers();
   // Raised by abort() and by the watchdog: wakes the plugin's store waits (StoreBridge).
   std::atomic<bool> plugin_stop_{false};
   std::atomic<bool> plugin_aborted_{false};  // comm_abort called (once)

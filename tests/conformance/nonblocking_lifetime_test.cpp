@@ -215,6 +215,41 @@ void destroy_pending(mncl_comm_t world) {
   CHECK_MNCL(mncl_barrier(world, nullptr));
 }
 
+// mncl_comm_destroy while another thread of the rank is blocked in mncl_recv on the same
+// communicator (a message that never comes): destroy waits for that call to return (at its
+// timeout) before the backend frees its communicator. It freed it under the call, which then
+// crashed (shm unmapped its segment, naive freed its state).
+void destroy_beside_blocking(mncl_comm_t world) {
+  mncl_comm_t comm = short_timeout_comm(world);
+  if (g_rank == 0) {
+    std::vector<int32_t> buf(kCount, -1);
+    mncl_status_t recv_status = MNCL_OK;
+    std::string recv_error;
+    std::thread receiver([&] {
+      recv_status = mncl_recv(comm, buf.data(), kCount, MNCL_INT32, 1, nullptr);
+      recv_error = mncl_last_error();
+    });
+    // Ordering only: the receiver is in its call by then (else it is refused as the
+    // communicator is being destroyed, which is fine too).
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const mncl_status_t st = mncl_comm_destroy(comm);
+    receiver.join();
+    if (st != MNCL_OK) {
+      fail(std::string("destroy_beside_blocking: mncl_comm_destroy: ") + mncl_status_string(st) +
+           ": " + mncl_last_error());
+    }
+    if (recv_status != MNCL_ERR_TIMEOUT && recv_status != MNCL_ERR_INVALID_ARGUMENT) {
+      fail(std::string("destroy_beside_blocking: the blocked mncl_recv returned ") +
+           mncl_status_string(recv_status) + ": " + recv_error);
+    }
+    std::printf("destroy_beside_blocking on %s: the blocked recv returned %s: %s\n",
+                g_backend.c_str(), mncl_status_string(recv_status), recv_error.c_str());
+  } else {
+    CHECK_MNCL(mncl_comm_destroy(comm));
+  }
+  CHECK_MNCL(mncl_barrier(world, nullptr));
+}
+
 void huge_wait(mncl_comm_t world) {
   const int64_t timeouts[] = {INT64_MAX, 9300000000000, int64_t{1} << 40};
   int salt = 100;
@@ -260,6 +295,7 @@ int main() {
   }
   queued_deadlines(world);
   destroy_pending(world);
+  destroy_beside_blocking(world);
   huge_wait(world);
   CHECK_MNCL(mncl_comm_destroy(world));
   std::printf("nonblocking_lifetime %s rank %d %s: %d failures\n", g_backend.c_str(), g_rank,
