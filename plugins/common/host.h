@@ -124,7 +124,8 @@ inline mncl_status_t read_size(const mncl_host_v1_t *host, const char *name, siz
   size_t v = 0;
   if (!parse_bytes(text, &v) || v < lo || v > hi) {
     return report(host, MNCL_ERR_INVALID_ARGUMENT,
-                  "%s='%s' is not a byte count between %zu and %zu", name, text, lo, hi);
+                  "%s='%s' is not a number between %zu and %zu (K, M, G: 2^10, 2^20, 2^30)", name,
+                  text, lo, hi);
   }
   *value = v;
   return MNCL_OK;

@@ -46,13 +46,14 @@ mncl_status_t shm_init(const mncl_host_v1_t *host) {
   bool spin_set = false;
   if (st == MNCL_OK && host->get_env && host->get_env("MNCL_SHM_SPIN")) {
     spin_set = true;
-    st = read_size("MNCL_SHM_SPIN", 0, 100000000, &spin);
+    st = read_size("MNCL_SHM_SPIN", 0, 10000000, &spin);
   }
   size_t yield_us = 0;
   bool yield_set = false;
   if (st == MNCL_OK && host->get_env && host->get_env("MNCL_SHM_YIELD_US")) {
     yield_set = true;
-    st = read_size("MNCL_SHM_YIELD_US", 0, 10000000, &yield_us);
+    // At most 1 s: a peer's death shows only once a waiter sleeps (its liveness checks).
+    st = read_size("MNCL_SHM_YIELD_US", 0, 1000000, &yield_us);
   }
   if (st != MNCL_OK) return st;
   if (const char *v = host->get_env ? host->get_env("MNCL_SHM_SINGLE_COPY") : nullptr) {

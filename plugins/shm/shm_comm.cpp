@@ -420,21 +420,28 @@ void Comm::wait_flag(Op &op, Flag &f, uint32_t target, int peer, const char *wha
   // The spin budget assumes one waiting thread per rank (a CPU each unless oversubscribed);
   // with concurrent lanes several may wait at once, so only one of them spins, the others go
   // straight to yielding and sleeping instead of taking CPUs from the peers they wait for.
+  // Both phases stop at an abort (checked below), and yielding at the deadline too: a large
+  // MNCL_SHM_SPIN / MNCL_SHM_YIELD_US held aborts and timeouts off for its length.
+  const auto abort_seen = [this] {
+    return aborted_.load(std::memory_order_relaxed) ||
+           hdr_->abort_word.load(std::memory_order_relaxed) != 0;
+  };
   if (spin_ > 0 && !spinning_.exchange(true, std::memory_order_relaxed)) {
     bool got = false;
     for (int i = 0; i < spin_ && !got; ++i) {
       cpu_relax();
       got = reached(f.value.load(std::memory_order_acquire), target);
+      if ((i & 4095) == 4095 && abort_seen()) break;
     }
     spinning_.store(false, std::memory_order_relaxed);
     if (got) return;
   }
   if (yield_for_.count() > 0) {
-    const auto until = Clock::now() + yield_for_;
+    const auto until = std::min(Clock::now() + yield_for_, op.deadline);
     do {
       sched_yield();
       if (reached(f.value.load(std::memory_order_acquire), target)) return;
-    } while (Clock::now() < until);
+    } while (!abort_seen() && Clock::now() < until);
   }
   auto next_liveness = Clock::now() + std::chrono::milliseconds(50);
   for (;;) {

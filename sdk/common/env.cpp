@@ -127,9 +127,10 @@ const std::vector<Variable> &table() {
        "(non-temporal stores); rank 0's value holds."},
       {"MNCL_SHM_SPIN", "",
        "shm: pause-loop iterations before a waiting rank yields (default: by load, fewer when "
-       "ranks outnumber cores)."},
+       "ranks outnumber cores; at most 10000000)."},
       {"MNCL_SHM_YIELD_US", "",
-       "shm: microseconds a waiting rank yields before it sleeps on a futex (default: by load)."},
+       "shm: microseconds a waiting rank yields before it sleeps on a futex (default: by load; "
+       "at most 1000000, and never past the operation's deadline or an abort)."},
       {"MNCL_SHM_SINGLE_COPY", "1",
        "shm: 1 reads point-to-point messages above two slots straight from the sender's memory "
        "(process_vm_readv) where allowed; 0 streams them through the segment; decline (tests) "

@@ -521,7 +521,7 @@ TEST(Host, ParseBytes) {
   EXPECT_EQ(setting, 64u);
   g_value = "1K";
   EXPECT_EQ(kit::read_size(&host, "MNCL_X", 1, 100, &setting), MNCL_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(g_error, "MNCL_X='1K' is not a byte count between 1 and 100");
+  EXPECT_EQ(g_error, "MNCL_X='1K' is not a number between 1 and 100 (K, M, G: 2^10, 2^20, 2^30)");
   EXPECT_EQ(setting, 64u);
 }
 
