@@ -329,7 +329,18 @@ MNCL_API mncl_status_t mncl_comm_destroy(mncl_comm_t comm) {
         delete handle;  // the Comm lives on while an abort still holds it (comm_ref)
       }
     } release{comm};
+    // Kept for good where calls of other threads outlived destroy's wait for them: they still
+    // use the Comm (its backend communicator was not freed either).
+    struct KeepIfInUse {
+      const std::shared_ptr<mncl::core::Comm> &comm;
+      ~KeepIfInUse() {
+        if (comm->callers_left()) new std::shared_ptr<mncl::core::Comm>(comm);
+      }
+    } keep{c};
     c->destroy();
+    MNCL_CHECK(!c->callers_left(), MNCL_ERR_TIMEOUT,
+               "mncl_comm_destroy: calls of other threads on this communicator did not return "
+               "within its timeout (+30 s); it was left to the process's exit (see the log)");
   });
 }
 

@@ -1862,6 +1862,16 @@ void Comm::retire_native_ops() {
 void Comm::destroy() {
   if (destroyed_.exchange(true)) return;
   const bool aborted_before = aborted_.load();
+  // First the calls of other threads that are inside (a blocking one, or one about to queue an
+  // operation: none may reach a lane once its thread is stopped below). Each ends by its own
+  // timeout; the backend's communicator must outlive them (shm unmapped its segment under a
+  // blocked mncl_recv, which crashed).
+  try {
+    wait_for_callers();
+  } catch (const Error &e) {
+    MNCL_WARN("%s", e.what());
+    callers_left_ = true;
+  }
   // Let every issued operation finish (each is bounded by the timeout from its call), then stop
   // the threads; and end those posted to the plugin, which may use their buffers until then.
   stop_lane(collectives_);
@@ -1869,15 +1879,6 @@ void Comm::destroy() {
     if (lane) stop_lane(*lane);
   }
   retire_native_ops();
-  // A blocking call of another thread may still be inside the backend (its own timeout ends
-  // it): freeing the backend's communicator under it crashed (shm unmapped its segment).
-  bool callers_left = false;
-  try {
-    wait_for_callers();
-  } catch (const Error &e) {
-    MNCL_WARN("%s", e.what());
-    callers_left = true;
-  }
   watchdog_.reset();  // before the plugin communicator it may abort goes away
 
   std::string error;
@@ -1887,7 +1888,7 @@ void Comm::destroy() {
     // cannot guard the end of its own comm_destroy). An abort meanwhile still ends the
     // backend's store waits, and the core's own waits below.
     std::lock_guard<std::mutex> gate(plugin_gate_);
-    if (plugin_comm_ != nullptr && !callers_left) {
+    if (plugin_comm_ != nullptr && !callers_left_) {
       set_last_error("");
       status = table_->comm_destroy(plugin_comm_);
       if (status != MNCL_OK) {

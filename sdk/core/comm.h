@@ -127,8 +127,12 @@ class Comm {
   // host's ranks (CROSS_HOST), from the hosts every rank published when joining.
   std::unique_ptr<Comm> split_type(int type, int key, const mncl_config_t *config,
                                    bool has_newcomm = true);
-  // Collective teardown; the object may be deleted afterwards whatever it throws.
+  // Collective teardown; the object may be deleted afterwards whatever it throws, unless
+  // callers_left().
   void destroy();
+  // destroy() gave up waiting for calls of other threads (past the timeout + 30 s): they may
+  // still use this object, which must then never be deleted, nor the backend's communicator.
+  bool callers_left() const { return callers_left_; }
 
   // Held by a call that starts or runs an operation on the caller's thread (run, start,
   // start_batch): destroy() waits for every such call to leave before it frees the backend's
@@ -266,6 +270,7 @@ class Comm {
   std::atomic<bool> aborted_{false};
   std::atomic<bool> destroyed_{false};
   std::atomic<int> callers_inside_{0};  // see Inside
+  bool callers_left_ = false;           // destroy gave up waiting for them (callers_left())
   // Before the backend's communicator goes: until every Inside is gone (bounded).
   void wait_for_callers();
   // Raised by abort() and by the watchdog: wakes the plugin's store waits (StoreBridge).
