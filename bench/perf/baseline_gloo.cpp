@@ -74,27 +74,44 @@ Func func_for(mncl_op_t op) {
   return nullptr;
 }
 
-Func reduce_func(mncl_dtype_t d, mncl_op_t op) {
+// Calls f(T{}) with the C++ type of dtype d among those Gloo's typed functions take; false
+// for the others (16-bit floats: Gloo's float16 only, no bfloat16).
+template <typename F>
+bool with_gloo_type(mncl_dtype_t d, F &&f) {
   switch (d) {
     case MNCL_INT8:
-      return func_for<int8_t>(op);
+      f(int8_t{});
+      return true;
     case MNCL_UINT8:
-      return func_for<uint8_t>(op);
+      f(uint8_t{});
+      return true;
     case MNCL_INT32:
-      return func_for<int32_t>(op);
+      f(int32_t{});
+      return true;
     case MNCL_UINT32:
-      return func_for<uint32_t>(op);
+      f(uint32_t{});
+      return true;
     case MNCL_INT64:
-      return func_for<int64_t>(op);
+      f(int64_t{});
+      return true;
     case MNCL_UINT64:
-      return func_for<uint64_t>(op);
+      f(uint64_t{});
+      return true;
     case MNCL_FLOAT32:
-      return func_for<float>(op);
+      f(float{});
+      return true;
     case MNCL_FLOAT64:
-      return func_for<double>(op);
+      f(double{});
+      return true;
     default:
-      return nullptr;  // 16-bit floats: Gloo's float16 only, no bfloat16
+      return false;
   }
+}
+
+Func reduce_func(mncl_dtype_t d, mncl_op_t op) {
+  Func fn = nullptr;
+  with_gloo_type(d, [&](auto t) { fn = func_for<decltype(t)>(op); });
+  return fn;
 }
 
 // Gloo's own element-wise functions for its classic algorithms.
@@ -305,26 +322,9 @@ class GlooBaseline : public Baseline {
   // gloo::AllreduceRingChunked / AllreduceHalvingDoubling on the real element type (Gloo's
   // functions are typed), in place on recvbuf.
   void run_classic(const Call &c, bool chunked) {
-    switch (c.dtype) {
-      case MNCL_INT8:
-        return classic<int8_t>(c, chunked);
-      case MNCL_UINT8:
-        return classic<uint8_t>(c, chunked);
-      case MNCL_INT32:
-        return classic<int32_t>(c, chunked);
-      case MNCL_UINT32:
-        return classic<uint32_t>(c, chunked);
-      case MNCL_INT64:
-        return classic<int64_t>(c, chunked);
-      case MNCL_UINT64:
-        return classic<uint64_t>(c, chunked);
-      case MNCL_FLOAT32:
-        return classic<float>(c, chunked);
-      case MNCL_FLOAT64:
-        return classic<double>(c, chunked);
-      default:
-        throw std::runtime_error("raw gloo: no classic allreduce for this dtype");
-    }
+    const bool typed =
+        with_gloo_type(c.dtype, [&](auto t) { this->template classic<decltype(t)>(c, chunked); });
+    if (!typed) throw std::runtime_error("raw gloo: no classic allreduce for this dtype");
   }
 
   template <typename T>
