@@ -72,6 +72,18 @@ std::string bytes_to_string(const bootstrap::Bytes &b) {
   return std::string(b.begin(), b.end());
 }
 
+// The lines of a rank's join record (see Comm::create).
+std::vector<std::string> join_fields(const std::string &join) {
+  std::vector<std::string> fields;
+  size_t start = 0;
+  for (size_t newline; (newline = join.find('\n', start)) != std::string::npos;
+       start = newline + 1) {
+    fields.push_back(join.substr(start, newline - start));
+  }
+  fields.push_back(join.substr(start));
+  return fields;
+}
+
 // "1, 3 and 4" for messages.
 std::string list_ranks(const std::vector<int> &ranks) {
   std::string out;
@@ -448,12 +460,56 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
                        "processes were given one rank; check the launcher's rank variables",
                        twice.c_str(), missing.size() > 1 ? "s" : "", list_ranks(missing).c_str()));
   };
+  // Ranks started with different sizes (WORLD_SIZE=2 on one, 3 on the others; config->size
+  // computed differently) would each see "their" ranks join and go on as jobs that disagree
+  // (naive returned sums over 2 ranks on one and 3 on the others). Every join carries its
+  // size: each rank compares those it finds, while it waits and once all are in, and fails
+  // naming the first that differs. Ranks 0..n-1 that all say n still form a job of n: only the
+  // processes that said more fail (strays beside it).
+  std::vector<char> size_checked(static_cast<size_t>(settings.size), 0);
+  int largest_size = settings.size;  // the largest size a rank joined with, as far as seen
+  bool sizes_disagree = false;
+  const auto check_size = [&](int r, const std::string &join) {
+    size_checked[static_cast<size_t>(r)] = 1;
+    const std::vector<std::string> field = join_fields(join);
+    const int size = field.size() > 3 ? std::atoi(field[3].c_str()) : settings.size;
+    if (size == settings.size) return;
+    sizes_disagree = true;
+    largest_size = std::max(largest_size, size);
+    throw Error(MNCL_ERR_BOOTSTRAP,
+                format("mncl_comm_create: the ranks disagree on the job's size: this process is "
+                       "rank %d of %d (size from %s), and rank %d (pid %s on %s) was started as "
+                       "one of %d (size from %s); give every rank the same size (check the "
+                       "launcher's size variables, or config->size)",
+                       settings.rank, settings.size, settings.size_origin.c_str(), r,
+                       field.size() > 1 ? field[1].c_str() : "?", field[0].c_str(), size,
+                       field.size() > 4 ? field[4].c_str() : "?"));
+  };
+  const auto while_joining = [&](const std::vector<int> &missing) {
+    std::vector<char> is_missing(static_cast<size_t>(settings.size), 0);
+    for (int r : missing) is_missing[static_cast<size_t>(r)] = 1;
+    for (int r = 0; r < settings.size; ++r) {
+      if (is_missing[static_cast<size_t>(r)] || size_checked[static_cast<size_t>(r)]) continue;
+      check_size(r, bytes_to_string(comm->comm_store_->get("join/" + std::to_string(r),
+                                                           wait_options(0, nullptr))));
+    }
+    stop_if_claimed_twice(missing);
+  };
   try {
     joins = exchange(
         *comm->comm_store_, "join/", settings.rank, settings.size,
-        host + "\n" + std::to_string(::getpid()) + "\n" + std::to_string(settings.local_rank),
-        settings.timeout_ms, &comm->aborted_, "mncl_comm_create", &absent, stop_if_claimed_twice);
+        host + "\n" + std::to_string(::getpid()) + "\n" + std::to_string(settings.local_rank) +
+            "\n" + std::to_string(settings.size) + "\n" + settings.size_origin,
+        settings.timeout_ms, &comm->aborted_, "mncl_comm_create", &absent, while_joining);
+    absent.clear();  // every rank joined
+    for (int r = 0; r < settings.size; ++r) {
+      if (!size_checked[static_cast<size_t>(r)]) check_size(r, joins[static_cast<size_t>(r)]);
+    }
   } catch (const Error &e) {
+    if (sizes_disagree) {
+      comm->leave_after_failed_join(absent, largest_size);
+      throw;
+    }
     if (claimed_twice) {
       comm->leave_after_failed_join(absent);
       throw;
@@ -475,16 +531,12 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
                                          e.what(), twice.c_str()));
   }
   comm->joined_ = true;
-  // "host\npid\nlocal rank given (-1: none)".
+  // "host\npid\nlocal rank given (-1: none)\nsize\nwhere the size came from".
   std::vector<int> given_local_ranks;
   for (const auto &join : joins) {
-    const size_t newline = join.find('\n');
-    const size_t second = newline == std::string::npos ? newline : join.find('\n', newline + 1);
-    comm->members_.push_back(
-        Member{join.substr(0, newline),
-               newline == std::string::npos ? 0 : std::atoi(join.c_str() + newline + 1)});
-    given_local_ranks.push_back(second == std::string::npos ? -1
-                                                            : std::atoi(join.c_str() + second + 1));
+    const std::vector<std::string> field = join_fields(join);
+    comm->members_.push_back(Member{field[0], field.size() > 1 ? std::atoi(field[1].c_str()) : 0});
+    given_local_ranks.push_back(field.size() > 2 ? std::atoi(field[2].c_str()) : -1);
   }
   std::set<std::string> hosts;
   int same_host_before = 0, same_host = 0, same_process = 0;
@@ -544,7 +596,7 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
   return comm;
 }
 
-void Comm::leave_after_failed_join(const std::vector<int> &absent) {
+void Comm::leave_after_failed_join(const std::vector<int> &absent, int ranks_seen) {
   // The ranks that did join time out too, each at its own deadline: the store host waits for
   // them to see their own timeout before taking the store down under them.
   try {
@@ -552,17 +604,38 @@ void Comm::leave_after_failed_join(const std::vector<int> &absent) {
     comm_store_->erase("claim/" + std::to_string(rank_));
     comm_store_->set("leave/" + std::to_string(rank_), "1", 1);
     if (rank_ != 0) return;
-    std::vector<std::string> present;
+    std::vector<int> present;
     for (int r = 0; r < size_; ++r) {
-      if (std::find(absent.begin(), absent.end(), r) == absent.end()) {
-        present.push_back("leave/" + std::to_string(r));
+      if (std::find(absent.begin(), absent.end(), r) == absent.end()) present.push_back(r);
+    }
+    if (ranks_seen > size_) {
+      // Ranks started with a larger size join too, and fail on this rank's size: the store
+      // stays up for those that come within a grace, so that they read why rather than find
+      // the store gone.
+      std::vector<std::string> beyond;
+      for (int r = size_; r < ranks_seen; ++r) beyond.push_back("join/" + std::to_string(r));
+      const auto grace = std::min<int64_t>(10000, timeout_ms_ / 4);
+      const std::vector<std::string> never =
+          comm_store_->wait(beyond, wait_options(grace, nullptr));
+      for (int r = size_; r < ranks_seen; ++r) {
+        const std::string key = "join/" + std::to_string(r);
+        if (std::find(never.begin(), never.end(), key) == never.end()) present.push_back(r);
       }
     }
-    comm_store_->wait(present, wait_options(timeout_ms_, nullptr));
+    std::vector<std::string> leave;
+    for (int r : present) leave.push_back("leave/" + std::to_string(r));
+    const std::vector<std::string> stayed =
+        comm_store_->wait(leave, wait_options(timeout_ms_, nullptr));
     comm_store_->erase("claim/twice");  // every rank that joined has read it by now
     // A leave key left behind would let the next try's rank 0 (same file store folder) erase
-    // claim/twice before the ranks that time out after it have read it.
-    for (const std::string &key : present) comm_store_->erase(key);
+    // claim/twice before the ranks that time out after it have read it; a join key, make a
+    // rank of the next try read another job's size.
+    for (int r : present) {
+      const std::string key = "leave/" + std::to_string(r);
+      if (std::find(stayed.begin(), stayed.end(), key) != stayed.end()) continue;
+      comm_store_->erase(key);
+      comm_store_->erase("join/" + std::to_string(r));
+    }
   } catch (const Error &e) {
     MNCL_INFO("mncl_comm_create: cleaning up after the failed join: %s", e.what());
   }

@@ -324,13 +324,13 @@ LaunchSettings resolve_launch_settings(const mncl_config_t &config) {
                   : rank_from                  ? rank_from->rank
                   : explicit_rank              ? "MNCL_RANK"
                                                : "the default";
-  const std::string size_origin = config.size != MNCL_FROM_ENV ? "config->size"
-                                  : size_from                  ? size_from->size
-                                  : explicit_size              ? "MNCL_SIZE"
-                                                               : "the default";
+  s.size_origin = config.size != MNCL_FROM_ENV ? "config->size"
+                  : size_from                  ? size_from->size
+                  : explicit_size              ? "MNCL_SIZE"
+                                               : "the default";
   MNCL_CHECK(s.rank >= 0 && s.rank < s.size, MNCL_ERR_INVALID_ARGUMENT,
              "rank %d (from %s) is out of range for %d ranks (from %s)", s.rank,
-             s.rank_origin.c_str(), s.size, size_origin.c_str());
+             s.rank_origin.c_str(), s.size, s.size_origin.c_str());
   const RankSize job{s.rank, s.size};
   s.launched_by_mpi = from_mpi(job);
 
@@ -442,7 +442,7 @@ LaunchSettings resolve_launch_settings(const mncl_config_t &config) {
                 format("a job of %d ranks (from %s) needs a bootstrap store: set "
                        "MNCL_STORE=tcp://host:port (rank 0 listens there) or file:///shared/dir, "
                        "or MASTER_ADDR and MASTER_PORT, or launch with mncl-run -n %d%s",
-                       s.size, size_origin.c_str(), s.size, hint.c_str()));
+                       s.size, s.size_origin.c_str(), s.size, hint.c_str()));
   }
 
   if (config.timeout_ms != MNCL_FROM_ENV) {

@@ -20,6 +20,7 @@ struct LaunchSettings {
   int rank = 0;
   int size = 1;
   std::string rank_origin = "the default";  // "MNCL_RANK", "RANK", "config->rank"... (messages)
+  std::string size_origin = "the default";  // "MNCL_SIZE", "WORLD_SIZE", "config->size"...
   // MNCL_LOCAL_*, else those of the launcher that gave the rank; -1: derive from hostnames.
   int local_rank = -1;
   int local_size = -1;

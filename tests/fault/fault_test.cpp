@@ -14,7 +14,7 @@
 // in the run's folder (mpirun passes no descriptors on), and mpirun's exit ends the wait.
 //
 //   fault_test killed|stalled|late|mismatch|abort|abort_destroy|recovery|watchdog|store_bind|
-//              store_token|duplicate_rank|plugin_builds
+//              store_token|duplicate_rank|plugin_builds|size_mismatch
 //              [--backend B] [--ranks N] [--timeout S] [--runs N] [--debug-checks 0|1]
 //              [--case
 //              allreduce_vs_bcast|count|dtype|root|allgatherv|alltoallv|gatherv|scatterv|
@@ -626,13 +626,29 @@ int worker_store(Worker &w) {
   }
   mncl_comm_t comm = nullptr;
   const int64_t t0 = now_ns();
-  const mncl_status_t st = mncl_comm_create(nullptr, &comm);
+  mncl_status_t st = mncl_comm_create(nullptr, &comm);
   const int64_t t1 = now_ns();
+  std::string message = mncl_last_error();
+  if (st == MNCL_OK && w.scenario == "size_mismatch") {
+    // The job that was created must be whole: an allreduce over every rank it counts.
+    int size = 0, value = 0;
+    mncl_comm_size(comm, &size);
+    value = w.rank + 1;
+    st = mncl_allreduce(comm, &value, &value, 1, MNCL_INT32, MNCL_SUM, nullptr);
+    message = st != MNCL_OK ? mncl_last_error() : "";
+    if (st == MNCL_OK && value != size * (size + 1) / 2) {
+      st = MNCL_ERR_INTERNAL;
+      message =
+          fmt("the allreduce over %d ranks gave %d, not %d", size, value, size * (size + 1) / 2);
+    }
+  }
   if (st == MNCL_OK) w.ready();
-  w.result(st, t1, fmt("%lld", static_cast<long long>(t1 - t0)), mncl_last_error());
+  w.result(st, t1, fmt("%lld", static_cast<long long>(t1 - t0)), message.c_str());
   if (st == MNCL_OK) {
     // Hold the store up until the driver has looked at it.
     std::this_thread::sleep_for(std::chrono::milliseconds(env_int("FAULT_HOLD_MS", 0)));
+    // size_mismatch: until the driver has every result (a stray reads the store meanwhile).
+    if (env_int("FAULT_LINGER", 0)) w.linger(60);
     mncl_comm_destroy(comm);
   }
   return 0;
@@ -660,7 +676,7 @@ int worker_main() {
   if (w.scenario == "abort_destroy") return worker_abort_destroy(w);
   if (w.scenario == "watchdog") return worker_watchdog(w);
   if (w.scenario == "store_bind" || w.scenario == "store_token" || w.scenario == "duplicate_rank" ||
-      w.scenario == "plugin_builds") {
+      w.scenario == "plugin_builds" || w.scenario == "size_mismatch") {
     return worker_store(w);
   }
   std::fprintf(stderr, "worker: unknown scenario '%s'\n", w.scenario.c_str());
@@ -1440,10 +1456,11 @@ int drive_duplicate_rank(const Options &o) {
   // that binds second is refused at once and leaves its note in the other's store:
   // - this job's rank 0 first: the foreign one's note names a job of 4, so it stops no one:
   //   ranks 0 and 1 wait for their missing peers until the timeout, blaming no second claim;
-  // - the foreign one first: rank 0's note names this job's size, so rank 1 (which joined the
-  //   foreign store) stops at the grace and names the claim and the address found taken; the
-  //   foreign rank 0 waits out its timeout blaming no one.
-  // The two jobs run side by side (each on a port of its own): both wait out a timeout.
+  // - the foreign one first: rank 1 joins the foreign store, where it and the foreign rank 0
+  //   find each other's sizes (3 and 4) within half a second and both fail naming that
+  //   disagreement (before the grace of rank 0's note; they used to stop at the grace, and
+  //   the foreign rank 0 at its timeout).
+  // The two jobs run side by side (each on a port of its own).
   std::unique_ptr<Job> jobs[2];
   for (const bool ours_first : {true, false}) {
     jobs[ours_first] =
@@ -1469,10 +1486,11 @@ int drive_duplicate_rank(const Options &o) {
       if (r == second && it->second.status == MNCL_ERR_BOOTSTRAP &&
           m.find("is another process rank 0 too?") != std::string::npos) {
         ++refused;
-      } else if (!ours_first && r == 1 && it->second.status == MNCL_ERR_BOOTSTRAP &&
-                 m.find("a process claimed rank 0 (from MNCL_RANK) a second time") !=
-                     std::string::npos &&
-                 m.find("(a job of 3 ranks); it found the store's address taken") !=
+      } else if (!ours_first && r != second && it->second.status == MNCL_ERR_BOOTSTRAP &&
+                 m.find(r == 1 ? "the ranks disagree on the job's size: this process is rank 1 "
+                                 "of 3 (size from MNCL_SIZE), and rank 0 (pid "
+                               : "the ranks disagree on the job's size: this process is rank 0 "
+                                 "of 4 (size from MNCL_SIZE), and rank 1 (pid ") !=
                      std::string::npos) {
         ++told;
       } else if (r != second && it->second.status == MNCL_ERR_TIMEOUT &&
@@ -1484,14 +1502,75 @@ int drive_duplicate_rank(const Options &o) {
       }
     }
     const bool ok =
-        refused == 1 && timed_out == (ours_first ? 2 : 1) && told == (ours_first ? 0 : 1);
+        refused == 1 && timed_out == (ours_first ? 2 : 0) && told == (ours_first ? 0 : 2);
     passed += ok;
     detail +=
         fmt("; another job's rank 0 on the address, %s bound first: process %d refused at "
-            "once (%d), %d timed out without blaming a second claim, %d named the claim",
+            "once (%d), %d timed out without blaming a second claim, %d named the sizes",
             ours_first ? "this job's" : "the other job's", second, refused, timed_out, told);
   }
   return report(name, three, passed == static_cast<int>(std::size(cases)) + 2, detail);
+}
+
+// Processes started with different job sizes (WORLD_SIZE=2 on one, 3 on the others) on one
+// store. Every process whose size the ranks below it contradict fails mncl_comm_create with
+// MNCL_ERR_BOOTSTRAP naming the disagreement (not a timeout, and not a job that runs with
+// sizes that disagree: naive summed over 2 ranks on one and over 3 on the others):
+// - sizes 2, 3, 3: all three, at once;
+// - sizes 4, 3, 3: rank 0 too, while it still waits for its rank 3;
+// - sizes 2, 2, 3: ranks 0 and 1 are a job of 2 and run (an allreduce checks it); the third
+//   process, a stray that says 3, fails naming rank 0's size.
+// The timeout (--timeout, 20 s in CI) is far longer than any of these takes: a rank that
+// waited it out reports MNCL_ERR_TIMEOUT, which fails the test.
+int drive_size_mismatch(const Options &o) {
+  const std::string name = "fault.size_mismatch";
+  struct Case {
+    std::vector<int> sizes;
+    int healthy;  // ranks 0..healthy-1 form a job that must run
+  };
+  const Case cases[] = {{{2, 3, 3}, 0}, {{4, 3, 3}, 0}, {{2, 2, 3}, 2}};
+  int passed = 0;
+  std::string detail;
+  for (const Case &c : cases) {
+    std::vector<int> sizes = c.sizes;
+    Job job(o, 3, {{"FAULT_LINGER", "1"}}, [sizes](int r, std::map<std::string, std::string> &e) {
+      e["MNCL_SIZE"] = std::to_string(sizes[static_cast<size_t>(r)]);
+      e.erase("MNCL_LOCAL_SIZE");
+      e.erase("MNCL_LOCAL_RANK");
+    });
+    job.results_from({0, 1, 2}, 60 + 2 * o.timeout_s);
+    job.release();
+    int refused = 0, ran = 0;
+    for (int r : {0, 1, 2}) {
+      auto it = job.results().find(r);
+      const std::string m = job.message(r);
+      const int size = sizes[static_cast<size_t>(r)];
+      const int other = r == 0 ? sizes[1] : sizes[0];
+      if (r < c.healthy) {
+        if (it != job.results().end() && it->second.status == MNCL_OK) {
+          ++ran;
+          continue;
+        }
+      } else if (it != job.results().end() && it->second.status == MNCL_ERR_BOOTSTRAP &&
+                 m.find(fmt("the ranks disagree on the job's size: this process is rank %d of "
+                            "%d (size from MNCL_SIZE), and rank %d (pid ",
+                            r, size, r == 0 ? 1 : 0)) != std::string::npos &&
+                 m.find(fmt("was started as one of %d (size from MNCL_SIZE)", other)) !=
+                     std::string::npos) {
+        ++refused;
+        continue;
+      }
+      std::fprintf(stderr, "%s: sizes %d,%d,%d, process %d: %s: %s\n", name.c_str(), sizes[0],
+                   sizes[1], sizes[2], r,
+                   it == job.results().end() ? "no result" : status_name(it->second.status),
+                   m.c_str());
+    }
+    const bool ok = refused == 3 - c.healthy && ran == c.healthy;
+    passed += ok;
+    detail += fmt("%ssizes %d,%d,%d: %d refused naming the disagreement, %d ran",
+                  detail.empty() ? "" : "; ", sizes[0], sizes[1], sizes[2], refused, ran);
+  }
+  return report(name, o, passed == static_cast<int>(std::size(cases)), detail);
 }
 
 // One rank runs the backend as a plugin of ABI v4 (MNCL_PLUGIN_ABI_MAX=4), the others as v5:
@@ -1600,6 +1679,7 @@ int main(int argc, char **argv) {
   if (o.scenario == "store_token") return drive_store_token(o);
   if (o.scenario == "duplicate_rank") return drive_duplicate_rank(o);
   if (o.scenario == "plugin_builds") return drive_plugin_builds(o);
+  if (o.scenario == "size_mismatch") return drive_size_mismatch(o);
   std::fprintf(stderr, "unknown scenario '%s'\n", o.scenario.c_str());
   return 2;
 }
