@@ -468,11 +468,13 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
   // processes that said more fail (strays beside it).
   std::vector<char> size_checked(static_cast<size_t>(settings.size), 0);
   int largest_size = settings.size;  // the largest size a rank joined with, as far as seen
+  int size_of_rank0 = -1;            // the size rank 0 joined with, once read
   bool sizes_disagree = false;
   const auto check_size = [&](int r, const std::string &join) {
     size_checked[static_cast<size_t>(r)] = 1;
     const std::vector<std::string> field = join_fields(join);
     const int size = field.size() > 3 ? std::atoi(field[3].c_str()) : settings.size;
+    if (r == 0) size_of_rank0 = size;
     if (size == settings.size) return;
     sizes_disagree = true;
     largest_size = std::max(largest_size, size);
@@ -507,7 +509,10 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
     }
   } catch (const Error &e) {
     if (sizes_disagree) {
-      comm->leave_after_failed_join(absent, largest_size);
+      // A rank past rank 0's size is a stray beside that job: no rank 0 waits for it or
+      // cleans up after it.
+      const bool stray = size_of_rank0 >= 1 && settings.rank >= size_of_rank0;
+      comm->leave_after_failed_join(absent, largest_size, stray);
       throw;
     }
     if (claimed_twice) {
@@ -596,30 +601,40 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
   return comm;
 }
 
-void Comm::leave_after_failed_join(const std::vector<int> &absent, int ranks_seen) {
+void Comm::leave_after_failed_join(const std::vector<int> &absent, int sizes_seen, bool stray) {
   // The ranks that did join time out too, each at its own deadline: the store host waits for
   // them to see their own timeout before taking the store down under them.
   try {
     // A claim left behind would refuse this rank's next try on the same (file) store.
     comm_store_->erase("claim/" + std::to_string(rank_));
+    if (stray && !job_->tcp_store) {
+      // Its join record would outlive it in the folder and read as another job's size to the
+      // next job there.
+      comm_store_->erase("join/" + std::to_string(rank_));
+      return;
+    }
     comm_store_->set("leave/" + std::to_string(rank_), "1", 1);
     if (rank_ != 0) return;
     std::vector<int> present;
+    std::vector<std::string> late;  // join keys of ranks this one stopped waiting for
     for (int r = 0; r < size_; ++r) {
-      if (std::find(absent.begin(), absent.end(), r) == absent.end()) present.push_back(r);
+      if (std::find(absent.begin(), absent.end(), r) == absent.end()) {
+        present.push_back(r);
+      } else if (sizes_seen > 0) {
+        late.push_back("join/" + std::to_string(r));
+      }
     }
-    if (ranks_seen > size_) {
-      // Ranks started with a larger size join too, and fail on this rank's size: the store
-      // stays up for those that come within a grace, so that they read why rather than find
-      // the store gone.
-      std::vector<std::string> beyond;
-      for (int r = size_; r < ranks_seen; ++r) beyond.push_back("join/" + std::to_string(r));
-      const auto grace = std::min<int64_t>(10000, timeout_ms_ / 4);
-      const std::vector<std::string> never =
-          comm_store_->wait(beyond, wait_options(grace, nullptr));
-      for (int r = size_; r < ranks_seen; ++r) {
-        const std::string key = "join/" + std::to_string(r);
-        if (std::find(never.begin(), never.end(), key) == never.end()) present.push_back(r);
+    if (sizes_seen > 0 && job_->hosts_tcp_store) {
+      // Sizes disagree: this process serves the store, which goes away with it. Ranks that
+      // come a little later (missing ones, and those of the larger size seen) find it up for
+      // a short grace, and read why they fail rather than find no store.
+      for (int r = size_; r < sizes_seen; ++r) late.push_back("join/" + std::to_string(r));
+      const int64_t grace = std::min<int64_t>(2000, timeout_ms_ / 4);
+      const std::vector<std::string> never = comm_store_->wait(late, wait_options(grace, nullptr));
+      for (const std::string &key : late) {
+        if (std::find(never.begin(), never.end(), key) == never.end()) {
+          present.push_back(std::stoi(key.substr(std::strlen("join/"))));
+        }
       }
     }
     std::vector<std::string> leave;

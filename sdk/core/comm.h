@@ -225,9 +225,11 @@ class Comm {
   void create_plugin_comm(const mncl_bootstrap_v1_t &bs, void *parent_plugin_comm, int color,
                           int key);
   mncl_bootstrap_v1_t bootstrap_for_plugin() const;
-  // ranks_seen: the largest size a rank joined with (rank 0 then also waits for those beyond
-  // its own size that join within a grace).
-  void leave_after_failed_join(const std::vector<int> &absent, int ranks_seen = 0);
+  // sizes_seen (> 0 where ranks disagreed on the size): the largest size a rank joined with;
+  // rank 0 serving a TCP store then keeps it up for ranks that join within a grace. stray: this
+  // rank is past rank 0's size (nobody waits for it, nor cleans up after it).
+  void leave_after_failed_join(const std::vector<int> &absent, int sizes_seen = 0,
+                               bool stray = false);
   // by_type: the color was derived from `type` (mncl_comm_split_type), checked here.
   std::unique_ptr<Comm> split_impl(int color, int key, bool by_type, int type,
                                    const mncl_config_t *config, const char *fn, bool has_newcomm);
