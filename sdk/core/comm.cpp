@@ -468,13 +468,11 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
   // processes that said more fail (strays beside it).
   std::vector<char> size_checked(static_cast<size_t>(settings.size), 0);
   int largest_size = settings.size;  // the largest size a rank joined with, as far as seen
-  int size_of_rank0 = -1;            // the size rank 0 joined with, once read
   bool sizes_disagree = false;
   const auto check_size = [&](int r, const std::string &join) {
     size_checked[static_cast<size_t>(r)] = 1;
     const std::vector<std::string> field = join_fields(join);
     const int size = field.size() > 3 ? std::atoi(field[3].c_str()) : settings.size;
-    if (r == 0) size_of_rank0 = size;
     if (size == settings.size) return;
     sizes_disagree = true;
     largest_size = std::max(largest_size, size);
@@ -509,10 +507,7 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
     }
   } catch (const Error &e) {
     if (sizes_disagree) {
-      // A rank past rank 0's size is a stray beside that job: no rank 0 waits for it or
-      // cleans up after it.
-      const bool stray = size_of_rank0 >= 1 && settings.rank >= size_of_rank0;
-      comm->leave_after_failed_join(absent, largest_size, stray);
+      comm->leave_after_failed_join(absent, largest_size);
       throw;
     }
     if (claimed_twice) {
@@ -601,17 +596,28 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
   return comm;
 }
 
-void Comm::leave_after_failed_join(const std::vector<int> &absent, int sizes_seen, bool stray) {
+void Comm::leave_after_failed_join(const std::vector<int> &absent, int sizes_seen) {
   // The ranks that did join time out too, each at its own deadline: the store host waits for
   // them to see their own timeout before taking the store down under them.
   try {
     // A claim left behind would refuse this rank's next try on the same (file) store.
     comm_store_->erase("claim/" + std::to_string(rank_));
-    if (stray && !job_->tcp_store) {
-      // Its join record would outlive it in the folder and read as another job's size to the
-      // next job there.
-      comm_store_->erase("join/" + std::to_string(rank_));
-      return;
+    const std::string my_join = "join/" + std::to_string(rank_);
+    if (rank_ != 0 && !job_->tcp_store) {
+      // Rank 0 removes the records of the ranks it waited for. Where it has gone (or never
+      // came), or this rank is past its size (a stray beside its job), no one will: this
+      // rank's record would outlive it in the folder and read as another job's size, or as a
+      // rank that joined, to the next job there.
+      int size_of_rank0 = -1;
+      if (comm_store_->wait({"join/0"}, wait_options(0, nullptr)).empty()) {
+        const std::vector<std::string> field =
+            join_fields(bytes_to_string(comm_store_->get("join/0", wait_options(0, nullptr))));
+        size_of_rank0 = field.size() > 3 ? std::atoi(field[3].c_str()) : size_;
+      }
+      if (rank_ >= size_of_rank0) {
+        comm_store_->erase(my_join);
+        return;
+      }
     }
     comm_store_->set("leave/" + std::to_string(rank_), "1", 1);
     if (rank_ != 0) return;

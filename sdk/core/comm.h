@@ -226,10 +226,8 @@ class Comm {
                           int key);
   mncl_bootstrap_v1_t bootstrap_for_plugin() const;
   // sizes_seen (> 0 where ranks disagreed on the size): the largest size a rank joined with;
-  // rank 0 serving a TCP store then keeps it up for ranks that join within a grace. stray: this
-  // rank is past rank 0's size (nobody waits for it, nor cleans up after it).
-  void leave_after_failed_join(const std::vector<int> &absent, int sizes_seen = 0,
-                               bool stray = false);
+  // rank 0 serving a TCP store then keeps it up for ranks that join within a grace.
+  void leave_after_failed_join(const std::vector<int> &absent, int sizes_seen = 0);
   // by_type: the color was derived from `type` (mncl_comm_split_type), checked here.
   std::unique_ptr<Comm> split_impl(int color, int key, bool by_type, int type,
                                    const mncl_config_t *config, const char *fn, bool has_newcomm);
