@@ -177,7 +177,12 @@ MNCL_API const char *mncl_op_name(mncl_op_t op);
 MNCL_API mncl_status_t mncl_comm_create(const mncl_config_t *config, mncl_comm_t *comm);
 /* Collective: waits (bounded by the timeout) for in-flight operations, then frees everything.
  * Requests still pending keep their operation's result for mncl_test / mncl_wait; one that
- * destroy had to cut short (past its timeout) reports MNCL_ERR_TIMEOUT or MNCL_ERR_ABORTED. */
+ * destroy had to cut short (past its timeout) reports MNCL_ERR_TIMEOUT or MNCL_ERR_ABORTED.
+ * Calls on `comm` by other threads (misuse, but never a crash): destroy first waits for those
+ * already inside (each ends by its own timeout, or at once after mncl_comm_abort); one that
+ * starts once destroy has begun, and any later call with the handle, fails with
+ * MNCL_ERR_INVALID_ARGUMENT. If those inside outlast the timeout + 30 s, destroy returns
+ * MNCL_ERR_TIMEOUT and leaves the communicator to the process's exit. */
 MNCL_API mncl_status_t mncl_comm_destroy(mncl_comm_t comm);
 /* Local, any thread: every blocked or later operation on `comm` fails with MNCL_ERR_ABORTED.
  * The handle stays valid until mncl_comm_destroy returns. Calling it twice is harmless. During

@@ -24,6 +24,12 @@
 struct mncl_comm {
   // Shared with a mncl_comm_abort running on another thread, which may outlast the handle.
   std::shared_ptr<mncl::core::Comm> impl;
+  // Calls of any thread inside this handle (Pinned): mncl_comm_destroy sets `closing`, then
+  // waits for them to leave before it frees anything they use; a call that pins once
+  // `closing` is set is refused. A handle's memory is never freed (retire()), so that a call
+  // that found it live an instant before destroy began may still pin it, and be refused.
+  std::atomic<int> calls{0};
+  std::atomic<bool> closing{false};
 };
 struct mncl_request {
   std::shared_ptr<mncl::core::Operation> op;
@@ -82,13 +88,49 @@ bool comm_is_live(const void *comm) {
   return true;
 }
 
-mncl::core::Comm &comm_of(mncl_comm_t comm, const char *fn) {
-  MNCL_CHECK(comm != nullptr, MNCL_ERR_INVALID_ARGUMENT, "%s: comm is NULL", fn);
-  MNCL_CHECK(comm_is_live(comm), MNCL_ERR_INVALID_ARGUMENT,
-             "%s: comm %p is not a live communicator (destroyed, being destroyed, or never "
-             "created)",
-             fn, static_cast<void *>(comm));
-  return *comm->impl;
+// A live communicator, held for the length of a call: mncl_comm_destroy on another thread waits
+// for it to be let go before it frees the communicator (each call ends by its own timeout, or
+// at once after mncl_comm_abort).
+class Pinned {
+ public:
+  Pinned(mncl_comm_t comm, const char *fn) : handle_(comm) {
+    MNCL_CHECK(comm != nullptr, MNCL_ERR_INVALID_ARGUMENT, "%s: comm is NULL", fn);
+    MNCL_CHECK(comm_is_live(comm), MNCL_ERR_INVALID_ARGUMENT,
+               "%s: comm %p is not a live communicator (destroyed, being destroyed, or never "
+               "created)",
+               fn, static_cast<void *>(comm));
+    // Sequentially consistent, as destroy's store of `closing` and load of `calls`: either
+    // destroy sees this call inside, or this call sees destroy begun. The check above may have
+    // used an answer cached just before destroy began; the handle is still this library's.
+    comm->calls.fetch_add(1);
+    if (comm->closing.load()) {
+      comm->calls.fetch_sub(1);
+      throw Error(MNCL_ERR_INVALID_ARGUMENT,
+                  format("%s: comm %p is being destroyed (by another thread)", fn,
+                         static_cast<void *>(comm)));
+    }
+    comm_ = comm->impl.get();
+  }
+  ~Pinned() { handle_->calls.fetch_sub(1); }
+  Pinned(const Pinned &) = delete;
+  Pinned &operator=(const Pinned &) = delete;
+  mncl::core::Comm *operator->() const { return comm_; }
+  mncl::core::Comm &operator*() const { return *comm_; }
+
+ private:
+  mncl_comm_t handle_;
+  mncl::core::Comm *comm_ = nullptr;
+};
+
+Pinned comm_of(mncl_comm_t comm, const char *fn) {
+  return Pinned(comm, fn);
+}
+
+// Handles destroyed: kept (reachable, for leak checkers) instead of freed; see mncl_comm.
+void retire(mncl_comm_t handle) {
+  static auto *const retired = new std::vector<mncl_comm_t>();
+  std::lock_guard<std::mutex> lock(g_handles_mutex);
+  retired->push_back(handle);
 }
 
 // For calls that may come from any thread at any time (mncl_comm_abort): a reference taken
@@ -143,7 +185,7 @@ mncl_coll_v1_t make_coll(int kind, const void *sendbuf, void *recvbuf, size_t co
 }
 
 mncl_status_t run_blocking(mncl_comm_t comm, const mncl_coll_v1_t &coll) {
-  return guard([&] { comm_of(comm, mncl::core::coll_function_name(coll.kind)).run(coll); });
+  return guard([&] { comm_of(comm, mncl::core::coll_function_name(coll.kind))->run(coll); });
 }
 
 // Hands a started operation to the caller as a request handle.
@@ -184,7 +226,7 @@ mncl_status_t run_nonblocking(mncl_comm_t comm, const mncl_coll_v1_t &coll,
     const char *fn = mncl::core::coll_function_name(coll.kind);
     require_out(request, fn, "request");
     *request = nullptr;
-    issue(comm, comm_of(comm, fn).start(coll), request);
+    issue(comm, comm_of(comm, fn)->start(coll), request);
   });
 }
 
@@ -318,6 +360,7 @@ MNCL_API mncl_status_t mncl_comm_destroy(mncl_comm_t comm) {
       g_deaths.fetch_add(1, std::memory_order_release);  // drops cached liveness answers
       c = comm->impl;
     }
+    comm->closing.store(true);  // see Pinned: calls that pin from now on are refused
     struct Release {
       mncl_comm_t handle;
       ~Release() {
@@ -326,7 +369,8 @@ MNCL_API mncl_status_t mncl_comm_destroy(mncl_comm_t comm) {
           g_destroying.erase(handle);
         }
         untrack(g_comms, handle);
-        delete handle;  // the Comm lives on while an abort still holds it (comm_ref)
+        handle->impl.reset();  // the Comm lives on while an abort still holds it (comm_ref)
+        retire(handle);
       }
     } release{comm};
     // Kept for good where calls of other threads outlived destroy's wait for them: they still
@@ -337,7 +381,7 @@ MNCL_API mncl_status_t mncl_comm_destroy(mncl_comm_t comm) {
         if (comm->callers_left()) new std::shared_ptr<mncl::core::Comm>(comm);
       }
     } keep{c};
-    c->destroy();
+    c->destroy(&comm->calls);
     MNCL_CHECK(!c->callers_left(), MNCL_ERR_TIMEOUT,
                "mncl_comm_destroy: calls of other threads on this communicator did not return "
                "within its timeout (+30 s); it was left to the process's exit (see the log)");
@@ -353,7 +397,7 @@ MNCL_API mncl_status_t mncl_comm_split(mncl_comm_t comm, int color, int key, mnc
     // A NULL newcomm fails the split on every rank (Comm::split_impl), not on this one alone.
     if (newcomm != nullptr) *newcomm = nullptr;
     adopt_child(comm_of(comm, "mncl_comm_split")
-                    .split(color, key, nullptr, "mncl_comm_split", newcomm != nullptr),
+                    ->split(color, key, nullptr, "mncl_comm_split", newcomm != nullptr),
                 newcomm);
   });
 }
@@ -363,7 +407,7 @@ MNCL_API mncl_status_t mncl_comm_split_config(mncl_comm_t comm, int color, int k
   return guard([&] {
     if (newcomm != nullptr) *newcomm = nullptr;
     adopt_child(comm_of(comm, "mncl_comm_split_config")
-                    .split(color, key, config, "mncl_comm_split_config", newcomm != nullptr),
+                    ->split(color, key, config, "mncl_comm_split_config", newcomm != nullptr),
                 newcomm);
   });
 }
@@ -377,30 +421,30 @@ MNCL_API mncl_status_t mncl_comm_split_type(mncl_comm_t comm, mncl_split_type_t 
   std::memcpy(&raw_type, &type, sizeof raw_type);
   return guard([&] {
     if (newcomm != nullptr) *newcomm = nullptr;
-    adopt_child(
-        comm_of(comm, "mncl_comm_split_type").split_type(raw_type, key, config, newcomm != nullptr),
-        newcomm);
+    adopt_child(comm_of(comm, "mncl_comm_split_type")
+                    ->split_type(raw_type, key, config, newcomm != nullptr),
+                newcomm);
   });
 }
 
 MNCL_API mncl_status_t mncl_comm_rank(mncl_comm_t comm, int *rank) {
   return guard([&] {
     require_out(rank, "mncl_comm_rank", "rank");
-    *rank = comm_of(comm, "mncl_comm_rank").rank();
+    *rank = comm_of(comm, "mncl_comm_rank")->rank();
   });
 }
 
 MNCL_API mncl_status_t mncl_comm_size(mncl_comm_t comm, int *size) {
   return guard([&] {
     require_out(size, "mncl_comm_size", "size");
-    *size = comm_of(comm, "mncl_comm_size").size();
+    *size = comm_of(comm, "mncl_comm_size")->size();
   });
 }
 
 MNCL_API mncl_status_t mncl_comm_backend(mncl_comm_t comm, const char **name) {
   return guard([&] {
     require_out(name, "mncl_comm_backend", "name");
-    *name = comm_of(comm, "mncl_comm_backend").backend().c_str();
+    *name = comm_of(comm, "mncl_comm_backend")->backend().c_str();
   });
 }
 
@@ -505,7 +549,8 @@ mncl_status_t run_v(mncl_comm_t comm, int kind, const void *sendbuf, size_t send
   return guard([&] {
     const char *fn = mncl::core::coll_function_name(kind);
     if (request != nullptr) *request = nullptr;
-    auto &c = comm_of(comm, fn);
+    const Pinned pinned = comm_of(comm, fn);
+    auto &c = *pinned;
     const int narrays = kind == MNCL_COLL_ALLGATHERV ? 2 : 4;
     const size_t *in[4] = {arrays.a, arrays.b, arrays.c, arrays.d};
     const size_t size = static_cast<size_t>(c.size());
@@ -558,7 +603,8 @@ mncl_status_t run_rooted_v(const char *fn, mncl_comm_t comm, const mncl::core::R
   return guard([&] {
     if (nonblocking) require_out(request, fn, "request");
     if (request != nullptr) *request = nullptr;
-    auto &c = comm_of(comm, fn);
+    const Pinned pinned = comm_of(comm, fn);
+    auto &c = *pinned;
     c.check_usable(fn);
     const int kind = call.gather ? MNCL_COLL_GATHERV : MNCL_COLL_SCATTERV;
     if (c.table().coll_mask & MNCL_COLL_BIT(kind)) {
@@ -830,7 +876,8 @@ std::vector<mncl_p2p_v4_t> import_ops(const char *fn, const mncl_p2p_op_t *ops, 
 // call waits for all of them.
 mncl_status_t run_batch(const char *fn, mncl_comm_t comm, std::vector<mncl_p2p_v4_t> ops,
                         void *stream, mncl_request_t *request) {
-  auto &c = comm_of(comm, fn);
+  const Pinned pinned = comm_of(comm, fn);
+  auto &c = *pinned;
   auto op = c.start_batch(fn, std::move(ops), stream, request == nullptr);
   if (request != nullptr) {
     issue(comm, std::move(op), request);

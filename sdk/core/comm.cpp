@@ -982,21 +982,24 @@ Comm::Inside::Inside(Comm &comm, const char *fn) : comm_(comm) {
   }
 }
 
-void Comm::wait_for_callers() {
-  if (callers_inside_.load() == 0) return;
+void Comm::wait_for_callers(const std::atomic<int> *api_calls) {
+  const auto inside = [&] {
+    return std::max(callers_inside_.load(), api_calls != nullptr ? api_calls->load() : 0);
+  };
+  if (inside() == 0) return;
   // Each such call ends by its own timeout (the watchdog ends a backend call that does not,
   // after a grace), or at once after an abort.
   const auto give_up =
       Clock::now() + std::chrono::milliseconds(timeout_ms_) + std::chrono::seconds(30);
   MNCL_INFO("mncl_comm_destroy(%s): waiting for %d call(s) of other threads to return", id_.c_str(),
-            callers_inside_.load());
-  while (callers_inside_.load() != 0) {
+            inside());
+  while (inside() != 0) {
     if (Clock::now() > give_up) {
       throw Error(MNCL_ERR_INTERNAL,
                   format("mncl_comm_destroy: %d call(s) of other threads on this communicator "
                          "did not return within its timeout of %.1f s (+30 s); the backend's "
                          "communicator is left to the process's exit",
-                         callers_inside_.load(), timeout_ms_ / 1000.0));
+                         inside(), timeout_ms_ / 1000.0));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
@@ -1953,7 +1956,7 @@ void Comm::retire_native_ops() {
   }
 }
 
-void Comm::destroy() {
+void Comm::destroy(const std::atomic<int> *api_calls) {
   if (destroyed_.exchange(true)) return;
   const bool aborted_before = aborted_.load();
   // First the calls of other threads that are inside (a blocking one, or one about to queue an
@@ -1961,7 +1964,7 @@ void Comm::destroy() {
   // timeout; the backend's communicator must outlive them (shm unmapped its segment under a
   // blocked mncl_recv, which crashed).
   try {
-    wait_for_callers();
+    wait_for_callers(api_calls);
   } catch (const Error &e) {
     MNCL_WARN("%s", e.what());
     callers_left_ = true;

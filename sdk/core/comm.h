@@ -128,8 +128,9 @@ class Comm {
   std::unique_ptr<Comm> split_type(int type, int key, const mncl_config_t *config,
                                    bool has_newcomm = true);
   // Collective teardown; the object may be deleted afterwards whatever it throws, unless
-  // callers_left().
-  void destroy();
+  // callers_left(). api_calls: the C API's count of calls inside the handle (mncl_comm), which
+  // destroy waits for as for those Inside.
+  void destroy(const std::atomic<int> *api_calls = nullptr);
   // destroy() gave up waiting for calls of other threads (past the timeout + 30 s): they may
   // still use this object, which must then never be deleted, nor the backend's communicator.
   bool callers_left() const { return callers_left_; }
@@ -274,7 +275,7 @@ class Comm {
   std::atomic<int> callers_inside_{0};  // see Inside
   bool callers_left_ = false;           // destroy gave up waiting for them (callers_left())
   // Before the backend's communicator goes: until every Inside is gone (bounded).
-  void wait_for_callers();
+  void wait_for_callers(const std::atomic<int> *api_calls);
   // Raised by abort() and by the watchdog: wakes the plugin's store waits (StoreBridge).
   std::atomic<bool> plugin_stop_{false};
   std::atomic<bool> plugin_aborted_{false};  // comm_abort called (once)

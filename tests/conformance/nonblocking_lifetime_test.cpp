@@ -16,6 +16,8 @@
 //                     returned at once while the backend still used the buffers), and the
 //                     requests, tested or waited after destroy and after a new communicator was
 //                     made, report their own results: the data, and MNCL_ERR_TIMEOUT.
+//   destroy_beside_blocking, destroy_beside_queries  destroy while other threads of rank 0
+//                     are inside calls on the communicator: they return, and are refused after.
 //   huge_wait         mncl_wait with timeouts too long for the clock (INT64_MAX ms, 9.3e12 ms)
 //                     waits for the operation, as -1 does (they once returned MNCL_ERR_TIMEOUT at
 //                     once); 2^40 ms, the largest counted one, too.
@@ -24,6 +26,7 @@
 // second mncl_irecv already waits for the first, which nobody serves.
 #include <mncl/mncl.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -250,6 +253,62 @@ void destroy_beside_blocking(mncl_comm_t world) {
   CHECK_MNCL(mncl_barrier(world, nullptr));
 }
 
+// mncl_comm_destroy while other threads of the rank keep calling mncl_comm_size, _rank and
+// _backend on the communicator: each call returns MNCL_OK until destroy begins, then
+// MNCL_ERR_INVALID_ARGUMENT ("being destroyed", "not a live communicator"). A call that had
+// found the handle live an instant before destroy began once went on to use the freed handle
+// and communicator (AddressSanitizer: heap-use-after-free; this test runs under it in CI).
+void destroy_beside_queries(mncl_comm_t world) {
+  constexpr int kRounds = 20, kThreads = 2;
+  int refused = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    mncl_comm_t comm = short_timeout_comm(world);
+    if (g_rank != 0) {
+      CHECK_MNCL(mncl_comm_destroy(comm));
+      continue;
+    }
+    std::atomic<int> started{0};
+    std::vector<std::string> last(kThreads);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        for (long i = 0;; ++i) {
+          int value = 0;
+          const char *name = nullptr;
+          const mncl_status_t st = i % 3 == 0   ? mncl_comm_size(comm, &value)
+                                   : i % 3 == 1 ? mncl_comm_rank(comm, &value)
+                                                : mncl_comm_backend(comm, &name);
+          if (i == 0) started.fetch_add(1);
+          if (st == MNCL_OK) continue;
+          const std::string error = mncl_last_error();
+          if (st != MNCL_ERR_INVALID_ARGUMENT ||
+              (error.find("being destroyed") == std::string::npos &&
+               error.find("not a live communicator") == std::string::npos)) {
+            last[static_cast<size_t>(t)] = std::string(mncl_status_string(st)) + ": " + error;
+          }
+          return;
+        }
+      });
+    }
+    while (started.load() < kThreads) std::this_thread::yield();
+    const mncl_status_t st = mncl_comm_destroy(comm);
+    for (auto &thread : threads) thread.join();
+    if (st != MNCL_OK) {
+      fail(std::string("destroy_beside_queries: mncl_comm_destroy: ") + mncl_status_string(st) +
+           ": " + mncl_last_error());
+    }
+    for (const std::string &wrong : last) {
+      if (!wrong.empty()) fail("destroy_beside_queries: a query beside destroy returned " + wrong);
+      refused += wrong.empty();
+    }
+  }
+  if (g_rank == 0) {
+    std::printf("destroy_beside_queries on %s: %d rounds, %d queries refused cleanly\n",
+                g_backend.c_str(), kRounds, refused);
+  }
+  CHECK_MNCL(mncl_barrier(world, nullptr));
+}
+
 void huge_wait(mncl_comm_t world) {
   const int64_t timeouts[] = {INT64_MAX, 9300000000000, int64_t{1} << 40};
   int salt = 100;
@@ -296,6 +355,7 @@ int main() {
   queued_deadlines(world);
   destroy_pending(world);
   destroy_beside_blocking(world);
+  destroy_beside_queries(world);
   huge_wait(world);
   CHECK_MNCL(mncl_comm_destroy(world));
   std::printf("nonblocking_lifetime %s rank %d %s: %d failures\n", g_backend.c_str(), g_rank,
