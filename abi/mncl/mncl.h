@@ -182,7 +182,9 @@ MNCL_API mncl_status_t mncl_comm_create(const mncl_config_t *config, mncl_comm_t
  * already inside (each ends by its own timeout, or at once after mncl_comm_abort); one that
  * starts once destroy has begun, and any later call with the handle, fails with
  * MNCL_ERR_INVALID_ARGUMENT. If those inside outlast the timeout + 30 s, destroy returns
- * MNCL_ERR_TIMEOUT and leaves the communicator to the process's exit. */
+ * MNCL_ERR_TIMEOUT and leaves the communicator to the process's exit. The handle itself (about
+ * 200 bytes) is never freed, so that a stale handle is always refused, never taken for a newer
+ * communicator's. */
 MNCL_API mncl_status_t mncl_comm_destroy(mncl_comm_t comm);
 /* Local, any thread: every blocked or later operation on `comm` fails with MNCL_ERR_ABORTED.
  * The handle stays valid until mncl_comm_destroy returns. Calling it twice is harmless. During
@@ -235,7 +237,7 @@ MNCL_API mncl_status_t mncl_comm_split_type(mncl_comm_t comm, mncl_split_type_t 
                                             const mncl_config_t *config, mncl_comm_t *newcomm);
 MNCL_API mncl_status_t mncl_comm_rank(mncl_comm_t comm, int *rank);
 MNCL_API mncl_status_t mncl_comm_size(mncl_comm_t comm, int *size);
-/* The backend's name ("naive"); the string lives as long as the communicator. */
+/* The backend's name ("naive"); the string lives as long as the process. */
 MNCL_API mncl_status_t mncl_comm_backend(mncl_comm_t comm, const char **name);
 
 /* ---------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <string>
 #include <system_error>
 #include <unordered_map>
 #include <unordered_set>
@@ -22,14 +23,22 @@
 
 // The opaque handles of mncl.h.
 struct mncl_comm {
-  // Shared with a mncl_comm_abort running on another thread, which may outlast the handle.
-  std::shared_ptr<mncl::core::Comm> impl;
+  explicit mncl_comm(std::shared_ptr<mncl::core::Comm> comm)
+      : impl(std::move(comm)), rank(impl->rank()), size(impl->size()), backend(impl->backend()) {}
   // Calls of any thread inside this handle (Pinned): mncl_comm_destroy sets `closing`, then
   // waits for them to leave before it frees anything they use; a call that pins once
   // `closing` is set is refused. A handle's memory is never freed (retire()), so that a call
-  // that found it live an instant before destroy began may still pin it, and be refused.
-  std::atomic<int> calls{0};
+  // that found it live an instant before destroy began may still pin it, and be refused. On a
+  // line of their own: every call of every thread on this communicator writes `calls`.
+  alignas(64) std::atomic<int> calls{0};
   std::atomic<bool> closing{false};
+  // Shared with a mncl_comm_abort running on another thread, which may outlast the handle.
+  alignas(64) std::shared_ptr<mncl::core::Comm> impl;
+  // What mncl_comm_rank, _size and _backend answer without pinning (the name outlives the
+  // communicator).
+  const int rank, size;
+  const std::string backend;
+  mncl_comm *retired_next = nullptr;  // see retire()
 };
 struct mncl_request {
   std::shared_ptr<mncl::core::Operation> op;
@@ -91,14 +100,20 @@ bool comm_is_live(const void *comm) {
 // A live communicator, held for the length of a call: mncl_comm_destroy on another thread waits
 // for it to be let go before it frees the communicator (each call ends by its own timeout, or
 // at once after mncl_comm_abort).
+// A handle this library made and has not destroyed (its memory, never freed, may be read).
+mncl_comm &live_handle(mncl_comm_t comm, const char *fn) {
+  MNCL_CHECK(comm != nullptr, MNCL_ERR_INVALID_ARGUMENT, "%s: comm is NULL", fn);
+  MNCL_CHECK(comm_is_live(comm), MNCL_ERR_INVALID_ARGUMENT,
+             "%s: comm %p is not a live communicator (destroyed, being destroyed, or never "
+             "created)",
+             fn, static_cast<void *>(comm));
+  return *comm;
+}
+
 class Pinned {
  public:
   Pinned(mncl_comm_t comm, const char *fn) : handle_(comm) {
-    MNCL_CHECK(comm != nullptr, MNCL_ERR_INVALID_ARGUMENT, "%s: comm is NULL", fn);
-    MNCL_CHECK(comm_is_live(comm), MNCL_ERR_INVALID_ARGUMENT,
-               "%s: comm %p is not a live communicator (destroyed, being destroyed, or never "
-               "created)",
-               fn, static_cast<void *>(comm));
+    live_handle(comm, fn);
     // Sequentially consistent, as destroy's store of `closing` and load of `calls`: either
     // destroy sees this call inside, or this call sees destroy begun. The check above may have
     // used an answer cached just before destroy began; the handle is still this library's.
@@ -126,11 +141,13 @@ Pinned comm_of(mncl_comm_t comm, const char *fn) {
   return Pinned(comm, fn);
 }
 
-// Handles destroyed: kept (reachable, for leak checkers) instead of freed; see mncl_comm.
+// Handles destroyed: kept (reachable from this list, for leak checkers) instead of freed; see
+// mncl_comm. About 200 bytes each; linked through the handles, so that keeping one never fails.
+mncl_comm *g_retired = nullptr;
 void retire(mncl_comm_t handle) {
-  static auto *const retired = new std::vector<mncl_comm_t>();
   std::lock_guard<std::mutex> lock(g_handles_mutex);
-  retired->push_back(handle);
+  handle->retired_next = g_retired;
+  g_retired = handle;
 }
 
 // For calls that may come from any thread at any time (mncl_comm_abort): a reference taken
@@ -322,8 +339,7 @@ namespace {
 // Hands a split's new communicator (NULL for MNCL_SPLIT_NONE) to the caller as a handle.
 void adopt_child(std::unique_ptr<mncl::core::Comm> child, mncl_comm_t *newcomm) {
   if (!child) return;
-  auto handle = std::make_unique<mncl_comm>();
-  handle->impl = std::move(child);
+  auto handle = std::make_unique<mncl_comm>(std::move(child));
   track(g_comms, handle.get());
   *newcomm = handle.release();
 }
@@ -333,8 +349,7 @@ MNCL_API mncl_status_t mncl_comm_create(const mncl_config_t *config, mncl_comm_t
   return guard([&] {
     require_out(comm, "mncl_comm_create", "comm");
     *comm = nullptr;
-    auto handle = std::make_unique<mncl_comm>();
-    handle->impl = mncl::core::Comm::create(config);
+    auto handle = std::make_unique<mncl_comm>(mncl::core::Comm::create(config));
     track(g_comms, handle.get());
     *comm = handle.release();
   });
@@ -363,16 +378,19 @@ MNCL_API mncl_status_t mncl_comm_destroy(mncl_comm_t comm) {
     comm->closing.store(true);  // see Pinned: calls that pin from now on are refused
     struct Release {
       mncl_comm_t handle;
+      const std::shared_ptr<mncl::core::Comm> &comm;
       ~Release() {
         {
           std::lock_guard<std::mutex> lock(g_handles_mutex);
           g_destroying.erase(handle);
         }
         untrack(g_comms, handle);
-        handle->impl.reset();  // the Comm lives on while an abort still holds it (comm_ref)
+        // The Comm lives on while an abort still holds it (comm_ref); calls that outlasted
+        // destroy's wait may still read the handle's reference.
+        if (!comm->callers_left()) handle->impl.reset();
         retire(handle);
       }
-    } release{comm};
+    } release{comm, c};
     // Kept for good where calls of other threads outlived destroy's wait for them: they still
     // use the Comm (its backend communicator was not freed either).
     struct KeepIfInUse {
@@ -430,21 +448,21 @@ MNCL_API mncl_status_t mncl_comm_split_type(mncl_comm_t comm, mncl_split_type_t 
 MNCL_API mncl_status_t mncl_comm_rank(mncl_comm_t comm, int *rank) {
   return guard([&] {
     require_out(rank, "mncl_comm_rank", "rank");
-    *rank = comm_of(comm, "mncl_comm_rank")->rank();
+    *rank = live_handle(comm, "mncl_comm_rank").rank;
   });
 }
 
 MNCL_API mncl_status_t mncl_comm_size(mncl_comm_t comm, int *size) {
   return guard([&] {
     require_out(size, "mncl_comm_size", "size");
-    *size = comm_of(comm, "mncl_comm_size")->size();
+    *size = live_handle(comm, "mncl_comm_size").size;
   });
 }
 
 MNCL_API mncl_status_t mncl_comm_backend(mncl_comm_t comm, const char **name) {
   return guard([&] {
     require_out(name, "mncl_comm_backend", "name");
-    *name = comm_of(comm, "mncl_comm_backend")->backend().c_str();
+    *name = live_handle(comm, "mncl_comm_backend").backend.c_str();
   });
 }
 

@@ -991,15 +991,14 @@ void Comm::wait_for_callers(const std::atomic<int> *api_calls) {
   // after a grace), or at once after an abort.
   const auto give_up =
       Clock::now() + std::chrono::milliseconds(timeout_ms_) + std::chrono::seconds(30);
-  MNCL_INFO("mncl_comm_destroy(%s): waiting for %d call(s) of other threads to return", id_.c_str(),
-            inside());
+  MNCL_INFO("mncl_comm_destroy(%s): waiting for the calls of other threads to return", id_.c_str());
   while (inside() != 0) {
     if (Clock::now() > give_up) {
       throw Error(MNCL_ERR_INTERNAL,
-                  format("mncl_comm_destroy: %d call(s) of other threads on this communicator "
+                  format("mncl_comm_destroy: calls of other threads on this communicator "
                          "did not return within its timeout of %.1f s (+30 s); the backend's "
                          "communicator is left to the process's exit",
-                         inside(), timeout_ms_ / 1000.0));
+                         timeout_ms_ / 1000.0));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
@@ -2030,16 +2029,18 @@ void Comm::destroy(const std::atomic<int> *api_calls) {
         // mncl_comm_abort from another thread cuts this wait short (a peer that died).
         std::vector<std::string> missing;
         bool cut_short = false;  // by an abort
+        bool store_gone = false;
         try {
           missing = comm_store_->wait(leave, wait_options(timeout_ms_, &aborted_));
         } catch (const Error &e) {
           if (e.status() != MNCL_ERR_ABORTED) throw;
-          cut_short = true;
           try {
             missing = comm_store_->wait(leave, wait_options(0, nullptr));
           } catch (const Error &) {
-            // The store is gone as well: the message names no ranks.
+            store_gone = true;  // the message names no ranks
           }
+          // An abort that came once every rank had left cut nothing short.
+          cut_short = store_gone || !missing.empty();
         }
         if (cut_short) {
           std::vector<int> ranks;
@@ -2047,9 +2048,13 @@ void Comm::destroy(const std::atomic<int> *api_calls) {
           if (error.empty()) {
             status = MNCL_ERR_ABORTED;
             error = format(
-                "mncl_comm_destroy(%s): aborted while it waited for rank%s %s to leave; the "
+                "mncl_comm_destroy(%s): aborted while it waited for %s to leave; the "
                 "communicator is freed",
-                id_.c_str(), ranks.size() > 1 ? "s" : "", list_ranks(ranks).c_str());
+                id_.c_str(),
+                store_gone
+                    ? "the other ranks (the store could not tell which)"
+                    : format("rank%s %s", ranks.size() > 1 ? "s" : "", list_ranks(ranks).c_str())
+                          .c_str());
           }
         } else if (!missing.empty()) {
           MNCL_WARN(

@@ -259,7 +259,7 @@ void destroy_beside_blocking(mncl_comm_t world) {
 // found the handle live an instant before destroy began once went on to use the freed handle
 // and communicator (AddressSanitizer: heap-use-after-free; this test runs under it in CI).
 void destroy_beside_queries(mncl_comm_t world) {
-  constexpr int kRounds = 20, kThreads = 2;
+  constexpr int kRounds = 50, kThreads = 2;
   int refused = 0;
   for (int round = 0; round < kRounds; ++round) {
     mncl_comm_t comm = short_timeout_comm(world);
