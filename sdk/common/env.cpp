@@ -91,7 +91,10 @@ const std::vector<Variable> &table() {
        "gloo: network interface to bind (default: the host name's address; loopback on one "
        "host)."},
       {"MNCL_GLOO_ALGO", "auto",
-       "gloo: allreduce algorithm, auto, ring, ring_chunked, halving_doubling or bcube."},
+       "gloo: allreduce algorithm, auto, ring, ring_chunked, halving_doubling or bcube. "
+       "After a large ring_chunked allreduce, large transfers against the ring's direction "
+       "on the same communicator (alltoall, gather, scatter) can take 100x longer over "
+       "loopback: those sockets' send buffers stay at the kernel's minimum (raw Gloo too)."},
       {"MNCL_FLAT_BOUNDED", "1",
        "flat: 1 runs blocking calls on MPI's non-blocking collectives, polled, so MNCL_TIMEOUT "
        "and mncl_comm_abort apply, and checks a fingerprint of every collective across the "
