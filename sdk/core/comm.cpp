@@ -124,6 +124,7 @@ std::vector<std::string> exchange(bootstrap::Store &store, const std::string &pr
   constexpr int64_t kSliceMs = 500;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   auto missing = keys;
+  std::vector<std::string> values;  // read while waiting (with while_waiting)
   for (;;) {
     const int64_t left_ms =
         std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -131,6 +132,19 @@ std::vector<std::string> exchange(bootstrap::Store &store, const std::string &pr
                                  .count());
     const bool last_slice = !while_waiting || left_ms <= kSliceMs;
     missing = store.wait(missing, wait_options(last_slice ? left_ms : kSliceMs, aborted));
+    if (missing.empty() && while_waiting) {
+      // A rank that fails may take its key back (Comm::leave_after_failed_join): read every
+      // value now, and wait again for any that went (its rank's failure tells the others).
+      for (const auto &k : keys) {
+        try {
+          values.push_back(bytes_to_string(store.get(k, wait_options(0, aborted))));
+        } catch (const Error &e) {
+          if (e.status() != MNCL_ERR_TIMEOUT) throw;
+          missing.push_back(k);
+        }
+      }
+      if (!missing.empty()) values.clear();
+    }
     if (missing.empty() || last_slice) break;
     while_waiting(ranks_of(missing));
   }
@@ -142,7 +156,7 @@ std::vector<std::string> exchange(bootstrap::Store &store, const std::string &pr
                        std::strcmp(what, "mncl_comm_create") == 0 ? "join" : "respond",
                        timeout_ms / 1000.0, store.describe().c_str()));
   }
-  std::vector<std::string> values;
+  if (!values.empty()) return values;
   for (const auto &k : keys) {
     values.push_back(bytes_to_string(store.get(k, wait_options(timeout_ms, aborted))));
   }
@@ -490,8 +504,16 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
     for (int r : missing) is_missing[static_cast<size_t>(r)] = 1;
     for (int r = 0; r < settings.size; ++r) {
       if (is_missing[static_cast<size_t>(r)] || size_checked[static_cast<size_t>(r)]) continue;
-      check_size(r, bytes_to_string(comm->comm_store_->get("join/" + std::to_string(r),
-                                                           wait_options(0, nullptr))));
+      std::string join;
+      try {
+        join = bytes_to_string(
+            comm->comm_store_->get("join/" + std::to_string(r), wait_options(0, nullptr)));
+      } catch (const Error &e) {
+        // Gone since the wait saw it: a rank that failed took it back; judged if it is back.
+        if (e.status() != MNCL_ERR_TIMEOUT) throw;
+        continue;
+      }
+      check_size(r, join);
     }
     stop_if_claimed_twice(missing);
   };
@@ -616,7 +638,9 @@ void Comm::leave_after_failed_join(const std::vector<int> &absent, int sizes_see
       }
       if (rank_ >= size_of_rank0) {
         comm_store_->erase(my_join);
-        return;
+        // A rank 0 that failed on the sizes may still wait for this rank (below), and removes
+        // this key then; one that is gone, or never came, removes nothing.
+        if (size_of_rank0 < 1) return;
       }
     }
     comm_store_->set("leave/" + std::to_string(rank_), "1", 1);
@@ -630,10 +654,10 @@ void Comm::leave_after_failed_join(const std::vector<int> &absent, int sizes_see
         late.push_back("join/" + std::to_string(r));
       }
     }
-    if (sizes_seen > 0 && job_->hosts_tcp_store) {
-      // Sizes disagree: this process serves the store, which goes away with it. Ranks that
-      // come a little later (missing ones, and those of the larger size seen) find it up for
-      // a short grace, and read why they fail rather than find no store.
+    if (sizes_seen > 0) {
+      // Sizes disagree. Ranks that come a little later (missing ones, and those of the larger
+      // size seen) still find this rank's record for a short grace, and read why they fail,
+      // rather than find no store (this process may serve it) or no record (removed below).
       for (int r = size_; r < sizes_seen; ++r) late.push_back("join/" + std::to_string(r));
       const int64_t grace = std::min<int64_t>(2000, timeout_ms_ / 4);
       const std::vector<std::string> never = comm_store_->wait(late, wait_options(grace, nullptr));
