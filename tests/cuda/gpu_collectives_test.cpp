@@ -632,7 +632,16 @@ TEST(Gpu, BatchedPointToPointAndInACudaGraph) {
 TEST(Gpu, DeadPeerIsAnErrorNotAHang) {
   if (!dead_peer_mode()) GTEST_SKIP() << "set MNCL_GPU_TEST_DEAD_PEER=1 (tests/gpu/run.sh)";
   if (g_size < 2) GTEST_SKIP() << "needs 2 ranks";
-  if (g_rank == 1) std::_Exit(0);  // leaves without a word
+  // Rank 1 leaves (without a word to MNCL) only once rank 0 is past mncl_comm_create: rank 0
+  // sends it one element, which rank 1 waits for on the GPU. Leaving at once sometimes ended
+  // rank 0's NCCL init instead ("remote process exited" from mncl_comm_create; once in CI).
+  Dev<int32_t> word(1);
+  if (g_rank == 0) MNCL_OK_OR_DIE(mncl_send(g_comm, word.ptr(), 1, MNCL_INT32, 1, nullptr));
+  if (g_rank == 1) {
+    MNCL_OK_OR_DIE(mncl_recv(g_comm, word.ptr(), 1, MNCL_INT32, 0, nullptr));
+    word.get();  // synchronizes the device: the element arrived
+    std::_Exit(0);
+  }
   if (g_rank != 0) return;
   Dev<float> x(1 << 20);
   const auto start = std::chrono::steady_clock::now();
