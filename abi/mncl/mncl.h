@@ -187,6 +187,8 @@ MNCL_API mncl_status_t mncl_comm_create(const mncl_config_t *config, mncl_comm_t
  * communicator's. */
 MNCL_API mncl_status_t mncl_comm_destroy(mncl_comm_t comm);
 /* Local, any thread: every blocked or later operation on `comm` fails with MNCL_ERR_ABORTED.
+ * The other ranks' operations waiting on this one fail too, naming it, rather than time out:
+ * MNCL_ERR_ABORTED on naive and shm, MNCL_ERR_REMOTE on gloo (flat and nccl: at their timeout).
  * The handle stays valid until mncl_comm_destroy returns. Calling it twice is harmless. During
  * a mncl_comm_destroy on another thread it cuts short destroy's waits for the other ranks to
  * leave (a peer that died); that destroy then returns MNCL_ERR_ABORTED, and the communicator is

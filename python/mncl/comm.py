@@ -354,8 +354,8 @@ class Communicator(ObjectCollectives):
 
     def _abandon(self):
         """Local: aborts and frees the communicator without waiting for the other ranks, whose
-        pending and next calls on it then fail where the backend passes the abort on (shm:
-        AbortedError, gloo: RemoteError) instead of at their timeout. For a rank leaving on an
+        pending and next calls on it then fail where the backend passes the abort on (naive,
+        shm: AbortedError, gloo: RemoteError) instead of at their timeout. For a rank leaving on an
         exception; the library's statuses are dropped: that exception is the one to see."""
         if self._handle is not None:
             handle, self._handle = self._handle, None

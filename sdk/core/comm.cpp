@@ -24,6 +24,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "core/debug_checks.h"
+#include "core/peer_watch.h"
 #include "core/selection.h"
 #include "core/validate.h"
 #include "cuda/driver.h"
@@ -253,30 +254,12 @@ class PrivateStoreFolders {
   // Not a key's file name (FileStore names none with a leading dot).
   static constexpr const char *kOwnerFile = ".rank0";
 
-  // Who owns a folder: "<boot id> <pid namespace> <pid> <start time>". A pid alone could be
-  // reused, and means nothing on another boot or in another pid namespace that shares /tmp
-  // (a container): only an owner seen from the same boot and namespace is judged.
-  static std::string owner_of(pid_t pid) {
-    std::string boot;
-    std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
-    struct stat ns {};
-    if (boot.empty() || stat("/proc/self/ns/pid", &ns) != 0) return "";
-    std::string stat_line;
-    std::getline(std::ifstream(format("/proc/%d/stat", static_cast<int>(pid))), stat_line);
-    // Field 22, counted after the command's closing parenthesis (the command may hold spaces).
-    const size_t close = stat_line.rfind(')');
-    if (close == std::string::npos) return "";
-    std::istringstream fields(stat_line.substr(close + 2));
-    std::string field;
-    for (int i = 3; i <= 22 && (fields >> field); ++i) {
-    }
-    if (!fields) return "";
-    return format("%s %llu:%llu %d %s", boot.c_str(), static_cast<unsigned long long>(ns.st_dev),
-                  static_cast<unsigned long long>(ns.st_ino), static_cast<int>(pid), field.c_str());
-  }
-
+  // Who owns a folder: its process_identity ("<boot id> <pid namespace> <pid> <start time>").
+  // A pid alone could be reused, and means nothing on another boot or in another pid namespace
+  // that shares /tmp (a container): only an owner seen from the same boot and namespace is
+  // judged (liveness).
   static void write_owner(const std::string &dir) {
-    const std::string owner = owner_of(::getpid());
+    const std::string owner = process_identity(::getpid());
     if (owner.empty()) return;
     std::ofstream(dir + "/" + kOwnerFile) << owner << "\n";
   }
@@ -284,9 +267,6 @@ class PrivateStoreFolders {
   // This user's other private folders whose owner is gone: same boot and pid namespace, and
   // its pid no longer runs the process that wrote it. Best effort; never fails the create.
   static void remove_stale(const std::string &own_dir) {
-    const std::string mine = owner_of(::getpid());
-    if (mine.empty()) return;
-    const std::string scope = mine.substr(0, mine.find(' ', mine.find(' ') + 1));  // boot, ns
     const std::string prefix = format("mncl-%d-ompi-", static_cast<int>(getuid()));
     std::error_code error;
     for (const auto &entry : std::filesystem::directory_iterator("/tmp", error)) {
@@ -298,15 +278,18 @@ class PrivateStoreFolders {
       }
       std::string owner;
       std::getline(std::ifstream(dir + "/" + kOwnerFile), owner);
-      if (owner.rfind(scope + " ", 0) != 0) continue;  // unowned yet, or not judged from here
-      const pid_t pid = static_cast<pid_t>(std::atoi(owner.c_str() + scope.size() + 1));
-      if (pid <= 0 || owner_of(pid) == owner) continue;  // still running
+      // Unowned yet, still running, or not judged from here.
+      if (liveness(owner) != Liveness::kGone) continue;
+      std::istringstream fields(owner);
+      std::string boot, ns;
+      int pid = 0;
+      fields >> boot >> ns >> pid;
       std::error_code ignored;
       if (std::filesystem::remove_all(dir, ignored) > 0) {
         MNCL_INFO(
             "removed %s, the store folder of a job whose rank 0 (pid %d) ended without "
             "removing it",
-            dir.c_str(), static_cast<int>(pid));
+            dir.c_str(), pid);
       }
     }
   }
@@ -518,11 +501,12 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
     stop_if_claimed_twice(missing);
   };
   try {
-    joins = exchange(
-        *comm->comm_store_, "join/", settings.rank, settings.size,
-        host + "\n" + std::to_string(::getpid()) + "\n" + std::to_string(settings.local_rank) +
-            "\n" + std::to_string(settings.size) + "\n" + settings.size_origin,
-        settings.timeout_ms, &comm->aborted_, "mncl_comm_create", &absent, while_joining);
+    joins =
+        exchange(*comm->comm_store_, "join/", settings.rank, settings.size,
+                 host + "\n" + std::to_string(::getpid()) + "\n" +
+                     std::to_string(settings.local_rank) + "\n" + std::to_string(settings.size) +
+                     "\n" + settings.size_origin + "\n" + process_identity(::getpid()),
+                 settings.timeout_ms, &comm->aborted_, "mncl_comm_create", &absent, while_joining);
     absent.clear();  // every rank joined
     for (int r = 0; r < settings.size; ++r) {
       if (!size_checked[static_cast<size_t>(r)]) check_size(r, joins[static_cast<size_t>(r)]);
@@ -553,11 +537,12 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
                                          e.what(), twice.c_str()));
   }
   comm->joined_ = true;
-  // "host\npid\nlocal rank given (-1: none)\nsize\nwhere the size came from".
+  // "host\npid\nlocal rank given (-1: none)\nsize\nwhere the size came from\nprocess identity".
   std::vector<int> given_local_ranks;
   for (const auto &join : joins) {
     const std::vector<std::string> field = join_fields(join);
-    comm->members_.push_back(Member{field[0], field.size() > 1 ? std::atoi(field[1].c_str()) : 0});
+    comm->members_.push_back(Member{field[0], field.size() > 1 ? std::atoi(field[1].c_str()) : 0,
+                                    field.size() > 5 ? field[5] : std::string()});
     given_local_ranks.push_back(field.size() > 2 ? std::atoi(field[2].c_str()) : -1);
   }
   std::set<std::string> hosts;
@@ -609,8 +594,10 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
   comm->plugin_ = selection.plugin;
   comm->staging_ = std::make_unique<cuda::StagingPool>(comm->rank_, comm->size_, comm->backend());
   comm->table_ = &comm->plugin_->table();
+  comm->watch_peers();
   comm->plugin_store_ = std::make_unique<StoreBridge>(
-      bootstrap::make_prefix_store(comm->job_store_, comm->id_ + "/p/"), &comm->plugin_stop_);
+      bootstrap::make_prefix_store(comm->job_store_, comm->id_ + "/p/"), &comm->plugin_stop_,
+      comm->peer_watch_);
   comm->create_plugin_comm(comm->bootstrap_for_plugin(), nullptr, 0, 0);
   MNCL_INFO("communicator %s ready: rank %d of %d on backend %s (%d host%s)", comm->id_.c_str(),
             comm->rank_, comm->size_, comm->backend().c_str(), comm->num_hosts_,
@@ -687,32 +674,22 @@ void Comm::leave_after_failed_join(const std::vector<int> &absent, int sizes_see
 }
 
 void Comm::leave_abandoned(bool last_of_job) {
-  // On a thread of its own, waited for briefly: the store may be what failed (a cut link),
-  // and then a store call only fails after the timeout, which an aborted destroy must not wait.
-  struct Done {
-    std::mutex mutex;
-    std::condition_variable cv;
-    bool done = false;
-  };
-  auto done = std::make_shared<Done>();
-  std::thread([done, store = comm_store_, job_store = job_store_, rank = rank_,
-               closing = last_of_job && job_->hosts_tcp_store] {
-    try {
-      if (closing) {  // the store's host: the other ranks' last destroy waits for this key
-        job_store->stop_accepting();
-        job_store->set("job/closing", "1", 1);
-      }
-      const std::string key = "leave/" + std::to_string(rank);
-      store->set(key, "1", 1);
-    } catch (const Error &e) {
-      MNCL_INFO("mncl_comm_destroy of an aborted communicator: could not leave: %s", e.what());
-    }
-    std::lock_guard<std::mutex> lock(done->mutex);
-    done->done = true;
-    done->cv.notify_all();
-  }).detach();
-  std::unique_lock<std::mutex> lock(done->mutex);
-  done->cv.wait_for(lock, std::chrono::milliseconds(500), [&] { return done->done; });
+  // Briefly: the store may be what failed (a cut link), and then a store call only fails after
+  // the timeout, which an aborted destroy must not wait.
+  run_briefly(
+      std::chrono::milliseconds(500), [store = comm_store_, job_store = job_store_, rank = rank_,
+                                       closing = last_of_job && job_->hosts_tcp_store] {
+        try {
+          if (closing) {  // the store's host: the other ranks' last destroy waits for this key
+            job_store->stop_accepting();
+            job_store->set("job/closing", "1", 1);
+          }
+          const std::string key = "leave/" + std::to_string(rank);
+          store->set(key, "1", 1);
+        } catch (const Error &e) {
+          MNCL_INFO("mncl_comm_destroy of an aborted communicator: could not leave: %s", e.what());
+        }
+      });
 }
 
 bool Comm::leave_job() {
@@ -1505,6 +1482,22 @@ void Comm::abort() {
     if (forming_child_ != nullptr) forming_child_->plugin_stop_.store(true);
   }
   abort_plugin();
+  // The others' waits in the store end on this note rather than at their timeout.
+  if (peer_watch_ != nullptr) peer_watch_->publish_abort();
+}
+
+void Comm::watch_peers() {
+  if (size_ <= 1) return;
+  std::vector<PeerWatch::Peer> peers;
+  for (int r = 0; r < size_; ++r) {
+    const Member &m = members_[static_cast<size_t>(r)];
+    peers.push_back(PeerWatch::Peer{r, m.host, m.pid, m.identity});
+  }
+  // Rank 0's process, and this communicator's id: no other job's, nor another communicator's.
+  const Member &first = members_[0];
+  peer_watch_ = std::make_shared<PeerWatch>(
+      comm_store_, rank_, std::move(peers),
+      format("%s %s %d %s", id_.c_str(), first.host.c_str(), first.pid, first.identity.c_str()));
 }
 
 void Comm::abort_plugin() {
@@ -1891,8 +1884,10 @@ std::unique_ptr<Comm> Comm::make_child(const std::vector<int> &parent_ranks, uin
   child->job_ = job_;
   ++job_->live;
   child->comm_store_ = bootstrap::make_prefix_store(job_store_, child->id_ + "/");
-  child->plugin_store_ = std::make_unique<StoreBridge>(
-      bootstrap::make_prefix_store(job_store_, child->id_ + "/p/"), &child->plugin_stop_);
+  child->watch_peers();
+  child->plugin_store_ =
+      std::make_unique<StoreBridge>(bootstrap::make_prefix_store(job_store_, child->id_ + "/p/"),
+                                    &child->plugin_stop_, child->peer_watch_);
   child->debug_checks_ = debug_checks_;
   child->linger_ = linger_;
   child->joined_ = true;  // every member took part in the split's exchange
@@ -2045,6 +2040,7 @@ void Comm::destroy(const std::atomic<int> *api_calls) {
           if (r == 0) cleanup.push_back("claim/twice");  // a stray claimant's, after the join
           cleanup.push_back(diag_key(r));
           if (r == 0) cleanup.push_back(diag_read_key());
+          if (r == 0 && peer_watch_ != nullptr) cleanup.push_back(peer_watch_->note_key());
           cleanup.push_back("choice/" + std::to_string(r));
           for (uint64_t s = 0; s < next_split_; ++s) {
             cleanup.push_back(format("split%llu/%d", static_cast<unsigned long long>(s), r));

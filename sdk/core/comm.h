@@ -154,6 +154,7 @@ class Comm {
   struct Member {  // what every rank published when joining
     std::string host;
     int pid = 0;
+    std::string identity;  // process_identity(pid) on its host
   };
 
   // One issue-order queue of operations and the thread that works it (started on demand,
@@ -243,6 +244,8 @@ class Comm {
   bool leave_job();
   // Aborts the plugin communicator once (user abort or watchdog).
   void abort_plugin();
+  // Sets peer_watch_ from members_ (a communicator of several ranks).
+  void watch_peers();
   // Text appended to a failed collective's message: missing ranks, last ops per rank.
   std::string diagnosis(const mncl_coll_v1_t &coll, mncl_status_t status);
 
@@ -265,6 +268,7 @@ class Comm {
   std::shared_ptr<Job> job_;
   std::shared_ptr<bootstrap::Store> comm_store_;  // "<id>/" view, used by the core
   std::unique_ptr<StoreBridge> plugin_store_;     // "<id>/p/" view, handed to the plugin
+  std::shared_ptr<PeerWatch> peer_watch_;         // ends plugin_store_'s waits on a gone peer
   std::shared_ptr<loader::Plugin> plugin_;
   const mncl_plugin_v5_t *table_ = nullptr;
   std::unique_ptr<cuda::StagingPool> staging_;  // CUDA buffers on a host-only backend

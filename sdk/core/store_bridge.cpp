@@ -1,5 +1,7 @@
 #include "core/store_bridge.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -41,6 +43,31 @@ bootstrap::WaitOptions wait_options(StoreBridge &b, int64_t timeout_ms) {
   return opts;
 }
 
+// Runs one wait of up to timeout_ms as waits of at most kPeerCheckMs, checking the peers
+// between them: try_once(slice_ms) returns true once waited for, false at the slice's end.
+// Throws MNCL_ERR_REMOTE when a peer exited, MNCL_ERR_ABORTED when one aborted; returns false
+// when the whole timeout has passed.
+template <typename TryOnce>
+bool wait_watching_peers(StoreBridge &b, int64_t timeout_ms, TryOnce try_once) {
+  if (b.peers() == nullptr || timeout_ms <= StoreBridge::kPeerCheckMs) {
+    return try_once(std::max<int64_t>(timeout_ms, 0));
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    const int64_t left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             deadline - std::chrono::steady_clock::now())
+                             .count();
+    if (try_once(std::clamp<int64_t>(left, 0, StoreBridge::kPeerCheckMs))) return true;
+    if (left <= StoreBridge::kPeerCheckMs) return false;
+    const PeerWatch::Finding gone = b.peers()->check();
+    if (gone.status != MNCL_OK) {
+      // What was awaited may have come just before its sender went: take it if it is there.
+      if (try_once(0)) return true;
+      throw Error(gone.status, gone.reason);
+    }
+  }
+}
+
 mncl_status_t check_key(const char *key) {
   if (key != nullptr && *key != '\0') return MNCL_OK;
   set_last_error("bootstrap store: the key is NULL or empty");
@@ -57,7 +84,18 @@ mncl_status_t store_get(void *ctx, const char *key, void **value, size_t *len, i
   return guarded([&] {
     auto &b = bridge(ctx);
     MNCL_CHECK(!b.aborted()->load(), MNCL_ERR_ABORTED, "communicator aborted");
-    bootstrap::Bytes bytes = b.store().get(key, wait_options(b, timeout_ms));
+    bootstrap::Bytes bytes;
+    const bool found = wait_watching_peers(b, timeout_ms, [&](int64_t slice_ms) {
+      try {
+        bytes = b.store().get(key, wait_options(b, slice_ms));
+        return true;
+      } catch (const Error &e) {
+        if (e.status() != MNCL_ERR_TIMEOUT) throw;
+        return false;
+      }
+    });
+    MNCL_CHECK(found, MNCL_ERR_TIMEOUT, "store key '%s' not set within %.1f s", key,
+               timeout_ms / 1000.0);
     // malloc(0) may return NULL: always allocate at least one byte.
     void *copy = std::malloc(bytes.empty() ? 1 : bytes.size());
     MNCL_CHECK(copy != nullptr, MNCL_ERR_SYSTEM, "out of memory for store value '%s' (%zu B)", key,
@@ -91,7 +129,11 @@ mncl_status_t store_wait(void *ctx, const char *const *keys, size_t nkeys, int64
       MNCL_CHECK(keys[i] && *keys[i], MNCL_ERR_INVALID_ARGUMENT, "store wait: key %zu is empty", i);
       names.emplace_back(keys[i]);
     }
-    auto missing = b.store().wait(names, wait_options(b, timeout_ms));
+    std::vector<std::string> missing;
+    wait_watching_peers(b, timeout_ms, [&](int64_t slice_ms) {
+      missing = b.store().wait(names, wait_options(b, slice_ms));
+      return missing.empty();
+    });
     if (!missing.empty()) {
       std::string list;
       for (const auto &k : missing) list += (list.empty() ? "'" : ", '") + k + "'";
@@ -108,8 +150,9 @@ mncl_status_t store_del(void *ctx, const char *key) {
 
 }  // namespace
 
-StoreBridge::StoreBridge(std::shared_ptr<bootstrap::Store> store, const std::atomic<bool> *aborted)
-    : store_(std::move(store)), aborted_(aborted) {
+StoreBridge::StoreBridge(std::shared_ptr<bootstrap::Store> store, const std::atomic<bool> *aborted,
+                         std::shared_ptr<PeerWatch> peers)
+    : store_(std::move(store)), aborted_(aborted), peers_(std::move(peers)) {
   table_ = mncl_store_v1_t{sizeof(mncl_store_v1_t), this,      store_set,  store_get,
                            store_release,           store_add, store_wait, store_del};
 }

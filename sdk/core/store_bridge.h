@@ -1,5 +1,7 @@
 // The C store table (mncl_store_v1_t) a plugin receives, backed by one communicator's prefixed
-// view of the bootstrap store. Waits return MNCL_ERR_ABORTED once the communicator is aborted.
+// view of the bootstrap store. Waits return MNCL_ERR_ABORTED once the communicator is aborted,
+// and MNCL_ERR_REMOTE once its PeerWatch finds a rank gone (checked every kPeerCheckMs of a
+// wait: a wait that ends sooner costs nothing more).
 #pragma once
 
 #include <mncl/mncl_plugin_v1.h>
@@ -8,22 +10,29 @@
 #include <memory>
 
 #include "bootstrap/store.h"
+#include "core/peer_watch.h"
 
 namespace mncl::core {
 
 class StoreBridge {
  public:
-  StoreBridge(std::shared_ptr<bootstrap::Store> store, const std::atomic<bool> *aborted);
+  static constexpr int64_t kPeerCheckMs = 200;
+
+  // peers: may be null (no watch, a communicator of one rank).
+  StoreBridge(std::shared_ptr<bootstrap::Store> store, const std::atomic<bool> *aborted,
+              std::shared_ptr<PeerWatch> peers);
   StoreBridge(const StoreBridge &) = delete;
   StoreBridge &operator=(const StoreBridge &) = delete;
 
   const mncl_store_v1_t *table() const { return &table_; }
   bootstrap::Store &store() { return *store_; }
   const std::atomic<bool> *aborted() const { return aborted_; }
+  PeerWatch *peers() const { return peers_.get(); }
 
  private:
   std::shared_ptr<bootstrap::Store> store_;
   const std::atomic<bool> *aborted_;
+  std::shared_ptr<PeerWatch> peers_;
   mncl_store_v1_t table_;
 };
 

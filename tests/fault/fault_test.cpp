@@ -13,8 +13,8 @@
 // starts the ranks; they take their rank from mpirun's environment and report through a FIFO
 // in the run's folder (mpirun passes no descriptors on), and mpirun's exit ends the wait.
 //
-//   fault_test killed|stalled|late|mismatch|abort|abort_destroy|recovery|watchdog|store_bind|
-//              store_token|duplicate_rank|plugin_builds|size_mismatch
+//   fault_test killed|stalled|late|mismatch|abort|aborted_peer|abort_destroy|recovery|watchdog|
+//              store_bind|store_token|duplicate_rank|plugin_builds|size_mismatch
 //              [--backend B] [--ranks N] [--timeout S] [--runs N] [--debug-checks 0|1]
 //              [--case
 //              allreduce_vs_bcast|count|dtype|root|allgatherv|alltoallv|gatherv|scatterv|
@@ -22,6 +22,7 @@
 //              p2p_zero|recv_after_mismatch]
 //              [--netns NS0,NS1 --hosts A0,A1]
 //              [--launcher fork|mpirun] [--mpirun PATH] [--mpirun-arg ARG]... [--expect-job-end]
+//              [--expect-named]
 #include <fcntl.h>
 #include <mncl/mncl.h>
 #include <netinet/in.h>
@@ -575,6 +576,32 @@ int worker_abort(Worker &w) {
   return 0;
 }
 
+// The last rank aborts the communicator while the others wait in an allreduce for its
+// contribution. It stays alive past their timeout: what they must learn of is the abort, not
+// a process that exited.
+int worker_aborted_peer(Worker &w) {
+  mncl_comm_t comm = nullptr;
+  if (auto st = mncl_comm_create(nullptr, &comm); st != MNCL_OK) return fail_create(w, st);
+  mncl_status_t st = mncl_barrier(comm, nullptr);
+  if (w.rank == w.size - 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    const int64_t t = now_ns();
+    if (st == MNCL_OK) st = mncl_comm_abort(comm);
+    w.result(st, t);
+    std::this_thread::sleep_for(std::chrono::seconds(env_int("MNCL_TIMEOUT", 3) + 1));
+    mncl_comm_destroy(comm);
+    return 0;
+  }
+  std::vector<float> buf(1000, 1.0f);
+  if (st == MNCL_OK) {
+    st = mncl_allreduce(comm, buf.data(), buf.data(), buf.size(), MNCL_FLOAT32, MNCL_SUM, nullptr);
+  }
+  w.result(st, now_ns(), "-", mncl_last_error());
+  mncl_comm_abort(comm);  // the documented way out after a failure
+  mncl_comm_destroy(comm);
+  return 0;
+}
+
 // Rank 0 waits in mncl_comm_destroy for a rank that does not leave (rank 1 sleeps, then
 // abandons the communicator: abort + destroy, no leave); another thread of rank 0 aborts it.
 int worker_abort_destroy(Worker &w) {
@@ -673,6 +700,7 @@ int worker_main() {
   if (w.scenario == "late") return worker_late(w);
   if (w.scenario == "mismatch") return worker_mismatch(w);
   if (w.scenario == "abort") return worker_abort(w);
+  if (w.scenario == "aborted_peer") return worker_aborted_peer(w);
   if (w.scenario == "abort_destroy") return worker_abort_destroy(w);
   if (w.scenario == "watchdog") return worker_watchdog(w);
   if (w.scenario == "store_bind" || w.scenario == "store_token" || w.scenario == "duplicate_rank" ||
@@ -697,6 +725,9 @@ struct Options {
   std::string mpirun = "mpirun";
   std::vector<std::string> mpirun_args;  // e.g. --enable-recovery
   bool expect_job_end = false;           // killed: mpirun ends the job (its default); judge that
+  // killed, aborted_peer: every survivor must fail with REMOTE naming the dead (or aborting)
+  // rank, not at its timeout (backends that notice a gone peer)
+  bool expect_named = false;
 };
 
 struct Event {
@@ -1038,6 +1069,15 @@ int drive_killed(const Options &o, bool stop) {
       ok = false;
       problems += fmt(" rank %d: %s after %.2f s;", r, status_name(e.status), lat);
     }
+    if (o.expect_named && !stop && !cut) {
+      // The backend noticed the rank's death: REMOTE, naming it, not the timeout.
+      const std::string m = job.message(r);
+      if (e.status != MNCL_ERR_REMOTE || m.find(fmt("rank %d", victim)) == std::string::npos) {
+        ok = false;
+        problems += fmt(" rank %d: %s, not REMOTE naming rank %d: %s;", r, status_name(e.status),
+                        victim, m.c_str());
+      }
+    }
     if (stop) {
       // The message must name the operation with its number and the missing rank.
       const std::string m = job.message(r);
@@ -1052,7 +1092,7 @@ int drive_killed(const Options &o, bool stop) {
     }
   }
   if (!problems.empty()) std::fprintf(stderr, "%s:%s\n", name.c_str(), problems.c_str());
-  if (stop && !others.empty() && job.results().count(others[0])) {
+  if ((stop || o.expect_named) && !others.empty() && job.results().count(others[0])) {
     std::fprintf(stderr, "%s: rank %d's message: %s\n", name.c_str(), others[0],
                  job.message(others[0]).c_str());
   }
@@ -1242,6 +1282,58 @@ int drive_abort(const Options &o) {
                 "abort %s; next call %s; destroy %s",
                 status_name(status), lat, word(2).c_str(), word(3).c_str(), word(4).c_str()));
   });
+}
+
+// (5c) the last rank aborts while the others wait for it: with --expect-named every other rank
+// must fail with ABORTED or REMOTE naming that rank (not at the timeout: the aborting rank
+// outlives it); otherwise each must fail, at the timeout at the latest.
+int drive_aborted_peer(const Options &o) {
+  const std::string name = test_name(o, "aborted_peer");
+  Job job(o, o.ranks, {});
+  const int aborter = o.ranks - 1;
+  job.results_from(survivors(o.ranks, -1), o.timeout_s + 30);
+  const auto mine = job.results().find(aborter);
+  if (mine == job.results().end() || mine->second.status != MNCL_OK) {
+    return report(
+        name, o, false,
+        fmt("rank %d's mncl_comm_abort %s", aborter,
+            mine == job.results().end() ? "never returned" : status_name(mine->second.status)));
+  }
+  const int64_t t_abort = mine->second.t;
+  int named = 0;
+  double latest = 0;
+  bool ok = true;
+  std::string problems;
+  const auto others = survivors(o.ranks, aborter);
+  for (int r : others) {
+    const auto it = job.results().find(r);
+    if (it == job.results().end()) {
+      ok = false;
+      problems += fmt(" rank %d never returned;", r);
+      continue;
+    }
+    const Event &e = it->second;
+    const std::string m = job.message(r);
+    // ABORTED (naive, shm: the communicator was aborted, by that rank) or REMOTE (gloo: its
+    // connections closed), naming the rank.
+    const bool failed = e.status == MNCL_ERR_ABORTED || e.status == MNCL_ERR_REMOTE;
+    const bool names = failed && m.find(fmt("rank %d", aborter)) != std::string::npos;
+    named += names ? 1 : 0;
+    latest = std::max(latest, seconds(e.t - t_abort));
+    if (o.expect_named ? !names : !failed && e.status != MNCL_ERR_TIMEOUT) {
+      ok = false;
+      problems += fmt(" rank %d: %s: %s;", r, status_name(e.status), m.c_str());
+    }
+  }
+  if (!problems.empty()) std::fprintf(stderr, "%s:%s\n", name.c_str(), problems.c_str());
+  if (!others.empty() && job.results().count(others[0])) {
+    std::fprintf(stderr, "%s: rank %d's message: %s\n", name.c_str(), others[0],
+                 job.message(others[0]).c_str());
+  }
+  return report(name, o, ok,
+                fmt("%d/%zu waiting ranks failed naming rank %d, which aborted, the last %.2f s "
+                    "after its abort (timeout %d s)",
+                    named, others.size(), aborter, latest, o.timeout_s));
 }
 
 // (5b) abort from another thread while mncl_comm_destroy waits for a rank that never leaves.
@@ -1697,6 +1789,8 @@ int main(int argc, char **argv) {
       o.mpirun_args.push_back(next());
     else if (a == "--expect-job-end")
       o.expect_job_end = true;
+    else if (a == "--expect-named")
+      o.expect_named = true;
     else if (a[0] != '-' && o.scenario.empty())
       o.scenario = a;
     else {
@@ -1709,6 +1803,7 @@ int main(int argc, char **argv) {
   if (o.scenario == "late") return drive_late(o);
   if (o.scenario == "mismatch") return drive_mismatch(o);
   if (o.scenario == "abort") return drive_abort(o);
+  if (o.scenario == "aborted_peer") return drive_aborted_peer(o);
   if (o.scenario == "abort_destroy") return drive_abort_destroy(o);
   if (o.scenario == "recovery") return drive_recovery(o);
   if (o.scenario == "watchdog") return drive_watchdog(o);

@@ -1,0 +1,252 @@
+#include "core/peer_watch.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <system_error>
+#include <thread>
+
+#include "common/error.h"
+#include "common/log.h"
+
+namespace mncl::core {
+
+namespace {
+
+// The fields of /proc/<pid>/stat this file needs.
+struct ProcStat {
+  char state = '?';
+  long threads = 0;
+  std::string start;  // field 22, clock ticks since boot
+};
+enum class StatRead { kRead, kNoProcess, kUnreadable };
+StatRead read_proc_stat(pid_t pid, ProcStat *out) {
+  // Only "no such file" means no such process: running out of descriptors, or a /proc that
+  // hides other users' processes (hidepid), must never make a live rank look gone.
+  const int fd = ::open(("/proc/" + std::to_string(pid) + "/stat").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return errno == ENOENT || errno == ESRCH ? StatRead::kNoProcess : StatRead::kUnreadable;
+  char buffer[1024];
+  ssize_t n;
+  do {
+    n = ::read(fd, buffer, sizeof buffer - 1);
+  } while (n < 0 && errno == EINTR);
+  const int read_error = errno;
+  ::close(fd);
+  if (n < 0) return read_error == ESRCH ? StatRead::kNoProcess : StatRead::kUnreadable;
+  const std::string line(buffer, static_cast<size_t>(n));
+  // Fields counted after the command's closing parenthesis (the command may hold spaces).
+  const size_t close = line.rfind(')');
+  if (close == std::string::npos || close + 2 > line.size()) return StatRead::kUnreadable;
+  std::istringstream fields(line.substr(close + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && (fields >> field); ++i) {
+    if (i == 3) out->state = field.empty() ? '?' : field[0];
+    if (i == 20) out->threads = std::atol(field.c_str());
+  }
+  if (!fields) return StatRead::kUnreadable;
+  out->start = field;
+  return StatRead::kRead;
+}
+
+// "<boot id> <pid namespace>": what a pid means depends on both. "" where /proc is not this
+// pid namespace's (a pid namespace entered without mounting its /proc): its pids are others'.
+std::string pid_scope() {
+  static std::mutex mutex;
+  static std::string scope;  // kept once known
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!scope.empty()) return scope;
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  char self[32] = "";
+  const ssize_t n = ::readlink("/proc/self", self, sizeof self - 1);
+  struct stat ns {};
+  if (boot.empty() || n <= 0 || std::atoi(self) != static_cast<int>(::getpid()) ||
+      ::stat("/proc/self/ns/pid", &ns) != 0) {
+    return "";
+  }
+  scope = format("%s %llu:%llu", boot.c_str(), static_cast<unsigned long long>(ns.st_dev),
+                 static_cast<unsigned long long>(ns.st_ino));
+  return scope;
+}
+
+}  // namespace
+
+std::string process_identity(pid_t pid) {
+  const std::string scope = pid_scope();
+  ProcStat stat;
+  if (scope.empty() || read_proc_stat(pid, &stat) != StatRead::kRead) return "";
+  return format("%s %d %s", scope.c_str(), static_cast<int>(pid), stat.start.c_str());
+}
+
+Liveness liveness(const std::string &identity) {
+  const std::string scope = pid_scope();
+  if (identity.empty() || scope.empty() || identity.compare(0, scope.size(), scope) != 0 ||
+      identity.size() <= scope.size() || identity[scope.size()] != ' ') {
+    return Liveness::kUnknown;
+  }
+  int pid = 0;
+  char start[32] = "";
+  if (std::sscanf(identity.c_str() + scope.size(), " %d %31s", &pid, start) != 2 || pid <= 0) {
+    return Liveness::kUnknown;
+  }
+  ProcStat now;
+  switch (read_proc_stat(pid, &now)) {
+    case StatRead::kNoProcess:
+      return Liveness::kGone;
+    case StatRead::kUnreadable:
+      return Liveness::kUnknown;
+    case StatRead::kRead:
+      break;
+  }
+  if (now.start != start) return Liveness::kGone;  // the pid is another process's now
+  // A zombie (exited, not yet reaped by its parent) is gone; a leader whose main thread ended
+  // while others run shows 'Z' too, with more than one thread.
+  if ((now.state == 'Z' || now.state == 'X') && now.threads <= 1) return Liveness::kGone;
+  return Liveness::kRunning;
+}
+
+void run_briefly(std::chrono::milliseconds wait, std::function<void()> fn) {
+  struct Done {
+    std::mutex mutex;
+    std::condition_variable cv;
+    bool done = false;
+  };
+  auto done = std::make_shared<Done>();
+  try {
+    std::thread([done, fn = std::move(fn)] {
+      try {
+        fn();
+      } catch (...) {  // nothing may leave a detached thread
+      }
+      std::lock_guard<std::mutex> lock(done->mutex);
+      done->done = true;
+      done->cv.notify_all();
+    }).detach();
+  } catch (const std::system_error &e) {  // no thread to be had: the call is skipped
+    MNCL_INFO("could not start a thread for a store call: %s", e.what());
+    return;
+  }
+  std::unique_lock<std::mutex> lock(done->mutex);
+  done->cv.wait_for(lock, wait, [&] { return done->done; });
+}
+
+PeerWatch::PeerWatch(std::shared_ptr<bootstrap::Store> comm_store, int rank,
+                     std::vector<Peer> peers, std::string job_tag)
+    : store_(std::move(comm_store)), rank_(rank), tag_(std::move(job_tag)) {
+  uint64_t hash = 14695981039346656037ull;  // FNV-1a: a key name of its own per job
+  for (const char c : tag_) hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  note_key_ = format("failed/%016llx", static_cast<unsigned long long>(hash));
+  for (Peer &peer : peers) {
+    if (peer.rank == rank) {
+      self_ = format("rank %d (pid %d on %s)", peer.rank, peer.pid, peer.host.c_str());
+    } else if (liveness(peer.identity) != Liveness::kUnknown) {
+      watched_.push_back(std::move(peer));
+    }
+  }
+  if (self_.empty()) self_ = format("rank %d", rank);
+}
+
+PeerWatch::Finding PeerWatch::check() {
+  std::vector<Peer> watched;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (found_.status != MNCL_OK) return found_;
+    watched = watched_;
+  }
+  // The note first: a rank that aborted and then exited is reported as aborted.
+  Finding finding = read_note();
+  for (size_t i = 0; finding.status == MNCL_OK && i < watched.size(); ++i) {
+    const Peer &peer = watched[i];
+    if (liveness(peer.identity) != Liveness::kGone) continue;
+    // A rank that left (mncl_comm_destroy, which sets its leave key before it returns) is not
+    // a failure: the others may still talk among themselves.
+    if (has_left(peer.rank)) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      watched_.erase(std::remove_if(watched_.begin(), watched_.end(),
+                                    [&](const Peer &p) { return p.rank == peer.rank; }),
+                     watched_.end());
+      continue;
+    }
+    finding = read_note();  // it may have aborted just before it exited
+    if (finding.status != MNCL_OK) break;
+    finding = {MNCL_ERR_REMOTE,
+               format("rank %d (pid %d on %s) exited", peer.rank, peer.pid, peer.host.c_str())};
+    publish({finding.status,
+             format("%s (found by rank %d, on its host)", finding.reason.c_str(), rank_)},
+            std::chrono::milliseconds(200));
+  }
+  if (finding.status == MNCL_OK) return finding;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (found_.status == MNCL_OK) found_ = finding;
+  return found_;
+}
+
+PeerWatch::Finding PeerWatch::read_note() {
+  try {
+    bootstrap::WaitOptions now;
+    now.timeout = std::chrono::milliseconds(0);
+    // "<tag>\n<status>\n<reason>"; a note of another job (a reused file store) is ignored.
+    const bootstrap::Bytes note = store_->get(note_key_, now);
+    const std::string text(note.begin(), note.end());
+    const size_t status_at = tag_.size() + 1;
+    const size_t reason_at = text.find('\n', status_at);
+    if (text.compare(0, tag_.size(), tag_) == 0 && text.size() > tag_.size() &&
+        text[tag_.size()] == '\n' && reason_at != std::string::npos) {
+      const int status = std::atoi(text.c_str() + status_at);
+      return {status == MNCL_ERR_ABORTED ? MNCL_ERR_ABORTED : MNCL_ERR_REMOTE,
+              text.substr(reason_at + 1)};
+    }
+  } catch (const Error &) {
+    // No note (a timeout), or the store failed: the wait itself reports the store.
+  }
+  return {};
+}
+
+bool PeerWatch::has_left(int rank) {
+  try {
+    bootstrap::WaitOptions now;
+    now.timeout = std::chrono::milliseconds(0);
+    return store_->wait({"leave/" + std::to_string(rank)}, now).empty();
+  } catch (const Error &) {
+    return false;
+  }
+}
+
+void PeerWatch::publish_abort() {
+  {
+    // Aborting after a failure this rank learned of (the documented way out): the note, if
+    // any, already holds the cause, which this abort must not replace.
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (found_.status != MNCL_OK) return;
+  }
+  publish({MNCL_ERR_ABORTED,
+           format("the communicator was aborted by %s (mncl_comm_abort)", self_.c_str())},
+          std::chrono::milliseconds(200));
+}
+
+void PeerWatch::publish(const Finding &finding, std::chrono::milliseconds wait) {
+  const std::string note =
+      tag_ + "\n" + std::to_string(static_cast<int>(finding.status)) + "\n" + finding.reason;
+  run_briefly(wait, [store = store_, note, key = note_key_] {
+    try {
+      // The first cause stays (two ranks failing at once may both write: either is true).
+      bootstrap::WaitOptions now;
+      now.timeout = std::chrono::milliseconds(0);
+      if (!store->wait({key}, now).empty()) store->set(key, note.data(), note.size());
+    } catch (const Error &e) {
+      MNCL_INFO("could not tell the other ranks that the communicator failed: %s", e.what());
+    }
+  });
+}
+
+}  // namespace mncl::core

@@ -1,0 +1,93 @@
+// Why a communicator's store waits end before their timeout: a peer that is gone.
+//
+// A backend that exchanges everything through the bootstrap store (naive) has no connection to
+// its peers that could break: a rank killed (kill -9, the OOM killer) or one that aborted left
+// the others waiting out their whole timeout. The core therefore watches, between the slices
+// of every wait a plugin makes on its store (StoreBridge):
+//   - the processes of the ranks on this host: a pid that no longer runs the process that
+//     joined (compared by boot, pid namespace and start time, so a reused pid or a container
+//     with its own pids is never mistaken for it) is a rank that exited;
+//   - a note in the communicator's store ("failed/<job tag hash>"), which the first rank that
+//     aborts the communicator (mncl_comm_abort) or finds a rank of its host gone writes, so
+//     that ranks on the other hosts learn of it too. Only the first cause is written: ranks
+//     that abort after failing on it (the documented way out) do not replace it.
+// A wait that finds either fails naming the rank: MNCL_ERR_REMOTE for a rank that exited,
+// MNCL_ERR_ABORTED for one that aborted (as shm reports a peer's abort). The note carries a tag
+// of this job (rank 0's process identity): a note left in a reused file store folder by an
+// earlier job is never read as this one's.
+#pragma once
+
+#include <mncl/mncl.h>
+#include <sys/types.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "bootstrap/store.h"
+
+namespace mncl::core {
+
+// "<boot id> <pid namespace> <pid> <start time>" of process pid as seen from here; "" when
+// /proc cannot tell (no such process, no /proc).
+std::string process_identity(pid_t pid);
+
+// Runs fn on a detached thread and waits for it at most `wait`: for store calls that must not
+// hold their caller up when the store is what failed (a cut link makes a call last the store's
+// whole timeout). fn must own what it uses.
+void run_briefly(std::chrono::milliseconds wait, std::function<void()> fn);
+
+enum class Liveness {
+  kRunning,  // the process that identity names still runs
+  kGone,     // it exited (its pid is free, reused, or a zombie's)
+  kUnknown,  // not judged from here: another boot or pid namespace, or no identity
+};
+Liveness liveness(const std::string &identity);
+
+class PeerWatch {
+ public:
+  struct Peer {
+    int rank = 0;
+    std::string host;
+    int pid = 0;
+    std::string identity;  // process_identity() as the rank published it when joining
+  };
+  // comm_store: the communicator's own store view ("<id>/"); peers: every rank of the
+  // communicator (only those of this host, whose identity can be judged, are watched);
+  // job_tag: the same on every rank of this communicator and no other (rank 0's identity).
+  PeerWatch(std::shared_ptr<bootstrap::Store> comm_store, int rank, std::vector<Peer> peers,
+            std::string job_tag);
+
+  struct Finding {
+    mncl_status_t status = MNCL_OK;  // MNCL_ERR_REMOTE: a rank exited; ABORTED: one aborted
+    std::string reason;              // "rank 3 (pid 4711 on node1) exited"
+  };
+  // MNCL_OK while nothing is known to be wrong; else why the communicator cannot go on, the
+  // same from then on. Finding a rank of this host gone, it leaves the note for the other
+  // hosts. Never throws: a store that fails is the wait's to report.
+  Finding check();
+  // This rank aborted the communicator: leaves the note (bounded: on a thread of its own,
+  // waited for at most a moment, since the store may be what failed).
+  void publish_abort();
+  // The key of the note in the communicator's store view, for destroy's cleanup.
+  const std::string &note_key() const { return note_key_; }
+
+ private:
+  void publish(const Finding &finding, std::chrono::milliseconds wait);
+  Finding read_note();
+  bool has_left(int rank);  // its leave key is set: it destroyed the communicator
+
+  std::shared_ptr<bootstrap::Store> store_;
+  int rank_;
+  std::vector<Peer> watched_;  // the other ranks of this host that have not left (mutex_)
+  std::string self_;           // "rank 2 (pid 77 on node1)"
+  std::string tag_;
+  std::string note_key_;  // "failed/<hash of the tag>"
+  std::mutex mutex_;
+  Finding found_;  // sticky once found (under mutex_)
+};
+
+}  // namespace mncl::core
