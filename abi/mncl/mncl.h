@@ -189,6 +189,8 @@ MNCL_API mncl_status_t mncl_comm_destroy(mncl_comm_t comm);
 /* Local, any thread: every blocked or later operation on `comm` fails with MNCL_ERR_ABORTED.
  * The other ranks' operations waiting on this one fail too, naming it, rather than time out:
  * MNCL_ERR_ABORTED on naive and shm, MNCL_ERR_REMOTE on gloo (flat and nccl: at their timeout).
+ * naive learns of it from a note this call leaves in the communicator's store (waited for at
+ * most 0.2 s), and then fails every wait of the communicator, not only those on this rank.
  * The handle stays valid until mncl_comm_destroy returns. Calling it twice is harmless. During
  * a mncl_comm_destroy on another thread it cuts short destroy's waits for the other ranks to
  * leave (a peer that died); that destroy then returns MNCL_ERR_ABORTED, and the communicator is

@@ -2101,6 +2101,7 @@ void Comm::destroy(const std::atomic<int> *api_calls) {
     }
   }
   plugin_store_.reset();
+  if (peer_watch_ != nullptr) peer_watch_->close();  // abort() may still use the watch itself
   comm_store_.reset();
   job_store_.reset();
   // plugin_ stays until the object goes: a mncl_wait on another thread may still hold this

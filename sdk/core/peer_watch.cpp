@@ -31,7 +31,8 @@ struct ProcStat {
 enum class StatRead { kRead, kNoProcess, kUnreadable };
 StatRead read_proc_stat(pid_t pid, ProcStat *out) {
   // Only "no such file" means no such process: running out of descriptors, or a /proc that
-  // hides other users' processes (hidepid), must never make a live rank look gone.
+  // refuses to show a process (hidepid=1), must never make a live rank look gone. (hidepid=2
+  // answers "no such file": PeerWatch watches only the peers it sees running at first.)
   const int fd = ::open(("/proc/" + std::to_string(pid) + "/stat").c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0)
     return errno == ENOENT || errno == ESRCH ? StatRead::kNoProcess : StatRead::kUnreadable;
@@ -74,8 +75,12 @@ std::string pid_scope() {
       ::stat("/proc/self/ns/pid", &ns) != 0) {
     return "";
   }
+  // Start times are shifted by the reader's time namespace (Linux 5.6+, where it exists).
+  struct stat time_ns {};
+  const bool has_time_ns = ::stat("/proc/self/ns/time", &time_ns) == 0;
   scope = format("%s %llu:%llu", boot.c_str(), static_cast<unsigned long long>(ns.st_dev),
                  static_cast<unsigned long long>(ns.st_ino));
+  if (has_time_ns) scope += format(":%llu", static_cast<unsigned long long>(time_ns.st_ino));
   return scope;
 }
 
@@ -149,7 +154,9 @@ PeerWatch::PeerWatch(std::shared_ptr<bootstrap::Store> comm_store, int rank,
   for (Peer &peer : peers) {
     if (peer.rank == rank) {
       self_ = format("rank %d (pid %d on %s)", peer.rank, peer.pid, peer.host.c_str());
-    } else if (liveness(peer.identity) != Liveness::kUnknown) {
+    } else if (liveness(peer.identity) == Liveness::kRunning) {
+      // Running now, moments after it joined: a peer that already looks gone is one /proc
+      // hides (hidepid=2 answers "no such file" for other users' processes), never judged.
       watched_.push_back(std::move(peer));
     }
   }
@@ -179,16 +186,39 @@ PeerWatch::Finding PeerWatch::check() {
     }
     finding = read_note();  // it may have aborted just before it exited
     if (finding.status != MNCL_OK) break;
-    finding = {MNCL_ERR_REMOTE,
-               format("rank %d (pid %d on %s) exited", peer.rank, peer.pid, peer.host.c_str())};
-    publish({finding.status,
-             format("%s (found by rank %d, on its host)", finding.reason.c_str(), rank_)},
-            std::chrono::milliseconds(200));
+    const Finding exited{MNCL_ERR_REMOTE, format("rank %d (pid %d on %s) exited", peer.rank,
+                                                 peer.pid, peer.host.c_str())};
+    // Recorded first, and published only by the call that recorded it: this rank reports
+    // what it tells the others (two lanes may each find a rank gone).
+    if (record(exited)) {
+      publish({exited.status,
+               format("%s (found by rank %d, on its host)", exited.reason.c_str(), rank_)},
+              std::chrono::milliseconds(200));
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    return found_;
   }
   if (finding.status == MNCL_OK) return finding;
+  record(finding);
   std::lock_guard<std::mutex> lock(mutex_);
-  if (found_.status == MNCL_OK) found_ = finding;
   return found_;
+}
+
+bool PeerWatch::record(const Finding &finding) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (found_.status != MNCL_OK) return false;
+  found_ = finding;
+  return true;
+}
+
+std::shared_ptr<bootstrap::Store> PeerWatch::store_now() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return store_;
+}
+
+void PeerWatch::close() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  store_.reset();
 }
 
 PeerWatch::Finding PeerWatch::read_note() {
@@ -196,7 +226,9 @@ PeerWatch::Finding PeerWatch::read_note() {
     bootstrap::WaitOptions now;
     now.timeout = std::chrono::milliseconds(0);
     // "<tag>\n<status>\n<reason>"; a note of another job (a reused file store) is ignored.
-    const bootstrap::Bytes note = store_->get(note_key_, now);
+    const std::shared_ptr<bootstrap::Store> store = store_now();
+    if (store == nullptr) return {};
+    const bootstrap::Bytes note = store->get(note_key_, now);
     const std::string text(note.begin(), note.end());
     const size_t status_at = tag_.size() + 1;
     const size_t reason_at = text.find('\n', status_at);
@@ -216,7 +248,8 @@ bool PeerWatch::has_left(int rank) {
   try {
     bootstrap::WaitOptions now;
     now.timeout = std::chrono::milliseconds(0);
-    return store_->wait({"leave/" + std::to_string(rank)}, now).empty();
+    const std::shared_ptr<bootstrap::Store> store = store_now();
+    return store != nullptr && store->wait({"leave/" + std::to_string(rank)}, now).empty();
   } catch (const Error &) {
     return false;
   }
@@ -237,7 +270,9 @@ void PeerWatch::publish_abort() {
 void PeerWatch::publish(const Finding &finding, std::chrono::milliseconds wait) {
   const std::string note =
       tag_ + "\n" + std::to_string(static_cast<int>(finding.status)) + "\n" + finding.reason;
-  run_briefly(wait, [store = store_, note, key = note_key_] {
+  std::shared_ptr<bootstrap::Store> store = store_now();
+  if (store == nullptr) return;  // destroyed
+  run_briefly(wait, [store = std::move(store), note, key = note_key_] {
     try {
       // The first cause stays (two ranks failing at once may both write: either is true).
       bootstrap::WaitOptions now;

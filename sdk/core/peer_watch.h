@@ -69,6 +69,9 @@ class PeerWatch {
   // same from then on. Finding a rank of this host gone, it leaves the note for the other
   // hosts. Never throws: a store that fails is the wait's to report.
   Finding check();
+  // The communicator is destroyed: lets go of its store (a later check finds nothing more,
+  // and an abort during destroy publishes nothing).
+  void close();
   // This rank aborted the communicator: leaves the note (bounded: on a thread of its own,
   // waited for at most a moment, since the store may be what failed).
   void publish_abort();
@@ -77,10 +80,12 @@ class PeerWatch {
 
  private:
   void publish(const Finding &finding, std::chrono::milliseconds wait);
+  bool record(const Finding &finding);            // true if it became found_ (there was none)
+  std::shared_ptr<bootstrap::Store> store_now();  // null once closed
   Finding read_note();
   bool has_left(int rank);  // its leave key is set: it destroyed the communicator
 
-  std::shared_ptr<bootstrap::Store> store_;
+  std::shared_ptr<bootstrap::Store> store_;  // (mutex_) null once closed
   int rank_;
   std::vector<Peer> watched_;  // the other ranks of this host that have not left (mutex_)
   std::string self_;           // "rank 2 (pid 77 on node1)"
