@@ -2046,12 +2046,32 @@ void Comm::destroy(const std::atomic<int> *api_calls) {
             cleanup.push_back(format("split%llu/%d", static_cast<unsigned long long>(s), r));
           }
         }
-        // mncl_comm_abort from another thread cuts this wait short (a peer that died).
+        // mncl_comm_abort from another thread cuts this wait short (a peer that died), and so
+        // does finding that every rank still missing is one of this host's that exited: it
+        // can never leave (the others' destroy waits for this one's end, on a TCP store).
         std::vector<std::string> missing;
         bool cut_short = false;  // by an abort
         bool store_gone = false;
+        std::vector<int> exited;  // ranks not waited for: they exited without leaving
+        const auto rank_of = [](const std::string &key) {
+          return std::stoi(key.substr(std::strlen("leave/")));
+        };
         try {
-          missing = comm_store_->wait(leave, wait_options(timeout_ms_, &aborted_));
+          const auto deadline = deadline_after(timeout_ms_);
+          for (;;) {
+            const int64_t left = std::max<int64_t>(
+                0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now())
+                       .count());
+            const int64_t slice = peer_watch_ != nullptr ? std::min<int64_t>(left, 200) : left;
+            missing = comm_store_->wait(leave, wait_options(slice, &aborted_));
+            if (missing.empty() || slice >= left) break;
+            if (std::all_of(missing.begin(), missing.end(), [&](const std::string &key) {
+                  return peer_watch_->has_exited(rank_of(key));
+                })) {
+              for (const auto &k : missing) exited.push_back(rank_of(k));
+              break;
+            }
+          }
         } catch (const Error &e) {
           if (e.status() != MNCL_ERR_ABORTED) throw;
           try {
@@ -2064,7 +2084,7 @@ void Comm::destroy(const std::atomic<int> *api_calls) {
         }
         if (cut_short) {
           std::vector<int> ranks;
-          for (const auto &k : missing) ranks.push_back(std::stoi(k.substr(std::strlen("leave/"))));
+          for (const auto &k : missing) ranks.push_back(rank_of(k));
           if (error.empty()) {
             status = MNCL_ERR_ABORTED;
             error = format(
@@ -2076,6 +2096,11 @@ void Comm::destroy(const std::atomic<int> *api_calls) {
                     : format("rank%s %s", ranks.size() > 1 ? "s" : "", list_ranks(ranks).c_str())
                           .c_str());
           }
+        } else if (!exited.empty()) {
+          MNCL_WARN(
+              "mncl_comm_destroy(%s): rank%s %s exited without destroying the communicator; "
+              "not waited for",
+              id_.c_str(), exited.size() > 1 ? "s" : "", list_ranks(exited).c_str());
         } else if (!missing.empty()) {
           MNCL_WARN(
               "mncl_comm_destroy(%s): %zu rank(s) did not destroy the communicator within "

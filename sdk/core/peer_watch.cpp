@@ -75,12 +75,11 @@ std::string pid_scope() {
       ::stat("/proc/self/ns/pid", &ns) != 0) {
     return "";
   }
-  // Start times are shifted by the reader's time namespace (Linux 5.6+, where it exists).
-  struct stat time_ns {};
-  const bool has_time_ns = ::stat("/proc/self/ns/time", &time_ns) == 0;
+  // Not the time namespace, which shifts the start times /proc shows (ranks of one pid
+  // namespace in different time namespaces, CRIU restores: not handled). The format is the
+  // private store folders' owner file's too, which older libraries wrote.
   scope = format("%s %llu:%llu", boot.c_str(), static_cast<unsigned long long>(ns.st_dev),
                  static_cast<unsigned long long>(ns.st_ino));
-  if (has_time_ns) scope += format(":%llu", static_cast<unsigned long long>(time_ns.st_ino));
   return scope;
 }
 
@@ -202,6 +201,17 @@ PeerWatch::Finding PeerWatch::check() {
   record(finding);
   std::lock_guard<std::mutex> lock(mutex_);
   return found_;
+}
+
+bool PeerWatch::has_exited(int rank) {
+  std::string identity;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const Peer &peer : watched_) {
+      if (peer.rank == rank) identity = peer.identity;
+    }
+  }
+  return !identity.empty() && liveness(identity) == Liveness::kGone;
 }
 
 bool PeerWatch::record(const Finding &finding) {

@@ -72,6 +72,9 @@ class PeerWatch {
   // The communicator is destroyed: lets go of its store (a later check finds nothing more,
   // and an abort during destroy publishes nothing).
   void close();
+  // Whether rank is one of this host's that exited (its leave key is not consulted): for
+  // destroy, which need not wait for a rank that can no longer leave.
+  bool has_exited(int rank);
   // This rank aborted the communicator: leaves the note (bounded: on a thread of its own,
   // waited for at most a moment, since the store may be what failed).
   void publish_abort();

@@ -13,8 +13,9 @@
 // starts the ranks; they take their rank from mpirun's environment and report through a FIFO
 // in the run's folder (mpirun passes no descriptors on), and mpirun's exit ends the wait.
 //
-//   fault_test killed|stalled|late|mismatch|abort|aborted_peer|abort_destroy|recovery|watchdog|
-//              store_bind|store_token|duplicate_rank|plugin_builds|size_mismatch
+//   fault_test killed|stalled|late|mismatch|abort|aborted_peer|exit_without_destroy|
+//              abort_destroy|recovery|watchdog|store_bind|store_token|duplicate_rank|
+//              plugin_builds|size_mismatch
 //              [--backend B] [--ranks N] [--timeout S] [--runs N] [--debug-checks 0|1]
 //              [--case
 //              allreduce_vs_bcast|count|dtype|root|allgatherv|alltoallv|gatherv|scatterv|
@@ -602,6 +603,24 @@ int worker_aborted_peer(Worker &w) {
   return 0;
 }
 
+// The last rank exits without mncl_comm_destroy once all have passed a barrier; the others
+// destroy the communicator, whose rank 0 waits for every rank to leave.
+int worker_exit_without_destroy(Worker &w) {
+  mncl_comm_t comm = nullptr;
+  if (auto st = mncl_comm_create(nullptr, &comm); st != MNCL_OK) return fail_create(w, st);
+  mncl_status_t st = mncl_barrier(comm, nullptr);
+  if (w.rank == w.size - 1) {
+    w.result(st, now_ns());
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the others leave the barrier
+    _exit(0);
+  }
+  const int64_t t0 = now_ns();
+  if (st == MNCL_OK) st = mncl_comm_destroy(comm);
+  const int64_t t1 = now_ns();
+  w.result(st, t1, fmt("%lld", static_cast<long long>(t1 - t0)), mncl_last_error());
+  return 0;
+}
+
 // Rank 0 waits in mncl_comm_destroy for a rank that does not leave (rank 1 sleeps, then
 // abandons the communicator: abort + destroy, no leave); another thread of rank 0 aborts it.
 int worker_abort_destroy(Worker &w) {
@@ -701,6 +720,7 @@ int worker_main() {
   if (w.scenario == "mismatch") return worker_mismatch(w);
   if (w.scenario == "abort") return worker_abort(w);
   if (w.scenario == "aborted_peer") return worker_aborted_peer(w);
+  if (w.scenario == "exit_without_destroy") return worker_exit_without_destroy(w);
   if (w.scenario == "abort_destroy") return worker_abort_destroy(w);
   if (w.scenario == "watchdog") return worker_watchdog(w);
   if (w.scenario == "store_bind" || w.scenario == "store_token" || w.scenario == "duplicate_rank" ||
@@ -1336,6 +1356,40 @@ int drive_aborted_peer(const Options &o) {
                     named, others.size(), aborter, latest, o.timeout_s));
 }
 
+// (5d) a rank exits without destroying the communicator: the others' destroy must not wait
+// out the timeout (run with a long one) for a rank of their host that can no longer leave.
+int drive_exit_without_destroy(const Options &o) {
+  const std::string name = test_name(o, "exit_without_destroy");
+  Job job(o, o.ranks, {});
+  const int leaver = o.ranks - 1;
+  const double bound = std::min(30.0, o.timeout_s / 2.0);
+  job.results_from(survivors(o.ranks, -1), bound);
+  bool ok = true;
+  double longest = 0;
+  std::string problems;
+  for (int r = 0; r < o.ranks; ++r) {
+    const auto it = job.results().find(r);
+    if (it == job.results().end()) {
+      ok = false;
+      problems += fmt(" rank %d did not return within %.0f s;", r, bound);
+      continue;
+    }
+    const Event &e = it->second;
+    if (e.status != MNCL_OK) {
+      ok = false;
+      problems += fmt(" rank %d: %s: %s;", r, status_name(e.status), job.message(r).c_str());
+    }
+    if (r != leaver && !e.extra.empty()) {
+      longest = std::max(longest, std::atoll(e.extra[0].c_str()) / 1e9);
+    }
+  }
+  if (!problems.empty()) std::fprintf(stderr, "%s:%s\n", name.c_str(), problems.c_str());
+  return report(name, o, ok,
+                fmt("rank %d exited without mncl_comm_destroy; the others' destroy took %.2f s "
+                    "at most (timeout %d s)",
+                    leaver, longest, o.timeout_s));
+}
+
 // (5b) abort from another thread while mncl_comm_destroy waits for a rank that never leaves.
 int drive_abort_destroy(const Options &o) {
   return drive_rank0_abort(
@@ -1804,6 +1858,7 @@ int main(int argc, char **argv) {
   if (o.scenario == "mismatch") return drive_mismatch(o);
   if (o.scenario == "abort") return drive_abort(o);
   if (o.scenario == "aborted_peer") return drive_aborted_peer(o);
+  if (o.scenario == "exit_without_destroy") return drive_exit_without_destroy(o);
   if (o.scenario == "abort_destroy") return drive_abort_destroy(o);
   if (o.scenario == "recovery") return drive_recovery(o);
   if (o.scenario == "watchdog") return drive_watchdog(o);
