@@ -74,8 +74,9 @@ typedef struct mncl_store_v1 {
   mncl_status_t (*set)(void *ctx, const char *key, const void *value, size_t len);
   /* Waits up to timeout_ms for key, then returns a copy in *value (release with release()).
    * MNCL_ERR_TIMEOUT with a message naming the key if it never appears. get and wait end
-   * early with MNCL_ERR_ABORTED once the communicator is aborted, here or by another rank,
-   * and with MNCL_ERR_REMOTE once the core knows a rank exited; the message names the rank. */
+   * early with MNCL_ERR_ABORTED once this rank aborted the communicator, and with
+   * MNCL_ERR_REMOTE once the core knows another rank exited or aborted (the message names it;
+   * pass it on). */
   mncl_status_t (*get)(void *ctx, const char *key, void **value, size_t *len, int64_t timeout_ms);
   void (*release)(void *ctx, void *value);
   /* Atomically adds delta to the integer stored at key (absent: 0); *result = the new value. */

@@ -419,9 +419,6 @@ void Comm::check_length(const Op &op, int src, const Value &value, size_t len) c
 }
 
 void Comm::throw_missing(Op &op, mncl_status_t st, std::vector<int> missing) {
-  // Not aborted here: another rank aborted the communicator, which the store's message (set by
-  // the core) names.
-  if (st == MNCL_ERR_ABORTED && !aborted_.load()) throw kit::Error(st);
   if (st == MNCL_ERR_ABORTED) {
     throw kit::Error(MNCL_ERR_ABORTED,
                      kit::format("%s: communicator aborted while waiting for the %s of %s",
@@ -693,7 +690,6 @@ void Comm::barrier(Op &op) {
   } else {
     Value value;
     const mncl_status_t st = store_.get(go, op.remaining_ms(), &value);
-    if (st == MNCL_ERR_ABORTED && !aborted_.load()) throw kit::Error(st);  // see throw_missing
     if (st == MNCL_ERR_ABORTED) {
       throw kit::Error(MNCL_ERR_ABORTED,
                        op.where() + ": communicator aborted while waiting for the other ranks");

@@ -85,9 +85,8 @@ class Comm {
   void execute(const mncl_coll_v1_t &coll);
   // Any thread: makes later calls fail. Calls blocked in the store (any number of them, on any
   // lanes) are woken by the core, whose store callbacks return MNCL_ERR_ABORTED once the
-  // communicator is aborted. They also end early when another rank is gone: MNCL_ERR_REMOTE
-  // (it exited) or MNCL_ERR_ABORTED (it aborted; aborted_ is false then, and the core's message,
-  // which names that rank, is kept).
+  // communicator is aborted. They also end early with MNCL_ERR_REMOTE when another rank is gone
+  // (it exited or aborted): passed on with the core's message, which names that rank.
   void abort() { aborted_.store(true); }
 
   int rank() const { return rank_; }

@@ -943,6 +943,14 @@ void Comm::execute_now(const mncl_coll_v1_t &coll, void *inputs_ready) {
                          op_label(fn, c.kind, c.seq).c_str(), backend().c_str(), rank_, size_,
                          report.c_str()));
     }
+    // A rank aborted the communicator (its note, PeerWatch): the plugin reports REMOTE, the
+    // user gets ABORTED naming that rank, as shm reports it; the others need no diagnosis.
+    if (status == MNCL_ERR_REMOTE && peer_watch_ != nullptr &&
+        peer_watch_->found().status == MNCL_ERR_ABORTED) {
+      throw Error(MNCL_ERR_ABORTED,
+                  format("%s on %s (rank %d of %d): %s", op_label(fn, c.kind, c.seq).c_str(),
+                         backend().c_str(), rank_, size_, last_error()));
+    }
     throw Error(status, format("%s on %s (rank %d of %d): %s", op_label(fn, c.kind, c.seq).c_str(),
                                backend().c_str(), rank_, size_, last_error()) +
                             diagnosis(c, status));

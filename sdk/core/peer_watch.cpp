@@ -203,6 +203,11 @@ PeerWatch::Finding PeerWatch::check() {
   return found_;
 }
 
+PeerWatch::Finding PeerWatch::found() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return found_;
+}
+
 bool PeerWatch::has_exited(int rank) {
   std::string identity;
   {

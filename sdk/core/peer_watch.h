@@ -11,8 +11,9 @@
 //     aborts the communicator (mncl_comm_abort) or finds a rank of its host gone writes, so
 //     that ranks on the other hosts learn of it too. Only the first cause is written: ranks
 //     that abort after failing on it (the documented way out) do not replace it.
-// A wait that finds either fails naming the rank: MNCL_ERR_REMOTE for a rank that exited,
-// MNCL_ERR_ABORTED for one that aborted (as shm reports a peer's abort). The note carries a tag
+// A wait that finds either fails naming the rank, with MNCL_ERR_REMOTE (to the plugin, whose
+// MNCL_ERR_ABORTED means an abort of its own); the core reports an operation ended by a rank's
+// abort as MNCL_ERR_ABORTED, as shm reports a peer's abort. The note carries a tag
 // of this job (rank 0's process identity): a note left in a reused file store folder by an
 // earlier job is never read as this one's.
 #pragma once
@@ -75,6 +76,8 @@ class PeerWatch {
   // Whether rank is one of this host's that exited (its leave key is not consulted): for
   // destroy, which need not wait for a rank that can no longer leave.
   bool has_exited(int rank);
+  // What check() found so far (MNCL_OK: nothing).
+  Finding found();
   // This rank aborted the communicator: leaves the note (bounded: on a thread of its own,
   // waited for at most a moment, since the store may be what failed).
   void publish_abort();

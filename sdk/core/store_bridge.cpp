@@ -45,8 +45,8 @@ bootstrap::WaitOptions wait_options(StoreBridge &b, int64_t timeout_ms) {
 
 // Runs one wait of up to timeout_ms as waits of at most kPeerCheckMs, checking the peers
 // between them: try_once(slice_ms) returns true once waited for, false at the slice's end.
-// Throws MNCL_ERR_REMOTE when a peer exited, MNCL_ERR_ABORTED when one aborted; returns false
-// when the whole timeout has passed.
+// Throws MNCL_ERR_REMOTE when a peer exited or aborted; returns false when the whole timeout
+// has passed.
 template <typename TryOnce>
 bool wait_watching_peers(StoreBridge &b, int64_t timeout_ms, TryOnce try_once) {
   if (b.peers() == nullptr || timeout_ms <= StoreBridge::kPeerCheckMs) {
@@ -63,7 +63,9 @@ bool wait_watching_peers(StoreBridge &b, int64_t timeout_ms, TryOnce try_once) {
     if (gone.status != MNCL_OK) {
       // What was awaited may have come just before its sender went: take it if it is there.
       if (try_once(0)) return true;
-      throw Error(gone.status, gone.reason);
+      // REMOTE either way: to a plugin, MNCL_ERR_ABORTED means this rank's own abort (naive
+      // words its message by it); the core reports a peer's abort as such (Comm::execute_now).
+      throw Error(MNCL_ERR_REMOTE, gone.reason);
     }
   }
 }

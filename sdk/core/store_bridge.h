@@ -1,7 +1,7 @@
 // The C store table (mncl_store_v1_t) a plugin receives, backed by one communicator's prefixed
-// view of the bootstrap store. Waits return MNCL_ERR_ABORTED once the communicator is aborted,
-// and MNCL_ERR_REMOTE once its PeerWatch finds a rank gone (checked every kPeerCheckMs of a
-// wait: a wait that ends sooner costs nothing more).
+// view of the bootstrap store. Waits return MNCL_ERR_ABORTED once the communicator is aborted
+// here, and MNCL_ERR_REMOTE once its PeerWatch finds a rank gone (exited, or aborted) (checked
+// every kPeerCheckMs of a wait: a wait that ends sooner costs nothing more).
 #pragma once
 
 #include <mncl/mncl_plugin_v1.h>

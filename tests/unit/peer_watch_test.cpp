@@ -252,6 +252,22 @@ TEST(StoreBridge, WaitEndsOnAnExitedPeerInsteadOfItsTimeout) {
   EXPECT_EQ(table->wait(table->ctx, keys, 1, 600000), MNCL_ERR_REMOTE) << "the finding stays";
 }
 
+TEST(StoreBridge, APeersAbortReachesThePluginAsRemote) {
+  // To a plugin MNCL_ERR_ABORTED means its own abort (naive words its message by it); the
+  // core turns the operation's REMOTE into ABORTED (Comm::execute_now).
+  Job job;
+  std::atomic<bool> aborted{false};
+  auto watch = std::make_shared<PeerWatch>(job.store, 0, job.peers, "job 1");
+  StoreBridge bridge(job.store, &aborted, watch);
+  PeerWatch(job.store, 2, job.peers, "job 1").publish_abort();
+  void *value = nullptr;
+  size_t len = 0;
+  const mncl_status_t st = bridge.table()->get(bridge.table()->ctx, "never", &value, &len, 600000);
+  EXPECT_EQ(st, MNCL_ERR_REMOTE);
+  EXPECT_NE(std::string(last_error()).find("aborted by rank 2"), std::string::npos) << last_error();
+  EXPECT_EQ(watch->found().status, MNCL_ERR_ABORTED);
+}
+
 TEST(StoreBridge, TimeoutNamesTheWholeWait) {
   Job job;
   std::atomic<bool> aborted{false};
