@@ -541,6 +541,17 @@ int abandon_later(Worker &w, mncl_comm_t comm, mncl_status_t status) {
   return 0;
 }
 
+// Creates the communicator and passes a barrier with every rank (met: the barrier's status).
+// false when the create failed (reported; the worker then exits 3, as fail_create says).
+bool create_and_meet(Worker &w, mncl_comm_t *comm, mncl_status_t *met) {
+  if (auto st = mncl_comm_create(nullptr, comm); st != MNCL_OK) {
+    fail_create(w, st);
+    return false;
+  }
+  *met = mncl_barrier(*comm, nullptr);
+  return true;
+}
+
 // The abort scenarios' rank 0: a thread that aborts comm 0.5 s from now, recording when and
 // what mncl_comm_abort returned (twice when `second` is given: the second must be harmless).
 std::thread abort_later(mncl_comm_t comm, int64_t *t_abort, mncl_status_t *first,
@@ -577,42 +588,39 @@ int worker_abort(Worker &w) {
   return 0;
 }
 
-// The last rank aborts the communicator while the others wait in an allreduce for its
-// contribution. It stays alive past their timeout: what they must learn of is the abort, not
-// a process that exited.
-int worker_aborted_peer(Worker &w) {
+// The last rank leaves the communicator once all have passed a barrier; the others go on:
+//   aborted_peer: it aborts while they wait in an allreduce for its contribution, and lives on
+//     past their timeout (what they must learn of is the abort, not a process that exited);
+//   exit_without_destroy: it exits without mncl_comm_destroy; they destroy the communicator,
+//     whose rank 0 waits for every rank to leave.
+int worker_last_rank_leaves(Worker &w) {
+  const bool aborts = w.scenario == "aborted_peer";
   mncl_comm_t comm = nullptr;
-  if (auto st = mncl_comm_create(nullptr, &comm); st != MNCL_OK) return fail_create(w, st);
-  mncl_status_t st = mncl_barrier(comm, nullptr);
+  mncl_status_t st = MNCL_OK;
+  if (!create_and_meet(w, &comm, &st)) return 3;
   if (w.rank == w.size - 1) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    if (aborts) std::this_thread::sleep_for(std::chrono::milliseconds(500));  // they wait
     const int64_t t = now_ns();
-    if (st == MNCL_OK) st = mncl_comm_abort(comm);
+    if (aborts && st == MNCL_OK) st = mncl_comm_abort(comm);
     w.result(st, t);
+    if (!aborts) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // they leave the barrier
+      _exit(0);
+    }
     std::this_thread::sleep_for(std::chrono::seconds(env_int("MNCL_TIMEOUT", 3) + 1));
     mncl_comm_destroy(comm);
     return 0;
   }
-  std::vector<float> buf(1000, 1.0f);
-  if (st == MNCL_OK) {
-    st = mncl_allreduce(comm, buf.data(), buf.data(), buf.size(), MNCL_FLOAT32, MNCL_SUM, nullptr);
-  }
-  w.result(st, now_ns(), "-", mncl_last_error());
-  mncl_comm_abort(comm);  // the documented way out after a failure
-  mncl_comm_destroy(comm);
-  return 0;
-}
-
-// The last rank exits without mncl_comm_destroy once all have passed a barrier; the others
-// destroy the communicator, whose rank 0 waits for every rank to leave.
-int worker_exit_without_destroy(Worker &w) {
-  mncl_comm_t comm = nullptr;
-  if (auto st = mncl_comm_create(nullptr, &comm); st != MNCL_OK) return fail_create(w, st);
-  mncl_status_t st = mncl_barrier(comm, nullptr);
-  if (w.rank == w.size - 1) {
-    w.result(st, now_ns());
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the others leave the barrier
-    _exit(0);
+  if (aborts) {
+    std::vector<float> buf(1000, 1.0f);
+    if (st == MNCL_OK) {
+      st =
+          mncl_allreduce(comm, buf.data(), buf.data(), buf.size(), MNCL_FLOAT32, MNCL_SUM, nullptr);
+    }
+    w.result(st, now_ns(), "-", mncl_last_error());
+    mncl_comm_abort(comm);  // the documented way out after a failure
+    mncl_comm_destroy(comm);
+    return 0;
   }
   const int64_t t0 = now_ns();
   if (st == MNCL_OK) st = mncl_comm_destroy(comm);
@@ -625,8 +633,8 @@ int worker_exit_without_destroy(Worker &w) {
 // abandons the communicator: abort + destroy, no leave); another thread of rank 0 aborts it.
 int worker_abort_destroy(Worker &w) {
   mncl_comm_t comm = nullptr;
-  if (auto st = mncl_comm_create(nullptr, &comm); st != MNCL_OK) return fail_create(w, st);
-  const mncl_status_t joined = mncl_barrier(comm, nullptr);
+  mncl_status_t joined = MNCL_OK;
+  if (!create_and_meet(w, &comm, &joined)) return 3;
   if (w.rank != 0) return abandon_later(w, comm, joined);
   int64_t t_abort = 0;
   mncl_status_t aborted = MNCL_ERR_INTERNAL;
@@ -647,8 +655,8 @@ int worker_abort_destroy(Worker &w) {
 // Every rank calls into a plugin that never returns (the "hang" mock).
 int worker_watchdog(Worker &w) {
   mncl_comm_t comm = nullptr;
-  if (auto st = mncl_comm_create(nullptr, &comm); st != MNCL_OK) return fail_create(w, st);
-  mncl_barrier(comm, nullptr);
+  mncl_status_t met = MNCL_OK;
+  if (!create_and_meet(w, &comm, &met)) return 3;
   std::vector<float> buf(1024, 1.0f);
   const int64_t t0 = now_ns();
   const mncl_status_t st =
@@ -719,8 +727,9 @@ int worker_main() {
   if (w.scenario == "late") return worker_late(w);
   if (w.scenario == "mismatch") return worker_mismatch(w);
   if (w.scenario == "abort") return worker_abort(w);
-  if (w.scenario == "aborted_peer") return worker_aborted_peer(w);
-  if (w.scenario == "exit_without_destroy") return worker_exit_without_destroy(w);
+  if (w.scenario == "aborted_peer" || w.scenario == "exit_without_destroy") {
+    return worker_last_rank_leaves(w);
+  }
   if (w.scenario == "abort_destroy") return worker_abort_destroy(w);
   if (w.scenario == "watchdog") return worker_watchdog(w);
   if (w.scenario == "store_bind" || w.scenario == "store_token" || w.scenario == "duplicate_rank" ||
