@@ -241,7 +241,11 @@ void destroy_beside_blocking(mncl_comm_t world) {
       fail(std::string("destroy_beside_blocking: mncl_comm_destroy: ") + mncl_status_string(st) +
            ": " + mncl_last_error());
     }
-    if (recv_status != MNCL_ERR_TIMEOUT && recv_status != MNCL_ERR_INVALID_ARGUMENT) {
+    // MNCL_ERR_REMOTE: rank 1 destroyed the communicator at once, and gloo's destroy closes its
+    // connections after its own final exchange times out, about when this recv does; which of
+    // the two comes first is a race (the recv saw the closed connection in one CI run).
+    if (recv_status != MNCL_ERR_TIMEOUT && recv_status != MNCL_ERR_INVALID_ARGUMENT &&
+        recv_status != MNCL_ERR_REMOTE) {
       fail(std::string("destroy_beside_blocking: the blocked mncl_recv returned ") +
            mncl_status_string(recv_status) + ": " + recv_error);
     }
