@@ -188,9 +188,12 @@ MNCL_API mncl_status_t mncl_comm_create(const mncl_config_t *config, mncl_comm_t
 MNCL_API mncl_status_t mncl_comm_destroy(mncl_comm_t comm);
 /* Local, any thread: every blocked or later operation on `comm` fails with MNCL_ERR_ABORTED.
  * The other ranks' operations waiting on this one fail too, naming it, rather than time out:
- * MNCL_ERR_ABORTED on naive and shm, MNCL_ERR_REMOTE on gloo (flat and nccl: at their timeout).
- * naive learns of it from a note this call leaves in the communicator's store (waited for at
- * most 0.2 s), and then fails every wait of the communicator, not only those on this rank.
+ * MNCL_ERR_ABORTED (gloo: MNCL_ERR_REMOTE, its connections closed), on every backend (limits:
+ * README.md). They learn of it from a note this call leaves in the communicator's store
+ * (waited for at most 0.2 s), read while an operation has waited 0.2 s or more, and then fail
+ * every such operation of the communicator, not only those on this rank. On the job's TCP
+ * store host, a later mncl_comm_destroy of the aborted communicator keeps the store up for
+ * about 1.5 s at most, until the other ranks have left or exited, so that they can read it.
  * The handle stays valid until mncl_comm_destroy returns. Calling it twice is harmless. During
  * a mncl_comm_destroy on another thread it cuts short destroy's waits for the other ranks to
  * leave (a peer that died); that destroy then returns MNCL_ERR_ABORTED, and the communicator is

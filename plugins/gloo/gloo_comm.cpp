@@ -463,7 +463,8 @@ void Comm::quiesce() {
 void Comm::abort() {
   aborted_.store(true);
   if (!context_) return;
-  registry_->poison("the MNCL communicator was aborted (mncl_comm_abort)");
+  registry_->poison(
+      "the MNCL communicator was aborted (comm_abort: mncl_comm_abort, or the core's watchdog)");
   knock_until_idle(Clock::now() + milliseconds(default_timeout_ms_));
 }
 

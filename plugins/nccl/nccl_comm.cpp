@@ -369,7 +369,8 @@ void Comm::wait_ready(const char *what, int64_t timeout_ms) {
 }
 
 void Comm::abort() {
-  fail(MNCL_ERR_ABORTED, "the communicator was aborted (mncl_comm_abort)");
+  fail(MNCL_ERR_ABORTED,
+       "the communicator was aborted (comm_abort: mncl_comm_abort, or the core's watchdog)");
 }
 
 void Comm::watchdog_loop() {

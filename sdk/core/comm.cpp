@@ -690,6 +690,35 @@ void Comm::leave_abandoned(bool last_of_job) {
           MNCL_INFO("mncl_comm_destroy of an aborted communicator: could not leave: %s", e.what());
         }
       });
+  if (last_of_job && job_->hosts_tcp_store && peer_watch_ != nullptr) linger_for_note();
+}
+
+void Comm::linger_for_note() {
+  // The store goes with this process. The others may not have read the note that tells them
+  // why the communicator failed (an abort's, PeerWatch) yet: they read it within a peer check
+  // or two, then fail, and leave. Without it they failed on the lost store instead, naming rank
+  // 0 (fault.aborted_peer.naive in CI). Bounded: a rank that never leaves holds this process
+  // kAbortedStoreLinger, once.
+  const auto give_up = Clock::now() + kAbortedStoreLinger;
+  std::vector<std::string> others;
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_) others.push_back("leave/" + std::to_string(r));
+  }
+  try {
+    while (Clock::now() < give_up) {
+      const std::vector<std::string> missing = comm_store_->wait(others, wait_options(0, nullptr));
+      if (std::all_of(missing.begin(), missing.end(), [&](const std::string &key) {
+            return peer_watch_->has_exited(std::stoi(key.substr(std::strlen("leave/"))));
+          })) {
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    MNCL_INFO("mncl_comm_destroy(%s): closing the store with ranks that have not left",
+              id_.c_str());
+  } catch (const Error &e) {
+    MNCL_INFO("mncl_comm_destroy(%s): %s", id_.c_str(), e.what());
+  }
 }
 
 bool Comm::leave_job() {
@@ -745,6 +774,9 @@ Comm::~Comm() {
       MNCL_WARN("communicator %s: %s", id_.c_str(), e.what());
     }
   }
+  // A destroy that failed before it stopped the watchdog: its threads use members declared
+  // after it, which go first.
+  watchdog_.reset();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -755,10 +787,15 @@ void Comm::check_usable(const char *fn) const {
   MNCL_CHECK(!destroyed_.load(), MNCL_ERR_INVALID_ARGUMENT, "%s: the communicator was destroyed",
              fn);
   MNCL_CHECK(!aborted_.load(), MNCL_ERR_ABORTED, "%s: the communicator was aborted", fn);
-  MNCL_CHECK(!plugin_aborted_.load(), MNCL_ERR_ABORTED,
-             "%s: the communicator is unusable: the watchdog aborted it after an operation "
-             "outlived its timeout",
-             fn);
+  if (!plugin_aborted_.load()) return;
+  const PeerWatch::Finding cause =
+      peer_watch_ != nullptr ? peer_watch_->found() : PeerWatch::Finding{};
+  MNCL_CHECK(cause.status == MNCL_OK, cause.status, "%s: the communicator is unusable: %s", fn,
+             cause.reason.c_str());
+  throw Error(MNCL_ERR_ABORTED,
+              format("%s: the communicator is unusable: the watchdog aborted it after an "
+                     "operation outlived its timeout",
+                     fn));
 }
 
 void Comm::validate_and_number(mncl_coll_v1_t &coll) {
@@ -899,26 +936,7 @@ void Comm::execute_now(const mncl_coll_v1_t &coll, void *inputs_ready) {
     check_fingerprints(*comm_store_, coll, rank_, size_,
                        coll.timeout_ms > 0 ? coll.timeout_ms : timeout_ms_, &aborted_);
   }
-  // Lanes may call this at the same time: the watchdog is made once (the flag keeps the common
-  // case to one load).
-  if (!watchdog_started_.load(std::memory_order_acquire)) {
-    std::call_once(watchdog_once_, [this] {
-      watchdog_ =
-          std::make_unique<Watchdog>(history_, timeout_ms_, [this](const OpHistory::Record &r) {
-            {
-              std::lock_guard<std::mutex> lock(watchdog_mutex_);
-              watchdog_op_ = r;
-              watchdog_report_ = format(
-                  "%s on %s (rank %d of %d): no result from the backend within the timeout of "
-                  "%.1f s (+%.1f s grace); the watchdog aborted the backend's communicator",
-                  op_label(coll_function_name(r.kind), r.kind, r.seq).c_str(), backend().c_str(),
-                  rank_, size_, timeout_ms_ / 1000.0, Watchdog::grace_ms(timeout_ms_) / 1000.0);
-            }
-            abort_plugin();
-          });
-      watchdog_started_.store(true, std::memory_order_release);
-    });
-  }
+  ensure_watchdog();
   auto call = [&](const mncl_coll_v1_t &c) {
     set_last_error("");
     const size_t token = history_.begin(c);
@@ -943,17 +961,17 @@ void Comm::execute_now(const mncl_coll_v1_t &coll, void *inputs_ready) {
                          op_label(fn, c.kind, c.seq).c_str(), backend().c_str(), rank_, size_,
                          report.c_str()));
     }
-    // A rank aborted the communicator (its note, PeerWatch): the plugin reports REMOTE, the
-    // user gets ABORTED naming that rank, as shm reports it; the others need no diagnosis.
-    if (status == MNCL_ERR_REMOTE && peer_watch_ != nullptr &&
-        peer_watch_->found().status == MNCL_ERR_ABORTED) {
-      throw Error(MNCL_ERR_ABORTED,
-                  format("%s on %s (rank %d of %d): %s", op_label(fn, c.kind, c.seq).c_str(),
-                         backend().c_str(), rank_, size_, last_error()));
-    }
-    throw Error(status, format("%s on %s (rank %d of %d): %s", op_label(fn, c.kind, c.seq).c_str(),
-                               backend().c_str(), rank_, size_, last_error()) +
-                            diagnosis(c, status));
+    // A rank exited or aborted the communicator (PeerWatch): that is the cause, whatever the
+    // backend saw of it (a closed connection, its own abort by the watchdog's peer check). A
+    // rank's abort is MNCL_ERR_ABORTED naming that rank, as shm reports it, and needs no
+    // diagnosis; to a plugin's store waits it was REMOTE (StoreBridge).
+    mncl_status_t reported = status;
+    const std::string head =
+        format("%s on %s (rank %d of %d): ", op_label(fn, c.kind, c.seq).c_str(), backend().c_str(),
+               rank_, size_);
+    std::string message = head + last_error();
+    explain_by_peers(&reported, head, &message);
+    throw Error(reported, message + (reported == MNCL_ERR_ABORTED ? "" : diagnosis(c, status)));
   };
   // Staging's waits on the caller's stream get the operation's timeout, and end on an abort.
   auto bounds = [&](const mncl_coll_v1_t &c) {
@@ -1051,6 +1069,7 @@ std::shared_ptr<Operation> Comm::start(const mncl_coll_v1_t &coll_in) {
 }
 
 void Comm::launch(const std::shared_ptr<Operation> &op) {
+  op->issued = Clock::now();
   op->deadline = deadline_after(timeout_ms_);  // from the issuing call, whatever runs before it
   if (table_->caps & MNCL_CAP_NATIVE_ASYNC) {
     if (needs_staging(op->coll)) {  // staging blocks: run it now (issue order)
@@ -1063,6 +1082,7 @@ void Comm::launch(const std::shared_ptr<Operation> &op) {
     }
     const std::string label =
         op_label(coll_function_name(op->coll.kind), op->coll.kind, op->coll.seq);
+    ensure_watchdog();  // its peer check also looks while posted operations wait
     std::lock_guard<std::mutex> lock(native_mutex_);
     // Checked again under the lock: destroy drains what is tracked, so nothing may be posted
     // once it has begun (a call racing mncl_comm_destroy on another thread).
@@ -1394,10 +1414,16 @@ bool Comm::test_native(Operation &op) {
   // The ABI releases the handle with a failure too.
   if (status == MNCL_OK) {
     finish_native(op, status, std::string());
-  } else if (native_abort_reason_.empty()) {
-    finish_native(
-        op, status,
-        format("%s on %s: %s", describe_op(op.coll).c_str(), backend().c_str(), last_error()));
+    return true;
+  }
+  const std::string backend_says = last_error();
+  mncl_status_t reported = status;
+  const std::string head = format("%s on %s (rank %d of %d): ", describe_op(op.coll).c_str(),
+                                  backend().c_str(), rank_, size_);
+  std::string message = head + backend_says;
+  // Under native_mutex_: what the watch knows already, without looking (store reads).
+  if (explain_by_peers(&reported, head, &message, false) || native_abort_reason_.empty()) {
+    finish_native(op, reported, message);
   } else {
     // Ended by an abort (police_native_ops, or the user's): say so, with the backend's words.
     const bool overdue = !aborted_.load() && Clock::now() >= op.deadline;
@@ -1406,7 +1432,7 @@ bool Comm::test_native(Operation &op) {
         format("%s on %s (rank %d of %d): %s; %s (backend: %s)", describe_op(op.coll).c_str(),
                backend().c_str(), rank_, size_,
                overdue ? "not finished within its timeout" : "still running, and cut short",
-               native_abort_reason_.c_str(), last_error()));
+               native_abort_reason_.c_str(), backend_says.c_str()));
   }
   return true;
 }
@@ -1508,6 +1534,94 @@ void Comm::watch_peers() {
       format("%s %s %d %s", id_.c_str(), first.host.c_str(), first.pid, first.identity.c_str()));
 }
 
+void Comm::ensure_watchdog() {
+  // Lanes may call this at the same time: the watchdog is made once (the flag keeps the common
+  // case to one load).
+  if (watchdog_started_.load(std::memory_order_acquire)) return;
+  std::call_once(watchdog_once_, [this] {
+    auto expired = [this](const OpHistory::Record &r) {
+      {
+        std::lock_guard<std::mutex> lock(watchdog_mutex_);
+        watchdog_op_ = r;
+        watchdog_report_ = format(
+            "%s on %s (rank %d of %d): no result from the backend within the timeout of "
+            "%.1f s (+%.1f s grace); the watchdog aborted the backend's communicator",
+            op_label(coll_function_name(r.kind), r.kind, r.seq).c_str(), backend().c_str(), rank_,
+            size_, timeout_ms_ / 1000.0, Watchdog::grace_ms(timeout_ms_) / 1000.0);
+      }
+      abort_plugin();
+    };
+    std::function<bool()> peer_check;
+    if (peer_watch_ != nullptr) peer_check = [this] { return watch_peers_while_waiting(); };
+    watchdog_ = std::make_unique<Watchdog>(history_, timeout_ms_, std::move(expired),
+                                           std::move(peer_check));
+    watchdog_started_.store(true, std::memory_order_release);
+  });
+}
+
+bool Comm::waits_on_peers() {
+  const auto since = Clock::now() - kPeerWaitBeforeCheck;
+  OpHistory::Record r;
+  if (history_.running(&r) && r.start <= since) return true;
+  std::lock_guard<std::mutex> lock(native_mutex_);
+  for (const auto &op : native_ops_) {
+    if (op->issued <= since) return true;
+  }
+  return false;
+}
+
+bool Comm::watch_peers_while_waiting() {
+  if (plugin_aborted_.load() || !waits_on_peers()) return false;
+  // A plugin that waits in the store (naive) is told by its waits, which first take what a
+  // rank wrote just before it exited.
+  if (plugin_store_ != nullptr && plugin_store_->watching() > 0) return false;
+  const PeerWatch::Finding cause = peer_watch_->check();
+  if (cause.status == MNCL_OK) return false;
+  MNCL_WARN(
+      "communicator %s (rank %d of %d): %s; aborting the backend's communicator, whose "
+      "operations in progress fail",
+      id_.c_str(), rank_, size_, cause.reason.c_str());
+  abort_plugin();
+  return true;
+}
+
+bool Comm::explain_by_peers(mncl_status_t *status, const std::string &head, std::string *message,
+                            bool look) {
+  if (peer_watch_ == nullptr || aborted_.load()) return false;
+  PeerWatch::Finding cause = peer_watch_->found();
+  // REMOTE looks now: a closed connection (gloo) comes before the watchdog's peer check has
+  // looked. A TIMEOUT does not: that check looked while the operation waited, and on a cut link
+  // a store read would only add to the timeout.
+  if (look && cause.status == MNCL_OK && *status == MNCL_ERR_REMOTE) {
+    cause = peer_watch_->check();
+    // A killed rank's connections close as its last thread exits, an instant before /proc
+    // shows it gone: one short pause per communicator (a REMOTE of another cause, such as
+    // mismatched counts, would otherwise pay it on every operation).
+    if (cause.status == MNCL_OK && !peer_cause_waited_.exchange(true)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      cause = peer_watch_->check();
+    }
+  }
+  if (cause.status == MNCL_OK) return false;
+  if (*status == MNCL_ERR_ABORTED && plugin_aborted_.load()) {
+    // The backend's own abort, which the watchdog's peer check made: the rank is the cause.
+    *message = head + cause.reason + " (backend: " + message->substr(head.size()) + ")";
+    *status = cause.status;
+    return true;
+  }
+  if (*status == MNCL_ERR_REMOTE && message->find(cause.reason) != std::string::npos) {
+    *status = cause.status;  // a store wait's (naive): a peer's abort reads as ABORTED
+    return true;
+  }
+  if (*status == MNCL_ERR_REMOTE || *status == MNCL_ERR_TIMEOUT) {
+    // The backend failed for a reason of its own (a closed connection, mismatched counts, its
+    // timeout), which stays: the rank is added to it.
+    *message += "; " + cause.reason;
+    return true;
+  }
+  return false;
+}
+
 void Comm::abort_plugin() {
   plugin_stop_.store(true);  // wakes the plugin's store waits
   if (plugin_aborted_.exchange(true)) return;
@@ -1537,30 +1651,18 @@ std::string Comm::diagnosis(const mncl_coll_v1_t &coll, mncl_status_t status) {
   if (status == MNCL_ERR_REMOTE && kit::is_rooted_v_kind(coll.kind)) return "";
   // On a helper thread, bounded: when the store itself is unreachable (a cut link), a store
   // call only fails after the full timeout, and the error must not wait for that.
-  struct Result {
-    std::mutex mutex;
-    std::condition_variable cv;
-    bool done = false;
-    std::string text;
-  };
-  auto result = std::make_shared<Result>();
-  std::thread([result, store = comm_store_, coll, rank = rank_, size = size_, timeout = timeout_ms_,
-               dump = history_.dump(4), hosts = job_ && job_->hosts_tcp_store] {
-    std::string text = diagnose_failure(*store, coll, rank, size, timeout, dump, hosts);
-    std::lock_guard<std::mutex> lock(result->mutex);
-    result->text = std::move(text);
-    result->done = true;
-    result->cv.notify_all();
-  }).detach();
-  std::unique_lock<std::mutex> lock(result->mutex);
   // One grace for the wait plus a little for reading; three on the store's host (it lingers).
   const bool host = job_ && job_->hosts_tcp_store;
   const int64_t grace = diagnosis_grace_ms(timeout_ms_);
   const auto limit = std::chrono::milliseconds(host ? 3 * grace + 100 : grace + 200);
-  if (!result->cv.wait_for(lock, limit, [&] { return result->done; })) {
-    return "; (no diagnosis: the store did not answer in time)";
-  }
-  return result->text;
+  // Read only once the thread has finished (run_briefly's wait orders it after the write).
+  auto text = std::make_shared<std::string>();
+  const bool done = run_briefly(limit, [text, store = comm_store_, coll, rank = rank_, size = size_,
+                                        timeout = timeout_ms_, dump = history_.dump(4), host] {
+    *text = diagnose_failure(*store, coll, rank, size, timeout, dump, host);
+  });
+  if (!done) return "; (no diagnosis: the store did not answer in time, or no thread to ask it)";
+  return *text;
 }
 
 namespace {
@@ -1916,9 +2018,13 @@ void Comm::police_native_ops() {
   if (native_aborted_at_ == Clock::time_point::max()) {
     if (plugin_aborted_.load()) {
       // Aborted already (mncl_comm_abort, the watchdog): one grace from now, not a timeout.
-      native_abort_reason_ = aborted_.load()
-                                 ? std::string("mncl_comm_abort was called")
-                                 : std::string("the watchdog aborted the backend's communicator");
+      const PeerWatch::Finding cause =
+          peer_watch_ != nullptr ? peer_watch_->found() : PeerWatch::Finding{};
+      native_abort_reason_ = aborted_.load()           ? std::string("mncl_comm_abort was called")
+                             : cause.status != MNCL_OK ? cause.reason
+                                                       : std::string(
+                                                             "the watchdog aborted the "
+                                                             "backend's communicator");
       native_aborted_at_ = now;
       return;
     }
@@ -1944,17 +2050,24 @@ void Comm::police_native_ops() {
       "(backend %s may still use their buffers)",
       id_.c_str(), native_ops_.size(), backend().c_str());
   const bool by_user = aborted_.load();
+  // Aborted by the watchdog's peer check: the rank that exited or aborted is the cause.
+  const mncl_status_t by_peer =
+      by_user || peer_watch_ == nullptr ? MNCL_OK : peer_watch_->found().status;
   while (!native_ops_.empty()) {
     Operation &op = *native_ops_.back();
     const std::string what =
-        by_user ? format(
-                      "the communicator was aborted (%s) and the backend did not end it "
-                      "within %.3f s",
-                      native_abort_reason_.c_str(), grace.count() / 1000.0)
-                : format("not finished within its timeout of %.3f s, nor after %s",
-                         timeout_ms_ / 1000.0, native_abort_reason_.c_str());
+        by_user || by_peer != MNCL_OK
+            ? format(
+                  "the communicator was aborted (%s) and the backend did not end it "
+                  "within %.3f s",
+                  native_abort_reason_.c_str(), grace.count() / 1000.0)
+            : format("not finished within its timeout of %.3f s, nor after %s",
+                     timeout_ms_ / 1000.0, native_abort_reason_.c_str());
     finish_native(
-        op, by_user ? MNCL_ERR_ABORTED : MNCL_ERR_TIMEOUT,
+        op,
+        by_user              ? MNCL_ERR_ABORTED
+        : by_peer != MNCL_OK ? by_peer
+                             : MNCL_ERR_TIMEOUT,
         format("%s on %s (rank %d of %d): %s; abandoned, the backend may still use its "
                "buffers",
                describe_op(op.coll).c_str(), backend().c_str(), rank_, size_, what.c_str()));

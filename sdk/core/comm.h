@@ -55,6 +55,7 @@ struct Operation {
   // Fixed when the operation is issued: it must end by then however long it waits behind
   // others (a queued one runs with what is left, and fails unstarted once it has passed).
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+  std::chrono::steady_clock::time_point issued{};  // set with the deadline (launch)
 
   std::mutex mutex;
   std::condition_variable finished_cv;
@@ -236,6 +237,10 @@ class Comm {
   // destroy() of a communicator aborted before it: tells the others this rank has left,
   // within a short bound, so that rank 0's destroy does not wait the timeout for it.
   void leave_abandoned(bool last_of_job);
+  // leave_abandoned() on the store's host: waits (at most kAbortedStoreLinger) until every
+  // other rank has left or exited, so that they read why the communicator failed.
+  void linger_for_note();
+  static constexpr std::chrono::milliseconds kAbortedStoreLinger{1000};
   // A child communicator of the given parent ranks (in their new order), with the parent's
   // settings and its own store views; its backend is set by the caller.
   std::unique_ptr<Comm> make_child(const std::vector<int> &parent_ranks, uint64_t split_index,
@@ -244,6 +249,24 @@ class Comm {
   bool leave_job();
   // Aborts the plugin communicator once (user abort or watchdog).
   void abort_plugin();
+  // Starts the watchdog (and its peer check) with the first operation; cheap after that.
+  void ensure_watchdog();
+  // The watchdog's peer check: while an operation has waited kPeerWaitBeforeCheck or more, a
+  // rank that exited or aborted (PeerWatch) aborts the backend's communicator, which ends the
+  // waits that nothing else would end before their timeout (MPI's, a GPU kernel's). True once
+  // it has.
+  bool watch_peers_while_waiting();
+  // Whether an operation (a call inside the backend, or one posted to it) has waited that long.
+  bool waits_on_peers();
+  // After the backend failed an operation with *status and *message (head, "<op> on <backend>
+  // (rank r of n): ", then its words), the communicator not aborted here: what the peer watch knows
+  // of a rank that exited or aborted. It becomes the report where it is the cause (the backend's
+  // own abort, made by the watchdog's peer check; a store wait that quoted it), and is added
+  // to a REMOTE or TIMEOUT of the backend's own (gloo's closed connection names no rank;
+  // mismatched counts keep their words); with `look`, a REMOTE asks the watch now (store
+  // reads, at most a second). True when it changed the report.
+  bool explain_by_peers(mncl_status_t *status, const std::string &head, std::string *message,
+                        bool look = true);
   // Sets peer_watch_ from members_ (a communicator of several ranks).
   void watch_peers();
   // Text appended to a failed collective's message: missing ranks, last ops per rank.
@@ -324,6 +347,10 @@ class Comm {
   static constexpr std::chrono::milliseconds kPolicePeriod{20};
   std::once_flag watchdog_once_;
   std::atomic<bool> watchdog_started_{false};
+  // An operation waits this long before the watchdog's peer check looks (a healthy job's
+  // operations mostly end sooner, and cost no store read).
+  static constexpr std::chrono::milliseconds kPeerWaitBeforeCheck{200};
+  std::atomic<bool> peer_cause_waited_{false};  // explain_by_peers' one pause
 };
 
 }  // namespace mncl::core

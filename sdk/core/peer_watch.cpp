@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <system_error>
 #include <thread>
@@ -119,7 +120,7 @@ Liveness liveness(const std::string &identity) {
   return Liveness::kRunning;
 }
 
-void run_briefly(std::chrono::milliseconds wait, std::function<void()> fn) {
+bool run_briefly(std::chrono::milliseconds wait, std::function<void()> fn) {
   struct Done {
     std::mutex mutex;
     std::condition_variable cv;
@@ -138,10 +139,10 @@ void run_briefly(std::chrono::milliseconds wait, std::function<void()> fn) {
     }).detach();
   } catch (const std::system_error &e) {  // no thread to be had: the call is skipped
     MNCL_INFO("could not start a thread for a store call: %s", e.what());
-    return;
+    return false;
   }
   std::unique_lock<std::mutex> lock(done->mutex);
-  done->cv.wait_for(lock, wait, [&] { return done->done; });
+  return done->cv.wait_for(lock, wait, [&] { return done->done; });
 }
 
 PeerWatch::PeerWatch(std::shared_ptr<bootstrap::Store> comm_store, int rank,
@@ -176,7 +177,9 @@ PeerWatch::Finding PeerWatch::check() {
     if (liveness(peer.identity) != Liveness::kGone) continue;
     // A rank that left (mncl_comm_destroy, which sets its leave key before it returns) is not
     // a failure: the others may still talk among themselves.
-    if (has_left(peer.rank)) {
+    const std::optional<bool> left = has_left(peer.rank);
+    if (!left.has_value()) continue;  // the store did not tell (yet): judged at a later check
+    if (*left) {
       std::lock_guard<std::mutex> lock(mutex_);
       watched_.erase(std::remove_if(watched_.begin(), watched_.end(),
                                     [&](const Peer &p) { return p.rank == peer.rank; }),
@@ -236,38 +239,60 @@ void PeerWatch::close() {
   store_.reset();
 }
 
-PeerWatch::Finding PeerWatch::read_note() {
-  try {
-    bootstrap::WaitOptions now;
-    now.timeout = std::chrono::milliseconds(0);
-    // "<tag>\n<status>\n<reason>"; a note of another job (a reused file store) is ignored.
-    const std::shared_ptr<bootstrap::Store> store = store_now();
-    if (store == nullptr) return {};
-    const bootstrap::Bytes note = store->get(note_key_, now);
-    const std::string text(note.begin(), note.end());
-    const size_t status_at = tag_.size() + 1;
-    const size_t reason_at = text.find('\n', status_at);
-    if (text.compare(0, tag_.size(), tag_) == 0 && text.size() > tag_.size() &&
-        text[tag_.size()] == '\n' && reason_at != std::string::npos) {
-      const int status = std::atoi(text.c_str() + status_at);
-      return {status == MNCL_ERR_ABORTED ? MNCL_ERR_ABORTED : MNCL_ERR_REMOTE,
-              text.substr(reason_at + 1)};
+bool PeerWatch::read_store(std::function<void(bootstrap::Store &)> read) {
+  std::shared_ptr<bootstrap::Store> store = store_now();
+  if (store == nullptr || reading_->exchange(true)) return false;
+  // The read lets go of the flag as soon as it has ended (before run_briefly hears of it: the
+  // caller's next read must find it free); the call's copies, when the last one goes without
+  // having run (no thread could be started).
+  auto ran = std::make_shared<std::atomic<bool>>(false);
+  std::shared_ptr<void> if_never_run(nullptr, [reading = reading_, ran](void *) {
+    if (!ran->load()) reading->store(false);
+  });
+  return run_briefly(kStoreReadWait, [store = std::move(store), read = std::move(read),
+                                      reading = reading_, ran, if_never_run] {
+    ran->store(true);
+    try {
+      read(*store);
+    } catch (...) {
+      // No such key (a timeout), or the store failed: nothing known.
     }
-  } catch (const Error &) {
-    // No note (a timeout), or the store failed: the wait itself reports the store.
+    reading->store(false);
+  });
+}
+
+PeerWatch::Finding PeerWatch::read_note() {
+  // "<tag>\n<status>\n<reason>"; a note of another job (a reused file store) is ignored.
+  auto text = std::make_shared<std::string>();
+  if (!read_store([text, key = note_key_](bootstrap::Store &store) {
+        bootstrap::WaitOptions now;
+        now.timeout = std::chrono::milliseconds(0);
+        const bootstrap::Bytes note = store.get(key, now);
+        text->assign(note.begin(), note.end());
+      })) {
+    return {};
+  }
+  const size_t status_at = tag_.size() + 1;
+  const size_t reason_at = text->find('\n', status_at);
+  if (text->compare(0, tag_.size(), tag_) == 0 && text->size() > tag_.size() &&
+      (*text)[tag_.size()] == '\n' && reason_at != std::string::npos) {
+    const int status = std::atoi(text->c_str() + status_at);
+    return {status == MNCL_ERR_ABORTED ? MNCL_ERR_ABORTED : MNCL_ERR_REMOTE,
+            text->substr(reason_at + 1)};
   }
   return {};
 }
 
-bool PeerWatch::has_left(int rank) {
-  try {
-    bootstrap::WaitOptions now;
-    now.timeout = std::chrono::milliseconds(0);
-    const std::shared_ptr<bootstrap::Store> store = store_now();
-    return store != nullptr && store->wait({"leave/" + std::to_string(rank)}, now).empty();
-  } catch (const Error &) {
-    return false;
+std::optional<bool> PeerWatch::has_left(int rank) {
+  auto left = std::make_shared<bool>(false);
+  if (!read_store([left, key = "leave/" + std::to_string(rank)](bootstrap::Store &store) {
+        bootstrap::WaitOptions now;
+        now.timeout = std::chrono::milliseconds(0);
+        *left = store.wait({key}, now).empty();
+      })) {
+    return std::nullopt;
   }
+  return *left;  // false too when the store failed (its host went): not known to have left
 }
 
 void PeerWatch::publish_abort() {

@@ -1,9 +1,12 @@
-// Why a communicator's store waits end before their timeout: a peer that is gone.
+// Why a communicator's waits end before their timeout: a peer that is gone.
 //
 // A backend that exchanges everything through the bootstrap store (naive) has no connection to
-// its peers that could break: a rank killed (kill -9, the OOM killer) or one that aborted left
+// its peers that could break, and MPI (flat) and NCCL's kernels notice no abort, nor a dead
+// peer on some transports: a rank killed (kill -9, the OOM killer) or one that aborted left
 // the others waiting out their whole timeout. The core therefore watches, between the slices
-// of every wait a plugin makes on its store (StoreBridge):
+// of every wait a plugin makes on its store (StoreBridge), and every 200 ms while a call
+// inside the backend or an operation posted to it has waited 200 ms or more (the watchdog's
+// peer check, Comm::watch_peers_while_waiting, which then aborts the backend's communicator):
 //   - the processes of the ranks on this host: a pid that no longer runs the process that
 //     joined (compared by boot, pid namespace and start time, so a reused pid or a container
 //     with its own pids is never mistaken for it) is a rank that exited;
@@ -13,18 +16,21 @@
 //     that abort after failing on it (the documented way out) do not replace it.
 // A wait that finds either fails naming the rank, with MNCL_ERR_REMOTE (to the plugin, whose
 // MNCL_ERR_ABORTED means an abort of its own); the core reports an operation ended by a rank's
-// abort as MNCL_ERR_ABORTED, as shm reports a peer's abort. The note carries a tag
-// of this job (rank 0's process identity): a note left in a reused file store folder by an
-// earlier job is never read as this one's.
+// abort as MNCL_ERR_ABORTED, as shm reports a peer's abort, and asks the watch when a backend
+// fails with REMOTE or TIMEOUT on its own (gloo's closed connection names no rank). The note
+// carries a tag of this job (rank 0's process identity): a note left in a reused file store folder
+// by an earlier job is never read as this one's.
 #pragma once
 
 #include <mncl/mncl.h>
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,8 +44,9 @@ std::string process_identity(pid_t pid);
 
 // Runs fn on a detached thread and waits for it at most `wait`: for store calls that must not
 // hold their caller up when the store is what failed (a cut link makes a call last the store's
-// whole timeout). fn must own what it uses.
-void run_briefly(std::chrono::milliseconds wait, std::function<void()> fn);
+// whole timeout). fn must own what it uses. True when fn finished within `wait` (false too
+// when no thread could be started: fn never ran).
+bool run_briefly(std::chrono::milliseconds wait, std::function<void()> fn);
 
 enum class Liveness {
   kRunning,  // the process that identity names still runs
@@ -88,8 +95,18 @@ class PeerWatch {
   void publish(const Finding &finding, std::chrono::milliseconds wait);
   bool record(const Finding &finding);            // true if it became found_ (there was none)
   std::shared_ptr<bootstrap::Store> store_now();  // null once closed
+  // One store read at a time, waited for at most kStoreReadWait, on a thread of its own: an
+  // unreachable store (a cut link holds a call for the store's whole timeout) must hold up
+  // neither the watchdog's peer check nor a failed operation's report (it once added the
+  // store's 3 s to a 3 s timeout), and reads must not pile up on it (one still waiting makes
+  // the next ones skip). True when `read` ran to its end in time; it may throw Error (nothing
+  // read).
+  bool read_store(std::function<void(bootstrap::Store &)> read);
+  static constexpr std::chrono::milliseconds kStoreReadWait{500};
   Finding read_note();
-  bool has_left(int rank);  // its leave key is set: it destroyed the communicator
+  // Its leave key is set: it destroyed the communicator; nullopt when the store did not
+  // answer in time (or another read still waits).
+  std::optional<bool> has_left(int rank);
 
   std::shared_ptr<bootstrap::Store> store_;  // (mutex_) null once closed
   int rank_;
@@ -99,6 +116,7 @@ class PeerWatch {
   std::string note_key_;  // "failed/<hash of the tag>"
   std::mutex mutex_;
   Finding found_;  // sticky once found (under mutex_)
+  std::shared_ptr<std::atomic<bool>> reading_ = std::make_shared<std::atomic<bool>>(false);
 };
 
 }  // namespace mncl::core

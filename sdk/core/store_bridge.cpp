@@ -53,6 +53,11 @@ bool wait_watching_peers(StoreBridge &b, int64_t timeout_ms, TryOnce try_once) {
     return try_once(std::max<int64_t>(timeout_ms, 0));
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  struct Watching {
+    std::atomic<int> &count;
+    explicit Watching(std::atomic<int> &c) : count(c) { count.fetch_add(1); }
+    ~Watching() { count.fetch_sub(1); }
+  } watching(b.watching_count());
   for (;;) {
     const int64_t left = std::chrono::duration_cast<std::chrono::milliseconds>(
                              deadline - std::chrono::steady_clock::now())

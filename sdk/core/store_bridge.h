@@ -28,11 +28,16 @@ class StoreBridge {
   bootstrap::Store &store() { return *store_; }
   const std::atomic<bool> *aborted() const { return aborted_; }
   PeerWatch *peers() const { return peers_.get(); }
+  // Waits in progress that check the peers themselves: the watchdog's peer check leaves a
+  // finding to them, which deliver what a rank wrote just before it exited.
+  int watching() const { return watching_.load(); }
+  std::atomic<int> &watching_count() { return watching_; }
 
  private:
   std::shared_ptr<bootstrap::Store> store_;
   const std::atomic<bool> *aborted_;
   std::shared_ptr<PeerWatch> peers_;
+  std::atomic<int> watching_{0};
   mncl_store_v1_t table_;
 };
 

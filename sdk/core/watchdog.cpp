@@ -131,9 +131,25 @@ std::string OpHistory::dump(size_t max) const {
 // ---------------------------------------------------------------------------------------------
 
 Watchdog::Watchdog(const OpHistory &history, int64_t timeout_ms,
-                   std::function<void(const OpHistory::Record &)> on_expired)
-    : history_(history), timeout_ms_(timeout_ms), on_expired_(std::move(on_expired)) {
+                   std::function<void(const OpHistory::Record &)> on_expired,
+                   std::function<bool()> peer_check)
+    : history_(history),
+      timeout_ms_(timeout_ms),
+      on_expired_(std::move(on_expired)),
+      peer_check_(std::move(peer_check)) {
   thread_ = std::thread([this] { loop(); });
+  if (!peer_check_) return;
+  try {
+    peer_thread_ = std::thread([this] { peer_loop(); });
+  } catch (...) {  // the first thread is joinable: stop it before the object fails
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+    throw;
+  }
 }
 
 Watchdog::~Watchdog() {
@@ -143,6 +159,26 @@ Watchdog::~Watchdog() {
   }
   cv_.notify_all();
   thread_.join();
+  if (peer_thread_.joinable()) peer_thread_.join();
+}
+
+void Watchdog::peer_loop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stopping_) {
+    cv_.wait_for(lock, kPeerPeriod, [&] { return stopping_; });
+    if (stopping_) break;
+    lock.unlock();  // the check may take a store round trip
+    bool done = false;
+    try {
+      done = peer_check_();
+    } catch (const std::exception &e) {
+      MNCL_WARN("watchdog: looking at the other ranks failed: %s", e.what());
+    } catch (...) {  // nothing may leave the thread
+      MNCL_WARN("watchdog: looking at the other ranks failed");
+    }
+    if (done) return;  // the communicator is unusable now
+    lock.lock();
+  }
 }
 
 int64_t Watchdog::grace_ms(int64_t timeout_ms) {

@@ -6,6 +6,10 @@
 //              operation's timeout itself for plugins that do not (a plugin blocked past
 //              timeout + grace): it logs the dump and calls `on_expired`, which aborts the
 //              plugin communicator so the blocked call returns MNCL_ERR_TIMEOUT.
+//              With a peer check (a communicator of several ranks) a second thread asks,
+//              every kPeerPeriod, whether a rank exited or aborted while an operation waits
+//              (Comm::watch_peers_while_waiting): backends that wait in MPI or on a GPU (flat,
+//              nccl) hear of it from nothing else before their timeout.
 //   diagnose   after a collective failed with a timeout or a remote error: every failing rank
 //              publishes its state and history under "diag/<rank>", waits a short grace for
 //              the others, and names the ranks that never reached the operation, with each
@@ -80,28 +84,37 @@ class OpHistory {
 class Watchdog {
  public:
   // on_expired(record) runs on the watchdog thread when an operation has run past
-  // timeout_ms + grace; it is called at most once per communicator.
+  // timeout_ms + grace; it is called at most once per communicator. peer_check, if given,
+  // runs every kPeerPeriod on a thread of its own (it may read the store, which a cut link
+  // holds up for the store's timeout: the timeout rule must not wait for it); it returns true
+  // once it has aborted the communicator, and is not called again.
   Watchdog(const OpHistory &history, int64_t timeout_ms,
-           std::function<void(const OpHistory::Record &)> on_expired);
+           std::function<void(const OpHistory::Record &)> on_expired,
+           std::function<bool()> peer_check = {});
   ~Watchdog();
   Watchdog(const Watchdog &) = delete;
   Watchdog &operator=(const Watchdog &) = delete;
 
   // How long past the timeout the watchdog waits for the plugin to report it itself.
   static int64_t grace_ms(int64_t timeout_ms);
+  // As often as a plugin's store waits look (StoreBridge::kPeerCheckMs).
+  static constexpr std::chrono::milliseconds kPeerPeriod{200};
   bool fired() const { return fired_.load(); }
 
  private:
   void loop();
+  void peer_loop();
 
   const OpHistory &history_;
   const int64_t timeout_ms_;
   std::function<void(const OpHistory::Record &)> on_expired_;
+  std::function<bool()> peer_check_;
   std::mutex mutex_;
   std::condition_variable cv_;
   bool stopping_ = false;
   std::atomic<bool> fired_{false};
   std::thread thread_;
+  std::thread peer_thread_;  // only with a peer check
 };
 
 // The diagnosis after collective `coll` failed on this rank (see the top of this file);

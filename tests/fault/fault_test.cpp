@@ -925,6 +925,14 @@ class Job {
     return launcher_exit_ns_;
   }
   int launcher_status() const { return launcher_status_; }
+  // mpirun only: waits up to timeout_s for mpirun to exit; launcher_exit_ns() then.
+  int64_t launcher_exit_within(double timeout_s) {
+    const int64_t deadline = now_ns() + static_cast<int64_t>(timeout_s * 1e9);
+    while (!launcher_ended() && now_ns() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return launcher_exit_ns_;
+  }
 
  private:
   // fork + exec of args with env; pipe_fd (>= 0) becomes the child's FAULT_RESULT_FD.
@@ -1060,7 +1068,10 @@ int drive_killed(const Options &o, bool stop) {
   const auto others = survivors(o.ranks, victim);
   const double bound = o.timeout_s + 1.0;
   job.results_from(others, bound + 10);
-  const int64_t t_end = job.launcher_exit_ns();  // mpirun only: it ended the job
+  // mpirun only: it ended the job. The survivors report their failure first (the core's watch
+  // finds the dead rank within a moment), so the job's end is waited for here.
+  const int64_t t_end =
+      o.expect_job_end ? job.launcher_exit_within(bound + 10) : job.launcher_exit_ns();
   if (o.expect_job_end) {
     // mpirun's default: a rank's death ends the whole job. Judged: it ends, and in time.
     const double after = t_end ? seconds(t_end - t_fault) : -1;

@@ -12,7 +12,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -119,6 +122,57 @@ TEST(Liveness, OnlyJudgedFromTheSameBootAndPidNamespace) {
   EXPECT_EQ(liveness(me.substr(0, start) + " 1"), Liveness::kGone);
 }
 
+// Checks until something is found (at most 5 s), as the waits and the watchdog look again
+// every 200 ms: one check may find nothing on a loaded machine, where a store read that has not
+// answered within PeerWatch::kStoreReadWait counts as not answered yet.
+PeerWatch::Finding check_until_found(PeerWatch &watch) {
+  PeerWatch::Finding found;
+  for (int i = 0; i < 500 && found.status == MNCL_OK; ++i) {
+    found = watch.check();
+    if (found.status == MNCL_OK) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return found;
+}
+
+// A store whose calls never answer (a cut link: a call lasts the store's whole timeout) until
+// released: a check that waited for one would never return.
+class SilentStore : public bootstrap::Store {
+ public:
+  void set(const std::string &, const void *, size_t) override { block(); }
+  bootstrap::Bytes get(const std::string &, const bootstrap::WaitOptions &) override {
+    block();
+    throw Error(MNCL_ERR_TIMEOUT, "silent store");
+  }
+  int64_t add(const std::string &, int64_t) override {
+    block();
+    return 0;
+  }
+  std::vector<std::string> wait(const std::vector<std::string> &keys,
+                                const bootstrap::WaitOptions &) override {
+    block();
+    return keys;
+  }
+  bool erase(const std::string &) override { return false; }
+  std::string describe() const override { return "silent"; }
+  void release() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    released_ = true;
+    cv_.notify_all();
+  }
+  int calls() const { return calls_.load(); }
+
+ private:
+  void block() {
+    calls_.fetch_add(1);
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return released_; });
+  }
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool released_ = false;
+  std::atomic<int> calls_{0};
+};
+
 struct Job {
   std::shared_ptr<bootstrap::Store> store = bootstrap::make_memory_store();
   // Two ranks of host "a" (this process and a child) and one of host "b".
@@ -146,17 +200,13 @@ TEST(PeerWatch, FindsAnExitedRankAndTellsTheOtherHosts) {
   EXPECT_EQ(on_b.check().status, MNCL_OK);
   kill(job.child, SIGKILL);
   wait_until_zombie(job.child);
-  const PeerWatch::Finding found = on_a.check();
+  const PeerWatch::Finding found = check_until_found(on_a);
   EXPECT_EQ(found.status, MNCL_ERR_REMOTE);
   EXPECT_NE(found.reason.find("rank 1 (pid " + std::to_string(job.child) + " on a) exited"),
             std::string::npos)
       << found.reason;
   // Rank 2 cannot see host a's processes: it learns of it from the note.
-  PeerWatch::Finding told;
-  for (int i = 0; i < 200 && told.status == MNCL_OK; ++i) {
-    told = on_b.check();
-    if (told.status == MNCL_OK) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  const PeerWatch::Finding told = check_until_found(on_b);
   EXPECT_EQ(told.status, MNCL_ERR_REMOTE);
   EXPECT_NE(told.reason.find("exited (found by rank 0, on its host)"), std::string::npos)
       << told.reason;
@@ -167,11 +217,7 @@ TEST(PeerWatch, AnAbortReachesTheOthersAsAborted) {
   PeerWatch aborting(job.store, 1, job.peers, "job 1");
   PeerWatch other(job.store, 2, job.peers, "job 1");
   aborting.publish_abort();
-  PeerWatch::Finding told;
-  for (int i = 0; i < 200 && told.status == MNCL_OK; ++i) {
-    told = other.check();
-    if (told.status == MNCL_OK) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  const PeerWatch::Finding told = check_until_found(other);
   EXPECT_EQ(told.status, MNCL_ERR_ABORTED);
   EXPECT_NE(told.reason.find("aborted by rank 1 (pid " + std::to_string(job.child) + " on a)"),
             std::string::npos)
@@ -196,7 +242,7 @@ TEST(PeerWatch, ARankThatAbortedThenExitedIsReportedAsAborted) {
   job.store->set("leave/1", "1", 1);  // its destroy after the abort
   kill(job.child, SIGKILL);
   wait_until_zombie(job.child);
-  const PeerWatch::Finding told = watch.check();
+  const PeerWatch::Finding told = check_until_found(watch);
   EXPECT_EQ(told.status, MNCL_ERR_ABORTED) << told.reason;
   EXPECT_NE(told.reason.find("aborted by rank 1 "), std::string::npos) << told.reason;
 }
@@ -210,15 +256,34 @@ TEST(PeerWatch, TheFirstCauseStays) {
   PeerWatch other(job.store, 2, job.peers, "job 1");
   first.publish_abort();
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  EXPECT_EQ(after.check().status, MNCL_ERR_ABORTED);
+  EXPECT_EQ(check_until_found(after).status, MNCL_ERR_ABORTED);
   after.publish_abort();  // after its finding: writes nothing
   // Even one that aborts without having looked leaves the note as it was.
   PeerWatch unaware(job.store, 0, job.peers, "job 1");
   unaware.publish_abort();
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  const PeerWatch::Finding told = other.check();
+  const PeerWatch::Finding told = check_until_found(other);
   EXPECT_EQ(told.status, MNCL_ERR_ABORTED);
   EXPECT_NE(told.reason.find("aborted by rank 1 "), std::string::npos) << told.reason;
+}
+
+TEST(PeerWatch, AStoreThatDoesNotAnswerHoldsNoCheckUp) {
+  // A cut link: every store call lasts the store's timeout. A check must not (it runs on the
+  // watchdog's thread, whose timeout rule must go on, and in a failed operation's report, which
+  // once waited out the store's 3 s after its own 3 s timeout), nor pile reads up on it.
+  Job job;
+  auto silent = std::make_shared<SilentStore>();
+  PeerWatch watch(silent, 0, job.peers, "job 1");
+  // They return (with nothing known: the note was not read) while the store holds the read.
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(watch.check().status, MNCL_OK);
+  EXPECT_EQ(silent->calls(), 1) << "one read at a time: the later checks skip theirs";
+  // A rank of this host that exits is still found, once the store answers its leave key.
+  kill(job.child, SIGKILL);
+  wait_until_zombie(job.child);
+  silent->release();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the stuck read ends
+  const PeerWatch::Finding found = check_until_found(watch);
+  EXPECT_EQ(found.status, MNCL_ERR_REMOTE) << found.reason;
 }
 
 TEST(PeerWatch, IgnoresAnotherJobsNote) {
