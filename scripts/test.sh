@@ -1,75 +1,31 @@
 #!/usr/bin/env bash
 # Sets up (installs packages, builds) and runs the whole test suite with ctest.
-# In CI (CI=true), or with MNCL_TEST_SANITIZERS=1, it then also runs the reliability builds of
-# issue 9 (tests/fault/README.md), each in a folder of its own: unit, conformance and fault
-# tests under AddressSanitizer+UBSan and under ThreadSanitizer (reduced selections), and the
-# bounded libFuzzer run on the store's wire parser (MNCL_FUZZ_SECONDS, default 60).
+# In CI (CI=true), or with MNCL_TEST_SANITIZERS=1, it then also runs the reliability builds
+# (scripts/reliability.sh: ASan+UBSan, TSan and fuzzing), built beside the main ctest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # Open MPI refuses root unless told otherwise (CI runs as root); harmless for other users.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-ctest --test-dir "${MNCL_BUILD_DIR:-build}" --output-on-failure -j"$(nproc)" "$@"
 
 if [ "${CI:-}" != true ] && [ "${MNCL_TEST_SANITIZERS:-0}" != 1 ]; then
-  exit 0
+  exec ctest --test-dir "${MNCL_BUILD_DIR:-build}" --output-on-failure -j"$(nproc)" "$@"
 fi
-jobs=-j"$(nproc)"
-step() { echo "== $* ($(date +%T))"; }
 
-# <dir> <MNCL_SANITIZE> <ctest regex> <targets...>
-sanitized() {
-  local dir=$1 sanitize=$2 regex=$3
-  shift 3
-  step "$dir: MNCL_SANITIZE=$sanitize"
-  # Debug (-O0) compiles fastest, which dominates this step on 2 cores.
-  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Debug -DMNCL_SANITIZE="$sanitize" >/dev/null
-  # Only the targets this configuration has (the nccl ones need the CUDA toolkit and NCCL).
-  local targets=() known
-  known=$(cmake --build "$dir" --target help)
-  for t in "$@"; do
-    if grep -qE "^\.\.\. $t( |\$)" <<<"$known"; then targets+=(--target "$t"); fi
-  done
-  cmake --build "$dir" "$jobs" "${targets[@]}" >/dev/null
-  # --no-tests=error: a selection that matches nothing fails (CTest's regex takes at most 10
-  # groups; one more made it match nothing, and the stage passed with no test run).
-  ctest --test-dir "$dir" --output-on-failure --no-tests=error "$jobs" -R "$regex"
-}
-# intercept_tls_get_addr=0: GCC 12's LeakSanitizer misreads the dynamic TLS of dlopen'd modules
-# (here the fake CUDA and NCCL libraries under the nccl plugin) now and then, depending on the
-# memory layout, and its tracer crashes at exit ("Tracer caught signal 11" in "DTLS ... at" a
-# bogus range) after every test passed. Without tracking it scans no dynamic TLS as a root: at
-# worst a false leak report, never a hidden one.
-export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:intercept_tls_get_addr=0
-export UBSAN_OPTIONS=print_stacktrace=1
-# hwloc's PCI plugin (libpciaccess) leaks ~1 KiB once per process at unload, outside MNCL;
-# LSan cannot name a module that is gone, so the sanitized runs do without that plugin.
-export HWLOC_PLUGINS_BLACKLIST=hwloc_pci
-export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
-common_targets=(mncl mncl-run mncl-naive conformance_test store_test plugin_kit_test op_history_test
-                peer_watch_test naive_threads_test plugin_p2p_concurrency_test fault_test bad_input_test leak_test
-                mncl-mock-hang)
-gloo_target=()
-[ -d plugins/gloo ] && gloo_target=(mncl-gloo gloo_transport_test)
-# The nccl plugin on the fake GPU (tests/cuda/fake_gpu), where CUDA and NCCL are installed.
-nccl_targets=(mncl-nccl mncl-fake-gpu gpu_collectives_test)
+# The main ctest leaves about half of the CPU idle (most of its tests wait: on timeouts, on
+# peers), so the reliability builds run beside it at the lowest priority, in a session of their
+# own (stopped with it if the script ends first). Their output waits in a log until the end.
+build_log=$(mktemp)
+setsid -w nice -n 19 bash scripts/reliability.sh build >"$build_log" 2>&1 &
+builder=$!
+trap 'kill -- -"$builder" 2>/dev/null || true; rm -f "$build_log"' EXIT
 
-# flat stays out of the sanitized runs: Open MPI's own never-freed allocations would fail LSan.
-# naive up to 3 ranks: it branches only on a size of 1 (4 ranks run in the main ctest).
-sanitized build-asan address,undefined \
-  '^(store_test|plugin_kit_test|op_history_test|peer_watch_test|naive_threads_test|plugin_p2p_concurrency_test|gloo_transport_test|native_async_destroy_test|loader|conformance\.(naive\.np[1-3]|gloo\.np[1-4])|conformance\.nccl\.fake_gpu\.np[23]|cuda\.fake_gpu\.(nccl|naive|gloo|auto_cuda)\..*|fault\.(bad_input|leak_cycles|watchdog\..*|abort\.(naive|gloo|shm|nccl)\..*|abort_destroy\.(naive|gloo|shm)\..*|killed_rank\.(naive|nccl)\.np4|aborted_peer\.naive\.np3|aborted_peer\.gloo\.np3|killed_rank\.nccl_silent\.np3|aborted_peer\.nccl_silent\.np3|stalled_rank\.naive\.np4|mismatch\.count\.checks\.naive\.np4)|split\.(naive\.np4\.hosts_of_2|gloo\.np3\.hosts_of_2)|frontends\.(unit|mp\.naive\.np3)|nonblocking\.lifetime\.naive\.np2)$' \
-  "${common_targets[@]}" "${gloo_target[@]}" loader_test split_test mncl-shm "${nccl_targets[@]}" \
-  frontends_unit_test frontends_mp_test native_async_destroy_test nonblocking_lifetime_test
-# TSan's conformance run: np3 only (an odd size, every case); np2 and np4 beside it took about
-# 4 of the 9 minutes of this stage on 2 cores, with the whole run past its 30-minute target.
-sanitized build-tsan thread \
-  '^(store_test|plugin_kit_test|op_history_test|naive_threads_test|plugin_p2p_concurrency_test|gloo_transport_test|native_async_destroy_test|shm\.lanes|conformance\.naive\.np3|conformance\.nccl\.fake_gpu\.np2|cuda\.fake_gpu\.(nccl\.np2|nccl\.dead_peer\..*|naive\.np2)|fault\.(watchdog\..*|abort\.(naive|nccl)\.np2|aborted_peer\.naive\.np3|aborted_peer\.gloo\.np3|killed_rank\.nccl_silent\.np3|aborted_peer\.nccl_silent\.np3|abort_destroy\.naive\.np2|stalled_rank\.naive\.np4))$' \
-  "${common_targets[@]}" "${gloo_target[@]}" mncl-shm shm_lanes_test "${nccl_targets[@]}" \
-  native_async_destroy_test
-
-step "build-fuzz: libFuzzer on wire::parse_frame for ${MNCL_FUZZ_SECONDS:-60} s"
-CC=clang CXX=clang++ cmake -S . -B build-fuzz -DMNCL_FUZZ=ON \
-  -DMNCL_FUZZ_SECONDS="${MNCL_FUZZ_SECONDS:-60}" >/dev/null
-cmake --build build-fuzz "$jobs" --target wire_fuzz >/dev/null
-ctest --test-dir build-fuzz --output-on-failure -V -L fuzz
-step "reliability checks done"
+status=0
+ctest --test-dir "${MNCL_BUILD_DIR:-build}" --output-on-failure -j"$(nproc)" "$@" || status=$?
+[ "$status" -eq 0 ] || exit "$status"
+echo "== waiting for the reliability builds ($(date +%T))"
+build_status=0
+wait "$builder" || build_status=$?
+cat "$build_log"
+[ "$build_status" -eq 0 ] || { echo "the reliability builds failed (exit $build_status)" >&2; exit 1; }
+bash scripts/reliability.sh test
