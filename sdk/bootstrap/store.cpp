@@ -112,6 +112,12 @@ class PrefixStore final : public Store {
   bool erase(const std::string &key) override { return base_->erase(prefix_ + key); }
   std::string describe() const override { return base_->describe(); }
   void stop_accepting() override { base_->stop_accepting(); }
+  bool set_on_close(const std::string &key, const void *data, size_t len) override {
+    return base_->set_on_close(prefix_ + key, data, len);
+  }
+  bool cancel_on_close(const std::string &key) override {
+    return base_->cancel_on_close(prefix_ + key);
+  }
 
  private:
   std::shared_ptr<Store> base_;

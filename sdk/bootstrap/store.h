@@ -47,6 +47,18 @@ class Store {
   // On the rank hosting a TCP store: accept no new connections (existing ones keep working).
   // Called when that rank starts tearing the job's store down. A no-op for other stores.
   virtual void stop_accepting() {}
+  // A last will: if this process ends (exits, is killed) or loses the store before
+  // cancel_on_close(key), the store sets key to value, unless key is set by then. How the
+  // other ranks learn that a rank's process is gone wherever it ran, within a moment of its
+  // end. Registering key again replaces its value. False where the store cannot watch its
+  // clients (a file store, a memory store, the TCP store's own host, whose end ends the
+  // store, a TCP client that could not open or lost the connection that carries it): nothing
+  // is registered then. Throws like set() otherwise.
+  virtual bool set_on_close(const std::string & /*key*/, const void * /*data*/, size_t /*len*/) {
+    return false;
+  }
+  // Takes set_on_close(key) back; false if it was not registered (or the store cannot).
+  virtual bool cancel_on_close(const std::string & /*key*/) { return false; }
 };
 
 // Where rank 0's TCP store server listens; the clients connect to the url's host either way.

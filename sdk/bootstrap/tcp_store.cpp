@@ -119,6 +119,18 @@ TcpStore::TcpStore(const std::string &host, uint16_t port, const std::string &to
                url_.c_str(), seconds(opts.timeout));
     std::this_thread::sleep_for(backoff);
   }
+  // The connection that will carry the wills (set_on_close), opened now, while the server
+  // surely accepts: one opened later could meet a store's host whose destroy has begun (it
+  // stops accepting), and a rank once waited out its timeout there. Never pooled: the server
+  // ties a will to its connection, which must stay open, idle, as long as the will holds.
+  if (!server_) {
+    try {
+      will_socket_ = connect_and_greet();
+    } catch (const Error &e) {
+      MNCL_INFO("the store at %s: no connection for this rank's notes of its end: %s", url_.c_str(),
+                e.what());
+    }
+  }
   MNCL_INFO("connected to the store at %s", url_.c_str());
 }
 
@@ -138,9 +150,22 @@ net::UniqueFd TcpStore::acquire() {
       idle_.pop_back();
       return socket;
     }
+  }
+  // Every pooled connection is in use by another thread: open one more.
+  return open_connection();
+}
+
+net::UniqueFd TcpStore::open_connection() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!broken_.empty()) throw Error(MNCL_ERR_REMOTE, broken_);
     ++opened_;
   }
-  // Every pooled connection is in use by another thread: open one more. The server is up, so
+  return connect_and_greet();
+}
+
+net::UniqueFd TcpStore::connect_and_greet() {
+  // The server is up, so
   // the first attempt normally succeeds; a busy one may close a connection whose HELLO it did
   // not read in time (out of descriptors), so a closed handshake is retried within the timeout.
   const auto deadline = Clock::now() + io_timeout_;
@@ -417,6 +442,30 @@ std::vector<std::string> TcpStore::wait(const std::vector<std::string> &keys,
     if (last_try) break;
   }
   return missing;
+}
+
+bool TcpStore::set_on_close(const std::string &key, const void *data, size_t len) {
+  if (server_) return false;
+  const auto head = wire::encode_set_on_close_head(key, len);
+  std::lock_guard<std::mutex> lock(will_mutex_);
+  if (!will_socket_) return false;  // not opened, or lost: no will can be left
+  const auto reply = call(will_socket_, head, data, len);
+  if (reply.op == wire::Op::kFailed) {
+    throw Error(MNCL_ERR_REMOTE,
+                format("the store at %s refused SET_ON_CLOSE: %.*s", url_.c_str(),
+                       static_cast<int>(reply.message.text.size()), reply.message.text.data()));
+  }
+  if (reply.op != wire::Op::kOk) unexpected_reply(url_, "SET_ON_CLOSE", reply.op);
+  return true;
+}
+
+bool TcpStore::cancel_on_close(const std::string &key) {
+  if (server_) return false;
+  std::lock_guard<std::mutex> lock(will_mutex_);
+  if (!will_socket_) return false;  // none registered (or its connection was lost)
+  const auto reply = call(will_socket_, wire::encode_cancel_on_close(key));
+  if (reply.op != wire::Op::kBool) unexpected_reply(url_, "CANCEL_ON_CLOSE", reply.op);
+  return reply.message.flag;
 }
 
 bool TcpStore::erase(const std::string &key) {

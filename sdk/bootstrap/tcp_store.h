@@ -84,6 +84,11 @@ class TcpStore final : public Store {
   void stop_accepting() override {
     if (server_) server_->stop_accepting();
   }
+  // On a connection of its own, opened with the first and held open (idle) until this object
+  // goes: the server acts when that connection ends. False on the store's own host (server
+  // given), whose end is the store's, or where that connection could not be opened or was lost.
+  bool set_on_close(const std::string &key, const void *data, size_t len) override;
+  bool cancel_on_close(const std::string &key) override;
 
   // Connections opened so far (for tests): 1 until requests overlapped.
   size_t connections_opened() const;
@@ -96,6 +101,10 @@ class TcpStore final : public Store {
              size_t value_size = 0);
   // Takes an idle connection, or opens one; throws if the store was lost.
   net::UniqueFd acquire();
+  // A new connection for the pool (counted in connections_opened).
+  net::UniqueFd open_connection();
+  // Connects and says HELLO (retrying a closed handshake until the I/O timeout).
+  net::UniqueFd connect_and_greet();
   void release(net::UniqueFd socket);
   void receive_all(net::UniqueFd &socket, void *data, size_t size);
   [[noreturn]] void fail_connection(net::UniqueFd &socket, const std::string &why);
@@ -119,6 +128,10 @@ class TcpStore final : public Store {
   std::vector<net::UniqueFd> idle_;  // connected, authenticated, no request in flight
   size_t opened_ = 0;
   std::string broken_;  // why a connection was lost; every later call fails with it
+  // The connection that carries the last wills (set_on_close), never pooled: opened by the
+  // constructor (clients only), closed with this object or when a call on it fails.
+  std::mutex will_mutex_;
+  net::UniqueFd will_socket_;
 };
 
 }  // namespace mncl::bootstrap

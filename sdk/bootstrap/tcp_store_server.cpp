@@ -65,6 +65,9 @@ constexpr auto kWarnInterval = std::chrono::seconds(10);
 // without limit. A real client has one request in flight per connection.
 constexpr size_t kMaxQueuedReplyBytes = 16 << 20;
 constexpr size_t kMaxQueuedReplies = 4096;
+// The most keys one connection may ask to have set when it ends (SET_ON_CLOSE): a rank
+// registers one per live communicator.
+constexpr size_t kMaxOnCloseKeys = 65536;
 
 // Incoming bytes of one connection. Grows without zero-filling, and toward the size of the
 // frame being received only as its bytes arrive, so a forged length cannot make it allocate.
@@ -162,6 +165,8 @@ struct Connection {
   std::unique_ptr<Waiter> waiter;   // never moves, so its views stay valid
   bool close_when_flushed = false;  // after a refusal: send it, then close
   bool dead = false;                // closed at the end of this loop iteration
+  // SET_ON_CLOSE: set when the connection ends (unless already set), in the order registered.
+  std::vector<std::pair<std::string, Value>> on_close;
 };
 
 // True while c's unsent replies are over the bounds: its requests wait in the socket.
@@ -764,6 +769,32 @@ void TcpStoreServer::Impl::handle(Connection &c, const wire::Message &m) {
     case wire::Op::kErase:
       reply(c, wire::encode_bool(data.erase(key) > 0));
       break;
+    case wire::Op::kSetOnClose: {
+      auto &wills = c.on_close;
+      const auto found = std::find_if(wills.begin(), wills.end(),
+                                      [&](const auto &will) { return will.first == key; });
+      if (found != wills.end()) {
+        found->second = make_value(m.value);
+      } else if (wills.size() >= kMaxOnCloseKeys) {
+        reply(c, wire::encode_failed(format("a connection may register at most %zu keys to be "
+                                            "set when it ends",
+                                            kMaxOnCloseKeys)));
+        break;
+      } else {
+        wills.emplace_back(key, make_value(m.value));
+      }
+      reply(c, wire::encode_ok());
+      break;
+    }
+    case wire::Op::kCancelOnClose: {
+      auto &wills = c.on_close;
+      const auto found = std::find_if(wills.begin(), wills.end(),
+                                      [&](const auto &will) { return will.first == key; });
+      const bool registered = found != wills.end();
+      if (registered) wills.erase(found);
+      reply(c, wire::encode_bool(registered));
+      break;
+    }
     default:
       drop(c, format("sent an unexpected %s", wire::op_name(m.op)), true);
   }
@@ -967,6 +998,17 @@ void TcpStoreServer::Impl::drop(Connection &c, const std::string &why, bool warn
   c.waiter.reset();
   c.out.clear();
   c.out_bytes = 0;
+  // The connection's last will (SET_ON_CLOSE): how the other ranks learn that this one's
+  // process ended without taking it back, wherever it ran. Not at the server's own shutdown,
+  // which drops no connection.
+  auto wills = std::move(c.on_close);
+  c.on_close.clear();
+  for (auto &[key, value] : wills) {
+    if (!data.emplace(key, value).second) continue;  // the first cause stays
+    MNCL_INFO("store server at %s: the connection from %s ended (%s): set '%s'", url.c_str(),
+              c.peer.c_str(), why.c_str(), key.c_str());
+    notify(key);
+  }
   // The socket itself is closed when the loop sweeps dead connections.
 }
 

@@ -58,7 +58,7 @@ class Reader {
 };
 
 bool is_known(uint8_t op) {
-  return (op >= 1 && op <= 6) || (op >= 64 && op <= 71);
+  return (op >= 1 && op <= 8) || (op >= 64 && op <= 71);
 }
 
 // Decodes the body of a known op; false if its fields do not fill the body exactly.
@@ -69,6 +69,7 @@ bool decode_body(Op op, Reader &in, Message &out) {
       out.text = in.rest();
       break;
     case Op::kSet:
+    case Op::kSetOnClose:
       out.text = in.string();
       out.value = in.rest();
       break;
@@ -92,6 +93,7 @@ bool decode_body(Op op, Reader &in, Message &out) {
       break;
     }
     case Op::kErase:
+    case Op::kCancelOnClose:
       out.text = in.rest();
       break;
     case Op::kOk:
@@ -183,7 +185,7 @@ size_t key_list_size(const Keys &keys) {
 }  // namespace
 
 bool is_request(Op op) {
-  return static_cast<uint8_t>(op) >= 1 && static_cast<uint8_t>(op) <= 6;
+  return static_cast<uint8_t>(op) >= 1 && static_cast<uint8_t>(op) <= 8;
 }
 
 const char *op_name(Op op) {
@@ -200,6 +202,10 @@ const char *op_name(Op op) {
       return "WAIT";
     case Op::kErase:
       return "ERASE";
+    case Op::kSetOnClose:
+      return "SET_ON_CLOSE";
+    case Op::kCancelOnClose:
+      return "CANCEL_ON_CLOSE";
     case Op::kOk:
       return "OK";
     case Op::kValue:
@@ -287,6 +293,12 @@ std::vector<uint8_t> encode_wait(const std::vector<std::string> &keys, uint32_t 
 }
 std::vector<uint8_t> encode_erase(std::string_view key) {
   return Writer(Op::kErase, key.size()).rest(key).finish();
+}
+std::vector<uint8_t> encode_set_on_close_head(std::string_view key, size_t value_size) {
+  return Writer(Op::kSetOnClose, 4 + key.size()).string(key).finish(value_size);
+}
+std::vector<uint8_t> encode_cancel_on_close(std::string_view key) {
+  return Writer(Op::kCancelOnClose, key.size()).rest(key).finish();
 }
 std::vector<uint8_t> encode_ok() {
   return Writer(Op::kOk).finish();

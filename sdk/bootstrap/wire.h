@@ -8,6 +8,12 @@
 //
 // A connection starts with HELLO (protocol version and MNCL_STORE_TOKEN); the server answers OK
 // or REFUSED and then serves one request at a time, each answered by exactly one reply.
+//
+// Version 2 added SET_ON_CLOSE and CANCEL_ON_CLOSE: a connection's last will. A client asks
+// the server to set a key if that connection ends before the client takes the request back
+// (its process exited, was killed, or lost the server). The server acts when it sees the
+// connection end (a FIN or reset: at once for a process that died, however it died), never at
+// its own shutdown, and only where the key is not set yet (the first cause stays).
 #pragma once
 
 #include <cstddef>
@@ -18,7 +24,7 @@
 
 namespace mncl::bootstrap::wire {
 
-constexpr uint32_t kProtocolVersion = 1;
+constexpr uint32_t kProtocolVersion = 2;
 // u32 length + u8 opcode.
 constexpr size_t kHeaderBytes = 5;
 // The largest length field accepted. Larger lengths are rejected before anything is allocated.
@@ -39,6 +45,11 @@ enum class Op : uint8_t {
   kAdd = 4,    // i64 delta | key (rest)
   kWait = 5,   // u32 wait_ms | u32 count (<= kMaxWaitKeys) | count x string key (non-empty)
   kErase = 6,  // key (rest)
+  // string key | value (rest): when this connection ends, set key to value unless it is set.
+  // Registering a key again replaces its value. Replied OK, or FAILED past the per-connection
+  // limit.
+  kSetOnClose = 7,
+  kCancelOnClose = 8,  // key (rest): takes SET_ON_CLOSE back; replied BOOL (was registered)
   // Replies, server to client.
   kOk = 64,       // (empty): HELLO accepted, SET done
   kValue = 65,    // value (rest): GET found the key
@@ -60,10 +71,11 @@ struct Message {
   uint32_t wait_ms = 0;  // kGet, kWait
   int64_t integer = 0;   // kAdd (delta), kInteger
   bool flag = false;     // kBool
-  // kHello: token; kSet/kGet/kAdd/kErase: key; kRefused/kFailed: text.
+  // kHello: token; kSet/kGet/kAdd/kErase/kSetOnClose/kCancelOnClose: key; kRefused/kFailed:
+  // text.
   std::string_view text;
   std::vector<std::string_view> keys;  // kWait, kMissing
-  std::string_view value;              // kSet, kValue
+  std::string_view value;              // kSet, kSetOnClose, kValue
 };
 
 enum class ParseStatus { kComplete, kNeedMore, kInvalid };
@@ -91,6 +103,8 @@ std::vector<uint8_t> encode_get(std::string_view key, uint32_t wait_ms);
 std::vector<uint8_t> encode_add(std::string_view key, int64_t delta);
 std::vector<uint8_t> encode_wait(const std::vector<std::string> &keys, uint32_t wait_ms);
 std::vector<uint8_t> encode_erase(std::string_view key);
+std::vector<uint8_t> encode_set_on_close_head(std::string_view key, size_t value_size);
+std::vector<uint8_t> encode_cancel_on_close(std::string_view key);
 std::vector<uint8_t> encode_ok();
 std::vector<uint8_t> encode_value_head(size_t value_size);
 std::vector<uint8_t> encode_not_yet();

@@ -707,11 +707,9 @@ void Comm::linger_for_note() {
   try {
     while (Clock::now() < give_up) {
       const std::vector<std::string> missing = comm_store_->wait(others, wait_options(0, nullptr));
-      if (std::all_of(missing.begin(), missing.end(), [&](const std::string &key) {
-            return peer_watch_->has_exited(std::stoi(key.substr(std::strlen("leave/"))));
-          })) {
-        return;
-      }
+      std::vector<int> ranks;
+      for (const auto &key : missing) ranks.push_back(std::stoi(key.substr(std::strlen("leave/"))));
+      if (peer_watch_->all_gone(ranks)) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     MNCL_INFO("mncl_comm_destroy(%s): closing the store with ranks that have not left",
@@ -2162,6 +2160,7 @@ void Comm::destroy(const std::atomic<int> *api_calls) {
           cleanup.push_back(diag_key(r));
           if (r == 0) cleanup.push_back(diag_read_key());
           if (r == 0 && peer_watch_ != nullptr) cleanup.push_back(peer_watch_->note_key());
+          if (peer_watch_ != nullptr) cleanup.push_back(PeerWatch::gone_key(r));
           cleanup.push_back("choice/" + std::to_string(r));
           for (uint64_t s = 0; s < next_split_; ++s) {
             cleanup.push_back(format("split%llu/%d", static_cast<unsigned long long>(s), r));
@@ -2186,10 +2185,10 @@ void Comm::destroy(const std::atomic<int> *api_calls) {
             const int64_t slice = peer_watch_ != nullptr ? std::min<int64_t>(left, 200) : left;
             missing = comm_store_->wait(leave, wait_options(slice, &aborted_));
             if (missing.empty() || slice >= left) break;
-            if (std::all_of(missing.begin(), missing.end(), [&](const std::string &key) {
-                  return peer_watch_->has_exited(rank_of(key));
-                })) {
-              for (const auto &k : missing) exited.push_back(rank_of(k));
+            std::vector<int> ranks;
+            for (const auto &key : missing) ranks.push_back(rank_of(key));
+            if (peer_watch_->all_gone(ranks)) {
+              exited = ranks;
               break;
             }
           }

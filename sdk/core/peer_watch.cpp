@@ -15,6 +15,7 @@
 #include <sstream>
 #include <system_error>
 #include <thread>
+#include <utility>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -161,6 +162,29 @@ PeerWatch::PeerWatch(std::shared_ptr<bootstrap::Store> comm_store, int rank,
     }
   }
   if (self_.empty()) self_ = format("rank %d", rank);
+  // The store's part of the watch, for every rank wherever it runs: should this process end
+  // before close() (killed, crashed, exited without destroying the communicator), the store's
+  // host sees its connection end and leaves this note for the others. The first cause stays:
+  // an abort's note, written before, is kept.
+  const std::string will =
+      tag_ + "\n" + std::to_string(static_cast<int>(MNCL_ERR_REMOTE)) + "\n" +
+      format(
+          "%s is gone: its connection to the store closed before it destroyed the "
+          "communicator (the process exited or was killed)",
+          self_.c_str());
+  try {
+    willed_ = store_->set_on_close(note_key_, will.data(), will.size());
+    // And a key of its own, which every rank that ends so sets: rank 0's destroy, waiting for
+    // the others to leave, stops waiting for the ranks whose key is set (all_gone).
+    if (willed_) store_->set_on_close(gone_key(rank_), "1", 1);
+  } catch (const Error &e) {
+    // The watch goes on without it: ranks of other hosts are then noticed at the timeout.
+    MNCL_INFO("could not leave the store a note for this rank's end: %s", e.what());
+  }
+}
+
+PeerWatch::~PeerWatch() {
+  close();
 }
 
 PeerWatch::Finding PeerWatch::check() {
@@ -172,6 +196,10 @@ PeerWatch::Finding PeerWatch::check() {
   }
   // The note first: a rank that aborted and then exited is reported as aborted.
   Finding finding = read_note();
+  // Every rank of this host found gone is named: which of them ended first cannot be told
+  // (one that failed on the first one's end may have exited since, taking the note with it
+  // when it hosted the store).
+  std::vector<std::string> exited;
   for (size_t i = 0; finding.status == MNCL_OK && i < watched.size(); ++i) {
     const Peer &peer = watched[i];
     if (liveness(peer.identity) != Liveness::kGone) continue;
@@ -186,16 +214,24 @@ PeerWatch::Finding PeerWatch::check() {
                      watched_.end());
       continue;
     }
-    finding = read_note();  // it may have aborted just before it exited
-    if (finding.status != MNCL_OK) break;
-    const Finding exited{MNCL_ERR_REMOTE, format("rank %d (pid %d on %s) exited", peer.rank,
-                                                 peer.pid, peer.host.c_str())};
+    if (exited.empty()) {
+      finding = read_note();  // it may have aborted just before it exited
+      if (finding.status != MNCL_OK) break;
+    }
+    exited.push_back(format("rank %d (pid %d on %s)", peer.rank, peer.pid, peer.host.c_str()));
+  }
+  if (finding.status == MNCL_OK && !exited.empty()) {
+    std::string ranks = exited.front();
+    for (size_t i = 1; i < exited.size(); ++i) {
+      ranks += (i + 1 == exited.size() ? " and " : ", ") + exited[i];
+    }
+    const Finding gone{MNCL_ERR_REMOTE, ranks + " exited"};
     // Recorded first, and published only by the call that recorded it: this rank reports
     // what it tells the others (two lanes may each find a rank gone).
-    if (record(exited)) {
-      publish({exited.status,
-               format("%s (found by rank %d, on its host)", exited.reason.c_str(), rank_)},
-              std::chrono::milliseconds(200));
+    if (record(gone)) {
+      publish(
+          {gone.status, format("%s (found by rank %d, on its host)", gone.reason.c_str(), rank_)},
+          std::chrono::milliseconds(200));
     }
     std::lock_guard<std::mutex> lock(mutex_);
     return found_;
@@ -222,6 +258,27 @@ bool PeerWatch::has_exited(int rank) {
   return !identity.empty() && liveness(identity) == Liveness::kGone;
 }
 
+std::string PeerWatch::gone_key(int rank) {
+  return "gone/" + std::to_string(rank);
+}
+
+bool PeerWatch::all_gone(const std::vector<int> &ranks) {
+  std::vector<std::string> unknown;
+  for (const int rank : ranks) {
+    if (!has_exited(rank)) unknown.push_back(gone_key(rank));
+  }
+  if (unknown.empty()) return true;
+  const std::shared_ptr<bootstrap::Store> store = store_now();
+  if (store == nullptr) return false;
+  try {
+    bootstrap::WaitOptions now;
+    now.timeout = std::chrono::milliseconds(0);
+    return store->wait(unknown, now).empty();
+  } catch (const Error &) {
+    return false;  // the store did not tell: not known to be gone
+  }
+}
+
 bool PeerWatch::record(const Finding &finding) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (found_.status != MNCL_OK) return false;
@@ -235,8 +292,23 @@ std::shared_ptr<bootstrap::Store> PeerWatch::store_now() {
 }
 
 void PeerWatch::close() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  store_.reset();
+  std::shared_ptr<bootstrap::Store> store;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    store = std::move(store_);
+    store_.reset();
+    if (!std::exchange(willed_, false) || store == nullptr) return;
+  }
+  // Bounded (the store may be what failed): a will not taken back is read by nobody once the
+  // others have destroyed the communicator too.
+  run_briefly(kStoreReadWait, [store = std::move(store), key = note_key_, gone = gone_key(rank_)] {
+    try {
+      store->cancel_on_close(key);
+      store->cancel_on_close(gone);
+    } catch (const Error &e) {
+      MNCL_INFO("could not take back the store's note for this rank's end: %s", e.what());
+    }
+  });
 }
 
 bool PeerWatch::read_store(std::function<void(bootstrap::Store &)> read) {

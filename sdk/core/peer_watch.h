@@ -13,7 +13,13 @@
 //   - a note in the communicator's store ("failed/<job tag hash>"), which the first rank that
 //     aborts the communicator (mncl_comm_abort) or finds a rank of its host gone writes, so
 //     that ranks on the other hosts learn of it too. Only the first cause is written: ranks
-//     that abort after failing on it (the documented way out) do not replace it.
+//     that abort after failing on it (the documented way out) do not replace it. On a TCP
+//     store every rank but the store's host also leaves the store that note as a last will
+//     (Store::set_on_close), which the store's host writes when the rank's connection ends
+//     before its destroy: a rank of any host that is killed or exits is named within a moment
+//     (the store's host itself ending ends the store, which the others report as such). A
+//     host that is cut off or powered off, whose connections end with no word, is not noticed
+//     this way: the timeout applies.
 // A wait that finds either fails naming the rank, with MNCL_ERR_REMOTE (to the plugin, whose
 // MNCL_ERR_ABORTED means an abort of its own); the core reports an operation ended by a rank's
 // abort as MNCL_ERR_ABORTED, as shm reports a peer's abort, and asks the watch when a backend
@@ -66,8 +72,13 @@ class PeerWatch {
   // comm_store: the communicator's own store view ("<id>/"); peers: every rank of the
   // communicator (only those of this host, whose identity can be judged, are watched);
   // job_tag: the same on every rank of this communicator and no other (rank 0's identity).
+  // Registers this rank's note with the store (Store::set_on_close) where the store can watch
+  // its clients (TCP, on a rank other than the store's host).
   PeerWatch(std::shared_ptr<bootstrap::Store> comm_store, int rank, std::vector<Peer> peers,
             std::string job_tag);
+  ~PeerWatch();  // close()
+  PeerWatch(const PeerWatch &) = delete;
+  PeerWatch &operator=(const PeerWatch &) = delete;
 
   struct Finding {
     mncl_status_t status = MNCL_OK;  // MNCL_ERR_REMOTE: a rank exited; ABORTED: one aborted
@@ -77,12 +88,20 @@ class PeerWatch {
   // same from then on. Finding a rank of this host gone, it leaves the note for the other
   // hosts. Never throws: a store that fails is the wait's to report.
   Finding check();
-  // The communicator is destroyed: lets go of its store (a later check finds nothing more,
-  // and an abort during destroy publishes nothing).
+  // The communicator is destroyed: takes this rank's note back from the store (bounded) and
+  // lets go of it (a later check finds nothing more, and an abort during destroy publishes
+  // nothing).
   void close();
   // Whether rank is one of this host's that exited (its leave key is not consulted): for
   // destroy, which need not wait for a rank that can no longer leave.
   bool has_exited(int rank);
+  // Whether every one of ranks can no longer leave: this host's that exited (has_exited), and
+  // those of any host whose connection to the store ended before their destroy (their
+  // gone/<rank> key, a will like the note's). One store read, not bounded: for destroy's waits,
+  // which talk to the store anyway.
+  bool all_gone(const std::vector<int> &ranks);
+  // "gone/<rank>", in the communicator's store view: for destroy's cleanup.
+  static std::string gone_key(int rank);
   // What check() found so far (MNCL_OK: nothing).
   Finding found();
   // This rank aborted the communicator: leaves the note (bounded: on a thread of its own,
@@ -114,6 +133,7 @@ class PeerWatch {
   std::string self_;           // "rank 2 (pid 77 on node1)"
   std::string tag_;
   std::string note_key_;  // "failed/<hash of the tag>"
+  bool willed_ = false;   // the store holds this rank's note for its end (mutex_)
   std::mutex mutex_;
   Finding found_;  // sticky once found (under mutex_)
   std::shared_ptr<std::atomic<bool>> reading_ = std::make_shared<std::atomic<bool>>(false);

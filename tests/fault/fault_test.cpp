@@ -23,7 +23,7 @@
 //              p2p_zero|recv_after_mismatch]
 //              [--netns NS0,NS1 --hosts A0,A1]
 //              [--launcher fork|mpirun] [--mpirun PATH] [--mpirun-arg ARG]... [--expect-job-end]
-//              [--expect-named]
+//              [--expect-named] [--victim-own-pidns]
 #include <fcntl.h>
 #include <mncl/mncl.h>
 #include <netinet/in.h>
@@ -757,6 +757,10 @@ struct Options {
   // killed, aborted_peer: every survivor must fail with REMOTE naming the dead (or aborting)
   // rank, not at its timeout (backends that notice a gone peer)
   bool expect_named = false;
+  // killed, exit_without_destroy: the last rank runs in a pid namespace of its own, as in a
+  // container or on another host: the others cannot judge its process through /proc, only through
+  // the store (the connection it leaves open there ends with it). Needs root; SKIP otherwise.
+  bool victim_own_pidns = false;
 };
 
 struct Event {
@@ -829,7 +833,11 @@ class Job {
       if (!o.netns.empty()) e["MNCL_GLOO_IFACE"] = "veth-" + o.netns[r % nhosts];
       if (per_rank) per_rank(r, e);
       std::vector<std::string> args = {self(), "--worker"};
-      if (!o.netns.empty()) {
+      if (o.victim_own_pidns && r == ranks - 1) {
+        // Killing unshare kills the rank (--kill-child), pid 1 of its namespace. /proc stays
+        // the host's, which the rank sees is not its namespace's: it has no identity to judge.
+        args = {"unshare", "--pid", "--fork", "--kill-child", self(), "--worker"};
+      } else if (!o.netns.empty()) {
         // A namespace is a host: its own network, and its own host name (UTS namespace).
         const std::string &ns = o.netns[r % nhosts];
         args = {"ip",   "netns",   "exec",
@@ -1037,6 +1045,19 @@ std::string test_name(const Options &o, const std::string &what) {
   return fmt("fault.%s.np%d", what.c_str(), o.ranks);
 }
 
+// --victim-own-pidns needs unshare --pid (root, util-linux): false after printing SKIP and
+// the reason where it cannot be had.
+bool own_pidns_available(const std::string &name, const Options &o) {
+  if (!o.victim_own_pidns || std::system("unshare --pid --fork true >/dev/null 2>&1") == 0) {
+    return true;
+  }
+  std::printf(
+      "%s %s SKIP cannot start a process in a pid namespace of its own (unshare --pid "
+      "needs root, and util-linux)\n",
+      name.c_str(), o.backend.c_str());
+  return false;
+}
+
 std::vector<int> survivors(int ranks, int victim) {
   std::vector<int> out;
   for (int r = 0; r < ranks; ++r) {
@@ -1049,10 +1070,12 @@ std::vector<int> survivors(int ranks, int victim) {
 // network namespaces the ranks run in (every rank must fail then).
 int drive_killed(const Options &o, bool stop) {
   const bool cut = !o.cut.empty();
-  const std::string name = test_name(o, cut                ? "link_cut"
-                                        : stop             ? "stalled_rank"
-                                        : o.expect_job_end ? "killed_rank.default_mpirun"
-                                                           : "killed_rank");
+  const std::string name = test_name(o, cut                  ? "link_cut"
+                                        : stop               ? "stalled_rank"
+                                        : o.expect_job_end   ? "killed_rank.default_mpirun"
+                                        : o.victim_own_pidns ? "killed_rank.own_pidns"
+                                                             : "killed_rank");
+  if (!own_pidns_available(name, o)) return 0;
   Job job(o, o.ranks, {});
   if (!job.all_ready(60)) {
     return report(name, o, false, "the ranks did not reach their allreduce loop");
@@ -1110,9 +1133,11 @@ int drive_killed(const Options &o, bool stop) {
       problems += fmt(" rank %d: %s after %.2f s;", r, status_name(e.status), lat);
     }
     if (o.expect_named && !stop && !cut) {
-      // The backend noticed the rank's death: REMOTE, naming it, not the timeout.
+      // The backend noticed the rank's death: REMOTE, naming it, not the timeout. "rank N (pid",
+      // as the watch (and shm) name a rank they found gone: the diagnosis of a failed
+      // collective names it too ("missing: rank N"), but whatever the cause.
       const std::string m = job.message(r);
-      if (e.status != MNCL_ERR_REMOTE || m.find(fmt("rank %d", victim)) == std::string::npos) {
+      if (e.status != MNCL_ERR_REMOTE || m.find(fmt("rank %d (pid", victim)) == std::string::npos) {
         ok = false;
         problems += fmt(" rank %d: %s, not REMOTE naming rank %d: %s;", r, status_name(e.status),
                         victim, m.c_str());
@@ -1380,7 +1405,9 @@ int drive_aborted_peer(const Options &o) {
 // (5d) a rank exits without destroying the communicator: the others' destroy must not wait
 // out the timeout (run with a long one) for a rank of their host that can no longer leave.
 int drive_exit_without_destroy(const Options &o) {
-  const std::string name = test_name(o, "exit_without_destroy");
+  const std::string name =
+      test_name(o, o.victim_own_pidns ? "exit_without_destroy.own_pidns" : "exit_without_destroy");
+  if (!own_pidns_available(name, o)) return 0;
   Job job(o, o.ranks, {});
   const int leaver = o.ranks - 1;
   const double bound = std::min(30.0, o.timeout_s / 2.0);
@@ -1866,6 +1893,8 @@ int main(int argc, char **argv) {
       o.expect_job_end = true;
     else if (a == "--expect-named")
       o.expect_named = true;
+    else if (a == "--victim-own-pidns")
+      o.victim_own_pidns = true;
     else if (a[0] != '-' && o.scenario.empty())
       o.scenario = a;
     else {

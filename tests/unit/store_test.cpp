@@ -9,6 +9,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/file.h>
 #include <sys/socket.h>
@@ -626,6 +627,70 @@ TEST(TcpStore, LostServerIsARemoteErrorNamingTheStore) {
   error_of([&] { client->add("k", 1); }, MNCL_ERR_REMOTE);
 }
 
+// A last will (SET_ON_CLOSE): how the ranks of other hosts learn that a rank's process ended.
+TEST(TcpStore, WillIsSetWhenItsClientEndsAndOnlyThen) {
+  TcpStoreServer server("127.0.0.1", 0, "");
+  TcpStore watcher("127.0.0.1", server.port(), "", wait_for(seconds(5)));
+  auto rank = std::make_unique<TcpStore>("127.0.0.1", server.port(), "", wait_for(seconds(5)));
+  ASSERT_TRUE(rank->set_on_close("gone/1", "old", 3));
+  ASSERT_TRUE(rank->set_on_close("gone/1", "rank 1 ended", 12));  // replaces the value
+  ASSERT_TRUE(rank->set_on_close("cause", "rank 1 ended", 12));
+  set_text(watcher, "cause", "rank 2 aborted");  // set first: the first cause stays
+  ASSERT_TRUE(rank->set_on_close("taken back", "x", 1));
+  EXPECT_TRUE(rank->cancel_on_close("taken back"));
+  EXPECT_FALSE(rank->cancel_on_close("never registered"));
+  // While its client lives nothing is set, and its other requests go on.
+  set_text(*rank, "work", "done");
+  EXPECT_EQ(text_of(watcher.get("work", wait_for(seconds(1)))), "done");
+  EXPECT_EQ(watcher.wait({"gone/1"}, wait_for(milliseconds(0))).size(), 1u);
+  rank.reset();  // its connections close, as at its process's end
+  EXPECT_EQ(text_of(watcher.get("gone/1", wait_for(seconds(5)))), "rank 1 ended");
+  EXPECT_EQ(text_of(watcher.get("cause", wait_for(seconds(1)))), "rank 2 aborted");
+  EXPECT_EQ(watcher.wait({"taken back"}, wait_for(milliseconds(0))).size(), 1u);
+}
+
+TEST(TcpStore, WillOfAKilledProcessIsSetAndWakesAWaiter) {
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(free_port());
+  auto host = open_store(url, 0, 2, wait_for(seconds(5)));
+  // The store's host cannot leave one (its end is the store's), nor can a file store.
+  EXPECT_FALSE(host->set_on_close("k", "v", 1));
+  const std::string dir = make_temp_dir();
+  EXPECT_FALSE(open_store("file://" + dir, 1, 2, wait_for(seconds(5)))->set_on_close("k", "v", 1));
+  std::filesystem::remove_all(dir);
+
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(ready[0]);
+    try {
+      auto store = make_prefix_store(open_store(url, 1, 2, wait_for(seconds(5))), "c/");
+      const char will[] = "rank 1 was killed";
+      if (store->set_on_close("failed", will, sizeof will - 1)) {
+        (void)!write(ready[1], "1", 1);
+        for (;;) pause();
+      }
+    } catch (...) {
+    }
+    _exit(1);
+  }
+  close(ready[1]);
+  char byte = 0;
+  ASSERT_EQ(read(ready[0], &byte, 1), 1) << "the child could not leave its will";
+  close(ready[0]);
+  // A waiter parked on the key is answered when the child dies, well before its 20 s.
+  std::thread killer([child] {
+    std::this_thread::sleep_for(milliseconds(200));
+    kill(child, SIGKILL);
+  });
+  const auto value = text_of(host->get("c/failed", wait_for(seconds(20))));
+  killer.join();
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_EQ(value, "rank 1 was killed");
+}
+
 TEST(TcpStore, GarbageClosesOnlyThatConnection) {
   TcpStoreServer server("127.0.0.1", 0, "");
   sockaddr_in address{};
@@ -1052,7 +1117,7 @@ TEST(Wire, TruncatedFramesNeedMore) {
 }
 
 TEST(Wire, GarbageOpcodeIsRejected) {
-  for (const uint8_t op : {0, 7, 63, 72, 255}) {
+  for (const uint8_t op : {0, 9, 63, 72, 255}) {
     const auto result = parse({0, 0, 0, 1, op});
     EXPECT_EQ(result.status, wire::ParseStatus::kInvalid) << int(op);
     EXPECT_NE(result.error.find("opcode"), std::string::npos);
@@ -1141,6 +1206,22 @@ TEST(Wire, EncodersRoundTrip) {
   result = parse(flag);
   ASSERT_EQ(result.status, wire::ParseStatus::kComplete);
   EXPECT_TRUE(result.message.flag);
+
+  auto will = wire::encode_set_on_close_head("failed/1", 4);
+  for (const char c : std::string("gone")) will.push_back(static_cast<uint8_t>(c));
+  result = parse(will);
+  ASSERT_EQ(result.status, wire::ParseStatus::kComplete);
+  EXPECT_EQ(result.message.op, wire::Op::kSetOnClose);
+  EXPECT_EQ(result.message.text, "failed/1");
+  EXPECT_EQ(result.message.value, "gone");
+  EXPECT_TRUE(wire::is_request(wire::Op::kSetOnClose));
+
+  const auto cancel = wire::encode_cancel_on_close("failed/1");
+  result = parse(cancel);
+  ASSERT_EQ(result.status, wire::ParseStatus::kComplete);
+  EXPECT_EQ(result.message.op, wire::Op::kCancelOnClose);
+  EXPECT_EQ(result.message.text, "failed/1");
+  EXPECT_TRUE(wire::is_request(wire::Op::kCancelOnClose));
 
   // Two frames back to back: the first is parsed, its size says where the second starts.
   auto two = wire::encode_ok();
