@@ -35,6 +35,8 @@ nothing.
 
 import ctypes
 import math
+import os
+import signal
 import threading
 from decimal import Decimal
 
@@ -249,6 +251,79 @@ class Request:
         raise timeout_error
 
 
+class _InterruptWatch:
+    """Ctrl-C during a blocking call. Python runs signal handlers on the main thread only, and
+    only between bytecodes: a SIGINT that arrives while the main thread is in the library
+    raised KeyboardInterrupt when the call returned, at the latest at its timeout. So Python's
+    signal wakeup fd (signal.set_wakeup_fd), where no one had set one, is pointed at a pipe that
+    this object's thread reads: on a SIGINT while a blocking call of the main thread runs, it
+    aborts the call's communicator (mncl_comm_abort, any thread), the call returns at once, and
+    the pending KeyboardInterrupt is raised as it returns. The call cannot be taken back (the
+    other ranks are in it): later calls on the communicator raise AbortedError, and the other
+    ranks' calls fail naming this rank's abort. Only with Python's own SIGINT handler (one of
+    the application's may choose not to stop: the call then runs to its end, as before). A
+    wakeup fd set by someone else (asyncio's event loop) is left alone, before or after: then
+    calls are not ended, as before."""
+
+    def __init__(self):
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)  # set_wakeup_fd requires it
+        self.calling = None  # the communicator handle of the main thread's call in progress
+        previous = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+        self.installed = previous == -1
+        if self.installed:
+            threading.Thread(target=self._watch, name="mncl-interrupt", daemon=True).start()
+        else:  # theirs stays
+            signal.set_wakeup_fd(previous)
+            os.close(self._read)
+            os.close(self._write)
+
+    def _watch(self):
+        while True:
+            try:
+                signals = os.read(self._read, 64)
+            except OSError:
+                return
+            handle = self.calling
+            if signal.SIGINT in signals and handle is not None:
+                lib.mncl_comm_abort(handle)
+
+
+try:  # the C function: signal.getsignal wraps it in an enum conversion, 3 us a call
+    from _signal import getsignal as _getsignal
+except ImportError:  # not CPython
+    _getsignal = signal.getsignal
+
+_WATCH = None
+
+
+def _forget_watch():
+    global _WATCH
+    _WATCH = None  # its thread did not survive the fork
+
+
+os.register_at_fork(after_in_child=_forget_watch)
+
+
+def _interruptible(fn, handle, *args):
+    """fn(handle, *args), a blocking call on communicator handle: on the main thread, one that
+    Ctrl-C ends (see _InterruptWatch); elsewhere, and where that cannot be, as it is."""
+    global _WATCH
+    if (threading.get_ident() != threading.main_thread().ident
+            or _getsignal(signal.SIGINT) is not signal.default_int_handler):
+        return fn(handle, *args)
+    watch = _WATCH
+    if watch is None:
+        watch = _WATCH = _InterruptWatch()  # the main thread only: no race
+    if not watch.installed:
+        return fn(handle, *args)
+    watch.calling = handle
+    try:
+        return fn(handle, *args)
+    finally:
+        watch.calling = None
+
+
 _INT64_MAX = (1 << 63) - 1
 _UNBOUNDED_WAIT_MS = 1 << 40  # mncl_wait: longer waits are waits without a limit (-1)
 
@@ -346,7 +421,7 @@ class Communicator(ObjectCollectives):
         requests stay valid: wait() on them returns the recorded outcome."""
         if self._handle is not None:
             handle, self._handle = self._handle, None
-            check(lib.mncl_comm_destroy(handle))
+            check(_interruptible(lib.mncl_comm_destroy, handle))
 
     def abort(self):
         """Local, any thread: pending and later operations fail with mncl.AbortedError."""
@@ -427,7 +502,7 @@ class Communicator(ObjectCollectives):
 
     def _run(self, fn, call, stream=None):
         args, result, keep = call
-        check(fn(self._live(), *args, call_stream(stream, keep)))
+        check(_interruptible(fn, self._live(), *args, call_stream(stream, keep)))
         return public(result)
 
     def _start(self, fn, call, stream=None):
