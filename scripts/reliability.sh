@@ -93,12 +93,23 @@ fuzz() {
   ctest --test-dir build-fuzz --output-on-failure -V -L fuzz
 }
 
+# Each mode builds first: a no-op after "build". One command per line, never "a && b": bash
+# runs a function on the left of && with set -e off, so a failing step there went unnoticed.
 case $mode in
   build) build_all ;;
-  # Each builds first: a no-op after "build", and what it would have done otherwise.
-  fuzz) build_all && fuzz ;;
-  sanitized) build_all && sanitized_all ;;
-  all) build_all && sanitized_all && fuzz ;;
+  fuzz)
+    build_all
+    fuzz
+    ;;
+  sanitized)
+    build_all
+    sanitized_all
+    ;;
+  all)
+    build_all
+    sanitized_all
+    fuzz
+    ;;
   *) echo "reliability.sh: unknown mode '$mode' (build, fuzz, sanitized or all)" >&2; exit 2 ;;
 esac
 step "reliability checks ($mode) done"

@@ -18,7 +18,7 @@ fi
 # it ends first). Their output waits in a log until the end.
 build_log=$(mktemp)
 setsid -w chrt --idle 0 nice -n 19 \
-  bash -c 'bash scripts/reliability.sh build && bash scripts/reliability.sh fuzz' \
+  bash scripts/reliability.sh fuzz \
   >"$build_log" 2>&1 &
 builder=$!
 trap 'kill -- -"$builder" 2>/dev/null || true; rm -f "$build_log"' EXIT

@@ -266,27 +266,56 @@ class _InterruptWatch:
     calls are not ended, as before."""
 
     def __init__(self):
-        self._read, self._write = os.pipe()
-        os.set_blocking(self._write, False)  # set_wakeup_fd requires it
+        """Raises where it cannot watch: another wakeup fd is set (_Taken), no pipe, no thread
+        (at interpreter shutdown), not the main thread; nothing is left set then."""
         self.calling = None  # the communicator handle of the main thread's call in progress
-        previous = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
-        self.installed = previous == -1
-        if self.installed:
-            threading.Thread(target=self._watch, name="mncl-interrupt", daemon=True).start()
-        else:  # theirs stays
-            signal.set_wakeup_fd(previous)
-            os.close(self._read)
-            os.close(self._write)
+        read, write = os.pipe()
+        try:
+            os.set_blocking(write, False)  # set_wakeup_fd requires it
+            previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+            if previous != -1:
+                signal.set_wakeup_fd(previous)  # theirs stays
+                raise _Taken()
+            try:
+                threading.Thread(target=self._watch, args=(read,), name="mncl-interrupt",
+                                 daemon=True).start()
+            except BaseException:
+                signal.set_wakeup_fd(-1)
+                raise
+        except BaseException:
+            os.close(read)
+            os.close(write)
+            raise
+        self._read, self._write = read, write
 
-    def _watch(self):
+    def _watch(self, read):
         while True:
             try:
-                signals = os.read(self._read, 64)
+                signals = os.read(read, 64)
             except OSError:
+                return
+            if not signals:  # closed: a forked child's copy, or the process ends
                 return
             handle = self.calling
             if signal.SIGINT in signals and handle is not None:
                 lib.mncl_comm_abort(handle)
+
+    def forget_in_child(self):
+        """After fork, in the child: the wakeup fd still points at the pipe the parent's
+        thread reads, which would take the child's SIGINT for the parent's (and abort the
+        parent's call): it is let go of, with both ends of the pipe."""
+        try:
+            current = signal.set_wakeup_fd(-1)
+            if current != self._write:
+                signal.set_wakeup_fd(current)
+        except ValueError:  # not the main thread
+            pass
+        os.close(self._read)
+        os.close(self._write)
+
+
+class _Taken(Exception):
+    """Another wakeup fd is set (asyncio's event loop)."""
 
 
 try:  # the C function: signal.getsignal wraps it in an enum conversion, 3 us a call
@@ -299,7 +328,9 @@ _WATCH = None
 
 def _forget_watch():
     global _WATCH
-    _WATCH = None  # its thread did not survive the fork
+    watch, _WATCH = _WATCH, None  # its thread did not survive the fork
+    if isinstance(watch, _InterruptWatch):
+        watch.forget_in_child()
 
 
 os.register_at_fork(after_in_child=_forget_watch)
@@ -313,9 +344,13 @@ def _interruptible(fn, handle, *args):
             or _getsignal(signal.SIGINT) is not signal.default_int_handler):
         return fn(handle, *args)
     watch = _WATCH
-    if watch is None:
-        watch = _WATCH = _InterruptWatch()  # the main thread only: no race
-    if not watch.installed:
+    if watch is None:  # the main thread only: no race
+        try:
+            watch = _InterruptWatch()
+        except Exception:  # noqa: BLE001 (any reason not to watch: the call goes on as it is)
+            watch = False
+        _WATCH = watch
+    if watch is False:
         return fn(handle, *args)
     watch.calling = handle
     try:

@@ -3,8 +3,11 @@
 // deadline promptly; between slices their connection goes back to the pool.
 #include "bootstrap/tcp_store.h"
 
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -12,7 +15,9 @@
 #include <algorithm>
 #include <cctype>
 #include <cstring>
+#include <mutex>
 #include <thread>
+#include <vector>
 
 #include "bootstrap/store_util.h"
 #include "bootstrap/wire.h"
@@ -68,6 +73,63 @@ std::string printable(const uint8_t *data, size_t size) {
                                                         : format("\\x%02x", data[i]);
   }
   return text;
+}
+
+// The descriptors of this process's will connections (TcpStore::set_on_close), for fork(): a
+// child made without exec (a DataLoader worker, multiprocessing's fork) keeps copies of them,
+// and the server would see a killed rank's connection end only when every such child had ended
+// too: its will came late, or never. In the child each copy is pointed at /dev/null instead,
+// which leaves the parent's connection alone (and the child's store, if it ever closes the
+// descriptor, closes that). The mutex is held across every call on a will connection, so a
+// fork never copies a descriptor number that a failed call has just closed.
+std::mutex &will_fds_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+std::vector<int> &will_fds() {
+  static std::vector<int> fds;
+  return fds;
+}
+void will_fds_before_fork() {
+  will_fds_mutex().lock();
+}
+void will_fds_after_fork_in_parent() {
+  will_fds_mutex().unlock();
+}
+void will_fds_after_fork_in_child() {
+  for (const int fd : will_fds()) {
+    const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null < 0) continue;
+    ::dup3(null, fd, O_CLOEXEC);
+    ::close(null);
+  }
+  will_fds().clear();
+  will_fds_mutex().unlock();
+}
+void watch_will_fd(int fd) {
+  static std::once_flag handlers;
+  std::call_once(handlers, [] {
+    pthread_atfork(will_fds_before_fork, will_fds_after_fork_in_parent,
+                   will_fds_after_fork_in_child);
+  });
+  std::lock_guard<std::mutex> lock(will_fds_mutex());
+  will_fds().push_back(fd);
+}
+// Under will_fds_mutex().
+void forget_will_fd(int fd) {
+  auto &fds = will_fds();
+  fds.erase(std::remove(fds.begin(), fds.end(), fd), fds.end());
+}
+
+// A will connection idles for the job's life: keepalive probes keep the state of a firewall or
+// NAT on the way from expiring (an idle reset would end the connection, and the will would say
+// a live rank is gone). Generous: ten unanswered probes 30 s apart before the kernel gives up.
+void keep_alive(int fd) {
+  const int on = 1, idle_s = 60, interval_s = 30, probes = 10;
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof idle_s);
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof interval_s);
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
 }
 
 }  // namespace
@@ -126,6 +188,8 @@ TcpStore::TcpStore(const std::string &host, uint16_t port, const std::string &to
   if (!server_) {
     try {
       will_socket_ = connect_and_greet();
+      keep_alive(will_socket_.get());
+      watch_will_fd(will_socket_.get());
     } catch (const Error &e) {
       MNCL_INFO("the store at %s: no connection for this rank's notes of its end: %s", url_.c_str(),
                 e.what());
@@ -134,7 +198,25 @@ TcpStore::TcpStore(const std::string &host, uint16_t port, const std::string &to
   MNCL_INFO("connected to the store at %s", url_.c_str());
 }
 
-TcpStore::~TcpStore() = default;
+TcpStore::~TcpStore() {
+  std::lock_guard<std::mutex> lock(will_fds_mutex());
+  if (will_socket_) {
+    forget_will_fd(will_socket_.get());
+    will_socket_.reset();  // under the mutex: no fork copies the number once it is free
+  }
+}
+
+TcpStore::Reply TcpStore::call_will(const std::vector<uint8_t> &head, const void *value,
+                                    size_t value_size) {
+  std::lock_guard<std::mutex> forks(will_fds_mutex());
+  const int fd = will_socket_.get();
+  try {
+    return call(will_socket_, head, value, value_size);
+  } catch (...) {
+    if (!will_socket_) forget_will_fd(fd);  // the failed call closed it
+    throw;
+  }
+}
 
 size_t TcpStore::connections_opened() const {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -449,7 +531,7 @@ bool TcpStore::set_on_close(const std::string &key, const void *data, size_t len
   const auto head = wire::encode_set_on_close_head(key, len);
   std::lock_guard<std::mutex> lock(will_mutex_);
   if (!will_socket_) return false;  // not opened, or lost: no will can be left
-  const auto reply = call(will_socket_, head, data, len);
+  const auto reply = call_will(head, data, len);
   if (reply.op == wire::Op::kFailed) {
     throw Error(MNCL_ERR_REMOTE,
                 format("the store at %s refused SET_ON_CLOSE: %.*s", url_.c_str(),
@@ -463,7 +545,7 @@ bool TcpStore::cancel_on_close(const std::string &key) {
   if (server_) return false;
   std::lock_guard<std::mutex> lock(will_mutex_);
   if (!will_socket_) return false;  // none registered (or its connection was lost)
-  const auto reply = call(will_socket_, wire::encode_cancel_on_close(key));
+  const auto reply = call_will(wire::encode_cancel_on_close(key));
   if (reply.op != wire::Op::kBool) unexpected_reply(url_, "CANCEL_ON_CLOSE", reply.op);
   return reply.message.flag;
 }

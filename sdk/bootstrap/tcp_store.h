@@ -101,6 +101,10 @@ class TcpStore final : public Store {
              size_t value_size = 0);
   // Takes an idle connection, or opens one; throws if the store was lost.
   net::UniqueFd acquire();
+  // call() on will_socket_ (will_mutex_ held), with the process's fork guard: see
+  // will_fds_mutex in tcp_store.cpp.
+  Reply call_will(const std::vector<uint8_t> &head, const void *value = nullptr,
+                  size_t value_size = 0);
   // A new connection for the pool (counted in connections_opened).
   net::UniqueFd open_connection();
   // Connects and says HELLO (retrying a closed handshake until the I/O timeout).

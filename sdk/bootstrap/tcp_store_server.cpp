@@ -826,7 +826,8 @@ void TcpStoreServer::Impl::handle_hello(Connection &c, const wire::Message &m) {
          true);
     return;
   }
-  if (m.version != wire::kProtocolVersion) {
+  // Version 1 (before SET_ON_CLOSE) is a subset of this one: its clients are served.
+  if (m.version != wire::kProtocolVersion && m.version != 1) {
     MNCL_WARN("store server at %s: refused %s: protocol version %u, this server speaks %u",
               url.c_str(), c.peer.c_str(), m.version, wire::kProtocolVersion);
     reply(c, wire::encode_refused(format("protocol version %u, the server speaks %u", m.version,

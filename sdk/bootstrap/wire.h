@@ -12,8 +12,12 @@
 // Version 2 added SET_ON_CLOSE and CANCEL_ON_CLOSE: a connection's last will. A client asks
 // the server to set a key if that connection ends before the client takes the request back
 // (its process exited, was killed, or lost the server). The server acts when it sees the
-// connection end (a FIN or reset: at once for a process that died, however it died), never at
-// its own shutdown, and only where the key is not set yet (the first cause stays).
+// connection end (a FIN or reset: at once for a process that died, however it died, as the
+// client keeps the connection out of the children it forks), never at
+// its own shutdown, and only where the key is not set yet (the first cause stays). A version 2
+// server serves version 1 clients too (they never ask for a will); a version 1 server refuses
+// a version 2 client at HELLO ("protocol version 2, the server speaks 1"): every rank of a
+// job must run a library as new as its store's host's.
 #pragma once
 
 #include <cstddef>

@@ -677,13 +677,15 @@ void Comm::leave_abandoned(bool last_of_job) {
   // Briefly: the store may be what failed (a cut link), and then a store call only fails after
   // the timeout, which an aborted destroy must not wait.
   run_briefly(
-      std::chrono::milliseconds(500), [store = comm_store_, job_store = job_store_, rank = rank_,
-                                       closing = last_of_job && job_->hosts_tcp_store] {
+      std::chrono::milliseconds(500),
+      [store = comm_store_, job_store = job_store_, rank = rank_,
+       closing = last_of_job && job_->hosts_tcp_store, watch = peer_watch_] {
         try {
           if (closing) {  // the store's host: the other ranks' last destroy waits for this key
             job_store->stop_accepting();
             job_store->set("job/closing", "1", 1);
           }
+          if (watch != nullptr) watch->take_back_wills();  // before the leave: see there
           const std::string key = "leave/" + std::to_string(rank);
           store->set(key, "1", 1);
         } catch (const Error &e) {
@@ -2147,6 +2149,9 @@ void Comm::destroy(const std::atomic<int> *api_calls) {
         job_store_->set("job/closing", "1", 1);
       }
       const std::string mine = "leave/" + std::to_string(rank_);
+      // The notes for this rank's end go before its leave key comes: past it the others may
+      // take it for left, and its process then ends (the note would say it was lost).
+      if (peer_watch_ != nullptr) peer_watch_->take_back_wills();
       comm_store_->set(mine, "1", 1);
       // A half-made child's rank 0 leaves its keys behind rather than wait for ranks that may
       // be waiting for it (see split_impl).

@@ -291,6 +291,22 @@ std::shared_ptr<bootstrap::Store> PeerWatch::store_now() {
   return store_;
 }
 
+void PeerWatch::take_back_wills() {
+  std::shared_ptr<bootstrap::Store> store;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!std::exchange(willed_, false)) return;
+    store = store_;
+  }
+  if (store == nullptr) return;
+  try {
+    store->cancel_on_close(note_key_);
+    store->cancel_on_close(gone_key(rank_));
+  } catch (const Error &e) {
+    MNCL_INFO("could not take back the store's note for this rank's end: %s", e.what());
+  }
+}
+
 void PeerWatch::close() {
   std::shared_ptr<bootstrap::Store> store;
   {
@@ -299,8 +315,9 @@ void PeerWatch::close() {
     store_.reset();
     if (!std::exchange(willed_, false) || store == nullptr) return;
   }
-  // Bounded (the store may be what failed): a will not taken back is read by nobody once the
-  // others have destroyed the communicator too.
+  // Not taken back before the leave (a destroy that failed before it): bounded, since the
+  // store may be what failed; a will not taken back is read by nobody once the others have
+  // destroyed the communicator too.
   run_briefly(kStoreReadWait, [store = std::move(store), key = note_key_, gone = gone_key(rank_)] {
     try {
       store->cancel_on_close(key);

@@ -88,6 +88,11 @@ class PeerWatch {
   // same from then on. Finding a rank of this host gone, it leaves the note for the other
   // hosts. Never throws: a store that fails is the wait's to report.
   Finding check();
+  // Takes this rank's notes for its end back from the store (Store::cancel_on_close): destroy
+  // calls it just before it sets this rank's leave key, so that the notes are gone before any
+  // other rank can take this one for left (which would then end its process, and with it the
+  // connection). Not bounded: as the leave key's own store call.
+  void take_back_wills();
   // The communicator is destroyed: takes this rank's note back from the store (bounded) and
   // lets go of it (a later check finds nothing more, and an abort during destroy publishes
   // nothing).

@@ -34,6 +34,15 @@ worker.join()
 expect(len(from_thread) == 1 and np.all(from_thread[0] == n * (n - 1) / 2),
        f"allreduce from another thread: {from_thread}")
 
+# A child forked now must not keep the wakeup fd, which points at the pipe that the parent's
+# watch reads: the child's SIGINT would abort the parent's call.
+child = os.fork()
+if child == 0:
+    os._exit(0 if signal.set_wakeup_fd(-1) == -1 else 1)
+_, child_status = os.waitpid(child, 0)
+expect(os.WIFEXITED(child_status) and os.WEXITSTATUS(child_status) == 0,
+       f"a forked child inherited the wakeup fd (status {child_status})")
+
 # The application's own SIGINT handler, which goes on: the call is not ended.
 received = []
 previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
