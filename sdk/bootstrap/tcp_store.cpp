@@ -57,8 +57,14 @@ bool is_self_connection(int fd) {
 // mark the whole store as lost (fail_connection).
 thread_local bool t_handshaking = false;
 
-// An answer to HELLO that is no frame of this protocol: the address is another program's (an
-// SSH server's banner, an HTTP server's error page). Not retried: it will not become a store.
+// The longest wait for the answer to HELLO, which an MNCL store sends at once. A program that
+// accepts the connection and waits for its own protocol's request (an HTTP server: for a line)
+// says nothing, and the handshake ended only at the timeout, blaming the connection.
+constexpr milliseconds kHelloAnswerBound{10000};
+
+// An answer to HELLO that is no frame of this protocol, or none at all: the address is another
+// program's (an SSH server's banner, an HTTP server's error page or silence). Not retried: it
+// will not become a store.
 class NotAStore : public Error {
  public:
   using Error::Error;
@@ -415,7 +421,19 @@ void TcpStore::receive_all(net::UniqueFd &socket, void *data, size_t size) {
       fail_connection(socket, "the server closed the connection");
     } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
       pollfd p{socket.get(), POLLIN, 0};
-      if (poll(&p, 1, static_cast<int>(io_timeout_.count())) == 0) {
+      const milliseconds bound =
+          t_handshaking ? std::min(io_timeout_, kHelloAnswerBound) : io_timeout_;
+      if (poll(&p, 1, static_cast<int>(bound.count())) == 0) {
+        if (t_handshaking) {
+          socket.reset();
+          throw NotAStore(
+              MNCL_ERR_BOOTSTRAP,
+              format("the service at %s accepted the connection but did not answer MNCL's "
+                     "handshake within %.1f s, as an MNCL store does at once: check the store's "
+                     "address (MNCL_STORE, or MASTER_ADDR and MASTER_PORT), which another "
+                     "program (an HTTP server?) may hold, or is the store's process stopped?",
+                     url_.c_str(), seconds(bound)));
+        }
         fail_connection(socket, format("no answer for %.1f s", seconds(io_timeout_)));
       }
     } else if (errno != EINTR) {

@@ -803,6 +803,23 @@ TEST(TcpStore, AnotherProgramOnThePortIsNamedAtOnce) {
   }
 }
 
+// A program that accepts the connection and then waits for a request of its own protocol (an
+// HTTP server waits for a line) answers nothing: the handshake stops waiting after at most
+// 10 s (here the 2 s timeout) and names the address, where it used to retry until the timeout
+// and say the store "kept closing the connection".
+TEST(TcpStore, AServiceThatAnswersNothingIsNamed) {
+  OtherService service("", true);
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(service.port());
+  const auto message =
+      error_of([&] { open_store(url, 1, 2, wait_for(seconds(2))); }, MNCL_ERR_BOOTSTRAP);
+  EXPECT_NE(message.find("the service at " + url +
+                         " accepted the connection but did not answer MNCL's handshake"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(message.find("kept closing"), std::string::npos) << message;
+  EXPECT_EQ(service.connections(), 1) << "the client retried";
+}
+
 // Whether every address host resolves to is a loopback one (and it resolves at all).
 bool resolves_to_loopback_only(const std::string &host) {
   std::string error;
