@@ -46,6 +46,7 @@ from . import _lib
 from ._dtypes import dtype_code
 from ._cuda import CudaArray, address, call_stream, explicit_stream, is_cuda_array, public
 from ._lib import check, lib
+from .errors import InvalidArgumentError
 from ._objects import ObjectCollectives
 
 _OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "avg": 4}
@@ -359,7 +360,7 @@ def _interruptible(fn, handle, *args):
         watch.calling = None
 
 
-_INT64_MAX = (1 << 63) - 1
+_MAX_TIMEOUT_MS = 7 * 24 * 3600 * 1000  # the library's bound (one week), as MNCL_TIMEOUT's
 _UNBOUNDED_WAIT_MS = 1 << 40  # mncl_wait: longer waits are waits without a limit (-1)
 
 
@@ -385,15 +386,18 @@ def _timeout_ms(timeout, what):
 
 def _config_timeout_ms(timeout):
     """A config's timeout (seconds) in milliseconds for the C API (rounded as _timeout_ms);
-    None: from the environment. Saturates at INT64_MAX (ctypes would wrap a larger value into
-    some other timeout) and keeps a negative one negative but never -1 (which means "from the
-    environment"), so the library refuses both with its own message."""
+    None: from the environment. One that is not > 0 and at most a week is refused here, naming
+    the keyword and seconds (the library's message spoke of config->timeout_ms in milliseconds),
+    so none reaches ctypes, which would wrap one past int64 into some other timeout."""
     if timeout is None:
         return _lib.FROM_ENV
     ms = _timeout_ms(timeout, "timeout")
-    if ms == -1:
-        return -2
-    return int(min(max(ms, -_INT64_MAX), _INT64_MAX))
+    if not 0 < ms <= _MAX_TIMEOUT_MS:
+        # Refused here, in the caller's words (seconds), not as the C config's timeout_ms.
+        raise InvalidArgumentError(
+            f"timeout={timeout!r}: give seconds > 0 and at most one week (604800), or None "
+            f"for MNCL_TIMEOUT", 1, "MNCL_ERR_INVALID_ARGUMENT")
+    return int(ms)
 
 
 def _split_config(backend, timeout, device):

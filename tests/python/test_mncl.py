@@ -523,11 +523,15 @@ expect_raises(ValueError, lambda: mncl.Communicator(timeout=float("nan")), "a Na
 
 # Positive sub-millisecond timeouts round up to 1 ms, as MNCL_TIMEOUT's parser does (they were
 # cut to 0 ms: a config refused "timeout_ms is 0", a wait only polled); from the decimal form, so
-# 0.3 s is 300 ms (not 301); a negative one stays negative (never -1, "from the environment").
-for seconds, ms in ((0.0001, 1), (1e-300, 1), (0.0015, 2), (0.3, 300), (2, 2000), (1.1, 1100),
-                    (-0.0001, -2), (-0.5, -500)):
+# 0.3 s is 300 ms (not 301).
+for seconds, ms in ((0.0001, 1), (1e-300, 1), (0.0015, 2), (0.3, 300), (2, 2000), (1.1, 1100)):
     got_ms = mncl.comm._config_timeout_ms(seconds)
     expect(got_ms == ms, f"config timeout {seconds} s: {got_ms} ms, expected {ms}")
+# Zero and negative timeouts are refused in the caller's words: seconds and the keyword (the
+# library said "config->timeout_ms is -1000").
+for seconds in (0, -1, -0.0001):
+    expect_raises(mncl.InvalidArgumentError, lambda: mncl.Communicator(timeout=seconds),
+                  f"a config timeout of {seconds} s", f"timeout={seconds!r}: give seconds > 0")
 store = tempfile.mkdtemp(prefix="mncl-py-")
 try:
     with mncl.Communicator(backend="naive", rank=0, size=1, bootstrap="file://" + store,
