@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <mncl/frontends/communicator.hpp>
@@ -12,6 +13,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "common/parse_size.h"
 
 namespace mncl_bench {
 
@@ -23,38 +26,52 @@ struct SweepOptions {
   int iters = 10;
 };
 
-// "64,256,1024" -> {64, 256, 1024}; every item at least 1.
+// "64,256,1024" -> {64, 256, 1024}; every item a positive integer (std::invalid_argument).
 inline std::vector<int64_t> positive_list(const char *value) {
   std::vector<int64_t> items;
   std::stringstream list(value);
   for (std::string item; std::getline(list, item, ',');) {
-    items.push_back(std::max<int64_t>(1, std::stoll(item)));
+    items.push_back(mncl::bench::parse_number<int64_t>(item, 1));
   }
   return items;
 }
 
+// One "--name value" pair of parse_sweep; false for a name it does not take.
+inline bool parse_one(const std::string &arg, const char *value, const std::string &sizes_flag,
+                      SweepOptions &o,
+                      const std::vector<std::pair<std::string, int64_t *>> &extra) {
+  const auto positive = [value] { return mncl::bench::parse_number<int64_t>(value, 1); };
+  const auto field = std::find_if(extra.begin(), extra.end(),
+                                  [&arg](const auto &flag) { return flag.first == arg; });
+  if (arg == "--batch") {
+    o.batch = positive();
+  } else if (arg == sizes_flag) {
+    o.sizes = positive_list(value);
+  } else if (arg == "--rounds") {
+    o.rounds = static_cast<int>(std::min<int64_t>(positive(), 1 << 20));
+  } else if (arg == "--iters") {
+    o.iters = static_cast<int>(std::min<int64_t>(positive(), 1 << 20));
+  } else if (field != extra.end()) {
+    *field->second = positive();
+  } else {
+    return false;
+  }
+  return true;
+}
+
 // "--name value" pairs: --batch B, --<sizes_flag> a,b,c, --rounds R, --iters N, and the
-// positive integers of `extra` (flag -> field). False on anything else, or without sizes.
+// positive integers of `extra` (flag -> field). False on anything else (a value that is no
+// positive integer: said on stderr), or without sizes.
 inline bool parse_sweep(int argc, char **argv, const std::string &sizes_flag, SweepOptions &o,
                         const std::vector<std::pair<std::string, int64_t *>> &extra = {}) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (i + 1 >= argc) return false;
     const char *value = argv[++i];
-    const auto positive = [value] { return std::max<int64_t>(1, std::atoll(value)); };
-    const auto field = std::find_if(extra.begin(), extra.end(),
-                                    [&arg](const auto &flag) { return flag.first == arg; });
-    if (arg == "--batch") {
-      o.batch = positive();
-    } else if (arg == sizes_flag) {
-      o.sizes = positive_list(value);
-    } else if (arg == "--rounds") {
-      o.rounds = static_cast<int>(std::min<int64_t>(positive(), 1 << 20));
-    } else if (arg == "--iters") {
-      o.iters = static_cast<int>(std::min<int64_t>(positive(), 1 << 20));
-    } else if (field != extra.end()) {
-      *field->second = positive();
-    } else {
+    try {
+      if (!parse_one(arg, value, sizes_flag, o, extra)) return false;
+    } catch (const std::invalid_argument &e) {
+      std::fprintf(stderr, "%s: %s: %s\n", argv[0], arg.c_str(), e.what());
       return false;
     }
   }

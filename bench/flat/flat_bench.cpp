@@ -138,7 +138,12 @@ int main(int argc, char **argv) {
         return 2;
       }
     } else if (arg == "--rounds" && i + 1 < argc) {
-      rounds = std::max(1, std::atoi(argv[++i]));
+      try {
+        rounds = mncl::bench::parse_number<int>(argv[++i], 1, 1 << 20);
+      } catch (const std::invalid_argument &e) {
+        std::fprintf(stderr, "flat_bench: --rounds: %s\n", e.what());
+        return 2;
+      }
     } else {
       std::fprintf(stderr, "usage: mpirun -np N %s [--quick] [--max-bytes N] [--rounds R]\n",
                    argv[0]);

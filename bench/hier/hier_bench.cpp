@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "common/bench_stats.h"
+#include "common/parse_size.h"
 
 namespace {
 
@@ -40,17 +41,24 @@ bool parse(int argc, char **argv, Options &o) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const bool has_value = i + 1 < argc;
-    if (arg == "--sizes" && has_value) {
-      o.sizes.clear();
-      std::stringstream list(argv[++i]);
-      for (std::string item; std::getline(list, item, ',');) o.sizes.push_back(std::stoull(item));
-    } else if (arg == "--max-bytes" && has_value) {
-      o.max_bytes = std::stoull(argv[++i]);
-    } else if (arg == "--rounds" && has_value) {
-      o.rounds = std::max(1, std::atoi(argv[++i]));
-    } else if (arg == "--iters" && has_value) {
-      o.iters = std::max(1, std::atoi(argv[++i]));
-    } else {
+    try {
+      if (arg == "--sizes" && has_value) {
+        o.sizes.clear();
+        std::stringstream list(argv[++i]);
+        for (std::string item; std::getline(list, item, ',');) {
+          o.sizes.push_back(mncl::bench::parse_size(item));
+        }
+      } else if (arg == "--max-bytes" && has_value) {
+        o.max_bytes = mncl::bench::parse_size(argv[++i]);
+      } else if (arg == "--rounds" && has_value) {
+        o.rounds = mncl::bench::parse_number<int>(argv[++i], 1, 1 << 20);
+      } else if (arg == "--iters" && has_value) {
+        o.iters = mncl::bench::parse_number<int>(argv[++i], 1, 1 << 20);
+      } else {
+        return false;
+      }
+    } catch (const std::invalid_argument &e) {
+      std::fprintf(stderr, "mncl-hier-bench: %s: %s\n", arg.c_str(), e.what());
       return false;
     }
   }

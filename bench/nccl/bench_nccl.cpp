@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "common/parse_size.h"
+
 namespace {
 
 [[noreturn]] void die(const std::string &what) {
@@ -34,21 +36,6 @@ void check(cudaError_t e, const char *what) {
 }
 void check(ncclResult_t r, const char *what) {
   if (r != ncclSuccess) die(std::string(what) + ": " + ncclGetErrorString(r));
-}
-
-size_t parse_bytes(const char *text) {
-  char *end = nullptr;
-  double v = std::strtod(text, &end);
-  const std::string unit = end;
-  if (unit == "Ki" || unit == "K")
-    v *= 1024.0;
-  else if (unit == "Mi" || unit == "M")
-    v *= 1024.0 * 1024;
-  else if (unit == "Gi" || unit == "G")
-    v *= 1024.0 * 1024 * 1024;
-  else if (!unit.empty())
-    die("bad size '" + std::string(text) + "'");
-  return static_cast<size_t>(v);
 }
 
 std::string human(size_t bytes) {
@@ -76,14 +63,18 @@ int main(int argc, char **argv) {
   int rounds = 5;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--min-bytes" && i + 1 < argc)
-      min_bytes = parse_bytes(argv[++i]);
-    else if (a == "--max-bytes" && i + 1 < argc)
-      max_bytes = parse_bytes(argv[++i]);
-    else if (a == "--rounds" && i + 1 < argc)
-      rounds = std::max(1, std::atoi(argv[++i]));
-    else
-      die("usage: mncl-bench-nccl [--min-bytes N] [--max-bytes N] [--rounds N]");
+    try {
+      if (a == "--min-bytes" && i + 1 < argc)
+        min_bytes = mncl::bench::parse_size(argv[++i]);
+      else if (a == "--max-bytes" && i + 1 < argc)
+        max_bytes = mncl::bench::parse_size(argv[++i]);
+      else if (a == "--rounds" && i + 1 < argc)
+        rounds = mncl::bench::parse_number<int>(argv[++i], 1, 1 << 20);
+      else
+        die("usage: mncl-bench-nccl [--min-bytes N] [--max-bytes N] [--rounds N]");
+    } catch (const std::invalid_argument &e) {
+      die(a + ": " + e.what());
+    }
   }
   setenv("MNCL_BACKEND", "nccl", 0);  // the comparison is about this backend
   int count = 0;

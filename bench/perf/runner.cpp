@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -267,8 +268,10 @@ int run_rank(const Options &o, const std::string &command_line) {
   mncl_comm_t comm = nullptr;
   mncl_status_t st = mncl_comm_create(&config, &comm);
   if (st != MNCL_OK) {
-    std::fprintf(stderr, "mncl-perf: mncl_comm_create: %s: %s\n", mncl_status_string(st),
-                 mncl_last_error());
+    // The library's message names the call ("mncl_comm_create: ..."); its config.backend is
+    // this program's --backend.
+    std::fprintf(stderr, "mncl-perf: %s [%s%s]\n", mncl_last_error(), mncl_status_string(st),
+                 o.backend.empty() ? "" : "; config.backend is --backend");
     // Under the sweep driver: no usable plugin (not built for this machine, its probe refused,
     // e.g. nccl without a GPU) makes the backend a skip, not a failure. Tell the driver why.
     if (const char *f = std::getenv("MNCL_PERF_UNUSABLE_FILE"); f && *f && st == MNCL_ERR_PLUGIN) {
@@ -300,7 +303,14 @@ int run_rank(const Options &o, const std::string &command_line) {
   } catch (const std::exception &e) {
     // A failed collective leaves the others waiting: abort, and skip the collective destroy,
     // which would only wait out the timeout once more.
-    std::fprintf(stderr, "mncl-perf: rank %d: %s\n", rank, e.what());
+    if (dynamic_cast<const std::bad_alloc *>(&e) != nullptr) {
+      std::fprintf(stderr,
+                   "mncl-perf: rank %d: out of memory for the buffers of sizes up to -e %zu "
+                   "bytes (each rank holds several buffers of that size): lower -e\n",
+                   rank, o.max_bytes);
+    } else {
+      std::fprintf(stderr, "mncl-perf: rank %d: %s\n", rank, e.what());
+    }
     mncl_comm_abort(comm);
     std::fflush(nullptr);
     _exit(1);

@@ -14,11 +14,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "mncl/frontends.hpp"
@@ -160,29 +162,61 @@ inline const char *kUsage =
     "  --batch-norm B        mnist_mlp: none, local or multi-node batch normalization after\n"
     "                        the hidden layer (none)\n";
 
+// The whole of `text` as a number of type T, or std::invalid_argument ("'12x' is not an
+// integer"): std::stoi alone took "12x" for 12 and said only "stoi" for "abc".
+template <class T>
+T number(const std::string &text) {
+  size_t used = 0;
+  T value{};
+  try {
+    if constexpr (std::is_floating_point_v<T>) {
+      value = static_cast<T>(std::stod(text, &used));
+    } else if constexpr (std::is_signed_v<T>) {
+      const long long v = std::stoll(text, &used);
+      if (v < std::numeric_limits<T>::min() || v > std::numeric_limits<T>::max()) used = 0;
+      value = static_cast<T>(v);
+    } else {
+      const unsigned long long v = std::stoull(text, &used);
+      if (text.find('-') != std::string::npos || v > std::numeric_limits<T>::max()) used = 0;
+      value = static_cast<T>(v);
+    }
+  } catch (const std::logic_error &) {  // std::invalid_argument, std::out_of_range
+    used = 0;
+  }
+  if (text.empty() || used != text.size()) {
+    throw std::invalid_argument("'" + text + "' is not " +
+                                (std::is_floating_point_v<T> ? "a number" : "an integer") +
+                                " in range");
+  }
+  return value;
+}
+
 inline Options parse_options(int argc, char **argv) {
   Options o;
   // Option -> what to do with its value ("" for the flag without one).
   const std::map<std::string, std::function<void(const std::string &)>> setters{
-      {"--epochs", [&](const std::string &v) { o.epochs = std::stoi(v); }},
-      {"--batch-size", [&](const std::string &v) { o.batch_size = std::stoi(v); }},
-      {"--hidden", [&](const std::string &v) { o.hidden = std::stoi(v); }},
-      {"--lr", [&](const std::string &v) { o.lr = std::stof(v); }},
+      {"--epochs", [&](const std::string &v) { o.epochs = number<int>(v); }},
+      {"--batch-size", [&](const std::string &v) { o.batch_size = number<int>(v); }},
+      {"--hidden", [&](const std::string &v) { o.hidden = number<int>(v); }},
+      {"--lr", [&](const std::string &v) { o.lr = number<float>(v); }},
       {"--lr-schedule", [&](const std::string &v) { o.lr_schedule = v; }},
       {"--optimizer", [&](const std::string &v) { o.optimizer = v; }},
-      {"--seed", [&](const std::string &v) { o.seed = std::stoull(v); }},
+      {"--seed", [&](const std::string &v) { o.seed = number<decltype(o.seed)>(v); }},
       {"--data-dir", [&](const std::string &v) { o.data_dir = v; }},
-      {"--train-limit", [&](const std::string &v) { o.train_limit = std::stoull(v); }},
-      {"--test-limit", [&](const std::string &v) { o.test_limit = std::stoull(v); }},
+      {"--train-limit",
+       [&](const std::string &v) { o.train_limit = number<decltype(o.train_limit)>(v); }},
+      {"--test-limit",
+       [&](const std::string &v) { o.test_limit = number<decltype(o.test_limit)>(v); }},
       {"--grad-dtype", [&](const std::string &v) { o.grad_dtype = v; }},
-      {"--fusion-bytes", [&](const std::string &v) { o.fusion_bytes = std::stoull(v); }},
+      {"--fusion-bytes",
+       [&](const std::string &v) { o.fusion_bytes = number<decltype(o.fusion_bytes)>(v); }},
       {"--checkpoint-dir", [&](const std::string &v) { o.checkpoint_dir = v; }},
-      {"--min-accuracy", [&](const std::string &v) { o.min_accuracy = std::stod(v); }},
-      {"--loader-threads", [&](const std::string &v) { o.loader_threads = std::stoi(v); }},
-      {"--prefetch", [&](const std::string &v) { o.prefetch = std::stoull(v); }},
-      {"--allreduce-every", [&](const std::string &v) { o.allreduce_every = std::stoi(v); }},
-      {"--per-rank-batch", [&](const std::string &v) { o.per_rank_batch = std::stoi(v); }},
-      {"--model-parallel", [&](const std::string &v) { o.model_parallel = std::stoi(v); }},
+      {"--min-accuracy", [&](const std::string &v) { o.min_accuracy = number<double>(v); }},
+      {"--loader-threads", [&](const std::string &v) { o.loader_threads = number<int>(v); }},
+      {"--prefetch", [&](const std::string &v) { o.prefetch = number<decltype(o.prefetch)>(v); }},
+      {"--allreduce-every", [&](const std::string &v) { o.allreduce_every = number<int>(v); }},
+      {"--per-rank-batch", [&](const std::string &v) { o.per_rank_batch = number<int>(v); }},
+      {"--model-parallel", [&](const std::string &v) { o.model_parallel = number<int>(v); }},
       {"--batch-norm", [&](const std::string &v) { o.batch_norm = v; }},
   };
   for (int i = 1; i < argc; ++i) {
@@ -200,7 +234,11 @@ inline Options parse_options(int argc, char **argv) {
       throw std::invalid_argument("unknown option " + arg + "\n" + kUsage);
     }
     if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value");
-    setter->second(argv[++i]);
+    try {
+      setter->second(argv[++i]);
+    } catch (const std::invalid_argument &e) {
+      throw std::invalid_argument(arg + ": " + e.what());
+    }
   }
   if (o.epochs < 0 || o.batch_size <= 0 || o.hidden <= 0) {
     throw std::invalid_argument("epochs, batch size and hidden units must be positive");
