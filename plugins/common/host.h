@@ -10,6 +10,7 @@
 
 #include <mncl/mncl_plugin.h>
 
+#include <cctype>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdarg>
@@ -58,6 +59,12 @@ __attribute__((format(printf, 1, 2))) inline std::string format(const char *fmt,
   std::string out = vformat(fmt, args);
   va_end(args);
   return out;
+}
+
+// ASCII lower case: keyword values of the plugins' variables are taken in any case.
+inline std::string lower(std::string text) {
+  for (char &c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return text;
 }
 
 // A failure inside a plugin: thrown by plugin code, turned into set_error + status by guard().

@@ -271,7 +271,7 @@ const gloo::ReductionFunction<T> *classic_fn(int32_t dtype, int32_t op) {
 }  // namespace
 
 bool parse_algo(const char *text, Algo *algo) {
-  const std::string s = text == nullptr ? "" : text;
+  const std::string s = kit::lower(text == nullptr ? "" : text);
   if (s.empty() || s == "auto") {
     *algo = Algo::kAuto;
   } else if (s == "ring") {

@@ -2,12 +2,16 @@
 //
 // The ABI edge: each entry point turns exceptions (Gloo's included) into a status with
 // kit::guard; the communicator (gloo_comm.h) does the work. Environment variables, read through
-// the host at comm_create so the core logs them:
+// the host (so the core logs them) at init, where a bad value refuses the plugin with
+// MNCL_ERR_INVALID_ARGUMENT (the core then fails the communicator's creation, as the user
+// wants gloo; mncl-info shows it), and again at each comm_create:
 //   MNCL_GLOO_TRANSPORT  tcp (default, and the only one: ibverbs is refused, by the probe and
 //                        by comm_create, see gloo_transport.h)
-//   MNCL_GLOO_IFACE      network interface to bind (default: this host's name; 127.0.0.1 when
+//   MNCL_GLOO_IFACE      network interface to bind (default: GLOO_SOCKET_IFNAME's first entry,
+//                        as torch.distributed takes it; else this host's name; 127.0.0.1 when
 //                        every rank is on this host)
-//   MNCL_GLOO_ALGO       auto (default) | ring | ring_chunked | halving_doubling | bcube
+//   MNCL_GLOO_ALGO       auto (default) | ring | ring_chunked | halving_doubling | bcube (any
+//                        case)
 #include <gloo/config.h>
 #include <mncl/mncl_plugin.h>
 
@@ -38,11 +42,54 @@ std::string env(const char *name) {
   return value != nullptr ? std::string(value) : std::string();  // copy: valid until next call
 }
 
+// The plugin's settings from the environment; throws kit::Error naming the variable at fault
+// (MNCL_ERR_NOT_SUPPORTED for the ibverbs transport, MNCL_ERR_INVALID_ARGUMENT for a value
+// that means nothing).
+Settings read_settings() {
+  Settings settings;
+  std::string why;
+  const mncl_status_t transport =
+      mncl::gloo_plugin::check_transport(env("MNCL_GLOO_TRANSPORT"), &why);
+  if (transport != MNCL_OK) throw kit::Error(transport, why);
+  settings.transport.iface = env("MNCL_GLOO_IFACE");
+  if (settings.transport.iface.empty()) {
+    // torch.distributed's (and Gloo's own examples') variable, a comma list there: one
+    // interface here, the first, as MNCL's gloo runs one device per communicator.
+    const std::string list = env("GLOO_SOCKET_IFNAME");
+    settings.transport.iface = list.substr(0, list.find(','));
+    settings.transport.iface_origin = "GLOO_SOCKET_IFNAME";
+    if (list.find(',') != std::string::npos) {
+      MNCL_KIT_LOG(g_host, MNCL_LOG_INFO,
+                   "gloo: GLOO_SOCKET_IFNAME='%s': binding its first interface, %s, only",
+                   list.c_str(), settings.transport.iface.c_str());
+    }
+  }
+  const std::string algo = env("MNCL_GLOO_ALGO");
+  if (!mncl::gloo_plugin::parse_algo(algo.c_str(), &settings.algo)) {
+    throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
+                     kit::format("MNCL_GLOO_ALGO='%s' is not an algorithm (expected auto, ring, "
+                                 "ring_chunked, halving_doubling or bcube)",
+                                 algo.c_str()));
+  }
+  return settings;
+}
+
 mncl_status_t gloo_init(const mncl_host_v1_t *host) {
   if (!kit::host_is_usable(host)) return MNCL_ERR_PLUGIN;
   g_host = host;
   MNCL_KIT_LOG(g_host, MNCL_LOG_INFO, "gloo %s: CPU collectives over Gloo",
                MNCL_GLOO_VERSION_STRING);
+  try {
+    read_settings();
+  } catch (const kit::Error &e) {
+    // A value that means nothing refuses the plugin (the core reports it); ibverbs is left to
+    // the probe, which scores it 0 with the reason, for auto to pass gloo over.
+    if (e.status() == MNCL_ERR_INVALID_ARGUMENT) {
+      return kit::report(host, MNCL_ERR_INVALID_ARGUMENT, "gloo: %s", e.what());
+    }
+  } catch (const std::exception &e) {
+    return kit::report(host, MNCL_ERR_INTERNAL, "gloo: reading its settings: %s", e.what());
+  }
   return MNCL_OK;
 }
 
@@ -71,20 +118,12 @@ mncl_status_t gloo_probe(const mncl_probe_v1_t * /*info*/, int32_t *score, char 
 mncl_status_t gloo_comm_create(const mncl_bootstrap_v1_t *bs, void **comm) {
   return kit::create_comm(g_host, "gloo", bs, comm, [&] {
     Settings settings;
-    std::string why;
-    const mncl_status_t transport =
-        mncl::gloo_plugin::check_transport(env("MNCL_GLOO_TRANSPORT"), &why);
-    if (transport != MNCL_OK) throw kit::Error(transport, "gloo comm_create: " + why);
-    settings.transport.iface = env("MNCL_GLOO_IFACE");
-    settings.transport.loopback = bs->num_hosts == 1;
-    const std::string algo = env("MNCL_GLOO_ALGO");
-    if (!mncl::gloo_plugin::parse_algo(algo.c_str(), &settings.algo)) {
-      throw kit::Error(MNCL_ERR_INVALID_ARGUMENT,
-                       kit::format("gloo comm_create: MNCL_GLOO_ALGO='%s' is not an algorithm "
-                                   "(expected auto, ring, ring_chunked, halving_doubling or "
-                                   "bcube)",
-                                   algo.c_str()));
+    try {
+      settings = read_settings();
+    } catch (const kit::Error &e) {
+      throw kit::Error(e.status(), std::string("gloo comm_create: ") + e.what());
     }
+    settings.transport.loopback = bs->num_hosts == 1;
     return new Comm(*bs, g_host, settings);
   });
 }

@@ -129,7 +129,8 @@ std::string this_hostname() {
 
 }  // namespace
 
-mncl_status_t check_transport(const std::string &setting, std::string *why) {
+mncl_status_t check_transport(const std::string &text, std::string *why) {
+  const std::string setting = kit::lower(text);
   if (setting.empty() || setting == "tcp") {
     why->clear();
     return MNCL_OK;
@@ -143,17 +144,17 @@ mncl_status_t check_transport(const std::string &setting, std::string *why) {
   }
   *why = kit::format(
       "MNCL_GLOO_TRANSPORT='%s' is not a transport (expected tcp; ibverbs is not supported)",
-      setting.c_str());
+      text.c_str());
   return MNCL_ERR_INVALID_ARGUMENT;
 }
 
 std::shared_ptr<gloo::transport::Device> create_device(
     const TransportSettings &settings, const std::shared_ptr<AbortRegistry> &registry) {
   tcp::attr attr;
-  const char *what = "";
+  std::string what;
   if (!settings.iface.empty()) {
     attr.iface = settings.iface;
-    what = "network interface (MNCL_GLOO_IFACE)";
+    what = "network interface (" + settings.iface_origin + ")";
   } else if (settings.loopback) {
     attr.hostname = "127.0.0.1";  // a single host: no need to trust name resolution
     what = "loopback address";
@@ -165,8 +166,8 @@ std::shared_ptr<gloo::transport::Device> create_device(
     return std::make_shared<TrackingDevice>(tcp::CreateDeviceAttr(attr), registry);
   } catch (const std::exception &e) {
     const std::string &name = attr.iface.empty() ? attr.hostname : attr.iface;
-    throw kit::Error(MNCL_ERR_SYSTEM,
-                     kit::format("gloo: cannot bind to %s '%s': %s", what, name.c_str(), e.what()));
+    throw kit::Error(MNCL_ERR_SYSTEM, kit::format("gloo: cannot bind to %s '%s': %s", what.c_str(),
+                                                  name.c_str(), e.what()));
   }
 }
 

@@ -67,8 +67,9 @@ class AbortRegistry {
 mncl_status_t check_transport(const std::string &setting, std::string *why);
 
 struct TransportSettings {
-  std::string iface;      // MNCL_GLOO_IFACE
-  bool loopback = false;  // every rank on this host: bind 127.0.0.1
+  std::string iface;                             // MNCL_GLOO_IFACE or GLOO_SOCKET_IFNAME
+  std::string iface_origin = "MNCL_GLOO_IFACE";  // which of them (for messages)
+  bool loopback = false;                         // every rank on this host: bind 127.0.0.1
 };
 
 // Creates the TCP device, throwing kit::Error with a message naming the variable at fault.

@@ -129,8 +129,6 @@ struct Comm::Op {
   }
 };
 
-namespace {
-
 // MNCL_NAIVE_PART_BYTES: the largest store value before a message travels in parts (tests set
 // it small to take that path at every size).
 size_t part_bytes_from_env(const mncl_host_v1_t *host) {
@@ -145,8 +143,6 @@ size_t part_bytes_from_env(const mncl_host_v1_t *host) {
   }
   return static_cast<size_t>(value);
 }
-
-}  // namespace
 
 Comm::Comm(const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host)
     : host_(host),

@@ -77,6 +77,11 @@
 
 namespace mncl::naive {
 
+// MNCL_NAIVE_PART_BYTES (see naive_comm.cpp); throws kit::Error(MNCL_ERR_INVALID_ARGUMENT)
+// naming a bad value. Read at init (a bad setting refuses the plugin, which the core reports)
+// and at each creation.
+size_t part_bytes_from_env(const mncl_host_v1_t *host);
+
 class Comm {
  public:
   Comm(const mncl_bootstrap_v1_t &bs, const mncl_host_v1_t *host);

@@ -26,7 +26,13 @@ mncl_status_t naive_init(const mncl_host_v1_t *host) {
   if (!kit::host_is_usable(host)) return MNCL_ERR_PLUGIN;  // cannot even report why
   g_host = host;
   MNCL_KIT_LOG(g_host, MNCL_LOG_INFO, "naive 0.1.0: reference backend over the bootstrap store");
-  return MNCL_OK;
+  // A bad setting of this plugin's own refuses it here, with MNCL_ERR_INVALID_ARGUMENT: the
+  // core then fails the communicator's creation naming it (auto included), and mncl-info
+  // shows it. Plugins should check every variable of theirs at init, as this one does.
+  return kit::guard(host, "naive init", [&] {
+    mncl::naive::part_bytes_from_env(host);
+    return MNCL_OK;
+  });
 }
 
 void naive_finalize(void) {

@@ -37,8 +37,7 @@ bool names_loopback(const std::string &host) {
       inet_pton(AF_INET6, host.c_str(), &scratch) == 1) {
     return true;
   }
-  std::string name = host;
-  for (char &c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  std::string name = env::lower(host);
   if (!name.empty() && name.back() == '.') name.pop_back();
   const auto ends_with = [&](const std::string &suffix) {
     return name.size() >= suffix.size() &&
@@ -126,10 +125,26 @@ class PrefixStore final : public Store {
 
 }  // namespace
 
+void check_store_url(const std::string &url, const char *origin) {
+  try {
+    if (starts_with(url, "tcp://")) {
+      parse_tcp_url(url);
+    } else if (!starts_with(url, "file://")) {
+      bad_url(url, "unknown scheme");
+    } else if (!starts_with(url.substr(7), "/")) {
+      bad_url(url, "the directory must be an absolute path");
+    }
+  } catch (const Error &e) {
+    if (origin == nullptr) throw;
+    throw Error(e.status(), format("%s: %s", origin, e.what()));
+  }
+}
+
 std::shared_ptr<Store> open_store(const std::string &url, int rank, int size,
                                   const WaitOptions &opts, TcpListen listen) {
   MNCL_CHECK(size >= 1 && rank >= 0 && rank < size, MNCL_ERR_INVALID_ARGUMENT,
              "open_store: rank %d is out of range for %d ranks", rank, size);
+  check_store_url(url);
   if (starts_with(url, "tcp://")) {
     const TcpAddress address = parse_tcp_url(url);
     const std::string token = env::get("MNCL_STORE_TOKEN").value_or("");
@@ -191,12 +206,7 @@ std::shared_ptr<Store> open_store(const std::string &url, int rank, int size,
     }
     return std::make_shared<TcpStore>(address.host, address.port, token, opts, std::move(server));
   }
-  if (starts_with(url, "file://")) {
-    const std::string dir = url.substr(7);
-    if (!starts_with(dir, "/")) bad_url(url, "the directory must be an absolute path");
-    return std::make_shared<FileStore>(dir, opts.timeout);
-  }
-  bad_url(url, "unknown scheme");
+  return std::make_shared<FileStore>(url.substr(7), opts.timeout);  // file:///dir (checked)
 }
 
 std::shared_ptr<Store> make_prefix_store(std::shared_ptr<Store> base, const std::string &prefix) {

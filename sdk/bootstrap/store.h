@@ -79,6 +79,9 @@ enum class TcpListen {
   kEveryAddressForAHostNameOnLoopback,
 };
 
+// Throws MNCL_ERR_INVALID_ARGUMENT ("invalid store url ...", after "<origin>: " when given)
+// unless url has one of the accepted forms; opens nothing.
+void check_store_url(const std::string &url, const char *origin = nullptr);
 // Opens the store named by url for a rank of a job of `size` ranks. For tcp://, rank 0 starts
 // the server (listening as `listen` says) before connecting. Clients retry the connection until
 // opts.timeout; failing that, MNCL_ERR_BOOTSTRAP names the address and that rank 0 never came

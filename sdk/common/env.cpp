@@ -1,5 +1,6 @@
 #include "common/env.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
@@ -7,6 +8,9 @@
 #include <cstring>
 #include <mutex>
 #include <set>
+#include <utility>
+
+extern char **environ;  // POSIX: the process's environment
 
 #include "common/error.h"
 #include "common/log.h"
@@ -88,8 +92,11 @@ const std::vector<Variable> &table() {
        "gloo: transport, tcp (the only one: this Gloo's ibverbs transport has no unbound "
        "buffers, which every gloo operation uses, so ibverbs is refused)."},
       {"MNCL_GLOO_IFACE", "",
-       "gloo: network interface to bind (default: the host name's address; loopback on one "
-       "host)."},
+       "gloo: network interface to bind (default: GLOO_SOCKET_IFNAME's first; else the host "
+       "name's address; loopback on one host)."},
+      {"GLOO_SOCKET_IFNAME", "",
+       "gloo (torch.distributed's variable): a comma list of interfaces; MNCL's gloo binds the "
+       "first, unless MNCL_GLOO_IFACE is set."},
       {"MNCL_GLOO_ALGO", "auto",
        "gloo: allreduce algorithm, auto, ring, ring_chunked, halving_doubling or bcube. "
        "After a large ring_chunked allreduce, large transfers against the ring's direction "
@@ -173,6 +180,25 @@ const std::vector<Variable> &table() {
        "the package, then the system's search path)."},
       {"MNCL_RUN_GRACE", "5",
        "mncl-run: seconds the other ranks get to end after one failed before they are killed."},
+      // The repository's scripts (read by them, never by the library: listed so that a set one
+      // draws no warning in the processes they start).
+      {"MNCL_BUILD_DIR", "build",
+       "scripts/*.sh: the build folder (setup.sh configures and builds it; sweep.sh and test.sh "
+       "run from it)."},
+      {"MNCL_BUILD_TYPE", "RelWithDebInfo", "scripts/setup.sh: CMAKE_BUILD_TYPE of the build."},
+      {"MNCL_BUILD_TARGETS", "",
+       "scripts/setup.sh: build only these targets (space-separated; default: everything)."},
+      {"MNCL_CMAKE_ARGS", "", "scripts/setup.sh: more arguments for CMake's configure step."},
+      {"MNCL_SWEEP_BACKENDS", "naive,flat,gloo,shm",
+       "scripts/sweep.sh: the backends to sweep (missing or unusable ones are skipped, with the "
+       "reason)."},
+      {"MNCL_SWEEP_OUT", "", "scripts/sweep.sh: the output folder (default: <build>/sweep)."},
+      {"MNCL_TEST_SANITIZERS", "0",
+       "scripts/test.sh: 1 also runs the reliability builds (ASan+UBSan, TSan, fuzzing), as CI "
+       "does."},
+      {"MNCL_FUZZ_SECONDS", "60", "scripts/reliability.sh: seconds of the libFuzzer run."},
+      {"MNCL_GPU_CHECK_MAX_BYTES", "1Gi",
+       "tests/gpu/run.sh: the largest size of its overhead sweep."},
       // Reliability aids (tests/fault).
       {"MNCL_DEBUG_CHECKS", "0",
        "1: before each collective, every rank compares a fingerprint of its call (kind, count, "
@@ -213,27 +239,143 @@ std::string shown_value(const std::string &name, const char *value) {
   return is_secret(name) ? "set (hidden)" : std::string(value);
 }
 
+namespace {
+
+bool starts_with(const std::string &text, const char *prefix) {
+  return text.compare(0, std::strlen(prefix), prefix) == 0;
+}
+
+// The test suite's hooks (fake GPUs, mock plugins, per-test knobs) and mncl-perf's hand-over
+// to its ranks: set in the processes of tests and benchmarks, documented where they are read.
+bool is_internal(const std::string &name) {
+  // Written after "MNCL_" (as below): tests/loader/check_env_table.sh takes every quoted
+  // "MNCL_..." literal of the library for a variable it reads.
+  const std::string rest = name.substr(5);
+  for (const char *prefix :
+       {"TEST_", "MOCK_", "FAKE_", "GPU_TEST_", "SPLIT_TEST_", "CONFORMANCE_", "PERF_"}) {
+    if (starts_with(rest, prefix)) return true;
+  }
+  return rest == "P2P_ITERATIONS";
+}
+
+size_t edit_distance(const std::string &a, const std::string &b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1] ? 1 : 0)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// The documented name an unknown one most likely meant: names other libraries use for the
+// same setting (NCCL_DEBUG's, torch's), else the closest by edit distance (at most 2, 3 for
+// long names), else "".
+std::string likely_meant(const std::string &name) {
+  // After "MNCL_", as in is_internal.
+  static const std::pair<const char *, const char *> kAliases[] = {
+      {"LOG", "DEBUG"},
+      {"LOG_LEVEL", "DEBUG"},
+      {"LOGLEVEL", "DEBUG"},
+      {"VERBOSE", "DEBUG"},
+      {"LOG_FILE", "DEBUG_FILE"},
+      {"WORLD_SIZE", "SIZE"},
+      {"NRANKS", "SIZE"},
+      {"LOCAL_WORLD_SIZE", "LOCAL_SIZE"},
+      {"SOCKET_IFNAME", "GLOO_IFACE"},
+      {"IFNAME", "GLOO_IFACE"},
+      {"GLOO_IFNAME", "GLOO_IFACE"},
+      {"GLOO_SOCKET_IFNAME", "GLOO_IFACE"},
+      {"MASTER_ADDR", "STORE"},
+      {"MASTER_PORT", "STORE"},
+      {"TIMEOUT_S", "TIMEOUT"},
+      {"TIMEOUT_MS", "TIMEOUT"},
+  };
+  for (const auto &[alias, meant] : kAliases) {
+    if (name.compare(5, std::string::npos, alias) == 0) return std::string("MNCL_") + meant;
+  }
+  std::string best;
+  size_t best_distance = name.size() > 12 ? 3 : 2;
+  for (const auto &v : table()) {
+    if (!starts_with(v.name, "MNCL_")) continue;
+    const size_t d = edit_distance(name, v.name);
+    if (d <= best_distance && (best.empty() || d < best_distance)) {
+      best = v.name;
+      best_distance = d;
+    }
+  }
+  return best;
+}
+
+std::mutex g_mutex;
+std::set<std::string> g_logged;          // names whose value was logged
+std::set<std::string> g_warned_unknown;  // unknown names warned about
+
+// Once per process, under g_mutex: every unknown MNCL_* name set now.
+void warn_unknown_once() {
+  static bool scanned = false;
+  if (scanned) return;
+  scanned = true;
+  for (const auto &unknown : unknown_variables()) {
+    if (g_warned_unknown.insert(unknown.name).second) {
+      MNCL_WARN("%s (mncl-info --env lists them)", describe_unknown(unknown).c_str());
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<Unknown> unknown_variables() {
+  std::vector<Unknown> out;
+  for (char **entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    const char *equals = std::strchr(*entry, '=');
+    if (equals == nullptr) continue;
+    const std::string name(*entry, static_cast<size_t>(equals - *entry));
+    if (!starts_with(name, "MNCL_") || find(name) != nullptr || is_internal(name)) continue;
+    out.push_back({name, likely_meant(name)});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const Unknown &a, const Unknown &b) { return a.name < b.name; });
+  return out;
+}
+
+std::string describe_unknown(const Unknown &unknown) {
+  std::string text = unknown.name + " is not a documented MNCL variable and has no effect";
+  if (!unknown.meant.empty()) text += " (did you mean " + unknown.meant + "?)";
+  return text;
+}
+
 std::optional<std::string> get(const char *name) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  warn_unknown_once();
   const char *value = raw(name);
   if (value == nullptr || *value == '\0') return std::nullopt;
-  static std::mutex mutex;
-  static std::set<std::string> logged;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (logged.insert(name).second) {
-      if (is_secret(name)) {
-        MNCL_INFO("%s set by environment (value hidden)", name);
-      } else {
-        MNCL_INFO("%s set by environment to %s", name, value);
-      }
-      // Plugins read their own variables (GLOO_SOCKET_IFNAME...) through the host's get_env:
-      // only a name in MNCL's own namespace that the table lacks is a likely typo.
-      if (std::strncmp(name, "MNCL_", 5) == 0 && find(name) == nullptr) {
-        MNCL_WARN("%s is not a documented MNCL variable (mncl-info --env lists them)", name);
-      }
+  if (g_logged.insert(name).second) {
+    if (is_secret(name)) {
+      MNCL_INFO("%s set by environment (value hidden)", name);
+    } else {
+      MNCL_INFO("%s set by environment to %s", name, value);
+    }
+    // Plugins read their own variables (GLOO_SOCKET_IFNAME...) through the host's get_env:
+    // only a name in MNCL's own namespace that the table lacks is a likely typo (set after
+    // the first scan, or read by a plugin under an undocumented name).
+    if (std::strncmp(name, "MNCL_", 5) == 0 && find(name) == nullptr &&
+        g_warned_unknown.insert(name).second) {
+      MNCL_WARN("%s (mncl-info --env lists them)",
+                describe_unknown({name, likely_meant(name)}).c_str());
     }
   }
   return std::string(value);
+}
+
+std::string lower(std::string text) {
+  for (char &c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return text;
 }
 
 std::optional<int64_t> get_timeout_ms(const char *name) {

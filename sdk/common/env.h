@@ -26,13 +26,29 @@ const Variable *find(const std::string &name);
 const char *raw(const char *name);
 // The value if set and non-empty; logs "NAME set by environment to VALUE" the first time
 // (the value hidden for a secret: is_secret), and warns once for an MNCL_* name the table
-// lacks (names outside MNCL_*, such as a plugin's own, draw no warning).
+// lacks (names outside MNCL_*, such as a plugin's own, draw no warning). The first call also
+// warns once about every unknown MNCL_* variable set in the environment (unknown_variables),
+// read or not: a misspelt name is never read, so it would otherwise pass unnoticed.
 std::optional<std::string> get(const char *name);
+// The MNCL_* variables set in this process's environment that the table lacks (the test
+// suite's own hooks aside), each with the documented name it most likely meant, if any
+// (MNCL_TIMOUT: MNCL_TIMEOUT; MNCL_LOG_LEVEL: MNCL_DEBUG).
+struct Unknown {
+  std::string name;
+  std::string meant;  // "" when no documented name is close
+};
+std::vector<Unknown> unknown_variables();
+// "NAME is not a documented MNCL variable and has no effect (did you mean X?)".
+std::string describe_unknown(const Unknown &unknown);
 // Whether a variable's value must never be printed: its name contains TOKEN, SECRET,
 // PASSWORD, PASSWD, KEY or CREDENTIAL (any case), as MNCL_STORE_TOKEN.
 bool is_secret(const std::string &name);
 // The value as logs and tools may show it: "set (hidden)" for a secret, "(unset)" for nullptr.
 std::string shown_value(const std::string &name, const char *value);
+
+// ASCII lower case: keyword values (auto, host, numa, backend names, log levels) are taken in
+// any case, as NCCL_DEBUG=INFO is.
+std::string lower(std::string text);
 
 // Parsers that throw MNCL_ERR_INVALID_ARGUMENT naming the variable and the bad value.
 // The longest timeout MNCL takes (one week): deadlines of now + timeout stay far from any

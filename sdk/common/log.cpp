@@ -44,8 +44,7 @@ const char *short_path(const char *file) {
 
 int parse_level(const char *text) {
   if (text == nullptr || *text == '\0') return kWarn;
-  std::string v(text);  // any case: MNCL_DEBUG=INFO as NCCL_DEBUG=INFO
-  for (char &c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::string v = env::lower(text);  // any case: MNCL_DEBUG=INFO as NCCL_DEBUG=INFO
   if (v == "none" || v == "0") return kNone;
   if (v == "error" || v == "1") return kError;
   if (v == "warn" || v == "2") return kWarn;

@@ -182,7 +182,10 @@ Selection agree_on_backend(bootstrap::Store &store, const LaunchSettings &settin
     selection = select_backend(settings, probe_info(settings, local_size, num_hosts), &plugins);
     MNCL_INFO("backend %s chosen: %s", selection.plugin->name().c_str(), selection.why.c_str());
   } catch (const Error &e) {
-    local_error = e.what();  // MNCL_ERR_PLUGIN, whatever the cause: a backend could not be had
+    // MNCL_ERR_PLUGIN, whatever the cause (a backend could not be had), but for a bad setting
+    // of a plugin's own (MNCL_SHM_CHUNK=1K), which the user must correct.
+    local_error = e.what();
+    if (e.status() == MNCL_ERR_INVALID_ARGUMENT) local_status = MNCL_ERR_INVALID_ARGUMENT;
   } catch (const std::exception &e) {
     local_error = format("internal error while choosing the backend: %s", e.what());
     local_status = MNCL_ERR_INTERNAL;
@@ -313,10 +316,9 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
   comm->size_ = settings.size;
   comm->timeout_ms_ = settings.timeout_ms;
   comm->device_ = settings.device;
-  comm->debug_checks_ = debug_checks_enabled();
+  comm->debug_checks_ = settings.debug_checks;
   comm->history_.set_max_running(Comm::max_lanes(settings.size));
-  comm->linger_ =
-      std::chrono::microseconds(env::get_int("MNCL_LANE_LINGER_US", 0, 1000000).value_or(50));
+  comm->linger_ = std::chrono::microseconds(settings.lane_linger_us);
   // A process may create several world communicators on one store in turn (re-creation after
   // a failure, test suites): each generation gets its own key namespace, the same on every
   // rank since every rank creates them in the same order.
@@ -759,10 +761,16 @@ void Comm::create_plugin_comm(const mncl_bootstrap_v1_t &bs, void *parent_plugin
           : table_->comm_create(&bs, &plugin_comm_);
   if (status != MNCL_OK) {
     plugin_comm_ = nullptr;
-    throw Error(status, format("backend '%s' failed to create communicator %s (rank %d of %d): "
-                               "%s",
-                               backend().c_str(), id_.c_str(), rank_, size_, last_error()));
+    throw Error(status, format("backend '%s' failed to create %s (rank %d of %d): %s",
+                               backend().c_str(), label().c_str(), rank_, size_, last_error()));
   }
+}
+
+std::string Comm::label() const {
+  if (id_ == "w") return "the world communicator";
+  // "w2": the third world created on the same store by this process (see create).
+  if (id_.find('.') == std::string::npos) return "the world communicator " + id_;
+  return "the communicator " + id_ + " (split from the world communicator)";
 }
 
 Comm::~Comm() {
@@ -771,7 +779,7 @@ Comm::~Comm() {
     try {
       destroy();
     } catch (const std::exception &e) {
-      MNCL_WARN("communicator %s: %s", id_.c_str(), e.what());
+      MNCL_WARN("%s: %s", label().c_str(), e.what());
     }
   }
   // A destroy that failed before it stopped the watchdog: its threads use members declared
@@ -1578,9 +1586,9 @@ bool Comm::watch_peers_while_waiting() {
   const PeerWatch::Finding cause = peer_watch_->check();
   if (cause.status == MNCL_OK) return false;
   MNCL_WARN(
-      "communicator %s (rank %d of %d): %s; aborting the backend's communicator, whose "
-      "operations in progress fail",
-      id_.c_str(), rank_, size_, cause.reason.c_str());
+      "%s (rank %d of %d): %s; aborting the backend's communicator, whose operations in "
+      "progress fail",
+      label().c_str(), rank_, size_, cause.reason.c_str());
   abort_plugin();
   return true;
 }
@@ -1840,7 +1848,7 @@ std::unique_ptr<Comm> Comm::split_impl(int color, int key, bool by_type, int typ
   if (!errors.empty()) {
     throw Error(
         status == MNCL_OK ? MNCL_ERR_INVALID_ARGUMENT : status,
-        format("%s: the split of %s failed on every rank:%s", fn, id_.c_str(), errors.c_str()));
+        format("%s: the split of %s failed on every rank:%s", fn, label().c_str(), errors.c_str()));
   }
 
   // A backend that splits natively (MPI) needs exactly one comm_split call from every parent
@@ -1943,8 +1951,8 @@ std::unique_ptr<Comm> Comm::split_impl(int color, int key, bool by_type, int typ
     }
     // A backend may finish its creation despite the abort (its store waits were done): the
     // split still fails, as every call on an aborted communicator does.
-    MNCL_CHECK(!aborted_.load(), MNCL_ERR_ABORTED,
-               "%s: the communicator %s was aborted during the split", fn, id_.c_str());
+    MNCL_CHECK(!aborted_.load(), MNCL_ERR_ABORTED, "%s: %s was aborted during the split", fn,
+               label().c_str());
     MNCL_INFO("split %s -> %s: rank %d of %d on backend %s", id_.c_str(), child->id_.c_str(),
               child->rank_, child->size_, child->backend().c_str());
     return child;
@@ -2037,7 +2045,7 @@ void Comm::police_native_ops() {
         "the core aborted the backend's communicator when %s had outlived its timeout of "
         "%.1f s by %.1f s without the backend reporting its end",
         describe_op(first->coll).c_str(), timeout_ms_ / 1000.0, grace.count() / 1000.0);
-    MNCL_WARN("communicator %s: %s", id_.c_str(), native_abort_reason_.c_str());
+    MNCL_WARN("%s: %s", label().c_str(), native_abort_reason_.c_str());
     native_aborted_at_ = now;
     abort_plugin();  // comm_abort may come from any thread (ABI), even with this lock held
     return;
@@ -2046,9 +2054,9 @@ void Comm::police_native_ops() {
   // The backend ignores its abort: its operations are left to it (never tested again, so their
   // handles leak), and their buffers may still be written.
   MNCL_WARN(
-      "communicator %s: %zu posted operation(s) still running after comm_abort; abandoned "
-      "(backend %s may still use their buffers)",
-      id_.c_str(), native_ops_.size(), backend().c_str());
+      "%s: %zu posted operation(s) still running after comm_abort; abandoned (backend %s may "
+      "still use their buffers)",
+      label().c_str(), native_ops_.size(), backend().c_str());
   const bool by_user = aborted_.load();
   // Aborted by the watchdog's peer check: the rank that exited or aborted is the cause.
   const mncl_status_t by_peer =
@@ -2119,6 +2127,10 @@ void Comm::destroy(const std::atomic<int> *api_calls) {
 
   std::string error;
   mncl_status_t status = MNCL_OK;
+  // The backend's teardown and rank 0's wait for the others to leave share one timeout: gloo's
+  // final exchange with a rank that never came took the whole timeout, then the leave wait
+  // another (10 minutes at the default).
+  const auto teardown_deadline = deadline_after(timeout_ms_);
   {
     // Under the gate: no comm_abort reaches a communicator the backend is freeing (a plugin
     // cannot guard the end of its own comm_destroy). An abort meanwhile still ends the
@@ -2182,11 +2194,11 @@ void Comm::destroy(const std::atomic<int> *api_calls) {
           return std::stoi(key.substr(std::strlen("leave/")));
         };
         try {
-          const auto deadline = deadline_after(timeout_ms_);
           for (;;) {
-            const int64_t left = std::max<int64_t>(
-                0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now())
-                       .count());
+            const int64_t left =
+                std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                         teardown_deadline - Clock::now())
+                                         .count());
             const int64_t slice = peer_watch_ != nullptr ? std::min<int64_t>(left, 200) : left;
             missing = comm_store_->wait(leave, wait_options(slice, &aborted_));
             if (missing.empty() || slice >= left) break;
@@ -2213,9 +2225,9 @@ void Comm::destroy(const std::atomic<int> *api_calls) {
           if (error.empty()) {
             status = MNCL_ERR_ABORTED;
             error = format(
-                "mncl_comm_destroy(%s): aborted while it waited for %s to leave; the "
+                "mncl_comm_destroy of %s: aborted while it waited for %s to leave; the "
                 "communicator is freed",
-                id_.c_str(),
+                label().c_str(),
                 store_gone
                     ? "the other ranks (the store could not tell which)"
                     : format("rank%s %s", ranks.size() > 1 ? "s" : "", list_ranks(ranks).c_str())
@@ -2223,14 +2235,14 @@ void Comm::destroy(const std::atomic<int> *api_calls) {
           }
         } else if (!exited.empty()) {
           MNCL_WARN(
-              "mncl_comm_destroy(%s): rank%s %s exited without destroying the communicator; "
+              "mncl_comm_destroy of %s: rank%s %s exited without destroying the communicator; "
               "not waited for",
-              id_.c_str(), exited.size() > 1 ? "s" : "", list_ranks(exited).c_str());
+              label().c_str(), exited.size() > 1 ? "s" : "", list_ranks(exited).c_str());
         } else if (!missing.empty()) {
           MNCL_WARN(
-              "mncl_comm_destroy(%s): %zu rank(s) did not destroy the communicator within "
+              "mncl_comm_destroy of %s: %zu rank(s) did not destroy the communicator within "
               "%.1f s; the store shuts down without them",
-              id_.c_str(), missing.size(), timeout_ms_ / 1000.0);
+              label().c_str(), missing.size(), timeout_ms_ / 1000.0);
         }
         for (const auto &k : cleanup) comm_store_->erase(k);
         for (const auto &k : leave) comm_store_->erase(k);
@@ -2239,9 +2251,9 @@ void Comm::destroy(const std::atomic<int> *api_calls) {
           error.empty()) {
         status = MNCL_ERR_ABORTED;
         error = format(
-            "mncl_comm_destroy(%s): aborted while it waited for the store's host to "
+            "mncl_comm_destroy of %s: aborted while it waited for the store's host to "
             "close; the communicator is freed",
-            id_.c_str());
+            label().c_str());
       }
     } catch (const Error &e) {
       if (error.empty()) {

@@ -96,6 +96,9 @@ class Comm {
   int size() const { return size_; }
   const std::string &backend() const { return plugin_->name(); }
   const std::string &id() const { return id_; }
+  // The communicator as errors and warnings name it ("the world communicator"): its id ("w")
+  // means nothing to a user; info logs, which explain the protocol, keep the id.
+  std::string label() const;
   // The backend's table (capability masks), as the loader adapted it.
   const mncl_plugin_v5_t &table() const { return *table_; }
   // Throws (naming fn) when the communicator was destroyed or aborted.

@@ -10,7 +10,6 @@
 
 #include "common/coll.h"   // the plugin kit's v layouts
 #include "common/dtype.h"  // the plugin kit's dtype/op tables
-#include "common/env.h"
 #include "common/error.h"
 #include "core/validate.h"
 
@@ -123,10 +122,6 @@ std::string count_mismatch(const char *fn, const mncl_coll_v1_t &c, const std::s
 }
 
 }  // namespace
-
-bool debug_checks_enabled() {
-  return env::get_int("MNCL_DEBUG_CHECKS", 0, 1).value_or(0) == 1;
-}
 
 std::string fingerprint(const mncl_coll_v1_t &c) {
   std::string args;

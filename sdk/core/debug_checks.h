@@ -22,10 +22,6 @@
 
 namespace mncl::core {
 
-// Whether MNCL_DEBUG_CHECKS asks for the checks (throws MNCL_ERR_INVALID_ARGUMENT on a
-// malformed value).
-bool debug_checks_enabled();
-
 // "allreduce(count 20, float32, sum) #3"
 std::string fingerprint(const mncl_coll_v1_t &coll);
 

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 
+#include "bootstrap/store.h"
 #include "common/env.h"
 #include "common/error.h"
 #include "common/log.h"
@@ -102,11 +103,26 @@ std::string describe(const Launcher &l, const RankSize &v) {
                 static_cast<long long>(v.size), l.name);
 }
 
+// A backend list ("auto", "SHM,gloo") with its names in lower case (the plugins' file names
+// are); a path to a plugin file (with a '/') as given.
+std::string backend_names_lowered(const std::string &spec) {
+  std::string out;
+  size_t begin = 0;
+  for (;;) {
+    const size_t comma = spec.find(',', begin);
+    const std::string entry =
+        spec.substr(begin, comma == std::string::npos ? comma : comma - begin);
+    out += entry.find('/') == std::string::npos ? env::lower(entry) : entry;
+    if (comma == std::string::npos) return out;
+    out += ',';
+    begin = comma + 1;
+  }
+}
+
 bool truthy(const char *name) {
   const char *v = env::raw(name);
   if (v == nullptr) return false;
-  std::string text(v);
-  for (char &c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::string text = env::lower(v);
   return text == "true" || text == "1" || text == "yes";
 }
 
@@ -284,17 +300,22 @@ mncl_config_t read_user_config(const mncl_config_t *user) {
 LaunchSettings resolve_launch_settings(const mncl_config_t &config) {
   LaunchSettings s;
 
-  s.backend_spec = config.backend ? config.backend : env::get("MNCL_BACKEND").value_or("auto");
+  s.backend_spec = backend_names_lowered(
+      config.backend ? config.backend : env::get("MNCL_BACKEND").value_or("auto"));
   if (config.backend) s.backend_origin = "config.backend";
   MNCL_CHECK(!s.backend_spec.empty(), MNCL_ERR_INVALID_ARGUMENT, "the backend name is empty");
-  s.backend_host = env::get("MNCL_BACKEND_HOST").value_or("");
-  s.backend_cuda = env::get("MNCL_BACKEND_CUDA").value_or("");
-  s.memory = env::get("MNCL_MEMORY").value_or("auto");
+  s.backend_host = backend_names_lowered(env::get("MNCL_BACKEND_HOST").value_or(""));
+  s.backend_cuda = backend_names_lowered(env::get("MNCL_BACKEND_CUDA").value_or(""));
+  s.memory = env::lower(env::get("MNCL_MEMORY").value_or("auto"));
   MNCL_CHECK(s.memory == "auto" || s.memory == "host" || s.memory == "cuda",
              MNCL_ERR_INVALID_ARGUMENT, "MNCL_MEMORY='%s' is not auto, host or cuda",
              s.memory.c_str());
-  s.bind = env::get("MNCL_BIND").value_or("auto");
+  s.bind = env::lower(env::get("MNCL_BIND").value_or("auto"));
   topology::parse_bind_mode(s.bind);  // throws, naming MNCL_BIND and the bad value
+  // Read at each creation; parsed here too so that a bad value fails before the rendezvous,
+  // and mncl-info reports it.
+  s.lane_linger_us = env::get_int("MNCL_LANE_LINGER_US", 0, 1000000).value_or(50);
+  s.debug_checks = env::get_int("MNCL_DEBUG_CHECKS", 0, 1).value_or(0) == 1;
 
   // Size first, so the rank can be range-checked against it. MNCL_RANK/MNCL_SIZE (and the
   // config) are the user's own and win, unchecked; else the launchers' (choose_launcher).
@@ -389,8 +410,10 @@ LaunchSettings resolve_launch_settings(const mncl_config_t &config) {
   }
   if (config.bootstrap != nullptr) {
     s.store_url = config.bootstrap;
+    bootstrap::check_store_url(s.store_url, "config->bootstrap");
   } else if (auto url = env::get("MNCL_STORE")) {
     s.store_url = *url;
+    bootstrap::check_store_url(s.store_url, "MNCL_STORE");
   } else if (s.size > 1) {
     // A job of one rank needs no store: torchrun --nproc-per-node=1 sets MASTER_ADDR and
     // MASTER_PORT all the same, where its agent's own store may already listen.

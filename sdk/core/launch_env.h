@@ -30,6 +30,8 @@ struct LaunchSettings {
   bool store_from_master = false;     // store_url is MASTER_ADDR:MASTER_PORT (no one named one)
   int64_t timeout_ms = 300000;
   int device = -1;
+  int64_t lane_linger_us = 50;  // MNCL_LANE_LINGER_US
+  bool debug_checks = false;    // MNCL_DEBUG_CHECKS
   // The rank and size are Open MPI's, PMI's, or PMIx's under srun (not merely that such
   // variables are set).
   bool launched_by_mpi = false;
@@ -38,7 +40,9 @@ struct LaunchSettings {
 // Copies min(caller size, own size) of a caller's config (NULL: all defaults) after checking
 // struct_size and magic; rejects a non-zero tail this library does not understand.
 mncl_config_t read_user_config(const mncl_config_t *user);
-// Applies the documented precedence: config field, then environment, then default. Throws
+// Applies the documented precedence: config field, then environment, then default, and checks
+// every core setting (a malformed MNCL_STORE url, MNCL_LANE_LINGER_US, MNCL_DEBUG_CHECKS: each
+// MNCL_ERR_INVALID_ARGUMENT naming it; keyword values in any case). Throws
 // MNCL_ERR_INVALID_ARGUMENT when two launchers that each set a rank and a size disagree (and
 // MNCL_RANK/MNCL_SIZE do not settle it), MNCL_ERR_BOOTSTRAP when a job of several ranks has no
 // store, or only torchrun's agent's (TORCHELASTIC_USE_AGENT_STORE).

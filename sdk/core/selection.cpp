@@ -123,6 +123,15 @@ Selection select_backend(const LaunchSettings &settings, const mncl_probe_v1_t &
       std::vector<std::shared_ptr<loader::Plugin>> loaded;
       std::vector<topology::Candidate> candidates;
       for (const auto &report : plugins.reports()) {
+        // A plugin that refused its own settings (MNCL_SHM_CHUNK=1K) is an error, not a
+        // backend to pass over: the job would run on another one, slower, with no complaint.
+        if (loader::refusal_status(report) == MNCL_ERR_INVALID_ARGUMENT) {
+          throw Error(
+              MNCL_ERR_INVALID_ARGUMENT,
+              format("backend '%s' refused its settings: %s; correct or unset them "
+                     "(%s)",
+                     report.name.c_str(), report.init_message.c_str(), report.path.c_str()));
+        }
         if (!report.loaded) {
           // Unusable, with the loader's reason: an override naming it, or a rule preferring it,
           // says why it was passed over instead of "not installed".
@@ -184,6 +193,7 @@ Selection select_backend(const LaunchSettings &settings, const mncl_probe_v1_t &
       }
       failures += format("\n  %s: unusable here: %s", candidate.c_str(), p.reason.c_str());
     } catch (const Error &e) {
+      if (e.status() == MNCL_ERR_INVALID_ARGUMENT) throw;  // its settings, not a next choice
       failures += format("\n  %s: %s", candidate.c_str(), e.what());
     }
   }

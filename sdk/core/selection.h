@@ -41,7 +41,8 @@ mncl_probe_v1_t probe_info(const LaunchSettings &settings, int local_size = -1, 
 // Probes one loaded plugin (a throwing or misbehaving probe counts as unusable).
 ProbeResult probe(const loader::Plugin &plugin, const mncl_probe_v1_t &info);
 // Throws mncl::Error(MNCL_ERR_PLUGIN) explaining each candidate when none is usable, and
-// MNCL_ERR_INVALID_ARGUMENT for a bad MNCL_MEMORY. The plugin folders are searched at most once,
+// MNCL_ERR_INVALID_ARGUMENT for a bad MNCL_MEMORY or a plugin that refused its own settings
+// (a candidate of auto's, or one named). The plugin folders are searched at most once,
 // through discovery (a communicator's creation passes its own, which the agreement then uses
 // too), or through one of this call's without one.
 Selection select_backend(const LaunchSettings &settings, const mncl_probe_v1_t &info,

@@ -285,6 +285,8 @@ PluginReport try_load(const std::string &path) {
   const std::string message = last_error();
   set_last_error(saved_error);
   if (status != MNCL_OK) {
+    report.init_status = status;
+    report.init_message = message;
     return refuse(
         format("init() refused with %s: %s", status_name(status),
                message.empty() ? "(no message set with host->set_error)" : message.c_str()));
@@ -434,11 +436,16 @@ std::vector<std::string> available_names(Discovery *discovery) {
   return names;
 }
 
+mncl_status_t refusal_status(const PluginReport &report) {
+  return report.init_status == MNCL_ERR_INVALID_ARGUMENT ? MNCL_ERR_INVALID_ARGUMENT
+                                                         : MNCL_ERR_PLUGIN;
+}
+
 std::shared_ptr<Plugin> load(const std::string &name_or_path, Discovery *discovery) {
   if (name_or_path.find('/') != std::string::npos) {
     PluginReport r = try_load(name_or_path);
     if (!r.loaded) {
-      throw Error(MNCL_ERR_PLUGIN,
+      throw Error(refusal_status(r),
                   format("cannot load plugin %s: %s", name_or_path.c_str(), r.reason.c_str()));
     }
     return r.plugin;
@@ -449,16 +456,17 @@ std::shared_ptr<Plugin> load(const std::string &name_or_path, Discovery *discove
     if (name_or_path.empty() || !is_file_entry(candidate)) continue;
     PluginReport r = try_load(candidate.string());
     if (!r.loaded) {
-      throw Error(MNCL_ERR_PLUGIN,
+      throw Error(refusal_status(r),
                   format("backend '%s' (%s) cannot be used: %s", name_or_path.c_str(),
                          candidate.string().c_str(), r.reason.c_str()));
     }
     return r.plugin;
   }
   const std::vector<std::string> names = available_names(discovery);
-  throw Error(MNCL_ERR_PLUGIN,
-              format("unknown backend '%s'; available: %s (searched %s)", name_or_path.c_str(),
-                     names.empty() ? "none" : join(names, ", ").c_str(), join(dirs, ":").c_str()));
+  throw Error(
+      MNCL_ERR_PLUGIN,
+      format("unknown backend '%s'; available: %s (searched %s), or auto", name_or_path.c_str(),
+             names.empty() ? "none" : join(names, ", ").c_str(), join(dirs, ":").c_str()));
 }
 
 }  // namespace mncl::loader

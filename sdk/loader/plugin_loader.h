@@ -50,9 +50,13 @@ class Plugin {
 // What mncl-info shows for each file found.
 struct PluginReport {
   std::string path;
-  std::string name;          // from the file name, libmncl-<name>.so
-  bool loaded = false;       // passed every check and init()
-  std::string reason;        // why it was refused (empty when loaded)
+  std::string name;     // from the file name, libmncl-<name>.so
+  bool loaded = false;  // passed every check and init()
+  std::string reason;   // why it was refused (empty when loaded)
+  // What its init() returned when it refused: MNCL_ERR_INVALID_ARGUMENT means a bad setting
+  // of its own (MNCL_SHM_CHUNK=1K), which the core reports instead of passing it over.
+  mncl_status_t init_status = MNCL_OK;
+  std::string init_message;  // and the message it set
   std::string version;       // plugin's version string, when the table was readable
   uint32_t abi_version = 0;  // 0 when unknown
   uint64_t caps = 0;
@@ -79,10 +83,13 @@ class Discovery {
   std::optional<std::vector<PluginReport>> reports_;
 };
 
+// The status that a refused plugin means to the user: MNCL_ERR_INVALID_ARGUMENT where its
+// init() refused a setting of its own, else MNCL_ERR_PLUGIN.
+mncl_status_t refusal_status(const PluginReport &report);
 // Loads one plugin by name ("naive": searched) or by path (contains '/'). Throws
-// mncl::Error(MNCL_ERR_PLUGIN) with the reason; for an unknown name the message lists the
-// available backends (discovery's, or a search of its own without one). Plugins already loaded
-// by this process are shared.
+// mncl::Error(refusal_status) with the reason; for an unknown name (MNCL_ERR_PLUGIN) the
+// message lists the available backends (discovery's, or a search of its own without one).
+// Plugins already loaded by this process are shared.
 std::shared_ptr<Plugin> load(const std::string &name_or_path, Discovery *discovery = nullptr);
 // Names of the plugins in the search path that load (for error messages): discovery's, or a
 // search of its own without one.

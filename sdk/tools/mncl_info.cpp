@@ -63,8 +63,9 @@ void print_usage() {
       "machine's topology (hwloc; HWLOC_XMLFILE=file.xml shows another machine's) with the\n"
       "choice and process binding it implies, and every MNCL environment variable. With no\n"
       "option, prints everything.\n"
-      "Exit status: 0; 1 for a bad MNCL_* setting or an internal error; 2 for a bad option;\n"
-      "3 when no backend is usable here (--plugins, --topology: the decision is \"none\").");
+      "Exit status: 0; 1 for a bad MNCL_* setting (a value a parser or a plugin refuses, or an\n"
+      "MNCL_* name that is not a variable) or an internal error; 2 for a bad option; 3 when\n"
+      "no backend is usable here (--plugins, --topology: the decision is \"none\").");
 }
 
 void print_plugins(const mncl_probe_v1_t &info, mncl::loader::Discovery &plugins) {
@@ -95,28 +96,35 @@ void print_plugins(const mncl_probe_v1_t &info, mncl::loader::Discovery &plugins
   }
 }
 
-// False when no backend is usable (the decision is "none").
-bool print_selection(const mncl::core::LaunchSettings &settings, const mncl_probe_v1_t &info,
-                     mncl::loader::Discovery &plugins) {
+// The exit status a failed choice means: 1 for a bad setting (a plugin that refused its own,
+// MNCL_SHM_CHUNK=1K), 3 when no backend is usable here.
+int status_of(const mncl::Error &e) {
+  return e.status() == MNCL_ERR_INVALID_ARGUMENT ? 1 : 3;
+}
+
+// 0, or status_of the choice's failure (the decision is "none").
+int print_selection(const mncl::core::LaunchSettings &settings, const mncl_probe_v1_t &info,
+                    mncl::loader::Discovery &plugins) {
   std::printf("\nBackend selection for this environment (MNCL_BACKEND=%s, %d rank%s):\n",
               settings.backend_spec.c_str(), settings.size, settings.size == 1 ? "" : "s");
   try {
     const auto selection = mncl::core::select_backend(settings, info, &plugins);
     std::printf("  -> %s: %s\n", selection.plugin->name().c_str(), selection.why.c_str());
-    return true;
+    return 0;
   } catch (const mncl::Error &e) {
     std::printf("  -> none: %s\n", e.what());
+    return status_of(e);
   } catch (const std::exception &e) {  // not the core's: a bug, reported rather than fatal
     std::printf("  -> none: internal error: %s\n", e.what());
   }
-  return false;
+  return 3;
 }
 
 // The summary, each plugin's probe with this host's facts, the decision and why, and the
-// binding this process would get as local rank 0 (or the launcher's local rank). False when no
-// backend is usable.
-bool print_topology(const mncl::core::LaunchSettings &settings, const mncl_probe_v1_t &info,
-                    mncl::loader::Discovery &plugins) {
+// binding this process would get as local rank 0 (or the launcher's local rank). 0, or
+// status_of the choice's failure.
+int print_topology(const mncl::core::LaunchSettings &settings, const mncl_probe_v1_t &info,
+                   mncl::loader::Discovery &plugins) {
   namespace topo = mncl::topology;
   std::printf("\nTopology (hwloc):\n");
   const topo::Topology *machine = topo::this_machine();
@@ -158,15 +166,16 @@ bool print_topology(const mncl::core::LaunchSettings &settings, const mncl_probe
       std::printf("\n  Process binding: %s\n",
                   topo::compute_binding(machine->summary(), request).reason.c_str());
     }
-    return true;
+    return 0;
   } catch (const mncl::Error &e) {
     std::printf("\n  Decision (MNCL_BACKEND=%s): none: %s\n", settings.backend_spec.c_str(),
                 e.what());
+    return status_of(e);
   } catch (const std::exception &e) {
     std::printf("\n  Decision (MNCL_BACKEND=%s): none: internal error: %s\n",
                 settings.backend_spec.c_str(), e.what());
   }
-  return false;
+  return 3;
 }
 
 void print_env() {
@@ -181,6 +190,10 @@ void print_env() {
     std::printf("  %-28s = %s\n", v.name, shown.c_str());
     std::printf("      %s\n", v.doc);
   }
+  const auto unknown = mncl::env::unknown_variables();
+  if (unknown.empty()) return;
+  std::printf("\nSet, but not MNCL variables (no effect):\n");
+  for (const auto &u : unknown) std::printf("  %s\n", mncl::env::describe_unknown(u).c_str());
 }
 
 }  // namespace
@@ -216,13 +229,14 @@ int main(int argc, char **argv) {
       const auto info = mncl::core::probe_info(settings);
       // One search of the plugin folders for every section (each refusal logged once).
       mncl::loader::Discovery discovery;
-      bool usable = true;
       if (plugins) {
         print_plugins(info, discovery);
-        usable = print_selection(settings, info, discovery) && usable;
+        status = print_selection(settings, info, discovery);
       }
-      if (topology) usable = print_topology(settings, info, discovery) && usable;
-      if (!usable) status = 3;
+      if (topology) {
+        const int decided = print_topology(settings, info, discovery);
+        if (status == 0) status = decided;
+      }
     } catch (const mncl::Error &e) {
       // A bad environment (MNCL_TIMEOUT=abc) is reported, and the rest still printed.
       std::printf("\nConfiguration error: %s: %s\n", mncl::status_name(e.status()), e.what());
@@ -233,5 +247,7 @@ int main(int argc, char **argv) {
     }
   }
   if (env) print_env();
+  // A misspelt variable is a bad setting too (it was warned about above, on stderr).
+  if (!mncl::env::unknown_variables().empty() && status != 1) status = 1;
   return status;
 }

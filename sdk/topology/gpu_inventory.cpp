@@ -9,6 +9,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/env.h"
+
 namespace mncl::topology {
 
 namespace {
@@ -16,11 +18,6 @@ namespace {
 std::string trimmed(std::string text) {
   text.erase(0, text.find_first_not_of(" \t\r\n"));
   text.erase(text.find_last_not_of(" \t\r\n") + 1);
-  return text;
-}
-
-std::string lower(std::string text) {
-  for (char &c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return text;
 }
 
@@ -87,7 +84,7 @@ void read_sysfs(const std::string &folder, DriverGpu &gpu) {
 
 // The driver's record for a PCI address, or nullptr.
 const DriverGpu *find_by_bus_id(const std::vector<DriverGpu> &gpus, const std::string &bus_id) {
-  const std::string wanted = lower(bus_id);
+  const std::string wanted = env::lower(bus_id);
   for (const DriverGpu &g : gpus) {
     if (g.pci_bus_id == wanted) return &g;
   }
@@ -110,7 +107,7 @@ std::vector<Gpu> reconcile(std::vector<Gpu> seen, const std::vector<DriverGpu> &
   for (const DriverGpu &known : driver) {
     if (!known.reachable || known.excluded) continue;
     const bool seen_by_hwloc = std::any_of(kept.begin(), kept.end(), [&](const Gpu &g) {
-      return lower(g.pci_bus_id) == known.pci_bus_id;
+      return env::lower(g.pci_bus_id) == known.pci_bus_id;
     });
     if (seen_by_hwloc) continue;
     Gpu gpu;
@@ -149,7 +146,7 @@ std::optional<std::vector<size_t>> visible_positions(const std::string &value,
       if (entry.compare(0, 4, "GPU-") != 0) break;
       size_t matches = 0;
       for (size_t i = 0; i < gpus.size(); ++i) {
-        if (lower(gpus[i].uuid).compare(0, entry.size(), lower(entry)) == 0) {
+        if (env::lower(gpus[i].uuid).compare(0, entry.size(), env::lower(entry)) == 0) {
           position = i;
           ++matches;
         }
@@ -178,7 +175,7 @@ std::optional<std::vector<DriverGpu>> read_driver_gpus(const DriverPaths &paths)
     const std::string name = entry->d_name;
     if (name.empty() || name[0] == '.') continue;
     DriverGpu gpu;
-    gpu.pci_bus_id = lower(name);
+    gpu.pci_bus_id = env::lower(name);
     if (!read_information(paths.gpus + "/" + name + "/information", gpu)) continue;
     read_sysfs(paths.pci_devices + "/" + name, gpu);
     gpus.push_back(std::move(gpu));
@@ -212,8 +209,9 @@ std::vector<Gpu> number_gpus(std::vector<Gpu> seen,
       if (g.ordinal >= 0) numbered.push_back(g);
     }
   } else {
-    std::sort(seen.begin(), seen.end(),
-              [](const Gpu &x, const Gpu &y) { return lower(x.pci_bus_id) < lower(y.pci_bus_id); });
+    std::sort(seen.begin(), seen.end(), [](const Gpu &x, const Gpu &y) {
+      return env::lower(x.pci_bus_id) < env::lower(y.pci_bus_id);
+    });
     const auto visible = cuda_visible_devices != nullptr
                              ? visible_positions(cuda_visible_devices, seen)
                              : std::nullopt;

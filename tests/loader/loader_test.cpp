@@ -800,6 +800,7 @@ TEST(Loader, RefusedInitKeepsTheCallersLastError) {
 
 const std::string kProbeDir = MNCL_PROBE_MOCK_DIR;
 const std::string kRefusedDir = MNCL_REFUSED_MOCK_DIR;
+const std::string kSettingsDir = MNCL_SETTINGS_MOCK_DIR;
 
 // MNCL_PLUGIN_PATH=<folder> for the scope (the build tree's real plugins stay reachable through
 // this program's folder).
@@ -912,6 +913,36 @@ TEST(Selection, RefusedPluginIsAnUnusableCandidateInAuto) {
   EXPECT_EQ(undef->reason.rfind("refused: dlopen failed: ", 0), 0u) << undef->reason;
   ASSERT_NE(s.plugin, nullptr);
   EXPECT_NE(s.plugin->name(), "undef");
+}
+
+// A plugin's bad setting of its own (MNCL_SHM_CHUNK=1K) fails the choice with
+// MNCL_ERR_INVALID_ARGUMENT naming it: auto used to pass the plugin over and run the job on
+// another backend, and a named one fell through to the next of the list.
+TEST(Selection, PluginRefusingItsOwnSettingIsAnErrorNotABackendPassedOver) {
+  PluginPath path(kSettingsDir);
+  setenv("MNCL_MOCK_SETTING", "bad", 1);
+  const std::string expected =
+      "backend 'badsetting' refused its settings: MNCL_MOCK_SETTING='bad' is not ok; correct "
+      "or unset them (" +
+      kSettingsDir + "/libmncl-badsetting.so)";
+  for (const char *spec : {"auto", "badsetting,naive"}) {
+    const auto settings = one_rank(spec);
+    const std::string message =
+        error_of([&] { core::select_backend(settings, core::probe_info(settings)); },
+                 MNCL_ERR_INVALID_ARGUMENT);
+    if (std::string(spec) == "auto") {
+      EXPECT_EQ(message, expected);
+    } else {
+      EXPECT_CONTAINS(message, "MNCL_MOCK_SETTING='bad' is not ok");
+    }
+  }
+  // A good value: the plugin loads and auto chooses among the others as before.
+  setenv("MNCL_MOCK_SETTING", "ok", 1);
+  const auto settings = one_rank("auto");
+  core::Selection s;
+  ASSERT_NO_THROW(s = core::select_backend(settings, core::probe_info(settings)));
+  EXPECT_NE(find_probed(s, "badsetting"), nullptr);
+  unsetenv("MNCL_MOCK_SETTING");
 }
 
 // A folder of its own (no other test searches it) holding a plugin the loader refuses,

@@ -31,6 +31,8 @@
  *                           more than one rank only batches are meaningful (see mock_batch):
  *                           every other collective still returns this rank's own contribution
  *   MOCK_INIT_FAILS=1       init() refuses with a message
+ *   MOCK_INIT_CHECKS_SETTING=1  init() refuses with MNCL_ERR_INVALID_ARGUMENT, naming it, an
+ *                           MNCL_MOCK_SETTING other than "ok" (a plugin's bad setting of its own)
  *   MOCK_PROBE_THROWS=1     probe() throws std::runtime_error("probe of <name> threw"); =2: it
  *                           throws an int (not a std::exception). Built with mock_throw.cpp, the
  *                           C++ that throws, and -fexceptions (CMakeLists.txt)
@@ -211,6 +213,15 @@ static mncl_status_t mock_init(const mncl_host_v1_t *host) {
   host->set_error("mock driver missing (built with MOCK_INIT_FAILS)");
   return MNCL_ERR_NOT_SUPPORTED;
 #else
+#if defined(MOCK_INIT_CHECKS_SETTING) && MOCK_INIT_CHECKS_SETTING
+  const char *setting = host->get_env("MNCL_MOCK_SETTING");
+  if (setting != NULL && strcmp(setting, "ok") != 0) {
+    char message[256];
+    snprintf(message, sizeof message, "MNCL_MOCK_SETTING='%s' is not ok", setting);
+    host->set_error(message);
+    return MNCL_ERR_INVALID_ARGUMENT;
+  }
+#endif
   if (host->log_level >= MNCL_LOG_INFO) {
     host->log(MNCL_LOG_INFO, __FILE__, __LINE__, "initialized (MNCL_TIMEOUT=%s)",
               host->get_env("MNCL_TIMEOUT") ? host->get_env("MNCL_TIMEOUT") : "unset");

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <array>
 #include <map>
 #include <optional>
@@ -59,7 +60,10 @@ constexpr const char *kVariables[] = {"MNCL_RANK",
                                       "MNCL_BACKEND",
                                       "MNCL_DEVICE",
                                       "MNCL_BIND",
-                                      "MNCL_MEMORY"};
+                                      "MNCL_MEMORY",
+                                      "MNCL_BACKEND_HOST",
+                                      "MNCL_LANE_LINGER_US",
+                                      "MNCL_DEBUG_CHECKS"};
 
 // Starts every test from an environment without any launcher, and puts it back after.
 class LaunchEnv : public ::testing::Test {
@@ -411,6 +415,57 @@ TEST_F(LaunchEnv, UnusedMalformedVariablesFailNothing) {
   EXPECT_TRUE(contains(error_of([] { resolve(); }, MNCL_ERR_INVALID_ARGUMENT), "RANK='abc'"));
 }
 
+// Every core setting is parsed here, before the rendezvous (and so by mncl-info): a malformed
+// store url, MNCL_LANE_LINGER_US or MNCL_DEBUG_CHECKS failed only at the store's opening or in
+// the communicator's creation, and mncl-info said nothing about them.
+TEST_F(LaunchEnv, EveryCoreSettingIsCheckedNamingItsVariable) {
+  set("MNCL_STORE", "http://x");
+  EXPECT_TRUE(contains(error_of([] { resolve(); }, MNCL_ERR_INVALID_ARGUMENT),
+                       "MNCL_STORE: invalid store url 'http://x': unknown scheme"));
+  set("MNCL_STORE", "file://relative/dir");
+  EXPECT_TRUE(contains(error_of([] { resolve(); }, MNCL_ERR_INVALID_ARGUMENT),
+                       "the directory must be an absolute path"));
+  set("MNCL_STORE", "tcp://127.0.0.1:29500");
+  EXPECT_EQ(resolve().store_url, "tcp://127.0.0.1:29500");
+  mncl_config_t config = MNCL_CONFIG_INIT;
+  config.bootstrap = "tcp://nohost";
+  EXPECT_TRUE(
+      contains(error_of([&] { resolve_launch_settings(config); }, MNCL_ERR_INVALID_ARGUMENT),
+               "config->bootstrap: invalid store url 'tcp://nohost': no port"));
+
+  set("MNCL_LANE_LINGER_US", "x");
+  EXPECT_TRUE(contains(error_of([] { resolve(); }, MNCL_ERR_INVALID_ARGUMENT),
+                       "MNCL_LANE_LINGER_US='x' is not an integer"));
+  set("MNCL_LANE_LINGER_US", "7");
+  EXPECT_EQ(resolve().lane_linger_us, 7);
+  unsetenv("MNCL_LANE_LINGER_US");
+  EXPECT_EQ(resolve().lane_linger_us, 50);
+
+  set("MNCL_DEBUG_CHECKS", "yes");
+  EXPECT_TRUE(contains(error_of([] { resolve(); }, MNCL_ERR_INVALID_ARGUMENT),
+                       "MNCL_DEBUG_CHECKS='yes' is not an integer"));
+  set("MNCL_DEBUG_CHECKS", "1");
+  EXPECT_TRUE(resolve().debug_checks);
+  unsetenv("MNCL_DEBUG_CHECKS");
+  EXPECT_FALSE(resolve().debug_checks);
+}
+
+// Keywords in any case, as NCCL_DEBUG=INFO: MNCL_BACKEND=SHM failed with "unknown backend
+// 'SHM'", MNCL_BIND=NUMA and MNCL_MEMORY=HOST were refused. A path keeps its case.
+TEST_F(LaunchEnv, KeywordValuesAreTakenInAnyCase) {
+  set("MNCL_BACKEND", "Shm,GLOO,/opt/Plugins/libmncl-X.so");
+  set("MNCL_BACKEND_HOST", "FLAT");
+  set("MNCL_BIND", "NUMA");
+  set("MNCL_MEMORY", "Host");
+  const LaunchSettings s = resolve();
+  EXPECT_EQ(s.backend_spec, "shm,gloo,/opt/Plugins/libmncl-X.so");
+  EXPECT_EQ(s.backend_host, "flat");
+  EXPECT_EQ(s.bind, "numa");
+  EXPECT_EQ(s.memory, "host");
+  set("MNCL_BACKEND", "AUTO");
+  EXPECT_EQ(resolve().backend_spec, "auto");
+}
+
 // A job the TCP store could never start (it waits for at most 2^20 keys at once) is refused
 // by its variable, before rank 0 allocates for it.
 TEST_F(LaunchEnv, SizeBeyondTheStoreIsRefusedByItsVariable) {
@@ -486,12 +541,12 @@ TEST(EnvLog, SecretValuesAreNeverLogged) {
   setenv("ACME_PLUGIN_API_KEY", "hunter2-topsecret", 1);
   const std::string plugin = logged_by_get("ACME_PLUGIN_API_KEY");
   EXPECT_FALSE(contains(plugin, "hunter2")) << plugin;
-  // An ordinary value is still shown.
-  setenv("MNCL_LANE_LINGER_US", "77", 1);
-  EXPECT_TRUE(contains(logged_by_get("MNCL_LANE_LINGER_US"), "77"));
+  // An ordinary value is still shown (a variable no other test of this program reads).
+  setenv("MNCL_NAIVE_PART_BYTES", "77", 1);
+  EXPECT_TRUE(contains(logged_by_get("MNCL_NAIVE_PART_BYTES"), "77"));
   unsetenv("MNCL_STORE_TOKEN");
   unsetenv("ACME_PLUGIN_API_KEY");
-  unsetenv("MNCL_LANE_LINGER_US");
+  unsetenv("MNCL_NAIVE_PART_BYTES");
 
   EXPECT_EQ(env::shown_value("MNCL_STORE_TOKEN", "abc"), "set (hidden)");
   EXPECT_EQ(env::shown_value("db_password", "abc"), "set (hidden)");
@@ -517,6 +572,36 @@ TEST(EnvLog, OnlyUnknownMnclNamesDrawAWarning) {
       << text;
   unsetenv("ACME_FABRIC_IFNAME");
   unsetenv("MNCL_NO_SUCH_KNOB_FOR_TESTS");
+}
+
+// A misspelt variable is never read, so no read could warn about it: the environment's MNCL_*
+// names are compared with the table, each unknown one with the name it most likely meant.
+TEST(EnvLog, UnknownNamesSetInTheEnvironmentAreFoundWithWhatTheyMeant) {
+  const std::pair<const char *, const char *> cases[] = {
+      {"MNCL_TIMOUT", "MNCL_TIMEOUT"},            // a letter missing
+      {"MNCL_BAKCEND", "MNCL_BACKEND"},           // two swapped
+      {"MNCL_LOG_LEVEL", "MNCL_DEBUG"},           // another library's name for it
+      {"MNCL_SOCKET_IFNAME", "MNCL_GLOO_IFACE"},  // NCCL's
+      {"MNCL_FROBNICATE", ""},                    // nothing near
+  };
+  for (const auto &[name, meant] : cases) setenv(name, "1", 1);
+  setenv("MNCL_TEST_SOMETHING", "1", 1);  // the test suite's own hooks are not reported
+  const auto unknown = env::unknown_variables();
+  for (const auto &[name, meant] : cases) {
+    const auto it = std::find_if(unknown.begin(), unknown.end(),
+                                 [&](const env::Unknown &u) { return u.name == name; });
+    ASSERT_NE(it, unknown.end()) << name;
+    EXPECT_EQ(it->meant, meant) << name;
+  }
+  for (const auto &u : unknown) {
+    EXPECT_EQ(env::find(u.name), nullptr) << u.name;
+    EXPECT_NE(u.name, "MNCL_TEST_SOMETHING");
+  }
+  EXPECT_EQ(env::describe_unknown({"MNCL_TIMOUT", "MNCL_TIMEOUT"}),
+            "MNCL_TIMOUT is not a documented MNCL variable and has no effect (did you mean "
+            "MNCL_TIMEOUT?)");
+  for (const auto &[name, meant] : cases) unsetenv(name);
+  unsetenv("MNCL_TEST_SOMETHING");
 }
 
 }  // namespace
