@@ -50,12 +50,16 @@ T parse_number(const std::string &text, T lo = std::numeric_limits<T>::lowest(),
   bool fits = true;
   if constexpr (std::is_floating_point_v<T>) {
     const double v = std::strtod(text.c_str(), &end);
-    fits = std::isfinite(v);
+    fits = std::isfinite(v) && std::fabs(v) <= std::numeric_limits<T>::max();
+    value = static_cast<T>(v);
+  } else if constexpr (std::is_signed_v<T>) {
+    const long long v = std::strtoll(text.c_str(), &end, 10);
+    fits = v >= static_cast<long long>(std::numeric_limits<T>::min()) &&
+           v <= static_cast<long long>(std::numeric_limits<T>::max());
     value = static_cast<T>(v);
   } else {
-    const long long v = std::strtoll(text.c_str(), &end, 10);
-    fits = v >= static_cast<long long>(std::numeric_limits<T>::lowest()) &&
-           static_cast<unsigned long long>(v) <= std::numeric_limits<T>::max();
+    const unsigned long long v = std::strtoull(text.c_str(), &end, 10);
+    fits = text.find('-') == std::string::npos && v <= std::numeric_limits<T>::max();
     value = static_cast<T>(v);
   }
   if (text.empty() || end != text.c_str() + text.size() || errno != 0 || !fits) {

@@ -1,5 +1,7 @@
 #include "baseline.h"
 
+#include <cctype>
+
 namespace mncl::perf {
 
 std::vector<std::string> available_baselines() {
@@ -23,6 +25,7 @@ void baseline_process_init(int *argc, char ***argv, const std::string &backend_s
     const size_t comma = backend_spec.find(',', start);
     std::string name =
         backend_spec.substr(start, comma == std::string::npos ? comma : comma - start);
+    for (char &c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     name.erase(0, name.find_first_not_of(" \t"));
     name.erase(name.find_last_not_of(" \t") + 1);
     // A path (the loader takes any name with a '/') may be flat's plugin.

@@ -170,7 +170,9 @@ T number(const std::string &text) {
   T value{};
   try {
     if constexpr (std::is_floating_point_v<T>) {
-      value = static_cast<T>(std::stod(text, &used));
+      const double v = std::stod(text, &used);  // out_of_range past double's range
+      if (!std::isfinite(v) || std::fabs(v) > std::numeric_limits<T>::max()) used = 0;
+      value = static_cast<T>(v);
     } else if constexpr (std::is_signed_v<T>) {
       const long long v = std::stoll(text, &used);
       if (v < std::numeric_limits<T>::min() || v > std::numeric_limits<T>::max()) used = 0;

@@ -84,7 +84,7 @@ mncl_status_t flat_init(const mncl_host_v1_t *host) {
     *option = value[0] == '1';
   }
   const char *ring_min = host->get_env ? host->get_env("MNCL_FLAT_RING_MIN_BYTES") : nullptr;
-  if (ring_min == nullptr || std::strcmp(ring_min, "auto") != 0) {  // auto: the default
+  if (ring_min == nullptr || kit::lower(ring_min) != "auto") {  // auto: the default
     const mncl_status_t st = kit::read_size(host, "MNCL_FLAT_RING_MIN_BYTES", 0, SIZE_MAX / 2,
                                             &g_options.ring_min_bytes);
     if (st != MNCL_OK) return st;
@@ -96,7 +96,7 @@ mncl_status_t flat_init(const mncl_host_v1_t *host) {
         {"doubling", flat::Options::Exchange::kDoubling}};
     bool known = false;
     for (const auto &[name, form] : forms) {
-      if (std::strcmp(value, name) != 0) continue;
+      if (kit::lower(value) != name) continue;
       g_options.exchange = form;
       known = true;
     }

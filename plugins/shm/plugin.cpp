@@ -57,7 +57,7 @@ mncl_status_t shm_init(const mncl_host_v1_t *host) {
   }
   if (st != MNCL_OK) return st;
   if (const char *v = host->get_env ? host->get_env("MNCL_SHM_SINGLE_COPY") : nullptr) {
-    const std::string value = v;
+    const std::string value = kit::lower(v);
     if (value == "0" || value == "1") {
       g_options.single_copy = value == "1";
     } else if (value == "decline") {

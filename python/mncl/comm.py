@@ -384,7 +384,7 @@ def _timeout_ms(timeout, what):
     return ms if seconds >= 0 else -ms
 
 
-def _config_timeout_ms(timeout):
+def _config_timeout_ms(timeout, none_means="MNCL_TIMEOUT"):
     """A config's timeout (seconds) in milliseconds for the C API (rounded as _timeout_ms);
     None: from the environment. One that is not > 0 and at most a week is refused here, naming
     the keyword and seconds (the library's message spoke of config->timeout_ms in milliseconds),
@@ -396,7 +396,7 @@ def _config_timeout_ms(timeout):
         # Refused here, in the caller's words (seconds), not as the C config's timeout_ms.
         raise InvalidArgumentError(
             f"timeout={timeout!r}: give seconds > 0 and at most one week (604800), or None "
-            f"for MNCL_TIMEOUT", 1, "MNCL_ERR_INVALID_ARGUMENT")
+            f"for {none_means}", 1, "MNCL_ERR_INVALID_ARGUMENT")
     return int(ms)
 
 
@@ -405,7 +405,7 @@ def _split_config(backend, timeout, device):
     return _lib.Config(
         ctypes.sizeof(_lib.Config), _lib.CONFIG_MAGIC, _lib.HEADER_VERSION,
         backend.encode() if backend else None, _lib.FROM_ENV, _lib.FROM_ENV, None,
-        _config_timeout_ms(timeout), _config_int(device, "device"), 0)
+        _config_timeout_ms(timeout, "the parent's"), _config_int(device, "device"), 0)
 
 
 def _config_int(value, what):

@@ -57,18 +57,27 @@ bool is_self_connection(int fd) {
 // mark the whole store as lost (fail_connection).
 thread_local bool t_handshaking = false;
 
-// The longest wait for the answer to HELLO, which an MNCL store sends at once. A program that
-// accepts the connection and waits for its own protocol's request (an HTTP server: for a line)
-// says nothing, and the handshake ended only at the timeout, blaming the connection.
+// The longest wait for the answer to HELLO in one attempt, which an MNCL store sends at once.
+// Silence is retried until the timeout (a store's host stopped in a debugger, or out of
+// descriptors, leaves new connections in the kernel's backlog for a while), with a warning
+// after the first such wait: it may also be a program that accepts the connection and waits
+// for its own protocol's request (an HTTP server, for a line), which the final error names.
 constexpr milliseconds kHelloAnswerBound{10000};
 
-// An answer to HELLO that is no frame of this protocol, or none at all: the address is another
-// program's (an SSH server's banner, an HTTP server's error page or silence). Not retried: it
-// will not become a store.
+// An answer to HELLO that is no frame of this protocol: the address is another program's (an
+// SSH server's banner, an HTTP server's error page). Not retried: it will not become a store.
 class NotAStore : public Error {
  public:
   using Error::Error;
 };
+
+// No answer to HELLO within kHelloAnswerBound (or the I/O timeout, if shorter).
+class NoAnswer : public Error {
+ public:
+  using Error::Error;
+};
+// Whether this thread's last failed handshake met silence (for the final message).
+thread_local bool t_last_handshake_silent = false;
 
 // The first bytes of a reply, printable, for the message ("SSH-2").
 std::string printable(const uint8_t *data, size_t size) {
@@ -182,9 +191,15 @@ TcpStore::TcpStore(const std::string &host, uint16_t port, const std::string &to
     }
     // A server that is shutting down (the previous communicator on this address) resets the
     // connections still in its backlog: retry until the next server answers.
-    MNCL_CHECK(Clock::now() < deadline, MNCL_ERR_BOOTSTRAP,
-               "the store at %s kept closing the connection during the handshake for %.1f s",
-               url_.c_str(), seconds(opts.timeout));
+    MNCL_CHECK(Clock::now() < deadline, MNCL_ERR_BOOTSTRAP, "%s",
+               t_last_handshake_silent
+                   ? format("%s, within the timeout of %.1f s", silence_text().c_str(),
+                            seconds(opts.timeout))
+                         .c_str()
+                   : format("the store at %s kept closing the connection during the handshake "
+                            "for %.1f s",
+                            url_.c_str(), seconds(opts.timeout))
+                         .c_str());
     std::this_thread::sleep_for(backoff);
   }
   // The connection that will carry the wills (set_on_close), opened now, while the server
@@ -266,10 +281,14 @@ net::UniqueFd TcpStore::connect_and_greet() {
       MNCL_TRACE("opened connection %zu to the store at %s", connections_opened(), url_.c_str());
       return socket;
     }
-    MNCL_CHECK(Clock::now() < deadline, MNCL_ERR_REMOTE,
-               "the store at %s kept closing new connections during the handshake for %.1f s; "
-               "rank 0, which hosts it, may be shutting down",
-               url_.c_str(), seconds(io_timeout_));
+    MNCL_CHECK(
+        Clock::now() < deadline, MNCL_ERR_REMOTE, "%s",
+        t_last_handshake_silent
+            ? format("%s, within %.1f s", silence_text().c_str(), seconds(io_timeout_)).c_str()
+            : format("the store at %s kept closing new connections during the handshake "
+                     "for %.1f s; rank 0, which hosts it, may be shutting down",
+                     url_.c_str(), seconds(io_timeout_))
+                  .c_str());
     std::this_thread::sleep_for(backoff);
   }
 }
@@ -322,6 +341,15 @@ net::UniqueFd TcpStore::connect_with_retry(const WaitOptions &opts) {
   }
 }
 
+std::string TcpStore::silence_text() const {
+  return format(
+      "the service at %s accepted the connection but did not answer MNCL's handshake, which an "
+      "MNCL store does at once: check the store's address (MNCL_STORE, or MASTER_ADDR and "
+      "MASTER_PORT), which another program (an HTTP server?) may hold, and whether the store's "
+      "process is stopped",
+      url_.c_str());
+}
+
 bool TcpStore::handshake(net::UniqueFd &socket) {
   Reply reply;
   try {
@@ -331,7 +359,15 @@ bool TcpStore::handshake(net::UniqueFd &socket) {
   } catch (const NotAStore &) {
     t_handshaking = false;
     throw;
+  } catch (const NoAnswer &e) {
+    t_handshaking = false;
+    t_last_handshake_silent = true;
+    if (!warned_silence_.exchange(true)) {
+      MNCL_WARN("%s: %s; still trying until the timeout", silence_text().c_str(), e.what());
+    }
+    return false;
   } catch (const Error &e) {
+    t_last_handshake_silent = false;
     t_handshaking = false;
     MNCL_INFO("the store at %s closed the connection during the handshake: %s", url_.c_str(),
               e.what());
@@ -426,13 +462,7 @@ void TcpStore::receive_all(net::UniqueFd &socket, void *data, size_t size) {
       if (poll(&p, 1, static_cast<int>(bound.count())) == 0) {
         if (t_handshaking) {
           socket.reset();
-          throw NotAStore(
-              MNCL_ERR_BOOTSTRAP,
-              format("the service at %s accepted the connection but did not answer MNCL's "
-                     "handshake within %.1f s, as an MNCL store does at once: check the store's "
-                     "address (MNCL_STORE, or MASTER_ADDR and MASTER_PORT), which another "
-                     "program (an HTTP server?) may hold, or is the store's process stopped?",
-                     url_.c_str(), seconds(bound)));
+          throw NoAnswer(MNCL_ERR_BOOTSTRAP, format("no answer for %.1f s", seconds(bound)));
         }
         fail_connection(socket, format("no answer for %.1f s", seconds(io_timeout_)));
       }

@@ -2,6 +2,7 @@
 // open_store() (store.h) is the usual way in; these classes are exposed for tests and tools.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -118,8 +119,11 @@ class TcpStore final : public Store {
   [[noreturn]] void invalid_reply(net::UniqueFd &socket, const std::string &why,
                                   const uint8_t (&header)[5]);
   net::UniqueFd connect_with_retry(const WaitOptions &opts);
-  // false if the connection was lost before an answer (retryable); throws if refused.
+  // false if the connection was lost before an answer, or none came within 10 s (retryable,
+  // warned about once); throws if refused.
   bool handshake(net::UniqueFd &socket);
+  // What a handshake met with silence says (the warning, and the final error).
+  std::string silence_text() const;
 
   // Declared first so it is destroyed last: rank 0's own client disconnects before its server.
   std::shared_ptr<TcpStoreServer> server_;
@@ -128,6 +132,7 @@ class TcpStore final : public Store {
   std::string token_;
   std::string url_;
   std::chrono::milliseconds io_timeout_;
+  std::atomic<bool> warned_silence_{false};
   mutable std::mutex mutex_;         // guards the three below
   std::vector<net::UniqueFd> idle_;  // connected, authenticated, no request in flight
   size_t opened_ = 0;

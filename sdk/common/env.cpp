@@ -92,8 +92,8 @@ const std::vector<Variable> &table() {
        "gloo: transport, tcp (the only one: this Gloo's ibverbs transport has no unbound "
        "buffers, which every gloo operation uses, so ibverbs is refused)."},
       {"MNCL_GLOO_IFACE", "",
-       "gloo: network interface to bind (default: GLOO_SOCKET_IFNAME's first; else the host "
-       "name's address; loopback on one host)."},
+       "gloo: network interface to bind, on one host too (default: GLOO_SOCKET_IFNAME's first; "
+       "else loopback on one host, the host name's address across hosts)."},
       {"GLOO_SOCKET_IFNAME", "",
        "gloo (torch.distributed's variable): a comma list of interfaces; MNCL's gloo binds the "
        "first, unless MNCL_GLOO_IFACE is set."},
@@ -197,6 +197,7 @@ const std::vector<Variable> &table() {
        "scripts/test.sh: 1 also runs the reliability builds (ASan+UBSan, TSan, fuzzing), as CI "
        "does."},
       {"MNCL_FUZZ_SECONDS", "60", "scripts/reliability.sh: seconds of the libFuzzer run."},
+      {"MNCL_JOBS", "nproc", "scripts/update-abi-baseline.sh: parallel jobs of its build."},
       {"MNCL_GPU_CHECK_MAX_BYTES", "1Gi",
        "tests/gpu/run.sh: the largest size of its overhead sweep."},
       // Reliability aids (tests/fault).

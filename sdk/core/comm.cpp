@@ -1915,7 +1915,7 @@ std::unique_ptr<Comm> Comm::split_impl(int color, int key, bool by_type, int typ
       native = table_->comm_split != nullptr;
     } else {
       LaunchSettings settings = *launch_;
-      settings.backend_spec = wanted.backend;
+      settings.backend_spec = normalized_backend_list(wanted.backend);
       settings.backend_origin = "config.backend";
       settings.rank = child->rank_;
       settings.size = child->size_;
@@ -1929,7 +1929,7 @@ std::unique_ptr<Comm> Comm::split_impl(int color, int key, bool by_type, int typ
       settings.launched_by_mpi = launch_->launched_by_mpi &&
                                  (child->size_ == launch_->size || table_->comm_split != nullptr ||
                                   !mentions_auto(wanted.backend));
-      const std::string what = format("%s (%s)", fn, child->id_.c_str());
+      const std::string what = format("%s (%s)", fn, child->label().c_str());
       child->plugin_ = agree_on_backend(*child->comm_store_, settings, child->local_size_,
                                         child->num_hosts_, &aborted_, what.c_str())
                            .plugin;

@@ -103,22 +103,6 @@ std::string describe(const Launcher &l, const RankSize &v) {
                 static_cast<long long>(v.size), l.name);
 }
 
-// A backend list ("auto", "SHM,gloo") with its names in lower case (the plugins' file names
-// are); a path to a plugin file (with a '/') as given.
-std::string backend_names_lowered(const std::string &spec) {
-  std::string out;
-  size_t begin = 0;
-  for (;;) {
-    const size_t comma = spec.find(',', begin);
-    const std::string entry =
-        spec.substr(begin, comma == std::string::npos ? comma : comma - begin);
-    out += entry.find('/') == std::string::npos ? env::lower(entry) : entry;
-    if (comma == std::string::npos) return out;
-    out += ',';
-    begin = comma + 1;
-  }
-}
-
 bool truthy(const char *name) {
   const char *v = env::raw(name);
   if (v == nullptr) return false;
@@ -297,15 +281,29 @@ mncl_config_t read_user_config(const mncl_config_t *user) {
   return config;
 }
 
+std::string normalized_backend_list(const std::string &spec) {
+  std::string out;
+  size_t begin = 0;
+  for (;;) {
+    const size_t comma = spec.find(',', begin);
+    const std::string entry =
+        spec.substr(begin, comma == std::string::npos ? comma : comma - begin);
+    out += env::lower(entry) == "auto" ? "auto" : entry;
+    if (comma == std::string::npos) return out;
+    out += ',';
+    begin = comma + 1;
+  }
+}
+
 LaunchSettings resolve_launch_settings(const mncl_config_t &config) {
   LaunchSettings s;
 
-  s.backend_spec = backend_names_lowered(
+  s.backend_spec = normalized_backend_list(
       config.backend ? config.backend : env::get("MNCL_BACKEND").value_or("auto"));
   if (config.backend) s.backend_origin = "config.backend";
   MNCL_CHECK(!s.backend_spec.empty(), MNCL_ERR_INVALID_ARGUMENT, "the backend name is empty");
-  s.backend_host = backend_names_lowered(env::get("MNCL_BACKEND_HOST").value_or(""));
-  s.backend_cuda = backend_names_lowered(env::get("MNCL_BACKEND_CUDA").value_or(""));
+  s.backend_host = normalized_backend_list(env::get("MNCL_BACKEND_HOST").value_or(""));
+  s.backend_cuda = normalized_backend_list(env::get("MNCL_BACKEND_CUDA").value_or(""));
   s.memory = env::lower(env::get("MNCL_MEMORY").value_or("auto"));
   MNCL_CHECK(s.memory == "auto" || s.memory == "host" || s.memory == "cuda",
              MNCL_ERR_INVALID_ARGUMENT, "MNCL_MEMORY='%s' is not auto, host or cuda",

@@ -47,5 +47,8 @@ mncl_config_t read_user_config(const mncl_config_t *user);
 // MNCL_RANK/MNCL_SIZE do not settle it), MNCL_ERR_BOOTSTRAP when a job of several ranks has no
 // store, or only torchrun's agent's (TORCHELASTIC_USE_AGENT_STORE).
 LaunchSettings resolve_launch_settings(const mncl_config_t &config);
+// A backend list with its "auto" entries in lower case ("AUTO,gloo" -> "auto,gloo"); plugin
+// names are matched in any case by the loader (loader::load) and the selection.
+std::string normalized_backend_list(const std::string &spec);
 
 }  // namespace mncl::core

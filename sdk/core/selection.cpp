@@ -8,6 +8,7 @@
 #include <optional>
 #include <sstream>
 
+#include "common/env.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "topology/hwloc_topology.h"
@@ -107,6 +108,32 @@ ProbeResult probe(const loader::Plugin &plugin, const mncl_probe_v1_t &info) {
   return result;
 }
 
+namespace {
+
+// An override list (MNCL_BACKEND_HOST=FLAT) with each name as a candidate spells it, where
+// exactly one candidate has that name in another case.
+std::string in_their_case(const std::string &list,
+                          const std::vector<topology::Candidate> &candidates) {
+  std::string out;
+  for (const std::string &name : split_list(list)) {
+    std::string spelt = name;
+    const auto exact = std::find_if(candidates.begin(), candidates.end(),
+                                    [&](const topology::Candidate &c) { return c.name == name; });
+    if (exact == candidates.end()) {
+      const auto same = [&](const topology::Candidate &c) {
+        return env::lower(c.name) == env::lower(name);
+      };
+      if (std::count_if(candidates.begin(), candidates.end(), same) == 1) {
+        spelt = std::find_if(candidates.begin(), candidates.end(), same)->name;
+      }
+    }
+    out += (out.empty() ? "" : ",") + spelt;
+  }
+  return out;
+}
+
+}  // namespace
+
 Selection select_backend(const LaunchSettings &settings, const mncl_probe_v1_t &info,
                          loader::Discovery *discovery) {
   const std::string &spec = settings.backend_spec;
@@ -130,7 +157,9 @@ Selection select_backend(const LaunchSettings &settings, const mncl_probe_v1_t &
               MNCL_ERR_INVALID_ARGUMENT,
               format("backend '%s' refused its settings: %s; correct or unset them "
                      "(%s)",
-                     report.name.c_str(), report.init_message.c_str(), report.path.c_str()));
+                     report.name.c_str(),
+                     (report.init_message.empty() ? report.reason : report.init_message).c_str(),
+                     report.path.c_str()));
         }
         if (!report.loaded) {
           // Unusable, with the loader's reason: an override naming it, or a rule preferring it,
@@ -150,7 +179,8 @@ Selection select_backend(const LaunchSettings &settings, const mncl_probe_v1_t &
       facts.num_hosts = info.num_hosts;
       facts.launched_by_mpi = info.launched_by_mpi == 1;
       facts.memory = selection.memory;
-      const topology::Overrides overrides{settings.backend_host, settings.backend_cuda};
+      const topology::Overrides overrides{in_their_case(settings.backend_host, candidates),
+                                          in_their_case(settings.backend_cuda, candidates)};
       const auto decision = topology::decide_backend(machine, facts, candidates, overrides);
       if (!decision.backend.empty()) {
         for (const auto &plugin : loaded) {

@@ -436,6 +436,23 @@ std::vector<std::string> available_names(Discovery *discovery) {
   return names;
 }
 
+namespace {
+
+// The one plugin file of dir named `name` in any case ("" when none, or several).
+fs::path file_in_any_case(const std::string &dir, const std::string &name) {
+  const std::string wanted = env::lower(kPrefix + name + kSuffix);
+  boost::system::error_code ec;
+  fs::path found;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (env::lower(it->path().filename().string()) != wanted) continue;
+    if (!found.empty()) return {};  // libmncl-Mine.so beside libmncl-mine.so: no guess
+    found = it->path();
+  }
+  return found;
+}
+
+}  // namespace
+
 mncl_status_t refusal_status(const PluginReport &report) {
   return report.init_status == MNCL_ERR_INVALID_ARGUMENT ? MNCL_ERR_INVALID_ARGUMENT
                                                          : MNCL_ERR_PLUGIN;
@@ -452,8 +469,12 @@ std::shared_ptr<Plugin> load(const std::string &name_or_path, Discovery *discove
   }
   const std::vector<std::string> dirs = search_path();
   for (const std::string &dir : dirs) {
-    const fs::path candidate = fs::path(dir) / (kPrefix + name_or_path + kSuffix);
-    if (name_or_path.empty() || !is_file_entry(candidate)) continue;
+    fs::path candidate = fs::path(dir) / (kPrefix + name_or_path + kSuffix);
+    if (name_or_path.empty()) continue;
+    // A name in another case (MNCL_BACKEND=SHM) finds the one file of this folder that is
+    // that name in any case; an exact match wins.
+    if (!is_file_entry(candidate)) candidate = file_in_any_case(dir, name_or_path);
+    if (candidate.empty()) continue;
     PluginReport r = try_load(candidate.string());
     if (!r.loaded) {
       throw Error(refusal_status(r),

@@ -68,7 +68,7 @@ out=$err expect 'MNCL_TIMOUT is not a documented MNCL variable and has no effect
 expect_rc 1
 
 run "keywords in upper case" MNCL_BACKEND=NAIVE MNCL_BIND=NONE MNCL_MEMORY=HOST
-expect "^  -> naive: requested 'naive'"
+expect "^  -> naive: requested 'NAIVE'"
 expect_rc 0
 
 # A bad setting of a real plugin's own (gloo, where built): auto used to pass it over and

@@ -915,6 +915,22 @@ TEST(Selection, RefusedPluginIsAnUnusableCandidateInAuto) {
   EXPECT_NE(s.plugin->name(), "undef");
 }
 
+// Plugin names in another case (MNCL_BACKEND=MOCK, MNCL_BACKEND_HOST=Mock) find the plugin:
+// they failed with "unknown backend". An exact match wins (a plugin may be named MyNet).
+TEST(Selection, PluginNamesAreMatchedInAnyCase) {
+  auto plugin = load("MOCK");
+  ASSERT_NE(plugin, nullptr);
+  EXPECT_EQ(plugin->name(), "mock");
+  auto settings = one_rank("Mock");
+  core::Selection s;
+  ASSERT_NO_THROW(s = core::select_backend(settings, core::probe_info(settings)));
+  EXPECT_EQ(s.plugin->name(), "mock");
+  settings = one_rank("auto");
+  settings.backend_host = "MOCK";
+  ASSERT_NO_THROW(s = core::select_backend(settings, core::probe_info(settings)));
+  EXPECT_EQ(s.plugin->name(), "mock");
+}
+
 // A plugin's bad setting of its own (MNCL_SHM_CHUNK=1K) fails the choice with
 // MNCL_ERR_INVALID_ARGUMENT naming it: auto used to pass the plugin over and run the job on
 // another backend, and a named one fell through to the next of the list.

@@ -804,9 +804,10 @@ TEST(TcpStore, AnotherProgramOnThePortIsNamedAtOnce) {
 }
 
 // A program that accepts the connection and then waits for a request of its own protocol (an
-// HTTP server waits for a line) answers nothing: the handshake stops waiting after at most
-// 10 s (here the 2 s timeout) and names the address, where it used to retry until the timeout
-// and say the store "kept closing the connection".
+// HTTP server waits for a line) answers nothing: the handshake's error names the address and
+// the silence (a warning says so after 10 s, and it is retried until the timeout, here 2 s:
+// a store's host stopped for a moment also answers nothing), where it used to say that the
+// store "kept closing the connection".
 TEST(TcpStore, AServiceThatAnswersNothingIsNamed) {
   OtherService service("", true);
   const std::string url = "tcp://127.0.0.1:" + std::to_string(service.port());
