@@ -56,6 +56,8 @@ bool is_self_connection(int fd) {
 // Set while a new connection says HELLO: its failure is that connection's alone, and must not
 // mark the whole store as lost (fail_connection).
 thread_local bool t_handshaking = false;
+// The end of the handshakes' retries (the caller's timeout): a silent attempt waits no longer.
+thread_local Clock::time_point t_handshake_deadline = Clock::time_point::max();
 
 // The longest wait for the answer to HELLO in one attempt, which an MNCL store sends at once.
 // Silence is retried until the timeout (a store's host stopped in a debugger, or out of
@@ -184,7 +186,7 @@ TcpStore::TcpStore(const std::string &host, uint16_t port, const std::string &to
     left.timeout = std::max(milliseconds(1),
                             std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
     net::UniqueFd socket = connect_with_retry(left);
-    if (handshake(socket)) {
+    if (handshake(socket, deadline)) {
       release(std::move(socket));
       opened_ = 1;
       break;
@@ -277,7 +279,7 @@ net::UniqueFd TcpStore::connect_and_greet() {
     opts.timeout = std::max(milliseconds(1),
                             std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
     net::UniqueFd socket = connect_with_retry(opts);
-    if (handshake(socket)) {
+    if (handshake(socket, deadline)) {
       MNCL_TRACE("opened connection %zu to the store at %s", connections_opened(), url_.c_str());
       return socket;
     }
@@ -350,10 +352,11 @@ std::string TcpStore::silence_text() const {
       url_.c_str());
 }
 
-bool TcpStore::handshake(net::UniqueFd &socket) {
+bool TcpStore::handshake(net::UniqueFd &socket, Clock::time_point deadline) {
   Reply reply;
   try {
     t_handshaking = true;
+    t_handshake_deadline = deadline;
     reply = call(socket, wire::encode_hello(token_));
     t_handshaking = false;
   } catch (const NotAStore &) {
@@ -457,8 +460,12 @@ void TcpStore::receive_all(net::UniqueFd &socket, void *data, size_t size) {
       fail_connection(socket, "the server closed the connection");
     } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
       pollfd p{socket.get(), POLLIN, 0};
-      const milliseconds bound =
-          t_handshaking ? std::min(io_timeout_, kHelloAnswerBound) : io_timeout_;
+      milliseconds bound = io_timeout_;
+      if (t_handshaking) {
+        const auto left =
+            std::chrono::duration_cast<milliseconds>(t_handshake_deadline - Clock::now());
+        bound = std::max(milliseconds(1), std::min({bound, kHelloAnswerBound, left}));
+      }
       if (poll(&p, 1, static_cast<int>(bound.count())) == 0) {
         if (t_handshaking) {
           socket.reset();

@@ -119,9 +119,9 @@ class TcpStore final : public Store {
   [[noreturn]] void invalid_reply(net::UniqueFd &socket, const std::string &why,
                                   const uint8_t (&header)[5]);
   net::UniqueFd connect_with_retry(const WaitOptions &opts);
-  // false if the connection was lost before an answer, or none came within 10 s (retryable,
-  // warned about once); throws if refused.
-  bool handshake(net::UniqueFd &socket);
+  // false if the connection was lost before an answer, or none came within 10 s or by
+  // deadline (retryable, warned about once); throws if refused.
+  bool handshake(net::UniqueFd &socket, std::chrono::steady_clock::time_point deadline);
   // What a handshake met with silence says (the warning, and the final error).
   std::string silence_text() const;
 
