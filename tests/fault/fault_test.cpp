@@ -210,6 +210,11 @@ int worker_killed(Worker &w) {
   int64_t t = 0;
   const mncl_status_t st = loop_until_failure(w, comm, &t);
   w.result(st, t, "-", mncl_last_error());
+  // Rank 0's process hosts the TCP store, which holds the note of the killed rank's end: it
+  // stays until every rank has reported. One that exited at once after failing left a rank
+  // still checking to find only that rank 0 had exited (a CI run under load: the victim in a
+  // pid namespace of its own, which /proc does not show), as it would in an application.
+  w.linger(2.0 * env_int("MNCL_TIMEOUT", 3) + 30);
   return 0;  // no destroy: the driver measures the failing call itself
 }
 
