@@ -10,6 +10,7 @@
 
 #include <mncl/mncl_plugin.h>
 
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <condition_variable>
@@ -197,9 +198,27 @@ struct LiveComms {
   std::condition_variable cv;
   std::unordered_map<const void *, int> aborting;  // member -> aborts in progress
 };
+// Made with the plugin's first communicator and freed by release_live_comms(), which the
+// plugin's finalize calls (the loader calls finalize when no communicator is left, before it
+// unloads the plugin). Not a static object: its destructor ran at exit, before the core's exit
+// handler where the plugin was loaded after that was registered, while the core's watchdog
+// could still be aborting a communicator on another thread (a crash in gloo at exit).
+inline std::atomic<LiveComms *> &live_comms_slot() {
+  static std::atomic<LiveComms *> slot{nullptr};  // trivially destroyed: nothing runs at exit
+  return slot;
+}
 inline LiveComms &live_comms() {
-  static LiveComms live;
-  return live;
+  std::atomic<LiveComms *> &slot = live_comms_slot();
+  LiveComms *live = slot.load(std::memory_order_acquire);
+  if (live != nullptr) return *live;
+  auto *made = new LiveComms;
+  if (slot.compare_exchange_strong(live, made, std::memory_order_acq_rel)) return *made;
+  delete made;  // another thread's came first
+  return *live;
+}
+// For the plugin's finalize: no communicator is left, and none comes before the next init.
+inline void release_live_comms() {
+  delete live_comms_slot().exchange(nullptr, std::memory_order_acq_rel);
 }
 inline void track_comm(const void *comm) {
   if (comm == nullptr) return;

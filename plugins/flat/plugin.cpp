@@ -119,6 +119,7 @@ mncl_status_t flat_init(const mncl_host_v1_t *host) {
 // MPI stays initialized: it cannot be initialized again in this process, and a later
 // communicator may load flat again. flat finalizes it at exit (see mpi_runtime.h).
 void flat_finalize(void) {
+  kit::release_live_comms();
   g_host = nullptr;
 }
 

@@ -94,6 +94,7 @@ mncl_status_t gloo_init(const mncl_host_v1_t *host) {
 }
 
 void gloo_finalize(void) {
+  kit::release_live_comms();
   g_host = nullptr;
 }
 

@@ -36,6 +36,7 @@ mncl_status_t naive_init(const mncl_host_v1_t *host) {
 }
 
 void naive_finalize(void) {
+  kit::release_live_comms();
   g_host = nullptr;
 }
 

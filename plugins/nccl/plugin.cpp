@@ -39,6 +39,7 @@ mncl_status_t nccl_init(const mncl_host_v1_t *host) {
 }
 
 void nccl_finalize(void) {
+  kit::release_live_comms();
   g_host = nullptr;
 }
 

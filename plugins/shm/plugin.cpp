@@ -78,6 +78,7 @@ mncl_status_t shm_init(const mncl_host_v1_t *host) {
 }
 
 void shm_finalize(void) {
+  kit::release_live_comms();
   g_host = nullptr;
 }
 

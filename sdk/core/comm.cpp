@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -694,16 +695,17 @@ void Comm::leave_abandoned(bool last_of_job) {
           MNCL_INFO("mncl_comm_destroy of an aborted communicator: could not leave: %s", e.what());
         }
       });
-  if (last_of_job && job_->hosts_tcp_store && peer_watch_ != nullptr) linger_for_note();
+  if (last_of_job && job_->hosts_tcp_store && peer_watch_ != nullptr) {
+    linger_for_note(Clock::now() + kAbortedStoreLinger);
+  }
 }
 
-void Comm::linger_for_note() {
+void Comm::linger_for_note(Clock::time_point give_up) {
   // The store goes with this process. The others may not have read the note that tells them
   // why the communicator failed (an abort's, PeerWatch) yet: they read it within a peer check
   // or two, then fail, and leave. Without it they failed on the lost store instead, naming rank
   // 0 (fault.aborted_peer.naive in CI). Bounded: a rank that never leaves holds this process
-  // kAbortedStoreLinger, once.
-  const auto give_up = Clock::now() + kAbortedStoreLinger;
+  // until give_up, once.
   std::vector<std::string> others;
   for (int r = 0; r < size_; ++r) {
     if (r != rank_) others.push_back("leave/" + std::to_string(r));
@@ -1528,6 +1530,76 @@ void Comm::abort() {
   if (peer_watch_ != nullptr) peer_watch_->publish_abort();
 }
 
+namespace {
+
+// The communicators of this process that are served by its TCP store (it is the job's rank
+// 0) and have a peer watch, for Comm::linger_at_exit. Allocated once and never freed: it is
+// used from an atexit handler, after which the library's other statics go.
+struct ExitRegistry {
+  std::mutex mutex;
+  std::vector<Comm *> comms;
+  pid_t pid = 0;  // the process that registered them: not a forked child, which has no threads
+};
+ExitRegistry &exit_registry() {
+  static ExitRegistry *registry = new ExitRegistry;
+  return *registry;
+}
+
+void register_for_exit(Comm *comm) {
+  ExitRegistry &registry = exit_registry();
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  if (registry.pid == 0) {
+    // Registered after the statics that the linger uses (logging, settings, the store's),
+    // which the first communicator has made: atexit runs it before they are destroyed.
+    if (std::atexit(&Comm::linger_at_exit) != 0) {
+      MNCL_INFO("cannot register the exit-time linger of the store's host (atexit failed)");
+    }
+  }
+  registry.pid = ::getpid();
+  registry.comms.push_back(comm);
+}
+
+void unregister_for_exit(Comm *comm) {
+  ExitRegistry &registry = exit_registry();
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  registry.comms.erase(std::remove(registry.comms.begin(), registry.comms.end(), comm),
+                       registry.comms.end());
+}
+
+}  // namespace
+
+bool Comm::knows_of_failure() {
+  return aborted_.load() || plugin_aborted_.load() ||
+         (peer_watch_ != nullptr && peer_watch_->found().status != MNCL_OK);
+}
+
+void Comm::linger_at_exit() {
+  // An application that returns from main, or calls exit(), after a failed operation without
+  // destroying the communicator (a Python script ending on an exception outside `with`) took
+  // the store, and the note of why the communicator failed, with its process: the other ranks,
+  // still on their way to read it, found only that rank 0 had exited, and named it. Here the
+  // process first waits, as an aborted communicator's destroy does, for the others to exit or
+  // leave, bounded. Communicators that know of no failure are not waited for: an application
+  // that merely forgets to destroy one exits at once, as before.
+  ExitRegistry &registry = exit_registry();
+  std::lock_guard<std::mutex> lock(registry.mutex);  // a destroy on another thread waits
+  if (registry.pid != ::getpid()) return;
+  std::vector<Comm *> failed;
+  int64_t bound_ms = kExitStoreLinger.count();
+  for (Comm *comm : registry.comms) {
+    if (comm->destroyed_.load() || !comm->knows_of_failure()) continue;
+    failed.push_back(comm);
+    bound_ms = std::min(bound_ms, comm->timeout_ms_);
+  }
+  if (failed.empty()) return;
+  MNCL_INFO(
+      "exiting without mncl_comm_destroy of %s, which failed: this process serves the "
+      "store, and waits up to %.1f s for the other ranks to read why before it goes",
+      failed.front()->label().c_str(), bound_ms / 1000.0);
+  const auto give_up = Clock::now() + std::chrono::milliseconds(bound_ms);
+  for (Comm *comm : failed) comm->linger_for_note(give_up);
+}
+
 void Comm::watch_peers() {
   if (size_ <= 1) return;
   std::vector<PeerWatch::Peer> peers;
@@ -1540,6 +1612,7 @@ void Comm::watch_peers() {
   peer_watch_ = std::make_shared<PeerWatch>(
       comm_store_, rank_, std::move(peers),
       format("%s %s %d %s", id_.c_str(), first.host.c_str(), first.pid, first.identity.c_str()));
+  if (job_ != nullptr && job_->hosts_tcp_store) register_for_exit(this);
 }
 
 void Comm::ensure_watchdog() {
@@ -2105,6 +2178,9 @@ void Comm::retire_native_ops() {
 
 void Comm::destroy(const std::atomic<int> *api_calls) {
   if (destroyed_.exchange(true)) return;
+  if (peer_watch_ != nullptr && job_ != nullptr && job_->hosts_tcp_store) {
+    unregister_for_exit(this);
+  }
   const bool aborted_before = aborted_.load();
   // First the calls of other threads that are inside (a blocking one, or one about to queue an
   // operation: none may reach a lane once its thread is stopped below). Each ends by its own

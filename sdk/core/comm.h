@@ -103,6 +103,15 @@ class Comm {
   const mncl_plugin_v5_t &table() const { return *table_; }
   // Throws (naming fn) when the communicator was destroyed or aborted.
   void check_usable(const char *fn) const;
+  // Whether this communicator failed here: aborted (by the user or the watchdog), or a rank
+  // is known to have exited or aborted it (its note is in the store).
+  bool knows_of_failure();
+  // An atexit handler (registered with the first communicator its TCP store serves): the
+  // store's host exiting without mncl_comm_destroy waits, once, for each of its communicators
+  // that knows of a failure, as destroy of an aborted one would (linger_for_note), all within
+  // kExitStoreLinger, or the shortest of their timeouts.
+  static void linger_at_exit();
+  static constexpr std::chrono::milliseconds kExitStoreLinger{5000};
 
   // Blocking collective, ordered after every non-blocking one already issued.
   void run(mncl_coll_v1_t coll);
@@ -240,9 +249,9 @@ class Comm {
   // destroy() of a communicator aborted before it: tells the others this rank has left,
   // within a short bound, so that rank 0's destroy does not wait the timeout for it.
   void leave_abandoned(bool last_of_job);
-  // leave_abandoned() on the store's host: waits (at most kAbortedStoreLinger) until every
-  // other rank has left or exited, so that they read why the communicator failed.
-  void linger_for_note();
+  // leave_abandoned() on the store's host: waits (until give_up) until every other rank has
+  // left or exited, so that they read why the communicator failed.
+  void linger_for_note(std::chrono::steady_clock::time_point give_up);
   static constexpr std::chrono::milliseconds kAbortedStoreLinger{1000};
   // A child communicator of the given parent ranks (in their new order), with the parent's
   // settings and its own store views; its backend is set by the caller.

@@ -23,7 +23,7 @@
 //              p2p_zero|recv_after_mismatch]
 //              [--netns NS0,NS1 --hosts A0,A1]
 //              [--launcher fork|mpirun] [--mpirun PATH] [--mpirun-arg ARG]... [--expect-job-end]
-//              [--expect-named] [--victim-own-pidns]
+//              [--expect-named] [--victim-own-pidns] [--survivors-exit]
 #include <fcntl.h>
 #include <mncl/mncl.h>
 #include <netinet/in.h>
@@ -191,9 +191,11 @@ int fail_create(Worker &w, mncl_status_t st) {
 }
 
 // Allreduce in a loop until it fails; "ready" after 10 calls. For killed/stalled/recovery.
-mncl_status_t loop_until_failure(Worker &w, mncl_comm_t comm, int64_t *t_fail) {
+// pause_ms: once ready, before each allreduce (a rank busy computing between them).
+mncl_status_t loop_until_failure(Worker &w, mncl_comm_t comm, int64_t *t_fail, int pause_ms = 0) {
   std::vector<float> send(1024, 1.0f), recv(send.size());
   for (long it = 0;; ++it) {
+    if (it > 10 && pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
     const mncl_status_t st = mncl_allreduce(comm, send.data(), recv.data(), send.size(),
                                             MNCL_FLOAT32, MNCL_SUM, nullptr);
     if (st != MNCL_OK) {
@@ -207,14 +209,19 @@ mncl_status_t loop_until_failure(Worker &w, mncl_comm_t comm, int64_t *t_fail) {
 int worker_killed(Worker &w) {
   mncl_comm_t comm = nullptr;
   if (auto st = mncl_comm_create(nullptr, &comm); st != MNCL_OK) return fail_create(w, st);
+  // --survivors-exit: each survivor exits as soon as it has failed, without destroying the
+  // communicator, as an application does; rank 1 is busy for a second between allreduces, so
+  // that it comes to the failure after rank 0 did.
+  const bool exit_at_once = env_int("FAULT_EXIT_AT_ONCE", 0) != 0;
   int64_t t = 0;
-  const mncl_status_t st = loop_until_failure(w, comm, &t);
+  const mncl_status_t st = loop_until_failure(w, comm, &t, exit_at_once && w.rank == 1 ? 1000 : 0);
   w.result(st, t, "-", mncl_last_error());
   // Rank 0's process hosts the TCP store, which holds the note of the killed rank's end: it
   // stays until every rank has reported. One that exited at once after failing left a rank
   // still checking to find only that rank 0 had exited (a CI run under load: the victim in a
-  // pid namespace of its own, which /proc does not show), as it would in an application.
-  w.linger(2.0 * env_int("MNCL_TIMEOUT", 3) + 30);
+  // pid namespace of its own, which /proc does not show). With --survivors-exit, the library's
+  // own linger at exit (Comm::linger_at_exit) is what keeps it.
+  if (!exit_at_once) w.linger(2.0 * env_int("MNCL_TIMEOUT", 3) + 30);
   return 0;  // no destroy: the driver measures the failing call itself
 }
 
@@ -766,6 +773,9 @@ struct Options {
   // container or on another host: the others cannot judge its process through /proc, only through
   // the store (the connection it leaves open there ends with it). Needs root; SKIP otherwise.
   bool victim_own_pidns = false;
+  // killed: the survivors exit as soon as they have failed (no destroy), rank 1 a second after
+  // rank 0, the store's host, which must keep the note of the victim's end until it has read it.
+  bool survivors_exit = false;
 };
 
 struct Event {
@@ -1078,10 +1088,13 @@ int drive_killed(const Options &o, bool stop) {
   const std::string name = test_name(o, cut                  ? "link_cut"
                                         : stop               ? "stalled_rank"
                                         : o.expect_job_end   ? "killed_rank.default_mpirun"
+                                        : o.survivors_exit   ? "killed_rank.store_host_exits"
                                         : o.victim_own_pidns ? "killed_rank.own_pidns"
                                                              : "killed_rank");
   if (!own_pidns_available(name, o)) return 0;
-  Job job(o, o.ranks, {});
+  std::map<std::string, std::string> env;
+  if (o.survivors_exit) env["FAULT_EXIT_AT_ONCE"] = "1";
+  Job job(o, o.ranks, env);
   if (!job.all_ready(60)) {
     return report(name, o, false, "the ranks did not reach their allreduce loop");
   }
@@ -1900,6 +1913,8 @@ int main(int argc, char **argv) {
       o.expect_named = true;
     else if (a == "--victim-own-pidns")
       o.victim_own_pidns = true;
+    else if (a == "--survivors-exit")
+      o.survivors_exit = true;
     else if (a[0] != '-' && o.scenario.empty())
       o.scenario = a;
     else {
