@@ -259,6 +259,34 @@ bool is_internal(const std::string &name) {
   return rest == "P2P_ITERATIONS";
 }
 
+std::vector<std::string> (*g_plugin_names)() = nullptr;  // set_plugin_names_source
+
+// A name in the namespace of a plugin found on the search path whose variables the table does
+// not hold (a third party's: MNCL_MINE_FOO for libmncl-mine.so), which only that plugin knows.
+// The built-in plugins' namespaces stay checked (MNCL_GLOO_IFAC is a typo). plugins: their
+// names, as found.
+bool in_plugin_namespace(const std::string &name, const std::vector<std::string> &plugins) {
+  for (const std::string &plugin : plugins) {
+    std::string prefix = "MNCL_";
+    for (const char c : plugin) {
+      prefix += std::isalnum(static_cast<unsigned char>(c))
+                    ? static_cast<char>(std::toupper(static_cast<unsigned char>(c)))
+                    : '_';
+    }
+    prefix += '_';
+    if (!starts_with(name, prefix.c_str())) continue;
+    const bool documented = std::any_of(table().begin(), table().end(), [&](const Variable &v) {
+      return starts_with(v.name, prefix.c_str());
+    });
+    if (!documented) return true;
+  }
+  return false;
+}
+
+std::vector<std::string> plugin_names() {
+  return g_plugin_names != nullptr ? g_plugin_names() : std::vector<std::string>{};
+}
+
 size_t edit_distance(const std::string &a, const std::string &b) {
   std::vector<size_t> row(b.size() + 1);
   for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
@@ -331,13 +359,20 @@ void warn_unknown_once() {
 
 }  // namespace
 
+void set_plugin_names_source(std::vector<std::string> (*source)()) {
+  g_plugin_names = source;
+}
+
 std::vector<Unknown> unknown_variables() {
   std::vector<Unknown> out;
+  std::optional<std::vector<std::string>> plugins;  // looked up for the first candidate only
   for (char **entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
     const char *equals = std::strchr(*entry, '=');
     if (equals == nullptr) continue;
     const std::string name(*entry, static_cast<size_t>(equals - *entry));
     if (!starts_with(name, "MNCL_") || find(name) != nullptr || is_internal(name)) continue;
+    if (!plugins) plugins = plugin_names();
+    if (in_plugin_namespace(name, *plugins)) continue;
     out.push_back({name, likely_meant(name)});
   }
   std::sort(out.begin(), out.end(),
@@ -365,8 +400,8 @@ std::optional<std::string> get(const char *name) {
     // Plugins read their own variables (GLOO_SOCKET_IFNAME...) through the host's get_env:
     // only a name in MNCL's own namespace that the table lacks is a likely typo (set after
     // the first scan, or read by a plugin under an undocumented name).
-    if (std::strncmp(name, "MNCL_", 5) == 0 && find(name) == nullptr &&
-        g_warned_unknown.insert(name).second) {
+    if (std::strncmp(name, "MNCL_", 5) == 0 && find(name) == nullptr && !is_internal(name) &&
+        !in_plugin_namespace(name, plugin_names()) && g_warned_unknown.insert(name).second) {
       MNCL_WARN("%s (mncl-info --env lists them)",
                 describe_unknown({name, likely_meant(name)}).c_str());
     }

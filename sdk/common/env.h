@@ -37,7 +37,12 @@ struct Unknown {
   std::string name;
   std::string meant;  // "" when no documented name is close
 };
+// Names in the namespace of a plugin on the search path that the table has no variable of
+// (MNCL_MINE_* for a third party's libmncl-mine.so) are that plugin's, and not unknown.
 std::vector<Unknown> unknown_variables();
+// Where unknown_variables() learns the plugins' names: the loader's (set at load time, as env
+// may not depend on it). source must not call get() (it runs under get()'s lock): raw() only.
+void set_plugin_names_source(std::vector<std::string> (*source)());
 // "NAME is not a documented MNCL variable and has no effect (did you mean X?)".
 std::string describe_unknown(const Unknown &unknown);
 // Whether a variable's value must never be printed: its name contains TOKEN, SECRET,

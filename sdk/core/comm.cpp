@@ -29,6 +29,7 @@
 #include "core/selection.h"
 #include "core/validate.h"
 #include "cuda/driver.h"
+#include "loader/plugin_call.h"
 #include "topology/agreement.h"
 #include "topology/hwloc_topology.h"
 
@@ -757,10 +758,12 @@ mncl_bootstrap_v1_t Comm::bootstrap_for_plugin() const {
 void Comm::create_plugin_comm(const mncl_bootstrap_v1_t &bs, void *parent_plugin_comm, int color,
                               int key) {
   set_last_error("");
+  const bool split = parent_plugin_comm && table_->comm_split;
   const mncl_status_t status =
-      parent_plugin_comm && table_->comm_split
-          ? table_->comm_split(parent_plugin_comm, color, key, &bs, &plugin_comm_)
-          : table_->comm_create(&bs, &plugin_comm_);
+      loader::call_plugin(backend(), split ? "comm_split" : "comm_create", [&] {
+        return split ? table_->comm_split(parent_plugin_comm, color, key, &bs, &plugin_comm_)
+                     : table_->comm_create(&bs, &plugin_comm_);
+      });
   if (status != MNCL_OK) {
     plugin_comm_ = nullptr;
     throw Error(status, format("backend '%s' failed to create %s (rank %d of %d): %s",
@@ -950,7 +953,8 @@ void Comm::execute_now(const mncl_coll_v1_t &coll, void *inputs_ready) {
   auto call = [&](const mncl_coll_v1_t &c) {
     set_last_error("");
     const size_t token = history_.begin(c);
-    const mncl_status_t status = table_->execute(plugin_comm_, &c);
+    const mncl_status_t status = loader::call_plugin(
+        backend(), "execute", [&] { return table_->execute(plugin_comm_, &c); });
     history_.end(token, status == MNCL_OK);
     if (status == MNCL_OK) return;
     std::string report;
@@ -1100,7 +1104,8 @@ void Comm::launch(const std::shared_ptr<Operation> &op) {
                label.c_str());
     set_last_error("");
     void *handle = nullptr;
-    const mncl_status_t status = table_->post(plugin_comm_, &op->coll, &handle);
+    const mncl_status_t status = loader::call_plugin(
+        backend(), "post", [&] { return table_->post(plugin_comm_, &op->coll, &handle); });
     if (status != MNCL_OK) {
       throw Error(status, format("%s on %s: %s", label.c_str(), backend().c_str(), last_error()));
     }
@@ -1325,7 +1330,12 @@ void Comm::complete(Operation &op, Lane &lane) {
     }
   } catch (const std::exception &e) {
     status = MNCL_ERR_INTERNAL;
-    error = e.what();
+    error = format("%s on %s: internal error: %s", describe_op(op.coll).c_str(), backend().c_str(),
+                   e.what());
+  } catch (...) {  // a lane's thread must never end the process
+    status = MNCL_ERR_INTERNAL;
+    error = format("%s on %s: internal error: an exception that is no std::exception",
+                   describe_op(op.coll).c_str(), backend().c_str());
   }
   {
     std::lock_guard<std::mutex> lock(op.mutex);
@@ -1419,7 +1429,8 @@ bool Comm::wait_parts(Operation &batch, int64_t timeout_ms) {
 bool Comm::test_native(Operation &op) {
   int32_t done = 0;
   set_last_error("");
-  const mncl_status_t status = table_->test(plugin_comm_, op.native_handle, &done);
+  const mncl_status_t status = loader::call_plugin(
+      backend(), "test", [&] { return table_->test(plugin_comm_, op.native_handle, &done); });
   if (!done && status == MNCL_OK) return false;
   // The ABI releases the handle with a failure too.
   if (status == MNCL_OK) {
@@ -1711,9 +1722,14 @@ void Comm::abort_plugin() {
   std::unique_lock<std::mutex> gate(plugin_gate_, std::try_to_lock);
   if (!gate.owns_lock()) return;
   if (plugin_comm_ != nullptr) {
-    if (table_->comm_abort(plugin_comm_) != MNCL_OK) {
+    // On the caller's thread (mncl_comm_abort): its last error, the failure it aborts for, stays.
+    const std::string saved_error = last_error();
+    set_last_error("");
+    if (loader::call_plugin(backend(), "comm_abort",
+                            [&] { return table_->comm_abort(plugin_comm_); }) != MNCL_OK) {
       MNCL_WARN("backend %s: comm_abort failed: %s", backend().c_str(), last_error());
     }
+    set_last_error(saved_error);
   }
 }
 
@@ -1931,7 +1947,9 @@ std::unique_ptr<Comm> Comm::split_impl(int color, int key, bool by_type, int typ
     if (table_->comm_split && !parent_split_called) {
       parent_split_called = true;
       void *none = nullptr;
-      table_->comm_split(plugin_comm_, MNCL_SPLIT_NONE, key, nullptr, &none);
+      loader::call_plugin(backend(), "comm_split", [&] {
+        return table_->comm_split(plugin_comm_, MNCL_SPLIT_NONE, key, nullptr, &none);
+      });
     }
   };
   if (color == MNCL_SPLIT_NONE) {
@@ -2214,7 +2232,8 @@ void Comm::destroy(const std::atomic<int> *api_calls) {
     std::lock_guard<std::mutex> gate(plugin_gate_);
     if (plugin_comm_ != nullptr && !callers_left_) {
       set_last_error("");
-      status = table_->comm_destroy(plugin_comm_);
+      status = loader::call_plugin(backend(), "comm_destroy",
+                                   [&] { return table_->comm_destroy(plugin_comm_); });
       if (status != MNCL_OK) {
         error = format("mncl_comm_destroy: backend '%s': %s", backend().c_str(), last_error());
       }

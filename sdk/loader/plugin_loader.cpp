@@ -18,6 +18,7 @@
 #include "common/log.h"
 #include "loader/elf_check.h"
 #include "loader/plugin_abi.h"
+#include "loader/plugin_call.h"
 
 #ifndef MNCL_PLUGIN_SUBDIR
 #define MNCL_PLUGIN_SUBDIR "mncl/plugins"
@@ -69,7 +70,14 @@ class LoadedPlugin final : public Plugin {
         abi_version_(abi_version) {}
   // Runs under the registry lock (see release()), so finalize never overlaps another init.
   ~LoadedPlugin() override {
-    if (table_.finalize != nullptr) table_.finalize();
+    if (table_.finalize != nullptr) {
+      try {
+        table_.finalize();
+      } catch (...) {  // the ABI forbids it; a destructor must not let it through
+        MNCL_WARN("plugin %s (%s): finalize threw a C++ exception, which the plugin ABI forbids",
+                  name_.c_str(), path_.c_str());
+      }
+    }
     MNCL_INFO("unloaded plugin %s (%s)", name_.c_str(), path_.c_str());
   }  // lib_ unloads after this body, once the plugin's code is no longer needed
 
@@ -281,15 +289,16 @@ PluginReport try_load(const std::string &path) {
   // init() reports through the thread's last error; keep the caller's message intact.
   const std::string saved_error = last_error();
   set_last_error("");
-  const mncl_status_t status = table.init(host_services());
+  // A throwing init (a plugin without the kit's guard) only makes the plugin unusable here,
+  // as a throwing probe does: it failed every job under auto before, naming no plugin.
+  const mncl_status_t status = call_plugin(table.name ? table.name : report.name, "init",
+                                           [&] { return table.init(host_services()); });
   const std::string message = last_error();
   set_last_error(saved_error);
   if (status != MNCL_OK) {
     report.init_status = status;
     report.init_message = message;
-    return refuse(
-        format("init() refused with %s: %s", status_name(status),
-               message.empty() ? "(no message set with host->set_error)" : message.c_str()));
+    return refuse(format("init() refused with %s: %s", status_name(status), message.c_str()));
   }
 
   auto *raw = new LoadedPlugin(std::move(lib), table, path, adapter->version);
@@ -363,9 +372,21 @@ const Module &this_module() {
 }
 [[maybe_unused]] const Module &g_module_at_load = this_module();
 
-}  // namespace
+// The parts of a ':' (or ',') separated list, empty ones left out.
+std::vector<std::string> list_items(const std::string &list, char separator) {
+  std::vector<std::string> items;
+  size_t start = 0;
+  while (start <= list.size()) {
+    size_t end = list.find(separator, start);
+    if (end == std::string::npos) end = list.size();
+    if (end > start) items.push_back(list.substr(start, end - start));
+    start = end + 1;
+  }
+  return items;
+}
 
-std::vector<std::string> search_path() {
+// search_path() for a given MNCL_PLUGIN_PATH value; quiet: without the warning.
+std::vector<std::string> search_path_of(const std::string &plugin_path, bool quiet) {
   std::vector<std::string> dirs;
   auto add = [&dirs](const fs::path &dir) {
     boost::system::error_code ec;
@@ -373,19 +394,13 @@ std::vector<std::string> search_path() {
     const std::string d = abs.lexically_normal().string();
     if (std::find(dirs.begin(), dirs.end(), d) == dirs.end()) dirs.push_back(d);
   };
-  if (auto env_path = env::get("MNCL_PLUGIN_PATH")) {
-    size_t start = 0;
-    while (start <= env_path->size()) {
-      size_t end = env_path->find(':', start);
-      if (end == std::string::npos) end = env_path->size();
-      if (end > start) add(env_path->substr(start, end - start));
-      start = end + 1;
-    }
-  }
+  for (const std::string &dir : list_items(plugin_path, ':')) add(dir);
   const Module &self = this_module();
   if (!self.error.empty()) {
-    MNCL_WARN("cannot locate the MNCL module (%s); only MNCL_PLUGIN_PATH is searched",
-              self.error.c_str());
+    if (!quiet) {
+      MNCL_WARN("cannot locate the MNCL module (%s); only MNCL_PLUGIN_PATH is searched",
+                self.error.c_str());
+    }
   } else if (self.program) {
     // A program linking the static core, in <bindir>: the install tree's plugin folder, then
     // the build tree's (the same folder unless CMAKE_INSTALL_LIBDIR is not "lib").
@@ -395,6 +410,38 @@ std::vector<std::string> search_path() {
     add(fs::path(self.dir) / MNCL_PLUGIN_SUBDIR);  // libmncl.so in <libdir>
   }
   return dirs;
+}
+
+// For env::unknown_variables (a third party's plugin's MNCL_<NAME>_* are its own): the names
+// of the plugin files on the search path and of those MNCL_BACKEND gives by path. Reads the
+// variables raw: it runs under env::get's lock.
+std::vector<std::string> plugin_names_for_env() {
+  std::vector<std::string> names;
+  const char *plugin_path = env::raw("MNCL_PLUGIN_PATH");
+  for (const std::string &dir : search_path_of(plugin_path ? plugin_path : "", true)) {
+    boost::system::error_code ec;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string name = name_from_file(it->path().string());
+      if (!name.empty()) names.push_back(name);
+    }
+  }
+  if (const char *backend = env::raw("MNCL_BACKEND")) {
+    for (const std::string &item : list_items(backend, ',')) {
+      if (item.find('/') == std::string::npos) continue;
+      const std::string name = name_from_file(item);
+      if (!name.empty()) names.push_back(name);
+    }
+  }
+  return names;
+}
+[[maybe_unused]] const bool g_plugin_names_for_env =
+    (env::set_plugin_names_source(&plugin_names_for_env), true);
+
+}  // namespace
+
+std::vector<std::string> search_path() {
+  const auto plugin_path = env::get("MNCL_PLUGIN_PATH");
+  return search_path_of(plugin_path.value_or(""), false);
 }
 
 std::vector<PluginReport> discover() {

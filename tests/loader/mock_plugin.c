@@ -37,6 +37,13 @@
  *                           throws an int (not a std::exception). Built with mock_throw.cpp, the
  *                           C++ that throws, and -fexceptions (CMakeLists.txt)
  *   MOCK_PROBE_FAILS_SILENTLY=1  probe() returns MNCL_ERR_INTERNAL without host->set_error
+ *   MOCK_MISBEHAVES=1       breaks the ABI as $MNCL_MOCK_MISBEHAVE says (read at each call):
+ *                           init_throws (init throws std::runtime_error), throws / throws_int
+ *                           (execute throws a std::exception / an int), minus_one /
+ *                           in_progress (execute returns -1 / MNCL_IN_PROGRESS), silent (execute
+ *                           fails with MNCL_ERR_REMOTE without host->set_error); only
+ *                           collectives other than barrier. Built with mock_throw.cpp, as
+ *                           MOCK_PROBE_THROWS
  *   MOCK_UNDEFINED_SYMBOL=1 references a function no library defines (linked without
  *                           --no-undefined): dlopen refuses the file
  *   MOCK_CTOR_EXITS=1       a static initializer prints a line to stderr and _exit(97)s: loading
@@ -170,9 +177,16 @@
 
 static const mncl_host_v1_t *g_host;
 
-#if defined(MOCK_PROBE_THROWS) && MOCK_PROBE_THROWS
+#if (defined(MOCK_PROBE_THROWS) && MOCK_PROBE_THROWS) || \
+    (defined(MOCK_MISBEHAVES) && MOCK_MISBEHAVES)
 /* mock_throw.cpp: throws std::runtime_error(what), or an int when what is NULL. */
 void mock_throw(const char *what);
+#endif
+#if defined(MOCK_MISBEHAVES) && MOCK_MISBEHAVES
+static int misbehaves(const char *how) {
+  const char *said = getenv("MNCL_MOCK_MISBEHAVE");
+  return said != NULL && strcmp(said, how) == 0;
+}
 #endif
 #if defined(MOCK_UNDEFINED_SYMBOL) && MOCK_UNDEFINED_SYMBOL
 int mncl_mock_missing_symbol(void);
@@ -209,6 +223,9 @@ static void record(const char *format, ...) {
 static mncl_status_t mock_init(const mncl_host_v1_t *host) {
   g_host = host;
   record("init");
+#if defined(MOCK_MISBEHAVES) && MOCK_MISBEHAVES
+  if (misbehaves("init_throws")) mock_throw("device 3 not found");
+#endif
 #if defined(MOCK_INIT_FAILS) && MOCK_INIT_FAILS
   host->set_error("mock driver missing (built with MOCK_INIT_FAILS)");
   return MNCL_ERR_NOT_SUPPORTED;
@@ -516,6 +533,15 @@ static mncl_status_t mock_execute(void *comm, const mncl_coll_v1_t *coll) {
   }
 #endif
   if (((mock_comm_t *)comm)->aborted) return MNCL_ERR_ABORTED;
+#if defined(MOCK_MISBEHAVES) && MOCK_MISBEHAVES
+  if (coll->kind != MNCL_COLL_BARRIER) {
+    if (misbehaves("throws")) mock_throw("vector::_M_range_check");
+    if (misbehaves("throws_int")) mock_throw(NULL);
+    if (misbehaves("minus_one")) return (mncl_status_t)-1;
+    if (misbehaves("in_progress")) return MNCL_IN_PROGRESS;
+    if (misbehaves("silent")) return MNCL_ERR_REMOTE;
+  }
+#endif
 #if defined(MOCK_P2P_LANES) && MOCK_P2P_LANES
   if (coll->kind == MNCL_COLL_SEND || coll->kind == MNCL_COLL_RECV ||
       coll->kind == MNCL_COLL_SENDRECV_BATCH) {

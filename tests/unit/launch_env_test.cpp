@@ -6,9 +6,12 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <string>
@@ -601,6 +604,44 @@ TEST(EnvLog, UnknownNamesSetInTheEnvironmentAreFoundWithWhatTheyMeant) {
             "MNCL_TIMEOUT?)");
   for (const auto &[name, meant] : cases) unsetenv(name);
   unsetenv("MNCL_TEST_SOMETHING");
+}
+
+// A third party's plugin on the search path (libmncl-my-net.so) reads MNCL_MY_NET_*, which the
+// table cannot know: those are its own, not typos (each rank warned, and mncl-info exited 1).
+// The built-in plugins' namespaces stay checked, and a name of no plugin is still unknown.
+TEST(EnvLog, APluginsOwnVariablesAreNotUnknown) {
+  char dir_template[] = "/tmp/mncl-env-plugins-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  std::ofstream(dir + "/libmncl-my-net.so") << "only its name counts here\n";
+  const char *saved = std::getenv("MNCL_PLUGIN_PATH");
+  const std::string saved_path = saved ? saved : "";
+  setenv("MNCL_PLUGIN_PATH", dir.c_str(), 1);
+  setenv("MNCL_MY_NET_RAILS", "4", 1);
+  setenv("MNCL_GLOO_IFAC", "lo", 1);
+  setenv("MNCL_OTHER_NET_RAILS", "4", 1);
+  // Links the loader into this test (libmncl.so always has it): its static initializer gives
+  // env the plugins' names. And the search path is this folder.
+  const auto dirs = loader::search_path();
+  EXPECT_NE(std::find(dirs.begin(), dirs.end(), dir), dirs.end());
+  const auto unknown = env::unknown_variables();
+  const auto has = [&](const char *name) {
+    return std::any_of(unknown.begin(), unknown.end(),
+                       [&](const env::Unknown &u) { return u.name == name; });
+  };
+  EXPECT_FALSE(has("MNCL_MY_NET_RAILS"));
+  EXPECT_TRUE(has("MNCL_GLOO_IFAC"));
+  EXPECT_TRUE(has("MNCL_OTHER_NET_RAILS"));
+  for (const char *name : {"MNCL_MY_NET_RAILS", "MNCL_GLOO_IFAC", "MNCL_OTHER_NET_RAILS"}) {
+    unsetenv(name);
+  }
+  if (saved) {
+    setenv("MNCL_PLUGIN_PATH", saved_path.c_str(), 1);
+  } else {
+    unsetenv("MNCL_PLUGIN_PATH");
+  }
+  std::remove((dir + "/libmncl-my-net.so").c_str());
+  rmdir(dir.c_str());
 }
 
 }  // namespace
