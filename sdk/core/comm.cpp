@@ -1646,7 +1646,7 @@ void Comm::ensure_watchdog() {
     std::function<bool()> peer_check;
     if (peer_watch_ != nullptr) peer_check = [this] { return watch_peers_while_waiting(); };
     watchdog_ = std::make_unique<Watchdog>(history_, timeout_ms_, std::move(expired),
-                                           std::move(peer_check));
+                                           std::move(peer_check), backend());
     watchdog_started_.store(true, std::memory_order_release);
   });
 }

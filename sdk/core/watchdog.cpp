@@ -132,9 +132,10 @@ std::string OpHistory::dump(size_t max) const {
 
 Watchdog::Watchdog(const OpHistory &history, int64_t timeout_ms,
                    std::function<void(const OpHistory::Record &)> on_expired,
-                   std::function<bool()> peer_check)
+                   std::function<bool()> peer_check, std::string backend)
     : history_(history),
       timeout_ms_(timeout_ms),
+      backend_(std::move(backend)),
       on_expired_(std::move(on_expired)),
       peer_check_(std::move(peer_check)) {
   thread_ = std::thread([this] { loop(); });
@@ -208,8 +209,36 @@ void Watchdog::loop() {
     } catch (const std::exception &e) {
       MNCL_WARN("watchdog: %s", e.what());
     }
-    return;  // the communicator is unusable now: nothing more to watch
+    // The communicator is unusable now; one thing is left to watch: that the backend ends
+    // the operation, as comm_abort requires. One that does not holds its caller for good,
+    // which the warning above does not explain.
+    const auto aborted_at = Clock::now();
+    const auto follow_up = std::chrono::milliseconds(after_abort_ms(timeout_ms_));
+    lock.lock();
+    while (!stopping_) {
+      cv_.wait_for(lock, tick, [&] { return stopping_; });
+      if (stopping_) break;
+      OpHistory::Record now;
+      if (!history_.running(&now) || now.seq != r.seq || now.kind != r.kind ||
+          now.start != r.start) {
+        return;  // it ended
+      }
+      if (Clock::now() - aborted_at < follow_up) continue;
+      lock.unlock();
+      MNCL_WARN(
+          "watchdog: %s still runs %.1f s after the watchdog aborted the backend's "
+          "communicator: backend '%s' does not end its operations on comm_abort, as the plugin "
+          "ABI requires (mncl_plugin_v1.h), and this call returns only when the backend ends it",
+          op_label(coll_kind_name(r.kind), r.kind, r.seq).c_str(), seconds_since(aborted_at),
+          backend_.empty() ? "?" : backend_.c_str());
+      return;
+    }
+    return;
   }
+}
+
+int64_t Watchdog::after_abort_ms(int64_t timeout_ms) {
+  return std::clamp<int64_t>(timeout_ms, 1000, 10000);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -88,15 +88,20 @@ class Watchdog {
   // runs every kPeerPeriod on a thread of its own (it may read the store, which a cut link
   // holds up for the store's timeout: the timeout rule must not wait for it); it returns true
   // once it has aborted the communicator, and is not called again.
+  // backend: its name, for the warning about a backend that does not end an operation on
+  // comm_abort (after_abort_ms past on_expired, the operation still running).
   Watchdog(const OpHistory &history, int64_t timeout_ms,
            std::function<void(const OpHistory::Record &)> on_expired,
-           std::function<bool()> peer_check = {});
+           std::function<bool()> peer_check = {}, std::string backend = "");
   ~Watchdog();
   Watchdog(const Watchdog &) = delete;
   Watchdog &operator=(const Watchdog &) = delete;
 
   // How long past the timeout the watchdog waits for the plugin to report it itself.
   static int64_t grace_ms(int64_t timeout_ms);
+  // How long after its abort an operation may still run before the backend is named as one
+  // that does not honour comm_abort: the timeout, at least 1 s and at most 10 s.
+  static int64_t after_abort_ms(int64_t timeout_ms);
   // As often as a plugin's store waits look (StoreBridge::kPeerCheckMs).
   static constexpr std::chrono::milliseconds kPeerPeriod{200};
   bool fired() const { return fired_.load(); }
@@ -107,6 +112,7 @@ class Watchdog {
 
   const OpHistory &history_;
   const int64_t timeout_ms_;
+  const std::string backend_;
   std::function<void(const OpHistory::Record &)> on_expired_;
   std::function<bool()> peer_check_;
   std::mutex mutex_;

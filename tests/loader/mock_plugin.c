@@ -41,7 +41,8 @@
  *                           init_throws (init throws std::runtime_error), throws / throws_int
  *                           (execute throws a std::exception / an int), minus_one /
  *                           in_progress (execute returns -1 / MNCL_IN_PROGRESS), silent (execute
- *                           fails with MNCL_ERR_REMOTE without host->set_error); only
+ *                           fails with MNCL_ERR_REMOTE without host->set_error),
+ *                           ignores_abort (execute blocks until comm_abort, then 3 s more); only
  *                           collectives other than barrier. Built with mock_throw.cpp, as
  *                           MOCK_PROBE_THROWS
  *   MOCK_UNDEFINED_SYMBOL=1 references a function no library defines (linked without
@@ -353,7 +354,8 @@ static mncl_status_t mock_comm_destroy(void *comm) {
 }
 
 static mncl_status_t mock_comm_abort(void *comm) {
-#if (defined(MOCK_HANG) && MOCK_HANG) || (defined(MOCK_ASYNC_STUCK) && MOCK_ASYNC_STUCK)
+#if (defined(MOCK_HANG) && MOCK_HANG) || (defined(MOCK_ASYNC_STUCK) && MOCK_ASYNC_STUCK) || \
+    (defined(MOCK_MISBEHAVES) && MOCK_MISBEHAVES)
   __atomic_store_n(&((mock_comm_t *)comm)->aborted, 1, __ATOMIC_SEQ_CST);
 #else
   ((mock_comm_t *)comm)->aborted = 1;
@@ -540,6 +542,16 @@ static mncl_status_t mock_execute(void *comm, const mncl_coll_v1_t *coll) {
     if (misbehaves("minus_one")) return (mncl_status_t)-1;
     if (misbehaves("in_progress")) return MNCL_IN_PROGRESS;
     if (misbehaves("silent")) return MNCL_ERR_REMOTE;
+    if (misbehaves("ignores_abort")) {
+      /* Waits for the watchdog's abort, then goes on 3 s as if it had not come. */
+      const struct timespec pause = {0, 5 * 1000 * 1000}, after = {3, 0};
+      while (!__atomic_load_n(&((mock_comm_t *)comm)->aborted, __ATOMIC_SEQ_CST)) {
+        nanosleep(&pause, NULL);
+      }
+      nanosleep(&after, NULL);
+      g_host->set_error("misbehave: ended 3 s after comm_abort");
+      return MNCL_ERR_ABORTED;
+    }
   }
 #endif
 #if defined(MOCK_P2P_LANES) && MOCK_P2P_LANES

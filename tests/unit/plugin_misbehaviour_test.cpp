@@ -88,6 +88,27 @@ TEST_F(Misbehaving, AFailureWithoutAMessageSaysSo) {
                  "(no message: the backend set none with host->set_error)");
 }
 
+// The watchdog aborts an operation past its timeout; a backend that goes on regardless holds
+// the caller, and is named for it (the first warning only said the watchdog aborted).
+TEST_F(Misbehaving, ABackendThatIgnoresTheAbortIsNamed) {
+  setenv("MNCL_MOCK_MISBEHAVE", "ignores_abort", 1);
+  mncl_config_t c = config(MNCL_MISBEHAVING_PLUGIN);
+  c.timeout_ms = 1000;  // the follow-up warning comes 1 s after the abort, the mock ends 3 s after
+  mncl_comm_t comm = nullptr;
+  ASSERT_EQ(mncl_comm_create(&c, &comm), MNCL_OK) << mncl_last_error();
+  std::vector<float> send(16, 1.0f), recv(16, 0.0f);
+  ::testing::internal::CaptureStderr();
+  const mncl_status_t st =
+      mncl_allreduce(comm, send.data(), recv.data(), send.size(), MNCL_FLOAT32, MNCL_SUM, nullptr);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(st, MNCL_ERR_TIMEOUT) << mncl_last_error();
+  EXPECT_CONTAINS(err, "still runs");
+  EXPECT_CONTAINS(err,
+                  "after the watchdog aborted the backend's communicator: backend 'misbehave' "
+                  "does not end its operations on comm_abort");
+  EXPECT_EQ(mncl_comm_destroy(comm), MNCL_OK) << mncl_last_error();
+}
+
 TEST_F(Misbehaving, AThrowingInitMakesOnlyThatPluginUnusable) {
   setenv("MNCL_MOCK_MISBEHAVE", "init_throws", 1);
   // Named: the creation fails, naming the plugin and what it did.
