@@ -6,10 +6,38 @@
  * writes
  *
  *     #include <mncl/mncl_plugin.h>
- *     MNCL_PLUGIN_EXPORT const mncl_plugin_v3_t mncl_plugin_v3 = { ... };
+ *     MNCL_PLUGIN_EXPORT const mncl_plugin_v5_t mncl_plugin_v5 = { ... };
  *
- * and keeps compiling, unchanged, against later releases (it stays a v3 plugin, served by the
- * core's v3 adapter, until its author moves to a newer table). A v1 plugin is loaded as before.
+ * and keeps compiling, unchanged, against later releases (it stays a v5 plugin, served by the
+ * core's v5 adapter, until its author moves to a newer table). A v1 plugin is loaded as before.
+ *
+ * Rules every version shares, beside those of the version headers:
+ * - Loading. The core loads a plugin (dlopen, init) when a communicator is created or
+ *   mncl-info runs and no communicator holds it already, and unloads it (finalize, dlclose)
+ *   with the last communicator that used it: under MNCL_BACKEND=auto every plugin on the
+ *   search path is loaded and probed at each such creation. Keep init and probe cheap and
+ *   local (no device enumeration that takes seconds, no network); they are not bounded by the
+ *   timeout.
+ * - Threads. Calls on different communicators (two jobs, or a split beside its parent) may run
+ *   at the same time on different threads, whatever the capabilities: state shared between
+ *   communicators (globals, caches, a device context) must be thread-safe. comm_abort may come
+ *   from any thread at any time after comm_create returned, including while the process exits.
+ * - Choice. Under auto, probe's score only orders plugins the core's rules rank alike (its
+ *   "higher is better" is within a rank). The rules go by name first: for CUDA buffers nccl,
+ *   then any plugin with MNCL_CAP_CUDA_MEMORY; then shm on one host, flat under mpirun, gloo;
+ *   then any other plugin; naive last. So a host-memory plugin of another name is chosen
+ *   under auto only where none of shm, flat, gloo can serve the job; name it to have it
+ *   (MNCL_BACKEND, MNCL_BACKEND_HOST, MNCL_BACKEND_CUDA, config.backend).
+ * - The store (mncl_store_v1_t). Keys are non-empty; a value holds at most 1 GiB; one wait
+ *   names at most 2^20 keys. set, add and del have no timeout argument: each is bounded by the
+ *   communicator's timeout, and fails (MNCL_ERR_BOOTSTRAP, MNCL_ERR_REMOTE, MNCL_ERR_TIMEOUT)
+ *   when the store cannot be reached, as when the store's host (rank 0's process) is gone.
+ * - Errors. Every entry reports failure as a status of mncl_status_t with host->set_error;
+ *   the core turns an exception that escapes, or a status outside the enum, into
+ *   MNCL_ERR_INTERNAL naming the entry (a defect of the plugin, reported as such).
+ * - Symbols. Export the mncl_plugin_vN tables only: link with a version script
+ *   (plugins/plugin.map in the source tree: { global: mncl_plugin_v*; local: *; };), as
+ *   -fvisibility=hidden alone leaves the C++ library's weak symbols exported.
  */
 #ifndef MNCL_PLUGIN_H
 #define MNCL_PLUGIN_H

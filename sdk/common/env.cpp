@@ -261,24 +261,31 @@ bool is_internal(const std::string &name) {
 
 std::vector<std::string> (*g_plugin_names)() = nullptr;  // set_plugin_names_source
 
-// A name in the namespace of a plugin found on the search path whose variables the table does
-// not hold (a third party's: MNCL_MINE_FOO for libmncl-mine.so), which only that plugin knows.
-// The built-in plugins' namespaces stay checked (MNCL_GLOO_IFAC is a typo). plugins: their
+std::string likely_meant(const std::string &name);
+
+// A name in the namespace of a plugin found on the search path (a third party's: MNCL_MINE_FOO
+// for libmncl-mine.so), which only that plugin knows. Never that of a built-in plugin, whose
+// variables the table holds (MNCL_GLOO_IFAC, MNCL_NCCL_DEBUG are typos), nor one that overlaps
+// the table's names (a file libmncl-timeout.so must not hide MNCL_TIMEOUT_S). plugins: their
 // names, as found.
 bool in_plugin_namespace(const std::string &name, const std::vector<std::string> &plugins) {
+  static const char *const kBuiltIn[] = {"naive", "flat", "gloo", "shm", "nccl"};
   for (const std::string &plugin : plugins) {
-    std::string prefix = "MNCL_";
-    for (const char c : plugin) {
-      prefix += std::isalnum(static_cast<unsigned char>(c))
-                    ? static_cast<char>(std::toupper(static_cast<unsigned char>(c)))
-                    : '_';
+    if (std::find_if(std::begin(kBuiltIn), std::end(kBuiltIn),
+                     [&](const char *b) { return lower(plugin) == b; }) != std::end(kBuiltIn)) {
+      continue;
     }
-    prefix += '_';
-    if (!starts_with(name, prefix.c_str())) continue;
-    const bool documented = std::any_of(table().begin(), table().end(), [&](const Variable &v) {
-      return starts_with(v.name, prefix.c_str());
+    std::string stem = "MNCL_";  // MNCL_MY_NET for my-net
+    for (const char c : plugin) {
+      stem += std::isalnum(static_cast<unsigned char>(c))
+                  ? static_cast<char>(std::toupper(static_cast<unsigned char>(c)))
+                  : '_';
+    }
+    if (!starts_with(name, (stem + "_").c_str())) continue;
+    const bool overlaps = std::any_of(table().begin(), table().end(), [&](const Variable &v) {
+      return starts_with(v.name, stem.c_str());
     });
-    if (!documented) return true;
+    if (!overlaps && likely_meant(name).empty()) return true;
   }
   return false;
 }

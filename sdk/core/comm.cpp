@@ -1,5 +1,6 @@
 #include "core/comm.h"
 
+#include <cxxabi.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -801,6 +803,11 @@ void Comm::check_usable(const char *fn) const {
              fn);
   MNCL_CHECK(!aborted_.load(), MNCL_ERR_ABORTED, "%s: the communicator was aborted", fn);
   if (!plugin_aborted_.load()) return;
+  {
+    std::lock_guard<std::mutex> lock(watchdog_mutex_);
+    MNCL_CHECK(broken_reason_.empty(), MNCL_ERR_INTERNAL, "%s: the communicator is unusable: %s",
+               fn, broken_reason_.c_str());
+  }
   const PeerWatch::Finding cause =
       peer_watch_ != nullptr ? peer_watch_->found() : PeerWatch::Finding{};
   MNCL_CHECK(cause.status == MNCL_OK, cause.status, "%s: the communicator is unusable: %s", fn,
@@ -953,10 +960,12 @@ void Comm::execute_now(const mncl_coll_v1_t &coll, void *inputs_ready) {
   auto call = [&](const mncl_coll_v1_t &c) {
     set_last_error("");
     const size_t token = history_.begin(c);
+    bool threw = false;
     const mncl_status_t status = loader::call_plugin(
-        backend(), "execute", [&] { return table_->execute(plugin_comm_, &c); });
+        backend(), "execute", [&] { return table_->execute(plugin_comm_, &c); }, &threw);
     history_.end(token, status == MNCL_OK);
     if (status == MNCL_OK) return;
+    if (threw) backend_broke(last_error());
     std::string report;
     bool this_op = false;
     {
@@ -1104,8 +1113,10 @@ void Comm::launch(const std::shared_ptr<Operation> &op) {
                label.c_str());
     set_last_error("");
     void *handle = nullptr;
+    bool threw = false;
     const mncl_status_t status = loader::call_plugin(
-        backend(), "post", [&] { return table_->post(plugin_comm_, &op->coll, &handle); });
+        backend(), "post", [&] { return table_->post(plugin_comm_, &op->coll, &handle); }, &threw);
+    if (threw) backend_broke(last_error());  // it may have started: nothing tracks it now
     if (status != MNCL_OK) {
       throw Error(status, format("%s on %s: %s", label.c_str(), backend().c_str(), last_error()));
     }
@@ -1332,6 +1343,8 @@ void Comm::complete(Operation &op, Lane &lane) {
     status = MNCL_ERR_INTERNAL;
     error = format("%s on %s: internal error: %s", describe_op(op.coll).c_str(), backend().c_str(),
                    e.what());
+  } catch (abi::__forced_unwind &) {
+    throw;         // thread cancellation (a plugin's pthread_exit): never swallowed
   } catch (...) {  // a lane's thread must never end the process
     status = MNCL_ERR_INTERNAL;
     error = format("%s on %s: internal error: an exception that is no std::exception",
@@ -1429,8 +1442,20 @@ bool Comm::wait_parts(Operation &batch, int64_t timeout_ms) {
 bool Comm::test_native(Operation &op) {
   int32_t done = 0;
   set_last_error("");
+  bool threw = false;
   const mncl_status_t status = loader::call_plugin(
-      backend(), "test", [&] { return table_->test(plugin_comm_, op.native_handle, &done); });
+      backend(), "test", [&] { return table_->test(plugin_comm_, op.native_handle, &done); },
+      &threw);
+  if (threw) {
+    // Whether the operation still runs (and uses its buffers) is unknown: it stays posted, as
+    // one that outlives its abort, and police_native_ops gives up on it after a grace, saying so.
+    if (native_aborted_at_ == Clock::time_point::max()) {
+      native_abort_reason_ = last_error();
+      native_aborted_at_ = Clock::now();
+    }
+    backend_broke(last_error());
+    return false;
+  }
   if (!done && status == MNCL_OK) return false;
   // The ABI releases the handle with a failure too.
   if (status == MNCL_OK) {
@@ -1541,6 +1566,21 @@ void Comm::abort() {
   if (peer_watch_ != nullptr) peer_watch_->publish_abort();
 }
 
+void Comm::backend_broke(const std::string &why) {
+  {
+    std::lock_guard<std::mutex> lock(watchdog_mutex_);
+    if (!broken_reason_.empty()) return;
+    broken_reason_ = why;
+  }
+  MNCL_WARN(
+      "%s (rank %d of %d): %s; the backend's communicator is aborted, and this one "
+      "unusable",
+      label().c_str(), rank_, size_, why.c_str());
+  abort_plugin();
+  // The other ranks, whose operations may wait for this one's part, end on the note.
+  if (peer_watch_ != nullptr) peer_watch_->publish_abort();
+}
+
 namespace {
 
 // The communicators of this process that are served by its TCP store (it is the job's rank
@@ -1549,7 +1589,9 @@ namespace {
 struct ExitRegistry {
   std::mutex mutex;
   std::vector<Comm *> comms;
-  pid_t pid = 0;  // the process that registered them: not a forked child, which has no threads
+  // The process that registered them: a child forked without exec has copies of them, and of
+  // this mutex (maybe held), but none of their threads: it leaves them alone.
+  std::atomic<pid_t> pid{0};
 };
 ExitRegistry &exit_registry() {
   static ExitRegistry *registry = new ExitRegistry;
@@ -1558,8 +1600,14 @@ ExitRegistry &exit_registry() {
 
 void register_for_exit(Comm *comm) {
   ExitRegistry &registry = exit_registry();
+  if (registry.pid.load() != 0 && registry.pid.load() != ::getpid()) {
+    // A forked child's first: the parent's entries (and a mutex it may have copied held).
+    new (&registry.mutex) std::mutex;
+    registry.comms.clear();
+    registry.pid.store(::getpid());
+  }
   std::lock_guard<std::mutex> lock(registry.mutex);
-  if (registry.pid == 0) {
+  if (registry.pid.load() == 0) {
     // Registered after the statics that the linger uses (logging, settings, the store's),
     // which the first communicator has made: atexit runs it before they are destroyed.
     if (std::atexit(&Comm::linger_at_exit) != 0) {
@@ -1572,6 +1620,7 @@ void register_for_exit(Comm *comm) {
 
 void unregister_for_exit(Comm *comm) {
   ExitRegistry &registry = exit_registry();
+  if (registry.pid.load() != ::getpid()) return;  // a forked child's copy (see ExitRegistry)
   std::lock_guard<std::mutex> lock(registry.mutex);
   registry.comms.erase(std::remove(registry.comms.begin(), registry.comms.end(), comm),
                        registry.comms.end());
@@ -1593,8 +1642,8 @@ void Comm::linger_at_exit() {
   // leave, bounded. Communicators that know of no failure are not waited for: an application
   // that merely forgets to destroy one exits at once, as before.
   ExitRegistry &registry = exit_registry();
+  if (registry.pid.load() != ::getpid()) return;     // a forked child (see ExitRegistry)
   std::lock_guard<std::mutex> lock(registry.mutex);  // a destroy on another thread waits
-  if (registry.pid != ::getpid()) return;
   std::vector<Comm *> failed;
   int64_t bound_ms = kExitStoreLinger.count();
   for (Comm *comm : registry.comms) {
@@ -1947,9 +1996,11 @@ std::unique_ptr<Comm> Comm::split_impl(int color, int key, bool by_type, int typ
     if (table_->comm_split && !parent_split_called) {
       parent_split_called = true;
       void *none = nullptr;
+      const std::string saved_error = last_error();  // the split's status does not depend on it
       loader::call_plugin(backend(), "comm_split", [&] {
         return table_->comm_split(plugin_comm_, MNCL_SPLIT_NONE, key, nullptr, &none);
       });
+      set_last_error(saved_error);
     }
   };
   if (color == MNCL_SPLIT_NONE) {

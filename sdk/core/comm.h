@@ -261,6 +261,10 @@ class Comm {
   bool leave_job();
   // Aborts the plugin communicator once (user abort or watchdog).
   void abort_plugin();
+  // An entry of the backend threw (why: call_plugin's message): its state is unknown, so the
+  // backend's communicator is aborted, the others told (as by an abort), and later calls fail
+  // with MNCL_ERR_INTERNAL quoting why. Once.
+  void backend_broke(const std::string &why);
   // Starts the watchdog (and its peer check) with the first operation; cheap after that.
   void ensure_watchdog();
   // The watchdog's peer check: while an operation has waited kPeerWaitBeforeCheck or more, a
@@ -325,9 +329,10 @@ class Comm {
   std::chrono::microseconds linger_{0};  // MNCL_LANE_LINGER_US (see work())
   OpHistory history_;                    // last operations, for the watchdog and messages
   std::unique_ptr<Watchdog> watchdog_;   // started by the first operation
-  std::mutex watchdog_mutex_;
-  std::string watchdog_report_;    // set when the watchdog fired (under the mutex)
-  OpHistory::Record watchdog_op_;  // the operation it fired for (kind, seq, peer)
+  mutable std::mutex watchdog_mutex_;    // also read by check_usable (broken_reason_)
+  std::string watchdog_report_;          // set when the watchdog fired (under the mutex)
+  std::string broken_reason_;            // set by backend_broke (under the mutex)
+  OpHistory::Record watchdog_op_;        // the operation it fired for (kind, seq, peer)
   // Set once every rank has joined: from then on rank 0 keeps the store up at destroy until all
   // ranks have left (even when creation fails later); before it, nobody waits for anybody.
   bool joined_ = false;

@@ -26,8 +26,11 @@ inline const char *no_message_text() {
 // the entry and what it did; a failure without a message gets no_message_text() as its last
 // error. f runs the entry and returns its status; the thread's last error is the plugin's
 // message (host->set_error), as the caller left it before the call.
+// threw (optional): set when the entry threw, which leaves the plugin's state unknown (the
+// caller then gives up on the communicator), unlike a bad status.
 template <typename F>
-mncl_status_t call_plugin(const std::string &backend, const char *entry, F &&f) {
+mncl_status_t call_plugin(const std::string &backend, const char *entry, F &&f,
+                          bool *threw = nullptr) {
   mncl_status_t status = MNCL_ERR_INTERNAL;
   std::string thrown;
   try {
@@ -39,6 +42,7 @@ mncl_status_t call_plugin(const std::string &backend, const char *entry, F &&f) 
   } catch (...) {
     thrown = "a C++ exception that is no std::exception";
   }
+  if (threw != nullptr) *threw = !thrown.empty();
   if (!thrown.empty()) {
     set_last_error(
         format("backend '%s': %s threw %s, which the plugin ABI forbids (a plugin "

@@ -297,7 +297,8 @@ PluginReport try_load(const std::string &path) {
   set_last_error(saved_error);
   if (status != MNCL_OK) {
     report.init_status = status;
-    report.init_message = message;
+    // Only the plugin's own words (the refusal of a setting quotes them, else the reason).
+    report.init_message = message == no_message_text() ? std::string() : message;
     return refuse(format("init() refused with %s: %s", status_name(status), message.c_str()));
   }
 
@@ -413,7 +414,8 @@ std::vector<std::string> search_path_of(const std::string &plugin_path, bool qui
 }
 
 // For env::unknown_variables (a third party's plugin's MNCL_<NAME>_* are its own): the names
-// of the plugin files on the search path and of those MNCL_BACKEND gives by path. Reads the
+// of the plugin files on the search path and of those MNCL_BACKEND(_HOST, _CUDA) give by path
+// (config.backend, an application's, is not known here). Reads the
 // variables raw: it runs under env::get's lock.
 std::vector<std::string> plugin_names_for_env() {
   std::vector<std::string> names;
@@ -425,8 +427,10 @@ std::vector<std::string> plugin_names_for_env() {
       if (!name.empty()) names.push_back(name);
     }
   }
-  if (const char *backend = env::raw("MNCL_BACKEND")) {
-    for (const std::string &item : list_items(backend, ',')) {
+  for (const char *variable : {"MNCL_BACKEND", "MNCL_BACKEND_HOST", "MNCL_BACKEND_CUDA"}) {
+    const char *backends = env::raw(variable);
+    if (backends == nullptr) continue;
+    for (const std::string &item : list_items(backends, ',')) {
       if (item.find('/') == std::string::npos) continue;
       const std::string name = name_from_file(item);
       if (!name.empty()) names.push_back(name);

@@ -613,13 +613,18 @@ TEST(EnvLog, APluginsOwnVariablesAreNotUnknown) {
   char dir_template[] = "/tmp/mncl-env-plugins-XXXXXX";
   ASSERT_NE(mkdtemp(dir_template), nullptr);
   const std::string dir = dir_template;
-  std::ofstream(dir + "/libmncl-my-net.so") << "only its name counts here\n";
+  // Only the names count here: a third party's, a built-in's, one that overlaps MNCL_TIMEOUT.
+  for (const char *file : {"libmncl-my-net.so", "libmncl-nccl.so", "libmncl-timeout.so"}) {
+    std::ofstream(dir + "/" + file) << "only its name counts here\n";
+  }
   const char *saved = std::getenv("MNCL_PLUGIN_PATH");
   const std::string saved_path = saved ? saved : "";
   setenv("MNCL_PLUGIN_PATH", dir.c_str(), 1);
   setenv("MNCL_MY_NET_RAILS", "4", 1);
   setenv("MNCL_GLOO_IFAC", "lo", 1);
   setenv("MNCL_OTHER_NET_RAILS", "4", 1);
+  setenv("MNCL_NCCL_DEBUG", "INFO", 1);
+  setenv("MNCL_TIMEOUT_S", "3", 1);
   // Links the loader into this test (libmncl.so always has it): its static initializer gives
   // env the plugins' names. And the search path is this folder.
   const auto dirs = loader::search_path();
@@ -632,7 +637,10 @@ TEST(EnvLog, APluginsOwnVariablesAreNotUnknown) {
   EXPECT_FALSE(has("MNCL_MY_NET_RAILS"));
   EXPECT_TRUE(has("MNCL_GLOO_IFAC"));
   EXPECT_TRUE(has("MNCL_OTHER_NET_RAILS"));
-  for (const char *name : {"MNCL_MY_NET_RAILS", "MNCL_GLOO_IFAC", "MNCL_OTHER_NET_RAILS"}) {
+  EXPECT_TRUE(has("MNCL_NCCL_DEBUG"));
+  EXPECT_TRUE(has("MNCL_TIMEOUT_S"));
+  for (const char *name : {"MNCL_MY_NET_RAILS", "MNCL_GLOO_IFAC", "MNCL_OTHER_NET_RAILS",
+                           "MNCL_NCCL_DEBUG", "MNCL_TIMEOUT_S"}) {
     unsetenv(name);
   }
   if (saved) {
@@ -640,7 +648,9 @@ TEST(EnvLog, APluginsOwnVariablesAreNotUnknown) {
   } else {
     unsetenv("MNCL_PLUGIN_PATH");
   }
-  std::remove((dir + "/libmncl-my-net.so").c_str());
+  for (const char *file : {"libmncl-my-net.so", "libmncl-nccl.so", "libmncl-timeout.so"}) {
+    std::remove((dir + "/" + file).c_str());
+  }
   rmdir(dir.c_str());
 }
 

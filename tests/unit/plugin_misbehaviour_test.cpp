@@ -35,42 +35,57 @@ class Misbehaving : public ::testing::Test {
     return c;
   }
 
-  // Runs one allreduce blocking and one non-blocking on a fresh communicator of the mock that
-  // misbehaves as `how`; each must fail with `status` and a message containing `words`.
-  void expect_failure(const char *how, mncl_status_t status, const std::string &words) {
+  // Runs one allreduce blocking and one non-blocking, each on a fresh communicator of the mock
+  // that misbehaves as `how`; each must fail with `status` and a message containing `words`.
+  // breaks: the entry threw, which leaves the backend's state unknown: the communicator is
+  // then unusable (MNCL_ERR_INTERNAL quoting why); else it goes on.
+  void expect_failure(const char *how, mncl_status_t status, const std::string &words,
+                      bool breaks = false) {
     SCOPED_TRACE(how);
     setenv("MNCL_MOCK_MISBEHAVE", how, 1);
-    const mncl_config_t c = config(MNCL_MISBEHAVING_PLUGIN);
-    mncl_comm_t comm = nullptr;
-    ASSERT_EQ(mncl_comm_create(&c, &comm), MNCL_OK) << mncl_last_error();
-    std::vector<float> send(16, 1.0f), recv(16, 0.0f);
-    EXPECT_EQ(mncl_allreduce(comm, send.data(), recv.data(), send.size(), MNCL_FLOAT32, MNCL_SUM,
-                             nullptr),
-              status);
-    EXPECT_CONTAINS(mncl_last_error(), words);
-    EXPECT_CONTAINS(mncl_last_error(), "mncl_allreduce #0 on misbehave");
-    mncl_request_t request = nullptr;
-    ASSERT_EQ(mncl_iallreduce(comm, send.data(), recv.data(), send.size(), MNCL_FLOAT32, MNCL_SUM,
-                              nullptr, &request),
-              MNCL_OK)
-        << mncl_last_error();
-    EXPECT_EQ(mncl_wait(request, -1), status);
-    EXPECT_CONTAINS(mncl_last_error(), words);
-    // Still a communicator: a barrier (which the mock leaves alone) and destroy work.
-    EXPECT_EQ(mncl_barrier(comm, nullptr), MNCL_OK) << mncl_last_error();
-    EXPECT_EQ(mncl_comm_destroy(comm), MNCL_OK) << mncl_last_error();
+    for (const bool blocking : {true, false}) {
+      SCOPED_TRACE(blocking ? "blocking" : "non-blocking");
+      const mncl_config_t c = config(MNCL_MISBEHAVING_PLUGIN);
+      mncl_comm_t comm = nullptr;
+      ASSERT_EQ(mncl_comm_create(&c, &comm), MNCL_OK) << mncl_last_error();
+      std::vector<float> send(16, 1.0f), recv(16, 0.0f);
+      if (blocking) {
+        EXPECT_EQ(mncl_allreduce(comm, send.data(), recv.data(), send.size(), MNCL_FLOAT32,
+                                 MNCL_SUM, nullptr),
+                  status);
+        EXPECT_CONTAINS(mncl_last_error(), "mncl_allreduce #0 on misbehave");
+      } else {
+        mncl_request_t request = nullptr;
+        ASSERT_EQ(mncl_iallreduce(comm, send.data(), recv.data(), send.size(), MNCL_FLOAT32,
+                                  MNCL_SUM, nullptr, &request),
+                  MNCL_OK)
+            << mncl_last_error();
+        EXPECT_EQ(mncl_wait(request, -1), status);
+      }
+      EXPECT_CONTAINS(mncl_last_error(), words);
+      // A barrier (which the mock leaves alone): a communicator still, or unusable, saying why.
+      if (breaks) {
+        EXPECT_EQ(mncl_barrier(comm, nullptr), MNCL_ERR_INTERNAL);
+        EXPECT_CONTAINS(mncl_last_error(), "the communicator is unusable: " + words);
+      } else {
+        EXPECT_EQ(mncl_barrier(comm, nullptr), MNCL_OK) << mncl_last_error();
+      }
+      EXPECT_EQ(mncl_comm_destroy(comm), MNCL_OK) << mncl_last_error();
+    }
   }
 };
 
 TEST_F(Misbehaving, AStdExceptionFromExecuteIsAnInternalErrorNamingTheBackend) {
   expect_failure("throws", MNCL_ERR_INTERNAL,
                  "backend 'misbehave': execute threw a C++ exception (vector::_M_range_check), "
-                 "which the plugin ABI forbids");
+                 "which the plugin ABI forbids",
+                 true);
 }
 
 TEST_F(Misbehaving, AnyOtherExceptionFromExecuteEndsNoProcess) {
   expect_failure("throws_int", MNCL_ERR_INTERNAL,
-                 "backend 'misbehave': execute threw a C++ exception that is no std::exception");
+                 "backend 'misbehave': execute threw a C++ exception that is no std::exception",
+                 true);
 }
 
 TEST_F(Misbehaving, AStatusOutsideTheEnumIsAnInternalError) {
