@@ -5,7 +5,8 @@
 # default 60). scripts/test.sh runs them in CI (or with MNCL_TEST_SANITIZERS=1):
 #   bash scripts/reliability.sh build       configures and builds the three folders;
 #   bash scripts/reliability.sh fuzz        runs the fuzzer (built first);
-#   bash scripts/reliability.sh sanitized   runs the ASan+UBSan and TSan selections (built first);
+#   bash scripts/reliability.sh sanitized   runs the ASan+UBSan and TSan selections (built first;
+#                                           not with --built, when "build" has just run);
 #   bash scripts/reliability.sh all         all of it.
 # test.sh runs "build" and "fuzz" beside the main ctest, at idle priority: most of its tests
 # wait (on timeouts, on peers), which leaves about half of the CPU idle.
@@ -25,9 +26,10 @@ nccl_targets=(mncl-nccl mncl-fake-gpu gpu_collectives_test)
 
 # flat stays out of the sanitized runs: Open MPI's own never-freed allocations would fail LSan.
 # naive up to 3 ranks: it branches only on a size of 1 (4 ranks run in the main ctest).
-asan_regex='^(store_test|plugin_kit_test|op_history_test|peer_watch_test|naive_threads_test|plugin_p2p_concurrency_test|gloo_transport_test|native_async_destroy_test|loader|conformance\.(naive\.np[1-3]|gloo\.np[1-4])|conformance\.nccl\.fake_gpu\.np[23]|cuda\.fake_gpu\.(nccl|naive|gloo|auto_cuda)\..*|fault\.(bad_input|leak_cycles|watchdog\..*|abort\.(naive|gloo|shm|nccl)\..*|abort_destroy\.(naive|gloo|shm)\..*|killed_rank\.(naive|nccl)\.np4|aborted_peer\.naive\.np3|aborted_peer\.gloo\.np3|killed_rank\.nccl_silent\.np3|aborted_peer\.nccl_silent\.np3|killed_rank\.own_pidns\.naive\.np3|stalled_rank\.naive\.np4|mismatch\.count\.checks\.naive\.np4)|split\.(naive\.np4\.hosts_of_2|gloo\.np3\.hosts_of_2)|frontends\.(unit|mp\.naive\.np3)|nonblocking\.lifetime\.naive\.np2)$'
+asan_regex='^(store_test|plugin_kit_test|plugin_misbehaviour_test|op_history_test|peer_watch_test|naive_threads_test|plugin_p2p_concurrency_test|gloo_transport_test|native_async_destroy_test|loader|conformance\.(naive\.np[1-3]|gloo\.np[1-4])|conformance\.nccl\.fake_gpu\.np[23]|cuda\.fake_gpu\.(nccl|naive|gloo|auto_cuda)\..*|fault\.(bad_input|leak_cycles|watchdog\..*|abort\.(naive|gloo|shm|nccl)\..*|abort_destroy\.(naive|gloo|shm)\..*|killed_rank\.(naive|nccl)\.np4|aborted_peer\.naive\.np3|aborted_peer\.gloo\.np3|killed_rank\.nccl_silent\.np3|aborted_peer\.nccl_silent\.np3|killed_rank\.own_pidns\.naive\.np3|killed_rank\.store_host_exits\.naive\.np3|stalled_rank\.naive\.np4|mismatch\.count\.checks\.naive\.np4)|split\.(naive\.np4\.hosts_of_2|gloo\.np3\.hosts_of_2)|frontends\.(unit|mp\.naive\.np3)|nonblocking\.lifetime\.naive\.np2)$'
 asan_targets=("${common_targets[@]}" "${gloo_target[@]}" loader_test split_test mncl-shm "${nccl_targets[@]}"
-              frontends_unit_test frontends_mp_test native_async_destroy_test nonblocking_lifetime_test)
+              frontends_unit_test frontends_mp_test native_async_destroy_test nonblocking_lifetime_test
+              plugin_misbehaviour_test mncl-mock-misbehave)
 # TSan's conformance run: np3 only (an odd size, every case); np2 and np4 beside it took about
 # 4 of the 9 minutes of this stage on 2 cores, with the whole run past its 30-minute target.
 tsan_regex='^(store_test|plugin_kit_test|op_history_test|naive_threads_test|plugin_p2p_concurrency_test|gloo_transport_test|native_async_destroy_test|shm\.lanes|conformance\.naive\.np3|conformance\.nccl\.fake_gpu\.np2|cuda\.fake_gpu\.(nccl\.np2|nccl\.dead_peer\..*|naive\.np2)|fault\.(watchdog\..*|abort\.(naive|nccl)\.np2|aborted_peer\.naive\.np3|aborted_peer\.gloo\.np3|killed_rank\.nccl_silent\.np3|aborted_peer\.nccl_silent\.np3|killed_rank\.own_pidns\.naive\.np3|abort_destroy\.naive\.np2|stalled_rank\.naive\.np4))$'
@@ -102,7 +104,9 @@ case $mode in
     fuzz
     ;;
   sanitized)
-    build_all
+    # test.sh has just built them beside the main ctest ("fuzz"): three configure runs and
+    # no-op builds again took about 15 s.
+    [ "${2:-}" = --built ] || build_all
     sanitized_all
     ;;
   all)

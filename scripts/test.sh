@@ -34,4 +34,4 @@ cat "$build_log"
   echo "the reliability builds or the fuzz run failed (exit $build_status)" >&2
   exit 1
 }
-bash scripts/reliability.sh sanitized
+bash scripts/reliability.sh sanitized --built

@@ -56,7 +56,8 @@
  *                           (then MNCL_ERR_ABORTED): a plugin that ignores its timeout, for the
  *                           core's watchdog (tests/fault); comm_create first creates the file
  *                           $MNCL_MOCK_CREATE_MARKER and takes $MNCL_MOCK_CREATE_DELAY_MS ms,
- *                           where set (an abort during a split, tests/split). Each call that
+ *                           where set (an abort during a split, tests/split), or less, until
+ *                           the file $MNCL_MOCK_CREATE_RELEASE exists, where that is set too. Each call that
  *                           blocks first appends "<name> blocked rank <r> kind <k> #<seq>" to
  *                           MNCL_MOCK_EVENTS, so a test knows it is in the backend before it
  *                           issues the next one. With MOCK_EXPORT_V2 and SEND/RECV in
@@ -321,7 +322,14 @@ static mncl_status_t mock_comm_create(const mncl_bootstrap_v1_t *bs, void **comm
       FILE *f = fopen(marker, "w");
       if (f != NULL) fclose(f);
     }
-    if (delay != NULL) {
+    const char *release = getenv("MNCL_MOCK_CREATE_RELEASE");
+    if (delay != NULL && release != NULL) {
+      /* Until the file exists (the test's abort has come), at most the delay. */
+      const struct timespec tick = {0, 1000 * 1000};
+      for (long ms = atol(delay); ms > 0 && access(release, F_OK) != 0; --ms) {
+        nanosleep(&tick, NULL);
+      }
+    } else if (delay != NULL) {
       const long ms = atol(delay);
       struct timespec pause = {ms / 1000, (ms % 1000) * 1000000L};
       nanosleep(&pause, NULL);

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -346,17 +347,21 @@ TEST(Abort, AbortDuringTheSplitsBackendCreationFailsTheSplit) {
   char dir[] = "/tmp/mncl-split-abort-XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);
   const std::string marker = std::string(dir) + "/creating";
+  const std::string release = std::string(dir) + "/aborted";
   if (g_rank == 0) {
+    // The mock's creation waits until the abort has come (at most 60 s).
     setenv("MNCL_MOCK_CREATE_MARKER", marker.c_str(), 1);
-    setenv("MNCL_MOCK_CREATE_DELAY_MS", "3000", 1);
+    setenv("MNCL_MOCK_CREATE_RELEASE", release.c_str(), 1);
+    setenv("MNCL_MOCK_CREATE_DELAY_MS", "60000", 1);
   }
   std::thread aborter;
   if (g_rank == 0) {
-    aborter = std::thread([parent, marker] {
+    aborter = std::thread([parent, marker, release] {
       for (int i = 0; i < 60000 && access(marker.c_str(), F_OK) != 0; ++i) {
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
       mncl_comm_abort(parent);
+      std::ofstream(release) << "aborted\n";
     });
   }
   mncl_config_t config = MNCL_CONFIG_INIT;
@@ -366,6 +371,7 @@ TEST(Abort, AbortDuringTheSplitsBackendCreationFailsTheSplit) {
   const std::string message = st == MNCL_OK ? "" : mncl_last_error();
   if (aborter.joinable()) aborter.join();
   unsetenv("MNCL_MOCK_CREATE_MARKER");
+  unsetenv("MNCL_MOCK_CREATE_RELEASE");
   unsetenv("MNCL_MOCK_CREATE_DELAY_MS");
   if (g_rank == 0) {
     EXPECT_EQ(st, MNCL_ERR_ABORTED) << message;
@@ -379,6 +385,7 @@ TEST(Abort, AbortDuringTheSplitsBackendCreationFailsTheSplit) {
   }
   (void)mncl_comm_destroy(parent);
   std::remove(marker.c_str());
+  std::remove(release.c_str());
   rmdir(dir);
   expect_world_usable();
 }
