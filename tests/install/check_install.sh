@@ -23,6 +23,8 @@ expect_file() {
   done
 }
 expect_file include/mncl/mncl.h include/mncl/mncl_plugin.h include/mncl/mncl_plugin_v1.h \
+  include/mncl/kit/common/host.h include/mncl/kit/common/tables.h $libdir/cmake/mncl/plugin.map \
+  $libdir/cmake/mncl/mnclPlugin.cmake \
   include/mncl/frontends/communicator.hpp $libdir/libmncl.so $libdir/libmncl.so.1 \
   $libdir/mncl/plugins/libmncl-naive.so $libdir/libmncl_frontends.a bin/mncl-info bin/mncl-run \
   bin/mncl-perf $libdir/cmake/mncl/mnclConfig.cmake $libdir/cmake/mncl/mnclConfigVersion.cmake \
@@ -70,4 +72,22 @@ libdir=$(pkg-config --variable=libdir mncl)
 echo "--- the same program without an rpath, through LD_LIBRARY_PATH"
 "$cc" -std=c99 -o "$work/consumer_pc_norpath" "$src/consumer.c" $flags
 LD_LIBRARY_PATH=$libdir "$work/consumer_pc_norpath"
-echo "OK: the installed tree works with find_package and with pkg-config"
+echo "--- a plugin built outside the tree: find_package(mncl) -> mncl::plugin_kit, mncl_add_plugin"
+cmake -S "$src/../plugin" -B "$work/plugin-build" -DCMAKE_PREFIX_PATH="$prefix" \
+  -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=Release \
+  >"$work/plugin-configure.log" || { cat "$work/plugin-configure.log"; exit 1; }
+cmake --build "$work/plugin-build" >"$work/plugin-build.log" 2>&1 ||
+  { cat "$work/plugin-build.log"; exit 1; }
+plugin=$work/plugin-build/libmncl-kitdemo.so
+# Its tables and nothing else (the version script that mncl_add_plugin links with).
+exported=$(nm -D --defined-only "$plugin" | awk '{print $3}' | sort | tr '\n' ' ')
+echo "exported: $exported"
+[ "$exported" = "mncl_plugin_v1 mncl_plugin_v2 " ] ||
+  { echo "libmncl-kitdemo.so exports more than its tables: $exported" >&2; exit 1; }
+MNCL_PLUGIN_PATH=$work/plugin-build "$prefix/bin/mncl-info" --plugins >"$work/plugin-info.txt" 2>&1
+grep -Eq "kitdemo +loaded" "$work/plugin-info.txt" ||
+  { cat "$work/plugin-info.txt"; echo "mncl-info: kitdemo not loaded" >&2; exit 1; }
+MNCL_PLUGIN_PATH=$work/plugin-build MNCL_BACKEND=kitdemo "$work/cmake-build/consumer_c" |
+  tee "$work/plugin-run.txt"
+grep -q "backend kitdemo: allreduce OK" "$work/plugin-run.txt"
+echo "OK: the installed tree works with find_package and with pkg-config, and builds plugins"
