@@ -28,16 +28,21 @@
  *   then any other plugin; naive last. So a host-memory plugin of another name is chosen
  *   under auto only where none of shm, flat, gloo can serve the job; name it to have it
  *   (MNCL_BACKEND, MNCL_BACKEND_HOST, MNCL_BACKEND_CUDA, config.backend).
- * - The store (mncl_store_v1_t). Keys are non-empty; a value holds at most 1 GiB; one wait
+ * - The store (mncl_store_v1_t). Keys are non-empty; a value holds less than 1 GiB; one wait
  *   names at most 2^20 keys. set, add and del have no timeout argument: each is bounded by the
  *   communicator's timeout, and fails (MNCL_ERR_BOOTSTRAP, MNCL_ERR_REMOTE, MNCL_ERR_TIMEOUT)
  *   when the store cannot be reached, as when the store's host (rank 0's process) is gone.
- * - Errors. Every entry reports failure as a status of mncl_status_t with host->set_error;
- *   the core turns an exception that escapes, or a status outside the enum, into
- *   MNCL_ERR_INTERNAL naming the entry (a defect of the plugin, reported as such).
- * - Symbols. Export the mncl_plugin_vN tables only: link with a version script
- *   (plugins/plugin.map in the source tree: { global: mncl_plugin_v*; local: *; };), as
- *   -fvisibility=hidden alone leaves the C++ library's weak symbols exported.
+ * - Errors. Every entry reports failure as a status of mncl_status_t with host->set_error.
+ *   A status outside the enum (or MNCL_IN_PROGRESS from an entry that must end) becomes
+ *   MNCL_ERR_INTERNAL naming the entry. An exception that escapes an entry is a defect the
+ *   core survives but cannot trust: from init, the plugin is unusable; from any other entry,
+ *   that call fails with MNCL_ERR_INTERNAL, the communicator is aborted (the other ranks are
+ *   told, as by mncl_comm_abort), and every later call on it fails quoting the exception.
+ *   Never end or cancel the calling thread (pthread_exit): the core cannot recover it.
+ * - Symbols. Export the mncl_plugin_vN tables only: link with a version script ({ global:
+ *   mncl_plugin_v*; local: *; }; installed as <libdir>/cmake/mncl/plugin.map, which
+ *   mncl_add_plugin of find_package(mncl) links with), as -fvisibility=hidden alone leaves
+ *   the C++ library's weak symbols exported.
  */
 #ifndef MNCL_PLUGIN_H
 #define MNCL_PLUGIN_H

@@ -265,9 +265,9 @@ std::string likely_meant(const std::string &name);
 
 // A name in the namespace of a plugin found on the search path (a third party's: MNCL_MINE_FOO
 // for libmncl-mine.so), which only that plugin knows. Never that of a built-in plugin, whose
-// variables the table holds (MNCL_GLOO_IFAC, MNCL_NCCL_DEBUG are typos), nor one that overlaps
-// the table's names (a file libmncl-timeout.so must not hide MNCL_TIMEOUT_S). plugins: their
-// names, as found.
+// variables the table holds (MNCL_GLOO_IFAC, MNCL_NCCL_DEBUG are typos), nor a name near a
+// documented one or another library's name for one (a file libmncl-timeout.so must not hide
+// MNCL_TIMEOUT_S). plugins: their names, as found.
 bool in_plugin_namespace(const std::string &name, const std::vector<std::string> &plugins) {
   static const char *const kBuiltIn[] = {"naive", "flat", "gloo", "shm", "nccl"};
   for (const std::string &plugin : plugins) {
@@ -281,11 +281,7 @@ bool in_plugin_namespace(const std::string &name, const std::vector<std::string>
                   ? static_cast<char>(std::toupper(static_cast<unsigned char>(c)))
                   : '_';
     }
-    if (!starts_with(name, (stem + "_").c_str())) continue;
-    const bool overlaps = std::any_of(table().begin(), table().end(), [&](const Variable &v) {
-      return starts_with(v.name, stem.c_str());
-    });
-    if (!overlaps && likely_meant(name).empty()) return true;
+    if (starts_with(name, (stem + "_").c_str()) && likely_meant(name).empty()) return true;
   }
   return false;
 }

@@ -1,6 +1,7 @@
 #include "core/comm.h"
 
 #include <cxxabi.h>
+#include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -1447,14 +1448,17 @@ bool Comm::test_native(Operation &op) {
       backend(), "test", [&] { return table_->test(plugin_comm_, op.native_handle, &done); },
       &threw);
   if (threw) {
-    // Whether the operation still runs (and uses its buffers) is unknown: it stays posted, as
-    // one that outlives its abort, and police_native_ops gives up on it after a grace, saying so.
-    if (native_aborted_at_ == Clock::time_point::max()) {
-      native_abort_reason_ = last_error();
-      native_aborted_at_ = Clock::now();
-    }
-    backend_broke(last_error());
-    return false;
+    // Whether the operation still runs (and uses its buffers) is unknown, and its handle is
+    // not tested again (testing it again threw again, thousands of times a second): it is
+    // given up on now, as one that outlives its abort, with the broken backend as the cause.
+    const std::string why = last_error();
+    backend_broke(why);
+    finish_native(
+        op, MNCL_ERR_INTERNAL,
+        format("%s on %s (rank %d of %d): %s; abandoned, the backend may still use its "
+               "buffers",
+               describe_op(op.coll).c_str(), backend().c_str(), rank_, size_, why.c_str()));
+    return true;
   }
   if (!done && status == MNCL_OK) return false;
   // The ABI releases the handle with a failure too.
@@ -1592,29 +1596,35 @@ struct ExitRegistry {
   // The process that registered them: a child forked without exec has copies of them, and of
   // this mutex (maybe held), but none of their threads: it leaves them alone.
   std::atomic<pid_t> pid{0};
+  bool handlers = false;  // atexit and pthread_atfork registered (under the mutex)
 };
 ExitRegistry &exit_registry() {
   static ExitRegistry *registry = new ExitRegistry;
   return *registry;
 }
 
+// In a child forked without exec (single-threaded there): the parent's communicators are not
+// its own, and the mutex may have been copied held.
+void exit_registry_after_fork_in_child() {
+  ExitRegistry &registry = exit_registry();
+  new (&registry.mutex) std::mutex;
+  registry.comms.clear();
+  registry.pid.store(::getpid());
+}
+
 void register_for_exit(Comm *comm) {
   ExitRegistry &registry = exit_registry();
-  if (registry.pid.load() != 0 && registry.pid.load() != ::getpid()) {
-    // A forked child's first: the parent's entries (and a mutex it may have copied held).
-    new (&registry.mutex) std::mutex;
-    registry.comms.clear();
-    registry.pid.store(::getpid());
-  }
   std::lock_guard<std::mutex> lock(registry.mutex);
-  if (registry.pid.load() == 0) {
+  if (!registry.handlers) {
+    registry.handlers = true;  // inherited by a forked child, which keeps the parent's handler
     // Registered after the statics that the linger uses (logging, settings, the store's),
     // which the first communicator has made: atexit runs it before they are destroyed.
     if (std::atexit(&Comm::linger_at_exit) != 0) {
       MNCL_INFO("cannot register the exit-time linger of the store's host (atexit failed)");
     }
+    pthread_atfork(nullptr, nullptr, exit_registry_after_fork_in_child);
   }
-  registry.pid = ::getpid();
+  registry.pid.store(::getpid());
   registry.comms.push_back(comm);
 }
 

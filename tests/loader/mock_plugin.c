@@ -43,7 +43,8 @@
  *                           in_progress (execute returns -1 / MNCL_IN_PROGRESS), silent (execute
  *                           fails with MNCL_ERR_REMOTE without host->set_error),
  *                           ignores_abort (execute blocks until comm_abort, then 3 s more); only
- *                           collectives other than barrier. Built with mock_throw.cpp, as
+ *                           collectives other than barrier. With MOCK_ASYNC_STUCK too:
+ *                           test_throws (test throws std::runtime_error). Built with mock_throw.cpp, as
  *                           MOCK_PROBE_THROWS
  *   MOCK_UNDEFINED_SYMBOL=1 references a function no library defines (linked without
  *                           --no-undefined): dlopen refuses the file
@@ -637,6 +638,9 @@ static mncl_status_t mock_test(void *comm, void *handle, int32_t *done) {
   mock_comm_t *c = (mock_comm_t *)comm;
   (void)handle;
   *done = 0;
+#if defined(MOCK_MISBEHAVES) && MOCK_MISBEHAVES
+  if (misbehaves("test_throws")) mock_throw("handle table corrupted");
+#endif
   if (!__atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST) || stuck_ignores_abort()) return MNCL_OK;
   *done = 1;
   --c->posted;

@@ -103,6 +103,31 @@ TEST_F(Misbehaving, AFailureWithoutAMessageSaysSo) {
                  "(no message: the backend set none with host->set_error)");
 }
 
+// A posted operation whose test() throws (a backend with MNCL_CAP_NATIVE_ASYNC): given up on at
+// once with MNCL_ERR_INTERNAL, not tested again and again until a "timeout" it never had.
+TEST_F(Misbehaving, AThrowingTestAbandonsTheOperationAsAnInternalError) {
+  setenv("MNCL_MOCK_MISBEHAVE", "test_throws", 1);
+  const mncl_config_t c = config(MNCL_MISBEHAVING_ASYNC_PLUGIN);
+  mncl_comm_t comm = nullptr;
+  ASSERT_EQ(mncl_comm_create(&c, &comm), MNCL_OK) << mncl_last_error();
+  std::vector<float> send(16, 1.0f), recv(16, 0.0f);
+  mncl_request_t request = nullptr;
+  ASSERT_EQ(mncl_iallreduce(comm, send.data(), recv.data(), send.size(), MNCL_FLOAT32, MNCL_SUM,
+                            nullptr, &request),
+            MNCL_OK)
+      << mncl_last_error();
+  EXPECT_EQ(mncl_wait(request, -1), MNCL_ERR_INTERNAL);
+  EXPECT_CONTAINS(mncl_last_error(),
+                  "backend 'misbehaveasync': test threw a C++ exception (handle table "
+                  "corrupted), which the plugin ABI forbids");
+  EXPECT_CONTAINS(mncl_last_error(), "abandoned, the backend may still use its buffers");
+  EXPECT_EQ(mncl_barrier(comm, nullptr), MNCL_ERR_INTERNAL);
+  EXPECT_CONTAINS(mncl_last_error(), "the communicator is unusable");
+  // The mock's comm_destroy reports the operation it still holds (the core gave up on it).
+  EXPECT_EQ(mncl_comm_destroy(comm), MNCL_ERR_INTERNAL);
+  EXPECT_CONTAINS(mncl_last_error(), "comm_destroy with 1 posted operation(s) pending");
+}
+
 // The watchdog aborts an operation past its timeout; a backend that goes on regardless holds
 // the caller, and is named for it (the first warning only said the watchdog aborted).
 TEST_F(Misbehaving, ABackendThatIgnoresTheAbortIsNamed) {
