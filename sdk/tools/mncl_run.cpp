@@ -26,6 +26,8 @@
 #include <string>
 #include <vector>
 
+#include "../common/free_port.h"
+
 extern char **environ;
 
 namespace {
@@ -181,24 +183,6 @@ Options parse_args(int argc, char **argv) {
   return o;
 }
 
-// Asks the kernel for a free port. Another process could take it before rank 0 binds it; the
-// window is short, and rank 0 then fails loudly with a bootstrap error instead of hanging.
-int pick_free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  int port = -1;
-  if (bind(fd, reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr *>(&addr), &len) == 0)
-    port = ntohs(addr.sin_port);
-  close(fd);
-  return port;
-}
-
 void remove_tree(const std::string &path) {
   if (DIR *d = opendir(path.c_str())) {
     while (dirent *e = readdir(d)) {
@@ -315,7 +299,7 @@ class Launcher {
       std::free(absolute);
       store_ = "file://" + store_dir_;
     } else {
-      int port = pick_free_port();
+      int port = mncl::free_loopback_port();
       if (port <= 0) {
         std::fprintf(stderr, "mncl-run: cannot find a free TCP port on 127.0.0.1: %s\n",
                      std::strerror(errno));

@@ -55,6 +55,8 @@
 #include <utility>
 #include <vector>
 
+#include "../../sdk/common/free_port.h"
+
 namespace {
 
 // ---------------------------------------------------------------------------------------------
@@ -100,18 +102,7 @@ std::string read_file(const std::string &path) {
 }
 
 int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  int port = -1;
-  if (bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  close(fd);
-  return port;
+  return mncl::free_loopback_port();  // outside the ephemeral range (see there)
 }
 
 // The local addresses (as /proc/net/tcp writes them) listening on a TCP port.

@@ -70,6 +70,8 @@
 #include <thread>
 #include <vector>
 
+#include "../../sdk/common/free_port.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -345,19 +347,7 @@ constexpr int kSkipped = 77;  // ctest's SKIP_RETURN_CODE
 
 // A loopback port free a moment ago (rank 0 binds it soon after).
 int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  int port = -1;
-  if (bind(fd, reinterpret_cast<sockaddr *>(&addr), sizeof addr) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr *>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
+  return mncl::free_loopback_port();  // outside the ephemeral range (see there)
 }
 
 // Whether rank 1 can stall rank 0's process_vm_readv with userfaultfd: a fault raised by another

@@ -36,6 +36,7 @@
 #include "bootstrap/tcp_store.h"
 #include "bootstrap/wire.h"
 #include "common/error.h"
+#include "common/free_port.h"
 #include "common/log.h"
 #include "core/comm.h"
 
@@ -82,11 +83,9 @@ net::UniqueFd bound_on_loopback(uint16_t *port, int backlog) {
   return fd;
 }
 
-// A port nothing listens on right now (bound to 0, then released).
+// A port nothing listens on right now, from outside the ephemeral range (see there).
 uint16_t free_port() {
-  uint16_t port = 0;
-  bound_on_loopback(&port, 0);
-  return port;
+  return static_cast<uint16_t>(mncl::free_loopback_port());
 }
 
 // Connects a plain socket, waiting at most 2 s; returns the errno (0: connected).
