@@ -44,8 +44,8 @@
  *                           fails with MNCL_ERR_REMOTE without host->set_error),
  *                           ignores_abort (execute blocks until comm_abort, then 3 s more); only
  *                           collectives other than barrier. With MOCK_ASYNC_STUCK too:
- *                           test_throws (test throws std::runtime_error). Built with mock_throw.cpp, as
- *                           MOCK_PROBE_THROWS
+ *                           test_throws (test throws std::runtime_error). Built with
+ *                           mock_throw.cpp, as MOCK_PROBE_THROWS
  *   MOCK_UNDEFINED_SYMBOL=1 references a function no library defines (linked without
  *                           --no-undefined): dlopen refuses the file
  *   MOCK_CTOR_EXITS=1       a static initializer prints a line to stderr and _exit(97)s: loading
@@ -58,10 +58,11 @@
  *                           core's watchdog (tests/fault); comm_create first creates the file
  *                           $MNCL_MOCK_CREATE_MARKER and takes $MNCL_MOCK_CREATE_DELAY_MS ms,
  *                           where set (an abort during a split, tests/split), or less, until
- *                           the file $MNCL_MOCK_CREATE_RELEASE exists, where that is set too. Each call that
- *                           blocks first appends "<name> blocked rank <r> kind <k> #<seq>" to
- *                           MNCL_MOCK_EVENTS, so a test knows it is in the backend before it
- *                           issues the next one. With MOCK_EXPORT_V2 and SEND/RECV in
+ *                           the file $MNCL_MOCK_CREATE_RELEASE exists, where that is set too.
+ *                           Each call that blocks first appends
+ *                           "<name> blocked rank <r> kind <k> #<seq>" to MNCL_MOCK_EVENTS, so a
+ *                           test knows it is in the backend before it issues the next one.
+ *                           With MOCK_EXPORT_V2 and SEND/RECV in
  *                           MOCK_V2_COLL_MASK, sends and receives block too, each on its own
  *                           p2p lane beside the collectives (tests/unit/op_history_test)
  *   MOCK_P2P_LANES=1        with MOCK_ANY_SIZE, v4's batch kind and SEND/RECV in the v4 mask:
