@@ -1,5 +1,6 @@
 #include "mncl/frontends/chain_list.hpp"
 
+#include <algorithm>
 #include <array>
 #include <string>
 
@@ -53,6 +54,17 @@ void MultiNodeChainList::add_link(std::shared_ptr<Link> link, std::optional<int>
                             " is not another rank of a communicator of size " +
                             std::to_string(comm_->size()));
     }
+  }
+  // As ChainerMN: one output per rank. forward() could return only one of two, and backward()
+  // would feed the loss gradient to both (a silently wrong input and parameter gradient).
+  const auto output = std::find_if(entries_.begin(), entries_.end(),
+                                   [](const Entry &entry) { return !entry.rank_out; });
+  if (!rank_out && output != entries_.end()) {
+    throw InvalidArgument(
+        "MultiNodeChainList::add_link: this rank already has a link without rank_out (link " +
+        std::to_string(output - entries_.begin()) +
+        "), whose output forward() returns; a rank has one output (combine the two links into "
+        "one, e.g. a Sequential, or send one's output to another rank)");
   }
   entries_.push_back({std::move(link), rank_in, rank_out});
 }

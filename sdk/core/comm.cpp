@@ -1682,6 +1682,7 @@ void Comm::watch_peers() {
   peer_watch_ = std::make_shared<PeerWatch>(
       comm_store_, rank_, std::move(peers),
       format("%s %s %d %s", id_.c_str(), first.host.c_str(), first.pid, first.identity.c_str()));
+  peer_watch_->set_waiting([this] { return waiting_operations(); });
   if (job_ != nullptr && job_->hosts_tcp_store) register_for_exit(this);
 }
 
@@ -1721,6 +1722,20 @@ bool Comm::waits_on_peers() {
   return false;
 }
 
+std::vector<PeerWatch::Waiting> Comm::waiting_operations() {
+  std::vector<PeerWatch::Waiting> waiting;
+  const auto add = [&](int kind, uint64_t seq, int peer) {
+    waiting.push_back({kind, seq, peer, op_label(coll_kind_name(kind), kind, seq)});
+  };
+  for (const OpHistory::Record &r : history_.all_running()) add(r.kind, r.seq, r.peer);
+  std::lock_guard<std::mutex> lock(native_mutex_);
+  for (const auto &op : native_ops_) {
+    const bool p2p = op->coll.kind == MNCL_COLL_SEND || op->coll.kind == MNCL_COLL_RECV;
+    add(op->coll.kind, op->coll.seq, p2p ? op->coll.root : -1);
+  }
+  return waiting;
+}
+
 bool Comm::watch_peers_while_waiting() {
   if (plugin_aborted_.load() || !waits_on_peers()) return false;
   // A plugin that waits in the store (naive) is told by its waits, which first take what a
@@ -1743,10 +1758,14 @@ bool Comm::explain_by_peers(mncl_status_t *status, const std::string &head, std:
   // REMOTE looks now: a closed connection (gloo) comes before the watchdog's peer check has
   // looked. A TIMEOUT does not: that check looked while the operation waited, and on a cut link
   // a store read would only add to the timeout.
-  if (look && cause.status == MNCL_OK && *status == MNCL_ERR_REMOTE) {
+  // So does the backend's abort by another rank (shm's abort word), which may have aborted
+  // for a failure it found and told in its note: that is the cause.
+  const bool peer_abort = *status == MNCL_ERR_ABORTED && !plugin_aborted_.load();
+  if (look && cause.status == MNCL_OK && (*status == MNCL_ERR_REMOTE || peer_abort)) {
     cause = peer_watch_->check();
     // A killed rank's connections close as its last thread exits, an instant before /proc
-    // shows it gone: one short pause per communicator (a REMOTE of another cause, such as
+    // shows it gone; and the watchdog's peer check may be reading the store (a check then
+    // skips its read): one short pause per communicator (a REMOTE of another cause, such as
     // mismatched counts, would otherwise pay it on every operation).
     if (cause.status == MNCL_OK && !peer_cause_waited_.exchange(true)) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -1754,6 +1773,11 @@ bool Comm::explain_by_peers(mncl_status_t *status, const std::string &head, std:
     }
   }
   if (cause.status == MNCL_OK) return false;
+  if (peer_abort && cause.status == MNCL_ERR_REMOTE) {
+    *message = head + cause.reason + " (backend: " + message->substr(head.size()) + ")";
+    *status = cause.status;
+    return true;
+  }
   if (*status == MNCL_ERR_ABORTED && plugin_aborted_.load()) {
     // The backend's own abort, which the watchdog's peer check made: the rank is the cause.
     *message = head + cause.reason + " (backend: " + message->substr(head.size()) + ")";
@@ -2279,6 +2303,16 @@ void Comm::destroy(const std::atomic<int> *api_calls) {
   }
   retire_native_ops();
   watchdog_.reset();  // before the plugin communicator it may abort goes away
+  // This rank issues nothing more: a rank waiting for more from it learns so now (PeerWatch::
+  // Issued), not at its timeout; before the backend's teardown, which may wait for the others.
+  if (peer_watch_ != nullptr && comm_store_ && joined_ && !aborted_before) {
+    try {
+      peer_watch_->publish_issued({next_seq_, next_send_seq_, next_recv_seq_});
+    } catch (const Error &e) {
+      MNCL_INFO("mncl_comm_destroy(%s): could not publish this rank's counts: %s", id_.c_str(),
+                e.what());
+    }
+  }
 
   std::string error;
   mncl_status_t status = MNCL_OK;
@@ -2334,6 +2368,8 @@ void Comm::destroy(const std::atomic<int> *api_calls) {
           if (r == 0) cleanup.push_back(diag_read_key());
           if (r == 0 && peer_watch_ != nullptr) cleanup.push_back(peer_watch_->note_key());
           if (peer_watch_ != nullptr) cleanup.push_back(PeerWatch::gone_key(r));
+          if (peer_watch_ != nullptr) cleanup.push_back(PeerWatch::ended_key(r));
+          if (r == 0 && peer_watch_ != nullptr) cleanup.push_back(PeerWatch::ended_count_key());
           cleanup.push_back("choice/" + std::to_string(r));
           for (uint64_t s = 0; s < next_split_; ++s) {
             cleanup.push_back(format("split%llu/%d", static_cast<unsigned long long>(s), r));

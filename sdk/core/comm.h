@@ -272,6 +272,8 @@ class Comm {
   // waits that nothing else would end before their timeout (MPI's, a GPU kernel's). True once
   // it has.
   bool watch_peers_while_waiting();
+  // The operations this rank waits in, for the peer watch (PeerWatch::set_waiting).
+  std::vector<PeerWatch::Waiting> waiting_operations();
   // Whether an operation (a call inside the backend, or one posted to it) has waited that long.
   bool waits_on_peers();
   // After the backend failed an operation with *status and *message (head, "<op> on <backend>

@@ -1,6 +1,7 @@
 #include "core/peer_watch.h"
 
 #include <fcntl.h>
+#include <mncl/mncl_plugin.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -152,6 +153,11 @@ PeerWatch::PeerWatch(std::shared_ptr<bootstrap::Store> comm_store, int rank,
   uint64_t hash = 14695981039346656037ull;  // FNV-1a: a key name of its own per job
   for (const char c : tag_) hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211ull;
   note_key_ = format("failed/%016llx", static_cast<unsigned long long>(hash));
+  for (const Peer &peer : peers) {
+    if (peer.rank < 0) continue;
+    if (names_.size() <= static_cast<size_t>(peer.rank)) names_.resize(peer.rank + 1);
+    names_[peer.rank] = format("rank %d (pid %d on %s)", peer.rank, peer.pid, peer.host.c_str());
+  }
   for (Peer &peer : peers) {
     if (peer.rank == rank) {
       self_ = format("rank %d (pid %d on %s)", peer.rank, peer.pid, peer.host.c_str());
@@ -236,6 +242,17 @@ PeerWatch::Finding PeerWatch::check() {
     std::lock_guard<std::mutex> lock(mutex_);
     return found_;
   }
+  if (finding.status == MNCL_OK) {
+    finding = check_ended();
+    // The others are told, as of a rank found gone: the abort that follows ends their
+    // operations too on some backends (shm's abort word, which names only this rank).
+    if (finding.status != MNCL_OK && record(finding)) {
+      publish({finding.status, format("%s (found by rank %d)", finding.reason.c_str(), rank_)},
+              std::chrono::milliseconds(200));
+      std::lock_guard<std::mutex> lock(mutex_);
+      return found_;
+    }
+  }
   if (finding.status == MNCL_OK) return finding;
   record(finding);
   std::lock_guard<std::mutex> lock(mutex_);
@@ -260,6 +277,134 @@ bool PeerWatch::has_exited(int rank) {
 
 std::string PeerWatch::gone_key(int rank) {
   return "gone/" + std::to_string(rank);
+}
+
+std::string PeerWatch::ended_key(int rank) {
+  return "ended/" + std::to_string(rank);
+}
+
+std::string PeerWatch::ended_count_key() {
+  return "ended/count";
+}
+
+namespace {
+
+// "<collectives>;<sends to rank 0>,<sends to rank 1>,...;<receives from rank 0>,..."
+std::string encode_issued(const PeerWatch::Issued &issued) {
+  std::string text = std::to_string(issued.collectives);
+  for (const auto *counts : {&issued.sends, &issued.recvs}) {
+    text += ';';
+    for (size_t i = 0; i < counts->size(); ++i) {
+      text += (i > 0 ? "," : "") + std::to_string((*counts)[i]);
+    }
+  }
+  return text;
+}
+
+std::optional<PeerWatch::Issued> decode_issued(const std::string &text) {
+  PeerWatch::Issued issued;
+  const char *p = text.c_str();
+  char *end = nullptr;
+  issued.collectives = std::strtoull(p, &end, 10);
+  if (end == p) return std::nullopt;
+  for (auto *counts : {&issued.sends, &issued.recvs}) {
+    if (*end != ';') return std::nullopt;
+    p = end + 1;
+    while (*p != '\0' && *p != ';') {
+      counts->push_back(std::strtoull(p, &end, 10));
+      if (end == p) return std::nullopt;
+      p = *end == ',' ? end + 1 : end;
+    }
+    end = const_cast<char *>(p);
+  }
+  if (*end != '\0') return std::nullopt;
+  return issued;
+}
+
+const char *plural(uint64_t n) {
+  return n == 1 ? "" : "s";
+}
+
+}  // namespace
+
+void PeerWatch::set_waiting(std::function<std::vector<Waiting>()> waiting) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  waiting_ = std::move(waiting);
+}
+
+void PeerWatch::publish_issued(const Issued &issued) {
+  const std::shared_ptr<bootstrap::Store> store = store_now();
+  if (store == nullptr) return;
+  const std::string text = encode_issued(issued);
+  store->set(ended_key(rank_), text.data(), text.size());
+  store->add(ended_count_key(), 1);
+}
+
+PeerWatch::Finding PeerWatch::check_ended() {
+  std::function<std::vector<Waiting>()> waiting_now;
+  std::vector<int> unknown;
+  size_t known = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    waiting_now = waiting_;
+    known = ended_.size();
+    for (int r = 0; r < static_cast<int>(names_.size()); ++r) {
+      if (r != rank_ && ended_.count(r) == 0) unknown.push_back(r);
+    }
+  }
+  if (!waiting_now || unknown.empty()) return {};
+  const std::vector<Waiting> waiting = waiting_now();
+  if (waiting.empty()) return {};
+  // The count first: while no rank has ended, a check costs one small read.
+  auto found = std::make_shared<std::vector<std::pair<int, std::string>>>();
+  const bool read = read_store([found, unknown, known](bootstrap::Store &store) {
+    if (store.add(ended_count_key(), 0) <= static_cast<int64_t>(known)) return;
+    bootstrap::WaitOptions now;
+    now.timeout = std::chrono::milliseconds(0);
+    std::vector<std::string> keys;
+    for (const int r : unknown) keys.push_back(ended_key(r));
+    const std::vector<std::string> missing = store.wait(keys, now);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (std::find(missing.begin(), missing.end(), keys[i]) != missing.end()) continue;
+      const bootstrap::Bytes value = store.get(keys[i], now);
+      found->emplace_back(unknown[i], std::string(value.begin(), value.end()));
+    }
+  });
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (read) {
+    for (const auto &[rank, text] : *found) {
+      if (auto issued = decode_issued(text)) ended_[rank] = *issued;
+    }
+  }
+  const size_t self = static_cast<size_t>(rank_);
+  for (const Waiting &w : waiting) {
+    for (const auto &[rank, issued] : ended_) {
+      const std::string &who = names_[static_cast<size_t>(rank)];
+      if (w.kind == MNCL_COLL_SEND || w.kind == MNCL_COLL_RECV) {
+        if (w.peer != rank) continue;
+        const bool recv = w.kind == MNCL_COLL_RECV;
+        const std::vector<uint64_t> &counts = recv ? issued.sends : issued.recvs;
+        const uint64_t n = self < counts.size() ? counts[self] : 0;
+        if (n > w.seq) continue;
+        const unsigned long long count = n;
+        return {MNCL_ERR_REMOTE,
+                recv ? format("%s destroyed the communicator after it sent this rank %llu "
+                              "message%s, so %s never gets one from it",
+                              who.c_str(), count, plural(n), w.label.c_str())
+                     : format("%s destroyed the communicator after it received %llu message%s "
+                              "from this rank, so %s is never received",
+                              who.c_str(), count, plural(n), w.label.c_str())};
+      }
+      if (w.kind != MNCL_COLL_SENDRECV_BATCH && issued.collectives <= w.seq) {
+        return {MNCL_ERR_REMOTE,
+                format("%s destroyed the communicator after %llu collective call%s, so it "
+                       "never joins %s",
+                       who.c_str(), static_cast<unsigned long long>(issued.collectives),
+                       plural(issued.collectives), w.label.c_str())};
+      }
+    }
+  }
+  return {};
 }
 
 bool PeerWatch::all_gone(const std::vector<int> &ranks) {
@@ -313,6 +458,7 @@ void PeerWatch::close() {
     std::lock_guard<std::mutex> lock(mutex_);
     store = std::move(store_);
     store_.reset();
+    waiting_ = nullptr;  // the communicator it asks is going away
     if (!std::exchange(willed_, false) || store == nullptr) return;
   }
   // Not taken back before the leave (a destroy that failed before it): bounded, since the

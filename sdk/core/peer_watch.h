@@ -19,7 +19,9 @@
 //     before its destroy: a rank of any host that is killed or exits is named within a moment
 //     (the store's host itself ending ends the store, which the others report as such). A
 //     host that is cut off or powered off, whose connections end with no word, is not noticed
-//     this way: the timeout applies.
+//     this way: the timeout applies;
+//   - the counts a rank that destroyed the communicator left of what it issued (Issued): an
+//     operation that waits for more from it (a later collective, its next message) never ends.
 // A wait that finds either fails naming the rank, with MNCL_ERR_REMOTE (to the plugin, whose
 // MNCL_ERR_ABORTED means an abort of its own); the core reports an operation ended by a rank's
 // abort as MNCL_ERR_ABORTED, as shm reports a peer's abort, and asks the watch when a backend
@@ -34,6 +36,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -107,6 +110,33 @@ class PeerWatch {
   bool all_gone(const std::vector<int> &ranks);
   // "gone/<rank>", in the communicator's store view: for destroy's cleanup.
   static std::string gone_key(int rank);
+  // What a rank issued on the communicator, published when it issues no more (its
+  // mncl_comm_destroy, publish_issued): a rank whose operation waits for more than that from it
+  // (a collective of a later number; a receive of a later message from it, a send it has no
+  // receive for) waits in vain, and check() says so at once instead of at the timeout. A rank
+  // that destroyed the communicator is otherwise no failure: the others may go on among
+  // themselves (point to point).
+  struct Issued {
+    uint64_t collectives = 0;            // numbered #0 to #collectives-1
+    std::vector<uint64_t> sends, recvs;  // per peer: sends to it, receives from it (or empty)
+  };
+  // An operation this rank waits in (see set_waiting).
+  struct Waiting {
+    int kind = 0;       // MNCL_COLL_*
+    uint64_t seq = 0;   // a collective's number; a send's or receive's, per peer and direction
+    int peer = -1;      // send/recv: the peer
+    std::string label;  // "allreduce #7", for the message
+  };
+  // Where check() learns what this rank waits in; without it nothing is judged. Set before the
+  // first check; close() lets go of it.
+  void set_waiting(std::function<std::vector<Waiting>()> waiting);
+  // This rank issues nothing more: its counts go under ended_key(rank) (one store write, not
+  // bounded, as the leave key's that follows it).
+  void publish_issued(const Issued &issued);
+  // "ended/<rank>", and the count of ranks that set theirs (a check reads that first), in the
+  // communicator's store view: for destroy's cleanup.
+  static std::string ended_key(int rank);
+  static std::string ended_count_key();
   // What check() found so far (MNCL_OK: nothing).
   Finding found();
   // This rank aborted the communicator: leaves the note (bounded: on a thread of its own,
@@ -131,11 +161,18 @@ class PeerWatch {
   // Its leave key is set: it destroyed the communicator; nullopt when the store did not
   // answer in time (or another read still waits).
   std::optional<bool> has_left(int rank);
+  // Whether an operation of this rank's waits for a rank that published its counts
+  // (publish_issued) for more than they hold. Reads the counts of ranks not yet known to have
+  // ended, once per call, only while something waits.
+  Finding check_ended();
 
   std::shared_ptr<bootstrap::Store> store_;  // (mutex_) null once closed
   int rank_;
-  std::vector<Peer> watched_;  // the other ranks of this host that have not left (mutex_)
-  std::string self_;           // "rank 2 (pid 77 on node1)"
+  std::vector<Peer> watched_;       // the other ranks of this host that have not left (mutex_)
+  std::string self_;                // "rank 2 (pid 77 on node1)"
+  std::vector<std::string> names_;  // every rank, as self_
+  std::function<std::vector<Waiting>()> waiting_;  // (mutex_) set_waiting, until close()
+  std::map<int, Issued> ended_;                    // (mutex_) ranks known to issue no more
   std::string tag_;
   std::string note_key_;  // "failed/<hash of the tag>"
   bool willed_ = false;   // the store holds this rank's note for its end (mutex_)

@@ -106,6 +106,15 @@ bool OpHistory::running(Record *out) const {
   return found;
 }
 
+std::vector<OpHistory::Record> OpHistory::all_running() const {
+  std::vector<Record> records;
+  for (size_t i = 0; i < capacity_; ++i) {
+    const Record r = read(slots_[i]);
+    if (r.state == State::kRunning) records.push_back(r);
+  }
+  return records;
+}
+
 std::string OpHistory::dump(size_t max) const {
   // Slots are not in claim order (running ones are skipped over): order by start time.
   std::vector<Record> records;

@@ -60,6 +60,8 @@ class OpHistory {
   void end(size_t token, bool ok);
   // The oldest running operation, if any (the watchdog's view).
   bool running(Record *out) const;
+  // Every running operation (the peer check's view: what each one waits for).
+  std::vector<Record> all_running() const;
   // "allreduce #7 4096 B running 3.2 s; allreduce #6 4096 B done 0.001 s; ..." newest first,
   // at most `max` entries.
   std::string dump(size_t max = 6) const;

@@ -13,9 +13,9 @@
 // starts the ranks; they take their rank from mpirun's environment and report through a FIFO
 // in the run's folder (mpirun passes no descriptors on), and mpirun's exit ends the wait.
 //
-//   fault_test killed|stalled|late|mismatch|abort|aborted_peer|exit_without_destroy|
-//              abort_destroy|recovery|watchdog|store_bind|store_token|duplicate_rank|
-//              plugin_builds|size_mismatch
+//   fault_test killed|stalled|late|mismatch|abort|aborted_peer|destroyed_peer|
+//              exit_without_destroy|abort_destroy|recovery|watchdog|store_bind|store_token|
+//              duplicate_rank|plugin_builds|size_mismatch
 //              [--backend B] [--ranks N] [--timeout S] [--runs N] [--debug-checks 0|1]
 //              [--case
 //              allreduce_vs_bcast|count|dtype|root|allgatherv|alltoallv|gatherv|scatterv|
@@ -595,13 +595,38 @@ int worker_abort(Worker &w) {
 //   aborted_peer: it aborts while they wait in an allreduce for its contribution, and lives on
 //     past their timeout (what they must learn of is the abort, not a process that exited);
 //   exit_without_destroy: it exits without mncl_comm_destroy; they destroy the communicator,
-//     whose rank 0 waits for every rank to leave.
+//     whose rank 0 waits for every rank to leave;
+//   destroyed_peer: it destroys the communicator while they wait for it, rank 1 in a receive
+//     from it (with 3 ranks or more), the others in an allreduce, and its process lives on
+//     (the destroy of a rank other than the store's host waits for that host's).
 int worker_last_rank_leaves(Worker &w) {
   const bool aborts = w.scenario == "aborted_peer";
+  const bool destroys = w.scenario == "destroyed_peer";
   mncl_comm_t comm = nullptr;
   mncl_status_t st = MNCL_OK;
   if (!create_and_meet(w, &comm, &st)) return 3;
-  if (w.rank == w.size - 1) {
+  const int last = w.size - 1;
+  if (destroys) {
+    std::vector<float> buf(1000, 1.0f);
+    if (w.rank == last) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));  // they wait
+      const int64_t t = now_ns();
+      w.result(st, t);
+      if (st == MNCL_OK) mncl_comm_destroy(comm);
+      return 0;
+    }
+    if (st == MNCL_OK) {
+      st = w.rank == 1 && w.size >= 3
+               ? mncl_recv(comm, buf.data(), buf.size(), MNCL_FLOAT32, last, nullptr)
+               : mncl_allreduce(comm, buf.data(), buf.data(), buf.size(), MNCL_FLOAT32, MNCL_SUM,
+                                nullptr);
+    }
+    w.result(st, now_ns(), "-", mncl_last_error());
+    mncl_comm_abort(comm);  // the documented way out after a failure
+    mncl_comm_destroy(comm);
+    return 0;
+  }
+  if (w.rank == last) {
     if (aborts) std::this_thread::sleep_for(std::chrono::milliseconds(500));  // they wait
     const int64_t t = now_ns();
     if (aborts && st == MNCL_OK) st = mncl_comm_abort(comm);
@@ -730,7 +755,8 @@ int worker_main() {
   if (w.scenario == "late") return worker_late(w);
   if (w.scenario == "mismatch") return worker_mismatch(w);
   if (w.scenario == "abort") return worker_abort(w);
-  if (w.scenario == "aborted_peer" || w.scenario == "exit_without_destroy") {
+  if (w.scenario == "aborted_peer" || w.scenario == "exit_without_destroy" ||
+      w.scenario == "destroyed_peer") {
     return worker_last_rank_leaves(w);
   }
   if (w.scenario == "abort_destroy") return worker_abort_destroy(w);
@@ -1361,6 +1387,50 @@ int drive_abort(const Options &o) {
 // (5c) the last rank aborts while the others wait for it: with --expect-named every other rank
 // must fail with ABORTED or REMOTE naming that rank and its abort (not at the timeout: the
 // aborting rank outlives it); otherwise each must fail, at the timeout at the latest.
+// A rank destroys the communicator while the others wait for its part: each must fail with
+// REMOTE naming it as one that destroyed the communicator (it issues nothing more), not wait
+// out the timeout (run with a long one), on every backend.
+int drive_destroyed_peer(const Options &o) {
+  const std::string name = test_name(o, "destroyed_peer");
+  Job job(o, o.ranks, {});
+  const int leaver = o.ranks - 1;
+  job.results_from(survivors(o.ranks, -1), o.timeout_s + 30);
+  const auto mine = job.results().find(leaver);
+  if (mine == job.results().end() || mine->second.status != MNCL_OK) {
+    return report(
+        name, o, false,
+        fmt("rank %d %s", leaver,
+            mine == job.results().end() ? "never reported" : status_name(mine->second.status)));
+  }
+  int named = 0;
+  double latest = 0;
+  std::string problems;
+  const auto others = survivors(o.ranks, leaver);
+  for (int r : others) {
+    const auto it = job.results().find(r);
+    if (it == job.results().end()) {
+      problems += fmt(" rank %d never returned;", r);
+      continue;
+    }
+    const std::string m = job.message(r);
+    const bool names = it->second.status == MNCL_ERR_REMOTE &&
+                       m.find(fmt("rank %d (pid", leaver)) != std::string::npos &&
+                       m.find("destroyed the communicator") != std::string::npos;
+    named += names ? 1 : 0;
+    latest = std::max(latest, seconds(it->second.t - mine->second.t));
+    if (!names) problems += fmt(" rank %d: %s: %s;", r, status_name(it->second.status), m.c_str());
+  }
+  if (!problems.empty()) std::fprintf(stderr, "%s:%s\n", name.c_str(), problems.c_str());
+  if (!others.empty() && job.results().count(others[0])) {
+    std::fprintf(stderr, "%s: rank %d's message: %s\n", name.c_str(), others[0],
+                 job.message(others[0]).c_str());
+  }
+  return report(name, o, problems.empty(),
+                fmt("%d/%zu waiting ranks failed naming rank %d, which destroyed the "
+                    "communicator, the last %.2f s after it began (timeout %d s)",
+                    named, others.size(), leaver, latest, o.timeout_s));
+}
+
 int drive_aborted_peer(const Options &o) {
   const std::string name = test_name(o, "aborted_peer");
   Job job(o, o.ranks, {});
@@ -1919,6 +1989,7 @@ int main(int argc, char **argv) {
   if (o.scenario == "mismatch") return drive_mismatch(o);
   if (o.scenario == "abort") return drive_abort(o);
   if (o.scenario == "aborted_peer") return drive_aborted_peer(o);
+  if (o.scenario == "destroyed_peer") return drive_destroyed_peer(o);
   if (o.scenario == "exit_without_destroy") return drive_exit_without_destroy(o);
   if (o.scenario == "abort_destroy") return drive_abort_destroy(o);
   if (o.scenario == "recovery") return drive_recovery(o);

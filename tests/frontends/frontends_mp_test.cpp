@@ -19,6 +19,7 @@
 #include <memory>
 #include <numeric>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -859,6 +860,41 @@ TEST_F(Frontends, ScatterDatasetSendsEachRankItsShard) {
   EXPECT_EQ(together, expected);
 }
 
+// A dataset that fails on the root, on the shard of the last rank or on the root's own: every
+// rank throws, together (the last ranks once waited out the timeout for a shard that never
+// came), and the communicator works on.
+struct FailingDataset {
+  std::size_t failing_index;
+  std::size_t size() const { return 10; }
+  int operator[](std::size_t i) const {
+    if (i == failing_index) throw std::runtime_error("sample " + std::to_string(i) + " is bad");
+    return static_cast<int>(i);
+  }
+};
+
+TEST_F(Frontends, ScatterDatasetFailsEveryRankTogether) {
+  const int root = size() > 1 ? 1 : 0;
+  // The first sample of the last non-root rank's shard, then of the root's own shard.
+  const int last = root == size() - 1 ? 0 : size() - 1;
+  for (const int failing_rank : {last, root}) {
+    const FailingDataset dataset{mncl::shard_range(10, size(), failing_rank).begin};
+    mncl::ScatterOptions options;
+    options.root = root;
+    try {
+      mncl::scatter_dataset(dataset, comm(), options);
+      ADD_FAILURE() << "no rank may return a shard when the root failed";
+    } catch (const mncl::RemoteError &e) {
+      EXPECT_NE(rank(), root) << e.what();
+      EXPECT_NE(std::string(e.what()).find("root " + std::to_string(root)), std::string::npos)
+          << e.what();
+    } catch (const std::runtime_error &e) {
+      EXPECT_EQ(rank(), root) << e.what();
+      EXPECT_NE(std::string(e.what()).find("is bad"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(comm().allreduce_value(1), size());
+}
+
 // ---------------------------------------------------------------------------------------------
 // Evaluator
 // ---------------------------------------------------------------------------------------------
@@ -1271,6 +1307,23 @@ TEST_F(Frontends, ModelParallelThereAndBackMatchesOneRank) {
     expect_near(all, ref.param_grads[k], "parameter gradient");
   }
   EXPECT_THROW(chain.add_link(links[1], rank(), std::nullopt), mncl::InvalidArgument);
+}
+
+// A rank has one output: a second link without rank_out is refused (forward returned only the
+// last one's output, and backward fed the loss gradient to both: wrong gradients, silently).
+TEST_F(Frontends, ModelParallelRefusesASecondOutput) {
+  auto links = mlp_links();
+  mncl::MultiNodeChainList chain(comm());
+  chain.add_link(links[0]);
+  try {
+    chain.add_link(links[1]);
+    ADD_FAILURE() << "a second link without rank_out was accepted";
+  } catch (const mncl::InvalidArgument &e) {
+    EXPECT_NE(std::string(e.what()).find("already has a link without rank_out"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(chain.size(), 1u);
+  if (size() >= 2) chain.add_link(links[1], std::nullopt, (rank() + 1) % size());  // fine
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -8,8 +8,9 @@
 //   chain.add_link(second_half, 0, std::nullopt);
 //
 // forward(x) runs the local links in order: a link without rank_in takes x, others receive
-// their input from rank_in; a link with rank_out sends its output there, the others' output is
-// returned. backward(grad) runs them in reverse: a link without rank_out gets `grad`, others
+// their input from rank_in; a link with rank_out sends its output there, and the one link
+// without rank_out (at most one per rank, as in ChainerMN: add_link refuses a second) has its
+// output returned. backward(grad) runs them in reverse: a link without rank_out gets `grad`, others
 // receive their output gradient from rank_out; input gradients go back to rank_in, or are
 // returned. Tensors travel with their shapes, so ranks need not know each other's sizes.
 // Every rank must add its links so that sends and receives pair up in the same order (the
@@ -38,7 +39,7 @@ class MultiNodeChainList {
   void add_link(std::shared_ptr<Link> link, std::optional<int> rank_in = std::nullopt,
                 std::optional<int> rank_out = std::nullopt);
 
-  // The output of the last local link without rank_out (an empty tensor if there is none).
+  // The output of the local link without rank_out (an empty tensor if there is none).
   Tensor forward(const Tensor &x);
   // grad: the loss gradient w.r.t. forward()'s result (ignored if that was empty). Returns the
   // gradient w.r.t. x, summed over the links that took x (empty if none did, or if they do not

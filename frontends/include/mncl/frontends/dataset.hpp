@@ -10,7 +10,9 @@
 #ifndef MNCL_FRONTENDS_DATASET_HPP
 #define MNCL_FRONTENDS_DATASET_HPP
 
+#include <array>
 #include <cstdint>
+#include <exception>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -84,33 +86,81 @@ struct ScatterOptions {
 // Collective: the root's dataset split into one shard per rank, each rank receiving only its
 // own shard. `dataset` is read on the root only (pass an empty one elsewhere); it needs size()
 // and operator[](std::size_t) returning a serializable sample. Other ranks get their shard as a
-// std::vector of samples.
+// std::vector of samples. The root holds one shard at a time besides the dataset. If the
+// dataset fails on the root (size(), an index, a sample that does not serialize), every rank
+// throws, together: the root the reason, the others RemoteError (a flag travels before each
+// shard, and the root's outcome in a last bcast), instead of the ones still waiting for a
+// shard waiting out the timeout.
 template <class Dataset>
 auto scatter_dataset(const Dataset &dataset, Communicator &comm,
                      const ScatterOptions &options = {}) {
   using Sample = std::decay_t<decltype(dataset[std::size_t{0}])>;
   static_assert(is_serializable<Sample>(), "scatter_dataset: the sample type is not serializable");
-  if (comm.rank() != options.root) return comm.recv_obj<std::vector<Sample>>(options.root);
-
-  const std::size_t n = dataset.size();
-  std::vector<std::size_t> order;
-  if (options.shuffle) {
-    order = permutation(n, options.seed ? *options.seed : std::random_device{}());
+  using Shard = std::vector<Sample>;
+  const int root = options.root;
+  const auto remote_failure = [&] {
+    return RemoteError("scatter_dataset: root " + std::to_string(root) +
+                       " could not provide the shards (it throws the reason)");
+  };
+  std::array<uint64_t, 1> outcome{};  // the root's: 0 when every shard went out
+  if (comm.rank() != root) {
+    std::array<uint64_t, 1> failed{};
+    comm.recv(failed, root);
+    Shard shard;
+    if (failed[0] == 0) shard = comm.recv_obj<Shard>(root);
+    comm.bcast(outcome, root);
+    if (failed[0] != 0 || outcome[0] != 0) throw remote_failure();
+    return shard;
   }
+
+  // Only the dataset's and the serializer's failures are caught: a failed send is the
+  // communicator's, which the other ranks hear of from their own calls.
+  std::exception_ptr failure;
+  std::size_t n = 0;
+  std::vector<std::size_t> order;
   auto shard_of = [&](int rank) {
     const ShardRange range = shard_range(n, comm.size(), rank, options.force_equal_length);
-    std::vector<Sample> shard;
+    Shard shard;
     shard.reserve(range.size());
     for (std::size_t i = range.begin; i < range.end; ++i) {
       shard.push_back(dataset[order.empty() ? i : order[i]]);
     }
     return shard;
   };
-  // One shard in memory at a time besides the dataset itself.
-  for (int rank = 0; rank < comm.size(); ++rank) {
-    if (rank != options.root) comm.send_obj(shard_of(rank), rank);
+  try {
+    n = dataset.size();
+    if (options.shuffle) {
+      order = permutation(n, options.seed ? *options.seed : std::random_device{}());
+    }
+  } catch (...) {
+    failure = std::current_exception();
   }
-  return shard_of(options.root);
+  for (int rank = 0; rank < comm.size(); ++rank) {
+    if (rank == root) continue;
+    std::vector<uint8_t> bytes;
+    if (!failure) {
+      try {
+        bytes = to_bytes(shard_of(rank));
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+    std::array<uint64_t, 1> failed{failure ? 1u : 0u};
+    comm.send(failed, rank);
+    if (!failure) comm.send_bytes(bytes, rank);
+  }
+  Shard own;
+  if (!failure) {
+    try {
+      own = shard_of(root);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  outcome[0] = failure ? 1 : 0;
+  comm.bcast(outcome, root);
+  if (failure) std::rethrow_exception(failure);
+  return own;
 }
 
 }  // namespace mncl
