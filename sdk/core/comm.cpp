@@ -1724,15 +1724,15 @@ bool Comm::waits_on_peers() {
 
 std::vector<PeerWatch::Waiting> Comm::waiting_operations() {
   std::vector<PeerWatch::Waiting> waiting;
-  const auto add = [&](int kind, uint64_t seq, int peer) {
-    waiting.push_back({kind, seq, peer, op_label(coll_kind_name(kind), kind, seq)});
+  const auto add = [&](int kind, uint64_t seq) {
+    waiting.push_back({kind, seq, op_label(coll_kind_name(kind), kind, seq)});
   };
-  for (const OpHistory::Record &r : history_.all_running()) add(r.kind, r.seq, r.peer);
-  std::lock_guard<std::mutex> lock(native_mutex_);
-  for (const auto &op : native_ops_) {
-    const bool p2p = op->coll.kind == MNCL_COLL_SEND || op->coll.kind == MNCL_COLL_RECV;
-    add(op->coll.kind, op->coll.seq, p2p ? op->coll.root : -1);
-  }
+  for (const OpHistory::Record &r : history_.all_running()) add(r.kind, r.seq);
+  // Posted operations (flat, nccl): not waited for under launch's lock, which a plugin's post
+  // holds (a store wait in it would come here).
+  std::unique_lock<std::mutex> lock(native_mutex_, std::try_to_lock);
+  if (!lock.owns_lock()) return waiting;
+  for (const auto &op : native_ops_) add(op->coll.kind, op->coll.seq);
   return waiting;
 }
 
@@ -2303,14 +2303,16 @@ void Comm::destroy(const std::atomic<int> *api_calls) {
   }
   retire_native_ops();
   watchdog_.reset();  // before the plugin communicator it may abort goes away
-  // This rank issues nothing more: a rank waiting for more from it learns so now (PeerWatch::
-  // Issued), not at its timeout; before the backend's teardown, which may wait for the others.
-  if (peer_watch_ != nullptr && comm_store_ && joined_ && !aborted_before) {
+  // This rank issues no more collectives: a rank waiting in a later one learns so now
+  // (PeerWatch::publish_collectives), not at its timeout; before the backend's teardown, which
+  // may wait for the others. Not while a call of another thread is still inside (it may yet
+  // number one).
+  if (peer_watch_ != nullptr && comm_store_ && joined_ && !aborted_before && !callers_left_) {
     try {
-      peer_watch_->publish_issued({next_seq_, next_send_seq_, next_recv_seq_});
+      peer_watch_->publish_collectives(next_seq_);
     } catch (const Error &e) {
-      MNCL_INFO("mncl_comm_destroy(%s): could not publish this rank's counts: %s", id_.c_str(),
-                e.what());
+      MNCL_INFO("mncl_comm_destroy(%s): could not publish its count of collectives: %s",
+                id_.c_str(), e.what());
     }
   }
 
@@ -2368,8 +2370,8 @@ void Comm::destroy(const std::atomic<int> *api_calls) {
           if (r == 0) cleanup.push_back(diag_read_key());
           if (r == 0 && peer_watch_ != nullptr) cleanup.push_back(peer_watch_->note_key());
           if (peer_watch_ != nullptr) cleanup.push_back(PeerWatch::gone_key(r));
-          if (peer_watch_ != nullptr) cleanup.push_back(PeerWatch::ended_key(r));
-          if (r == 0 && peer_watch_ != nullptr) cleanup.push_back(PeerWatch::ended_count_key());
+          if (peer_watch_ != nullptr) cleanup.push_back(peer_watch_->ended_key(r));
+          if (r == 0 && peer_watch_ != nullptr) cleanup.push_back(peer_watch_->ended_count_key());
           cleanup.push_back("choice/" + std::to_string(r));
           for (uint64_t s = 0; s < next_split_; ++s) {
             cleanup.push_back(format("split%llu/%d", static_cast<unsigned long long>(s), r));

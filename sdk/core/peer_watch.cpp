@@ -152,7 +152,8 @@ PeerWatch::PeerWatch(std::shared_ptr<bootstrap::Store> comm_store, int rank,
     : store_(std::move(comm_store)), rank_(rank), tag_(std::move(job_tag)) {
   uint64_t hash = 14695981039346656037ull;  // FNV-1a: a key name of its own per job
   for (const char c : tag_) hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-  note_key_ = format("failed/%016llx", static_cast<unsigned long long>(hash));
+  tag_hash_ = format("%016llx", static_cast<unsigned long long>(hash));
+  note_key_ = "failed/" + tag_hash_;
   for (const Peer &peer : peers) {
     if (peer.rank < 0) continue;
     if (names_.size() <= static_cast<size_t>(peer.rank)) names_.resize(peer.rank + 1);
@@ -279,129 +280,97 @@ std::string PeerWatch::gone_key(int rank) {
   return "gone/" + std::to_string(rank);
 }
 
-std::string PeerWatch::ended_key(int rank) {
-  return "ended/" + std::to_string(rank);
+std::string PeerWatch::ended_key(int rank) const {
+  return "ended/" + tag_hash_ + "/" + std::to_string(rank);
 }
 
-std::string PeerWatch::ended_count_key() {
-  return "ended/count";
+std::string PeerWatch::ended_count_key() const {
+  return "ended/" + tag_hash_ + "/count";
 }
-
-namespace {
-
-// "<collectives>;<sends to rank 0>,<sends to rank 1>,...;<receives from rank 0>,..."
-std::string encode_issued(const PeerWatch::Issued &issued) {
-  std::string text = std::to_string(issued.collectives);
-  for (const auto *counts : {&issued.sends, &issued.recvs}) {
-    text += ';';
-    for (size_t i = 0; i < counts->size(); ++i) {
-      text += (i > 0 ? "," : "") + std::to_string((*counts)[i]);
-    }
-  }
-  return text;
-}
-
-std::optional<PeerWatch::Issued> decode_issued(const std::string &text) {
-  PeerWatch::Issued issued;
-  const char *p = text.c_str();
-  char *end = nullptr;
-  issued.collectives = std::strtoull(p, &end, 10);
-  if (end == p) return std::nullopt;
-  for (auto *counts : {&issued.sends, &issued.recvs}) {
-    if (*end != ';') return std::nullopt;
-    p = end + 1;
-    while (*p != '\0' && *p != ';') {
-      counts->push_back(std::strtoull(p, &end, 10));
-      if (end == p) return std::nullopt;
-      p = *end == ',' ? end + 1 : end;
-    }
-    end = const_cast<char *>(p);
-  }
-  if (*end != '\0') return std::nullopt;
-  return issued;
-}
-
-const char *plural(uint64_t n) {
-  return n == 1 ? "" : "s";
-}
-
-}  // namespace
 
 void PeerWatch::set_waiting(std::function<std::vector<Waiting>()> waiting) {
   std::lock_guard<std::mutex> lock(mutex_);
   waiting_ = std::move(waiting);
 }
 
-void PeerWatch::publish_issued(const Issued &issued) {
+void PeerWatch::publish_collectives(uint64_t collectives) {
   const std::shared_ptr<bootstrap::Store> store = store_now();
   if (store == nullptr) return;
-  const std::string text = encode_issued(issued);
+  const std::string text = std::to_string(collectives);
   store->set(ended_key(rank_), text.data(), text.size());
   store->add(ended_count_key(), 1);
 }
 
 PeerWatch::Finding PeerWatch::check_ended() {
   std::function<std::vector<Waiting>()> waiting_now;
-  std::vector<int> unknown;
+  std::vector<int> unknown;  // the next ranks to read, from the cursor on
   size_t known = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     waiting_now = waiting_;
     known = ended_.size();
-    for (int r = 0; r < static_cast<int>(names_.size()); ++r) {
+    const size_t n = names_.size();
+    for (size_t i = 0; i < n && unknown.size() < kEndedReadsPerCheck; ++i) {
+      const int r = static_cast<int>((ended_cursor_ + i) % n);
       if (r != rank_ && ended_.count(r) == 0) unknown.push_back(r);
     }
   }
   if (!waiting_now || unknown.empty()) return {};
-  const std::vector<Waiting> waiting = waiting_now();
+  std::vector<Waiting> waiting = waiting_now();
+  waiting.erase(std::remove_if(waiting.begin(), waiting.end(),
+                               [](const Waiting &w) {
+                                 return w.kind == MNCL_COLL_SEND || w.kind == MNCL_COLL_RECV ||
+                                        w.kind == MNCL_COLL_SENDRECV_BATCH;
+                               }),
+                waiting.end());
   if (waiting.empty()) return {};
-  // The count first: while no rank has ended, a check costs one small read.
-  auto found = std::make_shared<std::vector<std::pair<int, std::string>>>();
-  const bool read = read_store([found, unknown, known](bootstrap::Store &store) {
-    if (store.add(ended_count_key(), 0) <= static_cast<int64_t>(known)) return;
+  // The count first (a plain read: the key is absent while no rank has ended), so a check
+  // costs one small read until one has; then the keys of the ranks not yet known.
+  struct Read {
+    std::mutex mutex;
+    std::vector<std::pair<int, uint64_t>> found;
+  };
+  auto read = std::make_shared<Read>();
+  std::vector<std::string> keys;
+  for (const int r : unknown) keys.push_back(ended_key(r));
+  read_store([read, unknown, keys, known, count_key = ended_count_key()](bootstrap::Store &store) {
     bootstrap::WaitOptions now;
     now.timeout = std::chrono::milliseconds(0);
-    std::vector<std::string> keys;
-    for (const int r : unknown) keys.push_back(ended_key(r));
+    const bootstrap::Bytes count = store.get(count_key, now);
+    if (std::strtoll(std::string(count.begin(), count.end()).c_str(), nullptr, 10) <=
+        static_cast<long long>(known)) {
+      return;
+    }
     const std::vector<std::string> missing = store.wait(keys, now);
     for (size_t i = 0; i < keys.size(); ++i) {
       if (std::find(missing.begin(), missing.end(), keys[i]) != missing.end()) continue;
       const bootstrap::Bytes value = store.get(keys[i], now);
-      found->emplace_back(unknown[i], std::string(value.begin(), value.end()));
+      const uint64_t collectives =
+          std::strtoull(std::string(value.begin(), value.end()).c_str(), nullptr, 10);
+      std::lock_guard<std::mutex> lock(read->mutex);
+      read->found.emplace_back(unknown[i], collectives);
     }
   });
   std::lock_guard<std::mutex> lock(mutex_);
-  if (read) {
-    for (const auto &[rank, text] : *found) {
-      if (auto issued = decode_issued(text)) ended_[rank] = *issued;
-    }
+  {
+    // What was read in time, also when the read as a whole was not (it goes on, unheard).
+    std::lock_guard<std::mutex> read_lock(read->mutex);
+    for (const auto &[rank, collectives] : read->found) ended_[rank] = collectives;
   }
-  const size_t self = static_cast<size_t>(rank_);
+  ended_cursor_ = (ended_cursor_ + kEndedReadsPerCheck) % std::max<size_t>(names_.size(), 1);
   for (const Waiting &w : waiting) {
-    for (const auto &[rank, issued] : ended_) {
+    for (const auto &[rank, collectives] : ended_) {
+      if (collectives > w.seq) continue;
       const std::string &who = names_[static_cast<size_t>(rank)];
-      if (w.kind == MNCL_COLL_SEND || w.kind == MNCL_COLL_RECV) {
-        if (w.peer != rank) continue;
-        const bool recv = w.kind == MNCL_COLL_RECV;
-        const std::vector<uint64_t> &counts = recv ? issued.sends : issued.recvs;
-        const uint64_t n = self < counts.size() ? counts[self] : 0;
-        if (n > w.seq) continue;
-        const unsigned long long count = n;
-        return {MNCL_ERR_REMOTE,
-                recv ? format("%s destroyed the communicator after it sent this rank %llu "
-                              "message%s, so %s never gets one from it",
-                              who.c_str(), count, plural(n), w.label.c_str())
-                     : format("%s destroyed the communicator after it received %llu message%s "
-                              "from this rank, so %s is never received",
-                              who.c_str(), count, plural(n), w.label.c_str())};
-      }
-      if (w.kind != MNCL_COLL_SENDRECV_BATCH && issued.collectives <= w.seq) {
-        return {MNCL_ERR_REMOTE,
-                format("%s destroyed the communicator after %llu collective call%s, so it "
-                       "never joins %s",
-                       who.c_str(), static_cast<unsigned long long>(issued.collectives),
-                       plural(issued.collectives), w.label.c_str())};
-      }
+      return {MNCL_ERR_REMOTE,
+              collectives == 0
+                  ? format("%s destroyed the communicator before any collective, so it never "
+                           "joins %s",
+                           who.c_str(), w.label.c_str())
+                  : format("%s destroyed the communicator after its collective #%llu, so it "
+                           "never joins %s",
+                           who.c_str(), static_cast<unsigned long long>(collectives - 1),
+                           w.label.c_str())};
     }
   }
   return {};

@@ -20,8 +20,8 @@
 //     (the store's host itself ending ends the store, which the others report as such). A
 //     host that is cut off or powered off, whose connections end with no word, is not noticed
 //     this way: the timeout applies;
-//   - the counts a rank that destroyed the communicator left of what it issued (Issued): an
-//     operation that waits for more from it (a later collective, its next message) never ends.
+//   - the count of collectives a rank that destroyed the communicator issued: a collective of a
+//     later number waits for it in vain.
 // A wait that finds either fails naming the rank, with MNCL_ERR_REMOTE (to the plugin, whose
 // MNCL_ERR_ABORTED means an abort of its own); the core reports an operation ended by a rank's
 // abort as MNCL_ERR_ABORTED, as shm reports a peer's abort, and asks the watch when a backend
@@ -110,33 +110,31 @@ class PeerWatch {
   bool all_gone(const std::vector<int> &ranks);
   // "gone/<rank>", in the communicator's store view: for destroy's cleanup.
   static std::string gone_key(int rank);
-  // What a rank issued on the communicator, published when it issues no more (its
-  // mncl_comm_destroy, publish_issued): a rank whose operation waits for more than that from it
-  // (a collective of a later number; a receive of a later message from it, a send it has no
-  // receive for) waits in vain, and check() says so at once instead of at the timeout. A rank
-  // that destroyed the communicator is otherwise no failure: the others may go on among
-  // themselves (point to point).
-  struct Issued {
-    uint64_t collectives = 0;            // numbered #0 to #collectives-1
-    std::vector<uint64_t> sends, recvs;  // per peer: sends to it, receives from it (or empty)
-  };
-  // An operation this rank waits in (see set_waiting).
+  // How many collectives a rank issued, published when it issues no more (its
+  // mncl_comm_destroy, publish_collectives): a rank waiting in a collective of a later number
+  // waits in vain, and check() says so at once (as a failure's note: a collective that cannot
+  // complete fails on every rank) instead of at the timeout. Point to point is not judged: a
+  // rank that destroyed the communicator is otherwise no failure, the others may go on among
+  // themselves, and ending one receive would take an abort of the backend's communicator,
+  // which on some backends ends the other ranks' operations too.
   struct Waiting {
-    int kind = 0;       // MNCL_COLL_*
-    uint64_t seq = 0;   // a collective's number; a send's or receive's, per peer and direction
-    int peer = -1;      // send/recv: the peer
+    int kind = 0;       // MNCL_COLL_* (send, receive and batches are passed over)
+    uint64_t seq = 0;   // a collective's number
     std::string label;  // "allreduce #7", for the message
   };
   // Where check() learns what this rank waits in; without it nothing is judged. Set before the
-  // first check; close() lets go of it.
+  // first check; close() lets go of it. Called from store waits too: it must take no lock a
+  // plugin call may hold.
   void set_waiting(std::function<std::vector<Waiting>()> waiting);
-  // This rank issues nothing more: its counts go under ended_key(rank) (one store write, not
-  // bounded, as the leave key's that follows it).
-  void publish_issued(const Issued &issued);
-  // "ended/<rank>", and the count of ranks that set theirs (a check reads that first), in the
-  // communicator's store view: for destroy's cleanup.
-  static std::string ended_key(int rank);
-  static std::string ended_count_key();
+  // This rank issues no more collectives: `collectives` (numbered #0 to #collectives-1) goes
+  // under ended_key(rank), and the count of such ranks up by one (two store calls, not
+  // bounded, as the leave key's that follows them).
+  void publish_collectives(uint64_t collectives);
+  // The keys publish_collectives writes, in the communicator's store view, named after this
+  // communicator's tag as the note is (a store folder used again holds an earlier job's): for
+  // destroy's cleanup.
+  std::string ended_key(int rank) const;
+  std::string ended_count_key() const;
   // What check() found so far (MNCL_OK: nothing).
   Finding found();
   // This rank aborted the communicator: leaves the note (bounded: on a thread of its own,
@@ -161,10 +159,11 @@ class PeerWatch {
   // Its leave key is set: it destroyed the communicator; nullopt when the store did not
   // answer in time (or another read still waits).
   std::optional<bool> has_left(int rank);
-  // Whether an operation of this rank's waits for a rank that published its counts
-  // (publish_issued) for more than they hold. Reads the counts of ranks not yet known to have
-  // ended, once per call, only while something waits.
+  // Whether a collective of this rank's waits for a rank that published fewer collectives
+  // (publish_collectives). Only while something waits, and then one read of the count of such
+  // ranks, and of their keys when it grew (at most kEndedReadsPerCheck at a time).
   Finding check_ended();
+  static constexpr size_t kEndedReadsPerCheck = 256;
 
   std::shared_ptr<bootstrap::Store> store_;  // (mutex_) null once closed
   int rank_;
@@ -172,7 +171,9 @@ class PeerWatch {
   std::string self_;                // "rank 2 (pid 77 on node1)"
   std::vector<std::string> names_;  // every rank, as self_
   std::function<std::vector<Waiting>()> waiting_;  // (mutex_) set_waiting, until close()
-  std::map<int, Issued> ended_;                    // (mutex_) ranks known to issue no more
+  std::map<int, uint64_t> ended_;  // (mutex_) ranks known to issue no more: their collectives
+  size_t ended_cursor_ = 0;        // (mutex_) the next unknown rank to read (kEndedReadsPerCheck)
+  std::string tag_hash_;           // of tag_, in the note's and the ended keys' names
   std::string tag_;
   std::string note_key_;  // "failed/<hash of the tag>"
   bool willed_ = false;   // the store holds this rank's note for its end (mutex_)

@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "core/debug_checks.h"
 #include "core/validate.h"
 
 namespace mncl::core {
@@ -269,8 +270,9 @@ std::string diagnose_failure(bootstrap::Store &store, const mncl_coll_v1_t &coll
                              bool hosts_store) {
   if (size <= 1) return "";
   try {
-    // "<seq>\n<dump>": the operation this rank failed in, and its last operations.
-    const std::string mine = std::to_string(coll.seq) + "\n" + history;
+    // "<seq>\n<call>\n<dump>": the operation this rank failed in, its call's fingerprint (kind,
+    // counts, dtype, op, root), and its last operations.
+    const std::string mine = std::to_string(coll.seq) + "\n" + fingerprint(coll) + "\n" + history;
     store.set(diag_key(rank), mine.data(), mine.size());
     std::vector<std::string> keys;
     for (int r = 0; r < size; ++r) keys.push_back(diag_key(r));
@@ -282,6 +284,10 @@ std::string diagnose_failure(bootstrap::Store &store, const mncl_coll_v1_t &coll
     std::vector<int> missing;
     std::vector<std::pair<int, uint64_t>> behind;  // (rank, the earlier op it failed in)
     std::string per_rank;
+    // The ranks in this operation, by their call's fingerprint, in order of first appearance:
+    // a backend that cannot tell a different call from a stalled peer (gloo, MPI, NCCL) times
+    // out, and this names the difference.
+    std::vector<std::pair<std::string, std::vector<int>>> calls;
     for (int r = 0; r < size; ++r) {
       if (std::find(absent.begin(), absent.end(), keys[r]) != absent.end()) {
         missing.push_back(r);
@@ -292,10 +298,18 @@ std::string diagnose_failure(bootstrap::Store &store, const mncl_coll_v1_t &coll
       const auto bytes = store.get(keys[r], now);
       const std::string text(bytes.begin(), bytes.end());
       const auto nl = text.find('\n');
+      const auto nl2 = nl == std::string::npos ? nl : text.find('\n', nl + 1);
       const uint64_t seq = std::strtoull(text.substr(0, nl).c_str(), nullptr, 10);
       if (seq < coll.seq) behind.emplace_back(r, seq);  // stuck in an earlier operation
-      per_rank +=
-          format("\n  rank %d: %s", r, nl == std::string::npos ? "" : text.substr(nl + 1).c_str());
+      if (seq == coll.seq && nl2 != std::string::npos) {
+        const std::string call = text.substr(nl + 1, nl2 - nl - 1);
+        auto group = std::find_if(calls.begin(), calls.end(),
+                                  [&](const auto &c) { return c.first == call; });
+        if (group == calls.end()) group = calls.insert(calls.end(), {call, {}});
+        group->second.push_back(r);
+      }
+      per_rank += format("\n  rank %d: %s", r,
+                         nl2 == std::string::npos ? "" : text.substr(nl2 + 1).c_str());
     }
     // Nobody leaves before every reporter has read the reports: the rank hosting the TCP
     // store typically exits right after its error, taking the store with it.
@@ -323,6 +337,21 @@ std::string diagnose_failure(bootstrap::Store &store, const mncl_coll_v1_t &coll
       }
       out += format(" (no report of reaching %s #%llu: stopped, dead or elsewhere)",
                     coll_kind_name(coll.kind), static_cast<unsigned long long>(coll.seq));
+    }
+    if (calls.size() > 1) {
+      out += "; the ranks called it differently:";
+      constexpr size_t kShown = 4;
+      for (size_t i = 0; i < std::min(calls.size(), kShown); ++i) {
+        const std::vector<int> &ranks = calls[i].second;
+        std::string who;
+        for (size_t k = 0; k < std::min<size_t>(ranks.size(), 8); ++k) {
+          who += (k > 0 ? "," : "") + std::to_string(ranks[k]);
+        }
+        if (ranks.size() > 8) who += format(",... (%zu ranks)", ranks.size());
+        out += format("%s rank%s %s: %s", i > 0 ? ";" : "", ranks.size() > 1 ? "s" : "",
+                      who.c_str(), calls[i].first.c_str());
+      }
+      if (calls.size() > kShown) out += format("; and %zu more calls", calls.size() - kShown);
     }
     for (const auto &[r, seq] : behind) {
       out += format("; rank %d failed in an earlier operation, #%llu", r,
