@@ -5,9 +5,14 @@
 #include <gloo/transport/tcp/context.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/tcp/unbound_buffer.h>
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <exception>
+#include <system_error>
 #include <utility>
 
 #include "common/host.h"
@@ -127,6 +132,23 @@ std::string this_hostname() {
   return name;
 }
 
+// Why `name` does not resolve to an address gloo could bind ("" when it does). Debian's Gloo
+// checks getaddrinfo for -1 only, and on EAI_NONAME (-2) walks an uninitialized result list:
+// every rank died of SIGSEGV on a host whose name does not resolve.
+std::string resolve_problem(const std::string &name) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo *result = nullptr;
+  const int rv = getaddrinfo(name.c_str(), nullptr, &hints, &result);
+  if (rv == 0 && result != nullptr) {
+    freeaddrinfo(result);
+    return "";
+  }
+  if (result != nullptr) freeaddrinfo(result);
+  return rv == EAI_SYSTEM ? std::strerror(errno) : gai_strerror(rv);
+}
+
 }  // namespace
 
 mncl_status_t check_transport(const std::string &text, std::string *why) {
@@ -161,9 +183,25 @@ std::shared_ptr<gloo::transport::Device> create_device(
   } else {
     attr.hostname = this_hostname();
     what = "host name (set MNCL_GLOO_IFACE to choose an interface)";
+    if (const std::string why = resolve_problem(attr.hostname); !why.empty()) {
+      throw kit::Error(
+          MNCL_ERR_SYSTEM,
+          kit::format("gloo: this host's name '%s' does not resolve (%s); across hosts gloo "
+                      "listens on the address the name resolves to: set MNCL_GLOO_IFACE to the "
+                      "network interface to use (e.g. eth0), or make the name resolve "
+                      "(/etc/hosts, DNS)",
+                      attr.hostname.c_str(), why.c_str()));
+    }
   }
   try {
     return std::make_shared<TrackingDevice>(tcp::CreateDeviceAttr(attr), registry);
+  } catch (const std::system_error &e) {
+    // The device's thread (a limit on threads: ulimit -u, a container's pids limit; memory).
+    throw kit::Error(MNCL_ERR_SYSTEM,
+                     kit::format("gloo: cannot start its TCP device's thread: %s (the system "
+                                 "refused a thread: a limit on processes or threads, ulimit -u "
+                                 "or a container's pids limit, or on memory)",
+                                 e.what()));
   } catch (const std::exception &e) {
     const std::string &name = attr.iface.empty() ? attr.hostname : attr.iface;
     throw kit::Error(MNCL_ERR_SYSTEM, kit::format("gloo: cannot bind to %s '%s': %s", what.c_str(),

@@ -13,9 +13,13 @@
 //                      from the sender's memory (process_vm_readv); 0: through the segment;
 //                      decline: offer but never accept (tests the fallback). Per rank.
 #include <mncl/mncl_plugin.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "common/dtype.h"
@@ -82,6 +86,31 @@ void shm_finalize(void) {
   g_host = nullptr;
 }
 
+// Why /dev/shm cannot hold the segment of a communicator of `ranks` ranks ("" when it can): it
+// is reserved whole at creation (posix_fallocate), and a container's /dev/shm is often 64 MiB
+// (Docker's default) or read-only. Judged at the probe, so that auto passes shm over, with the
+// reason, for another backend, instead of failing the creation.
+std::string shm_room_problem(int ranks) {
+  if (ranks < 1) ranks = 1;
+  const mncl::shm::Layout layout(ranks, g_options.chunk, g_options.p2p_slot);
+  struct statvfs vfs {};
+  if (statvfs("/dev/shm", &vfs) != 0) {
+    return kit::format("/dev/shm is not usable here (%s)", std::strerror(errno));
+  }
+  if ((vfs.f_flag & ST_RDONLY) != 0 || access("/dev/shm", W_OK) != 0) {
+    return "/dev/shm is read-only here";
+  }
+  const double free_mib = static_cast<double>(vfs.f_bavail) * vfs.f_frsize / (1 << 20);
+  const double need_mib = static_cast<double>(layout.total) / (1 << 20);
+  if (free_mib < need_mib) {
+    return kit::format(
+        "its segment for %d ranks needs %.1f MiB of /dev/shm, which has %.1f MiB free (a "
+        "container's default is 64 MiB: docker run --shm-size; or a smaller MNCL_SHM_CHUNK)",
+        ranks, need_mib, free_mib);
+  }
+  return "";
+}
+
 // Host memory, every rank on this host: the fastest CPU path there is (above gloo's 50 and an
 // MPI launch's flat 80, below nccl's 90, which is for device memory).
 mncl_status_t shm_probe(const mncl_probe_v1_t *info, int32_t *score, char *reason,
@@ -91,6 +120,13 @@ mncl_status_t shm_probe(const mncl_probe_v1_t *info, int32_t *score, char *reaso
     hosts = info->local_size == info->size ? 1 : 2;  // "at least 2"
   }
   if (info != nullptr && info->size <= 1) hosts = 1;
+  if (hosts <= 1) {  // on one host, or not known: what /dev/shm holds decides
+    if (const std::string why = shm_room_problem(info != nullptr ? info->size : 1); !why.empty()) {
+      *score = 0;
+      kit::copy_cstr(reason, reason_len, why.c_str());
+      return MNCL_OK;
+    }
+  }
   if (hosts == 1) {
     *score = 85;
     kit::copy_cstr(reason, reason_len, "");

@@ -97,10 +97,13 @@ void Segment::create(const Layout &layout) {
     if (err != 0) {
       close(fd);
       unlink();
-      throw kit::Error(MNCL_ERR_SYSTEM,
-                       kit::format("shm: cannot reserve %zu bytes in /dev/shm for %s: %s (lower "
-                                   "MNCL_SHM_CHUNK or free /dev/shm)",
-                                   layout_.total, name_.c_str(), errno_text(err).c_str()));
+      throw kit::Error(
+          MNCL_ERR_SYSTEM,
+          kit::format("shm: cannot reserve %zu bytes in /dev/shm for %s (%d "
+                      "ranks): %s (free /dev/shm or enlarge it, docker run "
+                      "--shm-size; lower MNCL_SHM_CHUNK; or use another backend, "
+                      "MNCL_BACKEND=gloo)",
+                      layout_.total, name_.c_str(), layout_.n, errno_text(err).c_str()));
     }
     map(fd);
     return;

@@ -183,7 +183,11 @@ mncl_status_t guard(Body &&body) noexcept {
     return MNCL_ERR_SYSTEM;
   } catch (const std::system_error &e) {
     // The system refused a resource (a thread: EAGAIN at the process limit, a mutex).
-    mncl::set_last_error(format("system error: %s", e.what()));
+    mncl::set_last_error(
+        format("system error: %s (the system refused a resource: a thread, at "
+               "a limit on processes or threads, ulimit -u or a container's "
+               "pids limit, or memory)",
+               e.what()));
     return MNCL_ERR_SYSTEM;
   } catch (const std::exception &e) {
     mncl::set_last_error(format("internal error: %s", e.what()));

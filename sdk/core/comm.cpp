@@ -769,8 +769,16 @@ void Comm::create_plugin_comm(const mncl_bootstrap_v1_t &bs, void *parent_plugin
       });
   if (status != MNCL_OK) {
     plugin_comm_ = nullptr;
-    throw Error(status, format("backend '%s' failed to create %s (rank %d of %d): %s",
-                               backend().c_str(), label().c_str(), rank_, size_, last_error()));
+    const std::string message =
+        format("backend '%s' failed to create %s (rank %d of %d): %s", backend().c_str(),
+               label().c_str(), rank_, size_, last_error());
+    // The others wait for this rank in their backend's creation (gloo's connections), which
+    // reads the note between its store waits: they fail now, naming this rank and why, instead
+    // of at the timeout (and this rank's destroy, waiting for the store's host, with them).
+    if (peer_watch_ != nullptr && status != MNCL_ERR_ABORTED) {
+      peer_watch_->publish_failure(message);
+    }
+    throw Error(status, message);
   }
 }
 
@@ -1243,7 +1251,15 @@ void Comm::enqueue(Lane &lane, std::shared_ptr<Operation> op) {
     std::lock_guard<std::mutex> lock(lane.mutex);
     if (!lane.worker_alive) {
       if (lane.worker.joinable()) lane.worker.join();  // it has left its loop already
-      lane.worker = std::thread([this, &lane] { work(lane); });
+      try {
+        lane.worker = std::thread([this, &lane] { work(lane); });
+      } catch (const std::system_error &e) {
+        throw Error(MNCL_ERR_SYSTEM,
+                    format("%s on %s: cannot start a thread to run it: %s (the system refused a "
+                           "thread: a limit on processes or threads, ulimit -u or a container's "
+                           "pids limit, or on memory)",
+                           describe_op(op->coll).c_str(), backend().c_str(), e.what()));
+      }
       lane.worker_alive = true;
     }
     lane.queue.push_back(std::move(op));

@@ -511,6 +511,11 @@ void PeerWatch::publish_abort() {
           std::chrono::milliseconds(200));
 }
 
+void PeerWatch::publish_failure(const std::string &what) {
+  const Finding finding{MNCL_ERR_REMOTE, format("%s failed: %s", self_.c_str(), what.c_str())};
+  if (record(finding)) publish(finding, std::chrono::milliseconds(200));
+}
+
 void PeerWatch::publish(const Finding &finding, std::chrono::milliseconds wait) {
   const std::string note =
       tag_ + "\n" + std::to_string(static_cast<int>(finding.status)) + "\n" + finding.reason;

@@ -137,6 +137,10 @@ class PeerWatch {
   std::string ended_count_key() const;
   // What check() found so far (MNCL_OK: nothing).
   Finding found();
+  // This rank cannot take part (its backend failed to create its communicator): leaves the
+  // note "<this rank> failed: <what>" for the others, who wait for it in the store or in their
+  // backend (bounded, as publish_abort).
+  void publish_failure(const std::string &what);
   // This rank aborted the communicator: leaves the note (bounded: on a thread of its own,
   // waited for at most a moment, since the store may be what failed).
   void publish_abort();
