@@ -97,9 +97,9 @@ std::string shm_room_problem(int ranks) {
   if (statvfs("/dev/shm", &vfs) != 0) {
     return kit::format("/dev/shm is not usable here (%s)", std::strerror(errno));
   }
-  if ((vfs.f_flag & ST_RDONLY) != 0 || access("/dev/shm", W_OK) != 0) {
-    return "/dev/shm is read-only here";
-  }
+  if ((vfs.f_flag & ST_RDONLY) != 0) return "/dev/shm is read-only here";
+  if (access("/dev/shm", W_OK) != 0) return "/dev/shm is not writable by this user";
+  if (vfs.f_blocks == 0) return "";  // no size limit (tmpfs size=0, ramfs): nothing to compare
   const double free_mib = static_cast<double>(vfs.f_bavail) * vfs.f_frsize / (1 << 20);
   const double need_mib = static_cast<double>(layout.total) / (1 << 20);
   if (free_mib < need_mib) {

@@ -776,7 +776,8 @@ void Comm::create_plugin_comm(const mncl_bootstrap_v1_t &bs, void *parent_plugin
     // reads the note between its store waits: they fail now, naming this rank and why, instead
     // of at the timeout (and this rank's destroy, waiting for the store's host, with them).
     if (peer_watch_ != nullptr && status != MNCL_ERR_ABORTED) {
-      peer_watch_->publish_failure(message);
+      peer_watch_->publish_failure(format("could not create its part of %s on backend '%s': %s",
+                                          label().c_str(), backend().c_str(), last_error()));
     }
     throw Error(status, message);
   }
@@ -1247,23 +1248,32 @@ void Comm::enqueue(Lane &lane, std::shared_ptr<Operation> op) {
     op->inputs_ready = staging_->mark_stream(op->coll);
     if (op->inputs_ready == nullptr) op->coll.stream = cuda::kLegacyStream;
   }
+  std::string no_thread;
   {
     std::lock_guard<std::mutex> lock(lane.mutex);
     if (!lane.worker_alive) {
       if (lane.worker.joinable()) lane.worker.join();  // it has left its loop already
       try {
         lane.worker = std::thread([this, &lane] { work(lane); });
+        lane.worker_alive = true;
       } catch (const std::system_error &e) {
-        throw Error(MNCL_ERR_SYSTEM,
-                    format("%s on %s: cannot start a thread to run it: %s (the system refused a "
-                           "thread: a limit on processes or threads, ulimit -u or a container's "
-                           "pids limit, or on memory)",
-                           describe_op(op->coll).c_str(), backend().c_str(), e.what()));
+        no_thread = format(
+            "%s on %s: cannot start a thread to run it: %s (the system refused a thread: a "
+            "limit on processes or threads, ulimit -u or a container's pids limit, or on "
+            "memory)",
+            describe_op(op->coll).c_str(), backend().c_str(), e.what());
       }
-      lane.worker_alive = true;
     }
-    lane.queue.push_back(std::move(op));
-    ++lane.outstanding;
+    if (no_thread.empty()) {
+      lane.queue.push_back(std::move(op));
+      ++lane.outstanding;
+    }
+  }
+  if (!no_thread.empty()) {
+    // It was numbered: a retry would carry the next number here and this one elsewhere, and
+    // the other ranks wait in this one. The communicator cannot go on (they are told).
+    backend_broke(no_thread);
+    throw Error(MNCL_ERR_SYSTEM, no_thread + "; the communicator is unusable now");
   }
   lane.cv.notify_all();
 }
@@ -1853,10 +1863,13 @@ std::string Comm::diagnosis(const mncl_coll_v1_t &coll, mncl_status_t status) {
   const auto limit = std::chrono::milliseconds(host ? 3 * grace + 100 : grace + 200);
   // Read only once the thread has finished (run_briefly's wait orders it after the write).
   auto text = std::make_shared<std::string>();
-  const bool done = run_briefly(limit, [text, store = comm_store_, coll, rank = rank_, size = size_,
-                                        timeout = timeout_ms_, dump = history_.dump(4), host] {
-    *text = diagnose_failure(*store, coll, rank, size, timeout, dump, host);
-  });
+  // The call's fingerprint now: it reads the caller's arrays (counts), which the thread may
+  // outlive.
+  const bool done = run_briefly(
+      limit, [text, store = comm_store_, seq = coll.seq, kind = coll.kind, call = fingerprint(coll),
+              rank = rank_, size = size_, timeout = timeout_ms_, dump = history_.dump(4), host] {
+        *text = diagnose_failure(*store, seq, kind, call, rank, size, timeout, dump, host);
+      });
   if (!done) return "; (no diagnosis: the store did not answer in time, or no thread to ask it)";
   return *text;
 }

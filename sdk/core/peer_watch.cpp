@@ -512,7 +512,7 @@ void PeerWatch::publish_abort() {
 }
 
 void PeerWatch::publish_failure(const std::string &what) {
-  const Finding finding{MNCL_ERR_REMOTE, format("%s failed: %s", self_.c_str(), what.c_str())};
+  const Finding finding{MNCL_ERR_REMOTE, format("%s %s", self_.c_str(), what.c_str())};
   if (record(finding)) publish(finding, std::chrono::milliseconds(200));
 }
 

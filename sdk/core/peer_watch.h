@@ -138,7 +138,7 @@ class PeerWatch {
   // What check() found so far (MNCL_OK: nothing).
   Finding found();
   // This rank cannot take part (its backend failed to create its communicator): leaves the
-  // note "<this rank> failed: <what>" for the others, who wait for it in the store or in their
+  // note "<this rank> <what>" for the others, who wait for it in the store or in their
   // backend (bounded, as publish_abort).
   void publish_failure(const std::string &what);
   // This rank aborted the communicator: leaves the note (bounded: on a thread of its own,

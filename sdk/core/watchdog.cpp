@@ -5,7 +5,6 @@
 
 #include "common/error.h"
 #include "common/log.h"
-#include "core/debug_checks.h"
 #include "core/validate.h"
 
 namespace mncl::core {
@@ -265,14 +264,14 @@ std::string diag_read_key() {
   return "diag/read";
 }
 
-std::string diagnose_failure(bootstrap::Store &store, const mncl_coll_v1_t &coll, int rank,
-                             int size, int64_t timeout_ms, const std::string &history,
-                             bool hosts_store) {
+std::string diagnose_failure(bootstrap::Store &store, uint64_t op_seq, int op_kind,
+                             const std::string &call, int rank, int size, int64_t timeout_ms,
+                             const std::string &history, bool hosts_store) {
   if (size <= 1) return "";
   try {
     // "<seq>\n<call>\n<dump>": the operation this rank failed in, its call's fingerprint (kind,
     // counts, dtype, op, root), and its last operations.
-    const std::string mine = std::to_string(coll.seq) + "\n" + fingerprint(coll) + "\n" + history;
+    const std::string mine = std::to_string(op_seq) + "\n" + call + "\n" + history;
     store.set(diag_key(rank), mine.data(), mine.size());
     std::vector<std::string> keys;
     for (int r = 0; r < size; ++r) keys.push_back(diag_key(r));
@@ -300,8 +299,8 @@ std::string diagnose_failure(bootstrap::Store &store, const mncl_coll_v1_t &coll
       const auto nl = text.find('\n');
       const auto nl2 = nl == std::string::npos ? nl : text.find('\n', nl + 1);
       const uint64_t seq = std::strtoull(text.substr(0, nl).c_str(), nullptr, 10);
-      if (seq < coll.seq) behind.emplace_back(r, seq);  // stuck in an earlier operation
-      if (seq == coll.seq && nl2 != std::string::npos) {
+      if (seq < op_seq) behind.emplace_back(r, seq);  // stuck in an earlier operation
+      if (seq == op_seq && nl2 != std::string::npos) {
         const std::string call = text.substr(nl + 1, nl2 - nl - 1);
         auto group = std::find_if(calls.begin(), calls.end(),
                                   [&](const auto &c) { return c.first == call; });
@@ -336,7 +335,7 @@ std::string diagnose_failure(bootstrap::Store &store, const mncl_coll_v1_t &coll
         out += format("%s%d", i ? ", " : " ", missing[i]);
       }
       out += format(" (no report of reaching %s #%llu: stopped, dead or elsewhere)",
-                    coll_kind_name(coll.kind), static_cast<unsigned long long>(coll.seq));
+                    coll_kind_name(op_kind), static_cast<unsigned long long>(op_seq));
     }
     if (calls.size() > 1) {
       out += "; the ranks called it differently:";
@@ -361,8 +360,8 @@ std::string diagnose_failure(bootstrap::Store &store, const mncl_coll_v1_t &coll
     for (int r : missing) out += format("\n  rank %d: (no report)", r);
     return out;
   } catch (const std::exception &e) {
-    MNCL_INFO("diagnosis after %s #%llu failed: %s", coll_kind_name(coll.kind),
-              static_cast<unsigned long long>(coll.seq), e.what());
+    MNCL_INFO("diagnosis after %s #%llu failed: %s", coll_kind_name(op_kind),
+              static_cast<unsigned long long>(op_seq), e.what());
     return "";
   }
 }

@@ -125,13 +125,14 @@ class Watchdog {
   std::thread peer_thread_;  // only with a peer check
 };
 
-// The diagnosis after collective `coll` failed on this rank (see the top of this file);
-// `history` is this rank's OpHistory::dump. Returns
+// The diagnosis after collective #op_seq (of kind op_kind, whose fingerprint is `call`, see
+// debug_checks.h) failed on this rank (see the top of this file); `history` is this rank's
+// OpHistory::dump. Returns
 // text to append to the error message ("" when the store cannot be reached). Never throws.
 // hosts_store: this process serves the TCP store, and so lingers until the others have read.
-std::string diagnose_failure(bootstrap::Store &store, const mncl_coll_v1_t &coll, int rank,
-                             int size, int64_t timeout_ms, const std::string &history,
-                             bool hosts_store);
+std::string diagnose_failure(bootstrap::Store &store, uint64_t op_seq, int op_kind,
+                             const std::string &call, int rank, int size, int64_t timeout_ms,
+                             const std::string &history, bool hosts_store);
 // How long diagnose_failure waits for the other ranks' reports (it may take up to 3 times that
 // on the store's host, plus store round trips).
 int64_t diagnosis_grace_ms(int64_t timeout_ms);
