@@ -1412,9 +1412,6 @@ int drive_abort(const Options &o) {
   });
 }
 
-// (5c) the last rank aborts while the others wait for it: with --expect-named every other rank
-// must fail with ABORTED or REMOTE naming that rank and its abort (not at the timeout: the
-// aborting rank outlives it); otherwise each must fail, at the timeout at the latest.
 // A rank destroys the communicator while the others wait for its part: each must fail with
 // REMOTE naming it as one that destroyed the communicator (it issues nothing more), not wait
 // out the timeout (run with a long one), on every backend.
@@ -1459,6 +1456,9 @@ int drive_destroyed_peer(const Options &o) {
                     named, others.size(), leaver, latest, o.timeout_s));
 }
 
+// (5c) the last rank aborts while the others wait for it: with --expect-named every other rank
+// must fail with ABORTED or REMOTE naming that rank and its abort (not at the timeout: the
+// aborting rank outlives it); otherwise each must fail, at the timeout at the latest.
 int drive_aborted_peer(const Options &o) {
   const std::string name = test_name(o, "aborted_peer");
   Job job(o, o.ranks, {});

@@ -14,14 +14,6 @@ set -u
 run=$1
 probe=$2
 source "$(dirname "$0")/expect_lines.sh"
-check() {  # check <description> <command...>: runs it, keeping its output in $out
-  what=$1
-  shift
-  out=$("$@" 2>&1)
-  rc=$?
-  echo "=== $what (exit $rc)"
-  echo "$out"
-}
 
 if unshare -u true 2>/dev/null; then
   check "4 ranks on 2 posed hosts, a host name that does not resolve" \

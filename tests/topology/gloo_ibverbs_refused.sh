@@ -10,17 +10,9 @@ info=$1
 run=$2
 probe=$3
 dir=$4
-# expect / refute, and status
+# expect / refute / check, and status
 source "$(dirname "$0")/expect_lines.sh"
 why='MNCL_GLOO_TRANSPORT=ibverbs is not supported: .*no unbound buffers, which every MNCL gloo operation uses; use tcp'
-check() {  # check <description> <command...>: runs it, keeping its output in $out
-  what=$1
-  shift
-  out=$("$@" 2>&1)
-  rc=$?
-  echo "=== $what (exit $rc)"
-  echo "$out"
-}
 
 check "mncl-info --plugins, ibverbs" env MNCL_GLOO_TRANSPORT=ibverbs "$info" --plugins
 expect '^  gloo +loaded '

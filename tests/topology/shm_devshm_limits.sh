@@ -21,14 +21,6 @@ in_shm() {  # in_shm <size|ro> <command...>: the command with /dev/shm a tmpfs o
   unshare -m bash -c 'opts="size=$0"; [ "$0" = ro ] && opts="size=64m,ro"
     mount -t tmpfs -o "$opts" tmpfs /dev/shm && exec "$@"' "$size" "$@"
 }
-check() {  # check <description> <command...>: runs it, keeping its output in $out
-  what=$1
-  shift
-  out=$("$@" 2>&1)
-  rc=$?
-  echo "=== $what (exit $rc)"
-  echo "$out"
-}
 
 check "mncl-info, read-only /dev/shm" in_shm ro "$info"
 expect '^  Decision \(MNCL_BACKEND=auto, host memory\): '
