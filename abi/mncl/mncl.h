@@ -244,6 +244,15 @@ MNCL_API mncl_status_t mncl_comm_split_type(mncl_comm_t comm, mncl_split_type_t 
                                             const mncl_config_t *config, mncl_comm_t *newcomm);
 MNCL_API mncl_status_t mncl_comm_rank(mncl_comm_t comm, int *rank);
 MNCL_API mncl_status_t mncl_comm_size(mncl_comm_t comm, int *size);
+/* (MNCL_1.5) Where this rank runs among the communicator's ranks, by the hosts
+ * MNCL_SPLIT_TYPE_HOST groups by, without a collective call: *local_rank is its place among the
+ * ranks of its host (in rank order: its rank in the MNCL_SPLIT_TYPE_HOST communicator with equal
+ * keys), *local_size how many ranks share that host, *host_index its host's number (hosts in the
+ * order of their first rank: the color MNCL_SPLIT_TYPE_HOST gives it) and *num_hosts how many
+ * hosts the communicator spans. ChainerMN's intra_rank, intra_size, inter_rank and inter_size;
+ * `device = local_rank` is the usual choice of GPU. Any pointer may be NULL. */
+MNCL_API mncl_status_t mncl_comm_host_info(mncl_comm_t comm, int *local_rank, int *local_size,
+                                           int *host_index, int *num_hosts);
 /* The backend's name ("naive"); the string lives as long as the process. */
 MNCL_API mncl_status_t mncl_comm_backend(mncl_comm_t comm, const char **name);
 

@@ -231,6 +231,8 @@ _SIGNATURES = {
         c_status, [c_handle, _I, _I, ctypes.POINTER(Config), ctypes.POINTER(c_handle)]),
     "mncl_comm_split_type": (
         c_status, [c_handle, _I, _I, ctypes.POINTER(Config), ctypes.POINTER(c_handle)]),
+    # MNCL_1.5: where this rank runs, by host.
+    "mncl_comm_host_info": (c_status, [c_handle] + [ctypes.POINTER(ctypes.c_int)] * 4),
     "mncl_test": (c_status, [c_handle, ctypes.POINTER(ctypes.c_int)]),
     "mncl_wait": (c_status, [c_handle, ctypes.c_int64]),
 }
@@ -251,6 +253,7 @@ _ADDED_IN = {
     "mncl_iscatterv": "1.3",
     "mncl_comm_split_config": "1.4",
     "mncl_comm_split_type": "1.4",
+    "mncl_comm_host_info": "1.5",
 }
 
 

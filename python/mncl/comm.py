@@ -46,7 +46,7 @@ from . import _lib
 from ._dtypes import dtype_code
 from ._cuda import CudaArray, address, call_stream, explicit_stream, is_cuda_array, public
 from ._lib import check, lib
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, NotSupportedError
 from ._objects import ObjectCollectives
 
 _OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "avg": 4}
@@ -452,6 +452,21 @@ class Communicator(ObjectCollectives):
         check(lib.mncl_comm_size(self._handle, ctypes.byref(s)))
         check(lib.mncl_comm_backend(self._handle, ctypes.byref(name)))
         self.rank, self.size, self.backend = r.value, s.value, name.value.decode()
+        # Where this rank runs, by host (mncl_comm_host_info, MNCL_1.5): None with an older
+        # library. ChainerMN's names are aliases: intra_rank, intra_size, inter_rank, inter_size.
+        self.local_rank = self.local_size = self.host_index = self.num_hosts = None
+        info = [ctypes.c_int() for _ in range(4)]
+        try:
+            check(lib.mncl_comm_host_info(self._handle, *(ctypes.byref(v) for v in info)))
+            self.local_rank, self.local_size, self.host_index, self.num_hosts = (
+                v.value for v in info)
+        except NotSupportedError:
+            pass
+
+    intra_rank = property(lambda self: self.local_rank, doc="ChainerMN's name of local_rank")
+    intra_size = property(lambda self: self.local_size, doc="ChainerMN's name of local_size")
+    inter_rank = property(lambda self: self.host_index, doc="ChainerMN's name of host_index")
+    inter_size = property(lambda self: self.num_hosts, doc="ChainerMN's name of num_hosts")
 
     # --- lifetime --------------------------------------------------------------------------
 

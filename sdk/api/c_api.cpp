@@ -24,7 +24,11 @@
 // The opaque handles of mncl.h.
 struct mncl_comm {
   explicit mncl_comm(std::shared_ptr<mncl::core::Comm> comm)
-      : impl(std::move(comm)), rank(impl->rank()), size(impl->size()), backend(impl->backend()) {}
+      : impl(std::move(comm)),
+        rank(impl->rank()),
+        size(impl->size()),
+        backend(impl->backend()),
+        hosts(impl->host_info()) {}
   // Calls of any thread inside this handle (Pinned): mncl_comm_destroy sets `closing`, then
   // waits for them to leave before it frees anything they use; a call that pins once
   // `closing` is set is refused. A handle's memory is never freed (retire()), so that a call
@@ -38,7 +42,8 @@ struct mncl_comm {
   // communicator).
   const int rank, size;
   const std::string backend;
-  mncl_comm *retired_next = nullptr;  // see retire()
+  const mncl::core::Comm::HostInfo hosts;  // mncl_comm_host_info's answer
+  mncl_comm *retired_next = nullptr;       // see retire()
 };
 struct mncl_request {
   std::shared_ptr<mncl::core::Operation> op;
@@ -460,6 +465,17 @@ MNCL_API mncl_status_t mncl_comm_size(mncl_comm_t comm, int *size) {
   return guard([&] {
     require_out(size, "mncl_comm_size", "size");
     *size = live_handle(comm, "mncl_comm_size").size;
+  });
+}
+
+MNCL_API mncl_status_t mncl_comm_host_info(mncl_comm_t comm, int *local_rank, int *local_size,
+                                           int *host_index, int *num_hosts) {
+  return guard([&] {
+    const auto &hosts = live_handle(comm, "mncl_comm_host_info").hosts;
+    if (local_rank != nullptr) *local_rank = hosts.local_rank;
+    if (local_size != nullptr) *local_size = hosts.local_size;
+    if (host_index != nullptr) *host_index = hosts.host_index;
+    if (num_hosts != nullptr) *num_hosts = hosts.num_hosts;
   });
 }
 

@@ -1945,20 +1945,35 @@ std::unique_ptr<Comm> Comm::split(int color, int key, const mncl_config_t *confi
   return split_impl(color, key, false, -1, config, fn, has_newcomm);
 }
 
+Comm::HostInfo Comm::host_info() const {
+  HostInfo info;
+  if (members_.size() <= static_cast<size_t>(rank_)) return info;  // not joined (one rank)
+  // Hosts numbered in order of their first rank: the same numbering on every rank.
+  std::vector<std::string> hosts;
+  for (const Member &m : members_) {
+    if (std::find(hosts.begin(), hosts.end(), m.host) == hosts.end()) hosts.push_back(m.host);
+  }
+  const std::string &mine = members_[static_cast<size_t>(rank_)].host;
+  info.num_hosts = static_cast<int>(hosts.size());
+  info.host_index = static_cast<int>(std::find(hosts.begin(), hosts.end(), mine) - hosts.begin());
+  info.local_rank = 0;
+  info.local_size = 0;
+  for (int r = 0; r < static_cast<int>(members_.size()); ++r) {
+    if (members_[static_cast<size_t>(r)].host != mine) continue;
+    ++info.local_size;
+    if (r < rank_) ++info.local_rank;
+  }
+  return info;
+}
+
 std::unique_ptr<Comm> Comm::split_type(int type, int key, const mncl_config_t *config,
                                        bool has_newcomm) {
   const char *fn = "mncl_comm_split_type";
   int color = 0;
   if (type == MNCL_SPLIT_TYPE_HOST) {
-    // Hosts numbered in order of their first rank: the same numbering on every rank.
-    std::vector<std::string> hosts;
-    for (const Member &m : members_) {
-      if (std::find(hosts.begin(), hosts.end(), m.host) == hosts.end()) hosts.push_back(m.host);
-    }
-    color = static_cast<int>(std::find(hosts.begin(), hosts.end(), members_[rank_].host) -
-                             hosts.begin());
+    color = host_info().host_index;
   } else if (type == MNCL_SPLIT_TYPE_CROSS_HOST) {
-    for (int r = 0; r < rank_; ++r) color += members_[r].host == members_[rank_].host ? 1 : 0;
+    color = host_info().local_rank;
   }
   // An unknown type is reported to every rank by split_impl.
   return split_impl(color, key, true, type, config, fn, has_newcomm);

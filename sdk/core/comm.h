@@ -94,6 +94,12 @@ class Comm {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // This rank's place by host (mncl_comm_host_info), from the members' hosts, as
+  // split_type(MNCL_SPLIT_TYPE_HOST) groups them.
+  struct HostInfo {
+    int local_rank = 0, local_size = 1, host_index = 0, num_hosts = 1;
+  };
+  HostInfo host_info() const;
   const std::string &backend() const { return plugin_->name(); }
   const std::string &id() const { return id_; }
   // The communicator as errors and warnings name it ("the world communicator"): its id ("w")

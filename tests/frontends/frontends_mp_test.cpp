@@ -1309,6 +1309,23 @@ TEST_F(Frontends, ModelParallelThereAndBackMatchesOneRank) {
   EXPECT_THROW(chain.add_link(links[1], rank(), std::nullopt), mncl::InvalidArgument);
 }
 
+// ChainerMN's intra_rank / intra_size / inter_rank / inter_size (the usual GPU choice), without
+// a collective call: the host split's rank and size, and the host's number.
+TEST_F(Frontends, IntraRankMatchesTheHostSplit) {
+  mncl::Communicator host = comm().split_host();
+  EXPECT_EQ(comm().intra_rank(), host.rank());
+  EXPECT_EQ(comm().intra_size(), host.size());
+  EXPECT_EQ(comm().local_rank(), host.rank());
+  mncl::Communicator cross = comm().split_cross_host();
+  EXPECT_EQ(comm().inter_size(), cross.size());
+  EXPECT_EQ(comm().num_hosts(), cross.size());
+  if (comm().intra_rank() == 0) {
+    EXPECT_EQ(comm().inter_rank(), cross.rank());  // group 0: every host's first rank
+  }
+  EXPECT_EQ(host.inter_size(), 1);
+  EXPECT_EQ(host.inter_rank(), 0);
+}
+
 // A rank has one output: a second link without rank_out is refused (forward returned only the
 // last one's output, and backward fed the loss gradient to both: wrong gradients, silently).
 TEST_F(Frontends, ModelParallelRefusesASecondOutput) {

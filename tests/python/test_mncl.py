@@ -641,6 +641,11 @@ sub.close()
 # by host (one host here unless MNCL_HOSTID says otherwise), on a backend of its own
 host = comm.split_host(backend="shm")
 expect(host.backend == "shm" and host.size == n and host.rank == r, "split_host")
+# One host here: this rank's place on it, as split_host gave it, without a collective call.
+expect((comm.local_rank, comm.local_size, comm.host_index, comm.num_hosts) == (r, n, 0, 1),
+       f"host info {(comm.local_rank, comm.local_size, comm.host_index, comm.num_hosts)}")
+expect((comm.intra_rank, comm.intra_size, comm.inter_rank, comm.inter_size) == (r, n, 0, 1),
+       "ChainerMN's intra_rank, intra_size, inter_rank, inter_size")
 expect(np.all(host.allreduce(np.array([r], dtype=np.int64)) == n * (n - 1) // 2),
        "allreduce on the host communicator")
 cross = comm.split_cross_host(timeout=5)

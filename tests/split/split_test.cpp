@@ -87,6 +87,43 @@ TEST(SplitType, HostGroupsKeepTheParentsBackend) {
   MNCL_OK_OR_FAIL(mncl_comm_destroy(host));
 }
 
+// mncl_comm_host_info (MNCL_1.5) tells, without a collective, what the host split gives: this
+// rank's place on its host, the host's size, the host's number, and how many hosts.
+TEST(SplitType, HostInfoAgreesWithTheHostSplit) {
+  int local_rank = -1, local_size = -1, host_index = -1, num_hosts = -1;
+  MNCL_OK_OR_FAIL(mncl_comm_host_info(g_world, &local_rank, &local_size, &host_index, &num_hosts));
+  const std::vector<int> host = host_members(g_rank);
+  EXPECT_EQ(local_rank,
+            static_cast<int>(std::find(host.begin(), host.end(), g_rank) - host.begin()));
+  EXPECT_EQ(local_size, static_cast<int>(host.size()));
+  EXPECT_EQ(host_index, g_rank / g_per_host);
+  EXPECT_EQ(num_hosts, (g_size + g_per_host - 1) / g_per_host);
+  // Each pointer may be NULL.
+  int only = -1;
+  MNCL_OK_OR_FAIL(mncl_comm_host_info(g_world, nullptr, nullptr, nullptr, &only));
+  EXPECT_EQ(only, num_hosts);
+  MNCL_OK_OR_FAIL(mncl_comm_host_info(g_world, nullptr, nullptr, nullptr, nullptr));
+  // The same answer as the host split's rank and size, and as the cross-host split's color.
+  mncl_comm_t split = nullptr;
+  MNCL_OK_OR_FAIL(mncl_comm_split_type(g_world, MNCL_SPLIT_TYPE_HOST, 0, nullptr, &split));
+  int rank = -1, size = -1;
+  MNCL_OK_OR_FAIL(mncl_comm_rank(split, &rank));
+  MNCL_OK_OR_FAIL(mncl_comm_size(split, &size));
+  EXPECT_EQ(rank, local_rank);
+  EXPECT_EQ(size, local_size);
+  // On the host group itself: one host, this rank's place in it.
+  int sub_rank = -1, sub_size = -1, sub_host = -1, sub_hosts = -1;
+  MNCL_OK_OR_FAIL(mncl_comm_host_info(split, &sub_rank, &sub_size, &sub_host, &sub_hosts));
+  EXPECT_EQ(sub_rank, rank);
+  EXPECT_EQ(sub_size, size);
+  EXPECT_EQ(sub_host, 0);
+  EXPECT_EQ(sub_hosts, 1);
+  MNCL_OK_OR_FAIL(mncl_comm_destroy(split));
+  // A destroyed or garbage handle is refused.
+  EXPECT_EQ(mncl_comm_host_info(split, &only, nullptr, nullptr, nullptr),
+            MNCL_ERR_INVALID_ARGUMENT);
+}
+
 TEST(SplitType, CrossHostGroupsOneRankPerHost) {
   mncl_comm_t cross = nullptr;
   MNCL_OK_OR_FAIL(mncl_comm_split_type(g_world, MNCL_SPLIT_TYPE_CROSS_HOST, 0, nullptr, &cross));

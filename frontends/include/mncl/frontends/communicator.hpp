@@ -245,6 +245,18 @@ class Communicator {
     check(mncl_comm_backend(comm_, &name), "mncl_comm_backend");
     return name ? name : "";
   }
+  // Where this rank runs, by host, without a collective call (mncl_comm_host_info): its place
+  // among its host's ranks (the usual GPU: device = local_rank()), how many share the host, the
+  // host's number and how many hosts; ChainerMN's intra_rank, intra_size, inter_rank and
+  // inter_size.
+  int local_rank() const { return host_info().local_rank; }
+  int local_size() const { return host_info().local_size; }
+  int host_index() const { return host_info().host_index; }
+  int num_hosts() const { return host_info().num_hosts; }
+  int intra_rank() const { return local_rank(); }
+  int intra_size() const { return local_size(); }
+  int inter_rank() const { return host_index(); }
+  int inter_size() const { return num_hosts(); }
   std::size_t max_message_bytes() const noexcept { return max_message_bytes_; }
   // Which group of the job this communicator is, the same on its ranks and different from any
   // other group's (the checkpointer names its files by it): "" for the whole job (made by the
@@ -952,6 +964,17 @@ class Communicator {
   }
 
   mncl_comm_t comm_ = nullptr;
+  struct HostInfo {
+    int local_rank = 0, local_size = 0, host_index = 0, num_hosts = 0;
+  };
+  HostInfo host_info() const {
+    HostInfo info;
+    check(mncl_comm_host_info(comm_, &info.local_rank, &info.local_size, &info.host_index,
+                              &info.num_hosts),
+          "mncl_comm_host_info");
+    return info;
+  }
+
   int rank_ = 0;
   int size_ = 0;
   std::size_t max_message_bytes_ = kDefaultMaxMessageBytes;
