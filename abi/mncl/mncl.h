@@ -249,8 +249,10 @@ MNCL_API mncl_status_t mncl_comm_size(mncl_comm_t comm, int *size);
  * ranks of its host (in rank order: its rank in the MNCL_SPLIT_TYPE_HOST communicator with equal
  * keys), *local_size how many ranks share that host, *host_index its host's number (hosts in the
  * order of their first rank: the color MNCL_SPLIT_TYPE_HOST gives it) and *num_hosts how many
- * hosts the communicator spans. ChainerMN's intra_rank, intra_size, inter_rank and inter_size;
- * `device = local_rank` is the usual choice of GPU. Any pointer may be NULL. */
+ * hosts the communicator spans. ChainerMN's intra_rank, intra_size, inter_rank and inter_size.
+ * Hosts are told apart by MNCL_HOSTID, as by the split; the default device follows the
+ * launcher's local rank where one is given (LOCAL_RANK...), which may differ. Any pointer may be
+ * NULL. */
 MNCL_API mncl_status_t mncl_comm_host_info(mncl_comm_t comm, int *local_rank, int *local_size,
                                            int *host_index, int *num_hosts);
 /* The backend's name ("naive"); the string lives as long as the process. */

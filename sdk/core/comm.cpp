@@ -20,6 +20,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <unordered_map>
 
 #include "bootstrap/memory_store.h"
 #include "common/coll.h"   // the plugin kit: kit::make_coll, kit::make_batch_coll
@@ -1949,13 +1950,11 @@ Comm::HostInfo Comm::host_info() const {
   HostInfo info;
   if (members_.size() <= static_cast<size_t>(rank_)) return info;  // not joined (one rank)
   // Hosts numbered in order of their first rank: the same numbering on every rank.
-  std::vector<std::string> hosts;
-  for (const Member &m : members_) {
-    if (std::find(hosts.begin(), hosts.end(), m.host) == hosts.end()) hosts.push_back(m.host);
-  }
+  std::unordered_map<std::string, int> hosts;
+  for (const Member &m : members_) hosts.emplace(m.host, static_cast<int>(hosts.size()));
   const std::string &mine = members_[static_cast<size_t>(rank_)].host;
   info.num_hosts = static_cast<int>(hosts.size());
-  info.host_index = static_cast<int>(std::find(hosts.begin(), hosts.end(), mine) - hosts.begin());
+  info.host_index = hosts.at(mine);
   info.local_rank = 0;
   info.local_size = 0;
   for (int r = 0; r < static_cast<int>(members_.size()); ++r) {

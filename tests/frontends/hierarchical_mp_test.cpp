@@ -258,6 +258,12 @@ TEST_F(Hierarchical, SplitsFollowTheHosts) {
 
 TEST_F(Hierarchical, RanksSizesAndBackendsFollowTheLayout) {
   const int host = layout_.host(rank()), position = layout_.position(rank());
+  // The plain communicator says the same without a split (mncl_comm_host_info), also for hosts
+  // of different sizes and hosts whose ranks are not consecutive.
+  EXPECT_EQ(world().intra_rank(), position);
+  EXPECT_EQ(world().intra_size(), layout_.host_size(host));
+  EXPECT_EQ(world().inter_rank(), host);
+  EXPECT_EQ(world().inter_size(), layout_.num_hosts());
   for_each_algorithm([&](mncl::HierarchicalCommunicator &h) {
     EXPECT_EQ(h.rank(), rank());
     EXPECT_EQ(h.size(), world().size());

@@ -103,7 +103,7 @@ TEST(SplitType, HostInfoAgreesWithTheHostSplit) {
   MNCL_OK_OR_FAIL(mncl_comm_host_info(g_world, nullptr, nullptr, nullptr, &only));
   EXPECT_EQ(only, num_hosts);
   MNCL_OK_OR_FAIL(mncl_comm_host_info(g_world, nullptr, nullptr, nullptr, nullptr));
-  // The same answer as the host split's rank and size, and as the cross-host split's color.
+  // The same answer as the host split's rank and size.
   mncl_comm_t split = nullptr;
   MNCL_OK_OR_FAIL(mncl_comm_split_type(g_world, MNCL_SPLIT_TYPE_HOST, 0, nullptr, &split));
   int rank = -1, size = -1;
@@ -119,7 +119,7 @@ TEST(SplitType, HostInfoAgreesWithTheHostSplit) {
   EXPECT_EQ(sub_host, 0);
   EXPECT_EQ(sub_hosts, 1);
   MNCL_OK_OR_FAIL(mncl_comm_destroy(split));
-  // A destroyed or garbage handle is refused.
+  // A destroyed handle is refused.
   EXPECT_EQ(mncl_comm_host_info(split, &only, nullptr, nullptr, nullptr),
             MNCL_ERR_INVALID_ARGUMENT);
 }

@@ -246,9 +246,8 @@ class Communicator {
     return name ? name : "";
   }
   // Where this rank runs, by host, without a collective call (mncl_comm_host_info): its place
-  // among its host's ranks (the usual GPU: device = local_rank()), how many share the host, the
-  // host's number and how many hosts; ChainerMN's intra_rank, intra_size, inter_rank and
-  // inter_size.
+  // among its host's ranks, how many share the host, the host's number and how many hosts;
+  // ChainerMN's intra_rank, intra_size, inter_rank and inter_size.
   int local_rank() const { return host_info().local_rank; }
   int local_size() const { return host_info().local_size; }
   int host_index() const { return host_info().host_index; }
