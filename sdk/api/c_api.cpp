@@ -24,11 +24,7 @@
 // The opaque handles of mncl.h.
 struct mncl_comm {
   explicit mncl_comm(std::shared_ptr<mncl::core::Comm> comm)
-      : impl(std::move(comm)),
-        rank(impl->rank()),
-        size(impl->size()),
-        backend(impl->backend()),
-        hosts(impl->host_info()) {}
+      : impl(std::move(comm)), rank(impl->rank()), size(impl->size()), backend(impl->backend()) {}
   // Calls of any thread inside this handle (Pinned): mncl_comm_destroy sets `closing`, then
   // waits for them to leave before it frees anything they use; a call that pins once
   // `closing` is set is refused. A handle's memory is never freed (retire()), so that a call
@@ -42,8 +38,8 @@ struct mncl_comm {
   // communicator).
   const int rank, size;
   const std::string backend;
-  const mncl::core::Comm::HostInfo hosts;  // mncl_comm_host_info's answer
-  mncl_comm *retired_next = nullptr;       // see retire()
+  mncl_comm *retired_next = nullptr;  // see retire()
+  // Keep the handle this small: every byte of it is kept for each communicator ever made.
 };
 struct mncl_request {
   std::shared_ptr<mncl::core::Operation> op;
@@ -471,7 +467,9 @@ MNCL_API mncl_status_t mncl_comm_size(mncl_comm_t comm, int *size) {
 MNCL_API mncl_status_t mncl_comm_host_info(mncl_comm_t comm, int *local_rank, int *local_size,
                                            int *host_index, int *num_hosts) {
   return guard([&] {
-    const auto &hosts = live_handle(comm, "mncl_comm_host_info").hosts;
+    // Pinned, not from the handle: a handle is kept for good once destroyed (retire()), so
+    // every byte added to it is kept per communicator ever made (fault.leak_cycles).
+    const mncl::core::Comm::HostInfo hosts = comm_of(comm, "mncl_comm_host_info")->host_info();
     if (local_rank != nullptr) *local_rank = hosts.local_rank;
     if (local_size != nullptr) *local_size = hosts.local_size;
     if (host_index != nullptr) *host_index = hosts.host_index;

@@ -1415,18 +1415,25 @@ int drive_abort(const Options &o) {
 // A rank destroys the communicator while the others wait for its part: each must fail with
 // REMOTE naming it as one that destroyed the communicator (it issues nothing more), not wait
 // out the timeout (run with a long one), on every backend.
+// The results of a job whose last rank leaves the others waiting; that rank's own (MNCL_OK),
+// or null with why not in *why.
+const Event *last_rank_leaves(Job &job, const Options &o, std::string *why) {
+  job.results_from(survivors(o.ranks, -1), o.timeout_s + 30);
+  const auto mine = job.results().find(o.ranks - 1);
+  if (mine == job.results().end() || mine->second.status != MNCL_OK) {
+    *why = mine == job.results().end() ? "never returned" : status_name(mine->second.status);
+    return nullptr;
+  }
+  return &mine->second;
+}
+
 int drive_destroyed_peer(const Options &o) {
   const std::string name = test_name(o, "destroyed_peer");
   Job job(o, o.ranks, {});
   const int leaver = o.ranks - 1;
-  job.results_from(survivors(o.ranks, -1), o.timeout_s + 30);
-  const auto mine = job.results().find(leaver);
-  if (mine == job.results().end() || mine->second.status != MNCL_OK) {
-    return report(
-        name, o, false,
-        fmt("rank %d %s", leaver,
-            mine == job.results().end() ? "never reported" : status_name(mine->second.status)));
-  }
+  std::string why;
+  const Event *mine = last_rank_leaves(job, o, &why);
+  if (mine == nullptr) return report(name, o, false, fmt("rank %d %s", leaver, why.c_str()));
   int named = 0;
   double latest = 0;
   std::string problems;
@@ -1442,7 +1449,7 @@ int drive_destroyed_peer(const Options &o) {
                        m.find(fmt("rank %d (pid", leaver)) != std::string::npos &&
                        m.find("destroyed the communicator") != std::string::npos;
     named += names ? 1 : 0;
-    latest = std::max(latest, seconds(it->second.t - mine->second.t));
+    latest = std::max(latest, seconds(it->second.t - mine->t));
     if (!names) problems += fmt(" rank %d: %s: %s;", r, status_name(it->second.status), m.c_str());
   }
   if (!problems.empty()) std::fprintf(stderr, "%s:%s\n", name.c_str(), problems.c_str());
@@ -1463,15 +1470,12 @@ int drive_aborted_peer(const Options &o) {
   const std::string name = test_name(o, "aborted_peer");
   Job job(o, o.ranks, {});
   const int aborter = o.ranks - 1;
-  job.results_from(survivors(o.ranks, -1), o.timeout_s + 30);
-  const auto mine = job.results().find(aborter);
-  if (mine == job.results().end() || mine->second.status != MNCL_OK) {
-    return report(
-        name, o, false,
-        fmt("rank %d's mncl_comm_abort %s", aborter,
-            mine == job.results().end() ? "never returned" : status_name(mine->second.status)));
+  std::string why;
+  const Event *mine = last_rank_leaves(job, o, &why);
+  if (mine == nullptr) {
+    return report(name, o, false, fmt("rank %d's mncl_comm_abort %s", aborter, why.c_str()));
   }
-  const int64_t t_abort = mine->second.t;
+  const int64_t t_abort = mine->t;
   int named = 0;
   double latest = 0;
   bool ok = true;
