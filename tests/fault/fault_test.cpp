@@ -606,22 +606,10 @@ int worker_last_rank_leaves(Worker &w) {
   mncl_status_t st = MNCL_OK;
   if (!create_and_meet(w, &comm, &st)) return 3;
   const int last = w.size - 1;
-  if (destroys) {
-    std::vector<float> buf(1000, 1.0f);
-    if (w.rank == last) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(500));  // they wait
-      const int64_t t = now_ns();
-      w.result(st, t);
-      if (st == MNCL_OK) mncl_comm_destroy(comm);
-      return 0;
-    }
-    if (st == MNCL_OK) {
-      st =
-          mncl_allreduce(comm, buf.data(), buf.data(), buf.size(), MNCL_FLOAT32, MNCL_SUM, nullptr);
-    }
-    w.result(st, now_ns(), "-", mncl_last_error());
-    mncl_comm_abort(comm);  // the documented way out after a failure
-    mncl_comm_destroy(comm);
+  if (destroys && w.rank == last) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // they wait
+    w.result(st, now_ns());
+    if (st == MNCL_OK) mncl_comm_destroy(comm);
     return 0;
   }
   if (w.rank == last) {
@@ -637,7 +625,7 @@ int worker_last_rank_leaves(Worker &w) {
     mncl_comm_destroy(comm);
     return 0;
   }
-  if (aborts) {
+  if (aborts || destroys) {  // the others wait for the last rank's part
     std::vector<float> buf(1000, 1.0f);
     if (st == MNCL_OK) {
       st =
