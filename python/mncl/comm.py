@@ -42,7 +42,7 @@ from decimal import Decimal
 
 import numpy as np
 
-from . import _lib
+from . import _lib, training
 from ._dtypes import dtype_code
 from ._cuda import CudaArray, address, call_stream, explicit_stream, is_cuda_array, public
 from ._lib import check, lib
@@ -428,9 +428,14 @@ class Communicator(ObjectCollectives):
     it. See the module docstring."""
 
     def __init__(self, backend=None, rank=None, size=None, bootstrap=None, timeout=None,
-                 device=None, _handle=None):
+                 device=None, _handle=None, _group_path=None):
+        # Which group of the job this is, as the C++ Communicator::group_path() says it (the
+        # checkpointer's file names): "" for the world, the parent's path plus "s<i>c<color>"
+        # for its i-th split, None where unknown (split_host, split_cross_host).
+        self.group_path, self._splits = "", 0
         if _handle is not None:
             self._handle = _handle
+            self.group_path = _group_path
         else:
             cfg = _lib.Config(
                 ctypes.sizeof(_lib.Config),
@@ -516,9 +521,18 @@ class Communicator(ObjectCollectives):
         """Collective: ranks with the same color form a new communicator ordered by (key,
         rank); color None (MNCL_SPLIT_NONE) joins none and returns None."""
         handle = _lib.c_handle()
+        path = self._split_path(color)
         check(lib.mncl_comm_split(self._live(), -1 if color is None else color, key,
                                   ctypes.byref(handle)))
-        return Communicator(_handle=handle) if handle.value else None
+        return Communicator(_handle=handle, _group_path=path) if handle.value else None
+
+    def _split_path(self, color):
+        """The group path of this communicator's next split (counted whether it succeeds or
+        not, as the C++ frontends count)."""
+        index, self._splits = self._splits, self._splits + 1
+        if self.group_path is None or color is None:
+            return None
+        return f"{self.group_path}s{index}c{color}"
 
     def split_config(self, color, key=0, backend=None, timeout=None, device=None):
         """split() whose new communicator has its own settings (mncl_comm_split_config):
@@ -526,9 +540,10 @@ class Communicator(ObjectCollectives):
         timeout in seconds, device; None keeps the parent's."""
         handle = _lib.c_handle()
         cfg = _split_config(backend, timeout, device)
+        path = self._split_path(color)
         check(lib.mncl_comm_split_config(self._live(), -1 if color is None else color, key,
                                          ctypes.byref(cfg), ctypes.byref(handle)))
-        return Communicator(_handle=handle) if handle.value else None
+        return Communicator(_handle=handle, _group_path=path) if handle.value else None
 
     def split_host(self, key=0, backend=None, timeout=None, device=None):
         """Collective: the ranks on this rank's host (mncl_comm_split_type HOST; hosts are told
@@ -543,6 +558,7 @@ class Communicator(ObjectCollectives):
     def _split_type(self, split_type, key, backend, timeout, device):
         handle = _lib.c_handle()
         cfg = _split_config(backend, timeout, device)
+        self._split_path(None)  # counted; the library picks the group, so its path is unknown
         check(lib.mncl_comm_split_type(self._live(), split_type, key, ctypes.byref(cfg),
                                        ctypes.byref(handle)))
         return Communicator(_handle=handle)
@@ -998,3 +1014,16 @@ class Communicator(ObjectCollectives):
         return self._start(lib.mncl_iallreduce_coalesced,
                            self._coalesced_call(sendbufs, recvbufs, op, dtype,
                                                 "iallreduce_coalesced"), stream=stream)
+
+    # --- ChainerMN's training helpers (mncl/training.py) -----------------------------------
+
+    def bcast_data(self, arrays, root=0):
+        """Collective: the root's arrays (a list: parameters) copied into every rank's, in
+        place; see mncl.training.bcast_data."""
+        return training.bcast_data(self, arrays, root)
+
+    def multi_node_mean_grad(self, grads, *, grad_dtype=None):
+        """Collective: each gradient (a list of arrays) replaced by its mean over the ranks, in
+        place; grad_dtype="float16"/"bfloat16" sends them at half the bytes. See
+        mncl.training.multi_node_mean_grad."""
+        return training.multi_node_mean_grad(self, grads, grad_dtype=grad_dtype)

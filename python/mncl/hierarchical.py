@@ -19,6 +19,7 @@ from ._dtypes import BFLOAT16, CODES, from_bfloat16_bits, to_bfloat16_bits
 from .comm import _OPS, _input, _matching_output, _op_code
 from ._cuda import is_cuda_array
 from .errors import InvalidArgumentError, MnclError, RemoteError
+from . import training
 
 _ALGORITHMS = ("hierarchical", "two_dimensional")
 _SUM, _AVG = _OPS["sum"], _OPS["avg"]
@@ -85,6 +86,22 @@ class HierarchicalCommunicator:
 
     def allreduce_obj(self, obj, op="sum", max_buf_len=None):
         return self.world.allreduce_obj(obj, op, max_buf_len)
+
+    # ChainerMN's training helpers: gradients through the hierarchy, the rest on the world.
+    _host_only = "a HierarchicalCommunicator takes host memory only"
+
+    def bcast_data(self, arrays, root=0):
+        return self.world.bcast_data(arrays, root)
+
+    def multi_node_mean_grad(self, grads, *, grad_dtype=None):
+        """As Communicator.multi_node_mean_grad (host arrays), with one allreduce per dtype
+        through the hierarchy."""
+        return training.multi_node_mean_grad(self, grads, grad_dtype=grad_dtype)
+
+    @property
+    def group_path(self):
+        """The world's (its rank and size are the world's): for a Checkpointer."""
+        return self.world.group_path
 
     @property
     def intra_rank(self):

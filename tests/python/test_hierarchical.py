@@ -3,7 +3,8 @@ argument): the layout it sees, and allreduce by both algorithms against exact ex
 every op, several dtypes and counts, in and out of place; float16 AVG that would overflow as a
 16-bit partial sum; the closed error after close(); a `with` block left by an exception on one
 rank, which aborts rather than holds up its host; a group failing on one host; hosts of
-different sizes refused by two_dimensional on every rank. Exits 77 (skipped) without NumPy."""
+different sizes refused by two_dimensional on every rank; multi_node_mean_grad and bcast_data
+through it. Exits 77 (skipped) without NumPy."""
 
 import os
 import sys
@@ -97,6 +98,21 @@ for algorithm in algorithms:
                       "recvbuf of another size", "elements")
         expect_raises(mncl.InvalidArgumentError, lambda: h.allreduce(np.zeros(2), op=9),
                       "op 9", "unknown reduction")
+        # ChainerMN's training helpers: gradients averaged through the hierarchy, in place
+        # (rank q contributes q + 1, so the mean is (n + 1) / 2), parameters from the world.
+        grads = [np.full((2, 3), r + 1.0, np.float32), np.full(4, 2.0 * (r + 1))]
+        expect(h.multi_node_mean_grad(grads) is grads and
+               np.all(grads[0] == np.float32((n + 1) / 2)) and np.all(grads[1] == n + 1.0),
+               f"{algorithm}: multi_node_mean_grad")
+        grads = [np.full(3, r + 1.0, np.float32)]
+        h.multi_node_mean_grad(grads, grad_dtype="bfloat16")
+        expect(np.all(grads[0] == np.float32((n + 1) / 2)),
+               f"{algorithm}: multi_node_mean_grad through bfloat16")
+        params = [np.full(2, float(r)), np.arange(3, dtype=np.int32) * r]
+        h.bcast_data(params, root=n - 1)
+        expect(np.all(params[0] == n - 1.0) and np.array_equal(params[1], np.arange(3) * (n - 1)),
+               f"{algorithm}: bcast_data")
+        expect(h.group_path == "", f"{algorithm}: the world's group path")
     # Closed (by the with block): the package's "closed" error, not an AttributeError of None.
     expect_raises(ValueError, lambda: h.allreduce(np.ones(2)),
                   f"{algorithm}: allreduce after close", "closed")
