@@ -34,6 +34,29 @@ namespace {
 
 using mncl::Span;
 
+// `call` on every rank, where rank `culprit` fails on its own (a tensor the layer cannot take,
+// an object it cannot serialize): it must throw LocalError there, whose message holds
+// `culprit_says`, and RemoteError holding `others_say` everywhere else (default: "rank(s) N",
+// the layers' wording).
+template <class LocalError = mncl::InvalidArgument, class Call>
+void expect_fails_together(Call &&call, int culprit, const std::string &what,
+                           std::string others_say = {}, const std::string &culprit_says = {}) {
+  if (others_say.empty()) others_say = "rank(s) " + std::to_string(culprit);
+  const bool guilty = spmd::world().rank() == culprit;
+  try {
+    call();
+    ADD_FAILURE() << what << " returned although rank " << culprit << " failed";
+  } catch (const mncl::RemoteError &e) {  // first: it may derive from LocalError
+    EXPECT_FALSE(guilty) << what << ": " << e.what();
+    EXPECT_NE(std::string(e.what()).find(others_say), std::string::npos)
+        << what << ": " << e.what();
+  } catch (const LocalError &e) {
+    EXPECT_TRUE(guilty) << what << ": " << e.what();
+    EXPECT_NE(std::string(e.what()).find(culprit_says), std::string::npos)
+        << what << ": " << e.what();
+  }
+}
+
 class Frontends : public ::testing::Test {
  protected:
   void SetUp() override { ASSERT_NE(spmd::world_pointer(), nullptr); }
@@ -400,17 +423,8 @@ TEST_F(Frontends, BcastObjFailureOnTheRootFailsEveryRank) {
   const int root = size() - 1;
   FailsToSerialize obj;
   const auto start = std::chrono::steady_clock::now();
-  if (rank() == root) {
-    EXPECT_THROW(comm().bcast_obj(obj, root), mncl::SerializationError);
-  } else {
-    try {
-      comm().bcast_obj(obj, root);
-      ADD_FAILURE() << "bcast_obj returned although the root failed";
-    } catch (const mncl::RemoteError &e) {
-      EXPECT_NE(std::string(e.what()).find("root " + std::to_string(root)), std::string::npos)
-          << e.what();
-    }
-  }
+  expect_fails_together<mncl::SerializationError>([&] { comm().bcast_obj(obj, root); }, root,
+                                                  "bcast_obj", "root " + std::to_string(root));
   // Well within the test's 20 s communicator timeout.
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
   EXPECT_EQ(comm().allreduce_value(1), size());
@@ -452,16 +466,12 @@ TEST_F(Frontends, ObjectCollectivesInSmallChunks) {
   // A root that passes the wrong number of objects throws, and every other rank with it (they
   // once waited for the timeout); the communicator works on.
   const int last = size() - 1;
-  try {
-    comm().scatter_obj(rank() == last ? std::vector<int>(size() + 1, 7) : std::vector<int>{}, last);
-    ADD_FAILURE() << "scatter_obj took " << size() + 1 << " objects for " << size() << " ranks";
-  } catch (const mncl::RemoteError &e) {
-    EXPECT_NE(rank(), last) << e.what();
-    EXPECT_NE(std::string(e.what()).find("root " + std::to_string(last)), std::string::npos)
-        << e.what();
-  } catch (const mncl::InvalidArgument &e) {
-    EXPECT_EQ(rank(), last) << e.what();
-  }
+  expect_fails_together(
+      [&] {
+        comm().scatter_obj(rank() == last ? std::vector<int>(size() + 1, 7) : std::vector<int>{},
+                           last);
+      },
+      last, "scatter_obj of one object too many", "root " + std::to_string(last));
   EXPECT_EQ(comm().scatter_obj(parts, 0), std::vector<int>(rank(), rank()));
 
   if (size() > 1) {  // a ring of point-to-point objects
@@ -880,17 +890,9 @@ TEST_F(Frontends, ScatterDatasetFailsEveryRankTogether) {
     const FailingDataset dataset{mncl::shard_range(10, size(), failing_rank).begin};
     mncl::ScatterOptions options;
     options.root = root;
-    try {
-      mncl::scatter_dataset(dataset, comm(), options);
-      ADD_FAILURE() << "no rank may return a shard when the root failed";
-    } catch (const mncl::RemoteError &e) {
-      EXPECT_NE(rank(), root) << e.what();
-      EXPECT_NE(std::string(e.what()).find("root " + std::to_string(root)), std::string::npos)
-          << e.what();
-    } catch (const std::runtime_error &e) {
-      EXPECT_EQ(rank(), root) << e.what();
-      EXPECT_NE(std::string(e.what()).find("is bad"), std::string::npos) << e.what();
-    }
+    expect_fails_together<std::runtime_error>(
+        [&] { mncl::scatter_dataset(dataset, comm(), options); }, root, "scatter_dataset",
+        "root " + std::to_string(root), "is bad");
   }
   EXPECT_EQ(comm().allreduce_value(1), size());
 }
@@ -1813,23 +1815,6 @@ std::vector<float> block_of(const std::vector<float> &m, std::size_t cols, std::
     out.insert(out.end(), m.begin() + long(r * cols + c0), m.begin() + long(r * cols + c1));
   }
   return out;
-}
-
-// `call` on every rank, where rank `culprit` passed a tensor the layer cannot take: it must
-// throw InvalidArgument there and RemoteError naming it everywhere else.
-template <class Call>
-void expect_fails_together(Call &&call, int culprit, const char *what) {
-  const bool guilty = spmd::world().rank() == culprit;
-  try {
-    call();
-    ADD_FAILURE() << what << " took a bad tensor";
-  } catch (const mncl::InvalidArgument &e) {
-    EXPECT_TRUE(guilty) << what << ": " << e.what();
-  } catch (const mncl::RemoteError &e) {
-    EXPECT_FALSE(guilty) << what << ": " << e.what();
-    EXPECT_NE(std::string(e.what()).find("rank(s) " + std::to_string(culprit)), std::string::npos)
-        << what << ": " << e.what();
-  }
 }
 
 // The Megatron MLP block (column-parallel, ReLU, row-parallel) equals Dense, ReLU, Dense on
