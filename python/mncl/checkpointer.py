@@ -23,6 +23,7 @@ decodes but does not fit this run) raises InvalidArgumentError on every rank, wi
 deleted and no older snapshot loaded in its place.
 """
 
+import operator
 import os
 import pickle
 import re
@@ -56,7 +57,7 @@ class Checkpointer:
         if not name or "/" in name:
             raise InvalidArgumentError(f"mncl: Checkpointer: the name {name!r} must be "
                                        f"non-empty without '/'")
-        if int(keep) < 1:
+        if operator.index(keep) < 1:
             raise InvalidArgumentError("mncl: Checkpointer: keep must be at least 1")
         if group and not re.fullmatch(r"[A-Za-z0-9_-]+", group):
             raise InvalidArgumentError(f"mncl: Checkpointer: the group {group!r} may only hold "
@@ -87,7 +88,7 @@ class Checkpointer:
         return f"{self.name}.{group}{self.comm.rank}."
 
     def path(self, iteration):
-        return os.path.join(self.directory, f"{self._prefix()}{int(iteration)}")
+        return os.path.join(self.directory, f"{self._prefix()}{operator.index(iteration)}")
 
     def _listed(self, temporaries=None):
         """Iterations of this rank's snapshot files, sorted, verified or not; the paths of its
@@ -202,11 +203,11 @@ class Checkpointer:
         self.save_bytes(iteration, pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
 
     def save_bytes(self, iteration, payload):
-        iteration = int(iteration)
+        iteration = operator.index(iteration)
         if not 0 <= iteration <= _MAX_ITERATION:
             raise InvalidArgumentError(f"mncl: Checkpointer.save: iteration {iteration} is not "
                                        f"a uint64")
-        payload = bytes(payload)
+        payload = memoryview(payload).tobytes()  # bytes-like only (bytes(5) is five zeros)
         group = self.group.encode()
         head = _HEADER.pack(_MAGIC, _GROUP_VERSION if group else _WHOLE_JOB_VERSION,
                             self.comm.rank, self.comm.size, len(group), iteration, len(payload),
@@ -270,8 +271,8 @@ class Checkpointer:
         loads, or None (nothing to resume). state is the unpickled object, or load(that object)
         when load is given: a load that raises ValueError refuses the snapshot for this run's
         settings (InvalidArgumentError on every rank, nothing deleted, no older one loaded);
-        any other exception, like a payload that does not unpickle, counts as a snapshot this
-        rank cannot load, and the ranks try an older one. When no older one loads everywhere
+        a payload that does not unpickle, or another exception from load, counts as a snapshot
+        this rank cannot load, and the ranks try an older one. When no older one loads everywhere
         after some rank's load ran, every rank raises CheckpointError (their states may
         differ). Raises CheckpointError on every rank when nothing can be resumed but
         snapshots of a job of another size are there."""
@@ -287,6 +288,10 @@ class Checkpointer:
                 ran = 1
                 try:
                     state = pickle.loads(payload)
+                except Exception as e:  # noqa: BLE001 (does not decode: an older one may)
+                    why, payload = f"does not unpickle: {type(e).__name__}: {e}", None
+            if payload is not None:
+                try:
                     if load is not None:
                         state = load(state)
                     loaded = 1

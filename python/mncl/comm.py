@@ -35,6 +35,7 @@ nothing.
 
 import ctypes
 import math
+import operator
 import os
 import signal
 import threading
@@ -532,6 +533,10 @@ class Communicator(ObjectCollectives):
         index, self._splits = self._splits, self._splits + 1
         if self.group_path is None or color is None:
             return None
+        try:
+            color = operator.index(color)  # True is color 1, as the C call takes it
+        except TypeError:
+            pass  # the C call refuses it
         return f"{self.group_path}s{index}c{color}"
 
     def split_config(self, color, key=0, backend=None, timeout=None, device=None):

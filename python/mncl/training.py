@@ -12,10 +12,11 @@ pass different layouts, InvalidArgumentError naming them on every rank; nothing 
 """
 
 import hashlib
+import operator
 
 import numpy as np
 
-from ._cuda import is_cuda_array
+from ._cuda import CudaArray, is_cuda_array
 from ._dtypes import from_bfloat16_bits, to_bfloat16_bits
 from ._objects import _fail_together
 from .errors import InvalidArgumentError, RemoteError
@@ -30,17 +31,20 @@ def _is_float(dtype):
 
 def _layout(arrays, what, host_only):
     """(list of arrays, their layout as a tuple) for this rank's arrays; raises TypeError or
-    ValueError naming the first array refused."""
+    ValueError naming the first array refused. Checks what the library would refuse on this
+    rank alone (contiguity, writeability, a CUDA array's interface, arrays sharing memory), so
+    that it is refused before the ranks agree, never after."""
     if isinstance(arrays, np.ndarray) or is_cuda_array(arrays):
         raise TypeError(f"mncl: {what} takes a list of arrays, not one array")
     arrays = list(arrays)
-    layout = []
+    layout, extents = [], []
     for i, a in enumerate(arrays):
         if is_cuda_array(a):
             if host_only:
                 raise TypeError(f"mncl: {what}: array {i} is a CUDA array; {host_only}")
-            iface = a.__cuda_array_interface__
-            layout.append(("cuda", iface["typestr"], tuple(iface["shape"])))
+            cuda = CudaArray(a, f"{what}: array {i}", writeable=True)
+            layout.append(("cuda", cuda.dtype.str, cuda.shape))
+            extents.append((cuda.ptr, cuda.nbytes, i, "cuda"))
             continue
         if not isinstance(a, np.ndarray):
             raise TypeError(f"mncl: {what}: array {i} is a {type(a).__name__}, not a NumPy or "
@@ -49,6 +53,14 @@ def _layout(arrays, what, host_only):
             raise ValueError(f"mncl: {what}: array {i} must be C-contiguous and writeable "
                              f"(its values are replaced in place)")
         layout.append((a.dtype.name, a.dtype.str, a.shape))
+        extents.append((a.ctypes.data, a.nbytes, i, "host"))
+    # Each array is written in place once: two that share memory (one array listed twice,
+    # overlapping views) would be averaged into each other.
+    extents = sorted(e for e in extents if e[1] > 0)
+    for (start, size, i, kind), (next_start, _, j, next_kind) in zip(extents, extents[1:]):
+        if kind == next_kind and next_start < start + size:
+            raise ValueError(f"mncl: {what}: arrays {min(i, j)} and {max(i, j)} share memory "
+                             f"(one array listed twice, or overlapping views)")
     return arrays, tuple(layout)
 
 
@@ -58,7 +70,7 @@ def _digest(layout):
     return int.from_bytes(raw, "little") >> 1
 
 
-def _agree(world, what, layout, error, reference):
+def _agree(world, what, layout, error, reference=0):
     """Collective over world: raises on every rank when some rank's arguments were refused
     (error, its own, raised there) or when the layouts differ from rank `reference`'s."""
     mine = np.array([0 if error is None else 1, 0 if error is not None else _digest(layout)],
@@ -109,15 +121,15 @@ def bcast_data(comm, arrays, root=0):
     what = "bcast_data"
     layout, error = None, None
     try:
-        if not 0 <= int(root) < comm.size:
+        root = operator.index(root)
+        if not 0 <= root < comm.size:
             raise InvalidArgumentError(f"mncl: {what}: root {root} is not a rank of "
                                        f"{comm.size}", status_name="MNCL_ERR_INVALID_ARGUMENT")
         items, layout = _layout(arrays, what, None)
-        layout = (int(root), layout)
-    except (TypeError, ValueError) as e:
+        layout = (root, layout)
+    except Exception as e:  # noqa: BLE001 (raised here once every rank knows)
         error = e
-    _agree(comm, what, layout, error, int(root) if error is None else 0)
-    root = int(root)
+    _agree(comm, what, layout, error)
     host = [a for a in items if not is_cuda_array(a)]
     for dtype, group in _groups(host, lambda a: a.dtype):
         if len(group) == 1:
@@ -159,9 +171,9 @@ def multi_node_mean_grad(comm, grads, *, grad_dtype=None):
                     raise TypeError(f"mncl: {what}: gradient {i} is {a.dtype}; grad_dtype "
                                     f"takes floating-point gradients only")
         layout = (grad_dtype, layout)
-    except (TypeError, ValueError) as e:
+    except Exception as e:  # noqa: BLE001 (raised here once every rank knows)
         error = e
-    _agree(world, what, layout, error, 0)
+    _agree(world, what, layout, error)
     if not items:
         return grads
     if grad_dtype is None:
@@ -216,14 +228,15 @@ class Evaluator:
         names, values, samples = [], [], 0
         if failure is None:
             try:
-                samples = int(local_samples)
+                samples = operator.index(local_samples)
                 if samples < 0:
                     raise ValueError(f"mncl: Evaluator.average: negative sample count "
                                      f"{local_samples}")
                 if samples:
                     names = sorted(local_means)
                     values = [float(local_means[k]) for k in names]
-            except (TypeError, ValueError, KeyError) as e:
+                    np.array(values, np.float64) * samples  # as the allreduce will take them
+            except Exception as e:  # noqa: BLE001 (raised here once every rank knows)
                 failure, names, values, samples = e, [], [], 0
         # min(hash), min(~hash) (a max as a min), the first reporting rank and the first rank
         # that failed, in one allreduce; the hash is mncl::Evaluator's FNV-1a of the names.
@@ -253,14 +266,15 @@ class Evaluator:
         """Collective: evaluate_batch(samples) -> {name: mean over those samples} over the shard
         in batches of batch_size (slices of it), then average() over every rank's samples. An
         evaluate_batch that raises on one rank raises there and RemoteError on the others."""
-        if int(batch_size) <= 0:
-            raise ValueError(f"mncl: Evaluator.evaluate: batch_size must be positive, not "
-                             f"{batch_size}")
         sums, n, failure = {}, 0, None
         try:
+            batch_size = operator.index(batch_size)
+            if batch_size <= 0:
+                raise ValueError(f"mncl: Evaluator.evaluate: batch_size must be positive, not "
+                                 f"{batch_size}")
             n = len(shard)
-            for begin in range(0, n, int(batch_size)):
-                batch = shard[begin:begin + int(batch_size)]
+            for begin in range(0, n, batch_size):
+                batch = shard[begin:begin + batch_size]
                 for name, value in evaluate_batch(batch).items():
                     sums[name] = sums.get(name, 0.0) + float(value) * len(batch)
         except Exception as e:  # noqa: BLE001 (raised on this rank after the others learn it)

@@ -7,7 +7,8 @@ reduce_scatter, allreduce_coalesced, sendrecv and a batch, on a stream of the ar
 stream named by stream= (over the arrays' own, and arrays on two streams; on a host backend a
 capturing stream so named is refused); the caller's objects come back; a CUDA input with a host
 output works; a CUDA input without an output, a strided array and a read-only output are
-refused. Exits 77 (ctest: skipped) without NumPy or without a CUDA device."""
+refused; multi_node_mean_grad and bcast_data take CUDA arrays, and refuse them on one rank
+before anything moves. Exits 77 (ctest: skipped) without NumPy or without a CUDA device."""
 
 import ctypes
 import os
@@ -253,5 +254,33 @@ expect(np.array_equal(comm.allreduce(np.ones(2, np.int32)), np.full(2, n)),
        "usable afterwards")
 
 cuda(cudart.cudaStreamDestroy(stream), "cudaStreamDestroy")
+# The training helpers on CUDA arrays beside host ones: gradients averaged in place (rank q
+# gives q + 1: the mean is (n + 1) / 2), parameters from the last rank.
+grads = [DeviceArray(np.full(5, r + 1.0, np.float32)), np.full(3, 2.0 * (r + 1))]
+comm.multi_node_mean_grad(grads)
+expect(np.all(grads[0].get() == np.float32((n + 1) / 2)) and np.all(grads[1] == n + 1.0),
+       "multi_node_mean_grad of CUDA and host arrays")
+params = [DeviceArray(np.full(4, float(r), np.float32)), np.full(2, r, np.int64)]
+comm.bcast_data(params, root=n - 1)
+expect(np.all(params[0].get() == n - 1) and np.all(params[1] == n - 1),
+       "bcast_data of CUDA and host arrays")
+# A CUDA array the library would refuse, on one rank only: refused there before anything
+# moves, RemoteError on the others (they once waited for the timeout, or went on alone).
+other = n - 1
+for what, bad, call in (
+        ("a strided gradient", DeviceArray(np.zeros(4, np.float32), strides=(8,)),
+         comm.multi_node_mean_grad),
+        ("a read-only parameter", DeviceArray(np.zeros(4, np.float32), readonly=True),
+         comm.bcast_data)):
+    arrays = [bad if r == other else DeviceArray(np.zeros(4, np.float32))]
+    if r == other:
+        expect_raises(ValueError, lambda: call(arrays), what)
+    else:
+        expect_raises(mncl.RemoteError, lambda: call(arrays), f"beside {what}",
+                      f"rank {other} could not take part")
+expect_raises(TypeError, lambda: comm.multi_node_mean_grad(
+    [DeviceArray(np.zeros(2, np.float32))], grad_dtype="float16"),
+    "grad_dtype with a CUDA gradient", "casts on the host")
+
 comm.close()
 checks.finish(f"CUDA arrays on {n} rank(s) passed")

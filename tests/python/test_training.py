@@ -7,6 +7,7 @@ argument fails every rank together: its own error on the rank that passed it, Re
 InvalidArgumentError naming the rank on the others; the communicator works on."""
 
 import os
+import pickle
 import shutil
 import struct
 import tempfile
@@ -134,6 +135,33 @@ if n > 1:
                       lambda: comm.multi_node_mean_grad(grads, grad_dtype=grad_dtype),
                       f"multi_node_mean_grad with {variant} on one rank",
                       f"rank {other} passed other arguments than rank 0")
+# Failures that are neither TypeError nor ValueError, and arrays sharing memory (which the
+# library's coalesced call would refuse on that rank alone), fail every rank together too.
+
+
+def broken_generator():
+    yield np.zeros(3, np.float32)
+    raise RuntimeError("the model is gone")
+
+
+# The others pass arrays of the culprit's layout: only the culprit's own problem is left.
+shared = np.zeros(4, np.float32)
+for what, culprit_args, others_args, error, says in (
+        ("a generator that raises", broken_generator, lambda: [np.zeros(3, np.float32)],
+         RuntimeError, "the model is gone"),
+        ("one array listed twice", lambda: [shared, shared],
+         lambda: [np.zeros(4, np.float32), np.zeros(4, np.float32)], ValueError,
+         "arrays 0 and 1 share memory"),
+        ("overlapping views", lambda: [shared[:3], shared[2:]],
+         lambda: [np.zeros(3, np.float32), np.zeros(2, np.float32)], ValueError,
+         "share memory")):
+    for call in (comm.multi_node_mean_grad, comm.bcast_data):
+        args = culprit_args() if r == other else others_args()
+        if r == other:
+            expect_raises(error, lambda: call(args), f"{call.__name__}: {what}", says)
+        else:
+            expect_raises(mncl.RemoteError, lambda: call(args),
+                          f"{call.__name__} beside {what}", f"rank {other} could not take part")
 grads = grads_of(r)
 comm.multi_node_mean_grad(grads)
 expect(same_arrays(grads, mean_of()), "multi_node_mean_grad after the refusals")
@@ -175,6 +203,22 @@ if r == other:
 else:
     expect_raises(mncl.RemoteError, lambda: evaluator.evaluate(shard, 2, fails_on_other),
                   "Evaluator.evaluate beside a failing batch", f"rank {other} could not evaluate")
+
+# Refused arguments on one rank: an empty shard's batch size (len(shard) = 0), a value that
+# no float holds, a count that is no integer.
+for what, call, error in (
+        ("batch size 0", lambda: evaluator.evaluate([] if r == other else shard,
+                                                    0 if r == other else 2,
+                                                    lambda b: {"loss": 0.0}), ValueError),
+        ("a value past float", lambda: evaluator.average(
+            {"loss": 10**400 if r == other else 1.0}, 1), OverflowError),
+        ("a count of 1.5 samples", lambda: evaluator.average(
+            {"loss": 1.0}, 1.5 if r == other else 1), TypeError)):
+    if r == other:
+        expect_raises(error, call, f"Evaluator: {what}")
+    else:
+        expect_raises(mncl.RemoteError, call, f"Evaluator beside {what}",
+                      f"rank {other} could not evaluate")
 
 # --- multi_node_iterator ------------------------------------------------------------------
 for root in range(n):
@@ -265,6 +309,14 @@ expect_raises(mncl.InvalidArgumentError, lambda: ckpt.resume(load=refuse),
 expect(ckpt.local_iterations() == before, "a refused resume deleted nothing")
 found = ckpt.resume(load=lambda state: state["iteration"])
 expect(found == (2, 2), f"resume(load=) returns what load returns: {found}")
+# A newer snapshot that verifies but does not unpickle on one rank (a pickle protocol this
+# Python lacks, say: a ValueError) is not a refusal: every rank resumes the older one.
+ckpt.save_bytes(3, b"\x80\x09not a pickle" if r == other else pickle.dumps(state_of(3)))
+found = ckpt.resume()
+expect(found is not None and found[0] == 2 and same_state(found[1], 2),
+       "resume past a snapshot that does not unpickle")
+expect_raises(TypeError, lambda: ckpt.save_bytes(4, 5), "save_bytes of an int")
+expect_raises(TypeError, lambda: ckpt.save(2.5, {}), "save of iteration 2.5")
 
 
 class JobOfAnotherSize:
@@ -293,6 +345,9 @@ expect(os.path.basename(grouped.path(1)) == f"mlp.s0c{r % 2}.{half.rank}.1",
 found = grouped.resume()
 expect(found == (1, {"half": r % 2}), f"a group resumes its own snapshot: {found}")
 half.close()
+flag = comm.split(bool(r % 2))  # True is color 1, as the library takes it
+expect(flag.group_path == f"s1c{r % 2}", f"a bool color's group path {flag.group_path}")
+flag.close()
 host = comm.split_host()
 expect(host.group_path is None, "split_host's group is unknown")
 expect_raises(mncl.InvalidArgumentError, lambda: mncl.Checkpointer(host, directory, "mlp"),
