@@ -52,7 +52,8 @@ def _layout(arrays, what, host_only):
         if not a.flags.c_contiguous or not a.flags.writeable:
             raise ValueError(f"mncl: {what}: array {i} must be C-contiguous and writeable "
                              f"(its values are replaced in place)")
-        layout.append((a.dtype.name, a.dtype.str, a.shape))
+        dtype = a.dtype  # .str tells every dtype apart but opaque ones (ml_dtypes' bfloat16)
+        layout.append((dtype.str if dtype.kind != "V" else dtype.name, a.shape))
         extents.append((a.ctypes.data, a.nbytes, i, "host"))
     # Each array is written in place once: two that share memory (one array listed twice,
     # overlapping views) would be averaged into each other.

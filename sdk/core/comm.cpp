@@ -339,6 +339,9 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
   comm->job_ = std::make_shared<Job>();
   comm->job_->tcp_store = settings.store_url.rfind("tcp://", 0) == 0;
   comm->job_->hosts_tcp_store = comm->job_->tcp_store && settings.rank == 0;
+  comm->job_->world_rank = settings.rank;
+  comm->job_->world_size = settings.size;
+  comm->job_->world_id = comm->id_;
   log::set_rank(settings.rank);
   MNCL_INFO("creating rank %d of %d, store %s, backend '%s', timeout %.1f s", settings.rank,
             settings.size, settings.store_url.empty() ? "(in-process)" : settings.store_url.c_str(),
@@ -417,6 +420,16 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
                std::strerror(errno));
   }
   comm->comm_store_ = bootstrap::make_prefix_store(comm->job_store_, comm->id_ + "/");
+  if (comm->job_->tcp_store && !comm->job_->hosts_tcp_store) {
+    // Should this process end without destroying its communicators, the store's host learns
+    // that it left the job (see wait_for_job_to_leave). Best effort: without it a lost
+    // process is waited for until the timeout.
+    try {
+      comm->job_store_->set_on_close(comm->job_->left_key(settings.rank), "1", 1);
+    } catch (const Error &e) {
+      MNCL_INFO("could not leave the store a will for this process's end: %s", e.what());
+    }
+  }
 
   // Round 1, joining: every rank's host and pid. Grouping by host gives the local rank and
   // size (when the launcher did not) and the number of hosts, which the backend rules need.
@@ -734,6 +747,7 @@ bool Comm::leave_job() {
   // Wait until the store's host has stopped accepting connections, so that re-creating a
   // communicator on the same address reaches the next server, not the one about to go.
   try {
+    job_store_->set(job_->left_key(job_->world_rank), "1", 1);
     job_store_->get("job/closing", wait_options(timeout_ms_, &aborted_));
   } catch (const Error &e) {
     if (e.status() == MNCL_ERR_ABORTED) return false;
@@ -742,6 +756,36 @@ bool Comm::leave_job() {
     if (e.status() != MNCL_ERR_REMOTE) MNCL_INFO("mncl_comm_destroy: %s", e.what());
   }
   return true;
+}
+
+void Comm::wait_for_job_to_leave(Clock::time_point give_up) {
+  std::vector<std::string> others;
+  for (int r = 0; r < job_->world_size; ++r) {
+    if (r != job_->world_rank) others.push_back(job_->left_key(r));
+  }
+  if (others.empty()) return;
+  std::vector<std::string> missing;
+  try {
+    const int64_t left = std::max<int64_t>(
+        0, std::chrono::duration_cast<std::chrono::milliseconds>(give_up - Clock::now()).count());
+    missing = job_store_->wait(others, wait_options(left, &aborted_));
+  } catch (const Error &e) {
+    if (e.status() != MNCL_ERR_ABORTED) throw;
+    MNCL_INFO(
+        "mncl_comm_destroy of %s: aborted while the other processes of the job were still "
+        "using its store",
+        label().c_str());
+    return;
+  }
+  if (missing.empty()) return;
+  std::vector<int> ranks;
+  for (const auto &key : missing) ranks.push_back(std::stoi(key.substr(key.rfind('/') + 1)));
+  MNCL_WARN(
+      "mncl_comm_destroy of %s: world rank%s %s still had communicators of this job after "
+      "%.1f s; the store this process serves shuts down without them (destroy every "
+      "communicator on every rank)",
+      label().c_str(), ranks.size() > 1 ? "s" : "", list_ranks(ranks).c_str(),
+      timeout_ms_ / 1000.0);
 }
 
 mncl_bootstrap_v1_t Comm::bootstrap_for_plugin() const {
@@ -2389,12 +2433,6 @@ void Comm::destroy(const std::atomic<int> *api_calls) {
   if (comm_store_ && joined_ && aborted_before) leave_abandoned(last_of_job);
   if (comm_store_ && joined_ && !aborted_before) {
     try {
-      if (last_of_job && job_->hosts_tcp_store) {
-        // New clients must now wait for the next server (a communicator re-created on this
-        // address) instead of joining this one, which goes away with this call.
-        job_store_->stop_accepting();
-        job_store_->set("job/closing", "1", 1);
-      }
       const std::string mine = "leave/" + std::to_string(rank_);
       // The notes for this rank's end go before its leave key comes: past it the others may
       // take it for left, and its process then ends (the note would say it was lost).
@@ -2483,6 +2521,16 @@ void Comm::destroy(const std::atomic<int> *api_calls) {
         }
         for (const auto &k : cleanup) comm_store_->erase(k);
         for (const auto &k : leave) comm_store_->erase(k);
+      }
+      if (last_of_job && job_->hosts_tcp_store) {
+        // The other processes may still use the store in communicators this one is no member
+        // of (or of which it is not rank 0, which waits for the members above): it goes away
+        // with this call, so only once every process has left the job.
+        wait_for_job_to_leave(teardown_deadline);
+        // New clients must now wait for the next server (a communicator re-created on this
+        // address) instead of joining this one.
+        job_store_->stop_accepting();
+        job_store_->set("job/closing", "1", 1);
       }
       if (last_of_job && job_->tcp_store && !job_->hosts_tcp_store && !leave_job() &&
           error.empty()) {

@@ -263,8 +263,13 @@ class Comm {
   // settings and its own store views; its backend is set by the caller.
   std::unique_ptr<Comm> make_child(const std::vector<int> &parent_ranks, uint64_t split_index,
                                    int color);
-  // false when an abort cut the wait short.
+  // A process's last communicator of a tcp:// job: says so, then waits until the store's host
+  // closes the store. false when an abort cut the wait short.
   bool leave_job();
+  // On the store's host, its last communicator of the job: waits (bounded by give_up, cut short
+  // by an abort) until every other process has left the job (Job::left_key), since their
+  // communicators, of which this process may be no member, still use the store it serves.
+  void wait_for_job_to_leave(std::chrono::steady_clock::time_point give_up);
   // Aborts the plugin communicator once (user abort or watchdog).
   void abort_plugin();
   // An entry of the backend threw (why: call_plugin's message): its state is unknown, so the
@@ -311,6 +316,13 @@ class Comm {
     std::atomic<int> live{1};      // communicators alive on job_store_
     bool hosts_tcp_store = false;  // world rank 0 of a tcp:// store: this process serves it
     bool tcp_store = false;
+    int world_rank = 0, world_size = 1;
+    std::string world_id;  // the world communicator's id ("w", "w2", ...)
+    // Set by each process of a tcp:// job when its last communicator is gone (or, as a last
+    // will, when its process ends): the store's host serves the store until every one is.
+    std::string left_key(int world_rank) const {
+      return "job/" + world_id + "/left/" + std::to_string(world_rank);
+    }
   };
   std::shared_ptr<Job> job_;
   std::shared_ptr<bootstrap::Store> comm_store_;  // "<id>/" view, used by the core
