@@ -13,7 +13,11 @@
  *  - Enumerators are never renumbered or removed; new ones are appended.
  *  - Every blocking call is bounded by the communicator's timeout (config.timeout_ms, else
  *    MNCL_TIMEOUT, else 300 s): a dead or silent peer yields MNCL_ERR_TIMEOUT or
- *    MNCL_ERR_REMOTE naming the peer, never a hang.
+ *    MNCL_ERR_REMOTE naming the peer, never a hang. After an operation failed with
+ *    MNCL_ERR_TIMEOUT, MNCL_ERR_REMOTE or MNCL_ERR_ABORTED, what the communicator can still do
+ *    depends on the backend (gloo and shm refuse every later call as unusable after the
+ *    failure; naive goes on, the failed operation's message number used up): portable code
+ *    destroys it and makes a new one (a split of a healthy parent, or a new job).
  *  - Collectives are issued by one thread per communicator at a time, in the same order on every
  *    rank (as in MPI and NCCL). mncl_comm_abort() may be called from any thread at any time.
  */
@@ -184,7 +188,18 @@ MNCL_API mncl_status_t mncl_comm_create(const mncl_config_t *config, mncl_comm_t
  * MNCL_ERR_INVALID_ARGUMENT. If those inside outlast the timeout + 30 s, destroy returns
  * MNCL_ERR_TIMEOUT and leaves the communicator to the process's exit. The handle itself (about
  * 200 bytes) is never freed, so that a stale handle is always refused, never taken for a newer
- * communicator's. */
+ * communicator's. Posted requests are waited for too, each up to its own timeout: to tear a
+ * group down at once, mncl_comm_abort it first.
+ * Communicators may be destroyed in any order (a parent before its children: they keep working,
+ * and may be split further). On a TCP store (tcp://, mncl-run's and torchrun-style launches),
+ * the process of world rank 0 serves the store: its last mncl_comm_destroy of the job returns
+ * once every other process has destroyed all of its own (or ended), since their communicators,
+ * even those rank 0 is no member of, use that store; bounded by the timeout, past which it
+ * warns and the store goes without them (their later calls fail with MNCL_ERR_REMOTE), and
+ * cut short by mncl_comm_abort (MNCL_ERR_ABORTED). When that last communicator was aborted
+ * before its destroy, the store stays up about 1.5 s at most, as for mncl_comm_abort. The other
+ * processes' destroys do not wait for rank 0's; a world they create again on the address
+ * reaches the next server once rank 0 has made it. */
 MNCL_API mncl_status_t mncl_comm_destroy(mncl_comm_t comm);
 /* Local, any thread: every blocked or later operation on `comm` fails with MNCL_ERR_ABORTED.
  * The other ranks' operations waiting on this one fail too, naming it, rather than time out:

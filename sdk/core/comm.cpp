@@ -406,6 +406,11 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
                                    "from %s",
                                    e.what(), settings.rank_origin.c_str()));
   }
+  if (comm->job_->hosts_tcp_store) {
+    comm->job_store_->set(kServedWorldKey, comm->id_.data(), comm->id_.size());
+  } else if (comm->job_->tcp_store) {
+    comm->job_store_ = comm->reach_own_server(std::move(comm->job_store_), settings, listen);
+  }
   if (settings.store_is_private_dir) {
     // A made-up name in /tmp that another user could have created first, to read or plant
     // keys: the folder must be this user's, and no one else's to look into.
@@ -420,16 +425,6 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
                std::strerror(errno));
   }
   comm->comm_store_ = bootstrap::make_prefix_store(comm->job_store_, comm->id_ + "/");
-  if (comm->job_->tcp_store && !comm->job_->hosts_tcp_store) {
-    // Should this process end without destroying its communicators, the store's host learns
-    // that it left the job (see wait_for_job_to_leave). Best effort: without it a lost
-    // process is waited for until the timeout.
-    try {
-      comm->job_store_->set_on_close(comm->job_->left_key(settings.rank), "1", 1);
-    } catch (const Error &e) {
-      MNCL_INFO("could not leave the store a will for this process's end: %s", e.what());
-    }
-  }
 
   // Round 1, joining: every rank's host and pid. Grouping by host gives the local rank and
   // size (when the launcher did not) and the number of hosts, which the backend rules need.
@@ -441,6 +436,17 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
                        "earlier job that did not end)",
                        rank_words.c_str(), host.c_str(), ::getpid(),
                        comm->comm_store_->describe().c_str()));
+  }
+  if (comm->job_->tcp_store && !comm->job_->hosts_tcp_store) {
+    // Should this process end without destroying its communicators, the store's host learns
+    // that it left the job (see wait_for_job_to_leave). Only once the rank is this process's
+    // for sure: a second claimant's will would say the real one left. Best effort: without
+    // it a lost process is waited for until the timeout.
+    try {
+      comm->job_store_->set_on_close(comm->job_->left_key(settings.rank), "1", 1);
+    } catch (const Error &e) {
+      MNCL_INFO("could not leave the store a will for this process's end: %s", e.what());
+    }
   }
   // Only once this process holds rank 0 for sure: a second "rank 0" refused above must not
   // take the real one's folder with it.
@@ -697,22 +703,20 @@ void Comm::leave_after_failed_join(const std::vector<int> &absent, int sizes_see
 void Comm::leave_abandoned(bool last_of_job) {
   // Briefly: the store may be what failed (a cut link), and then a store call only fails after
   // the timeout, which an aborted destroy must not wait.
-  run_briefly(
-      std::chrono::milliseconds(500),
-      [store = comm_store_, job_store = job_store_, rank = rank_,
-       closing = last_of_job && job_->hosts_tcp_store, watch = peer_watch_] {
-        try {
-          if (closing) {  // the store's host: the other ranks' last destroy waits for this key
-            job_store->stop_accepting();
-            job_store->set("job/closing", "1", 1);
-          }
-          if (watch != nullptr) watch->take_back_wills();  // before the leave: see there
-          const std::string key = "leave/" + std::to_string(rank);
-          store->set(key, "1", 1);
-        } catch (const Error &e) {
-          MNCL_INFO("mncl_comm_destroy of an aborted communicator: could not leave: %s", e.what());
-        }
-      });
+  run_briefly(std::chrono::milliseconds(500),
+              [store = comm_store_, job_store = job_store_, rank = rank_,
+               closing = last_of_job && job_->hosts_tcp_store, watch = peer_watch_] {
+                try {
+                  // The store's host: a world re-created on this address waits for the next server.
+                  if (closing) job_store->stop_accepting();
+                  if (watch != nullptr) watch->take_back_wills();  // before the leave: see there
+                  const std::string key = "leave/" + std::to_string(rank);
+                  store->set(key, "1", 1);
+                } catch (const Error &e) {
+                  MNCL_INFO("mncl_comm_destroy of an aborted communicator: could not leave: %s",
+                            e.what());
+                }
+              });
   if (last_of_job && job_->hosts_tcp_store && peer_watch_ != nullptr) {
     linger_for_note(Clock::now() + kAbortedStoreLinger);
   }
@@ -743,27 +747,61 @@ void Comm::linger_for_note(Clock::time_point give_up) {
   }
 }
 
-bool Comm::leave_job() {
-  // Wait until the store's host has stopped accepting connections, so that re-creating a
-  // communicator on the same address reaches the next server, not the one about to go.
+void Comm::leave_job() {
+  // Nothing to wait for: a world re-created on this address tells a server of this one, which
+  // its host keeps until every process has left, from the next (reach_own_server).
   try {
     job_store_->set(job_->left_key(job_->world_rank), "1", 1);
-    job_store_->get("job/closing", wait_options(timeout_ms_, &aborted_));
   } catch (const Error &e) {
-    if (e.status() == MNCL_ERR_ABORTED) return false;
-    // The host already shut the store down (REMOTE): just as good. A timeout: it is gone or
-    // stuck, and a later create will say so.
-    if (e.status() != MNCL_ERR_REMOTE) MNCL_INFO("mncl_comm_destroy: %s", e.what());
+    // The host shut the store down (REMOTE) or is stuck: it does not wait for this key then.
+    MNCL_INFO("mncl_comm_destroy: could not tell the store's host this process left: %s", e.what());
   }
-  return true;
 }
 
-void Comm::wait_for_job_to_leave(Clock::time_point give_up) {
+std::shared_ptr<bootstrap::Store> Comm::reach_own_server(std::shared_ptr<bootstrap::Store> store,
+                                                         const LaunchSettings &settings,
+                                                         bootstrap::TcpListen listen) {
+  const auto deadline = deadline_after(settings.timeout_ms);
+  bootstrap::WaitOptions now;
+  now.timeout = std::chrono::milliseconds(0);
+  for (auto pause = std::chrono::milliseconds(10);;
+       pause = std::min(pause * 2, std::chrono::milliseconds(200))) {
+    std::string served;
+    try {
+      if (store->wait({kServedWorldKey}, now).empty()) {
+        const bootstrap::Bytes value = store->get(kServedWorldKey, now);
+        served.assign(value.begin(), value.end());
+      }
+      // No name: a server whose host has not named it yet, which is a new one.
+      if (served.empty() || served == id_) return store;
+    } catch (const Error &e) {
+      // The connection was lost: the earlier world's server went just then.
+      if (e.status() != MNCL_ERR_REMOTE) throw;
+      served = "(a server that closed the connection)";
+    }
+    MNCL_CHECK(Clock::now() < deadline, MNCL_ERR_BOOTSTRAP,
+               "mncl_comm_create: the store at %s still serves world communicator '%s' of an "
+               "earlier job of rank 0's process after %.1f s, while this process creates its "
+               "'%s' (its host waits for a rank that has not destroyed all of its "
+               "communicators; or the ranks created different numbers of world communicators "
+               "on this address)",
+               store->describe().c_str(), served.c_str(), settings.timeout_ms / 1000.0,
+               id_.c_str());
+    store.reset();  // the earlier world's server goes once its host has seen every rank leave
+    std::this_thread::sleep_for(pause);
+    const int64_t left = std::max<int64_t>(
+        1, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
+    store = bootstrap::open_store(settings.store_url, settings.rank, settings.size,
+                                  wait_options(left, &aborted_), listen);
+  }
+}
+
+bool Comm::wait_for_job_to_leave(Clock::time_point give_up) {
   std::vector<std::string> others;
   for (int r = 0; r < job_->world_size; ++r) {
     if (r != job_->world_rank) others.push_back(job_->left_key(r));
   }
-  if (others.empty()) return;
+  if (others.empty()) return true;
   std::vector<std::string> missing;
   try {
     const int64_t left = std::max<int64_t>(
@@ -771,13 +809,9 @@ void Comm::wait_for_job_to_leave(Clock::time_point give_up) {
     missing = job_store_->wait(others, wait_options(left, &aborted_));
   } catch (const Error &e) {
     if (e.status() != MNCL_ERR_ABORTED) throw;
-    MNCL_INFO(
-        "mncl_comm_destroy of %s: aborted while the other processes of the job were still "
-        "using its store",
-        label().c_str());
-    return;
+    return false;
   }
-  if (missing.empty()) return;
+  if (missing.empty()) return true;
   std::vector<int> ranks;
   for (const auto &key : missing) ranks.push_back(std::stoi(key.substr(key.rfind('/') + 1)));
   MNCL_WARN(
@@ -786,6 +820,7 @@ void Comm::wait_for_job_to_leave(Clock::time_point give_up) {
       "communicator on every rank)",
       label().c_str(), ranks.size() > 1 ? "s" : "", list_ranks(ranks).c_str(),
       timeout_ms_ / 1000.0);
+  return true;
 }
 
 mncl_bootstrap_v1_t Comm::bootstrap_for_plugin() const {
@@ -1048,7 +1083,7 @@ void Comm::execute_now(const mncl_coll_v1_t &coll, void *inputs_ready) {
         format("%s on %s (rank %d of %d): ", op_label(fn, c.kind, c.seq).c_str(), backend().c_str(),
                rank_, size_);
     std::string message = head + last_error();
-    explain_by_peers(&reported, head, &message);
+    explain_by_peers(&reported, head, &message, true, &c);
     throw Error(reported, message + (reported == MNCL_ERR_ABORTED ? "" : diagnosis(c, status)));
   };
   // Staging's waits on the caller's stream get the operation's timeout, and end on an abort.
@@ -1823,7 +1858,7 @@ bool Comm::watch_peers_while_waiting() {
 }
 
 bool Comm::explain_by_peers(mncl_status_t *status, const std::string &head, std::string *message,
-                            bool look) {
+                            bool look, const mncl_coll_v1_t *failed) {
   if (peer_watch_ == nullptr || aborted_.load()) return false;
   PeerWatch::Finding cause = peer_watch_->found();
   // REMOTE looks now: a closed connection (gloo) comes before the watchdog's peer check has
@@ -1832,15 +1867,21 @@ bool Comm::explain_by_peers(mncl_status_t *status, const std::string &head, std:
   // So does the backend's abort by another rank (shm's abort word), which may have aborted
   // for a failure it found and told in its note: that is the cause.
   const bool peer_abort = *status == MNCL_ERR_ABORTED && !plugin_aborted_.load();
+  std::optional<PeerWatch::Waiting> op;
+  if (failed != nullptr) {
+    op = PeerWatch::Waiting{failed->kind, failed->seq,
+                            op_label(coll_kind_name(failed->kind), failed->kind, failed->seq)};
+  }
+  const PeerWatch::Waiting *op_ptr = op ? &*op : nullptr;
   if (look && cause.status == MNCL_OK && (*status == MNCL_ERR_REMOTE || peer_abort)) {
-    cause = peer_watch_->check();
+    cause = peer_watch_->check(op_ptr);
     // A killed rank's connections close as its last thread exits, an instant before /proc
     // shows it gone; and the watchdog's peer check may be reading the store (a check then
     // skips its read): one short pause per communicator (a REMOTE of another cause, such as
     // mismatched counts, would otherwise pay it on every operation).
     if (cause.status == MNCL_OK && !peer_cause_waited_.exchange(true)) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      cause = peer_watch_->check();
+      cause = peer_watch_->check(op_ptr);
     }
   }
   if (cause.status == MNCL_OK) return false;
@@ -2433,6 +2474,12 @@ void Comm::destroy(const std::atomic<int> *api_calls) {
   if (comm_store_ && joined_ && aborted_before) leave_abandoned(last_of_job);
   if (comm_store_ && joined_ && !aborted_before) {
     try {
+      if (last_of_job && job_->hosts_tcp_store) {
+        // New clients must now wait for the next server (a communicator re-created on this
+        // address) instead of joining this one, which goes away with this call; the
+        // connections already open go on, see wait_for_job_to_leave below.
+        job_store_->stop_accepting();
+      }
       const std::string mine = "leave/" + std::to_string(rank_);
       // The notes for this rank's end go before its leave key comes: past it the others may
       // take it for left, and its process then ends (the note would say it was lost).
@@ -2522,24 +2569,18 @@ void Comm::destroy(const std::atomic<int> *api_calls) {
         for (const auto &k : cleanup) comm_store_->erase(k);
         for (const auto &k : leave) comm_store_->erase(k);
       }
-      if (last_of_job && job_->hosts_tcp_store) {
+      if (last_of_job && job_->hosts_tcp_store && !wait_for_job_to_leave(teardown_deadline) &&
+          error.empty()) {
         // The other processes may still use the store in communicators this one is no member
         // of (or of which it is not rank 0, which waits for the members above): it goes away
-        // with this call, so only once every process has left the job.
-        wait_for_job_to_leave(teardown_deadline);
-        // New clients must now wait for the next server (a communicator re-created on this
-        // address) instead of joining this one.
-        job_store_->stop_accepting();
-        job_store_->set("job/closing", "1", 1);
-      }
-      if (last_of_job && job_->tcp_store && !job_->hosts_tcp_store && !leave_job() &&
-          error.empty()) {
+        // with this call, so only once every process has left the job, or the abort says so.
         status = MNCL_ERR_ABORTED;
         error = format(
-            "mncl_comm_destroy of %s: aborted while it waited for the store's host to "
-            "close; the communicator is freed",
+            "mncl_comm_destroy of %s: aborted while other processes of the job still used the "
+            "store this process serves; the communicator is freed, and the store goes with it",
             label().c_str());
       }
+      if (last_of_job && job_->tcp_store && !job_->hosts_tcp_store) leave_job();
     } catch (const Error &e) {
       if (error.empty()) {
         status = e.status();

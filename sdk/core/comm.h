@@ -263,13 +263,20 @@ class Comm {
   // settings and its own store views; its backend is set by the caller.
   std::unique_ptr<Comm> make_child(const std::vector<int> &parent_ranks, uint64_t split_index,
                                    int color);
-  // A process's last communicator of a tcp:// job: says so, then waits until the store's host
-  // closes the store. false when an abort cut the wait short.
-  bool leave_job();
+  // A process's last communicator of a tcp:// job: tells the store's host it has left.
+  void leave_job();
+  // On a process that does not serve the tcp:// store: `store` if its server serves this
+  // world (kServedWorldKey), else, once the server of the world before on this address has
+  // gone, the next one's (the host keeps an old server until every process has left).
+  std::shared_ptr<bootstrap::Store> reach_own_server(std::shared_ptr<bootstrap::Store> store,
+                                                     const LaunchSettings &settings,
+                                                     bootstrap::TcpListen listen);
+  static constexpr const char *kServedWorldKey = "job/world";  // the id of the world served
   // On the store's host, its last communicator of the job: waits (bounded by give_up, cut short
   // by an abort) until every other process has left the job (Job::left_key), since their
   // communicators, of which this process may be no member, still use the store it serves.
-  void wait_for_job_to_leave(std::chrono::steady_clock::time_point give_up);
+  // false when an abort cut the wait short.
+  bool wait_for_job_to_leave(std::chrono::steady_clock::time_point give_up);
   // Aborts the plugin communicator once (user abort or watchdog).
   void abort_plugin();
   // An entry of the backend threw (why: call_plugin's message): its state is unknown, so the
@@ -294,8 +301,10 @@ class Comm {
   // to a REMOTE or TIMEOUT of the backend's own (gloo's closed connection names no rank;
   // mismatched counts keep their words); with `look`, a REMOTE asks the watch now (store
   // reads, at most a second). True when it changed the report.
+  // `failed`: the operation that failed, if a collective (a rank that destroyed the
+  // communicator before it is its cause too, though it waits no more).
   bool explain_by_peers(mncl_status_t *status, const std::string &head, std::string *message,
-                        bool look = true);
+                        bool look = true, const mncl_coll_v1_t *failed = nullptr);
   // Sets peer_watch_ from members_ (a communicator of several ranks).
   void watch_peers();
   // Text appended to a failed collective's message: missing ranks, last ops per rank.

@@ -194,7 +194,7 @@ PeerWatch::~PeerWatch() {
   close();
 }
 
-PeerWatch::Finding PeerWatch::check() {
+PeerWatch::Finding PeerWatch::check(const Waiting *failed) {
   std::vector<Peer> watched;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -244,7 +244,7 @@ PeerWatch::Finding PeerWatch::check() {
     return found_;
   }
   if (finding.status == MNCL_OK) {
-    finding = check_ended();
+    finding = check_ended(failed);
     // The others are told, as of a rank found gone: the abort that follows ends their
     // operations too on some backends (shm's abort word, which names only this rank).
     if (finding.status != MNCL_OK && record(finding)) {
@@ -301,7 +301,7 @@ void PeerWatch::publish_collectives(uint64_t collectives) {
   store->add(ended_count_key(), 1);
 }
 
-PeerWatch::Finding PeerWatch::check_ended() {
+PeerWatch::Finding PeerWatch::check_ended(const Waiting *failed) {
   std::function<std::vector<Waiting>()> waiting_now;
   std::vector<int> unknown;  // the next ranks to read, from the cursor on
   size_t known = 0;
@@ -315,8 +315,10 @@ PeerWatch::Finding PeerWatch::check_ended() {
       if (r != rank_ && ended_.count(r) == 0) unknown.push_back(r);
     }
   }
-  if (!waiting_now || unknown.empty()) return {};
-  std::vector<Waiting> waiting = waiting_now();
+  if ((!waiting_now && failed == nullptr) || unknown.empty()) return {};
+  std::vector<Waiting> waiting;
+  if (waiting_now) waiting = waiting_now();
+  if (failed != nullptr) waiting.push_back(*failed);
   waiting.erase(std::remove_if(waiting.begin(), waiting.end(),
                                [](const Waiting &w) {
                                  return w.kind == MNCL_COLL_SEND || w.kind == MNCL_COLL_RECV ||

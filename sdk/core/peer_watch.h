@@ -90,7 +90,9 @@ class PeerWatch {
   // MNCL_OK while nothing is known to be wrong; else why the communicator cannot go on, the
   // same from then on. Finding a rank of this host gone, it leaves the note for the other
   // hosts. Never throws: a store that fails is the wait's to report.
-  Finding check();
+  struct Waiting;
+  // `failed`: an operation that has just failed (no longer among those waiting), judged too.
+  Finding check(const Waiting *failed = nullptr);
   // Takes this rank's notes for its end back from the store (Store::cancel_on_close): destroy
   // calls it just before it sets this rank's leave key, so that the notes are gone before any
   // other rank can take this one for left (which would then end its process, and with it the
@@ -166,7 +168,7 @@ class PeerWatch {
   // Whether a collective of this rank's waits for a rank that published fewer collectives
   // (publish_collectives). Only while something waits, and then one read of the count of such
   // ranks, and of their keys when it grew (at most kEndedReadsPerCheck at a time).
-  Finding check_ended();
+  Finding check_ended(const Waiting *failed);
   static constexpr size_t kEndedReadsPerCheck = 256;
 
   std::shared_ptr<bootstrap::Store> store_;  // (mutex_) null once closed

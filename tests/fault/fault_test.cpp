@@ -597,8 +597,9 @@ int worker_abort(Worker &w) {
 //   exit_without_destroy: it exits without mncl_comm_destroy; they destroy the communicator,
 //     whose rank 0 waits for every rank to leave;
 //   destroyed_peer: it destroys the communicator while they wait for it in an allreduce, and
-//     its process lives on (the destroy of a rank other than the store's host waits for that
-//     host's).
+//     its process then ends at once (a destroy of a rank other than the store's host waits for
+//     no one): they must name the destroy, which a backend that sees the process end (shm)
+//     reports as a death.
 int worker_last_rank_leaves(Worker &w) {
   const bool aborts = w.scenario == "aborted_peer";
   const bool destroys = w.scenario == "destroyed_peer";

@@ -9,6 +9,10 @@
  *  2. A group that the store's host is no member of (world ranks 1.. size-1) goes on with
  *     allreduces after the host has destroyed all of its communicators; the host's last destroy
  *     waits until the group is gone.
+ *  3. Worlds re-created on the same address at once, four times, each with a group; in every
+ *     other round rank 1 aborts its group (its last communicator) before destroying it. The
+ *     processes that do not serve the store leave without waiting for its host, so their next
+ *     world may reach the server of the one before: they must tell it from the next.
  *
  * Every call must return MNCL_OK with exact results. Exit status 0 when all did. */
 #include <mncl/mncl.h>
@@ -71,6 +75,17 @@ int main(void) {
     sleep_ms(300);
     for (int i = 0; i < 20; ++i) expect_sum(others, 1, "the group without the store's host");
     CHECK_OK(mncl_comm_destroy(others));
+  }
+  for (int round = 0; round < 4; ++round) {
+    mncl_comm_t again = NULL, group = NULL;
+    CHECK_OK(mncl_comm_create(NULL, &again));
+    if (again == NULL) break;
+    CHECK_OK(mncl_comm_split(again, 0, -g_rank, &group));
+    expect_sum(again, 0, "a re-created world");
+    CHECK_OK(mncl_comm_destroy(again));
+    /* The group is idle: an abort fails no operation of the others. */
+    if (round % 2 == 1 && g_rank == 1) CHECK_OK(mncl_comm_abort(group));
+    CHECK_OK(mncl_comm_destroy(group));
   }
   if (g_failures == 0) printf("rank %d of %d: every destroy order worked\n", g_rank, size);
   return g_failures == 0 ? 0 : 1;
