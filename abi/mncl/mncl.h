@@ -190,9 +190,10 @@ MNCL_API mncl_status_t mncl_comm_create(const mncl_config_t *config, mncl_comm_t
  * 200 bytes) is never freed, so that a stale handle is always refused, never taken for a newer
  * communicator's. Posted requests are waited for too, each up to its own timeout: to tear a
  * group down at once, mncl_comm_abort it first.
- * Communicators may be destroyed in any order (a parent before its children: they keep working,
- * and may be split further). On a TCP store (tcp://, mncl-run's and torchrun-style launches),
- * the process of world rank 0 serves the store: its last mncl_comm_destroy of the job returns
+ * Communicators may be destroyed in any order that is the same on every rank (destroy is
+ * collective; a parent before its children: they keep working, and may be split further). On
+ * a TCP store (tcp://, mncl-run's and torchrun-style launches), the process of world rank 0
+ * serves the store: its last mncl_comm_destroy of the job returns
  * once every other process has destroyed all of its own (or ended), since their communicators,
  * even those rank 0 is no member of, use that store; bounded by the timeout, past which it
  * warns and the store goes without them (their later calls fail with MNCL_ERR_REMOTE), and

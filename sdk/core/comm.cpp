@@ -2474,12 +2474,6 @@ void Comm::destroy(const std::atomic<int> *api_calls) {
   if (comm_store_ && joined_ && aborted_before) leave_abandoned(last_of_job);
   if (comm_store_ && joined_ && !aborted_before) {
     try {
-      if (last_of_job && job_->hosts_tcp_store) {
-        // New clients must now wait for the next server (a communicator re-created on this
-        // address) instead of joining this one, which goes away with this call; the
-        // connections already open go on, see wait_for_job_to_leave below.
-        job_store_->stop_accepting();
-      }
       const std::string mine = "leave/" + std::to_string(rank_);
       // The notes for this rank's end go before its leave key comes: past it the others may
       // take it for left, and its process then ends (the note would say it was lost).
@@ -2563,7 +2557,8 @@ void Comm::destroy(const std::atomic<int> *api_calls) {
         } else if (!missing.empty()) {
           MNCL_WARN(
               "mncl_comm_destroy of %s: %zu rank(s) did not destroy the communicator within "
-              "%.1f s; the store shuts down without them",
+              "%.1f s (do the ranks destroy their communicators in the same order?); its keys "
+              "are removed without them",
               label().c_str(), missing.size(), timeout_ms_ / 1000.0);
         }
         for (const auto &k : cleanup) comm_store_->erase(k);
@@ -2579,6 +2574,12 @@ void Comm::destroy(const std::atomic<int> *api_calls) {
             "mncl_comm_destroy of %s: aborted while other processes of the job still used the "
             "store this process serves; the communicator is freed, and the store goes with it",
             label().c_str());
+      }
+      if (last_of_job && job_->hosts_tcp_store) {
+        // Only now: the others may open connections until they have left (a pool grows with
+        // their concurrent calls). A world created again on this address meanwhile tells this
+        // server from the next by its name (reach_own_server) and waits for the next.
+        job_store_->stop_accepting();
       }
       if (last_of_job && job_->tcp_store && !job_->hosts_tcp_store) leave_job();
     } catch (const Error &e) {

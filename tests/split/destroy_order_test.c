@@ -64,17 +64,39 @@ int main(void) {
 
   /* 1. The world first, then a communicator whose rank 0 is not the store's host. */
   CHECK_OK(mncl_comm_split(world, 0, -g_rank, &reversed));
-  /* 2. Every rank but the store's host (which joins none). */
+  /* 2. Every rank but the store's host (which joins none), twice: operations in flight on both
+   * at once take two store connections on naive (a client's pool grows), which the host's
+   * server must still accept while it waits for them. */
+  mncl_comm_t others2 = NULL;
   CHECK_OK(mncl_comm_split(world, g_rank == 0 ? MNCL_SPLIT_NONE : 1, g_rank, &others));
+  CHECK_OK(mncl_comm_split(world, g_rank == 0 ? MNCL_SPLIT_NONE : 1, g_rank, &others2));
   CHECK_OK(mncl_comm_destroy(world));
   expect_sum(reversed, 0, "the reversed group after the world's destroy");
   if (g_rank != 0) sleep_ms(150L * g_rank); /* the host's destroy comes first */
   CHECK_OK(mncl_comm_destroy(reversed));
-  if (others != NULL) {
+  if (others != NULL && others2 != NULL) {
     /* The host has destroyed everything by now, or waits in its last destroy. */
     sleep_ms(300);
     for (int i = 0; i < 20; ++i) expect_sum(others, 1, "the group without the store's host");
+    for (int i = 0; i < 10; ++i) {
+      int mine[2] = {g_rank + 1, 2 * (g_rank + 1)}, sums[2] = {-1, -1};
+      mncl_request_t requests[2] = {NULL, NULL};
+      CHECK_OK(mncl_iallreduce(others, &mine[0], &sums[0], 1, MNCL_INT32, MNCL_SUM, NULL,
+                               &requests[0]));
+      CHECK_OK(mncl_iallreduce(others2, &mine[1], &sums[1], 1, MNCL_INT32, MNCL_SUM, NULL,
+                               &requests[1]));
+      for (int k = 0; k < 2; ++k) {
+        if (requests[k] != NULL) CHECK_OK(mncl_wait(requests[k], -1));
+      }
+      const int want = (size - 1) * (size + 2) / 2; /* world ranks 1..size-1, plus one each */
+      if (sums[0] != want || sums[1] != 2 * want) {
+        fprintf(stderr, "rank %d: two groups at once gave %d and %d, expected %d and %d\n",
+                g_rank, sums[0], sums[1], want, 2 * want);
+        g_failures++;
+      }
+    }
     CHECK_OK(mncl_comm_destroy(others));
+    CHECK_OK(mncl_comm_destroy(others2));
   }
   for (int round = 0; round < 4; ++round) {
     mncl_comm_t again = NULL, group = NULL;
