@@ -23,14 +23,14 @@
 static int g_rank = -1;
 static int g_failures = 0;
 
-#define CHECK_OK(call)                                                                          \
-  do {                                                                                         \
-    mncl_status_t st_ = (call);                                                                \
-    if (st_ != MNCL_OK) {                                                                      \
-      fprintf(stderr, "rank %d: %s: %s: %s\n", g_rank, #call, mncl_status_string(st_),         \
-              mncl_last_error());                                                              \
-      g_failures++;                                                                            \
-    }                                                                                          \
+#define CHECK_OK(call)                                                                 \
+  do {                                                                                 \
+    mncl_status_t st_ = (call);                                                        \
+    if (st_ != MNCL_OK) {                                                              \
+      fprintf(stderr, "rank %d: %s: %s: %s\n", g_rank, #call, mncl_status_string(st_), \
+              mncl_last_error());                                                      \
+      g_failures++;                                                                    \
+    }                                                                                  \
   } while (0)
 
 static void sleep_ms(long ms) {
@@ -81,8 +81,8 @@ int main(void) {
     for (int i = 0; i < 10; ++i) {
       int mine[2] = {g_rank + 1, 2 * (g_rank + 1)}, sums[2] = {-1, -1};
       mncl_request_t requests[2] = {NULL, NULL};
-      CHECK_OK(mncl_iallreduce(others, &mine[0], &sums[0], 1, MNCL_INT32, MNCL_SUM, NULL,
-                               &requests[0]));
+      CHECK_OK(
+          mncl_iallreduce(others, &mine[0], &sums[0], 1, MNCL_INT32, MNCL_SUM, NULL, &requests[0]));
       CHECK_OK(mncl_iallreduce(others2, &mine[1], &sums[1], 1, MNCL_INT32, MNCL_SUM, NULL,
                                &requests[1]));
       for (int k = 0; k < 2; ++k) {
@@ -90,8 +90,8 @@ int main(void) {
       }
       const int want = (size - 1) * (size + 2) / 2; /* world ranks 1..size-1, plus one each */
       if (sums[0] != want || sums[1] != 2 * want) {
-        fprintf(stderr, "rank %d: two groups at once gave %d and %d, expected %d and %d\n",
-                g_rank, sums[0], sums[1], want, 2 * want);
+        fprintf(stderr, "rank %d: two groups at once gave %d and %d, expected %d and %d\n", g_rank,
+                sums[0], sums[1], want, 2 * want);
         g_failures++;
       }
     }
