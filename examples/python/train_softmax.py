@@ -5,11 +5,12 @@ synthetic data (three Gaussian blobs; nothing to download).
 
 - rank 0 makes the dataset; scatter_dataset hands every rank its shard,
 - each rank starts from its own random weights; bcast_data makes them rank 0's,
-- every step: this rank's gradient, multi_node_mean_grad (the mean over the ranks, the same
-  as one process's gradient of the ranks' batches together), an SGD step,
+- every step: this rank's gradient, then MultiNodeOptimizer.update: the mean over the ranks
+  (the same as one process's gradient of the ranks' batches together) and an SGD step with it
+  (--double-buffering: with the previous step's mean, its exchange overlapping this step),
 - Evaluator: test loss and accuracy over every rank's test shard, sample-weighted,
-- Checkpointer: a snapshot per epoch; a rerun resumes from the newest one every rank holds
-  (--stop-after K ends the run after epoch K, as a crash would).
+- Checkpointer: a snapshot per epoch, the optimizer's state included; a rerun resumes from the
+  newest one every rank holds (--stop-after K ends the run after epoch K, as a crash would).
 """
 
 import argparse
@@ -60,6 +61,8 @@ def main():
     parser.add_argument("--lr", type=float, default=0.5)
     parser.add_argument("--samples", type=int, default=1200)
     parser.add_argument("--grad-dtype", choices=mncl.training.GRAD_DTYPES, default=None)
+    parser.add_argument("--double-buffering", action="store_true",
+                        help="step with the previous step's averaged gradients")
     parser.add_argument("--checkpoint", help="a folder for snapshots (resumed when present)")
     parser.add_argument("--stop-after", type=int, help="end after this epoch, as a crash would")
     args = parser.parse_args()
@@ -77,6 +80,13 @@ def main():
                   np.zeros(CLASSES, np.float32)]
         comm.bcast_data(params, root=0)
 
+        def sgd(params, grads):
+            for p, g in zip(params, grads):
+                p -= np.float32(args.lr) * g
+
+        optimizer = mncl.MultiNodeOptimizer(comm, sgd, grad_dtype=args.grad_dtype,
+                                            double_buffering=args.double_buffering)
+
         start = 0
         checkpointer = None
         if args.checkpoint:
@@ -85,6 +95,7 @@ def main():
             if found is not None:
                 start, saved = found[0], found[1]
                 params[0][...], params[1][...] = saved["weights"], saved["bias"]
+                optimizer.load_state_dict(saved["optimizer"])
                 if comm.rank == 0:
                     print(f"resumed after epoch {start}", flush=True)
 
@@ -96,16 +107,15 @@ def main():
             for begin in range(0, len(order) - args.batch + 1, args.batch):
                 batch = order[begin:begin + args.batch]
                 _, _, grads = forward(params, x_all[batch], y_all[batch])
-                comm.multi_node_mean_grad(grads, grad_dtype=args.grad_dtype)
-                for p, g in zip(params, grads):
-                    p -= np.float32(args.lr) * g
+                optimizer.update(params, grads)
             metrics = evaluator.evaluate(test, 64, lambda samples: dict(
                 zip(("loss", "accuracy"), forward(params, *stack(samples))[:2])))
             if comm.rank == 0:
                 print(f"epoch {epoch} test loss {metrics['loss']:.4f} "
                       f"accuracy {metrics['accuracy']:.4f}", flush=True)
             if checkpointer:
-                checkpointer.save(epoch, {"weights": params[0], "bias": params[1]})
+                checkpointer.save(epoch, {"weights": params[0], "bias": params[1],
+                                          "optimizer": optimizer.state_dict()})
             if args.stop_after == epoch:
                 return 3
         if comm.rank == 0:
