@@ -15,7 +15,7 @@
  *    MNCL_TIMEOUT, else 300 s): a dead or silent peer yields MNCL_ERR_TIMEOUT or
  *    MNCL_ERR_REMOTE naming the peer, never a hang. After an operation failed with
  *    MNCL_ERR_TIMEOUT, MNCL_ERR_REMOTE or MNCL_ERR_ABORTED, what the communicator can still do
- *    depends on the backend (gloo and shm refuse every later call as unusable after the
+ *    depends on the backend (gloo, shm and flat refuse every later call as unusable after the
  *    failure; naive goes on, the failed operation's message number used up): portable code
  *    destroys it and makes a new one (a split of a healthy parent, or a new job).
  *  - Collectives are issued by one thread per communicator at a time, in the same order on every
@@ -131,11 +131,14 @@ typedef struct mncl_config {
                             first launcher that sets both its rank and its size, looked at in
                             the order RANK/WORLD_SIZE (torchrun), OMPI_COMM_WORLD_RANK/
                             OMPI_COMM_WORLD_SIZE, PMI_RANK/PMI_SIZE, SLURM_PROCID/SLURM_NTASKS
-                            (the other launchers' variables are ignored, such as a lone RANK
-                            under mpirun; one of a launcher looked at earlier gets a warning if
-                            its value differs); else, when no launcher sets both, the first of
-                            those rank variables that is set (a lone RANK is used only then);
-                            else 0 */
+                            (Slurm's only inside an srun step: SLURM_STEP_ID set). Another
+                            launcher that sets both to other values is an error
+                            (MNCL_ERR_INVALID_ARGUMENT naming both pairs; exceptions, such as
+                            Slurm's around mpirun: README.md). A lone variable of another
+                            launcher is ignored (a stale RANK under mpirun), with a warning for
+                            one looked at earlier whose value differs; else, when no launcher
+                            sets both, the first of those rank variables that is set (a lone
+                            RANK is used only then); else 0 */
   int32_t size;          /* number of ranks; -1: MNCL_SIZE if set, else the same lookup over
                             the size variables (WORLD_SIZE, ...), else 1 */
   const char *bootstrap; /* "tcp://host:port" (rank 0 hosts the store there) or "file:///dir";
@@ -160,8 +163,8 @@ typedef struct mncl_config {
 MNCL_API int mncl_get_version(void);
 /* A static, human-readable name for a status ("MNCL_ERR_TIMEOUT: operation timed out"). */
 MNCL_API const char *mncl_status_string(mncl_status_t status);
-/* The message of the last failed call on this thread ("" if none). Valid until the next MNCL
- * call on this thread. */
+/* The message of the last failed call on this thread ("" if none), as errno: a call that
+ * succeeds leaves it as it was. Valid until the next MNCL call on this thread. */
 MNCL_API const char *mncl_last_error(void);
 /* Element size in bytes, or 0 for an unknown dtype. */
 MNCL_API size_t mncl_dtype_size(mncl_dtype_t dtype);
@@ -196,7 +199,9 @@ MNCL_API mncl_status_t mncl_comm_create(const mncl_config_t *config, mncl_comm_t
  * serves the store: its last mncl_comm_destroy of the job returns
  * once every other process has destroyed all of its own (or ended), since their communicators,
  * even those rank 0 is no member of, use that store; bounded by the timeout, past which it
- * warns and the store goes without them (their later calls fail with MNCL_ERR_REMOTE), and
+ * warns and the store goes without them (their later calls that need the store fail with
+ * MNCL_ERR_REMOTE: creations, splits, destroys, and every operation of a backend that moves
+ * its data through the store, as naive; those of gloo, shm and flat may still work), and
  * cut short by mncl_comm_abort (MNCL_ERR_ABORTED). When that last communicator was aborted
  * before its destroy, the store stays up about 1.5 s at most, as for mncl_comm_abort. The other
  * processes' destroys do not wait for rank 0's; a world they create again on the address
@@ -230,7 +235,9 @@ MNCL_API mncl_status_t mncl_comm_split(mncl_comm_t comm, int color, int key, mnc
  *               fails with MNCL_ERR_INVALID_ARGUMENT naming two ranks that differ. NULL: the
  *               parent's backend (a native split where the backend has one, as flat's).
  *   timeout_ms  the new communicator's timeout, the same on every rank of a group (else
- *               MNCL_ERR_INVALID_ARGUMENT there, as for backend); -1: the parent's.
+ *               MNCL_ERR_INVALID_ARGUMENT there, as for backend); -1: the parent's. The
+ *               values passed are compared, not their effect: -1 on one rank and the
+ *               parent's timeout spelt out on another differ.
  *   device      its accelerator ordinal; -1: the parent's.
  *   rank, size, bootstrap   must be -1 / NULL: ranks come from (color, key), the store from the
  *               parent (MNCL_ERR_INVALID_ARGUMENT naming the field otherwise).
@@ -423,7 +430,8 @@ typedef enum mncl_p2p_kind {
 
 /* One op of a batch. The array's elements all carry the same struct_size, which is also the
  * array's stride: a newer caller with a longer struct keeps working as long as its new fields
- * are zero (MNCL_ERR_NOT_SUPPORTED otherwise). */
+ * are zero (MNCL_ERR_NOT_SUPPORTED otherwise). This is the struct's first version: a shorter
+ * struct_size is refused (MNCL_ERR_INVALID_ARGUMENT). */
 typedef struct mncl_p2p_op {
   size_t struct_size; /* sizeof(mncl_p2p_op_t) as compiled by the caller */
   int32_t kind;       /* mncl_p2p_kind_t */
@@ -535,7 +543,8 @@ MNCL_API mncl_status_t mncl_isendrecv(mncl_comm_t comm, const void *sendbuf, siz
 
 /* Requests: a handle is never reused, so a completed (freed) one is refused for good with
  * MNCL_ERR_INVALID_ARGUMENT ("not pending"). One thread at a time may test or wait on a request;
- * another thread's call meanwhile is refused the same way.
+ * another thread's call meanwhile is refused with MNCL_ERR_INVALID_ARGUMENT too ("being tested
+ * or waited on by another thread").
  *
  * *done = 1 when finished: the request is then freed and the operation's status returned.
  * *done = 0: still running, MNCL_OK returned. */

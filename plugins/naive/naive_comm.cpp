@@ -690,9 +690,11 @@ void Comm::barrier(Op &op) {
       throw kit::Error(MNCL_ERR_ABORTED,
                        op.where() + ": communicator aborted while waiting for the other ranks");
     }
-    if (st != MNCL_OK) {
-      // The counter cannot say who is missing, only how many arrived.
-      const int64_t arrived = store_.add(counter, 0);
+    // The last rank may have arrived just as the wait ran out (it then returns MNCL_OK):
+    // the counter says so (past `size`, ranks are leaving already), and so does this rank.
+    // Only a count below `size` is a timeout; it cannot say who is missing, only how many.
+    const int64_t arrived = st == MNCL_OK ? size_ : store_.add(counter, 0);
+    if (arrived < size_) {
       throw kit::Error(MNCL_ERR_TIMEOUT,
                        kit::format("%s: only %lld of %d ranks arrived within %.1f s",
                                    op.where().c_str(), static_cast<long long>(arrived), size_,

@@ -10,6 +10,7 @@
 #include <new>
 #include <string>
 #include <system_error>
+#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -169,11 +170,22 @@ void require_out(T *out, const char *fn, const char *name) {
 }
 
 // Runs body; on failure records the message and returns the status. Nothing escapes.
+// mncl_last_error() is the last *failed* call's message (mncl.h), as errno: a call that
+// succeeds leaves it as it was, though the plugin calls inside clear it to read their own.
+// A body may return a status of its own (mncl_test, mncl_wait: the operation's, its message
+// set); a failure it returns keeps its message.
 template <typename Body>
 mncl_status_t guard(Body &&body) noexcept {
   try {
-    body();
-    return MNCL_OK;
+    const std::string before = mncl::last_error();  // "" (no allocation) but after a failure
+    mncl_status_t status = MNCL_OK;
+    if constexpr (std::is_void_v<decltype(body())>) {
+      body();
+    } else {
+      status = body();
+    }
+    if (status == MNCL_OK) mncl::set_last_error(before);
+    return status;
   } catch (const Error &e) {
     mncl::set_last_error(e.what());
     // The application receives the message; the log keeps it for MNCL_DEBUG=info runs.
@@ -982,8 +994,7 @@ MNCL_API mncl_status_t mncl_isendrecv(mncl_comm_t comm, const void *sendbuf, siz
 
 // finish() runs inside guard() too: nothing it might throw crosses the C ABI.
 MNCL_API mncl_status_t mncl_test(mncl_request_t request, int *done) {
-  mncl_status_t result = MNCL_OK;
-  const mncl_status_t status = guard([&] {
+  return guard([&]() -> mncl_status_t {
     require_out(done, "mncl_test", "done");
     *done = 0;
     MNCL_CHECK(request != nullptr, MNCL_ERR_INVALID_ARGUMENT, "mncl_test: request is NULL");
@@ -997,17 +1008,15 @@ MNCL_API mncl_status_t mncl_test(mncl_request_t request, int *done) {
     }
     if (!finished) {
       release(state);
-      return;
+      return MNCL_OK;
     }
-    result = finish(request, state);
     *done = 1;
+    return finish(request, state);
   });
-  return status != MNCL_OK ? status : result;
 }
 
 MNCL_API mncl_status_t mncl_wait(mncl_request_t request, int64_t timeout_ms) {
-  mncl_status_t result = MNCL_OK;
-  const mncl_status_t status = guard([&] {
+  return guard([&]() -> mncl_status_t {
     MNCL_CHECK(request != nullptr, MNCL_ERR_INVALID_ARGUMENT, "mncl_wait: request is NULL");
     MNCL_CHECK(timeout_ms >= -1, MNCL_ERR_INVALID_ARGUMENT,
                "mncl_wait: timeout_ms %lld is negative (use -1 to wait until the operation ends)",
@@ -1024,9 +1033,8 @@ MNCL_API mncl_status_t mncl_wait(mncl_request_t request, int64_t timeout_ms) {
     MNCL_CHECK(finished, MNCL_ERR_TIMEOUT,
                "mncl_wait: the operation did not finish within %lld ms (the request stays valid)",
                static_cast<long long>(timeout_ms));
-    result = finish(request, state);
+    return finish(request, state);
   });
-  return status != MNCL_OK ? status : result;
 }
 
 }  // extern "C"

@@ -461,6 +461,43 @@ int main() {
         "destroy twice", I, [&] { return mncl_comm_destroy(doomed); }, "not a live");
   }
 
+  // --- mncl_last_error: the last failed call's message, as errno --------------------------------
+  // Calls that succeed leave it as it was, whether or not they reach the backend (whose calls
+  // clear it inside); a request's failure reported by mncl_wait or mncl_test is its own.
+  check(
+      "a refused call before the successful ones", I,
+      [&] { return mncl_bcast(comm, a, 4, MNCL_FLOAT32, 7, nullptr); }, "root 7");
+  const std::string refusal = mncl_last_error();
+  const auto keeps = [&](const char *name, const std::function<mncl_status_t()> &call) {
+    expect_ok(name, call);
+    ++g.cases;
+    if (refusal != mncl_last_error()) {
+      ++g.no_message;
+      std::printf("  LAST ERROR after a successful %s: '%s', expected '%s'\n", name,
+                  mncl_last_error(), refusal.c_str());
+    }
+  };
+  keeps("mncl_allreduce",
+        [&] { return mncl_allreduce(comm, a, b, 4, MNCL_FLOAT32, MNCL_SUM, nullptr); });
+  keeps("mncl_comm_rank", [&] {
+    int r = -1;
+    return mncl_comm_rank(comm, &r);
+  });
+  keeps("mncl_iallreduce",
+        [&] { return mncl_iallreduce(comm, a, b, 4, MNCL_FLOAT32, MNCL_SUM, nullptr, &req); });
+  keeps("mncl_wait", [&] { return mncl_wait(req, -1); });
+  keeps("mncl_ibarrier", [&] { return mncl_ibarrier(comm, nullptr, &req); });
+  keeps("mncl_test", [&] {
+    int done = 0;
+    mncl_status_t st = MNCL_OK;
+    while (st == MNCL_OK && !done) st = mncl_test(req, &done);
+    return st;
+  });
+  keeps("mncl_comm_split and mncl_comm_destroy", [&] {
+    mncl_comm_t child = nullptr;
+    const mncl_status_t st = mncl_comm_split(comm, 0, 0, &child);
+    return st != MNCL_OK ? st : mncl_comm_destroy(child);
+  });
   // The communicator is still fine after all of that.
   const bool healthy = mncl_allreduce(comm, a, b, 4, MNCL_FLOAT32, MNCL_SUM, nullptr) == MNCL_OK;
   mncl_comm_destroy(comm);

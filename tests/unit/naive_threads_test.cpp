@@ -544,6 +544,84 @@ TEST(NaiveFailures, BarrierAndRecvTimeouts) {
   EXPECT_EQ(recv_error, "naive recv #1: no message #0 from rank 1 within 0.1 s");
 }
 
+// The last rank arrives just as another's wait for the barrier runs out (the audit's race:
+// that rank reported "only 2 of 2 ranks arrived", naming a rank that had arrived, while the
+// last one returned MNCL_OK). Made deterministic by a store whose get of the barrier's "go"
+// key, once timed out, lets rank 1 arrive and waits for its count before it answers.
+TEST(NaiveFailures, BarrierWhoseLastRankArrivesAsTheWaitEndsSucceeds) {
+  struct LateStore {
+    MemStore inner;
+    mncl_store_v1_t table{};
+    std::mutex mu;
+    std::condition_variable cv;
+    bool timed_out = false;
+    static LateStore *self(void *ctx) { return static_cast<LateStore *>(ctx); }
+    static mncl_status_t get(void *ctx, const char *key, void **value, size_t *len,
+                             int64_t timeout_ms) {
+      LateStore *s = self(ctx);
+      const mncl_store_v1_t &t = *s->inner.table();
+      const mncl_status_t st = t.get(t.ctx, key, value, len, timeout_ms);
+      const std::string name = key;
+      if (st != MNCL_ERR_TIMEOUT || name.size() < 3 || name.substr(name.size() - 3) != "/go") {
+        return st;
+      }
+      {
+        const std::lock_guard<std::mutex> lock(s->mu);
+        s->timed_out = true;
+      }
+      s->cv.notify_all();
+      const std::string counter = name.substr(0, name.size() - 2) + "n";
+      for (int64_t arrived = 0; arrived < 2;) {  // rank 1's arrival, then the timeout
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        EXPECT_EQ(t.add(t.ctx, counter.c_str(), 0, &arrived), MNCL_OK);
+      }
+      return st;
+    }
+  } store;
+  store.table = *store.inner.table();
+  store.table.ctx = &store;
+  store.table.get = &LateStore::get;
+  store.table.set = [](void *ctx, const char *key, const void *value, size_t len) {
+    const mncl_store_v1_t &t = *LateStore::self(ctx)->inner.table();
+    return t.set(t.ctx, key, value, len);
+  };
+  store.table.release = [](void *ctx, void *value) {
+    const mncl_store_v1_t &t = *LateStore::self(ctx)->inner.table();
+    t.release(t.ctx, value);
+  };
+  store.table.add = [](void *ctx, const char *key, int64_t delta, int64_t *result) {
+    const mncl_store_v1_t &t = *LateStore::self(ctx)->inner.table();
+    return t.add(t.ctx, key, delta, result);
+  };
+  store.table.wait = [](void *ctx, const char *const *keys, size_t nkeys, int64_t timeout_ms) {
+    const mncl_store_v1_t &t = *LateStore::self(ctx)->inner.table();
+    return t.wait(t.ctx, keys, nkeys, timeout_ms);
+  };
+  store.table.del = [](void *ctx, const char *key) {
+    const mncl_store_v1_t &t = *LateStore::self(ctx)->inner.table();
+    return t.del(t.ctx, key);
+  };
+  std::vector<mncl_status_t> status(2, MNCL_ERR_INTERNAL);
+  std::vector<std::string> errors(2);
+  mncl_testing::on_threads(2, [&](int r) {
+    Rank me;
+    me.rank = r;
+    me.size = 2;
+    me.timeout_ms = 100;
+    const mncl_bootstrap_v1_t bs = mncl_testing::make_bootstrap(r, 2, 100, "w", &store.table);
+    ASSERT_EQ(g_plugin->comm_create(&bs, &me.comm), MNCL_OK) << t_last_error;
+    if (r == 1) {  // arrives only once rank 0's wait has run out
+      std::unique_lock<std::mutex> lock(store.mu);
+      store.cv.wait(lock, [&] { return store.timed_out; });
+    }
+    status[r] = me.run(MNCL_COLL_BARRIER, 0, 0, -1, nullptr, nullptr, 0);
+    errors[r] = t_last_error;
+    EXPECT_EQ(g_plugin->comm_destroy(me.comm), MNCL_OK);
+  });
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(status[r], MNCL_OK) << "rank " << r << ": " << errors[r];
+  EXPECT_TRUE(store.inner.keys().empty()) << "the barrier's keys were left in the store";
+}
+
 TEST(NaiveFailures, MismatchedCountsAreReported) {
   std::vector<mncl_status_t> status(2);
   std::vector<std::string> errors(2);
