@@ -26,8 +26,8 @@ nccl_targets=(mncl-nccl mncl-fake-gpu gpu_collectives_test)
 
 # flat stays out of the sanitized runs: Open MPI's own never-freed allocations would fail LSan.
 # naive up to 3 ranks: it branches only on a size of 1 (4 ranks run in the main ctest).
-asan_regex='^(store_test|plugin_kit_test|plugin_misbehaviour_test|op_history_test|peer_watch_test|naive_threads_test|plugin_p2p_concurrency_test|gloo_transport_test|native_async_destroy_test|loader|conformance\.(naive\.np[1-3]|gloo\.np[1-4])|conformance\.nccl\.fake_gpu\.np[23]|cuda\.fake_gpu\.(nccl|naive|gloo|auto_cuda)\..*|fault\.(bad_input|leak_cycles|watchdog\..*|abort\.(naive|gloo|shm|nccl)\..*|abort_destroy\.(naive|gloo|shm)\..*|killed_rank\.(naive|nccl)\.np4|aborted_peer\.naive\.np3|aborted_peer\.gloo\.np3|destroyed_peer\.naive\.np3|destroyed_peer\.gloo\.np3|killed_rank\.nccl_silent\.np3|aborted_peer\.nccl_silent\.np3|killed_rank\.own_pidns\.naive\.np3|killed_rank\.store_host_exits\.naive\.np3|stalled_rank\.naive\.np4|mismatch\.count\.checks\.naive\.np4)|split\.(naive\.np4\.hosts_of_2|gloo\.np3\.hosts_of_2|destroy_order\.naive\.np3)|frontends\.(unit|mp\.naive\.np3)|nonblocking\.lifetime\.naive\.np2)$'
-asan_targets=("${common_targets[@]}" "${gloo_target[@]}" loader_test split_test destroy_order_test
+asan_regex='^(store_test|plugin_kit_test|plugin_misbehaviour_test|op_history_test|peer_watch_test|naive_threads_test|plugin_p2p_concurrency_test|gloo_transport_test|native_async_destroy_test|loader|conformance\.(naive\.np[1-3]|gloo\.np[1-4])|conformance\.nccl\.fake_gpu\.np[23]|cuda\.fake_gpu\.(nccl|naive|gloo|auto_cuda)\..*|fault\.(bad_input|leak_cycles|watchdog\..*|abort\.(naive|gloo|shm|nccl)\..*|abort_destroy\.(naive|gloo|shm)\..*|killed_rank\.(naive|nccl)\.np4|aborted_peer\.naive\.np3|aborted_peer\.gloo\.np3|destroyed_peer\.naive\.np3|destroyed_peer\.gloo\.np3|killed_rank\.nccl_silent\.np3|aborted_peer\.nccl_silent\.np3|killed_rank\.own_pidns\.naive\.np3|killed_rank\.store_host_exits\.naive\.np3|stalled_rank\.naive\.np4|mismatch\.count\.checks\.naive\.np4)|split\.(naive\.np4\.hosts_of_2|gloo\.np3\.hosts_of_2|destroy_order\.naive\.np3|store_keys\.naive\.np3)|frontends\.(unit|mp\.naive\.np3)|nonblocking\.lifetime\.naive\.np2)$'
+asan_targets=("${common_targets[@]}" "${gloo_target[@]}" loader_test split_test destroy_order_test store_keys_test
               mncl-shm "${nccl_targets[@]}"
               frontends_unit_test frontends_mp_test native_async_destroy_test nonblocking_lifetime_test
               plugin_misbehaviour_test mncl-mock-misbehave)
@@ -40,9 +40,9 @@ asan_targets=("${common_targets[@]}" "${gloo_target[@]}" loader_test split_test 
 # ~UnboundBuffer orders the two only by polling weak_ptr::expired() (a relaxed load, which
 # libstdc++ says gives no synchronization), so TSan reports a race inside libgloo, now and then
 # (once in CI, stop 41). ASan and the main run keep aborted_peer.gloo.
-tsan_regex='^(store_test|plugin_kit_test|op_history_test|naive_threads_test|plugin_p2p_concurrency_test|gloo_transport_test|native_async_destroy_test|shm\.lanes|conformance\.naive\.np3|conformance\.nccl\.fake_gpu\.np2|cuda\.fake_gpu\.(nccl\.np2|nccl\.dead_peer\..*|naive\.np2)|fault\.(watchdog\..*|abort\.(naive|gloo|nccl)\.np2|aborted_peer\.naive\.np3|destroyed_peer\.naive\.np3|killed_rank\.nccl_silent\.np3|aborted_peer\.nccl_silent\.np3|killed_rank\.own_pidns\.naive\.np3|abort_destroy\.naive\.np2|stalled_rank\.naive\.np4)|split\.destroy_order\.naive\.np3)$'
+tsan_regex='^(store_test|plugin_kit_test|op_history_test|naive_threads_test|plugin_p2p_concurrency_test|gloo_transport_test|native_async_destroy_test|shm\.lanes|conformance\.naive\.np3|conformance\.nccl\.fake_gpu\.np2|cuda\.fake_gpu\.(nccl\.np2|nccl\.dead_peer\..*|naive\.np2)|fault\.(watchdog\..*|abort\.(naive|gloo|nccl)\.np2|aborted_peer\.naive\.np3|destroyed_peer\.naive\.np3|killed_rank\.nccl_silent\.np3|aborted_peer\.nccl_silent\.np3|killed_rank\.own_pidns\.naive\.np3|abort_destroy\.naive\.np2|stalled_rank\.naive\.np4)|split\.(destroy_order|store_keys)\.naive\.np3)$'
 tsan_targets=("${common_targets[@]}" "${gloo_target[@]}" mncl-shm shm_lanes_test "${nccl_targets[@]}"
-              native_async_destroy_test destroy_order_test)
+              native_async_destroy_test destroy_order_test store_keys_test)
 
 # <dir> <MNCL_SANITIZE> <targets...>
 build_sanitized() {

@@ -1,5 +1,6 @@
 #include "bootstrap/file_store.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -10,6 +11,8 @@
 #include <cctype>
 #include <cerrno>
 #include <charconv>
+#include <cstring>
+#include <memory>
 #include <random>
 #include <thread>
 
@@ -240,6 +243,34 @@ std::vector<std::string> FileStore::wait(const std::vector<std::string> &keys,
     back_off(interval, deadline);
   }
   return missing;
+}
+
+size_t FileStore::erase_prefix(const std::string &prefix) {
+  check_erase_prefix(prefix);
+  // Names encode keys byte by byte, so a key's name begins with its prefix's, unless the name
+  // was shortened before the prefix's end (key_file_name): such keys are passed over.
+  std::string start = key_file_name(prefix);
+  if (start.size() > kMaxNameBytes - 17) return 0;
+  std::unique_ptr<DIR, int (*)(DIR *)> dir(opendir(dir_.c_str()), closedir);
+  MNCL_CHECK(dir != nullptr, MNCL_ERR_SYSTEM, "%s",
+             system_error("cannot list the directory", dir_).c_str());
+  std::vector<std::string> names;
+  while (const dirent *entry = readdir(dir.get())) {
+    if (std::strncmp(entry->d_name, start.c_str(), start.size()) == 0) {
+      names.emplace_back(entry->d_name);
+    }
+  }
+  size_t erased = 0;
+  for (const auto &name : names) {
+    const std::string path = dir_ + "/" + name;
+    if (unlink(path.c_str()) == 0) {
+      ++erased;
+    } else {
+      MNCL_CHECK(errno == ENOENT, MNCL_ERR_SYSTEM, "%s",
+                 system_error("cannot delete", path).c_str());
+    }
+  }
+  return erased;
 }
 
 bool FileStore::erase(const std::string &key) {

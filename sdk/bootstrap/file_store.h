@@ -24,6 +24,7 @@ class FileStore final : public Store {
   std::vector<std::string> wait(const std::vector<std::string> &keys,
                                 const WaitOptions &opts) override;
   bool erase(const std::string &key) override;
+  size_t erase_prefix(const std::string &prefix) override;
   std::string describe() const override { return "file://" + dir_; }
 
  private:

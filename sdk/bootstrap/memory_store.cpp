@@ -4,6 +4,7 @@
 #include <map>
 #include <mutex>
 
+#include "bootstrap/store_util.h"
 #include "common/error.h"
 
 namespace mncl::bootstrap {
@@ -56,6 +57,16 @@ class MemoryStore final : public Store {
     return missing;
   }
 
+  size_t erase_prefix(const std::string &prefix) override {
+    check_erase_prefix(prefix);
+    std::lock_guard<std::mutex> lock(mutex_);
+    size_t erased = 0;
+    for (auto it = values_.lower_bound(prefix);
+         it != values_.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++erased) {
+      it = values_.erase(it);
+    }
+    return erased;
+  }
   bool erase(const std::string &key) override {
     std::lock_guard<std::mutex> lock(mutex_);
     return values_.erase(key) > 0;

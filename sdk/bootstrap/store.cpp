@@ -109,6 +109,10 @@ class PrefixStore final : public Store {
     return missing;
   }
   bool erase(const std::string &key) override { return base_->erase(prefix_ + key); }
+  // An empty prefix here is every key of this view (the base's prefix is never empty).
+  size_t erase_prefix(const std::string &prefix) override {
+    return base_->erase_prefix(prefix_ + prefix);
+  }
   std::string describe() const override { return base_->describe(); }
   void stop_accepting() override { base_->stop_accepting(); }
   bool set_on_close(const std::string &key, const void *data, size_t len) override {

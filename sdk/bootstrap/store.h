@@ -42,6 +42,10 @@ class Store {
                                         const WaitOptions &opts) = 0;
   // Deletes key; returns whether it existed.
   virtual bool erase(const std::string &key) = 0;
+  // Deletes every key that begins with prefix (non-empty, else MNCL_ERR_INVALID_ARGUMENT);
+  // returns how many. A file store passes over keys whose file names were shortened (keys of
+  // some 200 bytes and more) where the prefix is longer than the part of the name kept.
+  virtual size_t erase_prefix(const std::string &prefix) = 0;
   // "tcp://127.0.0.1:29500" or "file:///shared/dir", for messages.
   virtual std::string describe() const = 0;
   // On the rank hosting a TCP store: accept no new connections (existing ones keep working).

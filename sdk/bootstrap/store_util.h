@@ -16,6 +16,12 @@ inline void throw_if_aborted(const WaitOptions &opts, const std::string &what) {
   }
 }
 
+// Store::erase_prefix's argument: an empty prefix would erase every key of the store.
+inline void check_erase_prefix(const std::string &prefix) {
+  MNCL_CHECK(!prefix.empty(), MNCL_ERR_INVALID_ARGUMENT,
+             "store: erase_prefix needs a prefix (an empty one would erase every key)");
+}
+
 // For messages: "3.0 s".
 inline double seconds(std::chrono::milliseconds duration) {
   return duration.count() / 1000.0;

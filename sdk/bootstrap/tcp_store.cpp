@@ -607,6 +607,14 @@ bool TcpStore::cancel_on_close(const std::string &key) {
   return reply.message.flag;
 }
 
+size_t TcpStore::erase_prefix(const std::string &prefix) {
+  check_erase_prefix(prefix);
+  Lease lease(*this);
+  const auto reply = call(lease.socket(), wire::encode_erase_prefix(prefix));
+  if (reply.op != wire::Op::kInteger) unexpected_reply(url_, "ERASE_PREFIX", reply.op);
+  return static_cast<size_t>(reply.message.integer);
+}
+
 bool TcpStore::erase(const std::string &key) {
   Lease lease(*this);
   const auto reply = call(lease.socket(), wire::encode_erase(key));

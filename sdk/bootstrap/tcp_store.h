@@ -81,6 +81,7 @@ class TcpStore final : public Store {
   std::vector<std::string> wait(const std::vector<std::string> &keys,
                                 const WaitOptions &opts) override;
   bool erase(const std::string &key) override;
+  size_t erase_prefix(const std::string &prefix) override;
   std::string describe() const override { return url_; }
   void stop_accepting() override {
     if (server_) server_->stop_accepting();

@@ -769,6 +769,19 @@ void TcpStoreServer::Impl::handle(Connection &c, const wire::Message &m) {
     case wire::Op::kErase:
       reply(c, wire::encode_bool(data.erase(key) > 0));
       break;
+    case wire::Op::kErasePrefix: {
+      int64_t erased = 0;
+      for (auto it = data.begin(); it != data.end();) {
+        if (it->first.compare(0, key.size(), key) == 0) {
+          it = data.erase(it);
+          ++erased;
+        } else {
+          ++it;
+        }
+      }
+      reply(c, wire::encode_integer(erased));
+      break;
+    }
     case wire::Op::kSetOnClose: {
       auto &wills = c.on_close;
       const auto found = std::find_if(wills.begin(), wills.end(),
@@ -826,8 +839,9 @@ void TcpStoreServer::Impl::handle_hello(Connection &c, const wire::Message &m) {
          true);
     return;
   }
-  // Version 1 (before SET_ON_CLOSE) is a subset of this one: its clients are served.
-  if (m.version != wire::kProtocolVersion && m.version != 1) {
+  // Versions 1 (before SET_ON_CLOSE) and 2 (before ERASE_PREFIX) are subsets of this one:
+  // their clients are served.
+  if (m.version < 1 || m.version > wire::kProtocolVersion) {
     MNCL_WARN("store server at %s: refused %s: protocol version %u, this server speaks %u",
               url.c_str(), c.peer.c_str(), m.version, wire::kProtocolVersion);
     reply(c, wire::encode_refused(format("protocol version %u, the server speaks %u", m.version,

@@ -58,7 +58,7 @@ class Reader {
 };
 
 bool is_known(uint8_t op) {
-  return (op >= 1 && op <= 8) || (op >= 64 && op <= 71);
+  return (op >= 1 && op <= 9) || (op >= 64 && op <= 71);
 }
 
 // Decodes the body of a known op; false if its fields do not fill the body exactly.
@@ -95,6 +95,10 @@ bool decode_body(Op op, Reader &in, Message &out) {
     case Op::kErase:
     case Op::kCancelOnClose:
       out.text = in.rest();
+      break;
+    case Op::kErasePrefix:  // an empty prefix would erase the whole store: never sent
+      out.text = in.rest();
+      if (out.text.empty()) return false;
       break;
     case Op::kOk:
     case Op::kNotYet:
@@ -185,7 +189,7 @@ size_t key_list_size(const Keys &keys) {
 }  // namespace
 
 bool is_request(Op op) {
-  return static_cast<uint8_t>(op) >= 1 && static_cast<uint8_t>(op) <= 8;
+  return static_cast<uint8_t>(op) >= 1 && static_cast<uint8_t>(op) <= 9;
 }
 
 const char *op_name(Op op) {
@@ -206,6 +210,8 @@ const char *op_name(Op op) {
       return "SET_ON_CLOSE";
     case Op::kCancelOnClose:
       return "CANCEL_ON_CLOSE";
+    case Op::kErasePrefix:
+      return "ERASE_PREFIX";
     case Op::kOk:
       return "OK";
     case Op::kValue:
@@ -299,6 +305,9 @@ std::vector<uint8_t> encode_set_on_close_head(std::string_view key, size_t value
 }
 std::vector<uint8_t> encode_cancel_on_close(std::string_view key) {
   return Writer(Op::kCancelOnClose, key.size()).rest(key).finish();
+}
+std::vector<uint8_t> encode_erase_prefix(std::string_view prefix) {
+  return Writer(Op::kErasePrefix, prefix.size()).rest(prefix).finish();
 }
 std::vector<uint8_t> encode_ok() {
   return Writer(Op::kOk).finish();

@@ -18,6 +18,10 @@
 // server serves version 1 clients too (they never ask for a will); a version 1 server refuses
 // a version 2 client at HELLO ("protocol version 2, the server speaks 1"): every rank of a
 // job must run a library as new as its store's host's.
+//
+// Version 3 added ERASE_PREFIX: every key that starts with a prefix goes in one request (a
+// communicator's keys at its destroy, whatever left them: an aborted operation's, a split's).
+// A version 3 server serves version 1 and 2 clients; older servers refuse version 3 clients.
 #pragma once
 
 #include <cstddef>
@@ -28,7 +32,7 @@
 
 namespace mncl::bootstrap::wire {
 
-constexpr uint32_t kProtocolVersion = 2;
+constexpr uint32_t kProtocolVersion = 3;
 // u32 length + u8 opcode.
 constexpr size_t kHeaderBytes = 5;
 // The largest length field accepted. Larger lengths are rejected before anything is allocated.
@@ -54,11 +58,13 @@ enum class Op : uint8_t {
   // limit.
   kSetOnClose = 7,
   kCancelOnClose = 8,  // key (rest): takes SET_ON_CLOSE back; replied BOOL (was registered)
+  kErasePrefix = 9,    // prefix (rest, non-empty): erases every key it begins; replied INTEGER
+                       // (how many)
   // Replies, server to client.
   kOk = 64,       // (empty): HELLO accepted, SET done
   kValue = 65,    // value (rest): GET found the key
   kNotYet = 66,   // (empty): GET's wait slice ran out
-  kInteger = 67,  // i64: ADD's new value
+  kInteger = 67,  // i64: ADD's new value, ERASE_PREFIX's count
   kMissing = 68,  // u32 count | count x string key: WAIT's keys still missing (none: all set)
   kBool = 69,     // u8 0 or 1: ERASE, whether the key existed
   kRefused = 70,  // reason (rest): HELLO refused ("token" or a version mismatch)
@@ -75,8 +81,8 @@ struct Message {
   uint32_t wait_ms = 0;  // kGet, kWait
   int64_t integer = 0;   // kAdd (delta), kInteger
   bool flag = false;     // kBool
-  // kHello: token; kSet/kGet/kAdd/kErase/kSetOnClose/kCancelOnClose: key; kRefused/kFailed:
-  // text.
+  // kHello: token; kSet/kGet/kAdd/kErase/kSetOnClose/kCancelOnClose: key; kErasePrefix: the
+  // prefix; kRefused/kFailed: text.
   std::string_view text;
   std::vector<std::string_view> keys;  // kWait, kMissing
   std::string_view value;              // kSet, kSetOnClose, kValue
@@ -109,6 +115,7 @@ std::vector<uint8_t> encode_wait(const std::vector<std::string> &keys, uint32_t 
 std::vector<uint8_t> encode_erase(std::string_view key);
 std::vector<uint8_t> encode_set_on_close_head(std::string_view key, size_t value_size);
 std::vector<uint8_t> encode_cancel_on_close(std::string_view key);
+std::vector<uint8_t> encode_erase_prefix(std::string_view prefix);
 std::vector<uint8_t> encode_ok();
 std::vector<uint8_t> encode_value_head(size_t value_size);
 std::vector<uint8_t> encode_not_yet();

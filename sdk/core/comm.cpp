@@ -50,6 +50,12 @@ constexpr size_t kLingerMaxBytes = 64 * 1024;
 // of polling, and waits that slept from 500 us on made it 2.5x slower than MPI_Wait.
 constexpr auto kNativeSpin = std::chrono::milliseconds(20);
 
+// The value of a rank's "leave/<rank>" key: it left in the leave protocol (its rank 0 waits for
+// every rank's and then erases the communicator's keys), or abandoned an aborted communicator
+// (nobody waits: the last rank to leave erases them, where rank 0 abandoned it too).
+constexpr char kLeftInTurn[] = "1";
+constexpr char kLeftAbandoned[] = "a";
+
 // now + ms, saturating: a timeout too long for the clock means no deadline.
 Clock::time_point deadline_after(int64_t ms) {
   const auto now = Clock::now();
@@ -106,6 +112,22 @@ bootstrap::WaitOptions wait_options(int64_t timeout_ms, const std::atomic<bool> 
   opts.timeout = std::chrono::milliseconds(timeout_ms);
   opts.aborted = aborted;
   return opts;
+}
+
+// After this rank set its leave key: where rank 0 abandoned the communicator (aborted before
+// its destroy: it waits for nobody) and every rank has left, erases the communicator's keys
+// (store: its view), which otherwise stayed for the job's life, an aborted operation's data
+// included (naive). Rank 0's key is read first, so that only then are all of them looked at.
+// Several ranks may find every key at once: erasing is idempotent, and every leave key is set
+// by then (whichever rank sets the last one finds them all).
+void erase_if_all_abandoned(bootstrap::Store &store, int size) {
+  const std::string first = "leave/0";
+  if (!store.wait({first}, wait_options(0, nullptr)).empty()) return;
+  const bootstrap::Bytes how = store.get(first, wait_options(0, nullptr));
+  if (std::string(how.begin(), how.end()) != kLeftAbandoned) return;  // rank 0 erases them
+  std::vector<std::string> leave;
+  for (int r = 1; r < size; ++r) leave.push_back("leave/" + std::to_string(r));
+  if (store.wait(leave, wait_options(0, nullptr)).empty()) store.erase_prefix("");
 }
 
 // Called while an exchange still waits for the ranks named; may throw to stop waiting.
@@ -704,14 +726,15 @@ void Comm::leave_abandoned(bool last_of_job) {
   // Briefly: the store may be what failed (a cut link), and then a store call only fails after
   // the timeout, which an aborted destroy must not wait.
   run_briefly(std::chrono::milliseconds(500),
-              [store = comm_store_, job_store = job_store_, rank = rank_,
+              [store = comm_store_, job_store = job_store_, rank = rank_, size = size_,
                closing = last_of_job && job_->hosts_tcp_store, watch = peer_watch_] {
                 try {
                   // The store's host: a world re-created on this address waits for the next server.
                   if (closing) job_store->stop_accepting();
                   if (watch != nullptr) watch->take_back_wills();  // before the leave: see there
                   const std::string key = "leave/" + std::to_string(rank);
-                  store->set(key, "1", 1);
+                  store->set(key, kLeftAbandoned, 1);
+                  erase_if_all_abandoned(*store, size);
                 } catch (const Error &e) {
                   MNCL_INFO("mncl_comm_destroy of an aborted communicator: could not leave: %s",
                             e.what());
@@ -732,9 +755,19 @@ void Comm::linger_for_note(Clock::time_point give_up) {
   for (int r = 0; r < size_; ++r) {
     if (r != rank_) others.push_back("leave/" + std::to_string(r));
   }
+  const std::string own = "leave/" + std::to_string(rank_);
+  bool left = false;  // this rank's leave key was seen: it left (leave_abandoned)
   try {
     while (Clock::now() < give_up) {
       const std::vector<std::string> missing = comm_store_->wait(others, wait_options(0, nullptr));
+      // This rank's leave key seen, then gone: the last rank to leave erased every key
+      // (erase_if_all_abandoned), so every rank has left. Not where it never left (a process
+      // ending with the communicator, linger_at_exit).
+      if (!missing.empty()) {
+        const bool present = comm_store_->wait({own}, wait_options(0, nullptr)).empty();
+        if (left && !present) return;
+        left = left || present;
+      }
       std::vector<int> ranks;
       for (const auto &key : missing) ranks.push_back(std::stoi(key.substr(std::strlen("leave/"))));
       if (peer_watch_->all_gone(ranks)) return;
@@ -2111,6 +2144,20 @@ std::unique_ptr<Comm> Comm::split_impl(int color, int key, bool by_type, int typ
       (wanted.inherit_backend ? std::string("-") : "=" + wanted.backend);
   const auto values =
       exchange(*comm_store_, prefix, rank_, size_, record, timeout_ms_, &aborted_, fn);
+  if (split_index > 0) {
+    // Every rank has written this split's record, so every rank is done reading the last
+    // split's: this rank's goes, and a parent split again and again holds one split's keys,
+    // not one per split (a split per epoch grew the store host by ~170 B per rank and split).
+    // A failure leaves the key (the parent's destroy erases it) and fails nothing: the other
+    // ranks go on with the split.
+    const std::string last =
+        format("split%llu/%d", static_cast<unsigned long long>(split_index - 1), rank_);
+    try {
+      comm_store_->erase(last);
+    } catch (const Error &e) {
+      MNCL_INFO("%s: could not erase %s: %s", fn, last.c_str(), e.what());
+    }
+  }
 
   struct Entry {
     int color = 0, key = 0, parent_rank = 0;
@@ -2478,27 +2525,20 @@ void Comm::destroy(const std::atomic<int> *api_calls) {
       // The notes for this rank's end go before its leave key comes: past it the others may
       // take it for left, and its process then ends (the note would say it was lost).
       if (peer_watch_ != nullptr) peer_watch_->take_back_wills();
-      comm_store_->set(mine, "1", 1);
+      comm_store_->set(mine, kLeftInTurn, 1);
+      if (rank_ != 0) {
+        try {
+          erase_if_all_abandoned(*comm_store_, size_);
+        } catch (const Error &e) {  // the keys stay; the destroy itself went well
+          MNCL_INFO("mncl_comm_destroy(%s): could not erase an aborted rank 0's keys: %s",
+                    id_.c_str(), e.what());
+        }
+      }
       // A half-made child's rank 0 leaves its keys behind rather than wait for ranks that may
       // be waiting for it (see split_impl).
       if (rank_ == 0 && !half_made_) {
-        std::vector<std::string> leave, cleanup;
-        for (int r = 0; r < size_; ++r) {
-          leave.push_back("leave/" + std::to_string(r));
-          cleanup.push_back("join/" + std::to_string(r));
-          cleanup.push_back("claim/" + std::to_string(r));
-          if (r == 0) cleanup.push_back("claim/twice");  // a stray claimant's, after the join
-          cleanup.push_back(diag_key(r));
-          if (r == 0) cleanup.push_back(diag_read_key());
-          if (r == 0 && peer_watch_ != nullptr) cleanup.push_back(peer_watch_->note_key());
-          if (peer_watch_ != nullptr) cleanup.push_back(PeerWatch::gone_key(r));
-          if (peer_watch_ != nullptr) cleanup.push_back(peer_watch_->ended_key(r));
-          if (r == 0 && peer_watch_ != nullptr) cleanup.push_back(peer_watch_->ended_count_key());
-          cleanup.push_back("choice/" + std::to_string(r));
-          for (uint64_t s = 0; s < next_split_; ++s) {
-            cleanup.push_back(format("split%llu/%d", static_cast<unsigned long long>(s), r));
-          }
-        }
+        std::vector<std::string> leave;
+        for (int r = 0; r < size_; ++r) leave.push_back("leave/" + std::to_string(r));
         // mncl_comm_abort from another thread cuts this wait short (a peer that died), and so
         // does finding that every rank still missing is one of this host's that exited: it
         // can never leave (the others' destroy waits for this one's end, on a TCP store).
@@ -2561,8 +2601,14 @@ void Comm::destroy(const std::atomic<int> *api_calls) {
               "are removed without them",
               label().c_str(), missing.size(), timeout_ms_ / 1000.0);
         }
-        for (const auto &k : cleanup) comm_store_->erase(k);
-        for (const auto &k : leave) comm_store_->erase(k);
+        // Every key of the communicator, in one request: the core's, the backend's (an aborted
+        // operation's data on naive) and the last split's. A failure leaves them (logged) and
+        // fails nothing: the store's host still waits for the job below.
+        try {
+          comm_store_->erase_prefix("");
+        } catch (const Error &e) {
+          MNCL_INFO("mncl_comm_destroy(%s): could not erase its keys: %s", id_.c_str(), e.what());
+        }
       }
       if (last_of_job && job_->hosts_tcp_store && !wait_for_job_to_leave(teardown_deadline) &&
           error.empty()) {

@@ -153,6 +153,7 @@ class SilentStore : public bootstrap::Store {
     return keys;
   }
   bool erase(const std::string &) override { return false; }
+  size_t erase_prefix(const std::string &) override { return 0; }
   std::string describe() const override { return "silent"; }
   void release() {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -32,6 +32,7 @@
 
 #include "../common/expect_error.h"
 #include "bootstrap/file_store.h"
+#include "bootstrap/memory_store.h"
 #include "bootstrap/net.h"
 #include "bootstrap/tcp_store.h"
 #include "bootstrap/wire.h"
@@ -293,6 +294,34 @@ TEST_P(StoreTest, PrefixStoresAreIsolated) {
   EXPECT_FALSE(b->erase("k"));
   EXPECT_TRUE(a->erase("k"));
   EXPECT_EQ(a->describe(), store_->describe());
+}
+
+// A communicator's destroy erases its keys ("<id>/...") in one request, and no other's: not
+// its children's ("<id>.s0.0/..."), nor those of one whose id begins like it ("<id>x/...").
+void expect_erase_prefix_erases_only_its_keys(const std::shared_ptr<Store> &store,
+                                              const std::shared_ptr<Store> &other_rank) {
+  for (const char *key : {"c/join/0", "c/p/3/r0", "c/", "c.s0.0/join/0", "cx/a", "d/c/a"}) {
+    set_text(*other_rank, key, "v");
+  }
+  EXPECT_EQ(store->erase_prefix("c/"), 3u);
+  EXPECT_EQ(store->wait({"c/join/0", "c/p/3/r0", "c/"}, wait_for(milliseconds(0))).size(), 3u);
+  EXPECT_TRUE(store->wait({"c.s0.0/join/0", "cx/a", "d/c/a"}, wait_for(milliseconds(0))).empty());
+  EXPECT_EQ(store->erase_prefix("c/"), 0u);
+  // Through a communicator's view: "" is every key of the view.
+  EXPECT_EQ(make_prefix_store(store, "c.s0.0/")->erase_prefix(""), 1u);
+  EXPECT_EQ(store->erase_prefix("cx/"), 1u);
+  EXPECT_EQ(store->erase_prefix("d/"), 1u);
+  const auto message = error_of([&] { store->erase_prefix(""); }, MNCL_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(message.find("every key"), std::string::npos) << message;
+}
+
+TEST_P(StoreTest, ErasePrefixErasesOnlyThePrefixedKeys) {
+  expect_erase_prefix_erases_only_its_keys(store_, open_rank(1));
+}
+
+TEST(MemoryStore, ErasePrefixErasesOnlyThePrefixedKeys) {
+  const auto store = make_memory_store();
+  expect_erase_prefix_erases_only_its_keys(store, store);
 }
 
 TEST_P(StoreTest, AbortInterruptsWaitingCalls) {
@@ -1148,7 +1177,7 @@ TEST(Wire, TruncatedFramesNeedMore) {
 }
 
 TEST(Wire, GarbageOpcodeIsRejected) {
-  for (const uint8_t op : {0, 9, 63, 72, 255}) {
+  for (const uint8_t op : {0, 10, 63, 72, 255}) {
     const auto result = parse({0, 0, 0, 1, op});
     EXPECT_EQ(result.status, wire::ParseStatus::kInvalid) << int(op);
     EXPECT_NE(result.error.find("opcode"), std::string::npos);
@@ -1158,6 +1187,8 @@ TEST(Wire, GarbageOpcodeIsRejected) {
 TEST(Wire, MalformedBodiesAreRejected) {
   // INTEGER with 3 of its 8 bytes.
   EXPECT_EQ(parse({0, 0, 0, 4, 67, 1, 2, 3}).status, wire::ParseStatus::kInvalid);
+  // ERASE_PREFIX of the empty prefix (every key of the store).
+  EXPECT_EQ(parse({0, 0, 0, 1, 9}).status, wire::ParseStatus::kInvalid);
   // BOOL that is neither 0 nor 1.
   EXPECT_EQ(parse({0, 0, 0, 2, 69, 2}).status, wire::ParseStatus::kInvalid);
   // OK with a body it should not have.
@@ -1253,6 +1284,13 @@ TEST(Wire, EncodersRoundTrip) {
   EXPECT_EQ(result.message.op, wire::Op::kCancelOnClose);
   EXPECT_EQ(result.message.text, "failed/1");
   EXPECT_TRUE(wire::is_request(wire::Op::kCancelOnClose));
+
+  const auto erase_prefix = wire::encode_erase_prefix("w.s0.0/");
+  result = parse(erase_prefix);
+  ASSERT_EQ(result.status, wire::ParseStatus::kComplete);
+  EXPECT_EQ(result.message.op, wire::Op::kErasePrefix);
+  EXPECT_EQ(result.message.text, "w.s0.0/");
+  EXPECT_TRUE(wire::is_request(wire::Op::kErasePrefix));
 
   // Two frames back to back: the first is parsed, its size says where the second starts.
   auto two = wire::encode_ok();
