@@ -47,6 +47,8 @@ std::vector<uint8_t> reencode(const wire::Message &m) {
       return with_value(wire::encode_set_on_close_head(m.text, m.value.size()), m.value);
     case wire::Op::kCancelOnClose:
       return wire::encode_cancel_on_close(m.text);
+    case wire::Op::kErasePrefix:
+      return wire::encode_erase_prefix(m.text);
     case wire::Op::kOk:
       return wire::encode_ok();
     case wire::Op::kValue:
