@@ -1399,6 +1399,51 @@ TEST_F(Frontends, AllreduceEveryMatchesOneLargerBatch) {
                mncl::InvalidArgument);
 }
 
+// A wrapped optimizer whose step throws on one rank (caught there, training goes on): every rank
+// took part in that round's exchange, and the next round averages its own micro-batches only.
+// Before, the step came before the accumulator was cleared, so that rank sent the failed
+// round's gradients again with the next round's.
+TEST_F(Frontends, AStepThatThrowsSpendsItsRound) {
+  struct ThrowsOnce {
+    bool armed = false;
+    void update(const mncl::ParamSpans &, const mncl::GradSpans &) {
+      if (armed) {
+        armed = false;
+        throw std::runtime_error("the wrapped optimizer failed");
+      }
+    }
+  };
+  const int k = 2;
+  for (bool double_buffering : {false, true}) {
+    mncl::MultiNodeOptimizerOptions options;
+    options.allreduce_every = k;
+    options.double_buffering = double_buffering;
+    mncl::MultiNodeOptimizer<ThrowsOnce> opt(ThrowsOnce{}, comm(), options);
+    Model model({5}, 0.0f);
+    for (int round = 0; round < 4; ++round) {
+      // The first step that applies averages throws on the last rank.
+      if (round == (double_buffering ? 1 : 0) && rank() == size() - 1) {
+        opt.actual_optimizer().armed = true;
+      }
+      for (int m = 0; m < k; ++m) {
+        for (auto &g : model.grads) std::fill(g.begin(), g.end(), float(10 * (round + 1)));
+        try {
+          opt.update(model.params(), model.grad_spans());
+        } catch (const std::runtime_error &e) {
+          EXPECT_EQ(rank(), size() - 1) << e.what();
+          EXPECT_EQ(m, k - 1);
+        }
+      }
+      opt.synchronize();
+      ASSERT_EQ(opt.averaged_grads().size(), 1u);
+      for (float average : opt.averaged_grads()[0]) {
+        ASSERT_EQ(average, float(10 * (round + 1)))
+            << "round " << round << (double_buffering ? ", double buffering" : "");
+      }
+    }
+  }
+}
+
 // The float32 averages are the correctly rounded means sum / (ranks x k): with integer gradients
 // whose sums are exact, every average is exactly the mean. (They were once sums * (1 / (ranks x
 // k)), 1 ulp off for many divisors: 21 * (1 / 7.0f) = 3.0000002.)

@@ -31,6 +31,11 @@
 //  - Built on a HierarchicalCommunicator (hierarchical.hpp), the gradients are averaged within
 //    each host first, then across the hosts; the broadcast and the divisor use its world.
 //    Without double buffering: the hierarchical allreduce has no non-blocking form.
+//  - The wrapped optimizer steps after the exchange: what its update throws comes out of
+//    update() on its rank only, once every rank took part, and the round's gradients are spent
+//    (the next round averages its own). Arguments update() refuses (InvalidArgument) are
+//    checked on this rank alone, before any exchange: the other ranks then wait in theirs
+//    until the communicator's timeout (the Python MultiNodeOptimizer agrees first instead).
 //  - stats() counts exchanges, bytes sent per rank's buffer and the seconds update() spent
 //    blocked on communication (the allreduce, or waiting for the one in flight).
 //  - save/load (a checkpoint) hold the wrapped optimizer's state: it needs save/load members,
@@ -123,23 +128,32 @@ class MultiNodeOptimizer {
       accumulated_ = 0;
       to_send = &accumulated_spans_;
     }
-    bool stepped = true;
+    // The exchange before every step of the wrapped optimizer: what its update throws is this
+    // rank's own, once every rank has taken part; and the round's micro-batches are spent once
+    // packed (a step that threw left them to be sent again with the next round's).
     if (options_.double_buffering) {
       finish_exchange();  // the previous exchange's gradients, averaged
       start_exchange(*to_send);
-      stepped = have_averaged_;
-      if (stepped) optimizer_.update(params, averaged_spans_);
-    } else {
-      if (!unapplied_.empty()) {  // a double-buffered snapshot's last averages (see load)
-        optimizer_.update(params, spans_over(unapplied_));
-        unapplied_.clear();
-      }
-      start_exchange(*to_send);
-      finish_exchange();
+      if (options_.allreduce_every > 1) clear_accumulator();
+      if (!have_averaged_) return false;
       optimizer_.update(params, averaged_spans_);
+      return true;
     }
+    std::vector<float> unapplied = std::move(unapplied_);  // a double-buffered snapshot's
+    unapplied_.clear();
+    start_exchange(*to_send);
     if (options_.allreduce_every > 1) clear_accumulator();
-    return stepped;
+    if (!unapplied.empty()) {  // exchanged before that snapshot, applied first (see load)
+      try {
+        optimizer_.update(params, spans_over(unapplied));
+      } catch (...) {
+        finish_exchange();  // this round's averages stay for averaged_grads()
+        throw;
+      }
+    }
+    finish_exchange();
+    optimizer_.update(params, averaged_spans_);
+    return true;
   }
 
   // Collective: broadcasts the root's parameters now; the first update() does it otherwise (and
