@@ -412,11 +412,13 @@ void Comm::check_failed(Op &op) {
 void Comm::wait_flag(Op &op, Flag &f, uint32_t target, int peer, const char *what) {
   // At every wait, not only the sleeping ones: a call whose waits are all met at once (a long
   // stream with a fast peer) must still end soon after an abort. A read-mostly line: cheap.
-  if (aborted_.load(std::memory_order_relaxed) ||
-      hdr_->abort_word.load(std::memory_order_relaxed) != 0) {
-    check_failed(op);
-  }
+  // This rank's own abort ends it at once; a peer's only where what this wait needs is not
+  // there yet: a peer that finished the operation and then aborted (its caller's next step)
+  // made the ranks still copying its result out fail with "aborted by rank N", though it had
+  // returned MNCL_OK there.
+  if (aborted_.load(std::memory_order_relaxed)) check_failed(op);
   if (reached(f.value.load(std::memory_order_acquire), target)) return;
+  if (hdr_->abort_word.load(std::memory_order_relaxed) != 0) check_failed(op);
   // The spin budget assumes one waiting thread per rank (a CPU each unless oversubscribed);
   // with concurrent lanes several may wait at once, so only one of them spins, the others go
   // straight to yielding and sleeping instead of taking CPUs from the peers they wait for.
