@@ -20,25 +20,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-static int g_rank = -1;
-static int g_failures = 0;
-
-#define CHECK_OK(call)                                                                 \
-  do {                                                                                 \
-    mncl_status_t st_ = (call);                                                        \
-    if (st_ != MNCL_OK) {                                                              \
-      fprintf(stderr, "rank %d: %s: %s: %s\n", g_rank, #call, mncl_status_string(st_), \
-              mncl_last_error());                                                      \
-      g_failures++;                                                                    \
-    }                                                                                  \
-  } while (0)
-
-static void sleep_ms(long ms) {
-  struct timespec t;
-  t.tv_sec = ms / 1000;
-  t.tv_nsec = (ms % 1000) * 1000000L;
-  nanosleep(&t, NULL);
-}
+#include "../common/mp_checks.h"
 
 /* An allreduce of every rank's (world rank + 1) on `comm`, whose world ranks are `first`..
  * `first + size - 1`: checks the exact sum. */

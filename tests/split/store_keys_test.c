@@ -22,26 +22,9 @@
 #include <string.h>
 #include <time.h>
 
-static int g_rank = -1;
-static int g_failures = 0;
+#include "../common/mp_checks.h"
+
 static const char *g_dir = NULL;
-
-#define CHECK_OK(call)                                                                 \
-  do {                                                                                 \
-    mncl_status_t st_ = (call);                                                        \
-    if (st_ != MNCL_OK) {                                                              \
-      fprintf(stderr, "rank %d: %s: %s: %s\n", g_rank, #call, mncl_status_string(st_), \
-              mncl_last_error());                                                      \
-      g_failures++;                                                                    \
-    }                                                                                  \
-  } while (0)
-
-static void sleep_ms(long ms) {
-  struct timespec t;
-  t.tv_sec = ms / 1000;
-  t.tv_nsec = (ms % 1000) * 1000000L;
-  nanosleep(&t, NULL);
-}
 
 /* Files of the store whose names begin with `prefix` (the file store's key names: "k_" and the
  * key with '/' as %2F). */

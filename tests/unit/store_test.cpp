@@ -1278,19 +1278,18 @@ TEST(Wire, EncodersRoundTrip) {
   EXPECT_EQ(result.message.value, "gone");
   EXPECT_TRUE(wire::is_request(wire::Op::kSetOnClose));
 
-  const auto cancel = wire::encode_cancel_on_close("failed/1");
-  result = parse(cancel);
-  ASSERT_EQ(result.status, wire::ParseStatus::kComplete);
-  EXPECT_EQ(result.message.op, wire::Op::kCancelOnClose);
-  EXPECT_EQ(result.message.text, "failed/1");
-  EXPECT_TRUE(wire::is_request(wire::Op::kCancelOnClose));
-
-  const auto erase_prefix = wire::encode_erase_prefix("w.s0.0/");
-  result = parse(erase_prefix);
-  ASSERT_EQ(result.status, wire::ParseStatus::kComplete);
-  EXPECT_EQ(result.message.op, wire::Op::kErasePrefix);
-  EXPECT_EQ(result.message.text, "w.s0.0/");
-  EXPECT_TRUE(wire::is_request(wire::Op::kErasePrefix));
+  // Requests that carry one key (or prefix) only.
+  const auto expect_key_request = [](const std::vector<uint8_t> &frame, wire::Op op,
+                                     std::string_view text) {
+    const auto parsed = parse(frame);
+    ASSERT_EQ(parsed.status, wire::ParseStatus::kComplete) << wire::op_name(op);
+    EXPECT_EQ(parsed.message.op, op);
+    EXPECT_EQ(parsed.message.text, text);
+    EXPECT_TRUE(wire::is_request(op));
+  };
+  expect_key_request(wire::encode_cancel_on_close("failed/1"), wire::Op::kCancelOnClose,
+                     "failed/1");
+  expect_key_request(wire::encode_erase_prefix("w.s0.0/"), wire::Op::kErasePrefix, "w.s0.0/");
 
   // Two frames back to back: the first is parsed, its size says where the second starts.
   auto two = wire::encode_ok();
