@@ -9,7 +9,7 @@ packages=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libgloo-de
           dataset-fashion-mnist gzip
           clang libclang-rt-14-dev iproute2 util-linux                    # fuzzing, netns tests
           abigail-tools                                                 # ABI baseline check
-          python3 python3-numpy python3-pip python3-setuptools python3-wheel)  # python/ package
+          python3 python3-numpy python3-pip python3-setuptools python3-wheel python3-venv)  # python/
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

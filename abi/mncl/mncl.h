@@ -215,6 +215,9 @@ MNCL_API mncl_status_t mncl_comm_destroy(mncl_comm_t comm);
  * every such operation of the communicator, not only those on this rank. On the job's TCP
  * store host, a later mncl_comm_destroy of the aborted communicator keeps the store up for
  * about 1.5 s at most, until the other ranks have left or exited, so that they can read it.
+ * An operation that had returned on this rank before its abort is not failed on the ranks
+ * still finishing it where they already have what they need from this one (naive, shm; gloo's
+ * closed connections may still end it there with MNCL_ERR_REMOTE).
  * The handle stays valid until mncl_comm_destroy returns. Calling it twice is harmless. During
  * a mncl_comm_destroy on another thread it cuts short destroy's waits for the other ranks to
  * leave (a peer that died); that destroy then returns MNCL_ERR_ABORTED, and the communicator is

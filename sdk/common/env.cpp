@@ -177,7 +177,8 @@ const std::vector<Variable> &table() {
        "shell) the SLURM_* rank variables are not used."},
       {"MNCL_LIBRARY", "",
        "Python package (import mncl): libmncl.so to load, a file or a folder (default: next to "
-       "the package, then the system's search path)."},
+       "the package, the install prefix's lib/, a checkout's build/lib, then the system's "
+       "search path)."},
       {"MNCL_RUN_GRACE", "5",
        "mncl-run: seconds the other ranks get to end after one failed before they are killed."},
       // The repository's scripts (read by them, never by the library: listed so that a set one
