@@ -767,6 +767,9 @@ TEST_F(Frontends, SnapshotLoadsWithAnotherAllreduceEveryAtAStepBoundary) {
   const auto boundary = mncl::to_bytes(saved);
   mncl::MultiNodeOptimizer<RecordingOptimizer> loaded(RecordingOptimizer{}, comm(), three);
   EXPECT_THROW(mncl::from_bytes(Span<const uint8_t>(mid_round), loaded), mncl::InvalidArgument);
+  // The load that threw changed nothing (it once left the snapshot's progress half loaded).
+  EXPECT_EQ(loaded.updates(), 0u);
+  EXPECT_EQ(loaded.pending_micro_batches(), 0);
   mncl::from_bytes(Span<const uint8_t>(boundary), loaded);
   for (int m = 0; m < 3; ++m) {
     EXPECT_EQ(loaded.update(model.params(), model.grad_spans()), m == 2) << m;
@@ -792,6 +795,87 @@ TEST_F(Frontends, ZeroFillForMissingGradients) {
   mncl::MultiNodeOptimizer<RecordingOptimizer> no_fill(RecordingOptimizer{}, comm(), strict);
   grads[1] = Span<const float>();
   EXPECT_THROW(no_fill.update(model.params(), grads), mncl::InvalidArgument);  // local check
+}
+
+// A gradient refused on one rank fails every rank together, at once (the others once waited in
+// the exchange until the timeout), and nothing changes: the next update goes on in step.
+TEST_F(Frontends, MultiNodeOptimizerBadGradientOnOneRankFailsEveryRank) {
+  const int culprit = size() - 1;
+  for (bool double_buffering : {false, true}) {
+    SCOPED_TRACE(double_buffering ? "double buffering" : "blocking");
+    Model model({4, 3}, 1.0f);
+    for (auto &g : model.grads) std::fill(g.begin(), g.end(), float(rank()));
+    mncl::MultiNodeOptimizerOptions options;
+    options.double_buffering = double_buffering;
+    mncl::MultiNodeOptimizer<RecordingOptimizer> opt(RecordingOptimizer{}, comm(), options);
+    opt.update(model.params(), model.grad_spans());
+
+    mncl::GradSpans grads = model.grad_spans();
+    if (rank() == culprit) grads[1] = Span<const float>(model.grads[1].data(), 2);
+    expect_fails_together([&] { opt.update(model.params(), grads); }, culprit, "bad gradient",
+                          "rank " + std::to_string(culprit) + " could not take part",
+                          "parameter 1 has 3 elements but its gradient 2");
+    EXPECT_EQ(opt.updates(), 1u);
+    EXPECT_EQ(opt.actual_optimizer().seen.size(), double_buffering ? 0u : 1u);
+
+    EXPECT_TRUE(opt.update(model.params(), model.grad_spans()));
+    const auto &seen = opt.actual_optimizer().seen;
+    ASSERT_EQ(seen.size(), double_buffering ? 1u : 2u);
+    for (const auto &step : seen) EXPECT_DOUBLE_EQ(step[1][2], (size() - 1) / 2.0);
+    const double value = model.values[1][2];
+    EXPECT_EQ(comm().allreduce_value(value, mncl::ReduceOp::kMax),
+              comm().allreduce_value(value, mncl::ReduceOp::kMin));
+  }
+}
+
+// Settings, parameter lists or progress that differ between the ranks fail every rank with
+// InvalidArgument naming the ranks that differ from rank 0, before anything moves (another
+// allreduce_every or fusion size once made the exchanges mismatch: a timeout or wrong sums).
+TEST_F(Frontends, MultiNodeOptimizerRanksThatDifferFailTogether) {
+  if (size() < 2) GTEST_SKIP() << "needs two ranks to differ";
+  const std::string differ = "rank" + std::string(size() > 2 ? "s 1, " : " 1");
+  auto expect_refused = [&](auto &&call, const char *what) {
+    try {
+      call();
+      ADD_FAILURE() << what << ": no error";
+    } catch (const mncl::InvalidArgument &e) {
+      EXPECT_NE(std::string(e.what()).find(differ), std::string::npos) << what << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find("passed other arguments than rank 0"), std::string::npos)
+          << what << ": " << e.what();
+    }
+  };
+  Model model({5, 2}, 1.0f);
+  const std::vector<uint8_t> none_yet = [&] {
+    mncl::MultiNodeOptimizer<RecordingOptimizer> fresh(RecordingOptimizer{}, comm());
+    return mncl::to_bytes(fresh);
+  }();
+  {  // another allreduce_every, another fusion size
+    mncl::MultiNodeOptimizerOptions options;
+    if (rank() > 0) options.allreduce_every = 2;
+    mncl::MultiNodeOptimizer<RecordingOptimizer> every(RecordingOptimizer{}, comm(), options);
+    expect_refused([&] { every.update(model.params(), model.grad_spans()); }, "allreduce_every");
+    EXPECT_EQ(every.updates(), 0u);
+    options = {};
+    if (rank() > 0) options.fusion_buffer_bytes = 8;
+    mncl::MultiNodeOptimizer<RecordingOptimizer> fusion(RecordingOptimizer{}, comm(), options);
+    expect_refused([&] { fusion.update(model.params(), model.grad_spans()); }, "fusion size");
+  }
+  {  // another parameter list (same total), in update and in broadcast_parameters
+    mncl::MultiNodeOptimizer<RecordingOptimizer> opt(RecordingOptimizer{}, comm());
+    Model other({4, 3}, 1.0f);
+    Model &mine = rank() > 0 ? other : model;
+    expect_refused([&] { opt.update(mine.params(), mine.grad_spans()); }, "parameter list");
+    expect_refused([&] { opt.broadcast_parameters(mine.params()); }, "broadcast_parameters");
+    EXPECT_FALSE(opt.actual_optimizer().seen.size());
+  }
+  {  // other progress: a snapshot of one update loaded on rank 0 only
+    mncl::MultiNodeOptimizer<RecordingOptimizer> opt(RecordingOptimizer{}, comm());
+    opt.update(model.params(), model.grad_spans());
+    const auto snapshot = mncl::to_bytes(opt);
+    mncl::MultiNodeOptimizer<RecordingOptimizer> resumed(RecordingOptimizer{}, comm());
+    mncl::from_bytes(Span<const uint8_t>(rank() == 0 ? snapshot : none_yet), resumed);
+    expect_refused([&] { resumed.update(model.params(), model.grad_spans()); }, "progress");
+  }
 }
 
 TEST_F(Frontends, MultiNodeSgdAndAdamKeepRanksInStep) {

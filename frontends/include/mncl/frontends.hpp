@@ -3,6 +3,7 @@
 #ifndef MNCL_FRONTENDS_HPP
 #define MNCL_FRONTENDS_HPP
 
+#include "mncl/frontends/agreement.hpp"
 #include "mncl/frontends/batch_norm.hpp"
 #include "mncl/frontends/chain_list.hpp"
 #include "mncl/frontends/checkpointer.hpp"

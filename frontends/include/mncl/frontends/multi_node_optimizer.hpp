@@ -31,11 +31,18 @@
 //  - Built on a HierarchicalCommunicator (hierarchical.hpp), the gradients are averaged within
 //    each host first, then across the hosts; the broadcast and the divisor use its world.
 //    Without double buffering: the hierarchical allreduce has no non-blocking form.
+//  - Every rank fails together (agreement.hpp): update() and broadcast_parameters() first
+//    exchange whether each rank accepts its arguments, with a digest of its parameter sizes,
+//    settings and progress (one allgather of two int64 per rank). Arguments refused on one
+//    rank (gradient sizes, a changed parameter list) throw InvalidArgument there and
+//    RemoteError naming it on the others; parameter lists, settings (grad_dtype,
+//    double_buffering, allreduce_every, fusion_buffer_bytes, root, hierarchical or not) or
+//    progress (a snapshot loaded on some ranks only) that differ between the ranks throw
+//    InvalidArgument on every rank. Nothing moves or changes then (a double-buffered exchange
+//    in flight is completed first; its averages wait for the next step).
 //  - The wrapped optimizer steps after the exchange: what its update throws comes out of
 //    update() on its rank only, once every rank took part, and the round's gradients are spent
-//    (the next round averages its own). Arguments update() refuses (InvalidArgument) are
-//    checked on this rank alone, before any exchange: the other ranks then wait in theirs
-//    until the communicator's timeout (the Python MultiNodeOptimizer agrees first instead).
+//    (the next round averages its own).
 //  - stats() counts exchanges, bytes sent per rank's buffer and the seconds update() spent
 //    blocked on communication (the allreduce, or waiting for the one in flight).
 //  - save/load (a checkpoint) hold the wrapped optimizer's state: it needs save/load members,
@@ -45,17 +52,22 @@
 //    its first step (before that step's own); one saved without holds averages already
 //    applied, so a double-buffered run starts as at the beginning, its first step only
 //    starting an exchange. Either way every gradient is applied once. allreduce_every may
-//    differ too, if the snapshot was saved at a step boundary (else load throws).
+//    differ too, if the snapshot was saved at a step boundary (else load throws). A load that
+//    throws changes nothing (the wrapped optimizer's state included, where it is copyable).
 #ifndef MNCL_FRONTENDS_MULTI_NODE_OPTIMIZER_HPP
 #define MNCL_FRONTENDS_MULTI_NODE_OPTIMIZER_HPP
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <exception>
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "mncl/frontends/agreement.hpp"
 #include "mncl/frontends/communicator.hpp"
 #include "mncl/frontends/dtype.hpp"
 #include "mncl/frontends/hierarchical.hpp"
@@ -115,10 +127,21 @@ class MultiNodeOptimizer {
   // whether the parameters were stepped (false for micro-batches that only accumulate, and for
   // the first double-buffered exchange).
   bool update(const ParamSpans &params, const GradSpans &grads) {
-    check_arguments(params, grads);
+    // Double buffering: the exchange in flight completes before the agreement's collective.
+    finish_exchange();
+    std::exception_ptr own_error;
+    try {
+      check_arguments(params, grads);
+    } catch (...) {
+      own_error = std::current_exception();
+    }
+    agree_or_throw(*comm_, "MultiNodeOptimizer::update", own_error, digest(params));
     // Not a step of its own: these gradients are the first micro-batch, so the first k calls
     // make the first step, as the caller's loop over groups of k micro-batches expects.
-    if (!broadcasted_) broadcast_parameters(params);
+    if (!broadcasted_) {
+      broadcast_params(params);
+      broadcasted_ = true;
+    }
     prepare_layout(params);
     ++updates_;
     const GradSpans *to_send = &grads;
@@ -132,7 +155,7 @@ class MultiNodeOptimizer {
     // rank's own, once every rank has taken part; and the round's micro-batches are spent once
     // packed (a step that threw left them to be sent again with the next round's).
     if (options_.double_buffering) {
-      finish_exchange();  // the previous exchange's gradients, averaged
+      // The previous exchange's gradients were averaged by finish_exchange() above.
       start_exchange(*to_send);
       if (options_.allreduce_every > 1) clear_accumulator();
       if (!have_averaged_) return false;
@@ -160,6 +183,10 @@ class MultiNodeOptimizer {
   // then uses its gradients, computed from this rank's own initial parameters). Call it before
   // computing the first gradients where the ranks' initial parameters differ.
   void broadcast_parameters(const ParamSpans &params) {
+    LayoutDigest sizes;
+    sizes.add(static_cast<uint64_t>(options_.root)).add(params.size());
+    for (const auto &p : params) sizes.add(p.size());
+    agree_or_throw(*comm_, "MultiNodeOptimizer::broadcast_parameters", nullptr, sizes.value());
     broadcast_params(params);
     broadcasted_ = true;
   }
@@ -198,6 +225,10 @@ class MultiNodeOptimizer {
   void load(InArchive &ar) {
     require_optimizer_state();
     finish_exchange();
+    // Read into a copy and commit only once it all checks out: a load that throws (a truncated
+    // snapshot, another allreduce_every mid-round) leaves this optimizer as it was.
+    Progress loaded;
+    std::optional<Optimizer> loaded_optimizer;
     uint64_t first = 0;
     ar >> first;
     // What the snapshot's run did; snapshots from before the tag did not say, and are taken as
@@ -211,40 +242,47 @@ class MultiNodeOptimizer {
         throw SerializationError("MultiNodeOptimizer::load: snapshot format " +
                                  std::to_string(version) + " is unknown");
       }
-      ar >> updates_ >> broadcasted_ >> saved_double_buffering >> saved_every >> have_averaged_ >>
-          averaged_;
-      if constexpr (is_serializable<Optimizer>()) ar >> optimizer_;
-      ar >> accumulated_ >> accumulator_;
+      ar >> loaded.updates >> loaded.broadcasted >> saved_double_buffering >> saved_every >>
+          loaded.have_averaged >> loaded.averaged;
+      load_optimizer(ar, loaded_optimizer);
+      ar >> loaded.accumulated >> loaded.accumulator;
     } else {
-      updates_ = first;  // (the broadcast counted as an update then)
-      broadcasted_ = updates_ > 0;
-      ar >> have_averaged_ >> averaged_;
-      if constexpr (is_serializable<Optimizer>()) ar >> optimizer_;
-      accumulated_ = 0;
-      accumulator_.clear();
-      if (options_.allreduce_every > 1) ar >> accumulated_ >> accumulator_;
+      loaded.updates = first;  // (the broadcast counted as an update then)
+      loaded.broadcasted = loaded.updates > 0;
+      ar >> loaded.have_averaged >> loaded.averaged;
+      load_optimizer(ar, loaded_optimizer);
+      if (options_.allreduce_every > 1) ar >> loaded.accumulated >> loaded.accumulator;
     }
-    if (saved_every < 1 || accumulated_ < 0 || accumulated_ >= saved_every ||
-        (!accumulator_.empty() && accumulator_.size() != averaged_.size())) {
+    if (saved_every < 1 || loaded.accumulated < 0 || loaded.accumulated >= saved_every ||
+        (!loaded.accumulator.empty() && loaded.accumulator.size() != loaded.averaged.size())) {
       throw SerializationError("MultiNodeOptimizer::load: inconsistent accumulation state");
     }
     if (saved_every != options_.allreduce_every) {
       // Part of a round of another length cannot be finished in this run's rounds.
-      if (accumulated_ != 0) {
+      if (loaded.accumulated != 0) {
         throw InvalidArgument("MultiNodeOptimizer::load: the snapshot was saved after " +
-                              std::to_string(accumulated_) + " of " + std::to_string(saved_every) +
+                              std::to_string(loaded.accumulated) + " of " +
+                              std::to_string(saved_every) +
                               " micro-batches (allreduce_every = " + std::to_string(saved_every) +
                               "); resume it with that allreduce_every, or save at a step boundary");
       }
-      accumulator_.clear();  // zeros of this run's layout on the next update
+      loaded.accumulator.clear();  // zeros of this run's layout on the next update
     }
     // The other double-buffering mode: apply every exchanged gradient exactly once.
-    unapplied_.clear();
-    if (saved_double_buffering && !options_.double_buffering && have_averaged_) {
-      unapplied_ = averaged_;  // exchanged, not applied: the next step applies them first
+    if (saved_double_buffering && !options_.double_buffering && loaded.have_averaged) {
+      loaded.unapplied = loaded.averaged;  // exchanged, not applied: the next step applies them
     } else if (!saved_double_buffering && options_.double_buffering) {
-      have_averaged_ = false;  // applied already: the next step only starts an exchange
+      loaded.have_averaged = false;  // applied already: the next step only starts an exchange
     }
+    // Commit (nothing below throws but a failed allocation).
+    if (loaded_optimizer) optimizer_ = std::move(*loaded_optimizer);
+    updates_ = loaded.updates;
+    broadcasted_ = loaded.broadcasted;
+    have_averaged_ = loaded.have_averaged;
+    averaged_ = std::move(loaded.averaged);
+    accumulated_ = loaded.accumulated;
+    accumulator_ = std::move(loaded.accumulator);
+    unapplied_ = std::move(loaded.unapplied);
     layout_ready_ = false;  // rebuilt (and checked against averaged_) on the next update
     // The spans pointed into the vectors just replaced: aim them at the loaded ones while the
     // layout fits (averaged_grads() stays readable), else drop them until the next update.
@@ -266,7 +304,67 @@ class MultiNodeOptimizer {
                             std::to_string(grads[i].size()) +
                             (grads[i].empty() ? " (no gradient: enable zero_fill)" : ""));
     }
+    if (layout_ready_) {
+      bool same = sizes_.size() == params.size();
+      for (std::size_t i = 0; same && i < params.size(); ++i) same = sizes_[i] == params[i].size();
+      if (!same) {
+        throw InvalidArgument(
+            "MultiNodeOptimizer::update: the parameters changed shape since the last update");
+      }
+      return;
+    }
+    std::size_t total = 0;
+    for (const auto &p : params) total += p.size();
+    if (!averaged_.empty() && averaged_.size() != total) {
+      throw InvalidArgument("MultiNodeOptimizer::update: the parameters' " + std::to_string(total) +
+                            " elements do not match the " + std::to_string(averaged_.size()) +
+                            " of the loaded state");
+    }
   }
+
+  // What must be the same on every rank for the exchange to line up: the parameter sizes, the
+  // settings, and the progress that decides which collectives this update enters.
+  int64_t digest(const ParamSpans &params) const {
+    LayoutDigest d;
+    d.add(options_.fusion_buffer_bytes)
+        .add(static_cast<uint64_t>(options_.grad_dtype))
+        .add(options_.double_buffering)
+        .add(static_cast<uint64_t>(options_.root))
+        .add(static_cast<uint64_t>(options_.allreduce_every))
+        .add(hierarchical_ != nullptr)
+        .add(broadcasted_)
+        .add(static_cast<uint64_t>(accumulated_))
+        .add(have_averaged_)
+        .add(!unapplied_.empty())
+        .add(params.size());
+    for (const auto &p : params) d.add(p.size());
+    return d.value();
+  }
+
+  // The wrapped optimizer's state, into a copy where it can be copied (else in place: a load
+  // failing after it leaves that state loaded).
+  void load_optimizer(InArchive &ar, std::optional<Optimizer> &loaded) {
+    if constexpr (is_serializable<Optimizer>()) {
+      if constexpr (std::is_copy_constructible_v<Optimizer> &&
+                    std::is_move_assignable_v<Optimizer>) {
+        loaded.emplace(optimizer_);
+        ar >> *loaded;
+      } else {
+        ar >> optimizer_;
+      }
+    }
+  }
+
+  // What load() reads before it commits.
+  struct Progress {
+    uint64_t updates = 0;
+    bool broadcasted = false;
+    bool have_averaged = false;
+    std::vector<float> averaged;
+    int accumulated = 0;
+    std::vector<float> accumulator;
+    std::vector<float> unapplied;
+  };
 
   // Spans of each parameter's part of `flat`, by the last layout; none if it does not fit.
   GradSpans spans_over(std::vector<float> &flat) const {
@@ -294,16 +392,9 @@ class MultiNodeOptimizer {
   }
 
   // Offsets of each parameter in the flat buffers, the fusion buckets, and the buffers.
+  // (check_arguments has refused parameters that do not fit.)
   void prepare_layout(const ParamSpans &params) {
-    if (layout_ready_) {
-      bool same = sizes_.size() == params.size();
-      for (std::size_t i = 0; same && i < params.size(); ++i) same = sizes_[i] == params[i].size();
-      if (!same) {
-        throw InvalidArgument(
-            "MultiNodeOptimizer::update: the parameters changed shape since the last update");
-      }
-      return;
-    }
+    if (layout_ready_) return;
     offsets_.clear();
     sizes_.clear();
     std::size_t total = 0;
@@ -312,13 +403,7 @@ class MultiNodeOptimizer {
       sizes_.push_back(p.size());
       total += p.size();
     }
-    if (averaged_.size() != total) {
-      if (!averaged_.empty()) {
-        throw InvalidArgument("MultiNodeOptimizer::update: the parameters do not match the " +
-                              std::to_string(averaged_.size()) + " elements of the loaded state");
-      }
-      averaged_.assign(total, 0.0f);
-    }
+    if (averaged_.size() != total) averaged_.assign(total, 0.0f);
     averaged_spans_ = spans_over(averaged_);
     const std::size_t element_bytes = options_.grad_dtype == GradDtype::kFloat32 ? 4 : 2;
     buckets_.clear();
