@@ -90,8 +90,14 @@ class ObjectCollectives:
                        "pickle its object")
         return data, counts
 
-    def bcast_obj(self, obj=None, max_buf_len=None, root=0):
-        """root's obj on every rank (obj is ignored elsewhere). ChainerMN's argument order."""
+    def bcast_obj(self, obj=None, *positional, max_buf_len=None, root=0):
+        """root's obj on every rank (obj is ignored elsewhere). root and max_buf_len are
+        keywords only: a second positional argument is the chunk size in ChainerMN's order but
+        the root in mpi4py's and torch's, so it is refused rather than read either way."""
+        if positional:
+            raise TypeError(f"mncl: bcast_obj takes root= and max_buf_len= by keyword only, not "
+                            f"as positional {positional!r} (ChainerMN's second argument is "
+                            f"max_buf_len, mpi4py's and torch's the root)")
         chunk = _chunk(max_buf_len)
         own_error, data = None, None
         header = np.zeros(1, np.int64)

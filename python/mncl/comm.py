@@ -60,13 +60,27 @@ _ERR_INVALID_ARGUMENT = 1  # MNCL_ERR_INVALID_ARGUMENT
 _IN_FLIGHT = set()
 
 
+# Other libraries' names for MNCL's reductions (torch.distributed.ReduceOp.PRODUCT).
+_OP_ALIASES = {"product": "prod"}
+
+
 def _op_code(op):
-    try:
-        # Not int(op): 1.5 would become 1. A code goes to the C int argument as it is, which
-        # refuses a non-integer or one that does not fit (ctypes.ArgumentError).
-        return _OPS[op.lower()] if isinstance(op, str) else op
-    except KeyError:
-        raise ValueError(f"mncl: unknown reduction '{op}' (one of {', '.join(_OPS)})") from None
+    """The MNCL code of a reduction: a name ("sum", "prod", "min", "max", "avg"; any case), an
+    enum member named like one (torch.distributed.ReduceOp.AVG, an IntEnum), or MNCL's own
+    code as a plain integer. An enum is taken by its name, never by its value: other libraries
+    number the reductions otherwise (torch's AVG is 1, MNCL's prod)."""
+    name = op if isinstance(op, str) else getattr(op, "name", None)
+    if isinstance(name, str):
+        key = _OP_ALIASES.get(name.lower(), name.lower())
+        if key not in _OPS:
+            raise ValueError(f"mncl: unknown reduction {op!r} (one of {', '.join(_OPS)}, or an "
+                             f"enum member of those names; 'product' is prod)")
+        return _OPS[key]
+    if isinstance(op, bool):
+        raise TypeError(f"mncl: a reduction is a name such as 'sum', not {op!r}")
+    # Not int(op): 1.5 would become 1. A code goes to the C int argument as it is, which
+    # refuses a non-integer or one that does not fit (ctypes.ArgumentError).
+    return op
 
 
 def _input(buf, dtype):

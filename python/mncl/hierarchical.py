@@ -72,8 +72,8 @@ class HierarchicalCommunicator:
         return self.world.size
 
     # The object collectives run on the world (so scatter_dataset(dataset, hier) works too).
-    def bcast_obj(self, obj=None, max_buf_len=None, root=0):
-        return self.world.bcast_obj(obj, max_buf_len, root)
+    def bcast_obj(self, obj=None, *positional, max_buf_len=None, root=0):
+        return self.world.bcast_obj(obj, *positional, max_buf_len=max_buf_len, root=root)
 
     def gather_obj(self, obj, root=0, max_buf_len=None):
         return self.world.gather_obj(obj, root, max_buf_len)

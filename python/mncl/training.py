@@ -315,7 +315,7 @@ def multi_node_iterator(iterable, comm, root=0, max_buf_len=None):
             except Exception as e:  # noqa: BLE001 (told to every rank, raised here)
                 failure = e
                 message = (_FAILED, f"{type(e).__name__}: {e}")
-        kind, item = comm.bcast_obj(message, max_buf_len, root)
+        kind, item = comm.bcast_obj(message, max_buf_len=max_buf_len, root=root)
         if kind == _END:
             return
         if kind == _FAILED:

@@ -11,7 +11,9 @@ message. Exits 77 (ctest: skipped) when NumPy is missing; ml_dtypes arrays are
 test_ml_dtypes.py's."""
 
 import ctypes
+import enum
 import gc
+import math
 import os
 import re
 import shutil
@@ -674,6 +676,31 @@ expect_raises(ValueError, lambda: comm.bcast(np.zeros((4, 4))[:, 0]), "non-conti
               "C-contiguous")
 expect_raises(ValueError, lambda: comm.allreduce(np.zeros(2), op="median"), "unknown op",
               "unknown reduction")
+
+
+# Another library's enum is read by its members' names, never their values: torch numbers its
+# ReduceOp SUM 0, AVG 1, PRODUCT 2, MIN 3, MAX 4 (AVG was once taken as MNCL's code 1, prod).
+class TorchLikeReduceOp(enum.IntEnum):
+    SUM = 0
+    AVG = 1
+    PRODUCT = 2
+    MIN = 3
+    MAX = 4
+    PREMUL_SUM = 5
+
+
+base = np.arange(1, 4, dtype=np.int64)
+x = base * (r + 1)
+for member, want in ((TorchLikeReduceOp.SUM, base * n * (n + 1) // 2),
+                     (TorchLikeReduceOp.AVG, base * (n + 1) // 2),
+                     (TorchLikeReduceOp.PRODUCT, base ** n * math.factorial(n)),
+                     (TorchLikeReduceOp.MIN, base), (TorchLikeReduceOp.MAX, base * n)):
+    expect(np.array_equal(comm.allreduce(x, op=member), want), f"allreduce op={member!r}")
+expect_raises(ValueError, lambda: comm.allreduce(x, op=TorchLikeReduceOp.PREMUL_SUM),
+              "an enum member of no MNCL reduction", "unknown reduction")
+expect_raises(TypeError, lambda: comm.allreduce(x, op=True), "op=True", "a name such as")
+expect(np.array_equal(comm.allreduce(x, op=1), base ** n * math.factorial(n)),
+       "a plain int is MNCL's own code (1: prod)")
 # A size-1 communicator of its own (a private file store, not the job's) naming no plugin.
 store = tempfile.mkdtemp(prefix="mncl-py-")
 expect_raises(mncl.PluginError,

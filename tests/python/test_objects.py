@@ -42,7 +42,8 @@ def same(a, b):
 # ranks run out of bytes at different rounds.
 for piece in (None, 4099):
     for root in range(n):
-        got = comm.bcast_obj(obj_of(root) if r == root else "ignored", piece, root)
+        got = comm.bcast_obj(obj_of(root) if r == root else "ignored", max_buf_len=piece,
+                             root=root)
         expect(same(got, obj_of(root)), f"bcast_obj from root {root}, pieces of {piece}")
         got = comm.gather_obj(obj_of(r), root=root, max_buf_len=piece)
         if r == root:
@@ -72,9 +73,14 @@ for piece in (None, 4099):
 small = ("small", r, list(range(3 * r)))
 expect(comm.allgather_obj(small, max_buf_len=7) == [("small", q, list(range(3 * q)))
                                                      for q in range(n)], "allgather_obj by 7 B")
-expect(comm.bcast_obj(small, 7, n - 1) == ("small", n - 1, list(range(3 * (n - 1)))),
-       "bcast_obj by 7 B")
-expect_raises(ValueError, lambda: comm.bcast_obj(1, 0), "max_buf_len 0", "max_buf_len")
+expect(comm.bcast_obj(small, max_buf_len=7, root=n - 1)
+       == ("small", n - 1, list(range(3 * (n - 1)))), "bcast_obj by 7 B")
+expect_raises(ValueError, lambda: comm.bcast_obj(1, max_buf_len=0), "max_buf_len 0",
+              "max_buf_len")
+# A second positional argument is the chunk size in ChainerMN's order, the root in mpi4py's and
+# torch's: refused on every rank before anything moves (it was once read as the chunk size, a
+# silent broadcast from rank 0).
+expect_raises(TypeError, lambda: comm.bcast_obj("x", 1), "bcast_obj(obj, 1)", "keyword only")
 expect(comm.bcast_obj(None) is None, "bcast_obj of None")
 
 # allreduce_obj: scalars, arrays element-wise, a function; the same everywhere.
