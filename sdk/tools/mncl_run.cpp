@@ -346,8 +346,11 @@ class Launcher {
   // Everything a child needs is prepared before fork, so the child only calls exec.
   std::vector<std::string> child_env(int rank) const {
     static const char *const kOverridden[] = {
-        "MNCL_RANK=",  "MNCL_SIZE=",    "MNCL_LOCAL_RANK=", "MNCL_LOCAL_SIZE=",
-        "MNCL_STORE=", "MNCL_BACKEND=", "MNCL_HOSTID="};
+        "MNCL_RANK=", "MNCL_SIZE=", "MNCL_LOCAL_RANK=", "MNCL_LOCAL_SIZE=", "MNCL_STORE=",
+        "MNCL_BACKEND=", "MNCL_HOSTID=",
+        // torchrun's names for the same numbers, for scripts that read them (LOCAL_RANK to
+        // pick a GPU); MNCL reads its own first, and these agree with them.
+        "RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "GROUP_RANK="};
     std::vector<std::string> env;
     for (char **e = environ; *e; ++e) {
       bool skip = false;
@@ -359,19 +362,23 @@ class Launcher {
       }
       if (!skip) env.emplace_back(*e);
     }
-    env.push_back("MNCL_RANK=" + std::to_string(rank));
-    env.push_back("MNCL_SIZE=" + std::to_string(opt_.np));
+    const int per_host = opt_.ranks_per_host > 0 ? opt_.ranks_per_host : opt_.np;
+    const int host = rank / per_host;
+    const std::string local_rank = std::to_string(rank % per_host);
+    const std::string local_size = std::to_string(std::min(per_host, opt_.np - host * per_host));
     if (opt_.ranks_per_host > 0) {
-      const int m = opt_.ranks_per_host, host = rank / m;
       char name[256] = "";
       if (gethostname(name, sizeof name - 1) != 0) std::strcpy(name, "localhost");
       env.push_back("MNCL_HOSTID=" + std::string(name) + "~" + std::to_string(host));
-      env.push_back("MNCL_LOCAL_RANK=" + std::to_string(rank % m));
-      env.push_back("MNCL_LOCAL_SIZE=" + std::to_string(std::min(m, opt_.np - host * m)));
-    } else {
-      env.push_back("MNCL_LOCAL_RANK=" + std::to_string(rank));
-      env.push_back("MNCL_LOCAL_SIZE=" + std::to_string(opt_.np));
     }
+    for (const char *prefix : {"MNCL_", ""}) {
+      const std::string p = prefix;
+      env.push_back(p + "RANK=" + std::to_string(rank));
+      env.push_back(p + (p.empty() ? "WORLD_SIZE=" : "SIZE=") + std::to_string(opt_.np));
+      env.push_back(p + "LOCAL_RANK=" + local_rank);
+      env.push_back(p + (p.empty() ? "LOCAL_WORLD_SIZE=" : "LOCAL_SIZE=") + local_size);
+    }
+    env.push_back("GROUP_RANK=" + std::to_string(host));
     env.push_back("MNCL_STORE=" + store_);
     if (!token_.empty()) env.push_back("MNCL_STORE_TOKEN=" + token_);
     if (!opt_.backend.empty()) env.push_back("MNCL_BACKEND=" + opt_.backend);

@@ -53,6 +53,18 @@ for want in "0 0 2 .*~0" "1 1 2 .*~0" "2 0 1 .*~1"; do
   r=${want%% *}
   grep -q "^\[r$r\] host $want\$" "$TMP/hosts" || fail "rank $r: want 'host $want' in: $(cat "$TMP/hosts")"
 done
+# 2c. torchrun's names for the same numbers (scripts read LOCAL_RANK to pick a GPU), replacing
+# any left in the caller's shell; GROUP_RANK is the host's index.
+RANK=9 WORLD_SIZE=9 LOCAL_RANK=9 "$RUN" -n 3 --ranks-per-host 2 --tag-output -- sh -c \
+  'echo "torchrun $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK"' >"$TMP/torchrun" 2>&1
+expect_rc 0 $? "torchrun's variables"
+for want in "0 3 0 2 0" "1 3 1 2 0" "2 3 0 1 1"; do
+  r=${want%% *}
+  grep -q "^\[r$r\] torchrun $want\$" "$TMP/torchrun" ||
+    fail "rank $r: want 'torchrun $want' in: $(cat "$TMP/torchrun")"
+done
+out=$("$RUN" -n 2 --tag-output -- sh -c 'echo "$LOCAL_RANK/$LOCAL_WORLD_SIZE/$GROUP_RANK"' | sort)
+[ "$out" = "$(printf '[r0] 0/2/0\n[r1] 1/2/0')" ] || fail "torchrun's variables, one host: '$out'"
 out=$(MNCL_HOSTID=inherited "$RUN" -n 1 -- sh -c 'echo $MNCL_HOSTID')
 [ "$out" = inherited ] || fail "MNCL_HOSTID not inherited: '$out'"
 "$RUN" -n 2 --ranks-per-host 0 -- true 2>/dev/null
