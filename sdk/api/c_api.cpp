@@ -218,6 +218,23 @@ mncl_coll_v1_t make_coll(int kind, const void *sendbuf, void *recvbuf, size_t co
   return c;
 }
 
+// A non-blocking call's messages name it (mncl_iallreduce), not the collective the core
+// checked and ran, whose messages begin with the blocking function's name (mncl_allreduce).
+// Batches are left alone: mncl_isendrecv runs as one as well.
+std::string as_nonblocking(std::string message, int kind) {
+  const char *blocking = mncl::core::coll_function_name(kind);
+  const size_t n = std::strlen(blocking);
+  const bool named = kind != MNCL_COLL_SENDRECV_BATCH && message.compare(0, n, blocking) == 0 &&
+                     (message.size() == n || message[n] == ':' || message[n] == ' ');
+  if (named) message.insert(std::strlen("mncl_"), "i");
+  return message;
+}
+// The status of a non-blocking call, its message (if it failed) naming it.
+mncl_status_t named_nonblocking(int kind, mncl_status_t status) {
+  if (status != MNCL_OK) mncl::set_last_error(as_nonblocking(mncl::last_error(), kind));
+  return status;
+}
+
 mncl_status_t run_blocking(mncl_comm_t comm, const mncl_coll_v1_t &coll) {
   return guard([&] { comm_of(comm, mncl::core::coll_function_name(coll.kind))->run(coll); });
 }
@@ -256,20 +273,21 @@ void release(mncl_request *request) {
 
 mncl_status_t run_nonblocking(mncl_comm_t comm, const mncl_coll_v1_t &coll,
                               mncl_request_t *request) {
-  return guard([&] {
-    const char *fn = mncl::core::coll_function_name(coll.kind);
-    require_out(request, fn, "request");
-    *request = nullptr;
-    issue(comm, comm_of(comm, fn)->start(coll), request);
-  });
+  return named_nonblocking(coll.kind, guard([&] {
+                             const char *fn = mncl::core::coll_function_name(coll.kind);
+                             require_out(request, fn, "request");
+                             *request = nullptr;
+                             issue(comm, comm_of(comm, fn)->start(coll), request);
+                           }));
 }
 
 // Completes a finished request: frees it and returns the operation's status, its message set.
 // Anything that may throw comes before the request is freed.
 mncl_status_t finish(mncl_request_t handle, mncl_request *request) {
   const mncl::core::Operation &op = *request->op;
-  if (op.status != MNCL_OK) {
-    mncl::set_last_error(request->runs_as.empty() ? op.error : request->runs_as + ": " + op.error);
+  if (op.status != MNCL_OK) {  // (a request comes from a non-blocking call)
+    mncl::set_last_error(request->runs_as.empty() ? as_nonblocking(op.error, op.coll.kind)
+                                                  : request->runs_as + ": " + op.error);
   }
   const mncl_status_t status = op.status;
   std::unique_ptr<mncl_request> gone;  // freed after the lock
@@ -594,7 +612,7 @@ struct VArrays {
 mncl_status_t run_v(mncl_comm_t comm, int kind, const void *sendbuf, size_t sendcount,
                     void *recvbuf, const VArrays &arrays, mncl_dtype_t dtype, void *stream,
                     mncl_request_t *request) {
-  return guard([&] {
+  const mncl_status_t status = guard([&] {
     const char *fn = mncl::core::coll_function_name(kind);
     if (request != nullptr) *request = nullptr;
     const Pinned pinned = comm_of(comm, fn);
@@ -618,6 +636,7 @@ mncl_status_t run_v(mncl_comm_t comm, int kind, const void *sendbuf, size_t send
     }
     issue(comm, c.start(coll), request);
   });
+  return request != nullptr ? named_nonblocking(kind, status) : status;
 }
 
 mncl_status_t run_allgatherv(mncl_comm_t comm, const void *sendbuf, size_t sendcount, void *recvbuf,

@@ -1,8 +1,13 @@
 // fault.bad_input: every entry point fed hostile arguments must return the specific status with
 // a message (mncl_last_error() non-empty, naming what was wrong), never MNCL_OK, never crash.
-// One process, a single-rank naive communicator. Prints one line per failed case and the
-// summary "fault.bad_input naive PASS|FAIL accepted bad inputs 0 of N; wrong status 0".
+// One process, a single-rank naive communicator (and a pair of ranks with a second process). Prints
+// one line per failed case and the summary "fault.bad_input naive PASS|FAIL accepted bad inputs 0
+// of N; wrong status 0".
 #include <mncl/mncl.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -68,9 +73,28 @@ void check_env(const char *var, const char *value,
   }
 }
 
+// Rank `rank` of a pair on `store` (naive, a minute's timeout).
+mncl_status_t pair_rank(const char *store, int rank, mncl_comm_t *comm) {
+  mncl_config_t cfg = MNCL_CONFIG_INIT;
+  cfg.backend = "naive";
+  cfg.rank = rank;
+  cfg.size = 2;
+  cfg.bootstrap = store;
+  cfg.timeout_ms = 60000;
+  return mncl_comm_create(&cfg, comm);
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char **argv) {
+  // The pair's rank 1 (started by the checks below): joins, and leaves when rank 0 aborts.
+  if (argc == 3 && std::strcmp(argv[1], "--pair-rank-1") == 0) {
+    mncl_comm_t comm = nullptr;
+    if (pair_rank(argv[2], 1, &comm) != MNCL_OK) return 1;
+    mncl_comm_destroy(comm);
+    return 0;
+  }
+  char self[] = "/proc/self/exe";
   // A single-rank job with the in-process store, whatever the launcher set.
   for (const char *v : {"MNCL_RANK", "MNCL_STORE", "MNCL_LOCAL_RANK", "MNCL_LOCAL_SIZE"})
     unsetenv(v);
@@ -313,13 +337,65 @@ int main() {
   }
   check(
       "iallreduce dtype 99", I,
-      [&] { return mncl_iallreduce(comm, a, b, 4, bad_dtype, MNCL_SUM, nullptr, &req); }, "dtype");
+      [&] { return mncl_iallreduce(comm, a, b, 4, bad_dtype, MNCL_SUM, nullptr, &req); },
+      "mncl_iallreduce: dtype");
+  // A non-blocking call's messages name it, not the blocking collective the core ran.
   check(
       "ibcast root 9", I, [&] { return mncl_ibcast(comm, a, 4, MNCL_FLOAT32, 9, nullptr, &req); },
-      "root");
+      "mncl_ibcast: root");
   check(
       "isend peer 1 of 1", I,
-      [&] { return mncl_isend(comm, a, 4, MNCL_FLOAT32, 1, nullptr, &req); }, "peer");
+      [&] { return mncl_isend(comm, a, 4, MNCL_FLOAT32, 1, nullptr, &req); }, "mncl_isend: peer");
+  check(
+      "iallgatherv NULL recvcounts", I,
+      [&] {
+        size_t displs[1] = {0};
+        return mncl_iallgatherv(comm, a, 4, b, nullptr, displs, MNCL_FLOAT32, nullptr, &req);
+      },
+      "mncl_iallgatherv: recvcounts");
+  check(
+      "iallreduce NULL request", I,
+      [&] { return mncl_iallreduce(comm, a, b, 4, MNCL_FLOAT32, MNCL_SUM, nullptr, nullptr); },
+      "mncl_iallreduce: request");
+  {
+    // And so do the failures of operations on an aborted communicator, at the call or when
+    // the request is waited for.
+    mncl_comm_t child = nullptr;
+    mncl_request_t pending = nullptr;
+    if (mncl_comm_split(comm, 0, 0, &child) == MNCL_OK) {
+      mncl_comm_abort(child);
+      const mncl_status_t started =
+          mncl_iallreduce(child, a, b, 4, MNCL_FLOAT32, MNCL_SUM, nullptr, &pending);
+      check(
+          "iallreduce on an aborted communicator", MNCL_ERR_ABORTED, [&] { return started; },
+          "mncl_iallreduce: the communicator was aborted");
+      if (started == MNCL_OK) mncl_wait(pending, -1);
+      mncl_comm_destroy(child);
+    }
+    // Waited for: a receive of a pair of ranks (this process and a second one it starts, on a
+    // file store), left pending when its communicator is aborted.
+    char dir[] = "/tmp/mncl-bad-input-XXXXXX";
+    if (mkdtemp(dir) != nullptr) {
+      const std::string store = std::string("file://") + dir;
+      pid_t other = -1;
+      char *child_argv[] = {self, const_cast<char *>("--pair-rank-1"),
+                            const_cast<char *>(store.c_str()), nullptr};
+      mncl_comm_t pair = nullptr;
+      if (posix_spawn(&other, self, nullptr, nullptr, child_argv, environ) == 0 &&
+          pair_rank(store.c_str(), 0, &pair) == MNCL_OK &&
+          mncl_irecv(pair, a, 4, MNCL_FLOAT32, 1, nullptr, &pending) == MNCL_OK) {
+        mncl_comm_abort(pair);
+        check(
+            "irecv of an aborted communicator, waited", MNCL_ERR_ABORTED,
+            [&] { return mncl_wait(pending, -1); }, "mncl_irecv #");
+      } else {
+        check("a pair of ranks and an irecv", MNCL_OK, [] { return MNCL_ERR_INTERNAL; });
+      }
+      if (pair) mncl_comm_destroy(pair);
+      if (other > 0) waitpid(other, nullptr, 0);
+      std::system(("rm -rf '" + std::string(dir) + "'").c_str());
+    }
+  }
   {
     // A valid request, waited with a bad timeout, then completed properly.
     mncl_request_t r = nullptr;

@@ -470,9 +470,9 @@ if n > 1:
     quick = comm.split_config(0, timeout=1)
     req = quick.irecv(np.empty(2, np.int32), nxt)  # nobody sends on `quick`
     expect_raises(mncl.TimeoutError, lambda: req.wait(timeout=30), "the operation's own timeout",
-                  "mncl_recv")
+                  "mncl_irecv")
     expect(req.done, "a request whose operation timed out is done")
-    expect_raises(mncl.TimeoutError, req.wait, "and fails again", "mncl_recv")
+    expect_raises(mncl.TimeoutError, req.wait, "and fails again", "mncl_irecv")
     quick.abort()
     quick.close()
 

@@ -80,9 +80,10 @@ class NativeAsync : public ::testing::Test {
   float a_[4] = {1, 2, 3, 4}, b_[4] = {0, 0, 0, 0};
 };
 
-// A message must name the operation and say what ended it.
+// A message must name the operation (the non-blocking call that started it) and say what ended
+// it.
 void expect_message(const std::string &message, const char *what) {
-  EXPECT_NE(message.find("mncl_allreduce #"), std::string::npos) << message;
+  EXPECT_NE(message.find("mncl_iallreduce #"), std::string::npos) << message;
   EXPECT_NE(message.find(what), std::string::npos) << message;
 }
 
