@@ -145,13 +145,15 @@ void check_store_url(const std::string &url, const char *origin) {
 }
 
 std::shared_ptr<Store> open_store(const std::string &url, int rank, int size,
-                                  const WaitOptions &opts, TcpListen listen) {
+                                  const WaitOptions &opts, TcpListen listen,
+                                  const std::string &job_token) {
   MNCL_CHECK(size >= 1 && rank >= 0 && rank < size, MNCL_ERR_INVALID_ARGUMENT,
              "open_store: rank %d is out of range for %d ranks", rank, size);
   check_store_url(url);
   if (starts_with(url, "tcp://")) {
     const TcpAddress address = parse_tcp_url(url);
-    const std::string token = env::get("MNCL_STORE_TOKEN").value_or("");
+    std::string token = env::get("MNCL_STORE_TOKEN").value_or("");
+    if (token.empty()) token = job_token;
     std::shared_ptr<TcpStoreServer> server;
     if (rank == 0) {
       // Decided before anything listens: a server started and then replaced would take the
@@ -184,7 +186,7 @@ std::shared_ptr<Store> open_store(const std::string &url, int rank, int size,
             "the store at %s listens on every address of this host (%s), as PyTorch's "
             "TCPStore does: '%s' resolves to loopback addresses only here (%s), where the "
             "other hosts could not connect%s";
-        if (token.empty()) {
+        if (token.empty()) {  // (a launcher's job id keeps other jobs out, not strangers)
           MNCL_WARN(text, url.c_str(), server->listening_on().c_str(), address.host.c_str(),
                     was.c_str(),
                     "; any host that reaches this one can join the job: set MNCL_STORE_TOKEN, "

@@ -95,9 +95,11 @@ void check_store_url(const std::string &url, const char *origin = nullptr);
 // (kEveryAddressForAHostNameOnLoopback; warned about without MNCL_STORE_TOKEN). A file
 // store's add() waits for its lock at most opts.timeout. Throws MNCL_ERR_INVALID_ARGUMENT for a
 // malformed url.
+// A TCP store admits the clients that present its token: MNCL_STORE_TOKEN, else `job_token`
+// (the launcher's id of the job, LaunchSettings::job_token), else any.
 std::shared_ptr<Store> open_store(const std::string &url, int rank, int size,
-                                  const WaitOptions &opts,
-                                  TcpListen listen = TcpListen::kNamedHost);
+                                  const WaitOptions &opts, TcpListen listen = TcpListen::kNamedHost,
+                                  const std::string &job_token = std::string());
 
 // A view of another store with every key prefixed ("w/" + key). Shares the underlying store.
 std::shared_ptr<Store> make_prefix_store(std::shared_ptr<Store> base, const std::string &prefix);

@@ -35,6 +35,11 @@ using std::chrono::milliseconds;
 constexpr uint32_t kClientWaitSliceMs = 50;
 // The largest reply other than a value that a client accepts (a WAIT's list of missing keys).
 constexpr size_t kMaxControlReply = 256 << 20;
+// The largest answer to HELLO (OK, or REFUSED with a reason): whatever listens on the port is
+// not trusted before it has answered like an MNCL store.
+constexpr size_t kMaxHandshakeReply = 4096;
+// A server's text goes into this rank's error message at most this long.
+constexpr size_t kMaxServerText = 200;
 
 uint32_t slice_ms(Clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
@@ -379,11 +384,18 @@ bool TcpStore::handshake(net::UniqueFd &socket, Clock::time_point deadline) {
   if (reply.op == wire::Op::kOk) return true;
   socket.reset();
   MNCL_CHECK(!(reply.op == wire::Op::kRefused && reply.message.text == "token"), MNCL_ERR_BOOTSTRAP,
-             "the store at %s refused this rank's token (MNCL_STORE_TOKEN differs)", url_.c_str());
-  throw Error(
-      MNCL_ERR_BOOTSTRAP,
-      format("the store at %s refused this client: %s %.*s", url_.c_str(), wire::op_name(reply.op),
-             static_cast<int>(reply.message.text.size()), reply.message.text.data()));
+             "the store at %s refused this rank's token (MNCL_STORE_TOKEN, or where it is unset "
+             "the launcher's job id, differs from rank 0's): another job's store may hold this "
+             "address (give each job its own port), or the ranks were not all started by one "
+             "launch (set MNCL_STORE_TOKEN, the same on every rank)",
+             url_.c_str());
+  // The server's reason, printable and short: not raw bytes into the caller's terminal.
+  const std::string_view text = reply.message.text;
+  std::string reason = printable(reinterpret_cast<const uint8_t *>(text.data()),
+                                 std::min(text.size(), kMaxServerText));
+  if (text.size() > kMaxServerText) reason += "...";
+  throw Error(MNCL_ERR_BOOTSTRAP, format("the store at %s refused this client: %s %s", url_.c_str(),
+                                         wire::op_name(reply.op), reason.c_str()));
 }
 
 TcpStore::Reply TcpStore::call(net::UniqueFd &socket, const std::vector<uint8_t> &head,
@@ -432,6 +444,13 @@ TcpStore::Reply TcpStore::call(net::UniqueFd &socket, const std::vector<uint8_t>
   }
   // The parser has checked the length (at most kMaxFrameBytes) and the opcode.
   const size_t body_size = parsed.frame_size - sizeof header;
+  if (t_handshaking && ((reply.op != wire::Op::kOk && reply.op != wire::Op::kRefused) ||
+                        body_size > kMaxHandshakeReply)) {
+    // A program squatting on the port made this rank allocate up to 1 GiB with a 5-byte header.
+    invalid_reply(socket,
+                  format("a %zu-byte %s answer to HELLO", body_size, wire::op_name(reply.op)),
+                  header);
+  }
   if (reply.op == wire::Op::kValue) {
     reply.value.resize(body_size);
     receive_all(socket, reply.value.data(), body_size);

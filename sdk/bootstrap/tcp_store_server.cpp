@@ -278,6 +278,9 @@ struct TcpStoreServer::Impl {
   Clock::time_point accept_resume{};
   WarningThrottle accept_warnings;
   WarningThrottle hello_warnings;
+  // Connections refused or dropped before HELLO succeeded: probes, scanners, other jobs. Each
+  // was a warning line, so anyone who reaches the port could flood the job's log.
+  WarningThrottle stranger_warnings;
   // Connections whose wait ended, or whose replies drained: their buffered requests are served
   // at the end of the loop.
   std::vector<Connection *> resumable;
@@ -311,6 +314,9 @@ struct TcpStoreServer::Impl {
   void reply(Connection &c, std::vector<uint8_t> head, Value value = nullptr);
   void flush(Connection &c);
   void drop(Connection &c, const std::string &why, bool warn);
+  // A warning about a connection not (yet) of this job, at most one per kWarnInterval (the
+  // others traced), counting those held back.
+  void warn_stranger(const std::string &what);
 };
 
 namespace {
@@ -842,8 +848,8 @@ void TcpStoreServer::Impl::handle_hello(Connection &c, const wire::Message &m) {
   // Versions 1 (before SET_ON_CLOSE) and 2 (before ERASE_PREFIX) are subsets of this one:
   // their clients are served.
   if (m.version < 1 || m.version > wire::kProtocolVersion) {
-    MNCL_WARN("store server at %s: refused %s: protocol version %u, this server speaks %u",
-              url.c_str(), c.peer.c_str(), m.version, wire::kProtocolVersion);
+    warn_stranger(format("refused %s: protocol version %u, this server speaks %u", c.peer.c_str(),
+                         m.version, wire::kProtocolVersion));
     reply(c, wire::encode_refused(format("protocol version %u, the server speaks %u", m.version,
                                          wire::kProtocolVersion)));
     c.close_when_flushed = true;
@@ -851,8 +857,10 @@ void TcpStoreServer::Impl::handle_hello(Connection &c, const wire::Message &m) {
     return;
   }
   if (!token.empty() && !same_token(token, m.text)) {
-    MNCL_WARN("store server at %s: refused %s: %s MNCL_STORE_TOKEN", url.c_str(), c.peer.c_str(),
-              m.text.empty() ? "no" : "a wrong");
+    warn_stranger(
+        format("refused %s: %s token (MNCL_STORE_TOKEN, or the launcher's job id): "
+               "another job's rank, or not a rank",
+               c.peer.c_str(), m.text.empty() ? "no" : "a wrong"));
     reply(c, wire::encode_refused("token"));
     c.close_when_flushed = true;
     flush(c);
@@ -999,9 +1007,25 @@ void TcpStoreServer::Impl::flush(Connection &c) {
   if (c.out.empty() && c.close_when_flushed) drop(c, "refused", false);
 }
 
+void TcpStoreServer::Impl::warn_stranger(const std::string &what) {
+  size_t times = 0;
+  if (stranger_warnings.allow(Clock::now(), 1, times)) {
+    MNCL_WARN("store server at %s: %s%s", url.c_str(), what.c_str(),
+              times > 1 ? format(" (and %zu more connections refused or closed before HELLO since "
+                                 "the last such warning)",
+                                 times - 1)
+                              .c_str()
+                        : "");
+  } else {
+    MNCL_TRACE("store server at %s: %s", url.c_str(), what.c_str());
+  }
+}
+
 void TcpStoreServer::Impl::drop(Connection &c, const std::string &why, bool warn) {
   if (c.dead) return;
-  if (warn) {
+  if (warn && !c.authenticated) {
+    warn_stranger(format("closing the connection from %s: %s", c.peer.c_str(), why.c_str()));
+  } else if (warn) {
     MNCL_WARN("store server at %s: closing the connection from %s: %s", url.c_str(), c.peer.c_str(),
               why.c_str());
   } else {

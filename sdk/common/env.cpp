@@ -48,7 +48,9 @@ const std::vector<Variable> &table() {
        "Bootstrap store: tcp://host:port (rank 0 listens there) or file:///shared/dir. Default: "
        "tcp://MASTER_ADDR:MASTER_PORT when those are set."},
       {"MNCL_STORE_TOKEN", "",
-       "Shared secret every rank presents to the TCP store; connections without it are refused."},
+       "Shared secret every rank presents to the TCP store; connections without it are refused. "
+       "Default: the launcher's id of the job (Slurm's job and step, Open MPI's job, PMIx's "
+       "namespace, TORCHELASTIC_RUN_ID), which keeps other jobs out but is no secret."},
       {"MNCL_RANK", "",
        "This process's rank; else that of the first launcher, in the order RANK/WORLD_SIZE, "
        "OMPI_COMM_WORLD_*, PMI_*, SLURM_PROCID/SLURM_NTASKS, that sets both rank and size "

@@ -401,10 +401,10 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
                           ? bootstrap::TcpListen::kEveryAddressForAHostNameOnLoopback
                           : bootstrap::TcpListen::kNamedHost;
   try {
-    comm->job_store_ =
-        settings.store_url.empty()
-            ? bootstrap::make_memory_store()
-            : bootstrap::open_store(settings.store_url, settings.rank, settings.size, opts, listen);
+    comm->job_store_ = settings.store_url.empty()
+                           ? bootstrap::make_memory_store()
+                           : bootstrap::open_store(settings.store_url, settings.rank, settings.size,
+                                                   opts, listen, settings.job_token);
   } catch (const Error &e) {
     // Two processes that both think they are rank 0 both start the store: the second finds
     // the address taken. Say which variable made it rank 0.
@@ -414,10 +414,11 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
       // Leave the note in the other rank 0's store, as a client, if that is what holds the
       // address (briefly: it may be some other program).
       try {
-        const auto store =
-            bootstrap::make_prefix_store(bootstrap::open_store(settings.store_url, 1, settings.size,
-                                                               wait_options(2000, &comm->aborted_)),
-                                         comm->id_ + "/");
+        const auto store = bootstrap::make_prefix_store(
+            bootstrap::open_store(settings.store_url, 1, settings.size,
+                                  wait_options(2000, &comm->aborted_),
+                                  bootstrap::TcpListen::kNamedHost, settings.job_token),
+            comm->id_ + "/");
         const std::string note = claim + kStoreTaken;
         store->set("claim/twice", note.data(), note.size());
       } catch (const Error &note_error) {
@@ -438,7 +439,12 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
     // keys: the folder must be this user's, and no one else's to look into.
     const std::string dir = settings.store_url.substr(std::strlen("file://"));
     struct stat info {};
-    MNCL_CHECK(stat(dir.c_str(), &info) == 0 && info.st_uid == getuid(), MNCL_ERR_BOOTSTRAP,
+    // lstat: a symbolic link planted under the name would have this job chmod its target.
+    MNCL_CHECK(lstat(dir.c_str(), &info) == 0 && S_ISDIR(info.st_mode), MNCL_ERR_BOOTSTRAP,
+               "the job's private store folder %s is not a folder (a symbolic link?): someone "
+               "else made it; remove it, or set MNCL_STORE",
+               dir.c_str());
+    MNCL_CHECK(info.st_uid == getuid(), MNCL_ERR_BOOTSTRAP,
                "the job's private store folder %s belongs to uid %u, not to this user (%u): "
                "someone else made it; remove it, or set MNCL_STORE",
                dir.c_str(), static_cast<unsigned>(info.st_uid), static_cast<unsigned>(getuid()));
@@ -455,7 +461,8 @@ std::unique_ptr<Comm> Comm::create(const mncl_config_t *user_config) {
     throw Error(MNCL_ERR_BOOTSTRAP,
                 format("mncl_comm_create: %s is another process's already (this is %s pid %d): "
                        "two processes were given one rank (or the store %s holds the keys of an "
-                       "earlier job that did not end)",
+                       "earlier job that did not end, or is another job's, on the same address: "
+                       "give each job its own port, or MNCL_STORE_TOKEN)",
                        rank_words.c_str(), host.c_str(), ::getpid(),
                        comm->comm_store_->describe().c_str()));
   }
@@ -825,7 +832,7 @@ std::shared_ptr<bootstrap::Store> Comm::reach_own_server(std::shared_ptr<bootstr
     const int64_t left = std::max<int64_t>(
         1, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
     store = bootstrap::open_store(settings.store_url, settings.rank, settings.size,
-                                  wait_options(left, &aborted_), listen);
+                                  wait_options(left, &aborted_), listen, settings.job_token);
   }
 }
 

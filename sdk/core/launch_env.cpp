@@ -131,6 +131,29 @@ bool encloses(const Launcher &outer, const RankSize &outer_values, const Launche
   return false;
 }
 
+// The job id `l` gives each of its ranks (see LaunchSettings::job_token); "" where it gives none.
+std::string launcher_job_token(const Launcher &l) {
+  const auto value = [](const char *name) { return env::get(name).value_or(""); };
+  if (&l == &kTorchrun) {
+    const std::string run = value("TORCHELASTIC_RUN_ID");  // "none": torchrun's default
+    return run.empty() || run == "none" ? "" : "torchrun:" + run;
+  }
+  if (&l == &kSlurm) {
+    std::string step = value("SLURM_STEP_ID");
+    if (step.empty()) step = value("SLURM_STEPID");
+    const std::string job = value("SLURM_JOB_ID");
+    return job.empty() || step.empty() ? "" : "slurm:" + job + "." + step;
+  }
+  // Open MPI's job id and its random per-job transport key; else (Open MPI 5, PMI) PMIx's
+  // namespace of the job.
+  if (&l == &kOpenMpi && !value("OMPI_MCA_ess_base_jobid").empty()) {
+    return "ompi:" + value("OMPI_MCA_ess_base_jobid") + "-" +
+           value("OMPI_MCA_orte_precondition_transports");
+  }
+  const std::string ns = value("PMIX_NAMESPACE");
+  return ns.empty() ? "" : "pmix:" + ns;
+}
+
 // The launcher whose rank and size are used: the first that sets both. Every other launcher
 // that sets both must agree with it, unless it started that one (encloses): a RANK=0
 // WORLD_SIZE=1 left in the shell under mpirun made every process a job of one rank. Only the
@@ -352,6 +375,7 @@ LaunchSettings resolve_launch_settings(const mncl_config_t &config) {
              s.rank_origin.c_str(), s.size, s.size_origin.c_str());
   const RankSize job{s.rank, s.size};
   s.launched_by_mpi = from_mpi(job);
+  if (rank_from != nullptr && rank_from == size_from) s.job_token = launcher_job_token(*rank_from);
 
   // The local rank and size: the user's, else those of the launcher that gave the rank (never
   // a leftover LOCAL_RANK beside mpirun's); with a rank the user set, those of a launcher whose

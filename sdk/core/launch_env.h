@@ -35,6 +35,12 @@ struct LaunchSettings {
   // The rank and size are Open MPI's, PMI's, or PMIx's under srun (not merely that such
   // variables are set).
   bool launched_by_mpi = false;
+  // The id of this job that the launcher which gave the rank and size puts in every rank's
+  // environment ("slurm:<job>.<step>", "ompi:<jobid>...", "pmix:<namespace>", "torchrun:<run
+  // id>"); empty when the rank is the user's own (MNCL_RANK, the config, mncl-run) or the
+  // launcher says none. The TCP store's token where MNCL_STORE_TOKEN is unset: a rank of
+  // another job (or a stale one of an earlier job) on the same address is refused, not joined.
+  std::string job_token;
 };
 
 // Copies min(caller size, own size) of a caller's config (NULL: all defaults) after checking

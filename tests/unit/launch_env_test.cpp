@@ -48,6 +48,9 @@ constexpr const char *kVariables[] = {"MNCL_RANK",
                                       "OMPI_COMM_WORLD_LOCAL_RANK",
                                       "OMPI_COMM_WORLD_LOCAL_SIZE",
                                       "OMPI_MCA_ess_base_jobid",
+                                      "OMPI_MCA_orte_precondition_transports",
+                                      "PMIX_NAMESPACE",
+                                      "SLURM_JOB_ID",
                                       "PMI_RANK",
                                       "PMI_SIZE",
                                       "PMIX_RANK",
@@ -346,6 +349,42 @@ TEST_F(LaunchEnv, LaunchedByMpiOnlyWhenRankAndSizeComeFromMpi) {
 // ---------------------------------------------------------------------------------------------
 
 // torchrun --nproc-per-node=1 sets MASTER_ADDR/MASTER_PORT, where its agent's store listens.
+// The store's token where MNCL_STORE_TOKEN is unset: the job id of the launcher that gave the
+// rank and size, the same on all of its ranks; none for a rank the user gave, or a launcher
+// that says none.
+TEST_F(LaunchEnv, JobTokenIsTheIdOfTheLauncherThatGaveTheRank) {
+  srun(1, 2);
+  set("SLURM_JOB_ID", "4242");
+  EXPECT_EQ(resolve().job_token, "slurm:4242.0");
+  set("SLURM_STEP_ID", "3");
+  EXPECT_EQ(resolve().job_token, "slurm:4242.3");
+
+  // mpirun in an sbatch script (its daemons' step around it): Open MPI's job and key.
+  clear();
+  mpirun(1, 4, 1, 2);
+  srun(0, 2, 0);
+  set("SLURM_JOB_ID", "4242");
+  set("OMPI_MCA_ess_base_jobid", "3917479937");
+  set("OMPI_MCA_orte_precondition_transports", "0a1b2c3d-4e5f6a7b");
+  EXPECT_EQ(resolve().job_token, "ompi:3917479937-0a1b2c3d-4e5f6a7b");
+  unsetenv("OMPI_MCA_ess_base_jobid");  // Open MPI 5: PMIx's namespace
+  set("PMIX_NAMESPACE", "prterun-node0-12345@1");
+  EXPECT_EQ(resolve().job_token, "pmix:prterun-node0-12345@1");
+
+  clear();
+  torchrun_pair(1, 2);
+  EXPECT_EQ(resolve().job_token, "");  // a pair by hand
+  set("TORCHELASTIC_RUN_ID", "none");  // torchrun's default: says nothing
+  EXPECT_EQ(resolve().job_token, "");
+  set("TORCHELASTIC_RUN_ID", "job7");
+  EXPECT_EQ(resolve().job_token, "torchrun:job7");
+
+  // The user's own rank (mncl-run's, which sets a token of its own): none.
+  set("MNCL_RANK", "1");
+  set("MNCL_SIZE", "2");
+  EXPECT_EQ(resolve().job_token, "");
+}
+
 TEST_F(LaunchEnv, OneRankJobNeedsNoStoreUnlessNamed) {
   unsetenv("MNCL_STORE");
   torchrun_pair(0, 1);

@@ -310,6 +310,96 @@ TEST(TcpStoreLimits, RunningOutOfDescriptorsNeitherSpinsNorLocksClientsOut) {
   EXPECT_LE(accept_warnings.load(), 20u) << log_head;
 }
 
+// Connections refused or dropped before HELLO (other jobs' ranks, port scanners, a health
+// check's HTTP GET) draw at most a warning per interval: each drew one, so anyone who reaches
+// the port could flood the job's log (240 thousand lines in 10 s). The job's own clients are
+// still served.
+TEST(TcpStoreLimits, StrangersDoNotFloodTheLog) {
+  if (log::level() < log::kWarn || getenv("MNCL_DEBUG_FILE") != nullptr) {
+    GTEST_SKIP() << "warnings do not go to stderr here";
+  }
+  char path[] = "/tmp/mncl-store-log-XXXXXX";
+  const int log_fd = mkstemp(path);
+  ASSERT_GE(log_fd, 0);
+  std::fflush(stderr);
+  const int saved_stderr = dup(2);
+  ASSERT_EQ(dup2(log_fd, 2), 2);
+  {
+    TcpStoreServer server("127.0.0.1", 0, "the-job's-token");
+    for (int i = 0; i < 100; ++i) {
+      net::UniqueFd other_job = connect_raw(server.port());
+      ASSERT_TRUE(send_all(other_job.get(), wire::encode_hello("another-job's-token")));
+      wire::Op op{};
+      std::vector<uint8_t> body;
+      ASSERT_TRUE(receive_frame(other_job.get(), op, body));
+      EXPECT_EQ(op, wire::Op::kRefused);
+      std::vector<net::UniqueFd> probe;
+      probe.push_back(connect_raw(server.port()));
+      const std::string get = "GET / HTTP/1.0\r\n\r\n";
+      ASSERT_TRUE(send_all(probe.back().get(), {get.begin(), get.end()}));
+      EXPECT_EQ(wait_until_closed(probe, Clock::now() + seconds(30)), 1u);
+    }
+    TcpStore client("127.0.0.1", server.port(), "the-job's-token", wait_for(seconds(30)));
+    client.set("k", "v", 1);
+    EXPECT_EQ(client.add("n", 3), 3);
+  }
+  std::fflush(stderr);
+  dup2(saved_stderr, 2);
+  close(saved_stderr);
+  std::string logged(static_cast<size_t>(lseek(log_fd, 0, SEEK_END)), '\0');
+  ASSERT_EQ(pread(log_fd, logged.data(), logged.size(), 0), static_cast<ssize_t>(logged.size()));
+  close(log_fd);
+  unlink(path);
+  size_t warnings = 0;
+  for (size_t at = logged.find("store server at"); at != std::string::npos;
+       at = logged.find("store server at", at + 1)) {
+    ++warnings;
+  }
+  EXPECT_GE(warnings, 1u) << "nothing said about 200 strangers";
+  EXPECT_LE(warnings, 6u) << logged.substr(0, 4000);
+  EXPECT_NE(logged.find("another job's rank, or not a rank"), std::string::npos) << logged;
+}
+
+// The client against whatever answers on the port before it is known to be an MNCL store (a
+// program squatting on it): a 5-byte header declaring a 1 GiB value once made the rank allocate
+// 1 GiB, and a REFUSED reason went raw (32 MiB, terminal escapes) into its error message.
+// Answers to HELLO are now at most 4 KiB of OK or REFUSED, the reason printable and short.
+TEST(TcpStoreLimits, TheClientTrustsNoAnswerToHelloButAShortOne) {
+  const std::string escapes = "\x1b[2J\x1b[31mFAKE: run this";
+  const std::vector<std::vector<uint8_t>> answers = {
+      wire::encode_value_head((size_t{1} << 30) - 16),
+      wire::encode_refused(escapes + std::string(3000, 'x')),
+  };
+  for (const auto &answer : answers) {
+    net::UniqueFd listener(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(bind(listener.get(), reinterpret_cast<sockaddr *>(&address), sizeof address), 0);
+    ASSERT_EQ(listen(listener.get(), 4), 0);
+    socklen_t length = sizeof address;
+    getsockname(listener.get(), reinterpret_cast<sockaddr *>(&address), &length);
+    std::thread squatter([&] {
+      net::UniqueFd peer(accept(listener.get(), nullptr, nullptr));
+      char hello[64];
+      if (recv(peer.get(), hello, sizeof hello, 0) <= 0) return;
+      send_all(peer.get(), answer);
+      std::this_thread::sleep_for(milliseconds(500));  // holds the connection open a little
+    });
+    const std::string what =
+        error_of([&] { TcpStore("127.0.0.1", ntohs(address.sin_port), "", wait_for(seconds(5))); },
+                 MNCL_ERR_BOOTSTRAP);
+    squatter.join();
+    EXPECT_LT(what.size(), 1000u) << what.substr(0, 1000);
+    EXPECT_EQ(what.find('\x1b'), std::string::npos) << "raw escapes in: " << what.substr(0, 300);
+    if (answer[4] == static_cast<uint8_t>(wire::Op::kRefused)) {
+      EXPECT_NE(what.find("\\x1b[2J"), std::string::npos) << what;  // shown, escaped
+    } else {
+      EXPECT_NE(what.find("answer to HELLO"), std::string::npos) << what;
+    }
+  }
+}
+
 // A client that sends requests but never reads the replies: the server stops reading its
 // requests once 16 MiB of replies are queued, serves it again once it reads them, and keeps
 // serving the others meanwhile. It used to queue replies without limit.
