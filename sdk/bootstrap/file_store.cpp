@@ -13,7 +13,9 @@
 #include <charconv>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "bootstrap/net.h"
@@ -66,16 +68,38 @@ void write_all(int fd, const void *data, size_t size, const std::string &path) {
   }
 }
 
-// Reads the whole file; false if it does not exist.
-bool read_file(const std::string &path, Bytes &out) {
-  net::UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+std::string not_a_store_file(const std::string &path, const char *what) {
+  return format(
+      "file store: '%s' is %s, not a file this store made (it makes only regular files and "
+      "follows no symbolic link): someone else may have put it there; remove it, and use a "
+      "folder only you can write to",
+      path.c_str(), what);
+}
+
+// Opens a file of the store's folder, never through a symbolic link (one planted there would
+// turn this process's reads and writes to a file of the planter's choice) nor a FIFO
+// (O_NONBLOCK: open would hang). An invalid descriptor with errno ENOENT if it does not exist.
+net::UniqueFd open_entry(const std::string &path, int flags, mode_t mode, struct stat &info) {
+  net::UniqueFd fd(open(path.c_str(), flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, mode));
   if (!fd) {
-    if (errno == ENOENT) return false;
+    if (errno == ENOENT) return fd;
+    if (errno == ELOOP && lstat(path.c_str(), &info) == 0 && S_ISLNK(info.st_mode)) {
+      throw Error(MNCL_ERR_BOOTSTRAP, not_a_store_file(path, "a symbolic link"));
+    }
     throw Error(MNCL_ERR_SYSTEM, system_error("cannot open", path));
   }
-  struct stat info {};
   MNCL_CHECK(fstat(fd.get(), &info) == 0, MNCL_ERR_SYSTEM, "%s",
              system_error("cannot stat", path).c_str());
+  MNCL_CHECK(S_ISREG(info.st_mode), MNCL_ERR_BOOTSTRAP, "%s",
+             not_a_store_file(path, "not a regular file").c_str());
+  return fd;
+}
+
+// Reads the whole file; false if it does not exist.
+bool read_file(const std::string &path, Bytes &out) {
+  struct stat info {};
+  net::UniqueFd fd = open_entry(path, O_RDONLY, 0, info);
+  if (!fd) return false;
   // A key file is never modified in place (only replaced), so its size is final.
   out.resize(static_cast<size_t>(info.st_size));
   size_t done = 0;
@@ -92,22 +116,66 @@ bool read_file(const std::string &path, Bytes &out) {
 
 bool file_exists(const std::string &path) {
   struct stat info {};
-  if (stat(path.c_str(), &info) == 0) return true;
+  // lstat: a planted symbolic link is there (get() then says what it is), wherever it points.
+  if (lstat(path.c_str(), &info) == 0) return true;
   MNCL_CHECK(errno == ENOENT, MNCL_ERR_SYSTEM, "%s", system_error("cannot stat", path).c_str());
   return false;
+}
+
+// Warns once per folder and process: every store of a job would say it again.
+void warn_writable_by_others(const std::string &dir, mode_t mode) {
+  static std::mutex mutex;
+  static std::set<std::string> warned;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!warned.insert(dir).second) return;
+  }
+  MNCL_WARN(
+      "file store: '%s' is yours but other users may write to it (mode %03o): they could "
+      "plant or delete the job's keys; chmod o-w it, or use a folder only you can write to",
+      dir.c_str(), static_cast<unsigned>(mode & 07777));
 }
 
 void make_directories(const std::string &dir) {
   for (size_t slash = dir.find('/', 1);; slash = dir.find('/', slash + 1)) {
     const std::string prefix = dir.substr(0, slash);
-    if (mkdir(prefix.c_str(), 0777) != 0 && errno != EEXIST) {
+    // The store's own folder is private: the keys name the job's hosts and processes, and
+    // only this user's ranks should read or write them. Parents are made as mkdir -p would.
+    if (mkdir(prefix.c_str(), slash == std::string::npos ? 0700 : 0777) != 0 && errno != EEXIST) {
       throw Error(MNCL_ERR_BOOTSTRAP, system_error("cannot create the directory", prefix));
     }
     if (slash == std::string::npos) break;
   }
+  // An existing folder may have been made by another user (a predictable name in /tmp): lstat,
+  // so that a symbolic link is judged, not the folder it leads to.
   struct stat info {};
-  MNCL_CHECK(stat(dir.c_str(), &info) == 0 && S_ISDIR(info.st_mode), MNCL_ERR_BOOTSTRAP,
-             "file store: '%s' is not a directory", dir.c_str());
+  MNCL_CHECK(lstat(dir.c_str(), &info) == 0, MNCL_ERR_BOOTSTRAP, "%s",
+             system_error("cannot use the directory", dir).c_str());
+  if (S_ISLNK(info.st_mode)) {
+    std::string target(4096, '\0');
+    const ssize_t n = readlink(dir.c_str(), target.data(), target.size());
+    target.resize(n > 0 ? static_cast<size_t>(n) : 0);
+    throw Error(MNCL_ERR_BOOTSTRAP,
+                format("file store: '%s' is a symbolic link (of uid %u, to '%s'), which the store "
+                       "does not follow: whoever made it chooses where the job's keys go; "
+                       "remove it, or use a folder of your own (not a link to one)",
+                       dir.c_str(), static_cast<unsigned>(info.st_uid), target.c_str()));
+  }
+  MNCL_CHECK(S_ISDIR(info.st_mode), MNCL_ERR_BOOTSTRAP, "file store: '%s' is not a directory",
+             dir.c_str());
+  // Another user's folder that others may write to: anyone could read or plant the job's keys.
+  // One of another uid that only its owner writes to is kept (root on an NFS export that maps
+  // root to nobody makes such folders).
+  MNCL_CHECK(info.st_uid == geteuid() || (info.st_mode & (S_IWGRP | S_IWOTH)) == 0,
+             MNCL_ERR_BOOTSTRAP,
+             "file store: '%s' belongs to uid %u, not to this user (%u), and others may write to "
+             "it (mode %03o): another user could read or plant the job's keys; use a folder of "
+             "your own",
+             dir.c_str(), static_cast<unsigned>(info.st_uid), static_cast<unsigned>(geteuid()),
+             static_cast<unsigned>(info.st_mode & 07777));
+  if (info.st_uid == geteuid() && (info.st_mode & S_IWOTH) != 0) {
+    warn_writable_by_others(dir, info.st_mode);
+  }
   MNCL_CHECK(access(dir.c_str(), R_OK | W_OK | X_OK) == 0, MNCL_ERR_BOOTSTRAP, "%s",
              system_error("cannot use the directory", dir).c_str());
 }
@@ -158,7 +226,8 @@ std::string FileStore::path_of(const std::string &key) const {
 void FileStore::set(const std::string &key, const void *data, size_t len) {
   const std::string temp = dir_ + "/" + temp_name();
   const std::string path = path_of(key);
-  net::UniqueFd fd(open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+  // 0600 whatever the umask: only this user's ranks read the keys. O_EXCL never follows a link.
+  net::UniqueFd fd(open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
   MNCL_CHECK(fd, MNCL_ERR_SYSTEM, "%s", system_error("cannot create", temp).c_str());
   try {
     write_all(fd.get(), data, len, temp);
@@ -192,7 +261,8 @@ Bytes FileStore::get(const std::string &key, const WaitOptions &opts) {
 int64_t FileStore::add(const std::string &key, int64_t delta) {
   const std::string lock_path = dir_ + "/" + kLockName;
   // Each call opens its own descriptor, so flock() excludes other threads as well as processes.
-  net::UniqueFd lock(open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  struct stat info {};
+  net::UniqueFd lock = open_entry(lock_path, O_RDWR | O_CREAT, 0600, info);
   MNCL_CHECK(lock, MNCL_ERR_SYSTEM, "%s", system_error("cannot open", lock_path).c_str());
   // Polled, not blocking: a holder that never lets go (a stopped process, a lock an NFS server
   // lost track of) must fail this call at the store's timeout, not hang it.

@@ -2,6 +2,8 @@
 // Writes are atomic (temp file + rename); readers poll with backoff (1 ms doubling to 20 ms);
 // add() serialises on flock() of a lock file in the directory, across threads and processes,
 // polled with the same backoff: a lock held past lock_timeout fails with MNCL_ERR_TIMEOUT.
+// Only this user's ranks should see the keys: files are 0600, no symbolic link in the folder is
+// followed, and a folder that is a link, or another user's that others may write to, is refused.
 #pragma once
 
 #include <chrono>
@@ -13,7 +15,8 @@ namespace mncl::bootstrap {
 
 class FileStore final : public Store {
  public:
-  // Creates dir (and its parents) if missing. Throws MNCL_ERR_BOOTSTRAP if it cannot be used.
+  // Creates dir (0700; its parents as mkdir -p) if missing. Throws MNCL_ERR_BOOTSTRAP if it
+  // cannot be used. Warns (once per folder) if it is this user's and others may write to it.
   // lock_timeout bounds add()'s wait for the lock (open_store passes the job's timeout).
   explicit FileStore(std::string dir,
                      std::chrono::milliseconds lock_timeout = std::chrono::milliseconds(300000));
