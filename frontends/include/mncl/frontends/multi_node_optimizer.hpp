@@ -31,15 +31,20 @@
 //  - Built on a HierarchicalCommunicator (hierarchical.hpp), the gradients are averaged within
 //    each host first, then across the hosts; the broadcast and the divisor use its world.
 //    Without double buffering: the hierarchical allreduce has no non-blocking form.
-//  - Every rank fails together (agreement.hpp): update() and broadcast_parameters() first
+//  - Every rank fails together (agreement.hpp): the calls that communicate (the first, which
+//    broadcasts, and each round's last, which exchanges) and broadcast_parameters() first
 //    exchange whether each rank accepts its arguments, with a digest of its parameter sizes,
-//    settings and progress (one allgather of two int64 per rank). Arguments refused on one
-//    rank (gradient sizes, a changed parameter list) throw InvalidArgument there and
-//    RemoteError naming it on the others; parameter lists, settings (grad_dtype,
-//    double_buffering, allreduce_every, fusion_buffer_bytes, root, hierarchical or not) or
-//    progress (a snapshot loaded on some ranks only) that differ between the ranks throw
-//    InvalidArgument on every rank. Nothing moves or changes then (a double-buffered exchange
-//    in flight is completed first; its averages wait for the next step).
+//    settings and progress (one allgather of two int64 per rank, counted in wait_seconds).
+//    Arguments refused on one rank (gradient sizes, a changed parameter list) throw
+//    InvalidArgument there and RemoteError naming it on the others; parameter lists, settings
+//    (grad_dtype, double_buffering, allreduce_every, fusion_buffer_bytes, root, the
+//    communicator's max_message_bytes, hierarchical or not) or progress (a snapshot loaded on
+//    some ranks only) that differ between the ranks throw InvalidArgument on every rank.
+//    Nothing moves or changes then (a double-buffered exchange in flight is completed first;
+//    its averages wait for the next step). A micro-batch that only accumulates
+//    (allreduce_every > 1) is checked on its rank alone, so that it holds no rank up: refused,
+//    it throws there and counts for nothing, and the others wait at the round's exchange for
+//    that rank's next micro-batch.
 //  - The wrapped optimizer steps after the exchange: what its update throws comes out of
 //    update() on its rank only, once every rank took part, and the round's gradients are spent
 //    (the next round averages its own).
@@ -61,9 +66,7 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
-#include <optional>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -127,15 +130,22 @@ class MultiNodeOptimizer {
   // whether the parameters were stepped (false for micro-batches that only accumulate, and for
   // the first double-buffered exchange).
   bool update(const ParamSpans &params, const GradSpans &grads) {
-    // Double buffering: the exchange in flight completes before the agreement's collective.
-    finish_exchange();
     std::exception_ptr own_error;
     try {
       check_arguments(params, grads);
     } catch (...) {
       own_error = std::current_exception();
     }
-    agree_or_throw(*comm_, "MultiNodeOptimizer::update", own_error, digest(params));
+    // Only the calls that communicate agree first (see the top of the file): a micro-batch that
+    // only accumulates holds no rank up.
+    const bool exchanges = accumulated_ + 1 >= options_.allreduce_every;
+    if (!exchanges && broadcasted_) {
+      if (own_error) std::rethrow_exception(own_error);
+    } else {
+      // Double buffering: the exchange in flight completes before the agreement's collective.
+      if (exchanges) finish_exchange();
+      agree(own_error, "MultiNodeOptimizer::update", digest(params));
+    }
     // Not a step of its own: these gradients are the first micro-batch, so the first k calls
     // make the first step, as the caller's loop over groups of k micro-batches expects.
     if (!broadcasted_) {
@@ -155,7 +165,7 @@ class MultiNodeOptimizer {
     // rank's own, once every rank has taken part; and the round's micro-batches are spent once
     // packed (a step that threw left them to be sent again with the next round's).
     if (options_.double_buffering) {
-      // The previous exchange's gradients were averaged by finish_exchange() above.
+      // The previous exchange's averages are ready (finish_exchange() above).
       start_exchange(*to_send);
       if (options_.allreduce_every > 1) clear_accumulator();
       if (!have_averaged_) return false;
@@ -184,9 +194,10 @@ class MultiNodeOptimizer {
   // computing the first gradients where the ranks' initial parameters differ.
   void broadcast_parameters(const ParamSpans &params) {
     LayoutDigest sizes;
-    sizes.add(static_cast<uint64_t>(options_.root)).add(params.size());
+    sizes.add(static_cast<uint64_t>(options_.root)).add(comm_->max_message_bytes());
+    sizes.add(params.size());
     for (const auto &p : params) sizes.add(p.size());
-    agree_or_throw(*comm_, "MultiNodeOptimizer::broadcast_parameters", nullptr, sizes.value());
+    agree(nullptr, "MultiNodeOptimizer::broadcast_parameters", sizes.value());
     broadcast_params(params);
     broadcasted_ = true;
   }
@@ -225,10 +236,25 @@ class MultiNodeOptimizer {
   void load(InArchive &ar) {
     require_optimizer_state();
     finish_exchange();
-    // Read into a copy and commit only once it all checks out: a load that throws (a truncated
-    // snapshot, another allreduce_every mid-round) leaves this optimizer as it was.
+    // A load that throws (a truncated snapshot, another allreduce_every mid-round) leaves this
+    // optimizer as it was: its own progress is read aside and committed last, and the wrapped
+    // optimizer, which loads in place, gets back the state it saves here (its own save/load:
+    // it need not be copyable). (from_bytes checks for bytes left over only after this.)
+    std::vector<uint8_t> optimizer_before;
+    if constexpr (is_serializable<Optimizer>()) optimizer_before = to_bytes(optimizer_);
+    try {
+      load_and_commit(ar);
+    } catch (...) {
+      if constexpr (is_serializable<Optimizer>()) {
+        from_bytes(Span<const uint8_t>(optimizer_before), optimizer_);
+      }
+      throw;
+    }
+  }
+
+ private:
+  void load_and_commit(InArchive &ar) {
     Progress loaded;
-    std::optional<Optimizer> loaded_optimizer;
     uint64_t first = 0;
     ar >> first;
     // What the snapshot's run did; snapshots from before the tag did not say, and are taken as
@@ -244,13 +270,13 @@ class MultiNodeOptimizer {
       }
       ar >> loaded.updates >> loaded.broadcasted >> saved_double_buffering >> saved_every >>
           loaded.have_averaged >> loaded.averaged;
-      load_optimizer(ar, loaded_optimizer);
+      if constexpr (is_serializable<Optimizer>()) ar >> optimizer_;
       ar >> loaded.accumulated >> loaded.accumulator;
     } else {
       loaded.updates = first;  // (the broadcast counted as an update then)
       loaded.broadcasted = loaded.updates > 0;
       ar >> loaded.have_averaged >> loaded.averaged;
-      load_optimizer(ar, loaded_optimizer);
+      if constexpr (is_serializable<Optimizer>()) ar >> optimizer_;
       if (options_.allreduce_every > 1) ar >> loaded.accumulated >> loaded.accumulator;
     }
     if (saved_every < 1 || loaded.accumulated < 0 || loaded.accumulated >= saved_every ||
@@ -274,8 +300,7 @@ class MultiNodeOptimizer {
     } else if (!saved_double_buffering && options_.double_buffering) {
       loaded.have_averaged = false;  // applied already: the next step only starts an exchange
     }
-    // Commit (nothing below throws but a failed allocation).
-    if (loaded_optimizer) optimizer_ = std::move(*loaded_optimizer);
+    // Commit (nothing below throws).
     updates_ = loaded.updates;
     broadcasted_ = loaded.broadcasted;
     have_averaged_ = loaded.have_averaged;
@@ -290,7 +315,20 @@ class MultiNodeOptimizer {
     accumulated_spans_ = spans_over(accumulator_);
   }
 
- private:
+  // agree_or_throw (agreement.hpp), its time counted as time blocked on communication.
+  void agree(std::exception_ptr own_error, const char *what, int64_t digest) {
+    const auto begin = std::chrono::steady_clock::now();
+    try {
+      agree_or_throw(*comm_, what, own_error, digest);
+    } catch (...) {
+      stats_.wait_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+      throw;
+    }
+    stats_.wait_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  }
+
   void check_arguments(const ParamSpans &params, const GradSpans &grads) const {
     if (params.size() != grads.size()) {
       throw InvalidArgument("MultiNodeOptimizer::update: " + std::to_string(params.size()) +
@@ -331,6 +369,7 @@ class MultiNodeOptimizer {
         .add(options_.double_buffering)
         .add(static_cast<uint64_t>(options_.root))
         .add(static_cast<uint64_t>(options_.allreduce_every))
+        .add(comm_->max_message_bytes())  // the broadcast's chunks
         .add(hierarchical_ != nullptr)
         .add(broadcasted_)
         .add(static_cast<uint64_t>(accumulated_))
@@ -339,20 +378,6 @@ class MultiNodeOptimizer {
         .add(params.size());
     for (const auto &p : params) d.add(p.size());
     return d.value();
-  }
-
-  // The wrapped optimizer's state, into a copy where it can be copied (else in place: a load
-  // failing after it leaves that state loaded).
-  void load_optimizer(InArchive &ar, std::optional<Optimizer> &loaded) {
-    if constexpr (is_serializable<Optimizer>()) {
-      if constexpr (std::is_copy_constructible_v<Optimizer> &&
-                    std::is_move_assignable_v<Optimizer>) {
-        loaded.emplace(optimizer_);
-        ar >> *loaded;
-      } else {
-        ar >> optimizer_;
-      }
-    }
   }
 
   // What load() reads before it commits.
