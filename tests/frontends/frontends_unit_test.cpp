@@ -11,6 +11,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -811,6 +812,23 @@ TEST(NonBlocking, CallsRefuseTemporaryContainers) {
 }
 
 // Optimizers declared stateless, by a member or by the trait; the bundled ones save their state.
+// A setting kept const makes an optimizer not assignable, which a load must not need.
+struct ConstLrSgd {
+  static constexpr bool stateless_optimizer = true;
+  const float lr = 0.5f;
+  void update(const mncl::ParamSpans &, const mncl::GradSpans &) const {}
+};
+// State that cannot be copied, though its type says it can (a vector of move-only items).
+struct MoveOnlySlots {
+  std::vector<std::unique_ptr<float>> slots;
+  void update(const mncl::ParamSpans &, const mncl::GradSpans &) {}
+  void save(mncl::OutArchive &ar) const { ar << uint64_t{slots.size()}; }
+  void load(mncl::InArchive &ar) {
+    uint64_t n = 0;
+    ar >> n;
+    slots.resize(n);
+  }
+};
 struct TheirSgd {
   std::vector<float> scratch;  // a work buffer, not state (and not trivially copyable)
   void update(const mncl::ParamSpans &, const mncl::GradSpans &) {}
@@ -837,6 +855,23 @@ TEST(MultiNodeOptimizer, StatelessOptimizersAreDeclared) {
   mncl::MultiNodeOptimizer<TheirSgd> loaded(TheirSgd{}, comm);
   mncl::from_bytes(Span<const uint8_t>(mncl::to_bytes(opt)), loaded);
   EXPECT_EQ(loaded.updates(), 1u);
+  // Neither assignable nor truly copyable: their snapshots load too.
+  mncl::MultiNodeOptimizer<ConstLrSgd> const_lr(ConstLrSgd{}, comm);
+  const_lr.update({Span<float>(p)}, {Span<const float>(g)});
+  mncl::from_bytes(Span<const uint8_t>(mncl::to_bytes(const_lr)), const_lr);
+  EXPECT_EQ(const_lr.updates(), 1u);
+  mncl::MultiNodeOptimizer<MoveOnlySlots> slots(MoveOnlySlots{}, comm);
+  slots.actual_optimizer().slots.resize(3);
+  const auto snapshot = mncl::to_bytes(slots);
+  slots.actual_optimizer().slots.resize(5);
+  mncl::from_bytes(Span<const uint8_t>(snapshot), slots);
+  EXPECT_EQ(slots.actual_optimizer().slots.size(), 3u);
+  // A load that throws puts the wrapped optimizer's state back (5 slots), as it was.
+  auto truncated = snapshot;
+  truncated.pop_back();
+  slots.actual_optimizer().slots.resize(5);
+  EXPECT_THROW(mncl::from_bytes(Span<const uint8_t>(truncated), slots), mncl::SerializationError);
+  EXPECT_EQ(slots.actual_optimizer().slots.size(), 5u);
 }
 
 // An empty communicator (a split's MNCL_SPLIT_NONE) refuses alltoall with an error instead of
