@@ -12,12 +12,14 @@ Pickle runs code on load: use these only among processes that trust each other (
 one job), as ChainerMN and PyTorch do.
 """
 
+import enum
 import functools
 import operator
 import pickle
 
 import numpy as np
 
+from ._ops import _OPS, _op_name
 from .errors import RemoteError
 
 DEFAULT_MAX_BUF_LEN = 256 << 20
@@ -191,11 +193,13 @@ class ObjectCollectives:
         "max", "min" (element-wise for NumPy arrays), "avg" (the sum divided by the number of
         ranks) or a function of two objects. The objects are gathered and reduced in rank
         order, so the result is identical everywhere."""
-        name = None if callable(op) else str(op).lower()
-        if name is not None and name not in _OBJECT_OPS and name != "avg":
-            raise ValueError(f"mncl: allreduce_obj: unknown reduction '{op}' (one of "
-                             f"{', '.join(list(_OBJECT_OPS) + ['avg'])}, or a function of two "
-                             f"objects)")
+        name = None if callable(op) and not isinstance(op, enum.Enum) else _op_name(op)
+        if name is None and type(op) is int:  # MNCL's own code, as allreduce takes it
+            name = {code: key for key, code in _OPS.items()}.get(op)
+        if name is None and not callable(op):
+            raise ValueError(f"mncl: allreduce_obj: unknown reduction {op!r} (one of "
+                             f"{', '.join(list(_OBJECT_OPS) + ['avg'])}, an enum member of those "
+                             f"names, or a function of two objects)")
         combine = op if name is None else _OBJECT_OPS["sum" if name == "avg" else name]
         result = functools.reduce(combine, self.allgather_obj(obj, max_buf_len))
         return result / self.size if name == "avg" else result

@@ -49,8 +49,8 @@ from ._cuda import CudaArray, address, call_stream, explicit_stream, is_cuda_arr
 from ._lib import check, lib
 from .errors import InvalidArgumentError, NotSupportedError
 from ._objects import ObjectCollectives
+from ._ops import _OPS, _op_name
 
-_OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "avg": 4}
 _ERR_TIMEOUT = 3  # MNCL_ERR_TIMEOUT
 _ERR_INVALID_ARGUMENT = 1  # MNCL_ERR_INVALID_ARGUMENT
 
@@ -60,22 +60,12 @@ _ERR_INVALID_ARGUMENT = 1  # MNCL_ERR_INVALID_ARGUMENT
 _IN_FLIGHT = set()
 
 
-# Other libraries' names for MNCL's reductions (torch.distributed.ReduceOp.PRODUCT).
-_OP_ALIASES = {"product": "prod"}
-
-
 def _op_code(op):
-    """The MNCL code of a reduction: a name ("sum", "prod", "min", "max", "avg"; any case), an
-    enum member named like one (torch.distributed.ReduceOp.AVG, an IntEnum), or MNCL's own
-    code as a plain integer. An enum is taken by its name, never by its value: other libraries
-    number the reductions otherwise (torch's AVG is 1, MNCL's prod)."""
-    name = op if isinstance(op, str) else getattr(op, "name", None)
-    if isinstance(name, str):
-        key = _OP_ALIASES.get(name.lower(), name.lower())
-        if key not in _OPS:
-            raise ValueError(f"mncl: unknown reduction {op!r} (one of {', '.join(_OPS)}, or an "
-                             f"enum member of those names; 'product' is prod)")
-        return _OPS[key]
+    """The MNCL code of a reduction: a name or enum member (_op_name), or MNCL's own code as a
+    plain integer."""
+    name = _op_name(op)
+    if name is not None:
+        return _OPS[name]
     if isinstance(op, bool):
         raise TypeError(f"mncl: a reduction is a name such as 'sum', not {op!r}")
     # Not int(op): 1.5 would become 1. A code goes to the C int argument as it is, which

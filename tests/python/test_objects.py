@@ -7,6 +7,7 @@ RemoteError naming it elsewhere) and the communicator works on; shard_range, sca
 n fails every rank) and scatter_dataset (plain, shuffled as the C++ mncl::permutation, unequal
 shards) cover every sample once."""
 
+import enum
 import pickle
 import threading
 
@@ -98,6 +99,28 @@ expect(comm.allreduce_obj({"loss": 0.5 * r, "n": 1},
                           op=lambda a, b: {k: a[k] + b[k] for k in a})
        == {"loss": 0.5 * n * (n - 1) / 2, "n": n}, "allreduce_obj of dicts by a function")
 expect(comm.allreduce_obj(float(r), op="avg") == (n - 1) / 2, "allreduce_obj avg")
+
+
+# The reductions as allreduce takes them: by an enum member's name (never its value, nor a str
+# Enum's value), torch's "PRODUCT", MNCL's own code.
+class TorchLikeOp(enum.IntEnum):
+    SUM = 0
+    AVG = 1
+    PRODUCT = 2
+
+
+class Named(str, enum.Enum):
+    MAX = "min"
+
+
+expect(comm.allreduce_obj(r + 1, op=TorchLikeOp.AVG) == (n + 1) / 2, "allreduce_obj op=AVG enum")
+expect(comm.allreduce_obj(r + 1, op="PRODUCT") == int(np.prod(np.arange(1, n + 1))),
+       "allreduce_obj op='PRODUCT'")
+expect(comm.allreduce_obj(r, op=Named.MAX) == n - 1, "allreduce_obj by a str Enum's name")
+expect(comm.allreduce_obj(r + 1, op=1) == int(np.prod(np.arange(1, n + 1))),
+       "allreduce_obj op=1 (MNCL's prod)")
+expect(int(comm.allreduce(np.array([r]), op=Named.MAX)[0]) == n - 1,
+       "allreduce by a str Enum's name, not its value")
 expect_raises(ValueError, lambda: comm.allreduce_obj(1, op="median"), "unknown op",
               "unknown reduction")
 
