@@ -96,7 +96,8 @@ int main(int argc, char **argv) {
   }
   char self[] = "/proc/self/exe";
   // A single-rank job with the in-process store, whatever the launcher set.
-  for (const char *v : {"MNCL_RANK", "MNCL_STORE", "MNCL_LOCAL_RANK", "MNCL_LOCAL_SIZE"})
+  for (const char *v : {"MNCL_RANK", "MNCL_STORE", "MNCL_LOCAL_RANK", "MNCL_LOCAL_SIZE", "RANK",
+                        "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"})
     unsetenv(v);
   setenv("MNCL_SIZE", "1", 1);
   setenv("MNCL_BACKEND", "naive", 1);

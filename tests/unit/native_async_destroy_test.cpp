@@ -36,7 +36,8 @@ class NativeAsync : public ::testing::Test {
  protected:
   void SetUp() override {
     // One rank with the in-process store, whatever the launcher set.
-    for (const char *v : {"MNCL_RANK", "MNCL_STORE", "MNCL_LOCAL_RANK", "MNCL_LOCAL_SIZE"}) {
+    for (const char *v : {"MNCL_RANK", "MNCL_STORE", "MNCL_LOCAL_RANK", "MNCL_LOCAL_SIZE", "RANK",
+                          "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}) {
       unsetenv(v);
     }
     setenv("MNCL_SIZE", "1", 1);

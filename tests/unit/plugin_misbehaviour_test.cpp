@@ -21,7 +21,8 @@ namespace {
 class Misbehaving : public ::testing::Test {
  protected:
   void SetUp() override {
-    for (const char *v : {"MNCL_RANK", "MNCL_STORE", "MNCL_LOCAL_RANK", "MNCL_LOCAL_SIZE"}) {
+    for (const char *v : {"MNCL_RANK", "MNCL_STORE", "MNCL_LOCAL_RANK", "MNCL_LOCAL_SIZE", "RANK",
+                          "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}) {
       unsetenv(v);
     }
     setenv("MNCL_SIZE", "1", 1);
