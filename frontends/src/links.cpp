@@ -26,16 +26,21 @@ float symmetric_unit(uint64_t bits) {
   return static_cast<float>((bits >> 40) * 0x1.0p-23) - 1.0f;
 }
 
+// shape and data are public: a caller may have changed one without the other (the loops
+// below index data by the shape).
+void require_consistent(const Tensor &t, const std::string &who) {
+  if (t.data.size() != Tensor::element_count(t.shape)) {
+    throw InvalidArgument(who + ": a tensor of shape " + t.shape_string() + " holds " +
+                          std::to_string(t.data.size()) + " elements");
+  }
+}
+
 void require_2d(const Tensor &t, int64_t cols, const std::string &who) {
   if (t.shape.size() != 2 || t.shape[1] != cols) {
     throw InvalidArgument(who + ": expected a {batch, " + std::to_string(cols) + "} tensor, got " +
                           t.shape_string());
   }
-  // shape and data are public: a caller may have changed one without the other.
-  if (t.data.size() != Tensor::element_count(t.shape)) {
-    throw InvalidArgument(who + ": a tensor of shape " + t.shape_string() + " holds " +
-                          std::to_string(t.data.size()) + " elements");
-  }
+  require_consistent(t, who);
 }
 
 // out[0..n) += a * in[0..n): the one kernel the dense layer's two big products reduce to.
@@ -220,6 +225,7 @@ Tensor Dense::backward(const Tensor &grad_y) {
 // ---------------------------------------------------------------------------------------------
 
 Tensor ReLU::forward(const Tensor &x) {
+  require_consistent(x, "ReLU::forward");  // (backward reads output_ by the gradient's shape)
   output_ = x;
   for (float &v : output_.data) v = v > 0.0f ? v : 0.0f;
   return output_;
@@ -230,6 +236,7 @@ Tensor ReLU::backward(const Tensor &grad_y) {
     throw InvalidArgument("ReLU::backward: gradient " + grad_y.shape_string() +
                           " does not match the output " + output_.shape_string());
   }
+  require_consistent(grad_y, "ReLU::backward");
   Tensor grad_x = grad_y;
   for (std::size_t k = 0; k < grad_x.data.size(); ++k) {
     if (output_.data[k] <= 0.0f) grad_x.data[k] = 0.0f;
@@ -284,6 +291,7 @@ float SoftmaxCrossEntropy::forward(const Tensor &logits, Span<const int32_t> lab
     throw InvalidArgument("SoftmaxCrossEntropy: logits " + logits.shape_string() + " but " +
                           std::to_string(labels.size()) + " labels");
   }
+  require_consistent(logits, "SoftmaxCrossEntropy");
   const int64_t batch = logits.rows(), classes = logits.cols();
   probabilities_ = Tensor(logits.shape);
   labels_.assign(labels.begin(), labels.end());

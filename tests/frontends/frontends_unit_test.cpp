@@ -379,6 +379,25 @@ TEST(Links, DenseRejectsWrongShapes) {
   EXPECT_THROW(dense.forward(short_data), mncl::InvalidArgument);
 }
 
+// ReLU and the softmax loss too refuse a tensor whose data is shorter than its shape (they read
+// past its end: a heap overflow under ASan, a loss of 1e29 without).
+TEST(Links, ReluAndSoftmaxRejectDataShorterThanTheShape) {
+  mncl::ReLU relu;
+  relu.forward(mncl::Tensor({2, 3}));
+  mncl::Tensor short_grad({2, 3});
+  short_grad.data.resize(2);
+  EXPECT_THROW(relu.backward(short_grad), mncl::InvalidArgument);
+  mncl::Tensor long_grad({2, 3});
+  long_grad.data.resize(600);
+  EXPECT_THROW(relu.backward(long_grad), mncl::InvalidArgument);
+  EXPECT_THROW(relu.forward(short_grad), mncl::InvalidArgument);
+  mncl::SoftmaxCrossEntropy loss;
+  mncl::Tensor logits({2, 3});
+  logits.data.resize(3);
+  const std::vector<int32_t> labels{0, 1};
+  EXPECT_THROW(loss.forward(logits, mncl::Span<const int32_t>(labels)), mncl::InvalidArgument);
+}
+
 // A shape whose element count overflows is refused, not taken for an empty tensor ({2^62, 4}
 // once wrapped to 0 elements, and a Dense layer then wrote 2^62 rows into nothing).
 TEST(Links, TensorShapesThatOverflowAreRejected) {
