@@ -435,6 +435,7 @@ std::optional<uint64_t> Checkpointer::resume_with(
                           "load ran may hold its state in part or whole, so the state is not "
                           "the same everywhere: rebuild it before training");
   }
+  if (common.empty()) refuse_to_start_afresh_over(everyone);
   // Nothing to resume here, but intact snapshots of a job of another size: starting afresh
   // would let the first saves overwrite them (same names). Every rank throws alike.
   const auto another_job = comm_->allgather_obj(mine.another_job);
@@ -451,6 +452,43 @@ std::optional<uint64_t> Checkpointer::resume_with(
   }
   remove_leftovers(std::nullopt);
   return std::nullopt;
+}
+
+// No iteration every rank holds, yet some ranks hold intact snapshots that no crash mid-save
+// explains (one rank's several, or different ones on different ranks: a rank's directory lost
+// or not shared, its disk replaced, another name on one rank). Starting afresh would let the
+// first saves prune them: the run's whole progress, silently. Every rank throws alike (the
+// lists are the same everywhere). A save cut short before every rank finished its first
+// snapshot (one iteration, the same, on some ranks) still starts afresh.
+void Checkpointer::refuse_to_start_afresh_over(
+    const std::vector<std::vector<uint64_t>> &everyone) const {
+  std::set<uint64_t> held;
+  std::string holders, without;
+  bool several = false;
+  int newest_rank = -1;
+  for (int rank = 0; rank < static_cast<int>(everyone.size()); ++rank) {
+    const auto &theirs = everyone[static_cast<std::size_t>(rank)];
+    std::string &list = theirs.empty() ? without : holders;
+    list += (list.empty() ? "" : ", ") + std::to_string(rank);
+    several = several || theirs.size() > 1;
+    held.insert(theirs.begin(), theirs.end());
+    if (!theirs.empty() &&
+        (newest_rank < 0 ||
+         theirs.back() > everyone[static_cast<std::size_t>(newest_rank)].back())) {
+      newest_rank = rank;
+    }
+  }
+  if (held.empty() || (!several && held.size() == 1)) return;
+  throw CheckpointError(
+      "Checkpointer::resume: no iteration of '" + name_ + "' in " + directory_ +
+      " is intact on every rank, yet ranks " + holders + " hold snapshots (the newest: iteration " +
+      std::to_string(*held.rbegin()) + " on rank " + std::to_string(newest_rank) + ")" +
+      (without.empty() ? std::string(" of different iterations")
+                       : "; ranks " + without +
+                             " hold none (a directory lost, replaced or not "
+                             "shared with them?)") +
+      ". Starting afresh would let the first saves delete them: restore the missing snapshots, "
+      "or move these away to start afresh; nothing was loaded or deleted");
 }
 
 std::string Checkpointer::first_reason(const std::string &mine) const {

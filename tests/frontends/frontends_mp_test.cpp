@@ -433,6 +433,72 @@ TEST_F(Frontends, BcastObjFailureOnTheRootFailsEveryRank) {
   EXPECT_EQ(text, "still works");
 }
 
+// An object that serializes or decodes on some ranks only: the every-rank object collectives
+// fail on every rank together, the failing rank with its reason, the others with RemoteError
+// naming it (they once waited for its bytes until the timeout, or returned while it threw), and
+// the ranks stay in step. Rank `culprit` is the one that fails, by the object's own value.
+struct FailsOnOneRank {
+  int culprit = -1;
+  bool fail_saving = false;
+  void save(mncl::OutArchive &ar) const {
+    if (fail_saving && spmd::world().rank() == culprit) {
+      throw mncl::SerializationError("this rank's object does not serialize");
+    }
+    ar << static_cast<int32_t>(culprit) << fail_saving;
+  }
+  void load(mncl::InArchive &ar) {
+    int32_t c = 0;
+    ar >> c >> fail_saving;
+    culprit = c;
+    if (!fail_saving && spmd::world().rank() == culprit) {
+      throw mncl::SerializationError("this rank cannot decode it");
+    }
+  }
+};
+
+TEST_F(Frontends, ObjectCollectivesFailTogetherWhenOneRankCannot) {
+  const int culprit = size() - 1;
+  const FailsOnOneRank bad_save{culprit, true}, bad_load{culprit, false};
+  using Fails = mncl::SerializationError;
+  const std::string names = "rank " + std::to_string(culprit);
+  expect_fails_together<Fails>([&] { comm().allgather_obj(bad_save); }, culprit, "allgather_obj",
+                               names);
+  expect_fails_together<Fails>([&] { comm().gather_obj(bad_save, 0); }, culprit, "gather_obj",
+                               names);
+  expect_fails_together<Fails>([&] { comm().allgather_obj(bad_load); }, culprit,
+                               "allgather_obj decode", names);
+  if (culprit != 0) {  // decoded on the root only
+    expect_fails_together<Fails>([&] { comm().gather_obj(bad_load, culprit); }, culprit,
+                                 "gather_obj decode", names);
+  }
+  FailsOnOneRank received = rank() == 0 ? bad_load : FailsOnOneRank{};
+  if (culprit != 0) {
+    expect_fails_together<Fails>([&] { comm().bcast_obj(received, 0); }, culprit,
+                                 "bcast_obj decode", names);
+    expect_fails_together<Fails>(
+        [&] { comm().scatter_obj(std::vector<FailsOnOneRank>(size(), bad_load), 0); }, culprit,
+        "scatter_obj decode", names);
+  }
+  // A combine that throws on rank 0 (with one rank there is nothing to combine).
+  if (size() > 1) {
+    expect_fails_together<std::runtime_error>(
+        [&] {
+          comm().allreduce_obj(rank(),
+                               [](int, int) -> int { throw std::runtime_error("combine"); });
+        },
+        0, "allreduce_obj combine", "rank 0");
+  }
+  // send_obj of an object that does not serialize: recv_obj fails at once.
+  if (size() > 1) {
+    if (rank() == 0) {
+      EXPECT_THROW(comm().send_obj(FailsOnOneRank{0, true}, 1), Fails);
+    } else if (rank() == 1) {
+      EXPECT_THROW(comm().recv_obj<FailsOnOneRank>(0), mncl::RemoteError);
+    }
+  }
+  EXPECT_EQ(comm().allreduce_value(1), size());  // still in step
+}
+
 TEST_F(Frontends, ObjectCollectivesInSmallChunks) {
   const std::size_t saved = comm().max_message_bytes();
   comm().set_max_message_bytes(7);  // every object takes many messages
@@ -981,6 +1047,33 @@ TEST_F(Frontends, ScatterDatasetFailsEveryRankTogether) {
   EXPECT_EQ(comm().allreduce_value(1), size());
 }
 
+// A shard that does not decode on one rank (its samples' load throws there) fails every rank
+// together (the others once returned while the root waited in a bcast for it until the
+// timeout); a rank given another root fails every rank at once (it once waited for a shard from
+// the wrong rank until the timeout).
+TEST_F(Frontends, ScatterDatasetDecodeFailureOrAnotherRootFailsEveryRankTogether) {
+  const int culprit = size() - 1;
+  const std::vector<FailsOnOneRank> dataset(std::size_t(3 * size()),
+                                            FailsOnOneRank{culprit, false});
+  if (culprit != 0) {
+    expect_fails_together<mncl::SerializationError>([&] { mncl::scatter_dataset(dataset, comm()); },
+                                                    culprit, "scatter_dataset decode",
+                                                    "rank(s) " + std::to_string(culprit));
+  }
+  if (size() > 1) {
+    mncl::ScatterOptions options;
+    options.root = rank() == culprit ? 0 : culprit;
+    try {
+      mncl::scatter_dataset(std::vector<int>(6, 1), comm(), options);
+      ADD_FAILURE() << "scattered with two roots";
+    } catch (const mncl::InvalidArgument &e) {
+      EXPECT_NE(std::string(e.what()).find("passed other arguments than rank 0"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_EQ(comm().allreduce_value(1), size());
+}
+
 // ---------------------------------------------------------------------------------------------
 // Evaluator
 // ---------------------------------------------------------------------------------------------
@@ -1025,6 +1118,72 @@ TEST_F(Frontends, EvaluatorWeightsBySampleCount) {
   }
 }
 
+// A sample that evaluate_batch refuses (a label out of range, say). Its own type, so that a
+// TimeoutError (the others left waiting for the failed rank) never passes for it.
+struct BadSample : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// An evaluate_batch that throws on one rank, or a batch_size of 0 there, fails every rank
+// together in the averaging's own allreduce: that rank rethrows its exception, the others throw
+// RemoteError naming it (they once waited for it until the timeout). Then the world goes on.
+TEST_F(Frontends, EvaluatorFailureOnOneRankFailsEveryRank) {
+  mncl::Evaluator evaluator(comm());
+  const int culprit = size() - 1;
+  const std::string others_say = "rank " + std::to_string(culprit) + " could not evaluate";
+  const std::vector<int> shard(10, rank());
+  const auto mean = [](const int *batch, std::size_t n) {
+    return mncl::Metrics{{"value", double(std::accumulate(batch, batch + n, 0)) / double(n)}};
+  };
+  int batches = 0;  // the culprit's second batch holds a bad sample
+  expect_fails_together<BadSample>(
+      [&] {
+        evaluator.evaluate(shard, 4, [&](const int *batch, std::size_t n) {
+          if (rank() == culprit && ++batches == 2) throw BadSample("sample 4 is bad");
+          return mean(batch, n);
+        });
+      },
+      culprit, "evaluate_batch throws", others_say, "sample 4 is bad");
+  expect_fails_together([&] { evaluator.evaluate(shard, rank() == culprit ? 0 : 4, mean); },
+                        culprit, "batch_size 0", others_say, "batch_size must be positive");
+  // Also where the culprit has no samples (it once counted as not reporting).
+  const std::vector<int> none;
+  expect_fails_together(
+      [&] {
+        evaluator.evaluate(rank() == culprit ? none : shard, rank() == culprit ? 0 : 4, mean);
+      },
+      culprit, "batch_size 0, no samples", others_say, "batch_size must be positive");
+
+  const auto metrics = evaluator.evaluate(shard, 4, mean);
+  EXPECT_DOUBLE_EQ(metrics.at("value"), (size() - 1) / 2.0);
+  EXPECT_EQ(comm().allreduce_value(1), size());
+}
+
+// Where several ranks fail, each rethrows its own exception, and the others throw RemoteError
+// naming the first and the last of them.
+TEST_F(Frontends, EvaluatorFailuresOnSeveralRanksEachThrowTheirOwn) {
+  if (size() < 2) GTEST_SKIP() << "needs two ranks to fail";
+  mncl::Evaluator evaluator(comm());
+  const int last = size() - 1;
+  const bool fails = rank() == 0 || rank() == last;
+  const std::string mine = "rank " + std::to_string(rank()) + "'s sample is bad";
+  try {
+    evaluator.evaluate(std::vector<int>(3, rank()), 2, [&](const int *, std::size_t) {
+      if (fails) throw BadSample(mine);
+      return mncl::Metrics{{"value", 1.0}};
+    });
+    ADD_FAILURE() << "evaluate returned although ranks 0 and " << last << " failed";
+  } catch (const BadSample &e) {
+    EXPECT_TRUE(fails) << e.what();
+    EXPECT_EQ(std::string(e.what()), mine);
+  } catch (const mncl::RemoteError &e) {
+    EXPECT_FALSE(fails) << e.what();
+    EXPECT_NE(std::string(e.what()).find("ranks 0 and " + std::to_string(last)), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(comm().allreduce_value(1), size());
+}
+
 // ---------------------------------------------------------------------------------------------
 // Checkpointer (the kill-a-rank scenario runs as its own test: checkpoint_resume_test.sh)
 // ---------------------------------------------------------------------------------------------
@@ -1052,6 +1211,43 @@ TEST_F(Frontends, CheckpointerAgreesOnTheNewestCommonIteration) {
   ASSERT_TRUE(resumed.has_value());
   EXPECT_EQ(*resumed, 2u);
   EXPECT_EQ(state, (std::vector<int>{rank(), 2}));
+  remove_checkpoint_dir(dir);
+}
+
+// A rank whose snapshots are gone (its directory lost, replaced, or not shared) while the others
+// hold several: resume once started afresh on every rank, and the first saves pruned the
+// others' snapshots, the run's whole progress. Now every rank throws, naming the ranks, and
+// nothing is deleted. A save cut short before every rank wrote its first snapshot (one
+// iteration on some ranks) still starts afresh.
+TEST_F(Frontends, CheckpointerRefusesToStartAfreshOverSnapshotsOneRankLost) {
+  if (size() < 2) GTEST_SKIP() << "needs a rank to lose its snapshots and one to keep them";
+  const std::string dir = checkpoint_dir();
+  ASSERT_FALSE(dir.empty());
+  mncl::Checkpointer ckpt(comm(), dir, "state", {2, false, false});
+  const int lost = size() - 1;
+  for (uint64_t it = 1; it <= 3; ++it) ckpt.save(it, std::vector<int>{rank(), int(it)});
+  if (rank() == lost) {
+    for (uint64_t it : ckpt.local_iterations()) std::remove(ckpt.path(it).c_str());
+  }
+  comm().barrier();
+  std::vector<int> state;
+  try {
+    ckpt.resume(state);
+    ADD_FAILURE() << "resumed, or started afresh, over the other ranks' snapshots";
+  } catch (const mncl::CheckpointError &e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("hold none"), std::string::npos) << what;
+    EXPECT_NE(what.find("ranks " + std::to_string(lost) + " hold none"), std::string::npos) << what;
+  }
+  EXPECT_EQ(ckpt.local_iterations().size(), rank() == lost ? 0u : 2u) << "snapshots deleted";
+
+  // The first save cut short: rank 0 alone wrote iteration 1. Nothing in common: afresh.
+  comm().barrier();
+  if (rank() == 0) std::system(("rm -f '" + dir + "'/state.*").c_str());
+  comm().barrier();
+  if (rank() == 0) ckpt.save(1, std::vector<int>{0, 1});
+  comm().barrier();
+  EXPECT_FALSE(ckpt.resume(state).has_value());
   remove_checkpoint_dir(dir);
 }
 

@@ -440,6 +440,151 @@ TEST_F(Hierarchical, BufferMistakesThrowBeforeAnythingIsSent) {
   h.destroy();
 }
 
+// `call` on every rank, where rank `culprit` refuses its own arguments: InvalidArgument there,
+// holding `culprit_says`, and RemoteError naming it on every other rank. A TimeoutError (the
+// others left waiting for the culprit in a level's collective) is neither and fails the test.
+template <class Call>
+void expect_fails_together(Call &&call, int culprit, const std::string &what,
+                           const std::string &culprit_says) {
+  const bool guilty = spmd::world().rank() == culprit;
+  try {
+    call();
+    ADD_FAILURE() << what << " returned although rank " << culprit << " refused";
+  } catch (const mncl::InvalidArgument &e) {
+    EXPECT_TRUE(guilty) << what << ": " << e.what();
+    EXPECT_NE(std::string(e.what()).find(culprit_says), std::string::npos)
+        << what << ": " << e.what();
+  } catch (const mncl::RemoteError &e) {
+    EXPECT_FALSE(guilty) << what << ": " << e.what();
+    EXPECT_NE(
+        std::string(e.what()).find("rank " + std::to_string(culprit) + " could not take part"),
+        std::string::npos)
+        << what << ": " << e.what();
+  }
+}
+
+// `call` on every rank, where rank `odd` passes other arguments than the others: the same
+// InvalidArgument naming it on every rank (not a timeout, nor OK with a wrong result).
+template <class Call>
+void expect_refused_everywhere(Call &&call, int odd, const std::string &what) {
+  try {
+    call();
+    ADD_FAILURE() << what << " returned although rank " << odd << " passed other arguments";
+  } catch (const mncl::InvalidArgument &e) {
+    EXPECT_NE(std::string(e.what()).find("rank " + std::to_string(odd) +
+                                         " passed other arguments than rank 0"),
+              std::string::npos)
+        << what << ": " << e.what();
+  }
+}
+
+// A buffer refused on one rank fails every rank together, before anything moves: that rank
+// throws InvalidArgument, the others RemoteError naming it (they once waited for it in the
+// levels' collectives until the timeout). Then everyone goes on in step.
+TEST_F(Hierarchical, ABufferRefusedOnOneRankFailsEveryRank) {
+  const int culprit = world().size() - 1;
+  const bool guilty = rank() == culprit;
+  for_each_algorithm([&](mncl::HierarchicalCommunicator &h) {
+    const std::vector<float> send(4, 1.0f);
+    std::vector<float> recv(guilty ? 3 : 4, 7.0f);
+    expect_fails_together([&] { h.allreduce(send, recv); }, culprit, "sizes", "differ in size");
+    EXPECT_EQ(recv, std::vector<float>(guilty ? 3 : 4, 7.0f)) << "nothing moves";
+    // In place on the others; on the culprit a receive buffer 2 elements into its send buffer.
+    std::vector<float> both(6, 1.0f);
+    expect_fails_together(
+        [&] {
+          h.allreduce(Span<const float>(both.data(), 4),
+                      Span<float>(both.data() + (guilty ? 2 : 0), 4));
+        },
+        culprit, "overlap", "overlap without being the same");
+    EXPECT_EQ(both, std::vector<float>(6, 1.0f)) << "nothing moves";
+    // An op that mncl.h does not have, in place and coalesced.
+    const auto op = guilty ? static_cast<ReduceOp>(99) : ReduceOp::kSum;
+    expect_fails_together([&] { h.allreduce(both, op); }, culprit, "unknown op",
+                          "unknown reduction op 99");
+    expect_fails_together(
+        [&] { h.allreduce_coalesced(std::vector<Span<float>>{Span<float>(both)}, op); }, culprit,
+        "unknown op, coalesced", "unknown reduction op 99");
+    EXPECT_EQ(both, std::vector<float>(6, 1.0f)) << "nothing moves";
+
+    std::vector<int64_t> v{rank()};
+    h.allreduce(v);
+    EXPECT_EQ(v[0], int64_t{world().size()} * (world().size() - 1) / 2);
+  });
+}
+
+// Ranks that pass different counts, ops, dtypes or calls fail together with InvalidArgument
+// naming the odd rank, before anything moves. The levels' collectives never see the whole
+// world's arguments, so these once gave a timeout (an empty buffer on one rank) or OK with a
+// wrong result on every rank (kAvg against kSum; 3 elements against 4, which two-dimensional
+// padded).
+TEST_F(Hierarchical, RanksThatPassDifferentArgumentsFailTogether) {
+  if (world().size() < 2) GTEST_SKIP() << "needs two ranks to differ";
+  const int odd = world().size() - 1;
+  const bool is_odd = rank() == odd;
+  for_each_algorithm([&](mncl::HierarchicalCommunicator &h) {
+    std::vector<int32_t> empty_on_one(is_odd ? 0 : 4, 1);
+    expect_refused_everywhere([&] { h.allreduce(empty_on_one); }, odd, "empty on one rank");
+    EXPECT_EQ(empty_on_one, std::vector<int32_t>(is_odd ? 0 : 4, 1)) << "nothing moves";
+
+    std::vector<double> values(4, double(rank() + 1));
+    expect_refused_everywhere(
+        [&] { h.allreduce(values, is_odd ? ReduceOp::kAvg : ReduceOp::kSum); }, odd,
+        "kAvg against kSum");
+    EXPECT_EQ(values, std::vector<double>(4, double(rank() + 1))) << "nothing moves";
+
+    std::vector<double> three_or_four(is_odd ? 3 : 4, 1.0), out(three_or_four.size());
+    expect_refused_everywhere([&] { h.allreduce(three_or_four); }, odd, "3 against 4");
+    expect_refused_everywhere([&] { h.allreduce(three_or_four, out); }, odd,
+                              "3 against 4, out of place");
+    EXPECT_EQ(three_or_four, std::vector<double>(is_odd ? 3 : 4, 1.0)) << "nothing moves";
+
+    std::vector<float> floats(4, 1.0f);
+    std::vector<int32_t> ints(4, 1);
+    expect_refused_everywhere(
+        [&] {
+          if (is_odd) {
+            h.allreduce(floats);
+          } else {
+            h.allreduce(ints);
+          }
+        },
+        odd, "float32 against int32");
+
+    // Coalesced: the same total in other buckets, an extra empty buffer, or a plain allreduce.
+    std::vector<int32_t> flat(7, rank());
+    const Span<int32_t> all(flat);
+    std::vector<int32_t> none;
+    expect_refused_everywhere(
+        [&] {
+          h.allreduce_coalesced(
+              is_odd ? std::vector<Span<int32_t>>{all.subspan(0, 3), all.subspan(3)}
+                     : std::vector<Span<int32_t>>{all.subspan(0, 4), all.subspan(4)});
+        },
+        odd, "other buckets");
+    expect_refused_everywhere(
+        [&] {
+          h.allreduce_coalesced(is_odd ? std::vector<Span<int32_t>>{all, Span<int32_t>(none)}
+                                       : std::vector<Span<int32_t>>{all});
+        },
+        odd, "an extra empty buffer");
+    expect_refused_everywhere(
+        [&] {
+          if (is_odd) {
+            h.allreduce_coalesced(std::vector<Span<int32_t>>{all});
+          } else {
+            h.allreduce(flat);
+          }
+        },
+        odd, "coalesced against plain");
+    EXPECT_EQ(flat, std::vector<int32_t>(7, rank())) << "nothing moves";
+
+    std::vector<int64_t> v{rank()};
+    h.allreduce(v, ReduceOp::kSum);
+    EXPECT_EQ(v[0], int64_t{world().size()} * (world().size() - 1) / 2);
+  });
+}
+
 // ---------------------------------------------------------------------------------------------
 // MultiNodeOptimizer on a HierarchicalCommunicator
 // ---------------------------------------------------------------------------------------------

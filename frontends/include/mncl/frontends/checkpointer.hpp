@@ -33,6 +33,10 @@
 // whose load throws InvalidArgument (it decodes but does not fit this run's settings;
 // SerializationError, a subclass, means it does not decode) makes every rank throw InvalidArgument
 // naming the rank and reason, with nothing deleted and no older snapshot loaded in its place.
+// When no iteration is intact on every rank, yet some ranks hold snapshots that no save cut
+// short explains (several on one rank, or different ones on different ranks: a rank's
+// directory lost or not shared), resume throws CheckpointError on every rank naming the ranks
+// with and without, instead of starting afresh and letting the first saves prune them.
 #ifndef MNCL_FRONTENDS_CHECKPOINTER_HPP
 #define MNCL_FRONTENDS_CHECKPOINTER_HPP
 
@@ -120,6 +124,8 @@ class Checkpointer {
   std::vector<uint64_t> listed_iterations(std::vector<std::string> *temporaries = nullptr) const;
   // After resume: snapshots newer than the resumed one, and temporaries of dead writers.
   void remove_leftovers(std::optional<uint64_t> resumed) const;
+  // resume() with no iteration in common: throws where starting afresh would lose snapshots.
+  void refuse_to_start_afresh_over(const std::vector<std::vector<uint64_t>> &everyone) const;
   void remove_snapshot(uint64_t iteration) const;
   void prune(uint64_t newest_kept) const;
   // "<name>.[<group>.]<rank>.": this rank's files start with it.

@@ -713,11 +713,22 @@ class Communicator {
     for_each_chunk(bytes.size(), [&](std::size_t offset, std::size_t count) {
       bcast(Span<uint8_t>(bytes.data() + offset, count), root);
     });
-    if (rank_ != root) from_bytes(Span<const uint8_t>(bytes), obj);
+    decoded_everywhere("bcast_obj", [&] {
+      if (rank_ != root) from_bytes(Span<const uint8_t>(bytes), obj);
+    });
   }
+  // An object that does not serialize throws here, and recv_obj on the peer RemoteError (an
+  // impossible length is sent in its place), instead of the peer waiting out the timeout.
   template <class T>
   void send_obj(const T &obj, int peer) {
-    const auto bytes = to_bytes(obj);
+    std::vector<uint8_t> bytes;
+    try {
+      bytes = to_bytes(obj);
+    } catch (...) {
+      const uint64_t failed = kFailedLength;
+      send(Span<const uint64_t>(&failed, 1), peer);
+      throw;
+    }
     send_bytes(bytes, peer);
   }
   template <class T>
@@ -730,9 +741,8 @@ class Communicator {
   // v-collectives: plugin ABI v3 or later, as every bundled one).
   template <class T>
   std::vector<T> gather_obj(const T &obj, int root = 0) {
-    const auto mine = to_bytes(obj);
-    const ObjectLayout layout =
-        object_layout(allgather(std::vector<uint64_t>{mine.size()}), "gather_obj");
+    std::vector<uint8_t> mine;
+    const ObjectLayout layout = serialized_everywhere(obj, mine, "gather_obj");
     std::vector<uint8_t> all(rank_ == root ? layout.total : 0);
     std::vector<std::size_t> counts(size_), displs(size_);
     for_each_chunk(layout.longest, [&](std::size_t offset, std::size_t chunk) {
@@ -740,8 +750,11 @@ class Communicator {
       const std::size_t sent = std::min(offset, mine.size());
       gatherv(Span<const uint8_t>(mine.data() + sent, counts[rank_]), all, counts, root, displs);
     });
-    if (rank_ != root) return {};
-    return layout.objects<T>(all);
+    std::vector<T> objects;
+    decoded_everywhere("gather_obj", [&] {
+      if (rank_ == root) objects = layout.objects<T>(all);
+    });
+    return objects;
   }
   // Every rank's object on every rank, in rank order. The byte lengths travel first (one
   // allgather), then the bytes themselves in allgatherv rounds: in each, every rank sends the
@@ -749,9 +762,8 @@ class Communicator {
   // length sets the number of rounds, the same on every rank.
   template <class T>
   std::vector<T> allgather_obj(const T &obj) {
-    const auto mine = to_bytes(obj);
-    const ObjectLayout layout =
-        object_layout(allgather(std::vector<uint64_t>{mine.size()}), "allgather_obj");
+    std::vector<uint8_t> mine;
+    const ObjectLayout layout = serialized_everywhere(obj, mine, "allgather_obj");
     std::vector<uint8_t> all(layout.total);
     std::vector<std::size_t> counts(size_), displs(size_);
     for_each_chunk(layout.longest, [&](std::size_t offset, std::size_t chunk) {
@@ -759,7 +771,9 @@ class Communicator {
       const std::size_t sent = std::min(offset, mine.size());
       allgatherv(Span<const uint8_t>(mine.data() + sent, counts[rank_]), all, counts, displs);
     });
-    return layout.objects<T>(all);
+    std::vector<T> objects;
+    decoded_everywhere("allgather_obj", [&] { objects = layout.objects<T>(all); });
+    return objects;
   }
   // Rank r gets objs[r] of the root (objs is ignored elsewhere); only each rank's part is sent:
   // the root broadcasts the byte lengths, then scatterv rounds as in allgather_obj. If the root
@@ -801,17 +815,33 @@ class Communicator {
       scatterv(Span<const uint8_t>(all), counts, Span<uint8_t>(mine.data() + got, counts[rank_]),
                root, displs);
     });
-    return from_bytes<T>(Span<const uint8_t>(mine));
+    T object{};
+    decoded_everywhere("scatter_obj", [&] { from_bytes(Span<const uint8_t>(mine), object); });
+    return object;
   }
   // combine(...combine(combine(obj_0, obj_1), obj_2)..., obj_{size-1}) on every rank: the fold
   // runs once, on rank 0, in rank order, so every rank gets the identical result.
+  // A combine that throws on rank 0 throws there and RemoteError everywhere else, together.
   template <class T, class Combine = std::plus<>>
   T allreduce_obj(const T &obj, Combine combine = {}) {
     const auto all = gather_obj(obj, 0);
     T result{};
+    std::exception_ptr failure;
     if (rank_ == 0) {
-      result = all.front();
-      for (std::size_t i = 1; i < all.size(); ++i) result = combine(result, all[i]);
+      try {
+        result = all.front();
+        for (std::size_t i = 1; i < all.size(); ++i) result = combine(result, all[i]);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+    uint64_t failed = failure ? 1 : 0;
+    bcast(Span<uint64_t>(&failed, 1), 0);
+    if (failure) std::rethrow_exception(failure);
+    if (failed) {
+      throw RemoteError(
+          "allreduce_obj: rank 0 could not combine the objects (it throws the "
+          "reason)");
     }
     bcast_obj(result, 0);
     return result;
@@ -881,11 +911,49 @@ class Communicator {
   }
 
   std::size_t checked_length(uint64_t length, const char *what) const {
+    if (length == kFailedLength) {
+      throw RemoteError(std::string(what) +
+                        ": the peer could not serialize its object (it "
+                        "throws the reason)");
+    }
     if (length > static_cast<uint64_t>(SIZE_MAX / 2)) {
       throw RemoteError(std::string(what) + ": a peer announced an impossible length of " +
                         std::to_string(length) + " bytes");
     }
     return static_cast<std::size_t>(length);
+  }
+  // Sent in place of a length by a rank whose object does not serialize.
+  static constexpr uint64_t kFailedLength = ~uint64_t{0};
+
+  // "rank 2" or "ranks 1, 3" of those whose flag is set.
+  static std::string ranks_flagged(const std::vector<uint64_t> &flags) {
+    std::string ranks;
+    int count = 0;
+    for (std::size_t r = 0; r < flags.size(); ++r) {
+      if (!flags[r]) continue;
+      ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+      ++count;
+    }
+    return (count == 1 ? "rank " : "ranks ") + ranks;
+  }
+
+  // Runs `decode` (this rank's deserialization) and then agrees, in one allgather, whether
+  // every rank managed: one that could not throws its reason, the others RemoteError naming it,
+  // instead of the others returning and meeting that rank in some later collective.
+  template <class Decode>
+  void decoded_everywhere(const char *what, Decode &&decode) {
+    std::exception_ptr failure;
+    try {
+      decode();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    const std::vector<uint64_t> failed = allgather(std::vector<uint64_t>{failure ? 1u : 0u});
+    if (failure) std::rethrow_exception(failure);
+    if (std::find(failed.begin(), failed.end(), 1u) != failed.end()) {
+      throw RemoteError(std::string(what) + ": " + ranks_flagged(failed) +
+                        " could not decode what it received (its own error says what)");
+    }
   }
 
   // The root's side of gatherv / scatterv: displs default to packed blocks; one count and one
@@ -936,6 +1004,28 @@ class Communicator {
       layout.longest = std::max(layout.longest, n);
     }
     return layout;
+  }
+
+  // This rank's object serialized into `mine`, and every rank's length (one allgather): a rank
+  // whose object does not serialize throws the reason, the others RemoteError naming it.
+  template <class T>
+  ObjectLayout serialized_everywhere(const T &obj, std::vector<uint8_t> &mine, const char *what) {
+    std::exception_ptr failure;
+    try {
+      mine = to_bytes(obj);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    std::vector<uint64_t> lengths =
+        allgather(std::vector<uint64_t>{failure ? kFailedLength : uint64_t{mine.size()}});
+    if (failure) std::rethrow_exception(failure);
+    std::vector<uint64_t> failed(lengths.size());
+    for (std::size_t r = 0; r < lengths.size(); ++r) failed[r] = lengths[r] == kFailedLength;
+    if (std::find(failed.begin(), failed.end(), 1u) != failed.end()) {
+      throw RemoteError(std::string(what) + ": " + ranks_flagged(failed) +
+                        " could not serialize its object (its own error says what)");
+    }
+    return object_layout(lengths, what);
   }
 
   template <class Fn>

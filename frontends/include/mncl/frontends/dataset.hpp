@@ -16,9 +16,11 @@
 #include <numeric>
 #include <optional>
 #include <random>
+#include <string>
 #include <type_traits>
 #include <vector>
 
+#include "mncl/frontends/agreement.hpp"
 #include "mncl/frontends/communicator.hpp"
 
 namespace mncl {
@@ -89,8 +91,10 @@ struct ScatterOptions {
 // std::vector of samples. The root holds one shard at a time besides the dataset. If the
 // dataset fails on the root (size(), an index, a sample that does not serialize), every rank
 // throws, together: the root the reason, the others RemoteError (a flag travels before each
-// shard, and the root's outcome in a last bcast), instead of the ones still waiting for a
-// shard waiting out the timeout.
+// shard, and every rank's outcome in a last allgather), instead of the ones still waiting for a
+// shard waiting out the timeout; so does a rank that cannot decode its shard. The ranks first
+// agree on the root and the options (agreement.hpp): a rank given another root once waited
+// for a shard from the wrong rank until the timeout.
 template <class Dataset>
 auto scatter_dataset(const Dataset &dataset, Communicator &comm,
                      const ScatterOptions &options = {}) {
@@ -102,14 +106,46 @@ auto scatter_dataset(const Dataset &dataset, Communicator &comm,
     return RemoteError("scatter_dataset: root " + std::to_string(root) +
                        " could not provide the shards (it throws the reason)");
   };
-  std::array<uint64_t, 1> outcome{};  // the root's: 0 when every shard went out
+  {
+    std::exception_ptr bad_root;
+    if (root < 0 || root >= comm.size()) {
+      bad_root = std::make_exception_ptr(
+          InvalidArgument("scatter_dataset: root " + std::to_string(root) + " is not a rank of " +
+                          std::to_string(comm.size())));
+    }
+    LayoutDigest digest;
+    digest.add(static_cast<uint64_t>(root)).add(options.shuffle).add(options.force_equal_length);
+    agree_or_throw(comm, "scatter_dataset", bad_root, digest.value());
+  }
+  // Every rank's outcome (0: its shard went out, or came in and decoded), then the same
+  // decision everywhere.
+  const auto finish = [&](const std::exception_ptr &own) {
+    const std::vector<uint64_t> failed = comm.allgather(std::vector<uint64_t>{own ? 1u : 0u});
+    if (own) std::rethrow_exception(own);
+    if (failed[static_cast<std::size_t>(root)] != 0) throw remote_failure();
+    std::string ranks;
+    for (std::size_t r = 0; r < failed.size(); ++r) {
+      if (failed[r] != 0) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    }
+    if (!ranks.empty()) {
+      throw RemoteError("scatter_dataset: rank(s) " + ranks +
+                        " could not decode their shards (their own errors say what)");
+    }
+  };
   if (comm.rank() != root) {
     std::array<uint64_t, 1> failed{};
     comm.recv(failed, root);
     Shard shard;
-    if (failed[0] == 0) shard = comm.recv_obj<Shard>(root);
-    comm.bcast(outcome, root);
-    if (failed[0] != 0 || outcome[0] != 0) throw remote_failure();
+    std::exception_ptr own;
+    if (failed[0] == 0) {
+      const std::vector<uint8_t> bytes = comm.recv_bytes(root);
+      try {
+        from_bytes(Span<const uint8_t>(bytes), shard);
+      } catch (...) {  // decoding only: a failed receive is the communicator's
+        own = std::current_exception();
+      }
+    }
+    finish(own);
     return shard;
   }
 
@@ -157,9 +193,7 @@ auto scatter_dataset(const Dataset &dataset, Communicator &comm,
       failure = std::current_exception();
     }
   }
-  outcome[0] = failure ? 1 : 0;
-  comm.bcast(outcome, root);
-  if (failure) std::rethrow_exception(failure);
+  finish(failure);
   return own;
 }
 

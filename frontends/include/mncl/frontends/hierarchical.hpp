@@ -20,10 +20,10 @@
 //    each host. Every rank uses the network for 1/M of the data: better for large buffers when
 //    one stream cannot fill the link. It needs the same number of ranks on every host (the
 //    constructor checks it, on every rank alike).
-// Both run three collectives in a row where a flat allreduce runs one, so small buffers pay
-// about three latencies; the gain is for buffers large enough that the network's bandwidth
-// decides. On one machine (mncl-run --ranks-per-host M simulates hosts) there is no network to
-// spare, so there the hierarchy shows its overhead, not its gain.
+// Both run three collectives in a row, after the agreement below, where a flat allreduce runs
+// one, so small buffers pay about four latencies; the gain is for buffers large enough that the
+// network's bandwidth decides. On one machine (mncl-run --ranks-per-host M simulates hosts) there
+// is no network to spare, so there the hierarchy shows its overhead, not its gain.
 //
 // Results: integer reductions are bit-exact, the same as world.allreduce. Floating-point sums
 // may differ in the last bits (another summation order). Float16/BFloat16 travel as float32
@@ -39,6 +39,16 @@
 // Construction is collective and ends alike everywhere: a group whose backend fails on its own
 // ranks (a plugin missing on one host) makes every rank throw, the others a RemoteError, once
 // every rank has tried, instead of leaving them waiting for it.
+//
+// Every allreduce fails together too: before any data moves it agrees over the world
+// (agree_or_throw, agreement.hpp: one small allgather, two int64 per rank, on every call) on
+// whether each rank accepts its buffers and on a digest of the op, dtype, buffer counts and
+// algorithm. Buffers refused on one rank (send and receive of other sizes) throw
+// InvalidArgument there and RemoteError naming it on the others; ops, dtypes or counts that
+// differ between the ranks (an empty buffer on one rank, kAvg against kSum) throw
+// InvalidArgument on every rank. The levels' own collectives cannot tell: they once waited
+// until the timeout, or returned a wrong result on every rank (kAvg travels as a SUM, and
+// kTwoDimensional pads counts). MultiNodeOptimizer pays this allgather besides its own.
 #ifndef MNCL_FRONTENDS_HIERARCHICAL_HPP
 #define MNCL_FRONTENDS_HIERARCHICAL_HPP
 
@@ -50,6 +60,7 @@
 #include <utility>
 #include <vector>
 
+#include "mncl/frontends/agreement.hpp"
 #include "mncl/frontends/communicator.hpp"
 #include "mncl/frontends/dtype.hpp"
 #include "mncl/frontends/error.hpp"
@@ -207,6 +218,7 @@ class HierarchicalCommunicator {
  public:
   // ------------------------------------------------------------------------------------------
   // Allreduce, as Communicator's: the same ops and dtypes, the same result on every rank.
+  // Each agrees first (see the top of the file): an extra small allgather over the world.
   // ------------------------------------------------------------------------------------------
 
   template <class Buffer, class = detail::EnableIfBuffer<Buffer>>
@@ -214,46 +226,61 @@ class HierarchicalCommunicator {
     auto buf = as_span(inout);
     static_assert(!std::is_const_v<typename decltype(buf)::element_type>,
                   "allreduce: the buffer must be writable");
+    using T = std::remove_cv_t<typename decltype(buf)::element_type>;
+    LayoutDigest layout;
+    layout.add(kSingle).add(buf.size());
+    agree<T>(kAllreduce, op_refused(kAllreduce, op), op, layout);
     run(buf.data(), buf.data(), buf.size(), op);
   }
   template <class Send, class Recv, class = detail::EnableIfBuffer<Send>,
             class = detail::EnableIfBuffer<Recv>>
   void allreduce(const Send &send, Recv &&recv, ReduceOp op = ReduceOp::kSum) {
     auto [s, r] = detail::typed_pair(send, recv);
+    using T = std::remove_cv_t<typename decltype(r)::element_type>;
+    std::exception_ptr refused = op_refused(kAllreduce, op);
     if (s.size() != r.size()) {
-      throw InvalidArgument(
-          "HierarchicalCommunicator::allreduce: send and receive buffers "
-          "differ in size");
+      refused = refusal(kAllreduce, "send and receive buffers differ in size");
+    } else if (detail::partially_overlap(s.data(), r.data(), s.size())) {
+      refused = refusal(kAllreduce, "send and receive buffers overlap without being the same");
     }
-    if (detail::partially_overlap(s.data(), r.data(), s.size())) {
-      throw InvalidArgument(
-          "HierarchicalCommunicator::allreduce: send and receive buffers "
-          "overlap without being the same");
-    }
+    LayoutDigest layout;
+    layout.add(kSingle).add(s.size());
+    agree<T>(kAllreduce, refused, op, layout);
     run(s.data(), r.data(), s.size(), op);
   }
   // Several in-place allreduces of one type in one: buffers that lie back to back in memory
   // (the buckets of one flat gradient buffer) are reduced where they are, others are packed
-  // into one buffer first. One pass through the three levels either way.
+  // into one buffer first. One pass through the three levels either way. Every rank passes the
+  // same number of buffers and the same sizes, empty ones included.
   template <class T>
   void allreduce_coalesced(const std::vector<Span<T>> &buffers, ReduceOp op = ReduceOp::kSum) {
     static_assert(!std::is_const_v<T>, "coalesced allreduce works in place: use Span<T>");
+    constexpr const char *what = "HierarchicalCommunicator::allreduce_coalesced";
+    LayoutDigest layout;
+    layout.add(kCoalesced).add(buffers.size());
+    for (const auto &b : buffers) layout.add(b.size());
     std::vector<Span<T>> used;
     std::size_t total = 0;
     bool back_to_back = true;
-    for (const auto &b : buffers) {
-      if (b.empty()) continue;
-      if (!used.empty() && used.back().end() != b.begin()) back_to_back = false;
-      used.push_back(b);
-      total += b.size();
+    std::vector<std::remove_cv_t<T>> packed;
+    std::exception_ptr refused = op_refused(what, op);
+    try {  // a bad_alloc here must not leave the others in the agreement
+      for (const auto &b : buffers) {
+        if (b.empty()) continue;
+        if (!used.empty() && used.back().end() != b.begin()) back_to_back = false;
+        used.push_back(b);
+        total += b.size();
+      }
+      if (!back_to_back) packed.reserve(total);
+    } catch (...) {
+      refused = std::current_exception();
     }
-    if (used.empty()) return;  // (every rank passes the same counts)
+    agree<T>(what, refused, op, layout);
+    if (used.empty()) return;  // on every rank alike (agreed)
     if (back_to_back) {
       run(used.front().data(), used.front().data(), total, op);
       return;
     }
-    std::vector<std::remove_cv_t<T>> packed;
-    packed.reserve(total);
     for (const auto &b : used) packed.insert(packed.end(), b.begin(), b.end());
     run(packed.data(), packed.data(), total, op);
     std::size_t offset = 0;
@@ -264,9 +291,37 @@ class HierarchicalCommunicator {
   }
 
  private:
+  static constexpr const char *kAllreduce = "HierarchicalCommunicator::allreduce";
+  static constexpr uint64_t kSingle = 1, kCoalesced = 2;  // which call, in the digest
+
+  static std::exception_ptr refusal(const char *what, const std::string &reason) {
+    return std::make_exception_ptr(InvalidArgument(std::string(what) + ": " + reason));
+  }
+  // Null for an op of mncl.h, else this rank's refusal.
+  static std::exception_ptr op_refused(const char *what, ReduceOp op) {
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kProd:
+      case ReduceOp::kMin:
+      case ReduceOp::kMax:
+      case ReduceOp::kAvg:
+        return nullptr;
+    }
+    return refusal(what, "unknown reduction op " + std::to_string(static_cast<int>(op)));
+  }
+  // agree_or_throw over the world on `own_error` and the digest of `layout` (the call and its
+  // counts), the dtype, the op and the algorithm: returns where every rank may go on.
+  template <class T>
+  void agree(const char *what, std::exception_ptr own_error, ReduceOp op, LayoutDigest layout) {
+    layout.add(static_cast<uint64_t>(dtype_of<T>()))
+        .add(static_cast<uint64_t>(op))
+        .add(static_cast<uint64_t>(options_.algorithm));
+    agree_or_throw(*world_, what, own_error, layout.value());
+  }
+
   template <class T>
   void run(const T *send, T *recv, std::size_t count, ReduceOp op) {
-    if (count == 0) return;  // every rank passes the same count: nothing to exchange
+    if (count == 0) return;  // every rank passes the same count (agreed): nothing to exchange
     if constexpr (std::is_same_v<T, Float16> || std::is_same_v<T, BFloat16>) {
       // In float32 through every level and rounded once at the end, as the backends
       // accumulate 16-bit floats: a host's 16-bit partial sum could overflow or round.
@@ -313,7 +368,8 @@ class HierarchicalCommunicator {
     const std::size_t shard_count = (count + ranks - 1) / ranks;
     const std::size_t padded = shard_count * ranks;
     // reduce_scatter needs equal blocks: a count that does not divide goes through a copy
-    // padded with zeros, which only ever meet other padding and are dropped at the end.
+    // padded with zeros, which only ever meet other padding (every rank's count is the same,
+    // agreed) and are dropped at the end.
     // Otherwise the levels run in place in recv, without a copy.
     std::vector<T> scratch;
     T *work = recv;
