@@ -6,6 +6,7 @@
 #include <optional>
 #include <type_traits>
 
+#include "mncl/frontends/agreement.hpp"
 #include "mncl/frontends/error.hpp"
 #include "shape_check.hpp"
 
@@ -285,7 +286,14 @@ Tensor BatchNormalization::normalize(const Tensor &x, const std::vector<double> 
 
 void allreduce_persistent(Communicator &comm, Link &model) {
   std::vector<Span<float>> values;
-  for (std::vector<float> *p : model.persistents()) values.emplace_back(*p);
+  LayoutDigest layout;
+  for (std::vector<float> *p : model.persistents()) {
+    values.emplace_back(*p);
+    layout.add(p->size());
+  }
+  // The layouts first: a rank whose model has no persistent values (or others) skipped the
+  // allreduce, or met the others' with other sizes, and they waited until the timeout.
+  agree_or_throw(comm, "allreduce_persistent", nullptr, layout.add(values.size()).value());
   if (!values.empty()) comm.allreduce_coalesced(values, ReduceOp::kAvg);
 }
 

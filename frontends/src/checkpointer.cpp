@@ -454,12 +454,13 @@ std::optional<uint64_t> Checkpointer::resume_with(
   return std::nullopt;
 }
 
-// No iteration every rank holds, yet some ranks hold intact snapshots that no crash mid-save
-// explains (one rank's several, or different ones on different ranks: a rank's directory lost
-// or not shared, its disk replaced, another name on one rank). Starting afresh would let the
-// first saves prune them: the run's whole progress, silently. Every rank throws alike (the
-// lists are the same everywhere). A save cut short before every rank finished its first
-// snapshot (one iteration, the same, on some ranks) still starts afresh.
+// No iteration every rank holds, yet some rank holds several intact snapshots: no save cut
+// short explains that (keeping two or more, every rank keeps the one before the save it was
+// in), so a rank lost its snapshots (its directory lost, replaced or not shared, another name
+// on one rank). Starting afresh would let the first saves prune the others': the run's whole
+// progress, silently. Every rank throws alike (the lists are the same everywhere). Where each
+// rank holds at most one (keep = 1 cut short mid-save, or the first save cut short) it still
+// starts afresh, as keep = 1 is documented to.
 void Checkpointer::refuse_to_start_afresh_over(
     const std::vector<std::vector<uint64_t>> &everyone) const {
   std::set<uint64_t> held;
@@ -478,7 +479,7 @@ void Checkpointer::refuse_to_start_afresh_over(
       newest_rank = rank;
     }
   }
-  if (held.empty() || (!several && held.size() == 1)) return;
+  if (!several) return;
   throw CheckpointError(
       "Checkpointer::resume: no iteration of '" + name_ + "' in " + directory_ +
       " is intact on every rank, yet ranks " + holders + " hold snapshots (the newest: iteration " +
@@ -487,6 +488,7 @@ void Checkpointer::refuse_to_start_afresh_over(
                        : "; ranks " + without +
                              " hold none (a directory lost, replaced or not "
                              "shared with them?)") +
+      ", and no save cut short leaves one rank several with none in common" +
       ". Starting afresh would let the first saves delete them: restore the missing snapshots, "
       "or move these away to start afresh; nothing was loaded or deleted");
 }

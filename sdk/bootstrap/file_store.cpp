@@ -131,8 +131,8 @@ void warn_writable_by_others(const std::string &dir, mode_t mode) {
     if (!warned.insert(dir).second) return;
   }
   MNCL_WARN(
-      "file store: '%s' is yours but other users may write to it (mode %03o): they could "
-      "plant or delete the job's keys; chmod o-w it, or use a folder only you can write to",
+      "file store: every user may write to '%s' (mode %03o): they could plant or delete the "
+      "job's keys; use a folder only you can write to",
       dir.c_str(), static_cast<unsigned>(mode & 07777));
 }
 
@@ -152,30 +152,35 @@ void make_directories(const std::string &dir) {
   MNCL_CHECK(lstat(dir.c_str(), &info) == 0, MNCL_ERR_BOOTSTRAP, "%s",
              system_error("cannot use the directory", dir).c_str());
   if (S_ISLNK(info.st_mode)) {
+    // This user's (or root's) link to a folder (scratch space linked from $HOME) is followed;
+    // another user's is not: whoever made it would choose where the job's keys go.
     std::string target(4096, '\0');
     const ssize_t n = readlink(dir.c_str(), target.data(), target.size());
     target.resize(n > 0 ? static_cast<size_t>(n) : 0);
-    throw Error(MNCL_ERR_BOOTSTRAP,
-                format("file store: '%s' is a symbolic link (of uid %u, to '%s'), which the store "
-                       "does not follow: whoever made it chooses where the job's keys go; "
-                       "remove it, or use a folder of your own (not a link to one)",
-                       dir.c_str(), static_cast<unsigned>(info.st_uid), target.c_str()));
+    if (info.st_uid != geteuid() && info.st_uid != 0) {
+      throw Error(MNCL_ERR_BOOTSTRAP,
+                  format("file store: '%s' is another user's symbolic link (uid %u, to '%s'), "
+                         "which the store does not follow: whoever made it chooses where the "
+                         "job's keys go; remove it, or use a folder of your own",
+                         dir.c_str(), static_cast<unsigned>(info.st_uid), target.c_str()));
+    }
+    MNCL_CHECK(stat(dir.c_str(), &info) == 0, MNCL_ERR_BOOTSTRAP,
+               "file store: '%s' is a symbolic link to '%s', which %s", dir.c_str(), target.c_str(),
+               std::strerror(errno));
   }
   MNCL_CHECK(S_ISDIR(info.st_mode), MNCL_ERR_BOOTSTRAP, "file store: '%s' is not a directory",
              dir.c_str());
-  // Another user's folder that others may write to: anyone could read or plant the job's keys.
-  // One of another uid that only its owner writes to is kept (root on an NFS export that maps
-  // root to nobody makes such folders).
-  MNCL_CHECK(info.st_uid == geteuid() || (info.st_mode & (S_IWGRP | S_IWOTH)) == 0,
+  // Another user's folder that anyone may write to (a predictable name in /tmp, made first):
+  // anyone could read or plant the job's keys. Root's (a shared mount forced to 0777) and a
+  // group's (a setgid project folder) are kept, with a warning for the first.
+  MNCL_CHECK(info.st_uid == geteuid() || info.st_uid == 0 || (info.st_mode & S_IWOTH) == 0,
              MNCL_ERR_BOOTSTRAP,
-             "file store: '%s' belongs to uid %u, not to this user (%u), and others may write to "
-             "it (mode %03o): another user could read or plant the job's keys; use a folder of "
-             "your own",
+             "file store: '%s' belongs to uid %u, not to this user (%u), and every user may write "
+             "to it (mode %03o): another user could read or plant the job's keys; use a folder "
+             "of your own",
              dir.c_str(), static_cast<unsigned>(info.st_uid), static_cast<unsigned>(geteuid()),
              static_cast<unsigned>(info.st_mode & 07777));
-  if (info.st_uid == geteuid() && (info.st_mode & S_IWOTH) != 0) {
-    warn_writable_by_others(dir, info.st_mode);
-  }
+  if ((info.st_mode & S_IWOTH) != 0) warn_writable_by_others(dir, info.st_mode);
   MNCL_CHECK(access(dir.c_str(), R_OK | W_OK | X_OK) == 0, MNCL_ERR_BOOTSTRAP, "%s",
              system_error("cannot use the directory", dir).c_str());
 }

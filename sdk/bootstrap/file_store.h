@@ -3,7 +3,8 @@
 // add() serialises on flock() of a lock file in the directory, across threads and processes,
 // polled with the same backoff: a lock held past lock_timeout fails with MNCL_ERR_TIMEOUT.
 // Only this user's ranks should see the keys: files are 0600, no symbolic link in the folder is
-// followed, and a folder that is a link, or another user's that others may write to, is refused.
+// followed, and a folder that is another user's link, or another user's (not root's) that every
+// user may write to, is refused.
 #pragma once
 
 #include <chrono>
@@ -16,7 +17,7 @@ namespace mncl::bootstrap {
 class FileStore final : public Store {
  public:
   // Creates dir (0700; its parents as mkdir -p) if missing. Throws MNCL_ERR_BOOTSTRAP if it
-  // cannot be used. Warns (once per folder) if it is this user's and others may write to it.
+  // cannot be used. Warns (once per folder) if every user may write to it.
   // lock_timeout bounds add()'s wait for the lock (open_store passes the job's timeout).
   explicit FileStore(std::string dir,
                      std::chrono::milliseconds lock_timeout = std::chrono::milliseconds(300000));

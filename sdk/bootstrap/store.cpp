@@ -186,7 +186,9 @@ std::shared_ptr<Store> open_store(const std::string &url, int rank, int size,
             "the store at %s listens on every address of this host (%s), as PyTorch's "
             "TCPStore does: '%s' resolves to loopback addresses only here (%s), where the "
             "other hosts could not connect%s";
-        if (token.empty()) {  // (a launcher's job id keeps other jobs out, not strangers)
+        // A launcher's job id (the token where MNCL_STORE_TOKEN is unset) is no secret: it
+        // keeps other jobs out, not strangers.
+        if (env::get("MNCL_STORE_TOKEN").value_or("").empty()) {
           MNCL_WARN(text, url.c_str(), server->listening_on().c_str(), address.host.c_str(),
                     was.c_str(),
                     "; any host that reaches this one can join the job: set MNCL_STORE_TOKEN, "

@@ -444,7 +444,9 @@ TcpStore::Reply TcpStore::call(net::UniqueFd &socket, const std::vector<uint8_t>
   }
   // The parser has checked the length (at most kMaxFrameBytes) and the opcode.
   const size_t body_size = parsed.frame_size - sizeof header;
-  if (t_handshaking && ((reply.op != wire::Op::kOk && reply.op != wire::Op::kRefused) ||
+  // (FAILED: the server ran out of memory handling HELLO, say.)
+  if (t_handshaking && ((reply.op != wire::Op::kOk && reply.op != wire::Op::kRefused &&
+                         reply.op != wire::Op::kFailed) ||
                         body_size > kMaxHandshakeReply)) {
     // A program squatting on the port made this rank allocate up to 1 GiB with a 5-byte header.
     invalid_reply(socket,

@@ -132,7 +132,9 @@ bool encloses(const Launcher &outer, const RankSize &outer_values, const Launche
 }
 
 // The job id `l` gives each of its ranks (see LaunchSettings::job_token); "" where it gives none.
-std::string launcher_job_token(const Launcher &l) {
+// PMIx's namespace only beside PMIX_RANK = `rank`: one inherited from whatever started the
+// launcher (which sets no PMIx variables itself) need not be the same on every rank.
+std::string launcher_job_token(const Launcher &l, int rank) {
   const auto value = [](const char *name) { return env::get(name).value_or(""); };
   if (&l == &kTorchrun) {
     const std::string run = value("TORCHELASTIC_RUN_ID");  // "none": torchrun's default
@@ -151,7 +153,7 @@ std::string launcher_job_token(const Launcher &l) {
            value("OMPI_MCA_orte_precondition_transports");
   }
   const std::string ns = value("PMIX_NAMESPACE");
-  return ns.empty() ? "" : "pmix:" + ns;
+  return ns.empty() || value("PMIX_RANK") != std::to_string(rank) ? "" : "pmix:" + ns;
 }
 
 // The launcher whose rank and size are used: the first that sets both. Every other launcher
@@ -375,7 +377,8 @@ LaunchSettings resolve_launch_settings(const mncl_config_t &config) {
              s.rank_origin.c_str(), s.size, s.size_origin.c_str());
   const RankSize job{s.rank, s.size};
   s.launched_by_mpi = from_mpi(job);
-  if (rank_from != nullptr && rank_from == size_from) s.job_token = launcher_job_token(*rank_from);
+  if (rank_from != nullptr && rank_from == size_from)
+    s.job_token = launcher_job_token(*rank_from, s.rank);
 
   // The local rank and size: the user's, else those of the launcher that gave the rank (never
   // a leftover LOCAL_RANK beside mpirun's); with a rank the user set, those of a launcher whose

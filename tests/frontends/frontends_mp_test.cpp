@@ -2109,6 +2109,19 @@ TEST_F(Frontends, AllreducePersistentAveragesRunningStatistics) {
     EXPECT_NEAR(bn->running_mean()[c], mean / size(), 1e-6) << c;
     EXPECT_NEAR(bn->running_var()[c], var / size(), 1e-5) << c;
   }
+  // A rank whose model has no running statistics (it once skipped the allreduce, and the others
+  // waited for it until the timeout): every rank throws, naming it.
+  if (size() > 1) {
+    mncl::Sequential plain;
+    plain.emplace<mncl::Dense>(2, 2, 1);
+    try {
+      mncl::allreduce_persistent(comm(), rank() == size() - 1 ? plain : model);
+      ADD_FAILURE() << "averaged models of other layouts";
+    } catch (const mncl::InvalidArgument &e) {
+      EXPECT_NE(std::string(e.what()).find("rank " + std::to_string(size() - 1)), std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -370,6 +370,8 @@ TEST_F(LaunchEnv, JobTokenIsTheIdOfTheLauncherThatGaveTheRank) {
   unsetenv("OMPI_MCA_ess_base_jobid");  // Open MPI 5: PMIx's namespace
   set("PMIX_NAMESPACE", "prterun-node0-12345@1");
   EXPECT_EQ(resolve().job_token, "pmix:prterun-node0-12345@1");
+  set("PMIX_RANK", "0");  // another rank's: inherited from around the launcher
+  EXPECT_EQ(resolve().job_token, "");
 
   clear();
   torchrun_pair(1, 2);

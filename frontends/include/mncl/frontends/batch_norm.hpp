@@ -121,7 +121,8 @@ class MultiNodeBatchNormalization : public BatchNormalization {
 // ChainerMN's AllreducePersistent: averages the persistent values (the running statistics of
 // batch normalization) of `model` over the ranks of `comm`, so that per-rank BatchNormalization
 // layers evaluate and checkpoint alike. Collective; every rank's model must have the same
-// layout. MultiNodeBatchNormalization keeps them equal already.
+// layout (agreed first: models that differ throw InvalidArgument on every rank, naming the
+// ranks). MultiNodeBatchNormalization keeps them equal already.
 void allreduce_persistent(Communicator &comm, Link &model);
 
 }  // namespace mncl

@@ -33,10 +33,11 @@
 // whose load throws InvalidArgument (it decodes but does not fit this run's settings;
 // SerializationError, a subclass, means it does not decode) makes every rank throw InvalidArgument
 // naming the rank and reason, with nothing deleted and no older snapshot loaded in its place.
-// When no iteration is intact on every rank, yet some ranks hold snapshots that no save cut
-// short explains (several on one rank, or different ones on different ranks: a rank's
-// directory lost or not shared), resume throws CheckpointError on every rank naming the ranks
-// with and without, instead of starting afresh and letting the first saves prune them.
+// When no iteration is intact on every rank, yet some rank holds several snapshots (no save cut
+// short explains that: a rank's directory lost or not shared), resume throws CheckpointError on
+// every rank naming the ranks with and without, instead of starting afresh and letting the
+// first saves prune them. (With keep = 1 a save cut short can leave no iteration in common:
+// that still starts afresh.)
 #ifndef MNCL_FRONTENDS_CHECKPOINTER_HPP
 #define MNCL_FRONTENDS_CHECKPOINTER_HPP
 

@@ -93,8 +93,8 @@ struct ScatterOptions {
 // throws, together: the root the reason, the others RemoteError (a flag travels before each
 // shard, and every rank's outcome in a last allgather), instead of the ones still waiting for a
 // shard waiting out the timeout; so does a rank that cannot decode its shard. The ranks first
-// agree on the root and the options (agreement.hpp): a rank given another root once waited
-// for a shard from the wrong rank until the timeout.
+// agree on the root (agreement.hpp): a rank given another root once waited for a shard from
+// the wrong rank until the timeout. The other options are read on the root only.
 template <class Dataset>
 auto scatter_dataset(const Dataset &dataset, Communicator &comm,
                      const ScatterOptions &options = {}) {
@@ -114,7 +114,7 @@ auto scatter_dataset(const Dataset &dataset, Communicator &comm,
                           std::to_string(comm.size())));
     }
     LayoutDigest digest;
-    digest.add(static_cast<uint64_t>(root)).add(options.shuffle).add(options.force_equal_length);
+    digest.add(static_cast<uint64_t>(root));  // (the other options are read on the root only)
     agree_or_throw(comm, "scatter_dataset", bad_root, digest.value());
   }
   // Every rank's outcome (0: its shard went out, or came in and decoded), then the same

@@ -13,7 +13,8 @@
 // Every rank fails together: an evaluate_batch that throws on one rank (a bad sample), or a
 // batch_size of 0 there, is reported in the allreduce that averaging does anyway (no extra
 // collective): that rank throws its own error, the others a RemoteError naming it, at once
-// (they once waited for it until the timeout).
+// (they once waited for it until the timeout). evaluate_batch must not communicate: a rank whose
+// batch threw would meet the others' collectives in the averaging allreduce.
 #ifndef MNCL_FRONTENDS_EVALUATOR_HPP
 #define MNCL_FRONTENDS_EVALUATOR_HPP
 

@@ -48,7 +48,9 @@
 // differ between the ranks (an empty buffer on one rank, kAvg against kSum) throw
 // InvalidArgument on every rank. The levels' own collectives cannot tell: they once waited
 // until the timeout, or returned a wrong result on every rank (kAvg travels as a SUM, and
-// kTwoDimensional pads counts). MultiNodeOptimizer pays this allgather besides its own.
+// kTwoDimensional pads counts). MultiNodeOptimizer pays this allgather besides its own. The
+// agreement runs on the world communicator: no other thread may use it meanwhile (mncl.h's rule
+// for every communicator).
 #ifndef MNCL_FRONTENDS_HIERARCHICAL_HPP
 #define MNCL_FRONTENDS_HIERARCHICAL_HPP
 
