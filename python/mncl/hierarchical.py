@@ -171,17 +171,30 @@ class HierarchicalCommunicator:
         """As Communicator.allreduce (the same ops, dtypes, raw-bit arrays and checks, the
         same result on every rank): returns recvbuf (a new array when None). float16/bfloat16
         travel as float32 and are rounded once; avg is a sum divided once by the world size
-        (integers toward zero). Host memory only (NumPy arrays)."""
-        if is_cuda_array(sendbuf) or is_cuda_array(recvbuf):
-            raise TypeError("mncl: HierarchicalCommunicator.allreduce takes host memory only "
-                            "(NumPy arrays), not CUDA arrays")
+        (integers toward zero). Host memory only (NumPy arrays).
+
+        Every rank fails together: the ranks first agree over the world (one allgather of two
+        int64) on whether each accepts its arguments and on the dtype, count, op and
+        algorithm. Arguments refused on one rank raise there and RemoteError elsewhere; ones
+        that differ between the ranks (avg against sum, 3 elements against 4, an empty array
+        on one rank) raise InvalidArgumentError on every rank, where the levels' collectives
+        returned a wrong result or waited until the timeout."""
         self._live()
-        send, code = _input(sendbuf, dtype)
-        recv = _matching_output(recvbuf, send, code, dtype, send.size, "allreduce")
-        op_code = _op_code(op)
-        if not 0 <= op_code < len(_OPS):
-            raise InvalidArgumentError(f"mncl: allreduce: unknown reduction {op!r}",
-                                       status_name="MNCL_ERR_INVALID_ARGUMENT")
+        layout, error = None, None
+        try:
+            if is_cuda_array(sendbuf) or is_cuda_array(recvbuf):
+                raise TypeError("mncl: HierarchicalCommunicator.allreduce takes host memory only "
+                                "(NumPy arrays), not CUDA arrays")
+            send, code = _input(sendbuf, dtype)
+            recv = _matching_output(recvbuf, send, code, dtype, send.size, "allreduce")
+            op_code = _op_code(op)
+            if not 0 <= op_code < len(_OPS):
+                raise InvalidArgumentError(f"mncl: allreduce: unknown reduction {op!r}",
+                                           status_name="MNCL_ERR_INVALID_ARGUMENT")
+            layout = ("allreduce", code, send.size, op_code, self.algorithm)
+        except Exception as e:  # noqa: BLE001 (raised here once every rank knows)
+            error = e
+        training._agree(self.world, "HierarchicalCommunicator.allreduce", layout, error)
         # The elements as what they are (raw-bit arrays viewed as their type); 16-bit floats
         # in float32 through every level, rounded once at the end.
         flat = send.reshape(-1)

@@ -98,6 +98,23 @@ for algorithm in algorithms:
                       "recvbuf of another size", "elements")
         expect_raises(mncl.InvalidArgumentError, lambda: h.allreduce(np.zeros(2), op=9),
                       "op 9", "unknown reduction")
+        if n > 1:
+            # Every rank fails together: refused on the last rank only (RemoteError elsewhere,
+            # not a wait until the timeout); avg on one rank and sum on the others, or 3
+            # elements against 4 (a wrong result on every rank, once).
+            last = n - 1
+            bad = np.zeros(2, np.float32) if r == last else np.zeros(3, np.float32)
+            expect_raises(ValueError if r == last else mncl.RemoteError,
+                          lambda: h.allreduce(np.zeros(3, np.float32), bad),
+                          f"{algorithm}: recvbuf refused on rank {last} only",
+                          "elements" if r == last else f"rank {last}")
+            for what, call in (
+                    ("avg against sum",
+                     lambda: h.allreduce(np.ones(4), op="avg" if r == last else "sum")),
+                    ("3 elements against 4", lambda: h.allreduce(np.ones(3 if r == last else 4)))):
+                expect_raises(mncl.InvalidArgumentError, call, f"{algorithm}: {what}",
+                              "passed other arguments")
+            expect(h.allreduce(np.ones(2), op="sum")[0] == n, f"{algorithm}: in step after")
         # ChainerMN's training helpers: gradients averaged through the hierarchy, in place
         # (rank q contributes q + 1, so the mean is (n + 1) / 2), parameters from the world.
         grads = [np.full((2, 3), r + 1.0, np.float32), np.full(4, 2.0 * (r + 1))]
