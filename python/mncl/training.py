@@ -266,7 +266,9 @@ class Evaluator:
     def evaluate(self, shard, batch_size, evaluate_batch):
         """Collective: evaluate_batch(samples) -> {name: mean over those samples} over the shard
         in batches of batch_size (slices of it), then average() over every rank's samples. An
-        evaluate_batch that raises on one rank raises there and RemoteError on the others."""
+        evaluate_batch that raises on one rank raises there and RemoteError on the others; so
+        does a batch that reports other metric names than the rank's first batch (a metric of
+        some batches only would be divided by every sample: a mean biased toward zero)."""
         sums, n, failure = {}, 0, None
         try:
             batch_size = operator.index(batch_size)
@@ -274,9 +276,18 @@ class Evaluator:
                 raise ValueError(f"mncl: Evaluator.evaluate: batch_size must be positive, not "
                                  f"{batch_size}")
             n = len(shard)
+            first = None
             for begin in range(0, n, batch_size):
                 batch = shard[begin:begin + batch_size]
-                for name, value in evaluate_batch(batch).items():
+                metrics = evaluate_batch(batch)
+                names = sorted(map(str, metrics))
+                if first is None:
+                    first = names
+                elif names != first:
+                    raise ValueError(f"mncl: Evaluator.evaluate: the batch from sample {begin} "
+                                     f"reports the metrics {names}, the first batch {first}: "
+                                     f"every batch must report the same ones")
+                for name, value in metrics.items():
                     sums[name] = sums.get(name, 0.0) + float(value) * len(batch)
         except Exception as e:  # noqa: BLE001 (raised on this rank after the others learn it)
             failure = e

@@ -1153,6 +1153,17 @@ TEST_F(Frontends, EvaluatorFailureOnOneRankFailsEveryRank) {
         evaluator.evaluate(rank() == culprit ? none : shard, rank() == culprit ? 0 : 4, mean);
       },
       culprit, "batch_size 0, no samples", others_say, "batch_size must be positive");
+  // A metric that only some batches report (it was divided by every sample: biased to zero).
+  batches = 0;
+  expect_fails_together(
+      [&] {
+        evaluator.evaluate(shard, 4, [&](const int *batch, std::size_t n) {
+          mncl::Metrics m = mean(batch, n);
+          if (rank() == culprit && ++batches == 1) m["extra"] = 1.0;
+          return m;
+        });
+      },
+      culprit, "a metric of one batch only", others_say, "reports other metric names");
 
   const auto metrics = evaluator.evaluate(shard, 4, mean);
   EXPECT_DOUBLE_EQ(metrics.at("value"), (size() - 1) / 2.0);

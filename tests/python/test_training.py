@@ -210,6 +210,10 @@ for what, call, error in (
         ("batch size 0", lambda: evaluator.evaluate([] if r == other else shard,
                                                     0 if r == other else 2,
                                                     lambda b: {"loss": 0.0}), ValueError),
+        # A metric of the first batch only (it was divided by every sample: biased to zero).
+        ("a metric of one batch only", lambda: evaluator.evaluate(
+            shard, 1, lambda b: {"loss": 0.0, **({"extra": 1.0} if r == other and b == shard[:1]
+                                                  else {})}), ValueError),
         ("a value past float", lambda: evaluator.average(
             {"loss": 10**400 if r == other else 1.0}, 1), OverflowError),
         ("a count of 1.5 samples", lambda: evaluator.average(

@@ -49,8 +49,10 @@ class Evaluator {
 
   // Collective: runs `evaluate_batch(const Sample *first, std::size_t count) -> Metrics` (means
   // over that batch) over `shard` in batches of `batch_size`, and averages over everything.
-  // Where evaluate_batch throws (or batch_size is 0) on some ranks, those rethrow their own
-  // exception and the others throw RemoteError naming them, once every rank has evaluated.
+  // Where evaluate_batch throws (or batch_size is 0, or a batch reports other metric names than
+  // the rank's first: such a metric would be divided by every sample, a mean biased toward
+  // zero) on some ranks, those rethrow their own exception and the others throw RemoteError
+  // naming them, once every rank has evaluated.
   template <class Sample, class EvaluateBatch>
   Metrics evaluate(const std::vector<Sample> &shard, std::size_t batch_size,
                    EvaluateBatch &&evaluate_batch) {
@@ -63,6 +65,12 @@ class Evaluator {
       for (std::size_t begin = 0; begin < shard.size(); begin += batch_size) {
         const std::size_t count = std::min(batch_size, shard.size() - begin);
         const Metrics batch = evaluate_batch(shard.data() + begin, count);
+        if (begin > 0 && !same_names(batch, sums)) {
+          throw InvalidArgument("Evaluator::evaluate: the batch from sample " +
+                                std::to_string(begin) +
+                                " reports other metric names than the first batch: every batch "
+                                "must report the same ones");
+        }
         for (const auto &[name, value] : batch) sums[name] += value * static_cast<double>(count);
       }
       for (auto &entry : sums) entry.second /= static_cast<double>(shard.size());  // never empty
@@ -123,6 +131,12 @@ class Evaluator {
           sums[0] > 0 ? sums[k + 1] / sums[0] : std::numeric_limits<double>::quiet_NaN();
     }
     return global;
+  }
+
+  static bool same_names(const Metrics &a, const Metrics &b) {
+    return a.size() == b.size() &&
+           std::equal(a.begin(), a.end(), b.begin(),
+                      [](const auto &x, const auto &y) { return x.first == y.first; });
   }
 
   // FNV-1a over the sorted names: equal on every rank iff the names are (with high probability).
