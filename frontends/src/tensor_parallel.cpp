@@ -93,12 +93,14 @@ int64_t leading_shape_hash(const Tensor &t) {
 // InvalidArgument everywhere with the same message. Every pass of every layer here runs it,
 // also the passes that move no data, so that a bad tensor on one rank never leaves the others
 // waiting in the next collective. Returns the layouts when the data may move.
+// `layer` (0: none) is a digest of the calling layer's own sizes and options, which must be the
+// same on every rank too: layers of other widths once computed a result of no model at all.
 Layouts agree(Communicator &group, const std::string &who, const std::string &own_error,
-              const Tensor &t, bool same_features, int64_t expected_total) {
+              const Tensor &t, bool same_features, int64_t expected_total, int64_t layer = 0) {
   constexpr std::size_t kFields = 5;
   const Matrix m = own_error.empty() ? as_matrix(t) : Matrix{};
   const std::vector<int64_t> mine = {own_error.empty() ? 0 : 1, m.rows, m.cols, expected_total,
-                                     own_error.empty() ? leading_shape_hash(t) : 0};
+                                     own_error.empty() ? leading_shape_hash(t) ^ layer : 0};
   const std::vector<int64_t> all = group.size() == 1 ? mine : group.allgather(mine);
   if (!own_error.empty()) throw InvalidArgument(own_error);
   const auto size = static_cast<std::size_t>(group.size());
@@ -124,7 +126,8 @@ Layouts agree(Communicator &group, const std::string &who, const std::string &ow
                           per_rank(layouts.rows) + ")");
   }
   if (!all_equal(hashes)) {
-    throw InvalidArgument(who + ": the ranks' tensors differ in shape before the last dimension");
+    throw InvalidArgument(who + ": the ranks' tensors differ in shape before the last dimension" +
+                          (layer != 0 ? ", or the ranks' layers differ in size or options" : ""));
   }
   if (same_features && !all_equal(layouts.cols)) {
     throw InvalidArgument(who + ": the ranks' tensors have different numbers of features (" +
@@ -156,14 +159,14 @@ Layouts agree(Communicator &group, const std::string &who, const std::string &ow
 // For the passes that move no data: only the agreement (see agree), on a tensor that must be
 // the same shape on every rank (replicated) or one slice of `expected_total` features.
 void agree_without_data(Communicator &group, const std::string &who, const std::string &own_error,
-                        const Tensor &t, int64_t expected_total = -1) {
-  agree(group, who, own_error, t, expected_total < 0, expected_total);
+                        const Tensor &t, int64_t expected_total = -1, int64_t layer = 0) {
+  agree(group, who, own_error, t, expected_total < 0, expected_total, layer);
 }
 
 // The sum over the group of every rank's `t` (same rows and features on every rank).
 Tensor allreduce_sum(Communicator &group, const std::string &who, const std::string &own_error,
-                     const Tensor &t) {
-  agree(group, who, own_error, t, true, -1);
+                     const Tensor &t, int64_t layer = 0) {
+  agree(group, who, own_error, t, true, -1, layer);
   Tensor sum = t;
   if (group.size() > 1) group.allreduce(Span<float>(sum.data));
   return sum;
@@ -171,8 +174,9 @@ Tensor allreduce_sum(Communicator &group, const std::string &who, const std::str
 
 // Every rank's features side by side in rank order; `begin`/`end` get this rank's columns.
 Tensor gather_features(Communicator &group, const std::string &who, const std::string &own_error,
-                       const Tensor &t, int64_t expected_total, int64_t &begin, int64_t &end) {
-  const Layouts layouts = agree(group, who, own_error, t, false, expected_total);
+                       const Tensor &t, int64_t expected_total, int64_t &begin, int64_t &end,
+                       int64_t layer = 0) {
+  const Layouts layouts = agree(group, who, own_error, t, false, expected_total, layer);
   const auto size = static_cast<std::size_t>(group.size());
   const auto rank = static_cast<std::size_t>(group.rank());
   const int64_t rows = layouts.rows[0];
@@ -236,6 +240,16 @@ void require_splittable(const std::string &who, int64_t in, int64_t out, int64_t
     throw InvalidArgument(who + ": " + std::to_string(split) + " features cannot be split over " +
                           std::to_string(group.size()) + " ranks (each needs at least one)");
   }
+}
+
+// A dense layer's sizes and options as agree() compares them (never 0).
+int64_t layer_digest(char kind, int64_t in, int64_t out, bool option_a, bool option_b) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (const int64_t v : {int64_t{kind}, in, out, int64_t{option_a}, int64_t{option_b}}) {
+    h ^= static_cast<uint64_t>(v);
+    h *= 0x100000001b3ull;
+  }
+  return static_cast<int64_t>(h | 1);
 }
 
 }  // namespace
@@ -338,8 +352,10 @@ Tensor ColumnParallelDense::forward(const Tensor &x) {
   forward_done_ = false;
   const std::string who = name() + "::forward";
   const std::string error = check_dense(x, in_, who);
+  const int64_t layer =
+      layer_digest('C', in_, out_, options_.gather_output, options_.compute_input_grad);
   if (!options_.gather_output) {
-    agree_without_data(*group_, who, error, x);  // x replicated
+    agree_without_data(*group_, who, error, x, -1, layer);  // x replicated
     Tensor y = local_->forward(x);
     batch_ = x.rows();
     forward_done_ = true;
@@ -347,7 +363,7 @@ Tensor ColumnParallelDense::forward(const Tensor &x) {
   }
   const Tensor y_local = error.empty() ? local_->forward(x) : Tensor();
   int64_t begin = 0, end = 0;
-  Tensor y = gather_features(*group_, who, error, y_local, out_, begin, end);
+  Tensor y = gather_features(*group_, who, error, y_local, out_, begin, end, layer);
   batch_ = x.rows();
   forward_done_ = true;
   return y;
@@ -362,9 +378,11 @@ Tensor ColumnParallelDense::backward(const Tensor &grad_y) {
     error = who + ": gradient of " + std::to_string(grad_y.rows()) + " rows for a forward of " +
             std::to_string(batch_);
   }
+  const int64_t layer =
+      layer_digest('C', in_, out_, options_.gather_output, options_.compute_input_grad);
   if (!options_.compute_input_grad) {
     // dy replicated when the output was gathered, else one slice of the out features.
-    agree_without_data(*group_, who, error, grad_y, options_.gather_output ? -1 : out_);
+    agree_without_data(*group_, who, error, grad_y, options_.gather_output ? -1 : out_, layer);
   }
   Tensor grad_x;
   if (error.empty()) {
@@ -372,7 +390,7 @@ Tensor ColumnParallelDense::backward(const Tensor &grad_y) {
     grad_x = local_->backward(options_.gather_output ? slice_features(grad_y, c0, c1) : grad_y);
   }
   if (!options_.compute_input_grad) return grad_x;
-  return allreduce_sum(*group_, who, error, grad_x);  // x went to every rank's columns
+  return allreduce_sum(*group_, who, error, grad_x, layer);  // x went to every rank's columns
 }
 
 RowParallelDense::RowParallelDense(int64_t in_features, int64_t out_features, Communicator &group,
@@ -404,7 +422,9 @@ Tensor RowParallelDense::forward(const Tensor &x) {
   if (error.empty()) {
     partial = local_->forward(options_.input_is_parallel ? x : slice_features(x, r0, r1));
   }
-  Tensor y = allreduce_sum(*group_, who, error, partial);
+  Tensor y = allreduce_sum(
+      *group_, who, error, partial,
+      layer_digest('R', in_, out_, options_.input_is_parallel, options_.compute_input_grad));
   const auto out = static_cast<std::size_t>(out_);
   for (std::size_t row = 0; row < y.size() / out; ++row) {
     for (std::size_t j = 0; j < out; ++j) y.data[row * out + j] += bias_.value[j];
@@ -424,7 +444,9 @@ Tensor RowParallelDense::backward(const Tensor &grad_y) {
   }
   // Only a replicated input's gradient needs a collective (every rank's slice of it).
   const bool gathers = options_.compute_input_grad && !options_.input_is_parallel;
-  if (!gathers) agree_without_data(*group_, who, error, grad_y);  // dy replicated
+  const int64_t layer =
+      layer_digest('R', in_, out_, options_.input_is_parallel, options_.compute_input_grad);
+  if (!gathers) agree_without_data(*group_, who, error, grad_y, -1, layer);  // dy replicated
   Tensor grad_x;
   if (error.empty()) {
     // y's gradient is the same on every rank, and so is the bias's.
@@ -437,7 +459,7 @@ Tensor RowParallelDense::backward(const Tensor &grad_y) {
   }
   if (!gathers) return grad_x;
   int64_t begin = 0, end = 0;
-  return gather_features(*group_, who, error, grad_x, in_, begin, end);
+  return gather_features(*group_, who, error, grad_x, in_, begin, end, layer);
 }
 
 }  // namespace mncl

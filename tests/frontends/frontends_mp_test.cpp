@@ -2325,6 +2325,27 @@ TEST_F(Frontends, TensorParallelBadInputOnOneRankFailsEveryRank) {
   EXPECT_THROW(row.backward(mncl::Tensor({2, 2})), mncl::InvalidArgument);
   EXPECT_EQ(row.forward(mncl::Tensor({2, 4}, 1.0f)).shape, (std::vector<int64_t>{2, 2}));
   EXPECT_THROW(mncl::ColumnParallelDense(3, size() - 1, comm(), 1), mncl::InvalidArgument);
+  if (size() > 1) {
+    // Layers of other widths on one rank (each fine on its own, the same input everywhere):
+    // they once computed a result of no model at all, OK on every rank.
+    const int64_t hidden = 2 * size() + (guilty ? 2 * size() : 0);
+    mncl::ColumnParallelDense wide(4, hidden, comm(), 1, mncl::ColumnParallelOptions{false, true});
+    mncl::RowParallelDense back(hidden, 2, comm(), 2);
+    for (const char *which : {"column", "row"}) {
+      try {
+        const mncl::Tensor x({2, 4}, 1.0f);
+        if (std::string(which) == "column") {
+          wide.forward(x);
+        } else {
+          back.forward(mncl::Tensor({2, hidden / size()}, 1.0f));
+        }
+        ADD_FAILURE() << which << " layers of other widths were taken";
+      } catch (const mncl::InvalidArgument &e) {
+        EXPECT_NE(std::string(e.what()).find("layers differ in size or options"), std::string::npos)
+            << which << ": " << e.what();
+      }
+    }
+  }
   EXPECT_EQ(comm().allreduce_value(1), size());
 }
 
@@ -2380,13 +2401,13 @@ TEST_F(Frontends, TensorParallelBadInputFailsTogetherInEveryPass) {
     expect_all_refuse(copy_widths, "copy forward", "different numbers of features");
     auto scatter_widths = [&] { scatter.forward(mncl::Tensor({2, guilty ? 5 : 4})); };
     expect_all_refuse(scatter_widths, "scatter forward", "different numbers of features");
-    // Layers built for different widths (the culprit's 1 wider): each rank's gradient fits its
-    // own slice, but together they are no split of one width.
+    // Layers built for different widths (the culprit's 1 wider): refused at the forward now
+    // (the layers' sizes are agreed), where each rank's gradient fitting its own slice once
+    // passed the forward and failed only the backward, as no split of one width.
     mncl::ColumnParallelDense narrow(3, 2 * size() + (guilty ? 1 : 0), comm(), 1,
                                      mncl::ColumnParallelOptions{false, false});
-    narrow.forward(mncl::Tensor({2, 3}, 1.0f));
-    auto no_split = [&] { narrow.backward(mncl::Tensor({2, int64_t(narrow.columns().size())})); };
-    expect_all_refuse(no_split, "column backward", "not one split");
+    auto other_widths = [&] { narrow.forward(mncl::Tensor({2, 3}, 1.0f)); };
+    expect_all_refuse(other_widths, "column forward", "layers differ in size or options");
     mncl::ColumnParallelDense column(3, 2 * size(), comm(), 1,
                                      mncl::ColumnParallelOptions{true, false});
     column.forward(mncl::Tensor({0, 3}));  // an empty batch is a batch

@@ -38,8 +38,9 @@
 // exchanges each rank's [failed, rows, features, shape] in one small allgather (40 bytes per
 // rank): a rank whose tensor is wrong throws InvalidArgument naming the problem and every other
 // rank RemoteError naming that rank; ranks whose tensors disagree (a batch of 4 here, 5 there,
-// a replicated input of different widths, slices that are not one split) all throw
-// InvalidArgument with the same message. No rank waits in, or reads past, a collective the
+// a replicated input of different widths, slices that are not one split; dense layers built
+// with other sizes or options, whose digest rides with the shape) all throw InvalidArgument
+// with the same message. No rank waits in, or reads past, a collective the
 // others never enter, whichever layer of a model the bad tensor reaches first. The price: four
 // small allgathers per block and step beside the two allreduces (mncl-tp-bench measures it). A
 // group of one rank communicates nothing.
