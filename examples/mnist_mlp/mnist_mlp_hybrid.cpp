@@ -117,6 +117,7 @@ int train(mncl::Communicator &world, const Options &o, Optimizer inner) {
     label_loader.start_epoch(static_cast<uint64_t>(epoch));
     double loss_sum = 0;
     std::size_t correct = 0;
+    chain.set_backward_follows(true);  // training: a failed forward tells the stages upstream
     for (std::size_t step = 0; step < steps; ++step) {
       optimizer.actual_optimizer().options().lr =
           fashion_mnist::learning_rate_at(o, epoch, step, steps);
@@ -133,6 +134,7 @@ int train(mncl::Communicator &world, const Options &o, Optimizer inner) {
       optimizer.update(values, grads);
     }
     // Test: stage 0 streams its test shard through the pipeline.
+    chain.set_backward_follows(false);  // forward only, until the next epoch's training
     double test_loss = 0;
     std::size_t test_correct = 0;
     std::vector<const Sample *> pointers;

@@ -75,6 +75,7 @@ int train(mncl::Communicator &comm, const Options &o, Optimizer optimizer) {
       for (std::size_t b = 0; b < n; ++b) batch[b] = &samples[indices[b]];
       fashion_mnist::make_batch(batch.data(), n, x, batch_labels);
     }
+    chain.set_backward_follows(training);  // a failed forward then tells the ranks upstream
     const mncl::Tensor logits = chain.forward(x);
     std::pair<double, std::size_t> result{0.0, 0};
     mncl::Tensor grad;

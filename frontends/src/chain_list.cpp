@@ -3,12 +3,42 @@
 #include <algorithm>
 #include <array>
 #include <string>
+#include <utility>
 
 namespace mncl {
 
 namespace {
 // Shape header: the number of dimensions, then up to kMaxDims sizes.
 constexpr std::size_t kMaxDims = 7;
+
+// A chain message's header, int64 words; the tensor's data, or the failure's text, follows.
+enum ChainWord : std::size_t {
+  kWordDirection,  // MultiNodeChainList::Direction: an activation or a gradient
+  kWordPass,       // the sender's pass number
+  kWordFailed,     // 1: a failure marker, no tensor
+  kWordLength,     // the tensor's dimensions, or the failure text's bytes
+  kWordOrigin,     // a marker's rank where the failure began
+  kWordShape,      // the tensor's sizes (kMaxDims words)
+  kChainHeaderWords = kWordShape + kMaxDims
+};
+using ChainHeader = std::array<int64_t, kChainHeaderWords>;
+// A failure's text travels cut to this many bytes.
+constexpr std::size_t kMaxFailureText = 1024;
+
+const char *direction_name(int64_t direction) {
+  return direction == 1 ? "activation" : direction == 2 ? "gradient" : "message";
+}
+
+// The text of the exception a link threw.
+std::string describe(const std::exception_ptr &error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception &e) {
+    return e.what();
+  } catch (...) {
+    return "an exception not derived from std::exception";
+  }
+}
 }  // namespace
 
 void send_tensor(Communicator &comm, const Tensor &tensor, int peer) {
@@ -69,34 +99,194 @@ void MultiNodeChainList::add_link(std::shared_ptr<Link> link, std::optional<int>
   entries_.push_back({std::move(link), rank_in, rank_out});
 }
 
+MultiNodeChainList::Received MultiNodeChainList::receive(Direction direction, int peer) {
+  ChainHeader header{};
+  comm_->recv(header, peer);
+  while (header[kWordFailed] != 0 &&
+         header[kWordDirection] == static_cast<int64_t>(Direction::kBackward) &&
+         header[kWordPass] < pass_) {
+    // A failed forward's marker for an earlier pass's backward that never came (a rank that
+    // said a backward follows, then made a forward-only pass): dropped, with its text.
+    if (header[kWordLength] > 0 && header[kWordLength] <= static_cast<int64_t>(kMaxFailureText)) {
+      std::string text(static_cast<std::size_t>(header[kWordLength]), '\0');
+      comm_->recv(Span<char>(text.data(), text.size()), peer);
+    }
+    comm_->recv(header, peer);
+  }
+  const std::string from = "MultiNodeChainList: rank " + std::to_string(peer);
+  Received received;
+  const int64_t length = header[kWordLength];
+  // A well-formed message is received whole before it is judged, so nothing of it is left to
+  // pair with the next receive.
+  if (header[kWordFailed] != 0) {
+    if (length < 0 || length > static_cast<int64_t>(kMaxFailureText)) {
+      throw RemoteError(from + " sent a failure marker of " + std::to_string(length) + " bytes");
+    }
+    std::string text(static_cast<std::size_t>(length), '\0');
+    if (length > 0) comm_->recv(Span<char>(text.data(), text.size()), peer);
+    received.failure = Failure{static_cast<int>(header[kWordOrigin]), std::move(text), nullptr};
+  } else {
+    if (length < 0 || length > static_cast<int64_t>(kMaxDims)) {
+      throw RemoteError(from + " sent a tensor with " + std::to_string(length) + " dimensions");
+    }
+    try {
+      received.tensor = Tensor(
+          std::vector<int64_t>(header.begin() + kWordShape, header.begin() + kWordShape + length));
+    } catch (const InvalidArgument &e) {  // a shape no tensor can have: the peer is broken
+      throw RemoteError(from + " sent a bad shape: " + e.what());
+    }
+    if (!received.tensor.data.empty()) comm_->recv(received.tensor.data, peer);
+  }
+  if (header[kWordDirection] != static_cast<int64_t>(direction)) {
+    throw RemoteError(from + " sent a " + direction_name(header[kWordDirection]) +
+                      " where this rank waits for a " +
+                      direction_name(static_cast<int64_t>(direction)) +
+                      ": the ranks' chains do not pair their sends and receives (add_link)");
+  }
+  if (header[kWordPass] != pass_) {
+    throw RemoteError(from + " sent a " + direction_name(header[kWordDirection]) + " of its pass " +
+                      std::to_string(header[kWordPass]) + " to this rank's pass " +
+                      std::to_string(pass_) +
+                      ": every rank of the chain calls forward (and backward) equally often");
+  }
+  return received;
+}
+
+void MultiNodeChainList::send(Direction direction, const Tensor &tensor, int peer,
+                              std::optional<Failure> &failure) {
+  ChainHeader header{};
+  header[kWordDirection] = static_cast<int64_t>(direction);
+  header[kWordPass] = pass_;
+  if (!failure) {  // checked before anything travels: a marker goes instead
+    std::string problem;
+    if (tensor.shape.size() > kMaxDims) {
+      problem = std::to_string(tensor.shape.size()) + " dimensions; at most " +
+                std::to_string(kMaxDims) + " travel";
+    } else if (tensor.data.size() != Tensor::element_count(tensor.shape)) {
+      problem = "a tensor of shape " + tensor.shape_string() + " holds " +
+                std::to_string(tensor.data.size()) + " elements";
+    }
+    if (!problem.empty()) {
+      const std::string what = std::string("MultiNodeChainList::") +
+                               (direction == Direction::kForward ? "forward" : "backward") +
+                               ": the " + direction_name(header[kWordDirection]) + " for rank " +
+                               std::to_string(peer) + " cannot travel: " + problem;
+      failure = Failure{comm_->rank(), what, std::make_exception_ptr(InvalidArgument(what))};
+    }
+  }
+  if (failure) {
+    const std::string text = failure->what.substr(0, kMaxFailureText);
+    header[kWordFailed] = 1;
+    header[kWordLength] = static_cast<int64_t>(text.size());
+    header[kWordOrigin] = failure->origin;
+    comm_->send(header, peer);
+    if (!text.empty()) comm_->send(Span<const char>(text.data(), text.size()), peer);
+    return;
+  }
+  header[kWordLength] = static_cast<int64_t>(tensor.shape.size());
+  std::copy(tensor.shape.begin(), tensor.shape.end(), header.begin() + kWordShape);
+  comm_->send(header, peer);
+  if (!tensor.data.empty()) comm_->send(tensor.data, peer);
+}
+
+void MultiNodeChainList::run_backward_with_markers(const Failure &failure) {
+  std::optional<Failure> marker = failure;
+  for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
+    if (it->rank_out) receive(Direction::kBackward, *it->rank_out);  // whatever it is: dropped
+    if (it->rank_in) send(Direction::kBackward, Tensor(), *it->rank_in, marker);
+  }
+}
+
+void MultiNodeChainList::throw_failure(const Failure &failure, const char *call) const {
+  if (failure.local) std::rethrow_exception(failure.local);
+  throw RemoteError(std::string("MultiNodeChainList::") + call + ": the pass failed on rank " +
+                    std::to_string(failure.origin) + ": " + failure.what);
+}
+
 Tensor MultiNodeChainList::forward(const Tensor &x) {
+  ++pass_;
+  backward_ready_ = false;  // until this forward returns
+  std::optional<Failure> failure;
   Tensor result;
-  for (auto &entry : entries_) {
-    Tensor y = entry.link->forward(entry.rank_in ? recv_tensor(*comm_, *entry.rank_in) : x);
+  // A failure stops the links, never the messages: every send and receive of the pass still
+  // happens, with markers in place of the tensors this rank would have sent.
+  for (std::size_t k = 0; k < entries_.size(); ++k) {
+    Entry &entry = entries_[k];
+    Tensor input;
+    if (entry.rank_in) {
+      Received received = receive(Direction::kForward, *entry.rank_in);
+      if (received.failure && !failure) failure = std::move(received.failure);
+      input = std::move(received.tensor);
+    }
+    Tensor y;
+    if (!failure) {
+      try {
+        y = entry.link->forward(entry.rank_in ? input : x);
+      } catch (...) {
+        failure = Failure{comm_->rank(),
+                          "link " + std::to_string(k) + " (" + entry.link->name() +
+                              ") forward: " + describe(std::current_exception()),
+                          std::current_exception()};
+      }
+    }
     if (entry.rank_out) {
-      send_tensor(*comm_, y, *entry.rank_out);
-    } else {
+      send(Direction::kForward, y, *entry.rank_out, failure);
+    } else if (!failure) {
       result = std::move(y);
     }
   }
+  if (failure) {
+    if (backward_follows_) run_backward_with_markers(*failure);
+    throw_failure(*failure, "forward");
+  }
+  backward_ready_ = true;
   return result;
 }
 
 Tensor MultiNodeChainList::backward(const Tensor &grad) {
+  if (!backward_ready_) {
+    throw InvalidArgument(
+        "MultiNodeChainList::backward: no forward to go back through (the last one failed, or "
+        "went back already, or none was made); the peers were not waited for");
+  }
+  backward_ready_ = false;
+  std::optional<Failure> failure;
   Tensor grad_x;
   for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
-    Tensor grad_in = it->link->backward(it->rank_out ? recv_tensor(*comm_, *it->rank_out) : grad);
-    if (it->rank_in) {
-      send_tensor(*comm_, grad_in, *it->rank_in);
-    } else if (grad_x.empty()) {
-      grad_x = std::move(grad_in);
-    } else if (!grad_in.empty()) {
-      if (grad_in.shape != grad_x.shape) {
-        throw InvalidArgument("MultiNodeChainList::backward: input gradients of different shapes");
+    Tensor grad_y;
+    if (it->rank_out) {
+      Received received = receive(Direction::kBackward, *it->rank_out);
+      if (received.failure && !failure) failure = std::move(received.failure);
+      grad_y = std::move(received.tensor);
+    }
+    Tensor grad_in;
+    if (!failure) {
+      const std::size_t k = static_cast<std::size_t>(entries_.rend() - it) - 1;
+      try {
+        grad_in = it->link->backward(it->rank_out ? grad_y : grad);
+        if (!it->rank_in && !grad_x.empty() && !grad_in.empty() && grad_in.shape != grad_x.shape) {
+          throw InvalidArgument(
+              "MultiNodeChainList::backward: input gradients of different shapes, " +
+              grad_x.shape_string() + " and " + grad_in.shape_string());
+        }
+      } catch (...) {
+        failure = Failure{comm_->rank(),
+                          "link " + std::to_string(k) + " (" + it->link->name() +
+                              ") backward: " + describe(std::current_exception()),
+                          std::current_exception()};
       }
-      for (std::size_t k = 0; k < grad_x.data.size(); ++k) grad_x.data[k] += grad_in.data[k];
+    }
+    if (it->rank_in) {
+      send(Direction::kBackward, grad_in, *it->rank_in, failure);
+    } else if (!failure) {
+      if (grad_x.empty()) {
+        grad_x = std::move(grad_in);
+      } else if (!grad_in.empty()) {
+        for (std::size_t i = 0; i < grad_x.data.size(); ++i) grad_x.data[i] += grad_in.data[i];
+      }
     }
   }
+  if (failure) throw_failure(*failure, "backward");
   return grad_x;
 }
 

@@ -15,11 +15,40 @@
 // returned. Tensors travel with their shapes, so ranks need not know each other's sizes.
 // Every rank must add its links so that sends and receives pair up in the same order (the
 // natural order of the model does).
+//
+// Failing together. When a link throws on one rank (or its tensor cannot travel: over 7
+// dimensions, data that does not fill its shape), that rank still makes every send and receive
+// of the pass, with a failure marker (its rank in `comm`, the error's text) in place of each
+// tensor it would have sent, and throws only then: the link's own exception. A rank that
+// receives a marker does the same and throws RemoteError naming that rank and the error. So
+// every rank that waits for a message the failure would have sent fails at once instead of
+// waiting until the timeout; ranks that wait for nothing more return normally:
+//   - A failed forward fails the ranks downstream in their forward. The ranks upstream have
+//     finished theirs: in training they wait in backward() for a gradient, and learn of the
+//     failure only where every rank of the chain said that a backward follows each forward
+//     (set_backward_follows(true)): a failed forward then also makes the backward's sends and
+//     receives, with markers. Off by default, because a rank that then makes a forward-only
+//     pass (evaluation) would leave the failing rank waiting for a gradient until the timeout:
+//     turn it on for training passes and off for the others (as examples/mnist_mlp does).
+//     backward() after a failed forward, twice, or before any forward throws InvalidArgument,
+//     communicating nothing.
+//   - A failed backward fails the ranks it sends gradients to (upstream) in their backward;
+//     the ranks downstream sent theirs already and have returned.
+//   A pass can thus fail on some ranks and succeed on others (downstream of a failed backward,
+//   a branch fed before the failure): a loop that goes on after a failure skips the step on
+//   every rank by itself (an allreduce of a flag, say). Every message carries its pass's
+//   number, so a rank whose count of forward() calls differs from its peer's (a chain rebuilt
+//   on one rank) fails with RemoteError at its next receive instead of pairing one batch's
+//   tensor with another's; the ranks then rebuild their chains together. Errors of the
+//   communicator itself (TimeoutError, a peer gone) and stages failing on their own in one
+//   pass are thrown as they come. Chain messages are not send_tensor's: the two do not pair.
 #ifndef MNCL_FRONTENDS_CHAIN_LIST_HPP
 #define MNCL_FRONTENDS_CHAIN_LIST_HPP
 
+#include <exception>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "mncl/frontends/communicator.hpp"
@@ -49,13 +78,42 @@ class MultiNodeChainList {
   std::vector<Parameter *> parameters();
   std::size_t size() const noexcept { return entries_.size(); }
 
+  // Whether every rank of the chain calls backward() after each forward() (training passes):
+  // then a failed forward tells the ranks upstream too (see above). Off by default; every rank
+  // of the chain sets the same.
+  void set_backward_follows(bool follows) noexcept { backward_follows_ = follows; }
+  bool backward_follows() const noexcept { return backward_follows_; }
+
  private:
   struct Entry {
     std::shared_ptr<Link> link;
     std::optional<int> rank_in, rank_out;
   };
+  // What failed a pass: the rank where it began and its text; on that rank, the exception too.
+  struct Failure {
+    int origin = -1;
+    std::string what;
+    std::exception_ptr local;
+  };
+  struct Received {
+    Tensor tensor;
+    std::optional<Failure> failure;  // a marker: no tensor came
+  };
+  enum class Direction : int64_t { kForward = 1, kBackward = 2 };
+
+  Received receive(Direction direction, int peer);
+  // Sends `tensor`, or a marker when the pass has failed. A tensor that cannot travel fails
+  // the pass here (`failure` is set) and a marker goes in its place.
+  void send(Direction direction, const Tensor &tensor, int peer, std::optional<Failure> &failure);
+  // The backward's sends and receives with markers in place of gradients (a failed pass).
+  void run_backward_with_markers(const Failure &failure);
+  [[noreturn]] void throw_failure(const Failure &failure, const char *call) const;
+
   Communicator *comm_;
   std::vector<Entry> entries_;
+  bool backward_follows_ = false;
+  int64_t pass_ = 0;             // forward() calls so far; every message carries it
+  bool backward_ready_ = false;  // the last forward succeeded, and no backward went through it
 };
 
 }  // namespace mncl
