@@ -48,7 +48,8 @@
 // differ between the ranks (an empty buffer on one rank, kAvg against kSum) throw
 // InvalidArgument on every rank. The levels' own collectives cannot tell: they once waited
 // until the timeout, or returned a wrong result on every rank (kAvg travels as a SUM, and
-// kTwoDimensional pads counts). MultiNodeOptimizer pays this allgather besides its own. The
+// kTwoDimensional pads counts). MultiNodeOptimizer's exchange skips it: its own
+// agreement, just before, covers more (the sizes, dtype and settings behind the buffers). The
 // agreement runs on the world communicator: no other thread may use it meanwhile (mncl.h's rule
 // for every communicator).
 #ifndef MNCL_FRONTENDS_HIERARCHICAL_HPP
@@ -69,6 +70,9 @@
 #include "mncl/frontends/span.hpp"
 
 namespace mncl {
+
+template <class Optimizer>
+class MultiNodeOptimizer;  // multi_node_optimizer.hpp
 
 enum class HierarchicalAlgorithm {
   kReduceBcast,     // reduce in the host, allreduce among the hosts' first ranks, bcast
@@ -256,6 +260,17 @@ class HierarchicalCommunicator {
   // same number of buffers and the same sizes, empty ones included.
   template <class T>
   void allreduce_coalesced(const std::vector<Span<T>> &buffers, ReduceOp op = ReduceOp::kSum) {
+    coalesced(buffers, op, true);
+  }
+
+ private:
+  // MultiNodeOptimizer agrees on more than this call's agreement would (the sizes, dtype and
+  // settings behind these buffers) just before its exchange, and skips the second one.
+  template <class Optimizer>
+  friend class MultiNodeOptimizer;
+
+  template <class T>
+  void coalesced(const std::vector<Span<T>> &buffers, ReduceOp op, bool agree_first) {
     static_assert(!std::is_const_v<T>, "coalesced allreduce works in place: use Span<T>");
     constexpr const char *what = "HierarchicalCommunicator::allreduce_coalesced";
     LayoutDigest layout;
@@ -277,7 +292,11 @@ class HierarchicalCommunicator {
     } catch (...) {
       refused = std::current_exception();
     }
-    agree<T>(what, refused, op, layout);
+    if (agree_first) {
+      agree<T>(what, refused, op, layout);
+    } else if (refused) {  // the caller agreed on the rest: a bad_alloc of this rank's
+      std::rethrow_exception(refused);
+    }
     if (used.empty()) return;  // on every rank alike (agreed)
     if (back_to_back) {
       run(used.front().data(), used.front().data(), total, op);
@@ -292,7 +311,6 @@ class HierarchicalCommunicator {
     }
   }
 
- private:
   static constexpr const char *kAllreduce = "HierarchicalCommunicator::allreduce";
   static constexpr uint64_t kSingle = 1, kCoalesced = 2;  // which call, in the digest
 

@@ -38,10 +38,10 @@
 //    Arguments refused on one rank (gradient sizes, a changed parameter list) throw
 //    InvalidArgument there and RemoteError naming it on the others; parameter lists, settings
 //    (grad_dtype, double_buffering, allreduce_every, fusion_buffer_bytes, root, the
-//    communicator's max_message_bytes, hierarchical or not) or progress (a snapshot loaded on
-//    some ranks only) that differ between the ranks throw InvalidArgument on every rank.
-//    Nothing moves or changes then (a double-buffered exchange in flight is completed first;
-//    its averages wait for the next step). A micro-batch that only accumulates
+//    communicator's max_message_bytes, hierarchical or not, and its algorithm) or progress (a
+//    snapshot loaded on some ranks only) that differ between the ranks throw InvalidArgument on
+//    every rank. Nothing moves or changes then (a double-buffered exchange in flight is completed
+//    first; its averages wait for the next step). A micro-batch that only accumulates
 //    (allreduce_every > 1) is checked on its rank alone, so that it holds no rank up: refused,
 //    it throws there and counts for nothing, and the others wait at the round's exchange for
 //    that rank's next micro-batch.
@@ -371,6 +371,7 @@ class MultiNodeOptimizer {
         .add(static_cast<uint64_t>(options_.allreduce_every))
         .add(comm_->max_message_bytes())  // the broadcast's chunks
         .add(hierarchical_ != nullptr)
+        .add(hierarchical_ ? static_cast<uint64_t>(hierarchical_->options().algorithm) : 0)
         .add(broadcasted_)
         .add(static_cast<uint64_t>(accumulated_))
         .add(have_averaged_)
@@ -553,7 +554,8 @@ class MultiNodeOptimizer {
     } else {
       const auto begin = std::chrono::steady_clock::now();
       if (hierarchical_) {
-        hierarchical_->allreduce_coalesced(spans, ReduceOp::kSum);
+        // Agreed just before, on more than the hierarchical call checks: not again.
+        hierarchical_->coalesced(spans, ReduceOp::kSum, false);
       } else {
         comm_->allreduce_coalesced(spans, ReduceOp::kSum);
       }
