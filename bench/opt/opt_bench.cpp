@@ -6,6 +6,10 @@
 // allgather of two int64 per rank).
 //
 //   mncl-run -n 4 -- mncl-opt-bench [--params P] [--sizes N,N,...] [--rounds R] [--iters K]
+//                                   [--hierarchical 1]
+//
+// --hierarchical 1: both through a HierarchicalCommunicator over the world (within each host,
+// then across), the bare loop calling its allreduce_coalesced (which agrees on every call).
 //
 // P parameters of N floats each, per size (default 4 of 256, 4096 and 262144 floats). The
 // contenders alternate in blocks of iterations, each block timed by its slowest rank; the table
@@ -15,6 +19,7 @@
 #include <cstdio>
 #include <functional>
 #include <mncl/frontends.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,21 +50,26 @@ int main(int argc, char **argv) {
   o.sizes = {256, 4096, 262144};
   o.rounds = 9;
   o.iters = 20;
-  int64_t param_count = 4;
-  if (!mncl_bench::parse_sweep(argc, argv, "--sizes", o, {{"--params", &param_count}})) {
+  int64_t param_count = 4, hierarchical = 0;
+  if (!mncl_bench::parse_sweep(argc, argv, "--sizes", o,
+                               {{"--params", &param_count}, {"--hierarchical", &hierarchical}})) {
     std::fprintf(stderr,
                  "usage: mncl-opt-bench [--params P] [--sizes N,N,...] [--rounds R] "
-                 "[--iters K]\n");
+                 "[--iters K] [--hierarchical 1]\n");
     return 2;
   }
   mncl::Communicator comm;
+  std::optional<mncl::HierarchicalCommunicator> hier;
+  if (hierarchical != 0) hier.emplace(comm);
   const bool root = comm.rank() == 0;
   if (root) {
     std::printf(
-        "# mncl-opt-bench: %d rank(s), backend %s; %lld parameters of N floats; %d rounds of %d "
-        "steps; times are per step\n",
-        comm.size(), comm.backend().c_str(), static_cast<long long>(param_count), o.rounds,
-        o.iters);
+        "# mncl-opt-bench: %d rank(s), backend %s%s; %lld parameters of N floats; %d rounds of "
+        "%d steps; times are per step\n",
+        comm.size(), comm.backend().c_str(),
+        hier ? (", hierarchical over " + std::to_string(hier->num_hosts()) + " host(s)").c_str()
+             : "",
+        static_cast<long long>(param_count), o.rounds, o.iters);
     std::printf("# %9s %14s %14s %14s %12s\n", "N", "bare (us)", "optimizer (us)", "agreement (us)",
                 "opt / bare");
   }
@@ -80,7 +90,8 @@ int main(int argc, char **argv) {
       sum_buffers.emplace_back(sums[i]);
       sum_spans.emplace_back(sums[i].data(), n);
     }
-    mncl::MultiNodeOptimizer<TinySgd> optimizer(TinySgd{}, comm);
+    auto optimizer = hier ? mncl::MultiNodeOptimizer<TinySgd>(TinySgd{}, *hier)
+                          : mncl::MultiNodeOptimizer<TinySgd>(TinySgd{}, comm);
 
     // The check: averages of rank + (i + j) % 5 are (size - 1) / 2 + (i + j) % 5.
     optimizer.update(params, grad_spans);
@@ -100,7 +111,11 @@ int main(int argc, char **argv) {
     const std::vector<std::function<void()>> contenders = {
         [&] {
           for (std::size_t i = 0; i < sums.size(); ++i) sums[i] = grads[i];
-          comm.allreduce_coalesced(sum_buffers, mncl::ReduceOp::kAvg);
+          if (hier) {
+            hier->allreduce_coalesced(sum_buffers, mncl::ReduceOp::kAvg);
+          } else {
+            comm.allreduce_coalesced(sum_buffers, mncl::ReduceOp::kAvg);
+          }
           sgd_step(params, sum_spans, 1e-6f);
         },
         [&] { optimizer.update(params, grad_spans); },
@@ -116,6 +131,7 @@ int main(int argc, char **argv) {
       std::fflush(stdout);
     }
   }
+  if (hier) hier->destroy();
   comm.destroy();
   return status;
 }
