@@ -75,28 +75,35 @@ Tensor recv_tensor(Communicator &comm, int peer) {
   return tensor;
 }
 
-void MultiNodeChainList::add_link(std::shared_ptr<Link> link, std::optional<int> rank_in,
-                                  std::optional<int> rank_out) {
+void MultiNodeChainList::add_link(std::shared_ptr<Link> link, ChainRanks rank_in,
+                                  ChainRanks rank_out) {
   if (!link) throw InvalidArgument("MultiNodeChainList::add_link: null link");
-  for (const auto &rank : {rank_in, rank_out}) {
-    if (rank && (*rank < 0 || *rank >= comm_->size() || *rank == comm_->rank())) {
-      throw InvalidArgument("MultiNodeChainList::add_link: rank " + std::to_string(*rank) +
-                            " is not another rank of a communicator of size " +
-                            std::to_string(comm_->size()));
+  for (const auto *list : {&rank_in.ranks, &rank_out.ranks}) {
+    for (std::size_t i = 0; i < list->size(); ++i) {
+      const int rank = (*list)[i];
+      if (rank < 0 || rank >= comm_->size() || rank == comm_->rank()) {
+        throw InvalidArgument("MultiNodeChainList::add_link: rank " + std::to_string(rank) +
+                              " is not another rank of a communicator of size " +
+                              std::to_string(comm_->size()));
+      }
+      if (std::find(list->begin(), list->begin() + i, rank) != list->begin() + i) {
+        throw InvalidArgument("MultiNodeChainList::add_link: rank " + std::to_string(rank) +
+                              " is named twice in one list");
+      }
     }
   }
   // As ChainerMN: one output per rank. forward() could return only one of two, and backward()
   // would feed the loss gradient to both (a silently wrong input and parameter gradient).
   const auto output = std::find_if(entries_.begin(), entries_.end(),
-                                   [](const Entry &entry) { return !entry.rank_out; });
-  if (!rank_out && output != entries_.end()) {
+                                   [](const Entry &entry) { return entry.rank_out.empty(); });
+  if (rank_out.empty() && output != entries_.end()) {
     throw InvalidArgument(
         "MultiNodeChainList::add_link: this rank already has a link without rank_out (link " +
         std::to_string(output - entries_.begin()) +
         "), whose output forward() returns; a rank has one output (combine the two links into "
         "one, e.g. a Sequential, or send one's output to another rank)");
   }
-  entries_.push_back({std::move(link), rank_in, rank_out});
+  entries_.push_back({std::move(link), std::move(rank_in.ranks), std::move(rank_out.ranks)});
 }
 
 MultiNodeChainList::Received MultiNodeChainList::receive(Direction direction, int peer) {
@@ -152,6 +159,32 @@ MultiNodeChainList::Received MultiNodeChainList::receive(Direction direction, in
   return received;
 }
 
+Tensor MultiNodeChainList::receive_sum(Direction direction, const std::vector<int> &peers,
+                                       std::size_t link, std::optional<Failure> &failure) {
+  Tensor sum;
+  for (std::size_t i = 0; i < peers.size(); ++i) {
+    Received received = receive(direction, peers[i]);  // every one, whatever came before
+    if (received.failure) {
+      if (!failure) failure = std::move(received.failure);
+    } else if (!failure) {
+      if (i == 0) {
+        sum = std::move(received.tensor);
+      } else if (received.tensor.shape != sum.shape) {
+        const std::string what =
+            std::string("MultiNodeChainList::") +
+            (direction == Direction::kForward ? "forward" : "backward") + ": link " +
+            std::to_string(link) + " sums the " + direction_name(static_cast<int64_t>(direction)) +
+            "s of ranks " + std::to_string(peers[0]) + " and " + std::to_string(peers[i]) +
+            ", of shapes " + sum.shape_string() + " and " + received.tensor.shape_string();
+        failure = Failure{comm_->rank(), what, std::make_exception_ptr(InvalidArgument(what))};
+      } else {
+        for (std::size_t k = 0; k < sum.data.size(); ++k) sum.data[k] += received.tensor.data[k];
+      }
+    }
+  }
+  return sum;
+}
+
 void MultiNodeChainList::send(Direction direction, const Tensor &tensor, int peer,
                               std::optional<Failure> &failure) {
   ChainHeader header{};
@@ -192,8 +225,8 @@ void MultiNodeChainList::send(Direction direction, const Tensor &tensor, int pee
 void MultiNodeChainList::run_backward_with_markers(const Failure &failure) {
   std::optional<Failure> marker = failure;
   for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
-    if (it->rank_out) receive(Direction::kBackward, *it->rank_out);  // whatever it is: dropped
-    if (it->rank_in) send(Direction::kBackward, Tensor(), *it->rank_in, marker);
+    for (int peer : it->rank_out) receive(Direction::kBackward, peer);  // whatever: dropped
+    for (int peer : it->rank_in) send(Direction::kBackward, Tensor(), peer, marker);
   }
 }
 
@@ -212,16 +245,11 @@ Tensor MultiNodeChainList::forward(const Tensor &x) {
   // happens, with markers in place of the tensors this rank would have sent.
   for (std::size_t k = 0; k < entries_.size(); ++k) {
     Entry &entry = entries_[k];
-    Tensor input;
-    if (entry.rank_in) {
-      Received received = receive(Direction::kForward, *entry.rank_in);
-      if (received.failure && !failure) failure = std::move(received.failure);
-      input = std::move(received.tensor);
-    }
+    const Tensor input = receive_sum(Direction::kForward, entry.rank_in, k, failure);
     Tensor y;
     if (!failure) {
       try {
-        y = entry.link->forward(entry.rank_in ? input : x);
+        y = entry.link->forward(entry.rank_in.empty() ? x : input);
       } catch (...) {
         failure = Failure{comm_->rank(),
                           "link " + std::to_string(k) + " (" + entry.link->name() +
@@ -229,11 +257,11 @@ Tensor MultiNodeChainList::forward(const Tensor &x) {
                           std::current_exception()};
       }
     }
-    if (entry.rank_out) {
-      send(Direction::kForward, y, *entry.rank_out, failure);
-    } else if (!failure) {
-      result = std::move(y);
+    if (entry.rank_out.empty()) {
+      if (!failure) result = std::move(y);
     }
+    // A tensor that cannot travel fails the pass at its first send: markers go to the rest.
+    for (int peer : entry.rank_out) send(Direction::kForward, y, peer, failure);
   }
   if (failure) {
     if (backward_follows_) run_backward_with_markers(*failure);
@@ -253,18 +281,14 @@ Tensor MultiNodeChainList::backward(const Tensor &grad) {
   std::optional<Failure> failure;
   Tensor grad_x;
   for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
-    Tensor grad_y;
-    if (it->rank_out) {
-      Received received = receive(Direction::kBackward, *it->rank_out);
-      if (received.failure && !failure) failure = std::move(received.failure);
-      grad_y = std::move(received.tensor);
-    }
+    const std::size_t k = static_cast<std::size_t>(entries_.rend() - it) - 1;
+    const Tensor grad_y = receive_sum(Direction::kBackward, it->rank_out, k, failure);
     Tensor grad_in;
     if (!failure) {
-      const std::size_t k = static_cast<std::size_t>(entries_.rend() - it) - 1;
       try {
-        grad_in = it->link->backward(it->rank_out ? grad_y : grad);
-        if (!it->rank_in && !grad_x.empty() && !grad_in.empty() && grad_in.shape != grad_x.shape) {
+        grad_in = it->link->backward(it->rank_out.empty() ? grad : grad_y);
+        if (it->rank_in.empty() && !grad_x.empty() && !grad_in.empty() &&
+            grad_in.shape != grad_x.shape) {
           throw InvalidArgument(
               "MultiNodeChainList::backward: input gradients of different shapes, " +
               grad_x.shape_string() + " and " + grad_in.shape_string());
@@ -276,9 +300,8 @@ Tensor MultiNodeChainList::backward(const Tensor &grad) {
                           std::current_exception()};
       }
     }
-    if (it->rank_in) {
-      send(Direction::kBackward, grad_in, *it->rank_in, failure);
-    } else if (!failure) {
+    for (int peer : it->rank_in) send(Direction::kBackward, grad_in, peer, failure);
+    if (it->rank_in.empty() && !failure) {
       if (grad_x.empty()) {
         grad_x = std::move(grad_in);
       } else if (!grad_in.empty()) {

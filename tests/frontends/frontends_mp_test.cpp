@@ -1639,12 +1639,13 @@ TEST_F(Frontends, ModelParallelRefusesASecondOutput) {
 // y = 2x, dL/dx = 2 dL/dy; throws, or returns a tensor that cannot travel, when told to.
 class DoublingStage : public mncl::Link {
  public:
-  bool throw_forward = false, throw_backward = false, short_output = false;
+  bool throw_forward = false, throw_backward = false, short_output = false, wider = false;
   mncl::Tensor forward(const mncl::Tensor &x) override {
     if (throw_forward) throw std::runtime_error("stage forward boom");
     mncl::Tensor y = x;
     for (float &v : y.data) v *= 2;
     if (short_output) y.data.pop_back();
+    if (wider) y = mncl::Tensor({x.rows(), x.cols() + 1}, 2.0f);
     return y;
   }
   mncl::Tensor backward(const mncl::Tensor &grad_y) override {
@@ -1849,6 +1850,91 @@ TEST_F(Frontends, ModelParallelThereAndBackFailsBothRanks) {
   EXPECT_TRUE(starts_with(out, rank() == 1 ? "forward own: stage forward boom"
                                            : "forward remote: MultiNodeChainList::forward: the "
                                              "pass failed on rank 1: link 0 (DoublingStage)"))
+      << out;
+  EXPECT_EQ(pass(), "");
+}
+
+// Branches (ChainerMN's lists of ranks): rank 0's trunk A feeds B on ranks 1 and 2, whose
+// outputs rank 0's head C sums. Every link doubles: y = 2 (2 (2x) + 2 (2x)) = 16x, and the
+// input gradient is 16 times the output's. Failures in a branch and in the join fail the ranks
+// that wait on them.
+TEST_F(Frontends, ModelParallelBranchesSumAndFailTogether) {
+  if (size() < 3) GTEST_SKIP() << "needs three ranks";
+  if (rank() > 2) return;
+  auto a = std::make_shared<DoublingStage>(), b = std::make_shared<DoublingStage>(),
+       c = std::make_shared<DoublingStage>();
+  mncl::MultiNodeChainList chain(comm());
+  if (rank() == 0) {
+    EXPECT_THROW(chain.add_link(a, {}, {1, 1}), mncl::InvalidArgument);  // named twice
+    EXPECT_THROW(chain.add_link(a, {}, {1, 0}), mncl::InvalidArgument);  // this rank
+    chain.add_link(a, {}, {1, 2});
+    chain.add_link(c, {1, 2}, {});
+  } else {
+    chain.add_link(b, 0, 0);
+  }
+  chain.set_backward_follows(true);
+  const mncl::Tensor x({2, 2}, 1.0f);
+  auto pass = [&]() -> std::string {
+    std::string call = "forward";
+    try {
+      const mncl::Tensor y = chain.forward(rank() == 0 ? x : mncl::Tensor());
+      call = "backward";
+      const mncl::Tensor g =
+          chain.backward(rank() == 0 ? mncl::Tensor({2, 2}, 1.0f) : mncl::Tensor());
+      if (rank() == 0) {
+        EXPECT_EQ(y.data, std::vector<float>(4, 16.0f));
+        EXPECT_EQ(g.data, std::vector<float>(4, 16.0f));
+      } else {
+        EXPECT_TRUE(y.empty());
+        EXPECT_TRUE(g.empty());
+      }
+      return "";
+    } catch (const mncl::RemoteError &e) {
+      return call + " remote: " + e.what();
+    } catch (const std::exception &e) {
+      return call + " own: " + e.what();
+    }
+  };
+  auto starts_with = [](const std::string &text, const std::string &prefix) {
+    return text.compare(0, prefix.size(), prefix) == 0;
+  };
+  EXPECT_EQ(pass(), "");
+  // Branch 2 fails in its forward: the join on rank 0 fails (branch 1's tensor came), and
+  // branch 1, which finished its forward, fails in its backward.
+  b->throw_forward = rank() == 2;
+  std::string out = pass();
+  b->throw_forward = false;
+  const char *expected[] = {
+      "forward remote: MultiNodeChainList::forward: the pass failed on rank 2",
+      "backward remote: MultiNodeChainList::backward: the pass failed on "
+      "rank 2",
+      "forward own: stage forward boom"};
+  EXPECT_TRUE(starts_with(out, expected[rank()])) << out;
+  EXPECT_EQ(pass(), "");
+  // Branch 1's output has another shape than branch 2's: the join refuses the sum.
+  b->wider = rank() == 1;
+  out = pass();
+  b->wider = false;
+  if (rank() == 0) {
+    EXPECT_TRUE(starts_with(out,
+                            "forward own: MultiNodeChainList::forward: link 1 sums the "
+                            "activations of ranks 1 and 2, of shapes {2, 3} and {2, 2}"))
+        << out;
+  } else {
+    EXPECT_TRUE(starts_with(out,
+                            "backward remote: MultiNodeChainList::backward: the pass failed "
+                            "on rank 0"))
+        << out;
+  }
+  EXPECT_EQ(pass(), "");
+  // The head fails in its backward: both branches, then the trunk's rank, fail in backward.
+  c->throw_backward = rank() == 0;
+  out = pass();
+  c->throw_backward = false;
+  EXPECT_TRUE(starts_with(out, rank() == 0 ? "backward own: stage backward boom"
+                                           : "backward remote: MultiNodeChainList::backward: the "
+                                             "pass failed on rank 0: link 1 (DoublingStage) "
+                                             "backward: stage backward boom"))
       << out;
   EXPECT_EQ(pass(), "");
 }

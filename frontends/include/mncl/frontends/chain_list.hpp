@@ -16,6 +16,18 @@
 // Every rank must add its links so that sends and receives pair up in the same order (the
 // natural order of the model does).
 //
+// Branches: rank_in and rank_out may each name several ranks ({1, 2}), as in ChainerMN. A link
+// with several rank_out sends its output to each, in the list's order, and its output gradient
+// is the sum of theirs. A link with several rank_in takes the sum of their tensors (which must
+// have one shape; ChainerMN passes them as separate arguments, a Link here takes one tensor),
+// and its input gradient goes back to each:
+//
+//   // rank 0: a trunk feeding two branches, then the head that joins them
+//   chain.add_link(trunk, {}, {1, 2});
+//   chain.add_link(head, {1, 2}, {});
+//   // ranks 1 and 2: one branch each
+//   chain.add_link(branch, 0, 0);
+//
 // Failing together. When a link throws on one rank (or its tensor cannot travel: over 7
 // dimensions, data that does not fill its shape), that rank still makes every send and receive
 // of the pass, with a failure marker (its rank in `comm`, the error's text) in place of each
@@ -46,9 +58,11 @@
 #define MNCL_FRONTENDS_CHAIN_LIST_HPP
 
 #include <exception>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mncl/frontends/communicator.hpp"
@@ -60,13 +74,27 @@ namespace mncl {
 void send_tensor(Communicator &comm, const Tensor &tensor, int peer);
 Tensor recv_tensor(Communicator &comm, int peer);
 
+// A link's rank_in or rank_out: none (std::nullopt, {}), one rank, or several ({1, 2}).
+struct ChainRanks {
+  std::vector<int> ranks;
+  ChainRanks() = default;
+  ChainRanks(std::nullopt_t) {}          // NOLINT: implicit, as the ranks' other spellings
+  ChainRanks(int rank) : ranks{rank} {}  // NOLINT
+  ChainRanks(std::optional<int> rank) {  // NOLINT
+    if (rank) ranks.push_back(*rank);
+  }
+  ChainRanks(std::initializer_list<int> list) : ranks(list) {}
+  ChainRanks(std::vector<int> list) : ranks(std::move(list)) {}  // NOLINT
+  bool empty() const noexcept { return ranks.empty(); }
+};
+
 class MultiNodeChainList {
  public:
   // `comm` must outlive the chain list.
   explicit MultiNodeChainList(Communicator &comm) : comm_(&comm) {}
 
-  void add_link(std::shared_ptr<Link> link, std::optional<int> rank_in = std::nullopt,
-                std::optional<int> rank_out = std::nullopt);
+  // Ranks other than this one, each at most once per list.
+  void add_link(std::shared_ptr<Link> link, ChainRanks rank_in = {}, ChainRanks rank_out = {});
 
   // The output of the local link without rank_out (an empty tensor if there is none).
   Tensor forward(const Tensor &x);
@@ -87,7 +115,7 @@ class MultiNodeChainList {
  private:
   struct Entry {
     std::shared_ptr<Link> link;
-    std::optional<int> rank_in, rank_out;
+    std::vector<int> rank_in, rank_out;
   };
   // What failed a pass: the rank where it began and its text; on that rank, the exception too.
   struct Failure {
@@ -102,6 +130,9 @@ class MultiNodeChainList {
   enum class Direction : int64_t { kForward = 1, kBackward = 2 };
 
   Received receive(Direction direction, int peer);
+  // The sum of the tensors from every rank of `peers` (a marker from any sets `failure`).
+  Tensor receive_sum(Direction direction, const std::vector<int> &peers, std::size_t link,
+                     std::optional<Failure> &failure);
   // Sends `tensor`, or a marker when the pass has failed. A tensor that cannot travel fails
   // the pass here (`failure` is set) and a marker goes in its place.
   void send(Direction direction, const Tensor &tensor, int peer, std::optional<Failure> &failure);
