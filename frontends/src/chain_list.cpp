@@ -230,6 +230,16 @@ void MultiNodeChainList::run_backward_with_markers(const Failure &failure) {
   }
 }
 
+void MultiNodeChainList::rethrow_with_failure(const Error &error,
+                                              const std::optional<Failure> &failure) {
+  if (!failure) throw;  // NOLINT: rethrows `error`, the exception being handled
+  // The communicator failed while this rank told its peers of the pass's failure: both count.
+  throw_error(error.status(),
+              std::string(error.what()) + " (the pass had failed already: " +
+                  (failure->local ? "" : "on rank " + std::to_string(failure->origin) + ": ") +
+                  failure->what + ")");
+}
+
 void MultiNodeChainList::throw_failure(const Failure &failure, const char *call) const {
   if (failure.local) std::rethrow_exception(failure.local);
   throw RemoteError(std::string("MultiNodeChainList::") + call + ": the pass failed on rank " +
@@ -243,30 +253,32 @@ Tensor MultiNodeChainList::forward(const Tensor &x) {
   Tensor result;
   // A failure stops the links, never the messages: every send and receive of the pass still
   // happens, with markers in place of the tensors this rank would have sent.
-  for (std::size_t k = 0; k < entries_.size(); ++k) {
-    Entry &entry = entries_[k];
-    const Tensor input = receive_sum(Direction::kForward, entry.rank_in, k, failure);
-    Tensor y;
-    if (!failure) {
-      try {
-        y = entry.link->forward(entry.rank_in.empty() ? x : input);
-      } catch (...) {
-        failure = Failure{comm_->rank(),
-                          "link " + std::to_string(k) + " (" + entry.link->name() +
-                              ") forward: " + describe(std::current_exception()),
-                          std::current_exception()};
+  try {
+    for (std::size_t k = 0; k < entries_.size(); ++k) {
+      Entry &entry = entries_[k];
+      const Tensor input = receive_sum(Direction::kForward, entry.rank_in, k, failure);
+      Tensor y;
+      if (!failure) {
+        try {
+          y = entry.link->forward(entry.rank_in.empty() ? x : input);
+        } catch (...) {
+          failure = Failure{comm_->rank(),
+                            "link " + std::to_string(k) + " (" + entry.link->name() +
+                                ") forward: " + describe(std::current_exception()),
+                            std::current_exception()};
+        }
       }
+      if (entry.rank_out.empty()) {
+        if (!failure) result = std::move(y);
+      }
+      // A tensor that cannot travel fails the pass at its first send: markers go to the rest.
+      for (int peer : entry.rank_out) send(Direction::kForward, y, peer, failure);
     }
-    if (entry.rank_out.empty()) {
-      if (!failure) result = std::move(y);
-    }
-    // A tensor that cannot travel fails the pass at its first send: markers go to the rest.
-    for (int peer : entry.rank_out) send(Direction::kForward, y, peer, failure);
+    if (failure && backward_follows_) run_backward_with_markers(*failure);
+  } catch (const Error &e) {
+    rethrow_with_failure(e, failure);
   }
-  if (failure) {
-    if (backward_follows_) run_backward_with_markers(*failure);
-    throw_failure(*failure, "forward");
-  }
+  if (failure) throw_failure(*failure, "forward");
   backward_ready_ = true;
   return result;
 }
@@ -280,34 +292,38 @@ Tensor MultiNodeChainList::backward(const Tensor &grad) {
   backward_ready_ = false;
   std::optional<Failure> failure;
   Tensor grad_x;
-  for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
-    const std::size_t k = static_cast<std::size_t>(entries_.rend() - it) - 1;
-    const Tensor grad_y = receive_sum(Direction::kBackward, it->rank_out, k, failure);
-    Tensor grad_in;
-    if (!failure) {
-      try {
-        grad_in = it->link->backward(it->rank_out.empty() ? grad : grad_y);
-        if (it->rank_in.empty() && !grad_x.empty() && !grad_in.empty() &&
-            grad_in.shape != grad_x.shape) {
-          throw InvalidArgument(
-              "MultiNodeChainList::backward: input gradients of different shapes, " +
-              grad_x.shape_string() + " and " + grad_in.shape_string());
+  try {
+    for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
+      const std::size_t k = static_cast<std::size_t>(entries_.rend() - it) - 1;
+      const Tensor grad_y = receive_sum(Direction::kBackward, it->rank_out, k, failure);
+      Tensor grad_in;
+      if (!failure) {
+        try {
+          grad_in = it->link->backward(it->rank_out.empty() ? grad : grad_y);
+          if (it->rank_in.empty() && !grad_x.empty() && !grad_in.empty() &&
+              grad_in.shape != grad_x.shape) {
+            throw InvalidArgument(
+                "MultiNodeChainList::backward: input gradients of different shapes, " +
+                grad_x.shape_string() + " and " + grad_in.shape_string());
+          }
+        } catch (...) {
+          failure = Failure{comm_->rank(),
+                            "link " + std::to_string(k) + " (" + it->link->name() +
+                                ") backward: " + describe(std::current_exception()),
+                            std::current_exception()};
         }
-      } catch (...) {
-        failure = Failure{comm_->rank(),
-                          "link " + std::to_string(k) + " (" + it->link->name() +
-                              ") backward: " + describe(std::current_exception()),
-                          std::current_exception()};
+      }
+      for (int peer : it->rank_in) send(Direction::kBackward, grad_in, peer, failure);
+      if (it->rank_in.empty() && !failure) {
+        if (grad_x.empty()) {
+          grad_x = std::move(grad_in);
+        } else if (!grad_in.empty()) {
+          for (std::size_t i = 0; i < grad_x.data.size(); ++i) grad_x.data[i] += grad_in.data[i];
+        }
       }
     }
-    for (int peer : it->rank_in) send(Direction::kBackward, grad_in, peer, failure);
-    if (it->rank_in.empty() && !failure) {
-      if (grad_x.empty()) {
-        grad_x = std::move(grad_in);
-      } else if (!grad_in.empty()) {
-        for (std::size_t i = 0; i < grad_x.data.size(); ++i) grad_x.data[i] += grad_in.data[i];
-      }
-    }
+  } catch (const Error &e) {
+    rethrow_with_failure(e, failure);
   }
   if (failure) throw_failure(*failure, "backward");
   return grad_x;

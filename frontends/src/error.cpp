@@ -7,6 +7,10 @@ void throw_status(mncl_status_t status, const std::string &context) {
   const char *last = mncl_last_error();
   std::string what = context + ": " + mncl_status_string(status);
   if (last && *last) what += std::string(": ") + last;
+  throw_error(status, what);
+}
+
+void throw_error(mncl_status_t status, const std::string &what) {
   switch (status) {
     case MNCL_ERR_INVALID_ARGUMENT:
       throw InvalidArgument(what);

@@ -1939,6 +1939,38 @@ TEST_F(Frontends, ModelParallelBranchesSumAndFailTogether) {
   EXPECT_EQ(pass(), "");
 }
 
+// The communicator failing while a rank tells its peers of a failed pass: the error says both.
+// Rank 1 does not say that a backward follows (against the rule), so rank 0's failed forward
+// waits for a gradient marker that never comes, until the pair's 300 ms timeout.
+TEST_F(Frontends, ModelParallelCommunicatorFailureKeepsTheStagesError) {
+  if (size() < 2) GTEST_SKIP() << "needs two ranks";
+  mncl::SplitOptions options;
+  options.timeout_ms = 300;
+  mncl::Communicator pair = comm().split(rank() < 2 ? 0 : MNCL_SPLIT_NONE, rank(), options);
+  auto stage = std::make_shared<DoublingStage>();
+  if (rank() == 0) {
+    mncl::MultiNodeChainList chain(pair);
+    chain.add_link(stage, {}, 1);
+    chain.set_backward_follows(true);
+    stage->throw_forward = true;
+    try {
+      chain.forward(mncl::Tensor({1, 1}, 1.0f));
+      ADD_FAILURE() << "the failed forward returned";
+    } catch (const mncl::TimeoutError &e) {
+      EXPECT_NE(std::string(e.what()).find("(the pass had failed already: link 0 (DoublingStage) "
+                                           "forward: stage forward boom)"),
+                std::string::npos)
+          << e.what();
+    }
+  } else if (rank() == 1) {
+    mncl::MultiNodeChainList chain(pair);
+    chain.add_link(stage, 0, {});
+    EXPECT_THROW(chain.forward(mncl::Tensor()), mncl::RemoteError);
+  }
+  comm().barrier();  // rank 1 waits for rank 0's timeout before it aborts the pair
+  pair.abort();      // rank 0's receive timed out: nothing more on this pair
+}
+
 // A rank whose chain has seen other passes than its peer's (rebuilt, or a forward skipped)
 // fails at its receive instead of taking one batch's tensor for another's.
 TEST_F(Frontends, ModelParallelPassesOutOfStepFail) {

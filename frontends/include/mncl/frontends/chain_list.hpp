@@ -139,6 +139,9 @@ class MultiNodeChainList {
   // The backward's sends and receives with markers in place of gradients (a failed pass).
   void run_backward_with_markers(const Failure &failure);
   [[noreturn]] void throw_failure(const Failure &failure, const char *call) const;
+  // Called while handling `error`, a communicator's: rethrows it, naming `failure` if set.
+  [[noreturn]] static void rethrow_with_failure(const Error &error,
+                                                const std::optional<Failure> &failure);
 
   Communicator *comm_;
   std::vector<Entry> entries_;

@@ -57,6 +57,9 @@ class CheckpointError : public SystemError {
 // Throws the exception for `status` (which must not be MNCL_OK), with `context` (usually the C
 // function's name) and the thread's mncl_last_error() in the message.
 [[noreturn]] void throw_status(mncl_status_t status, const std::string &context);
+// Throws the exception for `status` with `what` as its whole message (InternalError for MNCL_OK
+// and statuses newer than this header).
+[[noreturn]] void throw_error(mncl_status_t status, const std::string &what);
 
 // The one check every wrapper does after a C call.
 inline void check(mncl_status_t status, const char *context) {
