@@ -162,12 +162,17 @@ MultiNodeChainList::Received MultiNodeChainList::receive(Direction direction, in
 Tensor MultiNodeChainList::receive_sum(Direction direction, const std::vector<int> &peers,
                                        std::size_t link, std::optional<Failure> &failure) {
   Tensor sum;
+  std::size_t first = peers.size();  // the peer whose tensor `sum` started from
   for (std::size_t i = 0; i < peers.size(); ++i) {
     Received received = receive(direction, peers[i]);  // every one, whatever came before
     if (received.failure) {
       if (!failure) failure = std::move(received.failure);
     } else if (!failure) {
-      if (i == 0) {
+      if (direction == Direction::kBackward && received.tensor.empty()) {
+        continue;  // a branch that computes no input gradient: zero
+      }
+      if (first == peers.size()) {
+        first = i;
         sum = std::move(received.tensor);
       } else if (received.tensor.shape != sum.shape) {
         const std::string what =
@@ -224,9 +229,14 @@ void MultiNodeChainList::send(Direction direction, const Tensor &tensor, int pee
 
 void MultiNodeChainList::run_backward_with_markers(const Failure &failure) {
   std::optional<Failure> marker = failure;
+  // As backward(): everything in the reverse of the forward's order.
   for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
-    for (int peer : it->rank_out) receive(Direction::kBackward, peer);  // whatever: dropped
-    for (int peer : it->rank_in) send(Direction::kBackward, Tensor(), peer, marker);
+    for (auto peer = it->rank_out.rbegin(); peer != it->rank_out.rend(); ++peer) {
+      receive(Direction::kBackward, *peer);  // whatever it is: dropped
+    }
+    for (auto peer = it->rank_in.rbegin(); peer != it->rank_in.rend(); ++peer) {
+      send(Direction::kBackward, Tensor(), *peer, marker);
+    }
   }
 }
 
@@ -295,7 +305,11 @@ Tensor MultiNodeChainList::backward(const Tensor &grad) {
   try {
     for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
       const std::size_t k = static_cast<std::size_t>(entries_.rend() - it) - 1;
-      const Tensor grad_y = receive_sum(Direction::kBackward, it->rank_out, k, failure);
+      // The reverse of the forward's order, within the lists too, so that a backward completes
+      // wherever its forward did (skip connection 0 -> {1, 2}, 1 -> 2: in list order, rank 0
+      // waited for 1's gradient, 1 for 2's, and 2 to send its own to rank 0).
+      const std::vector<int> gradient_sources(it->rank_out.rbegin(), it->rank_out.rend());
+      const Tensor grad_y = receive_sum(Direction::kBackward, gradient_sources, k, failure);
       Tensor grad_in;
       if (!failure) {
         try {
@@ -313,7 +327,9 @@ Tensor MultiNodeChainList::backward(const Tensor &grad) {
                             std::current_exception()};
         }
       }
-      for (int peer : it->rank_in) send(Direction::kBackward, grad_in, peer, failure);
+      for (auto peer = it->rank_in.rbegin(); peer != it->rank_in.rend(); ++peer) {
+        send(Direction::kBackward, grad_in, *peer, failure);
+      }
       if (it->rank_in.empty() && !failure) {
         if (grad_x.empty()) {
           grad_x = std::move(grad_in);

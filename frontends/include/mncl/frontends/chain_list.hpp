@@ -16,11 +16,18 @@
 // Every rank must add its links so that sends and receives pair up in the same order (the
 // natural order of the model does).
 //
-// Branches: rank_in and rank_out may each name several ranks ({1, 2}), as in ChainerMN. A link
-// with several rank_out sends its output to each, in the list's order, and its output gradient
-// is the sum of theirs. A link with several rank_in takes the sum of their tensors (which must
-// have one shape; ChainerMN passes them as separate arguments, a Link here takes one tensor),
-// and its input gradient goes back to each:
+// Branches: rank_in and rank_out may each name several ranks ({1, 2}), as in ChainerMN (an
+// empty list is none; a rank twice in one list is refused). A link with several rank_out sends
+// its output to each, in the list's order, and its output gradient is the sum of theirs (a
+// branch that returns no input gradient counts as zero). A link with several rank_in receives
+// from each in the list's order and takes the sum of their tensors, which must have one shape
+// (ChainerMN passes them as separate arguments; a Link here takes one tensor); its input
+// gradient goes back to each. backward() makes its sends and receives in the reverse order of
+// the forward's, lists included, so a backward completes wherever its forward did. For the
+// forward to complete where a send waits for its receive (gloo, MPI and shm past small
+// tensors), list the ranks in the model's order: with 0 -> {1, 2} and 1 -> 2, rank 2's
+// rank_in is {0, 1}; {1, 0} would wait for rank 1, which waits for rank 0's send to it, queued
+// behind the one to rank 2.
 //
 //   // rank 0: a trunk feeding two branches, then the head that joins them
 //   chain.add_link(trunk, {}, {1, 2});
@@ -47,13 +54,15 @@
 //   - A failed backward fails the ranks it sends gradients to (upstream) in their backward;
 //     the ranks downstream sent theirs already and have returned.
 //   A pass can thus fail on some ranks and succeed on others (downstream of a failed backward,
-//   a branch fed before the failure): a loop that goes on after a failure skips the step on
-//   every rank by itself (an allreduce of a flag, say). Every message carries its pass's
+//   a branch fed before the failure, which learns of it in its backward and only with
+//   set_backward_follows(true)): a loop that goes on after a failure skips the step on every
+//   rank by itself (an allreduce of a flag, say). Every message carries its pass's
 //   number, so a rank whose count of forward() calls differs from its peer's (a chain rebuilt
 //   on one rank) fails with RemoteError at its next receive instead of pairing one batch's
 //   tensor with another's; the ranks then rebuild their chains together. Errors of the
-//   communicator itself (TimeoutError, a peer gone) and stages failing on their own in one
-//   pass are thrown as they come. Chain messages are not send_tensor's: the two do not pair.
+//   communicator itself (TimeoutError, a peer gone; naming the pass's failure, if any) and
+//   stages failing on their own in one pass are thrown as they come. Chain messages are not
+//   send_tensor's: the two do not pair.
 #ifndef MNCL_FRONTENDS_CHAIN_LIST_HPP
 #define MNCL_FRONTENDS_CHAIN_LIST_HPP
 
