@@ -21,7 +21,6 @@ enum ChainWord : std::size_t {
   kWordShape,      // the tensor's sizes (kMaxDims words)
   kChainHeaderWords = kWordShape + kMaxDims
 };
-using ChainHeader = std::array<int64_t, kChainHeaderWords>;
 // A failure's text travels cut to this many bytes.
 constexpr std::size_t kMaxFailureText = 1024;
 
@@ -106,9 +105,26 @@ void MultiNodeChainList::add_link(std::shared_ptr<Link> link, ChainRanks rank_in
   entries_.push_back({std::move(link), std::move(rank_in.ranks), std::move(rank_out.ranks)});
 }
 
-MultiNodeChainList::Received MultiNodeChainList::receive(Direction direction, int peer) {
-  ChainHeader header{};
-  comm_->recv(header, peer);
+// One link's messages to or from several ranks travel as batches (every header, then every
+// payload), which start and finish together: the order of a list cannot deadlock, as separate
+// sends and receives could where a send waits for its receive. A single peer takes plain calls.
+void MultiNodeChainList::exchange(std::vector<P2POp> &ops) {
+  if (ops.size() == 1) {
+    const P2POp &op = ops[0];
+    if (op.is_send()) {
+      check(mncl_send(comm_->handle(), op.data(), op.count(), op.dtype(), op.peer(), nullptr),
+            "mncl_send");
+    } else {
+      check(mncl_recv(comm_->handle(), op.data(), op.count(), op.dtype(), op.peer(), nullptr),
+            "mncl_recv");
+    }
+  } else if (!ops.empty()) {
+    comm_->sendrecv_batch(ops);
+  }
+  ops.clear();
+}
+
+void MultiNodeChainList::drop_stale_markers(ChainHeader &header, int peer) {
   while (header[kWordFailed] != 0 &&
          header[kWordDirection] == static_cast<int64_t>(Direction::kBackward) &&
          header[kWordPass] < pass_) {
@@ -120,30 +136,36 @@ MultiNodeChainList::Received MultiNodeChainList::receive(Direction direction, in
     }
     comm_->recv(header, peer);
   }
+}
+
+MultiNodeChainList::Received MultiNodeChainList::prepare(const ChainHeader &header, int peer) {
   const std::string from = "MultiNodeChainList: rank " + std::to_string(peer);
   Received received;
   const int64_t length = header[kWordLength];
-  // A well-formed message is received whole before it is judged, so nothing of it is left to
-  // pair with the next receive.
   if (header[kWordFailed] != 0) {
     if (length < 0 || length > static_cast<int64_t>(kMaxFailureText)) {
       throw RemoteError(from + " sent a failure marker of " + std::to_string(length) + " bytes");
     }
-    std::string text(static_cast<std::size_t>(length), '\0');
-    if (length > 0) comm_->recv(Span<char>(text.data(), text.size()), peer);
-    received.failure = Failure{static_cast<int>(header[kWordOrigin]), std::move(text), nullptr};
-  } else {
-    if (length < 0 || length > static_cast<int64_t>(kMaxDims)) {
-      throw RemoteError(from + " sent a tensor with " + std::to_string(length) + " dimensions");
-    }
-    try {
-      received.tensor = Tensor(
-          std::vector<int64_t>(header.begin() + kWordShape, header.begin() + kWordShape + length));
-    } catch (const InvalidArgument &e) {  // a shape no tensor can have: the peer is broken
-      throw RemoteError(from + " sent a bad shape: " + e.what());
-    }
-    if (!received.tensor.data.empty()) comm_->recv(received.tensor.data, peer);
+    received.failure = Failure{static_cast<int>(header[kWordOrigin]),
+                               std::string(static_cast<std::size_t>(length), '\0'), nullptr};
+    return received;
   }
+  if (length < 0 || length > static_cast<int64_t>(kMaxDims)) {
+    throw RemoteError(from + " sent a tensor with " + std::to_string(length) + " dimensions");
+  }
+  try {
+    received.tensor = Tensor(
+        std::vector<int64_t>(header.begin() + kWordShape, header.begin() + kWordShape + length));
+  } catch (const InvalidArgument &e) {  // a shape no tensor can have: the peer is broken
+    throw RemoteError(from + " sent a bad shape: " + e.what());
+  }
+  return received;
+}
+
+void MultiNodeChainList::judge(const ChainHeader &header, int peer, Direction direction) const {
+  static_assert(std::tuple_size_v<ChainHeader> == kChainHeaderWords,
+                "chain_list.hpp's ChainHeader holds the header's words");
+  const std::string from = "MultiNodeChainList: rank " + std::to_string(peer);
   if (header[kWordDirection] != static_cast<int64_t>(direction)) {
     throw RemoteError(from + " sent a " + direction_name(header[kWordDirection]) +
                       " where this rank waits for a " +
@@ -156,46 +178,69 @@ MultiNodeChainList::Received MultiNodeChainList::receive(Direction direction, in
                       std::to_string(pass_) +
                       ": every rank of the chain calls forward (and backward) equally often");
   }
-  return received;
 }
 
 Tensor MultiNodeChainList::receive_sum(Direction direction, const std::vector<int> &peers,
                                        std::size_t link, std::optional<Failure> &failure) {
+  const std::size_t n = peers.size();
+  std::vector<ChainHeader> headers(n);
+  std::vector<P2POp> ops;
+  for (std::size_t i = 0; i < n; ++i) ops.push_back(irecv_op(headers[i], peers[i]));
+  exchange(ops);
+  std::vector<Received> received(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    drop_stale_markers(headers[i], peers[i]);
+    received[i] = prepare(headers[i], peers[i]);
+  }
+  // Every message is received whole before any is judged: nothing is left to pair with the
+  // next receive.
+  for (std::size_t i = 0; i < n; ++i) {
+    if (received[i].failure && !received[i].failure->what.empty()) {
+      std::string &text = received[i].failure->what;
+      ops.push_back(irecv_op(Span<char>(text.data(), text.size()), peers[i]));
+    } else if (!received[i].failure && !received[i].tensor.data.empty()) {
+      ops.push_back(irecv_op(received[i].tensor.data, peers[i]));
+    }
+  }
+  exchange(ops);
+  for (std::size_t i = 0; i < n; ++i) judge(headers[i], peers[i], direction);
+
   Tensor sum;
-  std::size_t first = peers.size();  // the peer whose tensor `sum` started from
-  for (std::size_t i = 0; i < peers.size(); ++i) {
-    Received received = receive(direction, peers[i]);  // every one, whatever came before
-    if (received.failure) {
-      if (!failure) failure = std::move(received.failure);
+  std::size_t first = n;  // the peer whose tensor `sum` started from
+  for (std::size_t i = 0; i < n; ++i) {
+    if (received[i].failure) {
+      if (!failure) failure = std::move(received[i].failure);
     } else if (!failure) {
-      if (direction == Direction::kBackward && received.tensor.empty()) {
+      Tensor &tensor = received[i].tensor;
+      if (direction == Direction::kBackward && tensor.empty()) {
         continue;  // a branch that computes no input gradient: zero
       }
-      if (first == peers.size()) {
+      if (first == n) {
         first = i;
-        sum = std::move(received.tensor);
-      } else if (received.tensor.shape != sum.shape) {
+        sum = std::move(tensor);
+      } else if (tensor.shape != sum.shape) {
         const std::string what =
             std::string("MultiNodeChainList::") +
             (direction == Direction::kForward ? "forward" : "backward") + ": link " +
             std::to_string(link) + " sums the " + direction_name(static_cast<int64_t>(direction)) +
-            "s of ranks " + std::to_string(peers[0]) + " and " + std::to_string(peers[i]) +
-            ", of shapes " + sum.shape_string() + " and " + received.tensor.shape_string();
+            "s of ranks " + std::to_string(peers[first]) + " and " + std::to_string(peers[i]) +
+            ", of shapes " + sum.shape_string() + " and " + tensor.shape_string();
         failure = Failure{comm_->rank(), what, std::make_exception_ptr(InvalidArgument(what))};
       } else {
-        for (std::size_t k = 0; k < sum.data.size(); ++k) sum.data[k] += received.tensor.data[k];
+        for (std::size_t k = 0; k < sum.data.size(); ++k) sum.data[k] += tensor.data[k];
       }
     }
   }
   return sum;
 }
 
-void MultiNodeChainList::send(Direction direction, const Tensor &tensor, int peer,
-                              std::optional<Failure> &failure) {
+void MultiNodeChainList::send_all(Direction direction, const Tensor &tensor,
+                                  const std::vector<int> &peers, std::optional<Failure> &failure) {
+  if (peers.empty()) return;
   ChainHeader header{};
   header[kWordDirection] = static_cast<int64_t>(direction);
   header[kWordPass] = pass_;
-  if (!failure) {  // checked before anything travels: a marker goes instead
+  if (!failure) {  // checked before anything travels: markers go instead
     std::string problem;
     if (tensor.shape.size() > kMaxDims) {
       problem = std::to_string(tensor.shape.size()) + " dimensions; at most " +
@@ -205,38 +250,45 @@ void MultiNodeChainList::send(Direction direction, const Tensor &tensor, int pee
                 std::to_string(tensor.data.size()) + " elements";
     }
     if (!problem.empty()) {
+      std::string to;
+      for (int peer : peers) to += (to.empty() ? "" : ", ") + std::to_string(peer);
       const std::string what = std::string("MultiNodeChainList::") +
                                (direction == Direction::kForward ? "forward" : "backward") +
-                               ": the " + direction_name(header[kWordDirection]) + " for rank " +
-                               std::to_string(peer) + " cannot travel: " + problem;
+                               ": the " + direction_name(header[kWordDirection]) + " for rank" +
+                               (peers.size() > 1 ? "s " : " ") + to + " cannot travel: " + problem;
       failure = Failure{comm_->rank(), what, std::make_exception_ptr(InvalidArgument(what))};
     }
   }
+  std::string text;
   if (failure) {
-    const std::string text = failure->what.substr(0, kMaxFailureText);
+    text = failure->what.substr(0, kMaxFailureText);
     header[kWordFailed] = 1;
     header[kWordLength] = static_cast<int64_t>(text.size());
     header[kWordOrigin] = failure->origin;
-    comm_->send(header, peer);
-    if (!text.empty()) comm_->send(Span<const char>(text.data(), text.size()), peer);
-    return;
+  } else {
+    header[kWordLength] = static_cast<int64_t>(tensor.shape.size());
+    std::copy(tensor.shape.begin(), tensor.shape.end(), header.begin() + kWordShape);
   }
-  header[kWordLength] = static_cast<int64_t>(tensor.shape.size());
-  std::copy(tensor.shape.begin(), tensor.shape.end(), header.begin() + kWordShape);
-  comm_->send(header, peer);
-  if (!tensor.data.empty()) comm_->send(tensor.data, peer);
+  std::vector<P2POp> ops;
+  for (int peer : peers) ops.push_back(isend_op(header, peer));
+  exchange(ops);
+  for (int peer : peers) {
+    if (failure && !text.empty()) {
+      ops.push_back(isend_op(Span<const char>(text.data(), text.size()), peer));
+    } else if (!failure && !tensor.data.empty()) {
+      ops.push_back(isend_op(tensor.data, peer));
+    }
+  }
+  exchange(ops);
 }
 
 void MultiNodeChainList::run_backward_with_markers(const Failure &failure) {
   std::optional<Failure> marker = failure;
-  // As backward(): everything in the reverse of the forward's order.
+  // As backward(): the links in the reverse of the forward's order.
   for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
-    for (auto peer = it->rank_out.rbegin(); peer != it->rank_out.rend(); ++peer) {
-      receive(Direction::kBackward, *peer);  // whatever it is: dropped
-    }
-    for (auto peer = it->rank_in.rbegin(); peer != it->rank_in.rend(); ++peer) {
-      send(Direction::kBackward, Tensor(), *peer, marker);
-    }
+    const std::size_t k = static_cast<std::size_t>(entries_.rend() - it) - 1;
+    receive_sum(Direction::kBackward, it->rank_out, k, marker);  // whatever it is: dropped
+    send_all(Direction::kBackward, Tensor(), it->rank_in, marker);
   }
 }
 
@@ -281,8 +333,7 @@ Tensor MultiNodeChainList::forward(const Tensor &x) {
       if (entry.rank_out.empty()) {
         if (!failure) result = std::move(y);
       }
-      // A tensor that cannot travel fails the pass at its first send: markers go to the rest.
-      for (int peer : entry.rank_out) send(Direction::kForward, y, peer, failure);
+      send_all(Direction::kForward, y, entry.rank_out, failure);
     }
     if (failure && backward_follows_) run_backward_with_markers(*failure);
   } catch (const Error &e) {
@@ -305,11 +356,7 @@ Tensor MultiNodeChainList::backward(const Tensor &grad) {
   try {
     for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
       const std::size_t k = static_cast<std::size_t>(entries_.rend() - it) - 1;
-      // The reverse of the forward's order, within the lists too, so that a backward completes
-      // wherever its forward did (skip connection 0 -> {1, 2}, 1 -> 2: in list order, rank 0
-      // waited for 1's gradient, 1 for 2's, and 2 to send its own to rank 0).
-      const std::vector<int> gradient_sources(it->rank_out.rbegin(), it->rank_out.rend());
-      const Tensor grad_y = receive_sum(Direction::kBackward, gradient_sources, k, failure);
+      const Tensor grad_y = receive_sum(Direction::kBackward, it->rank_out, k, failure);
       Tensor grad_in;
       if (!failure) {
         try {
@@ -327,9 +374,7 @@ Tensor MultiNodeChainList::backward(const Tensor &grad) {
                             std::current_exception()};
         }
       }
-      for (auto peer = it->rank_in.rbegin(); peer != it->rank_in.rend(); ++peer) {
-        send(Direction::kBackward, grad_in, *peer, failure);
-      }
+      send_all(Direction::kBackward, grad_in, it->rank_in, failure);
       if (it->rank_in.empty() && !failure) {
         if (grad_x.empty()) {
           grad_x = std::move(grad_in);

@@ -1794,39 +1794,45 @@ TEST_F(Frontends, ModelParallelFailureOnOneStageFailsEveryStage) {
 
 // A skip connection of 4 MiB tensors (past what shm, gloo and MPI hand over without a
 // receive): rank 0's A feeds rank 1's B and rank 2's C, which also takes B's output. y = 2 (2x +
-// 2 (2x)) = 12x and the input gradient 12 g. The backward takes its lists in the reverse of the
-// forward's order: in list order rank 0 waited for B's gradient, B for C's, and C to send its
-// own to rank 0, until the timeout. A branch without an input gradient counts as zero.
+// 2 (2x)) = 12x and the input gradient 12 g. A list's sends or receives go as one batch, so
+// its order does not matter: with separate calls, rank 0 sending to 2 before 1, or rank 2
+// receiving from 1 before 0, waited until the timeout (in the forward, or in the backward,
+// whose order is the reverse). A branch without an input gradient counts as zero.
 TEST_F(Frontends, ModelParallelSkipConnectionOfLargeTensors) {
   if (size() < 3) GTEST_SKIP() << "needs three ranks";
   if (rank() > 2) return;
-  auto stage = std::make_shared<DoublingStage>();
-  mncl::MultiNodeChainList chain(comm());
   const int last = 2;
-  if (rank() == 0) {
-    chain.add_link(stage, {}, {1, 2});
-  } else if (rank() == 1) {
-    chain.add_link(stage, 0, 2);
-  } else {
-    chain.add_link(stage, {0, 1}, {});
-  }
-  chain.set_backward_follows(true);
   const int64_t n = 1 << 20;
-  for (bool b_has_input_grad : {true, false}) {
-    stage->no_input_grad = rank() == 1 && !b_has_input_grad;
-    const mncl::Tensor y = chain.forward(rank() == 0 ? mncl::Tensor({1, n}, 1.0f) : mncl::Tensor());
-    if (rank() == last) {
-      ASSERT_EQ(y.size(), std::size_t(n));
-      EXPECT_EQ(y.data.front(), 12.0f);
-      EXPECT_EQ(y.data.back(), 12.0f);
-    }
-    const mncl::Tensor g =
-        chain.backward(rank() == last ? mncl::Tensor({1, n}, 1.0f) : mncl::Tensor());
+  for (bool reversed_lists : {false, true}) {
+    auto stage = std::make_shared<DoublingStage>();
+    mncl::MultiNodeChainList chain(comm());
     if (rank() == 0) {
-      const float expected = b_has_input_grad ? 12.0f : 4.0f;  // C's 2 g, through A: 4 g
-      ASSERT_EQ(g.size(), std::size_t(n));
-      EXPECT_EQ(g.data.front(), expected);
-      EXPECT_EQ(g.data.back(), expected);
+      chain.add_link(stage, {}, reversed_lists ? mncl::ChainRanks{2, 1} : mncl::ChainRanks{1, 2});
+    } else if (rank() == 1) {
+      chain.add_link(stage, 0, 2);
+    } else {
+      chain.add_link(stage, reversed_lists ? mncl::ChainRanks{1, 0} : mncl::ChainRanks{0, 1}, {});
+    }
+    chain.set_backward_follows(true);
+    for (bool b_has_input_grad : {true, false}) {
+      SCOPED_TRACE(std::string(reversed_lists ? "reversed lists" : "lists in model order") +
+                   (b_has_input_grad ? "" : ", B without an input gradient"));
+      stage->no_input_grad = rank() == 1 && !b_has_input_grad;
+      const mncl::Tensor y =
+          chain.forward(rank() == 0 ? mncl::Tensor({1, n}, 1.0f) : mncl::Tensor());
+      if (rank() == last) {
+        ASSERT_EQ(y.size(), std::size_t(n));
+        EXPECT_EQ(y.data.front(), 12.0f);
+        EXPECT_EQ(y.data.back(), 12.0f);
+      }
+      const mncl::Tensor g =
+          chain.backward(rank() == last ? mncl::Tensor({1, n}, 1.0f) : mncl::Tensor());
+      if (rank() == 0) {
+        const float expected = b_has_input_grad ? 12.0f : 4.0f;  // C's 2 g, through A: 4 g
+        ASSERT_EQ(g.size(), std::size_t(n));
+        EXPECT_EQ(g.data.front(), expected);
+        EXPECT_EQ(g.data.back(), expected);
+      }
     }
   }
 }

@@ -18,16 +18,12 @@
 //
 // Branches: rank_in and rank_out may each name several ranks ({1, 2}), as in ChainerMN (an
 // empty list is none; a rank twice in one list is refused). A link with several rank_out sends
-// its output to each, in the list's order, and its output gradient is the sum of theirs (a
-// branch that returns no input gradient counts as zero). A link with several rank_in receives
-// from each in the list's order and takes the sum of their tensors, which must have one shape
-// (ChainerMN passes them as separate arguments; a Link here takes one tensor); its input
-// gradient goes back to each. backward() makes its sends and receives in the reverse order of
-// the forward's, lists included, so a backward completes wherever its forward did. For the
-// forward to complete where a send waits for its receive (gloo, MPI and shm past small
-// tensors), list the ranks in the model's order: with 0 -> {1, 2} and 1 -> 2, rank 2's
-// rank_in is {0, 1}; {1, 0} would wait for rank 1, which waits for rank 0's send to it, queued
-// behind the one to rank 2.
+// its output to each, and its output gradient is the sum of theirs (a branch that returns no
+// input gradient counts as zero). A link with several rank_in takes the sum of their tensors,
+// which must have one shape (ChainerMN passes them as separate arguments; a Link here takes one
+// tensor), and its input gradient goes back to each. A link's sends (or receives) to the ranks
+// of a list go as one batch (mncl_sendrecv_batch), so the order of a list does not matter; a
+// sum adds in the list's order.
 //
 //   // rank 0: a trunk feeding two branches, then the head that joins them
 //   chain.add_link(trunk, {}, {1, 2});
@@ -66,6 +62,8 @@
 #ifndef MNCL_FRONTENDS_CHAIN_LIST_HPP
 #define MNCL_FRONTENDS_CHAIN_LIST_HPP
 
+#include <array>
+#include <cstdint>
 #include <exception>
 #include <initializer_list>
 #include <memory>
@@ -138,13 +136,21 @@ class MultiNodeChainList {
   };
   enum class Direction : int64_t { kForward = 1, kBackward = 2 };
 
-  Received receive(Direction direction, int peer);
-  // The sum of the tensors from every rank of `peers` (a marker from any sets `failure`).
+  using ChainHeader = std::array<int64_t, 12>;  // chain_list.cpp's layout
+
+  // The sum of the tensors from every rank of `peers` (none: an empty tensor); a marker from
+  // any sets `failure`. Throws RemoteError for a message that does not belong here.
   Tensor receive_sum(Direction direction, const std::vector<int> &peers, std::size_t link,
                      std::optional<Failure> &failure);
-  // Sends `tensor`, or a marker when the pass has failed. A tensor that cannot travel fails
-  // the pass here (`failure` is set) and a marker goes in its place.
-  void send(Direction direction, const Tensor &tensor, int peer, std::optional<Failure> &failure);
+  // Sends `tensor` to every rank of `peers`, or markers once the pass has failed. A tensor that
+  // cannot travel fails the pass here (`failure` is set) and markers go in its place.
+  void send_all(Direction direction, const Tensor &tensor, const std::vector<int> &peers,
+                std::optional<Failure> &failure);
+  void exchange(std::vector<P2POp> &ops);  // runs and clears a batch
+  void drop_stale_markers(ChainHeader &header, int peer);
+  Received prepare(const ChainHeader &header, int peer);  // sized for the payload
+  void judge(const ChainHeader &header, int peer, Direction direction) const;
+
   // The backward's sends and receives with markers in place of gradients (a failed pass).
   void run_backward_with_markers(const Failure &failure);
   [[noreturn]] void throw_failure(const Failure &failure, const char *call) const;
