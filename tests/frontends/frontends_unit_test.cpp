@@ -913,3 +913,23 @@ TEST(Crc32, KnownValue) {
 }
 
 }  // namespace
+
+// A chain link's rank_in / rank_out: none, one rank or several, in every spelling a caller may
+// hold them; a value out of int's range becomes -1 (refused by add_link), never a rank by
+// wrapping.
+TEST(ChainRanks, SpellingsOfNoneOneAndSeveralRanks) {
+  using mncl::ChainRanks;
+  using Ranks = std::vector<int>;
+  EXPECT_TRUE(ChainRanks().empty());
+  EXPECT_TRUE(ChainRanks(std::nullopt).empty());
+  EXPECT_TRUE(ChainRanks({}).empty());
+  EXPECT_TRUE(ChainRanks(std::optional<int>()).empty());
+  EXPECT_TRUE(ChainRanks(std::vector<int>()).empty());
+  EXPECT_EQ(ChainRanks(3).ranks, Ranks{3});
+  EXPECT_EQ(ChainRanks(std::optional<int>(2)).ranks, Ranks{2});
+  EXPECT_EQ(ChainRanks(std::optional<int64_t>(5)).ranks, Ranks{5});
+  EXPECT_EQ((ChainRanks{1, 2}).ranks, (Ranks{1, 2}));
+  EXPECT_EQ(ChainRanks(std::vector<size_t>{2, 0}).ranks, (Ranks{2, 0}));
+  EXPECT_EQ(ChainRanks(std::vector<int64_t>{int64_t{1} << 40, -3}).ranks, (Ranks{-1, -1}));
+  EXPECT_EQ(ChainRanks(std::optional<uint64_t>(~uint64_t{0})).ranks, Ranks{-1});
+}

@@ -66,9 +66,11 @@
 #include <cstdint>
 #include <exception>
 #include <initializer_list>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -87,12 +89,29 @@ struct ChainRanks {
   ChainRanks() = default;
   ChainRanks(std::nullopt_t) {}          // NOLINT: implicit, as the ranks' other spellings
   ChainRanks(int rank) : ranks{rank} {}  // NOLINT
-  ChainRanks(std::optional<int> rank) {  // NOLINT
-    if (rank) ranks.push_back(*rank);
+  template <class Int, class = std::enable_if_t<std::is_integral_v<Int>>>
+  ChainRanks(const std::optional<Int> &rank) {  // NOLINT
+    if (rank) ranks.push_back(to_rank(*rank));
   }
   ChainRanks(std::initializer_list<int> list) : ranks(list) {}
   ChainRanks(std::vector<int> list) : ranks(std::move(list)) {}  // NOLINT
+  template <class Int,
+            class = std::enable_if_t<std::is_integral_v<Int> && !std::is_same_v<Int, int>>>
+  ChainRanks(const std::vector<Int> &list) {  // NOLINT
+    for (Int rank : list) ranks.push_back(to_rank(rank));
+  }
   bool empty() const noexcept { return ranks.empty(); }
+
+ private:
+  // Out of int's range: -1, which add_link refuses as no rank (never another rank by wrapping).
+  template <class Int>
+  static int to_rank(Int rank) noexcept {
+    constexpr auto kMax = static_cast<unsigned long long>(std::numeric_limits<int>::max());
+    if constexpr (std::is_signed_v<Int>) {
+      if (rank < 0) return -1;
+    }
+    return static_cast<unsigned long long>(rank) > kMax ? -1 : static_cast<int>(rank);
+  }
 };
 
 class MultiNodeChainList {
