@@ -103,14 +103,17 @@ std::string printable(const uint8_t *data, size_t size) {
 // too: its will came late, or never. In the child each copy is pointed at /dev/null instead,
 // which leaves the parent's connection alone (and the child's store, if it ever closes the
 // descriptor, closes that). The mutex is held across every call on a will connection, so a
-// fork never copies a descriptor number that a failed call has just closed.
+// fork never copies a descriptor number that a failed call has just closed. Both live until
+// the process ends, never destroyed: a store may close after exit() has run the static
+// destructors, in the detached thread a destroyed communicator leaves its store from
+// (Comm::leave_abandoned), which read the freed vector (ThreadSanitizer, split.destroy_order).
 std::mutex &will_fds_mutex() {
-  static std::mutex mutex;
-  return mutex;
+  static auto *mutex = new std::mutex;  // never deleted, see above
+  return *mutex;
 }
 std::vector<int> &will_fds() {
-  static std::vector<int> fds;
-  return fds;
+  static auto *fds = new std::vector<int>;  // never deleted, see above
+  return *fds;
 }
 void will_fds_before_fork() {
   will_fds_mutex().lock();

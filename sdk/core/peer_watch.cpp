@@ -66,7 +66,10 @@ StatRead read_proc_stat(pid_t pid, ProcStat *out) {
 // pid namespace's (a pid namespace entered without mounting its /proc): its pids are others'.
 std::string pid_scope() {
   static std::mutex mutex;
-  static std::string scope;  // kept once known
+  // Kept once known; never destroyed, as a detached thread may still ask after exit() ran the
+  // static destructors (Comm::leave_abandoned's).
+  static auto *known = new std::string;
+  std::string &scope = *known;
   std::lock_guard<std::mutex> lock(mutex);
   if (!scope.empty()) return scope;
   std::string boot;
