@@ -1047,6 +1047,50 @@ TEST_F(Frontends, ScatterDatasetFailsEveryRankTogether) {
   EXPECT_EQ(comm().allreduce_value(1), size());
 }
 
+// ChainerMN's multi-node iterator: the root's items reach every rank in order, then the end
+// on every rank alike; a source that throws fails every rank at that item.
+TEST_F(Frontends, MultiNodeIteratorGivesTheRootsItemsToEveryRank) {
+  using Item = std::pair<int32_t, std::vector<float>>;
+  const int root = size() - 1;
+  const bool on_root = rank() == root;
+  auto counting_source = [](int count, int throw_at) {
+    return [count, throw_at, k = 0]() mutable -> std::optional<Item> {
+      if (k == throw_at) throw std::runtime_error("source boom");
+      if (k == count) return std::nullopt;
+      ++k;
+      return Item{k, std::vector<float>(static_cast<std::size_t>(k), 0.5f * k)};
+    };
+  };
+  mncl::MultiNodeIterator<Item> items(
+      comm(), on_root ? counting_source(4, -1) : mncl::MultiNodeIterator<Item>::Source(), root);
+  for (int k = 1; k <= 4; ++k) {
+    const std::optional<Item> item = items.next();
+    ASSERT_TRUE(item.has_value()) << k;
+    EXPECT_EQ(item->first, k);
+    EXPECT_EQ(item->second, std::vector<float>(static_cast<std::size_t>(k), 0.5f * k));
+  }
+  EXPECT_FALSE(items.next().has_value());
+  EXPECT_TRUE(items.done());
+  EXPECT_FALSE(items.next().has_value());  // spent: no communication
+
+  mncl::MultiNodeIterator<Item> failing(
+      comm(), on_root ? counting_source(4, 2) : mncl::MultiNodeIterator<Item>::Source(), root);
+  EXPECT_EQ(failing.next()->first, 1);
+  EXPECT_EQ(failing.next()->first, 2);
+  expect_fails_together<std::runtime_error>(
+      [&] { failing.next(); }, root, "the source's third item",
+      "the source failed on the root (rank " + std::to_string(root) + "): source boom");
+  EXPECT_FALSE(failing.next().has_value());
+
+  // A root that is no rank, on every rank: each says so.
+  EXPECT_THROW(mncl::MultiNodeIterator<Item>(comm(), counting_source(1, -1), size()),
+               mncl::InvalidArgument);
+  // The root without a source: it says so, the others name it.
+  expect_fails_together(
+      [&] { mncl::MultiNodeIterator<Item>(comm(), mncl::MultiNodeIterator<Item>::Source(), root); },
+      root, "a root without a source", "rank " + std::to_string(root) + " could not take part");
+}
+
 // A shard that does not decode on one rank (its samples' load throws there) fails every rank
 // together (the others once returned while the root waited in a bcast for it until the
 // timeout); a rank given another root fails every rank at once (it once waited for a shard from

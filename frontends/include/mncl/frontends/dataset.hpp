@@ -13,11 +13,13 @@
 #include <array>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <numeric>
 #include <optional>
 #include <random>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "mncl/frontends/agreement.hpp"
@@ -196,6 +198,86 @@ auto scatter_dataset(const Dataset &dataset, Communicator &comm,
   finish(failure);
   return own;
 }
+
+// ChainerMN's create_multi_node_iterator: the root reads the items and every rank gets each
+// one (through bcast_obj), e.g. a pipeline whose first stage alone opens the data while the
+// last one needs the labels. T is any type serialize.hpp handles.
+//
+//   mncl::MultiNodeIterator<Batch> batches(comm, [&]() -> std::optional<Batch> {
+//     return loader.has_next() ? std::optional<Batch>(loader.next()) : std::nullopt;
+//   });  // the source is called on the root only (pass {} elsewhere)
+//   while (auto batch = batches.next()) train(*batch);
+//
+// Collective: the constructor (the ranks agree on the root: one small allgather) and every
+// next(), which every rank calls equally often until it returns std::nullopt on every rank
+// alike (then, and after a failure, next() returns std::nullopt again without communicating).
+// A source that throws, or an item that does not serialize, throws on the root and
+// RemoteError naming the root on the others.
+template <class T>
+class MultiNodeIterator {
+ public:
+  using Source = std::function<std::optional<T>()>;
+
+  // `comm` must outlive the iterator; `source` must be set on the root.
+  MultiNodeIterator(Communicator &comm, Source source, int root = 0)
+      : comm_(&comm), source_(std::move(source)), root_(root) {
+    std::exception_ptr refused;
+    if (root < 0 || root >= comm.size()) {
+      refused = std::make_exception_ptr(InvalidArgument(
+          "MultiNodeIterator: root " + std::to_string(root) +
+          " is not a rank of a communicator of size " + std::to_string(comm.size())));
+    } else if (comm.rank() == root && !source_) {
+      refused =
+          std::make_exception_ptr(InvalidArgument("MultiNodeIterator: the root's source is empty"));
+    }
+    LayoutDigest digest;
+    digest.add(static_cast<uint64_t>(root));
+    agree_or_throw(comm, "MultiNodeIterator", refused, digest.value());
+  }
+
+  std::optional<T> next() {
+    if (done_) return std::nullopt;
+    // ((kind, a failure's text), the item): decoded inside bcast_obj, so that an item that
+    // does not decode on one rank fails every rank alike.
+    std::pair<std::pair<uint8_t, std::string>, T> message{{kEnd, {}}, T{}};
+    std::exception_ptr failure;
+    if (comm_->rank() == root_) {
+      try {
+        if (std::optional<T> item = source_()) message = {{kItem, {}}, std::move(*item)};
+      } catch (const std::exception &e) {
+        failure = std::current_exception();
+        message.first = {kFailed, e.what()};
+      } catch (...) {
+        failure = std::current_exception();
+        message.first = {kFailed, "an exception not derived from std::exception"};
+      }
+    }
+    try {
+      comm_->bcast_obj(message, root_);
+    } catch (...) {
+      done_ = true;
+      throw;
+    }
+    if (message.first.first == kItem) return std::move(message.second);
+    done_ = true;
+    if (failure) std::rethrow_exception(failure);
+    if (message.first.first == kFailed) {
+      throw RemoteError("MultiNodeIterator: the source failed on the root (rank " +
+                        std::to_string(root_) + "): " + message.first.second);
+    }
+    return std::nullopt;
+  }
+
+  // True once next() has returned std::nullopt or thrown.
+  bool done() const noexcept { return done_; }
+
+ private:
+  static constexpr uint8_t kItem = 1, kEnd = 2, kFailed = 3;
+  Communicator *comm_;
+  Source source_;
+  int root_;
+  bool done_ = false;
+};
 
 }  // namespace mncl
 
