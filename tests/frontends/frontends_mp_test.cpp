@@ -1703,6 +1703,35 @@ class DoublingStage : public mncl::Link {
   std::string name() const override { return "DoublingStage"; }
 };
 
+// One training pass of `chain`: x in on rank 0, a gradient of ones out on rank 0 (where the
+// output is). "" when it went through, with output and input gradient both `gain` everywhere;
+// else where and what failed: "forward own: <what>", "backward remote: <what>".
+std::string chain_pass(mncl::MultiNodeChainList &chain, const mncl::Tensor &x, float gain) {
+  const bool first = spmd::world().rank() == 0;
+  std::string call = "forward";
+  try {
+    const mncl::Tensor y = chain.forward(first ? x : mncl::Tensor());
+    call = "backward";
+    const mncl::Tensor g = chain.backward(first ? mncl::Tensor(x.shape, 1.0f) : mncl::Tensor());
+    if (first) {
+      EXPECT_EQ(y.data, std::vector<float>(x.size(), gain));
+      EXPECT_EQ(g.data, std::vector<float>(x.size(), gain));
+    } else {
+      EXPECT_TRUE(y.empty());
+      EXPECT_TRUE(g.empty());
+    }
+    return "";
+  } catch (const mncl::RemoteError &e) {
+    return call + " remote: " + e.what();
+  } catch (const std::exception &e) {
+    return call + " own: " + e.what();
+  }
+}
+
+bool starts_with(const std::string &text, const std::string &prefix) {
+  return text.compare(0, prefix.size(), prefix) == 0;
+}
+
 // A stage that fails fails the pass on every stage at once, in forward or in backward, in
 // training and in evaluation mode; the stages stay paired, so the next pass is right. Before,
 // the stages beside it waited for their tensor until the timeout.
@@ -1897,52 +1926,30 @@ TEST_F(Frontends, ModelParallelThereAndBackFailsBothRanks) {
   }
   chain.set_backward_follows(true);
   const mncl::Tensor x({1, 2}, 1.0f);
-  // Returns "" when the pass went through (checking its values), else where and what failed.
-  auto pass = [&]() -> std::string {
-    std::string call = "forward";
-    try {
-      const mncl::Tensor y = chain.forward(rank() == 0 ? x : mncl::Tensor());
-      call = "backward";
-      const mncl::Tensor g =
-          chain.backward(rank() == 0 ? mncl::Tensor({1, 2}, 1.0f) : mncl::Tensor());
-      if (rank() == 0) {
-        EXPECT_EQ(y.data, std::vector<float>(2, 8.0f));
-        EXPECT_EQ(g.data, std::vector<float>(2, 8.0f));
-      }
-      return "";
-    } catch (const mncl::RemoteError &e) {
-      return call + " remote: " + e.what();
-    } catch (const std::exception &e) {
-      return call + " own: " + e.what();
-    }
-  };
-  auto starts_with = [](const std::string &text, const std::string &prefix) {
-    return text.compare(0, prefix.size(), prefix) == 0;
-  };
-  EXPECT_EQ(pass(), "");
+  EXPECT_EQ(chain_pass(chain, x, 8.0f), "");
   c->throw_forward = rank() == 0;
-  std::string out = pass();
+  std::string out = chain_pass(chain, x, 8.0f);
   c->throw_forward = false;
   EXPECT_TRUE(starts_with(out, rank() == 0 ? "forward own: stage forward boom"
                                            : "backward remote: MultiNodeChainList::backward: the "
                                              "pass failed on rank 0: link 1 (DoublingStage)"))
       << out;
-  EXPECT_EQ(pass(), "");
+  EXPECT_EQ(chain_pass(chain, x, 8.0f), "");
   c->throw_backward = rank() == 0;
-  out = pass();
+  out = chain_pass(chain, x, 8.0f);
   c->throw_backward = false;
   EXPECT_TRUE(
       starts_with(out, rank() == 0 ? "backward own: stage backward boom" : "backward remote: "))
       << out;
-  EXPECT_EQ(pass(), "");
+  EXPECT_EQ(chain_pass(chain, x, 8.0f), "");
   b->throw_forward = rank() == 1;
-  out = pass();
+  out = chain_pass(chain, x, 8.0f);
   b->throw_forward = false;
   EXPECT_TRUE(starts_with(out, rank() == 1 ? "forward own: stage forward boom"
                                            : "forward remote: MultiNodeChainList::forward: the "
                                              "pass failed on rank 1: link 0 (DoublingStage)"))
       << out;
-  EXPECT_EQ(pass(), "");
+  EXPECT_EQ(chain_pass(chain, x, 8.0f), "");
 }
 
 // Branches (ChainerMN's lists of ranks): rank 0's trunk A feeds B on ranks 1 and 2, whose
@@ -1965,35 +1972,11 @@ TEST_F(Frontends, ModelParallelBranchesSumAndFailTogether) {
   }
   chain.set_backward_follows(true);
   const mncl::Tensor x({2, 2}, 1.0f);
-  auto pass = [&]() -> std::string {
-    std::string call = "forward";
-    try {
-      const mncl::Tensor y = chain.forward(rank() == 0 ? x : mncl::Tensor());
-      call = "backward";
-      const mncl::Tensor g =
-          chain.backward(rank() == 0 ? mncl::Tensor({2, 2}, 1.0f) : mncl::Tensor());
-      if (rank() == 0) {
-        EXPECT_EQ(y.data, std::vector<float>(4, 16.0f));
-        EXPECT_EQ(g.data, std::vector<float>(4, 16.0f));
-      } else {
-        EXPECT_TRUE(y.empty());
-        EXPECT_TRUE(g.empty());
-      }
-      return "";
-    } catch (const mncl::RemoteError &e) {
-      return call + " remote: " + e.what();
-    } catch (const std::exception &e) {
-      return call + " own: " + e.what();
-    }
-  };
-  auto starts_with = [](const std::string &text, const std::string &prefix) {
-    return text.compare(0, prefix.size(), prefix) == 0;
-  };
-  EXPECT_EQ(pass(), "");
+  EXPECT_EQ(chain_pass(chain, x, 16.0f), "");
   // Branch 2 fails in its forward: the join on rank 0 fails (branch 1's tensor came), and
   // branch 1, which finished its forward, fails in its backward.
   b->throw_forward = rank() == 2;
-  std::string out = pass();
+  std::string out = chain_pass(chain, x, 16.0f);
   b->throw_forward = false;
   const char *expected[] = {
       "forward remote: MultiNodeChainList::forward: the pass failed on rank 2",
@@ -2001,10 +1984,10 @@ TEST_F(Frontends, ModelParallelBranchesSumAndFailTogether) {
       "rank 2",
       "forward own: stage forward boom"};
   EXPECT_TRUE(starts_with(out, expected[rank()])) << out;
-  EXPECT_EQ(pass(), "");
+  EXPECT_EQ(chain_pass(chain, x, 16.0f), "");
   // Branch 1's output has another shape than branch 2's: the join refuses the sum.
   b->wider = rank() == 1;
-  out = pass();
+  out = chain_pass(chain, x, 16.0f);
   b->wider = false;
   if (rank() == 0) {
     EXPECT_TRUE(starts_with(out,
@@ -2017,17 +2000,17 @@ TEST_F(Frontends, ModelParallelBranchesSumAndFailTogether) {
                             "on rank 0"))
         << out;
   }
-  EXPECT_EQ(pass(), "");
+  EXPECT_EQ(chain_pass(chain, x, 16.0f), "");
   // The head fails in its backward: both branches, then the trunk's rank, fail in backward.
   c->throw_backward = rank() == 0;
-  out = pass();
+  out = chain_pass(chain, x, 16.0f);
   c->throw_backward = false;
   EXPECT_TRUE(starts_with(out, rank() == 0 ? "backward own: stage backward boom"
                                            : "backward remote: MultiNodeChainList::backward: the "
                                              "pass failed on rank 0: link 1 (DoublingStage) "
                                              "backward: stage backward boom"))
       << out;
-  EXPECT_EQ(pass(), "");
+  EXPECT_EQ(chain_pass(chain, x, 16.0f), "");
 }
 
 // The communicator failing while a rank tells its peers of a failed pass: the error says both.
