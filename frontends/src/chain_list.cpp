@@ -105,21 +105,20 @@ void MultiNodeChainList::add_link(std::shared_ptr<Link> link, ChainRanks rank_in
   entries_.push_back({std::move(link), std::move(rank_in.ranks), std::move(rank_out.ranks)});
 }
 
-// One link's messages to or from several ranks travel as batches (every header, then every
-// payload), which start and finish together: the order of a list cannot deadlock, as separate
-// sends and receives could where a send waits for its receive. A single peer takes plain calls.
-void MultiNodeChainList::exchange(std::vector<P2POp> &ops) {
-  if (ops.size() == 1) {
-    const P2POp &op = ops[0];
-    if (op.is_send()) {
+// A link's sends to several ranks (a fan-out, or a join's gradients) go as one batch, every
+// peer's header and payload together: the batch progresses them all at once, so no peer waits
+// on another's receive. Receives stay one peer after the other (a batch of them would wait for
+// every header before any payload, and a sender whose payload is due to one rank might be
+// needed first by another: chains that complete with single calls then waited until the
+// timeout). A single peer takes plain calls.
+void MultiNodeChainList::exchange(std::vector<P2POp> &ops, std::size_t peers) {
+  if (peers > 1) {
+    comm_->sendrecv_batch(ops);
+  } else {
+    for (const P2POp &op : ops) {  // one peer: its header, then its payload
       check(mncl_send(comm_->handle(), op.data(), op.count(), op.dtype(), op.peer(), nullptr),
             "mncl_send");
-    } else {
-      check(mncl_recv(comm_->handle(), op.data(), op.count(), op.dtype(), op.peer(), nullptr),
-            "mncl_recv");
     }
-  } else if (!ops.empty()) {
-    comm_->sendrecv_batch(ops);
   }
   ops.clear();
 }
@@ -130,7 +129,12 @@ void MultiNodeChainList::drop_stale_markers(ChainHeader &header, int peer) {
          header[kWordPass] < pass_) {
     // A failed forward's marker for an earlier pass's backward that never came (a rank that
     // said a backward follows, then made a forward-only pass): dropped, with its text.
-    if (header[kWordLength] > 0 && header[kWordLength] <= static_cast<int64_t>(kMaxFailureText)) {
+    if (header[kWordLength] < 0 || header[kWordLength] > static_cast<int64_t>(kMaxFailureText)) {
+      throw RemoteError("MultiNodeChainList: rank " + std::to_string(peer) +
+                        " sent a failure marker of " + std::to_string(header[kWordLength]) +
+                        " bytes");
+    }
+    if (header[kWordLength] > 0) {
       std::string text(static_cast<std::size_t>(header[kWordLength]), '\0');
       comm_->recv(Span<char>(text.data(), text.size()), peer);
     }
@@ -183,27 +187,25 @@ void MultiNodeChainList::judge(const ChainHeader &header, int peer, Direction di
 Tensor MultiNodeChainList::receive_sum(Direction direction, const std::vector<int> &peers,
                                        std::size_t link, std::optional<Failure> &failure) {
   const std::size_t n = peers.size();
-  std::vector<ChainHeader> headers(n);
-  std::vector<P2POp> ops;
-  for (std::size_t i = 0; i < n; ++i) ops.push_back(irecv_op(headers[i], peers[i]));
-  exchange(ops);
   std::vector<Received> received(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    drop_stale_markers(headers[i], peers[i]);
-    received[i] = prepare(headers[i], peers[i]);
-  }
-  // Every message is received whole before any is judged: nothing is left to pair with the
-  // next receive.
-  for (std::size_t i = 0; i < n; ++i) {
+  // Peer after peer, in the list's order for activations and in the reverse order for
+  // gradients (the reverse of the forward's, so that a backward completes wherever its forward
+  // did). Each message is received whole before it is judged: nothing of it is left to pair
+  // with the next receive.
+  for (std::size_t j = 0; j < n; ++j) {
+    const std::size_t i = direction == Direction::kForward ? j : n - 1 - j;
+    ChainHeader header{};
+    comm_->recv(header, peers[i]);
+    drop_stale_markers(header, peers[i]);
+    received[i] = prepare(header, peers[i]);
     if (received[i].failure && !received[i].failure->what.empty()) {
       std::string &text = received[i].failure->what;
-      ops.push_back(irecv_op(Span<char>(text.data(), text.size()), peers[i]));
+      comm_->recv(Span<char>(text.data(), text.size()), peers[i]);
     } else if (!received[i].failure && !received[i].tensor.data.empty()) {
-      ops.push_back(irecv_op(received[i].tensor.data, peers[i]));
+      comm_->recv(received[i].tensor.data, peers[i]);
     }
+    judge(header, peers[i], direction);
   }
-  exchange(ops);
-  for (std::size_t i = 0; i < n; ++i) judge(headers[i], peers[i], direction);
 
   Tensor sum;
   std::size_t first = n;  // the peer whose tensor `sum` started from
@@ -270,16 +272,15 @@ void MultiNodeChainList::send_all(Direction direction, const Tensor &tensor,
     std::copy(tensor.shape.begin(), tensor.shape.end(), header.begin() + kWordShape);
   }
   std::vector<P2POp> ops;
-  for (int peer : peers) ops.push_back(isend_op(header, peer));
-  exchange(ops);
   for (int peer : peers) {
+    ops.push_back(isend_op(header, peer));
     if (failure && !text.empty()) {
       ops.push_back(isend_op(Span<const char>(text.data(), text.size()), peer));
     } else if (!failure && !tensor.data.empty()) {
       ops.push_back(isend_op(tensor.data, peer));
     }
   }
-  exchange(ops);
+  exchange(ops, peers.size());
 }
 
 void MultiNodeChainList::run_backward_with_markers(const Failure &failure) {

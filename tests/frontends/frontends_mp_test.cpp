@@ -1867,10 +1867,11 @@ TEST_F(Frontends, ModelParallelFailureOnOneStageFailsEveryStage) {
 
 // A skip connection of 4 MiB tensors (past what shm, gloo and MPI hand over without a
 // receive): rank 0's A feeds rank 1's B and rank 2's C, which also takes B's output. y = 2 (2x +
-// 2 (2x)) = 12x and the input gradient 12 g. A list's sends or receives go as one batch, so
-// its order does not matter: with separate calls, rank 0 sending to 2 before 1, or rank 2
-// receiving from 1 before 0, waited until the timeout (in the forward, or in the backward,
-// whose order is the reverse). A branch without an input gradient counts as zero.
+// 2 (2x)) = 12x and the input gradient 12 g. Rank 0's sends go as one batch, so either order
+// of its list completes, and rank 2's receives either order of its own (in sequence, rank 0
+// sending to 2 before 1 while rank 2 received from 1 first waited until the timeout; so did
+// the backward, until it took the lists in reverse). A branch without an input gradient
+// counts as zero.
 TEST_F(Frontends, ModelParallelSkipConnectionOfLargeTensors) {
   if (size() < 3) GTEST_SKIP() << "needs three ranks";
   if (rank() > 2) return;
@@ -1907,6 +1908,54 @@ TEST_F(Frontends, ModelParallelSkipConnectionOfLargeTensors) {
         EXPECT_EQ(g.data.back(), expected);
       }
     }
+  }
+}
+
+// Two chains of 4 MiB tensors that complete with single sends and receives, and once waited
+// until the timeout when a list's headers and payloads went as separate batches: a join whose
+// first rank sends to it before it feeds the second (rank 0: a -> 2, b -> 1; rank 1: c -> 2;
+// rank 2: d <- {0, 1}: y = 2 (2x + 2 (2x)) = 12x), and a fan-out whose second rank first waits
+// on the first (rank 0: a -> {1, 2}; rank 1: e -> 2, then f <- 2, an output; rank 2: g <- 1,
+// an output, then h -> 1: both outputs 8x, the input gradient 16).
+TEST_F(Frontends, ModelParallelJoinsAndFanOutsCompleteWhereSingleCallsDo) {
+  if (size() < 3) GTEST_SKIP() << "needs three ranks";
+  if (rank() > 2) return;
+  const int64_t n = 1 << 20;
+  auto link = [] { return std::make_shared<DoublingStage>(); };
+  auto all = [](const mncl::Tensor &t, float value) {
+    return t.size() == std::size_t(1 << 20) && t.data.front() == value && t.data.back() == value;
+  };
+  const mncl::Tensor x({1, n}, 1.0f), ones({1, n}, 1.0f);
+  {
+    mncl::MultiNodeChainList join(comm());
+    if (rank() == 0) {
+      join.add_link(link(), {}, 2);
+      join.add_link(link(), {}, 1);
+    } else if (rank() == 1) {
+      join.add_link(link(), 0, 2);
+    } else {
+      join.add_link(link(), {0, 1}, {});
+    }
+    const mncl::Tensor y = join.forward(rank() == 0 ? x : mncl::Tensor());
+    EXPECT_TRUE(rank() == 2 ? all(y, 12.0f) : y.empty()) << "join output";
+    const mncl::Tensor g = join.backward(rank() == 2 ? ones : mncl::Tensor());
+    EXPECT_TRUE(rank() == 0 ? all(g, 12.0f) : g.empty()) << "join input gradient";
+  }
+  {
+    mncl::MultiNodeChainList fan_out(comm());
+    if (rank() == 0) {
+      fan_out.add_link(link(), {}, {1, 2});
+    } else if (rank() == 1) {
+      fan_out.add_link(link(), 0, 2);
+      fan_out.add_link(link(), 2, {});
+    } else {
+      fan_out.add_link(link(), 1, {});
+      fan_out.add_link(link(), 0, 1);
+    }
+    const mncl::Tensor y = fan_out.forward(rank() == 0 ? x : mncl::Tensor());
+    EXPECT_TRUE(rank() == 0 ? y.empty() : all(y, 8.0f)) << "fan-out outputs";
+    const mncl::Tensor g = fan_out.backward(rank() == 0 ? mncl::Tensor() : ones);
+    EXPECT_TRUE(rank() == 0 ? all(g, 16.0f) : g.empty()) << "fan-out input gradient";
   }
 }
 

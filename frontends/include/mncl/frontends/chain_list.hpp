@@ -21,9 +21,15 @@
 // its output to each, and its output gradient is the sum of theirs (a branch that returns no
 // input gradient counts as zero). A link with several rank_in takes the sum of their tensors,
 // which must have one shape (ChainerMN passes them as separate arguments; a Link here takes one
-// tensor), and its input gradient goes back to each. A link's sends (or receives) to the ranks
-// of a list go as one batch (mncl_sendrecv_batch), so the order of a list does not matter; a
-// sum adds in the list's order.
+// tensor), and its input gradient goes back to each. A link's sends to the ranks of a list go
+// as one batch (mncl_sendrecv_batch), so no rank of the list waits on another's receive; its
+// receives take the list's order (the reverse order in backward(), which makes every send and
+// receive in the reverse order of the forward's, so that a backward completes wherever its
+// forward did). Where a send waits for its receive (gloo, MPI and shm past small tensors),
+// list a join's ranks in the model's order: with 0 -> 2, 0 -> 1 and 1 -> 2 as separate links
+// of rank 0 (its send to 2 first), rank 2's rank_in {0, 1} completes, while {1, 0} waits on
+// rank 1, which waits for rank 0's send queued behind the one to rank 2. A sum adds in the
+// list's order.
 //
 //   // rank 0: a trunk feeding two branches, then the head that joins them
 //   chain.add_link(trunk, {}, {1, 2});
@@ -165,7 +171,8 @@ class MultiNodeChainList {
   // cannot travel fails the pass here (`failure` is set) and markers go in its place.
   void send_all(Direction direction, const Tensor &tensor, const std::vector<int> &peers,
                 std::optional<Failure> &failure);
-  void exchange(std::vector<P2POp> &ops);  // runs and clears a batch
+  // Runs and clears `ops`, sends to `peers` ranks: one batch, or plain sends for one rank.
+  void exchange(std::vector<P2POp> &ops, std::size_t peers);
   void drop_stale_markers(ChainHeader &header, int peer);
   Received prepare(const ChainHeader &header, int peer);  // sized for the payload
   void judge(const ChainHeader &header, int peer, Direction direction) const;
