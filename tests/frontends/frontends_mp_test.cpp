@@ -1082,6 +1082,24 @@ TEST_F(Frontends, MultiNodeIteratorGivesTheRootsItemsToEveryRank) {
       "the source failed on the root (rank " + std::to_string(root) + "): source boom");
   EXPECT_FALSE(failing.next().has_value());
 
+  // A move-only item (moved into the broadcast, never copied).
+  struct Boxed {
+    std::unique_ptr<int> value = std::make_unique<int>(0);
+    void save(mncl::OutArchive &ar) const { ar << *value; }
+    void load(mncl::InArchive &ar) { ar >> *value; }
+  };
+  int next_value = 7;
+  mncl::MultiNodeIterator<Boxed> boxes(
+      comm(),
+      [&]() -> std::optional<Boxed> {
+        Boxed box;
+        *box.value = next_value++;
+        return box;
+      },
+      root);
+  EXPECT_EQ(*boxes.next()->value, 7);
+  EXPECT_EQ(*boxes.next()->value, 8);
+
   // A root that is no rank, on every rank: each says so.
   EXPECT_THROW(mncl::MultiNodeIterator<Item>(comm(), counting_source(1, -1), size()),
                mncl::InvalidArgument);

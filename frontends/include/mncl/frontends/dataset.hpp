@@ -201,7 +201,8 @@ auto scatter_dataset(const Dataset &dataset, Communicator &comm,
 
 // ChainerMN's create_multi_node_iterator: the root reads the items and every rank gets each
 // one (through bcast_obj), e.g. a pipeline whose first stage alone opens the data while the
-// last one needs the labels. T is any type serialize.hpp handles.
+// last one needs the labels. T is any default-constructible type serialize.hpp handles
+// (move-only ones too).
 //
 //   mncl::MultiNodeIterator<Batch> batches(comm, [&]() -> std::optional<Batch> {
 //     return loader.has_next() ? std::optional<Batch>(loader.next()) : std::nullopt;
@@ -239,11 +240,15 @@ class MultiNodeIterator {
     if (done_) return std::nullopt;
     // ((kind, a failure's text), the item): decoded inside bcast_obj, so that an item that
     // does not decode on one rank fails every rank alike.
-    std::pair<std::pair<uint8_t, std::string>, T> message{{kEnd, {}}, T{}};
+    std::pair<std::pair<uint8_t, std::string>, T> message;
+    message.first.first = kEnd;
     std::exception_ptr failure;
     if (comm_->rank() == root_) {
       try {
-        if (std::optional<T> item = source_()) message = {{kItem, {}}, std::move(*item)};
+        if (std::optional<T> item = source_()) {
+          message.first.first = kItem;
+          message.second = std::move(*item);  // moved, never copied: T may be move-only
+        }
       } catch (const std::exception &e) {
         failure = std::current_exception();
         message.first = {kFailed, e.what()};
