@@ -320,9 +320,11 @@ struct TcpStoreServer::Impl {
 };
 
 namespace {
-// The stores this process's servers serve (Serving), until they stop accepting.
-std::mutex g_serving_mutex;
-std::vector<Serving> g_serving;
+// The stores this process's servers serve (Serving), until they stop accepting. Never
+// destroyed: a destroyed communicator's detached thread (Comm::leave_abandoned) may stop or
+// close a server after exit() ran the static destructors.
+std::mutex &g_serving_mutex = *new std::mutex;
+std::vector<Serving> &g_serving = *new std::vector<Serving>;
 
 // Registers entry (yes) or takes this server's registration back, once (*registered).
 void serving(const Serving &entry, bool yes, bool *registered) {
