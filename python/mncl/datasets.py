@@ -1,8 +1,10 @@
 """ChainerMN's dataset scattering: every rank gets its shard of a dataset that only the root
 holds (scatter_dataset), or just the index range of its shard (scatter_index). The arithmetic is
-the C++ frontends' (mncl::shard_range): rank r of s gets [floor(n r / s), floor(n (r + 1) / s)),
-or, with force_equal_length, ceil(n / s) samples from floor(n r / s), so that every rank runs the
-same number of steps (the last shards then share a few samples). The shuffle is the C++
+the C++ frontends' (mncl::shard_range), and ChainerMN's: with force_equal_length (the default),
+ceil(n / s) samples from floor(n r / s), so that every rank runs the same number of steps (the
+last shards then share a few samples); without, disjoint shards of n // s samples, the first
+n % s ranks one more ([0, 4) [4, 7) [7, 10) for 10 over 3; MNCL once gave [0, 3) [3, 6)
+[6, 10)). The shuffle is the C++
 frontends' too (mncl::permutation: Fisher-Yates on std::mt19937_64), so a Python job and a C++
 job with the same seed cut the same shards."""
 
@@ -68,10 +70,11 @@ def shard_range(n, size, rank, force_equal_length=True):
         raise ValueError(f"mncl: shard_range: rank {rank} is out of range for size {size}")
     if n < 0:
         raise ValueError(f"mncl: shard_range: negative sample count {n}")
-    begin = n * rank // size
     if force_equal_length:
+        begin = n * rank // size
         return begin, begin + -(-n // size)
-    return begin, n * (rank + 1) // size
+    begin = rank * (n // size) + min(rank, n % size)  # ChainerMN's: the first n % size get one more
+    return begin, begin + n // size + (1 if rank < n % size else 0)
 
 
 def scatter_index(n, comm, root=0, force_equal_length=True):

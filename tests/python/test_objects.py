@@ -194,6 +194,8 @@ for total in (0, 1, 7, 10, 101):
                     == set(range(total))), f"shard_range {total}/{size} equal length")
 expect(mncl.shard_range(10, 3, 0) == (0, 4) and mncl.shard_range(10, 3, 2) == (6, 10),
        "shard_range 10/3 as ChainerMN")
+expect([mncl.shard_range(10, 3, q, force_equal_length=False) for q in range(3)]
+       == [(0, 4), (4, 7), (7, 10)], "disjoint shard_range 10/3 as ChainerMN's _scatter_index")
 expect_raises(ValueError, lambda: mncl.shard_range(10, 3, 3), "shard_range rank out of range")
 
 expect(mncl.scatter_index(10 if r == 0 else 999, comm) == mncl.shard_range(10, n, r),

@@ -4,8 +4,9 @@
 //   - force_equal_length = true (the default): holds ceil(n / size) samples, so every rank runs
 //     the same number of iterations; neighbouring shards then overlap, repeating a few samples
 //     (n=10, size=3: [0,4) [3,7) [6,10));
-//   - force_equal_length = false: ends where the next one starts: disjoint shards covering all
-//     samples once, whose lengths differ by at most one ([0,3) [3,6) [6,10)).
+//   - force_equal_length = false: disjoint shards covering all samples once, the first n % size
+//     ranks holding one sample more, as ChainerMN's scatter_index ([0,4) [4,7) [7,10); MNCL once
+//     spread the longer shards out as floor(n * r / size): [0,3) [3,6) [6,10)).
 // shuffle first permutes the sample order on the root (with `seed`, reproducibly).
 #ifndef MNCL_FRONTENDS_DATASET_HPP
 #define MNCL_FRONTENDS_DATASET_HPP
@@ -51,7 +52,10 @@ inline ShardRange shard_range(std::size_t n, int size, int rank, bool force_equa
     // begin + ceil(n/size) never passes n: floor(n*(size-1)/size) + ceil(n/size) == n.
     return {begin, begin + n / s + (n % s != 0 ? 1 : 0)};
   }
-  return {begin, floor_fraction(static_cast<std::size_t>(rank) + 1)};
+  // ChainerMN's: n / size each, the first n % size ranks one more.
+  const std::size_t r = static_cast<std::size_t>(rank), quotient = n / s, remainder = n % s;
+  const std::size_t first = r * quotient + std::min(r, remainder);
+  return {first, first + quotient + (r < remainder ? 1 : 0)};
 }
 
 // Collective: this rank's shard of the root's n (only the root's n counts).
