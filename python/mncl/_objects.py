@@ -204,10 +204,12 @@ class ObjectCollectives:
         result = functools.reduce(combine, self.allgather_obj(obj, max_buf_len))
         return result / self.size if name == "avg" else result
 
-    def send_obj(self, obj, dest, max_buf_len=None):
+    def send_obj(self, obj, dest, *positional, max_buf_len=None, **unknown):
         """Sends obj to dest, which calls recv_obj(source). An object that cannot be pickled
         raises here and RemoteError in the receiver; one that cannot be unpickled raises in the
-        receiver only (the sender has returned)."""
+        receiver only (the sender has returned). max_buf_len is a keyword only, and there are
+        no tags (see _no_tags)."""
+        _no_tags("send_obj", positional, unknown)
         chunk = _chunk(max_buf_len)
         data, error = _dumps(obj)
         self.send(np.array([_FAILED if data is None else data.size], np.int64), dest)
@@ -216,8 +218,10 @@ class ObjectCollectives:
         for start in range(0, data.size, chunk):
             self.send(data[start:start + chunk], dest)
 
-    def recv_obj(self, source, max_buf_len=None):
-        """The object source sent with send_obj (max_buf_len must match the sender's)."""
+    def recv_obj(self, source, *positional, max_buf_len=None, **unknown):
+        """The object source sent with send_obj (max_buf_len, a keyword only, must match the
+        sender's; no tags: see _no_tags)."""
+        _no_tags("recv_obj", positional, unknown)
         chunk = _chunk(max_buf_len)
         header = self.recv(np.zeros(1, np.int64), source)
         if header[0] == _FAILED:
@@ -227,6 +231,19 @@ class ObjectCollectives:
         for start in range(0, data.size, chunk):
             self.recv(data[start:start + chunk], source)
         return pickle.loads(memoryview(data))
+
+
+def _no_tags(call, positional, unknown):
+    """ChainerMN's and mpi4py's send_obj(obj, dest, tag) and recv_obj(source, status, tag):
+    their third argument once became the chunk size here (a tag of 0 raised before anything
+    was sent, leaving the receiver waiting; 5 sent 5-byte chunks the receiver did not expect).
+    MNCL has no tags, since messages between two ranks match in the order they were sent: a
+    tag or status is refused rather than ignored, and max_buf_len is a keyword only."""
+    if positional or unknown:
+        given = [repr(p) for p in positional] + [f"{k}={v!r}" for k, v in unknown.items()]
+        raise TypeError(f"mncl: {call} takes max_buf_len= by keyword only and has no tag or "
+                        f"status (messages between two ranks match in the order they were "
+                        f"sent); got {', '.join(given)}")
 
 
 def _elementwise(array_op, scalar_op):
