@@ -102,7 +102,11 @@ void MultiNodeChainList::add_link(std::shared_ptr<Link> link, ChainRanks rank_in
         "), whose output forward() returns; a rank has one output (combine the two links into "
         "one, e.g. a Sequential, or send one's output to another rank)");
   }
-  entries_.push_back({std::move(link), std::move(rank_in.ranks), std::move(rank_out.ranks)});
+  Entry entry;
+  entry.link = std::move(link);
+  entry.rank_in = std::move(rank_in.ranks);
+  entry.rank_out = std::move(rank_out.ranks);
+  entries_.push_back(std::move(entry));
 }
 
 // A link's sends to several ranks (a fan-out, or a join's gradients) go as one batch, every
@@ -142,7 +146,8 @@ void MultiNodeChainList::drop_stale_markers(ChainHeader &header, int peer) {
   }
 }
 
-MultiNodeChainList::Received MultiNodeChainList::prepare(const ChainHeader &header, int peer) {
+MultiNodeChainList::Received MultiNodeChainList::prepare(const ChainHeader &header, int peer,
+                                                         Tensor *spare) {
   const std::string from = "MultiNodeChainList: rank " + std::to_string(peer);
   Received received;
   const int64_t length = header[kWordLength];
@@ -157,9 +162,15 @@ MultiNodeChainList::Received MultiNodeChainList::prepare(const ChainHeader &head
   if (length < 0 || length > static_cast<int64_t>(kMaxDims)) {
     throw RemoteError(from + " sent a tensor with " + std::to_string(length) + " dimensions");
   }
+  std::vector<int64_t> shape(header.begin() + kWordShape, header.begin() + kWordShape + length);
   try {
-    received.tensor = Tensor(
-        std::vector<int64_t>(header.begin() + kWordShape, header.begin() + kWordShape + length));
+    const std::size_t count = Tensor::element_count(shape);  // checks the shape
+    if (spare != nullptr && spare->data.size() == count) {
+      received.tensor = std::move(*spare);  // its values are all overwritten by the receive
+      received.tensor.shape = std::move(shape);
+    } else {
+      received.tensor = Tensor(std::move(shape));
+    }
   } catch (const InvalidArgument &e) {  // a shape no tensor can have: the peer is broken
     throw RemoteError(from + " sent a bad shape: " + e.what());
   }
@@ -185,7 +196,8 @@ void MultiNodeChainList::judge(const ChainHeader &header, int peer, Direction di
 }
 
 Tensor MultiNodeChainList::receive_sum(Direction direction, const std::vector<int> &peers,
-                                       std::size_t link, std::optional<Failure> &failure) {
+                                       std::size_t link, std::optional<Failure> &failure,
+                                       Tensor *spare) {
   const std::size_t n = peers.size();
   std::vector<Received> received(n);
   // Peer after peer, in the list's order for activations and in the reverse order for
@@ -197,7 +209,7 @@ Tensor MultiNodeChainList::receive_sum(Direction direction, const std::vector<in
     ChainHeader header{};
     comm_->recv(header, peers[i]);
     drop_stale_markers(header, peers[i]);
-    received[i] = prepare(header, peers[i]);
+    received[i] = prepare(header, peers[i], j == 0 ? spare : nullptr);
     if (received[i].failure && !received[i].failure->what.empty()) {
       std::string &text = received[i].failure->what;
       comm_->recv(Span<char>(text.data(), text.size()), peers[i]);
@@ -319,7 +331,8 @@ Tensor MultiNodeChainList::forward(const Tensor &x) {
   try {
     for (std::size_t k = 0; k < entries_.size(); ++k) {
       Entry &entry = entries_[k];
-      const Tensor input = receive_sum(Direction::kForward, entry.rank_in, k, failure);
+      Tensor input =
+          receive_sum(Direction::kForward, entry.rank_in, k, failure, &entry.spare_input);
       Tensor y;
       if (!failure) {
         try {
@@ -331,6 +344,7 @@ Tensor MultiNodeChainList::forward(const Tensor &x) {
                             std::current_exception()};
         }
       }
+      if (!input.data.empty()) entry.spare_input = std::move(input);  // its memory, next pass
       if (entry.rank_out.empty()) {
         if (!failure) result = std::move(y);
       }
@@ -357,7 +371,7 @@ Tensor MultiNodeChainList::backward(const Tensor &grad) {
   try {
     for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
       const std::size_t k = static_cast<std::size_t>(entries_.rend() - it) - 1;
-      const Tensor grad_y = receive_sum(Direction::kBackward, it->rank_out, k, failure);
+      Tensor grad_y = receive_sum(Direction::kBackward, it->rank_out, k, failure, &it->spare_grad);
       Tensor grad_in;
       if (!failure) {
         try {
@@ -375,6 +389,7 @@ Tensor MultiNodeChainList::backward(const Tensor &grad) {
                             std::current_exception()};
         }
       }
+      if (!grad_y.data.empty()) it->spare_grad = std::move(grad_y);  // its memory, next pass
       send_all(Direction::kBackward, grad_in, it->rank_in, failure);
       if (it->rank_in.empty() && !failure) {
         if (grad_x.empty()) {

@@ -148,6 +148,9 @@ class MultiNodeChainList {
   struct Entry {
     std::shared_ptr<Link> link;
     std::vector<int> rank_in, rank_out;
+    // The last pass's received activation and gradient, kept for their memory: a tensor of the
+    // same size is received into it without a new allocation or zero fill.
+    Tensor spare_input, spare_grad;
   };
   // What failed a pass: the rank where it began and its text; on that rank, the exception too.
   struct Failure {
@@ -165,8 +168,9 @@ class MultiNodeChainList {
 
   // The sum of the tensors from every rank of `peers` (none: an empty tensor); a marker from
   // any sets `failure`. Throws RemoteError for a message that does not belong here.
+  // `spare` (may be null) lends its memory to the first tensor received.
   Tensor receive_sum(Direction direction, const std::vector<int> &peers, std::size_t link,
-                     std::optional<Failure> &failure);
+                     std::optional<Failure> &failure, Tensor *spare = nullptr);
   // Sends `tensor` to every rank of `peers`, or markers once the pass has failed. A tensor that
   // cannot travel fails the pass here (`failure` is set) and markers go in its place.
   void send_all(Direction direction, const Tensor &tensor, const std::vector<int> &peers,
@@ -174,7 +178,8 @@ class MultiNodeChainList {
   // Runs and clears `ops`, sends to `peers` ranks: one batch, or plain sends for one rank.
   void exchange(std::vector<P2POp> &ops, std::size_t peers);
   void drop_stale_markers(ChainHeader &header, int peer);
-  Received prepare(const ChainHeader &header, int peer);  // sized for the payload
+  // Sized for the payload, in `spare`'s memory where its size is right.
+  Received prepare(const ChainHeader &header, int peer, Tensor *spare);
   void judge(const ChainHeader &header, int peer, Direction direction) const;
 
   // The backward's sends and receives with markers in place of gradients (a failed pass).
