@@ -90,6 +90,20 @@ def dtype_code(arr, dtype=None):
     return code
 
 
+def dtype_name(code):
+    """The MNCL dtype name of a code."""
+    return next(name for name, c in CODES.items() if c == code)
+
+
+def numpy_dtype(code):
+    """The NumPy dtype an array of an MNCL dtype is allocated with: for bfloat16, ml_dtypes'
+    bfloat16 where ml_dtypes is imported, and its raw bits as uint16 otherwise."""
+    if code == BFLOAT16:
+        bf16 = _ml_dtypes_bfloat16()  # (not `or`: a dtype without fields is falsy)
+        return np.dtype(np.uint16) if bf16 is None else bf16
+    return np.dtype(dtype_name(code))
+
+
 def to_bfloat16_bits(values):
     """The bfloat16 bit patterns (a uint16 array of values' shape) of values taken as float32,
     rounded to nearest even as hardware conversions do; NaNs stay NaNs (quiet, same sign)."""

@@ -106,13 +106,13 @@ class ObjectCollectives:
         if self.rank == root:
             data, own_error = _dumps(obj)
             header[0] = _FAILED if data is None else data.size
-        self.bcast(header, root=root)
+        self._bcast_in_place(header, root=root)
         _fail_together("bcast_obj", [root] if header[0] == _FAILED else [], own_error,
                        "pickle its object")
         if self.rank != root:
             data = np.empty(int(header[0]), np.uint8)
         for start in range(0, data.size, chunk):
-            self.bcast(data[start:start + chunk], root=root)
+            self._bcast_in_place(data[start:start + chunk], root=root)
         if self.rank == root:
             self._loaded_everywhere("bcast_obj", None)
             return obj
@@ -173,7 +173,7 @@ class ObjectCollectives:
             except Exception as error:  # noqa: BLE001 (reported to every rank below)
                 own_error = error
             header[:] = _FAILED if own_error is not None else [p.size for p in pieces]
-        self.bcast(header, root=root)
+        self._bcast_in_place(header, root=root)
         _fail_together("scatter_obj", [root] if header[0] == _FAILED else [], own_error,
                        "provide one picklable object per rank")
         counts = [int(c) for c in header]

@@ -44,15 +44,18 @@ from decimal import Decimal
 import numpy as np
 
 from . import _lib, training
-from ._dtypes import dtype_code
+from ._dtypes import dtype_code, dtype_name, numpy_dtype
 from ._cuda import CudaArray, address, call_stream, explicit_stream, is_cuda_array, public
 from ._lib import check, lib
-from .errors import InvalidArgumentError, NotSupportedError
+from .errors import InvalidArgumentError, NotSupportedError, RemoteError
 from ._objects import ObjectCollectives
 from ._ops import _OPS, _op_name
 
 _ERR_TIMEOUT = 3  # MNCL_ERR_TIMEOUT
 _ERR_INVALID_ARGUMENT = 1  # MNCL_ERR_INVALID_ARGUMENT
+# bcast's header: a state (0, or -1 where the root failed), root's MNCL dtype, its number of
+# dimensions and its shape (NumPy arrays have at most 64 dimensions).
+_BCAST_HEADER_WORDS = 3 + 64
 
 # Requests not completed yet. Holding them here keeps their arrays alive until the operation
 # has finished even when the caller drops the Request; a request never waited for or tested to
@@ -637,9 +640,58 @@ class Communicator(ObjectCollectives):
         arr, code = _output(buf, "buf", dtype)
         return (_ptr(arr), arr.size, code, root), arr, (arr,)
 
-    def bcast(self, buf, root=0, *, dtype=None, stream=None):
-        """In place: buf on every rank becomes root's buf. Returns buf."""
+    def _bcast_in_place(self, buf, root=0, *, dtype=None, stream=None):
+        """mncl_bcast as it is: every rank passes an array of root's size and dtype."""
         return self._run(lib.mncl_bcast, self._bcast_call(buf, root, dtype), stream=stream)
+
+    def bcast(self, buf, root=0, *, dtype=None, stream=None):
+        """root's buf on every rank, as ChainerMN's bcast: returns buf, written in place, or a
+        new host array of root's shape and dtype where buf is None (allowed off the root only).
+
+        root's shape and dtype go first (one small broadcast), so that every rank learns of a
+        root that passed no usable array (RemoteError there, the root's own error on the root)
+        and a rank whose buf does not hold root's dtype and element count raises there, naming
+        both, after receiving root's data elsewhere, instead of reading it as another type.
+        ibcast is the single broadcast: every rank passes an array of root's size and dtype."""
+        own_error, arr, code, c_stream = None, None, None, None
+        try:
+            if buf is not None or self.rank == root:
+                arr, code = _output(buf, "buf", dtype)
+            c_stream = call_stream(stream, () if arr is None else (arr,))
+        except (TypeError, ValueError, ctypes.ArgumentError) as error:
+            own_error = error
+        header = np.zeros(_BCAST_HEADER_WORDS, np.int64)
+        if self.rank == root:
+            if own_error is None and arr.ndim <= _BCAST_HEADER_WORDS - 3:
+                header[:3 + arr.ndim] = (0, code, arr.ndim) + tuple(arr.shape)
+            else:
+                own_error = own_error or ValueError(
+                    f"mncl: bcast: buf has {arr.ndim} dimensions, more than "
+                    f"{_BCAST_HEADER_WORDS - 3}")
+                header[0] = -1
+        self._bcast_in_place(header, root=root)
+        if header[0] != 0:
+            if own_error is not None:
+                raise own_error
+            raise RemoteError(f"mncl: bcast: the root (rank {root}) passed no usable buf (the "
+                              f"cause is raised there)")
+        root_code, shape = int(header[1]), tuple(int(d) for d in header[3:3 + header[2]])
+        root_size = math.prod(shape)
+        if arr is not None and own_error is None and (code != root_code or arr.size != root_size):
+            own_error = (TypeError if code != root_code else ValueError)(
+                f"mncl: bcast: buf is {dtype_name(code)} with {arr.size} elements; the root "
+                f"(rank {root}) sends {dtype_name(root_code)} with {root_size}")
+        if arr is None or own_error is not None:
+            # A rank that cannot take root's data still receives it, so that the root and the
+            # other ranks complete; then it raises.
+            received = np.empty(shape, numpy_dtype(root_code))
+            self._bcast_in_place(received, root=root, dtype=dtype_name(root_code))
+            if own_error is not None:
+                raise own_error
+            return received
+        check(_interruptible(lib.mncl_bcast, self._live(), _ptr(arr), arr.size, code, root,
+                             c_stream))
+        return public(arr)
 
     def ibcast(self, buf, root=0, *, dtype=None, stream=None):
         """Non-blocking bcast: a Request whose wait() returns buf."""

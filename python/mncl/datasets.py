@@ -91,7 +91,7 @@ def scatter_index(n, comm, root=0, force_equal_length=True):
             total[0] = value
         except (TypeError, ValueError) as e:
             error = e
-    comm.bcast(total, root=root)
+    comm._bcast_in_place(total, root=root)
     if total[0] < 0:
         if error is not None:
             raise error

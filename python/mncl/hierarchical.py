@@ -59,7 +59,7 @@ class HierarchicalCommunicator:
             make = lambda: world.split_config(  # noqa: E731
                 0 if self.intra.rank == 0 else None, backend=inter_backend)
         self.inter = self._everywhere("the ranks across hosts", make)
-        first_rank = self.intra.bcast(np.array([world.rank], np.int64))[0]
+        first_rank = self.intra._bcast_in_place(np.array([world.rank], np.int64))[0]
         self.host_index = int(np.count_nonzero(firsts[:first_rank]))
 
     @property
@@ -223,7 +223,7 @@ class HierarchicalCommunicator:
             if self.intra.rank == 0 and self.num_hosts > 1:
                 self.inter.allreduce(work, work, op=op_code)
             if self.intra.size > 1:
-                self.intra.bcast(work, root=0)
+                self.intra._bcast_in_place(work, root=0)
             return work
         m = self.intra.size
         shard = -(-work.size // m)

@@ -134,16 +134,16 @@ def bcast_data(comm, arrays, root=0):
     host = [a for a in items if not is_cuda_array(a)]
     for dtype, group in _groups(host, lambda a: a.dtype):
         if len(group) == 1:
-            comm.bcast(group[0], root=root)
+            comm._bcast_in_place(group[0], root=root)
             continue
         flat = _pack(group, dtype) if comm.rank == root else np.empty(
             sum(a.size for a in group), dtype)
-        comm.bcast(flat, root=root)
+        comm._bcast_in_place(flat, root=root)
         if comm.rank != root:
             _unpack(flat, group)
     for a in items:
         if is_cuda_array(a):
-            comm.bcast(a, root=root)
+            comm._bcast_in_place(a, root=root)
     return arrays
 
 

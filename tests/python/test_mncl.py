@@ -65,6 +65,43 @@ for root in range(n):
     comm.bcast(b, root=root)
     expect(np.array_equal(b, np.arange(6, dtype=np.float32) * (root + 1)), f"bcast root {root}")
 
+    # ChainerMN's form: None off the root gets a new array of root's shape and dtype.
+    x = np.arange(6, dtype=np.int32).reshape(2, 3) * (root + 1)
+    got = comm.bcast(x.copy() if r == root else None, root=root)
+    expect(got.dtype == np.int32 and got.shape == (2, 3) and np.array_equal(got, x),
+           f"bcast root {root} into None: {got.dtype} {got.shape}")
+    got = comm.bcast(np.array(root + 7, np.uint64) if r == root else None, root=root)
+    expect(got.shape == () and got.dtype == np.uint64 and got == root + 7, "0-d bcast into None")
+    # An array of root's element count and dtype takes the data in its own shape.
+    flat = np.zeros(6, np.int32)
+    expect(comm.bcast(x.copy() if r == root else flat, root=root) is (flat if r != root else None)
+           or r == root, "bcast returns the caller's own array")
+    expect(r == root or np.array_equal(flat, x.ravel()), "bcast into another shape, same size")
+    if n > 1:
+        # A rank whose buf does not fit root's raises there, after taking part; root and the
+        # others complete, and the next call is in step.
+        for wrong, exc in ((np.zeros(5, np.int32), ValueError), (np.zeros(6, np.float32),
+                                                                 TypeError)):
+            mine = x.copy() if r == root else wrong if r == (root + 1) % n else None
+            if r == (root + 1) % n:
+                expect_raises(exc, lambda: comm.bcast(mine, root=root), f"bcast into {wrong.dtype}"
+                              f"{wrong.shape}", f"the root (rank {root}) sends int32 with 6")
+            else:
+                got = comm.bcast(mine, root=root)
+                expect(np.array_equal(got, x), f"bcast beside a rank with a wrong buf: {got}")
+        # A root without a usable array fails every rank: its own error there, RemoteError
+        # naming it elsewhere.
+        for bad, exc in ((None, TypeError), (np.zeros((4, 4))[:, 0], ValueError),
+                         ([1, 2], TypeError)):
+            if r == root:
+                expect_raises(exc, lambda: comm.bcast(bad, root=root), f"bcast root buf {bad!r}")
+            else:
+                expect_raises(mncl.RemoteError, lambda: comm.bcast(None, root=root),
+                              f"bcast when root {root} passes {type(bad).__name__}",
+                              f"the root (rank {root}) passed no usable buf")
+        after = comm.bcast(np.full(3, root, np.int64) if r == root else None, root=root)
+        expect(np.array_equal(after, [root] * 3), "bcast in step after the failures")
+
     g = comm.gather(np.full(2, r, np.uint8), root=root)
     if r == root:
         expect(np.array_equal(g, np.repeat(np.arange(n), 2).reshape(n, 2)), f"gather {root}")
@@ -219,6 +256,9 @@ expect(np.array_equal(got[:, :3], np.tile(odd[:3], (n, 1))) and
 b = odd.copy() if r == 0 else np.zeros(4, np.uint16)
 comm.bcast(b, dtype="bfloat16")
 expect(np.array_equal(b, [0x7FC1, 0xFFFF, 0x0001, 0x8000]), "bf16 bcast of raw bits")
+got = comm.bcast(odd.copy() if r == 0 else None, dtype="bfloat16")
+expect(got.dtype == np.uint16 and np.array_equal(got, [0x7FC1, 0xFFFF, 0x0001, 0x8000]),
+       "bf16 raw bits bcast into None: uint16 without ml_dtypes")
 # The override names any MNCL dtype whose raw bits the unsigned array holds: float16 too.
 h = comm.allreduce(np.full(2, np.float16(r + 1)).view(np.uint16), dtype="float16")
 expect(np.all(h.view(np.float16) == tri), "float16 allreduce as raw uint16 bits")
