@@ -192,6 +192,8 @@ Tensor BatchNormalization::forward(const Tensor &x) {
 
   input_shape_ = x.shape;
   samples_ = count;
+  const double decay =
+      finetuning_ ? 1.0 - 1.0 / static_cast<double>(++finetuned_batches_) : options_.decay;
   batch_mean_.resize(channel_count);
   batch_var_.resize(channel_count);
   inv_std_.resize(channel_count);
@@ -203,7 +205,6 @@ Tensor BatchNormalization::forward(const Tensor &x) {
     batch_var_[c] = var;
     inv_std_[c] = 1.0 / std::sqrt(var + options_.eps);
     const double unbiased = count > 1 ? var * count / (count - 1) : var;
-    const double decay = options_.decay;
     running_mean_[c] = static_cast<float>(decay * running_mean_[c] + (1 - decay) * mean);
     running_var_[c] = static_cast<float>(decay * running_var_[c] + (1 - decay) * unbiased);
   }

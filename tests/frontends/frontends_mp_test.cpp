@@ -2467,7 +2467,8 @@ void expect_close(const std::vector<float> &got, const std::vector<float> &want,
 // Every rank normalizes its rows by the global batch's statistics: outputs, input gradients and
 // running statistics as one process holding the whole batch computes them (a BatchNormalization,
 // checked against finite differences in frontends_unit_test), gamma's and beta's gradients
-// those divided by the number of ranks; over two steps, in {batch, C, d} layout.
+// those divided by the number of ranks; over two steps and two finetuning ones, in {batch, C, d}
+// layout.
 TEST_F(Frontends, MultiNodeBatchNormalizationMatchesTheGlobalBatch) {
   const int total = bn_first_row(size()), first = bn_first_row(rank()), rows = bn_rows(rank());
   const std::size_t per_row = 3 * 2, offset = std::size_t(first) * per_row;
@@ -2478,7 +2479,11 @@ TEST_F(Frontends, MultiNodeBatchNormalizationMatchesTheGlobalBatch) {
     bn->gamma().value = {0.5f, 1.5f, -2.0f};
     bn->beta().value = {0.25f, 0.0f, 1.0f};
   }
-  for (int step = 0; step < 2; ++step) {
+  for (int step = 0; step < 4; ++step) {
+    if (step == 2) {  // the last two steps finetune: the running statistics average them
+      whole.start_finetuning();
+      mine.start_finetuning();
+    }
     const mncl::Tensor y_all = whole.forward(bn_rows_of(0, total, step, false));
     const mncl::Tensor gx_all = whole.backward(bn_rows_of(0, total, step, true));
     const mncl::Tensor y = mine.forward(bn_rows_of(first, rows, step, false));

@@ -507,6 +507,40 @@ TEST(Links, BatchNormalizationStatisticsAndEvaluationMode) {
   EXPECT_FLOAT_EQ(bn.gamma().grad[0], float((1 - mean) * inv_std - 3 * (3 - mean) * inv_std));
 }
 
+// Finetuning: the running statistics become the plain mean of the batches' statistics since
+// start_finetuning(), whatever they were; stopping returns to the decay; starting again restarts.
+TEST(Links, BatchNormalizationFinetuningAveragesTheBatches) {
+  mncl::BatchNormalization bn(2);
+  bn.forward(mncl::Tensor({2, 2}, {100, -50, 300, 70}));  // running statistics far off
+  bn.start_finetuning();
+  EXPECT_TRUE(bn.finetuning());
+  // Channel 0: means 2, 5, 11; unbiased variances 2, 8, 18. Channel 1, ten times channel 0:
+  // means 20, 50, 110; variances 200, 800, 1800.
+  const std::vector<std::vector<float>> c0_of = {{1, 3}, {3, 7}, {8, 14}};
+  for (std::size_t b = 0; b < c0_of.size(); ++b) {
+    bn.forward(
+        mncl::Tensor({2, 2}, {c0_of[b][0], 10 * c0_of[b][0], c0_of[b][1], 10 * c0_of[b][1]}));
+    EXPECT_EQ(bn.finetuned_batches(), int64_t(b + 1));
+  }
+  EXPECT_FLOAT_EQ(bn.running_mean()[0], 6.0f);         // (2 + 5 + 11) / 3
+  EXPECT_FLOAT_EQ(bn.running_var()[0], 28.0f / 3.0f);  // (2 + 8 + 18) / 3
+  EXPECT_FLOAT_EQ(bn.running_mean()[1], 60.0f);
+  EXPECT_FLOAT_EQ(bn.running_var()[1], 2800.0f / 3.0f);
+  // Evaluation forwards do not count.
+  bn.set_training(false);
+  bn.forward(mncl::Tensor({1, 2}, {0, 0}));
+  EXPECT_EQ(bn.finetuned_batches(), 3);
+  bn.set_training(true);
+  bn.stop_finetuning();
+  bn.forward(mncl::Tensor({2, 2}, {0, 0, 2, 0}));  // mean 1, unbiased variance 2
+  EXPECT_FLOAT_EQ(bn.running_mean()[0], 0.9f * 6.0f + 0.1f * 1.0f);
+  EXPECT_FLOAT_EQ(bn.running_var()[0], 0.9f * (28.0f / 3.0f) + 0.1f * 2.0f);
+  bn.start_finetuning();
+  bn.forward(mncl::Tensor({2, 2}, {4, 0, 6, 0}));  // the first batch: decay 0, its own statistics
+  EXPECT_FLOAT_EQ(bn.running_mean()[0], 5.0f);
+  EXPECT_FLOAT_EQ(bn.running_var()[0], 2.0f);
+}
+
 TEST(Links, BatchNormalizationRejectsBadInput) {
   EXPECT_THROW(mncl::BatchNormalization(0), mncl::InvalidArgument);
   mncl::BatchNormalizationOptions bad_decay;

@@ -33,6 +33,22 @@
 // Evaluation mode (set_training(false), Link::set_training on a whole Sequential) normalizes by
 // the running statistics and communicates nothing; its backward gives this rank's own sums as
 // gamma's and beta's gradients.
+//
+// Finetuning (Chainer's and ChainerMN's finetune=True): start_finetuning(), then training
+// forwards over the data; the N-th of them since updates the running statistics with decay
+// 1 - 1/N, so they become the plain mean of those batches' (global) mean and unbiased variance:
+// population statistics for evaluation, whatever they were before. stop_finetuning() returns
+// to options.decay. The batch count is no persistent (a checkpoint does not carry it).
+//
+// Where this differs from ChainerMN's MultiNodeBatchNormalization (chainermn/links/
+// batch_normalization.py, functions/batch_normalization.py):
+// - the running variance starts at 1, as in Chainer's BatchNormalization and PyTorch; ChainerMN's
+//   link starts it at 0, which pulls its running variance low for the first few dozen steps;
+// - the unbiased factor is M/(M-1) with M the global batch's samples per channel; ChainerMN
+//   takes each rank's own m, so with uneven shards its ranks' running variances differ;
+// - the statistics weigh every sample once; ChainerMN averages the ranks' means unweighted,
+//   which differs from the global batch's where shards are uneven.
+// With equal shards the outputs and gradients are ChainerMN's.
 #ifndef MNCL_FRONTENDS_BATCH_NORM_HPP
 #define MNCL_FRONTENDS_BATCH_NORM_HPP
 
@@ -46,7 +62,8 @@
 namespace mncl {
 
 struct BatchNormalizationOptions {
-  // running = decay * running + (1 - decay) * batch statistic (the variance unbiased, M/(M-1)).
+  // running = decay * running + (1 - decay) * batch statistic (the variance unbiased, M/(M-1),
+  // M the global batch's samples per channel). In (0, 1]; finetuning replaces it (see above).
   float decay = 0.9f;
   float eps = 2e-5f;
   bool use_gamma = true;  // false: the scale is fixed at 1 and is no parameter
@@ -65,6 +82,15 @@ class BatchNormalization : public Link {
   }
   void set_training(bool training) override { training_ = training; }
   std::string name() const override;
+  // From the next training forward, the N-th one updates the running statistics with decay
+  // 1 - 1/N (N counted from here); stop_finetuning() goes back to options.decay.
+  void start_finetuning() noexcept {
+    finetuning_ = true;
+    finetuned_batches_ = 0;
+  }
+  void stop_finetuning() noexcept { finetuning_ = false; }
+  bool finetuning() const noexcept { return finetuning_; }
+  int64_t finetuned_batches() const noexcept { return finetuned_batches_; }
 
   bool training() const noexcept { return training_; }
   int64_t channels() const noexcept { return channels_; }
@@ -99,6 +125,8 @@ class BatchNormalization : public Link {
   std::vector<float> x_hat_;
   std::vector<double> batch_mean_, batch_var_, inv_std_;
   double samples_ = 0;  // M: the samples per channel of the (global) batch
+  bool finetuning_ = false;
+  int64_t finetuned_batches_ = 0;  // N: training forwards since start_finetuning()
 };
 
 // Batch normalization by the statistics of every rank's batch (collective: every rank of
