@@ -11,7 +11,14 @@ namespace {
 // Shape header: the number of dimensions, then up to kMaxDims sizes.
 constexpr std::size_t kMaxDims = 7;
 
-// A chain message's header, int64 words; the tensor's data, or the failure's text, follows.
+// A failure's text travels cut to this many bytes.
+constexpr std::size_t kMaxFailureText = 1024;
+// A payload (a tensor's data, a failure's text) of at most this many bytes travels in the
+// header's message: a small tensor, and every marker, is one message instead of two.
+constexpr std::size_t kInlineBytes = kMaxFailureText;
+
+// A chain message's header, int64 words, with room for an inline payload; a payload too large
+// for it follows in a message of its own.
 enum ChainWord : std::size_t {
   kWordDirection,  // MultiNodeChainList::Direction: an activation or a gradient
   kWordPass,       // the sender's pass number
@@ -19,10 +26,13 @@ enum ChainWord : std::size_t {
   kWordLength,     // the tensor's dimensions, or the failure text's bytes
   kWordOrigin,     // a marker's rank where the failure began
   kWordShape,      // the tensor's sizes (kMaxDims words)
-  kChainHeaderWords = kWordShape + kMaxDims
+  kWordInline = kWordShape + kMaxDims,  // the payload, where it fits (kInlineBytes)
+  kChainHeaderWords = kWordInline + kInlineBytes / sizeof(int64_t)
 };
-// A failure's text travels cut to this many bytes.
-constexpr std::size_t kMaxFailureText = 1024;
+
+bool travels_inline(std::size_t bytes) {
+  return bytes <= kInlineBytes;
+}
 
 const char *direction_name(int64_t direction) {
   return direction == 1 ? "activation" : direction == 2 ? "gradient" : "message";
@@ -138,11 +148,7 @@ void MultiNodeChainList::drop_stale_markers(ChainHeader &header, int peer) {
                         " sent a failure marker of " + std::to_string(header[kWordLength]) +
                         " bytes");
     }
-    if (header[kWordLength] > 0) {
-      std::string text(static_cast<std::size_t>(header[kWordLength]), '\0');
-      comm_->recv(Span<char>(text.data(), text.size()), peer);
-    }
-    comm_->recv(header, peer);
+    comm_->recv(header, peer);  // (its text came inline)
   }
 }
 
@@ -210,11 +216,18 @@ Tensor MultiNodeChainList::receive_sum(Direction direction, const std::vector<in
     comm_->recv(header, peers[i]);
     drop_stale_markers(header, peers[i]);
     received[i] = prepare(header, peers[i], j == 0 ? spare : nullptr);
-    if (received[i].failure && !received[i].failure->what.empty()) {
+    const auto *payload = reinterpret_cast<const char *>(header.data() + kWordInline);
+    if (received[i].failure) {  // a marker's text always fits inline
       std::string &text = received[i].failure->what;
-      comm_->recv(Span<char>(text.data(), text.size()), peers[i]);
-    } else if (!received[i].failure && !received[i].tensor.data.empty()) {
-      comm_->recv(received[i].tensor.data, peers[i]);
+      std::copy(payload, payload + text.size(), text.begin());
+    } else {
+      std::vector<float> &data = received[i].tensor.data;
+      if (travels_inline(data.size() * sizeof(float))) {
+        std::copy(payload, payload + data.size() * sizeof(float),
+                  reinterpret_cast<char *>(data.data()));
+      } else {
+        comm_->recv(data, peers[i]);
+      }
     }
     judge(header, peers[i], direction);
   }
@@ -273,24 +286,28 @@ void MultiNodeChainList::send_all(Direction direction, const Tensor &tensor,
       failure = Failure{comm_->rank(), what, std::make_exception_ptr(InvalidArgument(what))};
     }
   }
-  std::string text;
+  auto *payload = reinterpret_cast<char *>(header.data() + kWordInline);
+  bool payload_follows = false;
   if (failure) {
-    text = failure->what.substr(0, kMaxFailureText);
+    const std::string text = failure->what.substr(0, kMaxFailureText);
     header[kWordFailed] = 1;
     header[kWordLength] = static_cast<int64_t>(text.size());
     header[kWordOrigin] = failure->origin;
+    std::copy(text.begin(), text.end(), payload);
   } else {
     header[kWordLength] = static_cast<int64_t>(tensor.shape.size());
     std::copy(tensor.shape.begin(), tensor.shape.end(), header.begin() + kWordShape);
+    const std::size_t bytes = tensor.data.size() * sizeof(float);
+    payload_follows = !travels_inline(bytes);
+    if (!payload_follows) {
+      const auto *data = reinterpret_cast<const char *>(tensor.data.data());
+      std::copy(data, data + bytes, payload);
+    }
   }
   std::vector<P2POp> ops;
   for (int peer : peers) {
     ops.push_back(isend_op(header, peer));
-    if (failure && !text.empty()) {
-      ops.push_back(isend_op(Span<const char>(text.data(), text.size()), peer));
-    } else if (!failure && !tensor.data.empty()) {
-      ops.push_back(isend_op(tensor.data, peer));
-    }
+    if (payload_follows) ops.push_back(isend_op(tensor.data, peer));
   }
   exchange(ops, peers.size());
 }

@@ -1883,6 +1883,38 @@ TEST_F(Frontends, ModelParallelFailureOnOneStageFailsEveryStage) {
   }
 }
 
+// Tensors of every size about the 1 KiB that travels in the header's message (256 floats) go
+// through a pipeline of doubling stages and back exactly, value by value, one after another on
+// the same chain: inline, then following the header, then inline again.
+TEST_F(Frontends, ModelParallelTensorsAboutTheInlineSizeArriveExactly) {
+  if (size() < 2) GTEST_SKIP() << "needs two ranks";
+  const int stages = std::min(size(), 3);
+  if (rank() >= stages) return;
+  mncl::MultiNodeChainList chain(comm());
+  chain.add_link(std::make_shared<DoublingStage>(),
+                 rank() > 0 ? std::optional<int>(rank() - 1) : std::nullopt,
+                 rank() + 1 < stages ? std::optional<int>(rank() + 1) : std::nullopt);
+  const float gain = float(1 << stages);
+  for (int64_t count : {1, 255, 256, 257, 3000, 256, 2, 1 << 12}) {
+    SCOPED_TRACE(std::to_string(count) + " floats");
+    mncl::Tensor x({1, count}), g({count, 1});
+    for (int64_t k = 0; k < count; ++k) {
+      x.data[std::size_t(k)] = 0.5f + float(k);
+      g.data[std::size_t(k)] = -float(k) - 0.25f;
+    }
+    const mncl::Tensor y = chain.forward(rank() == 0 ? x : mncl::Tensor());
+    if (rank() == stages - 1) {
+      ASSERT_EQ(y.shape, x.shape);
+      for (int64_t k = 0; k < count; ++k) ASSERT_EQ(y.data[std::size_t(k)], gain * x.data[k]) << k;
+    }
+    const mncl::Tensor gx = chain.backward(rank() == stages - 1 ? g : mncl::Tensor());
+    if (rank() == 0) {
+      ASSERT_EQ(gx.shape, g.shape);
+      for (int64_t k = 0; k < count; ++k) ASSERT_EQ(gx.data[std::size_t(k)], gain * g.data[k]) << k;
+    }
+  }
+}
+
 // A skip connection of 4 MiB tensors (past what shm, gloo and MPI hand over without a
 // receive): rank 0's A feeds rank 1's B and rank 2's C, which also takes B's output. y = 2 (2x +
 // 2 (2x)) = 12x and the input gradient 12 g. Rank 0's sends go as one batch, so either order

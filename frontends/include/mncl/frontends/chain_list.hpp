@@ -164,7 +164,8 @@ class MultiNodeChainList {
   };
   enum class Direction : int64_t { kForward = 1, kBackward = 2 };
 
-  using ChainHeader = std::array<int64_t, 12>;  // chain_list.cpp's layout
+  // chain_list.cpp's layout: 12 words, then room for a payload of 1 KiB.
+  using ChainHeader = std::array<int64_t, 12 + 128>;
 
   // The sum of the tensors from every rank of `peers` (none: an empty tensor); a marker from
   // any sets `failure`. Throws RemoteError for a message that does not belong here.
