@@ -6,13 +6,13 @@
 //
 //   mncl-run -n 3 -- mncl-chain-bench [--sizes N,N,...] [--rounds R] [--iters K]
 //
-// Tensors of {1, N} floats (default N = 16, 4096 and 1048576). What the chain adds: a 96-byte
-// header before each tensor (its shape, direction and pass number, for the failure handling),
-// and the copies of the Tensor interface (a link returns a new tensor). The contenders
-// alternate in blocks of iterations, each block timed by its slowest rank; the table gives
-// the median per pass of each and the median over the rounds of the paired ratio chain / by
-// hand. Every size is checked once first: the last rank's output and rank 0's input gradient
-// must be the input and the output gradient unchanged.
+// Tensors of {1, N} floats (default N = 16, 4096 and 1048576). What the chain adds: a 1120-byte
+// header message (its shape, direction and pass number, for the failure handling), which
+// carries a tensor of up to 1 KiB and goes before a larger one, and the copies of the Tensor
+// interface (a link returns a new tensor). The contenders alternate in blocks of iterations, each
+// block timed by its slowest rank; the table gives the median per pass of each and the median over
+// the rounds of the paired ratio chain / by hand. Every size is checked once first: the last rank's
+// output and rank 0's input gradient must be the input and the output gradient unchanged.
 #include <cstdio>
 #include <functional>
 #include <memory>

@@ -5,6 +5,8 @@
 #include <string>
 #include <utility>
 
+#include "shape_check.hpp"
+
 namespace mncl {
 
 namespace {
@@ -272,7 +274,9 @@ void MultiNodeChainList::send_all(Direction direction, const Tensor &tensor,
     if (tensor.shape.size() > kMaxDims) {
       problem = std::to_string(tensor.shape.size()) + " dimensions; at most " +
                 std::to_string(kMaxDims) + " travel";
-    } else if (tensor.data.size() != Tensor::element_count(tensor.shape)) {
+    } else if (const auto count = internal::checked_element_count(tensor.shape); !count) {
+      problem = "no tensor has the shape " + tensor.shape_string();  // (not thrown: markers go)
+    } else if (tensor.data.size() != (tensor.shape.empty() ? 0 : *count)) {  // {}: no tensor
       problem = "a tensor of shape " + tensor.shape_string() + " holds " +
                 std::to_string(tensor.data.size()) + " elements";
     }

@@ -67,9 +67,7 @@ def dtype_code(arr, dtype=None):
         if code is None:
             raise _unsupported(arr)
         return code
-    if not isinstance(dtype, str) or dtype.lower() not in CODES:
-        raise ValueError(f"mncl: unknown dtype {dtype!r} (one of {', '.join(CODES)})")
-    code = CODES[dtype.lower()]
+    code = code_of_name(dtype)
     # Native unsigned integers of the size, or, in a CUDA array only, opaque "V" items of the
     # size (PyTorch's CUDA bfloat16 is "<V2": its typestr says no more). A NumPy array of "V"
     # kind is some other type (ml_dtypes' bfloat16, float8...): not raw bits.
@@ -88,6 +86,13 @@ def dtype_code(arr, dtype=None):
                 f"that dtype, or its raw bits as uint{8 * lib.mncl_dtype_size(code)})"
             )
     return code
+
+
+def code_of_name(dtype):
+    """The code of an MNCL dtype name ("bfloat16", ...); ValueError for any other."""
+    if not isinstance(dtype, str) or dtype.lower() not in CODES:
+        raise ValueError(f"mncl: unknown dtype {dtype!r} (one of {', '.join(CODES)})")
+    return CODES[dtype.lower()]
 
 
 def dtype_name(code):

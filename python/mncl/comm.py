@@ -44,7 +44,7 @@ from decimal import Decimal
 import numpy as np
 
 from . import _lib, training
-from ._dtypes import dtype_code, dtype_name, numpy_dtype
+from ._dtypes import code_of_name, dtype_code, dtype_name, numpy_dtype
 from ._cuda import CudaArray, address, call_stream, explicit_stream, is_cuda_array, public
 from ._lib import check, lib
 from .errors import InvalidArgumentError, NotSupportedError, RemoteError
@@ -56,6 +56,9 @@ _ERR_INVALID_ARGUMENT = 1  # MNCL_ERR_INVALID_ARGUMENT
 # bcast's header: a state (0, or -1 where the root failed), root's MNCL dtype, its number of
 # dimensions and its shape (NumPy arrays have at most 64 dimensions).
 _BCAST_HEADER_WORDS = 3 + 64
+# Backends that take device memory and stage host memory through the device: bcast sends no
+# header there.
+_DEVICE_MEMORY_BACKENDS = frozenset({"nccl"})
 
 # Requests not completed yet. Holding them here keeps their arrays alive until the operation
 # has finished even when the caller drops the Request; a request never waited for or tested to
@@ -652,13 +655,20 @@ class Communicator(ObjectCollectives):
         root that passed no usable array (RemoteError there, the root's own error on the root)
         and a rank whose buf does not hold root's dtype and element count raises there, naming
         both, after receiving root's data elsewhere, instead of reading it as another type.
-        ibcast is the single broadcast: every rank passes an array of root's size and dtype."""
+        ibcast is the single broadcast: every rank passes an array of root's size and dtype.
+        So is bcast on nccl, which would take the header's host memory through device scratch
+        and a synchronization of the host with the default stream (refused in a graph capture).
+        """
+        if self.backend in _DEVICE_MEMORY_BACKENDS:
+            return self._bcast_in_place(buf, root, dtype=dtype, stream=stream)
         own_error, arr, code, c_stream = None, None, None, None
         try:
             if buf is not None or self.rank == root:
                 arr, code = _output(buf, "buf", dtype)
+            elif dtype is not None:
+                code = code_of_name(dtype)
             c_stream = call_stream(stream, () if arr is None else (arr,))
-        except (TypeError, ValueError, ctypes.ArgumentError) as error:
+        except Exception as error:  # noqa: BLE001 (raised once the others have taken part)
             own_error = error
         header = np.zeros(_BCAST_HEADER_WORDS, np.int64)
         if self.rank == root:
@@ -677,10 +687,13 @@ class Communicator(ObjectCollectives):
                               f"cause is raised there)")
         root_code, shape = int(header[1]), tuple(int(d) for d in header[3:3 + header[2]])
         root_size = math.prod(shape)
-        if arr is not None and own_error is None and (code != root_code or arr.size != root_size):
+        if own_error is None and code is not None and (
+                code != root_code or (arr is not None and arr.size != root_size)):
+            mine = (f"buf is {dtype_name(code)} with {arr.size} elements" if arr is not None
+                    else f"dtype {dtype!r} was asked for")
             own_error = (TypeError if code != root_code else ValueError)(
-                f"mncl: bcast: buf is {dtype_name(code)} with {arr.size} elements; the root "
-                f"(rank {root}) sends {dtype_name(root_code)} with {root_size}")
+                f"mncl: bcast: {mine}; the root (rank {root}) sends {dtype_name(root_code)} "
+                f"with {root_size}")
         if arr is None or own_error is not None:
             # A rank that cannot take root's data still receives it, so that the root and the
             # other ranks complete; then it raises.

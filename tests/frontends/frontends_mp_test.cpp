@@ -1702,12 +1702,13 @@ TEST_F(Frontends, ModelParallelRefusesASecondOutput) {
 class DoublingStage : public mncl::Link {
  public:
   bool throw_forward = false, throw_backward = false, short_output = false, wider = false,
-       no_input_grad = false;
+       no_input_grad = false, negative_shape = false;
   mncl::Tensor forward(const mncl::Tensor &x) override {
     if (throw_forward) throw std::runtime_error("stage forward boom");
     mncl::Tensor y = x;
     for (float &v : y.data) v *= 2;
     if (short_output) y.data.pop_back();
+    if (negative_shape) y.shape[0] = -y.shape[0];  // a shape no tensor has
     if (wider) y = mncl::Tensor({x.rows(), x.cols() + 1}, 2.0f);
     return y;
   }
@@ -1839,11 +1840,13 @@ TEST_F(Frontends, ModelParallelFailureOnOneStageFailsEveryStage) {
     }
     healthy_pass("after a failed backward");
 
-    // A tensor that cannot travel (data shorter than its shape): refused before it leaves.
-    if (culprit < stages - 1) {
-      stage->short_output = rank() == culprit;
+    // A tensor that cannot travel (data shorter than its shape, a negative dimension): refused
+    // before it leaves.
+    for (bool *flaw : {&stage->short_output, &stage->negative_shape}) {
+      if (culprit == stages - 1) break;
+      *flaw = rank() == culprit;
       out = train_pass();
-      stage->short_output = false;
+      *flaw = false;
       EXPECT_EQ(out.call, rank() < culprit ? "backward" : "forward") << label;
       EXPECT_NE(out.what.find("cannot travel"), std::string::npos) << label << ": " << out.what;
       EXPECT_EQ(out.remote, rank() != culprit) << label << ": " << out.what;

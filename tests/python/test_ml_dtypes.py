@@ -49,6 +49,11 @@ expect(np.array_equal(mncl.from_bfloat16_bits(bits(samples.astype(bf16))),
                       samples.astype(bf16).astype(np.float32)),
        "from_bfloat16_bits == ml_dtypes' conversion")
 
+# bcast into None allocates ml_dtypes.bfloat16 (ml_dtypes is imported here), bits unchanged.
+root_bf16 = np.array([1.5, -2.0, 3.0e38, 1e-40], np.float32).astype(bf16)
+got = comm.bcast(root_bf16.copy() if r == 0 else None)
+expect(got.dtype == bf16 and np.array_equal(bits(got), bits(root_bf16)), "bf16 bcast into None")
+
 # 1 + 2 + ... + n, literal bit patterns for the tested sizes.
 TRI_BITS = {1: 0x3F80, 2: 0x4040, 3: 0x40C0, 4: 0x4120}  # 1.0, 3.0, 6.0, 10.0
 x = np.full(5, r + 1, bf16)

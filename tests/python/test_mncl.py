@@ -74,18 +74,24 @@ for root in range(n):
     expect(got.shape == () and got.dtype == np.uint64 and got == root + 7, "0-d bcast into None")
     # An array of root's element count and dtype takes the data in its own shape.
     flat = np.zeros(6, np.int32)
-    expect(comm.bcast(x.copy() if r == root else flat, root=root) is (flat if r != root else None)
-           or r == root, "bcast returns the caller's own array")
+    mine = x.copy() if r == root else flat
+    expect(comm.bcast(mine, root=root) is mine, "bcast returns the caller's own array")
     expect(r == root or np.array_equal(flat, x.ravel()), "bcast into another shape, same size")
     if n > 1:
         # A rank whose buf does not fit root's raises there, after taking part; root and the
         # others complete, and the next call is in step.
-        for wrong, exc in ((np.zeros(5, np.int32), ValueError), (np.zeros(6, np.float32),
-                                                                 TypeError)):
-            mine = x.copy() if r == root else wrong if r == (root + 1) % n else None
-            if r == (root + 1) % n:
-                expect_raises(exc, lambda: comm.bcast(mine, root=root), f"bcast into {wrong.dtype}"
-                              f"{wrong.shape}", f"the root (rank {root}) sends int32 with 6")
+        # None with a dtype= that is not root's, or no dtype at all, likewise.
+        for wrong, kw, exc in ((np.zeros(5, np.int32), {}, ValueError),
+                               (np.zeros(6, np.float32), {}, TypeError),
+                               (None, {"dtype": "float16"}, TypeError),
+                               (None, {"dtype": "bogus"}, ValueError)):
+            culprit = r == (root + 1) % n
+            mine = x.copy() if r == root else wrong if culprit else None
+            if culprit:
+                expect_raises(exc, lambda: comm.bcast(mine, root=root, **kw),
+                              f"bcast into {wrong!r} {kw}",
+                              "unknown dtype" if kw.get("dtype") == "bogus" else
+                              f"the root (rank {root}) sends int32 with 6")
             else:
                 got = comm.bcast(mine, root=root)
                 expect(np.array_equal(got, x), f"bcast beside a rank with a wrong buf: {got}")

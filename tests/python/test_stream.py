@@ -7,7 +7,8 @@ it, keyword-only, default None; None passes what the arrays say (NULL for host a
 array's __cuda_array_interface__ stream); an int, a torch-like object (`cuda_stream`) and a
 CuPy-like one (`ptr`) reach the C call as that address, 0 as 1 (the legacy default stream), and
 override the arrays' streams (arrays on two streams included); anything else is a TypeError
-naming `stream` before any C call (also before the size exchange of allgatherv/alltoallv);
+naming `stream` before any C call (also before the size exchange of allgatherv/alltoallv),
+but the blocking bcast's header (host memory, no stream), which every rank still joins;
 addresses beyond a pointer are ctypes.ArgumentError, the per-thread default stream ValueError.
 Then real calls on host arrays with an explicit stream (the legacy default: a host backend has
 nothing to order) give the same results, and a non-blocking call keeps its stream object alive
@@ -235,7 +236,7 @@ got = stream_reaching_c("mncl_allreduce",
                         lambda: comm.allreduce(FakeCudaArray(4), FakeCudaArray(4), stream=0xF000))
 expect(got == 0xF000, f"arrays without a stream, stream=0xF000: {got!r}")
 
-# Anything else is refused before any C call: a TypeError naming stream=.
+# Anything else is refused before any C call (bcast: but its header): a TypeError naming stream=.
 bad = ["0x5000", b"\x00", 1.0, 5000.0, True, False, [0x5000], (0x5000,), np.zeros(2, np.int64),
        object(), ctypes.c_void_p(0x5000), FakeCudaArray(4, 0xA000), TorchStream("0x5000"),
        TorchStream(None), TorchStream(1.5), TorchStream(True), CupyStream(None),

@@ -38,7 +38,7 @@
 // forwards over the data; the N-th of them since updates the running statistics with decay
 // 1 - 1/N, so they become the plain mean of those batches' (global) mean and unbiased variance:
 // population statistics for evaluation, whatever they were before. stop_finetuning() returns
-// to options.decay. The batch count is no persistent (a checkpoint does not carry it).
+// to options.decay. The batch count is not persistent (a checkpoint does not carry it).
 //
 // Where this differs from ChainerMN's MultiNodeBatchNormalization (chainermn/links/
 // batch_normalization.py, functions/batch_normalization.py):
