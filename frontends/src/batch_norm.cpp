@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <type_traits>
+#include <typeinfo>
 
 #include "mncl/frontends/agreement.hpp"
 #include "mncl/frontends/error.hpp"
@@ -102,6 +104,21 @@ BatchNormalization::BatchNormalization(int64_t channels, BatchNormalizationOptio
 
 std::string BatchNormalization::name() const {
   return "BatchNormalization(" + std::to_string(channels_) + ")";
+}
+
+std::size_t convert_to_multi_node_batch_normalization(Sequential &model, Communicator &comm) {
+  std::size_t replaced = 0;
+  for (std::size_t k = 0; k < model.links().size(); ++k) {
+    Link *link = model.links()[k].get();
+    if (auto *nested = dynamic_cast<Sequential *>(link)) {
+      replaced += convert_to_multi_node_batch_normalization(*nested, comm);
+    } else if (link != nullptr && typeid(*link) == typeid(BatchNormalization)) {
+      model.replace(k, std::make_shared<MultiNodeBatchNormalization>(
+                           static_cast<const BatchNormalization &>(*link), comm));
+      ++replaced;
+    }
+  }
+  return replaced;
 }
 
 std::string MultiNodeBatchNormalization::name() const {

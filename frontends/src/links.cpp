@@ -276,6 +276,14 @@ void Sequential::set_training(bool training) {
   for (auto &link : links_) link->set_training(training);
 }
 
+void Sequential::replace(std::size_t index, std::shared_ptr<Link> link) {
+  if (index >= links_.size() || !link) {
+    throw InvalidArgument("Sequential::replace: link " + std::to_string(index) + " of " +
+                          std::to_string(links_.size()) + (link ? "" : ", by no link"));
+  }
+  links_[index] = std::move(link);
+}
+
 std::string Sequential::name() const {
   std::string s = "Sequential(";
   for (std::size_t i = 0; i < links_.size(); ++i) s += (i ? ", " : "") + links_[i]->name();

@@ -2574,25 +2574,62 @@ TEST_F(Frontends, MultiNodeBatchNormalizationTrainsLikeOneProcess) {
     return std::make_pair(x, labels);
   };
   auto distributed = build(true), single = build(false);
-  const auto pd = distributed->parameters(), ps = single->parameters();
-  mncl::MultiNodeOptimizer<mncl::Sgd> opt(mncl::Sgd({0.5f}), comm());
+  // ChainerMN's create_mnbn_model: a model with plain BatchNormalization, trained a step on
+  // each rank alone (the same rows everywhere), then converted, nested in a Sequential, trains
+  // as the single process that took the same first step.
+  auto local = build(false), single_warm = build(false);
+  mncl::Sequential converted;
+  converted.add(local);
   mncl::Sgd plain({0.5f});
   mncl::SoftmaxCrossEntropy loss;
+  auto step_of = [&](mncl::Link &model, const mncl::Tensor &x, const std::vector<int32_t> &labels) {
+    loss.forward(model.forward(x), labels);
+    model.backward(loss.backward());
+    auto params = model.parameters();
+    plain.update(mncl::value_spans(params), mncl::grad_spans(params));
+  };
+  const auto [x_warm, labels_warm] = batch(5, 0, per_rank);
+  step_of(*local, x_warm, labels_warm);
+  step_of(*single_warm, x_warm, labels_warm);
+  const float warm_running_var =
+      static_cast<mncl::BatchNormalization &>(*local->links()[1]).running_var()[0];
+  EXPECT_NE(warm_running_var, 1.0f);  // the step moved it: the conversion must carry it
+  EXPECT_EQ(mncl::convert_to_multi_node_batch_normalization(converted, comm()), 1u);
+  EXPECT_EQ(mncl::convert_to_multi_node_batch_normalization(converted, comm()), 0u);
+  auto *converted_bn = dynamic_cast<mncl::MultiNodeBatchNormalization *>(local->links()[1].get());
+  ASSERT_NE(converted_bn, nullptr);
+  EXPECT_EQ(converted_bn->running_var()[0], warm_running_var);
+
+  const auto pd = distributed->parameters(), ps = single->parameters();
+  const auto pc = converted.parameters(), pw = single_warm->parameters();  // after converting
+  mncl::MultiNodeOptimizer<mncl::Sgd> opt(mncl::Sgd({0.5f}), comm());
+  mncl::MultiNodeOptimizer<mncl::Sgd> opt_converted(mncl::Sgd({0.5f}), comm());
   for (int step = 0; step < 3; ++step) {
     const auto [x, labels] = batch(step, rank() * per_rank, per_rank);
     loss.forward(distributed->forward(x), labels);
     distributed->backward(loss.backward());
     opt.update(mncl::value_spans(pd), mncl::grad_spans(pd));
+    loss.forward(converted.forward(x), labels);
+    converted.backward(loss.backward());
+    opt_converted.update(mncl::value_spans(pc), mncl::grad_spans(pc));
     const auto [x_all, labels_all] = batch(step, 0, per_rank * size());
-    loss.forward(single->forward(x_all), labels_all);
-    single->backward(loss.backward());
-    plain.update(mncl::value_spans(ps), mncl::grad_spans(ps));
+    step_of(*single, x_all, labels_all);
+    step_of(*single_warm, x_all, labels_all);
   }
   ASSERT_EQ(pd.size(), ps.size());
-  for (std::size_t i = 0; i < pd.size(); ++i) expect_close(pd[i]->value, ps[i]->value, "parameter");
+  ASSERT_EQ(pc.size(), pw.size());
+  for (std::size_t i = 0; i < pd.size(); ++i) {
+    expect_close(pd[i]->value, ps[i]->value, "parameter");
+    expect_close(pc[i]->value, pw[i]->value, "parameter of the converted model");
+  }
   const auto rd = distributed->persistents(), rs = single->persistents();
+  const auto rc = converted.persistents(), rw = single_warm->persistents();
   ASSERT_EQ(rd.size(), 2u);
-  for (std::size_t i = 0; i < rd.size(); ++i) expect_close(*rd[i], *rs[i], "running statistic");
+  ASSERT_EQ(rc.size(), 2u);
+  for (std::size_t i = 0; i < rd.size(); ++i) {
+    expect_close(*rd[i], *rs[i], "running statistic");
+    expect_close(*rc[i], *rw[i], "running statistic of the converted model");
+  }
 }
 
 // A rank whose input does not fit still takes part in the reduction, so no rank waits: it throws

@@ -541,6 +541,15 @@ TEST(Links, BatchNormalizationFinetuningAveragesTheBatches) {
   EXPECT_FLOAT_EQ(bn.running_var()[0], 2.0f);
 }
 
+TEST(Links, SequentialReplaceRefusesWhatIsNotThere) {
+  mncl::Sequential model;
+  model.emplace<mncl::ReLU>();
+  model.replace(0, std::make_shared<mncl::BatchNormalization>(2));
+  EXPECT_EQ(model.links()[0]->name(), "BatchNormalization(2)");
+  EXPECT_THROW(model.replace(1, std::make_shared<mncl::ReLU>()), mncl::InvalidArgument);
+  EXPECT_THROW(model.replace(0, nullptr), mncl::InvalidArgument);
+}
+
 TEST(Links, BatchNormalizationRejectsBadInput) {
   EXPECT_THROW(mncl::BatchNormalization(0), mncl::InvalidArgument);
   mncl::BatchNormalizationOptions bad_decay;

@@ -136,6 +136,10 @@ class MultiNodeBatchNormalization : public BatchNormalization {
   MultiNodeBatchNormalization(int64_t channels, Communicator &comm,
                               BatchNormalizationOptions options = {})
       : BatchNormalization(channels, options), comm_(&comm) {}
+  // `local`'s options, parameters, running statistics, mode and finetuning state, now shared
+  // across `comm`'s ranks.
+  MultiNodeBatchNormalization(const BatchNormalization &local, Communicator &comm)
+      : BatchNormalization(local), comm_(&comm) {}
   std::string name() const override;
 
  protected:
@@ -152,6 +156,14 @@ class MultiNodeBatchNormalization : public BatchNormalization {
 // layout (agreed first: models that differ throw InvalidArgument on every rank, naming the
 // ranks). MultiNodeBatchNormalization keeps them equal already.
 void allreduce_persistent(Communicator &comm, Link &model);
+
+// ChainerMN's create_mnbn_model, in place: every BatchNormalization of `model` (exactly that
+// class, in nested Sequentials too) becomes a MultiNodeBatchNormalization over `comm` with its
+// state (above). Returns how many it replaced; links that are multi-node already, and
+// subclasses, are left as they were. Pointers to the old links and their parameters
+// (parameters(), persistents(), an optimizer's spans) no longer belong to the model: take them
+// again. Local: call it on every rank, before the first forward of the converted model.
+std::size_t convert_to_multi_node_batch_normalization(Sequential &model, Communicator &comm);
 
 }  // namespace mncl
 

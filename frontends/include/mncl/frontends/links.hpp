@@ -129,6 +129,8 @@ class Sequential : public Link {
   void set_training(bool training) override;
   std::string name() const override;
   const std::vector<std::shared_ptr<Link>> &links() const { return links_; }
+  // Puts `link` in place of link `index` (InvalidArgument past the end, or for no link).
+  void replace(std::size_t index, std::shared_ptr<Link> link);
 
  private:
   std::vector<std::shared_ptr<Link>> links_;
