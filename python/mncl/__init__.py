@@ -8,7 +8,8 @@ from ._dtypes import from_bfloat16_bits, to_bfloat16_bits
 from ._lib import library_path, version
 from .checkpointer import CheckpointError, Checkpointer
 from .comm import Communicator, P2POp, Request
-from .datasets import permutation, scatter_dataset, scatter_index, shard_range
+from .datasets import (permutation, scatter_dataset, scatter_index, shard_range,
+                       synchronized_seed)
 from .hierarchical import HierarchicalCommunicator
 from .optimizer import ExchangeStats, MultiNodeOptimizer, create_multi_node_optimizer
 from .training import Evaluator, bcast_data, multi_node_iterator, multi_node_mean_grad
@@ -40,6 +41,7 @@ __all__ = [
     "permutation",
     "scatter_dataset",
     "scatter_index",
+    "synchronized_seed",
     "shard_range",
     "P2POp",
     "Request",

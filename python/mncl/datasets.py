@@ -77,27 +77,46 @@ def shard_range(n, size, rank, force_equal_length=True):
     return begin, begin + n // size + (1 if rank < n % size else 0)
 
 
-def scatter_index(n, comm, root=0, force_equal_length=True):
-    """Collective: (begin, end) of this rank's shard of the root's n samples (only the root's
-    n counts). A root n that is not a count (negative, not an integer, past int64) fails every
-    rank together."""
+def _root_count(comm, value, root, what, meaning):
+    """Collective: root's value, an integer in [0, 2**63), on every rank. A root value that is
+    none (negative, not an integer, past int64) raises there and RemoteError elsewhere."""
     total = np.array([-1], np.int64)
     error = None
     if comm.rank == root:
         try:
-            value = operator.index(n)
-            if not 0 <= value < 2**63:
-                raise ValueError(f"mncl: scatter_index: {value} is not a sample count")
-            total[0] = value
+            count = operator.index(value)
+            if not 0 <= count < 2**63:
+                raise ValueError(f"mncl: {what}: {count} is not {meaning} (0 to 2**63 - 1)")
+            total[0] = count
         except (TypeError, ValueError) as e:
             error = e
     comm._bcast_in_place(total, root=root)
     if total[0] < 0:
         if error is not None:
             raise error
-        raise RemoteError(f"mncl: scatter_index: the root (rank {root}) passed no sample count "
-                          f"(the cause is raised there)")
-    return shard_range(int(total[0]), comm.size, comm.rank, force_equal_length)
+        raise RemoteError(f"mncl: {what}: the root (rank {root}) passed no {meaning} (the cause "
+                          f"is raised there)")
+    return int(total[0])
+
+
+def scatter_index(n, comm, root=0, force_equal_length=True):
+    """Collective: (begin, end) of this rank's shard of the root's n samples (only the root's
+    n counts). A root n that is not a count (negative, not an integer, past int64) fails every
+    rank together."""
+    total = _root_count(comm, n, root, "scatter_index", "a sample count")
+    return shard_range(total, comm.size, comm.rank, force_equal_length)
+
+
+def synchronized_seed(comm, seed=None, *, root=0):
+    """Collective: the root's seed (seed there, or fresh entropy where it is None) on every rank,
+    an int in [0, 2**63): what ChainerMN's create_synchronized_iterator shares, for any shuffle,
+    so that every rank draws the same order, e.g. every stage of a model-parallel chain the same
+    batches: ``np.random.default_rng(mncl.synchronized_seed(comm))``,
+    ``torch.Generator().manual_seed(...)``, ``permutation(n, ...)``. seed is read on the root
+    only; one that is not an int in that range fails every rank together."""
+    if comm.rank == root and seed is None:
+        seed = int.from_bytes(os.urandom(8), "little") >> 1
+    return _root_count(comm, seed, root, "synchronized_seed", "a seed")
 
 
 def scatter_dataset(dataset, comm, root=0, shuffle=False, seed=None, force_equal_length=True,

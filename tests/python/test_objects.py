@@ -214,6 +214,24 @@ for bad in (None, -1, 2**70, 10.5):
         expect_raises(mncl.RemoteError, lambda: mncl.scatter_index(10, comm),
                       f"scatter_index({bad!r}): the others hear of it", "rank 0")
 
+# synchronized_seed: the root's seed (or its fresh one) everywhere; a bad one fails together.
+for root in range(n):
+    mine = mncl.synchronized_seed(comm, 12345 + r, root=root)
+    expect(mine == 12345 + root, f"synchronized_seed: root {root}'s seed, got {mine}")
+    fresh = mncl.synchronized_seed(comm, root=root)
+    everyone = comm.allgather(np.array([fresh], np.int64)).ravel()
+    expect(0 <= fresh < 2**63 and all(everyone == fresh), f"fresh seed of root {root}: {everyone}")
+    order = np.random.default_rng(fresh).permutation(50)
+    expect(all((comm.allgather(order) == order).ravel()), "one shuffle order on every rank")
+for bad in (-3, 2**63, "7", 1.0):
+    if r == 0:
+        expect_raises((TypeError, ValueError), lambda: mncl.synchronized_seed(comm, bad),
+                      f"synchronized_seed({bad!r}): the root's own error")
+    else:
+        expect_raises(mncl.RemoteError, lambda: mncl.synchronized_seed(comm, 1),
+                      f"synchronized_seed({bad!r}): the others hear of it", "rank 0")
+expect(mncl.synchronized_seed(comm, 0) == 0, "seed 0, after the failures")
+
 # The shuffle is the C++ frontends' mncl::permutation (std::mt19937_64, Fisher-Yates by
 # rejection): the standard's check value of mt19937_64, and permutation(10, 7) as the C++ gives
 # it (frontends_unit_test pins the same list).
