@@ -7,6 +7,7 @@
 #include <optional>
 #include <type_traits>
 #include <typeinfo>
+#include <unordered_map>
 
 #include "mncl/frontends/agreement.hpp"
 #include "mncl/frontends/error.hpp"
@@ -106,19 +107,44 @@ std::string BatchNormalization::name() const {
   return "BatchNormalization(" + std::to_string(channels_) + ")";
 }
 
-std::size_t convert_to_multi_node_batch_normalization(Sequential &model, Communicator &comm) {
-  std::size_t replaced = 0;
+void BatchNormalization::forget_last_forward() noexcept {
+  input_shape_.clear();
+  forward_was_training_ = false;
+  x_hat_.clear();
+  batch_mean_.clear();
+  batch_var_.clear();
+  inv_std_.clear();
+  samples_ = 0;
+}
+
+namespace {
+// The replacements made so far, by the layer they replace (kept alive, so that no other link
+// takes its address meanwhile): a shared layer stays shared.
+using Replacements =
+    std::unordered_map<const Link *, std::pair<std::shared_ptr<Link>, std::shared_ptr<Link>>>;
+
+void convert_links(Sequential &model, Communicator &comm, Replacements &done) {
   for (std::size_t k = 0; k < model.links().size(); ++k) {
     Link *link = model.links()[k].get();
     if (auto *nested = dynamic_cast<Sequential *>(link)) {
-      replaced += convert_to_multi_node_batch_normalization(*nested, comm);
+      convert_links(*nested, comm, done);
     } else if (link != nullptr && typeid(*link) == typeid(BatchNormalization)) {
-      model.replace(k, std::make_shared<MultiNodeBatchNormalization>(
-                           static_cast<const BatchNormalization &>(*link), comm));
-      ++replaced;
+      auto &[old, replacement] = done[link];
+      if (!replacement) {
+        old = model.links()[k];
+        replacement = std::make_shared<MultiNodeBatchNormalization>(
+            static_cast<const BatchNormalization &>(*link), comm);
+      }
+      model.replace(k, replacement);
     }
   }
-  return replaced;
+}
+}  // namespace
+
+std::size_t convert_to_multi_node_batch_normalization(Sequential &model, Communicator &comm) {
+  Replacements done;
+  convert_links(model, comm, done);
+  return done.size();
 }
 
 std::string MultiNodeBatchNormalization::name() const {

@@ -56,9 +56,6 @@ _ERR_INVALID_ARGUMENT = 1  # MNCL_ERR_INVALID_ARGUMENT
 # bcast's header: a state (0, or -1 where the root failed), root's MNCL dtype, its number of
 # dimensions and its shape (NumPy arrays have at most 64 dimensions).
 _BCAST_HEADER_WORDS = 3 + 64
-# Backends that take device memory and stage host memory through the device: bcast sends no
-# header there.
-_DEVICE_MEMORY_BACKENDS = frozenset({"nccl"})
 
 # Requests not completed yet. Holding them here keeps their arrays alive until the operation
 # has finished even when the caller drops the Request; a request never waited for or tested to
@@ -656,11 +653,9 @@ class Communicator(ObjectCollectives):
         and a rank whose buf does not hold root's dtype and element count raises there, naming
         both, after receiving root's data elsewhere, instead of reading it as another type.
         ibcast is the single broadcast: every rank passes an array of root's size and dtype.
-        So is bcast on nccl, which would take the header's host memory through device scratch
-        and a synchronization of the host with the default stream (refused in a graph capture).
+        On nccl the header's host memory goes through device scratch and waits for the default
+        stream (no header inside a CUDA graph capture: use ibcast there).
         """
-        if self.backend in _DEVICE_MEMORY_BACKENDS:
-            return self._bcast_in_place(buf, root, dtype=dtype, stream=stream)
         own_error, arr, code, c_stream = None, None, None, None
         try:
             if buf is not None or self.rank == root:

@@ -84,11 +84,13 @@ def _root_count(comm, value, root, what, meaning):
     error = None
     if comm.rank == root:
         try:
+            if isinstance(value, bool):
+                raise TypeError(f"mncl: {what}: {value!r} is not {meaning}")
             count = operator.index(value)
             if not 0 <= count < 2**63:
                 raise ValueError(f"mncl: {what}: {count} is not {meaning} (0 to 2**63 - 1)")
             total[0] = count
-        except (TypeError, ValueError) as e:
+        except Exception as e:  # noqa: BLE001 (raised once the others have heard of it)
             error = e
     comm._bcast_in_place(total, root=root)
     if total[0] < 0:

@@ -87,6 +87,9 @@ class HierarchicalCommunicator:
     def allreduce_obj(self, obj, op="sum", max_buf_len=None):
         return self.world.allreduce_obj(obj, op, max_buf_len)
 
+    def _bcast_in_place(self, buf, root=0, **kwargs):  # scatter_index, synchronized_seed
+        return self.world._bcast_in_place(buf, root, **kwargs)
+
     # ChainerMN's training helpers: gradients through the hierarchy, the rest on the world.
     _host_only = "a HierarchicalCommunicator takes host memory only"
 

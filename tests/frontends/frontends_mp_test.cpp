@@ -2632,6 +2632,47 @@ TEST_F(Frontends, MultiNodeBatchNormalizationTrainsLikeOneProcess) {
   }
 }
 
+// The conversion keeps a layer's mode and finetuning state, keeps a layer used twice one layer,
+// leaves multi-node layers as they are, and drops the last forward: a backward right after it
+// fails on every rank (it would mix the local batch into the global sums).
+TEST_F(Frontends, ConvertToMultiNodeBatchNormalizationKeepsStateAndSharing) {
+  auto shared = std::make_shared<mncl::BatchNormalization>(2);
+  auto evaluating = std::make_shared<mncl::BatchNormalization>(2);
+  auto already = std::make_shared<mncl::MultiNodeBatchNormalization>(2, comm());
+  auto inner = std::make_shared<mncl::Sequential>();
+  inner->add(shared).add(evaluating);
+  mncl::Sequential model;
+  model.add(shared).add(inner).add(already);
+  shared->forward(mncl::Tensor({2, 2}, {1, 2, 3, 5}));  // a forward of its own batch
+  shared->start_finetuning();
+  evaluating->set_training(false);
+
+  EXPECT_EQ(mncl::convert_to_multi_node_batch_normalization(model, comm()), 2u);
+  auto *first = dynamic_cast<mncl::MultiNodeBatchNormalization *>(model.links()[0].get());
+  ASSERT_NE(first, nullptr);
+  EXPECT_EQ(inner->links()[0].get(), first) << "a layer used twice stays one layer";
+  EXPECT_TRUE(first->finetuning());
+  EXPECT_TRUE(first->training());
+  auto *second = dynamic_cast<mncl::MultiNodeBatchNormalization *>(inner->links()[1].get());
+  ASSERT_NE(second, nullptr);
+  EXPECT_FALSE(second->training());
+  EXPECT_EQ(model.links()[2], already);
+  EXPECT_TRUE(first->batch_mean().empty());
+  try {
+    first->backward(mncl::Tensor({2, 2}, 1.0f));
+    ADD_FAILURE() << "a backward without a forward of the converted layer went through";
+  } catch (const mncl::InvalidArgument &e) {
+    EXPECT_NE(std::string(e.what()).find("no forward"), std::string::npos) << e.what();
+  }
+  // The converted layer works on: a forward of the global batch, then its backward.
+  const mncl::Tensor y = first->forward(mncl::Tensor({1, 2}, {float(rank()), 1.0f}));
+  EXPECT_EQ(first->finetuned_batches(), 1);
+  const double mean = (size() - 1) / 2.0;
+  EXPECT_NEAR(first->batch_mean()[0], mean, 1e-12);
+  EXPECT_NO_THROW(first->backward(mncl::Tensor({1, 2}, 1.0f)));
+  (void)y;
+}
+
 // A rank whose input does not fit still takes part in the reduction, so no rank waits: it throws
 // InvalidArgument, every other rank RemoteError; the layer and the world work on afterwards.
 TEST_F(Frontends, MultiNodeBatchNormalizationBadInputOnOneRankFailsEveryRank) {

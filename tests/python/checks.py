@@ -13,6 +13,11 @@ def numpy_or_skip():
     return numpy
 
 
+def _names(exc):
+    """An exception class's name, or a tuple of them (as except takes them)."""
+    return " or ".join(e.__name__ for e in exc) if isinstance(exc, tuple) else exc.__name__
+
+
 class Checks:
     """expect()/expect_raises() record failures and keep going; finish() exits 1 if any."""
 
@@ -32,9 +37,9 @@ class Checks:
             self.expect(contains in str(e), f"{what}: message {str(e)!r} lacks {contains!r}")
             return e
         except Exception as e:  # noqa: BLE001
-            self.expect(False, f"{what}: raised {type(e).__name__}({e}), expected {exc.__name__}")
+            self.expect(False, f"{what}: raised {type(e).__name__}({e}), expected {_names(exc)}")
             return None
-        self.expect(False, f"{what}: nothing raised, expected {exc.__name__}")
+        self.expect(False, f"{what}: nothing raised, expected {_names(exc)}")
         return None
 
     def finish(self, passed_message):

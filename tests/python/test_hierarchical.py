@@ -56,6 +56,10 @@ for algorithm in algorithms:
         shard = mncl.scatter_dataset(list(range(10)) if world.rank == 0 else None, h)
         begin, end = mncl.shard_range(10, n, world.rank)
         expect(shard == list(range(begin, end)), f"{algorithm}: scatter_dataset")
+        expect(mncl.scatter_index(10 if world.rank == 0 else None, h) == (begin, end),
+               f"{algorithm}: scatter_index")
+        expect(mncl.synchronized_seed(h, 99 if world.rank == 1 % n else None, root=1 % n) == 99,
+               f"{algorithm}: synchronized_seed")
         if os.environ.get("MNCL_TEST_HAVE_SHM") == "1":
             expect(h.intra.backend == "shm", f"{algorithm}: 'auto' within a host is shm")
         expect((h.inter is not None) == (algorithm == "two_dimensional" or position == 0),

@@ -223,7 +223,7 @@ for root in range(n):
     expect(0 <= fresh < 2**63 and all(everyone == fresh), f"fresh seed of root {root}: {everyone}")
     order = np.random.default_rng(fresh).permutation(50)
     expect(all((comm.allgather(order) == order).ravel()), "one shuffle order on every rank")
-for bad in (-3, 2**63, "7", 1.0):
+for bad in (-3, 2**63, "7", 1.0, True):
     if r == 0:
         expect_raises((TypeError, ValueError), lambda: mncl.synchronized_seed(comm, bad),
                       f"synchronized_seed({bad!r}): the root's own error")

@@ -108,6 +108,9 @@ class BatchNormalization : public Link {
   virtual void reduce_sums(std::vector<double> &sums);
   // How many ranks' losses the gradients of gamma and beta are averaged over.
   virtual int ranks() const { return 1; }
+  // Drops what the last forward kept for backward (a backward then has no forward to go
+  // through): a copied layer must not mix another layer's batch into its own statistics.
+  void forget_last_forward() noexcept;
 
  private:
   std::string check_input(const Tensor &t, bool gradient) const;
@@ -137,9 +140,11 @@ class MultiNodeBatchNormalization : public BatchNormalization {
                               BatchNormalizationOptions options = {})
       : BatchNormalization(channels, options), comm_(&comm) {}
   // `local`'s options, parameters, running statistics, mode and finetuning state, now shared
-  // across `comm`'s ranks.
+  // across `comm`'s ranks; not its last forward (a backward first fails on every rank).
   MultiNodeBatchNormalization(const BatchNormalization &local, Communicator &comm)
-      : BatchNormalization(local), comm_(&comm) {}
+      : BatchNormalization(local), comm_(&comm) {
+    forget_last_forward();
+  }
   std::string name() const override;
 
  protected:
@@ -160,9 +165,12 @@ void allreduce_persistent(Communicator &comm, Link &model);
 // ChainerMN's create_mnbn_model, in place: every BatchNormalization of `model` (exactly that
 // class, in nested Sequentials too) becomes a MultiNodeBatchNormalization over `comm` with its
 // state (above). Returns how many it replaced; links that are multi-node already, and
-// subclasses, are left as they were. Pointers to the old links and their parameters
-// (parameters(), persistents(), an optimizer's spans) no longer belong to the model: take them
-// again. Local: call it on every rank, before the first forward of the converted model.
+// subclasses, are left as they were; a layer that appears twice (one shared_ptr) is replaced
+// by one layer, in both places. Pointers to the old links and their parameters (parameters(),
+// persistents(), an optimizer's spans) no longer belong to the model: take them again. Local:
+// call it on every rank, before the first forward of the converted model. Running statistics
+// are carried as they are: where the ranks trained apart before, allreduce_persistent(comm,
+// model) (above) makes them agree.
 std::size_t convert_to_multi_node_batch_normalization(Sequential &model, Communicator &comm);
 
 }  // namespace mncl
