@@ -174,6 +174,7 @@ class Comm {
   // Moves the block, or returns the disagreement (the ends' counts differ) once this end's
   // count has left, so that the other end names it too; "" when the block moved.
   std::string finish_block(Op &op, Block &b, bool gatherv);
+  void acknowledge_disagreement(Op &op, Block &b, bool non_root);
   void finish_root_blocks(Op &op, std::vector<Block> &blocks, bool gatherv);
   void finish_own_block(Op &op, Block &b, bool gatherv);
   void gatherv(Op &op, const mncl_coll_v1_t &c);
