@@ -44,7 +44,7 @@ from decimal import Decimal
 import numpy as np
 
 from . import _lib, training
-from ._dtypes import code_of_name, dtype_code, dtype_name, numpy_dtype
+from ._dtypes import CODES, code_of_name, dtype_code, dtype_name, numpy_dtype
 from ._cuda import CudaArray, address, call_stream, explicit_stream, is_cuda_array, public
 from ._lib import check, lib
 from .errors import InvalidArgumentError, NotSupportedError, RemoteError
@@ -53,9 +53,34 @@ from ._ops import _OPS, _op_name
 
 _ERR_TIMEOUT = 3  # MNCL_ERR_TIMEOUT
 _ERR_INVALID_ARGUMENT = 1  # MNCL_ERR_INVALID_ARGUMENT
-# bcast's header: a state (0, or -1 where the root failed), root's MNCL dtype, its number of
-# dimensions and its shape (NumPy arrays have at most 64 dimensions).
-_BCAST_HEADER_WORDS = 3 + 64
+# The header of bcast and send_array: a state (0, or -1 where the sender failed), the array's
+# MNCL dtype, its number of dimensions and its shape (NumPy arrays have at most 64 dimensions).
+_ARRAY_HEADER_WORDS = 3 + 64
+
+
+def _array_header(arr, code, own_error, what):
+    """(the header that describes arr, or says the sender failed; the sender's error or None)."""
+    header = np.zeros(_ARRAY_HEADER_WORDS, np.int64)
+    if own_error is None and arr.ndim > _ARRAY_HEADER_WORDS - 3:
+        own_error = ValueError(f"mncl: {what}: the array has {arr.ndim} dimensions, more than "
+                               f"{_ARRAY_HEADER_WORDS - 3}")
+    if own_error is None:
+        header[:3 + arr.ndim] = (0, code, arr.ndim) + tuple(arr.shape)
+    else:
+        header[0] = -1
+    return header, own_error
+
+
+def _header_layout(header, what, sender):
+    """(MNCL dtype, shape) of a header that says the sender succeeded; RemoteError for words
+    that are no such header (a plain send where the peer waits in recv_array, say)."""
+    code, ndim = int(header[1]), int(header[2])
+    shape = tuple(int(d) for d in header[3:3 + max(ndim, 0)])
+    if code not in CODES.values() or not 0 <= ndim <= _ARRAY_HEADER_WORDS - 3 or min(
+            shape, default=0) < 0:
+        raise RemoteError(f"mncl: {what}: what rank {sender} sent is no array header (dtype "
+                          f"{code}, {ndim} dimensions): do its calls pair with this rank's?")
+    return code, shape
 
 # Requests not completed yet. Holding them here keeps their arrays alive until the operation
 # has finished even when the caller drops the Request; a request never waited for or tested to
@@ -665,22 +690,16 @@ class Communicator(ObjectCollectives):
             c_stream = call_stream(stream, () if arr is None else (arr,))
         except Exception as error:  # noqa: BLE001 (raised once the others have taken part)
             own_error = error
-        header = np.zeros(_BCAST_HEADER_WORDS, np.int64)
+        header = np.zeros(_ARRAY_HEADER_WORDS, np.int64)
         if self.rank == root:
-            if own_error is None and arr.ndim <= _BCAST_HEADER_WORDS - 3:
-                header[:3 + arr.ndim] = (0, code, arr.ndim) + tuple(arr.shape)
-            else:
-                own_error = own_error or ValueError(
-                    f"mncl: bcast: buf has {arr.ndim} dimensions, more than "
-                    f"{_BCAST_HEADER_WORDS - 3}")
-                header[0] = -1
+            header, own_error = _array_header(arr, code, own_error, "bcast")
         self._bcast_in_place(header, root=root)
         if header[0] != 0:
             if own_error is not None:
                 raise own_error
             raise RemoteError(f"mncl: bcast: the root (rank {root}) passed no usable buf (the "
                               f"cause is raised there)")
-        root_code, shape = int(header[1]), tuple(int(d) for d in header[3:3 + header[2]])
+        root_code, shape = _header_layout(header, "bcast", root)
         root_size = math.prod(shape)
         if own_error is None and code is not None and (
                 code != root_code or (arr is not None and arr.size != root_size)):
@@ -987,6 +1006,33 @@ class Communicator(ObjectCollectives):
     def irecv(self, buf, peer, *, dtype=None, stream=None):
         """Non-blocking recv: a Request whose wait() returns buf."""
         return self._start(lib.mncl_irecv, self._recv_call(buf, peer, dtype), stream=stream)
+
+    def send_array(self, array, peer, *, dtype=None):
+        """ChainerMN's send(data, dest): array's dtype and shape, then its data, to peer, which
+        takes them with recv_array (two messages). An array that cannot travel (an unsupported
+        dtype, more than 64 dimensions) raises here after telling peer, whose recv_array raises
+        RemoteError; the pair's next messages stay in step."""
+        own_error, arr, code = None, None, None
+        try:
+            arr, code = _input(array, dtype)
+        except Exception as error:  # noqa: BLE001 (raised once peer has heard of it)
+            own_error = error
+        header, own_error = _array_header(arr, code, own_error, "send_array")
+        self.send(header, peer)
+        if own_error is not None:
+            raise own_error
+        self.send(arr, peer, dtype=dtype_name(code))
+
+    def recv_array(self, peer):
+        """ChainerMN's recv(source): a new host array of the shape and dtype that peer's
+        send_array sent (bfloat16 as ml_dtypes.bfloat16 where ml_dtypes is imported, else its
+        raw bits as uint16)."""
+        header = self.recv(np.empty(_ARRAY_HEADER_WORDS, np.int64), peer)
+        if header[0] != 0:
+            raise RemoteError(f"mncl: recv_array: rank {peer} could not send its array (the "
+                              f"cause is raised there)")
+        code, shape = _header_layout(header, "recv_array", peer)
+        return self.recv(np.empty(shape, numpy_dtype(code)), peer, dtype=dtype_name(code))
 
     def _sendrecv_call(self, sendbuf, dest, recvbuf, source, dtype, what):
         send, code = _input(sendbuf, dtype)

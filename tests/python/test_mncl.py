@@ -424,6 +424,46 @@ if n > 1:
         comm.send(np.full(4, r, np.int32), nxt)
     expect(np.all(token == prv), "send/recv ring")
 
+    # send_array / recv_array (ChainerMN's send / recv): shape and dtype travel; a sender whose
+    # array cannot travel raises, its receiver RemoteError, and the pair stays in step.
+    def ring_array(array, **kw):
+        if r % 2 == 0:
+            comm.send_array(array, nxt, **kw)
+            return comm.recv_array(prv)
+        got = comm.recv_array(prv)
+        comm.send_array(array, nxt, **kw)
+        return got
+    for make in (lambda q: np.arange(6, dtype=np.float32).reshape(2, 3) + q,
+                 lambda q: np.array(q * 1000 + 7, np.int64),
+                 lambda q: np.zeros((0,), np.float64), lambda q: np.full((2, 0, 3), q, np.uint8),
+                 lambda q: [[q, q + 1]]):
+        want = np.asarray(make(prv))
+        got = ring_array(make(r))
+        expect(got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want),
+               f"send_array ring: {want.dtype}{want.shape}, got {got.dtype}{got.shape}")
+    got = ring_array(np.array([0x7FC1, 0x8000 + r], np.uint16), dtype="bfloat16")
+    expect(got.dtype == np.uint16 and np.array_equal(got, [0x7FC1, 0x8000 + prv]),
+           "send_array of bfloat16 raw bits")
+    bad = np.array([object()])
+    if r % 2 == 0:
+        expect_raises(TypeError, lambda: comm.send_array(bad, nxt), "send_array of objects",
+                      "unsupported array dtype")
+        expect_raises(mncl.RemoteError, lambda: comm.recv_array(prv), "recv_array of objects",
+                      f"rank {prv} could not send")
+    else:
+        expect_raises(mncl.RemoteError, lambda: comm.recv_array(prv), "recv_array of objects",
+                      f"rank {prv} could not send")
+        expect_raises(TypeError, lambda: comm.send_array(bad, nxt), "send_array of objects",
+                      "unsupported array dtype")
+    got = ring_array(np.full(3, r, np.int32))
+    expect(np.array_equal(got, [prv] * 3), "send_array in step after a failed one")
+    # A plain send where the peer waits in recv_array is no header.
+    if n == 2 and r == 0:
+        comm.send(np.array([0] + [99] * 66, np.int64), 1)  # a header's size, dtype 99
+    elif n == 2:
+        expect_raises(mncl.RemoteError, lambda: comm.recv_array(0), "recv_array of a plain send",
+                      "no array header")
+
     # The same ring non-blocking, MPI style: every rank posts its receive before its send (point
     # to point progresses on its own, so nobody waits behind its own receive).
     payload = np.arange(5, dtype=np.float32) + 10 * r
