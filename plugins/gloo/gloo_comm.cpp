@@ -1241,7 +1241,8 @@ void Comm::alltoallv(Op &op, const mncl_coll_v1_t &c) {
 // receiver's poison (a plain "connection to a peer lost"). Each end posts its receive of the
 // other's count before its own count, so when an end has the other's count, its own is on its
 // way (the other end's receive notice came first on the pair); a failing end waits until its
-// count has left before it fails and poisons the context. Empty blocks send their count, so no
+// count has left, and the root until the other end has acknowledged it (acknowledge_disagreement),
+// before it fails and poisons the context. Empty blocks send their count, so no
 // end waits out its timeout for a block of 0.
 void Comm::post_block(Op &op, int peer, bool source, void *data, size_t count, size_t es,
                       Block &b) {
@@ -1264,38 +1265,37 @@ void Comm::post_block(Op &op, int peer, bool source, void *data, size_t count, s
   }
 }
 
-std::string Comm::finish_block(Op &op, Block &b, bool gatherv) {
+std::string Comm::settle_counts(Op &op, Block &b, bool gatherv) {
   wait_recv(op, *b.in, b.peer);
-  if (b.theirs != b.mine) {
-    wait_send(op, *b.out, b.peer);
-    const int from = b.source ? rank_ : b.peer, to = b.source ? b.peer : rank_;
-    const int owner = gatherv ? from : to;  // the non-root whose block this is
-    acknowledge_disagreement(op, b, owner == rank_);
-    return kit::format(
-        "rank %d sends %llu elements to rank %d, which expects %llu (does rank "
-        "%d's count agree with the root's %s[%d]?)",
-        from, static_cast<unsigned long long>(b.source ? b.mine : b.theirs), to,
-        static_cast<unsigned long long>(b.source ? b.theirs : b.mine), owner,
-        gatherv ? "recvcounts" : "sendcounts", owner);
-  }
   wait_send(op, *b.out, b.peer);
-  if (b.data) {
-    if (b.source) {
-      wait_send(op, *b.data, b.peer);
-    } else {
-      wait_recv(op, *b.data, b.peer);
-    }
-  }
-  return "";
+  if (b.theirs == b.mine) return "";
+  const int from = b.source ? rank_ : b.peer, to = b.source ? b.peer : rank_;
+  const int owner = gatherv ? from : to;  // the non-root whose block this is
+  acknowledge_disagreement(op, b, owner == rank_);
+  return kit::format(
+      "rank %d sends %llu elements to rank %d, which expects %llu (does rank "
+      "%d's count agree with the root's %s[%d]?)",
+      from, static_cast<unsigned long long>(b.source ? b.mine : b.theirs), to,
+      static_cast<unsigned long long>(b.source ? b.theirs : b.mine), owner,
+      gatherv ? "recvcounts" : "sendcounts", owner);
 }
 
-// A count that has left has not yet been read: the root fails (and poisons its context) only
-// once the non-root end of a disagreeing block has both counts, which it says with one byte.
-// Else the ranks whose blocks agreed, which complete and then close their connections when the
-// root fails, could reach the non-root first, which then failed with a plain "connection to a
-// peer lost" instead of naming the counts (fault.mismatch.scatterv_large.gloo.np4, once, on a
-// loaded machine). Either end already knows the disagreement: a failed acknowledgement only
-// means the other end failed first, and is not this end's error.
+void Comm::move_data(Op &op, Block &b) {
+  if (!b.data) return;
+  if (b.source) {
+    wait_send(op, *b.data, b.peer);
+  } else {
+    wait_recv(op, *b.data, b.peer);
+  }
+}
+
+// A count that has left has not been read yet: the root fails, and closes its connections,
+// only once the non-root end of a disagreeing block has both counts, which it says with one
+// byte. Without it the root's close once reached rank 1 before rank 1 had read the root's count
+// (fault.mismatch.scatterv_large.gloo.np4, once, on a loaded machine): rank 1 then failed with
+// a plain "connection to a peer lost" instead of naming the counts. Either end already knows
+// the disagreement: a failed acknowledgement only means the other end failed first, and is not
+// this end's error.
 void Comm::acknowledge_disagreement(Op &op, Block &b, bool non_root) {
   uint8_t ack = 1;
   auto buf = context_->createUnboundBuffer(&ack, sizeof ack);
@@ -1312,17 +1312,22 @@ void Comm::acknowledge_disagreement(Op &op, Block &b, bool non_root) {
   }
 }
 
-// The root's side of either kind: every block, then the first disagreement, if any. The root
-// compares every block's counts before it fails (so every rank whose count disagrees learns it
-// from the root's count) and moves the blocks that agree.
+// The root's side of either kind: every block's counts first (and each disagreement's
+// acknowledgement, so no disagreeing rank waits on other blocks' data), then the data of the
+// blocks that agree, then the first disagreement, if any. Every rank whose count disagrees
+// learns it from the root's count.
 void Comm::finish_root_blocks(Op &op, std::vector<Block> &blocks, bool gatherv) {
   std::string first;
   int disagree = 0;
+  std::vector<bool> agreed(static_cast<size_t>(size_), false);
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
-    std::string why = finish_block(op, blocks[static_cast<size_t>(p)], gatherv);
-    if (why.empty()) continue;
-    if (disagree++ == 0) first = std::move(why);
+    std::string why = settle_counts(op, blocks[static_cast<size_t>(p)], gatherv);
+    agreed[static_cast<size_t>(p)] = why.empty();
+    if (!why.empty() && disagree++ == 0) first = std::move(why);
+  }
+  for (int p = 0; p < size_; ++p) {
+    if (agreed[static_cast<size_t>(p)]) move_data(op, blocks[static_cast<size_t>(p)]);
   }
   if (disagree == 0) return;
   throw kit::Error(
@@ -1334,8 +1339,9 @@ void Comm::finish_root_blocks(Op &op, std::vector<Block> &blocks, bool gatherv) 
 
 // A non-root's one block (with the root).
 void Comm::finish_own_block(Op &op, Block &b, bool gatherv) {
-  const std::string why = finish_block(op, b, gatherv);
+  const std::string why = settle_counts(op, b, gatherv);
   if (!why.empty()) throw kit::Error(MNCL_ERR_REMOTE, op.desc + ": " + why);
+  move_data(op, b);
 }
 
 // GATHERV: every other rank sends the root its block (see post_block); the root posts every

@@ -171,10 +171,12 @@ class Comm {
     std::unique_ptr<gloo::transport::UnboundBuffer> out, in, data;
   };
   void post_block(Op &op, int peer, bool source, void *data, size_t count, size_t es, Block &b);
-  // Moves the block, or returns the disagreement (the ends' counts differ) once this end's
-  // count has left, so that the other end names it too; "" when the block moved.
-  std::string finish_block(Op &op, Block &b, bool gatherv);
+  // "" when the ends' counts agree; else the disagreement, once this end's count has left and
+  // the acknowledgement went (see acknowledge_disagreement), so that the other end names it too.
+  std::string settle_counts(Op &op, Block &b, bool gatherv);
   void acknowledge_disagreement(Op &op, Block &b, bool non_root);
+  // Waits for the block's elements to move (a block whose counts agree).
+  void move_data(Op &op, Block &b);
   void finish_root_blocks(Op &op, std::vector<Block> &blocks, bool gatherv);
   void finish_own_block(Op &op, Block &b, bool gatherv);
   void gatherv(Op &op, const mncl_coll_v1_t &c);

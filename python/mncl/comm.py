@@ -53,9 +53,13 @@ from ._ops import _OPS, _op_name
 
 _ERR_TIMEOUT = 3  # MNCL_ERR_TIMEOUT
 _ERR_INVALID_ARGUMENT = 1  # MNCL_ERR_INVALID_ARGUMENT
-# The header of bcast and send_array: a state (0, or -1 where the sender failed), the array's
-# MNCL dtype, its number of dimensions and its shape (NumPy arrays have at most 64 dimensions).
+# The header of bcast and send_array: a state (_ARRAY_SENT, or _ARRAY_FAILED where the sender
+# failed), the array's MNCL dtype, its number of dimensions and its shape (NumPy arrays have at
+# most 64 dimensions), zeros after it. The states are words no count or zeroed buffer holds, so
+# that a plain message taken for a header is refused rather than read.
 _ARRAY_HEADER_WORDS = 3 + 64
+_ARRAY_SENT = int.from_bytes(b"MNCLsent", "little")
+_ARRAY_FAILED = int.from_bytes(b"MNCLfail", "little")
 
 
 def _array_header(arr, code, own_error, what):
@@ -65,21 +69,26 @@ def _array_header(arr, code, own_error, what):
         own_error = ValueError(f"mncl: {what}: the array has {arr.ndim} dimensions, more than "
                                f"{_ARRAY_HEADER_WORDS - 3}")
     if own_error is None:
-        header[:3 + arr.ndim] = (0, code, arr.ndim) + tuple(arr.shape)
+        header[:3 + arr.ndim] = (_ARRAY_SENT, code, arr.ndim) + tuple(arr.shape)
     else:
-        header[0] = -1
+        header[0] = _ARRAY_FAILED
     return header, own_error
 
 
 def _header_layout(header, what, sender):
-    """(MNCL dtype, shape) of a header that says the sender succeeded; RemoteError for words
-    that are no such header (a plain send where the peer waits in recv_array, say)."""
+    """(MNCL dtype, shape) of a header that says the sender succeeded; RemoteError where it
+    says the sender failed, or is no such header (a plain send where the peer waits in
+    recv_array, say)."""
+    if int(header[0]) == _ARRAY_FAILED:
+        raise RemoteError(f"mncl: {what}: rank {sender} could not send its array (the cause is "
+                          f"raised there)")
     code, ndim = int(header[1]), int(header[2])
     shape = tuple(int(d) for d in header[3:3 + max(ndim, 0)])
-    if code not in CODES.values() or not 0 <= ndim <= _ARRAY_HEADER_WORDS - 3 or min(
-            shape, default=0) < 0:
-        raise RemoteError(f"mncl: {what}: what rank {sender} sent is no array header (dtype "
-                          f"{code}, {ndim} dimensions): do its calls pair with this rank's?")
+    if (int(header[0]) != _ARRAY_SENT or code not in CODES.values()
+            or not 0 <= ndim <= _ARRAY_HEADER_WORDS - 3 or min(shape, default=0) < 0
+            or np.any(header[3 + ndim:])):
+        raise RemoteError(f"mncl: {what}: what rank {sender} sent is no array header: do its "
+                          f"calls pair with this rank's?")
     return code, shape
 
 # Requests not completed yet. Holding them here keeps their arrays alive until the operation
@@ -694,7 +703,7 @@ class Communicator(ObjectCollectives):
         if self.rank == root:
             header, own_error = _array_header(arr, code, own_error, "bcast")
         self._bcast_in_place(header, root=root)
-        if header[0] != 0:
+        if int(header[0]) == _ARRAY_FAILED:
             if own_error is not None:
                 raise own_error
             raise RemoteError(f"mncl: bcast: the root (rank {root}) passed no usable buf (the "
@@ -1026,11 +1035,10 @@ class Communicator(ObjectCollectives):
     def recv_array(self, peer):
         """ChainerMN's recv(source): a new host array of the shape and dtype that peer's
         send_array sent (bfloat16 as ml_dtypes.bfloat16 where ml_dtypes is imported, else its
-        raw bits as uint16)."""
+        raw bits as uint16): the MNCL dtype, which for raw bits sent with dtype= is that dtype,
+        not the sender's NumPy one. A receiver that cannot allocate the array raises MemoryError
+        with the data not taken: the pair is out of step then."""
         header = self.recv(np.empty(_ARRAY_HEADER_WORDS, np.int64), peer)
-        if header[0] != 0:
-            raise RemoteError(f"mncl: recv_array: rank {peer} could not send its array (the "
-                              f"cause is raised there)")
         code, shape = _header_layout(header, "recv_array", peer)
         return self.recv(np.empty(shape, numpy_dtype(code)), peer, dtype=dtype_name(code))
 

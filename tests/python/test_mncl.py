@@ -457,12 +457,14 @@ if n > 1:
                       "unsupported array dtype")
     got = ring_array(np.full(3, r, np.int32))
     expect(np.array_equal(got, [prv] * 3), "send_array in step after a failed one")
-    # A plain send where the peer waits in recv_array is no header.
+    # A plain send where the peer waits in recv_array is no header (zeros included).
     if n == 2 and r == 0:
         comm.send(np.array([0] + [99] * 66, np.int64), 1)  # a header's size, dtype 99
+        comm.send(np.zeros(67, np.int64), 1)
     elif n == 2:
-        expect_raises(mncl.RemoteError, lambda: comm.recv_array(0), "recv_array of a plain send",
-                      "no array header")
+        for what in ("garbage", "zeros"):
+            expect_raises(mncl.RemoteError, lambda: comm.recv_array(0),
+                          f"recv_array of a plain send of {what}", "no array header")
 
     # The same ring non-blocking, MPI style: every rank posts its receive before its send (point
     # to point progresses on its own, so nobody waits behind its own receive).
