@@ -16,6 +16,8 @@
 #include <limits>
 #include <set>
 
+#include "mncl/frontends/agreement.hpp"
+
 namespace mncl {
 
 namespace {
@@ -121,6 +123,18 @@ uint32_t crc32(const void *data, std::size_t size, uint32_t crc) {
 Checkpointer::Checkpointer(Communicator &comm, std::string directory, std::string name,
                            CheckpointerOptions options)
     : comm_(&comm), directory_(std::move(directory)), name_(std::move(name)), options_(options) {
+  // Collective: a rank whose arguments or directory fail tells the others at once, which would
+  // otherwise learn of it only when resume() timed out waiting for it.
+  std::exception_ptr refused;
+  try {
+    set_up();
+  } catch (...) {
+    refused = std::current_exception();
+  }
+  agree_or_throw(comm, "Checkpointer", refused, 0);
+}
+
+void Checkpointer::set_up() {
   if (name_.empty() || name_.find('/') != std::string::npos) {
     throw InvalidArgument("Checkpointer: the name '" + name_ + "' must be non-empty without '/'");
   }

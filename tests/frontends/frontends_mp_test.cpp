@@ -1287,6 +1287,45 @@ TEST_F(Frontends, CheckpointerAgreesOnTheNewestCommonIteration) {
   remove_checkpoint_dir(dir);
 }
 
+// A rank whose directory cannot be made (a file stands where it would go) or whose arguments
+// are refused fails the constructor, and every other rank learns of it there: they used to go
+// on to resume() and wait for it until the timeout. A healthy construction follows.
+TEST_F(Frontends, CheckpointerConstructionFailsOnEveryRank) {
+  const std::string dir = checkpoint_dir();
+  ASSERT_FALSE(dir.empty());
+  const std::string blocker = dir + "/a-file";
+  if (rank() == 0) {
+    std::FILE *f = std::fopen(blocker.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fclose(f);
+  }
+  comm().barrier();
+  for (int culprit = 0; culprit < size(); ++culprit) {
+    for (const bool bad_name : {false, true}) {
+      const bool mine = rank() == culprit;
+      const std::string where = mine && !bad_name ? blocker + "/below" : dir;
+      const std::string name = mine && bad_name ? "a/b" : "state";
+      try {
+        mncl::Checkpointer ckpt(comm(), where, name, {2, false, false});
+        ADD_FAILURE() << "rank " << culprit << "'s failure went unnoticed here";
+      } catch (const mncl::RemoteError &e) {
+        EXPECT_FALSE(mine) << e.what();
+        EXPECT_NE(std::string(e.what()).find("rank " + std::to_string(culprit)), std::string::npos)
+            << e.what();
+      } catch (const mncl::InvalidArgument &e) {
+        EXPECT_TRUE(mine && bad_name) << e.what();
+      } catch (const mncl::CheckpointError &e) {
+        EXPECT_TRUE(mine && !bad_name) << e.what();
+        EXPECT_NE(std::string(e.what()).find("creating"), std::string::npos) << e.what();
+      }
+    }
+  }
+  mncl::Checkpointer ckpt(comm(), dir, "state", {2, false, false});
+  std::vector<int> state;
+  EXPECT_FALSE(ckpt.resume(state).has_value());
+  remove_checkpoint_dir(dir);
+}
+
 // A rank whose snapshots are gone (its directory lost, replaced, or not shared) while the others
 // hold several: resume once started afresh on every rank, and the first saves pruned the
 // others' snapshots, the run's whole progress. Now every rank throws, naming the ranks, and

@@ -68,8 +68,11 @@ uint32_t crc32(const void *data, std::size_t size, uint32_t crc = 0);
 
 class Checkpointer {
  public:
-  // Creates `directory` if needed. `name` may not contain '/'. `comm` must outlive this object.
-  // Throws InvalidArgument for a communicator whose group is unknown, see above.
+  // Collective: every rank of `comm` constructs its Checkpointer together. Creates `directory`
+  // if needed. `name` may not contain '/'. `comm` must outlive this object. Throws
+  // InvalidArgument for a communicator whose group is unknown, see above. A rank whose
+  // arguments or directory fail throws its own error, and every other rank RemoteError naming
+  // it (one small allgather), instead of waiting for it in resume() until the timeout.
   Checkpointer(Communicator &comm, std::string directory, std::string name,
                CheckpointerOptions options = {});
 
@@ -107,6 +110,8 @@ class Checkpointer {
  private:
   // This rank's snapshots: those that verify, and those whose header names a job of another
   // size (oldest first).
+  // The constructor's checks and the directory, on this rank.
+  void set_up();
   struct Scan {
     std::vector<uint64_t> valid;
     std::vector<std::pair<uint64_t, uint32_t>> another_job;  // iteration, job size
