@@ -18,7 +18,16 @@ void agree_or_throw(Communicator &world, const std::string &what, std::exception
                     int64_t digest) {
   // [refused (1) or not (0), digest (0 when refused)] per rank.
   const std::vector<int64_t> mine = {own_error ? 1 : 0, own_error ? 0 : digest};
-  const std::vector<int64_t> all = world.size() == 1 ? mine : world.allgather(mine);
+  std::vector<int64_t> all = mine;
+  if (world.size() > 1) {
+    try {
+      all = world.allgather(mine);
+    } catch (const Error &) {
+      // Peers that never came (a dead one, a misuse): this rank's own error still says most.
+      if (own_error) std::rethrow_exception(own_error);
+      throw;
+    }
+  }
   if (own_error) std::rethrow_exception(own_error);
   std::vector<int> refused, differ;
   for (int r = 0; r < world.size(); ++r) {
@@ -31,8 +40,8 @@ void agree_or_throw(Communicator &world, const std::string &what, std::exception
   }
   if (!refused.empty()) {
     throw RemoteError(what + ": " + ranks_named(refused) +
-                      " could not take part: arguments refused there (that rank's own error says "
-                      "what); nothing was moved");
+                      " could not take part: its arguments or resources failed there (that rank's "
+                      "own error says what); nothing was moved");
   }
   if (!differ.empty()) {
     throw InvalidArgument(what + ": " + ranks_named(differ) +

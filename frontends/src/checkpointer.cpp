@@ -158,6 +158,15 @@ void Checkpointer::set_up() {
   group_ = path.value_or("") + (user_group.empty() ? "" : "u" + user_group);
   if (directory_.empty()) directory_ = ".";
   make_directories(directory_);
+  // mkdir's EEXIST also stands for a file of that name, and a folder this rank cannot write to
+  // would only fail at the first save.
+  struct stat st {};
+  if (::stat(directory_.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    fail(directory_ + " is not a directory");
+  }
+  if (::access(directory_.c_str(), W_OK | X_OK) != 0) {
+    fail("writing into " + directory_ + ": " + errno_text());
+  }
 }
 
 std::string Checkpointer::file_prefix() const {

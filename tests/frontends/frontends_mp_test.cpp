@@ -1287,24 +1287,27 @@ TEST_F(Frontends, CheckpointerAgreesOnTheNewestCommonIteration) {
   remove_checkpoint_dir(dir);
 }
 
-// A rank whose directory cannot be made (a file stands where it would go) or whose arguments
-// are refused fails the constructor, and every other rank learns of it there: they used to go
-// on to resume() and wait for it until the timeout. A healthy construction follows.
+// A rank whose directory cannot be made (a file stands in its path, or where it would be) or
+// whose arguments are refused fails the constructor, and every other rank learns of it there: they
+// used to go on to resume() and wait for it until the timeout. A healthy construction follows.
 TEST_F(Frontends, CheckpointerConstructionFailsOnEveryRank) {
   const std::string dir = checkpoint_dir();
   ASSERT_FALSE(dir.empty());
   const std::string blocker = dir + "/a-file";
   if (rank() == 0) {
     std::FILE *f = std::fopen(blocker.c_str(), "w");
-    ASSERT_NE(f, nullptr);
-    std::fclose(f);
+    EXPECT_NE(f, nullptr);  // (not ASSERT: every rank must reach the barrier)
+    if (f != nullptr) std::fclose(f);
   }
   comm().barrier();
+  enum Flaw { kBelowAFile, kAFile, kBadName };
   for (int culprit = 0; culprit < size(); ++culprit) {
-    for (const bool bad_name : {false, true}) {
+    for (const Flaw flaw : {kBelowAFile, kAFile, kBadName}) {
       const bool mine = rank() == culprit;
-      const std::string where = mine && !bad_name ? blocker + "/below" : dir;
-      const std::string name = mine && bad_name ? "a/b" : "state";
+      const std::string where = !mine || flaw == kBadName ? dir
+                                : flaw == kAFile          ? blocker
+                                                          : blocker + "/below";
+      const std::string name = mine && flaw == kBadName ? "a/b" : "state";
       try {
         mncl::Checkpointer ckpt(comm(), where, name, {2, false, false});
         ADD_FAILURE() << "rank " << culprit << "'s failure went unnoticed here";
@@ -1313,10 +1316,12 @@ TEST_F(Frontends, CheckpointerConstructionFailsOnEveryRank) {
         EXPECT_NE(std::string(e.what()).find("rank " + std::to_string(culprit)), std::string::npos)
             << e.what();
       } catch (const mncl::InvalidArgument &e) {
-        EXPECT_TRUE(mine && bad_name) << e.what();
+        EXPECT_TRUE(mine && flaw == kBadName) << e.what();
       } catch (const mncl::CheckpointError &e) {
-        EXPECT_TRUE(mine && !bad_name) << e.what();
-        EXPECT_NE(std::string(e.what()).find("creating"), std::string::npos) << e.what();
+        EXPECT_TRUE(mine && flaw != kBadName) << e.what();
+        EXPECT_NE(std::string(e.what()).find(flaw == kAFile ? "not a directory" : "creating"),
+                  std::string::npos)
+            << e.what();
       }
     }
   }

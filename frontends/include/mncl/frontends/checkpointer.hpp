@@ -1,7 +1,7 @@
 // Per-rank checkpoints that survive a rank dying mid-write (ChainerMN's multi-node
 // checkpointer).
 //
-//   mncl::Checkpointer ckpt(comm, "/ckpt", "mlp");
+//   mncl::Checkpointer ckpt(comm, "/ckpt", "mlp");          // collective
 //   if (auto it = ckpt.resume(state)) start = *it + 1;   // collective
 //   ...; ckpt.save(iteration, state);                     // local, every rank
 //
@@ -110,12 +110,12 @@ class Checkpointer {
  private:
   // This rank's snapshots: those that verify, and those whose header names a job of another
   // size (oldest first).
-  // The constructor's checks and the directory, on this rank.
-  void set_up();
   struct Scan {
     std::vector<uint64_t> valid;
     std::vector<std::pair<uint64_t, uint32_t>> another_job;  // iteration, job size
   };
+  // The constructor's checks and the directory, on this rank.
+  void set_up();
   Scan scan() const;
   // The header's checks (magic, checksum, version, rank, iteration, group); the payload's
   // offset, or nullopt with the reason in *why.
